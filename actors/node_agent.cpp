@@ -1,0 +1,242 @@
+#include "actors/node_agent.hpp"
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <map>
+
+namespace weft::actors {
+
+namespace {
+
+using namespace schema;
+
+std::string spawn_fields(uint64_t id, std::string_view role, std::string_view name) {
+  return std::to_string(id) + "|" + std::string(role) + "|" + std::string(name);
+}
+
+envelope spawn_reply(uint64_t request_id, const std::string& name, const std::string& node_id) {
+  return envelope::build<wire::SpawnReply>([&](wire::SpawnReply::Builder b) {
+    b.setRequestId(request_id);
+    b.setOk(true);
+    b.setName(name);
+    b.setNodeId(node_id);
+  });
+}
+
+struct child_record {
+  std::string name;
+  std::string role;
+  caf::actor handle;
+  wire::ActorState state = wire::ActorState::RUNNING;
+};
+
+struct node_agent_state {
+  node_agent_config cfg;
+  caf::actor sentinel;
+  caf::actor head;
+  uint64_t heartbeat_seq = 0;
+  uint64_t started_at_ms = 0;
+  std::map<std::string, child_record> children;  // by name
+  static inline const char* name = "weft.node_agent";
+};
+
+using agent_ptr = node_agent_actor::stateful_pointer<node_agent_state>;
+
+bool role_allowed(const node_agent_config& cfg, const std::string& role) {
+  if (cfg.roles.empty()) return true;
+  return std::find(cfg.roles.begin(), cfg.roles.end(), role) != cfg.roles.end();
+}
+
+void fill_node_info(wire::NodeInfo::Builder b, const node_agent_state& st) {
+  b.setNodeId(st.cfg.node_id);
+  b.setPid(static_cast<uint32_t>(::getpid()));
+  b.setHost(st.cfg.host);
+  b.setPort(st.cfg.port->load());
+  auto roles = st.cfg.roles.empty() && st.cfg.role_table ? st.cfg.role_table->names() : st.cfg.roles;
+  auto rl = b.initRoles(static_cast<unsigned>(roles.size()));
+  for (unsigned i = 0; i < roles.size(); ++i) rl.set(i, roles[i]);
+  auto devs = b.initDevices(1);
+  devs[0].setKind("cpu");
+  devs[0].setIndex(0);
+  devs[0].setMemoryBytes(static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                         static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE)));
+  devs[0].setName("cpu");
+  b.setTransportAddress(kj::arrayPtr(
+      reinterpret_cast<const kj::byte*>(st.cfg.transport_address.data()),
+      st.cfg.transport_address.size()));
+  b.setStartedAtMs(st.started_at_ms);
+  b.setBuildVersion(st.cfg.build_version);
+}
+
+caf::behavior sentinel_actor(caf::event_based_actor*) {
+  // Exists only to be monitored: its down message means the node is gone.
+  return {[](ping_atom, const envelope& e) { return e; }};
+}
+
+node_agent_actor::behavior_type node_agent(agent_ptr self, node_agent_config cfg) {
+  self->state.cfg = std::move(cfg);
+  self->state.started_at_ms = now_ms();
+  self->state.sentinel = self->spawn<caf::linked>(sentinel_actor);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    for (auto& [name, child] : self->state.children) {
+      if (child.handle && child.handle.address() == dm.source) {
+        spdlog::debug("node {}: actor '{}' ({}) ended: {}", self->state.cfg.node_id, name,
+                      child.role, caf::to_string(dm.reason));
+        self->state.children.erase(name);
+        return;
+      }
+    }
+  });
+  return {
+      [self](spawn_atom, const envelope& env) -> caf::result<envelope, caf::actor> {
+        auto req = env.read<wire::SpawnRequest>();
+        if (!req) return {make_error_envelope(req.err()), caf::actor{}};
+        auto r = req->get();
+        if (auto st = verify_spawn_request(self->state.cfg.secret, r); !st.ok()) {
+          spdlog::warn("node {}: refused spawn request: {}", self->state.cfg.node_id,
+                       st.to_string());
+          return {make_error_envelope(st), caf::actor{}};
+        }
+        std::string role = r.getRole().cStr();
+        std::string name = r.getName().cStr();
+        if (name.empty()) {
+          return {make_error_envelope(make_error(errc::invalid_argument, "spawn: empty name")),
+                  caf::actor{}};
+        }
+        if (auto old = self->state.children.find(name); old != self->state.children.end()) {
+          // Names are cluster-unique and owned by one supervisor: a second spawn under the same
+          // name is a restart racing the old incarnation's shutdown. The new one replaces it.
+          self->send_exit(old->second.handle, caf::exit_reason::user_shutdown);
+          self->demonitor(old->second.handle);
+          self->state.children.erase(old);
+        }
+        const role_factory* factory =
+            self->state.cfg.role_table ? self->state.cfg.role_table->find(role) : nullptr;
+        if (factory == nullptr || !role_allowed(self->state.cfg, role)) {
+          return {make_error_envelope(make_error(errc::not_found, "node " + self->state.cfg.node_id +
+                                                                      " has no role '" + role + "'")),
+                  caf::actor{}};
+        }
+        role_context ctx{name, r.getConfigJson().cStr(), self->state.cfg.node_id};
+        auto spawned = (*factory)(self->system(), ctx);
+        if (!spawned) {
+          return {make_error_envelope(spawned.err()), caf::actor{}};
+        }
+        self->monitor(*spawned);
+        self->state.children[name] = child_record{name, role, *spawned, wire::ActorState::RUNNING};
+        spdlog::info("node {}: spawned '{}' (role {})", self->state.cfg.node_id, name, role);
+        return {spawn_reply(r.getRequestId(), name, self->state.cfg.node_id), *spawned};
+      },
+      [self](stop_atom, const envelope& env) -> envelope {
+        auto req = env.read<wire::StopRequest>();
+        if (!req) return make_error_envelope(req.err());
+        auto r = req->get();
+        std::string name = r.getName().cStr();
+        auto st = verify_request_token(self->state.cfg.secret, "stop",
+                                       std::to_string(r.getRequestId()) + "|" + name, 0,
+                                       r.getSessionToken().begin(), r.getSessionToken().size());
+        if (!st.ok()) return make_error_envelope(st);
+        auto it = self->state.children.find(name);
+        if (it == self->state.children.end()) {
+          return make_error_envelope(make_error(errc::not_found, "no actor named '" + name + "'"));
+        }
+        self->send_exit(it->second.handle, caf::exit_reason::user_shutdown);
+        self->state.children.erase(it);
+        return spawn_reply(r.getRequestId(), name, self->state.cfg.node_id);
+      },
+      [self](status_atom) -> envelope {
+        const auto& st = self->state;
+        return envelope::build<wire::NodeStatus>([&](wire::NodeStatus::Builder b) {
+          fill_node_info(b.initNode(), st);
+          b.setState(wire::NodeState::ALIVE);
+          auto actors = b.initActors(static_cast<unsigned>(st.children.size()));
+          unsigned i = 0;
+          for (const auto& [name, child] : st.children) {
+            actors[i].setName(name);
+            actors[i].setRole(child.role);
+            actors[i].setState(child.state);
+            actors[i].setNodeId(st.cfg.node_id);
+            ++i;
+          }
+          b.setLastHeartbeatMs(now_ms());
+        });
+      },
+      [](ping_atom, const envelope& e) { return e; },
+      [self](sentinel_atom) { return self->state.sentinel; },
+      [self](join_atom, caf::actor head) {
+        self->state.head = std::move(head);
+        self->send(self, tick_atom::value);
+      },
+      [self](tick_atom) {
+        auto& st = self->state;
+        if (!st.head) return;
+        auto hb = envelope::build<wire::Heartbeat>([&](wire::Heartbeat::Builder b) {
+          b.setNodeId(st.cfg.node_id);
+          b.setSeq(++st.heartbeat_seq);
+          b.setSentAtMs(now_ms());
+          b.setLoad(static_cast<float>(st.children.size()));
+        });
+        self->send(caf::actor_cast<head_actor>(st.head), heartbeat_atom::value, std::move(hb));
+        self->delayed_send(self, std::chrono::milliseconds(st.cfg.heartbeat_interval_ms),
+                           tick_atom::value);
+      },
+  };
+}
+
+}  // namespace
+
+node_agent_actor spawn_node_agent(caf::actor_system& sys, node_agent_config cfg) {
+  return sys.spawn(node_agent, std::move(cfg));
+}
+
+caf::actor sentinel_of(caf::actor_system& sys, const node_agent_actor& agent) {
+  caf::scoped_actor self{sys};
+  caf::actor out;
+  self->request(caf::actor_cast<caf::actor>(agent), std::chrono::seconds(5),
+                sentinel_atom::value)
+      .receive([&](caf::actor s) { out = std::move(s); },
+               [&](caf::error& err) {
+                 spdlog::error("cannot get the node sentinel: {}", caf::to_string(err));
+               });
+  return out;
+}
+
+envelope make_spawn_request(const cluster_secret& secret, uint64_t request_id,
+                            const std::string& role, const std::string& name,
+                            const std::string& config_json, uint64_t timeout_ms) {
+  uint64_t deadline = now_ms() + timeout_ms;
+  auto token = request_token(secret, "spawn", spawn_fields(request_id, role, name), deadline);
+  return envelope::build<wire::SpawnRequest>([&](wire::SpawnRequest::Builder b) {
+    b.setRequestId(request_id);
+    b.setRole(role);
+    b.setName(name);
+    b.setConfigJson(config_json);
+    b.setDeadlineMs(deadline);
+    b.setSessionToken(kj::arrayPtr(token.data(), token.size()));
+  });
+}
+
+envelope make_stop_request(const cluster_secret& secret, uint64_t request_id,
+                           const std::string& name, const std::string& reason,
+                           uint64_t /*timeout_ms*/) {
+  auto token = request_token(secret, "stop", std::to_string(request_id) + "|" + name, 0);
+  return envelope::build<wire::StopRequest>([&](wire::StopRequest::Builder b) {
+    b.setRequestId(request_id);
+    b.setName(name);
+    b.setReason(reason);
+    b.setSessionToken(kj::arrayPtr(token.data(), token.size()));
+  });
+}
+
+status verify_spawn_request(const cluster_secret& secret,
+                            const schema::wire::SpawnRequest::Reader& req) {
+  return verify_request_token(secret, "spawn",
+                              spawn_fields(req.getRequestId(), req.getRole().cStr(),
+                                           req.getName().cStr()),
+                              req.getDeadlineMs(), req.getSessionToken().begin(),
+                              req.getSessionToken().size());
+}
+
+}  // namespace weft::actors

@@ -1,0 +1,222 @@
+// `weft cluster`: launch a local cluster of node processes on 127.0.0.1, show its status, spawn
+// actors on it.
+
+#include <caf/actor_system.hpp>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "actors/cluster_client.hpp"
+#include "apps/child_process.hpp"
+#include "apps/cluster_options.hpp"
+#include "apps/commands.hpp"
+#include "apps/process_control.hpp"
+
+namespace weft::apps {
+
+namespace {
+
+struct up_cli {
+  cluster_cli cluster;
+  int nodes = 3;
+  uint16_t port = 7070;
+  std::vector<std::string> roles;
+};
+
+struct client_cli {
+  cluster_cli cluster;
+  std::string head = "127.0.0.1:7070";
+  bool json = false;
+  std::string role, name, config_json;
+};
+
+/// Makes sure a secret exists for a local cluster: uses the configured one, or writes a fresh
+/// random secret to the default file (mode 0600) the first time.
+result<actors::cluster_secret> ensure_local_secret(cluster_cli& cli) {
+  if (auto s = cli.load_secret()) return s;
+  std::string path = cli.secret_file.empty() ? default_secret_file() : cli.secret_file;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  {
+    std::ofstream out(path);
+    if (!out) return make_error(errc::internal, "cannot write " + path);
+    out << actors::generate_secret_hex() << "\n";
+  }
+  ::chmod(path.c_str(), 0600);
+  spdlog::info("wrote a new cluster secret to {}", path);
+  cli.secret_file = path;
+  return cli.load_secret();
+}
+
+std::vector<std::string> node_args(const up_cli& cli, const std::string& secret_file) {
+  std::vector<std::string> a = {self_exe(), "node", "--secret-file", secret_file,
+                                "--heartbeat-ms", std::to_string(cli.cluster.heartbeat_ms),
+                                "--connection-timeout-ms",
+                                std::to_string(cli.cluster.connection_timeout_ms)};
+  if (!cli.roles.empty()) {
+    std::string r;
+    for (const auto& x : cli.roles) r += (r.empty() ? "" : ",") + x;
+    a.push_back("--roles");
+    a.push_back(r);
+  }
+  return a;
+}
+
+/// Waits for a node's "weft-node-ready" line on its stdout.
+bool wait_ready(child_process& c, int timeout_ms = 15000) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto line = c.read_line(timeout_ms);
+    if (!line) return false;
+    if (line->rfind("weft-node-ready", 0) == 0) return true;
+  }
+  return false;
+}
+
+int run_up(up_cli cli) {
+  stop_latch::instance().block_signals();
+  auto secret = ensure_local_secret(cli.cluster);
+  if (!secret) {
+    spdlog::error("{}", secret.err().message);
+    return 2;
+  }
+  std::string secret_file = cli.cluster.secret_file.empty() ? default_secret_file()
+                                                            : cli.cluster.secret_file;
+  std::vector<child_process> children;
+  auto args = node_args(cli, secret_file);
+  args.insert(args.end(), {"--head", "--port", std::to_string(cli.port), "--node-id", "node-0"});
+  auto head = child_process::start(args);
+  if (!head) {
+    spdlog::error("{}", head.err().message);
+    return 1;
+  }
+  if (!wait_ready(*head)) {
+    spdlog::error("the head did not start (is port {} free?)", cli.port);
+    return 1;
+  }
+  children.push_back(std::move(*head));
+  for (int i = 1; i < cli.nodes; ++i) {
+    auto a = node_args(cli, secret_file);
+    a.insert(a.end(), {"--join", "127.0.0.1:" + std::to_string(cli.port), "--node-id",
+                       "node-" + std::to_string(i)});
+    auto c = child_process::start(a);
+    if (!c) {
+      spdlog::error("{}", c.err().message);
+      return 1;
+    }
+    if (!wait_ready(*c)) {
+      spdlog::error("node-{} did not start", i);
+      return 1;
+    }
+    children.push_back(std::move(*c));
+  }
+  std::printf("weft-cluster-ready head=127.0.0.1:%u nodes=%d\n", cli.port, cli.nodes);
+  std::fflush(stdout);
+  spdlog::info("local cluster up: {} node(s), head on 127.0.0.1:{} — `weft cluster status` shows it; Ctrl-C stops it",
+               cli.nodes, cli.port);
+  // Watch the children: report deaths (the head notices them too and restarts their actors).
+  std::thread watcher([&children] {
+    std::vector<bool> reported(children.size(), false);
+    while (!stop_latch::instance().requested()) {
+      for (size_t i = 0; i < children.size(); ++i) {
+        int st = 0;
+        if (!reported[i] && children[i].exited(&st)) {
+          reported[i] = true;
+          spdlog::warn("node-{} (pid {}) exited with status {}", i, children[i].pid(), st);
+          if (i == 0) stop_latch::instance().request(3);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  int code = stop_latch::instance().wait();
+  watcher.join();
+  for (auto it = children.rbegin(); it != children.rend(); ++it) it->stop();
+  return code;
+}
+
+/// Runs `fn(system, head)` against the head named by the client options.
+template <class F>
+int with_head(client_cli& cli, F fn) {
+  auto hp = parse_host_port(cli.head);
+  if (!hp) {
+    spdlog::error("--head: {}", hp.err().message);
+    return 2;
+  }
+  actors::runtime_config cfg(cli.cluster.runtime());
+  caf::actor_system sys{cfg};
+  auto head = actors::connect_head(sys, hp->first, hp->second, cli.cluster.tls);
+  if (!head) {
+    spdlog::error("{}", head.err().to_string());
+    return 1;
+  }
+  return fn(sys, *head);
+}
+
+int run_status(client_cli& cli) {
+  return with_head(cli, [&](caf::actor_system& sys, const actors::head_actor& head) {
+    auto st = actors::cluster_status(sys, head);
+    if (!st) {
+      spdlog::error("{}", st.err().to_string());
+      return 1;
+    }
+    std::string out = cli.json ? actors::cluster_status_json(*st) + "\n"
+                               : actors::cluster_status_table(*st);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return 0;
+  });
+}
+
+int run_spawn(client_cli& cli) {
+  auto secret = cli.cluster.load_secret();
+  if (!secret) {
+    spdlog::error("{}", secret.err().message);
+    return 2;
+  }
+  return with_head(cli, [&](caf::actor_system& sys, const actors::head_actor& head) {
+    auto a = actors::spawn_on_cluster(sys, head, *secret, cli.role, cli.name, cli.config_json);
+    if (!a) {
+      spdlog::error("spawn failed: {}", a.err().to_string());
+      return 1;
+    }
+    std::printf("spawned %s (role %s)\n", cli.name.c_str(), cli.role.c_str());
+    return 0;
+  });
+}
+
+}  // namespace
+
+void add_cluster_command(CLI::App& app, const global_options&) {
+  auto* cmd = app.add_subcommand("cluster", "Launch and inspect a local cluster of node processes");
+  cmd->require_subcommand(1);
+
+  auto up = std::make_shared<up_cli>();
+  auto* up_cmd = cmd->add_subcommand("up", "Start a head and N-1 worker node processes on 127.0.0.1 (foreground; Ctrl-C stops them)");
+  up_cmd->add_option("-n,--nodes", up->nodes, "Number of node processes, head included")
+      ->capture_default_str()->check(CLI::Range(1, 64));
+  up_cmd->add_option("--port", up->port, "Head port")->capture_default_str();
+  up_cmd->add_option("--roles", up->roles, "Roles every node accepts (default: all)")->delimiter(',');
+  up->cluster.add_to(up_cmd);
+  up_cmd->callback([up] { std::exit(run_up(*up)); });
+
+  auto status = std::make_shared<client_cli>();
+  auto* st_cmd = cmd->add_subcommand("status", "Show every node: id, pid, address, state, roles, actors");
+  st_cmd->add_option("--head", status->head, "HOST:PORT of the head")->capture_default_str();
+  st_cmd->add_flag("--json", status->json, "Print JSON instead of a table");
+  status->cluster.add_to(st_cmd);
+  st_cmd->callback([status] { std::exit(run_status(*status)); });
+
+  auto spawn = std::make_shared<client_cli>();
+  auto* sp_cmd = cmd->add_subcommand("spawn", "Spawn an actor of a role on a live node chosen by the head");
+  sp_cmd->add_option("--head", spawn->head, "HOST:PORT of the head")->capture_default_str();
+  sp_cmd->add_option("--role", spawn->role, "Role to spawn (e.g. echo)")->required();
+  sp_cmd->add_option("--name", spawn->name, "Cluster-unique name of the actor")->required();
+  sp_cmd->add_option("--config", spawn->config_json, "Role settings as JSON");
+  spawn->cluster.add_to(sp_cmd);
+  sp_cmd->callback([spawn] { std::exit(run_spawn(*spawn)); });
+}
+
+}  // namespace weft::apps

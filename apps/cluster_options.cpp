@@ -1,0 +1,67 @@
+#include "apps/cluster_options.hpp"
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace weft::apps {
+
+void cluster_cli::add_to(CLI::App* cmd) {
+  cmd->add_option("--secret", secret, "Cluster secret (or WEFT_CLUSTER_SECRET, or --secret-file)");
+  cmd->add_option("--secret-file", secret_file, "File holding the cluster secret")
+      ->default_str(default_secret_file());
+  cmd->add_option("--heartbeat-ms", heartbeat_ms, "Heartbeat interval (node->head and CAF BASP)")
+      ->capture_default_str();
+  cmd->add_option("--connection-timeout-ms", connection_timeout_ms,
+                  "Close a silent connection after this long")
+      ->capture_default_str();
+  cmd->add_option("--threads", threads, "CAF scheduler threads (0 = cores)")->capture_default_str();
+  cmd->add_flag("--tls", tls, "Encrypt node-to-node traffic (CAF OpenSSL module)");
+  cmd->add_option("--tls-cert", tls_cert, "PEM certificate of this node (with --tls)");
+  cmd->add_option("--tls-key", tls_key, "PEM private key of this node (with --tls)");
+  cmd->add_option("--tls-ca", tls_ca, "PEM CA file that signed every node (with --tls)");
+}
+
+result<actors::cluster_secret> cluster_cli::load_secret() const {
+  return actors::load_secret(secret, secret_file.empty() ? default_secret_file() : secret_file);
+}
+
+actors::runtime_options cluster_cli::runtime() const {
+  actors::runtime_options rt;
+  rt.heartbeat_interval_ms = heartbeat_ms;
+  rt.connection_timeout_ms = connection_timeout_ms;
+  rt.worker_threads = threads;
+  rt.tls = tls;
+  return rt;
+}
+
+actors::tls_options cluster_cli::tls_settings() const {
+  return actors::tls_options{tls, tls_cert, tls_key, tls_ca};
+}
+
+result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s) {
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) {
+    return make_error(errc::invalid_argument, "expected HOST:PORT, got '" + s + "'");
+  }
+  char* end = nullptr;
+  long port = std::strtol(s.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || port <= 0 || port > 65535) {
+    return make_error(errc::invalid_argument, "bad port in '" + s + "'");
+  }
+  return std::make_pair(s.substr(0, colon), static_cast<uint16_t>(port));
+}
+
+std::string default_secret_file() {
+  const char* cache = std::getenv("WEFT_CACHE_DIR");
+  std::filesystem::path dir;
+  if (cache != nullptr && *cache) {
+    dir = cache;
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home) {
+    dir = std::filesystem::path(home) / ".cache" / "weft";
+  } else {
+    dir = "/tmp/weft";
+  }
+  return (dir / "cluster.secret").string();
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,111 @@
+// `weft node`: run one node process — a worker node that joins a head, or the head itself.
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "actors/node.hpp"
+#include "apps/cluster_options.hpp"
+#include "apps/commands.hpp"
+#include "apps/process_control.hpp"
+#include "apps/version.hpp"
+
+namespace weft::apps {
+
+namespace {
+
+struct node_cli {
+  cluster_cli cluster;
+  bool head = false;
+  std::string join;
+  std::string node_id;
+  std::string bind = "127.0.0.1";
+  uint16_t port = 7070;
+  uint16_t agent_port = 0;
+  std::vector<std::string> roles;
+  uint32_t suspect_after_ms = 600;
+  uint32_t dead_after_ms = 1500;
+};
+
+int run_node(const node_cli& cli) {
+  stop_latch::instance().block_signals();
+  auto secret = cli.cluster.load_secret();
+  if (!secret) {
+    spdlog::error("{}", secret.err().message);
+    return 2;
+  }
+  actors::node_options opts;
+  opts.node_id = cli.node_id;
+  opts.is_head = cli.head;
+  opts.bind_host = cli.bind;
+  opts.head_port = cli.port;
+  opts.agent_port = cli.agent_port;
+  opts.roles = cli.roles;
+  opts.secret = *secret;
+  opts.runtime = cli.cluster.runtime();
+  opts.head.suspect_after_ms = cli.suspect_after_ms;
+  opts.head.dead_after_ms = cli.dead_after_ms;
+  opts.tls = cli.cluster.tls_settings();
+  opts.build_version = version_string();
+  if (!cli.head) {
+    auto hp = parse_host_port(cli.join);
+    if (!hp) {
+      spdlog::error("--join: {}", hp.err().message);
+      return 2;
+    }
+    opts.join_host = hp->first;
+    opts.join_port = hp->second;
+  }
+  auto roles = std::make_shared<actors::role_registry>();
+  actors::add_builtin_roles(*roles);
+  auto node = actors::node::start(opts, roles);
+  if (!node) {
+    spdlog::error("node failed to start: {}", node.err().to_string());
+    return 1;
+  }
+  auto& n = *node;
+  if (!cli.head) {
+    n->on_head_lost([](const std::string& why) {
+      spdlog::error("lost the head ({}): stopping", why);
+      stop_latch::instance().request(3);
+    });
+  }
+  // One machine-readable line for scripts and tests, then human logs.
+  std::printf("weft-node-ready id=%s pid=%d head_port=%u agent_port=%u\n",
+              n->options().node_id.c_str(), static_cast<int>(::getpid()), n->head_port(),
+              n->agent_port());
+  std::fflush(stdout);
+  spdlog::info("node {} ready ({}), agent on {}:{}", n->options().node_id,
+               cli.head ? "head" : "worker", cli.bind, n->agent_port());
+  int code = stop_latch::instance().wait();
+  spdlog::info("node {} stopping", n->options().node_id);
+  node->reset();
+  return code;
+}
+
+}  // namespace
+
+void add_node_command(CLI::App& app, const global_options&) {
+  auto cli = std::make_shared<node_cli>();
+  auto* cmd = app.add_subcommand("node", "Run a node process: the head (--head) or a worker that joins one (--join)");
+  cmd->add_flag("--head", cli->head, "Run the head (membership, failure detection, placement)");
+  cmd->add_option("--join", cli->join, "HOST:PORT of the head to join");
+  cmd->add_option("--node-id", cli->node_id, "Node id (default: <bind>-<pid>)");
+  cmd->add_option("--bind", cli->bind, "Address to publish on")->capture_default_str();
+  cmd->add_option("--port", cli->port, "Head port (with --head; 0 = any free port)")->capture_default_str();
+  cmd->add_option("--agent-port", cli->agent_port, "Node agent port (0 = any free port)")->capture_default_str();
+  cmd->add_option("--roles", cli->roles, "Roles this node accepts (default: all)")->delimiter(',');
+  cmd->add_option("--suspect-after-ms", cli->suspect_after_ms, "Head: missed heartbeats before a node is suspect")->capture_default_str();
+  cmd->add_option("--dead-after-ms", cli->dead_after_ms, "Head: missed heartbeats before a node is dead")->capture_default_str();
+  cli->cluster.add_to(cmd);
+  cmd->callback([cli] {
+    if (!cli->head && cli->join.empty()) {
+      throw CLI::ValidationError("node", "either --head or --join HOST:PORT is required");
+    }
+    std::exit(run_node(*cli));
+  });
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,179 @@
+#pragma once
+/// The body of every weft CAF message: one Cap'n Proto struct from schema/control.capnp.
+///
+/// Inside a process an envelope shares its built message (copying an envelope copies a pointer,
+/// never the bytes). Across processes CAF carries the flat bytes (see schema/caf_bridge.hpp) and the
+/// receiver decodes them with `read<T>()`, which enforces size, traversal and nesting limits and
+/// validates every field before handing out a reader. Bytes from a peer are untrusted: a malformed
+/// envelope yields an error, never a crash.
+
+#include <capnp/message.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "schema/control.capnp.h"
+#include "schema/status.hpp"
+
+namespace weft::schema {
+
+/// Which root struct an envelope holds. Values are on the wire: append, never renumber.
+enum class kind : uint16_t {
+  none = 0,
+  error = 1,
+  join_challenge = 2,
+  join_request = 3,
+  join_reply = 4,
+  leave_notice = 5,
+  heartbeat = 6,
+  spawn_request = 7,
+  spawn_reply = 8,
+  stop_request = 9,
+  actor_status = 10,
+  node_status = 11,
+  cluster_status = 12,
+  region_descriptor = 13,
+  transfer_request = 14,
+  transfer_reply = 15,
+  ping = 16,
+  supervisor_spec = 17,
+  supervisor_status = 18,
+  /// Received bytes larger than the envelope size limit; they were skipped, not stored.
+  oversize = 0xFFFF,
+};
+
+const char* to_string(kind k);
+
+template <class T>
+struct kind_of;
+#define WEFT_SCHEMA_KIND(Struct, k) \
+  template <>                       \
+  struct kind_of<wire::Struct> {    \
+    static constexpr kind value = kind::k; \
+  };
+WEFT_SCHEMA_KIND(Error, error)
+WEFT_SCHEMA_KIND(JoinChallenge, join_challenge)
+WEFT_SCHEMA_KIND(JoinRequest, join_request)
+WEFT_SCHEMA_KIND(JoinReply, join_reply)
+WEFT_SCHEMA_KIND(LeaveNotice, leave_notice)
+WEFT_SCHEMA_KIND(Heartbeat, heartbeat)
+WEFT_SCHEMA_KIND(SpawnRequest, spawn_request)
+WEFT_SCHEMA_KIND(SpawnReply, spawn_reply)
+WEFT_SCHEMA_KIND(StopRequest, stop_request)
+WEFT_SCHEMA_KIND(ActorStatus, actor_status)
+WEFT_SCHEMA_KIND(NodeStatus, node_status)
+WEFT_SCHEMA_KIND(ClusterStatus, cluster_status)
+WEFT_SCHEMA_KIND(RegionDescriptor, region_descriptor)
+WEFT_SCHEMA_KIND(TransferRequest, transfer_request)
+WEFT_SCHEMA_KIND(TransferReply, transfer_reply)
+WEFT_SCHEMA_KIND(Ping, ping)
+WEFT_SCHEMA_KIND(SupervisorSpec, supervisor_spec)
+WEFT_SCHEMA_KIND(SupervisorStatus, supervisor_status)
+#undef WEFT_SCHEMA_KIND
+
+/// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults
+/// leave room and stop anything hostile long before it costs memory or time.
+struct decode_limits {
+  uint64_t max_size_bytes = 1u << 20;
+  uint64_t traversal_limit_words = 1u << 17;
+  int nesting_limit = 16;
+  uint32_t max_text_bytes = 64u << 10;
+  uint32_t max_list_elements = 1u << 14;
+};
+
+namespace internal {
+struct envelope_storage;
+/// Opens a validated reader over `storage` for root kind `k`; the returned message reader stays
+/// valid as long as the storage lives.
+result<std::shared_ptr<capnp::MessageReader>> open_reader(
+    const std::shared_ptr<const envelope_storage>& storage, kind k, const decode_limits& limits);
+/// Validates the root of `reader` as kind `k` (every field, enum ranges, text and list sizes).
+status validate_root(capnp::MessageReader& reader, kind k, const decode_limits& limits);
+}  // namespace internal
+
+/// A typed, validated view of an envelope's root struct. Keeps the bytes alive.
+template <class T>
+class view {
+ public:
+  view(std::shared_ptr<const internal::envelope_storage> storage,
+       std::shared_ptr<capnp::MessageReader> reader)
+      : storage_(std::move(storage)),
+        reader_(std::move(reader)),
+        root_(reader_->getRoot<T>()) {}
+  typename T::Reader get() const { return root_; }
+  const typename T::Reader* operator->() const { return &root_; }
+
+ private:
+  std::shared_ptr<const internal::envelope_storage> storage_;
+  std::shared_ptr<capnp::MessageReader> reader_;
+  typename T::Reader root_;
+};
+
+/// A Cap'n Proto message with its root kind; cheap to copy (shared, immutable after building).
+class envelope {
+ public:
+  envelope() = default;
+
+  /// Builds an envelope whose root is a T, filled in by `fill(T::Builder)`.
+  template <class T, class F>
+  static envelope build(F&& fill) {
+    auto builder = std::make_unique<capnp::MallocMessageBuilder>(256);
+    fill(builder->initRoot<T>());
+    return from_builder(kind_of<T>::value, std::move(builder));
+  }
+
+  /// Adopts a finished builder (advanced use: building in several steps).
+  static envelope from_builder(kind k, std::unique_ptr<capnp::MallocMessageBuilder> builder);
+
+  /// Copies received bytes into word-aligned storage. Never fails: bytes are checked by read().
+  static envelope from_bytes(kind k, std::span<const std::byte> bytes);
+
+  /// An envelope that stands for bytes that were too large to keep (read() reports it).
+  static envelope oversize(uint64_t size_bytes);
+
+  kind what() const { return kind_; }
+  bool empty() const { return kind_ == kind::none; }
+  /// Size of the flat encoding in bytes.
+  size_t size_bytes() const;
+  /// Identity of the underlying bytes: equal for copies of one envelope (no byte was copied).
+  const void* storage_id() const { return storage_.get(); }
+  /// The flat (unpacked) Cap'n Proto encoding, as carried across processes.
+  std::vector<std::byte> to_bytes() const;
+
+  /// Decodes and validates the root as T. Errors: malformed (wrong kind, bad bytes, failed
+  /// validation, oversize). Thread-safe: the storage is immutable.
+  template <class T>
+  result<view<T>> read(const decode_limits& limits = {}) const {
+    if (kind_ != kind_of<T>::value) {
+      return make_error(errc::malformed, std::string{"expected a "} +
+                                             to_string(kind_of<T>::value) + " message, got " +
+                                             to_string(kind_));
+    }
+    auto reader = internal::open_reader(storage_, kind_, limits);
+    if (!reader) return reader.err();
+    return view<T>(storage_, std::move(reader.value()));
+  }
+
+ private:
+  kind kind_ = kind::none;
+  uint64_t oversize_bytes_ = 0;
+  std::shared_ptr<const internal::envelope_storage> storage_;
+};
+
+// -- convenience builders for messages every actor sends -------------------------------------
+
+/// An envelope holding a wire::Error.
+envelope make_error_envelope(const error& err);
+
+/// Reads `env` as a wire::Error if it is one; returns ok status otherwise.
+status error_from(const envelope& env);
+
+/// Converts between the C++ error code and the wire enum.
+wire::ErrorCode to_wire(errc code);
+errc from_wire(wire::ErrorCode code);
+
+}  // namespace weft::schema

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Configures and builds weft with a CMake preset (default: release) into build/<preset>.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+preset="${1:-release}"
+cd "$root"
+if [ ! -f "build/$preset/build.ninja" ]; then
+  cmake --preset "$preset" >/dev/null
+fi
+jobs="${WEFT_BUILD_JOBS:-$(nproc)}"
+cmake --build --preset "$preset" -j "$jobs"

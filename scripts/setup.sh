@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Installs everything weft needs on Debian 12: Debian packages (apt-get), Python packages (pip) and
+# the default model. Idempotent: a second run installs nothing and takes a few seconds.
+#
+#   scripts/setup.sh            build + runtime dependencies and the default model
+#   scripts/setup.sh --test     also the packages the test tiers need (llama-cpp-python, openai)
+#   scripts/setup.sh --bench    also the benchmark baselines (ray, matplotlib)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+want_test=0
+want_bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_test=1 ;;
+    --bench) want_bench=1 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+apt_packages=(
+  build-essential cmake ninja-build ccache pkg-config git unzip python3 python3-pip
+  libcaf-dev capnproto libcapnp-dev libucx-dev ucx-utils libspdlog-dev libfmt-dev
+  libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libssl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev iproute2 procps curl
+)
+if [ "$want_test" = 1 ]; then
+  apt_packages+=(clang libclang-rt-14-dev)
+fi
+
+missing=()
+for p in "${apt_packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "[setup] installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "[setup] Debian packages: all present"
+fi
+
+# Python: use the python3 on PATH (pyenv or Debian). Debian's own python needs the PEP 668 override.
+PY=python3
+pip_flags=(-q --disable-pip-version-check)
+if $PY -m pip install --help 2>/dev/null | grep -q -- --break-system-packages; then
+  if [ -e "$($PY -c 'import sysconfig;print(sysconfig.get_path("stdlib"))')/EXTERNALLY-MANAGED" ]; then
+    pip_flags+=(--break-system-packages)
+  fi
+fi
+if ! $PY -m pip --version >/dev/null 2>&1; then
+  echo "[setup] python3 has no pip" >&2; exit 1
+fi
+
+pip_want=()
+py_has() { $PY -c "import $1" >/dev/null 2>&1; }
+py_has numpy || pip_want+=(numpy)
+if [ "$want_test" = 1 ]; then
+  # llama-cpp-python compiles llama.cpp from source (~10 min on 2 cores, once).
+  py_has llama_cpp || pip_want+=("llama-cpp-python==0.3.16")
+  py_has openai || pip_want+=(openai)
+fi
+if [ "$want_bench" = 1 ]; then
+  py_has matplotlib || pip_want+=(matplotlib)
+  py_has ray || pip_want+=("ray[default]")
+  py_has llama_cpp || pip_want+=("llama-cpp-python[server]==0.3.16")
+fi
+if [ "${#pip_want[@]}" -gt 0 ]; then
+  echo "[setup] installing Python packages: ${pip_want[*]}"
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" $PY -m pip install "${pip_flags[@]}" "${pip_want[@]}"
+else
+  echo "[setup] Python packages: all present"
+fi
+
+"$here/fetch_model.sh"
