@@ -184,6 +184,16 @@ caf::behavior supervisor_actor(sup_ptr self, supervisor_config cfg) {
       }
     }
   });
+  // An exit request for the supervisor takes its children down with it (OTP semantics).
+  self->set_exit_handler([self](caf::exit_msg& em) {
+    for (auto& c : self->state.children) {
+      if (c.handle) {
+        self->demonitor(c.handle);
+        self->send_exit(c.handle, em.reason);
+      }
+    }
+    self->quit(em.reason);
+  });
   if (!self->state.children.empty()) {
     start_child(self, 0, true);
   } else {

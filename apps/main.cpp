@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("weft"));
   CLI::App app{"weft — an actor runtime for serving and RL-training LLMs"};
   app.require_subcommand(1);
+  app.fallthrough();  // global options (--log-level) may also follow the subcommand
   app.set_version_flag("--version", std::string{"weft "} + weft::apps::version_string());
   weft::apps::global_options globals;
   app.add_option("--log-level", globals.log_level,

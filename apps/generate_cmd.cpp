@@ -1,0 +1,210 @@
+// `weft generate`: runs the engine in-process on one prompt and streams the text to stdout.
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/commands.hpp"
+#include "gpu/chat_template.hpp"
+#include "gpu/device.hpp"
+#include "gpu/engine.hpp"
+#include "gpu/gguf.hpp"
+#include "gpu/model.hpp"
+#include "gpu/tokenizer.hpp"
+
+namespace weft::apps {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* default_model_name = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+struct generate_options {
+  std::string model_path;
+  std::string prompt;
+  std::string system_prompt;
+  bool chat = false;
+  int max_tokens = 128;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repeat_penalty = 1.0f;
+  uint64_t seed = 0;
+  int threads = 0;
+  std::vector<std::string> stop;
+  std::string device = "cpu";
+};
+
+// $WEFT_MODEL, else $WEFT_CACHE_DIR/models/<default>, else ~/.cache/weft/models/<default>.
+fs::path default_model_path() {
+  if (const char* m = std::getenv("WEFT_MODEL"); m != nullptr && *m != '\0') return m;
+  if (const char* c = std::getenv("WEFT_CACHE_DIR"); c != nullptr && *c != '\0') {
+    return fs::path{c} / "models" / default_model_name;
+  }
+  const char* home = std::getenv("HOME");
+  return fs::path{home != nullptr ? home : "."} / ".cache" / "weft" / "models" / default_model_name;
+}
+
+// Touches every page of the mapped file so the first forward does not stall on page faults, with a
+// progress line on stderr.
+void preload(const gpu::gguf_file& file) {
+  const auto bytes = file.bytes();
+  const size_t total = bytes.size();
+  const size_t step = total / 20 + 1;
+  volatile unsigned char sink = 0;
+  size_t next_report = 0;
+  for (size_t off = 0; off < total; off += 4096) {
+    sink = sink + static_cast<unsigned char>(bytes[off]);
+    if (off >= next_report) {
+      std::fprintf(stderr, "\rloading model: %3zu%% of %.1f MiB", off * 100 / total, static_cast<double>(total) / (1 << 20));
+      next_report += step;
+    }
+  }
+  std::fprintf(stderr, "\rloading model: 100%% of %.1f MiB\n", static_cast<double>(total) / (1 << 20));
+}
+
+int run_generate(const generate_options& o) {
+  const fs::path path = o.model_path.empty() ? default_model_path() : fs::path{o.model_path};
+  if (!fs::exists(path)) {
+    spdlog::error("model file {} not found; fetch the default model with scripts/fetch_model.sh or pass --model PATH",
+                  path.string());
+    return 2;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto file = gpu::gguf_file::open(path);
+  if (!file) {
+    spdlog::error("cannot open {}: {}", path.string(), file.error().to_string());
+    return 1;
+  }
+  preload(*file);
+  auto tok = gpu::tokenizer::from_gguf(*file);
+  if (!tok) {
+    spdlog::error("tokenizer: {}", tok.error().to_string());
+    return 1;
+  }
+  std::string prompt_text = o.prompt;
+  if (o.chat) {
+    auto tmpl = gpu::chat_template::from_gguf(*file);
+    if (!tmpl) {
+      spdlog::error("chat template: {}", tmpl.error().to_string());
+      return 1;
+    }
+    std::vector<gpu::chat_message> messages;
+    if (!o.system_prompt.empty()) messages.push_back({"system", o.system_prompt});
+    messages.push_back({"user", o.prompt});
+    auto rendered = tmpl->apply(messages, gpu::generation_prompt::add);
+    if (!rendered) {
+      spdlog::error("chat template: {}", rendered.error().to_string());
+      return 1;
+    }
+    prompt_text = *rendered;
+  }
+  auto dev = gpu::device_registry::instance().create(o.device, gpu::device_config{o.threads, 0});
+  if (!dev) {
+    spdlog::error("device '{}': {}", o.device, dev.error().to_string());
+    return 1;
+  }
+  auto m = gpu::model::load(std::move(file.value()), *dev.value());
+  if (!m) {
+    spdlog::error("model: {}", m.error().to_string());
+    return 1;
+  }
+  const gpu::tokenizer& tk = tok.value();
+  gpu::engine_config ec;
+  ec.kv_blocks = 512;
+  ec.detokenize = [&tk](int32_t id) { return tk.token_to_piece(id); };
+  auto eng = gpu::engine::create(*m.value(), ec);
+  if (!eng) {
+    spdlog::error("engine: {}", eng.error().to_string());
+    return 1;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  spdlog::info("loaded {} in {:.2f} s on {}", path.filename().string(),
+               std::chrono::duration<double>(t1 - t0).count(), dev.value()->capabilities().name);
+
+  std::vector<int32_t> prompt_ids =
+      tk.encode(prompt_text, gpu::add_special::yes, o.chat ? gpu::parse_special::yes : gpu::parse_special::no);
+  gpu::sampling_params sp;
+  sp.temperature = o.temperature;
+  sp.top_k = o.top_k;
+  sp.top_p = o.top_p;
+  sp.min_p = o.min_p;
+  sp.repetition_penalty = o.repeat_penalty;
+  sp.seed = o.seed;
+  sp.max_tokens = o.max_tokens;
+  sp.stop_strings = o.stop;
+  const auto eog = tk.end_of_generation_ids();
+  sp.stop_tokens.assign(eog.begin(), eog.end());
+  if (auto st = eng.value()->add_request(1, prompt_ids, sp); !st) {
+    spdlog::error("request: {}", st.to_string());
+    return 1;
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> first_token;
+  int64_t n_generated = 0;
+  gpu::finish_reason reason = gpu::finish_reason::none;
+  while (eng.value()->has_work()) {
+    auto outs = eng.value()->step();
+    if (!outs) {
+      spdlog::error("step: {}", outs.error().to_string());
+      return 1;
+    }
+    for (const auto& out : *outs) {
+      if (!first_token && !out.new_tokens.empty()) first_token = std::chrono::steady_clock::now();
+      n_generated += static_cast<int64_t>(out.new_tokens.size());
+      std::fwrite(out.text_delta.data(), 1, out.text_delta.size(), stdout);
+      std::fflush(stdout);
+      if (out.finish == gpu::finish_reason::error) {
+        spdlog::error("generation failed: {}", out.error);
+        return 1;
+      }
+      if (out.finish != gpu::finish_reason::none) reason = out.finish;
+    }
+  }
+  std::fputc('\n', stdout);
+  const auto t3 = std::chrono::steady_clock::now();
+  const double ttft = first_token ? std::chrono::duration<double>(*first_token - t2).count() : 0.0;
+  const double decode_s = first_token ? std::chrono::duration<double>(t3 - *first_token).count() : 0.0;
+  spdlog::info("{} prompt tokens, {} generated ({}); prefill {:.1f} ms, decode {:.1f} tokens/s",
+               prompt_ids.size(), n_generated, gpu::finish_reason_name(reason), ttft * 1e3,
+               n_generated > 1 && decode_s > 0 ? static_cast<double>(n_generated - 1) / decode_s : 0.0);
+  return 0;
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app, const global_options& /*globals*/) {
+  auto opts = std::make_shared<generate_options>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt with a local GGUF model");
+  cmd->add_option("--model,-m", opts->model_path,
+                  "GGUF model (default: $WEFT_MODEL, else $WEFT_CACHE_DIR or ~/.cache/weft: models/" +
+                      std::string{default_model_name} + ")");
+  cmd->add_option("--prompt,-p", opts->prompt, "Prompt text")->required();
+  cmd->add_flag("--chat", opts->chat, "Wrap the prompt in the model's chat template");
+  cmd->add_option("--system", opts->system_prompt, "System message (with --chat)");
+  cmd->add_option("--max-tokens,-n", opts->max_tokens, "Tokens to generate at most")->check(CLI::PositiveNumber);
+  cmd->add_option("--temperature,-t", opts->temperature, "Sampling temperature (0 = greedy)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", opts->top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", opts->top_p, "Nucleus sampling mass (1 = off)")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--min-p", opts->min_p, "Drop tokens below min-p x the best (0 = off)")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--repeat-penalty", opts->repeat_penalty, "Repetition penalty (1 = off)");
+  cmd->add_option("--seed", opts->seed, "Sampling seed");
+  cmd->add_option("--threads", opts->threads, "Compute threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--stop", opts->stop, "Stop string (repeatable)");
+  cmd->add_option("--device", opts->device, "Device backend: cpu or cuda");
+  cmd->callback([opts] {
+    const int rc = run_generate(*opts);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace weft::apps
