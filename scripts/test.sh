@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Builds weft and runs every test tier (unit, integration, chaos, oracle, fuzz).
-# Installs what it needs first (scripts/setup.sh --test). Safe to run again.
-#   scripts/test.sh [ctest args...]     e.g. scripts/test.sh -L unit
+# Builds weft and runs every test tier: unit, integration, chaos, oracle (release build, gcc) and
+# fuzz (libFuzzer targets, clang build). Installs what it needs first (scripts/setup.sh --test).
+# Safe to run again.
+#   scripts/test.sh                 everything
+#   scripts/test.sh -L unit         extra arguments go to the release build's ctest
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 "$root/scripts/setup.sh" --test
 "$root/scripts/build.sh" release
-if [ -f "$root/build/fuzz/build.ninja" ] || command -v clang++ >/dev/null; then
-  "$root/scripts/build.sh" fuzz
-fi
-cd "$root/build/release"
-ctest --output-on-failure --no-tests=error -j 1 "$@"
+"$root/scripts/build.sh" fuzz
+echo "[test] libFuzzer targets (clang build)"
+ctest --test-dir "$root/build/fuzz" --output-on-failure --no-tests=error -L fuzz
+echo "[test] release build: every tier"
+ctest --test-dir "$root/build/release" --output-on-failure --no-tests=error "$@"
