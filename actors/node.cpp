@@ -8,6 +8,7 @@
 
 #include "actors/cluster_client.hpp"
 #include "actors/node_agent.hpp"
+#include "transport/registry.hpp"
 
 namespace weft::actors {
 
@@ -71,6 +72,18 @@ result<std::unique_ptr<node>> node::start(node_options opts,
   acfg.heartbeat_interval_ms = opts.runtime.heartbeat_interval_ms;
   acfg.role_table = std::move(roles);
   acfg.build_version = opts.build_version;
+  if (opts.transport != "none") {
+    transport::engine_config ecfg;
+    ecfg.params = opts.transport_params;
+    auto eng = transport::make_engine(opts.transport, ecfg);
+    if (!eng) {
+      return make_error(errc::unavailable, "transport '" + opts.transport +
+                                               "': " + eng.error().to_string());
+    }
+    acfg.engine = std::shared_ptr<transport::engine>(std::move(*eng));
+    auto addr = acfg.engine->local_address();
+    if (addr) acfg.transport_address.assign(reinterpret_cast<const char*>(addr->data()), addr->size());
+  }
   auto port_cell = acfg.port;
   n->impl_->agent = spawn_node_agent(sys, acfg);
   auto agent_port = publish(sys, n->impl_->agent, opts.agent_port, opts.bind_host, opts.tls);

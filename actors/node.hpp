@@ -9,6 +9,7 @@
 ///   caf::actor_system& sys = (*n)->system();           // spawn your own actors here
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,10 @@ struct node_options {
   head_config head;                 ///< head timings (is_head only)
   tls_options tls;
   std::string build_version;
+  /// Data-plane engine of the node ("ucx", "inproc", "fault:ucx", ... or "none") and its params
+  /// (e.g. {"ucx.tls", "tcp"}); see transport/registry.hpp.
+  std::string transport = "ucx";
+  std::map<std::string, std::string> transport_params;
 };
 
 class node {

@@ -119,7 +119,8 @@ node_agent_actor::behavior_type node_agent(agent_ptr self, node_agent_config cfg
                                                                       " has no role '" + role + "'")),
                   caf::actor{}};
         }
-        role_context ctx{name, r.getConfigJson().cStr(), self->state.cfg.node_id};
+        role_context ctx{name, r.getConfigJson().cStr(), self->state.cfg.node_id,
+                         self->state.cfg.engine};
         auto spawned = (*factory)(self->system(), ctx);
         if (!spawned) {
           return {make_error_envelope(spawned.err()), caf::actor{}};

@@ -26,6 +26,7 @@ struct node_agent_config {
   uint32_t heartbeat_interval_ms = 200;
   std::shared_ptr<const role_registry> role_table;
   std::string transport_address;      ///< data-plane endpoint (bytes), reported in NodeInfo
+  std::shared_ptr<transport::engine> engine;  ///< handed to every role actor
   std::string build_version;
 };
 

@@ -23,6 +23,8 @@ std::vector<std::string> role_registry::names() const {
   return out;
 }
 
+result<caf::actor> spawn_blob_role(caf::actor_system& sys, const role_context& ctx);
+
 namespace {
 
 caf::behavior echo_actor(caf::event_based_actor*) {
@@ -42,6 +44,7 @@ caf::behavior crasher_actor(caf::event_based_actor* self, uint64_t after_ms) {
 }  // namespace
 
 void add_builtin_roles(role_registry& roles) {
+  roles.add("blob", spawn_blob_role);
   roles.add("echo", [](caf::actor_system& sys, const role_context&) -> result<caf::actor> {
     return sys.spawn(echo_actor);
   });

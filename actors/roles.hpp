@@ -13,6 +13,10 @@
 
 #include "schema/status.hpp"
 
+namespace weft::transport {
+class engine;
+}
+
 namespace weft::actors {
 
 /// What a role factory gets to build its actor.
@@ -20,6 +24,9 @@ struct role_context {
   std::string name;         ///< registry name of the new actor
   std::string config_json;  ///< role-specific settings
   std::string node_id;      ///< the node it runs on
+  /// The node's data-plane engine (shared by every role on the node); may be null when the node
+  /// runs without one (`--transport none`).
+  std::shared_ptr<transport::engine> engine;
 };
 
 using role_factory = std::function<result<caf::actor>(caf::actor_system&, const role_context&)>;
@@ -37,7 +44,11 @@ class role_registry {
 
 /// Adds weft's built-in roles:
 /// - "echo": answers (ping_atom, envelope) with the same envelope (measurement, tests);
-/// - "crasher": fails after `{"after_ms": N}` (default 0) — exercises supervision.
+/// - "crasher": fails after `{"after_ms": N}` (default 0) — exercises supervision;
+/// - "blob": owns `{"size_bytes": N, "seed": S}` bytes of registered memory; answers
+///   (region_atom) with a TransferRequest describing them (descriptor, checksum) and pulls another
+///   blob's bytes on (transfer_atom, TransferRequest) over the node's transport, verifying the
+///   checksum — the data-plane path of KV and weight transfers, exercised end to end.
 void add_builtin_roles(role_registry& roles);
 
 }  // namespace weft::actors

@@ -1,5 +1,6 @@
 // `weft generate`: runs the engine in-process on one prompt and streams the text to stdout.
 
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -73,6 +74,12 @@ void preload(const gpu::gguf_file& file) {
 }
 
 int run_generate(const generate_options& o) {
+  // stdout carries the generated text only; logs go to stderr.
+  const auto level = spdlog::get_level();
+  auto logger = spdlog::get("weft-generate");
+  if (!logger) logger = spdlog::stderr_color_mt("weft-generate");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(level);
   const fs::path path = o.model_path.empty() ? default_model_path() : fs::path{o.model_path};
   if (!fs::exists(path)) {
     spdlog::error("model file {} not found; fetch the default model with scripts/fetch_model.sh or pass --model PATH",

@@ -27,6 +27,8 @@ struct node_cli {
   std::vector<std::string> roles;
   uint32_t suspect_after_ms = 600;
   uint32_t dead_after_ms = 1500;
+  std::string transport = "ucx";
+  std::string ucx_tls;
 };
 
 int run_node(const node_cli& cli) {
@@ -49,6 +51,8 @@ int run_node(const node_cli& cli) {
   opts.head.dead_after_ms = cli.dead_after_ms;
   opts.tls = cli.cluster.tls_settings();
   opts.build_version = version_string();
+  opts.transport = cli.transport;
+  if (!cli.ucx_tls.empty()) opts.transport_params["ucx.tls"] = cli.ucx_tls;
   if (!cli.head) {
     auto hp = parse_host_port(cli.join);
     if (!hp) {
@@ -99,6 +103,8 @@ void add_node_command(CLI::App& app, const global_options&) {
   cmd->add_option("--roles", cli->roles, "Roles this node accepts (default: all)")->delimiter(',');
   cmd->add_option("--suspect-after-ms", cli->suspect_after_ms, "Head: missed heartbeats before a node is suspect")->capture_default_str();
   cmd->add_option("--dead-after-ms", cli->dead_after_ms, "Head: missed heartbeats before a node is dead")->capture_default_str();
+  cmd->add_option("--transport", cli->transport, "Data-plane engine: ucx, inproc, none (fault:<name> injects faults)")->capture_default_str();
+  cmd->add_option("--ucx-tls", cli->ucx_tls, "UCX transports for the data plane (e.g. tcp, shm; default: UCX's choice)");
   cli->cluster.add_to(cmd);
   cmd->callback([cli] {
     if (!cli->head && cli->join.empty()) {
