@@ -141,6 +141,12 @@ envelope cluster_status(head_ptr self) {
 
 head_actor::behavior_type head(head_ptr self, head_config cfg) {
   self->state.cfg = std::move(cfg);
+  // Stopping the head stops the supervisors it hosts (and through them their children).
+  self->set_exit_handler([self](caf::exit_msg& em) {
+    for (auto& sup : self->state.supervisors) self->send_exit(sup, em.reason);
+    self->state.supervisors.clear();
+    self->quit(em.reason);
+  });
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     for (auto& [id, n] : st.nodes) {

@@ -79,6 +79,12 @@ node_agent_actor::behavior_type node_agent(agent_ptr self, node_agent_config cfg
   self->state.cfg = std::move(cfg);
   self->state.started_at_ms = now_ms();
   self->state.sentinel = self->spawn<caf::linked>(sentinel_actor);
+  // Stopping the agent stops every actor it spawned (the node is going away).
+  self->set_exit_handler([self](caf::exit_msg& em) {
+    for (auto& [name, child] : self->state.children) self->send_exit(child.handle, em.reason);
+    self->state.children.clear();
+    self->quit(em.reason);
+  });
   self->set_down_handler([self](caf::down_msg& dm) {
     for (auto& [name, child] : self->state.children) {
       if (child.handle && child.handle.address() == dm.source) {

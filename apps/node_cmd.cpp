@@ -29,6 +29,7 @@ struct node_cli {
   uint32_t dead_after_ms = 1500;
   std::string transport = "ucx";
   std::string ucx_tls;
+  std::vector<std::string> transport_params;
 };
 
 int run_node(const node_cli& cli) {
@@ -53,6 +54,14 @@ int run_node(const node_cli& cli) {
   opts.build_version = version_string();
   opts.transport = cli.transport;
   if (!cli.ucx_tls.empty()) opts.transport_params["ucx.tls"] = cli.ucx_tls;
+  for (const auto& kv : cli.transport_params) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      spdlog::error("--transport-param expects KEY=VALUE, got '{}'", kv);
+      return 2;
+    }
+    opts.transport_params[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
   if (!cli.head) {
     auto hp = parse_host_port(cli.join);
     if (!hp) {
@@ -104,6 +113,8 @@ void add_node_command(CLI::App& app, const global_options&) {
   cmd->add_option("--suspect-after-ms", cli->suspect_after_ms, "Head: missed heartbeats before a node is suspect")->capture_default_str();
   cmd->add_option("--dead-after-ms", cli->dead_after_ms, "Head: missed heartbeats before a node is dead")->capture_default_str();
   cmd->add_option("--transport", cli->transport, "Data-plane engine: ucx, inproc, none (fault:<name> injects faults)")->capture_default_str();
+  cmd->add_option("--transport-param", cli->transport_params,
+                  "Engine parameter KEY=VALUE (repeatable), e.g. fault.drop_probability=0.1");
   cmd->add_option("--ucx-tls", cli->ucx_tls, "UCX transports for the data plane (e.g. tcp, shm; default: UCX's choice)");
   cli->cluster.add_to(cmd);
   cmd->callback([cli] {

@@ -40,13 +40,21 @@ TEST(cluster, spawns_actors_on_remote_nodes_and_messages_them) {
   std::set<std::string> hosts;
   for (int i = 0; i < 3; ++i) {
     std::string name = "echo-" + std::to_string(i);
+    auto t0 = std::chrono::steady_clock::now();
+    auto ms = [&] { return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count(); };
     auto a = actors::spawn_on_cluster(sys, cluster.head(), cluster.secret(), "echo", name);
     ASSERT_TRUE(a.ok()) << a.err().to_string();
+    auto t_spawn = ms();
     EXPECT_TRUE(cluster.ping(*a, 100 + i));
+    auto t_ping = ms();
     hosts.insert(cluster.node_of(name));
     auto looked_up = actors::lookup_on_cluster(sys, cluster.head(), name);
     ASSERT_TRUE(looked_up.ok());
+    auto t_lookup = ms();
     EXPECT_TRUE(cluster.ping(*looked_up, 200 + i));
+    std::printf("%s: spawn %lld ms, first ping %lld ms, lookup %lld ms, ping %lld ms\n", name.c_str(),
+                (long long)t_spawn, (long long)(t_ping - t_spawn), (long long)(t_lookup - t_ping),
+                (long long)(ms() - t_lookup));
   }
   EXPECT_EQ(hosts.size(), 3u) << "least-loaded placement spreads actors over the nodes";
   auto missing = actors::spawn_on_cluster(sys, cluster.head(), cluster.secret(), "no-such-role", "x");
