@@ -47,6 +47,13 @@ result<uint16_t> publish(caf::actor_system& sys, const Handle& h, uint16_t port,
 
 }  // namespace
 
+void apply_tls(runtime_config& cfg, const tls_options& tls) {
+  // CAF 0.17 reads these members when the OpenSSL manager starts.
+  cfg.openssl_certificate = tls.certificate;
+  cfg.openssl_key = tls.key;
+  cfg.openssl_cafile = tls.ca_file;
+}
+
 result<std::unique_ptr<node>> node::start(node_options opts,
                                           std::shared_ptr<const role_registry> roles) {
   std::unique_ptr<node> n(new node());
@@ -56,11 +63,7 @@ result<std::unique_ptr<node>> node::start(node_options opts,
   auto rt = opts.runtime;
   rt.tls = opts.tls.enabled;
   n->impl_->cfg = std::make_unique<runtime_config>(rt);
-  if (opts.tls.enabled) {
-    n->impl_->cfg->set("openssl.certificate", opts.tls.certificate);
-    n->impl_->cfg->set("openssl.key", opts.tls.key);
-    n->impl_->cfg->set("openssl.cafile", opts.tls.ca_file);
-  }
+  if (opts.tls.enabled) apply_tls(*n->impl_->cfg, opts.tls);
   n->impl_->sys = std::make_unique<caf::actor_system>(*n->impl_->cfg);
   auto& sys = *n->impl_->sys;
 

@@ -29,6 +29,9 @@ struct tls_options {
   std::string ca_file;      ///< PEM file of the CA that signed every node's certificate
 };
 
+/// Loads the certificate, key and CA of `tls` into `cfg` (whose runtime_options.tls is set).
+void apply_tls(runtime_config& cfg, const tls_options& tls);
+
 struct node_options {
   std::string node_id;              ///< default: "<host>-<pid>"
   bool is_head = false;             ///< also run the head (membership, placement, supervisors)

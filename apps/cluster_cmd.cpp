@@ -147,6 +147,7 @@ int with_head(client_cli& cli, F fn) {
     return 2;
   }
   actors::runtime_config cfg(cli.cluster.runtime());
+  if (cli.cluster.tls) actors::apply_tls(cfg, cli.cluster.tls_settings());
   caf::actor_system sys{cfg};
   auto head = actors::connect_head(sys, hp->first, hp->second, cli.cluster.tls);
   if (!head) {

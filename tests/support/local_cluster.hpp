@@ -13,11 +13,13 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "actors/cluster_client.hpp"
+#include "actors/node.hpp"
 #include "actors/runtime.hpp"
 #include "apps/child_process.hpp"
 
@@ -50,6 +52,8 @@ struct local_cluster_options {
   int nodes = 3;  // head included
   std::string secret = "weft-test-cluster-secret-0001";
   std::vector<std::string> extra_args;
+  /// When set: every node and the client use TLS with these PEM files.
+  std::optional<actors::tls_options> tls;
 };
 
 /// Starts node-0 (head) and node-1..N-1 as `weft node` processes.
@@ -61,9 +65,11 @@ class local_cluster {
     for (int i = 1; i < opts_.nodes; ++i) start_node(i, false);
     actors::runtime_options rt;
     rt.worker_threads = 2;
+    rt.tls = opts_.tls.has_value();
     cfg_ = std::make_unique<actors::runtime_config>(rt);
+    if (opts_.tls) actors::apply_tls(*cfg_, *opts_.tls);
     sys_ = std::make_unique<caf::actor_system>(*cfg_);
-    auto h = actors::connect_head(*sys_, "127.0.0.1", port_);
+    auto h = actors::connect_head(*sys_, "127.0.0.1", port_, rt.tls);
     if (!h) throw std::runtime_error(h.err().to_string());
     head_ = *h;
   }
@@ -81,6 +87,10 @@ class local_cluster {
       argv.insert(argv.end(), {"--join", "127.0.0.1:" + std::to_string(port_)});
     }
     argv.insert(argv.end(), opts_.extra_args.begin(), opts_.extra_args.end());
+    if (opts_.tls) {
+      argv.insert(argv.end(), {"--tls", "--tls-cert", opts_.tls->certificate, "--tls-key",
+                               opts_.tls->key, "--tls-ca", opts_.tls->ca_file});
+    }
     argv.insert(argv.end(), args.begin(), args.end());
     auto c = apps::child_process::start(argv);
     if (!c) throw std::runtime_error(c.err().to_string());

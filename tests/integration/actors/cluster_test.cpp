@@ -2,6 +2,7 @@
 
 #include "tests/support/local_cluster.hpp"
 
+#include <filesystem>
 #include <set>
 
 namespace weft::testing {
@@ -133,6 +134,42 @@ void pull_64mib(const std::string& ucx_tls) {
 
 TEST(cluster, ucx_transfer_of_64mib_between_nodes_over_tcp) { pull_64mib("tcp"); }
 TEST(cluster, ucx_transfer_of_64mib_between_nodes_over_shm) { pull_64mib("shm"); }
+
+}  // namespace
+}  // namespace weft::testing
+
+namespace weft::testing {
+namespace {
+
+/// A CA and one node certificate (for 127.0.0.1), made with the openssl command.
+actors::tls_options make_certificates(const std::string& dir) {
+  std::string cmd = "set -e; cd " + dir +
+                    "; openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=weft-test-ca "
+                    "-keyout ca.key -out ca.pem 2>/dev/null"
+                    "; openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout node.key "
+                    "-out node.csr 2>/dev/null"
+                    "; openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+                    "-days 2 -out node.pem 2>/dev/null";
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("openssl failed");
+  return actors::tls_options{true, dir + "/node.pem", dir + "/node.key", dir + "/ca.pem"};
+}
+
+TEST(cluster, tls_between_nodes) {
+  char tmpl[] = "/tmp/weft-tls-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  auto tls = make_certificates(dir);
+  local_cluster cluster({.nodes = 2, .tls = tls});
+  ASSERT_TRUE(eventually([&] { return cluster.node_state("node-1") == "alive"; }, 5000));
+  auto a = actors::spawn_on_cluster(cluster.system(), cluster.head(), cluster.secret(), "echo", "tls-echo");
+  ASSERT_TRUE(a.ok()) << a.err().to_string();
+  EXPECT_TRUE(cluster.ping(*a, 5));
+  // A plain-TCP client cannot talk to a TLS head.
+  actors::runtime_config plain_cfg;
+  caf::actor_system plain{plain_cfg};
+  auto h = actors::connect_head(plain, "127.0.0.1", cluster.port());
+  EXPECT_FALSE(h.ok());
+  std::filesystem::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace weft::testing
