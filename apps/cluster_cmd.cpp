@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "actors/cluster_client.hpp"
 #include "apps/child_process.hpp"
 #include "apps/cluster_options.hpp"
 #include "apps/commands.hpp"
+#include "apps/netns.hpp"
 #include "apps/process_control.hpp"
 
 namespace weft::apps {
@@ -25,6 +27,7 @@ struct up_cli {
   int nodes = 3;
   uint16_t port = 7070;
   std::vector<std::string> roles;
+  bool netns = false;
 };
 
 struct client_cli {
@@ -52,10 +55,13 @@ result<actors::cluster_secret> ensure_local_secret(cluster_cli& cli) {
 }
 
 std::vector<std::string> node_args(const up_cli& cli, const std::string& secret_file) {
-  std::vector<std::string> a = {self_exe(), "node", "--secret-file", secret_file,
-                                "--heartbeat-ms", std::to_string(cli.cluster.heartbeat_ms),
+  std::vector<std::string> a = {self_exe(), "node"};
+  // An explicit secret reaches the nodes through their environment (not their argv, which `ps`
+  // shows); otherwise they read the same secret file.
+  if (cli.cluster.secret.empty()) a.insert(a.end(), {"--secret-file", secret_file});
+  a.insert(a.end(), {"--heartbeat-ms", std::to_string(cli.cluster.heartbeat_ms),
                                 "--connection-timeout-ms",
-                                std::to_string(cli.cluster.connection_timeout_ms)};
+                     std::to_string(cli.cluster.connection_timeout_ms)});
   if (!cli.roles.empty()) {
     std::string r;
     for (const auto& x : cli.roles) r += (r.empty() ? "" : ",") + x;
@@ -86,9 +92,31 @@ int run_up(up_cli cli) {
   std::string secret_file = cli.cluster.secret_file.empty() ? default_secret_file()
                                                             : cli.cluster.secret_file;
   std::vector<child_process> children;
-  auto args = node_args(cli, secret_file);
-  args.insert(args.end(), {"--head", "--port", std::to_string(cli.port), "--node-id", "node-0"});
-  auto head = child_process::start(args);
+  std::optional<netns_topology> topo;
+  std::string head_host = "127.0.0.1";
+  if (cli.netns) {
+    auto t = netns_topology::create(cli.nodes);
+    if (!t) {
+      spdlog::error("{}", t.err().message);
+      return 1;
+    }
+    topo.emplace(std::move(*t));
+    head_host = topo->address(0);
+  }
+  // Node i's argv: inside its namespace (with --netns) and bound to its own address there.
+  auto node_argv = [&](int i, std::vector<std::string> extra) {
+    std::vector<std::string> a;
+    if (topo) a = topo->exec_prefix(i);
+    auto base = node_args(cli, secret_file);
+    a.insert(a.end(), base.begin(), base.end());
+    if (topo) a.insert(a.end(), {"--bind", topo->address(i), "--ucx-tls", "tcp"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  std::vector<std::string> env;
+  if (!cli.cluster.secret.empty()) env.push_back("WEFT_CLUSTER_SECRET=" + cli.cluster.secret);
+  auto head = child_process::start(
+      node_argv(0, {"--head", "--port", std::to_string(cli.port), "--node-id", "node-0"}), env);
   if (!head) {
     spdlog::error("{}", head.err().message);
     return 1;
@@ -99,10 +127,10 @@ int run_up(up_cli cli) {
   }
   children.push_back(std::move(*head));
   for (int i = 1; i < cli.nodes; ++i) {
-    auto a = node_args(cli, secret_file);
-    a.insert(a.end(), {"--join", "127.0.0.1:" + std::to_string(cli.port), "--node-id",
-                       "node-" + std::to_string(i)});
-    auto c = child_process::start(a);
+    auto c = child_process::start(node_argv(
+        i, {"--join", head_host + ":" + std::to_string(cli.port), "--node-id",
+            "node-" + std::to_string(i)}),
+        env);
     if (!c) {
       spdlog::error("{}", c.err().message);
       return 1;
@@ -113,10 +141,10 @@ int run_up(up_cli cli) {
     }
     children.push_back(std::move(*c));
   }
-  std::printf("weft-cluster-ready head=127.0.0.1:%u nodes=%d\n", cli.port, cli.nodes);
+  std::printf("weft-cluster-ready head=%s:%u nodes=%d\n", head_host.c_str(), cli.port, cli.nodes);
   std::fflush(stdout);
-  spdlog::info("local cluster up: {} node(s), head on 127.0.0.1:{} — `weft cluster status` shows it; Ctrl-C stops it",
-               cli.nodes, cli.port);
+  spdlog::info("local cluster up: {} node(s), head on {}:{} — `weft cluster status --head {}:{}` shows it; Ctrl-C stops it",
+               cli.nodes, head_host, cli.port, head_host, cli.port);
   // Watch the children: report deaths (the head notices them too and restarts their actors).
   std::thread watcher([&children] {
     std::vector<bool> reported(children.size(), false);
@@ -200,6 +228,8 @@ void add_cluster_command(CLI::App& app, const global_options&) {
       ->capture_default_str()->check(CLI::Range(1, 64));
   up_cmd->add_option("--port", up->port, "Head port")->capture_default_str();
   up_cmd->add_option("--roles", up->roles, "Roles every node accepts (default: all)")->delimiter(',');
+  up_cmd->add_flag("--netns", up->netns,
+                   "Run each node in its own network namespace (root; 10.213.x.0/24 on a private bridge; data plane over UCX tcp)");
   up->cluster.add_to(up_cmd);
   up_cmd->callback([up] { std::exit(run_up(*up)); });
 
