@@ -109,7 +109,7 @@ caf::behavior blob_actor(blob_ptr self, std::shared_ptr<transport::engine> engin
       [self](transfer_atom, const envelope& env) -> caf::result<envelope> {
         auto& st = self->state;
         auto req = env.read<wire::TransferRequest>();
-        if (!req) return make_error_envelope(req.err());
+        if (!req) return make_error_envelope(req.error());
         auto r = req->get();
         uint64_t id = r.getTransferId();
         uint64_t size = r.getSizeBytes();

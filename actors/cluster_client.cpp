@@ -91,9 +91,9 @@ status join_cluster(caf::actor_system& sys, const head_actor& head, const node_a
                });
   if (!ok) return result_status;
   auto ch = challenge.read<wire::JoinChallenge>();
-  if (!ch) return ch.err();
+  if (!ch) return ch.error();
   auto ns = node_status.read<wire::NodeStatus>();
-  if (!ns) return ns.err();
+  if (!ns) return ns.error();
   auto nonce = ch->get().getNonce();
   std::string node_id = ns->get().getNode().getNodeId().cStr();
   std::string msg(reinterpret_cast<const char*>(nonce.begin()), nonce.size());
@@ -111,7 +111,7 @@ status join_cluster(caf::actor_system& sys, const head_actor& head, const node_a
           [&](envelope reply) {
             auto r = reply.read<wire::JoinReply>();
             if (!r) {
-              result_status = r.err();
+              result_status = r.error();
             } else if (!r->get().getAccepted()) {
               result_status = make_error(from_wire(r->get().getError().getCode()),
                                          r->get().getError().getMessage().cStr());
@@ -222,7 +222,7 @@ result<caf::actor> lookup_on_cluster(caf::actor_system& sys, const head_actor& h
 
 std::string cluster_status_json(const envelope& status) {
   auto v = status.read<wire::ClusterStatus>();
-  if (!v) return nlohmann::json{{"error", v.err().to_string()}}.dump();
+  if (!v) return nlohmann::json{{"error", v.error().to_string()}}.dump();
   auto cs = v->get();
   nlohmann::json out;
   out["head"] = cs.getHeadId().cStr();
@@ -257,7 +257,7 @@ std::string cluster_status_json(const envelope& status) {
 
 std::string cluster_status_table(const envelope& status) {
   auto v = status.read<wire::ClusterStatus>();
-  if (!v) return "error: " + v.err().to_string() + "\n";
+  if (!v) return "error: " + v.error().to_string() + "\n";
   auto cs = v->get();
   std::string out = fmt::format("{:<12} {:>8} {:<22} {:<8} {:<24} {}\n", "NODE", "PID", "ADDRESS",
                                 "STATE", "ROLES", "ACTORS");

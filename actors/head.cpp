@@ -192,7 +192,7 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
           });
         };
         auto req = env.read<wire::JoinRequest>();
-        if (!req) return refuse(errc::malformed, req.err().to_string());
+        if (!req) return refuse(errc::malformed, req.error().to_string());
         auto r = req->get();
         if (r.getProtocolVersion() != protocol_version) {
           return refuse(errc::version_mismatch, "protocol version " +
@@ -250,7 +250,7 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
       [self](spawn_atom, const envelope& env) -> caf::result<envelope, caf::actor> {
         auto& st = self->state;
         auto req = env.read<wire::SpawnRequest>();
-        if (!req) return {make_error_envelope(req.err()), caf::actor{}};
+        if (!req) return {make_error_envelope(req.error()), caf::actor{}};
         if (auto err = verify_spawn_request(st.cfg.secret, req->get()); !err.ok()) {
           return {make_error_envelope(err), caf::actor{}};
         }
@@ -286,7 +286,7 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
       [self](supervise_atom, const envelope& env) -> caf::result<envelope, caf::actor> {
         auto& st = self->state;
         auto spec = env.read<wire::SupervisorSpec>();
-        if (!spec) return {make_error_envelope(spec.err()), caf::actor{}};
+        if (!spec) return {make_error_envelope(spec.error()), caf::actor{}};
         auto s = spec->get();
         std::string sup_name = s.getName().cStr();
         auto err = verify_request_token(st.cfg.secret, "supervise", sup_name, s.getDeadlineMs(),

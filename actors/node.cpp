@@ -90,7 +90,7 @@ result<std::unique_ptr<node>> node::start(node_options opts,
   auto port_cell = acfg.port;
   n->impl_->agent = spawn_node_agent(sys, acfg);
   auto agent_port = publish(sys, n->impl_->agent, opts.agent_port, opts.bind_host, opts.tls);
-  if (!agent_port) return agent_port.err();
+  if (!agent_port) return agent_port.error();
   n->agent_port_ = *agent_port;
   port_cell->store(*agent_port);
 
@@ -100,11 +100,11 @@ result<std::unique_ptr<node>> node::start(node_options opts,
     hcfg.heartbeat_interval_ms = opts.runtime.heartbeat_interval_ms;
     n->impl_->head = spawn_head(sys, hcfg);
     auto hp = publish(sys, n->impl_->head, opts.head_port, opts.bind_host, opts.tls);
-    if (!hp) return hp.err();
+    if (!hp) return hp.error();
     n->head_port_ = *hp;
   } else {
     auto h = connect_head(sys, opts.join_host, opts.join_port, opts.tls.enabled);
-    if (!h) return h.err();
+    if (!h) return h.error();
     n->impl_->head = *h;
     n->head_port_ = opts.join_port;
   }

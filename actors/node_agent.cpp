@@ -98,7 +98,7 @@ node_agent_actor::behavior_type node_agent(agent_ptr self, node_agent_config cfg
   return {
       [self](spawn_atom, const envelope& env) -> caf::result<envelope, caf::actor> {
         auto req = env.read<wire::SpawnRequest>();
-        if (!req) return {make_error_envelope(req.err()), caf::actor{}};
+        if (!req) return {make_error_envelope(req.error()), caf::actor{}};
         auto r = req->get();
         if (auto st = verify_spawn_request(self->state.cfg.secret, r); !st.ok()) {
           spdlog::warn("node {}: refused spawn request: {}", self->state.cfg.node_id,
@@ -129,7 +129,7 @@ node_agent_actor::behavior_type node_agent(agent_ptr self, node_agent_config cfg
                          self->state.cfg.engine};
         auto spawned = (*factory)(self->system(), ctx);
         if (!spawned) {
-          return {make_error_envelope(spawned.err()), caf::actor{}};
+          return {make_error_envelope(spawned.error()), caf::actor{}};
         }
         self->monitor(*spawned);
         self->state.children[name] = child_record{name, role, *spawned, wire::ActorState::RUNNING};
@@ -138,7 +138,7 @@ node_agent_actor::behavior_type node_agent(agent_ptr self, node_agent_config cfg
       },
       [self](stop_atom, const envelope& env) -> envelope {
         auto req = env.read<wire::StopRequest>();
-        if (!req) return make_error_envelope(req.err());
+        if (!req) return make_error_envelope(req.error());
         auto r = req->get();
         std::string name = r.getName().cStr();
         auto st = verify_request_token(self->state.cfg.secret, "stop",

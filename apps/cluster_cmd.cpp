@@ -86,7 +86,7 @@ int run_up(up_cli cli) {
   stop_latch::instance().block_signals();
   auto secret = ensure_local_secret(cli.cluster);
   if (!secret) {
-    spdlog::error("{}", secret.err().message);
+    spdlog::error("{}", secret.error().message);
     return 2;
   }
   std::string secret_file = cli.cluster.secret_file.empty() ? default_secret_file()
@@ -97,7 +97,7 @@ int run_up(up_cli cli) {
   if (cli.netns) {
     auto t = netns_topology::create(cli.nodes);
     if (!t) {
-      spdlog::error("{}", t.err().message);
+      spdlog::error("{}", t.error().message);
       return 1;
     }
     topo.emplace(std::move(*t));
@@ -118,7 +118,7 @@ int run_up(up_cli cli) {
   auto head = child_process::start(
       node_argv(0, {"--head", "--port", std::to_string(cli.port), "--node-id", "node-0"}), env);
   if (!head) {
-    spdlog::error("{}", head.err().message);
+    spdlog::error("{}", head.error().message);
     return 1;
   }
   if (!wait_ready(*head)) {
@@ -132,7 +132,7 @@ int run_up(up_cli cli) {
             "node-" + std::to_string(i)}),
         env);
     if (!c) {
-      spdlog::error("{}", c.err().message);
+      spdlog::error("{}", c.error().message);
       return 1;
     }
     if (!wait_ready(*c)) {
@@ -171,7 +171,7 @@ template <class F>
 int with_head(client_cli& cli, F fn) {
   auto hp = parse_host_port(cli.head);
   if (!hp) {
-    spdlog::error("--head: {}", hp.err().message);
+    spdlog::error("--head: {}", hp.error().message);
     return 2;
   }
   actors::runtime_config cfg(cli.cluster.runtime());
@@ -179,7 +179,7 @@ int with_head(client_cli& cli, F fn) {
   caf::actor_system sys{cfg};
   auto head = actors::connect_head(sys, hp->first, hp->second, cli.cluster.tls);
   if (!head) {
-    spdlog::error("{}", head.err().to_string());
+    spdlog::error("{}", head.error().to_string());
     return 1;
   }
   return fn(sys, *head);
@@ -189,7 +189,7 @@ int run_status(client_cli& cli) {
   return with_head(cli, [&](caf::actor_system& sys, const actors::head_actor& head) {
     auto st = actors::cluster_status(sys, head);
     if (!st) {
-      spdlog::error("{}", st.err().to_string());
+      spdlog::error("{}", st.error().to_string());
       return 1;
     }
     std::string out = cli.json ? actors::cluster_status_json(*st) + "\n"
@@ -202,13 +202,13 @@ int run_status(client_cli& cli) {
 int run_spawn(client_cli& cli) {
   auto secret = cli.cluster.load_secret();
   if (!secret) {
-    spdlog::error("{}", secret.err().message);
+    spdlog::error("{}", secret.error().message);
     return 2;
   }
   return with_head(cli, [&](caf::actor_system& sys, const actors::head_actor& head) {
     auto a = actors::spawn_on_cluster(sys, head, *secret, cli.role, cli.name, cli.config_json);
     if (!a) {
-      spdlog::error("spawn failed: {}", a.err().to_string());
+      spdlog::error("spawn failed: {}", a.error().to_string());
       return 1;
     }
     std::printf("spawned %s (role %s)\n", cli.name.c_str(), cli.role.c_str());

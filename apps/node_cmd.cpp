@@ -36,7 +36,7 @@ int run_node(const node_cli& cli) {
   stop_latch::instance().block_signals();
   auto secret = cli.cluster.load_secret();
   if (!secret) {
-    spdlog::error("{}", secret.err().message);
+    spdlog::error("{}", secret.error().message);
     return 2;
   }
   actors::node_options opts;
@@ -65,7 +65,7 @@ int run_node(const node_cli& cli) {
   if (!cli.head) {
     auto hp = parse_host_port(cli.join);
     if (!hp) {
-      spdlog::error("--join: {}", hp.err().message);
+      spdlog::error("--join: {}", hp.error().message);
       return 2;
     }
     opts.join_host = hp->first;
@@ -75,7 +75,7 @@ int run_node(const node_cli& cli) {
   actors::add_builtin_roles(*roles);
   auto node = actors::node::start(opts, roles);
   if (!node) {
-    spdlog::error("node failed to start: {}", node.err().to_string());
+    spdlog::error("node failed to start: {}", node.error().to_string());
     return 1;
   }
   auto& n = *node;

@@ -297,7 +297,7 @@ envelope make_error_envelope(const error& err) {
 status error_from(const envelope& env) {
   if (env.what() != kind::error) return {};
   auto v = env.read<wire::Error>();
-  if (!v) return v.err();
+  if (!v) return v.error();
   return make_error(from_wire(v->get().getCode()), v->get().getMessage().cStr());
 }
 

@@ -154,7 +154,7 @@ class envelope {
                                              to_string(kind_));
     }
     auto reader = internal::open_reader(storage_, kind_, limits);
-    if (!reader) return reader.err();
+    if (!reader) return reader.error();
     return view<T>(storage_, std::move(reader.value()));
   }
 

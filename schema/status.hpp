@@ -9,6 +9,8 @@
 #include <utility>
 #include <variant>
 
+#include "schema/result.hpp"
+
 namespace weft {
 
 /// Error categories; the numeric values equal the wire enum `ErrorCode` in schema/control.capnp.
@@ -43,29 +45,8 @@ using status = error;
 
 inline error make_error(errc code, std::string message) { return error{code, std::move(message)}; }
 
-/// A value of type T or an error. Small on purpose: std::expected is C++23.
+/// A value of type T or an error.
 template <class T>
-class result {
- public:
-  result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
-  result(error err) : v_(std::move(err)) {}  // NOLINT(google-explicit-constructor)
-
-  bool ok() const { return v_.index() == 0; }
-  explicit operator bool() const { return ok(); }
-
-  T& value() & { return std::get<0>(v_); }
-  const T& value() const& { return std::get<0>(v_); }
-  T&& value() && { return std::get<0>(std::move(v_)); }
-  T& operator*() & { return value(); }
-  const T& operator*() const& { return value(); }
-  T* operator->() { return &value(); }
-  const T* operator->() const { return &value(); }
-
-  /// The error; only valid when !ok().
-  const error& err() const { return std::get<1>(v_); }
-
- private:
-  std::variant<T, error> v_;
-};
+using result = basic_result<T, error>;
 
 }  // namespace weft

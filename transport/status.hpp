@@ -9,6 +9,8 @@
 #include <utility>
 #include <variant>
 
+#include "schema/result.hpp"
+
 namespace weft::transport {
 
 /// Why a data-plane operation did not succeed.
@@ -47,29 +49,8 @@ inline status make_status(status_code code, std::string message) {
   return status{code, std::move(message)};
 }
 
-/// A value of type T or a non-ok status (std::expected is C++23).
+/// A value of type T or a non-ok status.
 template <class T>
-class result {
- public:
-  result(T value) : v_(std::move(value)) {}       // NOLINT(google-explicit-constructor)
-  result(status error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
-
-  bool ok() const { return v_.index() == 0; }
-  explicit operator bool() const { return ok(); }
-
-  T& value() & { return std::get<0>(v_); }
-  const T& value() const& { return std::get<0>(v_); }
-  T&& value() && { return std::get<0>(std::move(v_)); }
-  T& operator*() & { return value(); }
-  const T& operator*() const& { return value(); }
-  T* operator->() { return &value(); }
-  const T* operator->() const { return &value(); }
-
-  /// The error; only valid when !ok().
-  const status& error() const { return std::get<1>(v_); }
-
- private:
-  std::variant<T, status> v_;
-};
+using result = weft::basic_result<T, status>;
 
 }  // namespace weft::transport

@@ -70,7 +70,7 @@ class local_cluster {
     if (opts_.tls) actors::apply_tls(*cfg_, *opts_.tls);
     sys_ = std::make_unique<caf::actor_system>(*cfg_);
     auto h = actors::connect_head(*sys_, "127.0.0.1", port_, rt.tls);
-    if (!h) throw std::runtime_error(h.err().to_string());
+    if (!h) throw std::runtime_error(h.error().to_string());
     head_ = *h;
   }
   ~local_cluster() {
@@ -93,7 +93,7 @@ class local_cluster {
     }
     argv.insert(argv.end(), args.begin(), args.end());
     auto c = apps::child_process::start(argv);
-    if (!c) throw std::runtime_error(c.err().to_string());
+    if (!c) throw std::runtime_error(c.error().to_string());
     bool ready = false;
     for (int i = 0; i < 50 && !ready; ++i) {
       auto line = c->read_line(15000);
@@ -117,7 +117,7 @@ class local_cluster {
   /// The cluster status as parsed JSON-ish accessors.
   schema::envelope status() {
     auto st = actors::cluster_status(*sys_, head_);
-    if (!st) throw std::runtime_error(st.err().to_string());
+    if (!st) throw std::runtime_error(st.error().to_string());
     return *st;
   }
   /// State name of node `id` ("alive", "dead", ...), "" if unknown.

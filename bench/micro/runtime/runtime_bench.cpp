@@ -209,7 +209,7 @@ json detection(int sig, int repeats) {
     actors::runtime_config cfg;
     caf::actor_system sys{cfg};
     auto head = actors::connect_head(sys, "127.0.0.1", port);
-    if (!head) return {{"error", head.err().to_string()}};
+    if (!head) return {{"error", head.error().to_string()}};
     auto dead = [&] {
       auto st = actors::cluster_status(sys, *head);
       if (!st) return false;

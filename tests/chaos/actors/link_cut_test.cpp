@@ -32,7 +32,7 @@ TEST(chaos, a_cut_link_is_detected) {
   actors::runtime_config cfg;
   caf::actor_system sys{cfg};
   auto h = actors::connect_head(sys, host, port);
-  ASSERT_TRUE(h.ok()) << h.err().to_string();
+  ASSERT_TRUE(h.ok()) << h.error().to_string();
   auto state = [&](const std::string& id) {
     auto st = actors::cluster_status(sys, *h);
     if (!st) return std::string{};

@@ -31,7 +31,7 @@ TEST(chaos, sigkill_of_a_node_restarts_its_actors_on_a_survivor) {
   auto sup = actors::supervise_on_cluster(sys, cluster.head(), cluster.secret(), "workers",
                                           actors::restart_strategy::one_for_one, {5, 10'000},
                                           {20, 500, 2.0, 5'000}, children);
-  ASSERT_TRUE(sup.ok()) << sup.err().to_string();
+  ASSERT_TRUE(sup.ok()) << sup.error().to_string();
   // Kill a worker node (not the head) that hosts one of the children.
   std::string victim, victim_actor;
   for (const auto& c : children) {

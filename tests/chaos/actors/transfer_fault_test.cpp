@@ -18,7 +18,7 @@ schema::envelope pull(local_cluster& cluster, uint64_t deadline_ms) {
   self->request(*src, std::chrono::seconds(10), actors::region_atom::value)
       .receive([&](schema::envelope e) { descriptor = std::move(e); }, [&](caf::error&) {});
   auto d = descriptor.read<schema::wire::TransferRequest>();
-  if (!d.ok()) throw std::runtime_error(d.err().to_string());
+  if (!d.ok()) throw std::runtime_error(d.error().to_string());
   auto req = schema::envelope::build<schema::wire::TransferRequest>([&](auto b) {
     b.setTransferId(9);
     b.setSource(d->get().getSource());
@@ -40,7 +40,7 @@ TEST(transfer_faults, a_dropped_transfer_times_out_at_its_deadline) {
   auto reply = pull(cluster, 1500);
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   auto r = reply.read<schema::wire::TransferReply>();
-  ASSERT_TRUE(r.ok()) << r.err().to_string();
+  ASSERT_TRUE(r.ok()) << r.error().to_string();
   EXPECT_FALSE(r->get().getOk());
   EXPECT_EQ(r->get().getError().getCode(), schema::wire::ErrorCode::TIMEOUT);
   EXPECT_LT(ms, 10'000) << "the deadline bounds the wait";
@@ -52,7 +52,7 @@ TEST(transfer_faults, a_corrupted_transfer_is_caught_by_the_checksum) {
                                         "--transport-param", "fault.corrupt_probability=1"}});
   auto reply = pull(cluster, 10'000);
   auto r = reply.read<schema::wire::TransferReply>();
-  ASSERT_TRUE(r.ok()) << r.err().to_string();
+  ASSERT_TRUE(r.ok()) << r.error().to_string();
   EXPECT_FALSE(r->get().getOk());
   EXPECT_NE(std::string(r->get().getError().getMessage().cStr()).find("checksum"), std::string::npos);
 }
@@ -63,7 +63,7 @@ TEST(transfer_faults, a_healthy_transfer_through_the_decorator_succeeds) {
                                         "--transport-param", "fault.delay_ms=50"}});
   auto reply = pull(cluster, 10'000);
   auto r = reply.read<schema::wire::TransferReply>();
-  ASSERT_TRUE(r.ok()) << r.err().to_string();
+  ASSERT_TRUE(r.ok()) << r.error().to_string();
   EXPECT_TRUE(r->get().getOk()) << r->get().getError().getMessage().cStr();
 }
 

@@ -44,7 +44,7 @@ TEST(cluster, spawns_actors_on_remote_nodes_and_messages_them) {
     auto t0 = std::chrono::steady_clock::now();
     auto ms = [&] { return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count(); };
     auto a = actors::spawn_on_cluster(sys, cluster.head(), cluster.secret(), "echo", name);
-    ASSERT_TRUE(a.ok()) << a.err().to_string();
+    ASSERT_TRUE(a.ok()) << a.error().to_string();
     auto t_spawn = ms();
     EXPECT_TRUE(cluster.ping(*a, 100 + i));
     auto t_ping = ms();
@@ -60,7 +60,7 @@ TEST(cluster, spawns_actors_on_remote_nodes_and_messages_them) {
   EXPECT_EQ(hosts.size(), 3u) << "least-loaded placement spreads actors over the nodes";
   auto missing = actors::spawn_on_cluster(sys, cluster.head(), cluster.secret(), "no-such-role", "x");
   ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.err().code, errc::unavailable);
+  EXPECT_EQ(missing.error().code, errc::unavailable);
 }
 
 TEST(cluster, a_client_without_the_secret_cannot_spawn) {
@@ -69,7 +69,7 @@ TEST(cluster, a_client_without_the_secret_cannot_spawn) {
                                     actors::cluster_secret{"wrong-secret-but-long-enough"}, "echo",
                                     "intruder");
   ASSERT_FALSE(a.ok());
-  EXPECT_EQ(a.err().code, errc::unauthorized);
+  EXPECT_EQ(a.error().code, errc::unauthorized);
   EXPECT_EQ(cluster.node_of("intruder"), "");
 }
 
@@ -87,17 +87,17 @@ void pull_64mib(const std::string& ucx_tls) {
   constexpr uint64_t size = 64ull << 20;
   auto src = actors::spawn_on_cluster(sys, cluster.head(), cluster.secret(), "blob", "src",
                                       R"({"size_bytes": 67108864, "seed": 7})");
-  ASSERT_TRUE(src.ok()) << src.err().to_string();
+  ASSERT_TRUE(src.ok()) << src.error().to_string();
   auto dst = actors::spawn_on_cluster(sys, cluster.head(), cluster.secret(), "blob", "dst",
                                       R"({"size_bytes": 67108864, "seed": 0})");
-  ASSERT_TRUE(dst.ok()) << dst.err().to_string();
+  ASSERT_TRUE(dst.ok()) << dst.error().to_string();
   ASSERT_NE(cluster.node_of("src"), cluster.node_of("dst"));
   caf::scoped_actor self{sys};
   schema::envelope descriptor;
   self->request(*src, std::chrono::seconds(10), actors::region_atom::value)
       .receive([&](schema::envelope e) { descriptor = std::move(e); }, [&](caf::error&) {});
   auto d = descriptor.read<schema::wire::TransferRequest>();
-  ASSERT_TRUE(d.ok()) << d.err().to_string();
+  ASSERT_TRUE(d.ok()) << d.error().to_string();
   ASSERT_EQ(d->get().getSizeBytes(), size);
   uint64_t expected = d->get().getChecksum();
   auto req = schema::envelope::build<schema::wire::TransferRequest>([&](auto b) {
@@ -112,7 +112,7 @@ void pull_64mib(const std::string& ucx_tls) {
   self->request(*dst, std::chrono::seconds(90), actors::transfer_atom::value, req)
       .receive([&](schema::envelope e) { reply = std::move(e); }, [&](caf::error&) {});
   auto r = reply.read<schema::wire::TransferReply>();
-  ASSERT_TRUE(r.ok()) << r.err().to_string() << " / " << schema::error_from(reply).to_string();
+  ASSERT_TRUE(r.ok()) << r.error().to_string() << " / " << schema::error_from(reply).to_string();
   ASSERT_TRUE(r->get().getOk()) << r->get().getError().getMessage().cStr();
   EXPECT_EQ(r->get().getChecksum(), expected);
   double gib_s = static_cast<double>(size) / (1 << 30) / (r->get().getElapsedUs() / 1e6);
@@ -161,7 +161,7 @@ TEST(cluster, tls_between_nodes) {
   local_cluster cluster({.nodes = 2, .tls = tls});
   ASSERT_TRUE(eventually([&] { return cluster.node_state("node-1") == "alive"; }, 5000));
   auto a = actors::spawn_on_cluster(cluster.system(), cluster.head(), cluster.secret(), "echo", "tls-echo");
-  ASSERT_TRUE(a.ok()) << a.err().to_string();
+  ASSERT_TRUE(a.ok()) << a.error().to_string();
   EXPECT_TRUE(cluster.ping(*a, 5));
   // A plain-TCP client cannot talk to a TLS head.
   actors::runtime_config plain_cfg;

@@ -30,7 +30,7 @@ TEST_F(bridge_fixture, serializes_like_a_remote_peer) {
   caf::binary_deserializer source{*sys, buf};
   ASSERT_FALSE(source(back));
   auto v = back.read<wire::Ping>();
-  ASSERT_TRUE(v.ok()) << v.err().to_string();
+  ASSERT_TRUE(v.ok()) << v.error().to_string();
   EXPECT_EQ(v->get().getSeq(), 9u);
   EXPECT_EQ(v->get().getPayload().size(), 100u);
 }

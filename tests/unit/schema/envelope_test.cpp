@@ -25,7 +25,7 @@ TEST(envelope, builds_and_reads_in_process_without_copy) {
   auto env = sample_spawn();
   auto copy = env;  // shares the built message
   auto v = copy.read<wire::SpawnRequest>();
-  ASSERT_TRUE(v.ok()) << v.err().to_string();
+  ASSERT_TRUE(v.ok()) << v.error().to_string();
   EXPECT_EQ(v->get().getRequestId(), 42u);
   EXPECT_STREQ(v->get().getRole().cStr(), "echo");
   EXPECT_EQ(v->get().getSessionToken().size(), 4u);
@@ -37,7 +37,7 @@ TEST(envelope, round_trips_through_bytes) {
   EXPECT_EQ(bytes.size(), env.size_bytes());
   auto back = envelope::from_bytes(kind::spawn_request, bytes);
   auto v = back.read<wire::SpawnRequest>();
-  ASSERT_TRUE(v.ok()) << v.err().to_string();
+  ASSERT_TRUE(v.ok()) << v.error().to_string();
   EXPECT_STREQ(v->get().getName().cStr(), "echo-1");
   EXPECT_STREQ(v->get().getConfigJson().cStr(), R"({"k": 1})");
 }
@@ -48,7 +48,7 @@ void expect_round_trip(F fill) {
   auto back = envelope::from_bytes(env.what(), env.to_bytes());
   EXPECT_EQ(back.to_bytes(), env.to_bytes()) << to_string(env.what());
   auto v = back.template read<T>();
-  EXPECT_TRUE(v.ok()) << to_string(env.what()) << ": " << v.err().to_string();
+  EXPECT_TRUE(v.ok()) << to_string(env.what()) << ": " << v.error().to_string();
 }
 
 TEST(envelope, every_kind_round_trips) {
@@ -83,8 +83,8 @@ TEST(envelope, wrong_kind_is_an_error) {
   auto env = sample_spawn();
   auto v = env.read<wire::Heartbeat>();
   ASSERT_FALSE(v.ok());
-  EXPECT_EQ(v.err().code, errc::malformed);
-  EXPECT_NE(v.err().message.find("Heartbeat"), std::string::npos);
+  EXPECT_EQ(v.error().code, errc::malformed);
+  EXPECT_NE(v.error().message.find("Heartbeat"), std::string::npos);
 }
 
 TEST(envelope, truncated_bytes_are_rejected_at_every_length) {
@@ -120,7 +120,7 @@ TEST(envelope, unknown_enum_value_is_rejected) {
   });
   auto v = envelope::from_bytes(kind::error, env.to_bytes()).read<wire::Error>();
   ASSERT_FALSE(v.ok());
-  EXPECT_NE(v.err().message.find("enum"), std::string::npos) << v.err().message;
+  EXPECT_NE(v.error().message.find("enum"), std::string::npos) << v.error().message;
 }
 
 TEST(envelope, invalid_utf8_text_is_rejected) {
@@ -129,7 +129,7 @@ TEST(envelope, invalid_utf8_text_is_rejected) {
   });
   auto v = envelope::from_bytes(kind::leave_notice, env.to_bytes()).read<wire::LeaveNotice>();
   ASSERT_FALSE(v.ok());
-  EXPECT_NE(v.err().message.find("UTF-8"), std::string::npos);
+  EXPECT_NE(v.error().message.find("UTF-8"), std::string::npos);
 }
 
 TEST(envelope, oversized_lists_and_texts_are_rejected) {
@@ -140,14 +140,14 @@ TEST(envelope, oversized_lists_and_texts_are_rejected) {
   tight.max_list_elements = 10;
   auto v = envelope::from_bytes(kind::cluster_status, env.to_bytes()).read<wire::ClusterStatus>(tight);
   ASSERT_FALSE(v.ok());
-  EXPECT_NE(v.err().message.find("list"), std::string::npos);
+  EXPECT_NE(v.error().message.find("list"), std::string::npos);
 
   auto big = envelope::build<wire::LeaveNotice>([](wire::LeaveNotice::Builder b) {
     b.setReason(std::string(100'000, 'a'));
   });
   auto v2 = big.read<wire::LeaveNotice>();
   ASSERT_FALSE(v2.ok());
-  EXPECT_NE(v2.err().message.find("reason"), std::string::npos) << v2.err().message;
+  EXPECT_NE(v2.error().message.find("reason"), std::string::npos) << v2.error().message;
 }
 
 TEST(envelope, size_limit_and_alignment) {
@@ -159,7 +159,7 @@ TEST(envelope, size_limit_and_alignment) {
   auto v2 = envelope::from_bytes(kind::spawn_request, sample_spawn().to_bytes())
                 .read<wire::SpawnRequest>(small);
   ASSERT_FALSE(v2.ok());
-  EXPECT_NE(v2.err().message.find("exceeds"), std::string::npos);
+  EXPECT_NE(v2.error().message.find("exceeds"), std::string::npos);
   auto over = envelope::oversize(1 << 30).read<wire::Ping>();
   ASSERT_FALSE(over.ok());
 }
@@ -183,7 +183,7 @@ TEST(envelope, nesting_limit_applies) {
                .read<wire::ClusterStatus>(shallow);
   EXPECT_FALSE(v.ok());
   auto ok = envelope::from_bytes(kind::cluster_status, env.to_bytes()).read<wire::ClusterStatus>();
-  EXPECT_TRUE(ok.ok()) << ok.err().to_string();
+  EXPECT_TRUE(ok.ok()) << ok.error().to_string();
 }
 
 }  // namespace

@@ -1,0 +1,262 @@
+// weft engine benchmark: prefill and decode tokens/s at batch 1, 8, 32 for weft's CPU backend and
+// for llama.cpp (llama-cpp-python) on the same GGUF, same threads, same workload, in the same run;
+// plus the machine's memory-bandwidth ceiling for decode and a compute ceiling for prefill.
+// Writes bench/results/engine-<date>.json and prints one summary line per figure.
+//
+//   gpu_engine_bench [--model PATH] [--threads N] [--prompt-len P] [--decode-steps D]
+//                    [--batches 1,8,32] [--out DIR] [--no-llama]
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu/cpu/quant_dot.hpp"
+#include "gpu/device.hpp"
+#include "gpu/gguf.hpp"
+#include "gpu/kv_cache.hpp"
+#include "gpu/model.hpp"
+
+namespace {
+
+using namespace weft::gpu;
+using clk = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
+
+std::string shell(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+// Best-of-5 memcpy of a 256 MiB buffer, counted as STREAM "copy" does: bytes read + bytes written
+// per second (a decode step only reads its weights, so this is the traffic the memory sustains).
+double copy_bandwidth_bytes_s() {
+  const size_t n = size_t{256} << 20;
+  std::vector<char> a(n, 1), b(n, 2);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    const auto t = clk::now();
+    std::memcpy(b.data(), a.data(), n);
+    best = std::min(best, seconds_since(t));
+    a[static_cast<size_t>(i)] = b[static_cast<size_t>(i) * 7];
+  }
+  return 2.0 * static_cast<double>(n) / best;
+}
+
+// In-cache throughput of the 4-row Q4_1 x Q8_1 kernel on all threads: multiply-accumulates/s.
+double q4_1_macs_per_s(int threads) {
+  std::vector<block_q4_1> w(4 * 18);
+  std::vector<block_q8_1> a(18);
+  for (size_t i = 0; i < w.size(); ++i) {
+    w[i].d = fp32_to_fp16(0.01f);
+    w[i].m = fp32_to_fp16(-0.05f);
+    for (int j = 0; j < 16; ++j) w[i].qs[j] = static_cast<uint8_t>(i * 16 + j);
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i].d = fp32_to_fp16(0.02f);
+    a[i].s = fp32_to_fp16(0.1f);
+    for (int j = 0; j < 32; ++j) a[i].qs[j] = static_cast<int8_t>(j - 16);
+  }
+  const int64_t iters = 400000;
+  std::vector<std::thread> pool;
+  std::vector<float> sink(static_cast<size_t>(threads));
+  const auto t = clk::now();
+  for (int k = 0; k < threads; ++k) {
+    pool.emplace_back([&, k] {
+      float s = 0;
+      float o[4];
+      for (int64_t i = 0; i < iters / 4; ++i) {
+        cpu::dot4_q4_1_q8_1(w.data(), 18 * sizeof(block_q4_1), a.data(), 18, o);
+        s += o[0] + o[3];
+      }
+      sink[static_cast<size_t>(k)] = s;
+    });
+  }
+  for (auto& th : pool) th.join();
+  return static_cast<double>(iters) * 18 * 32 * threads / seconds_since(t);
+}
+
+struct weft_figures {
+  double prefill_tok_s = 0;
+  double decode_tok_s = 0;
+};
+
+weft_figures run_weft(model& m, device& dev, int batch, int plen, int steps) {
+  kv_cache_config kc;
+  kc.layout = m.kv_layout_for(16);
+  kc.n_blocks = static_cast<int64_t>(batch) * ((plen + steps) / 16 + 2);
+  auto kv = kv_cache::create(dev, kc);
+  std::vector<seq_id> seqs;
+  for (int s = 0; s < batch; ++s) seqs.push_back((*kv)->create_sequence());
+  std::vector<int32_t> prompt(static_cast<size_t>(plen));
+  for (int i = 0; i < plen; ++i) prompt[static_cast<size_t>(i)] = 100 + (7 * i) % 1000;
+  forward_batch b;
+  forward_output out;
+  weft_figures f;
+  // Prefill: the same ubatching as llama.cpp (up to 512 tokens per forward pass).
+  auto t = clk::now();
+  int in_batch = 0;
+  for (int s = 0; s < batch; ++s) {
+    for (int off = 0; off < plen;) {
+      const int n = std::min(plen - off, 512 - in_batch);
+      b.add(seqs[static_cast<size_t>(s)], std::span<const int32_t>(prompt.data() + off, static_cast<size_t>(n)),
+            off + n == plen);
+      in_batch += n;
+      off += n;
+      if (in_batch == 512) {
+        (void)m.forward(b, **kv, out);
+        b.clear();
+        in_batch = 0;
+      }
+    }
+  }
+  if (in_batch > 0) (void)m.forward(b, **kv, out);
+  f.prefill_tok_s = static_cast<double>(batch) * plen / seconds_since(t);
+  t = clk::now();
+  for (int k = 0; k < steps; ++k) {
+    b.clear();
+    const int32_t tok = 200 + k;
+    for (int s = 0; s < batch; ++s) b.add(seqs[static_cast<size_t>(s)], std::span<const int32_t>(&tok, 1), true);
+    (void)m.forward(b, **kv, out);
+  }
+  f.decode_tok_s = static_cast<double>(batch) * steps / seconds_since(t);
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path;
+  int threads = 2, plen = 64, steps = 32;
+  std::string batches_arg = "1,8,32", out_dir = std::string{WEFT_SOURCE_DIR} + "/bench/results";
+  bool with_llama = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string{argv[++i]} : std::string{}; };
+    if (a == "--model") model_path = next();
+    else if (a == "--threads") threads = std::atoi(next().c_str());
+    else if (a == "--prompt-len") plen = std::atoi(next().c_str());
+    else if (a == "--decode-steps") steps = std::atoi(next().c_str());
+    else if (a == "--batches") batches_arg = next();
+    else if (a == "--out") out_dir = next();
+    else if (a == "--no-llama") with_llama = false;
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (model_path.empty()) {
+    const char* env = std::getenv("WEFT_MODEL");
+    const char* home = std::getenv("HOME");
+    model_path = env != nullptr ? env : std::string{home != nullptr ? home : "."} + "/.cache/weft/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  }
+  std::vector<int> batches;
+  std::stringstream ss(batches_arg);
+  for (std::string x; std::getline(ss, x, ',');) batches.push_back(std::atoi(x.c_str()));
+
+  auto dev = device_registry::instance().create("cpu", device_config{threads, 0});
+  auto file = gguf_file::open(model_path);
+  if (!file) {
+    std::fprintf(stderr, "%s\n", file.error().to_string().c_str());
+    return 1;
+  }
+  model_load_config mc;
+  mc.max_batch_tokens = 512;
+  auto m = model::load(std::move(file.value()), *dev.value(), mc);
+  if (!m) {
+    std::fprintf(stderr, "%s\n", m.error().to_string().c_str());
+    return 1;
+  }
+  nlohmann::json j;
+  j["machine"] = {{"nproc", std::thread::hardware_concurrency()},
+                  {"cpu", shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //' | tr -d '\\n'")},
+                  {"load_average", shell("cut -d' ' -f1-3 /proc/loadavg | tr -d '\\n'")}};
+  j["commit"] = shell("git -C " + std::string{WEFT_SOURCE_DIR} + " rev-parse --short HEAD 2>/dev/null | tr -d '\\n'");
+  j["model"] = model_path;
+  j["workload"] = {{"threads", threads}, {"prompt_len", plen}, {"decode_steps", steps}, {"batches", batches},
+                   {"note", "prefill: B prompts in forward passes of <= 512 tokens; decode: B sequences, one token each per pass"}};
+  const double bw = copy_bandwidth_bytes_s();
+  const double wbytes = static_cast<double>((*m)->weight_bytes_per_token());
+  const double macs_s = q4_1_macs_per_s(threads);
+  const double macs_tok = static_cast<double>((*m)->matmul_macs_per_token());
+  j["ceilings"] = {{"copy_bandwidth_gb_s_read_plus_write", bw / 1e9},
+                   {"weight_bytes_per_decode_step", wbytes},
+                   {"decode_batch1_tok_s_bandwidth_limit", bw / wbytes},
+                   {"q4_1_dot_macs_per_s", macs_s},
+                   {"matmul_macs_per_token", macs_tok},
+                   {"prefill_tok_s_compute_limit", macs_s / macs_tok}};
+  nlohmann::json llama;
+  if (with_llama) {
+    const std::string cmd = "python3 " + std::string{WEFT_SOURCE_DIR} + "/bench/micro/gpu/llama_bench.py '" + model_path +
+                            "' " + std::to_string(threads) + " " + std::to_string(plen) + " " + std::to_string(steps) +
+                            " " + batches_arg + " 2>/dev/null";
+    const std::string out = shell(cmd);
+    try {
+      llama = nlohmann::json::parse(out);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "llama.cpp baseline unavailable (%s)\n", e.what());
+    }
+  }
+  std::vector<std::string> lines;
+  char line[512];
+  std::snprintf(line, sizeof line, "copy bandwidth %.1f GB/s (read+write); weights per decode step %.1f MB -> batch-1 decode ceiling %.0f tok/s",
+                bw / 1e9, wbytes / 1e6, bw / wbytes);
+  lines.emplace_back(line);
+  std::snprintf(line, sizeof line, "q4_1 dot in cache %.1f GMAC/s on %d threads -> prefill ceiling %.0f tok/s", macs_s / 1e9,
+                threads, macs_s / macs_tok);
+  lines.emplace_back(line);
+  for (int bsz : batches) {
+    const weft_figures w = run_weft(**m, *dev.value(), bsz, plen, steps);
+    nlohmann::json r = {{"batch", bsz}, {"weft_prefill_tok_s", w.prefill_tok_s}, {"weft_decode_tok_s", w.decode_tok_s}};
+    double lp = 0, ld = 0;
+    if (llama.contains("results")) {
+      for (const auto& x : llama["results"]) {
+        if (x["batch"] == bsz) {
+          lp = x["prefill_tok_s"];
+          ld = x["decode_tok_s"];
+        }
+      }
+      r["llama_prefill_tok_s"] = lp;
+      r["llama_decode_tok_s"] = ld;
+    }
+    j["results"].push_back(r);
+    std::snprintf(line, sizeof line, "batch %2d prefill: weft %.0f tok/s, llama.cpp %.0f tok/s, ratio %.2f", bsz,
+                  w.prefill_tok_s, lp, lp > 0 ? w.prefill_tok_s / lp : 0.0);
+    lines.emplace_back(line);
+    std::snprintf(line, sizeof line, "batch %2d decode:  weft %.1f tok/s, llama.cpp %.1f tok/s, ratio %.2f%s", bsz,
+                  w.decode_tok_s, ld, ld > 0 ? w.decode_tok_s / ld : 0.0,
+                  bsz == 1 ? (", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / (bw / wbytes))) +
+                              "% of the bandwidth ceiling").c_str()
+                           : "");
+    lines.emplace_back(line);
+  }
+  if (llama.contains("version")) j["llama_cpp_python_version"] = llama["version"];
+  j["summary"] = lines;
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  fs::create_directories(out_dir);
+  const fs::path path = fs::path{out_dir} / ("engine-" + std::string{date} + ".json");
+  std::ofstream(path) << j.dump(2) << "\n";
+  for (const auto& l : lines) std::printf("%s\n", l.c_str());
+  std::printf("wrote %s\n", path.c_str());
+  return 0;
+}

@@ -1,0 +1,69 @@
+#pragma once
+/// Chat prompt formats: turns a list of messages into the prompt text a model was trained on.
+///
+/// weft does not run Jinja: it recognises the format of tokenizer.chat_template (or takes an
+/// explicit name) and renders it with native code. Supported: ChatML (incl. a default system
+/// prompt written in the template, as SmolLM2's), Llama 3, Llama 2 ([INST] with <<SYS>>),
+/// Mistral ([INST] without a system block) and Zephyr. Immutable; const calls are thread-safe.
+
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "gpu/status.hpp"
+
+namespace weft::gpu {
+
+class gguf_file;
+
+/// One chat message. Roles: "system", "user", "assistant" (ChatML and Llama 3 accept any role).
+struct chat_message {
+  std::string role;
+  std::string content;
+};
+
+/// The prompt formats weft can render.
+enum class chat_format { chatml, llama3, llama2, mistral, zephyr };
+
+/// Name of a format ("chatml", "llama3", "llama2", "mistral", "zephyr").
+std::string_view chat_format_name(chat_format f);
+/// Parses a format name; nullopt when unknown.
+std::optional<chat_format> parse_chat_format(std::string_view name);
+
+/// Whether the prompt ends with the header of an assistant turn.
+enum class generation_prompt { add, omit };
+
+/// A recognised chat format plus the details taken from the model's template.
+class chat_template {
+ public:
+  /// Picks the format: `override_name` when given, else by inspecting tokenizer.chat_template.
+  /// Fails (not_found / unsupported) when the file has no template or an unrecognised one.
+  static result<chat_template> from_gguf(const gguf_file& file, std::optional<std::string_view> override_name = {});
+
+  /// Recognises the format of a Jinja template source.
+  static result<chat_template> detect(std::string_view jinja_source);
+
+  /// A format by name, without model-specific details.
+  static result<chat_template> from_name(std::string_view name);
+
+  explicit chat_template(chat_format format) : format_(format) {}
+
+  chat_format format() const { return format_; }
+  /// System prompt inserted when the first message is not a system message (ChatML templates
+  /// that hard-code one, e.g. SmolLM2's); not for an empty conversation, as in the template.
+  const std::optional<std::string>& default_system_prompt() const { return default_system_; }
+  /// Text that ends a turn in the Zephyr format ("</s>" unless the template says otherwise).
+  std::string_view end_of_turn() const { return end_of_turn_; }
+
+  /// Renders the prompt. Fails (invalid_argument) on an empty role.
+  result<std::string> apply(std::span<const chat_message> messages,
+                            generation_prompt prompt = generation_prompt::add) const;
+
+ private:
+  chat_format format_;
+  std::optional<std::string> default_system_;
+  std::string end_of_turn_ = "</s>";
+};
+
+}  // namespace weft::gpu

@@ -1,0 +1,100 @@
+#include "gpu/cpu/attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "gpu/cpu/elementwise.hpp"
+#include "gpu/cpu/quant_dot.hpp"
+
+namespace weft::gpu::cpu {
+
+namespace {
+
+inline const uint16_t* cache_row(const uint16_t* cache, const attention_batch& b, const int32_t* table, int64_t pos,
+                                 int64_t kv_head) {
+  const int64_t block = table[pos / b.block_size];
+  const int64_t slot = pos % b.block_size;
+  return cache + ((block * b.block_size + slot) * b.n_kv_heads + kv_head) * b.head_dim;
+}
+
+}  // namespace
+
+void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t task_begin, int64_t task_end) {
+  const int64_t group = b.n_heads / b.n_kv_heads;
+  const int64_t hd = b.head_dim;
+  const int64_t q_stride = b.n_heads * hd;
+  for (int64_t task = task_begin; task < task_end; ++task) {
+    const int64_t t = task / b.n_kv_heads;
+    const int64_t g = task % b.n_kv_heads;
+    const int32_t seq = b.token_seq[t];
+    const int64_t n_pos = static_cast<int64_t>(b.token_pos[t]) + 1;
+    const int64_t n_kv = (n_pos + 31) / 32 * 32;
+    const int32_t* table = b.block_table + b.seq_block_offset[seq];
+    // GEMM numerics need a lane-aligned head_dim; otherwise ggml also falls back to its GEMV path.
+    const bool gemm = b.seq_n_tokens != nullptr && b.seq_n_tokens[seq] >= 2 && hd % 16 == 0;
+    s.scores.resize(static_cast<size_t>(n_kv));
+    s.probs.assign(static_cast<size_t>(n_kv), 0);
+    s.v_t.assign(static_cast<size_t>(hd * n_kv), 0);
+    s.q.resize(static_cast<size_t>(hd));
+    for (int64_t p = 0; p < n_pos; ++p) {
+      const uint16_t* v = cache_row(b.v_cache, b, table, p, g);
+      for (int64_t d = 0; d < hd; ++d) s.v_t[static_cast<size_t>(d * n_kv + p)] = v[d];
+    }
+    for (int64_t hi = 0; hi < group; ++hi) {
+      const int64_t h = g * group + hi;
+      float_to_half_row(b.q + t * q_stride + h * hd, s.q.data(), hd);
+      float* sc = s.scores.data();
+      for (int64_t p = 0; p < n_pos; ++p) {
+        const uint16_t* k = cache_row(b.k_cache, b, table, p, g);
+        sc[p] = (gemm ? dot_f16_lanes16(k, s.q.data(), hd) : dot_f16(k, s.q.data(), hd)) * b.scale;
+      }
+      float max = -std::numeric_limits<float>::infinity();
+      for (int64_t p = 0; p < n_pos; ++p) max = std::max(max, sc[p]);
+      for (int64_t p = 0; p < n_pos; ++p) sc[p] = exp_approx(sc[p] - max);
+      for (int64_t p = n_pos; p < n_kv; ++p) sc[p] = 0.0f;
+      double sum = 0.0;
+      for (int64_t p = 0; p < n_kv; p += 16) sum += static_cast<double>(reduce16(sc + p));
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t p = 0; p < n_pos; ++p) s.probs[static_cast<size_t>(p)] = float_to_half(sc[p] * inv);
+      float* out = b.out + t * q_stride + h * hd;
+      for (int64_t d = 0; d < hd; ++d) {
+        const uint16_t* vd = s.v_t.data() + d * n_kv;
+        out[d] = gemm ? dot_f16_lanes16(vd, s.probs.data(), n_kv) : dot_f16(vd, s.probs.data(), n_kv);
+      }
+    }
+  }
+}
+
+void attention_reference(const attention_batch& b) {
+  const int64_t group = b.n_heads / b.n_kv_heads;
+  const int64_t hd = b.head_dim;
+  const int64_t q_stride = b.n_heads * hd;
+  for (int64_t t = 0; t < b.n_tokens; ++t) {
+    const int64_t n_pos = static_cast<int64_t>(b.token_pos[t]) + 1;
+    const int32_t* table = b.block_table + b.seq_block_offset[b.token_seq[t]];
+    for (int64_t h = 0; h < b.n_heads; ++h) {
+      const int64_t g = h / group;
+      const float* q = b.q + t * q_stride + h * hd;
+      std::vector<double> sc(static_cast<size_t>(n_pos));
+      double max = -1e300;
+      for (int64_t p = 0; p < n_pos; ++p) {
+        const uint16_t* k = cache_row(b.k_cache, b, table, p, g);
+        double d = 0.0;
+        for (int64_t i = 0; i < hd; ++i) d += static_cast<double>(q[i]) * fp16_to_fp32(k[i]);
+        sc[p] = d * b.scale;
+        max = std::max(max, sc[p]);
+      }
+      double sum = 0.0;
+      for (auto& v : sc) sum += (v = std::exp(v - max));
+      float* out = b.out + t * q_stride + h * hd;
+      for (int64_t i = 0; i < hd; ++i) {
+        double acc = 0.0;
+        for (int64_t p = 0; p < n_pos; ++p) acc += sc[p] / sum * fp16_to_fp32(cache_row(b.v_cache, b, table, p, g)[i]);
+        out[i] = static_cast<float>(acc);
+      }
+    }
+  }
+}
+
+}  // namespace weft::gpu::cpu

@@ -1,0 +1,141 @@
+#include "gpu/cpu/elementwise.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "gpu/cpu/quant_dot.hpp"
+
+namespace weft::gpu::cpu {
+
+float exp_approx(float x) {
+  const float r = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  if (!(std::fabs(n) <= 192.0f)) {
+    if (std::isnan(x)) return x;
+    return x > 0.0f ? std::numeric_limits<float>::infinity() : 0.0f;
+  }
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  return std::ldexp(j, static_cast<int>(n));
+}
+
+void rms_norm_rows(const float* x, const float* weight, float* y, int64_t row_begin, int64_t row_end, int64_t dim,
+                   float eps) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    double sum = 0.0;
+    for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(xr[i] * xr[i]);
+    const float mean = static_cast<float>(sum / static_cast<double>(dim));
+    const float scale = 1.0f / std::sqrt(mean + eps);
+    if (weight != nullptr) {
+      for (int64_t i = 0; i < dim; ++i) yr[i] = (xr[i] * scale) * weight[i];
+    } else {
+      for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * scale;
+    }
+  }
+}
+
+void rope_cache(float* cache, int32_t position, const rope_config& config) {
+  const float theta_scale = std::pow(config.freq_base, -2.0f / static_cast<float>(config.n_dims));
+  float theta = static_cast<float>(position);
+  for (int64_t i = 0; i < config.n_dims; i += 2) {
+    const float base = config.freq_factors != nullptr ? theta / config.freq_factors[i / 2] : theta;
+    const float t = config.freq_scale * base;
+    cache[i] = std::cos(t);
+    cache[i + 1] = std::sin(t);
+    theta *= theta_scale;
+  }
+}
+
+void rope_head(float* x, const float* cache, const rope_config& config) {
+  const int64_t n = config.n_dims;
+  if (config.style == rope_style::normal) {
+    for (int64_t i = 0; i < n; i += 2) {
+      const float c = cache[i];
+      const float s = cache[i + 1];
+      const float x0 = x[i];
+      const float x1 = x[i + 1];
+      // The contraction GCC applies to ggml's `x0*c - x1*s` / `x0*s + x1*c`.
+      x[i] = std::fma(x0, c, -(x1 * s));
+      x[i + 1] = std::fma(x0, s, x1 * c);
+    }
+  } else {
+    const int64_t half = n / 2;
+    for (int64_t i = 0; i < half; ++i) {
+      const float c = cache[2 * i];
+      const float s = cache[2 * i + 1];
+      const float x0 = x[i];
+      const float x1 = x[i + half];
+      x[i] = std::fma(x0, c, -(x1 * s));
+      x[i + half] = std::fma(x0, s, x1 * c);
+    }
+  }
+}
+
+void swiglu_range(const float* g, const float* u, float* y, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float v = g[i];
+    y[i] = (v / (1.0f + exp_approx(-v))) * u[i];
+  }
+}
+
+void add_range(const float* a, const float* b, float* y, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) y[i] = a[i] + b[i];
+}
+
+float reduce16(const float* v) {
+  float t8[8];
+  for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+  float t4[4];
+  for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
+  return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+void softmax_row(float* x, int64_t n) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+  double sum = 0.0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int l = 0; l < 16; ++l) x[i + l] = exp_approx(x[i + l] - max);
+    sum += static_cast<double>(reduce16(x + i));
+  }
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);  // ggml's scalar tail uses the C library's expf.
+    sum += static_cast<double>(x[i]);
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < n; ++j) x[j] *= inv;
+}
+
+status get_row(const tensor_view& table, int64_t row, float* y) {
+  if (row < 0 || row >= table.n_rows) {
+    return {status_code::invalid_argument, "row id " + std::to_string(row) + " out of range"};
+  }
+  const void* src = table.row(row);
+  switch (table.type) {
+    case ggml_type::q8_0: {
+      const auto* b = static_cast<const block_q8_0*>(src);
+      for (int64_t k = 0; k < table.n_cols / 32; ++k) {
+        const float d = half_to_float(b[k].d);
+        for (int j = 0; j < 32; ++j) y[k * 32 + j] = static_cast<float>(b[k].qs[j]) * d;
+      }
+      return {};
+    }
+    case ggml_type::f16:
+      half_to_float_row(static_cast<const uint16_t*>(src), y, table.n_cols);
+      return {};
+    default:
+      if (dequantize_row(table.type, src, y, table.n_cols) != row_status::ok) {
+        return {status_code::unsupported, std::string{"get_rows: type "} + std::string{type_name(table.type)}};
+      }
+      return {};
+  }
+}
+
+}  // namespace weft::gpu::cpu

@@ -1,0 +1,270 @@
+#include "gpu/cpu/matmul.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "gpu/cpu/quant_dot.hpp"
+
+namespace weft::gpu::cpu {
+
+bool matmul_supports(ggml_type type) {
+  switch (type) {
+    case ggml_type::f32:
+    case ggml_type::f16:
+    case ggml_type::q8_0:
+    case ggml_type::q4_0:
+    case ggml_type::q4_1:
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace {
+
+// Activation format each weight type is multiplied with.
+size_t act_row_bytes(ggml_type type, int64_t n_cols) {
+  switch (type) {
+    case ggml_type::q8_0:
+    case ggml_type::q4_0:
+      return static_cast<size_t>(n_cols / 32) * sizeof(block_q8_0);
+    case ggml_type::q4_1:
+      return static_cast<size_t>(n_cols / 32) * sizeof(block_q8_1);
+    case ggml_type::f16:
+      return static_cast<size_t>(n_cols) * sizeof(uint16_t);
+    default:
+      return 0;
+  }
+}
+
+void convert_rows(ggml_type type, const float* x, uint8_t* a, int64_t t_begin, int64_t t_end, int64_t n_cols,
+                  size_t a_row) {
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const float* xr = x + t * n_cols;
+    uint8_t* ar = a + static_cast<size_t>(t) * a_row;
+    switch (type) {
+      case ggml_type::q8_0:
+      case ggml_type::q4_0:
+        quantize_act_q8_0(xr, reinterpret_cast<block_q8_0*>(ar), n_cols);
+        break;
+      case ggml_type::q4_1:
+        quantize_act_q8_1(xr, reinterpret_cast<block_q8_1*>(ar), n_cols);
+        break;
+      case ggml_type::f16:
+        float_to_half_row(xr, reinterpret_cast<uint16_t*>(ar), n_cols);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+template <class W, class A, float (*Dot)(const W*, const A*, int64_t),
+          void (*Dot4)(const void*, size_t, const A*, int64_t, float*)>
+void rows_quant(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_tokens, float* y, int64_t r_begin,
+                int64_t r_end) {
+  const int64_t nb = w.n_cols / 32;
+  // 16 rows x 16 tokens per tile: both the weight rows and the activation rows stay in L1.
+  constexpr int64_t row_tile = 16;
+  constexpr int64_t tok_tile = 16;
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += row_tile) {
+    const int64_t r1 = std::min(r_end, r0 + row_tile);
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += tok_tile) {
+      const int64_t t1 = std::min(n_tokens, t0 + tok_tile);
+      for (int64_t t = t0; t < t1; ++t) {
+        const A* at = reinterpret_cast<const A*>(a + static_cast<size_t>(t) * a_row);
+        float* yt = y + t * w.n_rows;
+        int64_t r = r0;
+        for (; r + 4 <= r1; r += 4) Dot4(w.row(r), w.row_bytes, at, nb, yt + r);
+        for (; r < r1; ++r) yt[r] = Dot(static_cast<const W*>(w.row(r)), at, nb);
+      }
+    }
+  }
+}
+
+void rows_f16(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_tokens, float* y, int64_t r_begin,
+              int64_t r_end) {
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const auto* at = reinterpret_cast<const uint16_t*>(a + static_cast<size_t>(t) * a_row);
+    for (int64_t r = r_begin; r < r_end; ++r) {
+      y[t * w.n_rows + r] = dot_f16(static_cast<const uint16_t*>(w.row(r)), at, w.n_cols);
+    }
+  }
+}
+
+void rows_f32(const tensor_view& w, const float* x, int64_t n_tokens, float* y, int64_t r_begin, int64_t r_end) {
+  if (r_end <= r_begin) return;
+  if (n_tokens >= 8 && w.row_bytes == static_cast<size_t>(w.n_cols) * sizeof(float)) {
+    // C[t][r] = sum_c X[t][c] * W[r][c] over this thread's rows.
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_tokens), static_cast<int>(r_end - r_begin),
+                static_cast<int>(w.n_cols), 1.0f, x, static_cast<int>(w.n_cols),
+                static_cast<const float*>(w.row(r_begin)), static_cast<int>(w.n_cols), 0.0f, y + r_begin,
+                static_cast<int>(w.n_rows));
+    return;
+  }
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t r = r_begin; r < r_end; ++r) {
+      y[t * w.n_rows + r] = dot_f32(static_cast<const float*>(w.row(r)), x + t * w.n_cols, w.n_cols);
+    }
+  }
+}
+
+void rows_dispatch(const tensor_view& w, const float* x, const uint8_t* a, size_t a_row, int64_t n_tokens, float* y,
+                   int64_t r_begin, int64_t r_end) {
+  switch (w.type) {
+    case ggml_type::q4_1:
+      rows_quant<block_q4_1, block_q8_1, dot_q4_1_q8_1, dot4_q4_1_q8_1>(w, a, a_row, n_tokens, y, r_begin, r_end);
+      break;
+    case ggml_type::q4_0:
+      rows_quant<block_q4_0, block_q8_0, dot_q4_0_q8_0, dot4_q4_0_q8_0>(w, a, a_row, n_tokens, y, r_begin, r_end);
+      break;
+    case ggml_type::q8_0:
+      rows_quant<block_q8_0, block_q8_0, dot_q8_0_q8_0, dot4_q8_0_q8_0>(w, a, a_row, n_tokens, y, r_begin, r_end);
+      break;
+    case ggml_type::f16:
+      rows_f16(w, a, a_row, n_tokens, y, r_begin, r_end);
+      break;
+    case ggml_type::f32:
+      rows_f32(w, x, n_tokens, y, r_begin, r_end);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, const float* x, int64_t n_tokens,
+              float* y) {
+  if (!matmul_supports(w.type)) {
+    return {status_code::unsupported, std::string{"matmul: weight type "} + std::string{type_name(w.type)}};
+  }
+  if (w.type != ggml_type::f32 && w.type != ggml_type::f16 && w.n_cols % 32 != 0) {
+    return {status_code::invalid_argument, "matmul: quantized row length not a multiple of 32"};
+  }
+  if (n_tokens <= 0) return {};
+  const size_t a_row = act_row_bytes(w.type, w.n_cols);
+  if (a_row > 0 && scratch.bytes.size() < a_row * static_cast<size_t>(n_tokens)) {
+    scratch.bytes.resize(a_row * static_cast<size_t>(n_tokens));
+  }
+  uint8_t* a = scratch.bytes.data();
+  if (a_row > 0) {
+    if (n_tokens == 1) {
+      convert_rows(w.type, x, a, 0, 1, w.n_cols, a_row);
+    } else {
+      pool.parallel([&](int i, int n) {
+        const auto [b, e] = split_range(n_tokens, n, i);
+        convert_rows(w.type, x, a, b, e, w.n_cols, a_row);
+      });
+    }
+  }
+  // Split rows in multiples of 8 so tiles never straddle threads.
+  const int64_t n_tiles = (w.n_rows + 7) / 8;
+  pool.parallel([&](int i, int n) {
+    const auto [b, e] = split_range(n_tiles, n, i);
+    rows_dispatch(w, x, a, a_row, n_tokens, y, b * 8, std::min(w.n_rows, e * 8));
+  });
+  return {};
+}
+
+status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const tensor_view> ws, const float* x,
+                    int64_t n_tokens, std::span<float* const> ys) {
+  bool same = !ws.empty() && n_tokens > 0;
+  for (const auto& w : ws) {
+    same = same && w.n_cols == ws[0].n_cols && act_row_bytes(w.type, w.n_cols) > 0 &&
+           act_row_bytes(w.type, w.n_cols) == act_row_bytes(ws[0].type, ws[0].n_cols) &&
+           (w.type == ggml_type::q4_1) == (ws[0].type == ggml_type::q4_1) && w.n_cols % 32 == 0;
+  }
+  if (!same) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (auto st = matmul(pool, scratch, ws[i], x, n_tokens, ys[i]); !st) return st;
+    }
+    return {};
+  }
+  for (const auto& w : ws) {
+    if (!matmul_supports(w.type)) {
+      return {status_code::unsupported, std::string{"matmul: weight type "} + std::string{type_name(w.type)}};
+    }
+  }
+  const tensor_view& w0 = ws[0];
+  const size_t a_row = act_row_bytes(w0.type, w0.n_cols);
+  if (scratch.bytes.size() < a_row * static_cast<size_t>(n_tokens)) scratch.bytes.resize(a_row * static_cast<size_t>(n_tokens));
+  uint8_t* a = scratch.bytes.data();
+  if (n_tokens == 1) {
+    convert_rows(w0.type, x, a, 0, 1, w0.n_cols, a_row);
+  } else {
+    pool.parallel([&](int i, int n) {
+      const auto [b, e] = split_range(n_tokens, n, i);
+      convert_rows(w0.type, x, a, b, e, w0.n_cols, a_row);
+    });
+  }
+  // Tiles of 8 rows over all weights, in one parallel region.
+  std::vector<int64_t> first_tile(ws.size() + 1, 0);
+  for (size_t i = 0; i < ws.size(); ++i) first_tile[i + 1] = first_tile[i] + (ws[i].n_rows + 7) / 8;
+  pool.parallel([&](int i, int n) {
+    const auto [b, e] = split_range(first_tile.back(), n, i);
+    for (size_t k = 0; k < ws.size(); ++k) {
+      const int64_t lo = std::max(b, first_tile[k]) - first_tile[k];
+      const int64_t hi = std::min(e, first_tile[k + 1]) - first_tile[k];
+      if (hi <= lo) continue;
+      rows_dispatch(ws[k], x, a, a_row, n_tokens, ys[k], lo * 8, std::min(ws[k].n_rows, hi * 8));
+    }
+  });
+  return {};
+}
+
+void matmul_reference(const tensor_view& w, const float* x, int64_t n_tokens, float* y) {
+  std::vector<float> wr(static_cast<size_t>(w.n_cols));
+  std::vector<float> xr(static_cast<size_t>(w.n_cols));
+  std::vector<uint8_t> act(static_cast<size_t>(w.n_cols) * 2 + 64);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* xt = x + t * w.n_cols;
+    // The activation as the kernel sees it.
+    switch (w.type) {
+      case ggml_type::q8_0:
+      case ggml_type::q4_0:
+        quantize_act_q8_0_portable(xt, reinterpret_cast<block_q8_0*>(act.data()), w.n_cols);
+        (void)dequantize_row(ggml_type::q8_0, act.data(), xr.data(), w.n_cols);
+        break;
+      case ggml_type::q4_1:
+        quantize_act_q8_1_portable(xt, reinterpret_cast<block_q8_1*>(act.data()), w.n_cols);
+        (void)dequantize_row(ggml_type::q8_1, act.data(), xr.data(), w.n_cols);
+        break;
+      case ggml_type::f16:
+        for (int64_t c = 0; c < w.n_cols; ++c) xr[c] = fp16_to_fp32(fp32_to_fp16(xt[c]));
+        break;
+      default:
+        std::copy(xt, xt + w.n_cols, xr.begin());
+        break;
+    }
+    if (w.type == ggml_type::q4_1) {
+      // Q4_1 x Q8_1 uses the block's stored fp16 s = d * sum(q) for the offset term.
+      const auto* a = reinterpret_cast<const block_q8_1*>(act.data());
+      for (int64_t r = 0; r < w.n_rows; ++r) {
+        const auto* q = static_cast<const block_q4_1*>(w.row(r));
+        double s = 0.0;
+        for (int64_t b = 0; b < w.n_cols / 32; ++b) {
+          int64_t isum = 0;
+          for (int j = 0; j < 32; ++j) {
+            const int v = j < 16 ? (q[b].qs[j] & 0x0F) : (q[b].qs[j - 16] >> 4);
+            isum += v * a[b].qs[j];
+          }
+          s += static_cast<double>(fp16_to_fp32(q[b].d)) * fp16_to_fp32(a[b].d) * static_cast<double>(isum) +
+               static_cast<double>(fp16_to_fp32(q[b].m)) * fp16_to_fp32(a[b].s);
+        }
+        y[t * w.n_rows + r] = static_cast<float>(s);
+      }
+      continue;
+    }
+    for (int64_t r = 0; r < w.n_rows; ++r) {
+      (void)dequantize_row(w.type, w.row(r), wr.data(), w.n_cols);
+      double s = 0.0;
+      for (int64_t c = 0; c < w.n_cols; ++c) s += static_cast<double>(wr[c]) * xr[c];
+      y[t * w.n_rows + r] = static_cast<float>(s);
+    }
+  }
+}
+
+}  // namespace weft::gpu::cpu

@@ -1,0 +1,40 @@
+#pragma once
+/// Matrix products of the CPU backend: y[t][r] = w[r] . x[t].
+///
+/// Quantized weights: activations quantized once per call (Q8_0 or Q8_1), then one quantized dot
+/// product per (row, token) — the same function for every batch size, so a token's result does not
+/// depend on what else is in the batch. F32 weights: OpenBLAS sgemm on a row slice per thread for
+/// batches of >= 8 tokens, FMA dot products otherwise. F16 weights: activations rounded to fp16.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "gpu/cpu/thread_pool.hpp"
+#include "gpu/status.hpp"
+#include "gpu/tensor_view.hpp"
+
+namespace weft::gpu::cpu {
+
+/// Per-device scratch for activation conversions (grows, never shrinks).
+struct matmul_scratch {
+  std::vector<uint8_t> bytes;
+};
+
+/// Whether matmul supports weights of `type`.
+bool matmul_supports(ggml_type type);
+
+/// Computes y ([n_tokens][w.n_rows]) on `pool`. Blocks until done.
+status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, const float* x, int64_t n_tokens,
+              float* y);
+
+/// Several weights sharing x: converts x once when their activation formats agree and runs all
+/// rows in one parallel region. Results are bit-identical to separate `matmul` calls.
+status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const tensor_view> ws, const float* x,
+                    int64_t n_tokens, std::span<float* const> ys);
+
+/// Single-threaded reference: dequantizes activations the same way and sums in plain order
+/// per block (used by tests to bound the error of the fast path, not to match it bit for bit).
+void matmul_reference(const tensor_view& w, const float* x, int64_t n_tokens, float* y);
+
+}  // namespace weft::gpu::cpu

@@ -1,0 +1,455 @@
+#include "gpu/cpu/quant_dot.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define WEFT_CPU_AVX2 1
+#include <immintrin.h>
+#endif
+
+namespace weft::gpu::cpu {
+
+// -- half conversions ---------------------------------------------------------------------------
+
+float half_to_float(uint16_t h) {
+#ifdef WEFT_CPU_AVX2
+  return _cvtsh_ss(h);
+#else
+  return fp16_to_fp32(h);
+#endif
+}
+
+uint16_t float_to_half(float f) {
+#ifdef WEFT_CPU_AVX2
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  return fp32_to_fp16(f);
+#endif
+}
+
+void float_to_half_row(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+#ifdef WEFT_CPU_AVX2
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+#endif
+  for (; i < n; ++i) y[i] = float_to_half(x[i]);
+}
+
+void half_to_float_row(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+#ifdef WEFT_CPU_AVX2
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+  }
+#endif
+  for (; i < n; ++i) y[i] = half_to_float(x[i]);
+}
+
+const char* quant_kernel_path() {
+#if defined(WEFT_CPU_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return "avx2+vnni";
+#elif defined(WEFT_CPU_AVX2)
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
+namespace {
+
+// The 8-lane reduction order of llama.cpp's hsum_float_8.
+inline float hsum8(const float* a) {
+  const float r0 = a[0] + a[4];
+  const float r1 = a[1] + a[5];
+  const float r2 = a[2] + a[6];
+  const float r3 = a[3] + a[7];
+  return (r0 + r2) + (r1 + r3);
+}
+
+inline float block_amax(const float* x) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+  return amax;
+}
+
+inline int nibble(const uint8_t* qs, int e) { return e < 16 ? (qs[e] & 0x0F) : (qs[e - 16] >> 4); }
+
+}  // namespace
+
+// -- portable (reference) implementations -------------------------------------------------------
+
+void quantize_act_q8_0_portable(const float* x, block_q8_0* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
+    const float amax = block_amax(x);
+    const float d = amax / 127.f;
+    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    for (int j = 0; j < 32; ++j) y[b].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+  }
+}
+
+void quantize_act_q8_1_portable(const float* x, block_q8_1* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
+    const float amax = block_amax(x);
+    const float d = amax / 127.f;
+    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int q = static_cast<int>(std::nearbyint(x[j] * id));
+      y[b].qs[j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    y[b].s = fp32_to_fp16(d * static_cast<float>(sum));
+  }
+}
+
+float dot_q4_0_q8_0_portable(const block_q4_0* w, const block_q8_0* a, int64_t n_blocks) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const float d = fp16_to_fp32(w[b].d) * fp16_to_fp32(a[b].d);
+    for (int l = 0; l < 8; ++l) {
+      int s = 0;
+      for (int k = 0; k < 4; ++k) s += (nibble(w[b].qs, 4 * l + k) - 8) * a[b].qs[4 * l + k];
+      acc[l] = std::fma(d, static_cast<float>(s), acc[l]);
+    }
+  }
+  return hsum8(acc);
+}
+
+float dot_q4_1_q8_1_portable(const block_q4_1* w, const block_q8_1* a, int64_t n_blocks) {
+  float acc[8] = {};
+  float summs = 0.0f;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    summs += fp16_to_fp32(w[b].m) * fp16_to_fp32(a[b].s);
+    const float d = fp16_to_fp32(w[b].d) * fp16_to_fp32(a[b].d);
+    for (int l = 0; l < 8; ++l) {
+      int s = 0;
+      for (int k = 0; k < 4; ++k) s += nibble(w[b].qs, 4 * l + k) * a[b].qs[4 * l + k];
+      acc[l] = std::fma(d, static_cast<float>(s), acc[l]);
+    }
+  }
+  return hsum8(acc) + summs;
+}
+
+float dot_q8_0_q8_0_portable(const block_q8_0* w, const block_q8_0* a, int64_t n_blocks) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const float d = fp16_to_fp32(w[b].d) * fp16_to_fp32(a[b].d);
+    for (int l = 0; l < 8; ++l) {
+      int s = 0;
+      for (int k = 0; k < 4; ++k) s += w[b].qs[4 * l + k] * a[b].qs[4 * l + k];
+      acc[l] = std::fma(d, static_cast<float>(s), acc[l]);
+    }
+  }
+  return hsum8(acc);
+}
+
+// -- AVX2 implementations -----------------------------------------------------------------------
+
+#ifdef WEFT_CPU_AVX2
+namespace {
+
+inline float hsum8(__m256 x) {
+  __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+inline __m256i nibbles_to_bytes(const uint8_t* qs) {
+  const __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i bytes = _mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
+  return _mm256_and_si256(_mm256_set1_epi8(0x0F), bytes);
+}
+
+// Unsigned x signed bytes -> 8 int32 lanes of 4-element sums -> floats (exact either way: the
+// pair sums cannot saturate int16 for 4-bit x 8-bit or |8-bit| x 8-bit operands).
+inline __m256 dot_us8(__m256i ux, __m256i sy) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ux, sy));
+#else
+  const __m256i p16 = _mm256_maddubs_epi16(ux, sy);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), p16));
+#endif
+}
+
+inline __m256 dot_s8(__m256i x, __m256i y) {
+  return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+struct block_quant {
+  __m256i q;
+  float d;
+  int sum;
+};
+
+inline block_quant quantize_block_avx2(const float* x) {
+  __m256 v0 = _mm256_loadu_ps(x);
+  __m256 v1 = _mm256_loadu_ps(x + 8);
+  __m256 v2 = _mm256_loadu_ps(x + 16);
+  __m256 v3 = _mm256_loadu_ps(x + 24);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_andnot_ps(sign, v0);
+  m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v1));
+  m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v2));
+  m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v3));
+  __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float amax = _mm_cvtss_f32(m4);
+  const float d = amax / 127.f;
+  const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.f / amax : 0.0f);
+  const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, id), rnd));
+  __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, id), rnd));
+  __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, id), rnd));
+  __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, id), rnd));
+  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+  i0 = _mm256_packs_epi32(i0, i1);
+  i2 = _mm256_packs_epi32(i2, i3);
+  i0 = _mm256_packs_epi16(i0, i2);
+  i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  return {i0, d, _mm_cvtsi128_si32(s4)};
+}
+
+}  // namespace
+
+void quantize_act_q8_0(const float* x, block_q8_0* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const block_quant q = quantize_block_avx2(x + 32 * b);
+    y[b].d = float_to_half(q.d);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), q.q);
+  }
+}
+
+void quantize_act_q8_1(const float* x, block_q8_1* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const block_quant q = quantize_block_avx2(x + 32 * b);
+    y[b].d = float_to_half(q.d);
+    y[b].s = float_to_half(q.d * static_cast<float>(q.sum));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), q.q);
+  }
+}
+
+float dot_q4_0_q8_0(const block_q4_0* w, const block_q8_0* a, int64_t n_blocks) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i off = _mm256_set1_epi8(8);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(w[b].d) * _cvtsh_ss(a[b].d));
+    const __m256i qx = _mm256_sub_epi8(nibbles_to_bytes(w[b].qs), off);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+    acc = _mm256_fmadd_ps(d, dot_s8(qx, qy), acc);
+  }
+  return hsum8(acc);
+}
+
+float dot_q4_1_q8_1(const block_q4_1* w, const block_q8_1* a, int64_t n_blocks) {
+  __m256 acc = _mm256_setzero_ps();
+  float summs = 0.0f;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    summs += _cvtsh_ss(w[b].m) * _cvtsh_ss(a[b].s);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(w[b].d) * _cvtsh_ss(a[b].d));
+    const __m256i qx = nibbles_to_bytes(w[b].qs);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+    acc = _mm256_fmadd_ps(d, dot_us8(qx, qy), acc);
+  }
+  return hsum8(acc) + summs;
+}
+
+float dot_q8_0_q8_0(const block_q8_0* w, const block_q8_0* a, int64_t n_blocks) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(w[b].d) * _cvtsh_ss(a[b].d));
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+    acc = _mm256_fmadd_ps(d, dot_s8(qx, qy), acc);
+  }
+  return hsum8(acc);
+}
+
+namespace {
+template <class W>
+inline const W* row_at(const void* w, size_t row_bytes, int r) {
+  return reinterpret_cast<const W*>(static_cast<const char*>(w) + static_cast<size_t>(r) * row_bytes);
+}
+}  // namespace
+
+void dot4_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks, float* out) {
+  const block_q4_0* x[4] = {row_at<block_q4_0>(w, row_bytes, 0), row_at<block_q4_0>(w, row_bytes, 1),
+                            row_at<block_q4_0>(w, row_bytes, 2), row_at<block_q4_0>(w, row_bytes, 3)};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  const __m256i off = _mm256_set1_epi8(8);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+    const float da = _cvtsh_ss(a[b].d);
+    for (int r = 0; r < 4; ++r) {
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r][b].d) * da);
+      const __m256i qx = _mm256_sub_epi8(nibbles_to_bytes(x[r][b].qs), off);
+      acc[r] = _mm256_fmadd_ps(d, dot_s8(qx, qy), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = hsum8(acc[r]);
+}
+
+void dot4_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* a, int64_t n_blocks, float* out) {
+  const block_q4_1* x[4] = {row_at<block_q4_1>(w, row_bytes, 0), row_at<block_q4_1>(w, row_bytes, 1),
+                            row_at<block_q4_1>(w, row_bytes, 2), row_at<block_q4_1>(w, row_bytes, 3)};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  float summs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+    const float da = _cvtsh_ss(a[b].d);
+    const float sa = _cvtsh_ss(a[b].s);
+    for (int r = 0; r < 4; ++r) {
+      summs[r] += _cvtsh_ss(x[r][b].m) * sa;
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r][b].d) * da);
+      acc[r] = _mm256_fmadd_ps(d, dot_us8(nibbles_to_bytes(x[r][b].qs), qy), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = hsum8(acc[r]) + summs[r];
+}
+
+void dot4_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks, float* out) {
+  const block_q8_0* x[4] = {row_at<block_q8_0>(w, row_bytes, 0), row_at<block_q8_0>(w, row_bytes, 1),
+                            row_at<block_q8_0>(w, row_bytes, 2), row_at<block_q8_0>(w, row_bytes, 3)};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+    const float da = _cvtsh_ss(a[b].d);
+    for (int r = 0; r < 4; ++r) {
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r][b].d) * da);
+      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].qs));
+      acc[r] = _mm256_fmadd_ps(d, dot_s8(qx, qy), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = hsum8(acc[r]);
+}
+
+#else  // portable build
+
+void dot4_q4_0_q8_0(const void* w, size_t rb, const block_q8_0* a, int64_t n, float* out) {
+  for (int r = 0; r < 4; ++r) out[r] = dot_q4_0_q8_0_portable(reinterpret_cast<const block_q4_0*>(static_cast<const char*>(w) + r * rb), a, n);
+}
+void dot4_q4_1_q8_1(const void* w, size_t rb, const block_q8_1* a, int64_t n, float* out) {
+  for (int r = 0; r < 4; ++r) out[r] = dot_q4_1_q8_1_portable(reinterpret_cast<const block_q4_1*>(static_cast<const char*>(w) + r * rb), a, n);
+}
+void dot4_q8_0_q8_0(const void* w, size_t rb, const block_q8_0* a, int64_t n, float* out) {
+  for (int r = 0; r < 4; ++r) out[r] = dot_q8_0_q8_0_portable(reinterpret_cast<const block_q8_0*>(static_cast<const char*>(w) + r * rb), a, n);
+}
+
+void quantize_act_q8_0(const float* x, block_q8_0* y, int64_t n) { quantize_act_q8_0_portable(x, y, n); }
+void quantize_act_q8_1(const float* x, block_q8_1* y, int64_t n) { quantize_act_q8_1_portable(x, y, n); }
+float dot_q4_0_q8_0(const block_q4_0* w, const block_q8_0* a, int64_t n) { return dot_q4_0_q8_0_portable(w, a, n); }
+float dot_q4_1_q8_1(const block_q4_1* w, const block_q8_1* a, int64_t n) { return dot_q4_1_q8_1_portable(w, a, n); }
+float dot_q8_0_q8_0(const block_q8_0* w, const block_q8_0* a, int64_t n) { return dot_q8_0_q8_0_portable(w, a, n); }
+
+#endif
+
+// -- half and f32 dot products ------------------------------------------------------------------
+
+float dot_f16(const uint16_t* x, const uint16_t* y, int64_t n) {
+  // 4 accumulators of 16 lanes, as ggml's AVX-512 build lays them out; reduced as
+  // acc0 += acc2, acc1 += acc3, acc0 += acc1, then a halving tree over the 16 lanes.
+  const int64_t np = n & ~int64_t{63};
+  float acc[4][16] = {};
+  for (int64_t i = 0; i < np; i += 64) {
+    for (int j = 0; j < 4; ++j) {
+#ifdef WEFT_CPU_AVX2
+      for (int h = 0; h < 2; ++h) {
+        const int64_t o = i + 16 * j + 8 * h;
+        const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + o)));
+        const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + o)));
+        _mm256_storeu_ps(&acc[j][8 * h], _mm256_fmadd_ps(a, b, _mm256_loadu_ps(&acc[j][8 * h])));
+      }
+#else
+      for (int l = 0; l < 16; ++l) {
+        const int64_t o = i + 16 * j + l;
+        acc[j][l] = std::fma(half_to_float(x[o]), half_to_float(y[o]), acc[j][l]);
+      }
+#endif
+    }
+  }
+  double sum = 0.0;
+  if (np > 0) {
+    float v[16];
+    for (int l = 0; l < 16; ++l) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    float t8[8];
+    for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+    float t4[4];
+    for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
+    sum = static_cast<double>((t4[0] + t4[2]) + (t4[1] + t4[3]));
+  }
+  for (int64_t i = np; i < n; ++i) sum += static_cast<double>(half_to_float(x[i]) * half_to_float(y[i]));
+  return static_cast<float>(sum);
+}
+
+float dot_f16_lanes16(const uint16_t* x, const uint16_t* y, int64_t n) {
+  float acc[16] = {};
+#ifdef WEFT_CPU_AVX2
+  __m256 a0 = _mm256_setzero_ps();
+  __m256 a1 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const auto* xp = reinterpret_cast<const __m128i*>(x + i);
+    const auto* yp = reinterpret_cast<const __m128i*>(y + i);
+    a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(xp)), _mm256_cvtph_ps(_mm_loadu_si128(yp)), a0);
+    a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(xp + 1)), _mm256_cvtph_ps(_mm_loadu_si128(yp + 1)), a1);
+  }
+  _mm256_storeu_ps(acc, a0);
+  _mm256_storeu_ps(acc + 8, a1);
+#else
+  for (int64_t i = 0; i < n; i += 16) {
+    for (int l = 0; l < 16; ++l) acc[l] = std::fma(half_to_float(x[i + l]), half_to_float(y[i + l]), acc[l]);
+  }
+#endif
+  float t8[8];
+  for (int l = 0; l < 8; ++l) t8[l] = acc[8 + l] + acc[l];
+  float t4[4];
+  for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
+  return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+float dot_f16_f32(const uint16_t* w, const float* x, int64_t n) {
+  constexpr int64_t chunk = 256;
+  uint16_t xh[chunk];
+  // Rounding x to fp16 chunk-wise keeps the lane layout only within chunks: callers that need
+  // ggml's exact layout pass n <= 256 or use dot_f16 on a converted row.
+  if (n <= chunk) {
+    float_to_half_row(x, xh, n);
+    return dot_f16(w, xh, n);
+  }
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; i += chunk) {
+    const int64_t m = std::min(chunk, n - i);
+    float_to_half_row(x + i, xh, m);
+    sum += dot_f16(w + i, xh, m);
+  }
+  return static_cast<float>(sum);
+}
+
+float dot_f32(const float* x, const float* y, int64_t n) {
+  float acc[8] = {};
+  int64_t i = 0;
+#ifdef WEFT_CPU_AVX2
+  __m256 a = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a);
+  _mm256_storeu_ps(acc, a);
+#else
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(x[i + l], y[i + l], acc[l]);
+  }
+#endif
+  float s = hsum8(acc);
+  for (; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+
+}  // namespace weft::gpu::cpu

@@ -1,0 +1,62 @@
+#include "gpu/device.hpp"
+
+#include <mutex>
+
+#include "gpu/cpu/cpu_device.hpp"
+#ifdef WEFT_WITH_CUDA
+#include "gpu/cuda/cuda_device.hpp"
+#endif
+
+namespace weft::gpu {
+
+namespace {
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
+device_registry& device_registry::instance() {
+  static device_registry* registry = [] {
+    auto* r = new device_registry();
+    r->add("cpu", device_kind::cpu, [](const device_config& c) { return cpu::make_cpu_device(c); });
+#ifdef WEFT_WITH_CUDA
+    r->add("cuda", device_kind::cuda, [](const device_config& c) { return cuda::make_cuda_device(c); });
+#endif
+    return r;
+  }();
+  return *registry;
+}
+
+void device_registry::add(const std::string& name, device_kind kind, device_factory factory) {
+  std::lock_guard lock{registry_mutex()};
+  for (auto& e : entries_) {
+    if (e.name == name) {
+      e.kind = kind;
+      e.factory = std::move(factory);
+      return;
+    }
+  }
+  entries_.push_back({name, kind, std::move(factory)});
+}
+
+result<std::unique_ptr<device>> device_registry::create(const std::string& name, const device_config& config) const {
+  device_factory factory;
+  {
+    std::lock_guard lock{registry_mutex()};
+    for (const auto& e : entries_) {
+      if (e.name == name) factory = e.factory;
+    }
+  }
+  if (!factory) return status{status_code::not_found, "no device backend named '" + name + "'"};
+  return factory(config);
+}
+
+std::vector<std::string> device_registry::names() const {
+  std::lock_guard lock{registry_mutex()};
+  std::vector<std::string> out;
+  for (const auto& e : entries_) out.push_back(e.name);
+  return out;
+}
+
+}  // namespace weft::gpu

@@ -1,0 +1,36 @@
+#pragma once
+// Read-only byte image of a GGUF file: a private mmap of the file, or an owned heap copy.
+
+#include <cstddef>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace weft::gpu::internal {
+
+/// Owns the bytes a gguf_file points into. Not copyable or movable (the gguf_file holds it by
+/// unique_ptr so that tensor data pointers survive moves of the gguf_file).
+class gguf_image {
+ public:
+  /// Maps `path`; on failure returns false and sets `error`.
+  bool map_file(const std::filesystem::path& path, std::string& error);
+  /// Copies `bytes` into an owned, page-aligned buffer.
+  void copy_from(std::span<const std::byte> bytes);
+
+  gguf_image() = default;
+  gguf_image(const gguf_image&) = delete;
+  gguf_image& operator=(const gguf_image&) = delete;
+  ~gguf_image();
+
+  const std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const std::byte* data_ = nullptr;
+  size_t size_ = 0;
+  void* mapped_ = nullptr;  // non-null when data_ comes from mmap
+  std::byte* owned_ = nullptr;
+};
+
+}  // namespace weft::gpu::internal

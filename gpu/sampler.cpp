@@ -1,0 +1,110 @@
+#include "gpu/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <unordered_map>
+
+namespace weft::gpu {
+
+sampler::sampler(sampling_params params) : params_(std::move(params)), rng_(params_.seed) {}
+
+sample_result sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  const auto n = static_cast<int64_t>(logits.size());
+  sample_result res;
+
+  // Log-probabilities under the model (before penalties and temperature).
+  float max_raw = -std::numeric_limits<float>::infinity();
+  for (float l : logits) max_raw = std::max(max_raw, l);
+  double z = 0.0;
+  for (float l : logits) z += std::exp(static_cast<double>(l) - max_raw);
+  const double log_z = std::log(z) + max_raw;
+  auto logprob = [&](int32_t t) { return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(t)]) - log_z); };
+
+  work_.assign(logits.begin(), logits.end());
+  // Penalties over the last penalty_last_n tokens.
+  if (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    size_t start = 0;
+    if (params_.penalty_last_n >= 0 && history.size() > static_cast<size_t>(params_.penalty_last_n)) {
+      start = history.size() - static_cast<size_t>(params_.penalty_last_n);
+    }
+    std::unordered_map<int32_t, int32_t> counts;
+    for (size_t i = start; i < history.size(); ++i) {
+      if (history[i] >= 0 && history[i] < n) ++counts[history[i]];
+    }
+    for (const auto& [tok, c] : counts) {
+      float& l = work_[static_cast<size_t>(tok)];
+      if (params_.repetition_penalty != 1.0f) l = l > 0.0f ? l / params_.repetition_penalty : l * params_.repetition_penalty;
+      l -= static_cast<float>(c) * params_.frequency_penalty + params_.presence_penalty;
+    }
+  }
+
+  int32_t chosen = 0;
+  if (params_.temperature <= 0.0f) {
+    chosen = static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+  } else {
+    ids_.resize(static_cast<size_t>(n));
+    std::iota(ids_.begin(), ids_.end(), 0);
+    // Candidates sorted by logit (descending, ties by id): top-k first, then the rest if needed.
+    auto by_logit = [&](int32_t a, int32_t b) {
+      return work_[static_cast<size_t>(a)] > work_[static_cast<size_t>(b)] ||
+             (work_[static_cast<size_t>(a)] == work_[static_cast<size_t>(b)] && a < b);
+    };
+    int64_t keep = n;
+    if (params_.top_k > 0 && params_.top_k < n) keep = params_.top_k;
+    std::partial_sort(ids_.begin(), ids_.begin() + keep, ids_.end(), by_logit);
+    ids_.resize(static_cast<size_t>(keep));
+    std::vector<double> p(ids_.size());
+    const double inv_t = 1.0 / params_.temperature;
+    const double top = work_[static_cast<size_t>(ids_[0])];
+    double sum = 0.0;
+    for (size_t i = 0; i < ids_.size(); ++i) sum += (p[i] = std::exp((work_[static_cast<size_t>(ids_[i])] - top) * inv_t));
+    for (auto& x : p) x /= sum;
+    size_t cut = p.size();
+    if (params_.top_p < 1.0f) {
+      double acc = 0.0;
+      for (size_t i = 0; i < p.size(); ++i) {
+        acc += p[i];
+        if (acc >= params_.top_p) {
+          cut = i + 1;
+          break;
+        }
+      }
+    }
+    if (params_.min_p > 0.0f) {
+      const double threshold = params_.min_p * p[0];
+      size_t m = 1;
+      while (m < cut && p[m] >= threshold) ++m;
+      cut = m;
+    }
+    double total = 0.0;
+    for (size_t i = 0; i < cut; ++i) total += p[i];
+    // 53 random bits -> [0, 1); the RNG belongs to this sequence only.
+    const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+    double acc = 0.0;
+    chosen = ids_[cut - 1];
+    for (size_t i = 0; i < cut; ++i) {
+      acc += p[i];
+      if (u < acc) {
+        chosen = ids_[i];
+        break;
+      }
+    }
+  }
+  res.token = chosen;
+  res.logprob = logprob(chosen);
+  if (params_.n_logprobs > 0) {
+    const auto k = static_cast<size_t>(std::min<int64_t>(params_.n_logprobs, n));
+    std::vector<int32_t> idx(static_cast<size_t>(n));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + static_cast<int64_t>(k), idx.end(), [&](int32_t a, int32_t b) {
+      return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+             (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+    });
+    for (size_t i = 0; i < k; ++i) res.top.push_back({idx[i], logprob(idx[i])});
+  }
+  return res;
+}
+
+}  // namespace weft::gpu

@@ -1,0 +1,64 @@
+#pragma once
+/// Token sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence / frequency
+/// penalties, a per-sequence seeded RNG, and top-n log-probabilities.
+///
+/// Each request owns its sampler, so a seed gives the same tokens whatever else is in the batch.
+/// Not thread-safe (one sampler per sequence).
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace weft::gpu {
+
+/// What a request asks of the sampler (OpenAI-style fields).
+struct sampling_params {
+  float temperature = 0.0f;          ///< <= 0: greedy (argmax).
+  int32_t top_k = 0;                 ///< 0: off.
+  float top_p = 1.0f;                ///< 1: off.
+  float min_p = 0.0f;                ///< 0: off; keeps tokens with p >= min_p * p_max.
+  float repetition_penalty = 1.0f;   ///< 1: off; divides positive / multiplies negative logits of seen tokens.
+  float presence_penalty = 0.0f;     ///< Subtracted once from logits of seen tokens.
+  float frequency_penalty = 0.0f;    ///< Subtracted per occurrence.
+  int32_t penalty_last_n = 64;       ///< Window of generated+prompt tokens the penalties look at (-1: all).
+  uint64_t seed = 0;                 ///< RNG seed of this request.
+  int32_t max_tokens = 128;          ///< Generated tokens before finishing with `length`.
+  std::vector<int32_t> stop_tokens;  ///< Finish when one of these is sampled (not emitted).
+  std::vector<std::string> stop_strings;  ///< Finish when the text contains one (text cut before it).
+  int32_t n_logprobs = 0;            ///< Top-n log-probabilities to return per token (0: none).
+};
+
+/// A token with its log-probability under the model (log-softmax of the raw logits).
+struct token_logprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+/// One sampled token.
+struct sample_result {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<token_logprob> top;    ///< Top-n alternatives, best first (n = n_logprobs).
+};
+
+/// Samples tokens for one sequence.
+class sampler {
+ public:
+  explicit sampler(sampling_params params);
+
+  const sampling_params& params() const { return params_; }
+
+  /// Samples from `logits` (one row, n_vocab values); `history` is the sequence so far (prompt +
+  /// generated), used by the penalties.
+  sample_result sample(std::span<const float> logits, std::span<const int32_t> history);
+
+ private:
+  sampling_params params_;
+  std::mt19937_64 rng_;
+  std::vector<float> work_;
+  std::vector<int32_t> ids_;
+};
+
+}  // namespace weft::gpu

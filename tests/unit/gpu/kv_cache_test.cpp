@@ -1,0 +1,188 @@
+// Paged KV cache: accounting under random operation sequences, copy-on-write, prefix reuse,
+// export/import and swap round trips.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "gpu/kv_cache.hpp"
+
+namespace {
+
+using namespace weft::gpu;
+
+struct cache_fixture : ::testing::Test {
+  void SetUp() override {
+    auto d = device_registry::instance().create("cpu", device_config{1, 0});
+    ASSERT_TRUE(d.ok());
+    dev = std::move(d.value());
+    kv_cache_config c;
+    c.layout = {2, 2, 8, 4, ggml_type::f16};
+    c.n_blocks = 16;
+    auto k = kv_cache::create(*dev, c);
+    ASSERT_TRUE(k.ok());
+    kv = std::move(k.value());
+  }
+  // Fills the K/V of positions [pos, pos + n) of `s` with a value derived from the token.
+  void write(seq_id s, std::span<const int32_t> toks) {
+    const int64_t pos = kv->length(s);
+    ASSERT_TRUE(kv->reserve(s, static_cast<int64_t>(toks.size())).ok());
+    std::vector<int32_t> slots;
+    ASSERT_TRUE(kv->slots(s, pos, static_cast<int64_t>(toks.size()), slots).ok());
+    const int64_t row = kv->layout().n_kv_heads * kv->layout().head_dim;
+    for (int64_t l = 0; l < kv->layout().n_layers; ++l) {
+      for (size_t i = 0; i < toks.size(); ++i) {
+        for (int64_t j = 0; j < row; ++j) {
+          kv->k_layer(l)[slots[i] * row + j] = static_cast<uint16_t>(toks[i] * 7 + l);
+          kv->v_layer(l)[slots[i] * row + j] = static_cast<uint16_t>(toks[i] * 11 + l);
+        }
+      }
+    }
+    ASSERT_TRUE(kv->commit(s, toks).ok());
+  }
+  // Checks that every committed position of `s` holds the data written for `toks`.
+  void expect_content(seq_id s, const std::vector<int32_t>& toks) {
+    ASSERT_EQ(kv->length(s), static_cast<int64_t>(toks.size()));
+    std::vector<int32_t> slots;
+    ASSERT_TRUE(kv->slots(s, 0, kv->length(s), slots).ok());
+    const int64_t row = kv->layout().n_kv_heads * kv->layout().head_dim;
+    for (int64_t l = 0; l < kv->layout().n_layers; ++l) {
+      for (size_t i = 0; i < toks.size(); ++i) {
+        EXPECT_EQ(kv->k_layer(l)[slots[i] * row], static_cast<uint16_t>(toks[i] * 7 + l));
+        EXPECT_EQ(kv->v_layer(l)[slots[i] * row + row - 1], static_cast<uint16_t>(toks[i] * 11 + l));
+      }
+    }
+  }
+  std::unique_ptr<device> dev;
+  std::unique_ptr<kv_cache> kv;
+};
+
+TEST_F(cache_fixture, fork_shares_blocks_and_copies_on_write) {
+  const seq_id a = kv->create_sequence();
+  std::vector<int32_t> t = {1, 2, 3, 4, 5, 6};
+  write(a, t);
+  EXPECT_EQ(kv->stats().n_blocks_used, 2);
+  auto b = kv->fork(a);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(kv->stats().n_blocks_used, 2);  // shared
+  std::vector<int32_t> extra = {9};
+  write(*b, extra);                          // writes into the shared, partially filled block
+  EXPECT_EQ(kv->stats().n_blocks_used, 3);  // one copy
+  expect_content(a, t);
+  auto tb = t;
+  tb.push_back(9);
+  expect_content(*b, tb);
+  EXPECT_TRUE(kv->check_invariants().ok());
+  ASSERT_TRUE(kv->free_sequence(a).ok());
+  ASSERT_TRUE(kv->free_sequence(*b).ok());
+  EXPECT_EQ(kv->stats().n_blocks_used, 0);
+  EXPECT_TRUE(kv->check_invariants().ok());
+}
+
+TEST_F(cache_fixture, prefix_blocks_are_reused_by_chained_hash) {
+  const seq_id a = kv->create_sequence();
+  std::vector<int32_t> t = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  write(a, t);
+  ASSERT_TRUE(kv->free_sequence(a).ok());
+  EXPECT_EQ(kv->stats().n_blocks_cached, 2);  // two full blocks hashed
+  const seq_id b = kv->create_sequence();
+  std::vector<int32_t> same_prefix = {1, 2, 3, 4, 5, 6, 7, 8, 42, 43};
+  auto m = kv->attach_prefix(b, same_prefix);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(*m, 8);
+  expect_content(b, {1, 2, 3, 4, 5, 6, 7, 8});
+  // A different first block breaks the chain even if the second block matches.
+  const seq_id c = kv->create_sequence();
+  std::vector<int32_t> other = {0, 2, 3, 4, 5, 6, 7, 8, 9};
+  EXPECT_EQ(*kv->attach_prefix(c, other), 0);
+  // At least one token is always left to compute.
+  const seq_id d = kv->create_sequence();
+  std::vector<int32_t> exact = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(*kv->attach_prefix(d, exact), 4);
+  EXPECT_TRUE(kv->check_invariants().ok());
+  EXPECT_EQ(kv->stats().n_prefix_hits_tokens, 12);
+}
+
+TEST_F(cache_fixture, export_import_and_swap_round_trip) {
+  const seq_id a = kv->create_sequence();
+  std::vector<int32_t> t = {3, 1, 4, 1, 5, 9, 2};
+  write(a, t);
+  auto ranges = kv->export_ranges(a);
+  ASSERT_TRUE(ranges.ok());
+  EXPECT_EQ(ranges->size(), 2u * 2u * 2u);  // blocks x layers x {K, V}
+  auto imp = kv->prepare_import(kv->layout(), t);
+  ASSERT_TRUE(imp.ok());
+  ASSERT_EQ(imp->second.size(), ranges->size());
+  for (size_t i = 0; i < ranges->size(); ++i) {
+    std::memcpy(imp->second[i].data, (*ranges)[i].data, (*ranges)[i].size_bytes);
+  }
+  ASSERT_TRUE(kv->commit(imp->first, t).ok());
+  expect_content(imp->first, t);
+  kv_layout other = kv->layout();
+  other.head_dim = 16;
+  EXPECT_EQ(kv->prepare_import(other, t).error().code(), status_code::invalid_argument);
+
+  const int64_t used = kv->stats().n_blocks_used;
+  ASSERT_TRUE(kv->swap_out(a).ok());
+  EXPECT_TRUE(kv->is_swapped(a));
+  EXPECT_EQ(kv->stats().n_blocks_used, used - 2);
+  ASSERT_TRUE(kv->swap_in(a).ok());
+  expect_content(a, t);
+  EXPECT_TRUE(kv->check_invariants().ok());
+}
+
+TEST_F(cache_fixture, out_of_memory_rolls_back) {
+  const seq_id a = kv->create_sequence();
+  EXPECT_EQ(kv->reserve(a, 17 * 4).code(), status_code::out_of_memory);
+  EXPECT_EQ(kv->stats().n_blocks_used, 0);
+  EXPECT_TRUE(kv->check_invariants().ok());
+}
+
+// Random add / fork / free / swap / prefix sequences never leak or double-free a block.
+TEST_F(cache_fixture, random_operations_keep_accounting_exact) {
+  std::mt19937 rng(1234);
+  std::vector<seq_id> live;
+  for (int step = 0; step < 3000; ++step) {
+    const int op = static_cast<int>(rng() % 7);
+    if (op == 0 || live.empty()) {
+      const seq_id s = kv->create_sequence();
+      std::vector<int32_t> toks(rng() % 9);
+      for (auto& t : toks) t = static_cast<int32_t>(rng() % 3);  // small alphabet -> prefix hits
+      if (!toks.empty()) (void)kv->attach_prefix(s, toks);
+      live.push_back(s);
+    } else {
+      const size_t i = rng() % live.size();
+      const seq_id s = live[i];
+      if (op == 1 || op == 2) {
+        if (kv->is_swapped(s)) continue;
+        std::vector<int32_t> toks(1 + rng() % 6);
+        for (auto& t : toks) t = static_cast<int32_t>(rng() % 3);
+        if (kv->reserve(s, static_cast<int64_t>(toks.size())).ok()) {
+          ASSERT_TRUE(kv->commit(s, toks).ok());
+        }
+      } else if (op == 3) {
+        auto f = kv->fork(s);
+        if (f.ok()) live.push_back(*f);
+      } else if (op == 4) {
+        ASSERT_TRUE(kv->free_sequence(s).ok());
+        live.erase(live.begin() + static_cast<int64_t>(i));
+      } else if (op == 5) {
+        if (!kv->is_swapped(s)) (void)kv->swap_out(s);
+      } else {
+        if (kv->is_swapped(s)) (void)kv->swap_in(s);
+      }
+    }
+    const status st = kv->check_invariants();
+    ASSERT_TRUE(st.ok()) << "step " << step << ": " << st.to_string();
+    const kv_stats ks = kv->stats();
+    ASSERT_EQ(ks.n_blocks_used + ks.n_blocks_free, ks.n_blocks_total);
+  }
+  for (seq_id s : live) ASSERT_TRUE(kv->free_sequence(s).ok());
+  EXPECT_EQ(kv->stats().n_blocks_used, 0);
+  EXPECT_EQ(kv->stats().n_sequences, 0);
+  EXPECT_TRUE(kv->check_invariants().ok());
+}
+
+}  // namespace

@@ -1,0 +1,330 @@
+// CPU kernels against plain scalar references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gpu/cpu/attention.hpp"
+#include "gpu/cpu/elementwise.hpp"
+#include "gpu/cpu/matmul.hpp"
+#include "gpu/cpu/quant_dot.hpp"
+#include "gpu/cpu/thread_pool.hpp"
+#include "gpu/device.hpp"
+
+namespace {
+
+using namespace weft::gpu;
+using namespace weft::gpu::cpu;
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<uint8_t> quantize(ggml_type t, const std::vector<float>& x, int64_t rows, int64_t cols) {
+  const size_t rb = *row_size_bytes(t, cols);
+  std::vector<uint8_t> out(rb * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_EQ(quantize_row(t, x.data() + r * cols, out.data() + r * rb, cols), row_status::ok);
+  }
+  return out;
+}
+
+tensor_view view_of(ggml_type t, const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols) {
+  tensor_view v;
+  v.type = t;
+  v.data = bytes.data();
+  v.n_rows = rows;
+  v.n_cols = cols;
+  v.row_bytes = *row_size_bytes(t, cols);
+  v.mat_bytes = v.row_bytes * static_cast<size_t>(rows);
+  return v;
+}
+
+TEST(quant_dot, avx2_and_portable_paths_are_bit_identical) {
+  const int64_t n = 32 * 24;
+  auto w = random_floats(n, 1);
+  auto a = random_floats(n, 2, 3.0f);
+  std::vector<block_q8_0> a8(n / 32), a8p(n / 32);
+  std::vector<block_q8_1> a81(n / 32), a81p(n / 32);
+  quantize_act_q8_0(a.data(), a8.data(), n);
+  quantize_act_q8_0_portable(a.data(), a8p.data(), n);
+  quantize_act_q8_1(a.data(), a81.data(), n);
+  quantize_act_q8_1_portable(a.data(), a81p.data(), n);
+  ASSERT_EQ(std::memcmp(a8.data(), a8p.data(), sizeof(block_q8_0) * a8.size()), 0);
+  ASSERT_EQ(std::memcmp(a81.data(), a81p.data(), sizeof(block_q8_1) * a81.size()), 0);
+  auto w40 = quantize(ggml_type::q4_0, w, 1, n);
+  auto w41 = quantize(ggml_type::q4_1, w, 1, n);
+  auto w80 = quantize(ggml_type::q8_0, w, 1, n);
+  const auto* q40 = reinterpret_cast<const block_q4_0*>(w40.data());
+  const auto* q41 = reinterpret_cast<const block_q4_1*>(w41.data());
+  const auto* q80 = reinterpret_cast<const block_q8_0*>(w80.data());
+  EXPECT_EQ(dot_q4_0_q8_0(q40, a8.data(), n / 32), dot_q4_0_q8_0_portable(q40, a8.data(), n / 32));
+  EXPECT_EQ(dot_q4_1_q8_1(q41, a81.data(), n / 32), dot_q4_1_q8_1_portable(q41, a81.data(), n / 32));
+  EXPECT_EQ(dot_q8_0_q8_0(q80, a8.data(), n / 32), dot_q8_0_q8_0_portable(q80, a8.data(), n / 32));
+  // The four-row kernels give each row's one-row result.
+  const int64_t nb = n / 32 / 4;
+  const size_t rb40 = sizeof(block_q4_0) * nb, rb41 = sizeof(block_q4_1) * nb, rb80 = sizeof(block_q8_0) * nb;
+  float o[4];
+  dot4_q4_0_q8_0(q40, rb40, a8.data(), nb, o);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(o[r], dot_q4_0_q8_0_portable(q40 + r * nb, a8.data(), nb));
+  dot4_q4_1_q8_1(q41, rb41, a81.data(), nb, o);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(o[r], dot_q4_1_q8_1_portable(q41 + r * nb, a81.data(), nb));
+  dot4_q8_0_q8_0(q80, rb80, a8.data(), nb, o);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(o[r], dot_q8_0_q8_0_portable(q80 + r * nb, a8.data(), nb));
+}
+
+TEST(quant_dot, activation_quantization_is_within_half_a_step) {
+  auto x = random_floats(256, 3, 2.0f);
+  std::vector<block_q8_1> q(8);
+  quantize_act_q8_1(x.data(), q.data(), 256);
+  for (int b = 0; b < 8; ++b) {
+    const float d = fp16_to_fp32(q[b].d);
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      EXPECT_NEAR(q[b].qs[j] * d, x[b * 32 + j], 0.51f * d + 1e-3f);
+      sum += q[b].qs[j];
+    }
+    EXPECT_NEAR(fp16_to_fp32(q[b].s), d * sum, std::fabs(d * sum) * 1e-3f + 1e-4f);
+  }
+}
+
+TEST(quant_dot, f16_dots_match_double_reference) {
+  for (int64_t n : {16, 64, 96, 200}) {
+    auto x = random_floats(static_cast<size_t>(n), 4);
+    auto y = random_floats(static_cast<size_t>(n), 5);
+    std::vector<uint16_t> xh(n), yh(n);
+    double ref = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      xh[i] = fp32_to_fp16(x[i]);
+      yh[i] = fp32_to_fp16(y[i]);
+      ref += static_cast<double>(fp16_to_fp32(xh[i])) * fp16_to_fp32(yh[i]);
+    }
+    EXPECT_NEAR(dot_f16(xh.data(), yh.data(), n), ref, 1e-4 * n);
+    if (n % 16 == 0) {
+      EXPECT_NEAR(dot_f16_lanes16(xh.data(), yh.data(), n), ref, 1e-4 * n);
+    }
+  }
+}
+
+class matmul_types : public ::testing::TestWithParam<ggml_type> {};
+
+TEST_P(matmul_types, matches_reference_and_is_batch_invariant) {
+  const ggml_type t = GetParam();
+  const int64_t rows = 37, cols = 96, tokens = 9;
+  auto wf = random_floats(static_cast<size_t>(rows * cols), 6);
+  auto wq = quantize(t, wf, rows, cols);
+  const tensor_view w = view_of(t, wq, rows, cols);
+  auto x = random_floats(static_cast<size_t>(tokens * cols), 7);
+  thread_pool pool(2);
+  matmul_scratch scratch;
+  std::vector<float> y(static_cast<size_t>(tokens * rows)), ref(y.size());
+  ASSERT_TRUE(matmul(pool, scratch, w, x.data(), tokens, y.data()).ok());
+  matmul_reference(w, x.data(), tokens, ref.data());
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], ref[i], 1e-3f * (1.0f + std::fabs(ref[i]))) << i;
+  // Each token alone gives bit-identical rows — except f32 weights, whose batches of >= 8 go to
+  // OpenBLAS sgemm (documented in docs/engine.md); those agree to rounding.
+  for (int64_t tk = 0; tk < tokens; ++tk) {
+    std::vector<float> one(static_cast<size_t>(rows));
+    ASSERT_TRUE(matmul(pool, scratch, w, x.data() + tk * cols, 1, one.data()).ok());
+    if (t == ggml_type::f32) {
+      for (int64_t r = 0; r < rows; ++r) EXPECT_NEAR(one[r], y[tk * rows + r], 1e-5f * (1 + std::fabs(one[r])));
+    } else {
+      EXPECT_EQ(std::memcmp(one.data(), y.data() + tk * rows, sizeof(float) * rows), 0) << "token " << tk;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(types, matmul_types,
+                         ::testing::Values(ggml_type::f32, ggml_type::f16, ggml_type::q8_0, ggml_type::q4_0,
+                                           ggml_type::q4_1));
+
+TEST(matmul, multi_is_bit_identical_to_separate_calls) {
+  thread_pool pool(2);
+  matmul_scratch scratch;
+  const int64_t cols = 64, tokens = 5;
+  auto x = random_floats(static_cast<size_t>(tokens * cols), 30);
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<tensor_view> ws;
+  const int64_t rows[] = {19, 8, 8};
+  for (int i = 0; i < 3; ++i) {
+    bytes.push_back(quantize(ggml_type::q4_1, random_floats(static_cast<size_t>(rows[i] * cols), 31 + i), rows[i], cols));
+  }
+  for (int i = 0; i < 3; ++i) ws.push_back(view_of(ggml_type::q4_1, bytes[static_cast<size_t>(i)], rows[i], cols));
+  std::vector<std::vector<float>> sep(3), multi(3);
+  std::vector<float*> ptrs;
+  for (int i = 0; i < 3; ++i) {
+    sep[i].resize(static_cast<size_t>(tokens * rows[i]));
+    multi[i].resize(sep[i].size());
+    ptrs.push_back(multi[i].data());
+    ASSERT_TRUE(matmul(pool, scratch, ws[i], x.data(), tokens, sep[i].data()).ok());
+  }
+  ASSERT_TRUE(matmul_multi(pool, scratch, ws, x.data(), tokens, ptrs).ok());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(sep[i], multi[i]);
+}
+
+TEST(matmul, rejects_unsupported_types) {
+  thread_pool pool(1);
+  matmul_scratch scratch;
+  tensor_view w;
+  w.type = ggml_type::q6_k;
+  w.n_rows = 1;
+  w.n_cols = 256;
+  float x[256] = {}, y[1];
+  EXPECT_EQ(matmul(pool, scratch, w, x, 1, y).code(), status_code::unsupported);
+}
+
+TEST(elementwise, rms_norm_matches_reference) {
+  auto x = random_floats(3 * 80, 8, 4.0f);
+  auto w = random_floats(80, 9);
+  std::vector<float> y(x.size());
+  rms_norm_rows(x.data(), w.data(), y.data(), 0, 3, 80, 1e-5f);
+  for (int r = 0; r < 3; ++r) {
+    double ss = 0;
+    for (int i = 0; i < 80; ++i) ss += double(x[r * 80 + i]) * x[r * 80 + i];
+    const double inv = 1.0 / std::sqrt(ss / 80 + 1e-5);
+    for (int i = 0; i < 80; ++i) EXPECT_NEAR(y[r * 80 + i], x[r * 80 + i] * inv * w[i], 1e-5 * (1 + std::fabs(y[r * 80 + i])));
+  }
+}
+
+TEST(elementwise, rope_rotates_pairs_like_the_formula) {
+  for (rope_style style : {rope_style::normal, rope_style::neox}) {
+    rope_config c;
+    c.style = style;
+    c.n_dims = 16;
+    c.freq_base = 10000.0f;
+    auto x = random_floats(24, 10);
+    auto y = x;
+    std::vector<float> cache(16);
+    rope_cache(cache.data(), 7, c);
+    rope_head(y.data(), cache.data(), c);
+    for (int i = 0; i < 8; ++i) {
+      const double theta = 7.0 * std::pow(10000.0, -2.0 * i / 16.0);
+      const int a = style == rope_style::normal ? 2 * i : i;
+      const int b = style == rope_style::normal ? 2 * i + 1 : i + 8;
+      EXPECT_NEAR(y[a], x[a] * std::cos(theta) - x[b] * std::sin(theta), 1e-4);
+      EXPECT_NEAR(y[b], x[a] * std::sin(theta) + x[b] * std::cos(theta), 1e-4);
+    }
+    for (int i = 16; i < 24; ++i) EXPECT_EQ(y[i], x[i]);  // beyond n_dims: untouched
+  }
+}
+
+TEST(elementwise, exp_softmax_swiglu_match_libm) {
+  for (float v = -80.0f; v < 80.0f; v += 0.37f) {
+    const float e = exp_approx(v);
+    EXPECT_NEAR(e, std::exp(v), std::exp(v) * 4e-7f) << v;
+  }
+  EXPECT_EQ(exp_approx(-std::numeric_limits<float>::infinity()), 0.0f);
+  auto x = random_floats(50, 11, 3.0f);
+  auto s = x;
+  softmax_row(s.data(), 50);
+  double z = 0;
+  for (float v : x) z += std::exp(double(v));
+  for (int i = 0; i < 50; ++i) EXPECT_NEAR(s[i], std::exp(double(x[i])) / z, 1e-6);
+  auto g = random_floats(40, 12, 3.0f);
+  auto u = random_floats(40, 13);
+  std::vector<float> y(40);
+  swiglu_range(g.data(), u.data(), y.data(), 0, 40);
+  for (int i = 0; i < 40; ++i) EXPECT_NEAR(y[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i], 1e-5);
+}
+
+TEST(elementwise, get_row_dequantizes_q8_0) {
+  auto x = random_floats(2 * 64, 14);
+  auto q = quantize(ggml_type::q8_0, x, 2, 64);
+  const tensor_view v = view_of(ggml_type::q8_0, q, 2, 64);
+  std::vector<float> y(64), ref(64);
+  ASSERT_TRUE(get_row(v, 1, y.data()).ok());
+  ASSERT_EQ(dequantize_row(ggml_type::q8_0, v.row(1), ref.data(), 64), row_status::ok);
+  EXPECT_EQ(y, ref);
+  EXPECT_FALSE(get_row(v, 2, y.data()).ok());
+}
+
+// Attention over a two-sequence paged cache against the double-precision reference, in both the
+// decode (GEMV) and prefill (GEMM) numerics.
+TEST(attention, paged_gqa_matches_reference) {
+  const int64_t n_heads = 4, n_kv = 2, hd = 32, bs = 4, n_blocks = 8;
+  const size_t row = static_cast<size_t>(n_kv * hd);
+  std::vector<uint16_t> kc(static_cast<size_t>(n_blocks * bs) * row), vc(kc.size());
+  auto kf = random_floats(kc.size(), 15);
+  auto vf = random_floats(vc.size(), 16);
+  for (size_t i = 0; i < kc.size(); ++i) {
+    kc[i] = fp32_to_fp16(kf[i]);
+    vc[i] = fp32_to_fp16(vf[i]);
+  }
+  // seq 0 uses blocks 5, 1, 6; seq 1 uses blocks 2, 7.
+  const std::vector<int32_t> table = {5, 1, 6, 2, 7};
+  const std::vector<int32_t> offsets = {0, 3};
+  const std::vector<int32_t> tok_seq = {0, 0, 1};
+  const std::vector<int32_t> tok_pos = {9, 10, 6};
+  for (int32_t chunk : {1, 2}) {
+    const std::vector<int32_t> seq_n = {chunk, 1};
+    auto q = random_floats(static_cast<size_t>(3 * n_heads * hd), 17);
+    std::vector<float> out(q.size()), ref(q.size());
+    attention_batch b;
+    b.q = q.data();
+    b.k_cache = kc.data();
+    b.v_cache = vc.data();
+    b.token_seq = tok_seq.data();
+    b.token_pos = tok_pos.data();
+    b.block_table = table.data();
+    b.seq_block_offset = offsets.data();
+    b.seq_n_tokens = seq_n.data();
+    b.n_tokens = 3;
+    b.n_heads = n_heads;
+    b.n_kv_heads = n_kv;
+    b.head_dim = hd;
+    b.block_size = bs;
+    b.scale = 1.0f / std::sqrt(float(hd));
+    attention_scratch s;
+    b.out = out.data();
+    attention_tasks(b, s, 0, 3 * n_kv);
+    b.out = ref.data();
+    attention_reference(b);
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref[i], 2e-3) << i;
+  }
+}
+
+TEST(thread_pool, runs_every_index_once_and_spins_safely) {
+  thread_pool pool(3);
+  std::vector<std::atomic<int>> hits(3);
+  for (int round = 0; round < 1000; ++round) {
+    thread_pool::spin_scope spin(pool);
+    pool.parallel([&](int i, int n) {
+      EXPECT_EQ(n, 3);
+      hits[static_cast<size_t>(i)].fetch_add(1);
+    });
+  }
+  for (auto& h : hits) EXPECT_EQ(h.load(), 1000);
+  auto [b, e] = split_range(10, 3, 2);
+  EXPECT_EQ(b, 7);
+  EXPECT_EQ(e, 10);
+}
+
+TEST(device_registry, cpu_is_always_there) {
+  auto& reg = device_registry::instance();
+  auto d = reg.create("cpu", device_config{1, 0});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d.value()->capabilities().kind, device_kind::cpu);
+  auto buf = d.value()->allocate(100);
+  ASSERT_TRUE(buf.ok());
+  std::vector<char> src(100, 'x'), dst(100);
+  ASSERT_TRUE(d.value()->copy_to_device(buf->data, src.data(), 100).ok());
+  ASSERT_TRUE(d.value()->copy_to_host(dst.data(), buf->data, 100).ok());
+  EXPECT_EQ(src, dst);
+  d.value()->release(*buf);
+  EXPECT_EQ(reg.create("no-such-device").error().code(), status_code::not_found);
+#ifdef WEFT_WITH_CUDA
+  // Registered in CUDA builds; without a GPU the creation fails with a clear error, never a crash.
+  auto c = reg.create("cuda");
+  if (!c.ok()) {
+    EXPECT_EQ(c.error().code(), status_code::unsupported) << c.error().to_string();
+  }
+#endif
+}
+
+}  // namespace
