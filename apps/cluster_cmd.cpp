@@ -83,7 +83,7 @@ bool wait_ready(child_process& c, int timeout_ms = 15000) {
 }
 
 int run_up(up_cli cli) {
-  stop_latch::instance().block_signals();
+  stop_latch::instance().catch_signals();
   auto secret = ensure_local_secret(cli.cluster);
   if (!secret) {
     spdlog::error("{}", secret.error().message);

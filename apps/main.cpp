@@ -6,9 +6,11 @@
 #include <cstdlib>
 
 #include "apps/commands.hpp"
+#include "apps/process_control.hpp"
 #include "apps/version.hpp"
 
 int main(int argc, char** argv) {
+  weft::apps::exit_with_parent_if_asked();
   // Logs go to stderr: stdout carries command output (tokens, JSON, ready lines for scripts).
   spdlog::set_default_logger(spdlog::stderr_color_mt("weft"));
   CLI::App app{"weft — an actor runtime for serving and RL-training LLMs"};

@@ -33,7 +33,7 @@ struct node_cli {
 };
 
 int run_node(const node_cli& cli) {
-  stop_latch::instance().block_signals();
+  stop_latch::instance().catch_signals();
   auto secret = cli.cluster.load_secret();
   if (!secret) {
     spdlog::error("{}", secret.error().message);

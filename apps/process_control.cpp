@@ -1,27 +1,48 @@
 #include "apps/process_control.hpp"
 
-#include <csignal>
-#include <pthread.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
+#include <csignal>
+#include <cstdlib>
 #include <thread>
 
 namespace weft::apps {
+
+namespace {
+
+// Self-pipe: the handler may run on any thread (libraries such as OpenBLAS start threads before
+// main, so blocking signals in main cannot cover every thread); it only writes the signal number.
+int signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(signal_pipe[1], &b, 1);
+}
+
+}  // namespace
 
 stop_latch& stop_latch::instance() {
   static stop_latch latch;
   return latch;
 }
 
-void stop_latch::block_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::thread([this, set] {
-    int sig = 0;
-    sigwait(&set, &sig);
+void stop_latch::catch_signals() {
+  if (signal_pipe[0] >= 0) return;
+  if (::pipe2(signal_pipe, O_CLOEXEC) != 0) return;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  // Installing a handler also overrides an inherited "ignore" (shells start background jobs with
+  // SIGINT ignored).
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  std::thread([this] {
+    unsigned char b = 0;
+    while (::read(signal_pipe[0], &b, 1) != 1) {
+    }
+    int sig = b;
     request(sig == SIGINT || sig == SIGTERM ? 0 : 128 + sig);
   }).detach();
 }
@@ -37,6 +58,14 @@ int stop_latch::wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return requested_.load(); });
   return code_;
+}
+
+void exit_with_parent_if_asked() {
+  const char* flag = std::getenv("WEFT_EXIT_WITH_PARENT");
+  if (flag == nullptr || *flag == '\0' || *flag == '0') return;
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  // The parent may have died before prctl took effect.
+  if (::getppid() == 1) std::_Exit(3);
 }
 
 }  // namespace weft::apps

@@ -9,14 +9,13 @@
 
 namespace weft::apps {
 
-/// Process-wide stop latch. Call block_signals() before starting any thread (so only the signal
-/// thread receives SIGINT/SIGTERM), then wait() on the main thread.
+/// Process-wide stop latch: catch_signals() once, then wait() on the main thread.
 class stop_latch {
  public:
   static stop_latch& instance();
-  /// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread and starts the thread that waits for
-  /// them; call first thing in a subcommand, before any other thread exists.
-  void block_signals();
+  /// Routes SIGINT, SIGTERM and SIGHUP to request() (through a self-pipe and a thread, so it works
+  /// whatever thread the kernel picks); call once, early in a long-running subcommand.
+  void catch_signals();
   /// Requests a stop with an exit code (the first request wins).
   void request(int exit_code);
   /// Waits for a stop request; returns its exit code.
@@ -29,5 +28,10 @@ class stop_latch {
   std::atomic<bool> requested_{false};
   int code_ = 0;
 };
+
+/// When WEFT_EXIT_WITH_PARENT=1 (set by child_process for every process it starts), asks the
+/// kernel to send SIGTERM when the parent dies, so that a killed launcher or test leaves no
+/// orphaned node behind.
+void exit_with_parent_if_asked();
 
 }  // namespace weft::apps

@@ -53,7 +53,7 @@ TEST(chaos, a_cut_link_is_detected) {
   EXPECT_TRUE(dead);
   std::printf("link cut: node-2 declared dead after %lld ms\n", static_cast<long long>(ms));
   EXPECT_EQ(state("node-1"), "up");
-  up->signal(SIGINT);
+  up->signal(SIGTERM);
   int status = 0;
   EXPECT_TRUE(eventually([&] { return up->exited(&status); }, 10'000));
   EXPECT_TRUE(eventually(
