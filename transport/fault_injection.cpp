@@ -51,9 +51,6 @@ bool parse_number(const std::string& s, T& out) {
   }
 }
 
-// Where a corruption lands: the source (flipped while in flight, restored after) or the
-// destination (flipped after arrival).
-enum class corrupt_side { source, destination };
 
 }  // namespace
 
@@ -262,125 +259,86 @@ enum class fault_kind { none, drop, fail };
 
 }  // namespace
 
-result<transfer> fault_injecting_engine::put(const rma_request& rq, completion_fn on_done) {
+namespace {
+
+/// The host bytes a corruption may flip: [data + offset, + size) of a host region, else none.
+std::pair<std::byte*, std::size_t> host_bytes(const region& r, std::size_t offset_bytes,
+                                              std::size_t size_bytes) {
+  if (r.kind != memory_kind::host || r.data == nullptr) return {nullptr, 0};
+  return {r.data + offset_bytes, size_bytes};
+}
+
+/// A batch is corrupted in its first segment.
+std::pair<std::byte*, std::size_t> host_bytes(const rma_batch_request& rq) {
+  if (rq.segments.empty()) return {nullptr, 0};
+  const auto& s = rq.segments[0];
+  return host_bytes(s.local, s.local_offset_bytes, s.size_bytes);
+}
+
+}  // namespace
+
+/// Forwards `rq` to `(inner.*start)` through the injector. `side` is where a corruption lands and
+/// `bytes` the host bytes of that side (none: the request cannot be corrupted).
+template <class Request>
+result<transfer> fault_injecting_engine::forward(
+    const Request& rq, result<transfer> (engine::*start)(const Request&, completion_fn),
+    corrupt_side side, std::pair<std::byte*, std::size_t> bytes, completion_fn on_done) {
   impl::launch_plan plan;
-  plan.start = [this, rq](completion_fn f, std::uint32_t timeout_ms) {
+  plan.start = [this, rq, start](completion_fn f, std::uint32_t timeout_ms) {
     auto r = rq;
     r.options.timeout_ms = timeout_ms;
-    return inner_->put(r, std::move(f));
+    return (inner_.get()->*start)(r, std::move(f));
   };
-  plan.side = corrupt_side::source;
-  if (rq.local.kind == memory_kind::host && rq.local.data != nullptr) {
-    plan.bytes = rq.local.data + rq.local_offset_bytes;
-    plan.size_bytes = rq.size_bytes;
-  }
+  plan.side = side;
+  plan.bytes = bytes.first;
+  plan.size_bytes = bytes.second;
   plan.timeout_ms = rq.options.timeout_ms;
   return impl_->inject(std::move(plan), std::move(on_done));
 }
 
+result<transfer> fault_injecting_engine::put(const rma_request& rq, completion_fn on_done) {
+  return forward(rq, &engine::put, corrupt_side::source,
+                 host_bytes(rq.local, rq.local_offset_bytes, rq.size_bytes), std::move(on_done));
+}
+
 result<transfer> fault_injecting_engine::get(const rma_request& rq, completion_fn on_done) {
-  impl::launch_plan plan;
-  plan.start = [this, rq](completion_fn f, std::uint32_t timeout_ms) {
-    auto r = rq;
-    r.options.timeout_ms = timeout_ms;
-    return inner_->get(r, std::move(f));
-  };
-  if (rq.local.kind == memory_kind::host && rq.local.data != nullptr) {
-    plan.bytes = rq.local.data + rq.local_offset_bytes;
-    plan.size_bytes = rq.size_bytes;
-  }
-  plan.timeout_ms = rq.options.timeout_ms;
-  return impl_->inject(std::move(plan), std::move(on_done));
+  return forward(rq, &engine::get, corrupt_side::destination,
+                 host_bytes(rq.local, rq.local_offset_bytes, rq.size_bytes), std::move(on_done));
 }
 
 result<transfer> fault_injecting_engine::put_batch(const rma_batch_request& rq,
                                                    completion_fn on_done) {
-  impl::launch_plan plan;
-  plan.start = [this, rq](completion_fn f, std::uint32_t timeout_ms) {
-    auto r = rq;
-    r.options.timeout_ms = timeout_ms;
-    return inner_->put_batch(r, std::move(f));
-  };
-  plan.side = corrupt_side::source;
-  if (!rq.segments.empty() && rq.segments[0].local.kind == memory_kind::host &&
-      rq.segments[0].local.data != nullptr) {
-    plan.bytes = rq.segments[0].local.data + rq.segments[0].local_offset_bytes;
-    plan.size_bytes = rq.segments[0].size_bytes;
-  }
-  plan.timeout_ms = rq.options.timeout_ms;
-  return impl_->inject(std::move(plan), std::move(on_done));
+  return forward(rq, &engine::put_batch, corrupt_side::source, host_bytes(rq),
+                 std::move(on_done));
 }
 
 result<transfer> fault_injecting_engine::get_batch(const rma_batch_request& rq,
                                                    completion_fn on_done) {
-  impl::launch_plan plan;
-  plan.start = [this, rq](completion_fn f, std::uint32_t timeout_ms) {
-    auto r = rq;
-    r.options.timeout_ms = timeout_ms;
-    return inner_->get_batch(r, std::move(f));
-  };
-  if (!rq.segments.empty() && rq.segments[0].local.kind == memory_kind::host &&
-      rq.segments[0].local.data != nullptr) {
-    plan.bytes = rq.segments[0].local.data + rq.segments[0].local_offset_bytes;
-    plan.size_bytes = rq.segments[0].size_bytes;
-  }
-  plan.timeout_ms = rq.options.timeout_ms;
-  return impl_->inject(std::move(plan), std::move(on_done));
+  return forward(rq, &engine::get_batch, corrupt_side::destination, host_bytes(rq),
+                 std::move(on_done));
 }
 
 result<transfer> fault_injecting_engine::send(const send_request& rq, completion_fn on_done) {
-  impl::launch_plan plan;
-  plan.start = [this, rq](completion_fn f, std::uint32_t timeout_ms) {
-    auto r = rq;
-    r.options.timeout_ms = timeout_ms;
-    return inner_->send(r, std::move(f));
-  };
-  plan.side = corrupt_side::source;
-  if (rq.local.kind == memory_kind::host && rq.local.data != nullptr) {
-    plan.bytes = rq.local.data + rq.offset_bytes;
-    plan.size_bytes = rq.size_bytes;
-  }
-  plan.timeout_ms = rq.options.timeout_ms;
-  return impl_->inject(std::move(plan), std::move(on_done));
+  return forward(rq, &engine::send, corrupt_side::source,
+                 host_bytes(rq.local, rq.offset_bytes, rq.size_bytes), std::move(on_done));
 }
 
 result<transfer> fault_injecting_engine::recv(const recv_request& rq, completion_fn on_done) {
-  impl::launch_plan plan;
-  plan.start = [this, rq](completion_fn f, std::uint32_t timeout_ms) {
-    auto r = rq;
-    r.options.timeout_ms = timeout_ms;
-    return inner_->recv(r, std::move(f));
-  };
-  if (rq.local.kind == memory_kind::host && rq.local.data != nullptr) {
-    plan.bytes = rq.local.data + rq.offset_bytes;
-    plan.size_bytes = rq.size_bytes;  // clipped to the received size on completion
-  }
-  plan.timeout_ms = rq.options.timeout_ms;
-  return impl_->inject(std::move(plan), std::move(on_done));
+  // Clipped to the received size on completion.
+  return forward(rq, &engine::recv, corrupt_side::destination,
+                 host_bytes(rq.local, rq.offset_bytes, rq.size_bytes), std::move(on_done));
 }
 
 result<transfer> fault_injecting_engine::broadcast(const collective_request& rq,
                                                    completion_fn on_done) {
-  impl::launch_plan plan;
-  plan.start = [this, rq](completion_fn f, std::uint32_t timeout_ms) {
-    auto r = rq;
-    r.options.timeout_ms = timeout_ms;
-    return inner_->broadcast(r, std::move(f));
-  };
-  plan.timeout_ms = rq.options.timeout_ms;
-  return impl_->inject(std::move(plan), std::move(on_done));
+  return forward(rq, &engine::broadcast, corrupt_side::destination, {nullptr, 0},
+                 std::move(on_done));
 }
 
 result<transfer> fault_injecting_engine::all_reduce(const collective_request& rq,
                                                     completion_fn on_done) {
-  impl::launch_plan plan;
-  plan.start = [this, rq](completion_fn f, std::uint32_t timeout_ms) {
-    auto r = rq;
-    r.options.timeout_ms = timeout_ms;
-    return inner_->all_reduce(r, std::move(f));
-  };
-  plan.timeout_ms = rq.options.timeout_ms;
-  return impl_->inject(std::move(plan), std::move(on_done));
+  return forward(rq, &engine::all_reduce, corrupt_side::destination, {nullptr, 0},
+                 std::move(on_done));
 }
 
 status fault_injecting_engine::cancel(const transfer& t) {

@@ -15,9 +15,11 @@
 /// Through the registry: make_engine("fault:ucx", cfg) with params "fault.drop_probability",
 /// "fault.delay_ms", "fault.fail_after_n", "fault.corrupt_probability", "fault.seed".
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "transport/engine.hpp"
 
@@ -93,6 +95,14 @@ class fault_injecting_engine final : public engine {
 
  private:
   struct impl;
+  /// Where a corruption lands: the source (flipped while in flight, restored after) or the
+  /// destination (flipped after arrival).
+  enum class corrupt_side { source, destination };
+  template <class Request>
+  result<transfer> forward(const Request& rq,
+                           result<transfer> (engine::*start)(const Request&, completion_fn),
+                           corrupt_side side, std::pair<std::byte*, std::size_t> bytes,
+                           completion_fn on_done);
 
   std::unique_ptr<engine> inner_;
   std::unique_ptr<impl> impl_;
