@@ -126,7 +126,7 @@ node_agent_actor::behavior_type node_agent(agent_ptr self, node_agent_config cfg
                   caf::actor{}};
         }
         role_context ctx{name, r.getConfigJson().cStr(), self->state.cfg.node_id,
-                         self->state.cfg.engine};
+                         self->state.cfg.engine, self->state.cfg.secret};
         auto spawned = (*factory)(self->system(), ctx);
         if (!spawned) {
           return {make_error_envelope(spawned.error()), caf::actor{}};

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/auth.hpp"
 #include "schema/status.hpp"
 
 namespace weft::transport {
@@ -27,6 +28,9 @@ struct role_context {
   /// The node's data-plane engine (shared by every role on the node); may be null when the node
   /// runs without one (`--transport none`).
   std::shared_ptr<transport::engine> engine;
+  /// The cluster secret, for roles that authenticate to actors outside the node protocol (an
+  /// engine worker signing its hello to the router).
+  cluster_secret secret;
 };
 
 using role_factory = std::function<result<caf::actor>(caf::actor_system&, const role_context&)>;

@@ -8,6 +8,7 @@
 
 #include "actors/node.hpp"
 #include "apps/cluster_options.hpp"
+#include "actors/serve/engine_worker.hpp"
 #include "apps/commands.hpp"
 #include "apps/process_control.hpp"
 #include "apps/version.hpp"
@@ -73,6 +74,7 @@ int run_node(const node_cli& cli) {
   }
   auto roles = std::make_shared<actors::role_registry>();
   actors::add_builtin_roles(*roles);
+  serve::add_serve_roles(*roles);
   auto node = actors::node::start(opts, roles);
   if (!node) {
     spdlog::error("node failed to start: {}", node.error().to_string());

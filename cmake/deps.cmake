@@ -13,8 +13,15 @@ find_path(HTTPLIB_INCLUDE_DIR httplib.h REQUIRED)
 find_library(HTTPLIB_LIBRARY cpp-httplib REQUIRED)
 add_library(httplib_dep INTERFACE)
 target_include_directories(httplib_dep SYSTEM INTERFACE ${HTTPLIB_INCLUDE_DIR})
-target_link_libraries(httplib_dep INTERFACE ${HTTPLIB_LIBRARY} OpenSSL::SSL Threads::Threads)
-target_compile_definitions(httplib_dep INTERFACE CPPHTTPLIB_OPENSSL_SUPPORT)
+# The library is built with OpenSSL, zlib and Brotli support: every TU that includes httplib.h must
+# see the same CPPHTTPLIB_* defines (its pkg-config cflags), or class layouts differ from the .so.
+find_package(ZLIB REQUIRED)
+find_library(BROTLIDEC_LIBRARY brotlidec REQUIRED)
+find_library(BROTLIENC_LIBRARY brotlienc REQUIRED)
+target_link_libraries(httplib_dep INTERFACE ${HTTPLIB_LIBRARY} OpenSSL::SSL ZLIB::ZLIB ${BROTLIDEC_LIBRARY}
+                      ${BROTLIENC_LIBRARY} Threads::Threads)
+target_compile_definitions(httplib_dep INTERFACE CPPHTTPLIB_OPENSSL_SUPPORT CPPHTTPLIB_ZLIB_SUPPORT
+                           CPPHTTPLIB_BROTLI_SUPPORT)
 add_library(httplib::httplib ALIAS httplib_dep)
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)                     # BLAS::BLAS

@@ -19,6 +19,7 @@ enum ErrorCode {
   internal @7;          # a bug or an unexpected failure on the answering side
   alreadyExists @8;     # a name that is taken
   versionMismatch @9;   # protocol or layout versions that do not match
+  overloaded @10;       # admission refused: queue full or the SLO cannot be met (retry later)
 }
 
 struct Error {

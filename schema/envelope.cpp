@@ -136,6 +136,11 @@ capnp::StructSchema schema_of(kind k) {
     case kind::ping: return capnp::Schema::from<wire::Ping>();
     case kind::supervisor_spec: return capnp::Schema::from<wire::SupervisorSpec>();
     case kind::supervisor_status: return capnp::Schema::from<wire::SupervisorStatus>();
+    case kind::generate_request: return capnp::Schema::from<wire::GenerateRequest>();
+    case kind::token_chunk: return capnp::Schema::from<wire::TokenChunk>();
+    case kind::abort_request: return capnp::Schema::from<wire::AbortRequest>();
+    case kind::worker_hello: return capnp::Schema::from<wire::WorkerHello>();
+    case kind::worker_load: return capnp::Schema::from<wire::WorkerLoad>();
     case kind::none:
     case kind::oversize: break;
   }
@@ -144,7 +149,7 @@ capnp::StructSchema schema_of(kind k) {
 
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
-  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::supervisor_status);
+  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::worker_load);
 }
 
 }  // namespace
@@ -222,6 +227,11 @@ const char* to_string(kind k) {
     case kind::ping: return "Ping";
     case kind::supervisor_spec: return "SupervisorSpec";
     case kind::supervisor_status: return "SupervisorStatus";
+    case kind::generate_request: return "GenerateRequest";
+    case kind::token_chunk: return "TokenChunk";
+    case kind::abort_request: return "AbortRequest";
+    case kind::worker_hello: return "WorkerHello";
+    case kind::worker_load: return "WorkerLoad";
     case kind::oversize: return "oversize";
   }
   return "unknown";

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "schema/control.capnp.h"
+#include "schema/serve.capnp.h"
 #include "schema/status.hpp"
 
 namespace weft::schema {
@@ -42,6 +43,11 @@ enum class kind : uint16_t {
   ping = 16,
   supervisor_spec = 17,
   supervisor_status = 18,
+  generate_request = 19,
+  token_chunk = 20,
+  abort_request = 21,
+  worker_hello = 22,
+  worker_load = 23,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -73,6 +79,11 @@ WEFT_SCHEMA_KIND(TransferReply, transfer_reply)
 WEFT_SCHEMA_KIND(Ping, ping)
 WEFT_SCHEMA_KIND(SupervisorSpec, supervisor_spec)
 WEFT_SCHEMA_KIND(SupervisorStatus, supervisor_status)
+WEFT_SCHEMA_KIND(GenerateRequest, generate_request)
+WEFT_SCHEMA_KIND(TokenChunk, token_chunk)
+WEFT_SCHEMA_KIND(AbortRequest, abort_request)
+WEFT_SCHEMA_KIND(WorkerHello, worker_hello)
+WEFT_SCHEMA_KIND(WorkerLoad, worker_load)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults

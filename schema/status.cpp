@@ -14,6 +14,7 @@ const char* to_string(errc code) {
     case errc::internal: return "internal";
     case errc::already_exists: return "already_exists";
     case errc::version_mismatch: return "version_mismatch";
+    case errc::overloaded: return "overloaded";
   }
   return "unknown";
 }

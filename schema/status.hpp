@@ -25,6 +25,7 @@ enum class errc : uint16_t {
   internal = 7,
   already_exists = 8,
   version_mismatch = 9,
+  overloaded = 10,  ///< admission refused (queue full, SLO unreachable): retry later
 };
 
 /// Returns a stable lower-case name for `code` ("malformed", "timeout", ...).

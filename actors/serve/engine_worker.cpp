@@ -1,0 +1,417 @@
+// The engine worker role: an engine on its own thread (a detached actor), fed by the router.
+
+#include "actors/serve/engine_worker.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include "actors/auth.hpp"
+#include "actors/serve/model_host.hpp"
+#include "actors/serve/schedule_policies.hpp"
+#include "actors/serve/serve_atoms.hpp"
+#include "actors/serve/wire_convert.hpp"
+#include "gpu/engine.hpp"
+#include "schema/caf_bridge.hpp"
+
+namespace weft::serve {
+
+using schema::envelope;
+using schema::make_error_envelope;
+namespace wire = schema::wire;
+
+result<worker_config> worker_config::from_json(const std::string& json) {
+  auto j = nlohmann::json::parse(json.empty() ? "{}" : json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return make_error(errc::invalid_argument, "engine_worker: config is not a JSON object");
+  worker_config c;
+  try {
+    if (!j.contains("model") || !j["model"].is_string()) {
+      return make_error(errc::invalid_argument, "engine_worker: config.model (a GGUF path) is required");
+    }
+    c.model = j["model"].get<std::string>();
+    if (!j.contains("router") || !j["router"].is_string()) {
+      return make_error(errc::invalid_argument, "engine_worker: config.router (HOST:PORT) is required");
+    }
+    const auto router = j["router"].get<std::string>();
+    const auto colon = router.rfind(':');
+    if (colon == std::string::npos) return make_error(errc::invalid_argument, "engine_worker: config.router must be HOST:PORT");
+    c.router_host = router.substr(0, colon);
+    const int port = std::stoi(router.substr(colon + 1));
+    if (port <= 0 || port > 65535) return make_error(errc::invalid_argument, "engine_worker: config.router port out of range");
+    c.router_port = static_cast<uint16_t>(port);
+    c.device = j.value("device", c.device);
+    c.threads = j.value("threads", c.threads);
+    c.kv_blocks = j.value("kv_blocks", c.kv_blocks);
+    c.block_size = j.value("block_size", c.block_size);
+    c.max_batch_tokens = j.value("max_batch_tokens", c.max_batch_tokens);
+    c.max_running = j.value("max_running", c.max_running);
+    c.policy = j.value("policy", c.policy);
+    c.role = j.value("role", c.role);
+    c.prefix_cache = j.value("prefix_cache", c.prefix_cache);
+    c.load_interval_ms = j.value("load_interval_ms", c.load_interval_ms);
+  } catch (const std::exception& e) {
+    return make_error(errc::invalid_argument, std::string{"engine_worker: bad config field: "} + e.what());
+  }
+  if (c.kv_blocks < 1 || c.block_size < 1 || c.max_batch_tokens < 2 || c.max_running < 1 || c.threads < 0) {
+    return make_error(errc::invalid_argument, "engine_worker: kv_blocks, block_size, max_running >= 1, max_batch_tokens >= 2, threads >= 0");
+  }
+  if (c.role != "both" && c.role != "prefill" && c.role != "decode") {
+    return make_error(errc::invalid_argument, "engine_worker: role must be both, prefill or decode");
+  }
+  if (c.load_interval_ms < 10) c.load_interval_ms = 10;
+  return c;
+}
+
+std::string worker_config::to_json() const {
+  nlohmann::json j = {{"model", model},
+                      {"router", router_host + ":" + std::to_string(router_port)},
+                      {"device", device},
+                      {"threads", threads},
+                      {"kv_blocks", kv_blocks},
+                      {"block_size", block_size},
+                      {"max_batch_tokens", max_batch_tokens},
+                      {"max_running", max_running},
+                      {"policy", policy},
+                      {"role", role},
+                      {"prefix_cache", prefix_cache},
+                      {"load_interval_ms", load_interval_ms}};
+  return j.dump();
+}
+
+namespace {
+
+struct running_request {
+  uint32_t attempt = 0;
+  uint32_t next_position = 0;  ///< position of the next token this worker generates
+  uint32_t n_prompt = 0;
+  uint32_t n_prefill = 0;  ///< prompt + resumed tokens to compute before the first new token
+  bool started = false;    ///< produced its first token here
+  bool want_logprobs = false;
+  std::string trace_id;
+};
+
+struct worker_state {
+  static inline const char* name = "weft.engine_worker";
+  std::string worker_name;
+  std::string node_id;
+  worker_config cfg;
+  actors::cluster_secret secret;
+  std::unique_ptr<model_host> host;
+  std::unique_ptr<gpu::engine> engine;
+  caf::actor router;
+  std::map<uint64_t, running_request> requests;
+  bool stepping = false;
+  // load accounting
+  uint64_t last_prefill = 0, last_decode = 0;
+  std::chrono::steady_clock::time_point last_load_at = std::chrono::steady_clock::now();
+  uint64_t last_step_unix_ms = 0;
+};
+
+using worker_ptr = caf::stateful_actor<worker_state>*;
+
+wire::FinishReason to_wire_finish(gpu::finish_reason r) {
+  switch (r) {
+    case gpu::finish_reason::none: return wire::FinishReason::NONE;
+    case gpu::finish_reason::stop_token: return wire::FinishReason::STOP_TOKEN;
+    case gpu::finish_reason::stop_string: return wire::FinishReason::STOP_STRING;
+    case gpu::finish_reason::length: return wire::FinishReason::LENGTH;
+    case gpu::finish_reason::aborted: return wire::FinishReason::ABORTED;
+    case gpu::finish_reason::error: return wire::FinishReason::ERROR;
+  }
+  return wire::FinishReason::ERROR;
+}
+
+envelope make_chunk(const std::string& worker, uint64_t id, const running_request& r, const gpu::request_output& out,
+                    uint32_t position) {
+  return envelope::build<wire::TokenChunk>([&](wire::TokenChunk::Builder b) {
+    b.setRequestId(id);
+    b.setAttempt(r.attempt);
+    b.setPosition(position);
+    auto toks = b.initTokens(static_cast<unsigned>(out.new_tokens.size()));
+    for (size_t i = 0; i < out.new_tokens.size(); ++i) toks.set(static_cast<unsigned>(i), out.new_tokens[i]);
+    if (r.want_logprobs && out.samples.size() == out.new_tokens.size()) {
+      auto lps = b.initLogprobs(static_cast<unsigned>(out.samples.size()));
+      for (size_t i = 0; i < out.samples.size(); ++i) {
+        auto e = lps[static_cast<unsigned>(i)];
+        e.setToken(out.samples[i].token);
+        e.setLogprob(out.samples[i].logprob);
+        auto top = e.initTop(static_cast<unsigned>(out.samples[i].top.size()));
+        for (size_t k = 0; k < out.samples[i].top.size(); ++k) {
+          top[static_cast<unsigned>(k)].setToken(out.samples[i].top[k].token);
+          top[static_cast<unsigned>(k)].setLogprob(out.samples[i].top[k].logprob);
+        }
+      }
+    }
+    b.setFinish(to_wire_finish(out.finish));
+    b.setPromptTokens(r.n_prompt);
+    b.setCachedTokens(static_cast<uint32_t>(out.cached_prompt_tokens));
+    if (out.finish == gpu::finish_reason::error) {
+      b.initError().setCode(wire::ErrorCode::INTERNAL);
+      b.getError().setMessage(out.error);
+    }
+    b.setWorker(worker);
+  });
+}
+
+envelope error_chunk(const std::string& worker, uint64_t id, uint32_t attempt, uint32_t position, errc code,
+                     const std::string& message) {
+  return envelope::build<wire::TokenChunk>([&](wire::TokenChunk::Builder b) {
+    b.setRequestId(id);
+    b.setAttempt(attempt);
+    b.setPosition(position);
+    b.setFinish(wire::FinishReason::ERROR);
+    b.initError().setCode(schema::to_wire(code));
+    b.getError().setMessage(message);
+    b.setWorker(worker);
+  });
+}
+
+envelope make_load(worker_state& st) {
+  auto s = st.engine->stats();
+  auto now = std::chrono::steady_clock::now();
+  const double dt = std::chrono::duration<double>(now - st.last_load_at).count();
+  const auto prefill = static_cast<uint64_t>(s.n_prefill_tokens);
+  const auto decode = static_cast<uint64_t>(s.n_decode_tokens);
+  const float prefill_rate = dt > 0 ? static_cast<float>(static_cast<double>(prefill - st.last_prefill) / dt) : 0.0f;
+  const float decode_rate = dt > 0 ? static_cast<float>(static_cast<double>(decode - st.last_decode) / dt) : 0.0f;
+  st.last_prefill = prefill;
+  st.last_decode = decode;
+  st.last_load_at = now;
+  return envelope::build<wire::WorkerLoad>([&](wire::WorkerLoad::Builder b) {
+    b.setName(st.worker_name);
+    b.setNWaiting(static_cast<uint32_t>(s.n_waiting));
+    b.setNRunning(static_cast<uint32_t>(s.n_running));
+    b.setNSwapped(static_cast<uint32_t>(s.n_swapped));
+    b.setKvBlocksUsed(static_cast<uint32_t>(s.kv.n_blocks_used));
+    b.setKvBlocksFree(static_cast<uint32_t>(s.kv.n_blocks_free));
+    b.setSteps(static_cast<uint64_t>(s.n_steps));
+    b.setPrefillTokens(prefill);
+    b.setDecodeTokens(decode);
+    b.setPreemptions(static_cast<uint64_t>(s.n_preemptions));
+    uint64_t queued = 0;
+    for (const auto& [id, r] : st.requests) queued += r.started ? 0 : r.n_prefill;
+    b.setQueuedPrefillTokens(queued);
+    b.setKvBlocksTotal(static_cast<uint32_t>(s.kv.n_blocks_total));
+    b.setPrefillTokensPerS(prefill_rate);
+    b.setDecodeTokensPerS(decode_rate);
+    b.setSwapsOut(static_cast<uint64_t>(s.n_swaps_out));
+    b.setPrefixHitTokens(static_cast<uint64_t>(s.kv.n_prefix_hits_tokens));
+    b.setLastStepUnixMs(st.last_step_unix_ms);
+  });
+}
+
+envelope make_hello(const worker_state& st) {
+  const uint64_t deadline = actors::now_ms() + 60'000;
+  const std::string fields = st.worker_name + "|" + st.node_id;
+  auto token = actors::request_token(st.secret, worker_hello_purpose, fields, deadline);
+  return envelope::build<wire::WorkerHello>([&](wire::WorkerHello::Builder b) {
+    b.setName(st.worker_name);
+    b.setNodeId(st.node_id);
+    b.setPid(static_cast<uint32_t>(::getpid()));
+    b.setRole(st.cfg.role == "prefill" ? wire::WorkerRole::PREFILL
+                                       : st.cfg.role == "decode" ? wire::WorkerRole::DECODE : wire::WorkerRole::BOTH);
+    b.setModel(st.host->id);
+    b.setKvBlocksTotal(static_cast<uint32_t>(st.cfg.kv_blocks));
+    b.setBlockSize(static_cast<uint32_t>(st.cfg.block_size));
+    b.setMaxRunning(static_cast<uint32_t>(st.cfg.max_running));
+    b.setNCtx(static_cast<uint32_t>(st.host->n_ctx));
+    b.setPolicy(st.cfg.policy);
+    b.setDeadlineMs(deadline);
+    b.setSessionToken(kj::ArrayPtr<const kj::byte>(token.data(), token.size()));
+  });
+}
+
+void run_step(worker_ptr self) {
+  auto& st = self->state;
+  if (!st.engine->has_work()) {
+    st.stepping = false;
+    return;
+  }
+  auto outs = st.engine->step();
+  st.last_step_unix_ms = actors::now_ms();
+  if (!outs) {
+    spdlog::error("worker {}: step failed: {}", st.worker_name, outs.error().to_string());
+    for (auto& [id, r] : st.requests) {
+      (void)st.engine->abort(id);
+      self->send(st.router, chunk_atom::value,
+                 error_chunk(st.worker_name, id, r.attempt, r.next_position, errc::internal, outs.error().to_string()));
+    }
+    st.requests.clear();
+  } else {
+    for (const auto& out : *outs) {
+      auto it = st.requests.find(out.id);
+      if (it == st.requests.end()) continue;
+      auto& r = it->second;
+      const uint32_t position = r.next_position;
+      r.started = true;
+      r.next_position += static_cast<uint32_t>(out.new_tokens.size());
+      self->send(st.router, chunk_atom::value, make_chunk(st.worker_name, out.id, r, out, position));
+      if (out.finish != gpu::finish_reason::none) st.requests.erase(it);
+    }
+  }
+  // Yield to the mailbox between steps: new requests and aborts join the next iteration.
+  self->send(self, step_atom::value);
+}
+
+void kick(worker_ptr self) {
+  if (self->state.stepping) return;
+  self->state.stepping = true;
+  self->send(self, step_atom::value);
+}
+
+void on_generate(worker_ptr self, const envelope& env) {
+  auto& st = self->state;
+  auto req = env.read<wire::GenerateRequest>();
+  if (!req) {
+    spdlog::warn("worker {}: malformed GenerateRequest: {}", st.worker_name, req.error().to_string());
+    return;
+  }
+  auto r = req->get();
+  const uint64_t id = r.getRequestId();
+  auto decoded = from_wire(r);
+  if (!decoded) {
+    self->send(st.router, chunk_atom::value,
+               error_chunk(st.worker_name, id, r.getAttempt(), r.getResumeTokens().size(), errc::invalid_argument,
+                           decoded.error().message));
+    return;
+  }
+  auto& d = *decoded;
+  if (st.requests.count(id) != 0) {
+    // A duplicate dispatch (e.g. a router retry): the newer attempt wins.
+    (void)st.engine->abort(id);
+    st.requests.erase(id);
+  }
+  const auto n_resumed = static_cast<uint32_t>(d.resume.size());
+  std::vector<int32_t> tokens = d.prompt;
+  tokens.insert(tokens.end(), d.resume.begin(), d.resume.end());
+  gpu::sampling_params p = d.params;
+  p.max_tokens = p.max_tokens - static_cast<int32_t>(n_resumed);
+  if (p.max_tokens < 1) {
+    self->send(st.router, chunk_atom::value,
+               error_chunk(st.worker_name, id, r.getAttempt(), n_resumed, errc::invalid_argument,
+                           "resumed request has no tokens left to generate"));
+    return;
+  }
+  if (auto s = st.engine->add_request(id, std::move(tokens), std::move(p)); !s.ok()) {
+    self->send(st.router, chunk_atom::value,
+               error_chunk(st.worker_name, id, r.getAttempt(), n_resumed, errc::invalid_argument, s.to_string()));
+    return;
+  }
+  running_request rr;
+  rr.attempt = r.getAttempt();
+  rr.next_position = n_resumed;
+  rr.n_prompt = static_cast<uint32_t>(d.prompt.size());
+  rr.n_prefill = static_cast<uint32_t>(d.prompt.size()) + n_resumed;
+  rr.want_logprobs = d.want_logprobs;
+  rr.trace_id = d.trace_id;
+  st.requests[id] = std::move(rr);
+  spdlog::debug("worker {}: request {} ({}) attempt {}: {} prompt + {} resumed tokens", st.worker_name, id,
+                d.trace_id, r.getAttempt(), d.prompt.size(), n_resumed);
+  kick(self);
+}
+
+caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_id, worker_config cfg,
+                            actors::cluster_secret secret) {
+  auto& st = self->state;
+  st.worker_name = std::move(name);
+  st.node_id = std::move(node_id);
+  st.cfg = std::move(cfg);
+  st.secret = std::move(secret);
+  // A detached actor: loading the weights here blocks only this actor's own thread.
+  model_host_options mo;
+  mo.path = st.cfg.model;
+  mo.device = st.cfg.device;
+  mo.threads = st.cfg.threads;
+  mo.max_batch_tokens = st.cfg.max_batch_tokens;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto host = load_model_host(mo);
+  if (!host) {
+    spdlog::error("worker {}: {}", st.worker_name, host.error().message);
+    self->quit(caf::make_error(caf::sec::runtime_error, host.error().message));
+    return {};
+  }
+  st.host = std::move(host.value());
+  gpu::engine_config ec;
+  ec.kv_blocks = st.cfg.kv_blocks;
+  ec.block_size = st.cfg.block_size;
+  ec.max_batch_tokens = st.cfg.max_batch_tokens;
+  ec.max_running = st.cfg.max_running;
+  ec.prefix_cache = st.cfg.prefix_cache;
+  const gpu::tokenizer* tk = &st.host->tok;
+  ec.detokenize = [tk](int32_t id) { return tk->token_to_piece(id); };
+  auto policy = make_schedule_policy(st.cfg.policy);
+  if (!policy) {
+    self->quit(caf::make_error(caf::sec::runtime_error, policy.error().message));
+    return {};
+  }
+  ec.policy = std::move(policy.value());
+  auto eng = gpu::engine::create(*st.host->model, ec);
+  if (!eng) {
+    spdlog::error("worker {}: engine: {}", st.worker_name, eng.error().to_string());
+    self->quit(caf::make_error(caf::sec::runtime_error, eng.error().to_string()));
+    return {};
+  }
+  st.engine = std::move(eng.value());
+  // Find the router (published by `weft serve`); it may still be starting.
+  caf::expected<caf::actor> router = caf::sec::cannot_connect_to_node;
+  for (int i = 0; i < 50; ++i) {
+    router = self->system().middleman().remote_actor(st.cfg.router_host, st.cfg.router_port);
+    if (router) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!router) {
+    const std::string why = "cannot reach the router at " + st.cfg.router_host + ":" + std::to_string(st.cfg.router_port);
+    spdlog::error("worker {}: {}", st.worker_name, why);
+    self->quit(caf::make_error(caf::sec::runtime_error, why));
+    return {};
+  }
+  st.router = *router;
+  self->monitor(st.router);
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    if (dm.source == self->state.router.address()) {
+      spdlog::warn("worker {}: router is gone; stopping", self->state.worker_name);
+      self->quit(caf::exit_reason::user_shutdown);
+    }
+  });
+  spdlog::info("worker {}: {} loaded in {:.2f} s ({} KV blocks of {} tokens, policy {}, role {})", st.worker_name,
+               st.host->id, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+               st.cfg.kv_blocks, st.cfg.block_size, st.cfg.policy, st.cfg.role);
+  self->send(st.router, hello_atom::value, make_hello(st));
+  self->send(self, tick_atom::value);
+  return {
+      [self](generate_atom, const envelope& env) { on_generate(self, env); },
+      [self](abort_atom, const envelope& env) {
+        auto a = env.read<wire::AbortRequest>();
+        if (!a) return;
+        const uint64_t id = a->get().getRequestId();
+        if (self->state.requests.erase(id) != 0) {
+          (void)self->state.engine->abort(id);
+          spdlog::debug("worker {}: aborted request {} ({})", self->state.worker_name, id, a->get().getReason().cStr());
+        }
+      },
+      [self](step_atom) { run_step(self); },
+      [self](tick_atom) {
+        self->send(self->state.router, load_atom::value, make_load(self->state));
+        self->delayed_send(self, std::chrono::milliseconds(self->state.cfg.load_interval_ms), tick_atom::value);
+      },
+      [self](hello_atom) { self->send(self->state.router, hello_atom::value, make_hello(self->state)); },
+  };
+}
+
+result<caf::actor> spawn_engine_worker(caf::actor_system& sys, const actors::role_context& ctx) {
+  auto cfg = worker_config::from_json(ctx.config_json);
+  if (!cfg) return cfg.error();
+  return sys.spawn<caf::detached>(engine_worker, ctx.name, ctx.node_id, std::move(cfg.value()), ctx.secret);
+}
+
+}  // namespace
+
+void add_serve_roles(actors::role_registry& roles) { roles.add("engine_worker", spawn_engine_worker); }
+
+}  // namespace weft::serve

@@ -1,0 +1,45 @@
+#pragma once
+/// The engine worker role ("engine_worker"): one engine (model weights + paged KV cache) driven by
+/// continuous batching on its own thread. It loads its model, connects to the router named in its
+/// config, says hello (signed with the cluster secret), then runs GenerateRequests and streams
+/// TokenChunks back, reporting its load every interval. Protocol: actors/serve/serve_atoms.hpp.
+///
+/// Config (JSON, every field but model and router optional):
+///   {"model": PATH, "router": "HOST:PORT", "device": "cpu", "threads": 0, "kv_blocks": 1024,
+///    "block_size": 16, "max_batch_tokens": 256, "max_running": 32, "policy": "fcfs"|"mlfq",
+///    "role": "both"|"prefill"|"decode", "prefix_cache": true, "load_interval_ms": 200}
+
+#include <cstdint>
+#include <string>
+
+#include "actors/roles.hpp"
+
+namespace weft::serve {
+
+struct worker_config {
+  std::string model;
+  std::string router_host = "127.0.0.1";
+  uint16_t router_port = 0;
+  std::string device = "cpu";
+  int threads = 0;
+  int64_t kv_blocks = 1024;
+  int64_t block_size = 16;
+  int64_t max_batch_tokens = 256;
+  int64_t max_running = 32;
+  std::string policy = "fcfs";
+  std::string role = "both";
+  bool prefix_cache = true;
+  uint32_t load_interval_ms = 200;
+
+  /// Parses and validates the role's JSON config; errors name the field.
+  static result<worker_config> from_json(const std::string& json);
+  std::string to_json() const;
+};
+
+/// Registers "engine_worker" in `roles`.
+void add_serve_roles(actors::role_registry& roles);
+
+/// The HMAC purpose and fields a worker signs its hello with (checked by the router).
+inline constexpr const char* worker_hello_purpose = "weft.serve.hello";
+
+}  // namespace weft::serve

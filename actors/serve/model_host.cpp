@@ -1,0 +1,82 @@
+#include "actors/serve/model_host.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+
+namespace weft::serve {
+
+namespace fs = std::filesystem;
+
+fs::path default_model_path() {
+  if (const char* m = std::getenv("WEFT_MODEL"); m != nullptr && *m != '\0') return m;
+  if (const char* c = std::getenv("WEFT_CACHE_DIR"); c != nullptr && *c != '\0') {
+    return fs::path{c} / "models" / default_model_file;
+  }
+  const char* home = std::getenv("HOME");
+  return fs::path{home != nullptr ? home : "."} / ".cache" / "weft" / "models" / default_model_file;
+}
+
+std::string model_id_for(const fs::path& path) {
+  std::string name = path.filename().string();
+  if (name.size() > 5 && name.ends_with(".gguf")) name.resize(name.size() - 5);
+  return name;
+}
+
+namespace {
+
+// Touches every page of the mapping so the first forward does not stall on page faults.
+void preload(const gpu::gguf_file& file, const std::string& what) {
+  const auto bytes = file.bytes();
+  const size_t total = bytes.size();
+  volatile unsigned char sink = 0;
+  size_t next_report = 0;
+  for (size_t off = 0; off < total; off += 4096) {
+    sink = sink + static_cast<unsigned char>(bytes[off]);
+    if (off >= next_report) {
+      spdlog::info("loading {}: {}% of {:.1f} MiB", what, off * 100 / total, static_cast<double>(total) / (1 << 20));
+      next_report += total / 4 + 1;
+    }
+  }
+}
+
+}  // namespace
+
+result<std::unique_ptr<model_host>> load_model_host(const model_host_options& o) {
+  auto fail = [&](const std::string& step, const std::string& why) {
+    return make_error(errc::invalid_argument, "model " + o.path.string() + ": " + step + ": " + why);
+  };
+  if (!fs::exists(o.path)) {
+    return make_error(errc::not_found, "model file " + o.path.string() +
+                                           " not found (scripts/fetch_model.sh fetches the default model; or pass --model PATH)");
+  }
+  auto file = gpu::gguf_file::open(o.path);
+  if (!file) return fail("open", file.error().to_string());
+  auto tok = gpu::tokenizer::from_gguf(*file);
+  if (!tok) return fail("tokenizer", tok.error().to_string());
+  auto host = std::make_unique<model_host>(model_host{model_id_for(o.path), std::move(tok.value()), std::nullopt,
+                                                      nullptr, nullptr, 0});
+  if (auto t = gpu::chat_template::from_gguf(*file)) {
+    host->tmpl = std::move(t.value());
+  } else {
+    spdlog::warn("model {}: no usable chat template ({}); /v1/chat/completions is disabled",
+                 host->id, t.error().to_string());
+  }
+  if (!o.load_weights) {
+    if (auto ctx = file->get_u32(std::string{file->architecture()} + ".context_length")) host->n_ctx = *ctx;
+    return host;
+  }
+  if (o.preload) preload(*file, host->id);
+  auto dev = gpu::device_registry::instance().create(o.device, gpu::device_config{o.threads, 0});
+  if (!dev) return fail("device " + o.device, dev.error().to_string());
+  host->dev = std::move(dev.value());
+  gpu::model_load_config mc;
+  mc.max_batch_tokens = o.max_batch_tokens;
+  auto m = gpu::model::load(std::move(file.value()), *host->dev, mc);
+  if (!m) return fail("weights", m.error().to_string());
+  host->model = std::move(m.value());
+  host->n_ctx = host->model->hparams().n_ctx_train;
+  return host;
+}
+
+}  // namespace weft::serve

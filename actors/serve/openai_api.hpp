@@ -1,0 +1,132 @@
+#pragma once
+/// The OpenAI HTTP API of `weft serve`, as plain functions (no CAF, no HTTP library): parsing and
+/// validating request bodies of /v1/completions and /v1/chat/completions into `openai_request`,
+/// and rendering responses, SSE chunks and OpenAI-style errors. The api actor and the HTTP server
+/// call these; unit tests drive them directly.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpu/chat_template.hpp"
+#include "gpu/sampler.hpp"
+
+namespace weft::serve {
+
+/// Which endpoint a request came in on.
+enum class endpoint { completions, chat_completions };
+
+/// An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct api_error {
+  int http_status = 400;
+  std::string type = "invalid_request_error";  ///< invalid_request_error, authentication_error,
+                                               ///< not_found_error, rate_limit_error, server_error
+  std::string message;
+  std::string param;  ///< the offending field ("" when none)
+  std::string code;   ///< e.g. "context_length_exceeded", "model_not_found" ("" when none)
+};
+
+/// The validated content of a completions or chat-completions request body.
+struct openai_request {
+  endpoint kind = endpoint::completions;
+  std::string model;
+  /// completions: one prompt per entry ("prompt" may be a string, a list of strings, a list of token
+  /// ids or a list of lists of token ids); chat: empty.
+  std::vector<std::string> prompts;
+  std::vector<std::vector<int32_t>> prompt_token_ids;  ///< completions given as token ids
+  std::vector<gpu::chat_message> messages;             ///< chat only; content parts joined
+  int32_t n = 1;                                       ///< choices per prompt
+  bool stream = false;
+  bool include_usage = false;  ///< stream_options.include_usage
+  bool echo = false;           ///< completions: prepend the prompt to the text
+  /// Sampling fields. sampling.max_tokens is -1 when the client gave none (the server then uses
+  /// what fits the context); sampling.seed is meaningful only when has_seed.
+  gpu::sampling_params sampling;
+  bool has_seed = false;
+  /// Log-probabilities: completions `logprobs: k` (0..20) -> want_logprobs, top_logprobs = k;
+  /// chat `logprobs: true` + `top_logprobs: k` (0..20).
+  bool want_logprobs = false;
+  int32_t top_logprobs = 0;
+  bool ignore_eos = false;  ///< weft/vLLM extension
+  std::string user;
+};
+
+/// Limits the server applies while validating.
+struct api_limits {
+  int32_t max_n = 16;
+  int32_t max_top_logprobs = 20;
+  int32_t max_stop_strings = 4;
+  int64_t max_tokens_limit = 1 << 20;  ///< absurd max_tokens beyond this are refused
+  size_t max_body_bytes = 8u << 20;
+};
+
+/// Parses and validates a body. Malformed JSON, wrong types, out-of-range values, unknown `role`,
+/// empty prompt/messages -> api_error with status 400 and `param` set. Unknown fields are ignored
+/// (as OpenAI does). Does not check the model name (the server does, with 404 model_not_found).
+struct parse_result {
+  std::optional<openai_request> request;
+  api_error error;  ///< meaningful when !request
+};
+parse_result parse_request(endpoint kind, std::string_view body, const api_limits& limits = {});
+
+/// One token with its log-probability, as the API reports it.
+struct logprob_entry {
+  std::string token;           ///< the token's text (may be a partial UTF-8 sequence)
+  float logprob = 0.0f;
+  std::vector<uint8_t> bytes;  ///< the token's raw bytes
+  struct alt {
+    std::string token;
+    float logprob = 0.0f;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<alt> top;  ///< best first
+};
+
+/// A finished or in-progress choice.
+struct choice_result {
+  int32_t index = 0;
+  std::string text;                      ///< text (or text delta, for a chunk)
+  std::vector<logprob_entry> logprobs;   ///< per token (or per new token, for a chunk)
+  std::string finish_reason;             ///< "stop", "length", "abort", "error" or "" (running)
+};
+
+struct usage_info {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  ///< usage.prompt_tokens_details.cached_tokens
+};
+
+/// Identity of a response: "cmpl-..." / "chatcmpl-..." id, creation time (unix seconds), model.
+struct response_meta {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  std::string system_fingerprint = "weft";
+};
+
+/// Non-streaming body: object "text_completion" or "chat.completion", with choices, logprobs
+/// (completions: {tokens, token_logprobs, top_logprobs, text_offset}; chat: {content: [{token,
+/// logprob, bytes, top_logprobs}]}) when asked, and usage.
+std::string render_response(endpoint kind, const response_meta& meta, const std::vector<choice_result>& choices,
+                            const usage_info& usage, bool with_logprobs);
+
+/// One SSE event ("data: {...}\n\n") for a chunk of one choice: object "text_completion" or
+/// "chat.completion.chunk" (chat deltas: the first chunk of a choice carries role "assistant").
+/// `first` marks that first chunk. usage is null in every chunk when include_usage is set.
+std::string render_chunk(endpoint kind, const response_meta& meta, const choice_result& delta, bool first,
+                         bool with_logprobs, bool include_usage);
+/// The final usage-only chunk (choices: []) sent when stream_options.include_usage is set.
+std::string render_usage_chunk(endpoint kind, const response_meta& meta, const usage_info& usage);
+/// "data: [DONE]\n\n".
+std::string render_done();
+/// An error as an SSE event (after a stream started) — {"error": {...}}.
+std::string render_error_event(const api_error& e);
+
+/// {"error": {...}} body.
+std::string render_error(const api_error& e);
+/// GET /v1/models body listing `model_ids` (owned_by "weft").
+std::string render_models(const std::vector<std::string>& model_ids, int64_t created);
+
+}  // namespace weft::serve

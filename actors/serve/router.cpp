@@ -1,0 +1,556 @@
+// The router / scheduler actor: admission, worker choice, token-stream deduplication, migration.
+
+#include "actors/serve/router.hpp"
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <set>
+
+#include "actors/serve/engine_worker.hpp"
+#include "actors/serve/serve_atoms.hpp"
+#include "actors/serve/wire_convert.hpp"
+#include "schema/caf_bridge.hpp"
+
+namespace weft::serve {
+
+using schema::envelope;
+using schema::make_error_envelope;
+namespace wire = schema::wire;
+using clock_type = std::chrono::steady_clock;
+
+void declare_router_metrics(metrics_registry& m) {
+  m.declare_counter("weft_router_requests_total", "Sequences submitted to the router, by outcome");
+  m.declare_counter("weft_router_migrations_total", "Sequences re-dispatched after their worker died");
+  m.declare_counter("weft_router_worker_deaths_total", "Engine workers lost (process killed, link cut)");
+  m.declare_gauge("weft_router_pending", "Sequences waiting for a live worker");
+  m.declare_gauge("weft_router_running", "Sequences dispatched and unfinished");
+  m.declare_gauge("weft_workers", "Engine workers by state");
+  m.declare_gauge("weft_queue_depth", "Live sequences per scheduling level, summed over workers (level 0 = highest priority)");
+  m.declare_gauge("weft_kv_blocks_used", "KV blocks in use, per worker");
+  m.declare_gauge("weft_kv_blocks_free", "KV blocks free, per worker");
+  m.declare_gauge("weft_worker_preemptions", "Preemptions so far, per worker (current incarnation)");
+  m.declare_gauge("weft_worker_swapped", "Sequences swapped to host memory, per worker");
+  m.declare_gauge("weft_worker_steps", "Forward passes so far, per worker (current incarnation)");
+  m.declare_histogram("weft_migration_resume_seconds",
+                      "From a worker's death to the first token of a migrated sequence on its new worker",
+                      metrics_registry::latency_buckets_s());
+}
+
+namespace {
+
+struct worker_info {
+  std::string name;
+  caf::actor handle;
+  std::string node_id;
+  uint32_t pid = 0;
+  wire::WorkerRole role = wire::WorkerRole::BOTH;
+  std::string model;
+  std::string policy;
+  uint32_t kv_blocks_total = 0;
+  uint32_t max_running = 0;
+  uint32_t n_ctx = 0;
+  // latest load report
+  uint32_t n_waiting = 0, n_running = 0, n_swapped = 0, kv_used = 0, kv_free = 0;
+  uint64_t steps = 0, preemptions = 0, prefill_tokens = 0, decode_tokens = 0, swaps_out = 0, prefix_hits = 0;
+  uint64_t queued_prefill_tokens = 0;
+  uint64_t last_step_unix_ms = 0;
+  std::vector<uint32_t> levels;
+  float prefill_rate = 0.0f;   ///< EWMA of measured prefill tokens/s while prefilling
+  float decode_rate = 0.0f;
+  clock_type::time_point last_report = clock_type::now();
+  uint64_t dispatched_prompt_tokens = 0;  ///< prompt tokens dispatched since the last load report
+  std::set<uint64_t> inflight;
+  clock_type::time_point hello_at = clock_type::now();
+};
+
+struct request_info {
+  generate_spec spec;
+  std::vector<int32_t> generated;
+  std::string worker;  ///< empty while pending
+  caf::actor client;
+  clock_type::time_point submitted = clock_type::now();
+  clock_type::time_point pending_since = clock_type::now();
+  std::optional<clock_type::time_point> orphaned_at;  ///< when its worker died (migration clock)
+};
+
+struct router_state {
+  static inline const char* name = "weft.router";
+  router_config cfg;
+  std::map<std::string, worker_info> workers;
+  std::map<uint64_t, request_info> requests;
+  std::deque<uint64_t> pending;
+  uint64_t deaths = 0;
+  uint64_t migrations = 0;
+};
+
+using router_ptr = caf::stateful_actor<router_state>*;
+
+void count(router_ptr self, const std::string& outcome) {
+  if (auto& m = self->state.cfg.metrics) m->inc("weft_router_requests_total", {{"outcome", outcome}});
+}
+
+envelope accepted() { return make_error_envelope(error{}); }
+
+envelope make_client_chunk(uint64_t id, uint32_t position, std::span<const int32_t> tokens,
+                           const std::vector<std::tuple<int32_t, float, std::vector<std::pair<int32_t, float>>>>& lps,
+                           wire::FinishReason finish, uint32_t prompt_tokens, uint32_t cached, const error& err,
+                           const std::string& worker) {
+  return envelope::build<wire::TokenChunk>([&](wire::TokenChunk::Builder b) {
+    b.setRequestId(id);
+    b.setPosition(position);
+    auto t = b.initTokens(static_cast<unsigned>(tokens.size()));
+    for (size_t i = 0; i < tokens.size(); ++i) t.set(static_cast<unsigned>(i), tokens[i]);
+    if (!lps.empty()) {
+      auto l = b.initLogprobs(static_cast<unsigned>(lps.size()));
+      for (size_t i = 0; i < lps.size(); ++i) {
+        auto e = l[static_cast<unsigned>(i)];
+        e.setToken(std::get<0>(lps[i]));
+        e.setLogprob(std::get<1>(lps[i]));
+        const auto& top = std::get<2>(lps[i]);
+        auto tl = e.initTop(static_cast<unsigned>(top.size()));
+        for (size_t k = 0; k < top.size(); ++k) {
+          tl[static_cast<unsigned>(k)].setToken(top[k].first);
+          tl[static_cast<unsigned>(k)].setLogprob(top[k].second);
+        }
+      }
+    }
+    b.setFinish(finish);
+    b.setPromptTokens(prompt_tokens);
+    b.setCachedTokens(cached);
+    if (!err.ok()) {
+      b.initError().setCode(schema::to_wire(err.code));
+      b.getError().setMessage(err.message);
+    }
+    b.setWorker(worker);
+  });
+}
+
+void fail_request(router_ptr self, uint64_t id, const error& err, const std::string& outcome) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end()) return;
+  auto& r = it->second;
+  self->send(r.client, chunk_atom::value,
+             make_client_chunk(id, static_cast<uint32_t>(r.generated.size()), {}, {}, wire::FinishReason::ERROR,
+                               static_cast<uint32_t>(r.spec.prompt.size()), 0, err, r.worker));
+  if (!r.worker.empty()) {
+    if (auto w = st.workers.find(r.worker); w != st.workers.end()) w->second.inflight.erase(id);
+  }
+  st.requests.erase(it);
+  count(self, outcome);
+}
+
+bool can_prefill(const worker_info& w) { return w.role != wire::WorkerRole::DECODE; }
+
+/// Predicted time to first token of a `prompt_tokens` prompt on `w`, in ms.
+double predicted_ttft_ms(const router_state& st, const worker_info& w, size_t prompt_tokens) {
+  const double rate = w.prefill_rate > 1.0f ? w.prefill_rate : st.cfg.prefill_tokens_per_s_hint;
+  const double queued = static_cast<double>(w.queued_prefill_tokens + w.dispatched_prompt_tokens + prompt_tokens);
+  // Sequences beyond max_running wait for a slot: a rough extra delay of one decode pass each.
+  double slot_wait_ms = 0.0;
+  if (w.max_running > 0 && w.n_running + w.inflight.size() >= w.max_running && w.decode_rate > 1.0f) {
+    slot_wait_ms = 1000.0 * static_cast<double>(w.n_waiting + 1) / w.decode_rate * w.max_running;
+  }
+  return 1000.0 * queued / rate + slot_wait_ms;
+}
+
+worker_info* choose_worker(router_state& st, size_t prompt_tokens, double* ttft_ms) {
+  worker_info* best = nullptr;
+  double best_ms = 0.0;
+  for (auto& [name, w] : st.workers) {
+    if (!can_prefill(w)) continue;
+    const double ms = predicted_ttft_ms(st, w, prompt_tokens);
+    if (best == nullptr || ms < best_ms) {
+      best = &w;
+      best_ms = ms;
+    }
+  }
+  if (ttft_ms != nullptr) *ttft_ms = best_ms;
+  return best;
+}
+
+void dispatch(router_ptr self, uint64_t id, worker_info& w) {
+  auto& st = self->state;
+  auto& r = st.requests.at(id);
+  r.worker = w.name;
+  r.spec.resume = r.generated;
+  w.inflight.insert(id);
+  w.dispatched_prompt_tokens += r.spec.prompt.size() + r.spec.resume.size();
+  self->send(w.handle, generate_atom::value, to_wire(r.spec));
+  spdlog::debug("router: request {} ({}) attempt {} -> {}", id, r.spec.trace_id, r.spec.attempt, w.name);
+}
+
+void drain_pending(router_ptr self) {
+  auto& st = self->state;
+  while (!st.pending.empty()) {
+    const uint64_t id = st.pending.front();
+    auto it = st.requests.find(id);
+    if (it == st.requests.end()) {
+      st.pending.pop_front();
+      continue;
+    }
+    auto* w = choose_worker(st, it->second.spec.prompt.size() + it->second.generated.size(), nullptr);
+    if (w == nullptr) return;
+    st.pending.pop_front();
+    dispatch(self, id, *w);
+  }
+}
+
+void update_gauges(router_ptr self) {
+  auto& st = self->state;
+  auto& m = st.cfg.metrics;
+  if (!m) return;
+  m->set("weft_router_pending", static_cast<double>(st.pending.size()));
+  m->set("weft_router_running", static_cast<double>(st.requests.size() - st.pending.size()));
+  m->set("weft_workers", {{"state", "ready"}}, static_cast<double>(st.workers.size()));
+  std::vector<double> levels;
+  for (const auto& [name, w] : st.workers) {
+    for (size_t i = 0; i < w.levels.size(); ++i) {
+      if (levels.size() <= i) levels.resize(i + 1, 0.0);
+      levels[i] += w.levels[i];
+    }
+  }
+  for (size_t i = 0; i < levels.size(); ++i) m->set("weft_queue_depth", {{"level", std::to_string(i)}}, levels[i]);
+}
+
+void set_worker_gauges(metrics_registry& m, const worker_info& w) {
+  const metric_labels l = {{"worker", w.name}};
+  m.set("weft_kv_blocks_used", l, w.kv_used);
+  m.set("weft_kv_blocks_free", l, w.kv_free);
+  m.set("weft_worker_preemptions", l, static_cast<double>(w.preemptions));
+  m.set("weft_worker_swapped", l, w.n_swapped);
+  m.set("weft_worker_steps", l, static_cast<double>(w.steps));
+}
+
+void on_worker_lost(router_ptr self, const std::string& name, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.workers.find(name);
+  if (it == st.workers.end()) return;
+  auto orphans = it->second.inflight;
+  spdlog::warn("router: worker {} (node {}, pid {}) lost ({}): migrating {} request(s)", name, it->second.node_id,
+               it->second.pid, why, orphans.size());
+  if (auto& m = st.cfg.metrics) {
+    m->inc("weft_router_worker_deaths_total");
+    // The worker's KV is gone with it: its blocks are no longer anyone's.
+    const metric_labels l = {{"worker", name}};
+    m->set("weft_kv_blocks_used", l, 0);
+    m->set("weft_kv_blocks_free", l, 0);
+  }
+  st.workers.erase(it);
+  ++st.deaths;
+  const auto now = clock_type::now();
+  for (uint64_t id : orphans) {
+    auto rit = st.requests.find(id);
+    if (rit == st.requests.end()) continue;
+    auto& r = rit->second;
+    if (static_cast<int32_t>(r.generated.size()) >= r.spec.params.max_tokens) {
+      // Everything was generated; only the finish was lost.
+      self->send(r.client, chunk_atom::value,
+                 make_client_chunk(id, static_cast<uint32_t>(r.generated.size()), {}, {}, wire::FinishReason::LENGTH,
+                                   static_cast<uint32_t>(r.spec.prompt.size()), 0, {}, r.worker));
+      st.requests.erase(rit);
+      count(self, "ok");
+      continue;
+    }
+    r.spec.attempt += 1;
+    r.worker.clear();
+    r.orphaned_at = now;
+    r.pending_since = now;
+    ++st.migrations;
+    if (auto& m = st.cfg.metrics) m->inc("weft_router_migrations_total");
+    st.pending.push_back(id);
+  }
+  drain_pending(self);
+  update_gauges(self);
+}
+
+caf::behavior router(router_ptr self, router_config cfg) {
+  self->state.cfg = std::move(cfg);
+  if (self->state.cfg.metrics) declare_router_metrics(*self->state.cfg.metrics);
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    std::string lost;
+    for (const auto& [name, w] : self->state.workers) {
+      if (w.handle.address() == dm.source) lost = name;
+    }
+    if (!lost.empty()) on_worker_lost(self, lost, caf::to_string(dm.reason));
+  });
+  self->send(self, tick_atom::value);
+  return {
+      [self](submit_atom, const envelope& env) -> envelope {
+        auto& st = self->state;
+        auto req = env.read<wire::GenerateRequest>();
+        if (!req) return make_error_envelope(req.error());
+        auto spec = from_wire(req->get());
+        if (!spec) return make_error_envelope(spec.error());
+        if (st.requests.count(spec->request_id) != 0) {
+          return make_error_envelope(make_error(errc::already_exists, "request id in use"));
+        }
+        if (st.requests.size() >= st.cfg.max_outstanding) {
+          count(self, "rejected");
+          return make_error_envelope(make_error(errc::overloaded, "server busy: " + std::to_string(st.requests.size()) +
+                                                                     " requests outstanding (limit " +
+                                                                     std::to_string(st.cfg.max_outstanding) + ")"));
+        }
+        double ttft_ms = 0.0;
+        auto* w = choose_worker(st, spec->prompt.size(), &ttft_ms);
+        if (w != nullptr && st.cfg.ttft_slo_ms > 0 && ttft_ms > st.cfg.ttft_slo_ms) {
+          count(self, "rejected");
+          return make_error_envelope(make_error(
+              errc::overloaded, fmt::format("server busy: predicted time to first token {:.0f} ms exceeds the {} ms SLO",
+                                            ttft_ms, st.cfg.ttft_slo_ms)));
+        }
+        const uint64_t id = spec->request_id;
+        request_info info;
+        info.spec = std::move(spec.value());
+        info.client = caf::actor_cast<caf::actor>(self->current_sender());
+        st.requests.emplace(id, std::move(info));
+        if (w != nullptr) {
+          dispatch(self, id, *w);
+        } else {
+          st.pending.push_back(id);
+        }
+        return accepted();
+      },
+      [self](abort_atom, const envelope& env) {
+        auto& st = self->state;
+        auto a = env.read<wire::AbortRequest>();
+        if (!a) return;
+        const uint64_t id = a->get().getRequestId();
+        auto it = st.requests.find(id);
+        if (it == st.requests.end()) return;
+        if (!it->second.worker.empty()) {
+          if (auto w = st.workers.find(it->second.worker); w != st.workers.end()) {
+            w->second.inflight.erase(id);
+            self->send(w->second.handle, abort_atom::value, env);
+          }
+        } else {
+          st.pending.erase(std::remove(st.pending.begin(), st.pending.end(), id), st.pending.end());
+        }
+        st.requests.erase(it);
+        count(self, "aborted");
+      },
+      [self](chunk_atom, const envelope& env) {
+        auto& st = self->state;
+        auto c = env.read<wire::TokenChunk>();
+        if (!c) {
+          spdlog::warn("router: malformed TokenChunk: {}", c.error().to_string());
+          return;
+        }
+        auto chunk = c->get();
+        const uint64_t id = chunk.getRequestId();
+        auto it = st.requests.find(id);
+        if (it == st.requests.end()) return;  // aborted, finished, or failed already
+        auto& r = it->second;
+        if (chunk.getAttempt() != r.spec.attempt) return;  // from an attempt that was migrated away
+        const uint32_t have = static_cast<uint32_t>(r.generated.size());
+        const uint32_t position = chunk.getPosition();
+        if (position > have) {
+          spdlog::error("router: request {}: token gap (have {}, chunk at {}) from {}", id, have, position,
+                        chunk.getWorker().cStr());
+          fail_request(self, id, make_error(errc::internal, "token stream gap"), "error");
+          return;
+        }
+        auto toks = chunk.getTokens();
+        auto lps = chunk.getLogprobs();
+        std::vector<int32_t> fresh;
+        std::vector<std::tuple<int32_t, float, std::vector<std::pair<int32_t, float>>>> fresh_lps;
+        for (unsigned i = 0; i < toks.size(); ++i) {
+          if (position + i < have) continue;  // a duplicate of a token the client already has
+          fresh.push_back(toks[i]);
+          if (lps.size() == toks.size()) {
+            std::vector<std::pair<int32_t, float>> top;
+            for (auto t : lps[i].getTop()) top.emplace_back(t.getToken(), t.getLogprob());
+            fresh_lps.emplace_back(lps[i].getToken(), lps[i].getLogprob(), std::move(top));
+          }
+        }
+        if (!fresh.empty() && r.orphaned_at) {
+          const double s = std::chrono::duration<double>(clock_type::now() - *r.orphaned_at).count();
+          if (auto& m = st.cfg.metrics) m->observe("weft_migration_resume_seconds", s);
+          spdlog::info("router: request {} ({}) resumed on {} {:.0f} ms after its worker died", id, r.spec.trace_id,
+                       chunk.getWorker().cStr(), s * 1e3);
+          r.orphaned_at.reset();
+        }
+        r.generated.insert(r.generated.end(), fresh.begin(), fresh.end());
+        const auto finish = chunk.getFinish();
+        error err;
+        if (chunk.hasError()) err = make_error(schema::from_wire(chunk.getError().getCode()), chunk.getError().getMessage().cStr());
+        if (fresh.empty() && finish == wire::FinishReason::NONE) return;
+        self->send(r.client, chunk_atom::value,
+                   make_client_chunk(id, have, fresh, fresh_lps, finish, chunk.getPromptTokens(), chunk.getCachedTokens(),
+                                     err, r.worker));
+        if (finish != wire::FinishReason::NONE) {
+          if (auto w = st.workers.find(r.worker); w != st.workers.end()) w->second.inflight.erase(id);
+          st.requests.erase(it);
+          count(self, finish == wire::FinishReason::ERROR ? "error" : "ok");
+        }
+      },
+      [self](hello_atom, const envelope& env) {
+        auto& st = self->state;
+        auto h = env.read<wire::WorkerHello>();
+        if (!h) {
+          spdlog::warn("router: malformed WorkerHello: {}", h.error().to_string());
+          return;
+        }
+        auto hello = h->get();
+        const std::string name = hello.getName().cStr();
+        const std::string fields = name + "|" + hello.getNodeId().cStr();
+        auto token = hello.getSessionToken();
+        if (auto ok = actors::verify_request_token(st.cfg.secret, worker_hello_purpose, fields, hello.getDeadlineMs(),
+                                                   token.begin(), token.size());
+            !ok.ok()) {
+          spdlog::warn("router: refused hello from '{}': {}", name, ok.to_string());
+          return;
+        }
+        auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+        if (auto old = st.workers.find(name); old != st.workers.end() && old->second.handle != sender) {
+          on_worker_lost(self, name, "replaced by a new incarnation");
+        }
+        worker_info& w = st.workers[name];
+        const bool fresh = !w.handle;
+        w.name = name;
+        w.handle = sender;
+        w.node_id = hello.getNodeId().cStr();
+        w.pid = hello.getPid();
+        w.role = hello.getRole();
+        w.model = hello.getModel().cStr();
+        w.policy = hello.getPolicy().cStr();
+        w.kv_blocks_total = hello.getKvBlocksTotal();
+        w.max_running = hello.getMaxRunning();
+        w.n_ctx = hello.getNCtx();
+        w.kv_free = w.kv_blocks_total;
+        w.hello_at = clock_type::now();
+        w.last_report = clock_type::now();
+        if (fresh) {
+          self->monitor(sender);
+          spdlog::info("router: worker {} ready on node {} (pid {}, model {}, policy {})", name, w.node_id, w.pid, w.model,
+                       w.policy);
+        }
+        drain_pending(self);
+        update_gauges(self);
+      },
+      [self](load_atom, const envelope& env) {
+        auto& st = self->state;
+        auto l = env.read<wire::WorkerLoad>();
+        if (!l) return;
+        auto load = l->get();
+        auto it = st.workers.find(load.getName().cStr());
+        if (it == st.workers.end()) return;
+        auto& w = it->second;
+        if (caf::actor_cast<caf::actor>(self->current_sender()) != w.handle) return;
+        w.n_waiting = load.getNWaiting();
+        w.n_running = load.getNRunning();
+        w.n_swapped = load.getNSwapped();
+        w.kv_used = load.getKvBlocksUsed();
+        w.kv_free = load.getKvBlocksFree();
+        w.steps = load.getSteps();
+        w.preemptions = load.getPreemptions();
+        w.prefill_tokens = load.getPrefillTokens();
+        w.decode_tokens = load.getDecodeTokens();
+        w.swaps_out = load.getSwapsOut();
+        w.prefix_hits = load.getPrefixHitTokens();
+        w.queued_prefill_tokens = load.getQueuedPrefillTokens();
+        w.last_step_unix_ms = load.getLastStepUnixMs();
+        w.levels.clear();
+        for (auto x : load.getQueueDepthPerLevel()) w.levels.push_back(x);
+        // Only intervals with prefill work say something about the prefill rate.
+        if (load.getPrefillTokensPerS() > 0.0f) {
+          w.prefill_rate = w.prefill_rate <= 0.0f ? load.getPrefillTokensPerS()
+                                                  : 0.7f * w.prefill_rate + 0.3f * load.getPrefillTokensPerS();
+        }
+        if (load.getDecodeTokensPerS() > 0.0f) {
+          w.decode_rate = w.decode_rate <= 0.0f ? load.getDecodeTokensPerS()
+                                                : 0.7f * w.decode_rate + 0.3f * load.getDecodeTokensPerS();
+        }
+        w.dispatched_prompt_tokens = 0;
+        w.last_report = clock_type::now();
+        if (auto& m = st.cfg.metrics) set_worker_gauges(*m, w);
+      },
+      [self](tick_atom) {
+        auto& st = self->state;
+        const auto now = clock_type::now();
+        // Requests that found no live worker in time fail explicitly.
+        for (auto it = st.pending.begin(); it != st.pending.end();) {
+          auto r = st.requests.find(*it);
+          if (r == st.requests.end()) {
+            it = st.pending.erase(it);
+            continue;
+          }
+          if (now - r->second.pending_since > std::chrono::milliseconds(st.cfg.queue_timeout_ms)) {
+            const uint64_t id = *it;
+            it = st.pending.erase(it);
+            fail_request(self, id,
+                         make_error(errc::unavailable, "no engine worker available for " +
+                                                           std::to_string(st.cfg.queue_timeout_ms) + " ms"),
+                         "unavailable");
+            continue;
+          }
+          ++it;
+        }
+        update_gauges(self);
+        self->delayed_send(self, std::chrono::milliseconds(100), tick_atom::value);
+      },
+      [self](status_atom) -> std::string {
+        auto& st = self->state;
+        const auto now = clock_type::now();
+        const uint64_t now_unix = actors::now_ms();
+        nlohmann::json workers = nlohmann::json::array();
+        bool healthy = false;
+        for (const auto& [name, w] : st.workers) {
+          const auto since_report_ms =
+              std::chrono::duration_cast<std::chrono::milliseconds>(now - w.last_report).count();
+          const bool has_work = w.n_running + w.n_waiting + w.n_swapped > 0 || !w.inflight.empty();
+          const bool reporting = since_report_ms < static_cast<int64_t>(st.cfg.stall_ms);
+          const bool stepping = !has_work || w.last_step_unix_ms == 0 ||
+                                now_unix - std::min(now_unix, w.last_step_unix_ms) < st.cfg.stall_ms ||
+                                std::chrono::duration_cast<std::chrono::milliseconds>(now - w.hello_at).count() <
+                                    static_cast<int64_t>(st.cfg.stall_ms);
+          const std::string state = !reporting ? "unresponsive" : !stepping ? "stalled" : has_work ? "busy" : "idle";
+          healthy = healthy || (reporting && stepping);
+          workers.push_back({{"name", name},
+                             {"node_id", w.node_id},
+                             {"pid", w.pid},
+                             {"role", w.role == wire::WorkerRole::PREFILL  ? "prefill"
+                                      : w.role == wire::WorkerRole::DECODE ? "decode"
+                                                                           : "both"},
+                             {"state", state},
+                             {"model", w.model},
+                             {"policy", w.policy},
+                             {"inflight", w.inflight.size()},
+                             {"running", w.n_running},
+                             {"waiting", w.n_waiting},
+                             {"swapped", w.n_swapped},
+                             {"kv_blocks_used", w.kv_used},
+                             {"kv_blocks_free", w.kv_free},
+                             {"kv_blocks_total", w.kv_blocks_total},
+                             {"steps", w.steps},
+                             {"preemptions", w.preemptions},
+                             {"prefill_tokens", w.prefill_tokens},
+                             {"decode_tokens", w.decode_tokens},
+                             {"prefix_hit_tokens", w.prefix_hits},
+                             {"queue_depth_per_level", w.levels},
+                             {"prefill_tokens_per_s", w.prefill_rate},
+                             {"decode_tokens_per_s", w.decode_rate},
+                             {"last_report_ms_ago", since_report_ms}});
+        }
+        nlohmann::json j = {{"healthy", healthy},
+                            {"workers", workers},
+                            {"pending", st.pending.size()},
+                            {"outstanding", st.requests.size()},
+                            {"worker_deaths", st.deaths},
+                            {"migrations", st.migrations}};
+        return j.dump();
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_router(caf::actor_system& sys, router_config cfg) { return sys.spawn(router, std::move(cfg)); }
+
+}  // namespace weft::serve

@@ -1,0 +1,39 @@
+#pragma once
+/// The router / scheduler actor of `weft serve`: admission (bounded outstanding requests, early
+/// rejection when the predicted TTFT misses the SLO), the choice of worker (least predicted TTFT:
+/// queued prefill tokens / measured prefill rate), worker membership (signed hellos, monitors),
+/// token-stream deduplication by position, and request migration: when a worker dies, each of its
+/// requests is re-dispatched to a live worker with the tokens generated so far, which that worker
+/// prefills before continuing; the client sees every token exactly once.
+///
+/// The iteration-level queue policy (FCFS, skip-join MLFQ) runs inside each worker's engine, which
+/// sees every iteration; the router never holds a request a live worker could take.
+
+#include <caf/fwd.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "actors/auth.hpp"
+#include "actors/serve/metrics.hpp"
+
+namespace weft::serve {
+
+struct router_config {
+  actors::cluster_secret secret;             ///< workers sign their hello with it
+  size_t max_outstanding = 1024;             ///< accepted and unfinished requests (beyond: 429)
+  uint32_t ttft_slo_ms = 0;                  ///< reject early when the predicted TTFT exceeds it (0: off)
+  uint32_t queue_timeout_ms = 30'000;        ///< a request with no live worker for this long fails
+  float prefill_tokens_per_s_hint = 500.0f;  ///< prefill rate assumed until a worker measured one
+  uint32_t stall_ms = 10'000;                ///< a worker with work and no step for this long is unhealthy
+  std::shared_ptr<metrics_registry> metrics; ///< may be null
+};
+
+/// Declares the router's metric families in `m`.
+void declare_router_metrics(metrics_registry& m);
+
+/// Spawns the router.
+caf::actor spawn_router(caf::actor_system& sys, router_config cfg);
+
+}  // namespace weft::serve

@@ -1,0 +1,29 @@
+#pragma once
+/// CAF atoms of the serving protocol (api <-> router <-> engine workers). At most 10 characters.
+///
+///   api -> router      (submit_atom, GenerateRequest)            -> (ok) or Error envelope
+///   api -> router      (abort_atom, AbortRequest)
+///   router -> api      (chunk_atom, TokenChunk)                  new tokens / finish, deduplicated
+///   router -> worker   (generate_atom, GenerateRequest)
+///   router -> worker   (abort_atom, AbortRequest)
+///   worker -> router   (hello_atom, WorkerHello)                 once the model is loaded
+///   worker -> router   (chunk_atom, TokenChunk)
+///   worker -> router   (load_atom, WorkerLoad)                   every load interval
+///   anyone -> router   (status_atom) -> JSON text of workers and queues (GET /admin/cluster)
+
+#include <caf/atom.hpp>
+
+namespace weft::serve {
+
+using submit_atom = caf::atom_constant<caf::atom("s_submit")>;
+using abort_atom = caf::atom_constant<caf::atom("s_abort")>;
+using chunk_atom = caf::atom_constant<caf::atom("s_chunk")>;
+using generate_atom = caf::atom_constant<caf::atom("s_generate")>;
+using hello_atom = caf::atom_constant<caf::atom("s_hello")>;
+using load_atom = caf::atom_constant<caf::atom("s_load")>;
+using step_atom = caf::atom_constant<caf::atom("s_step")>;
+using status_atom = caf::atom_constant<caf::atom("s_status")>;
+using tick_atom = caf::atom_constant<caf::atom("s_tick")>;
+using stop_atom = caf::atom_constant<caf::atom("s_stop")>;
+
+}  // namespace weft::serve

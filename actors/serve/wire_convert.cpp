@@ -1,0 +1,76 @@
+#include "actors/serve/wire_convert.hpp"
+
+#include <cmath>
+
+namespace weft::serve {
+
+namespace wire = schema::wire;
+
+schema::envelope to_wire(const generate_spec& s) {
+  return schema::envelope::build<wire::GenerateRequest>([&](wire::GenerateRequest::Builder b) {
+    b.setRequestId(s.request_id);
+    b.setTraceId(s.trace_id);
+    auto prompt = b.initPrompt(static_cast<unsigned>(s.prompt.size()));
+    for (size_t i = 0; i < s.prompt.size(); ++i) prompt.set(static_cast<unsigned>(i), s.prompt[i]);
+    auto resume = b.initResumeTokens(static_cast<unsigned>(s.resume.size()));
+    for (size_t i = 0; i < s.resume.size(); ++i) resume.set(static_cast<unsigned>(i), s.resume[i]);
+    auto p = b.initParams();
+    p.setTemperature(s.params.temperature);
+    p.setTopK(s.params.top_k);
+    p.setTopP(s.params.top_p);
+    p.setMinP(s.params.min_p);
+    p.setRepetitionPenalty(s.params.repetition_penalty);
+    p.setPresencePenalty(s.params.presence_penalty);
+    p.setFrequencyPenalty(s.params.frequency_penalty);
+    p.setSeed(s.params.seed);
+    p.setMaxTokens(s.params.max_tokens);
+    auto st = p.initStopTokens(static_cast<unsigned>(s.params.stop_tokens.size()));
+    for (size_t i = 0; i < s.params.stop_tokens.size(); ++i) st.set(static_cast<unsigned>(i), s.params.stop_tokens[i]);
+    auto ss = p.initStopStrings(static_cast<unsigned>(s.params.stop_strings.size()));
+    for (size_t i = 0; i < s.params.stop_strings.size(); ++i) ss.set(static_cast<unsigned>(i), s.params.stop_strings[i]);
+    p.setNLogprobs(s.params.n_logprobs);
+    p.setWantLogprobs(s.want_logprobs);
+    b.setDeadlineMs(s.deadline_ms);
+    b.setAttempt(s.attempt);
+  });
+}
+
+result<generate_spec> from_wire(wire::GenerateRequest::Reader r) {
+  auto bad = [](const std::string& what) { return make_error(errc::invalid_argument, "GenerateRequest: " + what); };
+  generate_spec s;
+  s.request_id = r.getRequestId();
+  s.trace_id = r.getTraceId().cStr();
+  for (int32_t t : r.getPrompt()) s.prompt.push_back(t);
+  for (int32_t t : r.getResumeTokens()) s.resume.push_back(t);
+  if (s.prompt.empty()) return bad("empty prompt");
+  auto p = r.getParams();
+  auto finite = [](float v) { return std::isfinite(v); };
+  if (!finite(p.getTemperature()) || !finite(p.getTopP()) || !finite(p.getMinP()) || !finite(p.getRepetitionPenalty()) ||
+      !finite(p.getPresencePenalty()) || !finite(p.getFrequencyPenalty())) {
+    return bad("non-finite sampling value");
+  }
+  if (p.getTopP() <= 0.0f || p.getTopP() > 1.0f) return bad("top_p out of (0, 1]");
+  if (p.getMinP() < 0.0f || p.getMinP() > 1.0f) return bad("min_p out of [0, 1]");
+  if (p.getRepetitionPenalty() <= 0.0f) return bad("repetition_penalty must be > 0");
+  if (p.getTopK() < 0) return bad("top_k must be >= 0");
+  if (p.getMaxTokens() < 1) return bad("max_tokens must be >= 1");
+  if (p.getNLogprobs() < 0 || p.getNLogprobs() > 20) return bad("n_logprobs out of [0, 20]");
+  s.params.temperature = p.getTemperature();
+  s.params.top_k = p.getTopK();
+  s.params.top_p = p.getTopP();
+  s.params.min_p = p.getMinP();
+  s.params.repetition_penalty = p.getRepetitionPenalty();
+  s.params.presence_penalty = p.getPresencePenalty();
+  s.params.frequency_penalty = p.getFrequencyPenalty();
+  s.params.seed = p.getSeed();
+  s.params.max_tokens = p.getMaxTokens();
+  for (int32_t t : p.getStopTokens()) s.params.stop_tokens.push_back(t);
+  for (auto t : p.getStopStrings()) s.params.stop_strings.emplace_back(t.cStr());
+  s.params.n_logprobs = p.getNLogprobs();
+  s.want_logprobs = p.getWantLogprobs();
+  s.deadline_ms = r.getDeadlineMs();
+  s.attempt = r.getAttempt();
+  return s;
+}
+
+}  // namespace weft::serve

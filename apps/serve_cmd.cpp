@@ -1,0 +1,351 @@
+// `weft serve`: an OpenAI-compatible server on a local cluster. This process runs the head, the
+// router and the HTTP api; every engine worker runs in its own `weft node` process, placed and
+// restarted by a supervisor. Ctrl-C stops everything.
+
+#include <caf/actor_system.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "actors/cluster_client.hpp"
+#include "actors/node.hpp"
+#include "actors/serve/api_server.hpp"
+#include "actors/serve/engine_worker.hpp"
+#include "actors/serve/router.hpp"
+#include "actors/serve/serve_atoms.hpp"
+#include "apps/child_process.hpp"
+#include "apps/commands.hpp"
+#include "apps/process_control.hpp"
+#include "apps/version.hpp"
+
+namespace weft::apps {
+
+namespace {
+
+struct serve_cli {
+  std::string model;
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;
+  int workers = 1;
+  int prefill = 0;
+  int decode = 0;
+  std::string policy = "fcfs";
+  int threads = 0;
+  int64_t kv_blocks = 1024;
+  int64_t block_size = 16;
+  int64_t max_batch_tokens = 256;
+  int64_t max_running = 32;
+  bool no_prefix_cache = false;
+  std::string api_key;
+  std::string served_model_name;
+  uint32_t ttft_slo_ms = 0;
+  size_t max_outstanding = 1024;
+  uint32_t queue_timeout_ms = 30'000;
+  uint32_t heartbeat_ms = 200;
+  uint32_t connection_timeout_ms = 2000;
+  uint32_t ready_timeout_s = 300;
+  int max_restarts = 10;
+  bool relaunch_nodes = true;
+};
+
+/// Reads lines of a child until one starts with `prefix`.
+bool wait_for_line(child_process& c, const std::string& prefix, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto line = c.read_line(timeout_ms);
+    if (!line) return false;
+    if (line->rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+/// The worker node processes; relaunches one that dies (its worker is re-placed by the supervisor
+/// at once; the new process adds capacity back once it joined).
+class worker_nodes {
+ public:
+  worker_nodes(std::string secret_hex, uint16_t head_port, const serve_cli& cli)
+      : secret_hex_(std::move(secret_hex)), head_port_(head_port), cli_(cli) {}
+
+  status launch(int i) {
+    std::vector<std::string> argv = {self_exe(),
+                                     "node",
+                                     "--join",
+                                     "127.0.0.1:" + std::to_string(head_port_),
+                                     "--node-id",
+                                     "worker-node-" + std::to_string(i),
+                                     "--roles",
+                                     "engine_worker",
+                                     "--heartbeat-ms",
+                                     std::to_string(cli_.heartbeat_ms),
+                                     "--connection-timeout-ms",
+                                     std::to_string(cli_.connection_timeout_ms)};
+    auto c = child_process::start(argv, {"WEFT_CLUSTER_SECRET=" + secret_hex_});
+    if (!c) return c.error();
+    if (!wait_for_line(*c, "weft-node-ready", 20'000)) {
+      return make_error(errc::unavailable, "worker-node-" + std::to_string(i) + " did not start");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (static_cast<size_t>(i) >= nodes_.size()) nodes_.resize(static_cast<size_t>(i) + 1);
+    nodes_[static_cast<size_t>(i)] = std::move(*c);
+    return {};
+  }
+
+  /// Called periodically: reports dead node processes and relaunches them (bounded).
+  void watch() {
+    for (size_t i = 0; i < size(); ++i) {
+      int st = 0;
+      bool dead = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        dead = nodes_[i] && nodes_[i]->exited(&st);
+        if (dead) nodes_[i].reset();
+      }
+      if (!dead) continue;
+      spdlog::warn("worker-node-{} exited (status {}); its requests migrate to the other workers", i, st);
+      if (!cli_.relaunch_nodes || relaunches_ >= cli_.max_restarts) continue;
+      ++relaunches_;
+      if (auto s = launch(static_cast<int>(i)); !s.ok()) {
+        spdlog::error("relaunching worker-node-{}: {}", i, s.to_string());
+      } else {
+        spdlog::info("worker-node-{} relaunched", i);
+      }
+    }
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return nodes_.size();
+  }
+
+  void stop_all() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& n : nodes_) {
+      if (n) n->stop();
+    }
+    nodes_.clear();
+  }
+
+ private:
+  std::string secret_hex_;
+  uint16_t head_port_;
+  const serve_cli& cli_;
+  std::mutex mu_;
+  std::vector<std::optional<child_process>> nodes_;
+  int relaunches_ = 0;
+};
+
+int run_serve(const serve_cli& cli) {
+  stop_latch::instance().catch_signals();
+  if (cli.prefill > 0 || cli.decode > 0) {
+    spdlog::error("--prefill/--decode (disaggregated prefill and decode) is not available in this build yet; "
+                  "use --workers N (colocated). See docs/serving.md.");
+    return 2;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  serve::model_host_options mo;
+  mo.path = cli.model.empty() ? serve::default_model_path() : std::filesystem::path{cli.model};
+  mo.load_weights = false;
+  auto host = serve::load_model_host(mo);
+  if (!host) {
+    spdlog::error("{}", host.error().message);
+    return 2;
+  }
+  const std::string model_path = std::filesystem::absolute(mo.path).string();
+
+  // This process: the head of a private cluster (fresh secret), the router and the api.
+  const std::string secret_hex = actors::generate_secret_hex();
+  auto secret = actors::load_secret(secret_hex, "");
+  if (!secret) {
+    spdlog::error("{}", secret.error().message);
+    return 1;
+  }
+  actors::node_options no;
+  no.node_id = "serve-head";
+  no.is_head = true;
+  no.head_port = 0;
+  no.roles = {"echo"};  // engine workers go to the worker node processes
+  no.secret = *secret;
+  no.runtime.heartbeat_interval_ms = cli.heartbeat_ms;
+  no.runtime.connection_timeout_ms = cli.connection_timeout_ms;
+  no.build_version = version_string();
+  no.transport = "none";
+  auto roles = std::make_shared<actors::role_registry>();
+  actors::add_builtin_roles(*roles);
+  auto node = actors::node::start(no, roles);
+  if (!node) {
+    spdlog::error("cannot start the head: {}", node.error().to_string());
+    return 1;
+  }
+  auto& sys = (*node)->system();
+  auto metrics = std::make_shared<serve::metrics_registry>();
+  serve::router_config rc;
+  rc.secret = *secret;
+  rc.max_outstanding = cli.max_outstanding;
+  rc.ttft_slo_ms = cli.ttft_slo_ms;
+  rc.queue_timeout_ms = cli.queue_timeout_ms;
+  rc.metrics = metrics;
+  caf::actor router = serve::spawn_router(sys, rc);
+  auto router_port = sys.middleman().publish(router, 0, "127.0.0.1");
+  if (!router_port) {
+    spdlog::error("cannot publish the router: {}", caf::to_string(router_port.error()));
+    return 1;
+  }
+
+  const int n_workers = cli.workers;
+  const int threads = cli.threads > 0 ? cli.threads
+                                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / n_workers);
+  // The HTTP api answers (health 503) while the workers load.
+  serve::api_config ac;
+  ac.host = cli.host;
+  ac.port = cli.port;
+  ac.api_key = cli.api_key;
+  ac.served_model_name = cli.served_model_name;
+  caf::actor head_handle = caf::actor_cast<caf::actor>((*node)->head());
+  ac.cluster_json = [&sys, head = (*node)->head()]() -> std::string {
+    auto st = actors::cluster_status(sys, head, 2000);
+    return st ? actors::cluster_status_json(*st) : std::string{"null"};
+  };
+  auto api = serve::api_server::start(sys, router, **host, ac, metrics);
+  if (!api) {
+    spdlog::error("{}", api.error().message);
+    return 1;
+  }
+
+  worker_nodes nodes(secret_hex, (*node)->head_port(), cli);
+  for (int i = 0; i < n_workers; ++i) {
+    if (auto s = nodes.launch(i); !s.ok()) {
+      spdlog::error("{}", s.to_string());
+      nodes.stop_all();
+      return 1;
+    }
+  }
+  serve::worker_config wc;
+  wc.model = model_path;
+  wc.router_host = "127.0.0.1";
+  wc.router_port = *router_port;
+  wc.threads = threads;
+  wc.kv_blocks = cli.kv_blocks;
+  wc.block_size = cli.block_size;
+  wc.max_batch_tokens = cli.max_batch_tokens;
+  wc.max_running = cli.max_running;
+  wc.policy = cli.policy;
+  wc.prefix_cache = !cli.no_prefix_cache;
+  std::vector<actors::child_spec> children;
+  for (int i = 0; i < n_workers; ++i) {
+    children.push_back({"worker-" + std::to_string(i), "engine_worker", wc.to_json(), actors::restart_type::permanent});
+  }
+  actors::restart_intensity intensity{static_cast<uint32_t>(cli.max_restarts), 60'000};
+  actors::backoff_policy backoff{200, 5'000, 2.0, 30'000};
+  auto sup = actors::supervise_on_cluster(sys, (*node)->head(), *secret, "serve-workers",
+                                          actors::restart_strategy::one_for_one, intensity, backoff, children, 60'000);
+  if (!sup) {
+    spdlog::error("cannot start the engine workers: {}", sup.error().to_string());
+    nodes.stop_all();
+    return 1;
+  }
+  // Wait until every worker has loaded its weights and said hello.
+  const auto ready_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(cli.ready_timeout_s);
+  int ready = 0;
+  while (!stop_latch::instance().requested()) {
+    caf::scoped_actor s{sys};
+    s->request(router, std::chrono::seconds(2), serve::status_atom::value)
+        .receive(
+            [&](const std::string& json) {
+              auto j = nlohmann::json::parse(json, nullptr, false);
+              ready = j.is_discarded() ? 0 : static_cast<int>(j["workers"].size());
+            },
+            [&](caf::error&) {});
+    if (ready >= n_workers) break;
+    if (std::chrono::steady_clock::now() > ready_deadline) {
+      spdlog::error("only {} of {} engine workers became ready within {} s", ready, n_workers, cli.ready_timeout_s);
+      nodes.stop_all();
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (stop_latch::instance().requested()) {
+    nodes.stop_all();
+    return stop_latch::instance().wait();
+  }
+  const std::string url = "http://" + cli.host + ":" + std::to_string((*api)->port());
+  std::printf("weft-serve-ready url=%s model=%s workers=%d\n", url.c_str(), (**host).id.c_str(), n_workers);
+  std::fflush(stdout);
+  spdlog::info("serving {} at {} with {} engine worker(s) ({} thread(s) each, policy {}) in {:.1f} s — try: curl {}/v1/completions "
+               "-H 'Content-Type: application/json' -d '{{\"prompt\": \"Hello\", \"max_tokens\": 16}}'",
+               (**host).id, url, n_workers, threads, cli.policy,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), url);
+  std::thread watcher([&nodes] {
+    while (!stop_latch::instance().requested()) {
+      nodes.watch();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  const int code = stop_latch::instance().wait();
+  spdlog::info("stopping");
+  watcher.join();
+  (*api)->stop();
+  caf::anon_send_exit(*sup, caf::exit_reason::user_shutdown);
+  nodes.stop_all();
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+  (void)head_handle;
+  return code;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, const global_options&) {
+  auto cli = std::make_shared<serve_cli>();
+  auto* cmd = app.add_subcommand(
+      "serve", "Serve a GGUF model over an OpenAI-compatible HTTP API, engine workers in their own node processes");
+  cmd->set_config("--config", "", "TOML/INI file with any of these options (command-line flags win)");
+  cmd->add_option("--model,-m", cli->model,
+                  "GGUF model (default: $WEFT_MODEL, else $WEFT_CACHE_DIR or ~/.cache/weft: models/" +
+                      std::string{serve::default_model_file} + ")");
+  cmd->add_option("--host", cli->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", cli->port, "HTTP port (0 = any free port)")->capture_default_str();
+  cmd->add_option("--workers", cli->workers, "Engine worker processes (colocated prefill + decode)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--prefill", cli->prefill, "Prefill-only workers (disaggregated mode)")->check(CLI::Range(0, 64));
+  cmd->add_option("--decode", cli->decode, "Decode-only workers (disaggregated mode)")->check(CLI::Range(0, 64));
+  cmd->add_option("--policy", cli->policy, "Iteration scheduling policy: fcfs or mlfq (FastServe skip-join MLFQ)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fcfs", "mlfq"}));
+  cmd->add_option("--threads", cli->threads, "Compute threads per worker (0 = cores / workers)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-blocks", cli->kv_blocks, "KV cache blocks per worker")->capture_default_str()->check(
+      CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--block-size", cli->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::Range(1, 1024));
+  cmd->add_option("--max-batch-tokens", cli->max_batch_tokens, "Token budget of one forward pass")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 65536));
+  cmd->add_option("--max-running", cli->max_running, "Sequences decoding concurrently per worker")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cmd->add_flag("--no-prefix-cache", cli->no_prefix_cache, "Do not reuse cached prompt blocks");
+  cmd->add_option("--api-key", cli->api_key, "Require 'Authorization: Bearer KEY' on /v1/* (or WEFT_API_KEY)")
+      ->envname("WEFT_API_KEY");
+  cmd->add_option("--served-model-name", cli->served_model_name, "Model id clients use (default: the file name)");
+  cmd->add_option("--ttft-slo-ms", cli->ttft_slo_ms,
+                  "Refuse (HTTP 429) requests whose predicted time to first token exceeds this (0 = off)");
+  cmd->add_option("--max-outstanding", cli->max_outstanding, "Accepted, unfinished sequences before HTTP 429")
+      ->capture_default_str();
+  cmd->add_option("--queue-timeout-ms", cli->queue_timeout_ms, "Fail a request that finds no live worker for this long")
+      ->capture_default_str();
+  cmd->add_option("--heartbeat-ms", cli->heartbeat_ms, "Heartbeat between processes")->capture_default_str();
+  cmd->add_option("--connection-timeout-ms", cli->connection_timeout_ms, "A silent connection is dropped after this")
+      ->capture_default_str();
+  cmd->add_option("--ready-timeout-s", cli->ready_timeout_s, "Give up if the workers are not ready by then")
+      ->capture_default_str();
+  cmd->add_option("--max-restarts", cli->max_restarts, "Worker restarts (and node relaunches) allowed per minute")
+      ->capture_default_str();
+  cmd->callback([cli] { std::exit(run_serve(*cli)); });
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,122 @@
+# weft serving messages: requests dispatched by the router to engine workers, the token streams the
+# workers send back, worker membership and load. Bodies of CAF messages in a weft::schema::envelope.
+# Evolution follows Cap'n Proto's rules: add fields at the end with new ordinals, never renumber.
+@0xd3a1f0c8e27b4a61;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("weft::schema::wire");
+
+using Control = import "control.capnp";
+
+struct SamplingParams {
+  temperature @0 :Float32;          # <= 0: greedy
+  topK @1 :Int32;                   # 0: off
+  topP @2 :Float32 = 1.0;
+  minP @3 :Float32;
+  repetitionPenalty @4 :Float32 = 1.0;
+  presencePenalty @5 :Float32;
+  frequencyPenalty @6 :Float32;
+  seed @7 :UInt64;
+  maxTokens @8 :Int32;              # tokens to generate in total (resumed tokens count)
+  stopTokens @9 :List(Int32);
+  stopStrings @10 :List(Text);
+  nLogprobs @11 :Int32;             # top-n alternatives per token (0: none)
+  wantLogprobs @12 :Bool;           # report each token's log-probability (with nLogprobs alternatives)
+}
+
+# Router -> worker: run one sequence. A migrated request carries the tokens already generated
+# (and streamed) elsewhere: the worker prefills prompt + resumeTokens and continues from there.
+struct GenerateRequest {
+  requestId @0 :UInt64;             # router-wide id of this sequence (one per choice)
+  traceId @1 :Text;                 # the client request's id, in every log line about it
+  prompt @2 :List(Int32);
+  resumeTokens @3 :List(Int32);
+  params @4 :SamplingParams;
+  deadlineMs @5 :UInt64;            # unix ms after which the request is abandoned (0: none)
+  attempt @6 :UInt32;               # 0 first dispatch, then +1 per migration
+}
+
+struct TokenLogprob {
+  token @0 :Int32;
+  logprob @1 :Float32;
+  top @2 :List(TopLogprob);
+}
+
+struct TopLogprob {
+  token @0 :Int32;
+  logprob @1 :Float32;
+}
+
+enum FinishReason {
+  none @0;
+  stopToken @1;
+  stopString @2;
+  length @3;
+  aborted @4;
+  error @5;
+}
+
+# Worker -> router: new tokens of one sequence. `position` is the index (among generated tokens,
+# resumed ones included) of tokens[0]: the receiver drops what it already has, so duplicates from
+# a migration never reach the client.
+struct TokenChunk {
+  requestId @0 :UInt64;
+  attempt @1 :UInt32;
+  position @2 :UInt32;
+  tokens @3 :List(Int32);
+  logprobs @4 :List(TokenLogprob);  # empty unless asked; else one per token
+  finish @5 :FinishReason;
+  promptTokens @6 :UInt32;
+  cachedTokens @7 :UInt32;          # prompt tokens served from the prefix cache
+  error @8 :Control.Error;          # set when finish == error
+  worker @9 :Text;
+}
+
+struct AbortRequest {
+  requestId @0 :UInt64;
+  reason @1 :Text;
+}
+
+enum WorkerRole {
+  both @0;
+  prefill @1;
+  decode @2;
+}
+
+# Worker -> router when its model is loaded (and again after every restart).
+struct WorkerHello {
+  name @0 :Text;
+  nodeId @1 :Text;
+  pid @2 :UInt32;
+  role @3 :WorkerRole;
+  model @4 :Text;
+  kvBlocksTotal @5 :UInt32;
+  blockSize @6 :UInt32;
+  maxRunning @7 :UInt32;
+  nCtx @8 :UInt32;
+  sessionToken @9 :Data;            # HMAC of name + nodeId with the cluster secret
+  policy @10 :Text;
+  deadlineMs @11 :UInt64;           # the session token's deadline
+}
+
+# Worker -> router, periodically and on demand: load and progress.
+struct WorkerLoad {
+  name @0 :Text;
+  nWaiting @1 :UInt32;
+  nRunning @2 :UInt32;
+  nSwapped @3 :UInt32;
+  kvBlocksUsed @4 :UInt32;
+  kvBlocksFree @5 :UInt32;
+  steps @6 :UInt64;                 # forward passes so far: progress
+  prefillTokens @7 :UInt64;
+  decodeTokens @8 :UInt64;
+  preemptions @9 :UInt64;
+  queuedPrefillTokens @10 :UInt64;  # prompt tokens not yet computed
+  prefillTokensPerS @11 :Float32;   # measured over the last interval
+  decodeTokensPerS @12 :Float32;
+  swapsOut @13 :UInt64;
+  prefixHitTokens @14 :UInt64;
+  lastStepUnixMs @15 :UInt64;
+  queueDepthPerLevel @16 :List(UInt32);  # live requests per scheduling-policy level (MLFQ queues)
+  kvBlocksTotal @17 :UInt32;
+}
