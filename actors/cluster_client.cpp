@@ -178,6 +178,7 @@ result<caf::actor> supervise_on_cluster(caf::actor_system& sys, const head_actor
     b.setWindowMs(intensity.window_ms);
     b.setBackoffInitialMs(backoff.initial_ms);
     b.setBackoffMaxMs(backoff.max_ms);
+    b.setBackoffFirstMs(backoff.first_delay_ms);
     auto list = b.initChildren(static_cast<unsigned>(children.size()));
     for (unsigned i = 0; i < children.size(); ++i) {
       list[i].setName(children[i].name);

@@ -306,6 +306,7 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
         if (s.getWindowMs() > 0) cfg.intensity.window_ms = s.getWindowMs();
         if (s.getBackoffInitialMs() > 0) cfg.backoff.initial_ms = s.getBackoffInitialMs();
         if (s.getBackoffMaxMs() > 0) cfg.backoff.max_ms = s.getBackoffMaxMs();
+        cfg.backoff.first_delay_ms = std::min<uint64_t>(s.getBackoffFirstMs(), 600'000);
         for (auto c : s.getChildren()) {
           child_spec cs;
           cs.name = c.getName().cStr();

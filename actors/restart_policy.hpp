@@ -42,6 +42,9 @@ struct backoff_policy {
   uint64_t max_ms = 2'000;
   double multiplier = 2.0;
   uint64_t reset_after_ms = 5'000;
+  /// Delay of the first restart in a row (0: at once). `weft serve` waits long enough for a killed
+  /// node process to be relaunched, so that the worker is not stacked onto a surviving node.
+  uint64_t first_delay_ms = 0;
 };
 
 restart_strategy parse_strategy(const std::string& name, bool* ok = nullptr);

@@ -127,6 +127,8 @@ class serve_bench {
       else fatal = true;
     }
 
+    bool any_ok = false;
+    for (const auto& r : runs) any_ok = any_ok || r.summary.n_ok > 0;
     doc["runs"] = nlohmann::json::array();
     for (auto& r : runs) doc["runs"].push_back(std::move(r.json));
     if (goodput) {
@@ -153,6 +155,10 @@ class serve_bench {
     std::printf("serve %s results: %s\n", label_.c_str(), out.c_str());
     std::fflush(stdout);
     if (fatal) return 1;
+    if (!any_ok) {
+      spdlog::error("bench serve: no request succeeded (see the errors above)");
+      return 1;
+    }
     if (!o_.plot_path.empty()) {
       auto script = lg::find_plot_script(o_.plot_script);
       if (!script) {

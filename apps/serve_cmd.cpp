@@ -241,7 +241,10 @@ int run_serve(const serve_cli& cli) {
     children.push_back({"worker-" + std::to_string(i), "engine_worker", wc.to_json(), actors::restart_type::permanent});
   }
   actors::restart_intensity intensity{static_cast<uint32_t>(cli.max_restarts), 60'000};
-  actors::backoff_policy backoff{200, 5'000, 2.0, 30'000};
+  actors::backoff_policy backoff{500, 5000, 2.0, 30000};
+  // A killed worker's requests migrate at once; its restart waits for the relaunched node process
+  // (about 0.3 s), so that two engines do not end up sharing one process's cores.
+  backoff.first_delay_ms = 1500;
   auto sup = actors::supervise_on_cluster(sys, (*node)->head(), *secret, "serve-workers",
                                           actors::restart_strategy::one_for_one, intensity, backoff, children, 60'000);
   if (!sup) {

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <unordered_set>
 
 namespace weft::gpu {
 
@@ -50,11 +51,21 @@ result<std::unique_ptr<engine>> engine::create(model& m, const engine_config& co
 }
 
 engine::engine(model& m, std::unique_ptr<kv_cache> kv, const engine_config& config)
-    : model_(m), kv_(std::move(kv)), config_(config) {}
+    : model_(m), kv_(std::move(kv)), config_(config) {
+  if (!config_.policy) config_.policy = std::make_shared<fcfs_policy>();
+}
 
 engine::~engine() = default;
 
 status engine::add_request(request_id id, std::vector<int32_t> prompt, sampling_params params) {
+  return add_resumed_request(id, std::move(prompt), 0, std::move(params));
+}
+
+status engine::add_resumed_request(request_id id, std::vector<int32_t> prompt, int64_t n_replay,
+                                   sampling_params params) {
+  if (n_replay < 0 || n_replay >= static_cast<int64_t>(prompt.size())) {
+    return {status_code::invalid_argument, "engine: replayed tokens must leave a non-empty prompt"};
+  }
   if (requests_.count(id) != 0) return {status_code::invalid_argument, "engine: duplicate request id " + std::to_string(id)};
   if (prompt.empty()) return {status_code::invalid_argument, "engine: empty prompt"};
   for (int32_t t : prompt) {
@@ -63,11 +74,19 @@ status engine::add_request(request_id id, std::vector<int32_t> prompt, sampling_
     }
   }
   if (params.max_tokens < 1) return {status_code::invalid_argument, "engine: max_tokens must be >= 1"};
-  auto r = std::make_unique<request>(request{id, std::move(prompt), 0, 0, 0, phase::waiting, 0, false,
-                                             sampler(std::move(params)), {}, 0, 0, 0});
+  auto r = std::make_unique<request>(id, std::move(prompt), std::move(params));
   r->n_prompt = static_cast<int64_t>(r->tokens.size());
+  r->n_replay = n_replay;
+  // Each replayed token consumed one random draw when it was sampled (none when greedy).
+  if (n_replay > 0) r->smp.skip_draws(n_replay);
+  r->arrival = arrival_counter_++;
+  sched_request sr;
+  sr.id = id;
+  sr.arrival = r->arrival;
+  sr.n_prompt = r->n_prompt;
   requests_.emplace(id, std::move(r));
-  waiting_.push_back(id);
+  live_.push_back(id);
+  config_.policy->on_add(sr);
   return {};
 }
 
@@ -78,58 +97,151 @@ void engine::release(request& r) {
   }
 }
 
-void engine::admit() {
-  // Swapped requests first: they were admitted earlier.
-  while (!swapped_.empty() && static_cast<int64_t>(running_.size()) < config_.max_running) {
-    request& r = *requests_.at(swapped_.front());
-    if (kv_->stats().n_blocks_free < kv_->blocks_for(static_cast<int64_t>(r.tokens.size()) + 1)) return;
-    if (auto st = kv_->swap_in(r.seq); !st) return;
-    r.ph = r.n_computed < r.n_prompt ? phase::prefill : phase::decode;
-    running_.push_back(r.id);
-    swapped_.pop_front();
-  }
-  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < config_.max_running) {
-    request& r = *requests_.at(waiting_.front());
-    const int64_t need = kv_->blocks_for(r.n_prompt + 1);
-    if (need > kv_->stats().n_blocks_total) {
-      request_output out;
-      out.id = r.id;
-      out.finish = finish_reason::error;
-      out.error = "prompt of " + std::to_string(r.n_prompt) + " tokens does not fit the KV cache";
-      pending_.push_back(std::move(out));
-      waiting_.pop_front();
-      requests_.erase(out.id);
-      continue;
-    }
-    if (kv_->stats().n_blocks_free < need) return;
-    r.seq = kv_->create_sequence();
-    r.has_seq = true;
-    if (config_.prefix_cache) {
-      // Leave at least two prompt tokens to compute, so the last chunk keeps prefill numerics.
-      const auto prefix = std::span<const int32_t>(r.tokens).first(static_cast<size_t>(std::max<int64_t>(r.n_prompt - 1, 0)));
-      auto matched = kv_->attach_prefix(r.seq, prefix);
-      if (matched) r.n_computed = r.n_cached = *matched;
-    }
-    r.ph = phase::prefill;
-    r.admit_order = admit_counter_++;
-    running_.push_back(r.id);
-    waiting_.pop_front();
-  }
+void engine::remove(request_id id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  release(*it->second);
+  requests_.erase(it);
+  live_.erase(std::remove(live_.begin(), live_.end(), id), live_.end());
+  config_.policy->on_finish(id);
 }
 
-bool engine::preempt_one(request_id keep) {
-  // The most recently admitted running request other than `keep` goes to host memory.
-  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
-    if (*it == keep) continue;
-    request& r = *requests_.at(*it);
-    if (auto st = kv_->swap_out(r.seq); !st) return false;
-    r.ph = phase::swapped;
-    swapped_.push_front(r.id);
-    running_.erase(std::next(it).base());
-    ++counters_.n_preemptions;
-    return true;
+void engine::fail(request_id id, std::string message, std::vector<request_output>& outputs) {
+  request_output out;
+  out.id = id;
+  out.finish = finish_reason::error;
+  out.error = std::move(message);
+  remove(id);
+  outputs.push_back(std::move(out));
+}
+
+result<std::vector<request_id>> engine::rank_live() {
+  std::vector<sched_request> live;
+  live.reserve(live_.size());
+  for (request_id id : live_) {
+    const request& r = *requests_.at(id);
+    sched_request s;
+    s.id = id;
+    s.arrival = r.arrival;
+    s.n_prompt = r.n_prompt;
+    s.n_generated = r.n_generated;
+    s.n_computed = r.n_computed;
+    s.state = r.ph == phase::waiting ? sched_state::waiting : r.ph == phase::swapped ? sched_state::swapped : sched_state::resident;
+    s.scheduled_last_step = r.scheduled;
+    live.push_back(s);
   }
-  return false;
+  config_.policy->rank(live, iteration_);
+  std::vector<request_id> order;
+  if (live.size() != live_.size()) {
+    return status{status_code::internal, "engine: policy " + std::string(config_.policy->name()) + " changed the number of live requests"};
+  }
+  std::unordered_set<request_id> seen;
+  for (const auto& s : live) {
+    if (requests_.count(s.id) == 0 || !seen.insert(s.id).second) {
+      return status{status_code::internal, "engine: policy " + std::string(config_.policy->name()) +
+                                               " ranked an unknown or repeated request " + std::to_string(s.id)};
+    }
+    order.push_back(s.id);
+  }
+  return order;
+}
+
+status engine::swap_out(request& r) {
+  if (auto st = kv_->swap_out(r.seq); !st) return st;
+  r.ph = phase::swapped;
+  ++counters_.n_swaps_out;
+  return {};
+}
+
+bool engine::make_room(int64_t need_blocks, const std::vector<request_id>& order, size_t lower_from) {
+  int64_t free_blocks = kv_->stats().n_blocks_free;
+  if (free_blocks >= need_blocks) return true;
+  // Only requests ranked below the candidate may be displaced. Evict nothing unless evicting all of
+  // them could make room (shared prefix blocks make this an upper bound; the loop re-checks).
+  int64_t freeable = 0;
+  for (size_t j = lower_from; j < order.size(); ++j) {
+    auto it = requests_.find(order[j]);
+    if (it != requests_.end() && it->second->resident()) freeable += static_cast<int64_t>(kv_->block_table(it->second->seq).size());
+  }
+  if (free_blocks + freeable < need_blocks) return false;
+  for (size_t j = order.size(); j-- > lower_from && free_blocks < need_blocks;) {
+    auto it = requests_.find(order[j]);
+    if (it == requests_.end() || !it->second->resident()) continue;
+    if (auto st = swap_out(*it->second); !st) {
+      spdlog::error("engine: swapping out request {}: {}", order[j], st.to_string());
+      return false;
+    }
+    free_blocks = kv_->stats().n_blocks_free;
+  }
+  return free_blocks >= need_blocks;
+}
+
+void engine::admit(request& r) {
+  r.seq = kv_->create_sequence();
+  r.has_seq = true;
+  if (config_.prefix_cache) {
+    // Leave at least two prompt tokens to compute, so the last chunk keeps prefill numerics; never
+    // match into replayed tokens (their blocks must be rebuilt with decode numerics).
+    const int64_t n_true = r.n_prompt - r.n_replay;
+    const auto prefix = std::span<const int32_t>(r.tokens).first(static_cast<size_t>(std::max<int64_t>(n_true - 1, 0)));
+    auto matched = kv_->attach_prefix(r.seq, prefix);
+    if (matched) r.n_computed = r.n_cached = *matched;
+  }
+  r.ph = phase::prefill;
+}
+
+std::vector<request_id> engine::select(const std::vector<request_id>& order, std::vector<request_output>& outputs) {
+  std::vector<request_id> selected;
+  const int64_t total_blocks = kv_->stats().n_blocks_total;
+  // Once a request that needs blocks cannot get them, no lower-ranked one may take blocks ahead of
+  // it (no overtaking on memory); resident requests still run.
+  bool admitting = true;
+  for (size_t i = 0; i < order.size() && static_cast<int64_t>(selected.size()) < config_.max_running; ++i) {
+    request& r = *requests_.at(order[i]);
+    if (r.resident()) {
+      selected.push_back(r.id);
+      continue;
+    }
+    if (!admitting) continue;
+    const bool waiting = r.ph == phase::waiting;
+    const int64_t n_tokens = waiting ? r.n_prompt : static_cast<int64_t>(r.tokens.size());
+    const int64_t need = kv_->blocks_for(n_tokens + 1);
+    if (need > total_blocks) {
+      fail(r.id,
+           (waiting ? "prompt of " : "request of ") + std::to_string(n_tokens) + " tokens does not fit the KV cache",
+           outputs);
+      continue;
+    }
+    if (!make_room(need, order, i + 1)) {
+      admitting = false;
+      continue;
+    }
+    if (waiting) {
+      admit(r);
+    } else {
+      if (auto st = kv_->swap_in(r.seq); !st) {
+        if (st.code() == status_code::out_of_memory) {
+          admitting = false;
+        } else {
+          fail(r.id, st.to_string(), outputs);
+        }
+        continue;
+      }
+      ++counters_.n_swaps_in;
+      r.ph = r.n_computed < r.n_prompt ? phase::prefill : phase::decode;
+    }
+    selected.push_back(r.id);
+  }
+  return selected;
+}
+
+void engine::note_scheduled(const std::vector<request_id>& in_batch) {
+  for (request_id id : live_) {
+    request& r = *requests_.at(id);
+    const bool now = std::find(in_batch.begin(), in_batch.end(), id) != in_batch.end();
+    if (r.scheduled && !now) ++counters_.n_preemptions;
+    r.scheduled = now;
+  }
 }
 
 void engine::finish_text(request& r, request_output& out, bool final) {
@@ -154,27 +266,46 @@ void engine::finish_text(request& r, request_output& out, bool final) {
 }
 
 result<std::vector<request_output>> engine::step() {
-  admit();
+  ++iteration_;
   std::vector<request_output> outputs = std::move(pending_);
   pending_.clear();
+  auto ranked = rank_live();
+  if (!ranked) {
+    pending_ = std::move(outputs);
+    return ranked.error();
+  }
+  const std::vector<request_id> order = std::move(ranked.value());
+  std::vector<request_id> selected = select(order, outputs);
   forward_batch batch;
   forward_output fout;
   std::vector<request_id> in_batch;
-  for (int attempt = 0;; ++attempt) {
+  for (;;) {
     batch.clear();
     in_batch.clear();
     int64_t budget = config_.max_batch_tokens;
-    for (request_id id : running_) {
+    for (request_id id : selected) {
       request& r = *requests_.at(id);
       if (r.ph != phase::decode || budget < 1) continue;
       batch.add(r.seq, std::span<const int32_t>(&r.tokens.back(), 1), true);
       in_batch.push_back(id);
       --budget;
     }
-    for (request_id id : running_) {
+    for (request_id id : selected) {
       request& r = *requests_.at(id);
       if (r.ph != phase::prefill) continue;
-      const int64_t remaining = r.n_prompt - r.n_computed;
+      const int64_t n_true = r.n_prompt - r.n_replay;
+      if (r.n_computed >= n_true) {
+        // Replayed tokens: any chunk size, every token with decode numerics.
+        const int64_t rest = r.n_prompt - r.n_computed;
+        const int64_t chunk = std::min(rest, budget);
+        if (chunk <= 0) continue;
+        batch.add(r.seq, std::span<const int32_t>(r.tokens.data() + r.n_computed, static_cast<size_t>(chunk)),
+                  chunk == rest, /*as_decode=*/true);
+        in_batch.push_back(id);
+        budget -= chunk;
+        continue;
+      }
+      const int64_t remaining = n_true - r.n_computed;
       int64_t chunk = std::min(remaining, budget);
       // A prompt chunk of one token would switch that token to decode numerics (docs/engine.md):
       // never leave a single token for the next chunk, never schedule a single-token chunk.
@@ -182,31 +313,40 @@ result<std::vector<request_output>> engine::step() {
       if (chunk < remaining && chunk < 2) continue;
       if (chunk <= 0) continue;
       batch.add(r.seq, std::span<const int32_t>(r.tokens.data() + r.n_computed, static_cast<size_t>(chunk)),
-                chunk == remaining);
+                chunk == remaining && r.n_replay == 0);
       in_batch.push_back(id);
       budget -= chunk;
     }
-    if (batch.tokens.empty()) return outputs;
+    if (batch.tokens.empty()) {
+      note_scheduled(in_batch);
+      return outputs;
+    }
     const status st = model_.forward(batch, *kv_, fout);
     if (st.ok()) break;
-    if (st.code() == status_code::out_of_memory && running_.size() > 1 && preempt_one(running_.front())) continue;
-    // Unrecoverable for this batch: fail its requests (their blocks are freed).
-    for (request_id id : in_batch) {
-      request& r = *requests_.at(id);
-      request_output out;
-      out.id = id;
-      out.finish = finish_reason::error;
-      out.error = st.to_string();
-      release(r);
-      running_.erase(std::find(running_.begin(), running_.end(), id));
-      requests_.erase(id);
-      outputs.push_back(std::move(out));
+    if (st.code() == status_code::out_of_memory) {
+      // Make room: paused requests first (all rank below the selected ones), lowest-ranked first;
+      // then the lowest-ranked selected request, keeping at least one.
+      bool freed = false;
+      for (auto it = order.rbegin(); it != order.rend() && !freed; ++it) {
+        auto rq = requests_.find(*it);
+        if (rq == requests_.end() || !rq->second->resident()) continue;
+        if (std::find(selected.begin(), selected.end(), *it) != selected.end()) continue;
+        freed = swap_out(*rq->second).ok();
+      }
+      if (!freed && selected.size() > 1 && swap_out(*requests_.at(selected.back())).ok()) {
+        selected.pop_back();
+        freed = true;
+      }
+      if (freed) continue;
     }
+    // Unrecoverable for this batch: fail its requests (their blocks are freed).
+    note_scheduled(in_batch);
+    for (request_id id : in_batch) fail(id, st.to_string(), outputs);
     return outputs;
   }
   ++counters_.n_steps;
+  note_scheduled(in_batch);
   // Advance every sequence in the batch, then sample where logits came back.
-  std::unordered_map<request_id, size_t> out_index;
   for (size_t si = 0; si < batch.seqs.size(); ++si) {
     request& r = *requests_.at(in_batch[si]);
     int64_t n = 0;
@@ -214,8 +354,10 @@ result<std::vector<request_output>> engine::step() {
     r.n_computed += n;
     if (r.ph == phase::decode) {
       counters_.n_decode_tokens += n;
+      config_.policy->on_progress(r.id, 0, n);
     } else {
       counters_.n_prefill_tokens += n;
+      config_.policy->on_progress(r.id, n, 0);
     }
   }
   std::vector<request_id> finished;
@@ -258,22 +400,13 @@ result<std::vector<request_output>> engine::step() {
     if (out.finish != finish_reason::none) finished.push_back(r.id);
     outputs.push_back(std::move(out));
   }
-  for (request_id id : finished) {
-    release(*requests_.at(id));
-    running_.erase(std::find(running_.begin(), running_.end(), id));
-    requests_.erase(id);
-  }
+  for (request_id id : finished) remove(id);
   return outputs;
 }
 
 status engine::abort(request_id id) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return {status_code::not_found, "engine: no request " + std::to_string(id)};
-  release(*it->second);
-  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
-  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
-  swapped_.erase(std::remove(swapped_.begin(), swapped_.end(), id), swapped_.end());
-  requests_.erase(it);
+  if (requests_.count(id) == 0) return {status_code::not_found, "engine: no request " + std::to_string(id)};
+  remove(id);
   return {};
 }
 
@@ -282,9 +415,14 @@ bool engine::has_work() const { return !requests_.empty() || !pending_.empty(); 
 engine_stats engine::stats() const {
   engine_stats s = counters_;
   s.kv = kv_->stats();
-  s.n_waiting = static_cast<int64_t>(waiting_.size());
-  s.n_running = static_cast<int64_t>(running_.size());
-  s.n_swapped = static_cast<int64_t>(swapped_.size());
+  for (const auto& [id, r] : requests_) {
+    if (r->ph == phase::waiting) ++s.n_waiting;
+    if (r->ph == phase::swapped) ++s.n_swapped;
+    if (r->resident()) {
+      ++s.n_running;
+      if (!r->scheduled) ++s.n_paused;
+    }
+  }
   return s;
 }
 

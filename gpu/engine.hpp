@@ -2,14 +2,19 @@
 /// A continuous-batching inference engine over one model and one KV cache, driven step by step by
 /// its owner (a worker actor, the `weft generate` command, a benchmark). No CAF here.
 ///
-/// Each `step()` schedules one forward pass: every running request that is decoding contributes one
-/// token, then prompt chunks of requests still in prefill fill the remaining token budget (chunked
-/// prefill). Admission is FCFS; when the KV cache runs out, the most recently admitted request is
-/// swapped out to host memory and resumed later. Every request's KV blocks are freed exactly once,
-/// whether it finishes, is aborted or fails. Not thread-safe: call from one thread.
+/// Each `step()` asks the scheduling policy (schedule_policy.hpp; FCFS by default) to rank every live
+/// request, then schedules the first `max_running` requests in rank order whose KV fits: a waiting
+/// request is admitted, a swapped one is swapped back in, and a higher-ranked request that needs KV
+/// blocks swaps lower-ranked resident ones out to host memory, lowest-ranked first (token-level
+/// preemption; a displaced request whose KV fits keeps it and just pauses). The forward pass takes
+/// one token of every scheduled decoding request, then prompt chunks of scheduled requests in
+/// prefill fill the remaining token budget (chunked prefill). If the cache still runs out during the
+/// pass, paused requests are swapped out first, then the lowest-ranked scheduled one. A request's
+/// tokens do not depend on scheduling (batch invariance): pausing, swapping and resuming leave its
+/// outputs unchanged. Every request's KV blocks are freed exactly once, whether it finishes, is
+/// aborted or fails. Not thread-safe: call from one thread.
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,12 +24,10 @@
 #include "gpu/kv_cache.hpp"
 #include "gpu/model.hpp"
 #include "gpu/sampler.hpp"
+#include "gpu/schedule_policy.hpp"
 #include "gpu/status.hpp"
 
 namespace weft::gpu {
-
-/// Caller-chosen request identifier.
-using request_id = uint64_t;
 
 /// Why a request stopped.
 enum class finish_reason {
@@ -49,6 +52,9 @@ struct engine_config {
   /// Text of a token, for stop strings and text deltas (optional: without it, stop strings are
   /// ignored and text_delta stays empty).
   std::function<std::string(int32_t)> detokenize;
+  /// Ranks live requests every step (shared so the owner can inspect it; one instance per engine:
+  /// policies keep per-request state). Null = fcfs_policy.
+  std::shared_ptr<schedule_policy> policy;
 };
 
 /// What one step produced for one request.
@@ -65,13 +71,18 @@ struct request_output {
 /// Engine counters.
 struct engine_stats {
   kv_stats kv;
-  int64_t n_waiting = 0;
-  int64_t n_running = 0;
-  int64_t n_swapped = 0;
-  int64_t n_steps = 0;
+  int64_t n_waiting = 0;           ///< Not admitted yet (no KV).
+  int64_t n_running = 0;           ///< KV resident on the device (includes paused).
+  int64_t n_paused = 0;            ///< Resident but not in the last forward pass.
+  int64_t n_swapped = 0;           ///< KV in host memory.
+  int64_t n_steps = 0;             ///< Forward passes run.
   int64_t n_prefill_tokens = 0;
   int64_t n_decode_tokens = 0;
+  /// Times a request that had tokens in a forward pass was left out of the next one while still
+  /// live (displaced by a higher-ranked request, or dropped from a batch that ran out of KV).
   int64_t n_preemptions = 0;
+  int64_t n_swaps_out = 0;         ///< Sequences moved to host memory.
+  int64_t n_swaps_in = 0;          ///< Sequences moved back to the device.
 };
 
 /// The engine.
@@ -83,6 +94,13 @@ class engine {
 
   /// Queues a request. invalid_argument for a duplicate id, an empty prompt or a bad token.
   status add_request(request_id id, std::vector<int32_t> prompt, sampling_params params);
+  /// Resumes a request generated elsewhere (migration): `prompt` is the original prompt followed by
+  /// the `n_replay` tokens generated so far. The prompt is prefilled as usual; the replayed tokens
+  /// are computed with single-token (decode) numerics, which rebuilds exactly the KV and logits of
+  /// the original decode steps, and a seeded sampler skips the random draws they consumed. The
+  /// request then continues as if it had never moved: same tokens as an undisturbed run.
+  /// `params.max_tokens` counts new tokens only.
+  status add_resumed_request(request_id id, std::vector<int32_t> prompt, int64_t n_replay, sampling_params params);
   /// Runs one forward pass; returns the outputs of every request that produced tokens or finished.
   result<std::vector<request_output>> step();
   /// Stops a request and frees its KV blocks; not_found when unknown or already finished.
@@ -95,9 +113,13 @@ class engine {
  private:
   enum class phase { waiting, prefill, decode, swapped };
   struct request {
+    request(request_id rid, std::vector<int32_t> prompt, sampling_params params)
+        : id(rid), tokens(std::move(prompt)), smp(std::move(params)) {}
+
     request_id id = 0;
     std::vector<int32_t> tokens;      ///< Prompt + generated.
-    int64_t n_prompt = 0;
+    int64_t n_prompt = 0;             ///< Tokens to prefill (original prompt + replayed tokens).
+    int64_t n_replay = 0;             ///< Trailing prefill tokens computed with decode numerics.
     int64_t n_computed = 0;           ///< Tokens whose K/V are in the cache.
     int64_t n_cached = 0;
     phase ph = phase::waiting;
@@ -107,25 +129,33 @@ class engine {
     std::string text;                 ///< Generated text so far.
     size_t text_emitted = 0;
     int64_t n_generated = 0;
-    uint64_t admit_order = 0;
+    uint64_t arrival = 0;
+    bool scheduled = false;           ///< Had tokens in the last forward pass.
+
+    bool resident() const { return ph == phase::prefill || ph == phase::decode; }
   };
 
   engine(model& m, std::unique_ptr<kv_cache> kv, const engine_config& config);
-  void admit();
+  result<std::vector<request_id>> rank_live();
+  std::vector<request_id> select(const std::vector<request_id>& order, std::vector<request_output>& outputs);
+  bool make_room(int64_t need_blocks, const std::vector<request_id>& order, size_t lower_from);
+  void admit(request& r);
+  status swap_out(request& r);
+  void note_scheduled(const std::vector<request_id>& in_batch);
+  void fail(request_id id, std::string message, std::vector<request_output>& outputs);
+  void remove(request_id id);
   void release(request& r);
-  bool preempt_one(request_id keep);
   void finish_text(request& r, request_output& out, bool final);
 
   model& model_;
   std::unique_ptr<kv_cache> kv_;
   engine_config config_;
   std::unordered_map<request_id, std::unique_ptr<request>> requests_;
-  std::deque<request_id> waiting_;
-  std::vector<request_id> running_;   ///< Admission order.
-  std::deque<request_id> swapped_;
-  uint64_t admit_counter_ = 0;
+  std::vector<request_id> live_;      ///< Arrival order.
+  uint64_t arrival_counter_ = 0;
+  int64_t iteration_ = 0;             ///< step() calls.
   engine_stats counters_;
-  std::vector<request_output> pending_;   ///< Outputs produced outside step() (errors at admission).
+  std::vector<request_output> pending_;   ///< Outputs produced outside the forward (admission errors).
 };
 
 }  // namespace weft::gpu

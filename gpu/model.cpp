@@ -36,10 +36,15 @@ std::string arch_key(const std::string& arch, const char* suffix) { return arch 
 
 }  // namespace
 
-void forward_batch::add(seq_id seq, std::span<const int32_t> toks, bool logits_last) {
+void forward_batch::add(seq_id seq, std::span<const int32_t> toks, bool logits_last, bool as_decode) {
   auto it = std::find(seqs.begin(), seqs.end(), seq);
   const auto index = static_cast<int32_t>(it - seqs.begin());
-  if (it == seqs.end()) seqs.push_back(seq);
+  if (it == seqs.end()) {
+    seqs.push_back(seq);
+    decode_numerics.push_back(as_decode ? 1 : 0);
+  } else if (as_decode) {
+    decode_numerics[static_cast<size_t>(index)] = 1;
+  }
   for (size_t i = 0; i < toks.size(); ++i) {
     tokens.push_back(toks[i]);
     seq_index.push_back(index);
@@ -52,6 +57,7 @@ void forward_batch::clear() {
   tokens.clear();
   seq_index.clear();
   want_logits.clear();
+  decode_numerics.clear();
 }
 
 model::model(gguf_file file, device& dev, const model_load_config& config)
@@ -420,6 +426,10 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
   if (auto st = up(d_logit_rows, logit_rows); !st) return st;
   // The MoE index lists use 2 * n * k ints after the batch's own (see ffn_moe).
   std::vector<int32_t> seq_n(count.begin(), count.end());
+  // The attention kernel picks GEMM (>= 2) or GEMV (1) numerics from this count.
+  for (size_t s = 0; s < seq_n.size() && s < batch.decode_numerics.size(); ++s) {
+    if (batch.decode_numerics[s] != 0) seq_n[s] = 1;
+  }
   if (auto st = up(d_seq_n, seq_n); !st) return st;
   moe_ids_ = d_seq_n + n_seqs;
 

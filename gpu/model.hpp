@@ -55,9 +55,14 @@ struct forward_batch {
   std::vector<int32_t> tokens;
   std::vector<int32_t> seq_index;      ///< Per token: index into `seqs`.
   std::vector<uint8_t> want_logits;    ///< Per token: 1 to return its logits.
+  /// Per sequence: 1 = compute every token of its chunk with single-token (decode) numerics, as if
+  /// each had been decoded alone. Replaying generated tokens this way rebuilds exactly the KV and
+  /// logits the original decode steps produced (request migration, docs/engine.md).
+  std::vector<uint8_t> decode_numerics;
 
   /// Appends `tokens` of sequence `seq`; logits are requested for the last one when `logits_last`.
-  void add(seq_id seq, std::span<const int32_t> toks, bool logits_last);
+  /// `as_decode`: see decode_numerics (applies to all of the sequence's tokens in this batch).
+  void add(seq_id seq, std::span<const int32_t> toks, bool logits_last, bool as_decode = false);
   void clear();
 };
 

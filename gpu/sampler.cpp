@@ -10,6 +10,10 @@ namespace weft::gpu {
 
 sampler::sampler(sampling_params params) : params_(std::move(params)), rng_(params_.seed) {}
 
+void sampler::skip_draws(int64_t n) {
+  if (params_.temperature > 0.0f && n > 0) rng_.discard(static_cast<unsigned long long>(n));
+}
+
 sample_result sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   const auto n = static_cast<int64_t>(logits.size());
   sample_result res;

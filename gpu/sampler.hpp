@@ -53,6 +53,9 @@ class sampler {
   /// Samples from `logits` (one row, n_vocab values); `history` is the sequence so far (prompt +
   /// generated), used by the penalties.
   sample_result sample(std::span<const float> logits, std::span<const int32_t> history);
+  /// Advances the RNG past the draws `n` earlier samples consumed (one each when temperature > 0,
+  /// none when greedy): a resumed sequence then continues with the same random stream.
+  void skip_draws(int64_t n);
 
  private:
   sampling_params params_;

@@ -179,6 +179,7 @@ struct SupervisorSpec {
   children @6 :List(ChildSpec);
   deadlineMs @7 :UInt64;
   sessionToken @8 :Data;
+  backoffFirstMs @9 :UInt64;  # delay of the first restart in a row (0: at once)
 }
 
 struct SupervisorStatus {

@@ -298,7 +298,7 @@ void on_generate(worker_ptr self, const envelope& env) {
                            "resumed request has no tokens left to generate"));
     return;
   }
-  if (auto s = st.engine->add_request(id, std::move(tokens), std::move(p)); !s.ok()) {
+  if (auto s = st.engine->add_resumed_request(id, std::move(tokens), n_resumed, std::move(p)); !s.ok()) {
     self->send(st.router, chunk_atom::value,
                error_chunk(st.worker_name, id, r.getAttempt(), n_resumed, errc::invalid_argument, s.to_string()));
     return;

@@ -84,10 +84,13 @@ std::vector<std::string> summary_lines(const std::string& label, double rate_rps
       fmt::format("{} e2e_ms {}", head, dist_line(s.e2e_ms, 1)),
       fmt::format("{} throughput output_tok_s={:.2f} req_s={:.3f} offered_req_s={:.3f} duration_s={:.1f}", head,
                   s.output_throughput_tps, s.request_throughput_rps, s.offered_rate_rps, s.duration_s),
-      fmt::format("{} prompt_tokens {}", head, dist_line(s.prompt_tokens, 1)),
+      s.prompt_tokens.count > 0 ? fmt::format("{} prompt_tokens {}", head, dist_line(s.prompt_tokens, 1))
+                                : fmt::format("{} prompt_tokens not reported (no usage in the stream)", head),
       fmt::format("{} completion_tokens {}", head, dist_line(s.completion_tokens, 1)),
-      fmt::format("{} cached_tokens {} total={} of {} prompt tokens", head, dist_line(s.cached_tokens, 1),
-                  s.total_cached_tokens, s.total_prompt_tokens),
+      s.cached_tokens.count > 0
+          ? fmt::format("{} cached_tokens {} total={} of {} prompt tokens", head, dist_line(s.cached_tokens, 1),
+                        s.total_cached_tokens, s.total_prompt_tokens)
+          : fmt::format("{} cached_tokens not reported (no usage.prompt_tokens_details)", head),
       fmt::format("{} errors={} of {} (client_overload={})", head, s.n_failed, s.n_requests, s.n_client_overload),
   };
   if (s.slo_attainment >= 0) {

@@ -188,7 +188,9 @@ result<scaled_trace> scale_trace(const trace& source, const trace_scaling_config
     sc.time_scale = config.time_scale;
   } else if (config.target_rate_rps > 0) {
     if (sc.source_rate_rps <= 0) {
-      return result<scaled_trace>::failure("cannot scale the trace to a rate: the selected requests span no time");
+      return result<scaled_trace>::failure("cannot scale the trace to a rate: the " + std::to_string(n) +
+                                           " selected requests all have the same timestamp (replay more with -n, "
+                                           "or give --time-scale)");
     }
     sc.time_scale = sc.source_rate_rps / config.target_rate_rps;
   } else {

@@ -1,0 +1,155 @@
+"""Chaos: SIGKILL engine worker processes of `weft serve` during a load run.
+
+Every accepted request must complete with exactly the tokens of an undisturbed greedy run (no
+token missing or duplicated across the migration), no KV block may stay referenced afterwards, and
+the killed worker must come back and take work again. Prints the measured recovery times.
+
+Usage: test_serve_chaos.py --weft PATH/TO/weft      (exit 77 = skipped: no model)
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
+from weft_serve import WeftServer, default_model_path  # noqa: E402
+
+N_REQUESTS = 12
+MAX_TOKENS = 64
+
+
+def stream_completion(url, prompt, max_tokens):
+    """Streams one greedy completion over raw HTTP; returns (text, finish_reason, n_chunks, error)."""
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                       "ignore_eos": True, "logprobs": 1}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    text, finish, tokens, error = "", None, [], None
+    with urllib.request.urlopen(req, timeout=300) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            ev = json.loads(data)
+            if "error" in ev:
+                error = ev["error"]["message"]
+                continue
+            ch = ev["choices"][0]
+            text += ch["text"]
+            if ch.get("logprobs"):
+                tokens += ch["logprobs"]["tokens"]
+            if ch.get("finish_reason"):
+                finish = ch["finish_reason"]
+    return text, finish, tokens, error
+
+
+def run_load(url, prompts):
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda p: stream_completion(url, p, MAX_TOKENS), prompts))
+
+
+def workers(srv):
+    return srv.admin()["router"]["workers"]
+
+
+def wait_workers(srv, n, timeout_s=60):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if len(workers(srv)) >= n:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def kill_busy_worker(srv, min_tokens_before_kill, progress):
+    """Waits until the load has produced some tokens, then SIGKILLs the worker process with the most
+    in-flight requests. Returns (pid, time of the kill)."""
+    deadline = time.time() + 60
+    while time.time() < deadline and progress() < min_tokens_before_kill:
+        time.sleep(0.05)
+    ws = sorted(workers(srv), key=lambda w: -w["inflight"])
+    victim = ws[0]
+    os.kill(victim["pid"], signal.SIGKILL)
+    return victim, time.time()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weft", required=True)
+    args = ap.parse_args()
+    if not os.path.exists(default_model_path()):
+        print("SKIP: the default model is not fetched (scripts/fetch_model.sh)")
+        return 77
+    prompts = ["Request %d: write about the number %d." % (i, i * 7) for i in range(N_REQUESTS)]
+    failures = []
+    with WeftServer(args.weft, ["--workers", "2", "--max-running", "16", "--kv-blocks", "512"]) as srv:
+        reference = run_load(srv.url, prompts)
+        for i, (text, finish, toks, err) in enumerate(reference):
+            assert err is None and finish == "length" and len(toks) == MAX_TOKENS, (i, finish, err, len(toks))
+
+        for round_no in range(2):
+            tokens_seen = [0]
+            lock = threading.Lock()
+
+            def counting(p):
+                return stream_completion(srv.url, p, MAX_TOKENS)
+
+            # Progress = generated tokens so far, read from the server's metrics.
+            gen_before = srv.metric_sum("weft_worker_steps")
+            with concurrent.futures.ThreadPoolExecutor(N_REQUESTS + 1) as pool:
+                futures = [pool.submit(counting, p) for p in prompts]
+                victim, killed_at = kill_busy_worker(
+                    srv, 3, lambda: srv.metric_sum("weft_worker_steps") - gen_before)
+                results = [f.result() for f in futures]
+            done_at = time.time()
+            print("round %d: killed %s (pid %d, %d in flight); load finished %.1f s after the kill" %
+                  (round_no, victim["name"], victim["pid"], victim["inflight"], done_at - killed_at))
+            for i, ((text, finish, toks, err), (rtext, _, rtoks, _)) in enumerate(zip(results, reference)):
+                if err is not None:
+                    failures.append("round %d request %d failed: %s" % (round_no, i, err))
+                elif toks != rtoks or text != rtext:
+                    failures.append("round %d request %d differs from the undisturbed run (%d vs %d tokens)" %
+                                    (round_no, i, len(toks), len(rtoks)))
+                elif finish != "length":
+                    failures.append("round %d request %d finish %s" % (round_no, i, finish))
+            m = srv.metrics()
+            resume_n = sum(v for (n, _), v in m.items() if n == "weft_migration_resume_seconds_count")
+            resume_s = sum(v for (n, _), v in m.items() if n == "weft_migration_resume_seconds_sum")
+            migrations = sum(v for (n, _), v in m.items() if n == "weft_router_migrations_total")
+            print("round %d: %d migrations so far; mean kill-to-first-resumed-token %.3f s over %d sequences" %
+                  (round_no, migrations, resume_s / resume_n if resume_n else float("nan"), resume_n))
+            if migrations < 1:
+                failures.append("round %d: no request was migrated (the victim had none in flight?)" % round_no)
+            used = srv.wait_kv_free()
+            if used != 0:
+                failures.append("round %d: %d KV blocks still referenced after the run" % (round_no, used))
+            # The supervisor restarts the worker; it takes work again once loaded.
+            t0 = time.time()
+            if not wait_workers(srv, 2):
+                failures.append("round %d: the killed worker did not come back" % round_no)
+            else:
+                print("round %d: 2 workers ready again %.1f s after the load finished" % (round_no, time.time() - t0))
+        # Both workers serve: a burst spreads over them and matches the reference.
+        again = run_load(srv.url, prompts[:4])
+        for i, (text, finish, toks, err) in enumerate(again):
+            if err is not None or toks != reference[i][2]:
+                failures.append("after recovery request %d: %s" % (i, err or "differs"))
+        busy = [w for w in workers(srv) if w["decode_tokens"] > 0]
+        print("after recovery: %d of %d workers have decoded tokens" % (len(busy), len(workers(srv))))
+        if failures:
+            sys.stderr.write("".join(srv.log_lines[-80:]))
+    for f in failures:
+        print("FAIL:", f)
+    print("PASS" if not failures else "FAILED")
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
