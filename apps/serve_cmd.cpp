@@ -36,6 +36,8 @@ struct serve_cli {
   int prefill = 0;
   int decode = 0;
   std::string policy = "fcfs";
+  double mlfq_prefill_cost = 0.4;
+  int64_t mlfq_starvation_steps = 256;
   int threads = 0;
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
@@ -235,6 +237,8 @@ int run_serve(const serve_cli& cli) {
   wc.max_batch_tokens = cli.max_batch_tokens;
   wc.max_running = cli.max_running;
   wc.policy = cli.policy;
+  wc.mlfq_prefill_cost = cli.mlfq_prefill_cost;
+  wc.mlfq_starvation_steps = cli.mlfq_starvation_steps;
   wc.prefix_cache = !cli.no_prefix_cache;
   std::vector<actors::child_spec> children;
   for (int i = 0; i < n_workers; ++i) {
@@ -320,6 +324,14 @@ void add_serve_command(CLI::App& app, const global_options&) {
   cmd->add_option("--policy", cli->policy, "Iteration scheduling policy: fcfs or mlfq (FastServe skip-join MLFQ)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fcfs", "mlfq"}));
+  cmd->add_option("--mlfq-prefill-cost", cli->mlfq_prefill_cost,
+                  "MLFQ: cost of one prompt token in decode iterations (skip-join placement; ~0.4 on CPU)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--mlfq-starvation-steps", cli->mlfq_starvation_steps,
+                  "MLFQ: promote a request not run for this many iterations to the top queue")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", cli->threads, "Compute threads per worker (0 = cores / workers)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-blocks", cli->kv_blocks, "KV cache blocks per worker")->capture_default_str()->check(

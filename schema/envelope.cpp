@@ -141,6 +141,8 @@ capnp::StructSchema schema_of(kind k) {
     case kind::abort_request: return capnp::Schema::from<wire::AbortRequest>();
     case kind::worker_hello: return capnp::Schema::from<wire::WorkerHello>();
     case kind::worker_load: return capnp::Schema::from<wire::WorkerLoad>();
+    case kind::kv_descriptor: return capnp::Schema::from<wire::KvDescriptor>();
+    case kind::kv_region: return capnp::Schema::from<wire::KvRegion>();
     case kind::none:
     case kind::oversize: break;
   }
@@ -149,7 +151,7 @@ capnp::StructSchema schema_of(kind k) {
 
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
-  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::worker_load);
+  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::kv_region);
 }
 
 }  // namespace
@@ -232,6 +234,8 @@ const char* to_string(kind k) {
     case kind::abort_request: return "AbortRequest";
     case kind::worker_hello: return "WorkerHello";
     case kind::worker_load: return "WorkerLoad";
+    case kind::kv_descriptor: return "KvDescriptor";
+    case kind::kv_region: return "KvRegion";
     case kind::oversize: return "oversize";
   }
   return "unknown";

@@ -48,6 +48,8 @@ enum class kind : uint16_t {
   abort_request = 21,
   worker_hello = 22,
   worker_load = 23,
+  kv_descriptor = 24,
+  kv_region = 25,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -84,6 +86,8 @@ WEFT_SCHEMA_KIND(TokenChunk, token_chunk)
 WEFT_SCHEMA_KIND(AbortRequest, abort_request)
 WEFT_SCHEMA_KIND(WorkerHello, worker_hello)
 WEFT_SCHEMA_KIND(WorkerLoad, worker_load)
+WEFT_SCHEMA_KIND(KvDescriptor, kv_descriptor)
+WEFT_SCHEMA_KIND(KvRegion, kv_region)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults

@@ -120,3 +120,33 @@ struct WorkerLoad {
   queueDepthPerLevel @16 :List(UInt32);  # live requests per scheduling-policy level (MLFQ queues)
   kvBlocksTotal @17 :UInt32;
 }
+
+# Prefill worker -> decode worker (via the router): one sequence's KV blocks, offered under a lease
+# for the decode worker to pull over the transport (DistServe disaggregation). The exporter's K and
+# V pools are registered once; the bytes of (block i, layer l, K|V) are at
+#   regions[K|V] + l * layerStrideBytes + blockIds[i] * blockBytes,  blockBytes long.
+# Everything is checked against the importer's own cache; a mismatch is refused, never guessed.
+struct KvDescriptor {
+  requestId @0 :UInt64;             # router-wide id of the sequence
+  modelId @1 :Text;                 # must equal the importer's model id
+  layout @2 :Text;                  # kv_layout::describe() of the exporter's cache (dims, block, dtype)
+  version @3 :UInt32;               # descriptor format version (1); any other value is refused
+  tokens @4 :List(Int32);           # the committed tokens the blocks hold
+  engine @5 :Text;                  # transport engine name ("ucx", "inproc"; "fault:" prefix ignored)
+  peerAddress @6 :Data;             # the exporter engine's local_address()
+  regions @7 :List(KvRegion);       # the exporter's registered pools: [0] = K, [1] = V
+  leaseId @8 :UInt64;               # release it on the exporter once the pull ended (either way)
+  leaseDeadlineMs @9 :UInt64;       # unix ms; the exporter reclaims the blocks after it
+  checksum @10 :UInt64;             # 0: none; else XXH3-64 over XXH3-64(tokens), XXH3-64(range)... (export order)
+  weightsVersion @11 :UInt64;       # weights version the KV was computed with; must match
+  blockIds @12 :List(UInt32);       # the exporter's block ids, in sequence order
+  blockBytes @13 :UInt64;           # bytes of one block of one layer, K or V
+  layerStrideBytes @14 :UInt64;     # distance between two layers in a pool
+}
+
+# One registered memory region of a KvDescriptor's exporter.
+struct KvRegion {
+  remoteAddress @0 :UInt64;         # informational (the exporter's address of the region start)
+  remoteKey @1 :Data;               # engine::describe() bytes
+  sizeBytes @2 :UInt64;
+}

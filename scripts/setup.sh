@@ -69,7 +69,9 @@ fi
 if [ "$want_bench" = 1 ]; then
   py_has matplotlib || pip_want+=(matplotlib)
   py_has ray || pip_want+=("ray[default]")
-  py_has llama_cpp || pip_want+=("llama-cpp-python[server]==0.3.16")
+  # The llama.cpp server baseline of `weft bench serve` (python3 -m llama_cpp.server).
+  { py_has llama_cpp && py_has uvicorn && py_has sse_starlette && py_has starlette_context; } ||
+    pip_want+=("llama-cpp-python[server]==0.3.16")
 fi
 if [ "${#pip_want[@]}" -gt 0 ]; then
   echo "[setup] installing Python packages: ${pip_want[*]}"

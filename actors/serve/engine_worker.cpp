@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "actors/auth.hpp"
+#include "actors/serve/mlfq_policy.hpp"
 #include "actors/serve/model_host.hpp"
 #include "actors/serve/schedule_policies.hpp"
 #include "actors/serve/serve_atoms.hpp"
@@ -52,6 +53,8 @@ result<worker_config> worker_config::from_json(const std::string& json) {
     c.max_batch_tokens = j.value("max_batch_tokens", c.max_batch_tokens);
     c.max_running = j.value("max_running", c.max_running);
     c.policy = j.value("policy", c.policy);
+    c.mlfq_prefill_cost = j.value("mlfq_prefill_cost", c.mlfq_prefill_cost);
+    c.mlfq_starvation_steps = j.value("mlfq_starvation_steps", c.mlfq_starvation_steps);
     c.role = j.value("role", c.role);
     c.prefix_cache = j.value("prefix_cache", c.prefix_cache);
     c.load_interval_ms = j.value("load_interval_ms", c.load_interval_ms);
@@ -78,6 +81,8 @@ std::string worker_config::to_json() const {
                       {"max_batch_tokens", max_batch_tokens},
                       {"max_running", max_running},
                       {"policy", policy},
+                      {"mlfq_prefill_cost", mlfq_prefill_cost},
+                      {"mlfq_starvation_steps", mlfq_starvation_steps},
                       {"role", role},
                       {"prefix_cache", prefix_cache},
                       {"load_interval_ms", load_interval_ms}};
@@ -104,6 +109,7 @@ struct worker_state {
   actors::cluster_secret secret;
   std::unique_ptr<model_host> host;
   std::unique_ptr<gpu::engine> engine;
+  std::shared_ptr<gpu::schedule_policy> policy;
   caf::actor router;
   std::map<uint64_t, running_request> requests;
   bool stepping = false;
@@ -198,6 +204,16 @@ envelope make_load(worker_state& st) {
     for (const auto& [id, r] : st.requests) queued += r.started ? 0 : r.n_prefill;
     b.setQueuedPrefillTokens(queued);
     b.setKvBlocksTotal(static_cast<uint32_t>(s.kv.n_blocks_total));
+    // Live sequences per scheduling level (MLFQ queues; FCFS has one level).
+    std::vector<uint32_t> levels(1, 0);
+    const auto* mlfq = dynamic_cast<const mlfq_policy*>(st.policy.get());
+    for (const auto& [id, r] : st.requests) {
+      const int32_t lvl = mlfq != nullptr ? std::max(0, mlfq->level_of(id)) : 0;
+      if (levels.size() <= static_cast<size_t>(lvl)) levels.resize(static_cast<size_t>(lvl) + 1, 0);
+      ++levels[static_cast<size_t>(lvl)];
+    }
+    auto lv = b.initQueueDepthPerLevel(static_cast<unsigned>(levels.size()));
+    for (size_t i = 0; i < levels.size(); ++i) lv.set(static_cast<unsigned>(i), levels[i]);
     b.setPrefillTokensPerS(prefill_rate);
     b.setDecodeTokensPerS(decode_rate);
     b.setSwapsOut(static_cast<uint64_t>(s.n_swaps_out));
@@ -345,11 +361,15 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
   ec.prefix_cache = st.cfg.prefix_cache;
   const gpu::tokenizer* tk = &st.host->tok;
   ec.detokenize = [tk](int32_t id) { return tk->token_to_piece(id); };
-  auto policy = make_schedule_policy(st.cfg.policy);
+  mlfq_config mq;
+  mq.prefill_cost_per_token = st.cfg.mlfq_prefill_cost;
+  mq.starvation_steps = st.cfg.mlfq_starvation_steps;
+  auto policy = make_schedule_policy(st.cfg.policy, mq);
   if (!policy) {
     self->quit(caf::make_error(caf::sec::runtime_error, policy.error().message));
     return {};
   }
+  st.policy = policy.value();
   ec.policy = std::move(policy.value());
   auto eng = gpu::engine::create(*st.host->model, ec);
   if (!eng) {

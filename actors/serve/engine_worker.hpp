@@ -7,6 +7,7 @@
 /// Config (JSON, every field but model and router optional):
 ///   {"model": PATH, "router": "HOST:PORT", "device": "cpu", "threads": 0, "kv_blocks": 1024,
 ///    "block_size": 16, "max_batch_tokens": 256, "max_running": 32, "policy": "fcfs"|"mlfq",
+///    "mlfq_prefill_cost": 0.4, "mlfq_starvation_steps": 256,
 ///    "role": "both"|"prefill"|"decode", "prefix_cache": true, "load_interval_ms": 200}
 
 #include <cstdint>
@@ -27,6 +28,10 @@ struct worker_config {
   int64_t max_batch_tokens = 256;
   int64_t max_running = 32;
   std::string policy = "fcfs";
+  /// MLFQ: cost of one prompt token in decode-iteration units (skip-join placement). ~0.4 measured
+  /// on the CPU backend with SmolLM2-135M (docs/serving.md).
+  double mlfq_prefill_cost = 0.4;
+  int64_t mlfq_starvation_steps = 256;
   std::string role = "both";
   bool prefix_cache = true;
   uint32_t load_interval_ms = 200;

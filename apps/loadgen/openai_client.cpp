@@ -74,6 +74,8 @@ request_record send_request(const client_config& config, const request_spec& spe
   httplib::Response res;
   httplib::Error err = httplib::Error::Success;
   const bool sent_ok = cli.send(req, res, err);
+  // A server silent for longer than the read timeout shows up as a read error: that is a timeout too.
+  if (err == httplib::Error::Read && steady_clock::now() - sent >= deadline - sent) timed_out = true;
   if (sent_ok || err == httplib::Error::Success) {
     if (rec.http_status == 0) recorder.on_status(res.status);
     recorder.finish(request_status::ok, {});

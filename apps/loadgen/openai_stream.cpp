@@ -142,7 +142,8 @@ void stream_recorder::finish(request_status transport_status, const std::string&
     fail(request_status::http_error,
          "HTTP " + std::to_string(record_.http_status) + ": " + error_message_of(error_body_).substr(0, 500));
   } else if (!failed_ && chunk_times_.empty()) {
-    fail(request_status::stream_error, "stream ended without any token");
+    fail(request_status::stream_error,
+         "stream ended without any token (" + std::to_string(parser_.bytes_seen()) + " body bytes received)");
   } else if (!failed_ && !done_ && record_.finish_reason.empty()) {
     fail(request_status::stream_error, "stream ended without [DONE] or a finish_reason");
   }

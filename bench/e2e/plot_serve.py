@@ -46,6 +46,7 @@ def main():
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError as e:
         print(f"plot_serve.py: matplotlib is missing ({e}); install python3-matplotlib or `pip install matplotlib`",
               file=sys.stderr)
@@ -100,6 +101,7 @@ def main():
     for ax in (ax_ttft, ax_e2e):
         ax.set_ylabel("fraction of requests")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(True, alpha=0.3)
     ax_att.grid(True, alpha=0.3)
     for ax in (ax_att, ax_ttft, ax_e2e):
