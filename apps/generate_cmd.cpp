@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/serve/model_host.hpp"
 #include "apps/commands.hpp"
 #include "gpu/chat_template.hpp"
 #include "gpu/device.hpp"
@@ -26,7 +27,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* default_model_name = "SmolLM2-135M-Instruct.Q4_1.gguf";
+constexpr const char* default_model_name = serve::default_model_file;
+using serve::default_model_path;
 
 struct generate_options {
   std::string model_path;
@@ -44,16 +46,6 @@ struct generate_options {
   std::vector<std::string> stop;
   std::string device = "cpu";
 };
-
-// $WEFT_MODEL, else $WEFT_CACHE_DIR/models/<default>, else ~/.cache/weft/models/<default>.
-fs::path default_model_path() {
-  if (const char* m = std::getenv("WEFT_MODEL"); m != nullptr && *m != '\0') return m;
-  if (const char* c = std::getenv("WEFT_CACHE_DIR"); c != nullptr && *c != '\0') {
-    return fs::path{c} / "models" / default_model_name;
-  }
-  const char* home = std::getenv("HOME");
-  return fs::path{home != nullptr ? home : "."} / ".cache" / "weft" / "models" / default_model_name;
-}
 
 // Touches every page of the mapped file so the first forward does not stall on page faults, with a
 // progress line on stderr.

@@ -208,7 +208,6 @@ int run_serve(const serve_cli& cli) {
   ac.port = cli.port;
   ac.api_key = cli.api_key;
   ac.served_model_name = cli.served_model_name;
-  caf::actor head_handle = caf::actor_cast<caf::actor>((*node)->head());
   ac.cluster_json = [&sys, head = (*node)->head()]() -> std::string {
     auto st = actors::cluster_status(sys, head, 2000);
     return st ? actors::cluster_status_json(*st) : std::string{"null"};
@@ -300,7 +299,6 @@ int run_serve(const serve_cli& cli) {
   caf::anon_send_exit(*sup, caf::exit_reason::user_shutdown);
   nodes.stop_all();
   caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
-  (void)head_handle;
   return code;
 }
 
