@@ -25,7 +25,8 @@ result<cluster_secret> load_secret(const std::string& explicit_value,
     std::stringstream ss;
     ss << in.rdbuf();
     s.bytes = ss.str();
-    while (!s.bytes.empty() && (s.bytes.back() == '\n' || s.bytes.back() == '\r')) s.bytes.pop_back();
+    while (!s.bytes.empty() && (s.bytes.back() == '\n' || s.bytes.back() == '\r'))
+      s.bytes.pop_back();
   } else {
     return make_error(errc::invalid_argument,
                       "no cluster secret: pass --secret, --secret-file or set WEFT_CLUSTER_SECRET");

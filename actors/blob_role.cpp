@@ -1,14 +1,14 @@
 // The "blob" role: registered bytes that other nodes pull over the data plane. Descriptors travel
 // in Cap'n Proto messages; the bytes move through transport/ (UCX between processes).
 
+#include <spdlog/spdlog.h>
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include <map>
 
-#include "actors/auth.hpp"
 #include "actors/atoms.hpp"
+#include "actors/auth.hpp"
 #include "actors/roles.hpp"
 #include "schema/caf_bridge.hpp"
 #include "transport/checksum.hpp"
@@ -69,12 +69,18 @@ envelope transfer_reply(uint64_t id, const error& err, uint64_t checksum, uint64
 
 errc from_transport(transport::status_code c) {
   switch (c) {
-    case transport::status_code::ok: return errc::ok;
-    case transport::status_code::timeout: return errc::timeout;
-    case transport::status_code::invalid_argument: return errc::invalid_argument;
-    case transport::status_code::peer_unreachable: return errc::unavailable;
-    case transport::status_code::corrupt: return errc::malformed;
-    default: return errc::internal;
+    case transport::status_code::ok:
+      return errc::ok;
+    case transport::status_code::timeout:
+      return errc::timeout;
+    case transport::status_code::invalid_argument:
+      return errc::invalid_argument;
+    case transport::status_code::peer_unreachable:
+      return errc::unavailable;
+    case transport::status_code::corrupt:
+      return errc::malformed;
+    default:
+      return errc::internal;
   }
 }
 
@@ -114,23 +120,27 @@ caf::behavior blob_actor(blob_ptr self, std::shared_ptr<transport::engine> engin
         uint64_t id = r.getTransferId();
         uint64_t size = r.getSizeBytes();
         if (std::string(r.getLayout().cStr()) != "blob:u8") {
-          return transfer_reply(id, make_error(errc::version_mismatch,
-                                               std::string{"layout '"} + r.getLayout().cStr() +
-                                                   "' is not blob:u8"),
-                                0, 0);
+          return transfer_reply(
+              id,
+              make_error(errc::version_mismatch,
+                         std::string{"layout '"} + r.getLayout().cStr() + "' is not blob:u8"),
+              0, 0);
         }
         if (size > st.buffer.size_bytes || size > r.getSource().getSizeBytes()) {
-          return transfer_reply(id, make_error(errc::invalid_argument, "transfer larger than a region"), 0, 0);
+          return transfer_reply(
+              id, make_error(errc::invalid_argument, "transfer larger than a region"), 0, 0);
         }
         auto peer = st.engine->connect(as_span(r.getSource().getPeerAddress()));
-        if (!peer) return transfer_reply(id, make_error(errc::unavailable, peer.error().to_string()), 0, 0);
+        if (!peer)
+          return transfer_reply(id, make_error(errc::unavailable, peer.error().to_string()), 0, 0);
         auto remote = st.engine->import_remote(*peer, as_span(r.getSource().getRemoteKey()));
         if (!remote) {
-          return transfer_reply(id, make_error(errc::invalid_argument, remote.error().to_string()), 0, 0);
+          return transfer_reply(id, make_error(errc::invalid_argument, remote.error().to_string()),
+                                0, 0);
         }
         uint64_t now = now_ms();
-        uint32_t timeout_ms = r.getDeadlineMs() > now ? static_cast<uint32_t>(r.getDeadlineMs() - now)
-                                                      : 30'000;
+        uint32_t timeout_ms =
+            r.getDeadlineMs() > now ? static_cast<uint32_t>(r.getDeadlineMs() - now) : 30'000;
         uint64_t local_id = st.next_local_id++;
         pending_pull p;
         p.promise = self->make_response_promise();
@@ -154,8 +164,9 @@ caf::behavior blob_actor(blob_ptr self, std::shared_ptr<transport::engine> engin
         });
         if (!started) {
           st.engine->release_remote(*remote);
-          return transfer_reply(id, make_error(from_transport(started.error().code),
-                                               started.error().to_string()), 0, 0);
+          return transfer_reply(
+              id, make_error(from_transport(started.error().code), started.error().to_string()), 0,
+              0);
         }
         st.pending.emplace(local_id, std::move(p));
         return caf::delegated<envelope>{};
@@ -167,21 +178,21 @@ caf::behavior blob_actor(blob_ptr self, std::shared_ptr<transport::engine> engin
         auto p = std::move(it->second);
         st.pending.erase(it);
         st.engine->release_remote(p.remote);
-        auto elapsed_us = static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::microseconds>(
-                std::chrono::steady_clock::now() - p.started)
-                .count());
+        auto elapsed_us =
+            static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                      std::chrono::steady_clock::now() - p.started)
+                                      .count());
         auto tcode = static_cast<transport::status_code>(code);
         if (tcode != transport::status_code::ok) {
-          p.promise.deliver(transfer_reply(p.transfer_id,
-                                           make_error(from_transport(tcode), message), 0, elapsed_us));
+          p.promise.deliver(transfer_reply(
+              p.transfer_id, make_error(from_transport(tcode), message), 0, elapsed_us));
           return;
         }
         uint64_t sum = transport::checksum(st.buffer.data, p.size_bytes);
         if (p.expected_checksum != 0 && sum != p.expected_checksum) {
-          p.promise.deliver(transfer_reply(p.transfer_id,
-                                           make_error(errc::malformed, "checksum mismatch after transfer"),
-                                           sum, elapsed_us));
+          p.promise.deliver(transfer_reply(
+              p.transfer_id, make_error(errc::malformed, "checksum mismatch after transfer"), sum,
+              elapsed_us));
           return;
         }
         st.checksum = sum;
@@ -196,7 +207,8 @@ result<caf::actor> spawn_blob_role(caf::actor_system& sys, const role_context& c
   if (!ctx.engine) {
     return make_error(errc::unavailable, "blob: node " + ctx.node_id + " has no data-plane engine");
   }
-  auto cfg = nlohmann::json::parse(ctx.config_json.empty() ? "{}" : ctx.config_json, nullptr, false);
+  auto cfg =
+      nlohmann::json::parse(ctx.config_json.empty() ? "{}" : ctx.config_json, nullptr, false);
   if (cfg.is_discarded() || !cfg.is_object()) {
     return make_error(errc::invalid_argument, "blob: config is not a JSON object");
   }

@@ -1,9 +1,9 @@
 #include "actors/cluster_client.hpp"
 
+#include <fmt/format.h>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "actors/node_agent.hpp"
@@ -25,26 +25,38 @@ result<Handle> connect(caf::actor_system& sys, const std::string& host, uint16_t
   return *h;
 }
 
-std::string caf_error(caf::actor_system& sys, const caf::error& e) { return sys.render(e); }
+std::string caf_error(caf::actor_system& sys, const caf::error& e) {
+  return sys.render(e);
+}
 
 const char* state_name(wire::NodeState s) {
   switch (s) {
-    case wire::NodeState::JOINING: return "joining";
-    case wire::NodeState::ALIVE: return "alive";
-    case wire::NodeState::SUSPECT: return "suspect";
-    case wire::NodeState::DEAD: return "dead";
-    case wire::NodeState::LEAVING: return "leaving";
+    case wire::NodeState::JOINING:
+      return "joining";
+    case wire::NodeState::ALIVE:
+      return "alive";
+    case wire::NodeState::SUSPECT:
+      return "suspect";
+    case wire::NodeState::DEAD:
+      return "dead";
+    case wire::NodeState::LEAVING:
+      return "leaving";
   }
   return "?";
 }
 
 const char* actor_state_name(wire::ActorState s) {
   switch (s) {
-    case wire::ActorState::STARTING: return "starting";
-    case wire::ActorState::RUNNING: return "running";
-    case wire::ActorState::RESTARTING: return "restarting";
-    case wire::ActorState::STOPPED: return "stopped";
-    case wire::ActorState::FAILED: return "failed";
+    case wire::ActorState::STARTING:
+      return "starting";
+    case wire::ActorState::RUNNING:
+      return "running";
+    case wire::ActorState::RESTARTING:
+      return "restarting";
+    case wire::ActorState::STOPPED:
+      return "stopped";
+    case wire::ActorState::FAILED:
+      return "failed";
   }
   return "?";
 }
@@ -105,8 +117,8 @@ status join_cluster(caf::actor_system& sys, const head_actor& head, const node_a
     b.setProof(kj::arrayPtr(proof.data(), proof.size()));
     b.setProtocolVersion(ch->get().getProtocolVersion());
   });
-  self->request(head, timeout, join_atom::value, std::move(req),
-                caf::actor_cast<caf::actor>(agent), sentinel)
+  self->request(head, timeout, join_atom::value, std::move(req), caf::actor_cast<caf::actor>(agent),
+                sentinel)
       .receive(
           [&](envelope reply) {
             auto r = reply.read<wire::JoinReply>();

@@ -1,7 +1,7 @@
 #include "actors/head.hpp"
 
-#include <caf/all.hpp>
 #include <spdlog/spdlog.h>
+#include <caf/all.hpp>
 
 #include <deque>
 #include <map>
@@ -195,8 +195,8 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
         if (!req) return refuse(errc::malformed, req.error().to_string());
         auto r = req->get();
         if (r.getProtocolVersion() != protocol_version) {
-          return refuse(errc::version_mismatch, "protocol version " +
-                                                    std::to_string(r.getProtocolVersion()));
+          return refuse(errc::version_mismatch,
+                        "protocol version " + std::to_string(r.getProtocolVersion()));
         }
         auto nonce = r.getNonce();
         auto nonce_hex = hex(nonce.begin(), nonce.size());
@@ -258,8 +258,8 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
         std::string name = req->get().getName().cStr();
         node_entry* target = place(self, role);
         if (target == nullptr) {
-          return {make_error_envelope(make_error(errc::unavailable,
-                                                 "no live node accepts role '" + role + "'")),
+          return {make_error_envelope(
+                      make_error(errc::unavailable, "no live node accepts role '" + role + "'")),
                   caf::actor{}};
         }
         auto rp = self->make_response_promise<envelope, caf::actor>();
@@ -277,8 +277,8 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
                 },
                 [rp, node_id](caf::error& err) mutable {
                   rp.deliver(make_error_envelope(make_error(
-                                 errc::unavailable, "node " + node_id + " did not answer: " +
-                                                        caf::to_string(err))),
+                                 errc::unavailable,
+                                 "node " + node_id + " did not answer: " + caf::to_string(err))),
                              caf::actor{});
                 });
         return rp;
@@ -297,9 +297,9 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
         bool ok = false;
         cfg.strategy = parse_strategy(s.getStrategy().cStr(), &ok);
         if (!ok) {
-          return {make_error_envelope(make_error(errc::invalid_argument,
-                                                 std::string{"unknown strategy '"} +
-                                                     s.getStrategy().cStr() + "'")),
+          return {make_error_envelope(
+                      make_error(errc::invalid_argument,
+                                 std::string{"unknown strategy '"} + s.getStrategy().cStr() + "'")),
                   caf::actor{}};
         }
         if (s.getMaxRestarts() > 0) cfg.intensity.max_restarts = s.getMaxRestarts();
@@ -327,10 +327,10 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
                       supervise_atom::value)
             .then([rp, sup](envelope status) mutable { rp.deliver(std::move(status), sup); },
                   [rp](caf::error& e) mutable {
-                    rp.deliver(make_error_envelope(make_error(
-                                   errc::unavailable, "supervisor did not start: " +
-                                                          caf::to_string(e))),
-                               caf::actor{});
+                    rp.deliver(
+                        make_error_envelope(make_error(
+                            errc::unavailable, "supervisor did not start: " + caf::to_string(e))),
+                        caf::actor{});
                   });
         return rp;
       },
@@ -362,8 +362,9 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
         for (auto it = st.nonces.begin(); it != st.nonces.end();) {
           it = it->second + nonce_ttl_ms < now ? st.nonces.erase(it) : std::next(it);
         }
-        self->delayed_send(self, std::chrono::milliseconds(std::max(20u, st.cfg.heartbeat_interval_ms / 2)),
-                           tick_atom::value);
+        self->delayed_send(
+            self, std::chrono::milliseconds(std::max(20u, st.cfg.heartbeat_interval_ms / 2)),
+            tick_atom::value);
       },
   };
 }

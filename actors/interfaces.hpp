@@ -30,8 +30,7 @@ using node_agent_actor = caf::typed_actor<
     // The head handle after a successful join (sent by the app; the agent starts heartbeats).
     caf::reacts_to<join_atom, caf::actor>,
     // -> the sentinel actor that the head monitors.
-    caf::replies_to<sentinel_atom>::with<caf::actor>,
-    caf::reacts_to<tick_atom>>;
+    caf::replies_to<sentinel_atom>::with<caf::actor>, caf::reacts_to<tick_atom>>;
 
 /// The head: cluster membership (authenticated join), failure detection (sentinel monitors +
 /// heartbeats), the cluster-wide name registry, placement of spawns on live nodes, supervisors.
@@ -51,7 +50,6 @@ using head_actor = caf::typed_actor<
     // An actor status change reported by a supervisor (e.g. failed).
     caf::reacts_to<status_atom, envelope>,
     // Registry lookup by name -> actor (invalid if unknown).
-    caf::replies_to<lookup_atom, std::string>::with<caf::actor>,
-    caf::reacts_to<tick_atom>>;
+    caf::replies_to<lookup_atom, std::string>::with<caf::actor>, caf::reacts_to<tick_atom>>;
 
 }  // namespace weft::actors

@@ -1,10 +1,10 @@
 #include "actors/node.hpp"
 
+#include <spdlog/spdlog.h>
+#include <unistd.h>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
-#include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include "actors/cluster_client.hpp"
 #include "actors/node_agent.hpp"
@@ -35,12 +35,11 @@ caf::behavior head_watcher(caf::event_based_actor* self, caf::actor head,
 template <class Handle>
 result<uint16_t> publish(caf::actor_system& sys, const Handle& h, uint16_t port,
                          const std::string& host, const tls_options& tls) {
-  caf::expected<uint16_t> p = tls.enabled
-                                  ? caf::openssl::publish(h, port, host.c_str(), true)
-                                  : sys.middleman().publish(h, port, host.c_str(), true);
+  caf::expected<uint16_t> p = tls.enabled ? caf::openssl::publish(h, port, host.c_str(), true)
+                                          : sys.middleman().publish(h, port, host.c_str(), true);
   if (!p) {
-    return make_error(errc::unavailable, "cannot publish on " + host + ":" +
-                                             std::to_string(port) + ": " + sys.render(p.error()));
+    return make_error(errc::unavailable, "cannot publish on " + host + ":" + std::to_string(port) +
+                                             ": " + sys.render(p.error()));
   }
   return *p;
 }
@@ -80,12 +79,13 @@ result<std::unique_ptr<node>> node::start(node_options opts,
     ecfg.params = opts.transport_params;
     auto eng = transport::make_engine(opts.transport, ecfg);
     if (!eng) {
-      return make_error(errc::unavailable, "transport '" + opts.transport +
-                                               "': " + eng.error().to_string());
+      return make_error(errc::unavailable,
+                        "transport '" + opts.transport + "': " + eng.error().to_string());
     }
     acfg.engine = std::shared_ptr<transport::engine>(std::move(*eng));
     auto addr = acfg.engine->local_address();
-    if (addr) acfg.transport_address.assign(reinterpret_cast<const char*>(addr->data()), addr->size());
+    if (addr)
+      acfg.transport_address.assign(reinterpret_cast<const char*>(addr->data()), addr->size());
   }
   auto port_cell = acfg.port;
   n->impl_->agent = spawn_node_agent(sys, acfg);
@@ -118,14 +118,22 @@ result<std::unique_ptr<node>> node::start(node_options opts,
 node::~node() {
   if (!impl_ || !impl_->sys) return;
   caf::anon_send_exit(impl_->agent, caf::exit_reason::user_shutdown);
-  if (impl_->head && opts_.is_head) caf::anon_send_exit(impl_->head, caf::exit_reason::user_shutdown);
-  if (impl_->head_watcher) caf::anon_send_exit(impl_->head_watcher, caf::exit_reason::user_shutdown);
+  if (impl_->head && opts_.is_head)
+    caf::anon_send_exit(impl_->head, caf::exit_reason::user_shutdown);
+  if (impl_->head_watcher)
+    caf::anon_send_exit(impl_->head_watcher, caf::exit_reason::user_shutdown);
   impl_->sys.reset();
 }
 
-caf::actor_system& node::system() { return *impl_->sys; }
-node_agent_actor node::agent() const { return impl_->agent; }
-head_actor node::head() const { return impl_->head; }
+caf::actor_system& node::system() {
+  return *impl_->sys;
+}
+node_agent_actor node::agent() const {
+  return impl_->agent;
+}
+head_actor node::head() const {
+  return impl_->head;
+}
 
 void node::on_head_lost(std::function<void(const std::string&)> fn) {
   impl_->head_watcher =

@@ -33,17 +33,17 @@ struct tls_options {
 void apply_tls(runtime_config& cfg, const tls_options& tls);
 
 struct node_options {
-  std::string node_id;              ///< default: "<host>-<pid>"
-  bool is_head = false;             ///< also run the head (membership, placement, supervisors)
+  std::string node_id;   ///< default: "<host>-<pid>"
+  bool is_head = false;  ///< also run the head (membership, placement, supervisors)
   std::string bind_host = "127.0.0.1";
-  uint16_t head_port = 7070;        ///< where the head is published (is_head only; 0 = any)
-  uint16_t agent_port = 0;          ///< where the node agent is published (0 = any free port)
+  uint16_t head_port = 7070;  ///< where the head is published (is_head only; 0 = any)
+  uint16_t agent_port = 0;    ///< where the node agent is published (0 = any free port)
   std::string join_host = "127.0.0.1";
-  uint16_t join_port = 0;           ///< head to join (not is_head); is_head joins itself
-  std::vector<std::string> roles;   ///< roles accepted here (empty = all in the table)
+  uint16_t join_port = 0;          ///< head to join (not is_head); is_head joins itself
+  std::vector<std::string> roles;  ///< roles accepted here (empty = all in the table)
   cluster_secret secret;
   runtime_options runtime;
-  head_config head;                 ///< head timings (is_head only)
+  head_config head;  ///< head timings (is_head only)
   tls_options tls;
   std::string build_version;
   /// Data-plane engine of the node ("ucx", "inproc", "fault:ucx", ... or "none") and its params

@@ -1,8 +1,8 @@
 #include "actors/node_agent.hpp"
 
-#include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
+#include <caf/all.hpp>
 
 #include <map>
 
@@ -54,7 +54,8 @@ void fill_node_info(wire::NodeInfo::Builder b, const node_agent_state& st) {
   b.setPid(static_cast<uint32_t>(::getpid()));
   b.setHost(st.cfg.host);
   b.setPort(st.cfg.port->load());
-  auto roles = st.cfg.roles.empty() && st.cfg.role_table ? st.cfg.role_table->names() : st.cfg.roles;
+  auto roles =
+      st.cfg.roles.empty() && st.cfg.role_table ? st.cfg.role_table->names() : st.cfg.roles;
   auto rl = b.initRoles(static_cast<unsigned>(roles.size()));
   for (unsigned i = 0; i < roles.size(); ++i) rl.set(i, roles[i]);
   auto devs = b.initDevices(1);
@@ -63,9 +64,9 @@ void fill_node_info(wire::NodeInfo::Builder b, const node_agent_state& st) {
   devs[0].setMemoryBytes(static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
                          static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE)));
   devs[0].setName("cpu");
-  b.setTransportAddress(kj::arrayPtr(
-      reinterpret_cast<const kj::byte*>(st.cfg.transport_address.data()),
-      st.cfg.transport_address.size()));
+  b.setTransportAddress(
+      kj::arrayPtr(reinterpret_cast<const kj::byte*>(st.cfg.transport_address.data()),
+                   st.cfg.transport_address.size()));
   b.setStartedAtMs(st.started_at_ms);
   b.setBuildVersion(st.cfg.build_version);
 }
@@ -121,9 +122,10 @@ node_agent_actor::behavior_type node_agent(agent_ptr self, node_agent_config cfg
         const role_factory* factory =
             self->state.cfg.role_table ? self->state.cfg.role_table->find(role) : nullptr;
         if (factory == nullptr || !role_allowed(self->state.cfg, role)) {
-          return {make_error_envelope(make_error(errc::not_found, "node " + self->state.cfg.node_id +
-                                                                      " has no role '" + role + "'")),
-                  caf::actor{}};
+          return {
+              make_error_envelope(make_error(errc::not_found, "node " + self->state.cfg.node_id +
+                                                                  " has no role '" + role + "'")),
+              caf::actor{}};
         }
         role_context ctx{name, r.getConfigJson().cStr(), self->state.cfg.node_id,
                          self->state.cfg.engine, self->state.cfg.secret};
@@ -201,8 +203,7 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_agent_config cfg)
 caf::actor sentinel_of(caf::actor_system& sys, const node_agent_actor& agent) {
   caf::scoped_actor self{sys};
   caf::actor out;
-  self->request(caf::actor_cast<caf::actor>(agent), std::chrono::seconds(5),
-                sentinel_atom::value)
+  self->request(caf::actor_cast<caf::actor>(agent), std::chrono::seconds(5), sentinel_atom::value)
       .receive([&](caf::actor s) { out = std::move(s); },
                [&](caf::error& err) {
                  spdlog::error("cannot get the node sentinel: {}", caf::to_string(err));
@@ -239,11 +240,9 @@ envelope make_stop_request(const cluster_secret& secret, uint64_t request_id,
 
 status verify_spawn_request(const cluster_secret& secret,
                             const schema::wire::SpawnRequest::Reader& req) {
-  return verify_request_token(secret, "spawn",
-                              spawn_fields(req.getRequestId(), req.getRole().cStr(),
-                                           req.getName().cStr()),
-                              req.getDeadlineMs(), req.getSessionToken().begin(),
-                              req.getSessionToken().size());
+  return verify_request_token(
+      secret, "spawn", spawn_fields(req.getRequestId(), req.getRole().cStr(), req.getName().cStr()),
+      req.getDeadlineMs(), req.getSessionToken().begin(), req.getSessionToken().size());
 }
 
 }  // namespace weft::actors

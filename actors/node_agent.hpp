@@ -21,11 +21,11 @@ struct node_agent_config {
   /// Where the agent is published (reported in status); shared because it is known only after
   /// the agent has been spawned and published.
   std::shared_ptr<std::atomic<uint16_t>> port = std::make_shared<std::atomic<uint16_t>>(0);
-  std::vector<std::string> roles;     ///< roles accepted here; empty = every role in the table
+  std::vector<std::string> roles;  ///< roles accepted here; empty = every role in the table
   cluster_secret secret;
   uint32_t heartbeat_interval_ms = 200;
   std::shared_ptr<const role_registry> role_table;
-  std::string transport_address;      ///< data-plane endpoint (bytes), reported in NodeInfo
+  std::string transport_address;              ///< data-plane endpoint (bytes), reported in NodeInfo
   std::shared_ptr<transport::engine> engine;  ///< handed to every role actor
   std::string build_version;
 };

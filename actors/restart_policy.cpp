@@ -16,9 +16,12 @@ restart_strategy parse_strategy(const std::string& name, bool* ok) {
 
 const char* to_string(restart_strategy s) {
   switch (s) {
-    case restart_strategy::one_for_one: return "one_for_one";
-    case restart_strategy::one_for_all: return "one_for_all";
-    case restart_strategy::rest_for_one: return "rest_for_one";
+    case restart_strategy::one_for_one:
+      return "one_for_one";
+    case restart_strategy::one_for_all:
+      return "one_for_all";
+    case restart_strategy::rest_for_one:
+      return "rest_for_one";
   }
   return "?";
 }
@@ -51,11 +54,13 @@ restart_decision restart_tracker::on_exit(size_t index, size_t n_children, resta
 
   if (now_ms >= running_since_ms + backoff_.reset_after_ms) consecutive_failures_[index] = 0;
   uint32_t failures = consecutive_failures_[index]++;
-  // The first failure in a row restarts after first_delay_ms (default: at once); later ones wait initial, initial*m, ... up to max.
+  // The first failure in a row restarts after first_delay_ms (default: at once); later ones wait
+  // initial, initial*m, ... up to max.
   double delay = failures == 0 ? 0.0
                                : static_cast<double>(backoff_.initial_ms) *
                                      std::pow(backoff_.multiplier, failures - 1);
-  d.delay_ms = failures == 0 ? backoff_.first_delay_ms : static_cast<uint64_t>(std::min<double>(delay, backoff_.max_ms));
+  d.delay_ms = failures == 0 ? backoff_.first_delay_ms
+                             : static_cast<uint64_t>(std::min<double>(delay, backoff_.max_ms));
 
   switch (strategy_) {
     case restart_strategy::one_for_one:

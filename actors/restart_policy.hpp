@@ -52,9 +52,9 @@ const char* to_string(restart_strategy s);
 
 /// The decision for one child failure.
 struct restart_decision {
-  bool give_up = false;             ///< intensity exceeded: stop restarting, escalate
-  std::vector<size_t> to_restart;   ///< child indices, in start order
-  uint64_t delay_ms = 0;            ///< backoff before restarting
+  bool give_up = false;            ///< intensity exceeded: stop restarting, escalate
+  std::vector<size_t> to_restart;  ///< child indices, in start order
+  uint64_t delay_ms = 0;           ///< backoff before restarting
 };
 
 /// Tracks restarts of one supervisor's children. Not thread-safe (owned by one actor).

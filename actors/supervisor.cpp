@@ -1,7 +1,7 @@
 #include "actors/supervisor.hpp"
 
-#include <caf/all.hpp>
 #include <spdlog/spdlog.h>
+#include <caf/all.hpp>
 
 #include "actors/atoms.hpp"
 #include "actors/node_agent.hpp"
@@ -17,7 +17,7 @@ struct child_slot {
   child_spec spec;
   caf::actor handle;
   std::string node_id;
-  uint64_t generation = 0;     // bumps on every (re)start; stale events carry an old one
+  uint64_t generation = 0;  // bumps on every (re)start; stale events carry an old one
   uint64_t started_at_ms = 0;
   uint32_t restarts = 0;
   wire::ActorState state = wire::ActorState::STARTING;
@@ -86,16 +86,17 @@ void give_up(sup_ptr self, const std::string& why) {
 
 void on_child_exit(sup_ptr self, size_t index, exit_kind how);
 
-/// Starts child `index` (generation `gen`); on success continues with `then_next` children in order.
+/// Starts child `index` (generation `gen`); on success continues with `then_next` children in
+/// order.
 void start_child(sup_ptr self, size_t index, bool chain) {
   auto& st = self->state;
   auto& slot = st.children[index];
   uint64_t gen = ++slot.generation;
   slot.state = wire::ActorState::STARTING;
-  auto req = make_spawn_request(st.cfg.secret, st.next_request_id++, slot.spec.role,
-                                slot.spec.name, slot.spec.config_json, st.cfg.spawn_timeout_ms);
-  self->request(st.cfg.spawner, std::chrono::milliseconds(st.cfg.spawn_timeout_ms), spawn_atom::value,
-                std::move(req))
+  auto req = make_spawn_request(st.cfg.secret, st.next_request_id++, slot.spec.role, slot.spec.name,
+                                slot.spec.config_json, st.cfg.spawn_timeout_ms);
+  self->request(st.cfg.spawner, std::chrono::milliseconds(st.cfg.spawn_timeout_ms),
+                spawn_atom::value, std::move(req))
       .then(
           [self, index, gen, chain](const envelope& reply, const caf::actor& child) {
             auto& st = self->state;
@@ -167,18 +168,17 @@ void on_child_exit(sup_ptr self, size_t index, exit_kind how) {
 }
 
 caf::behavior supervisor_actor(sup_ptr self, supervisor_config cfg) {
-  self->state.tracker =
-      std::make_unique<restart_tracker>(cfg.strategy, cfg.intensity, cfg.backoff);
+  self->state.tracker = std::make_unique<restart_tracker>(cfg.strategy, cfg.intensity, cfg.backoff);
   for (auto& spec : cfg.children) self->state.children.push_back(child_slot{spec});
   self->state.cfg = std::move(cfg);
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     for (size_t i = 0; i < st.children.size(); ++i) {
       if (st.children[i].handle && st.children[i].handle.address() == dm.source) {
-        bool normal = dm.reason == caf::exit_reason::normal ||
-                      dm.reason == caf::exit_reason::user_shutdown;
-        spdlog::info("supervisor '{}': child '{}' down: {}", st.cfg.name,
-                     st.children[i].spec.name, caf::to_string(dm.reason));
+        bool normal =
+            dm.reason == caf::exit_reason::normal || dm.reason == caf::exit_reason::user_shutdown;
+        spdlog::info("supervisor '{}': child '{}' down: {}", st.cfg.name, st.children[i].spec.name,
+                     caf::to_string(dm.reason));
         on_child_exit(self, i, normal ? exit_kind::normal : exit_kind::abnormal);
         return;
       }
@@ -228,7 +228,8 @@ caf::behavior supervisor_actor(sup_ptr self, supervisor_config cfg) {
       },
       [self](restart_atom, uint64_t index, uint64_t gen) {
         auto& st = self->state;
-        if (st.failed || index >= st.children.size() || st.children[index].generation != gen) return;
+        if (st.failed || index >= st.children.size() || st.children[index].generation != gen)
+          return;
         // The restart gets a fresh generation inside start_child.
         start_child(self, index, false);
         // Every restarted child must be running again before a new waiter is told "started".

@@ -61,7 +61,9 @@ result<child_process> child_process::start(const std::vector<std::string>& argv,
   return p;
 }
 
-child_process::child_process(child_process&& other) noexcept { *this = std::move(other); }
+child_process::child_process(child_process&& other) noexcept {
+  *this = std::move(other);
+}
 
 child_process& child_process::operator=(child_process&& other) noexcept {
   std::swap(pid_, other.pid_);

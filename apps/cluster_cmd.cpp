@@ -1,9 +1,9 @@
 // `weft cluster`: launch a local cluster of node processes on 127.0.0.1, show its status, spawn
 // actors on it.
 
-#include <caf/actor_system.hpp>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <caf/actor_system.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -60,8 +60,7 @@ std::vector<std::string> node_args(const up_cli& cli, const std::string& secret_
   // shows); otherwise they read the same secret file.
   if (cli.cluster.secret.empty()) a.insert(a.end(), {"--secret-file", secret_file});
   a.insert(a.end(), {"--heartbeat-ms", std::to_string(cli.cluster.heartbeat_ms),
-                                "--connection-timeout-ms",
-                     std::to_string(cli.cluster.connection_timeout_ms)});
+                     "--connection-timeout-ms", std::to_string(cli.cluster.connection_timeout_ms)});
   if (!cli.roles.empty()) {
     std::string r;
     for (const auto& x : cli.roles) r += (r.empty() ? "" : ",") + x;
@@ -89,8 +88,8 @@ int run_up(up_cli cli) {
     spdlog::error("{}", secret.error().message);
     return 2;
   }
-  std::string secret_file = cli.cluster.secret_file.empty() ? default_secret_file()
-                                                            : cli.cluster.secret_file;
+  std::string secret_file =
+      cli.cluster.secret_file.empty() ? default_secret_file() : cli.cluster.secret_file;
   std::vector<child_process> children;
   std::optional<netns_topology> topo;
   std::string head_host = "127.0.0.1";
@@ -127,10 +126,10 @@ int run_up(up_cli cli) {
   }
   children.push_back(std::move(*head));
   for (int i = 1; i < cli.nodes; ++i) {
-    auto c = child_process::start(node_argv(
-        i, {"--join", head_host + ":" + std::to_string(cli.port), "--node-id",
-            "node-" + std::to_string(i)}),
-        env);
+    auto c =
+        child_process::start(node_argv(i, {"--join", head_host + ":" + std::to_string(cli.port),
+                                           "--node-id", "node-" + std::to_string(i)}),
+                             env);
     if (!c) {
       spdlog::error("{}", c.error().message);
       return 1;
@@ -143,8 +142,10 @@ int run_up(up_cli cli) {
   }
   std::printf("weft-cluster-ready head=%s:%u nodes=%d\n", head_host.c_str(), cli.port, cli.nodes);
   std::fflush(stdout);
-  spdlog::info("local cluster up: {} node(s), head on {}:{} — `weft cluster status --head {}:{}` shows it; Ctrl-C stops it",
-               cli.nodes, head_host, cli.port, head_host, cli.port);
+  spdlog::info(
+      "local cluster up: {} node(s), head on {}:{} — `weft cluster status --head {}:{}` shows it; "
+      "Ctrl-C stops it",
+      cli.nodes, head_host, cli.port, head_host, cli.port);
   // Watch the children: report deaths (the head notices them too and restarts their actors).
   std::thread watcher([&children] {
     std::vector<bool> reported(children.size(), false);
@@ -192,8 +193,8 @@ int run_status(client_cli& cli) {
       spdlog::error("{}", st.error().to_string());
       return 1;
     }
-    std::string out = cli.json ? actors::cluster_status_json(*st) + "\n"
-                               : actors::cluster_status_table(*st);
+    std::string out =
+        cli.json ? actors::cluster_status_json(*st) + "\n" : actors::cluster_status_table(*st);
     std::fwrite(out.data(), 1, out.size(), stdout);
     return 0;
   });
@@ -223,25 +224,32 @@ void add_cluster_command(CLI::App& app, const global_options&) {
   cmd->require_subcommand(1);
 
   auto up = std::make_shared<up_cli>();
-  auto* up_cmd = cmd->add_subcommand("up", "Start a head and N-1 worker node processes on 127.0.0.1 (foreground; Ctrl-C stops them)");
+  auto* up_cmd = cmd->add_subcommand(
+      "up",
+      "Start a head and N-1 worker node processes on 127.0.0.1 (foreground; Ctrl-C stops them)");
   up_cmd->add_option("-n,--nodes", up->nodes, "Number of node processes, head included")
-      ->capture_default_str()->check(CLI::Range(1, 64));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   up_cmd->add_option("--port", up->port, "Head port")->capture_default_str();
-  up_cmd->add_option("--roles", up->roles, "Roles every node accepts (default: all)")->delimiter(',');
+  up_cmd->add_option("--roles", up->roles, "Roles every node accepts (default: all)")
+      ->delimiter(',');
   up_cmd->add_flag("--netns", up->netns,
-                   "Run each node in its own network namespace (root; 10.213.x.0/24 on a private bridge; data plane over UCX tcp)");
+                   "Run each node in its own network namespace (root; 10.213.x.0/24 on a private "
+                   "bridge; data plane over UCX tcp)");
   up->cluster.add_to(up_cmd);
   up_cmd->callback([up] { std::exit(run_up(*up)); });
 
   auto status = std::make_shared<client_cli>();
-  auto* st_cmd = cmd->add_subcommand("status", "Show every node: id, pid, address, state, roles, actors");
+  auto* st_cmd =
+      cmd->add_subcommand("status", "Show every node: id, pid, address, state, roles, actors");
   st_cmd->add_option("--head", status->head, "HOST:PORT of the head")->capture_default_str();
   st_cmd->add_flag("--json", status->json, "Print JSON instead of a table");
   status->cluster.add_to(st_cmd);
   st_cmd->callback([status] { std::exit(run_status(*status)); });
 
   auto spawn = std::make_shared<client_cli>();
-  auto* sp_cmd = cmd->add_subcommand("spawn", "Spawn an actor of a role on a live node chosen by the head");
+  auto* sp_cmd =
+      cmd->add_subcommand("spawn", "Spawn an actor of a role on a live node chosen by the head");
   sp_cmd->add_option("--head", spawn->head, "HOST:PORT of the head")->capture_default_str();
   sp_cmd->add_option("--role", spawn->role, "Role to spawn (e.g. echo)")->required();
   sp_cmd->add_option("--name", spawn->name, "Cluster-unique name of the actor")->required();

@@ -58,11 +58,13 @@ void preload(const gpu::gguf_file& file) {
   for (size_t off = 0; off < total; off += 4096) {
     sink = sink + static_cast<unsigned char>(bytes[off]);
     if (off >= next_report) {
-      std::fprintf(stderr, "\rloading model: %3zu%% of %.1f MiB", off * 100 / total, static_cast<double>(total) / (1 << 20));
+      std::fprintf(stderr, "\rloading model: %3zu%% of %.1f MiB", off * 100 / total,
+                   static_cast<double>(total) / (1 << 20));
       next_report += step;
     }
   }
-  std::fprintf(stderr, "\rloading model: 100%% of %.1f MiB\n", static_cast<double>(total) / (1 << 20));
+  std::fprintf(stderr, "\rloading model: 100%% of %.1f MiB\n",
+               static_cast<double>(total) / (1 << 20));
 }
 
 int run_generate(const generate_options& o) {
@@ -74,8 +76,10 @@ int run_generate(const generate_options& o) {
   spdlog::set_level(level);
   const fs::path path = o.model_path.empty() ? default_model_path() : fs::path{o.model_path};
   if (!fs::exists(path)) {
-    spdlog::error("model file {} not found; fetch the default model with scripts/fetch_model.sh or pass --model PATH",
-                  path.string());
+    spdlog::error(
+        "model file {} not found; fetch the default model with scripts/fetch_model.sh or pass "
+        "--model PATH",
+        path.string());
     return 2;
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -131,7 +135,8 @@ int run_generate(const generate_options& o) {
                std::chrono::duration<double>(t1 - t0).count(), dev.value()->capabilities().name);
 
   std::vector<int32_t> prompt_ids =
-      tk.encode(prompt_text, gpu::add_special::yes, o.chat ? gpu::parse_special::yes : gpu::parse_special::no);
+      tk.encode(prompt_text, gpu::add_special::yes,
+                o.chat ? gpu::parse_special::yes : gpu::parse_special::no);
   gpu::sampling_params sp;
   sp.temperature = o.temperature;
   sp.top_k = o.top_k;
@@ -172,10 +177,12 @@ int run_generate(const generate_options& o) {
   std::fputc('\n', stdout);
   const auto t3 = std::chrono::steady_clock::now();
   const double ttft = first_token ? std::chrono::duration<double>(*first_token - t2).count() : 0.0;
-  const double decode_s = first_token ? std::chrono::duration<double>(t3 - *first_token).count() : 0.0;
-  spdlog::info("{} prompt tokens, {} generated ({}); prefill {:.1f} ms, decode {:.1f} tokens/s",
-               prompt_ids.size(), n_generated, gpu::finish_reason_name(reason), ttft * 1e3,
-               n_generated > 1 && decode_s > 0 ? static_cast<double>(n_generated - 1) / decode_s : 0.0);
+  const double decode_s =
+      first_token ? std::chrono::duration<double>(t3 - *first_token).count() : 0.0;
+  spdlog::info(
+      "{} prompt tokens, {} generated ({}); prefill {:.1f} ms, decode {:.1f} tokens/s",
+      prompt_ids.size(), n_generated, gpu::finish_reason_name(reason), ttft * 1e3,
+      n_generated > 1 && decode_s > 0 ? static_cast<double>(n_generated - 1) / decode_s : 0.0);
   return 0;
 }
 
@@ -183,21 +190,29 @@ int run_generate(const generate_options& o) {
 
 void add_generate_command(CLI::App& app, const global_options& /*globals*/) {
   auto opts = std::make_shared<generate_options>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt with a local GGUF model");
-  cmd->add_option("--model,-m", opts->model_path,
-                  "GGUF model (default: $WEFT_MODEL, else $WEFT_CACHE_DIR or ~/.cache/weft: models/" +
-                      std::string{default_model_name} + ")");
+  CLI::App* cmd =
+      app.add_subcommand("generate", "Generate text from a prompt with a local GGUF model");
+  cmd->add_option(
+      "--model,-m", opts->model_path,
+      "GGUF model (default: $WEFT_MODEL, else $WEFT_CACHE_DIR or ~/.cache/weft: models/" +
+          std::string{default_model_name} + ")");
   cmd->add_option("--prompt,-p", opts->prompt, "Prompt text")->required();
   cmd->add_flag("--chat", opts->chat, "Wrap the prompt in the model's chat template");
   cmd->add_option("--system", opts->system_prompt, "System message (with --chat)");
-  cmd->add_option("--max-tokens,-n", opts->max_tokens, "Tokens to generate at most")->check(CLI::PositiveNumber);
-  cmd->add_option("--temperature,-t", opts->temperature, "Sampling temperature (0 = greedy)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-k", opts->top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-p", opts->top_p, "Nucleus sampling mass (1 = off)")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--min-p", opts->min_p, "Drop tokens below min-p x the best (0 = off)")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--max-tokens,-n", opts->max_tokens, "Tokens to generate at most")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--temperature,-t", opts->temperature, "Sampling temperature (0 = greedy)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", opts->top_k, "Keep the k most likely tokens (0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", opts->top_p, "Nucleus sampling mass (1 = off)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--min-p", opts->min_p, "Drop tokens below min-p x the best (0 = off)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--repeat-penalty", opts->repeat_penalty, "Repetition penalty (1 = off)");
   cmd->add_option("--seed", opts->seed, "Sampling seed");
-  cmd->add_option("--threads", opts->threads, "Compute threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", opts->threads, "Compute threads (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--stop", opts->stop, "Stop string (repeatable)");
   cmd->add_option("--device", opts->device, "Device backend: cpu or cuda");
   cmd->callback([opts] {

@@ -1,4 +1,5 @@
-// The `weft` binary: one entry point, one subcommand per role (node, cluster, serve, generate, ...).
+// The `weft` binary: one entry point, one subcommand per role (node, cluster, serve, generate,
+// ...).
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -21,7 +22,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", globals.log_level,
                  "trace, debug, info, warn, error, off (or WEFT_LOG_LEVEL)")
       ->envname("WEFT_LOG_LEVEL");
-  app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(globals.log_level)); });
+  app.parse_complete_callback(
+      [&] { spdlog::set_level(spdlog::level::from_str(globals.log_level)); });
 
   weft::apps::add_node_command(app, globals);
   weft::apps::add_cluster_command(app, globals);

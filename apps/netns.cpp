@@ -11,7 +11,8 @@ namespace {
 
 status run(const std::string& cmd) {
   int rc = std::system((cmd + " 2>/dev/null").c_str());
-  if (rc != 0) return make_error(errc::unavailable, "'" + cmd + "' failed (root and iproute2 needed)");
+  if (rc != 0)
+    return make_error(errc::unavailable, "'" + cmd + "' failed (root and iproute2 needed)");
   return {};
 }
 

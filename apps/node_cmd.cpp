@@ -7,8 +7,8 @@
 #include <memory>
 
 #include "actors/node.hpp"
-#include "apps/cluster_options.hpp"
 #include "actors/serve/engine_worker.hpp"
+#include "apps/cluster_options.hpp"
 #include "apps/commands.hpp"
 #include "apps/process_control.hpp"
 #include "apps/version.hpp"
@@ -104,20 +104,30 @@ int run_node(const node_cli& cli) {
 
 void add_node_command(CLI::App& app, const global_options&) {
   auto cli = std::make_shared<node_cli>();
-  auto* cmd = app.add_subcommand("node", "Run a node process: the head (--head) or a worker that joins one (--join)");
+  auto* cmd = app.add_subcommand(
+      "node", "Run a node process: the head (--head) or a worker that joins one (--join)");
   cmd->add_flag("--head", cli->head, "Run the head (membership, failure detection, placement)");
   cmd->add_option("--join", cli->join, "HOST:PORT of the head to join");
   cmd->add_option("--node-id", cli->node_id, "Node id (default: <bind>-<pid>)");
   cmd->add_option("--bind", cli->bind, "Address to publish on")->capture_default_str();
-  cmd->add_option("--port", cli->port, "Head port (with --head; 0 = any free port)")->capture_default_str();
-  cmd->add_option("--agent-port", cli->agent_port, "Node agent port (0 = any free port)")->capture_default_str();
+  cmd->add_option("--port", cli->port, "Head port (with --head; 0 = any free port)")
+      ->capture_default_str();
+  cmd->add_option("--agent-port", cli->agent_port, "Node agent port (0 = any free port)")
+      ->capture_default_str();
   cmd->add_option("--roles", cli->roles, "Roles this node accepts (default: all)")->delimiter(',');
-  cmd->add_option("--suspect-after-ms", cli->suspect_after_ms, "Head: missed heartbeats before a node is suspect")->capture_default_str();
-  cmd->add_option("--dead-after-ms", cli->dead_after_ms, "Head: missed heartbeats before a node is dead")->capture_default_str();
-  cmd->add_option("--transport", cli->transport, "Data-plane engine: ucx, inproc, none (fault:<name> injects faults)")->capture_default_str();
+  cmd->add_option("--suspect-after-ms", cli->suspect_after_ms,
+                  "Head: missed heartbeats before a node is suspect")
+      ->capture_default_str();
+  cmd->add_option("--dead-after-ms", cli->dead_after_ms,
+                  "Head: missed heartbeats before a node is dead")
+      ->capture_default_str();
+  cmd->add_option("--transport", cli->transport,
+                  "Data-plane engine: ucx, inproc, none (fault:<name> injects faults)")
+      ->capture_default_str();
   cmd->add_option("--transport-param", cli->transport_params,
                   "Engine parameter KEY=VALUE (repeatable), e.g. fault.drop_probability=0.1");
-  cmd->add_option("--ucx-tls", cli->ucx_tls, "UCX transports for the data plane (e.g. tcp, shm; default: UCX's choice)");
+  cmd->add_option("--ucx-tls", cli->ucx_tls,
+                  "UCX transports for the data plane (e.g. tcp, shm; default: UCX's choice)");
   cli->cluster.add_to(cmd);
   cmd->callback([cli] {
     if (!cli->head && cli->join.empty()) {

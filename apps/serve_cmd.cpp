@@ -2,11 +2,11 @@
 // router and the HTTP api; every engine worker runs in its own `weft node` process, placed and
 // restarted by a supervisor. Ctrl-C stops everything.
 
+#include <spdlog/spdlog.h>
 #include <caf/actor_system.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cstdio>
@@ -35,6 +35,7 @@ struct serve_cli {
   int workers = 1;
   int prefill = 0;
   int decode = 0;
+  uint64_t kv_lease_ms = 5000;
   std::string policy = "fcfs";
   double mlfq_prefill_cost = 0.4;
   int64_t mlfq_starvation_steps = 256;
@@ -109,7 +110,8 @@ class worker_nodes {
         if (dead) nodes_[i].reset();
       }
       if (!dead) continue;
-      spdlog::warn("worker-node-{} exited (status {}); its requests migrate to the other workers", i, st);
+      spdlog::warn("worker-node-{} exited (status {}); its requests migrate to the other workers",
+                   i, st);
       if (!cli_.relaunch_nodes || relaunches_ >= cli_.max_restarts) continue;
       ++relaunches_;
       if (auto s = launch(static_cast<int>(i)); !s.ok()) {
@@ -144,9 +146,12 @@ class worker_nodes {
 
 int run_serve(const serve_cli& cli) {
   stop_latch::instance().catch_signals();
-  if (cli.prefill > 0 || cli.decode > 0) {
-    spdlog::error("--prefill/--decode (disaggregated prefill and decode) is not available in this build yet; "
-                  "use --workers N (colocated). See docs/serving.md.");
+  const bool disaggregated = cli.prefill > 0 || cli.decode > 0;
+  if (disaggregated && (cli.prefill < 1 || cli.decode < 1)) {
+    spdlog::error(
+        "disaggregated serving needs at least one prefill and one decode worker "
+        "(--prefill P --decode D), got --prefill {} --decode {}",
+        cli.prefill, cli.decode);
     return 2;
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -199,9 +204,11 @@ int run_serve(const serve_cli& cli) {
     return 1;
   }
 
-  const int n_workers = cli.workers;
-  const int threads = cli.threads > 0 ? cli.threads
-                                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / n_workers);
+  const int n_workers = disaggregated ? cli.prefill + cli.decode : cli.workers;
+  const int threads =
+      cli.threads > 0
+          ? cli.threads
+          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / n_workers);
   // The HTTP api answers (health 503) while the workers load.
   serve::api_config ac;
   ac.host = cli.host;
@@ -240,8 +247,24 @@ int run_serve(const serve_cli& cli) {
   wc.mlfq_starvation_steps = cli.mlfq_starvation_steps;
   wc.prefix_cache = !cli.no_prefix_cache;
   std::vector<actors::child_spec> children;
-  for (int i = 0; i < n_workers; ++i) {
-    children.push_back({"worker-" + std::to_string(i), "engine_worker", wc.to_json(), actors::restart_type::permanent});
+  for (int i = 0; i < n_workers && !disaggregated; ++i) {
+    children.push_back({"worker-" + std::to_string(i), "engine_worker", wc.to_json(),
+                        actors::restart_type::permanent});
+  }
+  if (disaggregated) {
+    serve::worker_config pc = wc;
+    pc.role = "prefill";
+    pc.kv_lease_ms = cli.kv_lease_ms;
+    serve::worker_config dc = wc;
+    dc.role = "decode";
+    for (int i = 0; i < cli.prefill; ++i) {
+      children.push_back({"prefill-" + std::to_string(i), "engine_worker", pc.to_json(),
+                          actors::restart_type::permanent});
+    }
+    for (int i = 0; i < cli.decode; ++i) {
+      children.push_back({"decode-" + std::to_string(i), "engine_worker", dc.to_json(),
+                          actors::restart_type::permanent});
+    }
   }
   actors::restart_intensity intensity{static_cast<uint32_t>(cli.max_restarts), 60'000};
   actors::backoff_policy backoff{500, 5000, 2.0, 30000};
@@ -249,14 +272,16 @@ int run_serve(const serve_cli& cli) {
   // (about 0.3 s), so that two engines do not end up sharing one process's cores.
   backoff.first_delay_ms = 1500;
   auto sup = actors::supervise_on_cluster(sys, (*node)->head(), *secret, "serve-workers",
-                                          actors::restart_strategy::one_for_one, intensity, backoff, children, 60'000);
+                                          actors::restart_strategy::one_for_one, intensity, backoff,
+                                          children, 60'000);
   if (!sup) {
     spdlog::error("cannot start the engine workers: {}", sup.error().to_string());
     nodes.stop_all();
     return 1;
   }
   // Wait until every worker has loaded its weights and said hello.
-  const auto ready_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(cli.ready_timeout_s);
+  const auto ready_deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(cli.ready_timeout_s);
   int ready = 0;
   while (!stop_latch::instance().requested()) {
     caf::scoped_actor s{sys};
@@ -269,7 +294,8 @@ int run_serve(const serve_cli& cli) {
             [&](caf::error&) {});
     if (ready >= n_workers) break;
     if (std::chrono::steady_clock::now() > ready_deadline) {
-      spdlog::error("only {} of {} engine workers became ready within {} s", ready, n_workers, cli.ready_timeout_s);
+      spdlog::error("only {} of {} engine workers became ready within {} s", ready, n_workers,
+                    cli.ready_timeout_s);
       nodes.stop_all();
       return 1;
     }
@@ -280,12 +306,15 @@ int run_serve(const serve_cli& cli) {
     return stop_latch::instance().wait();
   }
   const std::string url = "http://" + cli.host + ":" + std::to_string((*api)->port());
-  std::printf("weft-serve-ready url=%s model=%s workers=%d\n", url.c_str(), (**host).id.c_str(), n_workers);
+  std::printf("weft-serve-ready url=%s model=%s workers=%d\n", url.c_str(), (**host).id.c_str(),
+              n_workers);
   std::fflush(stdout);
-  spdlog::info("serving {} at {} with {} engine worker(s) ({} thread(s) each, policy {}) in {:.1f} s — try: curl {}/v1/completions "
-               "-H 'Content-Type: application/json' -d '{{\"prompt\": \"Hello\", \"max_tokens\": 16}}'",
-               (**host).id, url, n_workers, threads, cli.policy,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), url);
+  spdlog::info(
+      "serving {} at {} with {} engine worker(s) ({} thread(s) each, policy {}) in {:.1f} s — try: "
+      "curl {}/v1/completions "
+      "-H 'Content-Type: application/json' -d '{{\"prompt\": \"Hello\", \"max_tokens\": 16}}'",
+      (**host).id, url, n_workers, threads, cli.policy,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), url);
   std::thread watcher([&nodes] {
     while (!stop_latch::instance().requested()) {
       nodes.watch();
@@ -306,24 +335,40 @@ int run_serve(const serve_cli& cli) {
 
 void add_serve_command(CLI::App& app, const global_options&) {
   auto cli = std::make_shared<serve_cli>();
-  auto* cmd = app.add_subcommand(
-      "serve", "Serve a GGUF model over an OpenAI-compatible HTTP API, engine workers in their own node processes");
-  cmd->set_config("--config", "", "TOML/INI file with any of these options (command-line flags win)");
-  cmd->add_option("--model,-m", cli->model,
-                  "GGUF model (default: $WEFT_MODEL, else $WEFT_CACHE_DIR or ~/.cache/weft: models/" +
-                      std::string{serve::default_model_file} + ")");
+  auto* cmd = app.add_subcommand("serve",
+                                 "Serve a GGUF model over an OpenAI-compatible HTTP API, engine "
+                                 "workers in their own node processes");
+  cmd->set_config("--config", "",
+                  "TOML/INI file with any of these options (command-line flags win)");
+  cmd->add_option(
+      "--model,-m", cli->model,
+      "GGUF model (default: $WEFT_MODEL, else $WEFT_CACHE_DIR or ~/.cache/weft: models/" +
+          std::string{serve::default_model_file} + ")");
   cmd->add_option("--host", cli->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", cli->port, "HTTP port (0 = any free port)")->capture_default_str();
   cmd->add_option("--workers", cli->workers, "Engine worker processes (colocated prefill + decode)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  cmd->add_option("--prefill", cli->prefill, "Prefill-only workers (disaggregated mode)")->check(CLI::Range(0, 64));
-  cmd->add_option("--decode", cli->decode, "Decode-only workers (disaggregated mode)")->check(CLI::Range(0, 64));
-  cmd->add_option("--policy", cli->policy, "Iteration scheduling policy: fcfs or mlfq (FastServe skip-join MLFQ)")
+  cmd->add_option(
+         "--prefill", cli->prefill,
+         "Prefill workers: disaggregated mode (DistServe), with --decode; replaces --workers")
+      ->check(CLI::Range(0, 64));
+  cmd->add_option(
+         "--kv-lease-ms", cli->kv_lease_ms,
+         "Disaggregated mode: how long a prefill worker holds an offered KV for the decode side")
+      ->capture_default_str()
+      ->check(CLI::Range(100, 600000));
+  cmd->add_option(
+         "--decode", cli->decode,
+         "Decode workers: pull each prompt's KV from a prefill worker over UCX (with --prefill)")
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--policy", cli->policy,
+                  "Iteration scheduling policy: fcfs or mlfq (FastServe skip-join MLFQ)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fcfs", "mlfq"}));
-  cmd->add_option("--mlfq-prefill-cost", cli->mlfq_prefill_cost,
-                  "MLFQ: cost of one prompt token in decode iterations (skip-join placement; ~0.4 on CPU)")
+  cmd->add_option(
+         "--mlfq-prefill-cost", cli->mlfq_prefill_cost,
+         "MLFQ: cost of one prompt token in decode iterations (skip-join placement; ~0.4 on CPU)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--mlfq-starvation-steps", cli->mlfq_starvation_steps,
@@ -332,9 +377,12 @@ void add_serve_command(CLI::App& app, const global_options&) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", cli->threads, "Compute threads per worker (0 = cores / workers)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--kv-blocks", cli->kv_blocks, "KV cache blocks per worker")->capture_default_str()->check(
-      CLI::Range(int64_t{1}, int64_t{1} << 24));
-  cmd->add_option("--block-size", cli->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::Range(1, 1024));
+  cmd->add_option("--kv-blocks", cli->kv_blocks, "KV cache blocks per worker")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--block-size", cli->block_size, "Tokens per KV block")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--max-batch-tokens", cli->max_batch_tokens, "Token budget of one forward pass")
       ->capture_default_str()
       ->check(CLI::Range(2, 65536));
@@ -342,21 +390,30 @@ void add_serve_command(CLI::App& app, const global_options&) {
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   cmd->add_flag("--no-prefix-cache", cli->no_prefix_cache, "Do not reuse cached prompt blocks");
-  cmd->add_option("--api-key", cli->api_key, "Require 'Authorization: Bearer KEY' on /v1/* (or WEFT_API_KEY)")
+  cmd->add_option("--api-key", cli->api_key,
+                  "Require 'Authorization: Bearer KEY' on /v1/* (or WEFT_API_KEY)")
       ->envname("WEFT_API_KEY");
-  cmd->add_option("--served-model-name", cli->served_model_name, "Model id clients use (default: the file name)");
-  cmd->add_option("--ttft-slo-ms", cli->ttft_slo_ms,
-                  "Refuse (HTTP 429) requests whose predicted time to first token exceeds this (0 = off)");
-  cmd->add_option("--max-outstanding", cli->max_outstanding, "Accepted, unfinished sequences before HTTP 429")
+  cmd->add_option("--served-model-name", cli->served_model_name,
+                  "Model id clients use (default: the file name)");
+  cmd->add_option(
+      "--ttft-slo-ms", cli->ttft_slo_ms,
+      "Refuse (HTTP 429) requests whose predicted time to first token exceeds this (0 = off)");
+  cmd->add_option("--max-outstanding", cli->max_outstanding,
+                  "Accepted, unfinished sequences before HTTP 429")
       ->capture_default_str();
-  cmd->add_option("--queue-timeout-ms", cli->queue_timeout_ms, "Fail a request that finds no live worker for this long")
+  cmd->add_option("--queue-timeout-ms", cli->queue_timeout_ms,
+                  "Fail a request that finds no live worker for this long")
       ->capture_default_str();
-  cmd->add_option("--heartbeat-ms", cli->heartbeat_ms, "Heartbeat between processes")->capture_default_str();
-  cmd->add_option("--connection-timeout-ms", cli->connection_timeout_ms, "A silent connection is dropped after this")
+  cmd->add_option("--heartbeat-ms", cli->heartbeat_ms, "Heartbeat between processes")
       ->capture_default_str();
-  cmd->add_option("--ready-timeout-s", cli->ready_timeout_s, "Give up if the workers are not ready by then")
+  cmd->add_option("--connection-timeout-ms", cli->connection_timeout_ms,
+                  "A silent connection is dropped after this")
       ->capture_default_str();
-  cmd->add_option("--max-restarts", cli->max_restarts, "Worker restarts (and node relaunches) allowed per minute")
+  cmd->add_option("--ready-timeout-s", cli->ready_timeout_s,
+                  "Give up if the workers are not ready by then")
+      ->capture_default_str();
+  cmd->add_option("--max-restarts", cli->max_restarts,
+                  "Worker restarts (and node relaunches) allowed per minute")
       ->capture_default_str();
   cmd->callback([cli] { std::exit(run_serve(*cli)); });
 }

@@ -18,7 +18,8 @@ std::string_view trim(std::string_view s) {
 }
 
 // A ChatML template that hard-codes a system turn for conversations without one, e.g.
-//   {% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are ...<|im_end|>\n' }}
+//   {% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are
+//   ...<|im_end|>\n' }}
 // Returns that literal system text (the newline may be a real one or the escape "\n").
 std::optional<std::string> chatml_default_system(std::string_view src) {
   if (!contains(src, "!= 'system'") && !contains(src, "!= \"system\"")) return std::nullopt;
@@ -36,7 +37,8 @@ std::optional<std::string> chatml_default_system(std::string_view src) {
     if (end == std::string_view::npos) continue;
     const std::string_view text = rest.substr(0, end);
     // Only a literal: anything that looks like template code means the text is computed.
-    if (text.empty() || contains(text, "{") || contains(text, "'") || contains(text, "\"") || contains(text, "+")) {
+    if (text.empty() || contains(text, "{") || contains(text, "'") || contains(text, "\"") ||
+        contains(text, "+")) {
       continue;
     }
     std::string out;
@@ -57,18 +59,23 @@ std::optional<std::string> chatml_default_system(std::string_view src) {
 
 std::string_view chat_format_name(chat_format f) {
   switch (f) {
-    case chat_format::chatml: return "chatml";
-    case chat_format::llama3: return "llama3";
-    case chat_format::llama2: return "llama2";
-    case chat_format::mistral: return "mistral";
-    case chat_format::zephyr: return "zephyr";
+    case chat_format::chatml:
+      return "chatml";
+    case chat_format::llama3:
+      return "llama3";
+    case chat_format::llama2:
+      return "llama2";
+    case chat_format::mistral:
+      return "mistral";
+    case chat_format::zephyr:
+      return "zephyr";
   }
   return "unknown";
 }
 
 std::optional<chat_format> parse_chat_format(std::string_view name) {
-  for (auto f : {chat_format::chatml, chat_format::llama3, chat_format::llama2, chat_format::mistral,
-                 chat_format::zephyr}) {
+  for (auto f : {chat_format::chatml, chat_format::llama3, chat_format::llama2,
+                 chat_format::mistral, chat_format::zephyr}) {
     if (chat_format_name(f) == name) return f;
   }
   return std::nullopt;
@@ -76,8 +83,9 @@ std::optional<chat_format> parse_chat_format(std::string_view name) {
 
 result<chat_template> chat_template::from_name(std::string_view name) {
   if (auto f = parse_chat_format(name)) return chat_template(*f);
-  return status{status_code::invalid_argument, "chat template: unknown format '" + std::string(name) +
-                                                   "' (known: chatml, llama3, llama2, mistral, zephyr)"};
+  return status{status_code::invalid_argument,
+                "chat template: unknown format '" + std::string(name) +
+                    "' (known: chatml, llama3, llama2, mistral, zephyr)"};
 }
 
 result<chat_template> chat_template::detect(std::string_view src) {
@@ -86,24 +94,29 @@ result<chat_template> chat_template::detect(std::string_view src) {
     t.default_system_ = chatml_default_system(src);
     return t;
   }
-  if (contains(src, "<|start_header_id|>") && contains(src, "<|end_header_id|>")) return chat_template(chat_format::llama3);
-  if (contains(src, "[INST]")) return chat_template(contains(src, "<<SYS>>") ? chat_format::llama2 : chat_format::mistral);
+  if (contains(src, "<|start_header_id|>") && contains(src, "<|end_header_id|>"))
+    return chat_template(chat_format::llama3);
+  if (contains(src, "[INST]"))
+    return chat_template(contains(src, "<<SYS>>") ? chat_format::llama2 : chat_format::mistral);
   if (contains(src, "<|user|>") && contains(src, "<|assistant|>") && !contains(src, "<|end|>")) {
     chat_template t(chat_format::zephyr);
     if (contains(src, "<|endoftext|>")) t.end_of_turn_ = "<|endoftext|>";
     return t;
   }
-  return status{status_code::unsupported,
-                "chat template: the model's tokenizer.chat_template is not a format weft recognises "
-                "(chatml, llama3, llama2, mistral, zephyr); choose one explicitly"};
+  return status{
+      status_code::unsupported,
+      "chat template: the model's tokenizer.chat_template is not a format weft recognises "
+      "(chatml, llama3, llama2, mistral, zephyr); choose one explicitly"};
 }
 
-result<chat_template> chat_template::from_gguf(const gguf_file& file, std::optional<std::string_view> override_name) {
+result<chat_template> chat_template::from_gguf(const gguf_file& file,
+                                               std::optional<std::string_view> override_name) {
   if (override_name) return from_name(*override_name);
   auto src = file.get_string("tokenizer.chat_template");
   if (!src.ok()) {
-    return status{status_code::not_found,
-                  "chat template: the model has no tokenizer.chat_template; choose a format explicitly"};
+    return status{
+        status_code::not_found,
+        "chat template: the model has no tokenizer.chat_template; choose a format explicitly"};
   }
   auto t = detect(*src);
   if (!t.ok()) return t;
@@ -116,9 +129,11 @@ result<chat_template> chat_template::from_gguf(const gguf_file& file, std::optio
   return t;
 }
 
-result<std::string> chat_template::apply(std::span<const chat_message> messages, generation_prompt prompt) const {
+result<std::string> chat_template::apply(std::span<const chat_message> messages,
+                                         generation_prompt prompt) const {
   for (const auto& m : messages) {
-    if (m.role.empty()) return status{status_code::invalid_argument, "chat template: a message has an empty role"};
+    if (m.role.empty())
+      return status{status_code::invalid_argument, "chat template: a message has an empty role"};
   }
   const bool add_prompt = prompt == generation_prompt::add;
   std::string out;
@@ -128,13 +143,15 @@ result<std::string> chat_template::apply(std::span<const chat_message> messages,
       if (default_system_ && !messages.empty() && messages.front().role != "system") {
         out += "<|im_start|>system\n" + *default_system_ + "<|im_end|>\n";
       }
-      for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      for (const auto& m : messages)
+        out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
       if (add_prompt) out += "<|im_start|>assistant\n";
       break;
     case chat_format::llama3:
       // BOS is added by the tokenizer (Llama 3 files set add_bos).
       for (const auto& m : messages) {
-        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + std::string(trim(m.content)) + "<|eot_id|>";
+        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" +
+               std::string(trim(m.content)) + "<|eot_id|>";
       }
       if (add_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       break;
@@ -154,7 +171,8 @@ result<std::string> chat_template::apply(std::span<const chat_message> messages,
         } else if (m.role == "user") {
           if (!first_user && llama2) out += "<s>";
           out += "[INST] ";
-          if (first_user && !system.empty()) out += llama2 ? "<<SYS>>\n" + system + "\n<</SYS>>\n\n" : system + "\n\n";
+          if (first_user && !system.empty())
+            out += llama2 ? "<<SYS>>\n" + system + "\n<</SYS>>\n\n" : system + "\n\n";
           out += content + " [/INST]";
           first_user = false;
         } else {
@@ -165,7 +183,8 @@ result<std::string> chat_template::apply(std::span<const chat_message> messages,
       break;
     }
     case chat_format::zephyr:
-      for (const auto& m : messages) out += "<|" + m.role + "|>\n" + m.content + end_of_turn_ + "\n";
+      for (const auto& m : messages)
+        out += "<|" + m.role + "|>\n" + m.content + end_of_turn_ + "\n";
       if (add_prompt) out += "<|assistant|>\n";
       break;
   }

@@ -39,7 +39,8 @@ class chat_template {
  public:
   /// Picks the format: `override_name` when given, else by inspecting tokenizer.chat_template.
   /// Fails (not_found / unsupported) when the file has no template or an unrecognised one.
-  static result<chat_template> from_gguf(const gguf_file& file, std::optional<std::string_view> override_name = {});
+  static result<chat_template> from_gguf(const gguf_file& file,
+                                         std::optional<std::string_view> override_name = {});
 
   /// Recognises the format of a Jinja template source.
   static result<chat_template> detect(std::string_view jinja_source);

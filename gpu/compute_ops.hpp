@@ -26,7 +26,8 @@ struct rope_config {
   int64_t n_dims = 0;          ///< Rotated dimensions per head (rope.dimension_count).
   float freq_base = 10000.0f;  ///< rope.freq_base.
   float freq_scale = 1.0f;     ///< 1 / rope.scaling.factor for linear scaling.
-  const float* freq_factors = nullptr;  ///< Optional per-pair divisors (rope_freqs.weight), device memory.
+  const float* freq_factors =
+      nullptr;  ///< Optional per-pair divisors (rope_freqs.weight), device memory.
 };
 
 /// One batch of attention over a paged KV cache (one layer).
@@ -36,13 +37,13 @@ struct rope_config {
 /// position p lives in block `block_table[seq_block_offset[seq] + p / block_size]`, slot
 /// p % block_size. Cache layout per layer: [block][slot][kv_head][head_dim] fp16.
 struct attention_batch {
-  const float* q = nullptr;             ///< [n_tokens][n_heads * head_dim]
-  float* out = nullptr;                 ///< [n_tokens][n_heads * head_dim]
-  const uint16_t* k_cache = nullptr;    ///< This layer's K blocks.
-  const uint16_t* v_cache = nullptr;    ///< This layer's V blocks.
-  const int32_t* token_seq = nullptr;   ///< [n_tokens]
-  const int32_t* token_pos = nullptr;   ///< [n_tokens]
-  const int32_t* block_table = nullptr; ///< Concatenated block ids of all sequences.
+  const float* q = nullptr;                   ///< [n_tokens][n_heads * head_dim]
+  float* out = nullptr;                       ///< [n_tokens][n_heads * head_dim]
+  const uint16_t* k_cache = nullptr;          ///< This layer's K blocks.
+  const uint16_t* v_cache = nullptr;          ///< This layer's V blocks.
+  const int32_t* token_seq = nullptr;         ///< [n_tokens]
+  const int32_t* token_pos = nullptr;         ///< [n_tokens]
+  const int32_t* block_table = nullptr;       ///< Concatenated block ids of all sequences.
   const int32_t* seq_block_offset = nullptr;  ///< [n_seqs] start of each sequence in block_table.
   /// [n_seqs] tokens each sequence has in this batch. A sequence with >= 2 tokens (a prefill chunk)
   /// gets llama.cpp's GEMM numerics, a single decode token its GEMV numerics (see docs/engine.md).
@@ -52,19 +53,19 @@ struct attention_batch {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t block_size = 0;
-  float scale = 1.0f;                   ///< Usually 1 / sqrt(head_dim).
-  int64_t max_positions = 0;            ///< max(token_pos) + 1 over the batch (host-known bound).
+  float scale = 1.0f;         ///< Usually 1 / sqrt(head_dim).
+  int64_t max_positions = 0;  ///< max(token_pos) + 1 over the batch (host-known bound).
 };
 
 /// Writes K/V rows of a batch into cache slots (fp16).
 struct kv_store_batch {
-  const float* k = nullptr;             ///< [n_tokens][n_kv_heads * head_dim]
+  const float* k = nullptr;  ///< [n_tokens][n_kv_heads * head_dim]
   const float* v = nullptr;
-  uint16_t* k_cache = nullptr;          ///< This layer's K blocks.
+  uint16_t* k_cache = nullptr;  ///< This layer's K blocks.
   uint16_t* v_cache = nullptr;
-  const int32_t* slots = nullptr;       ///< [n_tokens] block * block_size + slot
+  const int32_t* slots = nullptr;  ///< [n_tokens] block * block_size + slot
   int64_t n_tokens = 0;
-  int64_t row_elems = 0;                ///< n_kv_heads * head_dim
+  int64_t row_elems = 0;  ///< n_kv_heads * head_dim
 };
 
 /// The kernels. Shapes: activations are row-major [n_tokens][width] f32.
@@ -85,11 +86,11 @@ class compute_ops {
     return {};
   }
   /// y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight.
-  virtual status rms_norm(const float* x, const float* weight, float* y, int64_t n_tokens, int64_t dim,
-                          float eps) = 0;
+  virtual status rms_norm(const float* x, const float* weight, float* y, int64_t n_tokens,
+                          int64_t dim, float eps) = 0;
   /// Rotates the first n_dims of each head in place; x is [n_tokens][n_heads * head_dim].
-  virtual status rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-                      const rope_config& config) = 0;
+  virtual status rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads,
+                      int64_t head_dim, const rope_config& config) = 0;
   /// y = silu(gate) * up, elementwise over n values.
   virtual status swiglu(const float* gate, const float* up, float* y, int64_t n) = 0;
   /// y = a + b, elementwise.
@@ -103,12 +104,14 @@ class compute_ops {
   /// Row-wise softmax in place over [n_rows][n].
   virtual status softmax(float* x, int64_t n_rows, int64_t n) = 0;
   /// dst[i] = src[ids[i]] for rows of `dim` floats.
-  virtual status gather_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim, float* dst) = 0;
+  virtual status gather_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim,
+                             float* dst) = 0;
   /// dst[ids[i]] = src[i] for rows of `dim` floats.
-  virtual status scatter_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim, float* dst) = 0;
+  virtual status scatter_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim,
+                              float* dst) = 0;
   /// out[t] = sum_j weights[t][j] * rows[t][j] for j < k, summed in j order (MoE expert mixing).
-  virtual status weighted_sum(const float* rows, const float* weights, int64_t n_tokens, int64_t k, int64_t dim,
-                              float* out) = 0;
+  virtual status weighted_sum(const float* rows, const float* weights, int64_t n_tokens, int64_t k,
+                              int64_t dim, float* out) = 0;
 };
 
 }  // namespace weft::gpu

@@ -21,7 +21,8 @@ device_registry& device_registry::instance() {
     auto* r = new device_registry();
     r->add("cpu", device_kind::cpu, [](const device_config& c) { return cpu::make_cpu_device(c); });
 #ifdef WEFT_WITH_CUDA
-    r->add("cuda", device_kind::cuda, [](const device_config& c) { return cuda::make_cuda_device(c); });
+    r->add("cuda", device_kind::cuda,
+           [](const device_config& c) { return cuda::make_cuda_device(c); });
 #endif
     return r;
   }();
@@ -40,7 +41,8 @@ void device_registry::add(const std::string& name, device_kind kind, device_fact
   entries_.push_back({name, kind, std::move(factory)});
 }
 
-result<std::unique_ptr<device>> device_registry::create(const std::string& name, const device_config& config) const {
+result<std::unique_ptr<device>> device_registry::create(const std::string& name,
+                                                        const device_config& config) const {
   device_factory factory;
   {
     std::lock_guard lock{registry_mutex()};

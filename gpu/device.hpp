@@ -25,11 +25,11 @@ enum class memory_visibility { host_visible, device_only };
 /// What a device can do (declared once, read by the model and the engine).
 struct device_capabilities {
   device_kind kind = device_kind::cpu;
-  std::string name;                      ///< e.g. "cpu (avx2, 2 threads)".
+  std::string name;  ///< e.g. "cpu (avx2, 2 threads)".
   size_t total_memory_bytes = 0;
   memory_visibility memory = memory_visibility::host_visible;
   int n_compute_threads = 1;
-  std::vector<ggml_type> weight_types;   ///< Weight types `matmul` accepts.
+  std::vector<ggml_type> weight_types;  ///< Weight types `matmul` accepts.
 };
 
 /// A block of device memory. Owned by whoever allocated it; release it on the same device.
@@ -43,8 +43,8 @@ using stream_id = int32_t;
 
 /// How a device is created.
 struct device_config {
-  int n_threads = 0;       ///< CPU: compute threads (0 = all cores). Ignored by GPUs.
-  int device_index = 0;    ///< GPU ordinal.
+  int n_threads = 0;     ///< CPU: compute threads (0 = all cores). Ignored by GPUs.
+  int device_index = 0;  ///< GPU ordinal.
 };
 
 /// A compute device. Not thread-safe: one owner drives it.
@@ -65,11 +65,14 @@ class device {
   virtual status synchronize(stream_id stream = 0) = 0;
 
   /// Enqueues a copy of `size_bytes` from host memory to device memory.
-  virtual status copy_to_device(void* dst, const void* src, size_t size_bytes, stream_id stream = 0) = 0;
+  virtual status copy_to_device(void* dst, const void* src, size_t size_bytes,
+                                stream_id stream = 0) = 0;
   /// Enqueues a copy from device memory to host memory.
-  virtual status copy_to_host(void* dst, const void* src, size_t size_bytes, stream_id stream = 0) = 0;
+  virtual status copy_to_host(void* dst, const void* src, size_t size_bytes,
+                              stream_id stream = 0) = 0;
   /// Enqueues a copy within device memory.
-  virtual status copy_on_device(void* dst, const void* src, size_t size_bytes, stream_id stream = 0) = 0;
+  virtual status copy_on_device(void* dst, const void* src, size_t size_bytes,
+                                stream_id stream = 0) = 0;
 
   /// The kernels of this device (valid as long as the device lives).
   virtual compute_ops& ops() = 0;
@@ -92,7 +95,8 @@ class device_registry {
   /// Registers (or replaces) a backend.
   void add(const std::string& name, device_kind kind, device_factory factory);
   /// Creates a device of backend `name`; not_found for an unknown name.
-  result<std::unique_ptr<device>> create(const std::string& name, const device_config& config = {}) const;
+  result<std::unique_ptr<device>> create(const std::string& name,
+                                         const device_config& config = {}) const;
   /// Names of the registered backends.
   std::vector<std::string> names() const;
 

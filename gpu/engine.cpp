@@ -9,12 +9,18 @@ namespace weft::gpu {
 
 const char* finish_reason_name(finish_reason r) {
   switch (r) {
-    case finish_reason::none: return "none";
-    case finish_reason::stop_token: return "stop";
-    case finish_reason::stop_string: return "stop";
-    case finish_reason::length: return "length";
-    case finish_reason::aborted: return "abort";
-    case finish_reason::error: return "error";
+    case finish_reason::none:
+      return "none";
+    case finish_reason::stop_token:
+      return "stop";
+    case finish_reason::stop_string:
+      return "stop";
+    case finish_reason::length:
+      return "length";
+    case finish_reason::aborted:
+      return "abort";
+    case finish_reason::error:
+      return "error";
   }
   return "unknown";
 }
@@ -28,9 +34,12 @@ size_t incomplete_utf8_tail(const std::string& s) {
     const auto c = static_cast<unsigned char>(s[n - back]);
     if ((c & 0xC0) == 0x80) continue;  // continuation byte
     size_t need = 1;
-    if ((c & 0xE0) == 0xC0) need = 2;
-    else if ((c & 0xF0) == 0xE0) need = 3;
-    else if ((c & 0xF8) == 0xF0) need = 4;
+    if ((c & 0xE0) == 0xC0)
+      need = 2;
+    else if ((c & 0xF0) == 0xE0)
+      need = 3;
+    else if ((c & 0xF8) == 0xF0)
+      need = 4;
     return need > back ? back : 0;
   }
   return 0;
@@ -39,8 +48,10 @@ size_t incomplete_utf8_tail(const std::string& s) {
 }  // namespace
 
 result<std::unique_ptr<engine>> engine::create(model& m, const engine_config& config) {
-  if (config.max_batch_tokens < 2 || config.max_running < 1 || config.block_size < 1 || config.kv_blocks < 1) {
-    return status{status_code::invalid_argument, "engine: max_batch_tokens >= 2, max_running, block_size, kv_blocks >= 1"};
+  if (config.max_batch_tokens < 2 || config.max_running < 1 || config.block_size < 1 ||
+      config.kv_blocks < 1) {
+    return status{status_code::invalid_argument,
+                  "engine: max_batch_tokens >= 2, max_running, block_size, kv_blocks >= 1"};
   }
   kv_cache_config kc;
   kc.layout = m.kv_layout_for(config.block_size);
@@ -66,14 +77,17 @@ status engine::add_resumed_request(request_id id, std::vector<int32_t> prompt, i
   if (n_replay < 0 || n_replay >= static_cast<int64_t>(prompt.size())) {
     return {status_code::invalid_argument, "engine: replayed tokens must leave a non-empty prompt"};
   }
-  if (requests_.count(id) != 0) return {status_code::invalid_argument, "engine: duplicate request id " + std::to_string(id)};
+  if (requests_.count(id) != 0)
+    return {status_code::invalid_argument, "engine: duplicate request id " + std::to_string(id)};
   if (prompt.empty()) return {status_code::invalid_argument, "engine: empty prompt"};
   for (int32_t t : prompt) {
     if (t < 0 || t >= model_.hparams().n_vocab) {
-      return {status_code::invalid_argument, "engine: prompt token " + std::to_string(t) + " out of range"};
+      return {status_code::invalid_argument,
+              "engine: prompt token " + std::to_string(t) + " out of range"};
     }
   }
-  if (params.max_tokens < 1) return {status_code::invalid_argument, "engine: max_tokens must be >= 1"};
+  if (params.max_tokens < 1)
+    return {status_code::invalid_argument, "engine: max_tokens must be >= 1"};
   auto r = std::make_unique<request>(id, std::move(prompt), std::move(params));
   r->n_prompt = static_cast<int64_t>(r->tokens.size());
   r->n_replay = n_replay;
@@ -90,9 +104,67 @@ status engine::add_resumed_request(request_id id, std::vector<int32_t> prompt, i
   return {};
 }
 
+status engine::add_imported_request(request_id id, seq_id seq, std::vector<int32_t> tokens,
+                                    int64_t n_generated, sampling_params params) {
+  auto refuse = [&](std::string why) -> status {
+    if (auto st = kv_->free_sequence(seq); !st)
+      spdlog::error("engine: freeing imported sequence: {}", st.to_string());
+    return {status_code::invalid_argument,
+            "engine: imported request " + std::to_string(id) + ": " + why};
+  };
+  if (requests_.count(id) != 0) return refuse("duplicate request id");
+  if (tokens.size() < 2 || n_generated < 1 || n_generated >= static_cast<int64_t>(tokens.size())) {
+    return refuse("needs a prompt and at least one generated token");
+  }
+  if (kv_->length(seq) != static_cast<int64_t>(tokens.size()) - 1) {
+    return refuse("cache holds " + std::to_string(kv_->length(seq)) + " tokens, expected " +
+                  std::to_string(tokens.size() - 1));
+  }
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= model_.hparams().n_vocab)
+      return refuse("token " + std::to_string(t) + " out of range");
+  }
+  if (params.max_tokens < 1) return refuse("max_tokens must be >= 1");
+  auto r = std::make_unique<request>(id, std::move(tokens), std::move(params));
+  r->n_prompt = static_cast<int64_t>(r->tokens.size()) - n_generated;
+  r->n_computed = static_cast<int64_t>(r->tokens.size()) - 1;
+  r->seq = seq;
+  r->has_seq = true;
+  r->ph = phase::decode;
+  r->smp.skip_draws(n_generated);
+  r->arrival = arrival_counter_++;
+  sched_request sr;
+  sr.id = id;
+  sr.arrival = r->arrival;
+  sr.n_prompt = r->n_prompt;
+  requests_.emplace(id, std::move(r));
+  live_.push_back(id);
+  config_.policy->on_add(sr);
+  return {};
+}
+
+result<detached_request> engine::detach(request_id id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end())
+    return status{status_code::not_found, "engine: no request " + std::to_string(id)};
+  request& r = *it->second;
+  if (r.ph != phase::decode || !r.has_seq) {
+    return status{status_code::invalid_argument,
+                  "engine: request " + std::to_string(id) + " is not decoding"};
+  }
+  detached_request d;
+  d.seq = r.seq;
+  d.tokens = std::move(r.tokens);
+  d.n_generated = r.n_generated;
+  r.has_seq = false;  // the caller owns the sequence now
+  remove(id);
+  return d;
+}
+
 void engine::release(request& r) {
   if (r.has_seq) {
-    if (auto st = kv_->free_sequence(r.seq); !st) spdlog::error("engine: freeing request {}: {}", r.id, st.to_string());
+    if (auto st = kv_->free_sequence(r.seq); !st)
+      spdlog::error("engine: freeing request {}: {}", r.id, st.to_string());
     r.has_seq = false;
   }
 }
@@ -126,20 +198,24 @@ result<std::vector<request_id>> engine::rank_live() {
     s.n_prompt = r.n_prompt;
     s.n_generated = r.n_generated;
     s.n_computed = r.n_computed;
-    s.state = r.ph == phase::waiting ? sched_state::waiting : r.ph == phase::swapped ? sched_state::swapped : sched_state::resident;
+    s.state = r.ph == phase::waiting   ? sched_state::waiting
+              : r.ph == phase::swapped ? sched_state::swapped
+                                       : sched_state::resident;
     s.scheduled_last_step = r.scheduled;
     live.push_back(s);
   }
   config_.policy->rank(live, iteration_);
   std::vector<request_id> order;
   if (live.size() != live_.size()) {
-    return status{status_code::internal, "engine: policy " + std::string(config_.policy->name()) + " changed the number of live requests"};
+    return status{status_code::internal, "engine: policy " + std::string(config_.policy->name()) +
+                                             " changed the number of live requests"};
   }
   std::unordered_set<request_id> seen;
   for (const auto& s : live) {
     if (requests_.count(s.id) == 0 || !seen.insert(s.id).second) {
       return status{status_code::internal, "engine: policy " + std::string(config_.policy->name()) +
-                                               " ranked an unknown or repeated request " + std::to_string(s.id)};
+                                               " ranked an unknown or repeated request " +
+                                               std::to_string(s.id)};
     }
     order.push_back(s.id);
   }
@@ -153,7 +229,8 @@ status engine::swap_out(request& r) {
   return {};
 }
 
-bool engine::make_room(int64_t need_blocks, const std::vector<request_id>& order, size_t lower_from) {
+bool engine::make_room(int64_t need_blocks, const std::vector<request_id>& order,
+                       size_t lower_from) {
   int64_t free_blocks = kv_->stats().n_blocks_free;
   if (free_blocks >= need_blocks) return true;
   // Only requests ranked below the candidate may be displaced. Evict nothing unless evicting all of
@@ -161,7 +238,8 @@ bool engine::make_room(int64_t need_blocks, const std::vector<request_id>& order
   int64_t freeable = 0;
   for (size_t j = lower_from; j < order.size(); ++j) {
     auto it = requests_.find(order[j]);
-    if (it != requests_.end() && it->second->resident()) freeable += static_cast<int64_t>(kv_->block_table(it->second->seq).size());
+    if (it != requests_.end() && it->second->resident())
+      freeable += static_cast<int64_t>(kv_->block_table(it->second->seq).size());
   }
   if (free_blocks + freeable < need_blocks) return false;
   for (size_t j = order.size(); j-- > lower_from && free_blocks < need_blocks;) {
@@ -183,20 +261,23 @@ void engine::admit(request& r) {
     // Leave at least two prompt tokens to compute, so the last chunk keeps prefill numerics; never
     // match into replayed tokens (their blocks must be rebuilt with decode numerics).
     const int64_t n_true = r.n_prompt - r.n_replay;
-    const auto prefix = std::span<const int32_t>(r.tokens).first(static_cast<size_t>(std::max<int64_t>(n_true - 1, 0)));
+    const auto prefix = std::span<const int32_t>(r.tokens).first(
+        static_cast<size_t>(std::max<int64_t>(n_true - 1, 0)));
     auto matched = kv_->attach_prefix(r.seq, prefix);
     if (matched) r.n_computed = r.n_cached = *matched;
   }
   r.ph = phase::prefill;
 }
 
-std::vector<request_id> engine::select(const std::vector<request_id>& order, std::vector<request_output>& outputs) {
+std::vector<request_id> engine::select(const std::vector<request_id>& order,
+                                       std::vector<request_output>& outputs) {
   std::vector<request_id> selected;
   const int64_t total_blocks = kv_->stats().n_blocks_total;
   // Once a request that needs blocks cannot get them, no lower-ranked one may take blocks ahead of
   // it (no overtaking on memory); resident requests still run.
   bool admitting = true;
-  for (size_t i = 0; i < order.size() && static_cast<int64_t>(selected.size()) < config_.max_running; ++i) {
+  for (size_t i = 0;
+       i < order.size() && static_cast<int64_t>(selected.size()) < config_.max_running; ++i) {
     request& r = *requests_.at(order[i]);
     if (r.resident()) {
       selected.push_back(r.id);
@@ -208,7 +289,8 @@ std::vector<request_id> engine::select(const std::vector<request_id>& order, std
     const int64_t need = kv_->blocks_for(n_tokens + 1);
     if (need > total_blocks) {
       fail(r.id,
-           (waiting ? "prompt of " : "request of ") + std::to_string(n_tokens) + " tokens does not fit the KV cache",
+           (waiting ? "prompt of " : "request of ") + std::to_string(n_tokens) +
+               " tokens does not fit the KV cache",
            outputs);
       continue;
     }
@@ -299,8 +381,10 @@ result<std::vector<request_output>> engine::step() {
         const int64_t rest = r.n_prompt - r.n_computed;
         const int64_t chunk = std::min(rest, budget);
         if (chunk <= 0) continue;
-        batch.add(r.seq, std::span<const int32_t>(r.tokens.data() + r.n_computed, static_cast<size_t>(chunk)),
-                  chunk == rest, /*as_decode=*/true);
+        batch.add(
+            r.seq,
+            std::span<const int32_t>(r.tokens.data() + r.n_computed, static_cast<size_t>(chunk)),
+            chunk == rest, /*as_decode=*/true);
         in_batch.push_back(id);
         budget -= chunk;
         continue;
@@ -312,8 +396,10 @@ result<std::vector<request_output>> engine::step() {
       if (chunk < remaining && remaining - chunk == 1) --chunk;
       if (chunk < remaining && chunk < 2) continue;
       if (chunk <= 0) continue;
-      batch.add(r.seq, std::span<const int32_t>(r.tokens.data() + r.n_computed, static_cast<size_t>(chunk)),
-                chunk == remaining && r.n_replay == 0);
+      batch.add(
+          r.seq,
+          std::span<const int32_t>(r.tokens.data() + r.n_computed, static_cast<size_t>(chunk)),
+          chunk == remaining && r.n_replay == 0);
       in_batch.push_back(id);
       budget -= chunk;
     }
@@ -364,7 +450,8 @@ result<std::vector<request_output>> engine::step() {
   for (size_t row = 0; row < fout.token_index.size(); ++row) {
     const int32_t si = batch.seq_index[static_cast<size_t>(fout.token_index[row])];
     request& r = *requests_.at(in_batch[static_cast<size_t>(si)]);
-    const std::span<const float> logits(fout.logits.data() + row * fout.n_vocab, static_cast<size_t>(fout.n_vocab));
+    const std::span<const float> logits(fout.logits.data() + row * fout.n_vocab,
+                                        static_cast<size_t>(fout.n_vocab));
     sample_result s = r.smp.sample(logits, r.tokens);
     request_output out;
     out.id = r.id;
@@ -392,7 +479,8 @@ result<std::vector<request_output>> engine::step() {
       }
       if (out.finish == finish_reason::none &&
           (r.n_generated >= p.max_tokens ||
-           (model_.hparams().n_ctx_train > 0 && static_cast<int64_t>(r.tokens.size()) >= model_.hparams().n_ctx_train))) {
+           (model_.hparams().n_ctx_train > 0 &&
+            static_cast<int64_t>(r.tokens.size()) >= model_.hparams().n_ctx_train))) {
         out.finish = finish_reason::length;
       }
     }
@@ -405,12 +493,15 @@ result<std::vector<request_output>> engine::step() {
 }
 
 status engine::abort(request_id id) {
-  if (requests_.count(id) == 0) return {status_code::not_found, "engine: no request " + std::to_string(id)};
+  if (requests_.count(id) == 0)
+    return {status_code::not_found, "engine: no request " + std::to_string(id)};
   remove(id);
   return {};
 }
 
-bool engine::has_work() const { return !requests_.empty() || !pending_.empty(); }
+bool engine::has_work() const {
+  return !requests_.empty() || !pending_.empty();
+}
 
 engine_stats engine::stats() const {
   engine_stats s = counters_;

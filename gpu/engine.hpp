@@ -2,17 +2,17 @@
 /// A continuous-batching inference engine over one model and one KV cache, driven step by step by
 /// its owner (a worker actor, the `weft generate` command, a benchmark). No CAF here.
 ///
-/// Each `step()` asks the scheduling policy (schedule_policy.hpp; FCFS by default) to rank every live
-/// request, then schedules the first `max_running` requests in rank order whose KV fits: a waiting
-/// request is admitted, a swapped one is swapped back in, and a higher-ranked request that needs KV
-/// blocks swaps lower-ranked resident ones out to host memory, lowest-ranked first (token-level
-/// preemption; a displaced request whose KV fits keeps it and just pauses). The forward pass takes
-/// one token of every scheduled decoding request, then prompt chunks of scheduled requests in
-/// prefill fill the remaining token budget (chunked prefill). If the cache still runs out during the
-/// pass, paused requests are swapped out first, then the lowest-ranked scheduled one. A request's
-/// tokens do not depend on scheduling (batch invariance): pausing, swapping and resuming leave its
-/// outputs unchanged. Every request's KV blocks are freed exactly once, whether it finishes, is
-/// aborted or fails. Not thread-safe: call from one thread.
+/// Each `step()` asks the scheduling policy (schedule_policy.hpp; FCFS by default) to rank every
+/// live request, then schedules the first `max_running` requests in rank order whose KV fits: a
+/// waiting request is admitted, a swapped one is swapped back in, and a higher-ranked request that
+/// needs KV blocks swaps lower-ranked resident ones out to host memory, lowest-ranked first
+/// (token-level preemption; a displaced request whose KV fits keeps it and just pauses). The
+/// forward pass takes one token of every scheduled decoding request, then prompt chunks of
+/// scheduled requests in prefill fill the remaining token budget (chunked prefill). If the cache
+/// still runs out during the pass, paused requests are swapped out first, then the lowest-ranked
+/// scheduled one. A request's tokens do not depend on scheduling (batch invariance): pausing,
+/// swapping and resuming leave its outputs unchanged. Every request's KV blocks are freed exactly
+/// once, whether it finishes, is aborted or fails. Not thread-safe: call from one thread.
 
 #include <cstdint>
 #include <functional>
@@ -44,11 +44,11 @@ const char* finish_reason_name(finish_reason r);
 
 /// Engine settings.
 struct engine_config {
-  int64_t kv_blocks = 1024;         ///< KV cache size in blocks.
-  int64_t block_size = 16;          ///< Tokens per KV block.
-  int64_t max_batch_tokens = 256;   ///< Token budget of one forward pass.
-  int64_t max_running = 32;         ///< Requests decoding concurrently.
-  bool prefix_cache = true;         ///< Reuse cached full blocks of earlier prompts.
+  int64_t kv_blocks = 1024;        ///< KV cache size in blocks.
+  int64_t block_size = 16;         ///< Tokens per KV block.
+  int64_t max_batch_tokens = 256;  ///< Token budget of one forward pass.
+  int64_t max_running = 32;        ///< Requests decoding concurrently.
+  bool prefix_cache = true;        ///< Reuse cached full blocks of earlier prompts.
   /// Text of a token, for stop strings and text deltas (optional: without it, stop strings are
   /// ignored and text_delta stays empty).
   std::function<std::string(int32_t)> detokenize;
@@ -61,7 +61,7 @@ struct engine_config {
 struct request_output {
   request_id id = 0;
   std::vector<int32_t> new_tokens;
-  std::string text_delta;            ///< New text, holding back a possible stop-string prefix.
+  std::string text_delta;              ///< New text, holding back a possible stop-string prefix.
   std::vector<sample_result> samples;  ///< Per new token (log-probs when requested).
   finish_reason finish = finish_reason::none;
   int64_t cached_prompt_tokens = 0;  ///< Prompt tokens served from the prefix cache.
@@ -71,18 +71,26 @@ struct request_output {
 /// Engine counters.
 struct engine_stats {
   kv_stats kv;
-  int64_t n_waiting = 0;           ///< Not admitted yet (no KV).
-  int64_t n_running = 0;           ///< KV resident on the device (includes paused).
-  int64_t n_paused = 0;            ///< Resident but not in the last forward pass.
-  int64_t n_swapped = 0;           ///< KV in host memory.
-  int64_t n_steps = 0;             ///< Forward passes run.
+  int64_t n_waiting = 0;  ///< Not admitted yet (no KV).
+  int64_t n_running = 0;  ///< KV resident on the device (includes paused).
+  int64_t n_paused = 0;   ///< Resident but not in the last forward pass.
+  int64_t n_swapped = 0;  ///< KV in host memory.
+  int64_t n_steps = 0;    ///< Forward passes run.
   int64_t n_prefill_tokens = 0;
   int64_t n_decode_tokens = 0;
   /// Times a request that had tokens in a forward pass was left out of the next one while still
   /// live (displaced by a higher-ranked request, or dropped from a batch that ran out of KV).
   int64_t n_preemptions = 0;
-  int64_t n_swaps_out = 0;         ///< Sequences moved to host memory.
-  int64_t n_swaps_in = 0;          ///< Sequences moved back to the device.
+  int64_t n_swaps_out = 0;  ///< Sequences moved to host memory.
+  int64_t n_swaps_in = 0;   ///< Sequences moved back to the device.
+};
+
+/// A decoding request taken out of the engine with its KV (disaggregated prefill: the KV is handed
+/// to another engine). The caller owns `seq` and frees it with kv().free_sequence().
+struct detached_request {
+  seq_id seq = 0;
+  std::vector<int32_t> tokens;  ///< Prompt + generated; the KV holds all but the last one.
+  int64_t n_generated = 0;      ///< Tokens generated in this engine (the last ones of `tokens`).
 };
 
 /// The engine.
@@ -100,7 +108,19 @@ class engine {
   /// the original decode steps, and a seeded sampler skips the random draws they consumed. The
   /// request then continues as if it had never moved: same tokens as an undisturbed run.
   /// `params.max_tokens` counts new tokens only.
-  status add_resumed_request(request_id id, std::vector<int32_t> prompt, int64_t n_replay, sampling_params params);
+  status add_resumed_request(request_id id, std::vector<int32_t> prompt, int64_t n_replay,
+                             sampling_params params);
+  /// Adds a request whose KV was computed elsewhere (disaggregated decode, after a KV import):
+  /// `seq` (the engine owns it from now, also on error) holds the KV of all but the last of
+  /// `tokens`; the last `n_generated` tokens were generated and streamed already (each consumed one
+  /// random draw of a seeded sampler, skipped here). The request starts decoding at the next step;
+  /// `params.max_tokens` counts new tokens only. invalid_argument when the cache length of `seq`
+  /// is not tokens.size() - 1, for a duplicate id or a bad token.
+  status add_imported_request(request_id id, seq_id seq, std::vector<int32_t> tokens,
+                              int64_t n_generated, sampling_params params);
+  /// Takes a decoding request out of the engine, keeping its KV (see detached_request): the
+  /// request produces no more output here. invalid_argument unless it is resident and decoding.
+  result<detached_request> detach(request_id id);
   /// Runs one forward pass; returns the outputs of every request that produced tokens or finished.
   result<std::vector<request_output>> step();
   /// Stops a request and frees its KV blocks; not_found when unknown or already finished.
@@ -117,27 +137,28 @@ class engine {
         : id(rid), tokens(std::move(prompt)), smp(std::move(params)) {}
 
     request_id id = 0;
-    std::vector<int32_t> tokens;      ///< Prompt + generated.
-    int64_t n_prompt = 0;             ///< Tokens to prefill (original prompt + replayed tokens).
-    int64_t n_replay = 0;             ///< Trailing prefill tokens computed with decode numerics.
-    int64_t n_computed = 0;           ///< Tokens whose K/V are in the cache.
+    std::vector<int32_t> tokens;  ///< Prompt + generated.
+    int64_t n_prompt = 0;         ///< Tokens to prefill (original prompt + replayed tokens).
+    int64_t n_replay = 0;         ///< Trailing prefill tokens computed with decode numerics.
+    int64_t n_computed = 0;       ///< Tokens whose K/V are in the cache.
     int64_t n_cached = 0;
     phase ph = phase::waiting;
     seq_id seq = 0;
     bool has_seq = false;
     sampler smp;
-    std::string text;                 ///< Generated text so far.
+    std::string text;  ///< Generated text so far.
     size_t text_emitted = 0;
     int64_t n_generated = 0;
     uint64_t arrival = 0;
-    bool scheduled = false;           ///< Had tokens in the last forward pass.
+    bool scheduled = false;  ///< Had tokens in the last forward pass.
 
     bool resident() const { return ph == phase::prefill || ph == phase::decode; }
   };
 
   engine(model& m, std::unique_ptr<kv_cache> kv, const engine_config& config);
   result<std::vector<request_id>> rank_live();
-  std::vector<request_id> select(const std::vector<request_id>& order, std::vector<request_output>& outputs);
+  std::vector<request_id> select(const std::vector<request_id>& order,
+                                 std::vector<request_output>& outputs);
   bool make_room(int64_t need_blocks, const std::vector<request_id>& order, size_t lower_from);
   void admit(request& r);
   status swap_out(request& r);
@@ -151,11 +172,12 @@ class engine {
   std::unique_ptr<kv_cache> kv_;
   engine_config config_;
   std::unordered_map<request_id, std::unique_ptr<request>> requests_;
-  std::vector<request_id> live_;      ///< Arrival order.
+  std::vector<request_id> live_;  ///< Arrival order.
   uint64_t arrival_counter_ = 0;
-  int64_t iteration_ = 0;             ///< step() calls.
+  int64_t iteration_ = 0;  ///< step() calls.
   engine_stats counters_;
-  std::vector<request_output> pending_;   ///< Outputs produced outside the forward (admission errors).
+  std::vector<request_output>
+      pending_;  ///< Outputs produced outside the forward (admission errors).
 };
 
 }  // namespace weft::gpu

@@ -174,7 +174,9 @@ ggml_type_traits type_traits(ggml_type type) {
   return ggml_type_traits{type, "unknown", 1, 0, false};
 }
 
-std::string_view type_name(ggml_type type) { return type_traits(type).name; }
+std::string_view type_name(ggml_type type) {
+  return type_traits(type).name;
+}
 
 std::optional<ggml_type> parse_type_name(std::string_view name) {
   for (const auto& t : type_table) {
@@ -237,7 +239,9 @@ uint16_t fp32_to_fp16(float f) {
   return static_cast<uint16_t>(sign | h);
 }
 
-float bf16_to_fp32(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+float bf16_to_fp32(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
 
 uint16_t fp32_to_bf16(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);

@@ -2,8 +2,8 @@
 /// Tensor element types as stored in GGUF files (the ggml type ids), their block layouts, half /
 /// bfloat16 conversions and the reference (scalar) quantize / dequantize routines.
 ///
-/// The reference routines are the oracle for every optimised kernel: they favour clarity over speed.
-/// All functions here are pure and thread-safe.
+/// The reference routines are the oracle for every optimised kernel: they favour clarity over
+/// speed. All functions here are pure and thread-safe.
 
 #include <cstddef>
 #include <cstdint>
@@ -51,10 +51,10 @@ enum class ggml_type : uint32_t {
 /// Static facts about one ggml type.
 struct ggml_type_traits {
   ggml_type type;
-  std::string_view name;   ///< Lower-case ggml name, e.g. "q4_1".
-  int64_t block_size;      ///< Elements per block (1 for plain types).
-  size_t type_size;        ///< Bytes per block.
-  bool weft_supported;     ///< weft can dequantize it (and kernels exist for it).
+  std::string_view name;  ///< Lower-case ggml name, e.g. "q4_1".
+  int64_t block_size;     ///< Elements per block (1 for plain types).
+  size_t type_size;       ///< Bytes per block.
+  bool weft_supported;    ///< weft can dequantize it (and kernels exist for it).
 };
 
 /// Traits of the type with GGUF id `id`, or nullopt when the id is not a known ggml type.
@@ -136,8 +136,8 @@ enum class row_status {
 /// Supported: f32, f16, bf16, q8_0, q8_1, q4_0, q4_1.
 [[nodiscard]] row_status dequantize_row(ggml_type type, const void* src, float* dst, int64_t n);
 
-/// Converts `n` floats to `type` at `dst` (row_size_bytes(type, n) bytes; reference implementation).
-/// Supported: f32, f16, bf16, q8_0, q8_1, q4_0, q4_1.
+/// Converts `n` floats to `type` at `dst` (row_size_bytes(type, n) bytes; reference
+/// implementation). Supported: f32, f16, bf16, q8_0, q8_1, q4_0, q4_1.
 [[nodiscard]] row_status quantize_row(ggml_type type, const float* src, void* dst, int64_t n);
 
 }  // namespace weft::gpu

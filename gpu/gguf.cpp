@@ -24,24 +24,31 @@ namespace {
 constexpr uint32_t max_value_type_id = 12;
 constexpr size_t max_key_bytes = 65535;
 // Smallest encodings, used to reject absurd counts before any allocation.
-constexpr uint64_t min_kv_bytes = 8 + 4 + 1;               // key length, type, 1-byte value
-constexpr uint64_t min_tensor_info_bytes = 8 + 4 + 8 + 4 + 8;  // name length, n_dims, 1 dim, type, offset
+constexpr uint64_t min_kv_bytes = 8 + 4 + 1;  // key length, type, 1-byte value
+constexpr uint64_t min_tensor_info_bytes =
+    8 + 4 + 8 + 4 + 8;  // name length, n_dims, 1 dim, type, offset
 
 size_t fixed_value_size(gguf_value_type t) {
   switch (t) {
     case gguf_value_type::u8:
     case gguf_value_type::i8:
-    case gguf_value_type::boolean: return 1;
+    case gguf_value_type::boolean:
+      return 1;
     case gguf_value_type::u16:
-    case gguf_value_type::i16: return 2;
+    case gguf_value_type::i16:
+      return 2;
     case gguf_value_type::u32:
     case gguf_value_type::i32:
-    case gguf_value_type::f32: return 4;
+    case gguf_value_type::f32:
+      return 4;
     case gguf_value_type::u64:
     case gguf_value_type::i64:
-    case gguf_value_type::f64: return 8;
-    case gguf_value_type::string: return 8;  // at least its length field
-    case gguf_value_type::array: return 12;  // at least element type + count
+    case gguf_value_type::f64:
+      return 8;
+    case gguf_value_type::string:
+      return 8;  // at least its length field
+    case gguf_value_type::array:
+      return 12;  // at least element type + count
   }
   return 1;
 }
@@ -116,7 +123,8 @@ class gguf_parser {
 
  private:
   status fail(const std::string& what) const {
-    return status{status_code::bad_model, "GGUF: " + what + " (at byte offset " + std::to_string(cur_.offset()) + ")"};
+    return status{status_code::bad_model,
+                  "GGUF: " + what + " (at byte offset " + std::to_string(cur_.offset()) + ")"};
   }
 
   status read_header() {
@@ -130,7 +138,8 @@ class gguf_parser {
     if (!cur_.read(version)) return fail("truncated header (version)");
     if (version == 1) return fail("GGUF version 1 is not supported (only versions 2 and 3)");
     if (version != 2 && version != 3) {
-      return fail("unsupported GGUF version " + std::to_string(version) + " (only versions 2 and 3)");
+      return fail("unsupported GGUF version " + std::to_string(version) +
+                  " (only versions 2 and 3)");
     }
     file_.version_ = version;
     if (!cur_.read(n_tensors_)) return fail("truncated header (tensor count)");
@@ -161,15 +170,18 @@ class gguf_parser {
     std::string_view key;
     if (auto s = read_string(key, "metadata key #" + std::to_string(index)); !s) return s;
     if (key.empty()) return fail("metadata key #" + std::to_string(index) + " is empty");
-    if (key.size() > max_key_bytes) return fail("metadata key #" + std::to_string(index) + " is too long");
+    if (key.size() > max_key_bytes)
+      return fail("metadata key #" + std::to_string(index) + " is too long");
     for (char c : key) {
       const auto u = static_cast<unsigned char>(c);
-      if (u < 0x20 || u >= 0x7f) return fail("metadata key " + quote_name(key) + " is not printable ASCII");
+      if (u < 0x20 || u >= 0x7f)
+        return fail("metadata key " + quote_name(key) + " is not printable ASCII");
     }
     uint32_t type_id = 0;
     if (!cur_.read(type_id)) return fail("truncated value type of key " + quote_name(key));
     if (type_id > max_value_type_id) {
-      return fail("metadata key " + quote_name(key) + " has invalid value type " + std::to_string(type_id));
+      return fail("metadata key " + quote_name(key) + " has invalid value type " +
+                  std::to_string(type_id));
     }
     gguf_value value;
     const std::string key_str(key);
@@ -186,20 +198,32 @@ class gguf_parser {
 
   status read_value(gguf_value_type type, gguf_value& out, uint32_t depth, const std::string& key) {
     switch (type) {
-      case gguf_value_type::u8: return read_into<uint8_t>(out, key);
-      case gguf_value_type::i8: return read_into<int8_t>(out, key);
-      case gguf_value_type::u16: return read_into<uint16_t>(out, key);
-      case gguf_value_type::i16: return read_into<int16_t>(out, key);
-      case gguf_value_type::u32: return read_into<uint32_t>(out, key);
-      case gguf_value_type::i32: return read_into<int32_t>(out, key);
-      case gguf_value_type::f32: return read_into<float>(out, key);
-      case gguf_value_type::u64: return read_into<uint64_t>(out, key);
-      case gguf_value_type::i64: return read_into<int64_t>(out, key);
-      case gguf_value_type::f64: return read_into<double>(out, key);
+      case gguf_value_type::u8:
+        return read_into<uint8_t>(out, key);
+      case gguf_value_type::i8:
+        return read_into<int8_t>(out, key);
+      case gguf_value_type::u16:
+        return read_into<uint16_t>(out, key);
+      case gguf_value_type::i16:
+        return read_into<int16_t>(out, key);
+      case gguf_value_type::u32:
+        return read_into<uint32_t>(out, key);
+      case gguf_value_type::i32:
+        return read_into<int32_t>(out, key);
+      case gguf_value_type::f32:
+        return read_into<float>(out, key);
+      case gguf_value_type::u64:
+        return read_into<uint64_t>(out, key);
+      case gguf_value_type::i64:
+        return read_into<int64_t>(out, key);
+      case gguf_value_type::f64:
+        return read_into<double>(out, key);
       case gguf_value_type::boolean: {
         uint8_t b = 0;
         if (auto s = read_scalar(b, key); !s) return s;
-        if (b > 1) return fail("key " + quote_name(key) + ": boolean value " + std::to_string(b) + " is not 0 or 1");
+        if (b > 1)
+          return fail("key " + quote_name(key) + ": boolean value " + std::to_string(b) +
+                      " is not 0 or 1");
         out.v = (b != 0);
         return {};
       }
@@ -229,13 +253,16 @@ class gguf_parser {
 
   status read_array(gguf_array& arr, uint32_t depth, const std::string& key) {
     if (depth > config_.max_array_depth) {
-      return fail("key " + quote_name(key) + ": arrays nested deeper than " + std::to_string(config_.max_array_depth));
+      return fail("key " + quote_name(key) + ": arrays nested deeper than " +
+                  std::to_string(config_.max_array_depth));
     }
     uint32_t elem_id = 0;
     uint64_t count = 0;
-    if (!cur_.read(elem_id) || !cur_.read(count)) return fail("truncated array header of key " + quote_name(key));
+    if (!cur_.read(elem_id) || !cur_.read(count))
+      return fail("truncated array header of key " + quote_name(key));
     if (elem_id > max_value_type_id) {
-      return fail("key " + quote_name(key) + ": array has invalid element type " + std::to_string(elem_id));
+      return fail("key " + quote_name(key) + ": array has invalid element type " +
+                  std::to_string(elem_id));
     }
     const auto elem = static_cast<gguf_value_type>(elem_id);
     if (count > cur_.remaining() / fixed_value_size(elem)) {
@@ -245,22 +272,34 @@ class gguf_parser {
     }
     const auto n = static_cast<size_t>(count);
     switch (elem) {
-      case gguf_value_type::u8: return read_pod_array<uint8_t>(arr, n, key);
-      case gguf_value_type::i8: return read_pod_array<int8_t>(arr, n, key);
-      case gguf_value_type::u16: return read_pod_array<uint16_t>(arr, n, key);
-      case gguf_value_type::i16: return read_pod_array<int16_t>(arr, n, key);
-      case gguf_value_type::u32: return read_pod_array<uint32_t>(arr, n, key);
-      case gguf_value_type::i32: return read_pod_array<int32_t>(arr, n, key);
-      case gguf_value_type::f32: return read_pod_array<float>(arr, n, key);
-      case gguf_value_type::u64: return read_pod_array<uint64_t>(arr, n, key);
-      case gguf_value_type::i64: return read_pod_array<int64_t>(arr, n, key);
-      case gguf_value_type::f64: return read_pod_array<double>(arr, n, key);
+      case gguf_value_type::u8:
+        return read_pod_array<uint8_t>(arr, n, key);
+      case gguf_value_type::i8:
+        return read_pod_array<int8_t>(arr, n, key);
+      case gguf_value_type::u16:
+        return read_pod_array<uint16_t>(arr, n, key);
+      case gguf_value_type::i16:
+        return read_pod_array<int16_t>(arr, n, key);
+      case gguf_value_type::u32:
+        return read_pod_array<uint32_t>(arr, n, key);
+      case gguf_value_type::i32:
+        return read_pod_array<int32_t>(arr, n, key);
+      case gguf_value_type::f32:
+        return read_pod_array<float>(arr, n, key);
+      case gguf_value_type::u64:
+        return read_pod_array<uint64_t>(arr, n, key);
+      case gguf_value_type::i64:
+        return read_pod_array<int64_t>(arr, n, key);
+      case gguf_value_type::f64:
+        return read_pod_array<double>(arr, n, key);
       case gguf_value_type::boolean: {
         std::vector<bool> items(n);
         for (size_t i = 0; i < n; ++i) {
           uint8_t b = 0;
           if (auto s = read_scalar(b, key); !s) return s;
-          if (b > 1) return fail("key " + quote_name(key) + ": boolean array element " + std::to_string(i) + " is not 0 or 1");
+          if (b > 1)
+            return fail("key " + quote_name(key) + ": boolean array element " + std::to_string(i) +
+                        " is not 0 or 1");
           items[i] = b != 0;
         }
         arr.items = std::move(items);
@@ -268,10 +307,14 @@ class gguf_parser {
       }
       case gguf_value_type::string: {
         std::vector<std::string> items;
-        items.reserve(std::min<size_t>(n, 4096));  // grows with what is parsed (n comes from the file)
+        items.reserve(
+            std::min<size_t>(n, 4096));  // grows with what is parsed (n comes from the file)
         for (size_t i = 0; i < n; ++i) {
           std::string_view sv;
-          if (auto s = read_string(sv, "element " + std::to_string(i) + " of key " + quote_name(key)); !s) return s;
+          if (auto s =
+                  read_string(sv, "element " + std::to_string(i) + " of key " + quote_name(key));
+              !s)
+            return s;
           items.emplace_back(sv);
         }
         arr.items = std::move(items);
@@ -295,7 +338,8 @@ class gguf_parser {
   status read_pod_array(gguf_array& arr, size_t n, const std::string& key) {
     std::vector<T> items(n);
     std::string_view raw;
-    if (!cur_.read_bytes(static_cast<uint64_t>(n) * sizeof(T), raw)) return fail("truncated array of key " + quote_name(key));
+    if (!cur_.read_bytes(static_cast<uint64_t>(n) * sizeof(T), raw))
+      return fail("truncated array of key " + quote_name(key));
     if (n != 0) std::memcpy(items.data(), raw.data(), n * sizeof(T));
     arr.items = std::move(items);
     return {};
@@ -306,7 +350,8 @@ class gguf_parser {
     if (v == nullptr) return {};
     const auto* a = std::get_if<uint32_t>(&v->v);
     if (a == nullptr) {
-      return fail("general.alignment has type " + std::string(value_type_name(v->type())) + ", expected u32");
+      return fail("general.alignment has type " + std::string(value_type_name(v->type())) +
+                  ", expected u32");
     }
     if (*a == 0 || (*a & (*a - 1)) != 0) {
       return fail("general.alignment " + std::to_string(*a) + " is not a power of two");
@@ -321,14 +366,15 @@ class gguf_parser {
     if (auto s = read_string(name, "name of tensor #" + std::to_string(index)); !s) return s;
     if (name.empty()) return fail("tensor #" + std::to_string(index) + " has an empty name");
     if (name.size() > gguf_max_name_bytes) {
-      return fail("tensor #" + std::to_string(index) + " name " + quote_name(name.substr(0, 80)) + " is longer than " +
-                  std::to_string(gguf_max_name_bytes) + " bytes");
+      return fail("tensor #" + std::to_string(index) + " name " + quote_name(name.substr(0, 80)) +
+                  " is longer than " + std::to_string(gguf_max_name_bytes) + " bytes");
     }
     t.name = std::string(name);
     const std::string q = "tensor " + quote_name(name);
     if (!cur_.read(t.n_dims)) return fail("truncated dimension count of " + q);
     if (t.n_dims == 0 || t.n_dims > gguf_max_dims) {
-      return fail(q + " has " + std::to_string(t.n_dims) + " dimensions (1 to " + std::to_string(gguf_max_dims) + " allowed)");
+      return fail(q + " has " + std::to_string(t.n_dims) + " dimensions (1 to " +
+                  std::to_string(gguf_max_dims) + " allowed)");
     }
     int64_t n_elements = 1;
     for (uint32_t d = 0; d < t.n_dims; ++d) {
@@ -349,13 +395,14 @@ class gguf_parser {
     const auto traits = find_type_traits(type_id);
     if (!traits) return fail(q + " has unknown ggml type id " + std::to_string(type_id));
     if (!traits->weft_supported && config_.type_policy == tensor_type_policy::supported_only) {
-      return fail(q + " has type " + std::string(traits->name) + ", which weft does not support (supported: " +
-                  supported_type_list() + ")");
+      return fail(q + " has type " + std::string(traits->name) +
+                  ", which weft does not support (supported: " + supported_type_list() + ")");
     }
     t.type = traits->type;
     if (t.ne[0] % traits->block_size != 0) {
-      return fail(q + ": row length ne[0] = " + std::to_string(t.ne[0]) + " is not a multiple of the " +
-                  std::string(traits->name) + " block size " + std::to_string(traits->block_size));
+      return fail(q + ": row length ne[0] = " + std::to_string(t.ne[0]) +
+                  " is not a multiple of the " + std::string(traits->name) + " block size " +
+                  std::to_string(traits->block_size));
     }
     const auto row = row_size_bytes(t.type, t.ne[0]);
     const auto rows = static_cast<uint64_t>(n_elements / t.ne[0]);
@@ -366,8 +413,8 @@ class gguf_parser {
     t.size_bytes = static_cast<size_t>(*row * rows);
     if (!cur_.read(t.offset)) return fail("truncated data offset of " + q);
     if (t.offset % file_.alignment_ != 0) {
-      return fail(q + " data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
-                  std::to_string(file_.alignment_));
+      return fail(q + " data offset " + std::to_string(t.offset) +
+                  " is not a multiple of the alignment " + std::to_string(file_.alignment_));
     }
     file_.tensors_.push_back(std::move(t));
     return {};
@@ -383,31 +430,33 @@ class gguf_parser {
       return {};
     }
     if (data_offset > file_size) {
-      return fail("data section starts at " + std::to_string(data_offset) + ", past the end of the file (" +
-                  std::to_string(file_size) + " bytes)");
+      return fail("data section starts at " + std::to_string(data_offset) +
+                  ", past the end of the file (" + std::to_string(file_size) + " bytes)");
     }
     file_.data_offset_ = data_offset;
     const uint64_t data_size = file_size - data_offset;
     const std::byte* base = file_.map_->image.data() + data_offset;
     for (auto& t : file_.tensors_) {
       if (t.offset > data_size || t.size_bytes > data_size - t.offset) {
-        return status{status_code::bad_model,
-                      "GGUF: tensor " + quote_name(t.name) + " data [" + std::to_string(t.offset) + ", +" +
-                          std::to_string(t.size_bytes) + ") extends past the end of the data section (" +
-                          std::to_string(data_size) + " bytes)"};
+        return status{status_code::bad_model, "GGUF: tensor " + quote_name(t.name) + " data [" +
+                                                  std::to_string(t.offset) + ", +" +
+                                                  std::to_string(t.size_bytes) +
+                                                  ") extends past the end of the data section (" +
+                                                  std::to_string(data_size) + " bytes)"};
       }
       t.data = base + t.offset;
     }
     std::vector<size_t> order(file_.tensors_.size());
     std::iota(order.begin(), order.end(), size_t{0});
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return file_.tensors_[a].offset < file_.tensors_[b].offset; });
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return file_.tensors_[a].offset < file_.tensors_[b].offset;
+    });
     for (size_t i = 1; i < order.size(); ++i) {
       const auto& prev = file_.tensors_[order[i - 1]];
       const auto& next = file_.tensors_[order[i]];
       if (prev.offset + prev.size_bytes > next.offset) {
-        return status{status_code::bad_model,
-                      "GGUF: the data of tensors " + quote_name(prev.name) + " and " + quote_name(next.name) + " overlap"};
+        return status{status_code::bad_model, "GGUF: the data of tensors " + quote_name(prev.name) +
+                                                  " and " + quote_name(next.name) + " overlap"};
       }
     }
     return {};
@@ -424,19 +473,32 @@ class gguf_parser {
 
 std::string_view value_type_name(gguf_value_type type) {
   switch (type) {
-    case gguf_value_type::u8: return "u8";
-    case gguf_value_type::i8: return "i8";
-    case gguf_value_type::u16: return "u16";
-    case gguf_value_type::i16: return "i16";
-    case gguf_value_type::u32: return "u32";
-    case gguf_value_type::i32: return "i32";
-    case gguf_value_type::f32: return "f32";
-    case gguf_value_type::boolean: return "bool";
-    case gguf_value_type::string: return "string";
-    case gguf_value_type::array: return "array";
-    case gguf_value_type::u64: return "u64";
-    case gguf_value_type::i64: return "i64";
-    case gguf_value_type::f64: return "f64";
+    case gguf_value_type::u8:
+      return "u8";
+    case gguf_value_type::i8:
+      return "i8";
+    case gguf_value_type::u16:
+      return "u16";
+    case gguf_value_type::i16:
+      return "i16";
+    case gguf_value_type::u32:
+      return "u32";
+    case gguf_value_type::i32:
+      return "i32";
+    case gguf_value_type::f32:
+      return "f32";
+    case gguf_value_type::boolean:
+      return "bool";
+    case gguf_value_type::string:
+      return "string";
+    case gguf_value_type::array:
+      return "array";
+    case gguf_value_type::u64:
+      return "u64";
+    case gguf_value_type::i64:
+      return "i64";
+    case gguf_value_type::f64:
+      return "f64";
   }
   return "invalid";
 }
@@ -450,7 +512,8 @@ gguf_file::gguf_file(gguf_file&&) noexcept = default;
 gguf_file& gguf_file::operator=(gguf_file&&) noexcept = default;
 gguf_file::~gguf_file() = default;
 
-result<gguf_file> gguf_file::open(const std::filesystem::path& path, const gguf_open_config& config) {
+result<gguf_file> gguf_file::open(const std::filesystem::path& path,
+                                  const gguf_open_config& config) {
   gguf_file file;
   std::string error;
   if (!file.map_->image.map_file(path, error)) {
@@ -462,12 +525,13 @@ result<gguf_file> gguf_file::open(const std::filesystem::path& path, const gguf_
   if (auto s = parser.run(); !s) {
     return status{s.code(), path.filename().string() + ": " + s.message()};
   }
-  spdlog::debug("gguf: opened {} (v{}, {} tensors, {} metadata keys, data at {})", path.string(), file.version_,
-                file.tensors_.size(), file.metadata_.size(), file.data_offset_);
+  spdlog::debug("gguf: opened {} (v{}, {} tensors, {} metadata keys, data at {})", path.string(),
+                file.version_, file.tensors_.size(), file.metadata_.size(), file.data_offset_);
   return file;
 }
 
-result<gguf_file> gguf_file::parse(std::span<const std::byte> bytes, const gguf_open_config& config) {
+result<gguf_file> gguf_file::parse(std::span<const std::byte> bytes,
+                                   const gguf_open_config& config) {
   gguf_file file;
   file.map_->image.copy_from(bytes);
   gguf_parser parser(file, config);
@@ -475,9 +539,13 @@ result<gguf_file> gguf_file::parse(std::span<const std::byte> bytes, const gguf_
   return file;
 }
 
-size_t gguf_file::size_bytes() const { return map_->image.size(); }
+size_t gguf_file::size_bytes() const {
+  return map_->image.size();
+}
 
-std::span<const std::byte> gguf_file::bytes() const { return {map_->image.data(), map_->image.size()}; }
+std::span<const std::byte> gguf_file::bytes() const {
+  return {map_->image.data(), map_->image.size()};
+}
 
 const gguf_value* gguf_file::find(std::string_view key) const {
   const auto it = metadata_index_.find(key);
@@ -516,18 +584,26 @@ result<Int> get_integer(const gguf_file& f, std::string_view key, std::string_vi
       v->v);
   if (out) return *out;
   if (out_of_range) {
-    return status{status_code::bad_model,
-                  "metadata key '" + std::string(key) + "' is out of range for " + std::string(type_name)};
+    return status{status_code::bad_model, "metadata key '" + std::string(key) +
+                                              "' is out of range for " + std::string(type_name)};
   }
   return wrong_type(key, *v, type_name);
 }
 
 }  // namespace
 
-result<uint32_t> gguf_file::get_u32(std::string_view key) const { return get_integer<uint32_t>(*this, key, "u32"); }
-result<uint64_t> gguf_file::get_u64(std::string_view key) const { return get_integer<uint64_t>(*this, key, "u64"); }
-result<int32_t> gguf_file::get_i32(std::string_view key) const { return get_integer<int32_t>(*this, key, "i32"); }
-result<int64_t> gguf_file::get_i64(std::string_view key) const { return get_integer<int64_t>(*this, key, "i64"); }
+result<uint32_t> gguf_file::get_u32(std::string_view key) const {
+  return get_integer<uint32_t>(*this, key, "u32");
+}
+result<uint64_t> gguf_file::get_u64(std::string_view key) const {
+  return get_integer<uint64_t>(*this, key, "u64");
+}
+result<int32_t> gguf_file::get_i32(std::string_view key) const {
+  return get_integer<int32_t>(*this, key, "i32");
+}
+result<int64_t> gguf_file::get_i64(std::string_view key) const {
+  return get_integer<int64_t>(*this, key, "i64");
+}
 
 result<float> gguf_file::get_f32(std::string_view key) const {
   const gguf_value* v = find(key);
@@ -568,7 +644,8 @@ const gguf_tensor* gguf_file::find_tensor(std::string_view name) const {
 
 result<const gguf_tensor*> gguf_file::tensor(std::string_view name) const {
   if (const gguf_tensor* t = find_tensor(name)) return t;
-  return status{status_code::not_found, "tensor '" + std::string(name) + "' not found in the model file"};
+  return status{status_code::not_found,
+                "tensor '" + std::string(name) + "' not found in the model file"};
 }
 
 }  // namespace weft::gpu

@@ -3,8 +3,8 @@
 /// zero-copy access to tensor data in a read-only memory map.
 ///
 /// Every field read from the file is validated before use (see docs/model-files.md): a malformed
-/// or truncated file gives a `status` (code bad_model) naming the problem, the key or the tensor, never a crash and
-/// never an allocation larger than the file justifies.
+/// or truncated file gives a `status` (code bad_model) naming the problem, the key or the tensor,
+/// never a crash and never an allocation larger than the file justifies.
 
 #include <array>
 #include <cstddef>
@@ -54,8 +54,8 @@ struct gguf_array {
   using storage = std::variant<std::vector<uint8_t>, std::vector<int8_t>, std::vector<uint16_t>,
                                std::vector<int16_t>, std::vector<uint32_t>, std::vector<int32_t>,
                                std::vector<float>, std::vector<bool>, std::vector<std::string>,
-                               std::vector<gguf_value>, std::vector<uint64_t>,
-                               std::vector<int64_t>, std::vector<double>>;
+                               std::vector<gguf_value>, std::vector<uint64_t>, std::vector<int64_t>,
+                               std::vector<double>>;
   storage items;  ///< Alternative index == element type id.
 
   gguf_value_type element_type() const { return static_cast<gguf_value_type>(items.index()); }
@@ -70,9 +70,9 @@ struct gguf_value {
 
   gguf_value() = default;
   template <class T>
-    requires std::is_constructible_v<storage, T&&>
-  gguf_value(T&& value) : v(std::forward<T>(value)) {}  // NOLINT implicit
-  gguf_value(const char* s) : v(std::string(s)) {}      // NOLINT implicit
+  requires std::is_constructible_v<storage, T&&> gguf_value(T&& value)
+      : v(std::forward<T>(value)) {}                // NOLINT implicit
+  gguf_value(const char* s) : v(std::string(s)) {}  // NOLINT implicit
 
   gguf_value_type type() const { return static_cast<gguf_value_type>(v.index()); }
   const std::string* as_string() const { return std::get_if<std::string>(&v); }
@@ -109,7 +109,9 @@ struct gguf_tensor {
   /// Number of rows (n_elements / ne[0]).
   int64_t n_rows() const { return ne[0] == 0 ? 0 : n_elements / ne[0]; }
   /// Bytes of one row (ne[0] elements).
-  size_t row_size_bytes() const { return ne[0] == 0 ? 0 : size_bytes / static_cast<size_t>(n_rows()); }
+  size_t row_size_bytes() const {
+    return ne[0] == 0 ? 0 : size_bytes / static_cast<size_t>(n_rows());
+  }
 };
 
 // -- the file -----------------------------------------------------------------------------------
@@ -131,10 +133,12 @@ struct gguf_open_config {
 class gguf_file {
  public:
   /// Maps `path` read-only and parses it. Blocking (reads the header; tensor pages load lazily).
-  static result<gguf_file> open(const std::filesystem::path& path, const gguf_open_config& config = {});
+  static result<gguf_file> open(const std::filesystem::path& path,
+                                const gguf_open_config& config = {});
 
   /// Parses a copy of an in-memory image (tests, fuzzing, files received over the network).
-  static result<gguf_file> parse(std::span<const std::byte> bytes, const gguf_open_config& config = {});
+  static result<gguf_file> parse(std::span<const std::byte> bytes,
+                                 const gguf_open_config& config = {});
 
   gguf_file(gguf_file&&) noexcept;
   gguf_file& operator=(gguf_file&&) noexcept;
@@ -204,15 +208,18 @@ class gguf_file {
 template <class T>
 result<std::span<const T>> gguf_file::get_array(std::string_view key) const {
   const gguf_value* v = find(key);
-  if (v == nullptr) return status{status_code::not_found, "metadata key '" + std::string(key) + "' not found"};
+  if (v == nullptr)
+    return status{status_code::not_found, "metadata key '" + std::string(key) + "' not found"};
   const gguf_array* a = v->as_array();
   if (a == nullptr) {
     return status{status_code::bad_model, "metadata key '" + std::string(key) + "' has type " +
-                                              std::string(value_type_name(v->type())) + ", expected array"};
+                                              std::string(value_type_name(v->type())) +
+                                              ", expected array"};
   }
   const auto* items = std::get_if<std::vector<T>>(&a->items);
   if (items == nullptr) {
-    return status{status_code::bad_model, "metadata key '" + std::string(key) + "' is an array of " +
+    return status{status_code::bad_model, "metadata key '" + std::string(key) +
+                                              "' is an array of " +
                                               std::string(value_type_name(a->element_type())) +
                                               ", not of the requested type"};
   }

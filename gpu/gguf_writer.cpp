@@ -15,7 +15,7 @@ class byte_sink {
   explicit byte_sink(std::vector<std::byte>& out) : out_(out) {}
 
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   void put(const T& v) {
     const size_t at = out_.size();
     out_.resize(at + sizeof(T));
@@ -69,8 +69,9 @@ status put_array(byte_sink& sink, const gguf_array& a, const std::string& key) {
           for (const auto& item : items) {
             const gguf_array* inner = item.as_array();
             if (inner == nullptr) {
-              return status{status_code::invalid_argument,
-                            "gguf_writer: key '" + key + "': an array of arrays holds a non-array element"};
+              return status{
+                  status_code::invalid_argument,
+                  "gguf_writer: key '" + key + "': an array of arrays holds a non-array element"};
             }
             if (auto s = put_array(sink, *inner, key); !s) return s;
           }
@@ -117,33 +118,40 @@ status gguf_writer::add_tensor(const std::string& name, ggml_type type, std::spa
     n *= d;
   }
   const auto row = row_size_bytes(type, ne[0]);
-  if (!row) return bad("row length is not a multiple of the block size of " + std::string(type_name(type)));
+  if (!row)
+    return bad("row length is not a multiple of the block size of " + std::string(type_name(type)));
   const size_t expected = *row * static_cast<size_t>(n / ne[0]);
   if (data.size() != expected) {
-    return bad("has " + std::to_string(data.size()) + " bytes of data, expected " + std::to_string(expected));
+    return bad("has " + std::to_string(data.size()) + " bytes of data, expected " +
+               std::to_string(expected));
   }
   tensors_.push_back(pending_tensor{name, type, std::vector<int64_t>(ne.begin(), ne.end()),
                                     std::vector<std::byte>(data.begin(), data.end())});
   return {};
 }
 
-status gguf_writer::add_tensor_from_f32(const std::string& name, ggml_type type, std::span<const int64_t> ne,
+status gguf_writer::add_tensor_from_f32(const std::string& name, ggml_type type,
+                                        std::span<const int64_t> ne,
                                         std::span<const float> values) {
   if (ne.empty() || ne[0] <= 0) {
-    return status{status_code::invalid_argument, "gguf_writer: tensor '" + name + "': invalid dimensions"};
+    return status{status_code::invalid_argument,
+                  "gguf_writer: tensor '" + name + "': invalid dimensions"};
   }
   const auto row = row_size_bytes(type, ne[0]);
   if (!row || values.size() % static_cast<size_t>(ne[0]) != 0) {
-    return status{status_code::invalid_argument,
-                  "gguf_writer: tensor '" + name + "': row length does not fit type " + std::string(type_name(type))};
+    return status{status_code::invalid_argument, "gguf_writer: tensor '" + name +
+                                                     "': row length does not fit type " +
+                                                     std::string(type_name(type))};
   }
   const size_t n_rows = values.size() / static_cast<size_t>(ne[0]);
   std::vector<std::byte> bytes(*row * n_rows);
   for (size_t r = 0; r < n_rows; ++r) {
-    const auto st = quantize_row(type, values.data() + r * static_cast<size_t>(ne[0]), bytes.data() + r * *row, ne[0]);
+    const auto st = quantize_row(type, values.data() + r * static_cast<size_t>(ne[0]),
+                                 bytes.data() + r * *row, ne[0]);
     if (st != row_status::ok) {
-      return status{status_code::unsupported,
-                    "gguf_writer: tensor '" + name + "': cannot quantize to " + std::string(type_name(type))};
+      return status{
+          status_code::unsupported,
+          "gguf_writer: tensor '" + name + "': cannot quantize to " + std::string(type_name(type))};
     }
   }
   return add_tensor(name, type, ne, bytes);
@@ -161,8 +169,9 @@ result<std::vector<std::byte>> gguf_writer::to_bytes() const {
     has_alignment_key = true;
     const auto* a = std::get_if<uint32_t>(&v.v);
     if (a == nullptr || *a != alignment) {
-      return status{status_code::invalid_argument,
-                    "gguf_writer: general.alignment must be a u32 equal to the configured alignment"};
+      return status{
+          status_code::invalid_argument,
+          "gguf_writer: general.alignment must be a u32 equal to the configured alignment"};
     }
   }
   if (!has_alignment_key && alignment != gguf_default_alignment) {
@@ -204,13 +213,19 @@ status gguf_writer::write_file(const std::filesystem::path& path) const {
   const std::filesystem::path tmp = path.string() + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return status{status_code::invalid_argument, "gguf_writer: cannot create '" + tmp.string() + "'"};
-    f.write(reinterpret_cast<const char*>(bytes->data()), static_cast<std::streamsize>(bytes->size()));
-    if (!f) return status{status_code::internal, "gguf_writer: write to '" + tmp.string() + "' failed"};
+    if (!f)
+      return status{status_code::invalid_argument,
+                    "gguf_writer: cannot create '" + tmp.string() + "'"};
+    f.write(reinterpret_cast<const char*>(bytes->data()),
+            static_cast<std::streamsize>(bytes->size()));
+    if (!f)
+      return status{status_code::internal, "gguf_writer: write to '" + tmp.string() + "' failed"};
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) return status{status_code::internal, "gguf_writer: cannot rename to '" + path.string() + "': " + ec.message()};
+  if (ec)
+    return status{status_code::internal,
+                  "gguf_writer: cannot rename to '" + path.string() + "': " + ec.message()};
   return {};
 }
 

@@ -19,10 +19,13 @@ std::string kv_layout::describe() const {
 
 result<std::unique_ptr<kv_cache>> kv_cache::create(device& dev, const kv_cache_config& config) {
   const kv_layout& l = config.layout;
-  if (l.n_layers <= 0 || l.n_kv_heads <= 0 || l.head_dim <= 0 || l.block_size <= 0 || config.n_blocks <= 0) {
-    return status{status_code::invalid_argument, "kv_cache: every dimension must be positive (" + l.describe() + ")"};
+  if (l.n_layers <= 0 || l.n_kv_heads <= 0 || l.head_dim <= 0 || l.block_size <= 0 ||
+      config.n_blocks <= 0) {
+    return status{status_code::invalid_argument,
+                  "kv_cache: every dimension must be positive (" + l.describe() + ")"};
   }
-  if (l.dtype != ggml_type::f16) return status{status_code::unsupported, "kv_cache: only f16 is supported"};
+  if (l.dtype != ggml_type::f16)
+    return status{status_code::unsupported, "kv_cache: only f16 is supported"};
   if (config.n_blocks > (int64_t{1} << 31) / l.block_size) {
     return status{status_code::invalid_argument, "kv_cache: too many blocks for 32-bit slot ids"};
   }
@@ -44,7 +47,8 @@ kv_cache::kv_cache(device& dev, const kv_cache_config& config)
       block_hash_(static_cast<size_t>(config.n_blocks)),
       free_pos_(static_cast<size_t>(config.n_blocks)),
       is_free_(static_cast<size_t>(config.n_blocks), true) {
-  for (int32_t b = 0; b < config.n_blocks; ++b) free_pos_[b] = free_list_.insert(free_list_.end(), b);
+  for (int32_t b = 0; b < config.n_blocks; ++b)
+    free_pos_[b] = free_list_.insert(free_list_.end(), b);
 }
 
 kv_cache::~kv_cache() {
@@ -78,7 +82,8 @@ int64_t kv_cache::blocks_for(int64_t n_tokens) const {
 
 result<int32_t> kv_cache::allocate_block() {
   if (free_list_.empty()) {
-    return status{status_code::out_of_memory, "kv_cache: no free block (" + std::to_string(config_.n_blocks) + " in use)"};
+    return status{status_code::out_of_memory,
+                  "kv_cache: no free block (" + std::to_string(config_.n_blocks) + " in use)"};
   }
   const int32_t b = free_list_.front();
   free_list_.pop_front();
@@ -96,7 +101,8 @@ void kv_cache::release_block(int32_t b) {
   if (--refcount_[b] > 0) return;
   is_free_[b] = true;
   // Unhashed blocks are reused first; hashed ones stay cached as long as possible (LRU at front).
-  free_pos_[b] = block_hash_[b] ? free_list_.insert(free_list_.end(), b) : free_list_.insert(free_list_.begin(), b);
+  free_pos_[b] = block_hash_[b] ? free_list_.insert(free_list_.end(), b)
+                                : free_list_.insert(free_list_.begin(), b);
 }
 
 status kv_cache::copy_block(int32_t dst, int32_t src) {
@@ -117,7 +123,9 @@ seq_id kv_cache::create_sequence() {
   return id;
 }
 
-bool kv_cache::contains(seq_id seq) const { return find(seq) != nullptr; }
+bool kv_cache::contains(seq_id seq) const {
+  return find(seq) != nullptr;
+}
 
 int64_t kv_cache::length(seq_id seq) const {
   const sequence* s = find(seq);
@@ -138,7 +146,8 @@ bool kv_cache::is_swapped(seq_id seq) const {
 result<int64_t> kv_cache::attach_prefix(seq_id seq, std::span<const int32_t> tokens) {
   sequence* s = find(seq);
   if (s == nullptr) return status{status_code::not_found, "kv_cache: unknown sequence"};
-  if (!s->tokens.empty() || s->swapped) return status{status_code::invalid_argument, "attach_prefix: sequence not empty"};
+  if (!s->tokens.empty() || s->swapped)
+    return status{status_code::invalid_argument, "attach_prefix: sequence not empty"};
   const int64_t bs = config_.layout.block_size;
   uint64_t prev = 0;
   int64_t matched = 0;
@@ -203,7 +212,8 @@ status kv_cache::slots(seq_id seq, int64_t pos, int64_t n, std::vector<int32_t>&
   if (pos < 0 || pos + n > static_cast<int64_t>(s->blocks.size()) * bs) {
     return {status_code::invalid_argument, "kv_cache: slots beyond the reserved blocks"};
   }
-  for (int64_t p = pos; p < pos + n; ++p) out.push_back(static_cast<int32_t>(s->blocks[p / bs] * bs + p % bs));
+  for (int64_t p = pos; p < pos + n; ++p)
+    out.push_back(static_cast<int32_t>(s->blocks[p / bs] * bs + p % bs));
   return {};
 }
 
@@ -211,7 +221,8 @@ status kv_cache::commit(seq_id seq, std::span<const int32_t> tokens) {
   sequence* s = find(seq);
   if (s == nullptr) return {status_code::not_found, "kv_cache: unknown sequence"};
   const int64_t bs = config_.layout.block_size;
-  if (static_cast<int64_t>(s->tokens.size() + tokens.size()) > static_cast<int64_t>(s->blocks.size()) * bs) {
+  if (static_cast<int64_t>(s->tokens.size() + tokens.size()) >
+      static_cast<int64_t>(s->blocks.size()) * bs) {
     return {status_code::invalid_argument, "kv_cache: commit beyond the reserved blocks"};
   }
   s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
@@ -233,7 +244,8 @@ status kv_cache::commit(seq_id seq, std::span<const int32_t> tokens) {
 result<seq_id> kv_cache::fork(seq_id seq) {
   const sequence* s = find(seq);
   if (s == nullptr) return status{status_code::not_found, "kv_cache: unknown sequence"};
-  if (s->swapped) return status{status_code::invalid_argument, "kv_cache: cannot fork a swapped sequence"};
+  if (s->swapped)
+    return status{status_code::invalid_argument, "kv_cache: cannot fork a swapped sequence"};
   sequence copy;
   copy.blocks = s->blocks;
   copy.tokens = s->tokens;
@@ -254,11 +266,13 @@ status kv_cache::free_sequence(seq_id seq) {
 
 uint16_t* kv_cache::k_layer(int64_t layer) const {
   return reinterpret_cast<uint16_t*>(static_cast<char*>(k_.data) +
-                                     static_cast<size_t>(layer * config_.n_blocks) * config_.layout.block_bytes());
+                                     static_cast<size_t>(layer * config_.n_blocks) *
+                                         config_.layout.block_bytes());
 }
 uint16_t* kv_cache::v_layer(int64_t layer) const {
   return reinterpret_cast<uint16_t*>(static_cast<char*>(v_.data) +
-                                     static_cast<size_t>(layer * config_.n_blocks) * config_.layout.block_bytes());
+                                     static_cast<size_t>(layer * config_.n_blocks) *
+                                         config_.layout.block_bytes());
 }
 
 result<std::vector<kv_byte_range>> kv_cache::export_ranges(seq_id seq) const {
@@ -278,11 +292,12 @@ result<std::vector<kv_byte_range>> kv_cache::export_ranges(seq_id seq) const {
   return out;
 }
 
-result<std::pair<seq_id, std::vector<kv_byte_range>>> kv_cache::prepare_import(const kv_layout& layout,
-                                                                               std::span<const int32_t> tokens) {
+result<std::pair<seq_id, std::vector<kv_byte_range>>> kv_cache::prepare_import(
+    const kv_layout& layout, std::span<const int32_t> tokens) {
   if (!(layout == config_.layout)) {
-    return status{status_code::invalid_argument,
-                  "kv_cache: layout mismatch, sender " + layout.describe() + ", receiver " + config_.layout.describe()};
+    return status{status_code::invalid_argument, "kv_cache: layout mismatch, sender " +
+                                                     layout.describe() + ", receiver " +
+                                                     config_.layout.describe()};
   }
   const seq_id id = create_sequence();
   if (auto st = reserve(id, static_cast<int64_t>(tokens.size())); !st) {
@@ -296,8 +311,10 @@ result<std::pair<seq_id, std::vector<kv_byte_range>>> kv_cache::prepare_import(c
   for (size_t i = 0; i < s.blocks.size(); ++i) {
     for (int64_t l = 0; l < config_.layout.n_layers; ++l) {
       const size_t off = static_cast<size_t>(s.blocks[i]) * bb;
-      out.push_back({l, static_cast<int64_t>(i), false, reinterpret_cast<char*>(k_layer(l)) + off, bb});
-      out.push_back({l, static_cast<int64_t>(i), true, reinterpret_cast<char*>(v_layer(l)) + off, bb});
+      out.push_back(
+          {l, static_cast<int64_t>(i), false, reinterpret_cast<char*>(k_layer(l)) + off, bb});
+      out.push_back(
+          {l, static_cast<int64_t>(i), true, reinterpret_cast<char*>(v_layer(l)) + off, bb});
     }
   }
   return std::pair{id, std::move(out)};
@@ -312,7 +329,8 @@ status kv_cache::swap_out(seq_id seq) {
   const size_t bb = config_.layout.block_bytes();
   s->host_copy.resize(ranges->size() * bb);
   for (size_t i = 0; i < ranges->size(); ++i) {
-    if (auto st = dev_.copy_to_host(s->host_copy.data() + i * bb, (*ranges)[i].data, bb); !st) return st;
+    if (auto st = dev_.copy_to_host(s->host_copy.data() + i * bb, (*ranges)[i].data, bb); !st)
+      return st;
   }
   if (auto st = dev_.synchronize(); !st) return st;
   for (int32_t b : s->blocks) release_block(b);
@@ -340,7 +358,8 @@ status kv_cache::swap_in(seq_id seq) {
   auto ranges = export_ranges(seq);
   const size_t bb = config_.layout.block_bytes();
   for (size_t i = 0; i < ranges->size(); ++i) {
-    if (auto st = dev_.copy_to_device((*ranges)[i].data, s->host_copy.data() + i * bb, bb); !st) return st;
+    if (auto st = dev_.copy_to_device((*ranges)[i].data, s->host_copy.data() + i * bb, bb); !st)
+      return st;
   }
   s->host_copy.clear();
   s->host_copy.shrink_to_fit();
@@ -370,9 +389,12 @@ kv_stats kv_cache::stats() const {
 status kv_cache::check_invariants() const {
   std::vector<int32_t> refs(static_cast<size_t>(config_.n_blocks), 0);
   for (const auto& [id, s] : seqs_) {
-    if (s.swapped && !s.blocks.empty()) return {status_code::internal, "swapped sequence holds blocks"};
-    if (!s.swapped && static_cast<int64_t>(s.blocks.size()) < blocks_for(static_cast<int64_t>(s.tokens.size()))) {
-      return {status_code::internal, "sequence " + std::to_string(id) + " has fewer blocks than tokens need"};
+    if (s.swapped && !s.blocks.empty())
+      return {status_code::internal, "swapped sequence holds blocks"};
+    if (!s.swapped &&
+        static_cast<int64_t>(s.blocks.size()) < blocks_for(static_cast<int64_t>(s.tokens.size()))) {
+      return {status_code::internal,
+              "sequence " + std::to_string(id) + " has fewer blocks than tokens need"};
     }
     for (int32_t b : s.blocks) {
       if (b < 0 || b >= config_.n_blocks) return {status_code::internal, "block id out of range"};
@@ -382,18 +404,22 @@ status kv_cache::check_invariants() const {
   int64_t n_free = 0;
   for (int32_t b = 0; b < config_.n_blocks; ++b) {
     if (refs[b] != refcount_[b]) {
-      return {status_code::internal, "block " + std::to_string(b) + " refcount " + std::to_string(refcount_[b]) +
-                                         " but " + std::to_string(refs[b]) + " references"};
+      return {status_code::internal, "block " + std::to_string(b) + " refcount " +
+                                         std::to_string(refcount_[b]) + " but " +
+                                         std::to_string(refs[b]) + " references"};
     }
-    if (is_free_[b] != (refs[b] == 0)) return {status_code::internal, "block " + std::to_string(b) + " free flag wrong"};
+    if (is_free_[b] != (refs[b] == 0))
+      return {status_code::internal, "block " + std::to_string(b) + " free flag wrong"};
     n_free += is_free_[b] ? 1 : 0;
   }
-  if (n_free != static_cast<int64_t>(free_list_.size())) return {status_code::internal, "free list size mismatch"};
+  if (n_free != static_cast<int64_t>(free_list_.size()))
+    return {status_code::internal, "free list size mismatch"};
   for (int32_t b : free_list_) {
     if (!is_free_[b]) return {status_code::internal, "used block on the free list"};
   }
   for (const auto& [h, b] : hash_to_block_) {
-    if (!block_hash_[b] || *block_hash_[b] != h) return {status_code::internal, "hash map points at a stale block"};
+    if (!block_hash_[b] || *block_hash_[b] != h)
+      return {status_code::internal, "hash map points at a stale block"};
   }
   return {};
 }

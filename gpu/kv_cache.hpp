@@ -28,7 +28,7 @@ struct kv_layout {
   int64_t n_layers = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
-  int64_t block_size = 16;   ///< Tokens per block.
+  int64_t block_size = 16;  ///< Tokens per block.
   ggml_type dtype = ggml_type::f16;
 
   /// Bytes of one block of one layer, K or V.
@@ -41,26 +41,26 @@ struct kv_layout {
 /// How a cache is created.
 struct kv_cache_config {
   kv_layout layout;
-  int64_t n_blocks = 0;   ///< Blocks in the pool (each holds block_size tokens of every layer).
+  int64_t n_blocks = 0;  ///< Blocks in the pool (each holds block_size tokens of every layer).
 };
 
 /// Block accounting. used + free = total; cached blocks are free blocks that still hold a
 /// registered prefix and can be revived by a prefix match until they are reused.
 struct kv_stats {
   int64_t n_blocks_total = 0;
-  int64_t n_blocks_used = 0;     ///< Referenced by at least one sequence.
-  int64_t n_blocks_free = 0;     ///< Not referenced (includes cached).
-  int64_t n_blocks_cached = 0;   ///< Free but holding a hashed full block.
+  int64_t n_blocks_used = 0;    ///< Referenced by at least one sequence.
+  int64_t n_blocks_free = 0;    ///< Not referenced (includes cached).
+  int64_t n_blocks_cached = 0;  ///< Free but holding a hashed full block.
   int64_t n_sequences = 0;
   int64_t n_swapped_sequences = 0;
-  int64_t n_prefix_hits_tokens = 0;   ///< Tokens served from cached blocks since creation.
+  int64_t n_prefix_hits_tokens = 0;  ///< Tokens served from cached blocks since creation.
 };
 
 /// One contiguous piece of cache memory (device pointer) — what a transport moves.
 struct kv_byte_range {
   int64_t layer = 0;
-  int64_t block_index = 0;   ///< Index in the sequence's block table.
-  bool is_value = false;     ///< V (true) or K (false).
+  int64_t block_index = 0;  ///< Index in the sequence's block table.
+  bool is_value = false;    ///< V (true) or K (false).
   void* data = nullptr;
   size_t size_bytes = 0;
 };
@@ -90,7 +90,8 @@ class kv_cache {
   status slots(seq_id seq, int64_t pos, int64_t n, std::vector<int32_t>& out) const;
   /// Records that `tokens` were appended (their K/V written); hashes blocks that became full.
   status commit(seq_id seq, std::span<const int32_t> tokens);
-  /// A new sequence sharing all blocks of `seq` (copy-on-write on the next write to a shared block).
+  /// A new sequence sharing all blocks of `seq` (copy-on-write on the next write to a shared
+  /// block).
   result<seq_id> fork(seq_id seq);
   /// Frees a sequence: every block's reference is dropped exactly once. Swapped-out data too.
   status free_sequence(seq_id seq);
@@ -112,8 +113,8 @@ class kv_cache {
   result<std::vector<kv_byte_range>> export_ranges(seq_id seq) const;
   /// Creates a sequence of `tokens` whose blocks are allocated but empty, and returns the ranges
   /// to fill (same order as export_ranges). `layout` must equal this cache's layout.
-  result<std::pair<seq_id, std::vector<kv_byte_range>>> prepare_import(const kv_layout& layout,
-                                                                       std::span<const int32_t> tokens);
+  result<std::pair<seq_id, std::vector<kv_byte_range>>> prepare_import(
+      const kv_layout& layout, std::span<const int32_t> tokens);
 
   // -- swap -------------------------------------------------------------------------------------
 
@@ -136,9 +137,9 @@ class kv_cache {
   struct sequence {
     std::vector<int32_t> blocks;
     std::vector<int32_t> tokens;
-    std::vector<uint64_t> block_hashes;   ///< Chained hash of each full block.
+    std::vector<uint64_t> block_hashes;  ///< Chained hash of each full block.
     bool swapped = false;
-    std::vector<uint8_t> host_copy;       ///< Swapped data: per block, per layer, K then V.
+    std::vector<uint8_t> host_copy;  ///< Swapped data: per block, per layer, K then V.
   };
 
   kv_cache(device& dev, const kv_cache_config& config);
@@ -154,9 +155,9 @@ class kv_cache {
   device_buffer k_;
   device_buffer v_;
   std::vector<int32_t> refcount_;
-  std::vector<std::optional<uint64_t>> block_hash_;       ///< Hash registered for a block.
-  std::list<int32_t> free_list_;                          ///< Free blocks, least recently freed first.
-  std::vector<std::list<int32_t>::iterator> free_pos_;    ///< Position in free_list_ if free.
+  std::vector<std::optional<uint64_t>> block_hash_;  ///< Hash registered for a block.
+  std::list<int32_t> free_list_;                     ///< Free blocks, least recently freed first.
+  std::vector<std::list<int32_t>::iterator> free_pos_;  ///< Position in free_list_ if free.
   std::vector<bool> is_free_;
   std::unordered_map<uint64_t, int32_t> hash_to_block_;
   std::unordered_map<seq_id, sequence> seqs_;

@@ -12,14 +12,14 @@ namespace {
 
 // Activation buffer indices.
 enum buf_id : int {
-  b_x,        // residual stream [n][embd]
-  b_xn,       // normed input of a sub-layer [n][embd]
-  b_q,        // [n][heads * head_dim]
-  b_k,        // [n][kv_heads * head_dim]
+  b_x,   // residual stream [n][embd]
+  b_xn,  // normed input of a sub-layer [n][embd]
+  b_q,   // [n][heads * head_dim]
+  b_k,   // [n][kv_heads * head_dim]
   b_v,
-  b_att,      // attention output [n][heads * head_dim]
-  b_tmp,      // sub-layer output [n][embd]
-  b_gate,     // [n][ff]
+  b_att,   // attention output [n][heads * head_dim]
+  b_tmp,   // sub-layer output [n][embd]
+  b_gate,  // [n][ff]
   b_up,
   b_h,
   b_xl,       // rows that produce logits [n][embd]
@@ -32,11 +32,14 @@ enum buf_id : int {
   b_count
 };
 
-std::string arch_key(const std::string& arch, const char* suffix) { return arch + "." + suffix; }
+std::string arch_key(const std::string& arch, const char* suffix) {
+  return arch + "." + suffix;
+}
 
 }  // namespace
 
-void forward_batch::add(seq_id seq, std::span<const int32_t> toks, bool logits_last, bool as_decode) {
+void forward_batch::add(seq_id seq, std::span<const int32_t> toks, bool logits_last,
+                        bool as_decode) {
   auto it = std::find(seqs.begin(), seqs.end(), seq);
   const auto index = static_cast<int32_t>(it - seqs.begin());
   if (it == seqs.end()) {
@@ -69,13 +72,15 @@ model::~model() {
   dev_.release(ints_);
 }
 
-result<std::unique_ptr<model>> model::load(gguf_file file, device& dev, const model_load_config& config) {
+result<std::unique_ptr<model>> model::load(gguf_file file, device& dev,
+                                           const model_load_config& config) {
   std::unique_ptr<model> m{new model(std::move(file), dev, config)};
   const gguf_file& f = m->file_;
   model_hparams& hp = m->hp_;
   hp.architecture = std::string{f.architecture()};
   if (hp.architecture != "llama") {
-    return status{status_code::unsupported, "architecture '" + hp.architecture + "' is not supported (llama family only)"};
+    return status{status_code::unsupported,
+                  "architecture '" + hp.architecture + "' is not supported (llama family only)"};
   }
   const std::string& a = hp.architecture;
   auto u = [&](const char* key) -> result<int64_t> {
@@ -91,15 +96,18 @@ result<std::unique_ptr<model>> model::load(gguf_file file, device& dev, const mo
     auto v = f.get_f32(arch_key(a, key));
     return v ? *v : def;
   };
-  for (auto [dst, key] : {std::pair{&hp.n_embd, "embedding_length"}, std::pair{&hp.n_layers, "block_count"},
-                          std::pair{&hp.n_heads, "attention.head_count"}, std::pair{&hp.n_ff, "feed_forward_length"}}) {
+  for (auto [dst, key] :
+       {std::pair{&hp.n_embd, "embedding_length"}, std::pair{&hp.n_layers, "block_count"},
+        std::pair{&hp.n_heads, "attention.head_count"},
+        std::pair{&hp.n_ff, "feed_forward_length"}}) {
     auto v = u(key);
     if (!v) return status{status_code::bad_model, v.error().message()};
     *dst = *v;
   }
   hp.n_kv_heads = u_or("attention.head_count_kv", hp.n_heads);
   hp.n_ctx_train = u_or("context_length", 0);
-  if (hp.n_heads <= 0 || hp.n_kv_heads <= 0 || hp.n_embd <= 0 || hp.n_layers <= 0 || hp.n_heads % hp.n_kv_heads != 0) {
+  if (hp.n_heads <= 0 || hp.n_kv_heads <= 0 || hp.n_embd <= 0 || hp.n_layers <= 0 ||
+      hp.n_heads % hp.n_kv_heads != 0) {
     return status{status_code::bad_model, "inconsistent head counts or sizes"};
   }
   hp.head_dim = u_or("attention.key_length", hp.n_embd / hp.n_heads);
@@ -112,7 +120,8 @@ result<std::unique_ptr<model>> model::load(gguf_file file, device& dev, const mo
       const float factor = f_or("rope.scaling.factor", 1.0f);
       if (factor > 0.0f) hp.rope.freq_scale = 1.0f / factor;
     } else if (*t != "none") {
-      return status{status_code::unsupported, "rope scaling '" + std::string{*t} + "' is not supported"};
+      return status{status_code::unsupported,
+                    "rope scaling '" + std::string{*t} + "' is not supported"};
     }
   } else if (const float factor = f_or("rope.scale_linear", 0.0f); factor > 0.0f) {
     hp.rope.freq_scale = 1.0f / factor;
@@ -126,24 +135,26 @@ result<std::unique_ptr<model>> model::load(gguf_file file, device& dev, const mo
   if (embd == nullptr) return status{status_code::bad_model, "tensor 'token_embd.weight' missing"};
   hp.n_vocab = embd->ne[1];
   if (auto st = m->bind_weights(); !st) return st;
-  spdlog::info("model: {} layers, embd {}, heads {}/{}, ff {}, vocab {}, experts {}/{}, {} on {}", hp.n_layers,
-               hp.n_embd, hp.n_heads, hp.n_kv_heads, hp.n_ff, hp.n_vocab, hp.n_experts_used, hp.n_experts,
-               type_name(m->layers_[0].wq.type), dev.capabilities().name);
+  spdlog::info("model: {} layers, embd {}, heads {}/{}, ff {}, vocab {}, experts {}/{}, {} on {}",
+               hp.n_layers, hp.n_embd, hp.n_heads, hp.n_kv_heads, hp.n_ff, hp.n_vocab,
+               hp.n_experts_used, hp.n_experts, type_name(m->layers_[0].wq.type),
+               dev.capabilities().name);
   return m;
 }
 
-result<tensor_view> model::weight(const std::string& name, int64_t n_cols, int64_t n_rows, int64_t n_mats,
-                                  bool required) {
+result<tensor_view> model::weight(const std::string& name, int64_t n_cols, int64_t n_rows,
+                                  int64_t n_mats, bool required) {
   const gguf_tensor* t = file_.find_tensor(name);
   if (t == nullptr) {
     if (!required) return tensor_view{};
     return status{status_code::bad_model, "tensor '" + name + "' missing"};
   }
   if (t->ne[0] != n_cols || t->ne[1] != n_rows || t->ne[2] != n_mats || t->ne[3] != 1) {
-    return status{status_code::bad_model, "tensor '" + name + "' has shape [" + std::to_string(t->ne[0]) + ", " +
-                                              std::to_string(t->ne[1]) + ", " + std::to_string(t->ne[2]) +
-                                              "], expected [" + std::to_string(n_cols) + ", " +
-                                              std::to_string(n_rows) + ", " + std::to_string(n_mats) + "]"};
+    return status{status_code::bad_model,
+                  "tensor '" + name + "' has shape [" + std::to_string(t->ne[0]) + ", " +
+                      std::to_string(t->ne[1]) + ", " + std::to_string(t->ne[2]) + "], expected [" +
+                      std::to_string(n_cols) + ", " + std::to_string(n_rows) + ", " +
+                      std::to_string(n_mats) + "]"};
   }
   tensor_view v;
   v.type = t->type;
@@ -167,24 +178,28 @@ status model::bind_weights() {
   const auto& hp = hp_;
   const int64_t qd = hp.n_heads * hp.head_dim;
   const int64_t kvd = hp.n_kv_heads * hp.head_dim;
-  auto take = [&](tensor_view& dst, const std::string& name, int64_t c, int64_t r, int64_t m = 1) -> status {
+  auto take = [&](tensor_view& dst, const std::string& name, int64_t c, int64_t r,
+                  int64_t m = 1) -> status {
     auto w = weight(name, c, r, m);
     if (!w) return w.error();
     dst = *w;
     return {};
   };
-  auto matrix = [&](tensor_view& dst, const std::string& name, int64_t c, int64_t r, int64_t m = 1) -> status {
+  auto matrix = [&](tensor_view& dst, const std::string& name, int64_t c, int64_t r,
+                    int64_t m = 1) -> status {
     if (auto st = take(dst, name, c, r, m); !st) return st;
     const auto& types = dev_.capabilities().weight_types;
     if (std::find(types.begin(), types.end(), dst.type) == types.end()) {
-      return {status_code::unsupported, "tensor '" + name + "' has type " + std::string{type_name(dst.type)} +
-                                            ", which " + dev_.capabilities().name + " cannot multiply"};
+      return {status_code::unsupported, "tensor '" + name + "' has type " +
+                                            std::string{type_name(dst.type)} + ", which " +
+                                            dev_.capabilities().name + " cannot multiply"};
     }
     return {};
   };
   if (auto st = take(tok_embd_, "token_embd.weight", hp.n_embd, hp.n_vocab); !st) return st;
   if (auto st = take(output_norm_, "output_norm.weight", hp.n_embd, 1); !st) return st;
-  if (output_norm_.type != ggml_type::f32) return {status_code::bad_model, "output_norm.weight must be f32"};
+  if (output_norm_.type != ggml_type::f32)
+    return {status_code::bad_model, "output_norm.weight must be f32"};
   if (file_.find_tensor("output.weight") != nullptr) {
     if (auto st = matrix(output_, "output.weight", hp.n_embd, hp.n_vocab); !st) return st;
   } else {
@@ -212,12 +227,22 @@ status model::bind_weights() {
     if (auto st = matrix(l.wo, p + "attn_output.weight", qd, hp.n_embd); !st) return st;
     if (hp.n_experts > 0) {
       const gguf_tensor* ge = file_.find_tensor(p + "ffn_gate_exps.weight");
-      if (ge == nullptr) return {status_code::bad_model, "tensor '" + p + "ffn_gate_exps.weight' missing"};
+      if (ge == nullptr)
+        return {status_code::bad_model, "tensor '" + p + "ffn_gate_exps.weight' missing"};
       const int64_t ff = ge->ne[1];
-      if (auto st = matrix(l.ffn_gate_inp, p + "ffn_gate_inp.weight", hp.n_embd, hp.n_experts); !st) return st;
-      if (auto st = matrix(l.ffn_gate_exps, p + "ffn_gate_exps.weight", hp.n_embd, ff, hp.n_experts); !st) return st;
-      if (auto st = matrix(l.ffn_up_exps, p + "ffn_up_exps.weight", hp.n_embd, ff, hp.n_experts); !st) return st;
-      if (auto st = matrix(l.ffn_down_exps, p + "ffn_down_exps.weight", ff, hp.n_embd, hp.n_experts); !st) return st;
+      if (auto st = matrix(l.ffn_gate_inp, p + "ffn_gate_inp.weight", hp.n_embd, hp.n_experts); !st)
+        return st;
+      if (auto st =
+              matrix(l.ffn_gate_exps, p + "ffn_gate_exps.weight", hp.n_embd, ff, hp.n_experts);
+          !st)
+        return st;
+      if (auto st = matrix(l.ffn_up_exps, p + "ffn_up_exps.weight", hp.n_embd, ff, hp.n_experts);
+          !st)
+        return st;
+      if (auto st =
+              matrix(l.ffn_down_exps, p + "ffn_down_exps.weight", ff, hp.n_embd, hp.n_experts);
+          !st)
+        return st;
     } else {
       if (auto st = matrix(l.ffn_gate, p + "ffn_gate.weight", hp.n_embd, hp.n_ff); !st) return st;
       if (auto st = matrix(l.ffn_up, p + "ffn_up.weight", hp.n_embd, hp.n_ff); !st) return st;
@@ -243,7 +268,8 @@ size_t model::weight_bytes_per_token() const {
     total += l.wq.mat_bytes + l.wk.mat_bytes + l.wv.mat_bytes + l.wo.mat_bytes;
     if (hp_.n_experts > 0) {
       // Only the routed experts are read per token.
-      const size_t per_expert = l.ffn_gate_exps.mat_bytes + l.ffn_up_exps.mat_bytes + l.ffn_down_exps.mat_bytes;
+      const size_t per_expert =
+          l.ffn_gate_exps.mat_bytes + l.ffn_up_exps.mat_bytes + l.ffn_down_exps.mat_bytes;
       total += l.ffn_gate_inp.mat_bytes + per_expert * static_cast<size_t>(hp_.n_experts_used);
     } else {
       total += l.ffn_gate.mat_bytes + l.ffn_up.mat_bytes + l.ffn_down.mat_bytes;
@@ -259,7 +285,8 @@ int64_t model::matmul_macs_per_token() const {
     total += macs(l.wq) + macs(l.wk) + macs(l.wv) + macs(l.wo);
     if (hp_.n_experts > 0) {
       total += macs(l.ffn_gate_inp) +
-               (macs(l.ffn_gate_exps) + macs(l.ffn_up_exps) + macs(l.ffn_down_exps)) * hp_.n_experts_used;
+               (macs(l.ffn_gate_exps) + macs(l.ffn_up_exps) + macs(l.ffn_down_exps)) *
+                   hp_.n_experts_used;
     } else {
       total += macs(l.ffn_gate) + macs(l.ffn_up) + macs(l.ffn_down);
     }
@@ -276,9 +303,23 @@ status model::ensure_buffers(int64_t n) {
   int64_t ff = hp_.n_ff;
   if (hp_.n_experts > 0) ff = std::max(ff, layers_[0].ffn_gate_exps.n_rows);
   const int64_t k = std::max<int64_t>(1, hp_.n_experts_used);
-  const int64_t widths[b_count] = {hp_.n_embd, hp_.n_embd, qd,      kvd,         kvd,         qd,
-                                   hp_.n_embd, ff,         ff,      ff,          hp_.n_embd,  hp_.n_vocab,
-                                   std::max<int64_t>(1, hp_.n_experts), hp_.n_embd, hp_.n_embd, hp_.n_embd * k, k};
+  const int64_t widths[b_count] = {hp_.n_embd,
+                                   hp_.n_embd,
+                                   qd,
+                                   kvd,
+                                   kvd,
+                                   qd,
+                                   hp_.n_embd,
+                                   ff,
+                                   ff,
+                                   ff,
+                                   hp_.n_embd,
+                                   hp_.n_vocab,
+                                   std::max<int64_t>(1, hp_.n_experts),
+                                   hp_.n_embd,
+                                   hp_.n_embd,
+                                   hp_.n_embd * k,
+                                   k};
   for (int i = 0; i < b_count; ++i) {
     auto b = dev_.allocate(static_cast<size_t>(n * widths[i]) * sizeof(float));
     if (!b) return b.error();
@@ -292,7 +333,8 @@ status model::ffn_dense(const layer_weights& lw, int64_t n) {
   const tensor_view gate_up[] = {lw.ffn_gate, lw.ffn_up};
   float* const outs[] = {buf(b_gate), buf(b_up)};
   if (auto st = ops_.matmul_multi(gate_up, buf(b_xn), n, outs); !st) return st;
-  if (auto st = ops_.swiglu(buf(b_gate), buf(b_up), buf(b_h), n * lw.ffn_gate.n_rows); !st) return st;
+  if (auto st = ops_.swiglu(buf(b_gate), buf(b_up), buf(b_h), n * lw.ffn_gate.n_rows); !st)
+    return st;
   return ops_.matmul(lw.ffn_down, buf(b_h), n, buf(b_tmp));
 }
 
@@ -301,9 +343,11 @@ status model::ffn_moe(const layer_weights& lw, int64_t n, int64_t layer, forward
   const int64_t k = hp_.n_experts_used;
   const int64_t d = hp_.n_embd;
   if (auto st = ops_.matmul(lw.ffn_gate_inp, buf(b_xn), n, buf(b_router)); !st) return st;
-  // Routing is tiny ([n][experts]); it runs on the host as in llama.cpp's softmax -> top-k -> renorm.
+  // Routing is tiny ([n][experts]); it runs on the host as in llama.cpp's softmax -> top-k ->
+  // renorm.
   std::vector<float> probs(static_cast<size_t>(n * ne));
-  if (auto st = dev_.copy_to_host(probs.data(), buf(b_router), probs.size() * sizeof(float)); !st) return st;
+  if (auto st = dev_.copy_to_host(probs.data(), buf(b_router), probs.size() * sizeof(float)); !st)
+    return st;
   if (auto st = dev_.synchronize(); !st) return st;
   std::vector<float> weights(static_cast<size_t>(n * k));
   std::vector<std::vector<int32_t>> tokens_of(static_cast<size_t>(ne));
@@ -330,22 +374,29 @@ status model::ffn_moe(const layer_weights& lw, int64_t n, int64_t layer, forward
     }
   }
   if (config_.record_expert_ids) out.expert_ids[static_cast<size_t>(layer)] = chosen;
-  if (auto st = dev_.copy_to_device(buf(b_weights), weights.data(), weights.size() * sizeof(float)); !st) return st;
+  if (auto st = dev_.copy_to_device(buf(b_weights), weights.data(), weights.size() * sizeof(float));
+      !st)
+    return st;
   for (int64_t e = 0; e < ne; ++e) {
     const auto& toks = tokens_of[static_cast<size_t>(e)];
     if (toks.empty()) continue;
     const auto m = static_cast<int64_t>(toks.size());
     // Index lists go through the int buffer tail (after the batch's own ints).
     int32_t* ids = moe_ids_;
-    if (auto st = dev_.copy_to_device(ids, toks.data(), toks.size() * sizeof(int32_t)); !st) return st;
+    if (auto st = dev_.copy_to_device(ids, toks.data(), toks.size() * sizeof(int32_t)); !st)
+      return st;
     auto* sids = ids + n * k;
     const auto& sl = slots_of[static_cast<size_t>(e)];
     if (auto st = dev_.copy_to_device(sids, sl.data(), sl.size() * sizeof(int32_t)); !st) return st;
     if (auto st = ops_.gather_rows(buf(b_xn), ids, m, d, buf(b_exp_in)); !st) return st;
-    if (auto st = ops_.matmul(lw.ffn_gate_exps.matrix(e), buf(b_exp_in), m, buf(b_gate)); !st) return st;
-    if (auto st = ops_.matmul(lw.ffn_up_exps.matrix(e), buf(b_exp_in), m, buf(b_up)); !st) return st;
-    if (auto st = ops_.swiglu(buf(b_gate), buf(b_up), buf(b_h), m * lw.ffn_gate_exps.n_rows); !st) return st;
-    if (auto st = ops_.matmul(lw.ffn_down_exps.matrix(e), buf(b_h), m, buf(b_exp_out)); !st) return st;
+    if (auto st = ops_.matmul(lw.ffn_gate_exps.matrix(e), buf(b_exp_in), m, buf(b_gate)); !st)
+      return st;
+    if (auto st = ops_.matmul(lw.ffn_up_exps.matrix(e), buf(b_exp_in), m, buf(b_up)); !st)
+      return st;
+    if (auto st = ops_.swiglu(buf(b_gate), buf(b_up), buf(b_h), m * lw.ffn_gate_exps.n_rows); !st)
+      return st;
+    if (auto st = ops_.matmul(lw.ffn_down_exps.matrix(e), buf(b_h), m, buf(b_exp_out)); !st)
+      return st;
     if (auto st = ops_.scatter_rows(buf(b_exp_out), sids, m, d, buf(b_slots)); !st) return st;
   }
   return ops_.weighted_sum(buf(b_slots), buf(b_weights), n, k, d, buf(b_tmp));
@@ -354,19 +405,23 @@ status model::ffn_moe(const layer_weights& lw, int64_t n, int64_t layer, forward
 status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& out) {
   const auto n = static_cast<int64_t>(batch.tokens.size());
   if (n == 0) return {status_code::invalid_argument, "forward: empty batch"};
-  if (batch.seq_index.size() != batch.tokens.size() || batch.want_logits.size() != batch.tokens.size()) {
+  if (batch.seq_index.size() != batch.tokens.size() ||
+      batch.want_logits.size() != batch.tokens.size()) {
     return {status_code::invalid_argument, "forward: batch arrays differ in length"};
   }
   if (!(kv.layout() == kv_layout_for(kv.layout().block_size))) {
-    return {status_code::invalid_argument, "forward: KV cache layout " + kv.layout().describe() + " does not fit the model"};
+    return {status_code::invalid_argument,
+            "forward: KV cache layout " + kv.layout().describe() + " does not fit the model"};
   }
   const auto n_seqs = static_cast<int64_t>(batch.seqs.size());
   std::vector<int64_t> count(static_cast<size_t>(n_seqs), 0);
   for (int64_t t = 0; t < n; ++t) {
     const int32_t si = batch.seq_index[static_cast<size_t>(t)];
-    if (si < 0 || si >= n_seqs) return {status_code::invalid_argument, "forward: bad sequence index"};
+    if (si < 0 || si >= n_seqs)
+      return {status_code::invalid_argument, "forward: bad sequence index"};
     const int32_t tok = batch.tokens[static_cast<size_t>(t)];
-    if (tok < 0 || tok >= hp_.n_vocab) return {status_code::invalid_argument, "forward: token id out of range"};
+    if (tok < 0 || tok >= hp_.n_vocab)
+      return {status_code::invalid_argument, "forward: token id out of range"};
     ++count[static_cast<size_t>(si)];
   }
   for (int64_t s = 0; s < n_seqs; ++s) {
@@ -376,7 +431,8 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
     if (auto st = kv.reserve(batch.seqs[s], count[static_cast<size_t>(s)]); !st) return st;
   }
   // Host-side int arrays, then one upload.
-  std::vector<int32_t> pos(static_cast<size_t>(n)), slots, table, offsets(static_cast<size_t>(n_seqs)), logit_rows;
+  std::vector<int32_t> pos(static_cast<size_t>(n)), slots, table,
+      offsets(static_cast<size_t>(n_seqs)), logit_rows;
   std::vector<int64_t> next(static_cast<size_t>(n_seqs));
   for (int64_t s = 0; s < n_seqs; ++s) {
     next[static_cast<size_t>(s)] = kv.length(batch.seqs[s]);
@@ -393,9 +449,11 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
     ++next[s];
     if (batch.want_logits[static_cast<size_t>(t)]) logit_rows.push_back(static_cast<int32_t>(t));
   }
-  if (auto st = ensure_buffers(std::max(n, std::min<int64_t>(config_.max_batch_tokens, 64))); !st) return st;
+  if (auto st = ensure_buffers(std::max(n, std::min<int64_t>(config_.max_batch_tokens, 64))); !st)
+    return st;
   const int64_t k = std::max<int64_t>(1, hp_.n_experts_used);
-  const size_t n_ints = static_cast<size_t>(5 * n + 2 * n_seqs) + table.size() + 2 * static_cast<size_t>(n * k);
+  const size_t n_ints =
+      static_cast<size_t>(5 * n + 2 * n_seqs) + table.size() + 2 * static_cast<size_t>(n * k);
   if (n_ints * sizeof(int32_t) > ints_capacity_) {
     dev_.release(ints_);
     ints_ = {};
@@ -415,7 +473,8 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
   int32_t* d_logit_rows = d_table + table.size();
   int32_t* d_seq_n = d_logit_rows + n;
   auto up = [&](int32_t* dst, const std::vector<int32_t>& src) {
-    return src.empty() ? status{} : dev_.copy_to_device(dst, src.data(), src.size() * sizeof(int32_t));
+    return src.empty() ? status{}
+                       : dev_.copy_to_device(dst, src.data(), src.size() * sizeof(int32_t));
   };
   if (auto st = up(d_tokens, batch.tokens); !st) return st;
   if (auto st = up(d_pos, pos); !st) return st;
@@ -439,8 +498,8 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
   if (auto st = ops_.get_rows(tok_embd_, d_tokens, n, buf(b_x)); !st) return st;
   for (int64_t il = 0; il < hp_.n_layers; ++il) {
     const layer_weights& lw = layers_[static_cast<size_t>(il)];
-    if (auto st = ops_.rms_norm(buf(b_x), static_cast<const float*>(lw.attn_norm.data), buf(b_xn), n, hp_.n_embd,
-                                hp_.rms_eps);
+    if (auto st = ops_.rms_norm(buf(b_x), static_cast<const float*>(lw.attn_norm.data), buf(b_xn),
+                                n, hp_.n_embd, hp_.rms_eps);
         !st)
       return st;
     {
@@ -448,8 +507,10 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
       float* const outs[] = {buf(b_q), buf(b_k), buf(b_v)};
       if (auto st = ops_.matmul_multi(qkv, buf(b_xn), n, outs); !st) return st;
     }
-    if (auto st = ops_.rope(buf(b_q), d_pos, n, hp_.n_heads, hp_.head_dim, hp_.rope); !st) return st;
-    if (auto st = ops_.rope(buf(b_k), d_pos, n, hp_.n_kv_heads, hp_.head_dim, hp_.rope); !st) return st;
+    if (auto st = ops_.rope(buf(b_q), d_pos, n, hp_.n_heads, hp_.head_dim, hp_.rope); !st)
+      return st;
+    if (auto st = ops_.rope(buf(b_k), d_pos, n, hp_.n_kv_heads, hp_.head_dim, hp_.rope); !st)
+      return st;
     kv_store_batch store;
     store.k = buf(b_k);
     store.v = buf(b_v);
@@ -479,8 +540,8 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
     if (auto st = ops_.attention(att); !st) return st;
     if (auto st = ops_.matmul(lw.wo, buf(b_att), n, buf(b_tmp)); !st) return st;
     if (auto st = ops_.add(buf(b_tmp), buf(b_x), buf(b_x), n * hp_.n_embd); !st) return st;
-    if (auto st = ops_.rms_norm(buf(b_x), static_cast<const float*>(lw.ffn_norm.data), buf(b_xn), n, hp_.n_embd,
-                                hp_.rms_eps);
+    if (auto st = ops_.rms_norm(buf(b_x), static_cast<const float*>(lw.ffn_norm.data), buf(b_xn), n,
+                                hp_.n_embd, hp_.rms_eps);
         !st)
       return st;
     if (hp_.n_experts > 0) {
@@ -495,13 +556,16 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
   out.token_index = logit_rows;
   out.logits.resize(static_cast<size_t>(n_out * hp_.n_vocab));
   if (n_out > 0) {
-    if (auto st = ops_.gather_rows(buf(b_x), d_logit_rows, n_out, hp_.n_embd, buf(b_xl)); !st) return st;
-    if (auto st = ops_.rms_norm(buf(b_xl), static_cast<const float*>(output_norm_.data), buf(b_xn), n_out,
-                                hp_.n_embd, hp_.rms_eps);
+    if (auto st = ops_.gather_rows(buf(b_x), d_logit_rows, n_out, hp_.n_embd, buf(b_xl)); !st)
+      return st;
+    if (auto st = ops_.rms_norm(buf(b_xl), static_cast<const float*>(output_norm_.data), buf(b_xn),
+                                n_out, hp_.n_embd, hp_.rms_eps);
         !st)
       return st;
     if (auto st = ops_.matmul(output_, buf(b_xn), n_out, buf(b_logits)); !st) return st;
-    if (auto st = dev_.copy_to_host(out.logits.data(), buf(b_logits), out.logits.size() * sizeof(float)); !st) {
+    if (auto st =
+            dev_.copy_to_host(out.logits.data(), buf(b_logits), out.logits.size() * sizeof(float));
+        !st) {
       return st;
     }
   }
@@ -509,7 +573,8 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
   for (int64_t s = 0; s < n_seqs; ++s) {
     std::vector<int32_t> toks;
     for (int64_t t = 0; t < n; ++t) {
-      if (batch.seq_index[static_cast<size_t>(t)] == s) toks.push_back(batch.tokens[static_cast<size_t>(t)]);
+      if (batch.seq_index[static_cast<size_t>(t)] == s)
+        toks.push_back(batch.tokens[static_cast<size_t>(t)]);
     }
     if (auto st = kv.commit(batch.seqs[s], toks); !st) return st;
   }

@@ -35,26 +35,26 @@ struct model_hparams {
   int64_t n_ctx_train = 0;
   float rms_eps = 1e-5f;
   rope_config rope;
-  int64_t n_experts = 0;        ///< 0 for a dense FFN.
+  int64_t n_experts = 0;  ///< 0 for a dense FFN.
   int64_t n_experts_used = 0;
-  bool tied_output = false;     ///< output.weight absent: token_embd is reused.
+  bool tied_output = false;  ///< output.weight absent: token_embd is reused.
 };
 
 /// Weights of one transformer block.
 struct layer_weights {
   tensor_view attn_norm, wq, wk, wv, wo;
   tensor_view ffn_norm;
-  tensor_view ffn_gate, ffn_up, ffn_down;                       ///< Dense FFN.
+  tensor_view ffn_gate, ffn_up, ffn_down;                               ///< Dense FFN.
   tensor_view ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;  ///< MoE FFN.
 };
 
 /// A batch for one forward pass. Tokens of one sequence appear in position order and continue
 /// that sequence in the cache (their positions are kv.length(seq), kv.length(seq) + 1, ...).
 struct forward_batch {
-  std::vector<seq_id> seqs;            ///< Distinct sequences of the batch.
+  std::vector<seq_id> seqs;  ///< Distinct sequences of the batch.
   std::vector<int32_t> tokens;
-  std::vector<int32_t> seq_index;      ///< Per token: index into `seqs`.
-  std::vector<uint8_t> want_logits;    ///< Per token: 1 to return its logits.
+  std::vector<int32_t> seq_index;    ///< Per token: index into `seqs`.
+  std::vector<uint8_t> want_logits;  ///< Per token: 1 to return its logits.
   /// Per sequence: 1 = compute every token of its chunk with single-token (decode) numerics, as if
   /// each had been decoded alone. Replaying generated tokens this way rebuilds exactly the KV and
   /// logits the original decode steps produced (request migration, docs/engine.md).
@@ -69,22 +69,24 @@ struct forward_batch {
 /// Logits of the tokens that asked for them, in batch order.
 struct forward_output {
   int64_t n_vocab = 0;
-  std::vector<int32_t> token_index;    ///< Batch index of each logits row.
-  std::vector<float> logits;           ///< [token_index.size()][n_vocab], host memory.
-  std::vector<std::vector<int32_t>> expert_ids;  ///< MoE: per layer, [n_tokens][n_experts_used] routed experts.
+  std::vector<int32_t> token_index;  ///< Batch index of each logits row.
+  std::vector<float> logits;         ///< [token_index.size()][n_vocab], host memory.
+  std::vector<std::vector<int32_t>>
+      expert_ids;  ///< MoE: per layer, [n_tokens][n_experts_used] routed experts.
 };
 
 /// How a model is loaded.
 struct model_load_config {
-  int64_t max_batch_tokens = 512;      ///< Upper bound of tokens per forward (activation buffers).
-  bool record_expert_ids = false;      ///< Fill forward_output::expert_ids (routing replay).
+  int64_t max_batch_tokens = 512;  ///< Upper bound of tokens per forward (activation buffers).
+  bool record_expert_ids = false;  ///< Fill forward_output::expert_ids (routing replay).
 };
 
 /// A loaded model. Not thread-safe; drive it from one thread.
 class model {
  public:
   /// Loads the model in `file` (moved in, kept mapped) onto `dev` (which must outlive the model).
-  static result<std::unique_ptr<model>> load(gguf_file file, device& dev, const model_load_config& config = {});
+  static result<std::unique_ptr<model>> load(gguf_file file, device& dev,
+                                             const model_load_config& config = {});
   ~model();
   model(const model&) = delete;
   model& operator=(const model&) = delete;
@@ -106,8 +108,8 @@ class model {
  private:
   model(gguf_file file, device& dev, const model_load_config& config);
   status bind_weights();
-  result<tensor_view> weight(const std::string& name, int64_t n_cols, int64_t n_rows, int64_t n_mats = 1,
-                             bool required = true);
+  result<tensor_view> weight(const std::string& name, int64_t n_cols, int64_t n_rows,
+                             int64_t n_mats = 1, bool required = true);
   status ensure_buffers(int64_t n_tokens);
   status ffn_dense(const layer_weights& lw, int64_t n);
   status ffn_moe(const layer_weights& lw, int64_t n, int64_t layer, forward_output& out);
@@ -120,12 +122,12 @@ class model {
   model_hparams hp_;
   tensor_view tok_embd_, output_norm_, output_;
   std::vector<layer_weights> layers_;
-  std::vector<device_buffer> uploaded_;   ///< Weight copies on device-only devices.
-  std::vector<device_buffer> bufs_;       ///< Activations (see model.cpp for the index names).
-  device_buffer ints_{};                  ///< Token ids, positions, slots, block tables.
+  std::vector<device_buffer> uploaded_;  ///< Weight copies on device-only devices.
+  std::vector<device_buffer> bufs_;      ///< Activations (see model.cpp for the index names).
+  device_buffer ints_{};                 ///< Token ids, positions, slots, block tables.
   int64_t buf_tokens_ = 0;
   size_t ints_capacity_ = 0;
-  int32_t* moe_ids_ = nullptr;            ///< Scratch index lists of the MoE FFN (inside ints_).
+  int32_t* moe_ids_ = nullptr;  ///< Scratch index lists of the MoE FFN (inside ints_).
 };
 
 }  // namespace weft::gpu

@@ -24,13 +24,17 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
   double z = 0.0;
   for (float l : logits) z += std::exp(static_cast<double>(l) - max_raw);
   const double log_z = std::log(z) + max_raw;
-  auto logprob = [&](int32_t t) { return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(t)]) - log_z); };
+  auto logprob = [&](int32_t t) {
+    return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(t)]) - log_z);
+  };
 
   work_.assign(logits.begin(), logits.end());
   // Penalties over the last penalty_last_n tokens.
-  if (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+  if (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+      params_.frequency_penalty != 0.0f) {
     size_t start = 0;
-    if (params_.penalty_last_n >= 0 && history.size() > static_cast<size_t>(params_.penalty_last_n)) {
+    if (params_.penalty_last_n >= 0 &&
+        history.size() > static_cast<size_t>(params_.penalty_last_n)) {
       start = history.size() - static_cast<size_t>(params_.penalty_last_n);
     }
     std::unordered_map<int32_t, int32_t> counts;
@@ -39,7 +43,8 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
     }
     for (const auto& [tok, c] : counts) {
       float& l = work_[static_cast<size_t>(tok)];
-      if (params_.repetition_penalty != 1.0f) l = l > 0.0f ? l / params_.repetition_penalty : l * params_.repetition_penalty;
+      if (params_.repetition_penalty != 1.0f)
+        l = l > 0.0f ? l / params_.repetition_penalty : l * params_.repetition_penalty;
       l -= static_cast<float>(c) * params_.frequency_penalty + params_.presence_penalty;
     }
   }
@@ -63,7 +68,8 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
     const double inv_t = 1.0 / params_.temperature;
     const double top = work_[static_cast<size_t>(ids_[0])];
     double sum = 0.0;
-    for (size_t i = 0; i < ids_.size(); ++i) sum += (p[i] = std::exp((work_[static_cast<size_t>(ids_[i])] - top) * inv_t));
+    for (size_t i = 0; i < ids_.size(); ++i)
+      sum += (p[i] = std::exp((work_[static_cast<size_t>(ids_[i])] - top) * inv_t));
     for (auto& x : p) x /= sum;
     size_t cut = p.size();
     if (params_.top_p < 1.0f) {
@@ -102,10 +108,11 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
     const auto k = static_cast<size_t>(std::min<int64_t>(params_.n_logprobs, n));
     std::vector<int32_t> idx(static_cast<size_t>(n));
     std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + static_cast<int64_t>(k), idx.end(), [&](int32_t a, int32_t b) {
-      return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
-             (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
-    });
+    std::partial_sort(
+        idx.begin(), idx.begin() + static_cast<int64_t>(k), idx.end(), [&](int32_t a, int32_t b) {
+          return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+                 (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+        });
     for (size_t i = 0; i < k; ++i) res.top.push_back({idx[i], logprob(idx[i])});
   }
   return res;

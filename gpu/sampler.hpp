@@ -15,19 +15,22 @@ namespace weft::gpu {
 
 /// What a request asks of the sampler (OpenAI-style fields).
 struct sampling_params {
-  float temperature = 0.0f;          ///< <= 0: greedy (argmax).
-  int32_t top_k = 0;                 ///< 0: off.
-  float top_p = 1.0f;                ///< 1: off.
-  float min_p = 0.0f;                ///< 0: off; keeps tokens with p >= min_p * p_max.
-  float repetition_penalty = 1.0f;   ///< 1: off; divides positive / multiplies negative logits of seen tokens.
-  float presence_penalty = 0.0f;     ///< Subtracted once from logits of seen tokens.
-  float frequency_penalty = 0.0f;    ///< Subtracted per occurrence.
-  int32_t penalty_last_n = 64;       ///< Window of generated+prompt tokens the penalties look at (-1: all).
-  uint64_t seed = 0;                 ///< RNG seed of this request.
-  int32_t max_tokens = 128;          ///< Generated tokens before finishing with `length`.
+  float temperature = 0.0f;  ///< <= 0: greedy (argmax).
+  int32_t top_k = 0;         ///< 0: off.
+  float top_p = 1.0f;        ///< 1: off.
+  float min_p = 0.0f;        ///< 0: off; keeps tokens with p >= min_p * p_max.
+  float repetition_penalty =
+      1.0f;  ///< 1: off; divides positive / multiplies negative logits of seen tokens.
+  float presence_penalty = 0.0f;   ///< Subtracted once from logits of seen tokens.
+  float frequency_penalty = 0.0f;  ///< Subtracted per occurrence.
+  int32_t penalty_last_n =
+      64;                    ///< Window of generated+prompt tokens the penalties look at (-1: all).
+  uint64_t seed = 0;         ///< RNG seed of this request.
+  int32_t max_tokens = 128;  ///< Generated tokens before finishing with `length`.
   std::vector<int32_t> stop_tokens;  ///< Finish when one of these is sampled (not emitted).
-  std::vector<std::string> stop_strings;  ///< Finish when the text contains one (text cut before it).
-  int32_t n_logprobs = 0;            ///< Top-n log-probabilities to return per token (0: none).
+  std::vector<std::string>
+      stop_strings;        ///< Finish when the text contains one (text cut before it).
+  int32_t n_logprobs = 0;  ///< Top-n log-probabilities to return per token (0: none).
 };
 
 /// A token with its log-probability under the model (log-softmax of the raw logits).
@@ -40,7 +43,7 @@ struct token_logprob {
 struct sample_result {
   int32_t token = 0;
   float logprob = 0.0f;
-  std::vector<token_logprob> top;    ///< Top-n alternatives, best first (n = n_logprobs).
+  std::vector<token_logprob> top;  ///< Top-n alternatives, best first (n = n_logprobs).
 };
 
 /// Samples tokens for one sequence.

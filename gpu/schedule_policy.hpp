@@ -23,20 +23,20 @@ using request_id = uint64_t;
 
 /// Where a live request's KV is.
 enum class sched_state {
-  waiting,    ///< Not admitted yet: no KV anywhere.
-  resident,   ///< KV on the device (running, or paused by a higher-ranked request).
-  swapped,    ///< KV in host memory; must be swapped in before it runs again.
+  waiting,   ///< Not admitted yet: no KV anywhere.
+  resident,  ///< KV on the device (running, or paused by a higher-ranked request).
+  swapped,   ///< KV in host memory; must be swapped in before it runs again.
 };
 
 /// What a policy sees of one live request when ranking.
 struct sched_request {
   request_id id = 0;
-  uint64_t arrival = 0;        ///< Engine-wide arrival order (add_request calls), unique, increasing.
-  int64_t n_prompt = 0;        ///< Prompt tokens.
-  int64_t n_generated = 0;     ///< Tokens sampled so far.
-  int64_t n_computed = 0;      ///< Tokens whose K/V are computed (includes prefix-cache hits).
+  uint64_t arrival = 0;     ///< Engine-wide arrival order (add_request calls), unique, increasing.
+  int64_t n_prompt = 0;     ///< Prompt tokens.
+  int64_t n_generated = 0;  ///< Tokens sampled so far.
+  int64_t n_computed = 0;   ///< Tokens whose K/V are computed (includes prefix-cache hits).
   sched_state state = sched_state::waiting;
-  bool scheduled_last_step = false;   ///< It had tokens in the previous forward pass.
+  bool scheduled_last_step = false;  ///< It had tokens in the previous forward pass.
 };
 
 /// A scheduling policy: ranks live requests every iteration.
@@ -61,7 +61,8 @@ class schedule_policy {
 
 /// First come, first served: arrival order, no preemption by priority. The engine's default; with
 /// it the engine behaves as a plain FCFS continuous-batching engine (running requests are never
-/// displaced by later arrivals; KV shortage swaps out the most recently arrived request). Stateless.
+/// displaced by later arrivals; KV shortage swaps out the most recently arrived request).
+/// Stateless.
 class fcfs_policy final : public schedule_policy {
  public:
   std::string_view name() const override { return "fcfs"; }
@@ -69,7 +70,8 @@ class fcfs_policy final : public schedule_policy {
   void on_progress(request_id, int64_t, int64_t) override {}
   void on_finish(request_id) override {}
   void rank(std::vector<sched_request>& live, int64_t) override {
-    std::sort(live.begin(), live.end(), [](const sched_request& a, const sched_request& b) { return a.arrival < b.arrival; });
+    std::sort(live.begin(), live.end(),
+              [](const sched_request& a, const sched_request& b) { return a.arrival < b.arrival; });
   }
 };
 

@@ -14,12 +14,12 @@ namespace weft::gpu {
 /// What went wrong, coarse enough for a caller to branch on.
 enum class status_code {
   ok,
-  invalid_argument,   ///< The caller passed something malformed.
-  not_found,          ///< A named thing (device, tensor, request) does not exist.
-  unsupported,        ///< Valid, but this backend or build cannot do it (e.g. no GPU present).
-  out_of_memory,      ///< A pool (device memory, KV blocks) is exhausted.
-  bad_model,          ///< The model file is inconsistent (missing tensor, wrong shape).
-  internal,           ///< A bug or an unexpected backend failure.
+  invalid_argument,  ///< The caller passed something malformed.
+  not_found,         ///< A named thing (device, tensor, request) does not exist.
+  unsupported,       ///< Valid, but this backend or build cannot do it (e.g. no GPU present).
+  out_of_memory,     ///< A pool (device memory, KV blocks) is exhausted.
+  bad_model,         ///< The model file is inconsistent (missing tensor, wrong shape).
+  internal,          ///< A bug or an unexpected backend failure.
 };
 
 /// Short lower-case name of a status code ("ok", "out_of_memory", ...).

@@ -13,9 +13,9 @@ namespace weft::gpu {
 struct tensor_view {
   ggml_type type = ggml_type::f32;
   const void* data = nullptr;
-  int64_t n_cols = 0;     ///< Elements per row (ggml ne0).
-  int64_t n_rows = 0;     ///< Rows per matrix (ggml ne1).
-  int64_t n_mats = 1;     ///< Matrices (ggml ne2), e.g. experts.
+  int64_t n_cols = 0;  ///< Elements per row (ggml ne0).
+  int64_t n_rows = 0;  ///< Rows per matrix (ggml ne1).
+  int64_t n_mats = 1;  ///< Matrices (ggml ne2), e.g. experts.
   size_t row_bytes = 0;
   size_t mat_bytes = 0;
 
@@ -26,7 +26,9 @@ struct tensor_view {
     v.n_mats = 1;
     return v;
   }
-  const void* row(int64_t r) const { return static_cast<const char*>(data) + static_cast<size_t>(r) * row_bytes; }
+  const void* row(int64_t r) const {
+    return static_cast<const char*>(data) + static_cast<size_t>(r) * row_bytes;
+  }
 };
 
 }  // namespace weft::gpu

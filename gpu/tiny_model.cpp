@@ -18,15 +18,20 @@ namespace {
 constexpr std::string_view training_text =
     "The system runs many small workers. Each worker holds a part of the model and a cache of keys "
     "and values. When a request arrives, the router looks at the prompt, finds the worker that has "
-    "seen the longest prefix, and sends the request there. The worker reads the prompt, computes the "
-    "next token, and streams it back to the user. If a worker dies, the supervisor starts a new one "
+    "seen the longest prefix, and sends the request there. The worker reads the prompt, computes "
+    "the "
+    "next token, and streams it back to the user. If a worker dies, the supervisor starts a new "
+    "one "
     "and the request is sent again. The user does not notice anything, except that the answer is a "
-    "little late. Tokens are the words of the model: a token can be a whole word, a part of a word, "
-    "or a single byte. The tokenizer splits the text into words, then merges the most frequent pairs "
+    "little late. Tokens are the words of the model: a token can be a whole word, a part of a "
+    "word, "
+    "or a single byte. The tokenizer splits the text into words, then merges the most frequent "
+    "pairs "
     "of symbols into larger tokens. Numbers such as 2024, 42 or 3.14 are split into digits. "
     "Hello! How are you today? I'm fine, thank you. We're testing the model with this text, and "
     "they'll check that it works. What is the capital of France? The capital of France is Paris. "
-    "Write a short poem about the sea: the sea is wide, the sea is deep, the waves are singing me to "
+    "Write a short poem about the sea: the sea is wide, the sea is deep, the waves are singing me "
+    "to "
     "sleep. def main():\n    print(\"hello world\")\n    return 0\n"
     "for (int i = 0; i < n; ++i) { sum += values[i]; }\n"
     "The quick brown fox jumps over the lazy dog. The five boxing wizards jump quickly. "
@@ -35,8 +40,10 @@ constexpr std::string_view training_text =
 
 constexpr std::string_view chatml_template =
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
+    "'\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 constexpr const char* special_texts[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
@@ -52,7 +59,9 @@ class prng {
     return z ^ (z >> 31);
   }
   /// Uniform in [-1, 1).
-  float symmetric() { return static_cast<float>(static_cast<double>(next() >> 11) * 0x1.0p-52 - 1.0); }
+  float symmetric() {
+    return static_cast<float>(static_cast<double>(next() >> 11) * 0x1.0p-52 - 1.0);
+  }
 
  private:
   uint64_t state_;
@@ -79,12 +88,14 @@ std::vector<std::pair<std::string, std::string>> learn_merges(size_t n_merges) {
     ++word_counts[symbols];
     begin += len;
   }
-  std::vector<std::pair<std::vector<std::string>, int>> corpus(word_counts.begin(), word_counts.end());
+  std::vector<std::pair<std::vector<std::string>, int>> corpus(word_counts.begin(),
+                                                               word_counts.end());
   std::vector<std::pair<std::string, std::string>> merges;
   while (merges.size() < n_merges) {
     std::map<std::pair<std::string, std::string>, int> pair_counts;
     for (const auto& [symbols, count] : corpus) {
-      for (size_t i = 1; i < symbols.size(); ++i) pair_counts[{symbols[i - 1], symbols[i]}] += count;
+      for (size_t i = 1; i < symbols.size(); ++i)
+        pair_counts[{symbols[i - 1], symbols[i]}] += count;
     }
     const std::pair<std::string, std::string>* best = nullptr;
     int best_count = 1;  // a pair must occur at least twice to be worth a merge
@@ -113,23 +124,34 @@ std::vector<std::pair<std::string, std::string>> learn_merges(size_t n_merges) {
   return merges;
 }
 
-status invalid(const std::string& what) { return status{status_code::invalid_argument, "tiny_model: " + what}; }
+status invalid(const std::string& what) {
+  return status{status_code::invalid_argument, "tiny_model: " + what};
+}
 
 uint32_t llama_file_type(ggml_type t) {
   switch (t) {
-    case ggml_type::f32: return 0;
-    case ggml_type::f16: return 1;
-    case ggml_type::q4_0: return 2;
-    case ggml_type::q4_1: return 3;
-    case ggml_type::q8_0: return 7;
-    case ggml_type::bf16: return 32;
-    default: return 0;
+    case ggml_type::f32:
+      return 0;
+    case ggml_type::f16:
+      return 1;
+    case ggml_type::q4_0:
+      return 2;
+    case ggml_type::q4_1:
+      return 3;
+    case ggml_type::q8_0:
+      return 7;
+    case ggml_type::bf16:
+      return 32;
+    default:
+      return 0;
   }
 }
 
 }  // namespace
 
-std::string_view tiny_chat_template() { return chatml_template; }
+std::string_view tiny_chat_template() {
+  return chatml_template;
+}
 
 result<tokenizer::vocabulary> tiny_vocabulary(uint32_t n_vocab) {
   constexpr uint32_t n_fixed = 3 + 256;
@@ -190,7 +212,8 @@ result<std::vector<std::byte>> make_tiny_model(const tiny_model_config& c) {
   }
   const int64_t bs = std::max(type_traits(wt).block_size, type_traits(et).block_size);
   if (c.n_embd % bs != 0 || c.n_ff % bs != 0) {
-    return invalid("n_embd and n_ff must be multiples of " + std::to_string(bs) + " for the weight types");
+    return invalid("n_embd and n_ff must be multiples of " + std::to_string(bs) +
+                   " for the weight types");
   }
   auto vocab = tiny_vocabulary(c.n_vocab);
   if (!vocab.ok()) return vocab.error();
@@ -230,15 +253,17 @@ result<std::vector<std::byte>> make_tiny_model(const tiny_model_config& c) {
 
   prng rng(c.seed);
   // Matrices: uniform with variance ~1/fan_in (fan_in = row length ne[0]); norms around 1.
-  const auto add = [&](const std::string& name, ggml_type type, std::vector<int64_t> ne, float scale,
-                       float offset) -> status {
+  const auto add = [&](const std::string& name, ggml_type type, std::vector<int64_t> ne,
+                       float scale, float offset) -> status {
     int64_t n = 1;
     for (int64_t d : ne) n *= d;
     std::vector<float> values(static_cast<size_t>(n));
     for (float& x : values) x = offset + scale * rng.symmetric();
     return w.add_tensor_from_f32(name, type, ne, values);
   };
-  const auto matrix_scale = [](uint32_t fan_in) { return std::sqrt(3.0f / static_cast<float>(fan_in)); };
+  const auto matrix_scale = [](uint32_t fan_in) {
+    return std::sqrt(3.0f / static_cast<float>(fan_in));
+  };
   const int64_t e = c.n_embd, ff = c.n_ff, kv = static_cast<int64_t>(c.n_head_kv) * head_dim;
   status s = add("token_embd.weight", et, {e, c.n_vocab}, 1.0f, 0.0f);
   for (uint32_t l = 0; s.ok() && l < c.n_layers; ++l) {
@@ -255,8 +280,10 @@ result<std::vector<std::byte>> make_tiny_model(const tiny_model_config& c) {
       if (s.ok()) s = add(p + "ffn_down.weight", wt, {ff, e}, matrix_scale(c.n_ff), 0.0f);
     } else {
       const int64_t ne = c.n_expert;
-      if (s.ok()) s = add(p + "ffn_gate_inp.weight", ggml_type::f32, {e, ne}, matrix_scale(c.n_embd), 0.0f);
-      if (s.ok()) s = add(p + "ffn_gate_exps.weight", wt, {e, ff, ne}, matrix_scale(c.n_embd), 0.0f);
+      if (s.ok())
+        s = add(p + "ffn_gate_inp.weight", ggml_type::f32, {e, ne}, matrix_scale(c.n_embd), 0.0f);
+      if (s.ok())
+        s = add(p + "ffn_gate_exps.weight", wt, {e, ff, ne}, matrix_scale(c.n_embd), 0.0f);
       if (s.ok()) s = add(p + "ffn_up_exps.weight", wt, {e, ff, ne}, matrix_scale(c.n_embd), 0.0f);
       if (s.ok()) s = add(p + "ffn_down_exps.weight", wt, {ff, e, ne}, matrix_scale(c.n_ff), 0.0f);
     }
@@ -277,10 +304,12 @@ status write_tiny_model(const tiny_model_config& config, const std::filesystem::
   if (f == nullptr) return invalid("cannot create '" + tmp.string() + "'");
   const size_t written = std::fwrite(bytes->data(), 1, bytes->size(), f);
   const bool closed = std::fclose(f) == 0;
-  if (written != bytes->size() || !closed) return status{status_code::internal, "tiny_model: write failed"};
+  if (written != bytes->size() || !closed)
+    return status{status_code::internal, "tiny_model: write failed"};
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) return status{status_code::internal, "tiny_model: cannot rename to '" + path.string() + "'"};
+  if (ec)
+    return status{status_code::internal, "tiny_model: cannot rename to '" + path.string() + "'"};
   return {};
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 /// Generator of tiny Llama-family GGUF models with random weights, for tests that need a complete
-/// model file without a download: llama.cpp tensor names and metadata keys, dense or MoE feed-forward,
-/// a small byte-level BPE vocabulary trained on a built-in English text, and a ChatML template.
+/// model file without a download: llama.cpp tensor names and metadata keys, dense or MoE
+/// feed-forward, a small byte-level BPE vocabulary trained on a built-in English text, and a ChatML
+/// template.
 ///
 /// Deterministic: the same config gives the same bytes on every platform (own PRNG, no std
 /// distributions).

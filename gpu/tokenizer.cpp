@@ -16,17 +16,20 @@ namespace {
 
 // Texts of control tokens that end a turn in common chat formats (as llama.cpp detects them).
 constexpr std::string_view end_of_generation_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-    "<EOT>",      "_<EOT>",     "<|end_of_text|>", "<｜end▁of▁sentence｜>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",   "<|endoftext|>",
+    "<|eom_id|>", "<EOT>",      "_<EOT>",  "<|end_of_text|>", "<｜end▁of▁sentence｜>",
 };
 
-status bad(const std::string& message) { return status{status_code::bad_model, "tokenizer: " + message}; }
+status bad(const std::string& message) {
+  return status{status_code::bad_model, "tokenizer: " + message};
+}
 
 }  // namespace
 
 std::optional<pre_tokenizer> parse_pre_tokenizer(std::string_view name) {
   // Names as llama.cpp writes them into tokenizer.ggml.pre (each checked by the oracle test).
-  for (std::string_view n : {"gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "jina-v1-en", "jina-v2-es", "jina-v2-de"}) {
+  for (std::string_view n :
+       {"gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "jina-v1-en", "jina-v2-es", "jina-v2-de"}) {
     if (name == n) return pre_tokenizer::gpt2;
   }
   if (name == "smollm") return pre_tokenizer::smollm;
@@ -41,10 +44,14 @@ std::optional<pre_tokenizer> parse_pre_tokenizer(std::string_view name) {
 
 std::string_view pre_tokenizer_name(pre_tokenizer p) {
   switch (p) {
-    case pre_tokenizer::gpt2: return "gpt-2";
-    case pre_tokenizer::smollm: return "smollm";
-    case pre_tokenizer::llama3: return "llama-bpe";
-    case pre_tokenizer::qwen2: return "qwen2";
+    case pre_tokenizer::gpt2:
+      return "gpt-2";
+    case pre_tokenizer::smollm:
+      return "smollm";
+    case pre_tokenizer::llama3:
+      return "llama-bpe";
+    case pre_tokenizer::qwen2:
+      return "qwen2";
   }
   return "unknown";
 }
@@ -65,10 +72,14 @@ struct tokenizer::impl {
   internal::fragments pre_split(std::span<const uint32_t> cpts) const {
     internal::fragments f{cpts.size()};
     switch (v.pre) {
-      case pre_tokenizer::gpt2: return internal::split_gpt2(cpts, f);
-      case pre_tokenizer::smollm: return internal::split_gpt2(cpts, internal::split_each_number(cpts, f));
-      case pre_tokenizer::llama3: return internal::split_llama3(cpts, f, 3);
-      case pre_tokenizer::qwen2: return internal::split_llama3(cpts, f, 1);
+      case pre_tokenizer::gpt2:
+        return internal::split_gpt2(cpts, f);
+      case pre_tokenizer::smollm:
+        return internal::split_gpt2(cpts, internal::split_each_number(cpts, f));
+      case pre_tokenizer::llama3:
+        return internal::split_llama3(cpts, f, 3);
+      case pre_tokenizer::qwen2:
+        return internal::split_llama3(cpts, f, 1);
     }
     return f;
   }
@@ -86,7 +97,8 @@ struct tokenizer::impl {
       for (size_t i = begin; i < begin + len; ++i) {
         utf8.clear();
         internal::append_utf8(utf8, cpts[i]);
-        for (char c : utf8) internal::append_utf8(word, internal::byte_to_cpt(static_cast<uint8_t>(c)));
+        for (char c : utf8)
+          internal::append_utf8(word, internal::byte_to_cpt(static_cast<uint8_t>(c)));
       }
       bpe.encode_word(word, ignore_merges, scratch, out);
       begin += len;
@@ -102,28 +114,35 @@ tokenizer::~tokenizer() = default;
 result<tokenizer> tokenizer::from_vocabulary(vocabulary v) {
   const size_t n = v.tokens.size();
   if (n == 0) return bad("the vocabulary is empty");
-  if (n > static_cast<size_t>(std::numeric_limits<token_id>::max())) return bad("the vocabulary is too large");
+  if (n > static_cast<size_t>(std::numeric_limits<token_id>::max()))
+    return bad("the vocabulary is too large");
   if (!v.types.empty() && v.types.size() != n) {
-    return bad("token_type has " + std::to_string(v.types.size()) + " entries for " + std::to_string(n) + " tokens");
+    return bad("token_type has " + std::to_string(v.types.size()) + " entries for " +
+               std::to_string(n) + " tokens");
   }
   for (size_t i = 0; i < v.types.size(); ++i) {
     const auto t = static_cast<int32_t>(v.types[i]);
-    if (t < 0 || t > 6) return bad("token " + std::to_string(i) + " has invalid type " + std::to_string(t));
+    if (t < 0 || t > 6)
+      return bad("token " + std::to_string(i) + " has invalid type " + std::to_string(t));
   }
   const auto check_id = [&](const std::optional<token_id>& id, const char* what) -> status {
     if (id && (*id < 0 || static_cast<size_t>(*id) >= n)) {
-      return bad(std::string(what) + " token id " + std::to_string(*id) + " is outside the vocabulary of " +
-                 std::to_string(n));
+      return bad(std::string(what) + " token id " + std::to_string(*id) +
+                 " is outside the vocabulary of " + std::to_string(n));
     }
     return {};
   };
-  for (auto [id, what] : {std::pair{&v.bos, "bos"}, {&v.eos, "eos"}, {&v.eot, "eot"}, {&v.unk, "unknown"},
+  for (auto [id, what] : {std::pair{&v.bos, "bos"},
+                          {&v.eos, "eos"},
+                          {&v.eot, "eot"},
+                          {&v.unk, "unknown"},
                           {&v.pad, "padding"}}) {
     if (auto s = check_id(*id, what); !s) return s;
   }
   auto p = std::make_unique<impl>();
   if (auto bad_merge = p->bpe.build(v.tokens, v.merges)) {
-    return bad("merge #" + std::to_string(*bad_merge) + " '" + v.merges[*bad_merge] + "' is not 'left right'");
+    return bad("merge #" + std::to_string(*bad_merge) + " '" + v.merges[*bad_merge] +
+               "' is not 'left right'");
   }
   p->v = std::move(v);
   for (size_t i = 0; i < n; ++i) {
@@ -139,7 +158,8 @@ result<tokenizer> tokenizer::from_vocabulary(vocabulary v) {
   if (p->v.eos) p->eog_ids.push_back(*p->v.eos);
   if (p->v.eot) p->eog_ids.push_back(*p->v.eot);
   for (std::string_view text : end_of_generation_texts) {
-    if (auto id = p->lookup(text); id && p->type(*id) == token_type::control) p->eog_ids.push_back(*id);
+    if (auto id = p->lookup(text); id && p->type(*id) == token_type::control)
+      p->eog_ids.push_back(*id);
   }
   std::sort(p->eog_ids.begin(), p->eog_ids.end());
   p->eog_ids.erase(std::unique(p->eog_ids.begin(), p->eog_ids.end()), p->eog_ids.end());
@@ -151,8 +171,9 @@ result<tokenizer> tokenizer::from_gguf(const gguf_file& file, const tokenizer_op
   auto model = file.get_string("tokenizer.ggml.model");
   if (!model) return model.error();
   if (*model != "gpt2") {
-    return status{status_code::unsupported, "tokenizer: tokenizer.ggml.model '" + std::string(*model) +
-                                                "' is not supported (weft implements byte-level BPE, 'gpt2')"};
+    return status{status_code::unsupported,
+                  "tokenizer: tokenizer.ggml.model '" + std::string(*model) +
+                      "' is not supported (weft implements byte-level BPE, 'gpt2')"};
   }
   vocabulary v;
   auto tokens = file.get_string_array("tokenizer.ggml.tokens");
@@ -179,10 +200,11 @@ result<tokenizer> tokenizer::from_gguf(const gguf_file& file, const tokenizer_op
     if (!pre) return pre.error();
     auto parsed = parse_pre_tokenizer(*pre);
     if (!parsed) {
-      return status{status_code::unsupported,
-                    "tokenizer: tokenizer.ggml.pre '" + std::string(*pre) +
-                        "' is not supported (supported: gpt-2, smollm, llama-bpe, qwen2 and their aliases); "
-                        "set a pre-tokenizer override"};
+      return status{
+          status_code::unsupported,
+          "tokenizer: tokenizer.ggml.pre '" + std::string(*pre) +
+              "' is not supported (supported: gpt-2, smollm, llama-bpe, qwen2 and their aliases); "
+              "set a pre-tokenizer override"};
     }
     v.pre = *parsed;
   }
@@ -193,8 +215,10 @@ result<tokenizer> tokenizer::from_gguf(const gguf_file& file, const tokenizer_op
     out = *id;
     return {};
   };
-  for (auto [key, out] : {std::pair{"tokenizer.ggml.bos_token_id", &v.bos}, {"tokenizer.ggml.eos_token_id", &v.eos},
-                          {"tokenizer.ggml.eot_token_id", &v.eot}, {"tokenizer.ggml.unknown_token_id", &v.unk},
+  for (auto [key, out] : {std::pair{"tokenizer.ggml.bos_token_id", &v.bos},
+                          {"tokenizer.ggml.eos_token_id", &v.eos},
+                          {"tokenizer.ggml.eot_token_id", &v.eot},
+                          {"tokenizer.ggml.unknown_token_id", &v.unk},
                           {"tokenizer.ggml.padding_token_id", &v.pad}}) {
     if (auto s = optional_id(key, *out); !s) return s;
   }
@@ -210,12 +234,15 @@ result<tokenizer> tokenizer::from_gguf(const gguf_file& file, const tokenizer_op
     if (!b) return b.error();
     v.add_eos = *b;
   }
-  if (v.add_bos && !v.bos) return bad("tokenizer.ggml.add_bos_token is set but there is no bos_token_id");
-  if (v.add_eos && !v.eos) return bad("tokenizer.ggml.add_eos_token is set but there is no eos_token_id");
+  if (v.add_bos && !v.bos)
+    return bad("tokenizer.ggml.add_bos_token is set but there is no bos_token_id");
+  if (v.add_eos && !v.eos)
+    return bad("tokenizer.ggml.add_eos_token is set but there is no eos_token_id");
   return from_vocabulary(std::move(v));
 }
 
-std::vector<token_id> tokenizer::encode(std::string_view text, add_special add, parse_special parse) const {
+std::vector<token_id> tokenizer::encode(std::string_view text, add_special add,
+                                        parse_special parse) const {
   const impl& p = *impl_;
   // Split the text into raw pieces and special tokens: each special token (longest first) is
   // searched in the raw pieces left so far.
@@ -227,7 +254,8 @@ std::vector<token_id> tokenizer::encode(std::string_view text, add_special add, 
   std::vector<piece> pieces{{0, text.size(), -1}};
   for (token_id st : p.special_tokens) {
     const token_type t = p.type(st);
-    if (parse == parse_special::no && (t == token_type::control || t == token_type::unknown)) continue;
+    if (parse == parse_special::no && (t == token_type::control || t == token_type::unknown))
+      continue;
     const std::string& needle = p.v.tokens[static_cast<size_t>(st)];
     std::vector<piece> next;
     next.reserve(pieces.size());
@@ -238,7 +266,8 @@ std::vector<token_id> tokenizer::encode(std::string_view text, add_special add, 
       }
       const std::string_view raw = text.substr(pc.begin, pc.len);
       size_t from = 0;
-      for (size_t at = raw.find(needle); at != std::string_view::npos; at = raw.find(needle, from)) {
+      for (size_t at = raw.find(needle); at != std::string_view::npos;
+           at = raw.find(needle, from)) {
         if (at > from) next.push_back({pc.begin + from, at - from, -1});
         next.push_back({pc.begin + at, needle.size(), st});
         from = at + needle.size();
@@ -298,8 +327,12 @@ std::string tokenizer::decode(std::span<const token_id> ids, render_special rend
   return out;
 }
 
-size_t tokenizer::n_vocab() const { return impl_->v.tokens.size(); }
-pre_tokenizer tokenizer::pre() const { return impl_->v.pre; }
+size_t tokenizer::n_vocab() const {
+  return impl_->v.tokens.size();
+}
+pre_tokenizer tokenizer::pre() const {
+  return impl_->v.pre;
+}
 
 std::string_view tokenizer::token_text(token_id id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->v.tokens.size()) return {};
@@ -311,15 +344,23 @@ token_type tokenizer::type_of(token_id id) const {
   return impl_->type(id);
 }
 
-std::optional<token_id> tokenizer::find_token(std::string_view text) const { return impl_->lookup(text); }
-std::optional<token_id> tokenizer::bos() const { return impl_->v.bos; }
-std::optional<token_id> tokenizer::eos() const { return impl_->v.eos; }
+std::optional<token_id> tokenizer::find_token(std::string_view text) const {
+  return impl_->lookup(text);
+}
+std::optional<token_id> tokenizer::bos() const {
+  return impl_->v.bos;
+}
+std::optional<token_id> tokenizer::eos() const {
+  return impl_->v.eos;
+}
 
 bool tokenizer::is_end_of_generation(token_id id) const {
   return std::binary_search(impl_->eog_ids.begin(), impl_->eog_ids.end(), id);
 }
 
-std::span<const token_id> tokenizer::end_of_generation_ids() const { return impl_->eog_ids; }
+std::span<const token_id> tokenizer::end_of_generation_ids() const {
+  return impl_->eog_ids;
+}
 
 // -- streaming ----------------------------------------------------------------------------------
 

@@ -72,9 +72,9 @@ class tokenizer {
 
   /// Raw parts of a vocabulary (what from_gguf reads from the metadata).
   struct vocabulary {
-    std::vector<std::string> tokens;      ///< Byte-level encoded token texts.
-    std::vector<token_type> types;        ///< Same size as tokens (empty: all normal).
-    std::vector<std::string> merges;      ///< "left right", highest priority first.
+    std::vector<std::string> tokens;  ///< Byte-level encoded token texts.
+    std::vector<token_type> types;    ///< Same size as tokens (empty: all normal).
+    std::vector<std::string> merges;  ///< "left right", highest priority first.
     pre_tokenizer pre = pre_tokenizer::gpt2;
     std::optional<token_id> bos, eos, eot, unk, pad;
     bool add_bos = false;
@@ -96,7 +96,8 @@ class tokenizer {
   std::string token_to_piece(token_id id, render_special render = render_special::no) const;
 
   /// Concatenated pieces of `ids` (invalid UTF-8 is kept as is).
-  std::string decode(std::span<const token_id> ids, render_special render = render_special::no) const;
+  std::string decode(std::span<const token_id> ids,
+                     render_special render = render_special::no) const;
 
   size_t n_vocab() const;
   pre_tokenizer pre() const;

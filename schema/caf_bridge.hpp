@@ -2,10 +2,11 @@
 /// Makes a weft::schema::envelope the body of a CAF message.
 ///
 /// In a process CAF passes message elements by reference count, so an envelope travels without any
-/// copy of its bytes. Across processes CAF's serializer writes (kind, size, bytes) and the receiving
-/// side reads them back into word-aligned storage; a size above the hard limit is skipped in chunks
-/// and arrives as kind::oversize, so a hostile peer cannot make a node allocate. Decoding and
-/// validation happen later, in envelope::read<T>(), so the handler can answer with an error reply.
+/// copy of its bytes. Across processes CAF's serializer writes (kind, size, bytes) and the
+/// receiving side reads them back into word-aligned storage; a size above the hard limit is skipped
+/// in chunks and arrives as kind::oversize, so a hostile peer cannot make a node allocate. Decoding
+/// and validation happen later, in envelope::read<T>(), so the handler can answer with an error
+/// reply.
 ///
 /// Include this header in every TU that sends or receives envelopes through CAF (inspect must be
 /// visible), and call add_message_types() on every actor_system_config.
@@ -13,8 +14,8 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/deserializer.hpp>
 #include <caf/meta/type_name.hpp>
-#include <caf/serializer.hpp>
 #include <caf/sec.hpp>
+#include <caf/serializer.hpp>
 
 #include <array>
 #include <type_traits>
@@ -41,7 +42,8 @@ typename std::enable_if<Inspector::reads_state, typename Inspector::result_type>
     return size > 0 ? f.apply_raw(size, bytes.data()) : caf::error{};
   } else {
     // Stringification (to_string, logs): kind and size only.
-    std::string desc = std::string{to_string(x.what())} + "(" + std::to_string(x.size_bytes()) + " B)";
+    std::string desc =
+        std::string{to_string(x.what())} + "(" + std::to_string(x.size_bytes()) + " B)";
     return f(caf::meta::type_name("weft.envelope"), desc);
   }
 }

@@ -34,7 +34,11 @@ bool valid_utf8(kj::ArrayPtr<const char> s) {
   size_t n = s.size();
   while (i < n) {
     unsigned char c = p[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xE  ? 3
+                 : (c >> 3) == 0x1E ? 4
+                                    : 0;
     if (len == 0 || i + len > n) return false;
     for (size_t k = 1; k < len; ++k) {
       if ((p[i + k] & 0xC0) != 0x80) return false;
@@ -88,8 +92,8 @@ status validate_value(const capnp::DynamicValue::Reader& value, const decode_lim
     case capnp::DynamicValue::ENUM: {
       auto e = value.as<capnp::DynamicEnum>();
       if (e.getEnumerant() == nullptr) {
-        return make_error(errc::malformed, path + ": unknown enum value " +
-                                               std::to_string(e.getRaw()));
+        return make_error(errc::malformed,
+                          path + ": unknown enum value " + std::to_string(e.getRaw()));
       }
       return {};
     }
@@ -118,48 +122,76 @@ status validate_value(const capnp::DynamicValue::Reader& value, const decode_lim
 
 capnp::StructSchema schema_of(kind k) {
   switch (k) {
-    case kind::error: return capnp::Schema::from<wire::Error>();
-    case kind::join_challenge: return capnp::Schema::from<wire::JoinChallenge>();
-    case kind::join_request: return capnp::Schema::from<wire::JoinRequest>();
-    case kind::join_reply: return capnp::Schema::from<wire::JoinReply>();
-    case kind::leave_notice: return capnp::Schema::from<wire::LeaveNotice>();
-    case kind::heartbeat: return capnp::Schema::from<wire::Heartbeat>();
-    case kind::spawn_request: return capnp::Schema::from<wire::SpawnRequest>();
-    case kind::spawn_reply: return capnp::Schema::from<wire::SpawnReply>();
-    case kind::stop_request: return capnp::Schema::from<wire::StopRequest>();
-    case kind::actor_status: return capnp::Schema::from<wire::ActorStatus>();
-    case kind::node_status: return capnp::Schema::from<wire::NodeStatus>();
-    case kind::cluster_status: return capnp::Schema::from<wire::ClusterStatus>();
-    case kind::region_descriptor: return capnp::Schema::from<wire::RegionDescriptor>();
-    case kind::transfer_request: return capnp::Schema::from<wire::TransferRequest>();
-    case kind::transfer_reply: return capnp::Schema::from<wire::TransferReply>();
-    case kind::ping: return capnp::Schema::from<wire::Ping>();
-    case kind::supervisor_spec: return capnp::Schema::from<wire::SupervisorSpec>();
-    case kind::supervisor_status: return capnp::Schema::from<wire::SupervisorStatus>();
-    case kind::generate_request: return capnp::Schema::from<wire::GenerateRequest>();
-    case kind::token_chunk: return capnp::Schema::from<wire::TokenChunk>();
-    case kind::abort_request: return capnp::Schema::from<wire::AbortRequest>();
-    case kind::worker_hello: return capnp::Schema::from<wire::WorkerHello>();
-    case kind::worker_load: return capnp::Schema::from<wire::WorkerLoad>();
-    case kind::kv_descriptor: return capnp::Schema::from<wire::KvDescriptor>();
-    case kind::kv_region: return capnp::Schema::from<wire::KvRegion>();
+    case kind::error:
+      return capnp::Schema::from<wire::Error>();
+    case kind::join_challenge:
+      return capnp::Schema::from<wire::JoinChallenge>();
+    case kind::join_request:
+      return capnp::Schema::from<wire::JoinRequest>();
+    case kind::join_reply:
+      return capnp::Schema::from<wire::JoinReply>();
+    case kind::leave_notice:
+      return capnp::Schema::from<wire::LeaveNotice>();
+    case kind::heartbeat:
+      return capnp::Schema::from<wire::Heartbeat>();
+    case kind::spawn_request:
+      return capnp::Schema::from<wire::SpawnRequest>();
+    case kind::spawn_reply:
+      return capnp::Schema::from<wire::SpawnReply>();
+    case kind::stop_request:
+      return capnp::Schema::from<wire::StopRequest>();
+    case kind::actor_status:
+      return capnp::Schema::from<wire::ActorStatus>();
+    case kind::node_status:
+      return capnp::Schema::from<wire::NodeStatus>();
+    case kind::cluster_status:
+      return capnp::Schema::from<wire::ClusterStatus>();
+    case kind::region_descriptor:
+      return capnp::Schema::from<wire::RegionDescriptor>();
+    case kind::transfer_request:
+      return capnp::Schema::from<wire::TransferRequest>();
+    case kind::transfer_reply:
+      return capnp::Schema::from<wire::TransferReply>();
+    case kind::ping:
+      return capnp::Schema::from<wire::Ping>();
+    case kind::supervisor_spec:
+      return capnp::Schema::from<wire::SupervisorSpec>();
+    case kind::supervisor_status:
+      return capnp::Schema::from<wire::SupervisorStatus>();
+    case kind::generate_request:
+      return capnp::Schema::from<wire::GenerateRequest>();
+    case kind::token_chunk:
+      return capnp::Schema::from<wire::TokenChunk>();
+    case kind::abort_request:
+      return capnp::Schema::from<wire::AbortRequest>();
+    case kind::worker_hello:
+      return capnp::Schema::from<wire::WorkerHello>();
+    case kind::worker_load:
+      return capnp::Schema::from<wire::WorkerLoad>();
+    case kind::kv_descriptor:
+      return capnp::Schema::from<wire::KvDescriptor>();
+    case kind::kv_region:
+      return capnp::Schema::from<wire::KvRegion>();
+    case kind::kv_handoff:
+      return capnp::Schema::from<wire::KvHandoff>();
     case kind::none:
-    case kind::oversize: break;
+    case kind::oversize:
+      break;
   }
   return capnp::Schema::from<wire::Error>();
 }
 
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
-  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::kv_region);
+  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::kv_handoff);
 }
 
 }  // namespace
 
 status validate_root(capnp::MessageReader& reader, kind k, const decode_limits& limits) {
   if (!known_kind(k)) {
-    return make_error(errc::malformed, "unknown message kind " +
-                                           std::to_string(static_cast<uint16_t>(k)));
+    return make_error(errc::malformed,
+                      "unknown message kind " + std::to_string(static_cast<uint16_t>(k)));
   }
   auto schema = schema_of(k);
   // Touch every word once: bounds, traversal limit and nesting limit are enforced here.
@@ -199,8 +231,8 @@ result<std::shared_ptr<capnp::MessageReader>> open_reader(
     if (!st.ok()) return st;
     return reader;
   } catch (const kj::Exception& e) {
-    return make_error(errc::malformed, std::string{"undecodable message: "} +
-                                           e.getDescription().cStr());
+    return make_error(errc::malformed,
+                      std::string{"undecodable message: "} + e.getDescription().cStr());
   } catch (const std::exception& e) {
     return make_error(errc::malformed, std::string{"undecodable message: "} + e.what());
   }
@@ -210,33 +242,62 @@ result<std::shared_ptr<capnp::MessageReader>> open_reader(
 
 const char* to_string(kind k) {
   switch (k) {
-    case kind::none: return "none";
-    case kind::error: return "Error";
-    case kind::join_challenge: return "JoinChallenge";
-    case kind::join_request: return "JoinRequest";
-    case kind::join_reply: return "JoinReply";
-    case kind::leave_notice: return "LeaveNotice";
-    case kind::heartbeat: return "Heartbeat";
-    case kind::spawn_request: return "SpawnRequest";
-    case kind::spawn_reply: return "SpawnReply";
-    case kind::stop_request: return "StopRequest";
-    case kind::actor_status: return "ActorStatus";
-    case kind::node_status: return "NodeStatus";
-    case kind::cluster_status: return "ClusterStatus";
-    case kind::region_descriptor: return "RegionDescriptor";
-    case kind::transfer_request: return "TransferRequest";
-    case kind::transfer_reply: return "TransferReply";
-    case kind::ping: return "Ping";
-    case kind::supervisor_spec: return "SupervisorSpec";
-    case kind::supervisor_status: return "SupervisorStatus";
-    case kind::generate_request: return "GenerateRequest";
-    case kind::token_chunk: return "TokenChunk";
-    case kind::abort_request: return "AbortRequest";
-    case kind::worker_hello: return "WorkerHello";
-    case kind::worker_load: return "WorkerLoad";
-    case kind::kv_descriptor: return "KvDescriptor";
-    case kind::kv_region: return "KvRegion";
-    case kind::oversize: return "oversize";
+    case kind::none:
+      return "none";
+    case kind::error:
+      return "Error";
+    case kind::join_challenge:
+      return "JoinChallenge";
+    case kind::join_request:
+      return "JoinRequest";
+    case kind::join_reply:
+      return "JoinReply";
+    case kind::leave_notice:
+      return "LeaveNotice";
+    case kind::heartbeat:
+      return "Heartbeat";
+    case kind::spawn_request:
+      return "SpawnRequest";
+    case kind::spawn_reply:
+      return "SpawnReply";
+    case kind::stop_request:
+      return "StopRequest";
+    case kind::actor_status:
+      return "ActorStatus";
+    case kind::node_status:
+      return "NodeStatus";
+    case kind::cluster_status:
+      return "ClusterStatus";
+    case kind::region_descriptor:
+      return "RegionDescriptor";
+    case kind::transfer_request:
+      return "TransferRequest";
+    case kind::transfer_reply:
+      return "TransferReply";
+    case kind::ping:
+      return "Ping";
+    case kind::supervisor_spec:
+      return "SupervisorSpec";
+    case kind::supervisor_status:
+      return "SupervisorStatus";
+    case kind::generate_request:
+      return "GenerateRequest";
+    case kind::token_chunk:
+      return "TokenChunk";
+    case kind::abort_request:
+      return "AbortRequest";
+    case kind::worker_hello:
+      return "WorkerHello";
+    case kind::worker_load:
+      return "WorkerLoad";
+    case kind::kv_descriptor:
+      return "KvDescriptor";
+    case kind::kv_region:
+      return "KvRegion";
+    case kind::kv_handoff:
+      return "KvHandoff";
+    case kind::oversize:
+      return "oversize";
   }
   return "unknown";
 }
@@ -254,8 +315,8 @@ envelope envelope::from_bytes(kind k, std::span<const std::byte> bytes) {
   auto storage = std::make_shared<internal::envelope_storage>();
   storage->received_bytes = bytes.size();
   // Word-aligned copy: FlatArrayMessageReader rejects unaligned input.
-  storage->words = kj::heapArray<capnp::word>((bytes.size() + sizeof(capnp::word) - 1) /
-                                              sizeof(capnp::word));
+  storage->words =
+      kj::heapArray<capnp::word>((bytes.size() + sizeof(capnp::word) - 1) / sizeof(capnp::word));
   if (!bytes.empty()) {
     std::memset(storage->words.begin(), 0, storage->words.size() * sizeof(capnp::word));
     std::memcpy(storage->words.begin(), bytes.data(), bytes.size());
@@ -297,9 +358,13 @@ std::vector<std::byte> envelope::to_bytes() const {
   return out;
 }
 
-wire::ErrorCode to_wire(errc code) { return static_cast<wire::ErrorCode>(code); }
+wire::ErrorCode to_wire(errc code) {
+  return static_cast<wire::ErrorCode>(code);
+}
 
-errc from_wire(wire::ErrorCode code) { return static_cast<errc>(code); }
+errc from_wire(wire::ErrorCode code) {
+  return static_cast<errc>(code);
+}
 
 envelope make_error_envelope(const error& err) {
   return envelope::build<wire::Error>([&](wire::Error::Builder b) {

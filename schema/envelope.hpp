@@ -2,10 +2,10 @@
 /// The body of every weft CAF message: one Cap'n Proto struct from schema/control.capnp.
 ///
 /// Inside a process an envelope shares its built message (copying an envelope copies a pointer,
-/// never the bytes). Across processes CAF carries the flat bytes (see schema/caf_bridge.hpp) and the
-/// receiver decodes them with `read<T>()`, which enforces size, traversal and nesting limits and
-/// validates every field before handing out a reader. Bytes from a peer are untrusted: a malformed
-/// envelope yields an error, never a crash.
+/// never the bytes). Across processes CAF carries the flat bytes (see schema/caf_bridge.hpp) and
+/// the receiver decodes them with `read<T>()`, which enforces size, traversal and nesting limits
+/// and validates every field before handing out a reader. Bytes from a peer are untrusted: a
+/// malformed envelope yields an error, never a crash.
 
 #include <capnp/message.h>
 
@@ -50,6 +50,7 @@ enum class kind : uint16_t {
   worker_load = 23,
   kv_descriptor = 24,
   kv_region = 25,
+  kv_handoff = 26,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -58,9 +59,9 @@ const char* to_string(kind k);
 
 template <class T>
 struct kind_of;
-#define WEFT_SCHEMA_KIND(Struct, k) \
-  template <>                       \
-  struct kind_of<wire::Struct> {    \
+#define WEFT_SCHEMA_KIND(Struct, k)        \
+  template <>                              \
+  struct kind_of<wire::Struct> {           \
     static constexpr kind value = kind::k; \
   };
 WEFT_SCHEMA_KIND(Error, error)
@@ -88,6 +89,7 @@ WEFT_SCHEMA_KIND(WorkerHello, worker_hello)
 WEFT_SCHEMA_KIND(WorkerLoad, worker_load)
 WEFT_SCHEMA_KIND(KvDescriptor, kv_descriptor)
 WEFT_SCHEMA_KIND(KvRegion, kv_region)
+WEFT_SCHEMA_KIND(KvHandoff, kv_handoff)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults
@@ -116,9 +118,7 @@ class view {
  public:
   view(std::shared_ptr<const internal::envelope_storage> storage,
        std::shared_ptr<capnp::MessageReader> reader)
-      : storage_(std::move(storage)),
-        reader_(std::move(reader)),
-        root_(reader_->getRoot<T>()) {}
+      : storage_(std::move(storage)), reader_(std::move(reader)), root_(reader_->getRoot<T>()) {}
   typename T::Reader get() const { return root_; }
   const typename T::Reader* operator->() const { return &root_; }
 
@@ -164,9 +164,8 @@ class envelope {
   template <class T>
   result<view<T>> read(const decode_limits& limits = {}) const {
     if (kind_ != kind_of<T>::value) {
-      return make_error(errc::malformed, std::string{"expected a "} +
-                                             to_string(kind_of<T>::value) + " message, got " +
-                                             to_string(kind_));
+      return make_error(errc::malformed, std::string{"expected a "} + to_string(kind_of<T>::value) +
+                                             " message, got " + to_string(kind_));
     }
     auto reader = internal::open_reader(storage_, kind_, limits);
     if (!reader) return reader.error();

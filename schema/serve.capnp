@@ -34,6 +34,10 @@ struct GenerateRequest {
   params @4 :SamplingParams;
   deadlineMs @5 :UInt64;            # unix ms after which the request is abandoned (0: none)
   attempt @6 :UInt32;               # 0 first dispatch, then +1 per migration
+  handoff @7 :Bool;                 # disaggregated prefill: after the first new token, offer the
+                                    # KV to a decode worker (KvHandoff offered) instead of decoding
+  kvSource @8 :Data;                # disaggregated decode: a KvDescriptor envelope's bytes; pull
+                                    # the KV of prompt + resumeTokens[:-1] instead of prefilling
 }
 
 struct TokenLogprob {
@@ -149,4 +153,29 @@ struct KvRegion {
   remoteAddress @0 :UInt64;         # informational (the exporter's address of the region start)
   remoteKey @1 :Data;               # engine::describe() bytes
   sizeBytes @2 :UInt64;
+}
+
+# The disaggregated handoff of one sequence's KV, in four messages (all through the router):
+#   prefill worker -> router   offered   (descriptor: the KvDescriptor envelope's bytes)
+#   decode worker  -> router   pulled | failed (leaseId, bytes, micros; error when failed)
+#   router -> prefill worker   release   (leaseId): the owner frees the blocks, exactly once
+#   prefill worker -> router   expired   (leaseId): nobody released in time; blocks freed
+enum KvHandoffStage {
+  offered @0;
+  pulled @1;
+  failed @2;
+  release @3;
+  expired @4;
+}
+
+struct KvHandoff {
+  requestId @0 :UInt64;
+  attempt @1 :UInt32;
+  stage @2 :KvHandoffStage;
+  leaseId @3 :UInt64;
+  worker @4 :Text;                  # who sends it
+  descriptor @5 :Data;              # offered: KvDescriptor envelope bytes
+  bytes @6 :UInt64;                 # pulled: KV bytes moved
+  micros @7 :UInt64;                # pulled: transfer time
+  error @8 :Control.Error;          # failed
 }

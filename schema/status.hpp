@@ -44,7 +44,9 @@ struct error {
 /// A status is an error that may be ok.
 using status = error;
 
-inline error make_error(errc code, std::string message) { return error{code, std::move(message)}; }
+inline error make_error(errc code, std::string message) {
+  return error{code, std::move(message)};
+}
 
 /// A value of type T or an error.
 template <class T>

@@ -29,7 +29,7 @@ apt_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev iproute2 procps curl
 )
 if [ "$want_test" = 1 ]; then
-  apt_packages+=(clang libclang-rt-14-dev)
+  apt_packages+=(clang libclang-rt-14-dev clang-format)
 fi
 
 missing=()

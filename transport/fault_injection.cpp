@@ -51,7 +51,6 @@ bool parse_number(const std::string& s, T& out) {
   }
 }
 
-
 }  // namespace
 
 result<fault_policy> parse_fault_policy(const std::map<std::string, std::string>& params) {
@@ -308,8 +307,7 @@ result<transfer> fault_injecting_engine::get(const rma_request& rq, completion_f
 
 result<transfer> fault_injecting_engine::put_batch(const rma_batch_request& rq,
                                                    completion_fn on_done) {
-  return forward(rq, &engine::put_batch, corrupt_side::source, host_bytes(rq),
-                 std::move(on_done));
+  return forward(rq, &engine::put_batch, corrupt_side::source, host_bytes(rq), std::move(on_done));
 }
 
 result<transfer> fault_injecting_engine::get_batch(const rma_batch_request& rq,

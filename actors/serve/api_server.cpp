@@ -2,10 +2,10 @@
 
 #include "actors/serve/api_server.hpp"
 
-#include <caf/all.hpp>
 #include <httplib.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -53,7 +53,8 @@ caf::behavior api_actor(caf::stateful_actor<api_actor_state>* self, caf::actor r
                 [hub, id](caf::error& err) {
                   choice_event e;
                   e.ack = true;
-                  e.err = make_error(errc::unavailable, "router unavailable: " + caf::to_string(err));
+                  e.err =
+                      make_error(errc::unavailable, "router unavailable: " + caf::to_string(err));
                   hub->deliver(id, std::move(e));
                 });
       },
@@ -77,7 +78,8 @@ caf::behavior api_actor(caf::stateful_actor<api_actor_state>* self, caf::actor r
         e.prompt_tokens = chunk.getPromptTokens();
         e.cached_tokens = chunk.getCachedTokens();
         if (chunk.hasError()) {
-          e.err = make_error(schema::from_wire(chunk.getError().getCode()), chunk.getError().getMessage().cStr());
+          e.err = make_error(schema::from_wire(chunk.getError().getCode()),
+                             chunk.getError().getMessage().cStr());
           if (e.err.ok()) e.err = make_error(errc::internal, "generation failed");
         }
         hub->deliver(chunk.getRequestId(), std::move(e));
@@ -85,31 +87,43 @@ caf::behavior api_actor(caf::stateful_actor<api_actor_state>* self, caf::actor r
   };
 }
 
-// -- helpers ----------------------------------------------------------------------------------------
+// -- helpers
+// ----------------------------------------------------------------------------------------
 
 int http_status_for(errc code) {
   switch (code) {
-    case errc::overloaded: return 429;
-    case errc::unavailable: return 503;
-    case errc::timeout: return 504;
+    case errc::overloaded:
+      return 429;
+    case errc::unavailable:
+      return 503;
+    case errc::timeout:
+      return 504;
     case errc::invalid_argument:
-    case errc::malformed: return 400;
-    case errc::not_found: return 404;
-    case errc::unauthorized: return 401;
-    default: return 500;
+    case errc::malformed:
+      return 400;
+    case errc::not_found:
+      return 404;
+    case errc::unauthorized:
+      return 401;
+    default:
+      return 500;
   }
 }
 
 api_error api_error_for(const error& e) {
   api_error a;
   a.http_status = http_status_for(e.code);
-  a.type = a.http_status == 429 ? "rate_limit_error" : a.http_status >= 500 ? "server_error" : "invalid_request_error";
+  a.type = a.http_status == 429   ? "rate_limit_error"
+           : a.http_status >= 500 ? "server_error"
+                                  : "invalid_request_error";
   a.message = e.message;
   if (e.code == errc::overloaded) a.code = "rate_limit_exceeded";
   return a;
 }
 
-std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::vector<uint8_t> bytes_of(const std::string& s) {
+  return {s.begin(), s.end()};
+}
 
 /// Everything one choice accumulates.
 struct choice_state {
@@ -117,8 +131,8 @@ struct choice_state {
   uint64_t seq_id = 0;
   int prompt_index = 0;
   std::unique_ptr<gpu::detokenizer_stream> detok;
-  std::string full;     ///< text so far (assembled from tokens)
-  size_t emitted = 0;   ///< bytes of `full` already handed to the client
+  std::string full;           ///< text so far (assembled from tokens)
+  size_t emitted = 0;         ///< bytes of `full` already handed to the client
   std::string pending_delta;  ///< text released but not yet written (non-streaming: everything)
   std::vector<logprob_entry> pending_lps;
   int64_t n_tokens = 0;
@@ -134,7 +148,8 @@ struct choice_state {
 
 }  // namespace
 
-// -- the server -------------------------------------------------------------------------------------
+// -- the server
+// -------------------------------------------------------------------------------------
 
 struct api_server::impl {
   caf::actor_system* sys = nullptr;
@@ -160,8 +175,8 @@ struct api_server::impl {
   std::optional<std::string> router_status(uint32_t timeout_ms);
   void abort_seq(uint64_t id, const std::string& why);
   void absorb(const openai_request& r, choice_state& c, choice_event& e);
-  void finish_metrics(endpoint kind, const std::vector<choice_state>& choices, clock_type::time_point start,
-                      const std::string& status);
+  void finish_metrics(endpoint kind, const std::vector<choice_state>& choices,
+                      clock_type::time_point start, const std::string& status);
 };
 
 void api_server::impl::declare_metrics() {
@@ -169,13 +184,17 @@ void api_server::impl::declare_metrics() {
   metrics->declare_counter("weft_http_requests_total", "HTTP requests by endpoint and status code");
   metrics->declare_counter("weft_requests_total", "Generation requests by endpoint and outcome");
   metrics->declare_counter("weft_prompt_tokens_total", "Prompt tokens of finished sequences");
-  metrics->declare_counter("weft_cached_prompt_tokens_total", "Prompt tokens served from a prefix cache");
-  metrics->declare_counter("weft_generation_tokens_total", "Tokens generated and delivered to clients");
-  metrics->declare_counter("weft_client_disconnects_total", "Requests aborted because the client went away");
+  metrics->declare_counter("weft_cached_prompt_tokens_total",
+                           "Prompt tokens served from a prefix cache");
+  metrics->declare_counter("weft_generation_tokens_total",
+                           "Tokens generated and delivered to clients");
+  metrics->declare_counter("weft_client_disconnects_total",
+                           "Requests aborted because the client went away");
   metrics->declare_gauge("weft_requests_in_flight", "HTTP generation requests being served");
   const auto buckets = metrics_registry::latency_buckets_s();
   metrics->declare_histogram("weft_ttft_seconds", "Time to first token, per sequence", buckets);
-  metrics->declare_histogram("weft_tpot_seconds", "Time per output token after the first, per sequence", buckets);
+  metrics->declare_histogram("weft_tpot_seconds",
+                             "Time per output token after the first, per sequence", buckets);
   metrics->declare_histogram("weft_e2e_seconds", "Request latency, end to end", buckets);
 }
 
@@ -187,7 +206,8 @@ bool api_server::impl::authorized(const httplib::Request& req, httplib::Response
   e.http_status = 401;
   e.type = "authentication_error";
   e.code = "invalid_api_key";
-  e.message = h.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key";
+  e.message =
+      h.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key";
   send_error(res, e);
   return false;
 }
@@ -207,7 +227,8 @@ std::optional<std::string> api_server::impl::router_status(uint32_t timeout_ms) 
 
 void api_server::impl::abort_seq(uint64_t id, const std::string& why) {
   hub->remove(id);
-  caf::anon_send(router, abort_atom::value, envelope::build<wire::AbortRequest>([&](wire::AbortRequest::Builder b) {
+  caf::anon_send(router, abort_atom::value,
+                 envelope::build<wire::AbortRequest>([&](wire::AbortRequest::Builder b) {
                    b.setRequestId(id);
                    b.setReason(why);
                  }));
@@ -258,9 +279,15 @@ void api_server::impl::absorb(const openai_request& r, choice_state& c, choice_e
     c.done = true;
     switch (e.finish) {
       case wire::FinishReason::STOP_TOKEN:
-      case wire::FinishReason::STOP_STRING: c.finish_reason = "stop"; break;
-      case wire::FinishReason::LENGTH: c.finish_reason = "length"; break;
-      case wire::FinishReason::ABORTED: c.finish_reason = "abort"; break;
+      case wire::FinishReason::STOP_STRING:
+        c.finish_reason = "stop";
+        break;
+      case wire::FinishReason::LENGTH:
+        c.finish_reason = "length";
+        break;
+      case wire::FinishReason::ABORTED:
+        c.finish_reason = "abort";
+        break;
       default:
         c.finish_reason = "error";
         c.err = e.err.ok() ? make_error(errc::internal, "generation failed") : e.err;
@@ -294,22 +321,27 @@ void api_server::impl::finish_metrics(endpoint kind, const std::vector<choice_st
   if (!metrics) return;
   const std::string ep = kind == endpoint::completions ? "completions" : "chat_completions";
   metrics->inc("weft_requests_total", {{"endpoint", ep}, {"outcome", status}});
-  metrics->observe("weft_e2e_seconds", std::chrono::duration<double>(clock_type::now() - start).count());
+  metrics->observe("weft_e2e_seconds",
+                   std::chrono::duration<double>(clock_type::now() - start).count());
   for (const auto& c : choices) {
     metrics->inc("weft_generation_tokens_total", {}, static_cast<double>(c.n_tokens));
     metrics->inc("weft_prompt_tokens_total", {}, c.prompt_tokens);
     metrics->inc("weft_cached_prompt_tokens_total", {}, c.cached_tokens);
     if (c.first_token_at) {
-      metrics->observe("weft_ttft_seconds", std::chrono::duration<double>(*c.first_token_at - start).count());
+      metrics->observe("weft_ttft_seconds",
+                       std::chrono::duration<double>(*c.first_token_at - start).count());
       if (c.n_tokens > 1 && c.last_token_at) {
-        metrics->observe("weft_tpot_seconds", std::chrono::duration<double>(*c.last_token_at - *c.first_token_at).count() /
-                                                  static_cast<double>(c.n_tokens - 1));
+        metrics->observe(
+            "weft_tpot_seconds",
+            std::chrono::duration<double>(*c.last_token_at - *c.first_token_at).count() /
+                static_cast<double>(c.n_tokens - 1));
       }
     }
   }
 }
 
-void api_server::impl::handle_generate(endpoint kind, const httplib::Request& req, httplib::Response& res) {
+void api_server::impl::handle_generate(endpoint kind, const httplib::Request& req,
+                                       httplib::Response& res) {
   const auto start = clock_type::now();
   if (!authorized(req, res)) return;
   auto parsed = parse_request(kind, req.body, cfg.limits);
@@ -331,13 +363,15 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
   const auto n_vocab = static_cast<int32_t>(host->tok.n_vocab());
   if (kind == endpoint::chat_completions) {
     if (!host->tmpl) {
-      send_error(res, api_error{400, "invalid_request_error", "this model has no chat template; use /v1/completions",
-                                "messages", ""});
+      send_error(res,
+                 api_error{400, "invalid_request_error",
+                           "this model has no chat template; use /v1/completions", "messages", ""});
       return;
     }
     auto text = host->tmpl->apply(r->messages, gpu::generation_prompt::add);
     if (!text) {
-      send_error(res, api_error{400, "invalid_request_error", text.error().to_string(), "messages", ""});
+      send_error(res,
+                 api_error{400, "invalid_request_error", text.error().to_string(), "messages", ""});
       return;
     }
     prompts.push_back(host->tok.encode(*text, gpu::add_special::yes, gpu::parse_special::yes));
@@ -351,7 +385,8 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
       for (int32_t t : ids) {
         if (t < 0 || t >= n_vocab) {
           send_error(res, api_error{400, "invalid_request_error",
-                                    "prompt token " + std::to_string(t) + " is outside the vocabulary (0.." +
+                                    "prompt token " + std::to_string(t) +
+                                        " is outside the vocabulary (0.." +
                                         std::to_string(n_vocab - 1) + ")",
                                     "prompt", ""});
           return;
@@ -374,11 +409,13 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
     if (len + mt > n_ctx || mt < 1) {
       send_error(res, api_error{400, "invalid_request_error",
                                 "This model's maximum context length is " + std::to_string(n_ctx) +
-                                    " tokens. However, you requested " + std::to_string(len + std::max<int64_t>(mt, 1)) +
-                                    " tokens (" + std::to_string(len) + " in the prompt, " +
+                                    " tokens. However, you requested " +
+                                    std::to_string(len + std::max<int64_t>(mt, 1)) + " tokens (" +
+                                    std::to_string(len) + " in the prompt, " +
                                     std::to_string(std::max<int64_t>(mt, 1)) +
                                     " for the completion). Please reduce the prompt or max_tokens.",
-                                kind == endpoint::chat_completions ? "messages" : "prompt", "context_length_exceeded"});
+                                kind == endpoint::chat_completions ? "messages" : "prompt",
+                                "context_length_exceeded"});
       return;
     }
     max_tokens[p] = static_cast<int32_t>(mt);
@@ -389,7 +426,8 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
   auto choices = std::make_shared<std::vector<choice_state>>();
   std::random_device rd;
   const std::string trace = (kind == endpoint::completions ? "cmpl-" : "chatcmpl-") +
-                            std::to_string(actors::now_ms()) + "-" + std::to_string(next_response++);
+                            std::to_string(actors::now_ms()) + "-" +
+                            std::to_string(next_response++);
   for (size_t p = 0; p < prompts.size(); ++p) {
     for (int i = 0; i < r->n; ++i) {
       choice_state c;
@@ -435,7 +473,8 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
     if (!e) {
       if (clock_type::now() > deadline || stopping) {
         abort_all("timeout");
-        send_error(res, api_error_for(make_error(errc::timeout, "request timed out waiting for admission")));
+        send_error(res, api_error_for(
+                            make_error(errc::timeout, "request timed out waiting for admission")));
         return;
       }
       continue;
@@ -482,13 +521,13 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
   if (r->stream) {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, r, kind, channel, choices, meta, with_lp, all_done, usage_of, abort_all, start, deadline](
-            size_t, httplib::DataSink& sink) {
+        "text/event-stream", [this, r, kind, channel, choices, meta, with_lp, all_done, usage_of,
+                              abort_all, start, deadline](size_t, httplib::DataSink& sink) {
           auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
           while (true) {
             for (auto& c : *choices) {
-              const bool news = !c.pending_delta.empty() || !c.pending_lps.empty() || (c.done && !c.final_sent);
+              const bool news =
+                  !c.pending_delta.empty() || !c.pending_lps.empty() || (c.done && !c.final_sent);
               if (!news) continue;
               bool ok = true;
               if (c.done && !c.final_sent && !c.err.ok()) {
@@ -517,7 +556,8 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
             if (!e) {
               if (clock_type::now() > deadline || stopping) {
                 abort_all("timeout");
-                write(render_error_event(api_error_for(make_error(errc::timeout, "request timed out"))));
+                write(render_error_event(
+                    api_error_for(make_error(errc::timeout, "request timed out"))));
                 break;
               }
               // Probe the connection: an SSE comment line is ignored by clients.
@@ -577,7 +617,8 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
       choice_result cr;
       cr.index = c.index;
       cr.text = c.full;
-      if (r->echo && kind == endpoint::completions) cr.text = prompt_texts[static_cast<size_t>(c.prompt_index)] + cr.text;
+      if (r->echo && kind == endpoint::completions)
+        cr.text = prompt_texts[static_cast<size_t>(c.prompt_index)] + cr.text;
       cr.logprobs = std::move(c.pending_lps);
       cr.finish_reason = c.finish_reason;
       out.push_back(std::move(cr));
@@ -590,15 +631,15 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
     return;
   }
   res.set_chunked_content_provider(
-      "application/json",
-      [this, kind, channel, choices, r, all_done, render_final, abort_all, start, deadline](size_t,
-                                                                                            httplib::DataSink& sink) {
+      "application/json", [this, kind, channel, choices, r, all_done, render_final, abort_all,
+                           start, deadline](size_t, httplib::DataSink& sink) {
         while (!all_done()) {
           auto e = channel->pop(std::chrono::milliseconds(1000));
           if (!e) {
             if (clock_type::now() > deadline || stopping) {
               abort_all("timeout");
-              const std::string body = render_error(api_error_for(make_error(errc::timeout, "request timed out")));
+              const std::string body =
+                  render_error(api_error_for(make_error(errc::timeout, "request timed out")));
               sink.write(body.data(), body.size());
               sink.done();
               return true;
@@ -632,25 +673,30 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
 }
 
 void api_server::impl::routes() {
-  http.new_task_queue = [n = cfg.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  http.new_task_queue = [n = cfg.http_threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(n));
+  };
   http.set_payload_max_length(cfg.limits.max_body_bytes);
   http.set_read_timeout(60, 0);
   http.set_write_timeout(60, 0);
   http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    if (metrics) metrics->inc("weft_http_requests_total", {{"path", req.path}, {"code", std::to_string(res.status)}});
+    if (metrics)
+      metrics->inc("weft_http_requests_total",
+                   {{"path", req.path}, {"code", std::to_string(res.status)}});
     spdlog::debug("http {} {} -> {}", req.method, req.path, res.status);
   });
-  http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "internal error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    spdlog::error("http handler failed: {}", what);
-    send_error(res, api_error{500, "server_error", what, "", ""});
-  });
+  http.set_exception_handler(
+      [this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "internal error";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        spdlog::error("http handler failed: {}", what);
+        send_error(res, api_error{500, "server_error", what, "", ""});
+      });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generate(endpoint::completions, req, res);
   });
@@ -659,8 +705,9 @@ void api_server::impl::routes() {
   });
   http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
-    res.set_content(render_models({cfg.served_model_name}, static_cast<int64_t>(actors::now_ms() / 1000)),
-                    "application/json");
+    res.set_content(
+        render_models({cfg.served_model_name}, static_cast<int64_t>(actors::now_ms() / 1000)),
+        "application/json");
   });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     auto st = router_status(2000);
@@ -672,8 +719,9 @@ void api_server::impl::routes() {
       detail = healthy ? "ok" : "no engine worker is reporting progress";
     }
     res.status = healthy ? 200 : 503;
-    res.set_content(nlohmann::json{{"status", healthy ? "ok" : "unhealthy"}, {"detail", detail}}.dump(),
-                    "application/json");
+    res.set_content(
+        nlohmann::json{{"status", healthy ? "ok" : "unhealthy"}, {"detail", detail}}.dump(),
+        "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     if (metrics) metrics->set("weft_requests_in_flight", static_cast<double>(hub->size()));
@@ -693,8 +741,9 @@ void api_server::impl::routes() {
     api_error e;
     e.http_status = res.status;
     e.type = res.status == 404 ? "not_found_error" : "invalid_request_error";
-    e.message = res.status == 404 ? "no route " + req.method + " " + req.path
-                                  : res.status == 413 ? "request body too large" : "bad request";
+    e.message = res.status == 404   ? "no route " + req.method + " " + req.path
+                : res.status == 413 ? "request body too large"
+                                    : "bad request";
     if (res.status == 413) e.type = "invalid_request_error";
     res.set_content(render_error(e), "application/json");
   });
@@ -702,9 +751,13 @@ void api_server::impl::routes() {
 
 api_server::api_server(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 
-api_server::~api_server() { stop(); }
+api_server::~api_server() {
+  stop();
+}
 
-uint16_t api_server::port() const { return impl_->bound_port; }
+uint16_t api_server::port() const {
+  return impl_->bound_port;
+}
 
 void api_server::stop() {
   if (!impl_ || impl_->stopping.exchange(true)) return;
@@ -714,7 +767,8 @@ void api_server::stop() {
 }
 
 result<std::unique_ptr<api_server>> api_server::start(caf::actor_system& sys, caf::actor router,
-                                                      const model_host& tokenizer_host, api_config config,
+                                                      const model_host& tokenizer_host,
+                                                      api_config config,
                                                       std::shared_ptr<metrics_registry> metrics) {
   auto p = std::make_unique<impl>();
   p->sys = &sys;
@@ -728,11 +782,13 @@ result<std::unique_ptr<api_server>> api_server::start(caf::actor_system& sys, ca
   p->declare_metrics();
   p->api = sys.spawn(api_actor, router, p->hub);
   p->routes();
-  int port = p->cfg.port == 0 ? p->http.bind_to_any_port(p->cfg.host.c_str())
-                              : (p->http.bind_to_port(p->cfg.host.c_str(), p->cfg.port) ? p->cfg.port : -1);
+  int port = p->cfg.port == 0
+                 ? p->http.bind_to_any_port(p->cfg.host.c_str())
+                 : (p->http.bind_to_port(p->cfg.host.c_str(), p->cfg.port) ? p->cfg.port : -1);
   if (port <= 0) {
     caf::anon_send_exit(p->api, caf::exit_reason::user_shutdown);
-    return make_error(errc::unavailable, "cannot listen on " + p->cfg.host + ":" + std::to_string(p->cfg.port) +
+    return make_error(errc::unavailable, "cannot listen on " + p->cfg.host + ":" +
+                                             std::to_string(p->cfg.port) +
                                              " (is the port in use?)");
   }
   p->bound_port = static_cast<uint16_t>(port);

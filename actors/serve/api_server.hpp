@@ -25,10 +25,10 @@ namespace weft::serve {
 
 struct api_config {
   std::string host = "127.0.0.1";
-  uint16_t port = 8000;                 ///< 0 = any free port (see api_server::port())
-  std::string api_key;                  ///< when set, /v1/* requires "Authorization: Bearer <key>"
-  std::string served_model_name;        ///< model id clients use (default: the GGUF file name)
-  int http_threads = 128;               ///< concurrent HTTP requests (streams hold one each)
+  uint16_t port = 8000;           ///< 0 = any free port (see api_server::port())
+  std::string api_key;            ///< when set, /v1/* requires "Authorization: Bearer <key>"
+  std::string served_model_name;  ///< model id clients use (default: the GGUF file name)
+  int http_threads = 128;         ///< concurrent HTTP requests (streams hold one each)
   uint32_t request_timeout_ms = 600'000;
   api_limits limits;
   /// Extra JSON for GET /admin/cluster (the head's node table); may be empty.
@@ -40,7 +40,8 @@ class api_server {
   /// Spawns the api actor, binds the HTTP port and starts serving on background threads.
   /// `tokenizer_host` (tokenizer + chat template) must outlive the server.
   static result<std::unique_ptr<api_server>> start(caf::actor_system& sys, caf::actor router,
-                                                   const model_host& tokenizer_host, api_config config,
+                                                   const model_host& tokenizer_host,
+                                                   api_config config,
                                                    std::shared_ptr<metrics_registry> metrics);
   ~api_server();
   api_server(const api_server&) = delete;

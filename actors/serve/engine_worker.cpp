@@ -2,17 +2,18 @@
 
 #include "actors/serve/engine_worker.hpp"
 
+#include <spdlog/spdlog.h>
+#include <unistd.h>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <map>
 #include <thread>
 
 #include "actors/auth.hpp"
+#include "actors/serve/kv_transfer.hpp"
 #include "actors/serve/mlfq_policy.hpp"
 #include "actors/serve/model_host.hpp"
 #include "actors/serve/schedule_policies.hpp"
@@ -29,22 +30,27 @@ namespace wire = schema::wire;
 
 result<worker_config> worker_config::from_json(const std::string& json) {
   auto j = nlohmann::json::parse(json.empty() ? "{}" : json, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return make_error(errc::invalid_argument, "engine_worker: config is not a JSON object");
+  if (j.is_discarded() || !j.is_object())
+    return make_error(errc::invalid_argument, "engine_worker: config is not a JSON object");
   worker_config c;
   try {
     if (!j.contains("model") || !j["model"].is_string()) {
-      return make_error(errc::invalid_argument, "engine_worker: config.model (a GGUF path) is required");
+      return make_error(errc::invalid_argument,
+                        "engine_worker: config.model (a GGUF path) is required");
     }
     c.model = j["model"].get<std::string>();
     if (!j.contains("router") || !j["router"].is_string()) {
-      return make_error(errc::invalid_argument, "engine_worker: config.router (HOST:PORT) is required");
+      return make_error(errc::invalid_argument,
+                        "engine_worker: config.router (HOST:PORT) is required");
     }
     const auto router = j["router"].get<std::string>();
     const auto colon = router.rfind(':');
-    if (colon == std::string::npos) return make_error(errc::invalid_argument, "engine_worker: config.router must be HOST:PORT");
+    if (colon == std::string::npos)
+      return make_error(errc::invalid_argument, "engine_worker: config.router must be HOST:PORT");
     c.router_host = router.substr(0, colon);
     const int port = std::stoi(router.substr(colon + 1));
-    if (port <= 0 || port > 65535) return make_error(errc::invalid_argument, "engine_worker: config.router port out of range");
+    if (port <= 0 || port > 65535)
+      return make_error(errc::invalid_argument, "engine_worker: config.router port out of range");
     c.router_port = static_cast<uint16_t>(port);
     c.device = j.value("device", c.device);
     c.threads = j.value("threads", c.threads);
@@ -58,16 +64,24 @@ result<worker_config> worker_config::from_json(const std::string& json) {
     c.role = j.value("role", c.role);
     c.prefix_cache = j.value("prefix_cache", c.prefix_cache);
     c.load_interval_ms = j.value("load_interval_ms", c.load_interval_ms);
+    c.kv_lease_ms = j.value("kv_lease_ms", c.kv_lease_ms);
   } catch (const std::exception& e) {
-    return make_error(errc::invalid_argument, std::string{"engine_worker: bad config field: "} + e.what());
+    return make_error(errc::invalid_argument,
+                      std::string{"engine_worker: bad config field: "} + e.what());
   }
-  if (c.kv_blocks < 1 || c.block_size < 1 || c.max_batch_tokens < 2 || c.max_running < 1 || c.threads < 0) {
-    return make_error(errc::invalid_argument, "engine_worker: kv_blocks, block_size, max_running >= 1, max_batch_tokens >= 2, threads >= 0");
+  if (c.kv_blocks < 1 || c.block_size < 1 || c.max_batch_tokens < 2 || c.max_running < 1 ||
+      c.threads < 0) {
+    return make_error(errc::invalid_argument,
+                      "engine_worker: kv_blocks, block_size, max_running >= 1, max_batch_tokens >= "
+                      "2, threads >= 0");
   }
   if (c.role != "both" && c.role != "prefill" && c.role != "decode") {
-    return make_error(errc::invalid_argument, "engine_worker: role must be both, prefill or decode");
+    return make_error(errc::invalid_argument,
+                      "engine_worker: role must be both, prefill or decode");
   }
   if (c.load_interval_ms < 10) c.load_interval_ms = 10;
+  if (c.kv_lease_ms < 100)
+    return make_error(errc::invalid_argument, "engine_worker: kv_lease_ms must be >= 100");
   return c;
 }
 
@@ -85,7 +99,8 @@ std::string worker_config::to_json() const {
                       {"mlfq_starvation_steps", mlfq_starvation_steps},
                       {"role", role},
                       {"prefix_cache", prefix_cache},
-                      {"load_interval_ms", load_interval_ms}};
+                      {"load_interval_ms", load_interval_ms},
+                      {"kv_lease_ms", kv_lease_ms}};
   return j.dump();
 }
 
@@ -98,7 +113,16 @@ struct running_request {
   uint32_t n_prefill = 0;  ///< prompt + resumed tokens to compute before the first new token
   bool started = false;    ///< produced its first token here
   bool want_logprobs = false;
+  bool handoff = false;  ///< disaggregated prefill: offer the KV after the first new token
   std::string trace_id;
+};
+
+/// A KV pull in flight (disaggregated decode).
+struct pending_import {
+  generate_spec spec;
+  uint64_t lease_id = 0;
+  bool aborted = false;  ///< the request was aborted or superseded while its bytes were moving
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 };
 
 struct worker_state {
@@ -112,6 +136,12 @@ struct worker_state {
   std::shared_ptr<gpu::schedule_policy> policy;
   caf::actor router;
   std::map<uint64_t, running_request> requests;
+  // Disaggregation: the node's transport, the prefill side's exporter, the decode side's importer.
+  std::shared_ptr<transport::engine> transport;
+  std::unique_ptr<kv_exporter> exporter;
+  std::unique_ptr<kv_importer> importer;
+  std::map<uint64_t, pending_import> imports;  ///< pull id -> pull
+  std::map<uint64_t, uint64_t> import_of;      ///< request id -> pull id
   bool stepping = false;
   // load accounting
   uint64_t last_prefill = 0, last_decode = 0;
@@ -123,24 +153,31 @@ using worker_ptr = caf::stateful_actor<worker_state>*;
 
 wire::FinishReason to_wire_finish(gpu::finish_reason r) {
   switch (r) {
-    case gpu::finish_reason::none: return wire::FinishReason::NONE;
-    case gpu::finish_reason::stop_token: return wire::FinishReason::STOP_TOKEN;
-    case gpu::finish_reason::stop_string: return wire::FinishReason::STOP_STRING;
-    case gpu::finish_reason::length: return wire::FinishReason::LENGTH;
-    case gpu::finish_reason::aborted: return wire::FinishReason::ABORTED;
-    case gpu::finish_reason::error: return wire::FinishReason::ERROR;
+    case gpu::finish_reason::none:
+      return wire::FinishReason::NONE;
+    case gpu::finish_reason::stop_token:
+      return wire::FinishReason::STOP_TOKEN;
+    case gpu::finish_reason::stop_string:
+      return wire::FinishReason::STOP_STRING;
+    case gpu::finish_reason::length:
+      return wire::FinishReason::LENGTH;
+    case gpu::finish_reason::aborted:
+      return wire::FinishReason::ABORTED;
+    case gpu::finish_reason::error:
+      return wire::FinishReason::ERROR;
   }
   return wire::FinishReason::ERROR;
 }
 
-envelope make_chunk(const std::string& worker, uint64_t id, const running_request& r, const gpu::request_output& out,
-                    uint32_t position) {
+envelope make_chunk(const std::string& worker, uint64_t id, const running_request& r,
+                    const gpu::request_output& out, uint32_t position) {
   return envelope::build<wire::TokenChunk>([&](wire::TokenChunk::Builder b) {
     b.setRequestId(id);
     b.setAttempt(r.attempt);
     b.setPosition(position);
     auto toks = b.initTokens(static_cast<unsigned>(out.new_tokens.size()));
-    for (size_t i = 0; i < out.new_tokens.size(); ++i) toks.set(static_cast<unsigned>(i), out.new_tokens[i]);
+    for (size_t i = 0; i < out.new_tokens.size(); ++i)
+      toks.set(static_cast<unsigned>(i), out.new_tokens[i]);
     if (r.want_logprobs && out.samples.size() == out.new_tokens.size()) {
       auto lps = b.initLogprobs(static_cast<unsigned>(out.samples.size()));
       for (size_t i = 0; i < out.samples.size(); ++i) {
@@ -165,8 +202,8 @@ envelope make_chunk(const std::string& worker, uint64_t id, const running_reques
   });
 }
 
-envelope error_chunk(const std::string& worker, uint64_t id, uint32_t attempt, uint32_t position, errc code,
-                     const std::string& message) {
+envelope error_chunk(const std::string& worker, uint64_t id, uint32_t attempt, uint32_t position,
+                     errc code, const std::string& message) {
   return envelope::build<wire::TokenChunk>([&](wire::TokenChunk::Builder b) {
     b.setRequestId(id);
     b.setAttempt(attempt);
@@ -184,8 +221,10 @@ envelope make_load(worker_state& st) {
   const double dt = std::chrono::duration<double>(now - st.last_load_at).count();
   const auto prefill = static_cast<uint64_t>(s.n_prefill_tokens);
   const auto decode = static_cast<uint64_t>(s.n_decode_tokens);
-  const float prefill_rate = dt > 0 ? static_cast<float>(static_cast<double>(prefill - st.last_prefill) / dt) : 0.0f;
-  const float decode_rate = dt > 0 ? static_cast<float>(static_cast<double>(decode - st.last_decode) / dt) : 0.0f;
+  const float prefill_rate =
+      dt > 0 ? static_cast<float>(static_cast<double>(prefill - st.last_prefill) / dt) : 0.0f;
+  const float decode_rate =
+      dt > 0 ? static_cast<float>(static_cast<double>(decode - st.last_decode) / dt) : 0.0f;
   st.last_prefill = prefill;
   st.last_decode = decode;
   st.last_load_at = now;
@@ -230,8 +269,9 @@ envelope make_hello(const worker_state& st) {
     b.setName(st.worker_name);
     b.setNodeId(st.node_id);
     b.setPid(static_cast<uint32_t>(::getpid()));
-    b.setRole(st.cfg.role == "prefill" ? wire::WorkerRole::PREFILL
-                                       : st.cfg.role == "decode" ? wire::WorkerRole::DECODE : wire::WorkerRole::BOTH);
+    b.setRole(st.cfg.role == "prefill"  ? wire::WorkerRole::PREFILL
+              : st.cfg.role == "decode" ? wire::WorkerRole::DECODE
+                                        : wire::WorkerRole::BOTH);
     b.setModel(st.host->id);
     b.setKvBlocksTotal(static_cast<uint32_t>(st.cfg.kv_blocks));
     b.setBlockSize(static_cast<uint32_t>(st.cfg.block_size));
@@ -241,6 +281,202 @@ envelope make_hello(const worker_state& st) {
     b.setDeadlineMs(deadline);
     b.setSessionToken(kj::ArrayPtr<const kj::byte>(token.data(), token.size()));
   });
+}
+
+void kick(worker_ptr self) {
+  if (self->state.stepping) return;
+  self->state.stepping = true;
+  self->send(self, step_atom::value);
+}
+
+void send_handoff(worker_ptr self, kv_handoff h) {
+  h.worker = self->state.worker_name;
+  self->send(self->state.router, handoff_atom::value, to_wire(h));
+}
+
+/// Disaggregated prefill: the request produced its first new token (already streamed); take its
+/// KV out of the engine and offer it under a lease. The router picks the decode worker.
+void hand_off(worker_ptr self, uint64_t id, const running_request& r) {
+  auto& st = self->state;
+  auto d = st.engine->detach(id);
+  if (!d) {
+    self->send(st.router, chunk_atom::value,
+               error_chunk(st.worker_name, id, r.attempt, r.next_position, errc::internal,
+                           d.error().to_string()));
+    return;
+  }
+  kv_offer o;
+  o.request_id = id;
+  o.seq = d->seq;
+  o.tokens = std::span<const int32_t>(d->tokens).first(d->tokens.size() - 1);
+  o.lease_ms = st.cfg.kv_lease_ms;
+  auto desc = st.exporter->offer(o);
+  if (!desc) {
+    (void)st.engine->kv().free_sequence(d->seq);
+    spdlog::error("worker {}: cannot offer the KV of request {}: {}", st.worker_name, id,
+                  desc.error().to_string());
+    self->send(st.router, chunk_atom::value,
+               error_chunk(st.worker_name, id, r.attempt, r.next_position, errc::internal,
+                           "KV handoff: " + desc.error().to_string()));
+    return;
+  }
+  auto info = read_kv_descriptor(*desc);
+  kv_handoff h;
+  h.request_id = id;
+  h.attempt = r.attempt;
+  h.stage = wire::KvHandoffStage::OFFERED;
+  h.lease_id = info ? info->lease_id : 0;
+  h.descriptor = desc->to_bytes();
+  spdlog::debug("worker {}: request {} ({}): offered {} tokens of KV under lease {}",
+                st.worker_name, id, r.trace_id, o.tokens.size(), h.lease_id);
+  send_handoff(self, std::move(h));
+}
+
+/// Frees an offered sequence whose lease ended (released by the router, or expired).
+void free_leased(worker_ptr self, const kv_lease& l) {
+  if (auto s = self->state.engine->kv().free_sequence(l.seq); !s) {
+    spdlog::error("worker {}: freeing leased sequence of request {}: {}", self->state.worker_name,
+                  l.request_id, s.to_string());
+  }
+}
+
+void import_failed(worker_ptr self, const generate_spec& spec, uint64_t lease_id,
+                   const error& err) {
+  spdlog::warn("worker {}: KV import of request {} ({}) failed: {}", self->state.worker_name,
+               spec.request_id, spec.trace_id, err.to_string());
+  kv_handoff h;
+  h.request_id = spec.request_id;
+  h.attempt = spec.attempt;
+  h.stage = wire::KvHandoffStage::FAILED;
+  h.lease_id = lease_id;
+  h.err = err;
+  send_handoff(self, std::move(h));
+}
+
+/// Disaggregated decode: start pulling the KV named by the request's descriptor.
+void start_import(worker_ptr self, generate_spec spec) {
+  auto& st = self->state;
+  const auto desc = schema::envelope::from_bytes(schema::kind::kv_descriptor, spec.kv_source);
+  auto info = read_kv_descriptor(desc);
+  const uint64_t lease_id = info ? info->lease_id : 0;
+  if (!info) return import_failed(self, spec, 0, info.error());
+  if (info->request_id != spec.request_id) {
+    return import_failed(self, spec, lease_id,
+                         make_error(errc::invalid_argument, "KV descriptor of another request"));
+  }
+  if (st.importer == nullptr) {
+    return import_failed(self, spec, lease_id,
+                         make_error(errc::invalid_argument, "this worker does not import KV"));
+  }
+  auto me = caf::actor_cast<caf::actor>(self);
+  auto pull = st.importer->start(desc, [me](uint64_t pull_id, const transport::completion&) {
+    caf::anon_send(me, pulled_atom::value, pull_id);
+  });
+  if (!pull) return import_failed(self, spec, lease_id, pull.error());
+  st.import_of[spec.request_id] = *pull;
+  pending_import p;
+  p.lease_id = lease_id;
+  p.spec = std::move(spec);
+  st.imports.emplace(*pull, std::move(p));
+}
+
+/// A pull's transfer ended: commit it into the engine (or report the failure).
+void on_pulled(worker_ptr self, uint64_t pull_id) {
+  auto& st = self->state;
+  auto it = st.imports.find(pull_id);
+  if (it == st.imports.end()) return;
+  pending_import p = std::move(it->second);
+  st.imports.erase(it);
+  if (auto f = st.import_of.find(p.spec.request_id);
+      f != st.import_of.end() && f->second == pull_id) {
+    st.import_of.erase(f);
+  }
+  auto got = st.importer->finish(pull_id);
+  if (p.aborted) {
+    if (got) (void)st.engine->kv().free_sequence(got->seq);
+    return;
+  }
+  if (!got) return import_failed(self, p.spec, p.lease_id, got.error());
+  const auto& spec = p.spec;
+  const auto n_resumed = static_cast<int64_t>(spec.resume.size());
+  std::vector<int32_t> tokens = spec.prompt;
+  tokens.insert(tokens.end(), spec.resume.begin(), spec.resume.end());
+  gpu::sampling_params params = spec.params;
+  params.max_tokens -= static_cast<int32_t>(n_resumed);
+  if (auto s = st.engine->add_imported_request(spec.request_id, got->seq, std::move(tokens),
+                                               n_resumed, params);
+      !s.ok()) {
+    return import_failed(self, spec, p.lease_id, make_error(errc::invalid_argument, s.to_string()));
+  }
+  running_request rr;
+  rr.attempt = spec.attempt;
+  rr.next_position = static_cast<uint32_t>(n_resumed);
+  rr.n_prompt = static_cast<uint32_t>(spec.prompt.size());
+  rr.started = true;
+  rr.want_logprobs = spec.want_logprobs;
+  rr.trace_id = spec.trace_id;
+  st.requests[spec.request_id] = std::move(rr);
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now() - p.started);
+  kv_handoff h;
+  h.request_id = spec.request_id;
+  h.attempt = spec.attempt;
+  h.stage = wire::KvHandoffStage::PULLED;
+  h.lease_id = p.lease_id;
+  h.bytes = got->size_bytes;
+  h.micros = static_cast<uint64_t>(micros.count());
+  spdlog::debug("worker {}: request {} ({}): pulled {} tokens of KV ({} bytes) in {} us",
+                st.worker_name, spec.request_id, spec.trace_id, got->n_tokens, got->size_bytes,
+                h.micros);
+  send_handoff(self, std::move(h));
+  kick(self);
+}
+
+/// Router -> prefill worker: the pull of a lease ended (either way): free its blocks.
+void on_handoff(worker_ptr self, const envelope& env) {
+  auto& st = self->state;
+  auto m = env.read<wire::KvHandoff>();
+  if (!m) {
+    spdlog::warn("worker {}: malformed KvHandoff: {}", st.worker_name, m.error().to_string());
+    return;
+  }
+  auto h = from_wire(m->get());
+  if (!h || h->stage != wire::KvHandoffStage::RELEASE || st.exporter == nullptr) return;
+  auto l = st.exporter->release(h->lease_id);
+  if (!l) {
+    spdlog::debug("worker {}: release of lease {}: {}", st.worker_name, h->lease_id,
+                  l.error().to_string());
+    return;
+  }
+  free_leased(self, *l);
+}
+
+/// Leases nobody released in time: free their blocks and tell the router.
+void expire_leases(worker_ptr self) {
+  auto& st = self->state;
+  if (st.exporter == nullptr || st.exporter->n_leases() == 0) return;
+  for (const auto& l : st.exporter->expire(unix_now_ms())) {
+    spdlog::warn("worker {}: KV lease {} of request {} expired; blocks freed", st.worker_name,
+                 l.lease_id, l.request_id);
+    free_leased(self, l);
+    kv_handoff h;
+    h.request_id = l.request_id;
+    h.stage = wire::KvHandoffStage::EXPIRED;
+    h.lease_id = l.lease_id;
+    send_handoff(self, std::move(h));
+  }
+}
+
+/// Drops a pull in flight (abort, or a newer attempt of the same request).
+void drop_import(worker_ptr self, uint64_t request_id) {
+  auto& st = self->state;
+  auto f = st.import_of.find(request_id);
+  if (f == st.import_of.end()) return;
+  if (auto it = st.imports.find(f->second); it != st.imports.end()) {
+    it->second.aborted = true;
+    (void)st.importer->cancel(f->second);
+  }
+  st.import_of.erase(f);
 }
 
 void run_step(worker_ptr self) {
@@ -256,7 +492,8 @@ void run_step(worker_ptr self) {
     for (auto& [id, r] : st.requests) {
       (void)st.engine->abort(id);
       self->send(st.router, chunk_atom::value,
-                 error_chunk(st.worker_name, id, r.attempt, r.next_position, errc::internal, outs.error().to_string()));
+                 error_chunk(st.worker_name, id, r.attempt, r.next_position, errc::internal,
+                             outs.error().to_string()));
     }
     st.requests.clear();
   } else {
@@ -267,17 +504,17 @@ void run_step(worker_ptr self) {
       const uint32_t position = r.next_position;
       r.started = true;
       r.next_position += static_cast<uint32_t>(out.new_tokens.size());
-      self->send(st.router, chunk_atom::value, make_chunk(st.worker_name, out.id, r, out, position));
-      if (out.finish != gpu::finish_reason::none) st.requests.erase(it);
+      self->send(st.router, chunk_atom::value,
+                 make_chunk(st.worker_name, out.id, r, out, position));
+      if (out.finish != gpu::finish_reason::none) {
+        st.requests.erase(it);
+      } else if (r.handoff && !out.new_tokens.empty()) {
+        hand_off(self, out.id, r);
+        st.requests.erase(it);
+      }
     }
   }
   // Yield to the mailbox between steps: new requests and aborts join the next iteration.
-  self->send(self, step_atom::value);
-}
-
-void kick(worker_ptr self) {
-  if (self->state.stepping) return;
-  self->state.stepping = true;
   self->send(self, step_atom::value);
 }
 
@@ -285,7 +522,8 @@ void on_generate(worker_ptr self, const envelope& env) {
   auto& st = self->state;
   auto req = env.read<wire::GenerateRequest>();
   if (!req) {
-    spdlog::warn("worker {}: malformed GenerateRequest: {}", st.worker_name, req.error().to_string());
+    spdlog::warn("worker {}: malformed GenerateRequest: {}", st.worker_name,
+                 req.error().to_string());
     return;
   }
   auto r = req->get();
@@ -293,8 +531,8 @@ void on_generate(worker_ptr self, const envelope& env) {
   auto decoded = from_wire(r);
   if (!decoded) {
     self->send(st.router, chunk_atom::value,
-               error_chunk(st.worker_name, id, r.getAttempt(), r.getResumeTokens().size(), errc::invalid_argument,
-                           decoded.error().message));
+               error_chunk(st.worker_name, id, r.getAttempt(), r.getResumeTokens().size(),
+                           errc::invalid_argument, decoded.error().message));
     return;
   }
   auto& d = *decoded;
@@ -302,6 +540,18 @@ void on_generate(worker_ptr self, const envelope& env) {
     // A duplicate dispatch (e.g. a router retry): the newer attempt wins.
     (void)st.engine->abort(id);
     st.requests.erase(id);
+  }
+  drop_import(self, id);
+  if (!d.kv_source.empty()) {
+    start_import(self, std::move(d));
+    return;
+  }
+  if (d.handoff && st.exporter == nullptr) {
+    self->send(st.router, chunk_atom::value,
+               error_chunk(st.worker_name, id, r.getAttempt(), r.getResumeTokens().size(),
+                           errc::invalid_argument,
+                           "this worker does not hand off KV (role " + st.cfg.role + ")"));
+    return;
   }
   const auto n_resumed = static_cast<uint32_t>(d.resume.size());
   std::vector<int32_t> tokens = d.prompt;
@@ -314,9 +564,11 @@ void on_generate(worker_ptr self, const envelope& env) {
                            "resumed request has no tokens left to generate"));
     return;
   }
-  if (auto s = st.engine->add_resumed_request(id, std::move(tokens), n_resumed, std::move(p)); !s.ok()) {
+  if (auto s = st.engine->add_resumed_request(id, std::move(tokens), n_resumed, std::move(p));
+      !s.ok()) {
     self->send(st.router, chunk_atom::value,
-               error_chunk(st.worker_name, id, r.getAttempt(), n_resumed, errc::invalid_argument, s.to_string()));
+               error_chunk(st.worker_name, id, r.getAttempt(), n_resumed, errc::invalid_argument,
+                           s.to_string()));
     return;
   }
   running_request rr;
@@ -325,16 +577,19 @@ void on_generate(worker_ptr self, const envelope& env) {
   rr.n_prompt = static_cast<uint32_t>(d.prompt.size());
   rr.n_prefill = static_cast<uint32_t>(d.prompt.size()) + n_resumed;
   rr.want_logprobs = d.want_logprobs;
+  rr.handoff = d.handoff;
   rr.trace_id = d.trace_id;
   st.requests[id] = std::move(rr);
-  spdlog::debug("worker {}: request {} ({}) attempt {}: {} prompt + {} resumed tokens", st.worker_name, id,
-                d.trace_id, r.getAttempt(), d.prompt.size(), n_resumed);
+  spdlog::debug("worker {}: request {} ({}) attempt {}: {} prompt + {} resumed tokens",
+                st.worker_name, id, d.trace_id, r.getAttempt(), d.prompt.size(), n_resumed);
   kick(self);
 }
 
-caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_id, worker_config cfg,
-                            actors::cluster_secret secret) {
+caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_id,
+                            worker_config cfg, actors::cluster_secret secret,
+                            std::shared_ptr<transport::engine> transport) {
   auto& st = self->state;
+  st.transport = std::move(transport);
   st.worker_name = std::move(name);
   st.node_id = std::move(node_id);
   st.cfg = std::move(cfg);
@@ -378,6 +633,30 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
     return {};
   }
   st.engine = std::move(eng.value());
+  if (st.cfg.role != "both") {
+    kv_transfer_config kc;
+    kc.model_id = st.host->id;
+    status made;
+    if (st.cfg.role == "prefill") {
+      auto ex = kv_exporter::create(st.engine->kv(), st.transport, kc);
+      if (ex)
+        st.exporter = std::move(ex.value());
+      else
+        made = ex.error();
+    } else {
+      auto im = kv_importer::create(st.engine->kv(), st.transport, kc);
+      if (im)
+        st.importer = std::move(im.value());
+      else
+        made = im.error();
+    }
+    if (!made.ok()) {
+      spdlog::error("worker {}: KV transfer ({}): {}", st.worker_name, st.cfg.role,
+                    made.to_string());
+      self->quit(caf::make_error(caf::sec::runtime_error, made.to_string()));
+      return {};
+    }
+  }
   // Find the router (published by `weft serve`); it may still be starting.
   caf::expected<caf::actor> router = caf::sec::cannot_connect_to_node;
   for (int i = 0; i < 50; ++i) {
@@ -386,7 +665,8 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (!router) {
-    const std::string why = "cannot reach the router at " + st.cfg.router_host + ":" + std::to_string(st.cfg.router_port);
+    const std::string why = "cannot reach the router at " + st.cfg.router_host + ":" +
+                            std::to_string(st.cfg.router_port);
     spdlog::error("worker {}: {}", st.worker_name, why);
     self->quit(caf::make_error(caf::sec::runtime_error, why));
     return {};
@@ -399,39 +679,57 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
       self->quit(caf::exit_reason::user_shutdown);
     }
   });
-  spdlog::info("worker {}: {} loaded in {:.2f} s ({} KV blocks of {} tokens, policy {}, role {})", st.worker_name,
-               st.host->id, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+  spdlog::info("worker {}: {} loaded in {:.2f} s ({} KV blocks of {} tokens, policy {}, role {})",
+               st.worker_name, st.host->id,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                st.cfg.kv_blocks, st.cfg.block_size, st.cfg.policy, st.cfg.role);
   self->send(st.router, hello_atom::value, make_hello(st));
   self->send(self, tick_atom::value);
   return {
       [self](generate_atom, const envelope& env) { on_generate(self, env); },
+      [self](handoff_atom, const envelope& env) { on_handoff(self, env); },
+      [self](pulled_atom, uint64_t pull_id) { on_pulled(self, pull_id); },
       [self](abort_atom, const envelope& env) {
         auto a = env.read<wire::AbortRequest>();
         if (!a) return;
         const uint64_t id = a->get().getRequestId();
+        drop_import(self, id);
         if (self->state.requests.erase(id) != 0) {
           (void)self->state.engine->abort(id);
-          spdlog::debug("worker {}: aborted request {} ({})", self->state.worker_name, id, a->get().getReason().cStr());
+          spdlog::debug("worker {}: aborted request {} ({})", self->state.worker_name, id,
+                        a->get().getReason().cStr());
         }
       },
       [self](step_atom) { run_step(self); },
       [self](tick_atom) {
+        expire_leases(self);
         self->send(self->state.router, load_atom::value, make_load(self->state));
-        self->delayed_send(self, std::chrono::milliseconds(self->state.cfg.load_interval_ms), tick_atom::value);
+        self->delayed_send(self, std::chrono::milliseconds(self->state.cfg.load_interval_ms),
+                           tick_atom::value);
       },
-      [self](hello_atom) { self->send(self->state.router, hello_atom::value, make_hello(self->state)); },
+      [self](hello_atom) {
+        self->send(self->state.router, hello_atom::value, make_hello(self->state));
+      },
   };
 }
 
 result<caf::actor> spawn_engine_worker(caf::actor_system& sys, const actors::role_context& ctx) {
   auto cfg = worker_config::from_json(ctx.config_json);
   if (!cfg) return cfg.error();
-  return sys.spawn<caf::detached>(engine_worker, ctx.name, ctx.node_id, std::move(cfg.value()), ctx.secret);
+  if (cfg->role != "both" && ctx.engine == nullptr) {
+    return make_error(errc::invalid_argument,
+                      "engine_worker: role " + cfg->role +
+                          " moves KV over the node's transport, and this node has none "
+                          "(start it with --transport ucx)");
+  }
+  return sys.spawn<caf::detached>(engine_worker, ctx.name, ctx.node_id, std::move(cfg.value()),
+                                  ctx.secret, ctx.engine);
 }
 
 }  // namespace
 
-void add_serve_roles(actors::role_registry& roles) { roles.add("engine_worker", spawn_engine_worker); }
+void add_serve_roles(actors::role_registry& roles) {
+  roles.add("engine_worker", spawn_engine_worker);
+}
 
 }  // namespace weft::serve

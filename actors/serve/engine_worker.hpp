@@ -8,7 +8,12 @@
 ///   {"model": PATH, "router": "HOST:PORT", "device": "cpu", "threads": 0, "kv_blocks": 1024,
 ///    "block_size": 16, "max_batch_tokens": 256, "max_running": 32, "policy": "fcfs"|"mlfq",
 ///    "mlfq_prefill_cost": 0.4, "mlfq_starvation_steps": 256,
-///    "role": "both"|"prefill"|"decode", "prefix_cache": true, "load_interval_ms": 200}
+///    "role": "both"|"prefill"|"decode", "prefix_cache": true, "load_interval_ms": 200,
+///    "kv_lease_ms": 5000}
+///
+/// Roles: "both" prefills and decodes (colocated). "prefill" hands each sequence's KV off after its
+/// first new token (kv_exporter, under a lease) and "decode" pulls it (kv_importer) over the node's
+/// transport; both need the node to run one (UCX).
 
 #include <cstdint>
 #include <string>
@@ -35,6 +40,8 @@ struct worker_config {
   std::string role = "both";
   bool prefix_cache = true;
   uint32_t load_interval_ms = 200;
+  /// Disaggregated prefill: how long an offered KV stays leased to the decode side.
+  uint64_t kv_lease_ms = 5000;
 
   /// Parses and validates the role's JSON config; errors name the field.
   static result<worker_config> from_json(const std::string& json);

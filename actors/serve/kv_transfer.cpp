@@ -32,8 +32,8 @@ transport::bytes to_bytes(capnp::Data::Reader d) {
 }
 
 error from_gpu(const gpu::status& st, const std::string& what) {
-  const errc code = st.code() == gpu::status_code::out_of_memory  ? errc::overloaded
-                    : st.code() == gpu::status_code::not_found     ? errc::not_found
+  const errc code = st.code() == gpu::status_code::out_of_memory      ? errc::overloaded
+                    : st.code() == gpu::status_code::not_found        ? errc::not_found
                     : st.code() == gpu::status_code::invalid_argument ? errc::invalid_argument
                                                                       : errc::internal;
   return make_error(code, what + ": " + st.message());
@@ -41,15 +41,24 @@ error from_gpu(const gpu::status& st, const std::string& what) {
 
 errc from_transport(transport::status_code c) {
   switch (c) {
-    case transport::status_code::ok: return errc::ok;
-    case transport::status_code::timeout: return errc::timeout;
-    case transport::status_code::invalid_argument: return errc::invalid_argument;
-    case transport::status_code::peer_unreachable: return errc::unavailable;
-    case transport::status_code::canceled: return errc::unavailable;
-    case transport::status_code::corrupt: return errc::malformed;
-    case transport::status_code::unsupported: return errc::invalid_argument;
-    case transport::status_code::no_memory: return errc::overloaded;
-    default: return errc::unavailable;
+    case transport::status_code::ok:
+      return errc::ok;
+    case transport::status_code::timeout:
+      return errc::timeout;
+    case transport::status_code::invalid_argument:
+      return errc::invalid_argument;
+    case transport::status_code::peer_unreachable:
+      return errc::unavailable;
+    case transport::status_code::canceled:
+      return errc::unavailable;
+    case transport::status_code::corrupt:
+      return errc::malformed;
+    case transport::status_code::unsupported:
+      return errc::invalid_argument;
+    case transport::status_code::no_memory:
+      return errc::overloaded;
+    default:
+      return errc::unavailable;
   }
 }
 
@@ -81,9 +90,8 @@ pool_extent extent_of(const gpu::kv_cache& kv, bool value) {
   return e;
 }
 
-result<std::pair<transport::region, transport::region>> register_pools(gpu::kv_cache& kv,
-                                                                      transport::engine& eng,
-                                                                      transport::memory_kind memory) {
+result<std::pair<transport::region, transport::region>> register_pools(
+    gpu::kv_cache& kv, transport::engine& eng, transport::memory_kind memory) {
   if (!eng.caps().one_sided) {
     return make_error(errc::invalid_argument,
                       "kv transfer: engine '" + eng.caps().name + "' has no one-sided transfers");
@@ -94,7 +102,8 @@ result<std::pair<transport::region, transport::region>> register_pools(gpu::kv_c
     auto reg = eng.register_memory(e.base, e.size_bytes, memory);
     if (!reg) {
       if (i == 1) (void)eng.release_memory(r[0]);
-      return from_transport(reg.error(), std::string{"kv transfer: registering the "} + (i ? "V" : "K") + " pool");
+      return from_transport(
+          reg.error(), std::string{"kv transfer: registering the "} + (i ? "V" : "K") + " pool");
     }
     r[i] = *reg;
   }
@@ -125,8 +134,9 @@ result<parsed_descriptor> decode(const envelope& env) {
   auto d = v->get();
   parsed_descriptor p;
   if (d.getVersion() != kv_descriptor_format) {
-    return make_error(errc::version_mismatch, "kv descriptor: format version " + std::to_string(d.getVersion()) +
-                                                  ", this build reads " + std::to_string(kv_descriptor_format));
+    return make_error(errc::version_mismatch,
+                      "kv descriptor: format version " + std::to_string(d.getVersion()) +
+                          ", this build reads " + std::to_string(kv_descriptor_format));
   }
   p.info.request_id = d.getRequestId();
   p.info.lease_id = d.getLeaseId();
@@ -138,8 +148,8 @@ result<parsed_descriptor> decode(const envelope& env) {
   p.address = to_bytes(d.getPeerAddress());
   auto regions = d.getRegions();
   if (regions.size() != 2) {
-    return make_error(errc::invalid_argument,
-                      "kv descriptor: " + std::to_string(regions.size()) + " regions, expected 2 (K and V pools)");
+    return make_error(errc::invalid_argument, "kv descriptor: " + std::to_string(regions.size()) +
+                                                  " regions, expected 2 (K and V pools)");
   }
   for (unsigned i = 0; i < 2; ++i) {
     p.keys[i] = to_bytes(regions[i].getRemoteKey());
@@ -152,7 +162,8 @@ result<parsed_descriptor> decode(const envelope& env) {
   p.layer_stride_bytes = d.getLayerStrideBytes();
   p.info.n_tokens = static_cast<int64_t>(p.tokens.size());
   if (p.tokens.empty()) return make_error(errc::invalid_argument, "kv descriptor: no tokens");
-  if (p.block_bytes == 0) return make_error(errc::invalid_argument, "kv descriptor: block size of 0 bytes");
+  if (p.block_bytes == 0)
+    return make_error(errc::invalid_argument, "kv descriptor: block size of 0 bytes");
   return p;
 }
 
@@ -166,52 +177,56 @@ status validate(const parsed_descriptor& p, const kv_transfer_config& cfg, const
   const std::string& layout_wire = p.layout;
   const uint64_t margin_ms = cfg.deadline_margin_ms;
   if (model_id_wire != model_id) {
-    return make_error(errc::version_mismatch,
-                      "kv descriptor: model '" + model_id_wire + "', this worker serves '" + model_id + "'");
+    return make_error(errc::version_mismatch, "kv descriptor: model '" + model_id_wire +
+                                                  "', this worker serves '" + model_id + "'");
   }
   if (weights_version_wire != weights_version) {
     return make_error(errc::version_mismatch, "kv descriptor: weights version " +
-                                                  std::to_string(weights_version_wire) + ", local " +
-                                                  std::to_string(weights_version));
+                                                  std::to_string(weights_version_wire) +
+                                                  ", local " + std::to_string(weights_version));
   }
   const gpu::kv_layout& l = kv.layout();
   if (layout_wire != l.describe()) {
-    return make_error(errc::version_mismatch,
-                      "kv descriptor: layout '" + layout_wire + "', local cache '" + l.describe() + "'");
+    return make_error(errc::version_mismatch, "kv descriptor: layout '" + layout_wire +
+                                                  "', local cache '" + l.describe() + "'");
   }
   if (base_engine_name(p.engine) != base_engine_name(eng.caps().name)) {
-    return make_error(errc::invalid_argument, "kv descriptor: engine '" + p.engine + "', local engine '" +
-                                                  eng.caps().name + "'");
+    return make_error(errc::invalid_argument, "kv descriptor: engine '" + p.engine +
+                                                  "', local engine '" + eng.caps().name + "'");
   }
   if (p.block_bytes != l.block_bytes()) {
     return make_error(errc::version_mismatch, "kv descriptor: " + std::to_string(p.block_bytes) +
-                                                  " bytes per block, local " + std::to_string(l.block_bytes()));
+                                                  " bytes per block, local " +
+                                                  std::to_string(l.block_bytes()));
   }
   const auto n_blocks = static_cast<size_t>(kv.blocks_for(static_cast<int64_t>(p.tokens.size())));
   if (p.block_ids.size() != n_blocks) {
-    return make_error(errc::invalid_argument, "kv descriptor: " + std::to_string(p.block_ids.size()) +
-                                                  " blocks for " + std::to_string(p.tokens.size()) +
-                                                  " tokens, expected " + std::to_string(n_blocks));
+    return make_error(errc::invalid_argument,
+                      "kv descriptor: " + std::to_string(p.block_ids.size()) + " blocks for " +
+                          std::to_string(p.tokens.size()) + " tokens, expected " +
+                          std::to_string(n_blocks));
   }
   // Every (layer, block) range must lie inside both remote pools: the last layer's range of the
   // largest block id is the farthest one. 128-bit arithmetic: the fields are untrusted.
   const uint32_t max_block = *std::max_element(p.block_ids.begin(), p.block_ids.end());
-  const unsigned __int128 end = static_cast<unsigned __int128>(l.n_layers - 1) * p.layer_stride_bytes +
-                                static_cast<unsigned __int128>(max_block + uint64_t{1}) * p.block_bytes;
+  const unsigned __int128 end =
+      static_cast<unsigned __int128>(l.n_layers - 1) * p.layer_stride_bytes +
+      static_cast<unsigned __int128>(max_block + uint64_t{1}) * p.block_bytes;
   if (l.n_layers > 1 && p.layer_stride_bytes < p.block_bytes) {
     return make_error(errc::invalid_argument, "kv descriptor: layer stride smaller than a block");
   }
   for (int i = 0; i < 2; ++i) {
     if (end > p.region_bytes[i]) {
-      return make_error(errc::invalid_argument, std::string{"kv descriptor: blocks reach beyond the "} +
-                                                    (i ? "V" : "K") + " region of " +
-                                                    std::to_string(p.region_bytes[i]) + " bytes");
+      return make_error(errc::invalid_argument,
+                        std::string{"kv descriptor: blocks reach beyond the "} + (i ? "V" : "K") +
+                            " region of " + std::to_string(p.region_bytes[i]) + " bytes");
     }
   }
   if (p.info.lease_deadline_ms <= now_ms + margin_ms) {
     return make_error(errc::timeout, "kv descriptor: lease " + std::to_string(p.info.lease_id) +
-                                         " deadline passed (" + std::to_string(p.info.lease_deadline_ms) +
-                                         " <= now " + std::to_string(now_ms) + " + margin " +
+                                         " deadline passed (" +
+                                         std::to_string(p.info.lease_deadline_ms) + " <= now " +
+                                         std::to_string(now_ms) + " + margin " +
                                          std::to_string(margin_ms) + " ms)");
   }
   return {};
@@ -224,8 +239,8 @@ result<parsed_descriptor> decode_and_validate(const envelope& env, const kv_tran
   if (!p) return p.error();
   auto st = validate(*p, cfg, kv, eng, now_ms);
   if (!st.ok()) return st;
-  p->info.size_bytes = static_cast<uint64_t>(p->block_ids.size()) * 2 * static_cast<uint64_t>(kv.layout().n_layers) *
-                       p->block_bytes;
+  p->info.size_bytes = static_cast<uint64_t>(p->block_ids.size()) * 2 *
+                       static_cast<uint64_t>(kv.layout().n_layers) * p->block_bytes;
   return p;
 }
 
@@ -255,7 +270,8 @@ result<kv_descriptor_info> read_kv_descriptor(const envelope& descriptor) {
 
 // -- kv_exporter ----------------------------------------------------------------------------------
 
-kv_exporter::kv_exporter(gpu::kv_cache& kv, std::shared_ptr<transport::engine> engine, kv_transfer_config config)
+kv_exporter::kv_exporter(gpu::kv_cache& kv, std::shared_ptr<transport::engine> engine,
+                         kv_transfer_config config)
     : kv_(kv), engine_(std::move(engine)), config_(std::move(config)) {}
 
 result<std::unique_ptr<kv_exporter>> kv_exporter::create(gpu::kv_cache& kv,
@@ -281,7 +297,8 @@ result<std::unique_ptr<kv_exporter>> kv_exporter::create(gpu::kv_cache& kv,
 
 kv_exporter::~kv_exporter() {
   if (!leases_.empty()) {
-    spdlog::warn("kv_exporter: destroyed with {} leases held; their sequences stay in the cache", leases_.size());
+    spdlog::warn("kv_exporter: destroyed with {} leases held; their sequences stay in the cache",
+                 leases_.size());
   }
   for (auto& p : pools_) {
     if (p.id == 0) continue;
@@ -292,19 +309,24 @@ kv_exporter::~kv_exporter() {
 }
 
 result<envelope> kv_exporter::offer(const kv_offer& o) {
-  if (!kv_.contains(o.seq)) return make_error(errc::not_found, "kv_exporter: unknown sequence " + std::to_string(o.seq));
+  if (!kv_.contains(o.seq))
+    return make_error(errc::not_found, "kv_exporter: unknown sequence " + std::to_string(o.seq));
   if (lease_of_seq_.count(o.seq) != 0) {
-    return make_error(errc::already_exists, "kv_exporter: sequence " + std::to_string(o.seq) + " is leased (lease " +
+    return make_error(errc::already_exists, "kv_exporter: sequence " + std::to_string(o.seq) +
+                                                " is leased (lease " +
                                                 std::to_string(lease_of_seq_.at(o.seq)) + ")");
   }
   const int64_t n = kv_.length(o.seq);
-  if (n == 0) return make_error(errc::invalid_argument, "kv_exporter: sequence has no committed tokens");
+  if (n == 0)
+    return make_error(errc::invalid_argument, "kv_exporter: sequence has no committed tokens");
   if (static_cast<int64_t>(o.tokens.size()) != n) {
     return make_error(errc::invalid_argument, "kv_exporter: " + std::to_string(o.tokens.size()) +
-                                                  " tokens given, the sequence holds " + std::to_string(n));
+                                                  " tokens given, the sequence holds " +
+                                                  std::to_string(n));
   }
   if (o.checksum == kv_checksum_mode::xxh3 && config_.memory != transport::memory_kind::host) {
-    return make_error(errc::invalid_argument, "kv_exporter: checksums need host-readable cache memory");
+    return make_error(errc::invalid_argument,
+                      "kv_exporter: checksums need host-readable cache memory");
   }
   auto ranges = kv_.export_ranges(o.seq);
   if (!ranges) return from_gpu(ranges.error(), "kv_exporter");
@@ -317,8 +339,10 @@ result<envelope> kv_exporter::offer(const kv_offer& o) {
     const auto* base = reinterpret_cast<const std::byte*>(pools_[r.is_value ? 1 : 0].data);
     const auto off = static_cast<size_t>(reinterpret_cast<const std::byte*>(r.data) - base);
     const size_t in_layer = off - static_cast<size_t>(r.layer) * layer_stride_bytes_;
-    if (r.size_bytes != bb || in_layer % bb != 0 || static_cast<size_t>(r.block_index) >= n_blocks) {
-      return make_error(errc::internal, "kv_exporter: a range of the cache is not where the layout puts it");
+    if (r.size_bytes != bb || in_layer % bb != 0 ||
+        static_cast<size_t>(r.block_index) >= n_blocks) {
+      return make_error(errc::internal,
+                        "kv_exporter: a range of the cache is not where the layout puts it");
     }
     const auto id = static_cast<uint32_t>(in_layer / bb);
     if (r.layer == 0 && !r.is_value) {
@@ -328,7 +352,8 @@ result<envelope> kv_exporter::offer(const kv_offer& o) {
     }
   }
   const uint64_t now = o.now_ms != 0 ? o.now_ms : unix_now_ms();
-  const uint64_t checksum = o.checksum == kv_checksum_mode::xxh3 ? kv_checksum(*ranges, o.tokens) : 0;
+  const uint64_t checksum =
+      o.checksum == kv_checksum_mode::xxh3 ? kv_checksum(*ranges, o.tokens) : 0;
   kv_lease lease{next_lease_++, o.request_id, o.seq, now + o.lease_ms};
   auto env = envelope::build<wire::KvDescriptor>([&](wire::KvDescriptor::Builder b) {
     b.setRequestId(o.request_id);
@@ -356,8 +381,8 @@ result<envelope> kv_exporter::offer(const kv_offer& o) {
   });
   leases_.emplace(lease.lease_id, lease);
   lease_of_seq_.emplace(o.seq, lease.lease_id);
-  spdlog::debug("kv_exporter: request {} seq {} offered under lease {} until {}", o.request_id, o.seq,
-                lease.lease_id, lease.deadline_ms);
+  spdlog::debug("kv_exporter: request {} seq {} offered under lease {} until {}", o.request_id,
+                o.seq, lease.lease_id, lease.deadline_ms);
   return env;
 }
 
@@ -375,8 +400,9 @@ result<kv_lease> kv_exporter::release(uint64_t lease_id) {
   if (it == leases_.end()) {
     auto e = ended_.find(lease_id);
     if (e != ended_.end()) {
-      return make_error(errc::not_found, "kv_exporter: lease " + std::to_string(lease_id) + " already " +
-                                             e->second + "; its sequence was handed back then");
+      return make_error(errc::not_found, "kv_exporter: lease " + std::to_string(lease_id) +
+                                             " already " + e->second +
+                                             "; its sequence was handed back then");
     }
     return make_error(errc::not_found, "kv_exporter: unknown lease " + std::to_string(lease_id));
   }
@@ -389,7 +415,9 @@ result<kv_lease> kv_exporter::release(uint64_t lease_id) {
 
 result<uint64_t> kv_exporter::renew(uint64_t lease_id, uint64_t lease_ms, uint64_t now_ms) {
   auto it = leases_.find(lease_id);
-  if (it == leases_.end()) return make_error(errc::not_found, "kv_exporter: lease " + std::to_string(lease_id) + " is not held");
+  if (it == leases_.end())
+    return make_error(errc::not_found,
+                      "kv_exporter: lease " + std::to_string(lease_id) + " is not held");
   it->second.deadline_ms = (now_ms != 0 ? now_ms : unix_now_ms()) + lease_ms;
   return it->second.deadline_ms;
 }
@@ -494,7 +522,8 @@ struct kv_importer::pending_pull {
   std::shared_ptr<pull_state> state;
 };
 
-kv_importer::kv_importer(gpu::kv_cache& kv, std::shared_ptr<transport::engine> engine, kv_transfer_config config)
+kv_importer::kv_importer(gpu::kv_cache& kv, std::shared_ptr<transport::engine> engine,
+                         kv_transfer_config config)
     : kv_(kv), engine_(std::move(engine)), config_(std::move(config)) {}
 
 result<std::unique_ptr<kv_importer>> kv_importer::create(gpu::kv_cache& kv,
@@ -516,7 +545,8 @@ kv_importer::~kv_importer() {
   }
   for (auto& [id, p] : pending_) {
     wait_done(*p->state);
-    spdlog::info("kv_importer: pull {} of request {} abandoned at shutdown; seq {} freed", id, p->request_id, p->seq);
+    spdlog::info("kv_importer: pull {} of request {} abandoned at shutdown; seq {} freed", id,
+                 p->request_id, p->seq);
     drop_pending(*p);
   }
   pending_.clear();
@@ -560,8 +590,9 @@ result<transport::peer_handle> kv_importer::peer_for(std::span<const std::byte> 
   if (peers_.size() >= max_cached_peers) {
     // Many distinct addresses (churn, or hostile descriptors): drop the idle connections.
     for (auto it = peers_.begin(); it != peers_.end();) {
-      const bool busy = std::any_of(pending_.begin(), pending_.end(),
-                                    [&](const auto& p) { return p.second->peer.id == it->second.id; });
+      const bool busy = std::any_of(pending_.begin(), pending_.end(), [&](const auto& p) {
+        return p.second->peer.id == it->second.id;
+      });
       if (busy) {
         ++it;
       } else {
@@ -585,12 +616,14 @@ void kv_importer::forget_peer(transport::peer_handle peer) {
 }
 
 result<kv_descriptor_info> kv_importer::check(const envelope& descriptor, uint64_t now_ms) const {
-  auto p = decode_and_validate(descriptor, config_, kv_, *engine_, now_ms != 0 ? now_ms : unix_now_ms());
+  auto p =
+      decode_and_validate(descriptor, config_, kv_, *engine_, now_ms != 0 ? now_ms : unix_now_ms());
   if (!p) return p.error();
   return p->info;
 }
 
-result<uint64_t> kv_importer::start(const envelope& descriptor, kv_transfer_done_fn on_done, uint64_t now_ms) {
+result<uint64_t> kv_importer::start(const envelope& descriptor, kv_transfer_done_fn on_done,
+                                    uint64_t now_ms) {
   const uint64_t now = now_ms != 0 ? now_ms : unix_now_ms();
   auto parsed = decode_and_validate(descriptor, config_, kv_, *engine_, now);
   if (!parsed) return parsed.error();
@@ -604,7 +637,8 @@ result<uint64_t> kv_importer::start(const envelope& descriptor, kv_transfer_done
   pull->tokens = std::move(d.tokens);
   pull->address = d.address;
   if (d.checksum != 0 && config_.memory != transport::memory_kind::host) {
-    return make_error(errc::invalid_argument, "kv_importer: cannot verify a checksum in device-only memory");
+    return make_error(errc::invalid_argument,
+                      "kv_importer: cannot verify a checksum in device-only memory");
   }
 
   auto peer = peer_for(d.address);
@@ -620,7 +654,8 @@ result<uint64_t> kv_importer::start(const envelope& descriptor, kv_transfer_done
     if (rr->size_bytes < d.region_bytes[i]) {
       pull->remotes[i] = *rr;
       drop_pending(*pull);
-      return make_error(errc::invalid_argument, "kv_importer: the exporter's region is smaller than described");
+      return make_error(errc::invalid_argument,
+                        "kv_importer: the exporter's region is smaller than described");
     }
     pull->remotes[i] = *rr;
   }
@@ -628,7 +663,8 @@ result<uint64_t> kv_importer::start(const envelope& descriptor, kv_transfer_done
   auto prepared = kv_.prepare_import(kv_.layout(), pull->tokens);
   if (!prepared) {
     drop_pending(*pull);
-    return from_gpu(prepared.error(), "kv_importer: allocating " + std::to_string(pull->tokens.size()) + " tokens");
+    return from_gpu(prepared.error(),
+                    "kv_importer: allocating " + std::to_string(pull->tokens.size()) + " tokens");
   }
   pull->seq = prepared->first;
   pull->ranges = std::move(prepared->second);
@@ -646,14 +682,17 @@ result<uint64_t> kv_importer::start(const envelope& descriptor, kv_transfer_done
     segments.push_back({pools_[kv_i], dst, pull->remotes[kv_i], src, bb});
   }
   std::sort(segments.begin(), segments.end(), [](const auto& a, const auto& b) {
-    return a.remote.id != b.remote.id ? a.remote.id < b.remote.id : a.remote_offset_bytes < b.remote_offset_bytes;
+    return a.remote.id != b.remote.id ? a.remote.id < b.remote.id
+                                      : a.remote_offset_bytes < b.remote_offset_bytes;
   });
   std::vector<transport::rma_segment> merged;
   for (const auto& s : segments) {
     if (!merged.empty()) {
       auto& last = merged.back();
-      if (last.remote.id == s.remote.id && last.remote_offset_bytes + last.size_bytes == s.remote_offset_bytes &&
-          last.local.id == s.local.id && last.local_offset_bytes + last.size_bytes == s.local_offset_bytes) {
+      if (last.remote.id == s.remote.id &&
+          last.remote_offset_bytes + last.size_bytes == s.remote_offset_bytes &&
+          last.local.id == s.local.id &&
+          last.local_offset_bytes + last.size_bytes == s.local_offset_bytes) {
         last.size_bytes += s.size_bytes;
         continue;
       }
@@ -663,7 +702,8 @@ result<uint64_t> kv_importer::start(const envelope& descriptor, kv_transfer_done
 
   const uint64_t left_ms = d.info.lease_deadline_ms - now - config_.deadline_margin_ms;
   transport::transfer_options opts;
-  opts.timeout_ms = static_cast<uint32_t>(std::min<uint64_t>(left_ms, std::numeric_limits<uint32_t>::max()));
+  opts.timeout_ms =
+      static_cast<uint32_t>(std::min<uint64_t>(left_ms, std::numeric_limits<uint32_t>::max()));
 
   const uint64_t id = next_pull_++;
   auto state = std::make_shared<pull_state>();
@@ -680,8 +720,9 @@ result<uint64_t> kv_importer::start(const envelope& descriptor, kv_transfer_done
     state->remaining = static_cast<int64_t>(merged.size()) + 1;
     for (size_t i = 0; i < merged.size(); ++i) {
       const auto& s = merged[i];
-      transport::rma_request rq{pull->peer, s.local, s.local_offset_bytes, s.remote, s.remote_offset_bytes,
-                                s.size_bytes, opts};
+      transport::rma_request rq{
+          pull->peer,   s.local, s.local_offset_bytes, s.remote, s.remote_offset_bytes,
+          s.size_bytes, opts};
       auto one = engine_->get(rq, [state](const transport::completion& c) { state->part_done(c); });
       if (!one) {
         if (i == 0) {
@@ -706,18 +747,20 @@ result<uint64_t> kv_importer::start(const envelope& descriptor, kv_transfer_done
     if (t.error().code == transport::status_code::peer_unreachable) forget_peer(pull->peer);
     return from_transport(t.error(), "kv_importer: starting the transfer");
   }
-  spdlog::debug("kv_importer: pull {} of request {} started: {} bytes in {} segments, {} ms left", id,
-                pull->request_id, pull->size_bytes, merged.size(), left_ms);
+  spdlog::debug("kv_importer: pull {} of request {} started: {} bytes in {} segments, {} ms left",
+                id, pull->request_id, pull->size_bytes, merged.size(), left_ms);
   pending_.emplace(id, std::move(pull));
   return id;
 }
 
 result<kv_pull_result> kv_importer::finish(uint64_t pull_id) {
   auto it = pending_.find(pull_id);
-  if (it == pending_.end()) return make_error(errc::not_found, "kv_importer: unknown pull " + std::to_string(pull_id));
+  if (it == pending_.end())
+    return make_error(errc::not_found, "kv_importer: unknown pull " + std::to_string(pull_id));
   pending_pull& p = *it->second;
   if (!p.state->is_done()) {
-    return make_error(errc::invalid_argument, "kv_importer: pull " + std::to_string(pull_id) + " is still in flight");
+    return make_error(errc::invalid_argument,
+                      "kv_importer: pull " + std::to_string(pull_id) + " is still in flight");
   }
   const transport::completion c = p.state->result;
   std::unique_ptr<pending_pull> owned = std::move(it->second);
@@ -727,17 +770,18 @@ result<kv_pull_result> kv_importer::finish(uint64_t pull_id) {
       forget_peer(owned->peer);
       owned->remotes[0] = owned->remotes[1] = {};  // gone with the peer
     }
-    spdlog::info("kv_importer: pull {} of request {} failed ({}); seq {} freed", pull_id, owned->request_id,
-                 c.result.to_string(), owned->seq);
+    spdlog::info("kv_importer: pull {} of request {} failed ({}); seq {} freed", pull_id,
+                 owned->request_id, c.result.to_string(), owned->seq);
     drop_pending(*owned);
-    return from_transport(c.result, "kv_importer: pulling request " + std::to_string(owned->request_id));
+    return from_transport(c.result,
+                          "kv_importer: pulling request " + std::to_string(owned->request_id));
   }
   kv_pull_result out;
   if (owned->checksum != 0) {
     const uint64_t sum = kv_checksum(owned->ranges, owned->tokens);
     if (sum != owned->checksum) {
-      spdlog::warn("kv_importer: pull {} of request {}: checksum mismatch; seq {} freed", pull_id, owned->request_id,
-                   owned->seq);
+      spdlog::warn("kv_importer: pull {} of request {}: checksum mismatch; seq {} freed", pull_id,
+                   owned->request_id, owned->seq);
       drop_pending(*owned);
       return make_error(errc::malformed, "kv_importer: checksum mismatch after pulling request " +
                                              std::to_string(owned->request_id));
@@ -760,7 +804,8 @@ result<kv_pull_result> kv_importer::finish(uint64_t pull_id) {
 
 status kv_importer::cancel(uint64_t pull_id) {
   auto it = pending_.find(pull_id);
-  if (it == pending_.end()) return make_error(errc::not_found, "kv_importer: unknown pull " + std::to_string(pull_id));
+  if (it == pending_.end())
+    return make_error(errc::not_found, "kv_importer: unknown pull " + std::to_string(pull_id));
   for (const auto& t : it->second->transfers) (void)engine_->cancel(t);
   return {};
 }

@@ -3,15 +3,20 @@
 /// over the transport (DistServe disaggregation): the data-plane building block, no CAF.
 ///
 /// Protocol (the control messages travel through the actors; the bytes never do):
-///   prefill side   auto d = exporter->offer({.request_id = r, .seq = s, .tokens = t, .lease_ms = 5000});
-///                  // d is a KvDescriptor envelope (schema/serve.capnp): send it to the decode side
-///   decode side    auto p = importer->start(d, on_transfer_done);   // validates, allocates, starts get
+///   prefill side   auto d = exporter->offer({.request_id = r, .seq = s, .tokens = t, .lease_ms =
+///   5000});
+///                  // d is a KvDescriptor envelope (schema/serve.capnp): send it to the decode
+///                  side
+///   decode side    auto p = importer->start(d, on_transfer_done);   // validates, allocates,
+///   starts get
 ///                  // ... on_transfer_done(pull_id, completion) fires on the transport's progress
 ///                  // thread: marshal it back to the owner thread, then:
 ///                  auto got = importer->finish(pull_id);   // commits, or frees on error
-///                  // either way, tell the prefill side that the pull ended (lease id in the descriptor)
+///                  // either way, tell the prefill side that the pull ended (lease id in the
+///                  descriptor)
 ///   prefill side   auto seq = exporter->release(lease_id);   // hands the sequence back: free it
-///                  // or, when nobody released in time: for (auto& l : exporter->expire(now)) free(l.seq)
+///                  // or, when nobody released in time: for (auto& l : exporter->expire(now))
+///                  free(l.seq)
 ///
 /// Who frees what: neither class ever frees a sequence of the prefill side. The exporter hands the
 /// leased sequence back exactly once (release() or expire(), whichever comes first) and its caller
@@ -21,10 +26,10 @@
 /// While a sequence is leased its owner must neither append to it nor free it: to abort it,
 /// release() the lease and free the sequence that comes back.
 ///
-/// Deadlines: the descriptor carries the lease deadline (unix ms). The importer refuses a descriptor
-/// whose deadline has passed and gives its transfer the time left minus a safety margin, so the
-/// transfer is over (completed or canceled with timeout) before the exporter may reclaim the blocks
-/// at deadline + grace. No transfer waits forever.
+/// Deadlines: the descriptor carries the lease deadline (unix ms). The importer refuses a
+/// descriptor whose deadline has passed and gives its transfer the time left minus a safety margin,
+/// so the transfer is over (completed or canceled with timeout) before the exporter may reclaim the
+/// blocks at deadline + grace. No transfer waits forever.
 ///
 /// Validation: format version, model id, weights version, layout string (dims, block size, dtype),
 /// engine, block size in bytes, region bounds of every block are checked against the local cache; a
@@ -61,9 +66,9 @@ uint64_t unix_now_ms();
 
 /// What the KV of a cache is: both ends of a transfer must agree on all of it.
 struct kv_transfer_config {
-  std::string model_id;                                           ///< e.g. model_id_for(path)
-  uint64_t weights_version = 0;                                   ///< bumped on every weight update
-  transport::memory_kind memory = transport::memory_kind::host;   ///< where the cache pool lives
+  std::string model_id;                                          ///< e.g. model_id_for(path)
+  uint64_t weights_version = 0;                                  ///< bumped on every weight update
+  transport::memory_kind memory = transport::memory_kind::host;  ///< where the cache pool lives
   /// Exporter: blocks are reclaimed by expire() only at deadline + grace, so that a pull that ran
   /// up to the deadline is surely over. Importer: ignored.
   uint64_t expiry_grace_ms = 200;
@@ -78,9 +83,9 @@ enum class kv_checksum_mode { none, xxh3 };
 struct kv_offer {
   uint64_t request_id = 0;
   gpu::seq_id seq = 0;
-  std::span<const int32_t> tokens;   ///< the sequence's committed tokens (kv.length(seq) of them)
-  uint64_t lease_ms = 10'000;        ///< lease duration from now_ms
-  uint64_t now_ms = 0;               ///< 0: unix_now_ms()
+  std::span<const int32_t> tokens;  ///< the sequence's committed tokens (kv.length(seq) of them)
+  uint64_t lease_ms = 10'000;       ///< lease duration from now_ms
+  uint64_t now_ms = 0;              ///< 0: unix_now_ms()
   kv_checksum_mode checksum = kv_checksum_mode::xxh3;
 };
 
@@ -89,7 +94,7 @@ struct kv_lease {
   uint64_t lease_id = 0;
   uint64_t request_id = 0;
   gpu::seq_id seq = 0;
-  uint64_t deadline_ms = 0;   ///< unix ms
+  uint64_t deadline_ms = 0;  ///< unix ms
 };
 
 /// The fields of a KvDescriptor the control plane needs (ids to route the reply and release).
@@ -98,7 +103,7 @@ struct kv_descriptor_info {
   uint64_t lease_id = 0;
   uint64_t lease_deadline_ms = 0;
   int64_t n_tokens = 0;
-  uint64_t size_bytes = 0;    ///< KV bytes the pull moves (0 from read_kv_descriptor)
+  uint64_t size_bytes = 0;  ///< KV bytes the pull moves (0 from read_kv_descriptor)
 };
 
 /// Reads the routing fields of a KvDescriptor envelope (decode + field validation only; the
@@ -148,28 +153,30 @@ class kv_exporter {
   uint64_t next_expiry_ms() const;
 
  private:
-  kv_exporter(gpu::kv_cache& kv, std::shared_ptr<transport::engine> engine, kv_transfer_config config);
+  kv_exporter(gpu::kv_cache& kv, std::shared_ptr<transport::engine> engine,
+              kv_transfer_config config);
   void remember_end(uint64_t lease_id, const char* how);
 
   gpu::kv_cache& kv_;
   std::shared_ptr<transport::engine> engine_;
   kv_transfer_config config_;
-  transport::region pools_[2]{};           ///< K, V
-  transport::bytes pool_keys_[2];          ///< describe() of each pool
+  transport::region pools_[2]{};   ///< K, V
+  transport::bytes pool_keys_[2];  ///< describe() of each pool
   transport::bytes address_;
   size_t layer_stride_bytes_ = 0;
   uint64_t next_lease_ = 1;
   std::map<uint64_t, kv_lease> leases_;
   std::unordered_map<gpu::seq_id, uint64_t> lease_of_seq_;
-  std::unordered_map<uint64_t, const char*> ended_;   ///< recently ended leases -> "released"/"expired"
+  std::unordered_map<uint64_t, const char*>
+      ended_;  ///< recently ended leases -> "released"/"expired"
   std::deque<uint64_t> ended_order_;
 };
 
 /// What a finished pull produced.
 struct kv_pull_result {
-  gpu::seq_id seq = 0;           ///< the new sequence, tokens committed; the caller owns it
+  gpu::seq_id seq = 0;  ///< the new sequence, tokens committed; the caller owns it
   uint64_t request_id = 0;
-  uint64_t lease_id = 0;         ///< release it on the exporter
+  uint64_t lease_id = 0;  ///< release it on the exporter
   int64_t n_tokens = 0;
   uint64_t size_bytes = 0;
   bool checksum_verified = false;
@@ -224,7 +231,8 @@ class kv_importer {
   struct pending_pull;
   struct pull_state;
 
-  kv_importer(gpu::kv_cache& kv, std::shared_ptr<transport::engine> engine, kv_transfer_config config);
+  kv_importer(gpu::kv_cache& kv, std::shared_ptr<transport::engine> engine,
+              kv_transfer_config config);
   result<transport::peer_handle> peer_for(std::span<const std::byte> address);
   void forget_peer(transport::peer_handle peer);
   void drop_pending(pending_pull& p);

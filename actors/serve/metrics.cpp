@@ -113,9 +113,12 @@ std::string label_block(const metric_labels& labels, std::string_view extra_key 
 
 std::string_view kind_name(metrics_registry::kind k) {
   switch (k) {
-    case metrics_registry::kind::counter: return "counter";
-    case metrics_registry::kind::gauge: return "gauge";
-    case metrics_registry::kind::histogram: return "histogram";
+    case metrics_registry::kind::counter:
+      return "counter";
+    case metrics_registry::kind::gauge:
+      return "gauge";
+    case metrics_registry::kind::histogram:
+      return "histogram";
   }
   return "untyped";
 }
@@ -130,7 +133,8 @@ void metrics_registry::declare_counter(std::string_view name, std::string_view h
   std::lock_guard lock(mu_);
   auto it = families_.find(name);
   if (it != families_.end()) {
-    if (it->second.k != kind::counter) spdlog::error("metrics: '{}' is already declared as a {}", name, kind_name(it->second.k));
+    if (it->second.k != kind::counter)
+      spdlog::error("metrics: '{}' is already declared as a {}", name, kind_name(it->second.k));
     return;
   }
   family f;
@@ -147,7 +151,8 @@ void metrics_registry::declare_gauge(std::string_view name, std::string_view hel
   std::lock_guard lock(mu_);
   auto it = families_.find(name);
   if (it != families_.end()) {
-    if (it->second.k != kind::gauge) spdlog::error("metrics: '{}' is already declared as a {}", name, kind_name(it->second.k));
+    if (it->second.k != kind::gauge)
+      spdlog::error("metrics: '{}' is already declared as a {}", name, kind_name(it->second.k));
     return;
   }
   family f;
@@ -175,7 +180,8 @@ void metrics_registry::declare_histogram(std::string_view name, std::string_view
     if (it->second.k != kind::histogram) {
       spdlog::error("metrics: '{}' is already declared as a {}", name, kind_name(it->second.k));
     } else if (it->second.bounds != upper_bounds) {
-      spdlog::error("metrics: histogram '{}' declared again with other buckets; keeping the first", name);
+      spdlog::error("metrics: histogram '{}' declared again with other buckets; keeping the first",
+                    name);
     }
     return;
   }
@@ -244,7 +250,8 @@ void metrics_registry::observe(std::string_view name, const metric_labels& label
   series& s = it->second.by_labels[labels];
   if (s.buckets.empty()) s.buckets.assign(bounds.size() + 1, 0);
   // First bound >= v: Prometheus buckets are "less than or equal".
-  const auto b = static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin());
+  const auto b =
+      static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin());
   ++s.buckets[b];
   s.sum += v;
   ++s.count;
@@ -285,7 +292,8 @@ std::string metrics_registry::render() const {
         out += name + "_bucket" + label_block(labels, "le", format_value(f.bounds[i])) + " " +
                std::to_string(cumulative) + "\n";
       }
-      out += name + "_bucket" + label_block(labels, "le", "+Inf") + " " + std::to_string(s.count) + "\n";
+      out += name + "_bucket" + label_block(labels, "le", "+Inf") + " " + std::to_string(s.count) +
+             "\n";
       out += name + "_sum" + label_block(labels) + " " + format_value(s.sum) + "\n";
       out += name + "_count" + label_block(labels) + " " + std::to_string(s.count) + "\n";
     }
@@ -295,7 +303,8 @@ std::string metrics_registry::render() const {
 
 std::vector<double> metrics_registry::latency_buckets_s() {
   // From 1 ms (a decode step of a tiny model) to 5 min (a long CPU generation end to end).
-  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0};
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,   0.25, 0.5,
+          1.0,   2.5,    5.0,   10.0, 25.0,  60.0, 120.0, 300.0};
 }
 
 }  // namespace weft::serve

@@ -23,7 +23,8 @@ class metrics_registry {
   void declare_counter(std::string_view name, std::string_view help);
   void declare_gauge(std::string_view name, std::string_view help);
   /// `upper_bounds` ascending; +Inf is implicit.
-  void declare_histogram(std::string_view name, std::string_view help, std::vector<double> upper_bounds);
+  void declare_histogram(std::string_view name, std::string_view help,
+                         std::vector<double> upper_bounds);
 
   /// Counter += v (v >= 0). Undeclared names are ignored with a debug log.
   void inc(std::string_view name, const metric_labels& labels = {}, double v = 1.0);

@@ -8,7 +8,8 @@ namespace weft::serve {
 
 result<std::shared_ptr<mlfq_policy>> mlfq_policy::create(const mlfq_config& config) {
   if (config.n_queues < 1 || config.n_queues > 32) {
-    return make_error(errc::invalid_argument, "mlfq: n_queues must be in 1..32, got " + std::to_string(config.n_queues));
+    return make_error(errc::invalid_argument,
+                      "mlfq: n_queues must be in 1..32, got " + std::to_string(config.n_queues));
   }
   if (!std::isfinite(config.base_quantum) || config.base_quantum <= 0.0) {
     return make_error(errc::invalid_argument, "mlfq: base_quantum must be a positive number");
@@ -22,7 +23,9 @@ result<std::shared_ptr<mlfq_policy>> mlfq_policy::create(const mlfq_config& conf
   return std::shared_ptr<mlfq_policy>(new mlfq_policy(config));
 }
 
-double mlfq_policy::quantum(int32_t level) const { return std::ldexp(config_.base_quantum, level); }
+double mlfq_policy::quantum(int32_t level) const {
+  return std::ldexp(config_.base_quantum, level);
+}
 
 int32_t mlfq_policy::join_level(int64_t n_prompt) const {
   const double cost = static_cast<double>(n_prompt) * config_.prefill_cost_per_token;
@@ -43,7 +46,8 @@ void mlfq_policy::on_progress(gpu::request_id id, int64_t prefill_tokens, int64_
   if (it == entries_.end()) return;
   entry& e = it->second;
   e.last_run_step = now_step_;
-  e.attained += static_cast<double>(decode_tokens) + static_cast<double>(prefill_tokens) * config_.prefill_cost_per_token;
+  e.attained += static_cast<double>(decode_tokens) +
+                static_cast<double>(prefill_tokens) * config_.prefill_cost_per_token;
   // One level per iteration at most, as in FastServe; the last queue has no bound.
   if (e.attained >= quantum(e.level) && e.level + 1 < config_.n_queues) {
     ++e.level;
@@ -52,14 +56,17 @@ void mlfq_policy::on_progress(gpu::request_id id, int64_t prefill_tokens, int64_
   }
 }
 
-void mlfq_policy::on_finish(gpu::request_id id) { entries_.erase(id); }
+void mlfq_policy::on_finish(gpu::request_id id) {
+  entries_.erase(id);
+}
 
 void mlfq_policy::rank(std::vector<gpu::sched_request>& live, int64_t now_step) {
   now_step_ = now_step;
   for (const auto& r : live) {
     auto [it, inserted] = entries_.try_emplace(r.id);
     entry& e = it->second;
-    if (inserted) e.level = join_level(r.n_prompt);  // the engine always calls on_add; be total anyway
+    if (inserted)
+      e.level = join_level(r.n_prompt);  // the engine always calls on_add; be total anyway
     if (e.last_run_step < 0) {
       e.last_run_step = now_step;  // the waiting clock starts when the request is first ranked
     } else if (now_step - e.last_run_step > config_.starvation_steps) {
@@ -69,12 +76,13 @@ void mlfq_policy::rank(std::vector<gpu::sched_request>& live, int64_t now_step) 
       e.last_run_step = now_step;
     }
   }
-  std::stable_sort(live.begin(), live.end(), [this](const gpu::sched_request& a, const gpu::sched_request& b) {
-    const int32_t la = entries_.at(a.id).level;
-    const int32_t lb = entries_.at(b.id).level;
-    if (la != lb) return la < lb;
-    return a.arrival < b.arrival;
-  });
+  std::stable_sort(live.begin(), live.end(),
+                   [this](const gpu::sched_request& a, const gpu::sched_request& b) {
+                     const int32_t la = entries_.at(a.id).level;
+                     const int32_t lb = entries_.at(b.id).level;
+                     if (la != lb) return la < lb;
+                     return a.arrival < b.arrival;
+                   });
 }
 
 int32_t mlfq_policy::level_of(gpu::request_id id) const {

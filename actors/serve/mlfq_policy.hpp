@@ -79,7 +79,7 @@ class mlfq_policy final : public gpu::schedule_policy {
 
   mlfq_config config_;
   std::unordered_map<gpu::request_id, entry> entries_;
-  int64_t now_step_ = 0;   ///< now_step of the last rank() call: the iteration being run.
+  int64_t now_step_ = 0;  ///< now_step of the last rank() call: the iteration being run.
   int64_t n_demotions_ = 0;
   int64_t n_promotions_ = 0;
 };

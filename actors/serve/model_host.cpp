@@ -34,7 +34,8 @@ void preload(const gpu::gguf_file& file, const std::string& what) {
   for (size_t off = 0; off < total; off += 4096) {
     sink = sink + static_cast<unsigned char>(bytes[off]);
     if (off >= next_report) {
-      spdlog::info("loading {}: {}% of {:.1f} MiB", what, off * 100 / total, static_cast<double>(total) / (1 << 20));
+      spdlog::info("loading {}: {}% of {:.1f} MiB", what, off * 100 / total,
+                   static_cast<double>(total) / (1 << 20));
       next_report += total / 4 + 1;
     }
   }
@@ -44,18 +45,21 @@ void preload(const gpu::gguf_file& file, const std::string& what) {
 
 result<std::unique_ptr<model_host>> load_model_host(const model_host_options& o) {
   auto fail = [&](const std::string& step, const std::string& why) {
-    return make_error(errc::invalid_argument, "model " + o.path.string() + ": " + step + ": " + why);
+    return make_error(errc::invalid_argument,
+                      "model " + o.path.string() + ": " + step + ": " + why);
   };
   if (!fs::exists(o.path)) {
-    return make_error(errc::not_found, "model file " + o.path.string() +
-                                           " not found (scripts/fetch_model.sh fetches the default model; or pass --model PATH)");
+    return make_error(
+        errc::not_found,
+        "model file " + o.path.string() +
+            " not found (scripts/fetch_model.sh fetches the default model; or pass --model PATH)");
   }
   auto file = gpu::gguf_file::open(o.path);
   if (!file) return fail("open", file.error().to_string());
   auto tok = gpu::tokenizer::from_gguf(*file);
   if (!tok) return fail("tokenizer", tok.error().to_string());
-  auto host = std::make_unique<model_host>(model_host{model_id_for(o.path), std::move(tok.value()), std::nullopt,
-                                                      nullptr, nullptr, 0});
+  auto host = std::make_unique<model_host>(
+      model_host{model_id_for(o.path), std::move(tok.value()), std::nullopt, nullptr, nullptr, 0});
   if (auto t = gpu::chat_template::from_gguf(*file)) {
     host->tmpl = std::move(t.value());
   } else {
@@ -63,7 +67,8 @@ result<std::unique_ptr<model_host>> load_model_host(const model_host_options& o)
                  host->id, t.error().to_string());
   }
   if (!o.load_weights) {
-    if (auto ctx = file->get_u32(std::string{file->architecture()} + ".context_length")) host->n_ctx = *ctx;
+    if (auto ctx = file->get_u32(std::string{file->architecture()} + ".context_length"))
+      host->n_ctx = *ctx;
     return host;
   }
   if (o.preload) preload(*file, host->id);

@@ -27,21 +27,21 @@ std::string model_id_for(const std::filesystem::path& path);
 
 struct model_host_options {
   std::filesystem::path path;
-  bool load_weights = true;   ///< false: tokenizer and template only
+  bool load_weights = true;  ///< false: tokenizer and template only
   std::string device = "cpu";
-  int threads = 0;            ///< compute threads (0 = all cores)
+  int threads = 0;  ///< compute threads (0 = all cores)
   int64_t max_batch_tokens = 256;
-  bool preload = true;        ///< touch every page first, logging progress
+  bool preload = true;  ///< touch every page first, logging progress
 };
 
 /// A loaded model. The tokenizer and template borrow nothing from the file once built.
 struct model_host {
   std::string id;
   gpu::tokenizer tok;
-  std::optional<gpu::chat_template> tmpl;    ///< absent if the file names none we know
-  std::unique_ptr<gpu::device> dev;          ///< only with load_weights
-  std::unique_ptr<gpu::model> model;         ///< only with load_weights
-  int64_t n_ctx = 0;                         ///< training context of the model
+  std::optional<gpu::chat_template> tmpl;  ///< absent if the file names none we know
+  std::unique_ptr<gpu::device> dev;        ///< only with load_weights
+  std::unique_ptr<gpu::model> model;       ///< only with load_weights
+  int64_t n_ctx = 0;                       ///< training context of the model
 };
 
 /// Opens and (optionally) loads. Errors name the file and the step.

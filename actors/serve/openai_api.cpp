@@ -91,8 +91,8 @@ class field_reader {
     const bool low_ok = lo_open ? x > lo : x >= lo;
     if (!low_ok || !(x <= hi)) {
       fail(name, std::string("'") + name + "' must be " + (lo_open ? "greater than " : "between ") +
-                     shown_number(lo) + (lo_open ? " and at most " : " and ") + shown_number(hi) + ", got " +
-                     shown(*v));
+                     shown_number(lo) + (lo_open ? " and at most " : " and ") + shown_number(hi) +
+                     ", got " + shown(*v));
       return std::nullopt;
     }
     return x;
@@ -108,8 +108,8 @@ class field_reader {
       return std::nullopt;
     }
     if (*x < lo || *x > hi) {
-      fail(name, std::string("'") + name + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) +
-                     ", got " + shown(*v));
+      fail(name, std::string("'") + name + "' must be between " + std::to_string(lo) + " and " +
+                     std::to_string(hi) + ", got " + shown(*v));
       return std::nullopt;
     }
     return x;
@@ -126,7 +126,8 @@ class field_reader {
     if (v.is_number_float()) {
       const double d = v.get<double>();
       constexpr double max_exact = 9007199254740992.0;  // 2^53
-      if (std::isfinite(d) && std::trunc(d) == d && std::fabs(d) <= max_exact) return static_cast<int64_t>(d);
+      if (std::isfinite(d) && std::trunc(d) == d && std::fabs(d) <= max_exact)
+        return static_cast<int64_t>(d);
     }
     return std::nullopt;
   }
@@ -143,7 +144,8 @@ void read_prompt(field_reader& rd, openai_request& r) {
     rd.fail("prompt", "'prompt' is required");
     return;
   }
-  auto token_list = [&](const json& arr, const std::string& param) -> std::optional<std::vector<int32_t>> {
+  auto token_list = [&](const json& arr,
+                        const std::string& param) -> std::optional<std::vector<int32_t>> {
     std::vector<int32_t> ids;
     ids.reserve(arr.size());
     for (const auto& t : arr) {
@@ -165,7 +167,8 @@ void read_prompt(field_reader& rd, openai_request& r) {
     return;
   }
   if (!p->is_array()) {
-    rd.fail("prompt", "'prompt' must be a string, a list of strings or a list of token ids, got " + shown(*p));
+    rd.fail("prompt", "'prompt' must be a string, a list of strings or a list of token ids, got " +
+                          shown(*p));
     return;
   }
   if (p->empty()) {
@@ -177,7 +180,8 @@ void read_prompt(field_reader& rd, openai_request& r) {
     for (size_t i = 0; i < p->size(); ++i) {
       const json& e = (*p)[i];
       if (!e.is_string()) {
-        rd.fail("prompt", "'prompt[" + std::to_string(i) + "]' must be a string like the others, got " + shown(e));
+        rd.fail("prompt", "'prompt[" + std::to_string(i) +
+                              "]' must be a string like the others, got " + shown(e));
         return;
       }
       r.prompts.push_back(e.get<std::string>());
@@ -190,7 +194,8 @@ void read_prompt(field_reader& rd, openai_request& r) {
       const json& e = (*p)[i];
       const std::string param = "prompt[" + std::to_string(i) + "]";
       if (!e.is_array()) {
-        rd.fail("prompt", "'" + param + "' must be a list of token ids like the others, got " + shown(e));
+        rd.fail("prompt",
+                "'" + param + "' must be a list of token ids like the others, got " + shown(e));
         return;
       }
       auto ids = token_list(e, param);
@@ -198,7 +203,8 @@ void read_prompt(field_reader& rd, openai_request& r) {
       r.prompt_token_ids.push_back(std::move(*ids));
     }
   } else {
-    rd.fail("prompt", "'prompt' must be a string, a list of strings or a list of token ids, got " + shown(*p));
+    rd.fail("prompt", "'prompt' must be a string, a list of strings or a list of token ids, got " +
+                          shown(*p));
   }
 }
 
@@ -234,8 +240,11 @@ void read_messages(field_reader& rd, openai_request& r) {
     out.role = role->get<std::string>();
     if (out.role == "developer") out.role = "system";
     if (out.role != "system" && out.role != "user" && out.role != "assistant") {
-      rd.fail(at + ".role", "'" + at + ".role' must be one of 'system', 'developer', 'user', 'assistant', got " +
-                                shown(*role) + (out.role == "tool" || out.role == "function" ? " (tools are not supported)" : ""));
+      rd.fail(
+          at + ".role",
+          "'" + at + ".role' must be one of 'system', 'developer', 'user', 'assistant', got " +
+              shown(*role) +
+              (out.role == "tool" || out.role == "function" ? " (tools are not supported)" : ""));
       return;
     }
     const std::string cp = at + ".content";
@@ -314,7 +323,8 @@ void refuse_unsupported(field_reader& rd, const openai_request& r) {
       if (!f->is_object() || type == f->end() || !type->is_string()) {
         rd.fail("response_format", "'response_format' must be an object with a string 'type'");
       } else if (type->get<std::string>() != "text") {
-        rd.fail("response_format", "'response_format' of type " + shown(*type) + " is not supported");
+        rd.fail("response_format",
+                "'response_format' of type " + shown(*type) + " is not supported");
       }
     }
   }
@@ -324,22 +334,28 @@ void read_sampling(field_reader& rd, openai_request& r, const api_limits& limits
   auto& s = r.sampling;
   s.temperature = 1.0f;  // OpenAI's default; 0 is greedy in our sampler
   s.max_tokens = -1;
-  const int64_t max_tokens_limit =
-      std::min<int64_t>(std::max<int64_t>(limits.max_tokens_limit, 1), std::numeric_limits<int32_t>::max());
+  const int64_t max_tokens_limit = std::min<int64_t>(std::max<int64_t>(limits.max_tokens_limit, 1),
+                                                     std::numeric_limits<int32_t>::max());
 
   if (auto v = rd.number("temperature", 0.0, 2.0)) s.temperature = static_cast<float>(*v);
   if (auto v = rd.number("top_p", 0.0, 1.0, /*lo_open=*/true)) s.top_p = static_cast<float>(*v);
-  if (auto v = rd.integer("top_k", -1, std::numeric_limits<int32_t>::max())) s.top_k = *v <= 0 ? 0 : static_cast<int32_t>(*v);
+  if (auto v = rd.integer("top_k", -1, std::numeric_limits<int32_t>::max()))
+    s.top_k = *v <= 0 ? 0 : static_cast<int32_t>(*v);
   if (auto v = rd.number("min_p", 0.0, 1.0)) s.min_p = static_cast<float>(*v);
-  if (auto v = rd.number("presence_penalty", -2.0, 2.0)) s.presence_penalty = static_cast<float>(*v);
-  if (auto v = rd.number("frequency_penalty", -2.0, 2.0)) s.frequency_penalty = static_cast<float>(*v);
-  if (auto v = rd.number("repetition_penalty", 0.0, std::numeric_limits<float>::max(), /*lo_open=*/true)) {
+  if (auto v = rd.number("presence_penalty", -2.0, 2.0))
+    s.presence_penalty = static_cast<float>(*v);
+  if (auto v = rd.number("frequency_penalty", -2.0, 2.0))
+    s.frequency_penalty = static_cast<float>(*v);
+  if (auto v = rd.number("repetition_penalty", 0.0, std::numeric_limits<float>::max(),
+                         /*lo_open=*/true)) {
     s.repetition_penalty = static_cast<float>(*v);
   }
-  if (auto v = rd.integer("max_tokens", 1, max_tokens_limit)) s.max_tokens = static_cast<int32_t>(*v);
+  if (auto v = rd.integer("max_tokens", 1, max_tokens_limit))
+    s.max_tokens = static_cast<int32_t>(*v);
   if (r.kind == endpoint::chat_completions) {
     // The newer name wins when both are given.
-    if (auto v = rd.integer("max_completion_tokens", 1, max_tokens_limit)) s.max_tokens = static_cast<int32_t>(*v);
+    if (auto v = rd.integer("max_completion_tokens", 1, max_tokens_limit))
+      s.max_tokens = static_cast<int32_t>(*v);
   }
 
   if (const json* seed = rd.get("seed")) {
@@ -359,12 +375,13 @@ void read_sampling(field_reader& rd, openai_request& r, const api_limits& limits
       if (!stop->get<std::string>().empty()) s.stop_strings.push_back(stop->get<std::string>());
     } else if (stop->is_array()) {
       if (stop->size() > static_cast<size_t>(std::max(limits.max_stop_strings, 0))) {
-        rd.fail("stop", "'stop' may hold at most " + std::to_string(limits.max_stop_strings) + " strings, got " +
-                            std::to_string(stop->size()));
+        rd.fail("stop", "'stop' may hold at most " + std::to_string(limits.max_stop_strings) +
+                            " strings, got " + std::to_string(stop->size()));
       }
       for (const auto& e : *stop) {
         if (!e.is_string()) {
-          rd.fail("stop", "'stop' must be a string or a list of strings, got an element " + shown(e));
+          rd.fail("stop",
+                  "'stop' must be a string or a list of strings, got an element " + shown(e));
           break;
         }
         if (!e.get<std::string>().empty()) s.stop_strings.push_back(e.get<std::string>());
@@ -461,11 +478,13 @@ ojson finish_json(const std::string& finish_reason) {
 // count bytes of `text`; when the tokens' text ends `text` (echo puts the prompt first), they
 // start where it does, otherwise at 0.
 ojson completion_logprobs(const choice_result& c) {
-  ojson tokens = ojson::array(), token_logprobs = ojson::array(), top = ojson::array(), offsets = ojson::array();
+  ojson tokens = ojson::array(), token_logprobs = ojson::array(), top = ojson::array(),
+        offsets = ojson::array();
   std::string joined;
   for (const auto& e : c.logprobs) joined += e.token;
   size_t offset = 0;
-  if (joined.size() <= c.text.size() && c.text.compare(c.text.size() - joined.size(), joined.size(), joined) == 0) {
+  if (joined.size() <= c.text.size() &&
+      c.text.compare(c.text.size() - joined.size(), joined.size(), joined) == 0) {
     offset = c.text.size() - joined.size();
   }
   for (const auto& e : c.logprobs) {
@@ -545,14 +564,17 @@ ojson error_json(const api_error& e) {
   return ojson{{"error", std::move(inner)}};
 }
 
-std::string sse(const ojson& j) { return "data: " + dump(j) + "\n\n"; }
+std::string sse(const ojson& j) {
+  return "data: " + dump(j) + "\n\n";
+}
 
 }  // namespace
 
 parse_result parse_request(endpoint kind, std::string_view body, const api_limits& limits) {
   if (body.size() > limits.max_body_bytes) {
     return {std::nullopt, api_error{413, "invalid_request_error",
-                                    "the request body has " + std::to_string(body.size()) + " bytes, more than the " +
+                                    "the request body has " + std::to_string(body.size()) +
+                                        " bytes, more than the " +
                                         std::to_string(limits.max_body_bytes) + " allowed",
                                     "", "request_too_large"}};
   }
@@ -568,12 +590,15 @@ parse_result parse_request(endpoint kind, std::string_view body, const api_limit
     return parse_object(kind, parsed, limits);
   } catch (const std::exception& e) {
     // Only allocation failures can get here (every access above checks types first).
-    return {std::nullopt, api_error{500, "server_error", std::string("could not parse the request: ") + e.what(), "", ""}};
+    return {std::nullopt,
+            api_error{500, "server_error", std::string("could not parse the request: ") + e.what(),
+                      "", ""}};
   }
 }
 
-std::string render_response(endpoint kind, const response_meta& meta, const std::vector<choice_result>& choices,
-                            const usage_info& usage, bool with_logprobs) {
+std::string render_response(endpoint kind, const response_meta& meta,
+                            const std::vector<choice_result>& choices, const usage_info& usage,
+                            bool with_logprobs) {
   const bool chat = kind == endpoint::chat_completions;
   ojson j = head_json(meta, chat ? "chat.completion" : "text_completion");
   ojson out = ojson::array();
@@ -594,8 +619,8 @@ std::string render_response(endpoint kind, const response_meta& meta, const std:
   return dump(j);
 }
 
-std::string render_chunk(endpoint kind, const response_meta& meta, const choice_result& delta, bool first,
-                         bool with_logprobs, bool include_usage) {
+std::string render_chunk(endpoint kind, const response_meta& meta, const choice_result& delta,
+                         bool first, bool with_logprobs, bool include_usage) {
   const bool chat = kind == endpoint::chat_completions;
   ojson j = head_json(meta, chat ? "chat.completion.chunk" : "text_completion");
   ojson x = ojson::object();
@@ -617,17 +642,24 @@ std::string render_chunk(endpoint kind, const response_meta& meta, const choice_
 }
 
 std::string render_usage_chunk(endpoint kind, const response_meta& meta, const usage_info& usage) {
-  ojson j = head_json(meta, kind == endpoint::chat_completions ? "chat.completion.chunk" : "text_completion");
+  ojson j = head_json(
+      meta, kind == endpoint::chat_completions ? "chat.completion.chunk" : "text_completion");
   j["choices"] = ojson::array();
   j["usage"] = usage_json(usage);
   return sse(j);
 }
 
-std::string render_done() { return "data: [DONE]\n\n"; }
+std::string render_done() {
+  return "data: [DONE]\n\n";
+}
 
-std::string render_error_event(const api_error& e) { return sse(error_json(e)); }
+std::string render_error_event(const api_error& e) {
+  return sse(error_json(e));
+}
 
-std::string render_error(const api_error& e) { return dump(error_json(e)); }
+std::string render_error(const api_error& e) {
+  return dump(error_json(e));
+}
 
 std::string render_models(const std::vector<std::string>& model_ids, int64_t created) {
   ojson data = ojson::array();

@@ -32,8 +32,8 @@ struct api_error {
 struct openai_request {
   endpoint kind = endpoint::completions;
   std::string model;
-  /// completions: one prompt per entry ("prompt" may be a string, a list of strings, a list of token
-  /// ids or a list of lists of token ids); chat: empty.
+  /// completions: one prompt per entry ("prompt" may be a string, a list of strings, a list of
+  /// token ids or a list of lists of token ids); chat: empty.
   std::vector<std::string> prompts;
   std::vector<std::vector<int32_t>> prompt_token_ids;  ///< completions given as token ids
   std::vector<gpu::chat_message> messages;             ///< chat only; content parts joined
@@ -73,7 +73,7 @@ parse_result parse_request(endpoint kind, std::string_view body, const api_limit
 
 /// One token with its log-probability, as the API reports it.
 struct logprob_entry {
-  std::string token;           ///< the token's text (may be a partial UTF-8 sequence)
+  std::string token;  ///< the token's text (may be a partial UTF-8 sequence)
   float logprob = 0.0f;
   std::vector<uint8_t> bytes;  ///< the token's raw bytes
   struct alt {
@@ -87,9 +87,9 @@ struct logprob_entry {
 /// A finished or in-progress choice.
 struct choice_result {
   int32_t index = 0;
-  std::string text;                      ///< text (or text delta, for a chunk)
-  std::vector<logprob_entry> logprobs;   ///< per token (or per new token, for a chunk)
-  std::string finish_reason;             ///< "stop", "length", "abort", "error" or "" (running)
+  std::string text;                     ///< text (or text delta, for a chunk)
+  std::vector<logprob_entry> logprobs;  ///< per token (or per new token, for a chunk)
+  std::string finish_reason;            ///< "stop", "length", "abort", "error" or "" (running)
 };
 
 struct usage_info {
@@ -109,14 +109,15 @@ struct response_meta {
 /// Non-streaming body: object "text_completion" or "chat.completion", with choices, logprobs
 /// (completions: {tokens, token_logprobs, top_logprobs, text_offset}; chat: {content: [{token,
 /// logprob, bytes, top_logprobs}]}) when asked, and usage.
-std::string render_response(endpoint kind, const response_meta& meta, const std::vector<choice_result>& choices,
-                            const usage_info& usage, bool with_logprobs);
+std::string render_response(endpoint kind, const response_meta& meta,
+                            const std::vector<choice_result>& choices, const usage_info& usage,
+                            bool with_logprobs);
 
 /// One SSE event ("data: {...}\n\n") for a chunk of one choice: object "text_completion" or
 /// "chat.completion.chunk" (chat deltas: the first chunk of a choice carries role "assistant").
 /// `first` marks that first chunk. usage is null in every chunk when include_usage is set.
-std::string render_chunk(endpoint kind, const response_meta& meta, const choice_result& delta, bool first,
-                         bool with_logprobs, bool include_usage);
+std::string render_chunk(endpoint kind, const response_meta& meta, const choice_result& delta,
+                         bool first, bool with_logprobs, bool include_usage);
 /// The final usage-only chunk (choices: []) sent when stream_options.include_usage is set.
 std::string render_usage_chunk(endpoint kind, const response_meta& meta, const usage_info& usage);
 /// "data: [DONE]\n\n".

@@ -2,9 +2,9 @@
 
 #include "actors/serve/router.hpp"
 
+#include <spdlog/spdlog.h>
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,20 +26,33 @@ using clock_type = std::chrono::steady_clock;
 
 void declare_router_metrics(metrics_registry& m) {
   m.declare_counter("weft_router_requests_total", "Sequences submitted to the router, by outcome");
-  m.declare_counter("weft_router_migrations_total", "Sequences re-dispatched after their worker died");
-  m.declare_counter("weft_router_worker_deaths_total", "Engine workers lost (process killed, link cut)");
+  m.declare_counter("weft_router_migrations_total",
+                    "Sequences re-dispatched after their worker died");
+  m.declare_counter("weft_router_worker_deaths_total",
+                    "Engine workers lost (process killed, link cut)");
   m.declare_gauge("weft_router_pending", "Sequences waiting for a live worker");
   m.declare_gauge("weft_router_running", "Sequences dispatched and unfinished");
   m.declare_gauge("weft_workers", "Engine workers by state");
-  m.declare_gauge("weft_queue_depth", "Live sequences per scheduling level, summed over workers (level 0 = highest priority)");
+  m.declare_gauge(
+      "weft_queue_depth",
+      "Live sequences per scheduling level, summed over workers (level 0 = highest priority)");
   m.declare_gauge("weft_kv_blocks_used", "KV blocks in use, per worker");
   m.declare_gauge("weft_kv_blocks_free", "KV blocks free, per worker");
-  m.declare_gauge("weft_worker_preemptions", "Preemptions so far, per worker (current incarnation)");
+  m.declare_gauge("weft_worker_preemptions",
+                  "Preemptions so far, per worker (current incarnation)");
   m.declare_gauge("weft_worker_swapped", "Sequences swapped to host memory, per worker");
   m.declare_gauge("weft_worker_steps", "Forward passes so far, per worker (current incarnation)");
-  m.declare_histogram("weft_migration_resume_seconds",
-                      "From a worker's death to the first token of a migrated sequence on its new worker",
+  m.declare_counter("weft_kv_handoffs_total",
+                    "Disaggregated KV handoffs (prefill -> decode worker), by outcome");
+  m.declare_counter("weft_kv_transfer_bytes_total", "KV bytes pulled by decode workers");
+  m.declare_counter("weft_kv_leases_expired_total",
+                    "Offered KV leases nobody released before their deadline");
+  m.declare_histogram("weft_kv_transfer_seconds", "Time of one KV pull (prefill -> decode worker)",
                       metrics_registry::latency_buckets_s());
+  m.declare_histogram(
+      "weft_migration_resume_seconds",
+      "From a worker's death to the first token of a migrated sequence on its new worker",
+      metrics_registry::latency_buckets_s());
 }
 
 namespace {
@@ -57,11 +70,12 @@ struct worker_info {
   uint32_t n_ctx = 0;
   // latest load report
   uint32_t n_waiting = 0, n_running = 0, n_swapped = 0, kv_used = 0, kv_free = 0;
-  uint64_t steps = 0, preemptions = 0, prefill_tokens = 0, decode_tokens = 0, swaps_out = 0, prefix_hits = 0;
+  uint64_t steps = 0, preemptions = 0, prefill_tokens = 0, decode_tokens = 0, swaps_out = 0,
+           prefix_hits = 0;
   uint64_t queued_prefill_tokens = 0;
   uint64_t last_step_unix_ms = 0;
   std::vector<uint32_t> levels;
-  float prefill_rate = 0.0f;   ///< EWMA of measured prefill tokens/s while prefilling
+  float prefill_rate = 0.0f;  ///< EWMA of measured prefill tokens/s while prefilling
   float decode_rate = 0.0f;
   clock_type::time_point last_report = clock_type::now();
   uint64_t dispatched_prompt_tokens = 0;  ///< prompt tokens dispatched since the last load report
@@ -77,6 +91,13 @@ struct request_info {
   clock_type::time_point submitted = clock_type::now();
   clock_type::time_point pending_since = clock_type::now();
   std::optional<clock_type::time_point> orphaned_at;  ///< when its worker died (migration clock)
+  // Disaggregation: while the decode worker (`worker`) pulls the KV, the prefill worker
+  // `kv_owner` holds it under `lease_id`; the router releases the lease exactly when the transfer
+  // stage ends (pulled, failed, aborted, either worker lost).
+  bool transferring = false;
+  std::string kv_owner;
+  uint64_t lease_id = 0;
+  uint32_t handoff_failures = 0;
 };
 
 struct router_state {
@@ -92,15 +113,19 @@ struct router_state {
 using router_ptr = caf::stateful_actor<router_state>*;
 
 void count(router_ptr self, const std::string& outcome) {
-  if (auto& m = self->state.cfg.metrics) m->inc("weft_router_requests_total", {{"outcome", outcome}});
+  if (auto& m = self->state.cfg.metrics)
+    m->inc("weft_router_requests_total", {{"outcome", outcome}});
 }
 
-envelope accepted() { return make_error_envelope(error{}); }
+envelope accepted() {
+  return make_error_envelope(error{});
+}
 
-envelope make_client_chunk(uint64_t id, uint32_t position, std::span<const int32_t> tokens,
-                           const std::vector<std::tuple<int32_t, float, std::vector<std::pair<int32_t, float>>>>& lps,
-                           wire::FinishReason finish, uint32_t prompt_tokens, uint32_t cached, const error& err,
-                           const std::string& worker) {
+envelope make_client_chunk(
+    uint64_t id, uint32_t position, std::span<const int32_t> tokens,
+    const std::vector<std::tuple<int32_t, float, std::vector<std::pair<int32_t, float>>>>& lps,
+    wire::FinishReason finish, uint32_t prompt_tokens, uint32_t cached, const error& err,
+    const std::string& worker) {
   return envelope::build<wire::TokenChunk>([&](wire::TokenChunk::Builder b) {
     b.setRequestId(id);
     b.setPosition(position);
@@ -131,30 +156,90 @@ envelope make_client_chunk(uint64_t id, uint32_t position, std::span<const int32
   });
 }
 
+envelope abort_message(uint64_t id, const std::string& reason) {
+  return envelope::build<wire::AbortRequest>([&](wire::AbortRequest::Builder b) {
+    b.setRequestId(id);
+    b.setReason(reason);
+  });
+}
+
+void release_lease(router_ptr self, request_info& r);
+
 void fail_request(router_ptr self, uint64_t id, const error& err, const std::string& outcome) {
   auto& st = self->state;
   auto it = st.requests.find(id);
   if (it == st.requests.end()) return;
   auto& r = it->second;
   self->send(r.client, chunk_atom::value,
-             make_client_chunk(id, static_cast<uint32_t>(r.generated.size()), {}, {}, wire::FinishReason::ERROR,
+             make_client_chunk(id, static_cast<uint32_t>(r.generated.size()), {}, {},
+                               wire::FinishReason::ERROR,
                                static_cast<uint32_t>(r.spec.prompt.size()), 0, err, r.worker));
   if (!r.worker.empty()) {
-    if (auto w = st.workers.find(r.worker); w != st.workers.end()) w->second.inflight.erase(id);
+    if (auto w = st.workers.find(r.worker); w != st.workers.end()) {
+      w->second.inflight.erase(id);
+      if (r.transferring)
+        self->send(w->second.handle, abort_atom::value, abort_message(id, "failed"));
+    }
   }
+  release_lease(self, r);
   st.requests.erase(it);
   count(self, outcome);
 }
 
-bool can_prefill(const worker_info& w) { return w.role != wire::WorkerRole::DECODE; }
+bool can_prefill(const worker_info& w) {
+  return w.role != wire::WorkerRole::DECODE;
+}
+
+bool has_decoder(const router_state& st) {
+  return std::any_of(st.workers.begin(), st.workers.end(),
+                     [](const auto& kv) { return kv.second.role == wire::WorkerRole::DECODE; });
+}
+
+/// The decode worker for a handed-off sequence: the fewest live sequences per slot, then the most
+/// free KV blocks.
+worker_info* choose_decoder(router_state& st) {
+  worker_info* best = nullptr;
+  double best_load = 0.0;
+  for (auto& [name, w] : st.workers) {
+    if (w.role != wire::WorkerRole::DECODE) continue;
+    const double load = static_cast<double>(std::max<size_t>(w.n_running, w.inflight.size())) /
+                            std::max<uint32_t>(w.max_running, 1) -
+                        1e-6 * w.kv_free;
+    if (best == nullptr || load < best_load) {
+      best = &w;
+      best_load = load;
+    }
+  }
+  return best;
+}
+
+/// Ends a request's transfer stage: the prefill worker frees the leased blocks.
+void release_lease(router_ptr self, request_info& r) {
+  auto& st = self->state;
+  if (!r.transferring) return;
+  if (auto owner = st.workers.find(r.kv_owner); owner != st.workers.end()) {
+    kv_handoff h;
+    h.request_id = r.spec.request_id;
+    h.attempt = r.spec.attempt;
+    h.stage = wire::KvHandoffStage::RELEASE;
+    h.lease_id = r.lease_id;
+    h.worker = "router";
+    self->send(owner->second.handle, handoff_atom::value, to_wire(h));
+  }
+  r.transferring = false;
+  r.kv_owner.clear();
+  r.lease_id = 0;
+}
 
 /// Predicted time to first token of a `prompt_tokens` prompt on `w`, in ms.
 double predicted_ttft_ms(const router_state& st, const worker_info& w, size_t prompt_tokens) {
   const double rate = w.prefill_rate > 1.0f ? w.prefill_rate : st.cfg.prefill_tokens_per_s_hint;
-  const double queued = static_cast<double>(w.queued_prefill_tokens + w.dispatched_prompt_tokens + prompt_tokens);
+  const double queued =
+      static_cast<double>(w.queued_prefill_tokens + w.dispatched_prompt_tokens + prompt_tokens);
   // Sequences beyond max_running wait for a slot: a rough extra delay of one decode pass each.
   double slot_wait_ms = 0.0;
-  if (w.max_running > 0 && w.n_running + w.inflight.size() >= w.max_running && w.decode_rate > 1.0f) {
+  if (w.max_running > 0 && w.n_running + w.inflight.size() >= w.max_running &&
+      w.decode_rate > 1.0f) {
     slot_wait_ms = 1000.0 * static_cast<double>(w.n_waiting + 1) / w.decode_rate * w.max_running;
   }
   return 1000.0 * queued / rate + slot_wait_ms;
@@ -163,8 +248,10 @@ double predicted_ttft_ms(const router_state& st, const worker_info& w, size_t pr
 worker_info* choose_worker(router_state& st, size_t prompt_tokens, double* ttft_ms) {
   worker_info* best = nullptr;
   double best_ms = 0.0;
+  const bool decoder = has_decoder(st);
   for (auto& [name, w] : st.workers) {
     if (!can_prefill(w)) continue;
+    if (w.role == wire::WorkerRole::PREFILL && !decoder) continue;  // nobody to hand the KV to
     const double ms = predicted_ttft_ms(st, w, prompt_tokens);
     if (best == nullptr || ms < best_ms) {
       best = &w;
@@ -180,10 +267,13 @@ void dispatch(router_ptr self, uint64_t id, worker_info& w) {
   auto& r = st.requests.at(id);
   r.worker = w.name;
   r.spec.resume = r.generated;
+  r.spec.handoff = w.role == wire::WorkerRole::PREFILL;
+  r.spec.kv_source.clear();
   w.inflight.insert(id);
   w.dispatched_prompt_tokens += r.spec.prompt.size() + r.spec.resume.size();
   self->send(w.handle, generate_atom::value, to_wire(r.spec));
-  spdlog::debug("router: request {} ({}) attempt {} -> {}", id, r.spec.trace_id, r.spec.attempt, w.name);
+  spdlog::debug("router: request {} ({}) attempt {} -> {}", id, r.spec.trace_id, r.spec.attempt,
+                w.name);
 }
 
 void drain_pending(router_ptr self) {
@@ -195,7 +285,8 @@ void drain_pending(router_ptr self) {
       st.pending.pop_front();
       continue;
     }
-    auto* w = choose_worker(st, it->second.spec.prompt.size() + it->second.generated.size(), nullptr);
+    auto* w =
+        choose_worker(st, it->second.spec.prompt.size() + it->second.generated.size(), nullptr);
     if (w == nullptr) return;
     st.pending.pop_front();
     dispatch(self, id, *w);
@@ -216,7 +307,8 @@ void update_gauges(router_ptr self) {
       levels[i] += w.levels[i];
     }
   }
-  for (size_t i = 0; i < levels.size(); ++i) m->set("weft_queue_depth", {{"level", std::to_string(i)}}, levels[i]);
+  for (size_t i = 0; i < levels.size(); ++i)
+    m->set("weft_queue_depth", {{"level", std::to_string(i)}}, levels[i]);
 }
 
 void set_worker_gauges(metrics_registry& m, const worker_info& w) {
@@ -233,8 +325,8 @@ void on_worker_lost(router_ptr self, const std::string& name, const std::string&
   auto it = st.workers.find(name);
   if (it == st.workers.end()) return;
   auto orphans = it->second.inflight;
-  spdlog::warn("router: worker {} (node {}, pid {}) lost ({}): migrating {} request(s)", name, it->second.node_id,
-               it->second.pid, why, orphans.size());
+  spdlog::warn("router: worker {} (node {}, pid {}) lost ({}): migrating {} request(s)", name,
+               it->second.node_id, it->second.pid, why, orphans.size());
   if (auto& m = st.cfg.metrics) {
     m->inc("weft_router_worker_deaths_total");
     // The worker's KV is gone with it: its blocks are no longer anyone's.
@@ -245,14 +337,27 @@ void on_worker_lost(router_ptr self, const std::string& name, const std::string&
   st.workers.erase(it);
   ++st.deaths;
   const auto now = clock_type::now();
+  // Sequences whose KV the lost worker was handing off: their decode worker drops the pull and
+  // they start over (prefill of prompt + tokens so far) like the lost worker's own.
+  for (auto& [id, r] : st.requests) {
+    if (!r.transferring || r.kv_owner != name) continue;
+    if (auto d = st.workers.find(r.worker); d != st.workers.end()) {
+      d->second.inflight.erase(id);
+      self->send(d->second.handle, abort_atom::value, abort_message(id, "KV owner lost"));
+    }
+    r.transferring = false;
+    orphans.insert(id);
+  }
   for (uint64_t id : orphans) {
     auto rit = st.requests.find(id);
     if (rit == st.requests.end()) continue;
     auto& r = rit->second;
+    release_lease(self, r);
     if (static_cast<int32_t>(r.generated.size()) >= r.spec.params.max_tokens) {
       // Everything was generated; only the finish was lost.
       self->send(r.client, chunk_atom::value,
-                 make_client_chunk(id, static_cast<uint32_t>(r.generated.size()), {}, {}, wire::FinishReason::LENGTH,
+                 make_client_chunk(id, static_cast<uint32_t>(r.generated.size()), {}, {},
+                                   wire::FinishReason::LENGTH,
                                    static_cast<uint32_t>(r.spec.prompt.size()), 0, {}, r.worker));
       st.requests.erase(rit);
       count(self, "ok");
@@ -268,6 +373,107 @@ void on_worker_lost(router_ptr self, const std::string& name, const std::string&
   }
   drain_pending(self);
   update_gauges(self);
+}
+
+/// Puts a request back in the queue after its KV handoff failed: it starts over with a prefill of
+/// prompt + tokens so far (the client's stream continues where it was).
+void requeue_after_handoff(router_ptr self, uint64_t id, const error& why) {
+  auto& st = self->state;
+  auto& r = st.requests.at(id);
+  if (auto w = st.workers.find(r.worker); w != st.workers.end()) w->second.inflight.erase(id);
+  release_lease(self, r);
+  if (++r.handoff_failures > 3) {
+    fail_request(self, id, make_error(why.code, "KV handoff failed 4 times: " + why.message),
+                 "error");
+    return;
+  }
+  r.spec.attempt += 1;
+  r.worker.clear();
+  r.pending_since = clock_type::now();
+  st.pending.push_back(id);
+  drain_pending(self);
+}
+
+void on_handoff(router_ptr self, const envelope& env) {
+  auto& st = self->state;
+  auto m = env.read<wire::KvHandoff>();
+  if (!m) {
+    spdlog::warn("router: malformed KvHandoff: {}", m.error().to_string());
+    return;
+  }
+  auto h = from_wire(m->get());
+  if (!h) {
+    spdlog::warn("router: bad KvHandoff: {}", h.error().to_string());
+    return;
+  }
+  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  auto from = st.workers.find(h->worker);
+  if (from == st.workers.end() || from->second.handle != sender) return;  // not a member (any more)
+  auto& metrics = st.cfg.metrics;
+  auto it = st.requests.find(h->request_id);
+  const bool current = it != st.requests.end() && it->second.spec.attempt == h->attempt &&
+                       it->second.worker == h->worker;
+  switch (h->stage) {
+    case wire::KvHandoffStage::OFFERED: {
+      if (!current || it->second.transferring) {
+        // Aborted or migrated meanwhile: the offer is nobody's; free it at once.
+        kv_handoff rel;
+        rel.request_id = h->request_id;
+        rel.attempt = h->attempt;
+        rel.stage = wire::KvHandoffStage::RELEASE;
+        rel.lease_id = h->lease_id;
+        rel.worker = "router";
+        self->send(sender, handoff_atom::value, to_wire(rel));
+        return;
+      }
+      auto& r = it->second;
+      r.transferring = true;
+      r.kv_owner = h->worker;
+      r.lease_id = h->lease_id;
+      auto* d = choose_decoder(st);
+      if (d == nullptr) {
+        requeue_after_handoff(self, h->request_id,
+                              make_error(errc::unavailable, "no decode worker"));
+        return;
+      }
+      from->second.inflight.erase(h->request_id);
+      r.worker = d->name;
+      d->inflight.insert(h->request_id);
+      generate_spec spec = r.spec;
+      spec.resume = r.generated;
+      spec.handoff = false;
+      spec.kv_source = std::move(h->descriptor);
+      self->send(d->handle, generate_atom::value, to_wire(spec));
+      spdlog::debug("router: request {} ({}): KV lease {} on {} -> {}", h->request_id,
+                    r.spec.trace_id, h->lease_id, h->worker, d->name);
+      return;
+    }
+    case wire::KvHandoffStage::PULLED: {
+      if (!current || !it->second.transferring) return;
+      release_lease(self, it->second);
+      if (metrics) {
+        metrics->inc("weft_kv_handoffs_total", {{"outcome", "ok"}});
+        metrics->inc("weft_kv_transfer_bytes_total", {}, static_cast<double>(h->bytes));
+        metrics->observe("weft_kv_transfer_seconds", static_cast<double>(h->micros) * 1e-6);
+      }
+      return;
+    }
+    case wire::KvHandoffStage::FAILED: {
+      if (!current || !it->second.transferring) return;
+      spdlog::warn("router: request {} ({}): KV pull on {} failed ({}); starting over",
+                   h->request_id, it->second.spec.trace_id, h->worker, h->err.to_string());
+      if (metrics) metrics->inc("weft_kv_handoffs_total", {{"outcome", "failed"}});
+      requeue_after_handoff(self, h->request_id, h->err);
+      return;
+    }
+    case wire::KvHandoffStage::EXPIRED:
+      spdlog::warn("router: KV lease {} of request {} expired on {}", h->lease_id, h->request_id,
+                   h->worker);
+      if (metrics) metrics->inc("weft_kv_leases_expired_total");
+      return;
+    case wire::KvHandoffStage::RELEASE:
+      return;
+  }
 }
 
 caf::behavior router(router_ptr self, router_config cfg) {
@@ -293,17 +499,20 @@ caf::behavior router(router_ptr self, router_config cfg) {
         }
         if (st.requests.size() >= st.cfg.max_outstanding) {
           count(self, "rejected");
-          return make_error_envelope(make_error(errc::overloaded, "server busy: " + std::to_string(st.requests.size()) +
-                                                                     " requests outstanding (limit " +
-                                                                     std::to_string(st.cfg.max_outstanding) + ")"));
+          return make_error_envelope(
+              make_error(errc::overloaded, "server busy: " + std::to_string(st.requests.size()) +
+                                               " requests outstanding (limit " +
+                                               std::to_string(st.cfg.max_outstanding) + ")"));
         }
         double ttft_ms = 0.0;
         auto* w = choose_worker(st, spec->prompt.size(), &ttft_ms);
         if (w != nullptr && st.cfg.ttft_slo_ms > 0 && ttft_ms > st.cfg.ttft_slo_ms) {
           count(self, "rejected");
           return make_error_envelope(make_error(
-              errc::overloaded, fmt::format("server busy: predicted time to first token {:.0f} ms exceeds the {} ms SLO",
-                                            ttft_ms, st.cfg.ttft_slo_ms)));
+              errc::overloaded,
+              fmt::format(
+                  "server busy: predicted time to first token {:.0f} ms exceeds the {} ms SLO",
+                  ttft_ms, st.cfg.ttft_slo_ms)));
         }
         const uint64_t id = spec->request_id;
         request_info info;
@@ -332,6 +541,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
         } else {
           st.pending.erase(std::remove(st.pending.begin(), st.pending.end(), id), st.pending.end());
         }
+        release_lease(self, it->second);
         st.requests.erase(it);
         count(self, "aborted");
       },
@@ -351,8 +561,8 @@ caf::behavior router(router_ptr self, router_config cfg) {
         const uint32_t have = static_cast<uint32_t>(r.generated.size());
         const uint32_t position = chunk.getPosition();
         if (position > have) {
-          spdlog::error("router: request {}: token gap (have {}, chunk at {}) from {}", id, have, position,
-                        chunk.getWorker().cStr());
+          spdlog::error("router: request {}: token gap (have {}, chunk at {}) from {}", id, have,
+                        position, chunk.getWorker().cStr());
           fail_request(self, id, make_error(errc::internal, "token stream gap"), "error");
           return;
         }
@@ -370,26 +580,31 @@ caf::behavior router(router_ptr self, router_config cfg) {
           }
         }
         if (!fresh.empty() && r.orphaned_at) {
-          const double s = std::chrono::duration<double>(clock_type::now() - *r.orphaned_at).count();
+          const double s =
+              std::chrono::duration<double>(clock_type::now() - *r.orphaned_at).count();
           if (auto& m = st.cfg.metrics) m->observe("weft_migration_resume_seconds", s);
-          spdlog::info("router: request {} ({}) resumed on {} {:.0f} ms after its worker died", id, r.spec.trace_id,
-                       chunk.getWorker().cStr(), s * 1e3);
+          spdlog::info("router: request {} ({}) resumed on {} {:.0f} ms after its worker died", id,
+                       r.spec.trace_id, chunk.getWorker().cStr(), s * 1e3);
           r.orphaned_at.reset();
         }
         r.generated.insert(r.generated.end(), fresh.begin(), fresh.end());
         const auto finish = chunk.getFinish();
         error err;
-        if (chunk.hasError()) err = make_error(schema::from_wire(chunk.getError().getCode()), chunk.getError().getMessage().cStr());
+        if (chunk.hasError())
+          err = make_error(schema::from_wire(chunk.getError().getCode()),
+                           chunk.getError().getMessage().cStr());
         if (fresh.empty() && finish == wire::FinishReason::NONE) return;
         self->send(r.client, chunk_atom::value,
-                   make_client_chunk(id, have, fresh, fresh_lps, finish, chunk.getPromptTokens(), chunk.getCachedTokens(),
-                                     err, r.worker));
+                   make_client_chunk(id, have, fresh, fresh_lps, finish, chunk.getPromptTokens(),
+                                     chunk.getCachedTokens(), err, r.worker));
         if (finish != wire::FinishReason::NONE) {
-          if (auto w = st.workers.find(r.worker); w != st.workers.end()) w->second.inflight.erase(id);
+          if (auto w = st.workers.find(r.worker); w != st.workers.end())
+            w->second.inflight.erase(id);
           st.requests.erase(it);
           count(self, finish == wire::FinishReason::ERROR ? "error" : "ok");
         }
       },
+      [self](handoff_atom, const envelope& env) { on_handoff(self, env); },
       [self](hello_atom, const envelope& env) {
         auto& st = self->state;
         auto h = env.read<wire::WorkerHello>();
@@ -401,14 +616,16 @@ caf::behavior router(router_ptr self, router_config cfg) {
         const std::string name = hello.getName().cStr();
         const std::string fields = name + "|" + hello.getNodeId().cStr();
         auto token = hello.getSessionToken();
-        if (auto ok = actors::verify_request_token(st.cfg.secret, worker_hello_purpose, fields, hello.getDeadlineMs(),
-                                                   token.begin(), token.size());
+        if (auto ok =
+                actors::verify_request_token(st.cfg.secret, worker_hello_purpose, fields,
+                                             hello.getDeadlineMs(), token.begin(), token.size());
             !ok.ok()) {
           spdlog::warn("router: refused hello from '{}': {}", name, ok.to_string());
           return;
         }
         auto sender = caf::actor_cast<caf::actor>(self->current_sender());
-        if (auto old = st.workers.find(name); old != st.workers.end() && old->second.handle != sender) {
+        if (auto old = st.workers.find(name);
+            old != st.workers.end() && old->second.handle != sender) {
           on_worker_lost(self, name, "replaced by a new incarnation");
         }
         worker_info& w = st.workers[name];
@@ -428,8 +645,8 @@ caf::behavior router(router_ptr self, router_config cfg) {
         w.last_report = clock_type::now();
         if (fresh) {
           self->monitor(sender);
-          spdlog::info("router: worker {} ready on node {} (pid {}, model {}, policy {})", name, w.node_id, w.pid, w.model,
-                       w.policy);
+          spdlog::info("router: worker {} ready on node {} (pid {}, model {}, policy {})", name,
+                       w.node_id, w.pid, w.model, w.policy);
         }
         drain_pending(self);
         update_gauges(self);
@@ -460,12 +677,14 @@ caf::behavior router(router_ptr self, router_config cfg) {
         for (auto x : load.getQueueDepthPerLevel()) w.levels.push_back(x);
         // Only intervals with prefill work say something about the prefill rate.
         if (load.getPrefillTokensPerS() > 0.0f) {
-          w.prefill_rate = w.prefill_rate <= 0.0f ? load.getPrefillTokensPerS()
-                                                  : 0.7f * w.prefill_rate + 0.3f * load.getPrefillTokensPerS();
+          w.prefill_rate = w.prefill_rate <= 0.0f
+                               ? load.getPrefillTokensPerS()
+                               : 0.7f * w.prefill_rate + 0.3f * load.getPrefillTokensPerS();
         }
         if (load.getDecodeTokensPerS() > 0.0f) {
-          w.decode_rate = w.decode_rate <= 0.0f ? load.getDecodeTokensPerS()
-                                                : 0.7f * w.decode_rate + 0.3f * load.getDecodeTokensPerS();
+          w.decode_rate = w.decode_rate <= 0.0f
+                              ? load.getDecodeTokensPerS()
+                              : 0.7f * w.decode_rate + 0.3f * load.getDecodeTokensPerS();
         }
         w.dispatched_prompt_tokens = 0;
         w.last_report = clock_type::now();
@@ -484,10 +703,11 @@ caf::behavior router(router_ptr self, router_config cfg) {
           if (now - r->second.pending_since > std::chrono::milliseconds(st.cfg.queue_timeout_ms)) {
             const uint64_t id = *it;
             it = st.pending.erase(it);
-            fail_request(self, id,
-                         make_error(errc::unavailable, "no engine worker available for " +
-                                                           std::to_string(st.cfg.queue_timeout_ms) + " ms"),
-                         "unavailable");
+            fail_request(
+                self, id,
+                make_error(errc::unavailable, "no engine worker available for " +
+                                                  std::to_string(st.cfg.queue_timeout_ms) + " ms"),
+                "unavailable");
             continue;
           }
           ++it;
@@ -506,11 +726,15 @@ caf::behavior router(router_ptr self, router_config cfg) {
               std::chrono::duration_cast<std::chrono::milliseconds>(now - w.last_report).count();
           const bool has_work = w.n_running + w.n_waiting + w.n_swapped > 0 || !w.inflight.empty();
           const bool reporting = since_report_ms < static_cast<int64_t>(st.cfg.stall_ms);
-          const bool stepping = !has_work || w.last_step_unix_ms == 0 ||
-                                now_unix - std::min(now_unix, w.last_step_unix_ms) < st.cfg.stall_ms ||
-                                std::chrono::duration_cast<std::chrono::milliseconds>(now - w.hello_at).count() <
-                                    static_cast<int64_t>(st.cfg.stall_ms);
-          const std::string state = !reporting ? "unresponsive" : !stepping ? "stalled" : has_work ? "busy" : "idle";
+          const bool stepping =
+              !has_work || w.last_step_unix_ms == 0 ||
+              now_unix - std::min(now_unix, w.last_step_unix_ms) < st.cfg.stall_ms ||
+              std::chrono::duration_cast<std::chrono::milliseconds>(now - w.hello_at).count() <
+                  static_cast<int64_t>(st.cfg.stall_ms);
+          const std::string state = !reporting  ? "unresponsive"
+                                    : !stepping ? "stalled"
+                                    : has_work  ? "busy"
+                                                : "idle";
           healthy = healthy || (reporting && stepping);
           workers.push_back({{"name", name},
                              {"node_id", w.node_id},
@@ -538,12 +762,9 @@ caf::behavior router(router_ptr self, router_config cfg) {
                              {"decode_tokens_per_s", w.decode_rate},
                              {"last_report_ms_ago", since_report_ms}});
         }
-        nlohmann::json j = {{"healthy", healthy},
-                            {"workers", workers},
-                            {"pending", st.pending.size()},
-                            {"outstanding", st.requests.size()},
-                            {"worker_deaths", st.deaths},
-                            {"migrations", st.migrations}};
+        nlohmann::json j = {{"healthy", healthy},           {"workers", workers},
+                            {"pending", st.pending.size()}, {"outstanding", st.requests.size()},
+                            {"worker_deaths", st.deaths},   {"migrations", st.migrations}};
         return j.dump();
       },
   };
@@ -551,6 +772,8 @@ caf::behavior router(router_ptr self, router_config cfg) {
 
 }  // namespace
 
-caf::actor spawn_router(caf::actor_system& sys, router_config cfg) { return sys.spawn(router, std::move(cfg)); }
+caf::actor spawn_router(caf::actor_system& sys, router_config cfg) {
+  return sys.spawn(router, std::move(cfg));
+}
 
 }  // namespace weft::serve

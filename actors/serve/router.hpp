@@ -21,13 +21,13 @@
 namespace weft::serve {
 
 struct router_config {
-  actors::cluster_secret secret;             ///< workers sign their hello with it
-  size_t max_outstanding = 1024;             ///< accepted and unfinished requests (beyond: 429)
-  uint32_t ttft_slo_ms = 0;                  ///< reject early when the predicted TTFT exceeds it (0: off)
-  uint32_t queue_timeout_ms = 30'000;        ///< a request with no live worker for this long fails
+  actors::cluster_secret secret;       ///< workers sign their hello with it
+  size_t max_outstanding = 1024;       ///< accepted and unfinished requests (beyond: 429)
+  uint32_t ttft_slo_ms = 0;            ///< reject early when the predicted TTFT exceeds it (0: off)
+  uint32_t queue_timeout_ms = 30'000;  ///< a request with no live worker for this long fails
   float prefill_tokens_per_s_hint = 500.0f;  ///< prefill rate assumed until a worker measured one
-  uint32_t stall_ms = 10'000;                ///< a worker with work and no step for this long is unhealthy
-  std::shared_ptr<metrics_registry> metrics; ///< may be null
+  uint32_t stall_ms = 10'000;  ///< a worker with work and no step for this long is unhealthy
+  std::shared_ptr<metrics_registry> metrics;  ///< may be null
 };
 
 /// Declares the router's metric families in `m`.

@@ -10,6 +10,8 @@
 ///   worker -> router   (chunk_atom, TokenChunk)
 ///   worker -> router   (load_atom, WorkerLoad)                   every load interval
 ///   anyone -> router   (status_atom) -> JSON text of workers and queues (GET /admin/cluster)
+///   worker <-> router  (handoff_atom, KvHandoff)                 disaggregated KV handoff stages
+///   worker -> itself   (pulled_atom, pull id)                    a KV pull's transfer ended
 
 #include <caf/atom.hpp>
 
@@ -25,5 +27,7 @@ using step_atom = caf::atom_constant<caf::atom("s_step")>;
 using status_atom = caf::atom_constant<caf::atom("s_status")>;
 using tick_atom = caf::atom_constant<caf::atom("s_tick")>;
 using stop_atom = caf::atom_constant<caf::atom("s_stop")>;
+using handoff_atom = caf::atom_constant<caf::atom("s_handoff")>;
+using pulled_atom = caf::atom_constant<caf::atom("s_pulled")>;
 
 }  // namespace weft::serve

@@ -25,18 +25,27 @@ schema::envelope to_wire(const generate_spec& s) {
     p.setSeed(s.params.seed);
     p.setMaxTokens(s.params.max_tokens);
     auto st = p.initStopTokens(static_cast<unsigned>(s.params.stop_tokens.size()));
-    for (size_t i = 0; i < s.params.stop_tokens.size(); ++i) st.set(static_cast<unsigned>(i), s.params.stop_tokens[i]);
+    for (size_t i = 0; i < s.params.stop_tokens.size(); ++i)
+      st.set(static_cast<unsigned>(i), s.params.stop_tokens[i]);
     auto ss = p.initStopStrings(static_cast<unsigned>(s.params.stop_strings.size()));
-    for (size_t i = 0; i < s.params.stop_strings.size(); ++i) ss.set(static_cast<unsigned>(i), s.params.stop_strings[i]);
+    for (size_t i = 0; i < s.params.stop_strings.size(); ++i)
+      ss.set(static_cast<unsigned>(i), s.params.stop_strings[i]);
     p.setNLogprobs(s.params.n_logprobs);
     p.setWantLogprobs(s.want_logprobs);
     b.setDeadlineMs(s.deadline_ms);
     b.setAttempt(s.attempt);
+    b.setHandoff(s.handoff);
+    if (!s.kv_source.empty()) {
+      b.setKvSource(kj::ArrayPtr<const kj::byte>(
+          reinterpret_cast<const kj::byte*>(s.kv_source.data()), s.kv_source.size()));
+    }
   });
 }
 
 result<generate_spec> from_wire(wire::GenerateRequest::Reader r) {
-  auto bad = [](const std::string& what) { return make_error(errc::invalid_argument, "GenerateRequest: " + what); };
+  auto bad = [](const std::string& what) {
+    return make_error(errc::invalid_argument, "GenerateRequest: " + what);
+  };
   generate_spec s;
   s.request_id = r.getRequestId();
   s.trace_id = r.getTraceId().cStr();
@@ -45,8 +54,9 @@ result<generate_spec> from_wire(wire::GenerateRequest::Reader r) {
   if (s.prompt.empty()) return bad("empty prompt");
   auto p = r.getParams();
   auto finite = [](float v) { return std::isfinite(v); };
-  if (!finite(p.getTemperature()) || !finite(p.getTopP()) || !finite(p.getMinP()) || !finite(p.getRepetitionPenalty()) ||
-      !finite(p.getPresencePenalty()) || !finite(p.getFrequencyPenalty())) {
+  if (!finite(p.getTemperature()) || !finite(p.getTopP()) || !finite(p.getMinP()) ||
+      !finite(p.getRepetitionPenalty()) || !finite(p.getPresencePenalty()) ||
+      !finite(p.getFrequencyPenalty())) {
     return bad("non-finite sampling value");
   }
   if (p.getTopP() <= 0.0f || p.getTopP() > 1.0f) return bad("top_p out of (0, 1]");
@@ -70,7 +80,57 @@ result<generate_spec> from_wire(wire::GenerateRequest::Reader r) {
   s.want_logprobs = p.getWantLogprobs();
   s.deadline_ms = r.getDeadlineMs();
   s.attempt = r.getAttempt();
+  s.handoff = r.getHandoff();
+  auto src = r.getKvSource();
+  s.kv_source.assign(reinterpret_cast<const std::byte*>(src.begin()),
+                     reinterpret_cast<const std::byte*>(src.end()));
+  if (s.handoff && !s.kv_source.empty())
+    return bad("a request cannot both hand off and import its KV");
+  if (!s.kv_source.empty() && s.resume.empty())
+    return bad("a KV import needs the generated tokens (resumeTokens)");
   return s;
+}
+
+schema::envelope to_wire(const kv_handoff& h) {
+  return schema::envelope::build<wire::KvHandoff>([&](wire::KvHandoff::Builder b) {
+    b.setRequestId(h.request_id);
+    b.setAttempt(h.attempt);
+    b.setStage(h.stage);
+    b.setLeaseId(h.lease_id);
+    b.setWorker(h.worker);
+    if (!h.descriptor.empty()) {
+      b.setDescriptor(kj::ArrayPtr<const kj::byte>(
+          reinterpret_cast<const kj::byte*>(h.descriptor.data()), h.descriptor.size()));
+    }
+    b.setBytes(h.bytes);
+    b.setMicros(h.micros);
+    if (!h.err.ok()) {
+      b.initError().setCode(schema::to_wire(h.err.code));
+      b.getError().setMessage(h.err.message);
+    }
+  });
+}
+
+result<kv_handoff> from_wire(wire::KvHandoff::Reader r) {
+  kv_handoff h;
+  h.request_id = r.getRequestId();
+  h.attempt = r.getAttempt();
+  h.stage = r.getStage();
+  h.lease_id = r.getLeaseId();
+  h.worker = r.getWorker().cStr();
+  auto d = r.getDescriptor();
+  h.descriptor.assign(reinterpret_cast<const std::byte*>(d.begin()),
+                      reinterpret_cast<const std::byte*>(d.end()));
+  h.bytes = r.getBytes();
+  h.micros = r.getMicros();
+  if (r.hasError())
+    h.err = make_error(schema::from_wire(r.getError().getCode()), r.getError().getMessage().cStr());
+  if (h.stage == wire::KvHandoffStage::OFFERED && h.descriptor.empty()) {
+    return make_error(errc::invalid_argument, "KvHandoff: an offer without a descriptor");
+  }
+  if (h.stage == wire::KvHandoffStage::FAILED && h.err.ok())
+    h.err = make_error(errc::internal, "KV handoff failed");
+  return h;
 }
 
 }  // namespace weft::serve

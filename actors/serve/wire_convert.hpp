@@ -21,7 +21,28 @@ struct generate_spec {
   bool want_logprobs = false;  ///< report each token's log-probability
   uint64_t deadline_ms = 0;
   uint32_t attempt = 0;
+  /// Disaggregated prefill: offer the KV after the first new token instead of decoding.
+  bool handoff = false;
+  /// Disaggregated decode: the bytes of a KvDescriptor envelope to pull the KV from (empty:
+  /// prefill).
+  std::vector<std::byte> kv_source;
 };
+
+/// One message of the KV handoff between a prefill and a decode worker (schema KvHandoff).
+struct kv_handoff {
+  uint64_t request_id = 0;
+  uint32_t attempt = 0;
+  schema::wire::KvHandoffStage stage = schema::wire::KvHandoffStage::OFFERED;
+  uint64_t lease_id = 0;
+  std::string worker;
+  std::vector<std::byte> descriptor;  ///< offered: a KvDescriptor envelope's bytes
+  uint64_t bytes = 0;                 ///< pulled
+  uint64_t micros = 0;                ///< pulled
+  error err;                          ///< failed
+};
+
+schema::envelope to_wire(const kv_handoff& h);
+result<kv_handoff> from_wire(schema::wire::KvHandoff::Reader r);
 
 schema::envelope to_wire(const generate_spec& spec);
 /// Decodes and validates (finite sampling values, sane ranges, non-empty prompt).

@@ -14,8 +14,10 @@ uint64_t mix_seed(uint64_t a, uint64_t b) {
 }
 
 std::string validate(const arrival_config& config) {
-  if (!(config.rate_rps > 0) || !std::isfinite(config.rate_rps)) return "arrival rate must be > 0 req/s";
-  if (config.kind == arrival_kind::gamma && (!(config.burstiness > 0) || !std::isfinite(config.burstiness))) {
+  if (!(config.rate_rps > 0) || !std::isfinite(config.rate_rps))
+    return "arrival rate must be > 0 req/s";
+  if (config.kind == arrival_kind::gamma &&
+      (!(config.burstiness > 0) || !std::isfinite(config.burstiness))) {
     return "burstiness (gamma shape) must be > 0";
   }
   return {};
@@ -38,7 +40,8 @@ std::vector<double> generate_arrivals(const arrival_config& config, size_t n) {
 
 std::string validate(const length_config& c) {
   if (c.min_tokens < 1) return "minimum length must be >= 1 token";
-  if (c.max_tokens != 0 && c.max_tokens < c.min_tokens) return "maximum length is below the minimum";
+  if (c.max_tokens != 0 && c.max_tokens < c.min_tokens)
+    return "maximum length is below the minimum";
   switch (c.dist) {
     case length_dist::fixed:
       if (c.mean_tokens < 1) return "fixed length must be >= 1 token";
@@ -81,14 +84,16 @@ std::vector<int64_t> sample_lengths(const length_config& c, size_t n, uint64_t s
       }
       case length_dist::pareto: {
         // Inverse CDF: x = x_m / U^(1/alpha); mean = alpha x_m / (alpha - 1).
-        const double x_m = static_cast<double>(c.mean_tokens) * (c.pareto_alpha - 1.0) / c.pareto_alpha;
+        const double x_m =
+            static_cast<double>(c.mean_tokens) * (c.pareto_alpha - 1.0) / c.pareto_alpha;
         const double u = 1.0 - unit(rng);  // in (0, 1]
         out.push_back(clip(x_m / std::pow(u, 1.0 / c.pareto_alpha)));
         break;
       }
       case length_dist::lognormal: {
         const double sigma = c.lognormal_sigma;
-        std::lognormal_distribution<double> ln{std::log(static_cast<double>(c.mean_tokens)) - sigma * sigma / 2, sigma};
+        std::lognormal_distribution<double> ln{
+            std::log(static_cast<double>(c.mean_tokens)) - sigma * sigma / 2, sigma};
         out.push_back(clip(ln(rng)));
         break;
       }
@@ -98,29 +103,43 @@ std::vector<int64_t> sample_lengths(const length_config& c, size_t n, uint64_t s
 }
 
 bool parse_arrival_kind(const std::string& name, arrival_kind& out) {
-  if (name == "poisson") out = arrival_kind::poisson;
-  else if (name == "gamma") out = arrival_kind::gamma;
-  else return false;
+  if (name == "poisson")
+    out = arrival_kind::poisson;
+  else if (name == "gamma")
+    out = arrival_kind::gamma;
+  else
+    return false;
   return true;
 }
 
 bool parse_length_dist(const std::string& name, length_dist& out) {
-  if (name == "fixed") out = length_dist::fixed;
-  else if (name == "uniform") out = length_dist::uniform;
-  else if (name == "pareto") out = length_dist::pareto;
-  else if (name == "lognormal") out = length_dist::lognormal;
-  else return false;
+  if (name == "fixed")
+    out = length_dist::fixed;
+  else if (name == "uniform")
+    out = length_dist::uniform;
+  else if (name == "pareto")
+    out = length_dist::pareto;
+  else if (name == "lognormal")
+    out = length_dist::lognormal;
+  else
+    return false;
   return true;
 }
 
-const char* to_string(arrival_kind kind) { return kind == arrival_kind::gamma ? "gamma" : "poisson"; }
+const char* to_string(arrival_kind kind) {
+  return kind == arrival_kind::gamma ? "gamma" : "poisson";
+}
 
 const char* to_string(length_dist dist) {
   switch (dist) {
-    case length_dist::fixed: return "fixed";
-    case length_dist::uniform: return "uniform";
-    case length_dist::pareto: return "pareto";
-    case length_dist::lognormal: return "lognormal";
+    case length_dist::fixed:
+      return "fixed";
+    case length_dist::uniform:
+      return "uniform";
+    case length_dist::pareto:
+      return "pareto";
+    case length_dist::lognormal:
+      return "lognormal";
   }
   return "?";
 }

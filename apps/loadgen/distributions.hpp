@@ -11,7 +11,7 @@ namespace weft::apps::loadgen {
 /// How request send times are drawn.
 enum class arrival_kind {
   poisson,  ///< exponential gaps (gamma with shape 1)
-  gamma,    ///< gamma gaps with shape `burstiness`: cv = 1/sqrt(shape); < 1 is burstier than Poisson
+  gamma,  ///< gamma gaps with shape `burstiness`: cv = 1/sqrt(shape); < 1 is burstier than Poisson
 };
 
 /// Parameters of an arrival process.

@@ -6,22 +6,28 @@ namespace weft::apps::loadgen {
 
 const char* to_string(goodput_status status) {
   switch (status) {
-    case goodput_status::found: return "found";
-    case goodput_status::below_min: return "below_min";
-    case goodput_status::at_least_max: return "at_least_max";
+    case goodput_status::found:
+      return "found";
+    case goodput_status::below_min:
+      return "below_min";
+    case goodput_status::at_least_max:
+      return "at_least_max";
   }
   return "?";
 }
 
 std::string validate(const bisection_config& c) {
   if (!(c.rate_min_rps > 0) || !std::isfinite(c.rate_min_rps)) return "--rate-min must be > 0";
-  if (!(c.rate_max_rps > c.rate_min_rps) || !std::isfinite(c.rate_max_rps)) return "--rate-max must be > --rate-min";
+  if (!(c.rate_max_rps > c.rate_min_rps) || !std::isfinite(c.rate_max_rps))
+    return "--rate-max must be > --rate-min";
   if (c.steps < 0) return "--bisect-steps must be >= 0";
-  if (!(c.attainment_target > 0 && c.attainment_target <= 1)) return "attainment target must be in (0, 1]";
+  if (!(c.attainment_target > 0 && c.attainment_target <= 1))
+    return "attainment target must be in (0, 1]";
   return {};
 }
 
-goodput_result bisect_goodput(const bisection_config& c, const std::function<double(double)>& attainment_at) {
+goodput_result bisect_goodput(const bisection_config& c,
+                              const std::function<double(double)>& attainment_at) {
   goodput_result r;
   const auto probe = [&](double rate) {
     const double a = attainment_at(rate);

@@ -11,8 +11,8 @@ namespace weft::apps::loadgen {
 struct bisection_config {
   double rate_min_rps = 0.5;
   double rate_max_rps = 8.0;
-  int steps = 5;                    ///< probes between the two ends after both were probed
-  double attainment_target = 0.9;   ///< a rate passes when attainment >= this
+  int steps = 5;                   ///< probes between the two ends after both were probed
+  double attainment_target = 0.9;  ///< a rate passes when attainment >= this
 };
 
 /// One probed rate.
@@ -24,9 +24,9 @@ struct goodput_probe {
 
 /// How the search ended.
 enum class goodput_status {
-  found,       ///< rate_min passes, rate_max fails: goodput bracketed within (max-min)/2^steps
-  below_min,   ///< even rate_min fails: goodput < rate_min (reported as 0)
-  at_least_max ///< rate_max passes: goodput >= rate_max (reported as rate_max)
+  found,        ///< rate_min passes, rate_max fails: goodput bracketed within (max-min)/2^steps
+  below_min,    ///< even rate_min fails: goodput < rate_min (reported as 0)
+  at_least_max  ///< rate_max passes: goodput >= rate_max (reported as rate_max)
 };
 const char* to_string(goodput_status status);
 
@@ -44,6 +44,7 @@ std::string validate(const bisection_config& config);
 /// Probes rate_min, then rate_max, then bisects `steps` times between the highest passing and the
 /// lowest failing rate. `attainment_at(rate)` runs one full probe and returns its attainment in
 /// [0, 1]. Assumes attainment does not increase with the rate. Precondition: validate() passed.
-goodput_result bisect_goodput(const bisection_config& config, const std::function<double(double rate_rps)>& attainment_at);
+goodput_result bisect_goodput(const bisection_config& config,
+                              const std::function<double(double rate_rps)>& attainment_at);
 
 }  // namespace weft::apps::loadgen

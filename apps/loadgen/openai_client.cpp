@@ -10,7 +10,8 @@ namespace {
 
 void set_timeouts(httplib::Client& cli, const client_config& c) {
   const auto usec = [](double s) { return static_cast<time_t>(std::llround(s * 1e6)); };
-  cli.set_connection_timeout(usec(c.connect_timeout_s) / 1000000, usec(c.connect_timeout_s) % 1000000);
+  cli.set_connection_timeout(usec(c.connect_timeout_s) / 1000000,
+                             usec(c.connect_timeout_s) % 1000000);
   cli.set_read_timeout(usec(c.timeout_s) / 1000000, usec(c.timeout_s) % 1000000);
   cli.set_write_timeout(usec(c.timeout_s) / 1000000, usec(c.timeout_s) % 1000000);
 }
@@ -19,13 +20,16 @@ void set_timeouts(httplib::Client& cli, const client_config& c) {
 
 result<server_endpoint> parse_base_url(const std::string& url) {
   const auto scheme_end = url.find("://");
-  if (scheme_end == std::string::npos || (url.compare(0, scheme_end, "http") != 0 && url.compare(0, scheme_end, "https") != 0)) {
-    return result<server_endpoint>::failure("server URL '" + url + "' must start with http:// or https://");
+  if (scheme_end == std::string::npos ||
+      (url.compare(0, scheme_end, "http") != 0 && url.compare(0, scheme_end, "https") != 0)) {
+    return result<server_endpoint>::failure("server URL '" + url +
+                                            "' must start with http:// or https://");
   }
   const auto path_start = url.find('/', scheme_end + 3);
   server_endpoint e;
   e.scheme_host_port = url.substr(0, path_start);
-  if (e.scheme_host_port.size() <= scheme_end + 3) return result<server_endpoint>::failure("server URL '" + url + "' has no host");
+  if (e.scheme_host_port.size() <= scheme_end + 3)
+    return result<server_endpoint>::failure("server URL '" + url + "' has no host");
   if (path_start != std::string::npos) e.path_prefix = url.substr(path_start);
   while (!e.path_prefix.empty() && e.path_prefix.back() == '/') e.path_prefix.pop_back();
   if (e.path_prefix.size() >= 3 && e.path_prefix.compare(e.path_prefix.size() - 3, 3, "/v1") == 0) {
@@ -34,7 +38,8 @@ result<server_endpoint> parse_base_url(const std::string& url) {
   return e;
 }
 
-request_record send_request(const client_config& config, const request_spec& spec, steady_clock::time_point run_start) {
+request_record send_request(const client_config& config, const request_spec& spec,
+                            steady_clock::time_point run_start) {
   request_record rec;
   rec.index = spec.index;
   rec.scheduled_s = spec.send_time_s;
@@ -57,7 +62,8 @@ request_record send_request(const client_config& config, const request_spec& spe
   rec.dispatch_lag_ms = (rec.sent_s - rec.scheduled_s) * 1000.0;
   stream_recorder recorder{config.request.api, rec, sent};
   bool timed_out = false;
-  const auto deadline = sent + std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(config.timeout_s));
+  const auto deadline = sent + std::chrono::duration_cast<steady_clock::duration>(
+                                   std::chrono::duration<double>(config.timeout_s));
   req.response_handler = [&](const httplib::Response& res) {
     recorder.on_status(res.status);
     return true;
@@ -74,22 +80,27 @@ request_record send_request(const client_config& config, const request_spec& spe
   httplib::Response res;
   httplib::Error err = httplib::Error::Success;
   const bool sent_ok = cli.send(req, res, err);
-  // A server silent for longer than the read timeout shows up as a read error: that is a timeout too.
-  if (err == httplib::Error::Read && steady_clock::now() - sent >= deadline - sent) timed_out = true;
+  // A server silent for longer than the read timeout shows up as a read error: that is a timeout
+  // too.
+  if (err == httplib::Error::Read && steady_clock::now() - sent >= deadline - sent)
+    timed_out = true;
   if (sent_ok || err == httplib::Error::Success) {
     if (rec.http_status == 0) recorder.on_status(res.status);
     recorder.finish(request_status::ok, {});
   } else if (timed_out || err == httplib::Error::Read) {
     // httplib reports a read timeout as a read error; either way the request did not finish in time
     // or the connection broke mid-stream.
-    recorder.finish(timed_out ? request_status::timeout : request_status::connection_error,
-                    timed_out ? "exceeded the request timeout of " + std::to_string(config.timeout_s) + " s"
-                              : "connection broke while reading " + config.server.url(endpoint_path(config.request.api)));
+    recorder.finish(
+        timed_out ? request_status::timeout : request_status::connection_error,
+        timed_out ? "exceeded the request timeout of " + std::to_string(config.timeout_s) + " s"
+                  : "connection broke while reading " +
+                        config.server.url(endpoint_path(config.request.api)));
   } else if (err == httplib::Error::Canceled) {
     recorder.finish(request_status::ok, {});  // the recorder stopped the stream on an error event
   } else {
     recorder.finish(request_status::connection_error,
-                    "cannot reach " + config.server.url(endpoint_path(config.request.api)) + ": " + httplib::to_string(err));
+                    "cannot reach " + config.server.url(endpoint_path(config.request.api)) + ": " +
+                        httplib::to_string(err));
   }
   return rec;
 }
@@ -104,7 +115,8 @@ result<server_info> probe_server(const client_config& config) {
   const std::string path = config.server.path_prefix + "/v1/models";
   auto res = cli.Get(path, headers);
   if (!res) {
-    return result<server_info>::failure("cannot reach the server at " + config.server.url("/v1/models") + ": " +
+    return result<server_info>::failure("cannot reach the server at " +
+                                        config.server.url("/v1/models") + ": " +
                                         httplib::to_string(res.error()));
   }
   server_info info;
@@ -113,7 +125,8 @@ result<server_info> probe_server(const client_config& config) {
     const auto j = nlohmann::json::parse(res->body, nullptr, false);
     if (!j.is_discarded() && j.is_object() && j.contains("data") && j["data"].is_array()) {
       for (const auto& m : j["data"]) {
-        if (m.is_object() && m.contains("id") && m["id"].is_string()) info.model_ids.push_back(m["id"].get<std::string>());
+        if (m.is_object() && m.contains("id") && m["id"].is_string())
+          info.model_ids.push_back(m["id"].get<std::string>());
       }
     }
   }

@@ -24,14 +24,16 @@ result<server_endpoint> parse_base_url(const std::string& url);
 struct client_config {
   server_endpoint server;
   request_options request;
-  std::string api_key;             ///< sent as "Authorization: Bearer <key>" when not empty
-  double timeout_s = 600.0;        ///< whole-request limit
+  std::string api_key;       ///< sent as "Authorization: Bearer <key>" when not empty
+  double timeout_s = 600.0;  ///< whole-request limit
   double connect_timeout_s = 10.0;
 };
 
 /// Sends `spec` now (blocking until the stream ends) and returns its record, with times relative
-/// to `run_start`. Never throws; every failure is a status in the record. Thread-safe (no shared state).
-request_record send_request(const client_config& config, const request_spec& spec, steady_clock::time_point run_start);
+/// to `run_start`. Never throws; every failure is a status in the record. Thread-safe (no shared
+/// state).
+request_record send_request(const client_config& config, const request_spec& spec,
+                            steady_clock::time_point run_start);
 
 /// What GET /v1/models answered.
 struct server_info {

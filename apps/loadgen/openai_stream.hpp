@@ -20,7 +20,7 @@ using steady_clock = std::chrono::steady_clock;
 /// Which OpenAI endpoint requests go to.
 enum class api_kind {
   completions,  ///< POST /v1/completions, `prompt`, chunks carry choices[0].text
-  chat,         ///< POST /v1/chat/completions, one user message, chunks carry choices[0].delta.content
+  chat,  ///< POST /v1/chat/completions, one user message, chunks carry choices[0].delta.content
 };
 
 /// Whether to ask the server to ignore end-of-sequence (weft/vLLM `ignore_eos` extension).

@@ -30,7 +30,9 @@ nlohmann::json machine_info() {
   }
   std::array<char, 256> host{};
   if (gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
-  return {{"nproc", std::thread::hardware_concurrency()}, {"cpu_model", cpu}, {"hostname", std::string{host.data()}}};
+  return {{"nproc", std::thread::hardware_concurrency()},
+          {"cpu_model", cpu},
+          {"hostname", std::string{host.data()}}};
 }
 
 std::string git_commit() {
@@ -38,7 +40,8 @@ std::string git_commit() {
   const std::string v = version_string();
   const auto open = v.find('(');
   const auto close = v.rfind(')');
-  return open != std::string::npos && close > open ? v.substr(open + 1, close - open - 1) : "unknown";
+  return open != std::string::npos && close > open ? v.substr(open + 1, close - open - 1)
+                                                   : "unknown";
 }
 
 std::string process_command_line() {
@@ -60,8 +63,8 @@ std::string format_utc(const char* fmt) {
 }
 
 std::string dist_line(const distribution_summary& d, int precision) {
-  return fmt::format("mean={:.{}f} p50={:.{}f} p90={:.{}f} p99={:.{}f} (n={})", d.mean, precision, d.p50, precision, d.p90,
-                     precision, d.p99, precision, d.count);
+  return fmt::format("mean={:.{}f} p50={:.{}f} p90={:.{}f} p99={:.{}f} (n={})", d.mean, precision,
+                     d.p50, precision, d.p90, precision, d.p99, precision, d.count);
 }
 
 std::string slo_text(const slo_config& slo) {
@@ -72,34 +75,45 @@ std::string slo_text(const slo_config& slo) {
 }
 }  // namespace
 
-std::string utc_date() { return format_utc("%Y-%m-%d"); }
-std::string utc_timestamp() { return format_utc("%Y-%m-%dT%H:%M:%SZ"); }
+std::string utc_date() {
+  return format_utc("%Y-%m-%d");
+}
+std::string utc_timestamp() {
+  return format_utc("%Y-%m-%dT%H:%M:%SZ");
+}
 
-std::vector<std::string> summary_lines(const std::string& label, double rate_rps, const run_summary& s, const slo_config& slo) {
+std::vector<std::string> summary_lines(const std::string& label, double rate_rps,
+                                       const run_summary& s, const slo_config& slo) {
   const std::string head = fmt::format("serve {} rate={:.3f}rps", label, rate_rps);
   std::vector<std::string> lines{
       fmt::format("{} ttft_ms {}", head, dist_line(s.ttft_ms, 1)),
       fmt::format("{} tpot_ms {}", head, dist_line(s.tpot_ms, 2)),
       fmt::format("{} itl_ms {}", head, dist_line(s.itl_ms, 2)),
       fmt::format("{} e2e_ms {}", head, dist_line(s.e2e_ms, 1)),
-      fmt::format("{} throughput output_tok_s={:.2f} req_s={:.3f} offered_req_s={:.3f} duration_s={:.1f}", head,
-                  s.output_throughput_tps, s.request_throughput_rps, s.offered_rate_rps, s.duration_s),
-      s.prompt_tokens.count > 0 ? fmt::format("{} prompt_tokens {}", head, dist_line(s.prompt_tokens, 1))
-                                : fmt::format("{} prompt_tokens not reported (no usage in the stream)", head),
+      fmt::format(
+          "{} throughput output_tok_s={:.2f} req_s={:.3f} offered_req_s={:.3f} duration_s={:.1f}",
+          head, s.output_throughput_tps, s.request_throughput_rps, s.offered_rate_rps,
+          s.duration_s),
+      s.prompt_tokens.count > 0
+          ? fmt::format("{} prompt_tokens {}", head, dist_line(s.prompt_tokens, 1))
+          : fmt::format("{} prompt_tokens not reported (no usage in the stream)", head),
       fmt::format("{} completion_tokens {}", head, dist_line(s.completion_tokens, 1)),
       s.cached_tokens.count > 0
-          ? fmt::format("{} cached_tokens {} total={} of {} prompt tokens", head, dist_line(s.cached_tokens, 1),
-                        s.total_cached_tokens, s.total_prompt_tokens)
+          ? fmt::format("{} cached_tokens {} total={} of {} prompt tokens", head,
+                        dist_line(s.cached_tokens, 1), s.total_cached_tokens, s.total_prompt_tokens)
           : fmt::format("{} cached_tokens not reported (no usage.prompt_tokens_details)", head),
-      fmt::format("{} errors={} of {} (client_overload={})", head, s.n_failed, s.n_requests, s.n_client_overload),
+      fmt::format("{} errors={} of {} (client_overload={})", head, s.n_failed, s.n_requests,
+                  s.n_client_overload),
   };
   if (s.slo_attainment >= 0) {
-    lines.push_back(fmt::format("{} slo_attainment={:.3f} ({})", head, s.slo_attainment, slo_text(slo)));
+    lines.push_back(
+        fmt::format("{} slo_attainment={:.3f} ({})", head, s.slo_attainment, slo_text(slo)));
   }
   return lines;
 }
 
-std::string goodput_line(const std::string& label, const goodput_result& g, const bisection_config& c, const slo_config& slo) {
+std::string goodput_line(const std::string& label, const goodput_result& g,
+                         const bisection_config& c, const slo_config& slo) {
   std::string where;
   switch (g.status) {
     case goodput_status::found:
@@ -112,15 +126,18 @@ std::string goodput_line(const std::string& label, const goodput_result& g, cons
       where = fmt::format("at least --rate-max {:.3f} rps (raise it)", c.rate_max_rps);
       break;
   }
-  return fmt::format("serve {} goodput={:.3f}rps ({}; >= {:.0f}% of requests meet {}; {} probes)", label, g.goodput_rps,
-                     where, c.attainment_target * 100, slo_text(slo), g.probes.size());
+  return fmt::format("serve {} goodput={:.3f}rps ({}; >= {:.0f}% of requests meet {}; {} probes)",
+                     label, g.goodput_rps, where, c.attainment_target * 100, slo_text(slo),
+                     g.probes.size());
 }
 
 result<bool> write_json_file(const std::string& path, const nlohmann::json& doc) {
   std::error_code ec;
   const fs::path p{path};
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
-  if (ec) return result<bool>::failure("cannot create directory " + p.parent_path().string() + ": " + ec.message());
+  if (ec)
+    return result<bool>::failure("cannot create directory " + p.parent_path().string() + ": " +
+                                 ec.message());
   std::ofstream out{p};
   if (!out) return result<bool>::failure("cannot write " + path);
   out << doc.dump(1) << '\n';
@@ -141,11 +158,13 @@ result<std::string> find_plot_script(const std::string& explicit_path) {
     if (dir == dir.parent_path()) break;
   }
   if (fs::exists(fs::current_path(ec) / rel)) return (fs::current_path(ec) / rel).string();
-  return result<std::string>::failure("cannot find bench/e2e/plot_serve.py beside the weft binary or under the current "
-                                      "directory; pass --plot-script");
+  return result<std::string>::failure(
+      "cannot find bench/e2e/plot_serve.py beside the weft binary or under the current "
+      "directory; pass --plot-script");
 }
 
-result<bool> run_plot(const std::string& script, const std::vector<std::string>& json_paths, const std::string& png_path) {
+result<bool> run_plot(const std::string& script, const std::vector<std::string>& json_paths,
+                      const std::string& png_path) {
   std::vector<std::string> args{"python3", script};
   args.insert(args.end(), json_paths.begin(), json_paths.end());
   args.push_back("-o");
@@ -160,14 +179,19 @@ result<bool> run_plot(const std::string& script, const std::vector<std::string>&
     _exit(127);
   }
   int status = 0;
-  if (waitpid(pid, &status, 0) < 0) return result<bool>::failure("waiting for the plot script failed");
+  if (waitpid(pid, &status, 0) < 0)
+    return result<bool>::failure("waiting for the plot script failed");
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 127) return result<bool>::failure("python3 is not installed (no plot)");
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+    return result<bool>::failure("python3 is not installed (no plot)");
   if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
-    return result<bool>::failure("matplotlib is missing: install it (apt-get install python3-matplotlib, or pip install "
-                                 "matplotlib) and rerun: python3 " + script + " <json> -o " + png_path);
+    return result<bool>::failure(
+        "matplotlib is missing: install it (apt-get install python3-matplotlib, or pip install "
+        "matplotlib) and rerun: python3 " +
+        script + " <json> -o " + png_path);
   }
-  return result<bool>::failure("the plot script failed (exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
+  return result<bool>::failure("the plot script failed (exit status " +
+                               std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
                                "); see its message above");
 }
 

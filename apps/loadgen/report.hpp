@@ -26,10 +26,12 @@ std::string utc_date();
 std::string utc_timestamp();
 
 /// One line per figure of a run, "serve <label> rate=<r> <figure> ...".
-std::vector<std::string> summary_lines(const std::string& label, double rate_rps, const run_summary& s, const slo_config& slo);
+std::vector<std::string> summary_lines(const std::string& label, double rate_rps,
+                                       const run_summary& s, const slo_config& slo);
 
 /// The line reporting a goodput search.
-std::string goodput_line(const std::string& label, const goodput_result& g, const bisection_config& c, const slo_config& slo);
+std::string goodput_line(const std::string& label, const goodput_result& g,
+                         const bisection_config& c, const slo_config& slo);
 
 /// Writes `doc` (indented) to `path`, creating parent directories.
 result<bool> write_json_file(const std::string& path, const nlohmann::json& doc);
@@ -38,7 +40,9 @@ result<bool> write_json_file(const std::string& path, const nlohmann::json& doc)
 /// running binary (walking up from /proc/self/exe), else under the current directory.
 result<std::string> find_plot_script(const std::string& explicit_path);
 
-/// Runs `python3 <script> <jsons...> -o <png>`; the error says what failed (e.g. matplotlib missing).
-result<bool> run_plot(const std::string& script, const std::vector<std::string>& json_paths, const std::string& png_path);
+/// Runs `python3 <script> <jsons...> -o <png>`; the error says what failed (e.g. matplotlib
+/// missing).
+result<bool> run_plot(const std::string& script, const std::vector<std::string>& json_paths,
+                      const std::string& png_path);
 
 }  // namespace weft::apps::loadgen

@@ -11,7 +11,8 @@ namespace weft::apps::loadgen {
 template <class T>
 class result {
  public:
-  result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor): ergonomic returns
+  result(T value)
+      : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor): ergonomic returns
 
   /// Makes a failed result carrying `message`.
   static result failure(std::string message) {

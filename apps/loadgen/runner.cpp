@@ -38,7 +38,8 @@ class worker_pool {
       if (outstanding_ >= max_threads_) return false;
       ++outstanding_;
       queue_.push_back(std::move(task));
-      if (idle_ < queue_.size() && threads_.size() < max_threads_) threads_.emplace_back([this] { loop(); });
+      if (idle_ < queue_.size() && threads_.size() < max_threads_)
+        threads_.emplace_back([this] { loop(); });
     }
     cv_.notify_one();
     return true;
@@ -86,7 +87,8 @@ class worker_pool {
 
 }  // namespace
 
-std::vector<request_record> run_open_loop(const run_config& config, const std::vector<request_spec>& requests) {
+std::vector<request_record> run_open_loop(const run_config& config,
+                                          const std::vector<request_spec>& requests) {
   std::vector<request_record> records(requests.size());
   std::atomic<size_t> n_done{0};
   std::atomic<size_t> n_failed{0};
@@ -98,15 +100,18 @@ std::vector<request_record> run_open_loop(const run_config& config, const std::v
 
   const auto progress = [&](size_t n_sent) {
     if (config.progress_interval_s <= 0 || steady_clock::now() < next_progress) return;
-    next_progress += std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(config.progress_interval_s));
-    spdlog::info("{}: {:.1f} s, sent {}/{}, done {}, in flight {}, failed {}, client overload {}", config.progress_label,
-                 std::chrono::duration<double>(steady_clock::now() - start).count(), n_sent, requests.size(),
-                 n_done.load(), pool.outstanding(), n_failed.load(), n_overload);
+    next_progress += std::chrono::duration_cast<steady_clock::duration>(
+        std::chrono::duration<double>(config.progress_interval_s));
+    spdlog::info("{}: {:.1f} s, sent {}/{}, done {}, in flight {}, failed {}, client overload {}",
+                 config.progress_label,
+                 std::chrono::duration<double>(steady_clock::now() - start).count(), n_sent,
+                 requests.size(), n_done.load(), pool.outstanding(), n_failed.load(), n_overload);
   };
 
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& spec = requests[i];
-    const auto due = start + std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(spec.send_time_s));
+    const auto due = start + std::chrono::duration_cast<steady_clock::duration>(
+                                 std::chrono::duration<double>(spec.send_time_s));
     // Sleep in slices so progress lines keep coming during long gaps.
     for (auto now = steady_clock::now(); now < due; now = steady_clock::now()) {
       progress(i);
@@ -125,18 +130,22 @@ std::vector<request_record> run_open_loop(const run_config& config, const std::v
       r.prompt_tokens_target = spec.prompt_tokens_target;
       r.max_tokens = spec.max_tokens;
       r.status = request_status::client_overload;
-      r.error = "not sent: " + std::to_string(config.max_in_flight) + " requests already in flight (--max-in-flight)";
+      r.error = "not sent: " + std::to_string(config.max_in_flight) +
+                " requests already in flight (--max-in-flight)";
       if (n_overload++ == 0) {
-        spdlog::warn("{}: client-side overload: {} requests in flight at the send time of request {}; such requests "
-                     "are recorded as failed, not delayed (raise --max-in-flight or lower the rate)",
-                     config.progress_label, config.max_in_flight, i);
+        spdlog::warn(
+            "{}: client-side overload: {} requests in flight at the send time of request {}; such "
+            "requests "
+            "are recorded as failed, not delayed (raise --max-in-flight or lower the rate)",
+            config.progress_label, config.max_in_flight, i);
       }
       n_done.fetch_add(1);
     }
     progress(i + 1);
   }
   while (!pool.wait_idle_for(std::chrono::milliseconds(200))) progress(requests.size());
-  if (n_overload > 0) spdlog::warn("{}: {} requests not sent (client overload)", config.progress_label, n_overload);
+  if (n_overload > 0)
+    spdlog::warn("{}: {} requests not sent (client overload)", config.progress_label, n_overload);
   return records;
 }
 

@@ -22,6 +22,7 @@ struct run_config {
 /// max_in_flight requests are outstanding is not sent and is recorded as client_overload (never
 /// delayed). Blocks until every request has finished; returns one record per request, in the order
 /// of `requests`. Thread-safe to call from one thread at a time.
-std::vector<request_record> run_open_loop(const run_config& config, const std::vector<request_spec>& requests);
+std::vector<request_record> run_open_loop(const run_config& config,
+                                          const std::vector<request_spec>& requests);
 
 }  // namespace weft::apps::loadgen

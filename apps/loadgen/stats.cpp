@@ -40,7 +40,8 @@ run_summary summarize_run(const std::vector<request_record>& records, const slo_
   run_summary s;
   s.n_requests = records.size();
   std::vector<double> ttft, tpot, itl, e2e, prompt, completion, cached, lag;
-  double first_send = INFINITY, last_end = -INFINITY, first_sched = INFINITY, last_sched = -INFINITY;
+  double first_send = INFINITY, last_end = -INFINITY, first_sched = INFINITY,
+         last_sched = -INFINITY;
   size_t n_meet = 0;
   for (const auto& r : records) {
     first_sched = std::min(first_sched, r.scheduled_s);
@@ -123,7 +124,8 @@ nlohmann::json to_json(const run_summary& s) {
                    {"completion_tokens", to_json(s.completion_tokens)},
                    {"cached_tokens", to_json(s.cached_tokens)},
                    {"dispatch_lag_ms", to_json(s.dispatch_lag_ms)}};
-  j["slo_attainment"] = s.slo_attainment >= 0 ? nlohmann::json(s.slo_attainment) : nlohmann::json(nullptr);
+  j["slo_attainment"] =
+      s.slo_attainment >= 0 ? nlohmann::json(s.slo_attainment) : nlohmann::json(nullptr);
   return j;
 }
 

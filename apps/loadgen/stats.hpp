@@ -42,18 +42,18 @@ bool meets_slo(const request_record& r, const slo_config& slo);
 struct run_summary {
   size_t n_requests = 0;
   size_t n_ok = 0;
-  size_t n_failed = 0;           ///< any status but ok, client overload included
+  size_t n_failed = 0;  ///< any status but ok, client overload included
   size_t n_client_overload = 0;
-  double duration_s = 0.0;       ///< first send to last response end
-  double offered_rate_rps = 0.0; ///< requests / span of scheduled send times
+  double duration_s = 0.0;              ///< first send to last response end
+  double offered_rate_rps = 0.0;        ///< requests / span of scheduled send times
   double request_throughput_rps = 0.0;  ///< successful requests / duration
   double output_throughput_tps = 0.0;   ///< completion tokens of successful requests / duration
   int64_t total_prompt_tokens = 0;
   int64_t total_completion_tokens = 0;
   int64_t total_cached_tokens = 0;
   double slo_attainment = -1.0;  ///< fraction of all requests meeting the SLO; -1 when no SLO set
-  distribution_summary ttft_ms, tpot_ms, itl_ms, e2e_ms, prompt_tokens, completion_tokens, cached_tokens,
-      dispatch_lag_ms;
+  distribution_summary ttft_ms, tpot_ms, itl_ms, e2e_ms, prompt_tokens, completion_tokens,
+      cached_tokens, dispatch_lag_ms;
 };
 
 /// Summarises the records of one run (latency figures over successful requests only).

@@ -12,13 +12,15 @@ namespace weft::apps::loadgen {
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 template <class T>
 bool parse_number(std::string_view text, T& out) {
   while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
-  while (!text.empty() && (text.back() == ' ' || text.back() == '\t' || text.back() == '\r')) text.remove_suffix(1);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t' || text.back() == '\r'))
+    text.remove_suffix(1);
   if (text.empty()) return false;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
   return ec == std::errc{} && ptr == text.data() + text.size();
@@ -59,15 +61,16 @@ result<trace> load_azure(const std::string& path, std::ifstream& in) {
     const auto c1 = line.find(',');
     const auto c2 = c1 == std::string::npos ? c1 : line.find(',', c1 + 1);
     if (c2 == std::string::npos) {
-      return result<trace>::failure(path + ":" + std::to_string(line_no) + ": expected 3 comma-separated fields");
+      return result<trace>::failure(path + ":" + std::to_string(line_no) +
+                                    ": expected 3 comma-separated fields");
     }
     auto ts = parse_azure_timestamp(line.substr(0, c1));
     trace_entry e;
     if (!ts || !parse_number(std::string_view{line}.substr(c1 + 1, c2 - c1 - 1), e.input_tokens) ||
-        !parse_number(std::string_view{line}.substr(c2 + 1), e.output_tokens) || e.input_tokens < 0 ||
-        e.output_tokens < 0) {
-      return result<trace>::failure(path + ":" + std::to_string(line_no) + ": malformed line '" + line + "'" +
-                                    (ts ? "" : " (" + ts.error() + ")"));
+        !parse_number(std::string_view{line}.substr(c2 + 1), e.output_tokens) ||
+        e.input_tokens < 0 || e.output_tokens < 0) {
+      return result<trace>::failure(path + ":" + std::to_string(line_no) + ": malformed line '" +
+                                    line + "'" + (ts ? "" : " (" + ts.error() + ")"));
     }
     if (t.entries.empty()) t0 = ts.value();
     e.timestamp_s = ts.value() - t0;
@@ -88,7 +91,8 @@ result<trace> load_mooncake(const std::string& path, std::ifstream& in) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     const auto where = path + ":" + std::to_string(line_no) + ": ";
-    if (j.is_discarded() || !j.is_object()) return result<trace>::failure(where + "not a JSON object");
+    if (j.is_discarded() || !j.is_object())
+      return result<trace>::failure(where + "not a JSON object");
     const auto ts = j.find("timestamp");
     const auto in_len = j.find("input_length");
     const auto out_len = j.find("output_length");
@@ -100,11 +104,13 @@ result<trace> load_mooncake(const std::string& path, std::ifstream& in) {
     trace_entry e;
     e.input_tokens = in_len->get<int64_t>();
     e.output_tokens = out_len->get<int64_t>();
-    if (e.input_tokens < 0 || e.output_tokens < 0) return result<trace>::failure(where + "negative length");
+    if (e.input_tokens < 0 || e.output_tokens < 0)
+      return result<trace>::failure(where + "negative length");
     if (ids != j.end()) {
       if (!ids->is_array()) return result<trace>::failure(where + "hash_ids is not an array");
       for (const auto& id : *ids) {
-        if (!id.is_number_integer()) return result<trace>::failure(where + "hash_ids holds a non-integer");
+        if (!id.is_number_integer())
+          return result<trace>::failure(where + "hash_ids holds a non-integer");
         e.hash_ids.push_back(id.get<int64_t>());
       }
     }
@@ -118,13 +124,16 @@ result<trace> load_mooncake(const std::string& path, std::ifstream& in) {
 
 }  // namespace
 
-const char* to_string(trace_format format) { return format == trace_format::azure ? "azure" : "mooncake"; }
+const char* to_string(trace_format format) {
+  return format == trace_format::azure ? "azure" : "mooncake";
+}
 
 result<trace_format> detect_trace_format(const std::string& path) {
   if (ends_with(path, ".csv")) return trace_format::azure;
   if (ends_with(path, ".jsonl") || ends_with(path, ".json")) return trace_format::mooncake;
-  return result<trace_format>::failure("cannot tell the trace format of '" + path +
-                                       "' from its extension (.csv = azure, .jsonl = mooncake); pass --trace-format");
+  return result<trace_format>::failure(
+      "cannot tell the trace format of '" + path +
+      "' from its extension (.csv = azure, .jsonl = mooncake); pass --trace-format");
 }
 
 result<double> parse_azure_timestamp(const std::string& text) {
@@ -132,17 +141,20 @@ result<double> parse_azure_timestamp(const std::string& text) {
   int64_t y = 0, mo = 0, d = 0, h = 0, mi = 0, s = 0;
   std::string_view v{text};
   while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
-  if (v.size() < 19 || v[4] != '-' || v[7] != '-' || (v[10] != ' ' && v[10] != 'T') || v[13] != ':' || v[16] != ':' ||
-      !parse_number(v.substr(0, 4), y) || !parse_number(v.substr(5, 2), mo) || !parse_number(v.substr(8, 2), d) ||
-      !parse_number(v.substr(11, 2), h) || !parse_number(v.substr(14, 2), mi) || !parse_number(v.substr(17, 2), s) ||
-      mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || s > 60) {
+  if (v.size() < 19 || v[4] != '-' || v[7] != '-' || (v[10] != ' ' && v[10] != 'T') ||
+      v[13] != ':' || v[16] != ':' || !parse_number(v.substr(0, 4), y) ||
+      !parse_number(v.substr(5, 2), mo) || !parse_number(v.substr(8, 2), d) ||
+      !parse_number(v.substr(11, 2), h) || !parse_number(v.substr(14, 2), mi) ||
+      !parse_number(v.substr(17, 2), s) || mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 ||
+      mi > 59 || s > 60) {
     return result<double>::failure("bad timestamp '" + text + "'");
   }
   double frac = 0.0;
   auto rest = v.substr(19);
   while (!rest.empty() && (rest.back() == ' ' || rest.back() == '\r')) rest.remove_suffix(1);
   if (!rest.empty()) {
-    if (rest.front() != '.' || rest.size() < 2) return result<double>::failure("bad timestamp '" + text + "'");
+    if (rest.front() != '.' || rest.size() < 2)
+      return result<double>::failure("bad timestamp '" + text + "'");
     double scale = 0.1;
     for (char c : rest.substr(1)) {
       if (c < '0' || c > '9') return result<double>::failure("bad timestamp '" + text + "'");
@@ -157,17 +169,20 @@ result<trace> load_trace(const std::string& path, trace_format format) {
   std::ifstream in{path};
   if (!in) return result<trace>::failure("cannot open trace file '" + path + "'");
   auto t = format == trace_format::azure ? load_azure(path, in) : load_mooncake(path, in);
-  if (t && t->entries.empty()) return result<trace>::failure("trace file '" + path + "' holds no requests");
+  if (t && t->entries.empty())
+    return result<trace>::failure("trace file '" + path + "' holds no requests");
   return t;
 }
 
 result<scaled_trace> scale_trace(const trace& source, const trace_scaling_config& config) {
   const size_t n_total = source.entries.size();
   if (config.offset >= n_total) {
-    return result<scaled_trace>::failure("trace offset " + std::to_string(config.offset) + " is past the " +
-                                         std::to_string(n_total) + " requests of " + source.path);
+    return result<scaled_trace>::failure("trace offset " + std::to_string(config.offset) +
+                                         " is past the " + std::to_string(n_total) +
+                                         " requests of " + source.path);
   }
-  const size_t n = config.count == 0 ? n_total - config.offset : std::min(config.count, n_total - config.offset);
+  const size_t n =
+      config.count == 0 ? n_total - config.offset : std::min(config.count, n_total - config.offset);
   if (config.scale_percentile <= 0 || config.scale_percentile > 100) {
     return result<scaled_trace>::failure("scale percentile must be in (0, 100]");
   }
@@ -188,9 +203,10 @@ result<scaled_trace> scale_trace(const trace& source, const trace_scaling_config
     sc.time_scale = config.time_scale;
   } else if (config.target_rate_rps > 0) {
     if (sc.source_rate_rps <= 0) {
-      return result<scaled_trace>::failure("cannot scale the trace to a rate: the " + std::to_string(n) +
-                                           " selected requests all have the same timestamp (replay more with -n, "
-                                           "or give --time-scale)");
+      return result<scaled_trace>::failure(
+          "cannot scale the trace to a rate: the " + std::to_string(n) +
+          " selected requests all have the same timestamp (replay more with -n, "
+          "or give --time-scale)");
     }
     sc.time_scale = sc.source_rate_rps / config.target_rate_rps;
   } else {
@@ -214,7 +230,8 @@ result<scaled_trace> scale_trace(const trace& source, const trace_scaling_config
   sc.prompt_scale = factor(ins, config.max_prompt_tokens);
   sc.output_scale = factor(outs, config.max_output_tokens);
   if (source.format == trace_format::mooncake) {
-    sc.block_tokens = std::max<int64_t>(1, std::llround(static_cast<double>(mooncake_block_tokens) * sc.prompt_scale));
+    sc.block_tokens = std::max<int64_t>(
+        1, std::llround(static_cast<double>(mooncake_block_tokens) * sc.prompt_scale));
   }
 
   const auto scale_len = [](int64_t len, double f, int64_t max_tokens, size_t& n_clipped) {
@@ -229,12 +246,16 @@ result<scaled_trace> scale_trace(const trace& source, const trace_scaling_config
   for (auto it = first; it != last; ++it) {
     scaled_trace_request r;
     r.send_time_s = (it->timestamp_s - t0) * sc.time_scale;
-    r.prompt_tokens = scale_len(it->input_tokens, sc.prompt_scale, config.max_prompt_tokens, sc.n_prompt_clipped);
-    r.output_tokens = scale_len(it->output_tokens, sc.output_scale, config.max_output_tokens, sc.n_output_clipped);
+    r.prompt_tokens =
+        scale_len(it->input_tokens, sc.prompt_scale, config.max_prompt_tokens, sc.n_prompt_clipped);
+    r.output_tokens = scale_len(it->output_tokens, sc.output_scale, config.max_output_tokens,
+                                sc.n_output_clipped);
     if (source.format == trace_format::mooncake && !it->hash_ids.empty()) {
-      // Blocks of block_tokens each; the prompt is as many blocks as it needs (at most the trace's).
+      // Blocks of block_tokens each; the prompt is as many blocks as it needs (at most the
+      // trace's).
       const auto b = sc.block_tokens;
-      const auto n_blocks = std::min<int64_t>(static_cast<int64_t>(it->hash_ids.size()), (r.prompt_tokens + b - 1) / b);
+      const auto n_blocks = std::min<int64_t>(static_cast<int64_t>(it->hash_ids.size()),
+                                              (r.prompt_tokens + b - 1) / b);
       r.hash_ids.assign(it->hash_ids.begin(), it->hash_ids.begin() + n_blocks);
       r.last_block_tokens = std::clamp<int64_t>(r.prompt_tokens - (n_blocks - 1) * b, 1, b);
       r.prompt_tokens = (n_blocks - 1) * b + r.last_block_tokens;

@@ -13,7 +13,8 @@ namespace weft::apps::loadgen {
 
 /// The file formats understood by load_trace().
 enum class trace_format {
-  azure,     ///< CSV `TIMESTAMP,ContextTokens,GeneratedTokens`, timestamps "YYYY-MM-DD hh:mm:ss.fffffff"
+  azure,     ///< CSV `TIMESTAMP,ContextTokens,GeneratedTokens`, timestamps "YYYY-MM-DD
+             ///< hh:mm:ss.fffffff"
   mooncake,  ///< JSONL `{"timestamp": ms, "input_length", "output_length", "hash_ids": [...]}`
 };
 
@@ -46,13 +47,14 @@ result<double> parse_azure_timestamp(const std::string& text);
 
 /// How a trace is cut and scaled.
 struct trace_scaling_config {
-  size_t offset = 0;                ///< skip this many requests at the start
-  size_t count = 0;                 ///< keep this many (0 = all after offset)
-  double time_scale = 0.0;          ///< multiply trace times by this (0 = derive from target_rate_rps)
-  double target_rate_rps = 0.0;     ///< mean rate to compress/stretch time to (0 = keep trace time)
-  int64_t max_prompt_tokens = 0;    ///< scale prompts so the percentile below fits (0 = no scaling)
-  int64_t max_output_tokens = 0;    ///< scale outputs likewise (0 = no scaling)
-  double scale_percentile = 100.0;  ///< which percentile of the lengths maps to the maximum; above it clip
+  size_t offset = 0;             ///< skip this many requests at the start
+  size_t count = 0;              ///< keep this many (0 = all after offset)
+  double time_scale = 0.0;       ///< multiply trace times by this (0 = derive from target_rate_rps)
+  double target_rate_rps = 0.0;  ///< mean rate to compress/stretch time to (0 = keep trace time)
+  int64_t max_prompt_tokens = 0;  ///< scale prompts so the percentile below fits (0 = no scaling)
+  int64_t max_output_tokens = 0;  ///< scale outputs likewise (0 = no scaling)
+  double scale_percentile =
+      100.0;  ///< which percentile of the lengths maps to the maximum; above it clip
 };
 
 /// What scaling was applied (stated in the benchmark output).
@@ -62,7 +64,7 @@ struct trace_scaling {
   double scaled_rate_rps = 0.0;
   double prompt_scale = 1.0;
   double output_scale = 1.0;
-  int64_t block_tokens = 0;      ///< Mooncake block size after scaling (0 for Azure)
+  int64_t block_tokens = 0;  ///< Mooncake block size after scaling (0 for Azure)
   size_t n_prompt_clipped = 0;
   size_t n_output_clipped = 0;
 };
@@ -72,8 +74,8 @@ struct scaled_trace_request {
   double send_time_s = 0.0;
   int64_t prompt_tokens = 0;
   int64_t output_tokens = 0;
-  /// Mooncake: hash ids of the blocks the prompt is made of; block i has `block_tokens` tokens except
-  /// the last, which has `last_block_tokens`.
+  /// Mooncake: hash ids of the blocks the prompt is made of; block i has `block_tokens` tokens
+  /// except the last, which has `last_block_tokens`.
   std::vector<int64_t> hash_ids;
   int64_t last_block_tokens = 0;
 };

@@ -11,7 +11,9 @@ namespace weft::apps::loadgen {
 namespace {
 
 nlohmann::json describe(const length_config& c) {
-  nlohmann::json j{{"dist", to_string(c.dist)}, {"mean_tokens", c.mean_tokens}, {"min_tokens", c.min_tokens},
+  nlohmann::json j{{"dist", to_string(c.dist)},
+                   {"mean_tokens", c.mean_tokens},
+                   {"min_tokens", c.min_tokens},
                    {"max_tokens", c.max_tokens}};
   if (c.dist == length_dist::pareto) j["pareto_alpha"] = c.pareto_alpha;
   if (c.dist == length_dist::lognormal) j["lognormal_sigma"] = c.lognormal_sigma;
@@ -23,7 +25,8 @@ nlohmann::json length_stats(const std::vector<request_spec>& reqs, bool prompt) 
   std::vector<int64_t> v;
   for (const auto& r : reqs) v.push_back(prompt ? r.prompt_tokens_target : r.max_tokens);
   std::sort(v.begin(), v.end());
-  const double mean = static_cast<double>(std::accumulate(v.begin(), v.end(), int64_t{0})) / static_cast<double>(v.size());
+  const double mean = static_cast<double>(std::accumulate(v.begin(), v.end(), int64_t{0})) /
+                      static_cast<double>(v.size());
   return {{"mean", mean}, {"min", v.front()}, {"p50", v[v.size() / 2]}, {"max", v.back()}};
 }
 
@@ -31,10 +34,13 @@ result<workload> build_synthetic(const workload_config& config, double rate_rps)
   synthetic_config s = config.synthetic;
   if (rate_rps > 0) s.arrival.rate_rps = rate_rps;
   if (auto e = validate(s.arrival); !e.empty()) return result<workload>::failure(e);
-  if (auto e = validate(s.prompt); !e.empty()) return result<workload>::failure("prompt lengths: " + e);
-  if (auto e = validate(s.output); !e.empty()) return result<workload>::failure("output lengths: " + e);
+  if (auto e = validate(s.prompt); !e.empty())
+    return result<workload>::failure("prompt lengths: " + e);
+  if (auto e = validate(s.output); !e.empty())
+    return result<workload>::failure("output lengths: " + e);
   if (config.num_requests == 0) return result<workload>::failure("number of requests must be > 0");
-  if (s.shared_prefix_tokens < 0) return result<workload>::failure("shared prefix must be >= 0 tokens");
+  if (s.shared_prefix_tokens < 0)
+    return result<workload>::failure("shared prefix must be >= 0 tokens");
   s.arrival.seed = mix_seed(config.seed, 1);
   const size_t n = config.num_requests;
   const auto times = generate_arrivals(s.arrival, n);
@@ -53,12 +59,13 @@ result<workload> build_synthetic(const workload_config& config, double rate_rps)
     r.max_tokens = output_lens[i];
     w.requests.push_back(std::move(r));
   }
-  w.description = {{"kind", "synthetic"},
-                   {"arrival", {{"kind", to_string(s.arrival.kind)}, {"rate_rps", s.arrival.rate_rps}}},
-                   {"num_requests", n},
-                   {"prompt", describe(s.prompt)},
-                   {"output", describe(s.output)},
-                   {"shared_prefix_tokens", s.shared_prefix_tokens}};
+  w.description = {
+      {"kind", "synthetic"},
+      {"arrival", {{"kind", to_string(s.arrival.kind)}, {"rate_rps", s.arrival.rate_rps}}},
+      {"num_requests", n},
+      {"prompt", describe(s.prompt)},
+      {"output", describe(s.output)},
+      {"shared_prefix_tokens", s.shared_prefix_tokens}};
   if (s.arrival.kind == arrival_kind::gamma) {
     w.description["arrival"]["burstiness"] = s.arrival.burstiness;
     w.description["arrival"]["cv"] = 1.0 / std::sqrt(s.arrival.burstiness);
@@ -86,21 +93,29 @@ result<workload> build_from_trace(const workload_config& config, double rate_rps
     r.prompt_tokens_target = s.prompt_tokens;
     r.max_tokens = s.output_tokens;
     if (!s.hash_ids.empty()) {
-      // Equal hash id -> equal block text; the text of a block depends on its id only (and the seed).
+      // Equal hash id -> equal block text; the text of a block depends on its id only (and the
+      // seed).
       for (size_t b = 0; b < s.hash_ids.size(); ++b) {
-        const int64_t len = b + 1 == s.hash_ids.size() ? s.last_block_tokens : scaled->scaling.block_tokens;
-        append_words(r.prompt, mix_seed(config.seed, static_cast<uint64_t>(s.hash_ids[b]) + (uint64_t{1} << 40)), len);
+        const int64_t len =
+            b + 1 == s.hash_ids.size() ? s.last_block_tokens : scaled->scaling.block_tokens;
+        append_words(
+            r.prompt,
+            mix_seed(config.seed, static_cast<uint64_t>(s.hash_ids[b]) + (uint64_t{1} << 40)), len);
       }
     } else {
       append_words(r.prompt, mix_seed(config.seed, 1000 + i), s.prompt_tokens);
     }
     w.requests.push_back(std::move(r));
   }
-  std::stable_sort(w.requests.begin(), w.requests.end(),
-                   [](const request_spec& a, const request_spec& b) { return a.send_time_s < b.send_time_s; });
+  std::stable_sort(
+      w.requests.begin(), w.requests.end(),
+      [](const request_spec& a, const request_spec& b) { return a.send_time_s < b.send_time_s; });
   const auto& k = scaled->scaling;
   w.description = {{"kind", "trace"},
-                   {"trace", {{"path", src.path}, {"format", to_string(src.format)}, {"requests_in_file", src.entries.size()}}},
+                   {"trace",
+                    {{"path", src.path},
+                     {"format", to_string(src.format)},
+                     {"requests_in_file", src.entries.size()}}},
                    {"offset", sc.offset},
                    {"num_requests", w.requests.size()},
                    {"scaling",
@@ -114,14 +129,16 @@ result<workload> build_from_trace(const workload_config& config, double rate_rps
                      {"max_output_tokens", sc.max_output_tokens},
                      {"prompts_clipped", k.n_prompt_clipped},
                      {"outputs_clipped", k.n_output_clipped}}}};
-  if (src.format == trace_format::mooncake) w.description["scaling"]["block_tokens"] = k.block_tokens;
+  if (src.format == trace_format::mooncake)
+    w.description["scaling"]["block_tokens"] = k.block_tokens;
   return w;
 }
 
 }  // namespace
 
 result<workload> build_workload(const workload_config& config, double rate_rps) {
-  auto w = config.source_trace != nullptr ? build_from_trace(config, rate_rps) : build_synthetic(config, rate_rps);
+  auto w = config.source_trace != nullptr ? build_from_trace(config, rate_rps)
+                                          : build_synthetic(config, rate_rps);
   if (w) {
     if (w->requests.empty()) return result<workload>::failure("the workload holds no requests");
     w->description["seed"] = config.seed;

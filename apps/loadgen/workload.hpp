@@ -20,7 +20,8 @@ struct request_spec {
   size_t index = 0;
   double send_time_s = 0.0;  ///< scheduled time from the start of the run
   std::string prompt;
-  int64_t prompt_tokens_target = 0;  ///< approximate (words); the server's count comes back in usage
+  int64_t prompt_tokens_target =
+      0;  ///< approximate (words); the server's count comes back in usage
   int64_t max_tokens = 0;
 };
 
@@ -34,21 +35,23 @@ struct synthetic_config {
 
 /// Where a workload comes from and how it is shaped.
 struct workload_config {
-  size_t num_requests = 100;  ///< synthetic: requests generated; trace: cap on requests replayed (0 = all)
-  uint64_t seed = 0;          ///< prompt text and random draws; probe i of a sweep uses mix_seed(seed, i)
+  size_t num_requests =
+      100;            ///< synthetic: requests generated; trace: cap on requests replayed (0 = all)
+  uint64_t seed = 0;  ///< prompt text and random draws; probe i of a sweep uses mix_seed(seed, i)
   synthetic_config synthetic;
   const trace* source_trace = nullptr;  ///< replay this trace instead of synthetic (not owned)
   trace_scaling_config scaling;
 };
 
-/// A built workload and a JSON description of it (kind, parameters, scaling applied, target lengths).
+/// A built workload and a JSON description of it (kind, parameters, scaling applied, target
+/// lengths).
 struct workload {
   std::vector<request_spec> requests;  ///< sorted by send time
   nlohmann::json description;
 };
 
-/// Builds the requests for one run at `rate_rps` (overrides the synthetic arrival rate or the trace's
-/// target rate; <= 0 keeps the configured one). Errors name the bad parameter.
+/// Builds the requests for one run at `rate_rps` (overrides the synthetic arrival rate or the
+/// trace's target rate; <= 0 keeps the configured one). Errors name the bad parameter.
 result<workload> build_workload(const workload_config& config, double rate_rps);
 
 }  // namespace weft::apps::loadgen

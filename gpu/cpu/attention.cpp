@@ -11,8 +11,8 @@ namespace weft::gpu::cpu {
 
 namespace {
 
-inline const uint16_t* cache_row(const uint16_t* cache, const attention_batch& b, const int32_t* table, int64_t pos,
-                                 int64_t kv_head) {
+inline const uint16_t* cache_row(const uint16_t* cache, const attention_batch& b,
+                                 const int32_t* table, int64_t pos, int64_t kv_head) {
   const int64_t block = table[pos / b.block_size];
   const int64_t slot = pos % b.block_size;
   return cache + ((block * b.block_size + slot) * b.n_kv_heads + kv_head) * b.head_dim;
@@ -20,7 +20,8 @@ inline const uint16_t* cache_row(const uint16_t* cache, const attention_batch& b
 
 }  // namespace
 
-void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t task_begin, int64_t task_end) {
+void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t task_begin,
+                     int64_t task_end) {
   const int64_t group = b.n_heads / b.n_kv_heads;
   const int64_t hd = b.head_dim;
   const int64_t q_stride = b.n_heads * hd;
@@ -56,11 +57,13 @@ void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t tas
       double sum = 0.0;
       for (int64_t p = 0; p < n_kv; p += 16) sum += static_cast<double>(reduce16(sc + p));
       const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t p = 0; p < n_pos; ++p) s.probs[static_cast<size_t>(p)] = float_to_half(sc[p] * inv);
+      for (int64_t p = 0; p < n_pos; ++p)
+        s.probs[static_cast<size_t>(p)] = float_to_half(sc[p] * inv);
       float* out = b.out + t * q_stride + h * hd;
       for (int64_t d = 0; d < hd; ++d) {
         const uint16_t* vd = s.v_t.data() + d * n_kv;
-        out[d] = gemm ? dot_f16_lanes16(vd, s.probs.data(), n_kv) : dot_f16(vd, s.probs.data(), n_kv);
+        out[d] =
+            gemm ? dot_f16_lanes16(vd, s.probs.data(), n_kv) : dot_f16(vd, s.probs.data(), n_kv);
       }
     }
   }
@@ -90,7 +93,8 @@ void attention_reference(const attention_batch& b) {
       float* out = b.out + t * q_stride + h * hd;
       for (int64_t i = 0; i < hd; ++i) {
         double acc = 0.0;
-        for (int64_t p = 0; p < n_pos; ++p) acc += sc[p] / sum * fp16_to_fp32(cache_row(b.v_cache, b, table, p, g)[i]);
+        for (int64_t p = 0; p < n_pos; ++p)
+          acc += sc[p] / sum * fp16_to_fp32(cache_row(b.v_cache, b, table, p, g)[i]);
         out[i] = static_cast<float>(acc);
       }
     }

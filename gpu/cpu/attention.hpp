@@ -18,13 +18,14 @@ namespace weft::gpu::cpu {
 struct attention_scratch {
   std::vector<float> scores;
   std::vector<uint16_t> probs;
-  std::vector<uint16_t> v_t;   ///< V of one kv head, transposed [head_dim][n_kv].
+  std::vector<uint16_t> v_t;  ///< V of one kv head, transposed [head_dim][n_kv].
   std::vector<uint16_t> q;
 };
 
 /// Runs tasks [task_begin, task_end) of `batch`; a task is one (token, kv head) pair:
 /// task = token * n_kv_heads + kv_head.
-void attention_tasks(const attention_batch& batch, attention_scratch& scratch, int64_t task_begin, int64_t task_end);
+void attention_tasks(const attention_batch& batch, attention_scratch& scratch, int64_t task_begin,
+                     int64_t task_end);
 
 /// Plain f32/f64 reference of the same attention (for tests): softmax in double, no fp16 rounding
 /// of q or probabilities (the cache itself is fp16).

@@ -25,7 +25,8 @@ constexpr int64_t min_parallel_elems = 16384;
 
 class cpu_ops final : public compute_ops {
  public:
-  explicit cpu_ops(thread_pool& pool) : pool_(pool), attn_scratch_(static_cast<size_t>(pool.size())) {}
+  explicit cpu_ops(thread_pool& pool)
+      : pool_(pool), attn_scratch_(static_cast<size_t>(pool.size())) {}
 
   status matmul(const tensor_view& w, const float* x, int64_t n_tokens, float* y) override {
     return cpu::matmul(pool_, mm_scratch_, w, x, n_tokens, y);
@@ -36,7 +37,8 @@ class cpu_ops final : public compute_ops {
     return cpu::matmul_multi(pool_, mm_scratch_, ws, x, n_tokens, ys);
   }
 
-  status rms_norm(const float* x, const float* weight, float* y, int64_t n_tokens, int64_t dim, float eps) override {
+  status rms_norm(const float* x, const float* weight, float* y, int64_t n_tokens, int64_t dim,
+                  float eps) override {
     if (n_tokens * dim < min_parallel_elems) {
       rms_norm_rows(x, weight, y, 0, n_tokens, dim, eps);
     } else {
@@ -48,8 +50,8 @@ class cpu_ops final : public compute_ops {
     return {};
   }
 
-  status rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-              const rope_config& config) override {
+  status rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads,
+              int64_t head_dim, const rope_config& config) override {
     if (config.n_dims <= 0 || config.n_dims > head_dim || config.n_dims % 2 != 0) {
       return {status_code::invalid_argument, "rope: bad n_dims"};
     }
@@ -57,7 +59,8 @@ class cpu_ops final : public compute_ops {
       std::vector<float> cache(static_cast<size_t>(config.n_dims));
       for (int64_t t = b; t < e; ++t) {
         rope_cache(cache.data(), positions[t], config);
-        for (int64_t h = 0; h < n_heads; ++h) rope_head(x + (t * n_heads + h) * head_dim, cache.data(), config);
+        for (int64_t h = 0; h < n_heads; ++h)
+          rope_head(x + (t * n_heads + h) * head_dim, cache.data(), config);
       }
     };
     if (n_tokens < 4) {
@@ -121,18 +124,22 @@ class cpu_ops final : public compute_ops {
     return {};
   }
 
-  status gather_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim, float* dst) override {
-    for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * dim, src + ids[i] * dim, sizeof(float) * dim);
+  status gather_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim,
+                     float* dst) override {
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(dst + i * dim, src + ids[i] * dim, sizeof(float) * dim);
     return {};
   }
 
-  status scatter_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim, float* dst) override {
-    for (int64_t i = 0; i < n; ++i) std::memcpy(dst + ids[i] * dim, src + i * dim, sizeof(float) * dim);
+  status scatter_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim,
+                      float* dst) override {
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(dst + ids[i] * dim, src + i * dim, sizeof(float) * dim);
     return {};
   }
 
-  status weighted_sum(const float* rows, const float* weights, int64_t n_tokens, int64_t k, int64_t dim,
-                      float* out) override {
+  status weighted_sum(const float* rows, const float* weights, int64_t n_tokens, int64_t k,
+                      int64_t dim, float* out) override {
     for (int64_t t = 0; t < n_tokens; ++t) {
       float* o = out + t * dim;
       for (int64_t j = 0; j < k; ++j) {
@@ -158,10 +165,12 @@ class cpu_device final : public device {
  public:
   explicit cpu_device(int n_threads) : pool_(n_threads), ops_(pool_) {
     caps_.kind = device_kind::cpu;
-    caps_.name = std::string{"cpu ("} + quant_kernel_path() + ", " + std::to_string(n_threads) + " threads)";
+    caps_.name =
+        std::string{"cpu ("} + quant_kernel_path() + ", " + std::to_string(n_threads) + " threads)";
     caps_.memory = memory_visibility::host_visible;
     caps_.n_compute_threads = n_threads;
-    caps_.weight_types = {ggml_type::f32, ggml_type::f16, ggml_type::q8_0, ggml_type::q4_0, ggml_type::q4_1};
+    caps_.weight_types = {ggml_type::f32, ggml_type::f16, ggml_type::q8_0, ggml_type::q4_0,
+                          ggml_type::q4_1};
   }
 
   const device_capabilities& capabilities() const override { return caps_; }
@@ -169,7 +178,9 @@ class cpu_device final : public device {
   result<device_buffer> allocate(size_t size_bytes) override {
     const size_t rounded = (std::max<size_t>(size_bytes, 1) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
-    if (p == nullptr) return status{status_code::out_of_memory, "cpu: cannot allocate " + std::to_string(size_bytes)};
+    if (p == nullptr)
+      return status{status_code::out_of_memory,
+                    "cpu: cannot allocate " + std::to_string(size_bytes)};
     std::memset(p, 0, rounded);
     return device_buffer{p, size_bytes};
   }
@@ -177,11 +188,19 @@ class cpu_device final : public device {
   void release(device_buffer buffer) override { std::free(buffer.data); }
 
   result<stream_id> create_stream() override { return stream_id{next_stream_++}; }
-  status synchronize(stream_id) override { return {}; }  // CPU work completes before a call returns.
+  status synchronize(stream_id) override {
+    return {};
+  }  // CPU work completes before a call returns.
 
-  status copy_to_device(void* dst, const void* src, size_t n, stream_id) override { return copy(dst, src, n); }
-  status copy_to_host(void* dst, const void* src, size_t n, stream_id) override { return copy(dst, src, n); }
-  status copy_on_device(void* dst, const void* src, size_t n, stream_id) override { return copy(dst, src, n); }
+  status copy_to_device(void* dst, const void* src, size_t n, stream_id) override {
+    return copy(dst, src, n);
+  }
+  status copy_to_host(void* dst, const void* src, size_t n, stream_id) override {
+    return copy(dst, src, n);
+  }
+  status copy_on_device(void* dst, const void* src, size_t n, stream_id) override {
+    return copy(dst, src, n);
+  }
 
   compute_ops& ops() override { return ops_; }
 
@@ -194,7 +213,8 @@ class cpu_device final : public device {
 
  private:
   static status copy(void* dst, const void* src, size_t n) {
-    if (n > 0 && (dst == nullptr || src == nullptr)) return {status_code::invalid_argument, "copy: null pointer"};
+    if (n > 0 && (dst == nullptr || src == nullptr))
+      return {status_code::invalid_argument, "copy: null pointer"};
     if (n > 0) std::memmove(dst, src, n);
     return {};
   }

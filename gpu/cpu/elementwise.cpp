@@ -18,13 +18,14 @@ float exp_approx(float x) {
     return x > 0.0f ? std::numeric_limits<float>::infinity() : 0.0f;
   }
   const float u = b * b;
-  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
                            u, std::fma(0x1.ffffecp-1f, b, 1.0f));
   return std::ldexp(j, static_cast<int>(n));
 }
 
-void rms_norm_rows(const float* x, const float* weight, float* y, int64_t row_begin, int64_t row_end, int64_t dim,
-                   float eps) {
+void rms_norm_rows(const float* x, const float* weight, float* y, int64_t row_begin,
+                   int64_t row_end, int64_t dim, float eps) {
   for (int64_t r = row_begin; r < row_end; ++r) {
     const float* xr = x + r * dim;
     float* yr = y + r * dim;
@@ -132,7 +133,8 @@ status get_row(const tensor_view& table, int64_t row, float* y) {
       return {};
     default:
       if (dequantize_row(table.type, src, y, table.n_cols) != row_status::ok) {
-        return {status_code::unsupported, std::string{"get_rows: type "} + std::string{type_name(table.type)}};
+        return {status_code::unsupported,
+                std::string{"get_rows: type "} + std::string{type_name(table.type)}};
       }
       return {};
   }

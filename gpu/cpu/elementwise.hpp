@@ -10,8 +10,8 @@
 namespace weft::gpu::cpu {
 
 /// RMSNorm of rows [row_begin, row_end) of x ([rows][dim]), times `weight` (may be null).
-void rms_norm_rows(const float* x, const float* weight, float* y, int64_t row_begin, int64_t row_end, int64_t dim,
-                   float eps);
+void rms_norm_rows(const float* x, const float* weight, float* y, int64_t row_begin,
+                   int64_t row_end, int64_t dim, float eps);
 
 /// Fills cos/sin for one position: cache[2i] = cos, cache[2i+1] = sin for i < n_dims / 2.
 void rope_cache(float* cache, int32_t position, const rope_config& config);

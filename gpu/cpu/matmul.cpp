@@ -39,8 +39,8 @@ size_t act_row_bytes(ggml_type type, int64_t n_cols) {
   }
 }
 
-void convert_rows(ggml_type type, const float* x, uint8_t* a, int64_t t_begin, int64_t t_end, int64_t n_cols,
-                  size_t a_row) {
+void convert_rows(ggml_type type, const float* x, uint8_t* a, int64_t t_begin, int64_t t_end,
+                  int64_t n_cols, size_t a_row) {
   for (int64_t t = t_begin; t < t_end; ++t) {
     const float* xr = x + t * n_cols;
     uint8_t* ar = a + static_cast<size_t>(t) * a_row;
@@ -63,8 +63,8 @@ void convert_rows(ggml_type type, const float* x, uint8_t* a, int64_t t_begin, i
 
 template <class W, class A, float (*Dot)(const W*, const A*, int64_t),
           void (*Dot4)(const void*, size_t, const A*, int64_t, float*)>
-void rows_quant(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_tokens, float* y, int64_t r_begin,
-                int64_t r_end) {
+void rows_quant(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_tokens, float* y,
+                int64_t r_begin, int64_t r_end) {
   const int64_t nb = w.n_cols / 32;
   // 16 rows x 16 tokens per tile: both the weight rows and the activation rows stay in L1.
   constexpr int64_t row_tile = 16;
@@ -84,8 +84,8 @@ void rows_quant(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_
   }
 }
 
-void rows_f16(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_tokens, float* y, int64_t r_begin,
-              int64_t r_end) {
+void rows_f16(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_tokens, float* y,
+              int64_t r_begin, int64_t r_end) {
   for (int64_t t = 0; t < n_tokens; ++t) {
     const auto* at = reinterpret_cast<const uint16_t*>(a + static_cast<size_t>(t) * a_row);
     for (int64_t r = r_begin; r < r_end; ++r) {
@@ -94,34 +94,39 @@ void rows_f16(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_to
   }
 }
 
-void rows_f32(const tensor_view& w, const float* x, int64_t n_tokens, float* y, int64_t r_begin, int64_t r_end) {
+void rows_f32(const tensor_view& w, const float* x, int64_t n_tokens, float* y, int64_t r_begin,
+              int64_t r_end) {
   if (r_end <= r_begin) return;
   if (n_tokens >= 8 && w.row_bytes == static_cast<size_t>(w.n_cols) * sizeof(float)) {
     // C[t][r] = sum_c X[t][c] * W[r][c] over this thread's rows.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_tokens), static_cast<int>(r_end - r_begin),
-                static_cast<int>(w.n_cols), 1.0f, x, static_cast<int>(w.n_cols),
-                static_cast<const float*>(w.row(r_begin)), static_cast<int>(w.n_cols), 0.0f, y + r_begin,
-                static_cast<int>(w.n_rows));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_tokens),
+                static_cast<int>(r_end - r_begin), static_cast<int>(w.n_cols), 1.0f, x,
+                static_cast<int>(w.n_cols), static_cast<const float*>(w.row(r_begin)),
+                static_cast<int>(w.n_cols), 0.0f, y + r_begin, static_cast<int>(w.n_rows));
     return;
   }
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int64_t r = r_begin; r < r_end; ++r) {
-      y[t * w.n_rows + r] = dot_f32(static_cast<const float*>(w.row(r)), x + t * w.n_cols, w.n_cols);
+      y[t * w.n_rows + r] =
+          dot_f32(static_cast<const float*>(w.row(r)), x + t * w.n_cols, w.n_cols);
     }
   }
 }
 
-void rows_dispatch(const tensor_view& w, const float* x, const uint8_t* a, size_t a_row, int64_t n_tokens, float* y,
-                   int64_t r_begin, int64_t r_end) {
+void rows_dispatch(const tensor_view& w, const float* x, const uint8_t* a, size_t a_row,
+                   int64_t n_tokens, float* y, int64_t r_begin, int64_t r_end) {
   switch (w.type) {
     case ggml_type::q4_1:
-      rows_quant<block_q4_1, block_q8_1, dot_q4_1_q8_1, dot4_q4_1_q8_1>(w, a, a_row, n_tokens, y, r_begin, r_end);
+      rows_quant<block_q4_1, block_q8_1, dot_q4_1_q8_1, dot4_q4_1_q8_1>(w, a, a_row, n_tokens, y,
+                                                                        r_begin, r_end);
       break;
     case ggml_type::q4_0:
-      rows_quant<block_q4_0, block_q8_0, dot_q4_0_q8_0, dot4_q4_0_q8_0>(w, a, a_row, n_tokens, y, r_begin, r_end);
+      rows_quant<block_q4_0, block_q8_0, dot_q4_0_q8_0, dot4_q4_0_q8_0>(w, a, a_row, n_tokens, y,
+                                                                        r_begin, r_end);
       break;
     case ggml_type::q8_0:
-      rows_quant<block_q8_0, block_q8_0, dot_q8_0_q8_0, dot4_q8_0_q8_0>(w, a, a_row, n_tokens, y, r_begin, r_end);
+      rows_quant<block_q8_0, block_q8_0, dot_q8_0_q8_0, dot4_q8_0_q8_0>(w, a, a_row, n_tokens, y,
+                                                                        r_begin, r_end);
       break;
     case ggml_type::f16:
       rows_f16(w, a, a_row, n_tokens, y, r_begin, r_end);
@@ -136,10 +141,11 @@ void rows_dispatch(const tensor_view& w, const float* x, const uint8_t* a, size_
 
 }  // namespace
 
-status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, const float* x, int64_t n_tokens,
-              float* y) {
+status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, const float* x,
+              int64_t n_tokens, float* y) {
   if (!matmul_supports(w.type)) {
-    return {status_code::unsupported, std::string{"matmul: weight type "} + std::string{type_name(w.type)}};
+    return {status_code::unsupported,
+            std::string{"matmul: weight type "} + std::string{type_name(w.type)}};
   }
   if (w.type != ggml_type::f32 && w.type != ggml_type::f16 && w.n_cols % 32 != 0) {
     return {status_code::invalid_argument, "matmul: quantized row length not a multiple of 32"};
@@ -169,8 +175,8 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
   return {};
 }
 
-status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const tensor_view> ws, const float* x,
-                    int64_t n_tokens, std::span<float* const> ys) {
+status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const tensor_view> ws,
+                    const float* x, int64_t n_tokens, std::span<float* const> ys) {
   bool same = !ws.empty() && n_tokens > 0;
   for (const auto& w : ws) {
     same = same && w.n_cols == ws[0].n_cols && act_row_bytes(w.type, w.n_cols) > 0 &&
@@ -185,12 +191,14 @@ status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const 
   }
   for (const auto& w : ws) {
     if (!matmul_supports(w.type)) {
-      return {status_code::unsupported, std::string{"matmul: weight type "} + std::string{type_name(w.type)}};
+      return {status_code::unsupported,
+              std::string{"matmul: weight type "} + std::string{type_name(w.type)}};
     }
   }
   const tensor_view& w0 = ws[0];
   const size_t a_row = act_row_bytes(w0.type, w0.n_cols);
-  if (scratch.bytes.size() < a_row * static_cast<size_t>(n_tokens)) scratch.bytes.resize(a_row * static_cast<size_t>(n_tokens));
+  if (scratch.bytes.size() < a_row * static_cast<size_t>(n_tokens))
+    scratch.bytes.resize(a_row * static_cast<size_t>(n_tokens));
   uint8_t* a = scratch.bytes.data();
   if (n_tokens == 1) {
     convert_rows(w0.type, x, a, 0, 1, w0.n_cols, a_row);
@@ -251,7 +259,8 @@ void matmul_reference(const tensor_view& w, const float* x, int64_t n_tokens, fl
             const int v = j < 16 ? (q[b].qs[j] & 0x0F) : (q[b].qs[j - 16] >> 4);
             isum += v * a[b].qs[j];
           }
-          s += static_cast<double>(fp16_to_fp32(q[b].d)) * fp16_to_fp32(a[b].d) * static_cast<double>(isum) +
+          s += static_cast<double>(fp16_to_fp32(q[b].d)) * fp16_to_fp32(a[b].d) *
+                   static_cast<double>(isum) +
                static_cast<double>(fp16_to_fp32(q[b].m)) * fp16_to_fp32(a[b].s);
         }
         y[t * w.n_rows + r] = static_cast<float>(s);

@@ -25,13 +25,13 @@ struct matmul_scratch {
 bool matmul_supports(ggml_type type);
 
 /// Computes y ([n_tokens][w.n_rows]) on `pool`. Blocks until done.
-status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, const float* x, int64_t n_tokens,
-              float* y);
+status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, const float* x,
+              int64_t n_tokens, float* y);
 
 /// Several weights sharing x: converts x once when their activation formats agree and runs all
 /// rows in one parallel region. Results are bit-identical to separate `matmul` calls.
-status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const tensor_view> ws, const float* x,
-                    int64_t n_tokens, std::span<float* const> ys);
+status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const tensor_view> ws,
+                    const float* x, int64_t n_tokens, std::span<float* const> ys);
 
 /// Single-threaded reference: dequantizes activations the same way and sums in plain order
 /// per block (used by tests to bound the error of the fast path, not to match it bit for bit).

@@ -44,7 +44,8 @@ void half_to_float_row(const uint16_t* x, float* y, int64_t n) {
   int64_t i = 0;
 #ifdef WEFT_CPU_AVX2
   for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+    _mm256_storeu_ps(y + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
   }
 #endif
   for (; i < n; ++i) y[i] = half_to_float(x[i]);
@@ -77,7 +78,9 @@ inline float block_amax(const float* x) {
   return amax;
 }
 
-inline int nibble(const uint8_t* qs, int e) { return e < 16 ? (qs[e] & 0x0F) : (qs[e - 16] >> 4); }
+inline int nibble(const uint8_t* qs, int e) {
+  return e < 16 ? (qs[e] & 0x0F) : (qs[e - 16] >> 4);
+}
 
 }  // namespace
 
@@ -164,7 +167,8 @@ inline float hsum8(__m256 x) {
 
 inline __m256i nibbles_to_bytes(const uint8_t* qs) {
   const __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i bytes = _mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
+  const __m256i bytes =
+      _mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
   return _mm256_and_si256(_mm256_set1_epi8(0x0F), bytes);
 }
 
@@ -279,14 +283,18 @@ float dot_q8_0_q8_0(const block_q8_0* w, const block_q8_0* a, int64_t n_blocks) 
 namespace {
 template <class W>
 inline const W* row_at(const void* w, size_t row_bytes, int r) {
-  return reinterpret_cast<const W*>(static_cast<const char*>(w) + static_cast<size_t>(r) * row_bytes);
+  return reinterpret_cast<const W*>(static_cast<const char*>(w) +
+                                    static_cast<size_t>(r) * row_bytes);
 }
 }  // namespace
 
-void dot4_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks, float* out) {
-  const block_q4_0* x[4] = {row_at<block_q4_0>(w, row_bytes, 0), row_at<block_q4_0>(w, row_bytes, 1),
-                            row_at<block_q4_0>(w, row_bytes, 2), row_at<block_q4_0>(w, row_bytes, 3)};
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+void dot4_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks,
+                    float* out) {
+  const block_q4_0* x[4] = {
+      row_at<block_q4_0>(w, row_bytes, 0), row_at<block_q4_0>(w, row_bytes, 1),
+      row_at<block_q4_0>(w, row_bytes, 2), row_at<block_q4_0>(w, row_bytes, 3)};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
   const __m256i off = _mm256_set1_epi8(8);
   for (int64_t b = 0; b < n_blocks; ++b) {
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
@@ -300,10 +308,13 @@ void dot4_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_
   for (int r = 0; r < 4; ++r) out[r] = hsum8(acc[r]);
 }
 
-void dot4_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* a, int64_t n_blocks, float* out) {
-  const block_q4_1* x[4] = {row_at<block_q4_1>(w, row_bytes, 0), row_at<block_q4_1>(w, row_bytes, 1),
-                            row_at<block_q4_1>(w, row_bytes, 2), row_at<block_q4_1>(w, row_bytes, 3)};
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+void dot4_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* a, int64_t n_blocks,
+                    float* out) {
+  const block_q4_1* x[4] = {
+      row_at<block_q4_1>(w, row_bytes, 0), row_at<block_q4_1>(w, row_bytes, 1),
+      row_at<block_q4_1>(w, row_bytes, 2), row_at<block_q4_1>(w, row_bytes, 3)};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
   float summs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int64_t b = 0; b < n_blocks; ++b) {
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
@@ -318,10 +329,13 @@ void dot4_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* a, int64_
   for (int r = 0; r < 4; ++r) out[r] = hsum8(acc[r]) + summs[r];
 }
 
-void dot4_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks, float* out) {
-  const block_q8_0* x[4] = {row_at<block_q8_0>(w, row_bytes, 0), row_at<block_q8_0>(w, row_bytes, 1),
-                            row_at<block_q8_0>(w, row_bytes, 2), row_at<block_q8_0>(w, row_bytes, 3)};
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+void dot4_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks,
+                    float* out) {
+  const block_q8_0* x[4] = {
+      row_at<block_q8_0>(w, row_bytes, 0), row_at<block_q8_0>(w, row_bytes, 1),
+      row_at<block_q8_0>(w, row_bytes, 2), row_at<block_q8_0>(w, row_bytes, 3)};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
   for (int64_t b = 0; b < n_blocks; ++b) {
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
     const float da = _cvtsh_ss(a[b].d);
@@ -337,20 +351,36 @@ void dot4_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_
 #else  // portable build
 
 void dot4_q4_0_q8_0(const void* w, size_t rb, const block_q8_0* a, int64_t n, float* out) {
-  for (int r = 0; r < 4; ++r) out[r] = dot_q4_0_q8_0_portable(reinterpret_cast<const block_q4_0*>(static_cast<const char*>(w) + r * rb), a, n);
+  for (int r = 0; r < 4; ++r)
+    out[r] = dot_q4_0_q8_0_portable(
+        reinterpret_cast<const block_q4_0*>(static_cast<const char*>(w) + r * rb), a, n);
 }
 void dot4_q4_1_q8_1(const void* w, size_t rb, const block_q8_1* a, int64_t n, float* out) {
-  for (int r = 0; r < 4; ++r) out[r] = dot_q4_1_q8_1_portable(reinterpret_cast<const block_q4_1*>(static_cast<const char*>(w) + r * rb), a, n);
+  for (int r = 0; r < 4; ++r)
+    out[r] = dot_q4_1_q8_1_portable(
+        reinterpret_cast<const block_q4_1*>(static_cast<const char*>(w) + r * rb), a, n);
 }
 void dot4_q8_0_q8_0(const void* w, size_t rb, const block_q8_0* a, int64_t n, float* out) {
-  for (int r = 0; r < 4; ++r) out[r] = dot_q8_0_q8_0_portable(reinterpret_cast<const block_q8_0*>(static_cast<const char*>(w) + r * rb), a, n);
+  for (int r = 0; r < 4; ++r)
+    out[r] = dot_q8_0_q8_0_portable(
+        reinterpret_cast<const block_q8_0*>(static_cast<const char*>(w) + r * rb), a, n);
 }
 
-void quantize_act_q8_0(const float* x, block_q8_0* y, int64_t n) { quantize_act_q8_0_portable(x, y, n); }
-void quantize_act_q8_1(const float* x, block_q8_1* y, int64_t n) { quantize_act_q8_1_portable(x, y, n); }
-float dot_q4_0_q8_0(const block_q4_0* w, const block_q8_0* a, int64_t n) { return dot_q4_0_q8_0_portable(w, a, n); }
-float dot_q4_1_q8_1(const block_q4_1* w, const block_q8_1* a, int64_t n) { return dot_q4_1_q8_1_portable(w, a, n); }
-float dot_q8_0_q8_0(const block_q8_0* w, const block_q8_0* a, int64_t n) { return dot_q8_0_q8_0_portable(w, a, n); }
+void quantize_act_q8_0(const float* x, block_q8_0* y, int64_t n) {
+  quantize_act_q8_0_portable(x, y, n);
+}
+void quantize_act_q8_1(const float* x, block_q8_1* y, int64_t n) {
+  quantize_act_q8_1_portable(x, y, n);
+}
+float dot_q4_0_q8_0(const block_q4_0* w, const block_q8_0* a, int64_t n) {
+  return dot_q4_0_q8_0_portable(w, a, n);
+}
+float dot_q4_1_q8_1(const block_q4_1* w, const block_q8_1* a, int64_t n) {
+  return dot_q4_1_q8_1_portable(w, a, n);
+}
+float dot_q8_0_q8_0(const block_q8_0* w, const block_q8_0* a, int64_t n) {
+  return dot_q8_0_q8_0_portable(w, a, n);
+}
 
 #endif
 
@@ -388,7 +418,8 @@ float dot_f16(const uint16_t* x, const uint16_t* y, int64_t n) {
     for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
     sum = static_cast<double>((t4[0] + t4[2]) + (t4[1] + t4[3]));
   }
-  for (int64_t i = np; i < n; ++i) sum += static_cast<double>(half_to_float(x[i]) * half_to_float(y[i]));
+  for (int64_t i = np; i < n; ++i)
+    sum += static_cast<double>(half_to_float(x[i]) * half_to_float(y[i]));
   return static_cast<float>(sum);
 }
 
@@ -400,14 +431,17 @@ float dot_f16_lanes16(const uint16_t* x, const uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const auto* xp = reinterpret_cast<const __m128i*>(x + i);
     const auto* yp = reinterpret_cast<const __m128i*>(y + i);
-    a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(xp)), _mm256_cvtph_ps(_mm_loadu_si128(yp)), a0);
-    a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(xp + 1)), _mm256_cvtph_ps(_mm_loadu_si128(yp + 1)), a1);
+    a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(xp)), _mm256_cvtph_ps(_mm_loadu_si128(yp)),
+                         a0);
+    a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(xp + 1)),
+                         _mm256_cvtph_ps(_mm_loadu_si128(yp + 1)), a1);
   }
   _mm256_storeu_ps(acc, a0);
   _mm256_storeu_ps(acc + 8, a1);
 #else
   for (int64_t i = 0; i < n; i += 16) {
-    for (int l = 0; l < 16; ++l) acc[l] = std::fma(half_to_float(x[i + l]), half_to_float(y[i + l]), acc[l]);
+    for (int l = 0; l < 16; ++l)
+      acc[l] = std::fma(half_to_float(x[i + l]), half_to_float(y[i + l]), acc[l]);
   }
 #endif
   float t8[8];

@@ -39,8 +39,8 @@ __global__ void attention_kernel(attention_args a) {
     out[d] = acc * inv;
   }
 }
-__global__ void kv_store_kernel(const float* k, const float* v, uint16_t* kc, uint16_t* vc, const int32_t* slots,
-                                int64_t n_tokens, int64_t row) {
+__global__ void kv_store_kernel(const float* k, const float* v, uint16_t* kc, uint16_t* vc,
+                                const int32_t* slots, int64_t n_tokens, int64_t row) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tokens * row) return;
   const int64_t t = i / row, j = i % row;
@@ -52,16 +52,18 @@ __global__ void kv_store_kernel(const float* k, const float* v, uint16_t* kc, ui
 int launch_attention(const attention_args& a, stream_handle s) {
   if (a.n_tokens == 0) return 0;
   const size_t shared = static_cast<size_t>(a.max_positions) * sizeof(float);
-  if (shared > 48 * 1024) return static_cast<int>(cudaErrorInvalidValue);  // > 12288 positions: not yet tiled
-  attention_kernel<<<static_cast<unsigned>(a.n_tokens * a.n_heads), 128, shared, static_cast<cudaStream_t>(s)>>>(a);
+  if (shared > 48 * 1024)
+    return static_cast<int>(cudaErrorInvalidValue);  // > 12288 positions: not yet tiled
+  attention_kernel<<<static_cast<unsigned>(a.n_tokens * a.n_heads), 128, shared,
+                     static_cast<cudaStream_t>(s)>>>(a);
   return static_cast<int>(cudaGetLastError());
 }
-int launch_kv_store(const float* k, const float* v, uint16_t* k_cache, uint16_t* v_cache, const int32_t* slots,
-                    int64_t n_tokens, int64_t row_elems, stream_handle s) {
+int launch_kv_store(const float* k, const float* v, uint16_t* k_cache, uint16_t* v_cache,
+                    const int32_t* slots, int64_t n_tokens, int64_t row_elems, stream_handle s) {
   const int64_t n = n_tokens * row_elems;
   if (n == 0) return 0;
-  kv_store_kernel<<<grid_for(n, 256), 256, 0, static_cast<cudaStream_t>(s)>>>(k, v, k_cache, v_cache, slots, n_tokens,
-                                                                              row_elems);
+  kv_store_kernel<<<grid_for(n, 256), 256, 0, static_cast<cudaStream_t>(s)>>>(
+      k, v, k_cache, v_cache, slots, n_tokens, row_elems);
   return static_cast<int>(cudaGetLastError());
 }
 }  // namespace weft::gpu::cuda

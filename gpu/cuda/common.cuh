@@ -7,8 +7,12 @@
 
 namespace weft::gpu::cuda::internal {
 
-__device__ inline float half_bits_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-__device__ inline uint16_t float_to_half_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
+__device__ inline float half_bits_to_float(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+__device__ inline uint16_t float_to_half_bits(float f) {
+  return __half_as_ushort(__float2half_rn(f));
+}
 
 __device__ inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -53,17 +57,35 @@ __device__ inline float block_max(float v, float* shared32) {
   return v;
 }
 
-inline unsigned grid_for(int64_t n, unsigned block) { return static_cast<unsigned>((n + block - 1) / block); }
+inline unsigned grid_for(int64_t n, unsigned block) {
+  return static_cast<unsigned>((n + block - 1) / block);
+}
 
 }  // namespace weft::gpu::cuda::internal
 
 namespace weft::gpu::cuda::internal {
-// Block layouts (same bytes as gpu/ggml_types.hpp, repeated here so .cu files include CUDA headers only).
-struct blk_q8_0 { uint16_t d; int8_t qs[32]; };
-struct blk_q8_1 { uint16_t d; uint16_t s; int8_t qs[32]; };
-struct blk_q4_0 { uint16_t d; uint8_t qs[16]; };
-struct blk_q4_1 { uint16_t d; uint16_t m; uint8_t qs[16]; };
-static_assert(sizeof(blk_q8_0) == 34 && sizeof(blk_q8_1) == 36 && sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20);
+// Block layouts (same bytes as gpu/ggml_types.hpp, repeated here so .cu files include CUDA headers
+// only).
+struct blk_q8_0 {
+  uint16_t d;
+  int8_t qs[32];
+};
+struct blk_q8_1 {
+  uint16_t d;
+  uint16_t s;
+  int8_t qs[32];
+};
+struct blk_q4_0 {
+  uint16_t d;
+  uint8_t qs[16];
+};
+struct blk_q4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[16];
+};
+static_assert(sizeof(blk_q8_0) == 34 && sizeof(blk_q8_1) == 36 && sizeof(blk_q4_0) == 18 &&
+              sizeof(blk_q4_1) == 20);
 // ggml type ids used by the launchers.
 enum : int { type_f32 = 0, type_f16 = 1, type_q4_0 = 2, type_q4_1 = 3, type_q8_0 = 8 };
 }  // namespace weft::gpu::cuda::internal

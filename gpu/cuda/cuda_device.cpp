@@ -19,8 +19,9 @@ namespace {
 
 status check(int code, const char* what) {
   if (code == 0) return {};
-  return {status_code::internal, std::string{what} + ": " + (code >= 1000 ? "cuBLAS error " + std::to_string(code - 1000)
-                                                                          : error_string(code))};
+  return {status_code::internal,
+          std::string{what} + ": " +
+              (code >= 1000 ? "cuBLAS error " + std::to_string(code - 1000) : error_string(code))};
 }
 
 class cuda_ops final : public compute_ops {
@@ -33,7 +34,8 @@ class cuda_ops final : public compute_ops {
   status matmul(const tensor_view& w, const float* x, int64_t n_tokens, float* y) override {
     const int type = static_cast<int>(w.type);
     if (type != 0 && type != 1 && type != 2 && type != 3 && type != 8) {
-      return {status_code::unsupported, std::string{"cuda matmul: weight type "} + std::string{type_name(w.type)}};
+      return {status_code::unsupported,
+              std::string{"cuda matmul: weight type "} + std::string{type_name(w.type)}};
     }
     const size_t need = matmul_scratch_bytes(type, w.n_cols, n_tokens);
     if (need > scratch_bytes_) {
@@ -55,11 +57,12 @@ class cuda_ops final : public compute_ops {
     a.scratch = scratch_;
     return check(launch_matmul(a, blas_, s_), "cuda matmul");
   }
-  status rms_norm(const float* x, const float* weight, float* y, int64_t n_tokens, int64_t dim, float eps) override {
+  status rms_norm(const float* x, const float* weight, float* y, int64_t n_tokens, int64_t dim,
+                  float eps) override {
     return check(launch_rms_norm(x, weight, y, n_tokens, dim, eps, s_), "cuda rms_norm");
   }
-  status rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-              const rope_config& c) override {
+  status rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads,
+              int64_t head_dim, const rope_config& c) override {
     rope_args a;
     a.x = x;
     a.positions = positions;
@@ -80,11 +83,14 @@ class cuda_ops final : public compute_ops {
     return check(launch_add(a, b, y, n, s_), "cuda add");
   }
   status get_rows(const tensor_view& t, const int32_t* ids, int64_t n, float* y) override {
-    return check(launch_get_rows(static_cast<int>(t.type), t.data, t.row_bytes, t.n_cols, ids, n, y, s_),
-                 "cuda get_rows");
+    return check(
+        launch_get_rows(static_cast<int>(t.type), t.data, t.row_bytes, t.n_cols, ids, n, y, s_),
+        "cuda get_rows");
   }
   status kv_store(const kv_store_batch& b) override {
-    return check(launch_kv_store(b.k, b.v, b.k_cache, b.v_cache, b.slots, b.n_tokens, b.row_elems, s_), "cuda kv_store");
+    return check(
+        launch_kv_store(b.k, b.v, b.k_cache, b.v_cache, b.slots, b.n_tokens, b.row_elems, s_),
+        "cuda kv_store");
   }
   status attention(const attention_batch& b) override {
     attention_args a;
@@ -108,15 +114,18 @@ class cuda_ops final : public compute_ops {
   status softmax(float* x, int64_t n_rows, int64_t n) override {
     return check(launch_softmax(x, n_rows, n, s_), "cuda softmax");
   }
-  status gather_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim, float* dst) override {
+  status gather_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim,
+                     float* dst) override {
     return check(launch_gather_rows(src, ids, n, dim, dst, s_), "cuda gather_rows");
   }
-  status scatter_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim, float* dst) override {
+  status scatter_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim,
+                      float* dst) override {
     return check(launch_scatter_rows(src, ids, n, dim, dst, s_), "cuda scatter_rows");
   }
-  status weighted_sum(const float* rows, const float* weights, int64_t n_tokens, int64_t k, int64_t dim,
-                      float* out) override {
-    return check(launch_weighted_sum(rows, weights, n_tokens, k, dim, out, s_), "cuda weighted_sum");
+  status weighted_sum(const float* rows, const float* weights, int64_t n_tokens, int64_t k,
+                      int64_t dim, float* out) override {
+    return check(launch_weighted_sum(rows, weights, n_tokens, k, dim, out, s_),
+                 "cuda weighted_sum");
   }
 
  private:
@@ -128,13 +137,15 @@ class cuda_ops final : public compute_ops {
 
 class cuda_device final : public device {
  public:
-  cuda_device(int index, stream_handle compute, blas_handle blas) : ops_(compute, blas), blas_(blas) {
+  cuda_device(int index, stream_handle compute, blas_handle blas)
+      : ops_(compute, blas), blas_(blas) {
     streams_.push_back(compute);
     caps_.kind = device_kind::cuda;
     caps_.name = "cuda:" + std::to_string(index) + " (" + device_name(index) + ")";
     caps_.total_memory_bytes = device_memory_bytes(index);
     caps_.memory = memory_visibility::device_only;
-    caps_.weight_types = {ggml_type::f32, ggml_type::f16, ggml_type::q8_0, ggml_type::q4_0, ggml_type::q4_1};
+    caps_.weight_types = {ggml_type::f32, ggml_type::f16, ggml_type::q8_0, ggml_type::q4_0,
+                          ggml_type::q4_1};
   }
   ~cuda_device() override {
     blas_destroy(blas_);
@@ -145,7 +156,8 @@ class cuda_device final : public device {
   result<device_buffer> allocate(size_t size_bytes) override {
     void* p = nullptr;
     if (const int e = malloc_zeroed(&p, std::max<size_t>(size_bytes, 1)); e != 0) {
-      return status{status_code::out_of_memory, "cudaMalloc(" + std::to_string(size_bytes) + "): " + error_string(e)};
+      return status{status_code::out_of_memory,
+                    "cudaMalloc(" + std::to_string(size_bytes) + "): " + error_string(e)};
     }
     return device_buffer{p, size_bytes};
   }
@@ -159,19 +171,28 @@ class cuda_device final : public device {
     return static_cast<stream_id>(streams_.size() - 1);
   }
   status synchronize(stream_id s) override {
-    if (s < 0 || static_cast<size_t>(s) >= streams_.size()) return {status_code::invalid_argument, "bad stream"};
+    if (s < 0 || static_cast<size_t>(s) >= streams_.size())
+      return {status_code::invalid_argument, "bad stream"};
     return check(stream_synchronize(streams_[static_cast<size_t>(s)]), "cudaStreamSynchronize");
   }
-  status copy_to_device(void* dst, const void* src, size_t n, stream_id s) override { return copy(dst, src, n, 0, s); }
-  status copy_to_host(void* dst, const void* src, size_t n, stream_id s) override { return copy(dst, src, n, 1, s); }
-  status copy_on_device(void* dst, const void* src, size_t n, stream_id s) override { return copy(dst, src, n, 2, s); }
+  status copy_to_device(void* dst, const void* src, size_t n, stream_id s) override {
+    return copy(dst, src, n, 0, s);
+  }
+  status copy_to_host(void* dst, const void* src, size_t n, stream_id s) override {
+    return copy(dst, src, n, 1, s);
+  }
+  status copy_on_device(void* dst, const void* src, size_t n, stream_id s) override {
+    return copy(dst, src, n, 2, s);
+  }
   compute_ops& ops() override { return ops_; }
 
  private:
   status copy(void* dst, const void* src, size_t n, int kind, stream_id s) {
-    if (s < 0 || static_cast<size_t>(s) >= streams_.size()) return {status_code::invalid_argument, "bad stream"};
+    if (s < 0 || static_cast<size_t>(s) >= streams_.size())
+      return {status_code::invalid_argument, "bad stream"};
     if (n == 0) return {};
-    return check(memcpy_async(dst, src, n, kind, streams_[static_cast<size_t>(s)]), "cudaMemcpyAsync");
+    return check(memcpy_async(dst, src, n, kind, streams_[static_cast<size_t>(s)]),
+                 "cudaMemcpyAsync");
   }
 
   device_capabilities caps_;
@@ -190,8 +211,9 @@ result<std::unique_ptr<device>> make_cuda_device(const device_config& config) {
                          : "no usable CUDA device (cudaGetDeviceCount: " + error_string(-n) + ")"};
   }
   if (config.device_index < 0 || config.device_index >= n) {
-    return status{status_code::invalid_argument, "CUDA device index " + std::to_string(config.device_index) +
-                                                     " out of range (" + std::to_string(n) + " devices)"};
+    return status{status_code::invalid_argument,
+                  "CUDA device index " + std::to_string(config.device_index) + " out of range (" +
+                      std::to_string(n) + " devices)"};
   }
   if (auto st = check(set_device(config.device_index), "cudaSetDevice"); !st) return st;
   stream_handle s = nullptr;

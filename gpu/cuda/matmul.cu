@@ -37,7 +37,8 @@ __global__ void quantize_q8(const float* x, void* out, int64_t n_blocks_total) {
 
 __device__ inline float block_dot(const blk_q4_0& w, const blk_q8_0& a) {
   int s = 0;
-  for (int j = 0; j < 16; ++j) s += ((w.qs[j] & 0x0F) - 8) * a.qs[j] + ((w.qs[j] >> 4) - 8) * a.qs[j + 16];
+  for (int j = 0; j < 16; ++j)
+    s += ((w.qs[j] & 0x0F) - 8) * a.qs[j] + ((w.qs[j] >> 4) - 8) * a.qs[j + 16];
   return half_bits_to_float(w.d) * half_bits_to_float(a.d) * static_cast<float>(s);
 }
 __device__ inline float block_dot(const blk_q4_1& w, const blk_q8_1& a) {
@@ -54,8 +55,8 @@ __device__ inline float block_dot(const blk_q8_0& w, const blk_q8_0& a) {
 
 // One warp per (row, token); lanes stride over the blocks of the row.
 template <class W, class A>
-__global__ void matmul_quant(const void* w, size_t row_bytes, int64_t n_rows, int64_t n_blocks, const void* act,
-                             int64_t n_tokens, float* y) {
+__global__ void matmul_quant(const void* w, size_t row_bytes, int64_t n_rows, int64_t n_blocks,
+                             const void* act, int64_t n_tokens, float* y) {
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (warp >= n_rows * n_tokens) return;
@@ -79,10 +80,14 @@ __global__ void to_half(const float* x, __half* y, int64_t n) {
 size_t matmul_scratch_bytes(int type, int64_t n_cols, int64_t n_tokens) {
   switch (type) {
     case type_q4_0:
-    case type_q8_0: return static_cast<size_t>(n_cols / 32 * n_tokens) * sizeof(blk_q8_0);
-    case type_q4_1: return static_cast<size_t>(n_cols / 32 * n_tokens) * sizeof(blk_q8_1);
-    case type_f16: return static_cast<size_t>(n_cols * n_tokens) * sizeof(__half);
-    default: return 0;
+    case type_q8_0:
+      return static_cast<size_t>(n_cols / 32 * n_tokens) * sizeof(blk_q8_0);
+    case type_q4_1:
+      return static_cast<size_t>(n_cols / 32 * n_tokens) * sizeof(blk_q8_1);
+    case type_f16:
+      return static_cast<size_t>(n_cols * n_tokens) * sizeof(__half);
+    default:
+      return 0;
   }
 }
 
@@ -115,22 +120,24 @@ int launch_matmul(const matmul_args& a, blas_handle blas, stream_handle s) {
     case type_f32: {
       // Row-major y[t][r] = sum_c w[r][c] x[t][c]  <=>  column-major Y(r, t) = W^T(r, c) X(c, t).
       const float alpha = 1.0f, beta = 0.0f;
-      const cublasStatus_t r = cublasSgemm(static_cast<cublasHandle_t>(blas), CUBLAS_OP_T, CUBLAS_OP_N,
-                                           static_cast<int>(a.n_rows), static_cast<int>(a.n_tokens),
-                                           static_cast<int>(a.n_cols), &alpha, static_cast<const float*>(a.w),
-                                           static_cast<int>(a.row_bytes / sizeof(float)), a.x,
-                                           static_cast<int>(a.n_cols), &beta, a.y, static_cast<int>(a.n_rows));
+      const cublasStatus_t r = cublasSgemm(
+          static_cast<cublasHandle_t>(blas), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(a.n_rows),
+          static_cast<int>(a.n_tokens), static_cast<int>(a.n_cols), &alpha,
+          static_cast<const float*>(a.w), static_cast<int>(a.row_bytes / sizeof(float)), a.x,
+          static_cast<int>(a.n_cols), &beta, a.y, static_cast<int>(a.n_rows));
       return r == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(r);
     }
     case type_f16: {
       auto* xh = static_cast<__half*>(a.scratch);
-      to_half<<<grid_for(a.n_cols * a.n_tokens, threads), threads, 0, st>>>(a.x, xh, a.n_cols * a.n_tokens);
+      to_half<<<grid_for(a.n_cols * a.n_tokens, threads), threads, 0, st>>>(a.x, xh,
+                                                                            a.n_cols * a.n_tokens);
       const float alpha = 1.0f, beta = 0.0f;
       const cublasStatus_t r = cublasGemmEx(
           static_cast<cublasHandle_t>(blas), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(a.n_rows),
           static_cast<int>(a.n_tokens), static_cast<int>(a.n_cols), &alpha, a.w, CUDA_R_16F,
-          static_cast<int>(a.row_bytes / sizeof(__half)), xh, CUDA_R_16F, static_cast<int>(a.n_cols), &beta, a.y,
-          CUDA_R_32F, static_cast<int>(a.n_rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          static_cast<int>(a.row_bytes / sizeof(__half)), xh, CUDA_R_16F,
+          static_cast<int>(a.n_cols), &beta, a.y, CUDA_R_32F, static_cast<int>(a.n_rows),
+          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       return r == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(r);
     }
     default:

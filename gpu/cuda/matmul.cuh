@@ -10,15 +10,15 @@ namespace weft::gpu::cuda {
 
 /// Arguments of one matmul; all pointers are device pointers.
 struct matmul_args {
-  int type = 0;                ///< ggml type id of w.
+  int type = 0;  ///< ggml type id of w.
   const void* w = nullptr;
   size_t row_bytes = 0;
   int64_t n_rows = 0;
   int64_t n_cols = 0;
-  const float* x = nullptr;    ///< [n_tokens][n_cols]
+  const float* x = nullptr;  ///< [n_tokens][n_cols]
   int64_t n_tokens = 0;
-  float* y = nullptr;          ///< [n_tokens][n_rows]
-  void* scratch = nullptr;     ///< >= matmul_scratch_bytes(...)
+  float* y = nullptr;       ///< [n_tokens][n_rows]
+  void* scratch = nullptr;  ///< >= matmul_scratch_bytes(...)
 };
 
 /// Scratch bytes a matmul of this shape needs.

@@ -3,6 +3,6 @@
 #include <cstdint>
 #include "gpu/cuda/runtime.cuh"
 namespace weft::gpu::cuda {
-int launch_rms_norm(const float* x, const float* weight, float* y, int64_t n_rows, int64_t dim, float eps,
-                    stream_handle s);
+int launch_rms_norm(const float* x, const float* weight, float* y, int64_t n_rows, int64_t dim,
+                    float eps, stream_handle s);
 }  // namespace weft::gpu::cuda

@@ -10,7 +10,8 @@ __global__ void rope_kernel(rope_args a) {
   const int64_t i = idx % half;
   const int64_t h = (idx / half) % a.n_heads;
   const int64_t t = idx / (half * a.n_heads);
-  float theta = static_cast<float>(a.positions[t]) * powf(a.freq_base, -2.0f * static_cast<float>(i) / a.n_dims);
+  float theta = static_cast<float>(a.positions[t]) *
+                powf(a.freq_base, -2.0f * static_cast<float>(i) / a.n_dims);
   if (a.freq_factors != nullptr) theta /= a.freq_factors[i];
   theta *= a.freq_scale;
   float sn, cs;

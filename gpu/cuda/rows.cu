@@ -14,16 +14,18 @@ __global__ void softmax_kernel(float* x, int64_t n) {
   const float inv = 1.0f / block_sum(s, red);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) r[i] *= inv;
 }
-__global__ void gather_kernel(const float* src, const int32_t* ids, int64_t n, int64_t dim, float* dst) {
+__global__ void gather_kernel(const float* src, const int32_t* ids, int64_t n, int64_t dim,
+                              float* dst) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n * dim) dst[i] = src[static_cast<int64_t>(ids[i / dim]) * dim + i % dim];
 }
-__global__ void scatter_kernel(const float* src, const int32_t* ids, int64_t n, int64_t dim, float* dst) {
+__global__ void scatter_kernel(const float* src, const int32_t* ids, int64_t n, int64_t dim,
+                               float* dst) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n * dim) dst[static_cast<int64_t>(ids[i / dim]) * dim + i % dim] = src[i];
 }
-__global__ void weighted_sum_kernel(const float* rows, const float* w, int64_t n_tokens, int64_t k, int64_t dim,
-                                    float* out) {
+__global__ void weighted_sum_kernel(const float* rows, const float* w, int64_t n_tokens, int64_t k,
+                                    int64_t dim, float* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tokens * dim) return;
   const int64_t t = i / dim, c = i % dim;
@@ -37,21 +39,25 @@ int launch_softmax(float* x, int64_t n_rows, int64_t n, stream_handle s) {
   softmax_kernel<<<static_cast<unsigned>(n_rows), 256, 0, static_cast<cudaStream_t>(s)>>>(x, n);
   return static_cast<int>(cudaGetLastError());
 }
-int launch_gather_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim, float* dst, stream_handle s) {
+int launch_gather_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim, float* dst,
+                       stream_handle s) {
   if (n * dim == 0) return 0;
-  gather_kernel<<<grid_for(n * dim, 256), 256, 0, static_cast<cudaStream_t>(s)>>>(src, ids, n, dim, dst);
+  gather_kernel<<<grid_for(n * dim, 256), 256, 0, static_cast<cudaStream_t>(s)>>>(src, ids, n, dim,
+                                                                                  dst);
   return static_cast<int>(cudaGetLastError());
 }
-int launch_scatter_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim, float* dst, stream_handle s) {
-  if (n * dim == 0) return 0;
-  scatter_kernel<<<grid_for(n * dim, 256), 256, 0, static_cast<cudaStream_t>(s)>>>(src, ids, n, dim, dst);
-  return static_cast<int>(cudaGetLastError());
-}
-int launch_weighted_sum(const float* rows, const float* weights, int64_t n_tokens, int64_t k, int64_t dim, float* out,
+int launch_scatter_rows(const float* src, const int32_t* ids, int64_t n, int64_t dim, float* dst,
                         stream_handle s) {
+  if (n * dim == 0) return 0;
+  scatter_kernel<<<grid_for(n * dim, 256), 256, 0, static_cast<cudaStream_t>(s)>>>(src, ids, n, dim,
+                                                                                   dst);
+  return static_cast<int>(cudaGetLastError());
+}
+int launch_weighted_sum(const float* rows, const float* weights, int64_t n_tokens, int64_t k,
+                        int64_t dim, float* out, stream_handle s) {
   if (n_tokens * dim == 0) return 0;
-  weighted_sum_kernel<<<grid_for(n_tokens * dim, 256), 256, 0, static_cast<cudaStream_t>(s)>>>(rows, weights,
-                                                                                              n_tokens, k, dim, out);
+  weighted_sum_kernel<<<grid_for(n_tokens * dim, 256), 256, 0, static_cast<cudaStream_t>(s)>>>(
+      rows, weights, n_tokens, k, dim, out);
   return static_cast<int>(cudaGetLastError());
 }
 }  // namespace weft::gpu::cuda

@@ -21,9 +21,13 @@ size_t device_memory_bytes(int index) {
   return cudaGetDeviceProperties(&p, index) == cudaSuccess ? p.totalGlobalMem : 0;
 }
 
-std::string error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+std::string error_string(int code) {
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
 
-int set_device(int index) { return static_cast<int>(cudaSetDevice(index)); }
+int set_device(int index) {
+  return static_cast<int>(cudaSetDevice(index));
+}
 
 int malloc_zeroed(void** ptr, size_t size_bytes) {
   cudaError_t e = cudaMalloc(ptr, size_bytes);
@@ -31,7 +35,9 @@ int malloc_zeroed(void** ptr, size_t size_bytes) {
   return static_cast<int>(cudaMemset(*ptr, 0, size_bytes));
 }
 
-int free_memory(void* ptr) { return static_cast<int>(cudaFree(ptr)); }
+int free_memory(void* ptr) {
+  return static_cast<int>(cudaFree(ptr));
+}
 
 int stream_create(stream_handle* s) {
   cudaStream_t st = nullptr;
@@ -40,11 +46,17 @@ int stream_create(stream_handle* s) {
   return static_cast<int>(e);
 }
 
-int stream_destroy(stream_handle s) { return static_cast<int>(cudaStreamDestroy(static_cast<cudaStream_t>(s))); }
-int stream_synchronize(stream_handle s) { return static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(s))); }
+int stream_destroy(stream_handle s) {
+  return static_cast<int>(cudaStreamDestroy(static_cast<cudaStream_t>(s)));
+}
+int stream_synchronize(stream_handle s) {
+  return static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(s)));
+}
 
 int memcpy_async(void* dst, const void* src, size_t size_bytes, int kind, stream_handle s) {
-  const cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice : kind == 1 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+  const cudaMemcpyKind k = kind == 0   ? cudaMemcpyHostToDevice
+                           : kind == 1 ? cudaMemcpyDeviceToHost
+                                       : cudaMemcpyDeviceToDevice;
   return static_cast<int>(cudaMemcpyAsync(dst, src, size_bytes, k, static_cast<cudaStream_t>(s)));
 }
 
@@ -57,6 +69,8 @@ int blas_create(blas_handle* h, stream_handle s) {
   return 0;
 }
 
-int blas_destroy(blas_handle h) { return static_cast<int>(cublasDestroy(static_cast<cublasHandle_t>(h))); }
+int blas_destroy(blas_handle h) {
+  return static_cast<int>(cublasDestroy(static_cast<cublasHandle_t>(h)));
+}
 
 }  // namespace weft::gpu::cuda

@@ -10,7 +10,8 @@
 
 namespace weft::gpu::internal {
 
-static_assert(std::endian::native == std::endian::little, "GGUF reader assumes a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "GGUF reader assumes a little-endian host");
 
 /// Sequential reader; every read checks the remaining size first and leaves the cursor unchanged on
 /// failure.
@@ -23,7 +24,7 @@ class gguf_cursor {
   size_t size() const { return size_; }
 
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   bool read(T& out) {
     if (remaining() < sizeof(T)) return false;
     std::memcpy(&out, data_ + pos_, sizeof(T));

@@ -48,10 +48,10 @@ bool gguf_image::map_file(const std::filesystem::path& path, std::string& error)
 }
 
 void gguf_image::copy_from(std::span<const std::byte> bytes) {
-  // Page alignment (like mmap) so that tensor data keeps the alignment the file promises relative to its
-  // start (general.alignment is at most what kernels need; mmap gives page alignment).
+  // Page alignment (like mmap) so that tensor data keeps the alignment the file promises relative
+  // to its start (general.alignment is at most what kernels need; mmap gives page alignment).
   const size_t n = bytes.empty() ? 1 : bytes.size();
-  owned_ = static_cast<std::byte*>(::operator new(n, std::align_val_t{4096}));
+  owned_ = static_cast<std::byte*>(::operator new (n, std::align_val_t{4096}));
   if (!bytes.empty()) std::memcpy(owned_, bytes.data(), bytes.size());
   data_ = owned_;
   size_ = bytes.size();
@@ -59,7 +59,7 @@ void gguf_image::copy_from(std::span<const std::byte> bytes) {
 
 gguf_image::~gguf_image() {
   if (mapped_ != nullptr) ::munmap(mapped_, size_);
-  if (owned_ != nullptr) ::operator delete(owned_, std::align_val_t{4096});
+  if (owned_ != nullptr) ::operator delete (owned_, std::align_val_t{4096});
 }
 
 }  // namespace weft::gpu::internal

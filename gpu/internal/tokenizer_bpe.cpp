@@ -23,8 +23,10 @@ uint64_t mix(uint64_t k) {
 // Single code point of a 1- or 2-byte UTF-8 string (byte-level characters are < U+0200).
 std::optional<uint32_t> single_small_cpt(std::string_view s) {
   if (s.size() == 1 && static_cast<uint8_t>(s[0]) < 0x80) return static_cast<uint8_t>(s[0]);
-  if (s.size() == 2 && (static_cast<uint8_t>(s[0]) & 0xE0) == 0xC0 && (static_cast<uint8_t>(s[1]) & 0xC0) == 0x80) {
-    const uint32_t c = ((static_cast<uint8_t>(s[0]) & 0x1Fu) << 6) | (static_cast<uint8_t>(s[1]) & 0x3Fu);
+  if (s.size() == 2 && (static_cast<uint8_t>(s[0]) & 0xE0) == 0xC0 &&
+      (static_cast<uint8_t>(s[1]) & 0xC0) == 0x80) {
+    const uint32_t c =
+        ((static_cast<uint8_t>(s[0]) & 0x1Fu) << 6) | (static_cast<uint8_t>(s[1]) & 0x3Fu);
     if (c < 512) return c;
   }
   return std::nullopt;
@@ -32,10 +34,12 @@ std::optional<uint32_t> single_small_cpt(std::string_view s) {
 
 }  // namespace
 
-std::optional<size_t> bpe_model::build(const std::vector<std::string>& tokens, const std::vector<std::string>& merges) {
+std::optional<size_t> bpe_model::build(const std::vector<std::string>& tokens,
+                                       const std::vector<std::string>& merges) {
   token_to_id_.clear();
   token_to_id_.reserve(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) token_to_id_[tokens[i]] = static_cast<int32_t>(i);  // last wins
+  for (size_t i = 0; i < tokens.size(); ++i)
+    token_to_id_[tokens[i]] = static_cast<int32_t>(i);  // last wins
   char_ids_.assign(512, -1);
   for (uint32_t c = 0; c < 512; ++c) {
     std::string s;
@@ -61,8 +65,10 @@ std::optional<size_t> bpe_model::build(const std::vector<std::string>& tokens, c
       merged.append(right);
       const auto id = find(merged);
       uint64_t slot = mix(pair_key(*l, *r)) & pair_mask_;
-      while (pairs_[slot].key != empty_key && pairs_[slot].key != pair_key(*l, *r)) slot = (slot + 1) & pair_mask_;
-      if (pairs_[slot].key == empty_key) pairs_[slot] = pair_entry{pair_key(*l, *r), rank, id.value_or(-1)};
+      while (pairs_[slot].key != empty_key && pairs_[slot].key != pair_key(*l, *r))
+        slot = (slot + 1) & pair_mask_;
+      if (pairs_[slot].key == empty_key)
+        pairs_[slot] = pair_entry{pair_key(*l, *r), rank, id.value_or(-1)};
     } else {
       std::string key(left);
       key.push_back('\0');
@@ -88,7 +94,8 @@ const bpe_model::pair_entry* bpe_model::find_pair(int32_t left, int32_t right) c
   }
 }
 
-std::optional<int32_t> bpe_model::find_text_pair(std::string_view left, std::string_view right) const {
+std::optional<int32_t> bpe_model::find_text_pair(std::string_view left,
+                                                 std::string_view right) const {
   if (text_pairs_.empty()) return std::nullopt;
   std::string key(left);
   key.push_back('\0');
@@ -112,7 +119,8 @@ void bpe_model::encode_word(std::string_view word, bool ignore_merges, bpe_scrat
   syms.clear();
   heap.clear();
   for (size_t pos = 0; pos < word.size();) {
-    const size_t len = std::min(word.size() - pos, utf8_sequence_length(static_cast<uint8_t>(word[pos])));
+    const size_t len =
+        std::min(word.size() - pos, utf8_sequence_length(static_cast<uint8_t>(word[pos])));
     const auto c = single_small_cpt(word.substr(pos, len));
     const int32_t id = c ? char_ids_[*c] : find(word.substr(pos, len)).value_or(-1);
     const int n = static_cast<int>(syms.size());

@@ -47,13 +47,15 @@ class bpe_model {
  public:
   /// `merges` as "left right" strings, highest priority first. Returns the index of the first
   /// malformed merge (no space separator), or nullopt on success.
-  std::optional<size_t> build(const std::vector<std::string>& tokens, const std::vector<std::string>& merges);
+  std::optional<size_t> build(const std::vector<std::string>& tokens,
+                              const std::vector<std::string>& merges);
 
   std::optional<int32_t> find(std::string_view text) const;
 
   /// Appends the tokens of one word (already byte-level encoded). With `ignore_merges` a word that
   /// is itself a token is emitted whole (Llama 3).
-  void encode_word(std::string_view word, bool ignore_merges, bpe_scratch& scratch, std::vector<int32_t>& out) const;
+  void encode_word(std::string_view word, bool ignore_merges, bpe_scratch& scratch,
+                   std::vector<int32_t>& out) const;
 
  private:
   struct pair_entry {
@@ -68,7 +70,8 @@ class bpe_model {
   token_index token_to_id_;
   std::vector<pair_entry> pairs_;  // power-of-two capacity
   uint64_t pair_mask_ = 0;
-  std::unordered_map<std::string, int32_t, string_hash, std::equal_to<>> text_pairs_;  // "left\0right"
+  std::unordered_map<std::string, int32_t, string_hash, std::equal_to<>>
+      text_pairs_;                 // "left\0right"
   std::vector<int32_t> char_ids_;  // id of each single byte-level character (code point < 512)
 };
 

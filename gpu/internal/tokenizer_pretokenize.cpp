@@ -10,7 +10,8 @@ namespace {
 // which belongs to no class (so lookaheads stop at fragment boundaries).
 class fragment_view {
  public:
-  fragment_view(std::span<const uint32_t> cpts, size_t begin, size_t end) : cpts_(cpts), begin_(begin), end_(end) {}
+  fragment_view(std::span<const uint32_t> cpts, size_t begin, size_t end)
+      : cpts_(cpts), begin_(begin), end_(end) {}
 
   uint32_t cpt(size_t pos) const { return pos >= begin_ && pos < end_ ? cpts_[pos] : no_cpt; }
   bool in_range(size_t pos) const { return pos >= begin_ && pos < end_; }
@@ -27,7 +28,9 @@ class fragment_view {
   size_t end_;
 };
 
-uint32_t ascii_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+uint32_t ascii_lower(uint32_t c) {
+  return c >= 'A' && c <= 'Z' ? c + 32 : c;
+}
 
 // Length of a contraction ('s 't 'm 'd 're 've 'll) at pos, or 0.
 size_t contraction_length(const fragment_view& v, size_t pos, bool ignore_case) {

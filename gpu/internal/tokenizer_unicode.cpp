@@ -20,7 +20,8 @@ const byte_maps& maps() {
     r.from_cpt.fill(-1);
     uint32_t next = 256;
     for (uint32_t b = 0; b < 256; ++b) {
-      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      const bool printable =
+          (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
       r.to_cpt[b] = printable ? b : next++;
       r.from_cpt[r.to_cpt[b]] = static_cast<int16_t>(b);
     }
@@ -40,7 +41,8 @@ cpt_class classify(uint32_t cpt) {
   }
   const unicode_range* begin = unicode_ranges;
   const unicode_range* end = unicode_ranges + unicode_ranges_count;
-  const auto* it = std::upper_bound(begin, end, cpt, [](uint32_t c, const unicode_range& r) { return c < r.first; });
+  const auto* it = std::upper_bound(begin, end, cpt,
+                                    [](uint32_t c, const unicode_range& r) { return c < r.first; });
   if (it == begin) return cpt_class::other;
   --it;
   return cpt <= it->last ? it->cls : cpt_class::other;
@@ -130,7 +132,9 @@ size_t incomplete_utf8_tail(std::string_view s) {
   return 0;
 }
 
-uint32_t byte_to_cpt(uint8_t b) { return maps().to_cpt[b]; }
+uint32_t byte_to_cpt(uint8_t b) {
+  return maps().to_cpt[b];
+}
 
 std::optional<uint8_t> cpt_to_byte(uint32_t cpt) {
   if (cpt >= 512) return std::nullopt;

@@ -79,8 +79,9 @@ class local_cluster {
 
   /// Starts one more node with id node-<index> (or the head) and waits for its ready line.
   void start_node(int index, bool head, const std::vector<std::string>& args = {}) {
-    std::vector<std::string> argv = {WEFT_BIN, "node", "--node-id", "node-" + std::to_string(index),
-                                     "--secret", opts_.secret, "--log-level", "warn"};
+    std::vector<std::string> argv = {
+        WEFT_BIN,   "node",       "--node-id",   "node-" + std::to_string(index),
+        "--secret", opts_.secret, "--log-level", "warn"};
     if (head) {
       argv.insert(argv.end(), {"--head", "--port", std::to_string(port_)});
     } else {
@@ -127,10 +128,14 @@ class local_cluster {
     for (auto n : v->get().getNodes()) {
       if (id == n.getNode().getNodeId().cStr()) {
         switch (n.getState()) {
-          case schema::wire::NodeState::ALIVE: return "alive";
-          case schema::wire::NodeState::SUSPECT: return "suspect";
-          case schema::wire::NodeState::DEAD: return "dead";
-          default: return "other";
+          case schema::wire::NodeState::ALIVE:
+            return "alive";
+          case schema::wire::NodeState::SUSPECT:
+            return "suspect";
+          case schema::wire::NodeState::DEAD:
+            return "dead";
+          default:
+            return "other";
         }
       }
     }

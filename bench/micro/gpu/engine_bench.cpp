@@ -6,8 +6,8 @@
 //   gpu_engine_bench [--model PATH] [--threads N] [--prompt-len P] [--decode-steps D]
 //                    [--batches 1,8,32] [--out DIR] [--no-llama]
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -33,7 +33,9 @@ using namespace weft::gpu;
 using clk = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
-double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
+double seconds_since(clk::time_point t) {
+  return std::chrono::duration<double>(clk::now() - t).count();
+}
 
 std::string shell(const std::string& cmd) {
   std::string out;
@@ -117,8 +119,8 @@ weft_figures run_weft(model& m, device& dev, int batch, int plen, int steps) {
   for (int s = 0; s < batch; ++s) {
     for (int off = 0; off < plen;) {
       const int n = std::min(plen - off, 512 - in_batch);
-      b.add(seqs[static_cast<size_t>(s)], std::span<const int32_t>(prompt.data() + off, static_cast<size_t>(n)),
-            off + n == plen);
+      b.add(seqs[static_cast<size_t>(s)],
+            std::span<const int32_t>(prompt.data() + off, static_cast<size_t>(n)), off + n == plen);
       in_batch += n;
       off += n;
       if (in_batch == 512) {
@@ -134,7 +136,8 @@ weft_figures run_weft(model& m, device& dev, int batch, int plen, int steps) {
   for (int k = 0; k < steps; ++k) {
     b.clear();
     const int32_t tok = 200 + k;
-    for (int s = 0; s < batch; ++s) b.add(seqs[static_cast<size_t>(s)], std::span<const int32_t>(&tok, 1), true);
+    for (int s = 0; s < batch; ++s)
+      b.add(seqs[static_cast<size_t>(s)], std::span<const int32_t>(&tok, 1), true);
     (void)m.forward(b, **kv, out);
   }
   f.decode_tok_s = static_cast<double>(batch) * steps / seconds_since(t);
@@ -151,13 +154,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string{argv[++i]} : std::string{}; };
-    if (a == "--model") model_path = next();
-    else if (a == "--threads") threads = std::atoi(next().c_str());
-    else if (a == "--prompt-len") plen = std::atoi(next().c_str());
-    else if (a == "--decode-steps") steps = std::atoi(next().c_str());
-    else if (a == "--batches") batches_arg = next();
-    else if (a == "--out") out_dir = next();
-    else if (a == "--no-llama") with_llama = false;
+    if (a == "--model")
+      model_path = next();
+    else if (a == "--threads")
+      threads = std::atoi(next().c_str());
+    else if (a == "--prompt-len")
+      plen = std::atoi(next().c_str());
+    else if (a == "--decode-steps")
+      steps = std::atoi(next().c_str());
+    else if (a == "--batches")
+      batches_arg = next();
+    else if (a == "--out")
+      out_dir = next();
+    else if (a == "--no-llama")
+      with_llama = false;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -166,7 +176,9 @@ int main(int argc, char** argv) {
   if (model_path.empty()) {
     const char* env = std::getenv("WEFT_MODEL");
     const char* home = std::getenv("HOME");
-    model_path = env != nullptr ? env : std::string{home != nullptr ? home : "."} + "/.cache/weft/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    model_path = env != nullptr ? env
+                                : std::string{home != nullptr ? home : "."} +
+                                      "/.cache/weft/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   }
   std::vector<int> batches;
   std::stringstream ss(batches_arg);
@@ -186,13 +198,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   nlohmann::json j;
-  j["machine"] = {{"nproc", std::thread::hardware_concurrency()},
-                  {"cpu", shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //' | tr -d '\\n'")},
-                  {"load_average", shell("cut -d' ' -f1-3 /proc/loadavg | tr -d '\\n'")}};
-  j["commit"] = shell("git -C " + std::string{WEFT_SOURCE_DIR} + " rev-parse --short HEAD 2>/dev/null | tr -d '\\n'");
+  j["machine"] = {
+      {"nproc", std::thread::hardware_concurrency()},
+      {"cpu",
+       shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //' | tr -d '\\n'")},
+      {"load_average", shell("cut -d' ' -f1-3 /proc/loadavg | tr -d '\\n'")}};
+  j["commit"] = shell("git -C " + std::string{WEFT_SOURCE_DIR} +
+                      " rev-parse --short HEAD 2>/dev/null | tr -d '\\n'");
   j["model"] = model_path;
-  j["workload"] = {{"threads", threads}, {"prompt_len", plen}, {"decode_steps", steps}, {"batches", batches},
-                   {"note", "prefill: B prompts in forward passes of <= 512 tokens; decode: B sequences, one token each per pass"}};
+  j["workload"] = {{"threads", threads},
+                   {"prompt_len", plen},
+                   {"decode_steps", steps},
+                   {"batches", batches},
+                   {"note",
+                    "prefill: B prompts in forward passes of <= 512 tokens; decode: B sequences, "
+                    "one token each per pass"}};
   const double bw = copy_bandwidth_bytes_s();
   const double wbytes = static_cast<double>((*m)->weight_bytes_per_token());
   const double macs_s = q4_1_macs_per_s(threads);
@@ -205,9 +225,10 @@ int main(int argc, char** argv) {
                    {"prefill_tok_s_compute_limit", macs_s / macs_tok}};
   nlohmann::json llama;
   if (with_llama) {
-    const std::string cmd = "python3 " + std::string{WEFT_SOURCE_DIR} + "/bench/micro/gpu/llama_bench.py '" + model_path +
-                            "' " + std::to_string(threads) + " " + std::to_string(plen) + " " + std::to_string(steps) +
-                            " " + batches_arg + " 2>/dev/null";
+    const std::string cmd = "python3 " + std::string{WEFT_SOURCE_DIR} +
+                            "/bench/micro/gpu/llama_bench.py '" + model_path + "' " +
+                            std::to_string(threads) + " " + std::to_string(plen) + " " +
+                            std::to_string(steps) + " " + batches_arg + " 2>/dev/null";
     const std::string out = shell(cmd);
     try {
       llama = nlohmann::json::parse(out);
@@ -217,15 +238,20 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> lines;
   char line[512];
-  std::snprintf(line, sizeof line, "copy bandwidth %.1f GB/s (read+write); weights per decode step %.1f MB -> batch-1 decode ceiling %.0f tok/s",
+  std::snprintf(line, sizeof line,
+                "copy bandwidth %.1f GB/s (read+write); weights per decode step %.1f MB -> batch-1 "
+                "decode ceiling %.0f tok/s",
                 bw / 1e9, wbytes / 1e6, bw / wbytes);
   lines.emplace_back(line);
-  std::snprintf(line, sizeof line, "q4_1 dot in cache %.1f GMAC/s on %d threads -> prefill ceiling %.0f tok/s", macs_s / 1e9,
-                threads, macs_s / macs_tok);
+  std::snprintf(line, sizeof line,
+                "q4_1 dot in cache %.1f GMAC/s on %d threads -> prefill ceiling %.0f tok/s",
+                macs_s / 1e9, threads, macs_s / macs_tok);
   lines.emplace_back(line);
   for (int bsz : batches) {
     const weft_figures w = run_weft(**m, *dev.value(), bsz, plen, steps);
-    nlohmann::json r = {{"batch", bsz}, {"weft_prefill_tok_s", w.prefill_tok_s}, {"weft_decode_tok_s", w.decode_tok_s}};
+    nlohmann::json r = {{"batch", bsz},
+                        {"weft_prefill_tok_s", w.prefill_tok_s},
+                        {"weft_decode_tok_s", w.decode_tok_s}};
     double lp = 0, ld = 0;
     if (llama.contains("results")) {
       for (const auto& x : llama["results"]) {
@@ -238,14 +264,17 @@ int main(int argc, char** argv) {
       r["llama_decode_tok_s"] = ld;
     }
     j["results"].push_back(r);
-    std::snprintf(line, sizeof line, "batch %2d prefill: weft %.0f tok/s, llama.cpp %.0f tok/s, ratio %.2f", bsz,
+    std::snprintf(line, sizeof line,
+                  "batch %2d prefill: weft %.0f tok/s, llama.cpp %.0f tok/s, ratio %.2f", bsz,
                   w.prefill_tok_s, lp, lp > 0 ? w.prefill_tok_s / lp : 0.0);
     lines.emplace_back(line);
-    std::snprintf(line, sizeof line, "batch %2d decode:  weft %.1f tok/s, llama.cpp %.1f tok/s, ratio %.2f%s", bsz,
-                  w.decode_tok_s, ld, ld > 0 ? w.decode_tok_s / ld : 0.0,
-                  bsz == 1 ? (", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / (bw / wbytes))) +
-                              "% of the bandwidth ceiling").c_str()
-                           : "");
+    std::snprintf(
+        line, sizeof line, "batch %2d decode:  weft %.1f tok/s, llama.cpp %.1f tok/s, ratio %.2f%s",
+        bsz, w.decode_tok_s, ld, ld > 0 ? w.decode_tok_s / ld : 0.0,
+        bsz == 1 ? (", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / (bw / wbytes))) +
+                    "% of the bandwidth ceiling")
+                       .c_str()
+                 : "");
     lines.emplace_back(line);
   }
   if (llama.contains("version")) j["llama_cpp_python_version"] = llama["version"];

@@ -11,11 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -195,8 +195,9 @@ json detection(int sig, int repeats) {
     std::string secret = "bench-secret-0123456789";
     std::vector<apps::child_process> nodes;
     for (int i = 0; i < 3; ++i) {
-      std::vector<std::string> argv = {WEFT_BIN, "node", "--node-id", "node-" + std::to_string(i),
-                                       "--secret", secret, "--log-level", "error"};
+      std::vector<std::string> argv = {
+          WEFT_BIN,   "node", "--node-id",   "node-" + std::to_string(i),
+          "--secret", secret, "--log-level", "error"};
       if (i == 0) {
         argv.insert(argv.end(), {"--head", "--port", std::to_string(port)});
       } else {
@@ -229,8 +230,11 @@ json detection(int sig, int repeats) {
     if (sig == SIGSTOP) nodes[2].signal(SIGCONT);
   }
   std::sort(ms.begin(), ms.end());
-  return {{"median_ms", ms[ms.size() / 2]}, {"max_ms", ms.back()}, {"runs", ms.size()},
-          {"settings", "heartbeat 200 ms, suspect 600 ms, dead 1500 ms, CAF connection-timeout 2 s"}};
+  return {
+      {"median_ms", ms[ms.size() / 2]},
+      {"max_ms", ms.back()},
+      {"runs", ms.size()},
+      {"settings", "heartbeat 200 ms, suspect 600 ms, dead 1500 ms, CAF connection-timeout 2 s"}};
 }
 
 std::string today() {
@@ -277,8 +281,8 @@ int main(int argc, char** argv) {
   }
   result["raw_tcp_floor"] = tcp_floor(n);
   if (!skip_ray) {
-    auto ray = apps::child_process::start({"/usr/bin/env", "python3", WEFT_RAY_SCRIPT,
-                                           std::to_string(std::min(n, 2000))});
+    auto ray = apps::child_process::start(
+        {"/usr/bin/env", "python3", WEFT_RAY_SCRIPT, std::to_string(std::min(n, 2000))});
     std::string last;
     if (ray) {
       while (auto line = ray->read_line(180000)) last = *line;
@@ -295,18 +299,25 @@ int main(int argc, char** argv) {
               r("in_process", "p50_us"), r("in_process", "p99_us"), r("in_process", "msgs_per_s"));
   if (result.contains("cross_process")) {
     double floor = r("raw_tcp_floor", "p50_us");
-    std::printf("actor round trip cross process   p50 %.1f us  p99 %.1f us  %.0f msg/s  = %.2fx raw TCP floor (p50 %.1f us)\n",
-                r("cross_process", "p50_us"), r("cross_process", "p99_us"),
-                r("cross_process", "msgs_per_s"), r("cross_process", "p50_us") / floor, floor);
+    std::printf(
+        "actor round trip cross process   p50 %.1f us  p99 %.1f us  %.0f msg/s  = %.2fx raw TCP "
+        "floor (p50 %.1f us)\n",
+        r("cross_process", "p50_us"), r("cross_process", "p99_us"),
+        r("cross_process", "msgs_per_s"), r("cross_process", "p50_us") / floor, floor);
     if (result.contains("ray") && result["ray"].contains("p50_us")) {
-      std::printf("actor round trip vs Ray          Ray p50 %.1f us: weft is %.2fx faster; Ray %.0f msg/s, weft %.2fx\n",
-                  r("ray", "p50_us"), r("ray", "p50_us") / r("cross_process", "p50_us"),
-                  r("ray", "msgs_per_s"), r("cross_process", "msgs_per_s") / r("ray", "msgs_per_s"));
+      std::printf(
+          "actor round trip vs Ray          Ray p50 %.1f us: weft is %.2fx faster; Ray %.0f msg/s, "
+          "weft %.2fx\n",
+          r("ray", "p50_us"), r("ray", "p50_us") / r("cross_process", "p50_us"),
+          r("ray", "msgs_per_s"), r("cross_process", "msgs_per_s") / r("ray", "msgs_per_s"));
     }
   }
-  std::printf("capnp SpawnRequest               build+encode %.2f us, decode+validate+read %.2f us (%d B)\n",
-              r("capnp_spawn_request", "build_encode_us"), r("capnp_spawn_request", "decode_validate_read_us"),
-              result["capnp_spawn_request"].value("message_bytes", 0));
+  std::printf(
+      "capnp SpawnRequest               build+encode %.2f us, decode+validate+read %.2f us (%d "
+      "B)\n",
+      r("capnp_spawn_request", "build_encode_us"),
+      r("capnp_spawn_request", "decode_validate_read_us"),
+      result["capnp_spawn_request"].value("message_bytes", 0));
   std::printf("failure detection SIGKILL        median %.0f ms (target <= 1000 ms)\n",
               r("detect_sigkill", "median_ms"));
   std::printf("failure detection SIGSTOP        median %.0f ms (target <= 3000 ms)\n",

@@ -15,9 +15,9 @@ TEST(chaos, a_cut_link_is_detected) {
     GTEST_SKIP() << "needs root and iproute2 to create network namespaces";
   }
   uint16_t port = free_port();
-  auto up = apps::child_process::start({WEFT_BIN, "cluster", "up", "--netns", "-n", "3", "--port",
-                                        std::to_string(port), "--secret",
-                                        "netns-test-secret-0123456"});
+  auto up =
+      apps::child_process::start({WEFT_BIN, "cluster", "up", "--netns", "-n", "3", "--port",
+                                  std::to_string(port), "--secret", "netns-test-secret-0123456"});
   ASSERT_TRUE(up.ok());
   std::string head;
   for (int i = 0; i < 20 && head.empty(); ++i) {
@@ -49,7 +49,9 @@ TEST(chaos, a_cut_link_is_detected) {
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(std::system(("ip link set " + veth + " down").c_str()), 0);
   bool dead = eventually([&] { return state("node-2") == "dead"; }, 8000);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   EXPECT_TRUE(dead);
   std::printf("link cut: node-2 declared dead after %lld ms\n", static_cast<long long>(ms));
   EXPECT_EQ(state("node-1"), "up");
@@ -57,7 +59,8 @@ TEST(chaos, a_cut_link_is_detected) {
   int status = 0;
   EXPECT_TRUE(eventually([&] { return up->exited(&status); }, 10'000));
   EXPECT_TRUE(eventually(
-      [&] { return std::system(("ip link show " + veth + " >/dev/null 2>&1").c_str()) != 0; }, 5000))
+      [&] { return std::system(("ip link show " + veth + " >/dev/null 2>&1").c_str()) != 0; },
+      5000))
       << "namespaces and links are removed when the cluster stops";
 }
 

@@ -11,7 +11,9 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-int node_index(const std::string& id) { return std::stoi(id.substr(id.find('-') + 1)); }
+int node_index(const std::string& id) {
+  return std::stoi(id.substr(id.find('-') + 1));
+}
 
 bool has_event(local_cluster& c, const std::string& kind, const std::string& subject) {
   auto env = c.status();
@@ -80,7 +82,8 @@ TEST(chaos, a_hung_node_is_detected_by_missing_heartbeats) {
   cluster.process(2).signal(SIGCONT);
   ASSERT_TRUE(dead);
   std::printf("sigstop: node-2 declared dead after %lld ms\n", static_cast<long long>(ms));
-  EXPECT_TRUE(has_event(cluster, "node_suspect", "node-2") || has_event(cluster, "node_down", "node-2"));
+  EXPECT_TRUE(has_event(cluster, "node_suspect", "node-2") ||
+              has_event(cluster, "node_down", "node-2"));
 }
 
 TEST(chaos, crash_looping_child_stops_at_the_intensity_limit) {

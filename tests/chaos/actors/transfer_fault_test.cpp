@@ -38,7 +38,9 @@ TEST(transfer_faults, a_dropped_transfer_times_out_at_its_deadline) {
                                         "--transport-param", "fault.drop_probability=1"}});
   auto t0 = std::chrono::steady_clock::now();
   auto reply = pull(cluster, 1500);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   auto r = reply.read<schema::wire::TransferReply>();
   ASSERT_TRUE(r.ok()) << r.error().to_string();
   EXPECT_FALSE(r->get().getOk());
@@ -54,7 +56,8 @@ TEST(transfer_faults, a_corrupted_transfer_is_caught_by_the_checksum) {
   auto r = reply.read<schema::wire::TransferReply>();
   ASSERT_TRUE(r.ok()) << r.error().to_string();
   EXPECT_FALSE(r->get().getOk());
-  EXPECT_NE(std::string(r->get().getError().getMessage().cStr()).find("checksum"), std::string::npos);
+  EXPECT_NE(std::string(r->get().getError().getMessage().cStr()).find("checksum"),
+            std::string::npos);
 }
 
 TEST(transfer_faults, a_healthy_transfer_through_the_decorator_succeeds) {

@@ -17,9 +17,11 @@ void exercise(const weft::gpu::gguf_file& f, std::string_view text) {
   using namespace weft::gpu;
   for (const auto& t : f.tensors()) {
     // Accepted tensors lie inside the image: touching their first and last bytes must be safe.
-    if (t.size_bytes > 0) sink = static_cast<uint8_t>(t.data[0]) ^ static_cast<uint8_t>(t.data[t.size_bytes - 1]);
+    if (t.size_bytes > 0)
+      sink = static_cast<uint8_t>(t.data[0]) ^ static_cast<uint8_t>(t.data[t.size_bytes - 1]);
   }
-  for (const auto& [key, value] : f.metadata()) sink = static_cast<uint8_t>(key.size() + value.v.index());
+  for (const auto& [key, value] : f.metadata())
+    sink = static_cast<uint8_t>(key.size() + value.v.index());
   auto tok = tokenizer::from_gguf(f);
   if (tok.ok()) {
     const auto ids = tok->encode(text, add_special::yes, parse_special::yes);

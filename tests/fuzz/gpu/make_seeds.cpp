@@ -38,8 +38,12 @@ int main(int argc, char** argv) {
   w.set("b", make_array(std::vector<bool>{true, false}));
   w.set("c", 1.5);
   w.set("d", int64_t{-7});
-  if (!w.add_tensor_from_f32("t", ggml_type::q8_0, std::vector<int64_t>{32, 2}, std::vector<float>(64, 0.25f)).ok() ||
-      !w.add_tensor_from_f32("h", ggml_type::bf16, std::vector<int64_t>{3}, std::vector<float>{1, 2, 3}).ok()) {
+  if (!w.add_tensor_from_f32("t", ggml_type::q8_0, std::vector<int64_t>{32, 2},
+                             std::vector<float>(64, 0.25f))
+           .ok() ||
+      !w.add_tensor_from_f32("h", ggml_type::bf16, std::vector<int64_t>{3},
+                             std::vector<float>{1, 2, 3})
+           .ok()) {
     return 1;
   }
   seeds.emplace_back("arrays_aligned64.gguf", w.to_bytes().value());
@@ -47,7 +51,8 @@ int main(int argc, char** argv) {
   for (const auto& [name, bytes] : seeds) {
     const std::string path = std::string(argv[1]) + "/" + name;
     std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    f.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
     if (!f) {
       std::fprintf(stderr, "cannot write %s\n", path.c_str());
       return 1;

@@ -23,17 +23,34 @@ void read_all(const weft::schema::envelope& env) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace weft::schema;
   if (size < 2) return 0;
-  auto k = static_cast<kind>((data[0] | (data[1] << 8)) % 26);  // every kind up to KvRegion, and none
+  auto k =
+      static_cast<kind>((data[0] | (data[1] << 8)) % 27);  // every kind up to KvHandoff, and none
   auto env = envelope::from_bytes(k, {reinterpret_cast<const std::byte*>(data + 2), size - 2});
   switch (k) {
-    case kind::error: read_all<wire::Error>(env); break;
-    case kind::join_request: read_all<wire::JoinRequest>(env); break;
-    case kind::spawn_request: read_all<wire::SpawnRequest>(env); break;
-    case kind::node_status: read_all<wire::NodeStatus>(env); break;
-    case kind::cluster_status: read_all<wire::ClusterStatus>(env); break;
-    case kind::transfer_request: read_all<wire::TransferRequest>(env); break;
-    case kind::supervisor_spec: read_all<wire::SupervisorSpec>(env); break;
-    default: read_all<wire::Heartbeat>(env); break;
+    case kind::error:
+      read_all<wire::Error>(env);
+      break;
+    case kind::join_request:
+      read_all<wire::JoinRequest>(env);
+      break;
+    case kind::spawn_request:
+      read_all<wire::SpawnRequest>(env);
+      break;
+    case kind::node_status:
+      read_all<wire::NodeStatus>(env);
+      break;
+    case kind::cluster_status:
+      read_all<wire::ClusterStatus>(env);
+      break;
+    case kind::transfer_request:
+      read_all<wire::TransferRequest>(env);
+      break;
+    case kind::supervisor_spec:
+      read_all<wire::SupervisorSpec>(env);
+      break;
+    default:
+      read_all<wire::Heartbeat>(env);
+      break;
   }
   return 0;
 }

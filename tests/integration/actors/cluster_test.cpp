@@ -42,7 +42,11 @@ TEST(cluster, spawns_actors_on_remote_nodes_and_messages_them) {
   for (int i = 0; i < 3; ++i) {
     std::string name = "echo-" + std::to_string(i);
     auto t0 = std::chrono::steady_clock::now();
-    auto ms = [&] { return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count(); };
+    auto ms = [&] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::steady_clock::now() - t0)
+          .count();
+    };
     auto a = actors::spawn_on_cluster(sys, cluster.head(), cluster.secret(), "echo", name);
     ASSERT_TRUE(a.ok()) << a.error().to_string();
     auto t_spawn = ms();
@@ -53,12 +57,13 @@ TEST(cluster, spawns_actors_on_remote_nodes_and_messages_them) {
     ASSERT_TRUE(looked_up.ok());
     auto t_lookup = ms();
     EXPECT_TRUE(cluster.ping(*looked_up, 200 + i));
-    std::printf("%s: spawn %lld ms, first ping %lld ms, lookup %lld ms, ping %lld ms\n", name.c_str(),
-                (long long)t_spawn, (long long)(t_ping - t_spawn), (long long)(t_lookup - t_ping),
-                (long long)(ms() - t_lookup));
+    std::printf("%s: spawn %lld ms, first ping %lld ms, lookup %lld ms, ping %lld ms\n",
+                name.c_str(), (long long)t_spawn, (long long)(t_ping - t_spawn),
+                (long long)(t_lookup - t_ping), (long long)(ms() - t_lookup));
   }
   EXPECT_EQ(hosts.size(), 3u) << "least-loaded placement spreads actors over the nodes";
-  auto missing = actors::spawn_on_cluster(sys, cluster.head(), cluster.secret(), "no-such-role", "x");
+  auto missing =
+      actors::spawn_on_cluster(sys, cluster.head(), cluster.secret(), "no-such-role", "x");
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.error().code, errc::unavailable);
 }
@@ -132,8 +137,12 @@ void pull_64mib(const std::string& ucx_tls) {
   EXPECT_EQ(w->get().getError().getCode(), schema::wire::ErrorCode::VERSION_MISMATCH);
 }
 
-TEST(cluster, ucx_transfer_of_64mib_between_nodes_over_tcp) { pull_64mib("tcp"); }
-TEST(cluster, ucx_transfer_of_64mib_between_nodes_over_shm) { pull_64mib("shm"); }
+TEST(cluster, ucx_transfer_of_64mib_between_nodes_over_tcp) {
+  pull_64mib("tcp");
+}
+TEST(cluster, ucx_transfer_of_64mib_between_nodes_over_shm) {
+  pull_64mib("shm");
+}
 
 }  // namespace
 }  // namespace weft::testing
@@ -160,7 +169,8 @@ TEST(cluster, tls_between_nodes) {
   auto tls = make_certificates(dir);
   local_cluster cluster({.nodes = 2, .tls = tls});
   ASSERT_TRUE(eventually([&] { return cluster.node_state("node-1") == "alive"; }, 5000));
-  auto a = actors::spawn_on_cluster(cluster.system(), cluster.head(), cluster.secret(), "echo", "tls-echo");
+  auto a = actors::spawn_on_cluster(cluster.system(), cluster.head(), cluster.secret(), "echo",
+                                    "tls-echo");
   ASSERT_TRUE(a.ok()) << a.error().to_string();
   EXPECT_TRUE(cluster.ping(*a, 5));
   // A plain-TCP client cannot talk to a TLS head.

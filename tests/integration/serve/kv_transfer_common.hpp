@@ -25,7 +25,9 @@ inline std::vector<int32_t> test_prompt() {
 }
 
 /// SmolLM2-135M's KV shape: 30 layers, 3 KV heads, head_dim 64, fp16, blocks of 16 tokens.
-inline gpu::kv_layout smollm2_layout() { return gpu::kv_layout{30, 3, 64, 16, gpu::ggml_type::f16}; }
+inline gpu::kv_layout smollm2_layout() {
+  return gpu::kv_layout{30, 3, 64, 16, gpu::ggml_type::f16};
+}
 
 inline kv_transfer_config test_identity() {
   kv_transfer_config c;

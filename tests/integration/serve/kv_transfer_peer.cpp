@@ -46,16 +46,19 @@ int main(int argc, char** argv) {
       {.request_id = 42, .seq = s, .tokens = prompt, .lease_ms = std::stoull(argv[2])});
   if (!desc) return 8;
   write_line(stdout, "descriptor " + to_hex(desc->to_bytes()));
-  std::unique_ptr<gpu::kv_cache> big;   // declared before its exporter: destroyed after it
+  std::unique_ptr<gpu::kv_cache> big;  // declared before its exporter: destroyed after it
   std::unique_ptr<serve::kv_exporter> big_exporter;
   while (auto line = read_line(stdin)) {
     if (*line == "offer") {
       const gpu::seq_id again = host->kv->create_sequence();
       auto d = host->run(again, prompt).empty()
                    ? weft::result<schema::envelope>(make_error(errc::internal, "prefill failed"))
-                   : (*exporter)->offer({.request_id = 43, .seq = again, .tokens = prompt,
+                   : (*exporter)->offer({.request_id = 43,
+                                         .seq = again,
+                                         .tokens = prompt,
                                          .lease_ms = std::stoull(argv[2])});
-      write_line(stdout, d ? "descriptor " + to_hex(d->to_bytes()) : "error " + d.error().to_string());
+      write_line(stdout,
+                 d ? "descriptor " + to_hex(d->to_bytes()) : "error " + d.error().to_string());
       continue;
     }
     if (*line == "big") {
@@ -64,7 +67,8 @@ int main(int argc, char** argv) {
         kc.layout = serve::testing::smollm2_layout();
         kc.n_blocks = 40;
         big = std::move(gpu::kv_cache::create(*host->dev, kc).value());
-        const size_t pool = kc.layout.block_bytes() * static_cast<size_t>(kc.n_blocks * kc.layout.n_layers);
+        const size_t pool =
+            kc.layout.block_bytes() * static_cast<size_t>(kc.n_blocks * kc.layout.n_layers);
         transport::fill_pattern({reinterpret_cast<std::byte*>(big->k_layer(0)), pool}, 1);
         transport::fill_pattern({reinterpret_cast<std::byte*>(big->v_layer(0)), pool}, 2);
         auto cfg = serve::testing::test_identity();
@@ -75,8 +79,10 @@ int main(int argc, char** argv) {
       const gpu::seq_id b = big->create_sequence();
       (void)big->reserve(b, 512);
       (void)big->commit(b, tokens);
-      auto d = big_exporter->offer({.request_id = 44, .seq = b, .tokens = tokens, .lease_ms = 30'000});
-      write_line(stdout, d ? "descriptor " + to_hex(d->to_bytes()) : "error " + d.error().to_string());
+      auto d =
+          big_exporter->offer({.request_id = 44, .seq = b, .tokens = tokens, .lease_ms = 30'000});
+      write_line(stdout,
+                 d ? "descriptor " + to_hex(d->to_bytes()) : "error " + d.error().to_string());
       continue;
     }
     if (line->rfind("step ", 0) == 0) {

@@ -58,7 +58,8 @@ class peer_process {
   transport::bytes receive_bytes(const std::string& key) {
     const std::string line = receive();
     EXPECT_EQ(line.rfind(key + " ", 0), 0u) << line.substr(0, 80);
-    return from_hex(line.substr(std::min(line.size(), key.size() + 1))).value_or(transport::bytes{});
+    return from_hex(line.substr(std::min(line.size(), key.size() + 1)))
+        .value_or(transport::bytes{});
   }
   void kill() {
     ::kill(pid_, SIGKILL);
@@ -116,7 +117,7 @@ TEST_P(kv_transfer_two_processes, pulled_sequence_decodes_bit_identically) {
 
   peer.send("release " + std::to_string(got->lease_id));
   EXPECT_EQ(peer.receive(), "released 1 blocks_used 0");
-  peer.send("release " + std::to_string(got->lease_id));   // a second release frees nothing
+  peer.send("release " + std::to_string(got->lease_id));  // a second release frees nothing
   EXPECT_EQ(peer.receive(), "released 0 blocks_used 0");
   EXPECT_TRUE(host->kv->free_sequence(got->seq).ok());
   EXPECT_EQ(host->kv->stats().n_blocks_used, 0);
@@ -133,12 +134,14 @@ TEST_P(kv_transfer_two_processes, killed_exporter_fails_the_pull_in_time_and_lea
   ASSERT_TRUE(eng);
   auto importer = kv_importer::create(*host->kv, eng, test_identity());
   ASSERT_TRUE(importer.ok());
-  const auto desc = schema::envelope::from_bytes(schema::kind::kv_descriptor, peer.receive_bytes("descriptor"));
+  const auto desc =
+      schema::envelope::from_bytes(schema::kind::kv_descriptor, peer.receive_bytes("descriptor"));
   peer.kill();
   const auto t0 = std::chrono::steady_clock::now();
   auto got = (*importer)->pull(desc);
   const auto waited_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   EXPECT_LT(waited_ms, static_cast<int64_t>(lease_ms) + 2'000);
   if (GetParam() == "tcp") {
     ASSERT_FALSE(got.ok());
@@ -148,8 +151,9 @@ TEST_P(kv_transfer_two_processes, killed_exporter_fails_the_pull_in_time_and_lea
     EXPECT_TRUE(got->checksum_verified);
     EXPECT_TRUE(host->kv->free_sequence(got->seq).ok());
   } else {
-    std::printf("pull from a killed exporter over %s failed after %lld ms: %s\n", GetParam().c_str(),
-                static_cast<long long>(waited_ms), got.error().to_string().c_str());
+    std::printf("pull from a killed exporter over %s failed after %lld ms: %s\n",
+                GetParam().c_str(), static_cast<long long>(waited_ms),
+                got.error().to_string().c_str());
   }
   EXPECT_EQ(host->kv->stats().n_blocks_used, 0);
   EXPECT_EQ((*importer)->n_pending(), 0u);
@@ -166,17 +170,19 @@ TEST_P(kv_transfer_two_processes, exporter_killed_after_connecting_fails_the_nex
   auto importer = kv_importer::create(*host->kv, eng, test_identity());
   ASSERT_TRUE(importer.ok());
   // A first pull connects (the connection is cached for later pulls from the same exporter).
-  auto first = (*importer)->pull(schema::envelope::from_bytes(schema::kind::kv_descriptor,
-                                                              peer.receive_bytes("descriptor")));
+  auto first = (*importer)->pull(
+      schema::envelope::from_bytes(schema::kind::kv_descriptor, peer.receive_bytes("descriptor")));
   ASSERT_TRUE(first.ok()) << first.error().to_string();
   EXPECT_TRUE(host->kv->free_sequence(first->seq).ok());
   peer.send("offer");
-  const auto desc = schema::envelope::from_bytes(schema::kind::kv_descriptor, peer.receive_bytes("descriptor"));
+  const auto desc =
+      schema::envelope::from_bytes(schema::kind::kv_descriptor, peer.receive_bytes("descriptor"));
   peer.kill();
   const auto t0 = std::chrono::steady_clock::now();
   auto got = (*importer)->pull(desc);
   const auto waited_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   EXPECT_LT(waited_ms, static_cast<int64_t>(lease_ms) + 2'000);
   if (GetParam() == "tcp") {
     ASSERT_FALSE(got.ok());
@@ -185,8 +191,9 @@ TEST_P(kv_transfer_two_processes, exporter_killed_after_connecting_fails_the_nex
     EXPECT_TRUE(got->checksum_verified);
     EXPECT_TRUE(host->kv->free_sequence(got->seq).ok());
   } else {
-    std::printf("pull over a cached connection to a killed exporter (%s) failed after %lld ms: %s\n",
-                GetParam().c_str(), static_cast<long long>(waited_ms), got.error().to_string().c_str());
+    std::printf(
+        "pull over a cached connection to a killed exporter (%s) failed after %lld ms: %s\n",
+        GetParam().c_str(), static_cast<long long>(waited_ms), got.error().to_string().c_str());
   }
   EXPECT_EQ(host->kv->stats().n_blocks_used, 0);
   EXPECT_EQ((*importer)->n_pending(), 0u);
@@ -198,7 +205,8 @@ TEST_P(kv_transfer_two_processes, smollm2_sized_pull_across_processes) {
   peer_process peer(GetParam(), 30'000);
   ASSERT_TRUE(peer.ok());
   (void)peer.receive_bytes("descriptor");
-  auto dev = std::move(gpu::device_registry::instance().create("cpu", gpu::device_config{1, 0}).value());
+  auto dev =
+      std::move(gpu::device_registry::instance().create("cpu", gpu::device_config{1, 0}).value());
   gpu::kv_cache_config kc;
   kc.layout = smollm2_layout();
   kc.n_blocks = 40;
@@ -212,7 +220,8 @@ TEST_P(kv_transfer_two_processes, smollm2_sized_pull_across_processes) {
   std::vector<double> ms;
   for (int rep = 0; rep < 7; ++rep) {
     peer.send("big");
-    const auto desc = schema::envelope::from_bytes(schema::kind::kv_descriptor, peer.receive_bytes("descriptor"));
+    const auto desc =
+        schema::envelope::from_bytes(schema::kind::kv_descriptor, peer.receive_bytes("descriptor"));
     const auto t0 = std::chrono::steady_clock::now();
     auto got = (*importer)->pull(desc);
     const auto t1 = std::chrono::steady_clock::now();
@@ -225,9 +234,10 @@ TEST_P(kv_transfer_two_processes, smollm2_sized_pull_across_processes) {
     EXPECT_TRUE(kv->free_sequence(got->seq).ok());
   }
   std::sort(ms.begin(), ms.end());
-  std::printf("two-process pull of 512 SmolLM2-135M tokens (11.25 MiB) over %s, checksum verified: "
-              "median %.2f ms (min %.2f, max %.2f), %.2f GiB/s\n",
-              GetParam().c_str(), ms[3], ms[0], ms[6], 11.25 / 1024 / (ms[3] / 1000.0));
+  std::printf(
+      "two-process pull of 512 SmolLM2-135M tokens (11.25 MiB) over %s, checksum verified: "
+      "median %.2f ms (min %.2f, max %.2f), %.2f GiB/s\n",
+      GetParam().c_str(), ms[3], ms[0], ms[6], 11.25 / 1024 / (ms[3] / 1000.0));
   importer->reset();
   EXPECT_EQ(kv->stats().n_blocks_used, 0);
 }

@@ -45,7 +45,8 @@ const char* const prompts[] = {
     "#include <stdio.h>\nint main() {",
     "The quick brown fox",
     "Photosynthesis is the process by which",
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nName three fruits.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nName three "
+    "fruits.<|im_end|>\n<|im_start|>assistant\n",
     "SELECT name, age FROM users WHERE",
     "1, 1, 2, 3, 5, 8,",
     "The mitochondria is",
@@ -73,11 +74,13 @@ const fixture_data& reference() {
     p["prompts"] = std::vector<std::string>(std::begin(prompts), std::end(prompts));
     std::ofstream(dir / "prompts.json") << p.dump();
     const std::string script = std::string{WEFT_ORACLE_DIR} + "/llama_ref.py";
-    const std::string cmd = "python3 " + script + " '" + model_path() + "' '" + (dir / "prompts.json").string() +
-                            "' '" + (dir / "ref.json").string() + "' --tokens 64 2>" + (dir / "stderr.txt").string();
+    const std::string cmd = "python3 " + script + " '" + model_path() + "' '" +
+                            (dir / "prompts.json").string() + "' '" + (dir / "ref.json").string() +
+                            "' --tokens 64 2>" + (dir / "stderr.txt").string();
     const int rc = std::system(cmd.c_str());
     if (rc != 0) {
-      d.skip_reason = "llama_cpp reference failed (exit " + std::to_string(rc) + "), see " + (dir / "stderr.txt").string();
+      d.skip_reason = "llama_cpp reference failed (exit " + std::to_string(rc) + "), see " +
+                      (dir / "stderr.txt").string();
       return d;
     }
     std::ifstream in(dir / "ref.json");
@@ -113,7 +116,9 @@ engine_under_test make_engine() {
   return e;
 }
 
-int32_t argmax(const float* x, int64_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
+int32_t argmax(const float* x, int64_t n) {
+  return static_cast<int32_t>(std::max_element(x, x + n) - x);
+}
 
 TEST(engine_oracle, greedy_continuations_match_llama_cpp) {
   const auto& r = reference();
@@ -138,11 +143,12 @@ TEST(engine_oracle, greedy_continuations_match_llama_cpp) {
     ASSERT_TRUE(e.kv->free_sequence(s).ok());
     size_t first_diff = 0;
     while (first_diff < got.size() && got[first_diff] == expect[first_diff]) ++first_diff;
-    EXPECT_EQ(got, expect) << "prompt: " << item["prompt"].get<std::string>() << " — first difference at token "
-                           << first_diff;
+    EXPECT_EQ(got, expect) << "prompt: " << item["prompt"].get<std::string>()
+                           << " — first difference at token " << first_diff;
     n_identical += got == expect ? 1 : 0;
   }
-  std::cout << "[oracle] identical greedy continuations: " << n_identical << "/" << r.ref["results"].size() << "\n";
+  std::cout << "[oracle] identical greedy continuations: " << n_identical << "/"
+            << r.ref["results"].size() << "\n";
   EXPECT_TRUE(e.kv->check_invariants().ok());
 }
 
@@ -163,12 +169,14 @@ TEST(engine_oracle, batched_engine_matches_llama_cpp) {
   for (const auto& item : r.ref["results"]) {
     sampling_params sp;
     sp.max_tokens = static_cast<int32_t>(item["greedy"].size());
-    ASSERT_TRUE((*eng)->add_request(id++, item["prompt_tokens"].get<std::vector<int32_t>>(), sp).ok());
+    ASSERT_TRUE(
+        (*eng)->add_request(id++, item["prompt_tokens"].get<std::vector<int32_t>>(), sp).ok());
   }
   while ((*eng)->has_work()) {
     auto outs = (*eng)->step();
     ASSERT_TRUE(outs.ok());
-    for (const auto& o : *outs) got[o.id].insert(got[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
+    for (const auto& o : *outs)
+      got[o.id].insert(got[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
   }
   id = 0;
   int n_identical = 0;

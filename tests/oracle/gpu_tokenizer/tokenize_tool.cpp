@@ -29,10 +29,12 @@
 int main(int argc, char** argv) {
   using namespace weft::gpu;
   if (argc < 2) {
-    std::cerr << "usage: " << argv[0] << " MODEL.gguf [--parse-special] [--no-add-special] < strings.json\n";
+    std::cerr << "usage: " << argv[0]
+              << " MODEL.gguf [--parse-special] [--no-add-special] < strings.json\n";
     return 2;
   }
-  if (argc == 6 && std::strcmp(argv[2], "--vocab-copy") == 0 && std::strcmp(argv[4], "--pre") == 0) {
+  if (argc == 6 && std::strcmp(argv[2], "--vocab-copy") == 0 &&
+      std::strcmp(argv[4], "--pre") == 0) {
     auto src = gguf_file::open(argv[1]);
     if (!src.ok()) {
       std::cerr << src.error().to_string() << "\n";
@@ -48,8 +50,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc >= 3 && std::strcmp(argv[2], "--chat") == 0) {
-    const auto prompt = argc >= 4 && std::strcmp(argv[3], "--no-generation-prompt") == 0 ? generation_prompt::omit
-                                                                                       : generation_prompt::add;
+    const auto prompt = argc >= 4 && std::strcmp(argv[3], "--no-generation-prompt") == 0
+                            ? generation_prompt::omit
+                            : generation_prompt::add;
     auto file = gguf_file::open(argv[1]);
     if (!file.ok()) {
       std::cerr << file.error().to_string() << "\n";
@@ -60,7 +63,8 @@ int main(int argc, char** argv) {
       std::cerr << tmpl.error().to_string() << "\n";
       return 1;
     }
-    const std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    const std::string input((std::istreambuf_iterator<char>(std::cin)),
+                            std::istreambuf_iterator<char>());
     const auto conversations = nlohmann::json::parse(input, nullptr, false);
     if (conversations.is_discarded() || !conversations.is_array()) {
       std::cerr << "stdin must be a JSON array of conversations\n";
@@ -69,7 +73,8 @@ int main(int argc, char** argv) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& conv : conversations) {
       std::vector<chat_message> messages;
-      for (const auto& m : conv) messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+      for (const auto& m : conv)
+        messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
       auto text = tmpl->apply(messages, prompt);
       if (!text.ok()) {
         std::cerr << text.error().to_string() << "\n";
@@ -105,7 +110,8 @@ int main(int argc, char** argv) {
     std::cerr << tok.error().to_string() << "\n";
     return 1;
   }
-  const std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  const std::string input((std::istreambuf_iterator<char>(std::cin)),
+                          std::istreambuf_iterator<char>());
   const auto texts = nlohmann::json::parse(input, nullptr, false);
   if (texts.is_discarded() || !texts.is_array()) {
     std::cerr << "stdin must be a JSON array of strings\n";
@@ -114,7 +120,8 @@ int main(int argc, char** argv) {
   nlohmann::json out;
   out["tokens"] = nlohmann::json::array();
   out["decoded"] = nlohmann::json::array();
-  out["eog"] = std::vector<token_id>(tok->end_of_generation_ids().begin(), tok->end_of_generation_ids().end());
+  out["eog"] = std::vector<token_id>(tok->end_of_generation_ids().begin(),
+                                     tok->end_of_generation_ids().end());
   double encode_s = 0;
   size_t n_bytes = 0, n_tokens = 0;
   for (const auto& t : texts) {
@@ -128,8 +135,9 @@ int main(int argc, char** argv) {
     out["decoded"].push_back(tok->decode(ids, render_special::yes));
   }
   if (timing) {
-    std::cerr << "encoded " << n_bytes << " bytes into " << n_tokens << " tokens in " << encode_s * 1e3 << " ms ("
-              << static_cast<double>(n_bytes) / encode_s / 1e6 << " MB/s)\n";
+    std::cerr << "encoded " << n_bytes << " bytes into " << n_tokens << " tokens in "
+              << encode_s * 1e3 << " ms (" << static_cast<double>(n_bytes) / encode_s / 1e6
+              << " MB/s)\n";
   }
   std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return 0;

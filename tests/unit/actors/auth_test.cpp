@@ -5,13 +5,16 @@
 namespace weft::actors {
 namespace {
 
-cluster_secret secret(const char* s) { return cluster_secret{s}; }
+cluster_secret secret(const char* s) {
+  return cluster_secret{s};
+}
 
 TEST(auth, token_verifies_with_the_same_secret_only) {
   auto s = secret("0123456789abcdef-secret");
   uint64_t deadline = now_ms() + 10'000;
   auto token = request_token(s, "spawn", "1|echo|a", deadline);
-  EXPECT_TRUE(verify_request_token(s, "spawn", "1|echo|a", deadline, token.data(), token.size()).ok());
+  EXPECT_TRUE(
+      verify_request_token(s, "spawn", "1|echo|a", deadline, token.data(), token.size()).ok());
   auto other = secret("another-secret-of-16+");
   auto st = verify_request_token(other, "spawn", "1|echo|a", deadline, token.data(), token.size());
   EXPECT_EQ(st.code, errc::unauthorized);
@@ -21,9 +24,12 @@ TEST(auth, token_binds_purpose_fields_and_deadline) {
   auto s = secret("0123456789abcdef-secret");
   uint64_t deadline = now_ms() + 10'000;
   auto token = request_token(s, "spawn", "1|echo|a", deadline);
-  EXPECT_FALSE(verify_request_token(s, "stop", "1|echo|a", deadline, token.data(), token.size()).ok());
-  EXPECT_FALSE(verify_request_token(s, "spawn", "1|echo|b", deadline, token.data(), token.size()).ok());
-  EXPECT_FALSE(verify_request_token(s, "spawn", "1|echo|a", deadline + 1, token.data(), token.size()).ok());
+  EXPECT_FALSE(
+      verify_request_token(s, "stop", "1|echo|a", deadline, token.data(), token.size()).ok());
+  EXPECT_FALSE(
+      verify_request_token(s, "spawn", "1|echo|b", deadline, token.data(), token.size()).ok());
+  EXPECT_FALSE(
+      verify_request_token(s, "spawn", "1|echo|a", deadline + 1, token.data(), token.size()).ok());
   EXPECT_FALSE(verify_request_token(s, "spawn", "1|echo|a", deadline, token.data(), 0).ok());
 }
 

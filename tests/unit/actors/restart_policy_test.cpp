@@ -30,10 +30,13 @@ TEST(restart_policy, rest_for_one_restarts_the_failed_and_later_children) {
 
 TEST(restart_policy, restart_types) {
   auto t = tracker(restart_strategy::one_for_one);
-  EXPECT_TRUE(t.on_exit(0, 1, restart_type::temporary, exit_kind::abnormal, 0, 0).to_restart.empty());
+  EXPECT_TRUE(
+      t.on_exit(0, 1, restart_type::temporary, exit_kind::abnormal, 0, 0).to_restart.empty());
   EXPECT_TRUE(t.on_exit(0, 1, restart_type::transient, exit_kind::normal, 0, 0).to_restart.empty());
-  EXPECT_FALSE(t.on_exit(0, 1, restart_type::transient, exit_kind::abnormal, 0, 0).to_restart.empty());
-  EXPECT_FALSE(t.on_exit(0, 1, restart_type::permanent, exit_kind::normal, 0, 0).to_restart.empty());
+  EXPECT_FALSE(
+      t.on_exit(0, 1, restart_type::transient, exit_kind::abnormal, 0, 0).to_restart.empty());
+  EXPECT_FALSE(
+      t.on_exit(0, 1, restart_type::permanent, exit_kind::normal, 0, 0).to_restart.empty());
 }
 
 TEST(restart_policy, intensity_limit_gives_up_within_the_window_only) {
@@ -55,7 +58,8 @@ TEST(restart_policy, backoff_grows_then_caps_then_resets) {
   std::vector<uint64_t> delays;
   for (int i = 0; i < 6; ++i) {
     uint64_t now = static_cast<uint64_t>(i) * 10;
-    delays.push_back(t.on_exit(0, 1, restart_type::permanent, exit_kind::abnormal, now, now).delay_ms);
+    delays.push_back(
+        t.on_exit(0, 1, restart_type::permanent, exit_kind::abnormal, now, now).delay_ms);
   }
   EXPECT_EQ(delays, (std::vector<uint64_t>{0, 10, 20, 40, 80, 80}));
   // The child ran for longer than reset_after_ms: the next failure restarts at once again.

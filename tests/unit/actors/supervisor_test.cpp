@@ -1,7 +1,7 @@
 // Supervisors in one process, with a node agent as the spawner: strategies, intensity, backoff.
 
-#include <caf/all.hpp>
 #include <gtest/gtest.h>
+#include <caf/all.hpp>
 
 #include <thread>
 
@@ -66,7 +66,8 @@ struct supervisor_fixture : ::testing::Test {
   }
 
   /// Waits until every child runs again and none of them is `old` (bounded).
-  std::vector<caf::actor> wait_children(const caf::actor& sup, const std::vector<std::string>& names,
+  std::vector<caf::actor> wait_children(const caf::actor& sup,
+                                        const std::vector<std::string>& names,
                                         const caf::actor& old) {
     for (int i = 0; i < 400; ++i) {
       std::vector<caf::actor> now;
@@ -138,11 +139,12 @@ TEST_F(supervisor_fixture, crash_loop_stops_at_the_intensity_limit) {
   self->monitor(sup);
   bool down = false;
   std::string reason;
-  self->receive([&](caf::down_msg& dm) {
-                  down = true;
-                  reason = caf::to_string(dm.reason);
-                },
-                caf::after(15s) >> [] {});
+  self->receive(
+      [&](caf::down_msg& dm) {
+        down = true;
+        reason = caf::to_string(dm.reason);
+      },
+      caf::after(15s) >> [] {});
   EXPECT_TRUE(down) << "supervisor kept restarting a crash-looping child";
   EXPECT_NE(reason.find("intensity"), std::string::npos) << reason;
 }
@@ -153,11 +155,12 @@ TEST_F(supervisor_fixture, refuses_spawns_without_the_secret) {
   schema::envelope reply;
   caf::actor spawned;
   self->request(agent, 5s, spawn_atom::value, req)
-      .receive([&](schema::envelope e, caf::actor a) {
-                 reply = std::move(e);
-                 spawned = a;
-               },
-               [&](caf::error&) {});
+      .receive(
+          [&](schema::envelope e, caf::actor a) {
+            reply = std::move(e);
+            spawned = a;
+          },
+          [&](caf::error&) {});
   EXPECT_FALSE(spawned);
   EXPECT_EQ(schema::error_from(reply).code, errc::unauthorized);
 }

@@ -15,7 +15,8 @@ namespace {
 std::pair<double, double> gap_stats(const std::vector<double>& t) {
   std::vector<double> gaps;
   for (size_t i = 1; i < t.size(); ++i) gaps.push_back(t[i] - t[i - 1]);
-  const double mean = std::accumulate(gaps.begin(), gaps.end(), 0.0) / static_cast<double>(gaps.size());
+  const double mean =
+      std::accumulate(gaps.begin(), gaps.end(), 0.0) / static_cast<double>(gaps.size());
   double var = 0;
   for (double g : gaps) var += (g - mean) * (g - mean);
   var /= static_cast<double>(gaps.size() - 1);
@@ -74,7 +75,8 @@ TEST(lengths, heavy_tailed_have_the_requested_mean_and_a_long_tail) {
   lg::length_config l{lg::length_dist::lognormal, 100, 1, 0, 1.5, 1.0};
   for (const auto& c : {p, l}) {
     auto s = lg::sample_lengths(c, 200000, 5);
-    const double mean = static_cast<double>(std::accumulate(s.begin(), s.end(), int64_t{0})) / static_cast<double>(s.size());
+    const double mean = static_cast<double>(std::accumulate(s.begin(), s.end(), int64_t{0})) /
+                        static_cast<double>(s.size());
     EXPECT_NEAR(mean, 100.0, 5.0) << lg::to_string(c.dist);
     std::sort(s.begin(), s.end());
     // Median well below the mean, p99 several times the mean: the tail carries the weight.
@@ -90,7 +92,8 @@ TEST(lengths, clipping_and_validation) {
     EXPECT_LE(v, 300);
   }
   EXPECT_FALSE(lg::validate(lg::length_config{lg::length_dist::uniform, 10, 1, 0}).empty());
-  EXPECT_FALSE(lg::validate(lg::length_config{lg::length_dist::pareto, 10, 1, 0, 1.0, 1.0}).empty());
+  EXPECT_FALSE(
+      lg::validate(lg::length_config{lg::length_dist::pareto, 10, 1, 0, 1.0, 1.0}).empty());
   EXPECT_FALSE(lg::validate(lg::length_config{lg::length_dist::fixed, 10, 0, 0}).empty());
   EXPECT_TRUE(lg::validate(p).empty());
 }

@@ -28,12 +28,14 @@ class fake_server {
  public:
   fake_server() {
     server_.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})", "application/json");
+      res.set_content(R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})",
+                      "application/json");
     });
     server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       const auto body = nlohmann::json::parse(req.body, nullptr, false);
-      if (body.is_discarded() || !body.contains("max_tokens") || body.value("model", "") != "fake-model" ||
-          !body.value("stream", false) || !body.value("ignore_eos", false)) {
+      if (body.is_discarded() || !body.contains("max_tokens") ||
+          body.value("model", "") != "fake-model" || !body.value("stream", false) ||
+          !body.value("ignore_eos", false)) {
         res.status = 400;
         res.set_content(R"({"error":{"message":"bad request body"}})", "application/json");
         return;
@@ -49,12 +51,19 @@ class fake_server {
         std::this_thread::sleep_for(first_token_delay);
         for (int64_t i = 0; i < n; ++i) {
           if (i > 0) std::this_thread::sleep_for(token_gap);
-          const nlohmann::json c{{"choices", {{{"index", 0}, {"text", " tok"}, {"finish_reason", i + 1 == n ? nlohmann::json("length") : nlohmann::json(nullptr)}}}}};
+          const nlohmann::json c{{"choices",
+                                  {{{"index", 0},
+                                    {"text", " tok"},
+                                    {"finish_reason", i + 1 == n ? nlohmann::json("length")
+                                                                 : nlohmann::json(nullptr)}}}}};
           const std::string ev = "data: " + c.dump() + "\n\n";
           if (!sink.write(ev.data(), ev.size())) return false;
         }
-        const std::string tail = R"(data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":)" +
-                                 std::to_string(n) + R"(,"prompt_tokens_details":{"cached_tokens":2}}})" "\n\ndata: [DONE]\n\n";
+        const std::string tail =
+            R"(data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":)" +
+            std::to_string(n) +
+            R"(,"prompt_tokens_details":{"cached_tokens":2}}})"
+            "\n\ndata: [DONE]\n\n";
         sink.write(tail.data(), tail.size());
         sink.done();
         return true;
@@ -98,7 +107,8 @@ TEST(e2e, measures_ttft_and_tpot_of_a_fake_stream) {
   ASSERT_EQ(info->model_ids, std::vector<std::string>{"fake-model"});
 
   std::vector<lg::request_spec> reqs;
-  for (size_t i = 0; i < 4; ++i) reqs.push_back({i, 0.05 * static_cast<double>(i), " the of and", 3, 6});
+  for (size_t i = 0; i < 4; ++i)
+    reqs.push_back({i, 0.05 * static_cast<double>(i), " the of and", 3, 6});
   const auto records = lg::run_open_loop(rc, reqs);
   ASSERT_EQ(records.size(), 4u);
   EXPECT_EQ(server.requests(), 4);
@@ -123,7 +133,8 @@ TEST(e2e, measures_ttft_and_tpot_of_a_fake_stream) {
   EXPECT_DOUBLE_EQ(s.slo_attainment, 1.0);
   EXPECT_EQ(s.total_completion_tokens, 24);
   EXPECT_GT(s.output_throughput_tps, 0);
-  EXPECT_DOUBLE_EQ(lg::summarize_run(records, lg::slo_config{1.0, 0}).slo_attainment, 0.0);  // TTFT > 1 ms
+  EXPECT_DOUBLE_EQ(lg::summarize_run(records, lg::slo_config{1.0, 0}).slo_attainment,
+                   0.0);  // TTFT > 1 ms
 }
 
 TEST(e2e, client_overload_is_recorded_not_delayed) {
@@ -163,7 +174,9 @@ TEST(e2e, http_errors_and_unreachable_servers) {
   auto dead = config_for(dead_port);
   auto info = lg::probe_server(dead.client);
   ASSERT_FALSE(info);
-  EXPECT_NE(info.error().find("http://127.0.0.1:" + std::to_string(dead_port) + "/v1/models"), std::string::npos) << info.error();
+  EXPECT_NE(info.error().find("http://127.0.0.1:" + std::to_string(dead_port) + "/v1/models"),
+            std::string::npos)
+      << info.error();
   auto r2 = lg::send_request(dead.client, {0, 0.0, " the", 1, 3}, lg::steady_clock::now());
   EXPECT_EQ(r2.status, lg::request_status::connection_error);
   EXPECT_NE(r2.error.find("/v1/completions"), std::string::npos) << r2.error;

@@ -8,7 +8,9 @@ namespace lg = weft::apps::loadgen;
 
 namespace {
 // Attainment falls from 1 to 0 around `knee` req/s.
-double fake_attainment(double rate, double knee) { return 1.0 / (1.0 + std::exp((rate - knee) * 8)); }
+double fake_attainment(double rate, double knee) {
+  return 1.0 / (1.0 + std::exp((rate - knee) * 8));
+}
 }  // namespace
 
 TEST(goodput, bisection_brackets_the_knee) {

@@ -59,7 +59,9 @@ TEST(sse, byte_at_a_time_and_unterminated_last_event) {
 }
 
 namespace {
-std::string chunk(const std::string& text) { return "data: {\"choices\":[{\"index\":0,\"text\":\"" + text + "\",\"finish_reason\":null}]}\n\n"; }
+std::string chunk(const std::string& text) {
+  return "data: {\"choices\":[{\"index\":0,\"text\":\"" + text + "\",\"finish_reason\":null}]}\n\n";
+}
 }  // namespace
 
 TEST(recorder, ttft_tpot_and_gaps_from_timed_chunks) {
@@ -71,12 +73,16 @@ TEST(recorder, ttft_tpot_and_gaps_from_timed_chunks) {
   EXPECT_TRUE(r.on_bytes(chunk("a"), t0 + 100ms));
   EXPECT_TRUE(r.on_bytes(chunk("bc"), t0 + 150ms));
   const std::string last = chunk("d");
-  EXPECT_TRUE(r.on_bytes(last.substr(0, 10), t0 + 200ms));  // a split chunk counts when it completes
+  EXPECT_TRUE(
+      r.on_bytes(last.substr(0, 10), t0 + 200ms));  // a split chunk counts when it completes
   EXPECT_TRUE(r.on_bytes(last.substr(10), t0 + 250ms));
-  EXPECT_TRUE(r.on_bytes("data: {\"choices\":[{\"index\":0,\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n", t0 + 251ms));
-  EXPECT_TRUE(r.on_bytes("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":4,"
-                         "\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\ndata: [DONE]\n\n",
-                         t0 + 260ms));
+  EXPECT_TRUE(r.on_bytes(
+      "data: {\"choices\":[{\"index\":0,\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n",
+      t0 + 251ms));
+  EXPECT_TRUE(
+      r.on_bytes("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":4,"
+                 "\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\ndata: [DONE]\n\n",
+                 t0 + 260ms));
   r.finish(lg::request_status::ok, {});
   ASSERT_TRUE(rec.ok()) << rec.error;
   EXPECT_NEAR(rec.ttft_ms, 100, 1e-6);
@@ -97,9 +103,12 @@ TEST(recorder, chat_deltas_and_missing_usage) {
   const auto t0 = lg::steady_clock::now();
   lg::stream_recorder r{lg::api_kind::chat, rec, t0};
   r.on_status(200);
-  r.on_bytes("data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n", t0 + 5ms);
+  r.on_bytes("data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+             t0 + 5ms);
   r.on_bytes("data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n", t0 + 40ms);
-  r.on_bytes("data: {\"choices\":[{\"delta\":{\"content\":\" there\"},\"finish_reason\":\"stop\"}]}\n\n", t0 + 60ms);
+  r.on_bytes(
+      "data: {\"choices\":[{\"delta\":{\"content\":\" there\"},\"finish_reason\":\"stop\"}]}\n\n",
+      t0 + 60ms);
   r.finish(lg::request_status::ok, {});  // no [DONE], but a finish_reason
   ASSERT_TRUE(rec.ok()) << rec.error;
   EXPECT_NEAR(rec.ttft_ms, 40, 1e-6);  // the role-only chunk is not a token

@@ -44,10 +44,10 @@ lg::request_record ok_record(size_t i, double sent_s, double ttft, double e2e, i
 
 TEST(stats, run_summary_throughput_and_slo_attainment) {
   std::vector<lg::request_record> recs;
-  recs.push_back(ok_record(0, 0.0, 100, 1000, 10));   // tpot 100
-  recs.push_back(ok_record(1, 1.0, 300, 1200, 10));   // ttft misses 200
-  recs.push_back(ok_record(2, 2.0, 50, 2050, 11));    // tpot 200 misses 150
-  recs.push_back(ok_record(3, 3.0, 20, 20, 1));       // single token: no tpot, meets
+  recs.push_back(ok_record(0, 0.0, 100, 1000, 10));  // tpot 100
+  recs.push_back(ok_record(1, 1.0, 300, 1200, 10));  // ttft misses 200
+  recs.push_back(ok_record(2, 2.0, 50, 2050, 11));   // tpot 200 misses 150
+  recs.push_back(ok_record(3, 3.0, 20, 20, 1));      // single token: no tpot, meets
   lg::request_record failed;
   failed.index = 4;
   failed.scheduled_s = failed.sent_s = 4.0;

@@ -12,12 +12,16 @@ namespace lg = weft::apps::loadgen;
 
 namespace {
 
-std::string traces_dir() { return std::string{WEFT_SHARED_DIR} + "/traces/"; }
+std::string traces_dir() {
+  return std::string{WEFT_SHARED_DIR} + "/traces/";
+}
 
 // A temporary file with `text`, removed at scope exit.
 struct temp_file {
   explicit temp_file(const std::string& name, const std::string& text)
-      : path{(std::filesystem::temp_directory_path() / ("weft_loadgen_" + std::to_string(::getpid()) + "_" + name)).string()} {
+      : path{(std::filesystem::temp_directory_path() /
+              ("weft_loadgen_" + std::to_string(::getpid()) + "_" + name))
+                 .string()} {
     std::ofstream{path} << text;
   }
   ~temp_file() { std::remove(path.c_str()); }
@@ -58,7 +62,8 @@ TEST(trace, loads_the_real_azure_traces) {
 }
 
 TEST(trace, loads_the_real_mooncake_traces) {
-  auto conv = lg::load_trace(traces_dir() + "mooncake_conversation_trace.jsonl", lg::trace_format::mooncake);
+  auto conv = lg::load_trace(traces_dir() + "mooncake_conversation_trace.jsonl",
+                             lg::trace_format::mooncake);
   ASSERT_TRUE(conv) << conv.error();
   ASSERT_EQ(conv->entries.size(), 12031u);
   const auto& e = conv->entries[0];
@@ -66,17 +71,22 @@ TEST(trace, loads_the_real_mooncake_traces) {
   EXPECT_EQ(e.output_tokens, 500);
   ASSERT_EQ(e.hash_ids.size(), 14u);
   EXPECT_EQ(e.hash_ids[13], 13);
-  auto syn = lg::load_trace(traces_dir() + "mooncake_synthetic_trace.jsonl", lg::trace_format::mooncake);
+  auto syn =
+      lg::load_trace(traces_dir() + "mooncake_synthetic_trace.jsonl", lg::trace_format::mooncake);
   ASSERT_TRUE(syn) << syn.error();
   EXPECT_EQ(syn->entries.size(), 3993u);
 }
 
 TEST(trace, malformed_files_are_clear_errors) {
-  temp_file bad_csv{"bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,12,3\n2023-11-16 18:15:47,abc,3\n"};
+  temp_file bad_csv{"bad.csv",
+                    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 "
+                    "18:15:46.68,12,3\n2023-11-16 18:15:47,abc,3\n"};
   auto a = lg::load_trace(bad_csv.path, lg::trace_format::azure);
   ASSERT_FALSE(a);
   EXPECT_NE(a.error().find(":3:"), std::string::npos) << a.error();
-  temp_file bad_jsonl{"bad.jsonl", "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 2, \"hash_ids\": [1]}\n{\"timestamp\": 1,\n"};
+  temp_file bad_jsonl{"bad.jsonl",
+                      "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 2, \"hash_ids\": "
+                      "[1]}\n{\"timestamp\": 1,\n"};
   auto m = lg::load_trace(bad_jsonl.path, lg::trace_format::mooncake);
   ASSERT_FALSE(m);
   EXPECT_NE(m.error().find(":2:"), std::string::npos) << m.error();
@@ -109,8 +119,10 @@ TEST(trace, azure_scaling_to_context_and_rate) {
     EXPECT_GE(reqs[i].prompt_tokens, 1);
     EXPECT_GE(reqs[i].output_tokens, 1);
     // Linear scaling (percentile 100): ratios are kept, up to rounding.
-    EXPECT_NEAR(static_cast<double>(reqs[i].prompt_tokens),
-                std::max(1.0, static_cast<double>(t->entries[i].input_tokens) * s->scaling.prompt_scale), 0.51);
+    EXPECT_NEAR(
+        static_cast<double>(reqs[i].prompt_tokens),
+        std::max(1.0, static_cast<double>(t->entries[i].input_tokens) * s->scaling.prompt_scale),
+        0.51);
   }
   EXPECT_EQ(max_in, 1024);
   EXPECT_LE(max_out, 128);
@@ -135,7 +147,8 @@ TEST(trace, azure_scaling_to_context_and_rate) {
 }
 
 TEST(trace, mooncake_equal_hash_ids_give_equal_prompt_blocks) {
-  auto t = lg::load_trace(traces_dir() + "mooncake_conversation_trace.jsonl", lg::trace_format::mooncake);
+  auto t = lg::load_trace(traces_dir() + "mooncake_conversation_trace.jsonl",
+                          lg::trace_format::mooncake);
   ASSERT_TRUE(t);
   lg::workload_config w;
   w.source_trace = &t.value();
@@ -152,7 +165,8 @@ TEST(trace, mooncake_equal_hash_ids_give_equal_prompt_blocks) {
   EXPECT_GE(block, 1);
 
   // Re-derive which requests share which blocks from the trace, then check the texts agree.
-  auto scaled = lg::scale_trace(t.value(), lg::trace_scaling_config{0, 300, 0.01, 0, 2048, 256, 100});
+  auto scaled =
+      lg::scale_trace(t.value(), lg::trace_scaling_config{0, 300, 0.01, 0, 2048, 256, 100});
   ASSERT_TRUE(scaled);
   std::map<int64_t, std::string> block_text;
   size_t n_shared = 0;
@@ -193,7 +207,8 @@ TEST(workload, synthetic_builds_sorted_requests_of_the_target_lengths) {
   auto built = lg::build_workload(w, 8.0);
   ASSERT_TRUE(built) << built.error();
   ASSERT_EQ(built->requests.size(), 200u);
-  const std::string prefix = built->requests[0].prompt.substr(0, built->requests[0].prompt.find(' ', 1));
+  const std::string prefix =
+      built->requests[0].prompt.substr(0, built->requests[0].prompt.find(' ', 1));
   for (size_t i = 0; i < built->requests.size(); ++i) {
     const auto& r = built->requests[i];
     if (i > 0) {

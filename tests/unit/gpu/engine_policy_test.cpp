@@ -63,7 +63,8 @@ class rotating_policy final : public schedule_policy {
   void on_progress(request_id, int64_t p, int64_t d) override { progress_tokens += p + d; }
   void on_finish(request_id) override { ++n_finished; }
   void rank(std::vector<sched_request>& live, int64_t now_step) override {
-    std::sort(live.begin(), live.end(), [](const auto& a, const auto& b) { return a.arrival < b.arrival; });
+    std::sort(live.begin(), live.end(),
+              [](const auto& a, const auto& b) { return a.arrival < b.arrival; });
     if (live.empty()) return;
     const auto shift = static_cast<size_t>(now_step / period_) % live.size();
     std::rotate(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(shift), live.end());
@@ -84,7 +85,8 @@ class lifo_policy final : public schedule_policy {
   void on_progress(request_id, int64_t, int64_t) override {}
   void on_finish(request_id) override {}
   void rank(std::vector<sched_request>& live, int64_t) override {
-    std::sort(live.begin(), live.end(), [](const auto& a, const auto& b) { return a.arrival > b.arrival; });
+    std::sort(live.begin(), live.end(),
+              [](const auto& a, const auto& b) { return a.arrival > b.arrival; });
   }
 };
 
@@ -118,7 +120,8 @@ std::vector<job> jobs_mix(bool sampled) {
       sp.top_p = 0.95f;
       sp.seed = 77 + static_cast<uint64_t>(i);
     }
-    jobs.push_back({static_cast<request_id>(10 + i), prompt_of(lengths[i], 100 + static_cast<uint32_t>(i)), sp});
+    jobs.push_back({static_cast<request_id>(10 + i),
+                    prompt_of(lengths[i], 100 + static_cast<uint32_t>(i)), sp});
   }
   return jobs;
 }
@@ -178,7 +181,8 @@ void expect_preemption_keeps_outputs(ggml_type weights, bool sampled) {
   const auto ref = reference_outputs(*l.m, jobs);
   auto policy = std::make_shared<rotating_policy>(3);
   engine_config ec;
-  ec.kv_blocks = 10;  // 160 tokens: two running requests fit, the paused ones must go to host memory
+  ec.kv_blocks =
+      10;  // 160 tokens: two running requests fit, the paused ones must go to host memory
   ec.max_running = 2;
   ec.max_batch_tokens = 24;  // chunked prefill, interrupted by preemption
   ec.policy = policy;

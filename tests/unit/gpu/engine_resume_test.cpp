@@ -29,7 +29,8 @@ struct loaded {
 std::string real_model_path() {
   if (const char* m = std::getenv("WEFT_MODEL"); m != nullptr && *m != '\0') return m;
   const char* home = std::getenv("HOME");
-  return std::string{home != nullptr ? home : "."} + "/.cache/weft/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return std::string{home != nullptr ? home : "."} +
+         "/.cache/weft/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 #endif
 
@@ -135,7 +136,9 @@ TEST_P(EngineResume, ContinuesExactlyLikeAnUndisturbedRun) {
   for (size_t i = 0; i < prompt_lengths.size(); ++i) {
     auto e = engine::create(*l.m, ec);
     ASSERT_TRUE(e.ok());
-    ASSERT_TRUE((*e)->add_request(1, prompt_of(prompt_lengths[i], 7 + i), params_for(sampled, total, 40 + i)).ok());
+    ASSERT_TRUE((*e)->add_request(1, prompt_of(prompt_lengths[i], 7 + i),
+                                  params_for(sampled, total, 40 + i))
+                    .ok());
     ref.push_back(drain(**e)[1]);
     ASSERT_EQ(ref.back().tokens.size(), static_cast<size_t>(total));
   }
@@ -158,8 +161,9 @@ TEST_P(EngineResume, ContinuesExactlyLikeAnUndisturbedRun) {
       const std::vector<int32_t> want(ref[i].tokens.begin() + k, ref[i].tokens.end());
       EXPECT_EQ(g.tokens, want) << "prompt " << prompt_lengths[i] << ", resumed after " << k;
       const size_t per_token = ref[i].logprobs.size() / ref[i].tokens.size();
-      const std::vector<float> want_lp(ref[i].logprobs.begin() + static_cast<std::ptrdiff_t>(k * per_token),
-                                       ref[i].logprobs.end());
+      const std::vector<float> want_lp(
+          ref[i].logprobs.begin() + static_cast<std::ptrdiff_t>(k * per_token),
+          ref[i].logprobs.end());
       EXPECT_EQ(g.logprobs, want_lp) << "prompt " << prompt_lengths[i] << ", resumed after " << k;
     }
     EXPECT_EQ((*e)->stats().kv.n_blocks_used, 0);

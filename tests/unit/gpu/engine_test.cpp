@@ -98,7 +98,9 @@ void expect_batch_invariance(const tiny_model_config& cfg, const sampling_params
     sampling_params other = sp;
     other.seed = 1000 + static_cast<uint64_t>(i);
     other.max_tokens = 5 + 3 * i;
-    ASSERT_TRUE((*e)->add_request(100 + static_cast<request_id>(i), prompt_of(lengths[i], 50 + i), other).ok());
+    ASSERT_TRUE(
+        (*e)->add_request(100 + static_cast<request_id>(i), prompt_of(lengths[i], 50 + i), other)
+            .ok());
     if (i == 3) {
       ASSERT_TRUE((*e)->add_request(1, target, sp).ok());  // joins mid-queue
     }
@@ -238,7 +240,8 @@ TEST(engine, stop_strings_and_tokens_finish_without_leaking_text) {
   ASSERT_TRUE((*e)->add_request(3, prompt_of(5, 2), st).ok());
   auto out = run(**e);
   const auto first = std::find(toks.begin(), toks.end(), toks.back());
-  EXPECT_EQ(out[3], std::vector<int32_t>(toks.begin(), first));  // the stop token itself is not emitted
+  EXPECT_EQ(out[3],
+            std::vector<int32_t>(toks.begin(), first));  // the stop token itself is not emitted
   EXPECT_EQ((*e)->kv().stats().n_blocks_used, 0);
 }
 
@@ -250,12 +253,14 @@ TEST(engine, abort_and_preemption_free_every_block) {
   auto e = engine::create(*l.m, ec);
   sampling_params sp;
   sp.max_tokens = 40;
-  for (request_id i = 0; i < 6; ++i) ASSERT_TRUE((*e)->add_request(i, prompt_of(20, static_cast<uint32_t>(i)), sp).ok());
+  for (request_id i = 0; i < 6; ++i)
+    ASSERT_TRUE((*e)->add_request(i, prompt_of(20, static_cast<uint32_t>(i)), sp).ok());
   std::map<request_id, std::vector<int32_t>> early;
   for (int s = 0; s < 5; ++s) {
     auto r = (*e)->step();
     ASSERT_TRUE(r.ok());
-    for (const auto& o : *r) early[o.id].insert(early[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
+    for (const auto& o : *r)
+      early[o.id].insert(early[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
   }
   ASSERT_TRUE((*e)->abort(2).ok());
   EXPECT_EQ((*e)->abort(2).code(), status_code::not_found);
@@ -293,7 +298,7 @@ TEST(engine, prefix_cache_serves_repeated_prompts) {
       second.insert(second.end(), o.new_tokens.begin(), o.new_tokens.end());
     }
   }
-  EXPECT_EQ(cached, 32);  // two full blocks of 16
+  EXPECT_EQ(cached, 32);     // two full blocks of 16
   EXPECT_EQ(second, first);  // same numerics with and without the cache
   // A prompt of 33 tokens: the cache may serve 32 but leaves two tokens to compute.
   const std::vector<int32_t> p33(p.begin(), p.begin() + 33);

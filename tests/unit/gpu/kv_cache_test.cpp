@@ -51,7 +51,8 @@ struct cache_fixture : ::testing::Test {
     for (int64_t l = 0; l < kv->layout().n_layers; ++l) {
       for (size_t i = 0; i < toks.size(); ++i) {
         EXPECT_EQ(kv->k_layer(l)[slots[i] * row], static_cast<uint16_t>(toks[i] * 7 + l));
-        EXPECT_EQ(kv->v_layer(l)[slots[i] * row + row - 1], static_cast<uint16_t>(toks[i] * 11 + l));
+        EXPECT_EQ(kv->v_layer(l)[slots[i] * row + row - 1],
+                  static_cast<uint16_t>(toks[i] * 11 + l));
       }
     }
   }
@@ -68,7 +69,7 @@ TEST_F(cache_fixture, fork_shares_blocks_and_copies_on_write) {
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(kv->stats().n_blocks_used, 2);  // shared
   std::vector<int32_t> extra = {9};
-  write(*b, extra);                          // writes into the shared, partially filled block
+  write(*b, extra);                         // writes into the shared, partially filled block
   EXPECT_EQ(kv->stats().n_blocks_used, 3);  // one copy
   expect_content(a, t);
   auto tb = t;

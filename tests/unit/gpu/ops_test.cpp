@@ -26,7 +26,8 @@ std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
-std::vector<uint8_t> quantize(ggml_type t, const std::vector<float>& x, int64_t rows, int64_t cols) {
+std::vector<uint8_t> quantize(ggml_type t, const std::vector<float>& x, int64_t rows,
+                              int64_t cols) {
   const size_t rb = *row_size_bytes(t, cols);
   std::vector<uint8_t> out(rb * static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
@@ -65,11 +66,13 @@ TEST(quant_dot, avx2_and_portable_paths_are_bit_identical) {
   const auto* q41 = reinterpret_cast<const block_q4_1*>(w41.data());
   const auto* q80 = reinterpret_cast<const block_q8_0*>(w80.data());
   EXPECT_EQ(dot_q4_0_q8_0(q40, a8.data(), n / 32), dot_q4_0_q8_0_portable(q40, a8.data(), n / 32));
-  EXPECT_EQ(dot_q4_1_q8_1(q41, a81.data(), n / 32), dot_q4_1_q8_1_portable(q41, a81.data(), n / 32));
+  EXPECT_EQ(dot_q4_1_q8_1(q41, a81.data(), n / 32),
+            dot_q4_1_q8_1_portable(q41, a81.data(), n / 32));
   EXPECT_EQ(dot_q8_0_q8_0(q80, a8.data(), n / 32), dot_q8_0_q8_0_portable(q80, a8.data(), n / 32));
   // The four-row kernels give each row's one-row result.
   const int64_t nb = n / 32 / 4;
-  const size_t rb40 = sizeof(block_q4_0) * nb, rb41 = sizeof(block_q4_1) * nb, rb80 = sizeof(block_q8_0) * nb;
+  const size_t rb40 = sizeof(block_q4_0) * nb, rb41 = sizeof(block_q4_1) * nb,
+               rb80 = sizeof(block_q8_0) * nb;
   float o[4];
   dot4_q4_0_q8_0(q40, rb40, a8.data(), nb, o);
   for (int r = 0; r < 4; ++r) EXPECT_EQ(o[r], dot_q4_0_q8_0_portable(q40 + r * nb, a8.data(), nb));
@@ -126,23 +129,26 @@ TEST_P(matmul_types, matches_reference_and_is_batch_invariant) {
   std::vector<float> y(static_cast<size_t>(tokens * rows)), ref(y.size());
   ASSERT_TRUE(matmul(pool, scratch, w, x.data(), tokens, y.data()).ok());
   matmul_reference(w, x.data(), tokens, ref.data());
-  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], ref[i], 1e-3f * (1.0f + std::fabs(ref[i]))) << i;
+  for (size_t i = 0; i < y.size(); ++i)
+    EXPECT_NEAR(y[i], ref[i], 1e-3f * (1.0f + std::fabs(ref[i]))) << i;
   // Each token alone gives bit-identical rows — except f32 weights, whose batches of >= 8 go to
   // OpenBLAS sgemm (documented in docs/engine.md); those agree to rounding.
   for (int64_t tk = 0; tk < tokens; ++tk) {
     std::vector<float> one(static_cast<size_t>(rows));
     ASSERT_TRUE(matmul(pool, scratch, w, x.data() + tk * cols, 1, one.data()).ok());
     if (t == ggml_type::f32) {
-      for (int64_t r = 0; r < rows; ++r) EXPECT_NEAR(one[r], y[tk * rows + r], 1e-5f * (1 + std::fabs(one[r])));
+      for (int64_t r = 0; r < rows; ++r)
+        EXPECT_NEAR(one[r], y[tk * rows + r], 1e-5f * (1 + std::fabs(one[r])));
     } else {
-      EXPECT_EQ(std::memcmp(one.data(), y.data() + tk * rows, sizeof(float) * rows), 0) << "token " << tk;
+      EXPECT_EQ(std::memcmp(one.data(), y.data() + tk * rows, sizeof(float) * rows), 0)
+          << "token " << tk;
     }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(types, matmul_types,
-                         ::testing::Values(ggml_type::f32, ggml_type::f16, ggml_type::q8_0, ggml_type::q4_0,
-                                           ggml_type::q4_1));
+                         ::testing::Values(ggml_type::f32, ggml_type::f16, ggml_type::q8_0,
+                                           ggml_type::q4_0, ggml_type::q4_1));
 
 TEST(matmul, multi_is_bit_identical_to_separate_calls) {
   thread_pool pool(2);
@@ -153,9 +159,12 @@ TEST(matmul, multi_is_bit_identical_to_separate_calls) {
   std::vector<tensor_view> ws;
   const int64_t rows[] = {19, 8, 8};
   for (int i = 0; i < 3; ++i) {
-    bytes.push_back(quantize(ggml_type::q4_1, random_floats(static_cast<size_t>(rows[i] * cols), 31 + i), rows[i], cols));
+    bytes.push_back(quantize(ggml_type::q4_1,
+                             random_floats(static_cast<size_t>(rows[i] * cols), 31 + i), rows[i],
+                             cols));
   }
-  for (int i = 0; i < 3; ++i) ws.push_back(view_of(ggml_type::q4_1, bytes[static_cast<size_t>(i)], rows[i], cols));
+  for (int i = 0; i < 3; ++i)
+    ws.push_back(view_of(ggml_type::q4_1, bytes[static_cast<size_t>(i)], rows[i], cols));
   std::vector<std::vector<float>> sep(3), multi(3);
   std::vector<float*> ptrs;
   for (int i = 0; i < 3; ++i) {
@@ -188,7 +197,8 @@ TEST(elementwise, rms_norm_matches_reference) {
     double ss = 0;
     for (int i = 0; i < 80; ++i) ss += double(x[r * 80 + i]) * x[r * 80 + i];
     const double inv = 1.0 / std::sqrt(ss / 80 + 1e-5);
-    for (int i = 0; i < 80; ++i) EXPECT_NEAR(y[r * 80 + i], x[r * 80 + i] * inv * w[i], 1e-5 * (1 + std::fabs(y[r * 80 + i])));
+    for (int i = 0; i < 80; ++i)
+      EXPECT_NEAR(y[r * 80 + i], x[r * 80 + i] * inv * w[i], 1e-5 * (1 + std::fabs(y[r * 80 + i])));
   }
 }
 

@@ -40,7 +40,8 @@ TEST(sampler, temperature_sampling_follows_the_softmax) {
   for (float l : logits) z += std::exp(l / 0.7);
   for (size_t i = 0; i < logits.size(); ++i) {
     const double expect = std::exp(logits[i] / 0.7) / z;
-    EXPECT_NEAR(counts[i] / double(n), expect, 4 * std::sqrt(expect * (1 - expect) / n) + 1e-3) << i;
+    EXPECT_NEAR(counts[i] / double(n), expect, 4 * std::sqrt(expect * (1 - expect) / n) + 1e-3)
+        << i;
   }
 }
 

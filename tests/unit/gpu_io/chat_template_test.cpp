@@ -1,9 +1,9 @@
 #include <gtest/gtest.h>
 
+#include "gguf_test_util.hpp"
 #include "gpu/chat_template.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/tiny_model.hpp"
-#include "gguf_test_util.hpp"
 
 namespace weft::gpu {
 namespace {
@@ -16,10 +16,12 @@ TEST(chat_template, chatml_with_default_system_prompt_from_the_template) {
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->format(), chat_format::chatml);
   ASSERT_TRUE(t->default_system_prompt().has_value());
-  EXPECT_EQ(*t->default_system_prompt(), "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+  EXPECT_EQ(*t->default_system_prompt(),
+            "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
   const std::vector<chat_message> user_only = {{"user", "Hi"}};
   EXPECT_EQ(t->apply(user_only).value(),
-            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n"
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   // As in the template, an empty conversation gets no system turn.
   EXPECT_EQ(t->apply(std::vector<chat_message>{}).value(), "<|im_start|>assistant\n");
@@ -30,7 +32,8 @@ TEST(chat_template, chatml_with_default_system_prompt_from_the_template) {
 
 TEST(chat_template, plain_chatml_has_no_default_system) {
   auto t = chat_template::detect(
-      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+      "message['content'] + "
       "'<|im_end|>' + '\\n'}}{% endfor %}");
   ASSERT_TRUE(t.ok());
   EXPECT_FALSE(t->default_system_prompt().has_value());
@@ -39,7 +42,8 @@ TEST(chat_template, plain_chatml_has_no_default_system) {
 }
 
 TEST(chat_template, llama3) {
-  auto t = chat_template::detect("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}");
+  auto t = chat_template::detect(
+      "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}");
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->format(), chat_format::llama3);
   EXPECT_EQ(t->apply(std::vector<chat_message>{{"system", " sys "}, {"user", "Hi"}}).value(),
@@ -57,11 +61,13 @@ TEST(chat_template, llama2_and_mistral) {
   auto mi = chat_template::detect("{{ '[INST] ' + message['content'] + ' [/INST]' }}");
   ASSERT_TRUE(mi.ok());
   EXPECT_EQ(mi->format(), chat_format::mistral);
-  EXPECT_EQ(mi->apply(conversation).value(), "[INST] Be brief.\n\nHi [/INST]Hello!</s>[INST] 2+2? [/INST]");
+  EXPECT_EQ(mi->apply(conversation).value(),
+            "[INST] Be brief.\n\nHi [/INST]Hello!</s>[INST] 2+2? [/INST]");
 }
 
 TEST(chat_template, zephyr) {
-  auto t = chat_template::detect("{{ '<|user|>\n' + message['content'] + eos_token }}{{ '<|assistant|>' }}");
+  auto t = chat_template::detect(
+      "{{ '<|user|>\n' + message['content'] + eos_token }}{{ '<|assistant|>' }}");
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->format(), chat_format::zephyr);
   EXPECT_EQ(t->apply(std::vector<chat_message>{{"system", "S"}, {"user", "Hi"}}).value(),
@@ -82,7 +88,8 @@ TEST(chat_template, unknown_template_and_override) {
 
 TEST(chat_template_real_model, smollm2_template_is_chatml_with_default_system) {
   const auto path = test::default_model_path();
-  if (path.empty()) GTEST_SKIP() << "default model not found (run scripts/setup.sh or set WEFT_MODEL)";
+  if (path.empty())
+    GTEST_SKIP() << "default model not found (run scripts/setup.sh or set WEFT_MODEL)";
   const auto f = gguf_file::open(path).value();
   auto t = chat_template::from_gguf(f);
   ASSERT_TRUE(t.ok()) << t.error().message();

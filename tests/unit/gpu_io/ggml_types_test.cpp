@@ -32,13 +32,15 @@ TEST(ggml_types, ids_and_sizes_match_the_gguf_format) {
 }
 
 TEST(ggml_types, every_enumerator_has_traits) {
-  for (ggml_type t : {ggml_type::f32, ggml_type::f16, ggml_type::q4_0, ggml_type::q4_1, ggml_type::q5_0,
-                      ggml_type::q5_1, ggml_type::q8_0, ggml_type::q8_1, ggml_type::q2_k, ggml_type::q3_k,
-                      ggml_type::q4_k, ggml_type::q5_k, ggml_type::q6_k, ggml_type::q8_k, ggml_type::iq2_xxs,
-                      ggml_type::iq2_xs, ggml_type::iq3_xxs, ggml_type::iq1_s, ggml_type::iq4_nl, ggml_type::iq3_s,
-                      ggml_type::iq2_s, ggml_type::iq4_xs, ggml_type::i8, ggml_type::i16, ggml_type::i32,
-                      ggml_type::i64, ggml_type::f64, ggml_type::iq1_m, ggml_type::bf16, ggml_type::tq1_0,
-                      ggml_type::tq2_0, ggml_type::mxfp4}) {
+  for (ggml_type t :
+       {ggml_type::f32,     ggml_type::f16,    ggml_type::q4_0,    ggml_type::q4_1,
+        ggml_type::q5_0,    ggml_type::q5_1,   ggml_type::q8_0,    ggml_type::q8_1,
+        ggml_type::q2_k,    ggml_type::q3_k,   ggml_type::q4_k,    ggml_type::q5_k,
+        ggml_type::q6_k,    ggml_type::q8_k,   ggml_type::iq2_xxs, ggml_type::iq2_xs,
+        ggml_type::iq3_xxs, ggml_type::iq1_s,  ggml_type::iq4_nl,  ggml_type::iq3_s,
+        ggml_type::iq2_s,   ggml_type::iq4_xs, ggml_type::i8,      ggml_type::i16,
+        ggml_type::i32,     ggml_type::i64,    ggml_type::f64,     ggml_type::iq1_m,
+        ggml_type::bf16,    ggml_type::tq1_0,  ggml_type::tq2_0,   ggml_type::mxfp4}) {
     const auto traits = find_type_traits(static_cast<uint32_t>(t));
     ASSERT_TRUE(traits.has_value()) << static_cast<uint32_t>(t);
     EXPECT_EQ(traits->type, t);
@@ -86,7 +88,7 @@ TEST(ggml_types, fp16_rounding) {
     // The result is one of the two neighbours and the nearer one.
     const float err = std::fabs(h - f);
     const float ulp = std::fabs(f) < std::ldexp(1.0f, -14) ? std::ldexp(1.0f, -24)
-                                                          : std::ldexp(1.0f, std::ilogb(f) - 10);
+                                                           : std::ldexp(1.0f, std::ilogb(f) - 10);
     ASSERT_LE(err, ulp / 2) << f;
   }
 }
@@ -155,11 +157,12 @@ TEST_P(quant_accuracy, round_trip_error_is_within_the_format_bound) {
   EXPECT_LE(max_block_err_ratio, limit);
 }
 
-INSTANTIATE_TEST_SUITE_P(types, quant_accuracy,
-                         ::testing::Values(quant_case{ggml_type::f32, 1e-9}, quant_case{ggml_type::f16, 1e-3},
-                                           quant_case{ggml_type::bf16, 6e-3}, quant_case{ggml_type::q8_0, 0.01},
-                                           quant_case{ggml_type::q8_1, 0.01}, quant_case{ggml_type::q4_0, 0.12},
-                                           quant_case{ggml_type::q4_1, 0.12}));
+INSTANTIATE_TEST_SUITE_P(
+    types, quant_accuracy,
+    ::testing::Values(quant_case{ggml_type::f32, 1e-9}, quant_case{ggml_type::f16, 1e-3},
+                      quant_case{ggml_type::bf16, 6e-3}, quant_case{ggml_type::q8_0, 0.01},
+                      quant_case{ggml_type::q8_1, 0.01}, quant_case{ggml_type::q4_0, 0.12},
+                      quant_case{ggml_type::q4_1, 0.12}));
 
 TEST(ggml_types, q4_1_layout_low_nibbles_first_half) {
   block_q4_1 b{};
@@ -191,7 +194,8 @@ TEST(ggml_types, q8_1_sum_field) {
   for (const auto& blk : b) {
     int sum = 0;
     for (int8_t q : blk.qs) sum += q;
-    EXPECT_NEAR(fp16_to_fp32(blk.s), fp16_to_fp32(blk.d) * sum, std::fabs(fp16_to_fp32(blk.d) * sum) * 2e-3 + 1e-3);
+    EXPECT_NEAR(fp16_to_fp32(blk.s), fp16_to_fp32(blk.d) * sum,
+                std::fabs(fp16_to_fp32(blk.d) * sum) * 2e-3 + 1e-3);
   }
 }
 

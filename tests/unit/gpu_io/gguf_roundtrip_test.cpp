@@ -4,9 +4,9 @@
 #include <random>
 #include <vector>
 
+#include "gguf_test_util.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/gguf_writer.hpp"
-#include "gguf_test_util.hpp"
 
 namespace weft::gpu {
 namespace {
@@ -39,7 +39,7 @@ gguf_writer metadata_of_every_type(gguf_writer_config cfg = {}) {
   w.set("t.arr_f64", make_array(std::vector<double>{1e300}));
   w.set("t.arr_u64", make_array(std::vector<uint64_t>{}));
   w.set("t.nested", make_array(std::vector<gguf_value>{make_array(std::vector<int16_t>{7, 8}),
-                                                        make_array(std::vector<std::string>{"x"})}));
+                                                       make_array(std::vector<std::string>{"x"})}));
   return w;
 }
 
@@ -82,7 +82,8 @@ TEST(gguf_roundtrip, metadata_of_every_type) {
   EXPECT_EQ(nested->element_type(), gguf_value_type::array);
   const auto& inner = std::get<std::vector<gguf_value>>(nested->items);
   ASSERT_EQ(inner.size(), 2u);
-  EXPECT_EQ(std::get<std::vector<int16_t>>(inner[0].as_array()->items), (std::vector<int16_t>{7, 8}));
+  EXPECT_EQ(std::get<std::vector<int16_t>>(inner[0].as_array()->items),
+            (std::vector<int16_t>{7, 8}));
   // Getter errors name the key and the types.
   EXPECT_EQ(f->get_u32("missing").error().code(), status_code::not_found);
   EXPECT_NE(f->get_u32("missing").error().message().find("missing"), std::string::npos);
@@ -140,14 +141,17 @@ TEST_P(gguf_tensor_roundtrip, tensors_of_every_supported_type) {
 }
 
 INSTANTIATE_TEST_SUITE_P(types, gguf_tensor_roundtrip,
-                         ::testing::Combine(::testing::Values(ggml_type::f32, ggml_type::f16, ggml_type::bf16,
-                                                              ggml_type::q8_0, ggml_type::q4_0, ggml_type::q4_1),
+                         ::testing::Combine(::testing::Values(ggml_type::f32, ggml_type::f16,
+                                                              ggml_type::bf16, ggml_type::q8_0,
+                                                              ggml_type::q4_0, ggml_type::q4_1),
                                             ::testing::Values(32u, 64u, 4096u)));
 
 TEST(gguf_roundtrip, file_on_disk_is_mapped_and_moves_keep_pointers) {
   gguf_writer w;
-  ASSERT_TRUE(w.add_tensor_from_f32("x", ggml_type::f32, std::vector<int64_t>{4}, std::vector<float>{1, 2, 3, 4}));
-  const auto path = std::filesystem::temp_directory_path() / ("weft_gguf_rt_" + std::to_string(::getpid()) + ".gguf");
+  ASSERT_TRUE(w.add_tensor_from_f32("x", ggml_type::f32, std::vector<int64_t>{4},
+                                    std::vector<float>{1, 2, 3, 4}));
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("weft_gguf_rt_" + std::to_string(::getpid()) + ".gguf");
   ASSERT_TRUE(w.write_file(path));
   auto f = gguf_file::open(path);
   std::filesystem::remove(path);
@@ -161,11 +165,14 @@ TEST(gguf_roundtrip, file_on_disk_is_mapped_and_moves_keep_pointers) {
 TEST(gguf_roundtrip, writer_rejects_inconsistent_tensors) {
   gguf_writer w;
   const std::vector<std::byte> ten(10);
-  EXPECT_FALSE(w.add_tensor("x", ggml_type::f32, std::vector<int64_t>{4}, ten));  // 16 bytes expected
+  EXPECT_FALSE(
+      w.add_tensor("x", ggml_type::f32, std::vector<int64_t>{4}, ten));  // 16 bytes expected
   EXPECT_FALSE(w.add_tensor("", ggml_type::f32, std::vector<int64_t>{1}, std::span(ten).first(4)));
-  EXPECT_FALSE(w.add_tensor("q", ggml_type::q4_1, std::vector<int64_t>{16}, ten));  // not a block multiple
+  EXPECT_FALSE(
+      w.add_tensor("q", ggml_type::q4_1, std::vector<int64_t>{16}, ten));  // not a block multiple
   EXPECT_TRUE(w.add_tensor("ok", ggml_type::f32, std::vector<int64_t>{1}, std::span(ten).first(4)));
-  EXPECT_FALSE(w.add_tensor("ok", ggml_type::f32, std::vector<int64_t>{1}, std::span(ten).first(4)));
+  EXPECT_FALSE(
+      w.add_tensor("ok", ggml_type::f32, std::vector<int64_t>{1}, std::span(ten).first(4)));
 }
 
 TEST(gguf_roundtrip, version_2_files_read_like_version_3) {
@@ -186,7 +193,8 @@ TEST(gguf_roundtrip, missing_file_is_not_found) {
 
 TEST(gguf_real_model, smollm2_header_and_tensors) {
   const auto path = test::default_model_path();
-  if (path.empty()) GTEST_SKIP() << "default model not found (run scripts/setup.sh or set WEFT_MODEL)";
+  if (path.empty())
+    GTEST_SKIP() << "default model not found (run scripts/setup.sh or set WEFT_MODEL)";
   auto f = gguf_file::open(path);
   ASSERT_TRUE(f) << f.error().message();
   EXPECT_EQ(f->version(), 3u);

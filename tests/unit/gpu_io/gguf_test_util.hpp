@@ -34,7 +34,8 @@ struct raw_gguf {
     return u32(0x46554747u).u32(version).u64(n_tensors).u64(n_kv);
   }
   raw_gguf& kv_u32(const std::string& key, uint32_t v) { return str(key).u32(4).u32(v); }
-  raw_gguf& tensor_info(const std::string& name, std::vector<uint64_t> ne, uint32_t type, uint64_t offset) {
+  raw_gguf& tensor_info(const std::string& name, std::vector<uint64_t> ne, uint32_t type,
+                        uint64_t offset) {
     str(name).u32(static_cast<uint32_t>(ne.size()));
     for (auto d : ne) u64(d);
     return u32(type).u64(offset);

@@ -18,10 +18,18 @@ std::vector<std::string> split(rules r, const std::string& text) {
   const fragments all{cpts.size()};
   fragments f;
   switch (r) {
-    case rules::gpt2: f = split_gpt2(cpts, all); break;
-    case rules::smollm: f = split_gpt2(cpts, split_each_number(cpts, all)); break;
-    case rules::llama3: f = split_llama3(cpts, all, 3); break;
-    case rules::qwen2: f = split_llama3(cpts, all, 1); break;
+    case rules::gpt2:
+      f = split_gpt2(cpts, all);
+      break;
+    case rules::smollm:
+      f = split_gpt2(cpts, split_each_number(cpts, all));
+      break;
+    case rules::llama3:
+      f = split_llama3(cpts, all, 3);
+      break;
+    case rules::qwen2:
+      f = split_llama3(cpts, all, 1);
+      break;
   }
   std::vector<std::string> out;
   size_t begin = 0;
@@ -39,9 +47,11 @@ using words = std::vector<std::string>;
 TEST(pretokenize, gpt2) {
   EXPECT_EQ(split(rules::gpt2, "Hello world"), (words{"Hello", " world"}));
   EXPECT_EQ(split(rules::gpt2, "it's 2024!!  ok"), (words{"it", "'s", " 2024", "!!", " ", " ok"}));
-  EXPECT_EQ(split(rules::gpt2, "a   \n"), (words{"a", "   \n"}));  // trailing whitespace run stays whole
+  EXPECT_EQ(split(rules::gpt2, "a   \n"),
+            (words{"a", "   \n"}));  // trailing whitespace run stays whole
   EXPECT_EQ(split(rules::gpt2, "(x)"), (words{"(", "x", ")"}));
-  EXPECT_EQ(split(rules::gpt2, "IT'S"), (words{"IT", "'", "S"}));  // contractions are case-sensitive
+  EXPECT_EQ(split(rules::gpt2, "IT'S"),
+            (words{"IT", "'", "S"}));  // contractions are case-sensitive
   EXPECT_EQ(split(rules::gpt2, "日本語 テスト"), (words{"日本語", " テスト"}));
   EXPECT_EQ(split(rules::gpt2, "a\u00a0b"), (words{"a", "\u00a0", "b"}));  // NBSP is \s
 }
@@ -49,7 +59,8 @@ TEST(pretokenize, gpt2) {
 TEST(pretokenize, smollm_isolates_digits) {
   EXPECT_EQ(split(rules::smollm, "x 123"), (words{"x", " ", "1", "2", "3"}));
   EXPECT_EQ(split(rules::smollm, "v2.0"), (words{"v", "2", ".", "0"}));
-  EXPECT_EQ(split(rules::smollm, "½٣"), (words{"½", "٣"}));  // \p{N} includes No and Nd of any script
+  EXPECT_EQ(split(rules::smollm, "½٣"),
+            (words{"½", "٣"}));  // \p{N} includes No and Nd of any script
 }
 
 TEST(pretokenize, llama3_and_qwen2) {
@@ -63,11 +74,11 @@ TEST(pretokenize, llama3_and_qwen2) {
 
 TEST(pretokenize, classes) {
   EXPECT_EQ(classify('a'), cpt_class::letter);
-  EXPECT_EQ(classify(0x65E5), cpt_class::letter);   // 日
-  EXPECT_EQ(classify(0x0663), cpt_class::number);   // Arabic-Indic 3
+  EXPECT_EQ(classify(0x65E5), cpt_class::letter);  // 日
+  EXPECT_EQ(classify(0x0663), cpt_class::number);  // Arabic-Indic 3
   EXPECT_EQ(classify(0x3000), cpt_class::whitespace);
-  EXPECT_EQ(classify(0x1F600), cpt_class::other);   // emoji
-  EXPECT_EQ(classify(0x0301), cpt_class::other);    // combining accent (\p{M})
+  EXPECT_EQ(classify(0x1F600), cpt_class::other);  // emoji
+  EXPECT_EQ(classify(0x0301), cpt_class::other);   // combining accent (\p{M})
   EXPECT_EQ(classify(0x110000), cpt_class::other);
 }
 

@@ -75,8 +75,8 @@ TEST(tiny_model, moe_uses_llama_cpp_expert_tensor_names) {
 }
 
 TEST(tiny_model, every_weight_type_and_mixed_embedding_type) {
-  for (ggml_type t : {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0, ggml_type::q4_0,
-                      ggml_type::q4_1}) {
+  for (ggml_type t : {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0,
+                      ggml_type::q4_0, ggml_type::q4_1}) {
     tiny_model_config c;
     c.weight_type = t;
     c.embedding_type = ggml_type::q8_0;
@@ -115,7 +115,7 @@ TEST(tiny_model, vocabulary_learns_merges_and_pads) {
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(v->tokens.size(), 300u);
   EXPECT_EQ(v->merges.size(), 300u - 259u);
-  EXPECT_EQ(v->merges[0], "Ġ t");  // " t" is the most frequent pair of the built-in text
+  EXPECT_EQ(v->merges[0], "Ġ t");    // " t" is the most frequent pair of the built-in text
   auto big = tiny_vocabulary(4000);  // more than the text can teach: padded with unused tokens
   ASSERT_TRUE(big.ok());
   EXPECT_EQ(big->tokens.size(), 4000u);

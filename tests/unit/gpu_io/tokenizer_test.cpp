@@ -2,11 +2,11 @@
 
 #include <random>
 
+#include "gguf_test_util.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/gguf_writer.hpp"
 #include "gpu/tiny_model.hpp"
 #include "gpu/tokenizer.hpp"
-#include "gguf_test_util.hpp"
 
 namespace weft::gpu {
 namespace {
@@ -27,8 +27,8 @@ std::vector<std::string> pieces(const tokenizer& t, const std::vector<token_id>&
 
 TEST(tokenizer, tiny_model_round_trips_any_utf8) {
   const auto t = tiny_tokenizer();
-  for (std::string text : {"Hello world", "The worker reads the prompt.", "  spaces \n\n tabs\t", "日本語 😀 café",
-                           "x = 12345;", ""}) {
+  for (std::string text : {"Hello world", "The worker reads the prompt.", "  spaces \n\n tabs\t",
+                           "日本語 😀 café", "x = 12345;", ""}) {
     const auto ids = t.encode(text);
     EXPECT_EQ(t.decode(ids), text);
   }
@@ -88,8 +88,12 @@ TEST(tokenizer, bos_and_eos_follow_the_metadata) {
 
 TEST(tokenizer, invalid_utf8_becomes_replacement_character) {
   const auto t = tiny_tokenizer();
-  const auto ids = t.encode(std::string("a\xff" "b"));
-  EXPECT_EQ(t.decode(ids), "a\xEF\xBF\xBD" "b");
+  const auto ids =
+      t.encode(std::string("a\xff"
+                           "b"));
+  EXPECT_EQ(t.decode(ids),
+            "a\xEF\xBF\xBD"
+            "b");
 }
 
 TEST(tokenizer, rejects_inconsistent_vocabularies) {
@@ -165,7 +169,8 @@ TEST(detokenizer_stream, truncated_character_at_the_end_becomes_replacement) {
 TEST(tokenizer, random_text_round_trips) {
   const auto t = tiny_tokenizer();
   std::mt19937 rng(5);
-  const std::vector<std::string> parts = {"the", " ", "  ", "\n", "é", "日", "😀", "1", "'s", "<|im_end|>", "!", "\t"};
+  const std::vector<std::string> parts = {"the", " ", "  ", "\n",         "é", "日",
+                                          "😀",   "1", "'s", "<|im_end|>", "!", "\t"};
   for (int i = 0; i < 300; ++i) {
     std::string s;
     for (int k = static_cast<int>(rng() % 20); k >= 0; --k) s += parts[rng() % parts.size()];
@@ -175,7 +180,8 @@ TEST(tokenizer, random_text_round_trips) {
 
 TEST(tokenizer_real_model, smollm2_known_ids) {
   const auto path = test::default_model_path();
-  if (path.empty()) GTEST_SKIP() << "default model not found (run scripts/setup.sh or set WEFT_MODEL)";
+  if (path.empty())
+    GTEST_SKIP() << "default model not found (run scripts/setup.sh or set WEFT_MODEL)";
   auto f = gguf_file::open(path);
   ASSERT_TRUE(f.ok()) << f.error().message();
   auto t = tokenizer::from_gguf(*f);
@@ -183,10 +189,13 @@ TEST(tokenizer_real_model, smollm2_known_ids) {
   EXPECT_EQ(t->n_vocab(), 49152u);
   // Ids cross-checked with llama.cpp (tests/oracle/gpu_tokenizer runs the full comparison).
   EXPECT_EQ(t->encode("Hello world 123"), (std::vector<token_id>{19556, 905, 216, 33, 34, 35}));
-  EXPECT_EQ(t->encode("<|im_start|>hi", add_special::yes, parse_special::yes), (std::vector<token_id>{1, 6004}));
-  EXPECT_EQ(t->encode("日本語😀"), (std::vector<token_id>{23274, 115, 40993, 179, 120, 248, 10813, 242, 218}));
+  EXPECT_EQ(t->encode("<|im_start|>hi", add_special::yes, parse_special::yes),
+            (std::vector<token_id>{1, 6004}));
+  EXPECT_EQ(t->encode("日本語😀"),
+            (std::vector<token_id>{23274, 115, 40993, 179, 120, 248, 10813, 242, 218}));
   EXPECT_TRUE(t->is_end_of_generation(2));
-  EXPECT_EQ(t->decode(t->encode("  Mixed text, 日本語 and code: x += 1;\n")), "  Mixed text, 日本語 and code: x += 1;\n");
+  EXPECT_EQ(t->decode(t->encode("  Mixed text, 日本語 and code: x += 1;\n")),
+            "  Mixed text, 日本語 and code: x += 1;\n");
 }
 
 }  // namespace

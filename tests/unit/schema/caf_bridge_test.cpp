@@ -1,8 +1,8 @@
 // The envelope as a CAF message element: serialized by CAF's binary serializer as it is across
 // processes; a hostile size is skipped, not allocated.
 
-#include <caf/all.hpp>
 #include <gtest/gtest.h>
+#include <caf/all.hpp>
 
 #include "schema/caf_bridge.hpp"
 

@@ -124,27 +124,25 @@ TEST(envelope, unknown_enum_value_is_rejected) {
 }
 
 TEST(envelope, invalid_utf8_text_is_rejected) {
-  auto env = envelope::build<wire::LeaveNotice>([](wire::LeaveNotice::Builder b) {
-    b.setNodeId(capnp::Text::Reader("\xff\xfe bad", 6));
-  });
+  auto env = envelope::build<wire::LeaveNotice>(
+      [](wire::LeaveNotice::Builder b) { b.setNodeId(capnp::Text::Reader("\xff\xfe bad", 6)); });
   auto v = envelope::from_bytes(kind::leave_notice, env.to_bytes()).read<wire::LeaveNotice>();
   ASSERT_FALSE(v.ok());
   EXPECT_NE(v.error().message.find("UTF-8"), std::string::npos);
 }
 
 TEST(envelope, oversized_lists_and_texts_are_rejected) {
-  auto env = envelope::build<wire::ClusterStatus>([](wire::ClusterStatus::Builder b) {
-    b.initNodes(100);
-  });
+  auto env = envelope::build<wire::ClusterStatus>(
+      [](wire::ClusterStatus::Builder b) { b.initNodes(100); });
   decode_limits tight;
   tight.max_list_elements = 10;
-  auto v = envelope::from_bytes(kind::cluster_status, env.to_bytes()).read<wire::ClusterStatus>(tight);
+  auto v =
+      envelope::from_bytes(kind::cluster_status, env.to_bytes()).read<wire::ClusterStatus>(tight);
   ASSERT_FALSE(v.ok());
   EXPECT_NE(v.error().message.find("list"), std::string::npos);
 
-  auto big = envelope::build<wire::LeaveNotice>([](wire::LeaveNotice::Builder b) {
-    b.setReason(std::string(100'000, 'a'));
-  });
+  auto big = envelope::build<wire::LeaveNotice>(
+      [](wire::LeaveNotice::Builder b) { b.setReason(std::string(100'000, 'a')); });
   auto v2 = big.read<wire::LeaveNotice>();
   ASSERT_FALSE(v2.ok());
   EXPECT_NE(v2.error().message.find("reason"), std::string::npos) << v2.error().message;
@@ -179,8 +177,8 @@ TEST(envelope, nesting_limit_applies) {
   });
   decode_limits shallow;
   shallow.nesting_limit = 2;
-  auto v = envelope::from_bytes(kind::cluster_status, env.to_bytes())
-               .read<wire::ClusterStatus>(shallow);
+  auto v =
+      envelope::from_bytes(kind::cluster_status, env.to_bytes()).read<wire::ClusterStatus>(shallow);
   EXPECT_FALSE(v.ok());
   auto ok = envelope::from_bytes(kind::cluster_status, env.to_bytes()).read<wire::ClusterStatus>();
   EXPECT_TRUE(ok.ok()) << ok.error().to_string();

@@ -1,5 +1,5 @@
-// KV transfer between two paged caches (actors/serve/kv_transfer.hpp) over the in-process engine and
-// over UCX (tcp and shm, two engines in this process): bit-identical next-step logits after a
+// KV transfer between two paged caches (actors/serve/kv_transfer.hpp) over the in-process engine
+// and over UCX (tcp and shm, two engines in this process): bit-identical next-step logits after a
 // transfer, refusal of mismatched descriptors, deadlines and lease expiry, corrupted bytes (on the
 // wire and in the descriptor), and block accounting back to zero on both sides.
 #include <gtest/gtest.h>
@@ -41,8 +41,8 @@ struct engine_spec {
   std::map<std::string, std::string> params;
 };
 
-std::shared_ptr<transport::engine> make_engine(const std::string& name,
-                                               const std::map<std::string, std::string>& params = {}) {
+std::shared_ptr<transport::engine> make_engine(
+    const std::string& name, const std::map<std::string, std::string>& params = {}) {
   transport::engine_config cfg;
   cfg.params = params;
   auto e = transport::make_engine(name, cfg);
@@ -74,7 +74,8 @@ struct two_caches {
     EXPECT_TRUE(img.ok());
     auto f = gpu::gguf_file::parse(*img);
     EXPECT_TRUE(f.ok());
-    dev = std::move(gpu::device_registry::instance().create("cpu", gpu::device_config{1, 0}).value());
+    dev =
+        std::move(gpu::device_registry::instance().create("cpu", gpu::device_config{1, 0}).value());
     model = std::move(gpu::model::load(std::move(f.value()), *dev).value());
     a = make_cache(block_size, blocks_a);
     b = make_cache(block_size, blocks_b);
@@ -86,7 +87,8 @@ struct two_caches {
     return std::move(gpu::kv_cache::create(*dev, kc).value());
   }
   // Prefills `tokens` into a new sequence of `kv`; returns it and the last token's logits.
-  gpu::seq_id prefill(gpu::kv_cache& kv, std::span<const int32_t> tokens, std::vector<float>* logits = nullptr) {
+  gpu::seq_id prefill(gpu::kv_cache& kv, std::span<const int32_t> tokens,
+                      std::vector<float>* logits = nullptr) {
     const gpu::seq_id s = kv.create_sequence();
     gpu::forward_batch fb;
     fb.add(s, tokens, true);
@@ -138,7 +140,8 @@ TEST_P(kv_transfer_engines, transferred_sequence_decodes_bit_identically) {
   const gpu::seq_id filler_b = c.b->create_sequence();
   ASSERT_TRUE(c.b->reserve(filler_b, 13).ok());
 
-  auto desc = (*exporter)->offer({.request_id = 77, .seq = s, .tokens = prompt, .lease_ms = 20'000});
+  auto desc =
+      (*exporter)->offer({.request_id = 77, .seq = s, .tokens = prompt, .lease_ms = 20'000});
   ASSERT_TRUE(desc.ok()) << desc.error().to_string();
   EXPECT_EQ((*exporter)->n_leases(), 1u);
   // Across processes the descriptor travels as bytes.
@@ -152,7 +155,8 @@ TEST_P(kv_transfer_engines, transferred_sequence_decodes_bit_identically) {
 
   // Asynchronous path: the callback fires on the progress thread, finish() on this one.
   std::promise<transport::completion> done;
-  auto pull_id = (*importer)->start(received, [&](uint64_t, const transport::completion& cpl) { done.set_value(cpl); });
+  auto pull_id = (*importer)->start(
+      received, [&](uint64_t, const transport::completion& cpl) { done.set_value(cpl); });
   ASSERT_TRUE(pull_id.ok()) << pull_id.error().to_string();
   auto fut = done.get_future();
   ASSERT_EQ(fut.wait_for(std::chrono::seconds(20)), std::future_status::ready);
@@ -162,8 +166,8 @@ TEST_P(kv_transfer_engines, transferred_sequence_decodes_bit_identically) {
   EXPECT_TRUE(got->checksum_verified);
   EXPECT_EQ(got->request_id, 77u);
   EXPECT_EQ(got->n_tokens, 37);
-  EXPECT_EQ(got->size_bytes, static_cast<uint64_t>(c.a->blocks_for(37)) * 2 * c.a->layout().n_layers *
-                                 c.a->layout().block_bytes());
+  EXPECT_EQ(got->size_bytes, static_cast<uint64_t>(c.a->blocks_for(37)) * 2 *
+                                 c.a->layout().n_layers * c.a->layout().block_bytes());
   EXPECT_EQ(c.b->length(got->seq), 37);
   EXPECT_EQ((*importer)->finish(*pull_id).error().code, errc::not_found);
   EXPECT_EQ((*importer)->n_pending(), 0u);
@@ -191,7 +195,8 @@ TEST_P(kv_transfer_engines, transferred_sequence_decodes_bit_identically) {
   auto again = (*exporter)->release(got->lease_id);
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.error().code, errc::not_found);
-  EXPECT_NE(again.error().message.find("already released"), std::string::npos) << again.error().message;
+  EXPECT_NE(again.error().message.find("already released"), std::string::npos)
+      << again.error().message;
   EXPECT_TRUE(c.a->free_sequence(back->seq).ok());
   EXPECT_TRUE(c.b->free_sequence(got->seq).ok());
   EXPECT_TRUE(c.b->free_sequence(bare).ok());
@@ -259,8 +264,10 @@ TEST(kv_transfer, mismatched_descriptors_are_refused_and_allocate_nothing) {
   EXPECT_EQ((*exporter)->offer({.request_id = 2, .seq = t, .tokens = short_prompt}).error().code,
             errc::invalid_argument);
   EXPECT_TRUE(c.a->free_sequence(t).ok());
-  EXPECT_EQ((*exporter)->offer({.request_id = 2, .seq = 999, .tokens = prompt}).error().code, errc::not_found);
-  EXPECT_EQ((*exporter)->offer({.request_id = 2, .seq = s, .tokens = prompt}).error().code, errc::already_exists);
+  EXPECT_EQ((*exporter)->offer({.request_id = 2, .seq = 999, .tokens = prompt}).error().code,
+            errc::not_found);
+  EXPECT_EQ((*exporter)->offer({.request_id = 2, .seq = s, .tokens = prompt}).error().code,
+            errc::already_exists);
 
   auto info = serve::read_kv_descriptor(*desc);
   ASSERT_TRUE(info.ok());
@@ -282,7 +289,8 @@ TEST(kv_transfer, passed_deadline_is_refused_and_expired_lease_is_handed_back_on
   const auto prompt = prompt_of(21, 4);
   const gpu::seq_id s = c.prefill(*c.a, prompt);
   const uint64_t long_ago = serve::unix_now_ms() - 60'000;
-  auto desc = (*exporter)->offer({.request_id = 5, .seq = s, .tokens = prompt, .lease_ms = 1'000, .now_ms = long_ago});
+  auto desc = (*exporter)->offer(
+      {.request_id = 5, .seq = s, .tokens = prompt, .lease_ms = 1'000, .now_ms = long_ago});
   ASSERT_TRUE(desc.ok());
   auto got = (*importer)->pull(*desc);
   ASSERT_FALSE(got.ok());
@@ -300,7 +308,8 @@ TEST(kv_transfer, passed_deadline_is_refused_and_expired_lease_is_handed_back_on
   EXPECT_TRUE((*exporter)->expire(deadline + 1'000'000).empty());
   auto late = (*exporter)->release(expired[0].lease_id);
   ASSERT_FALSE(late.ok());
-  EXPECT_NE(late.error().message.find("already expired"), std::string::npos) << late.error().message;
+  EXPECT_NE(late.error().message.find("already expired"), std::string::npos)
+      << late.error().message;
   EXPECT_EQ((*exporter)->renew(expired[0].lease_id, 1000).error().code, errc::not_found);
   EXPECT_EQ((*exporter)->n_leases(), 0u);
   EXPECT_TRUE(c.a->free_sequence(s).ok());
@@ -317,7 +326,8 @@ TEST(kv_transfer, transfer_that_outlives_the_lease_frees_the_half_imported_seque
   ASSERT_TRUE(ea && eb);
   auto exporter = kv_exporter::create(*c.a, ea, identity());
   auto importer = kv_importer::create(*c.b, eb, identity());
-  ASSERT_TRUE(exporter.ok() && importer.ok()) << (importer.ok() ? "" : importer.error().to_string());
+  ASSERT_TRUE(exporter.ok() && importer.ok())
+      << (importer.ok() ? "" : importer.error().to_string());
   const auto prompt = prompt_of(30, 5);
   const gpu::seq_id s = c.prefill(*c.a, prompt);
   auto desc = (*exporter)->offer({.request_id = 6, .seq = s, .tokens = prompt, .lease_ms = 300});
@@ -325,13 +335,14 @@ TEST(kv_transfer, transfer_that_outlives_the_lease_frees_the_half_imported_seque
   const auto t0 = std::chrono::steady_clock::now();
   auto id = (*importer)->start(*desc, {});
   ASSERT_TRUE(id.ok()) << id.error().to_string();
-  EXPECT_GT(c.b->stats().n_blocks_used, 0);   // allocated while in flight
-  EXPECT_EQ((*importer)->finish(*id).error().code, errc::invalid_argument);   // still in flight
-  auto got = (*importer)->pull(*desc);   // a second pull of the same descriptor: also dropped
+  EXPECT_GT(c.b->stats().n_blocks_used, 0);  // allocated while in flight
+  EXPECT_EQ((*importer)->finish(*id).error().code, errc::invalid_argument);  // still in flight
+  auto got = (*importer)->pull(*desc);  // a second pull of the same descriptor: also dropped
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.error().code, errc::timeout) << got.error().to_string();
   const auto waited_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   EXPECT_GE(waited_ms, 200);
   EXPECT_LT(waited_ms, 5'000);
   // The first pull ended at the same deadline: finish() reports it and frees its sequence.
@@ -370,9 +381,10 @@ TEST(kv_transfer, importer_destroyed_mid_transfer_frees_its_sequence) {
   auto desc = (*exporter)->offer({.request_id = 8, .seq = s, .tokens = prompt, .lease_ms = 10'000});
   ASSERT_TRUE(desc.ok());
   bool fired = false;
-  auto id = (*importer)->start(*desc, [&](uint64_t, const transport::completion&) { fired = true; });
+  auto id =
+      (*importer)->start(*desc, [&](uint64_t, const transport::completion&) { fired = true; });
   ASSERT_TRUE(id.ok());
-  importer->reset();   // cancels, waits for the completion, frees the sequence
+  importer->reset();  // cancels, waits for the completion, frees the sequence
   EXPECT_TRUE(fired);
   expect_empty(*c.b);
   auto back = (*exporter)->release(serve::read_kv_descriptor(*desc)->lease_id);
@@ -417,7 +429,8 @@ TEST(kv_transfer, mutated_descriptor_bytes_never_crash_and_leak_nothing) {
   ASSERT_TRUE(exporter.ok() && importer.ok());
   const auto prompt = prompt_of(23, 8);
   const gpu::seq_id s = c.prefill(*c.a, prompt);
-  auto desc = (*exporter)->offer({.request_id = 10, .seq = s, .tokens = prompt, .lease_ms = 600'000});
+  auto desc =
+      (*exporter)->offer({.request_id = 10, .seq = s, .tokens = prompt, .lease_ms = 600'000});
   ASSERT_TRUE(desc.ok());
   const auto original = desc->to_bytes();
   std::mt19937_64 rng(2026);
@@ -425,17 +438,17 @@ TEST(kv_transfer, mutated_descriptor_bytes_never_crash_and_leak_nothing) {
   for (int i = 0; i < 3000; ++i) {
     auto bytes = original;
     switch (rng() % 4) {
-      case 0:   // a few bit flips
+      case 0:  // a few bit flips
         for (int k = 0, n = 1 + static_cast<int>(rng() % 4); k < n; ++k) {
           bytes[rng() % bytes.size()] ^= static_cast<std::byte>(1u << (rng() % 8));
         }
         break;
-      case 1:   // random bytes
+      case 1:  // random bytes
         for (int k = 0, n = 1 + static_cast<int>(rng() % 8); k < n; ++k) {
           bytes[rng() % bytes.size()] = static_cast<std::byte>(rng());
         }
         break;
-      case 2:   // truncated
+      case 2:  // truncated
         bytes.resize(rng() % bytes.size());
         break;
       default:  // a random 8-byte word (pointers, sizes, list lengths)
@@ -457,7 +470,8 @@ TEST(kv_transfer, mutated_descriptor_bytes_never_crash_and_leak_nothing) {
     }
     ASSERT_EQ(c.b->stats().n_blocks_used, 0) << "iteration " << i;
   }
-  std::printf("mutated descriptors: %d pulled, %d malformed, %d refused\n", n_ok, n_malformed, n_refused);
+  std::printf("mutated descriptors: %d pulled, %d malformed, %d refused\n", n_ok, n_malformed,
+              n_refused);
   EXPECT_GT(n_malformed + n_refused, 1000);
   EXPECT_EQ((*importer)->n_pending(), 0u);
   // The untouched descriptor still works.
@@ -478,7 +492,8 @@ TEST(kv_transfer, mutated_descriptor_bytes_never_crash_and_leak_nothing) {
 // 512 tokens with SmolLM2-135M's KV shape (30 layers, 3 KV heads, head_dim 64, fp16): 11.25 MiB.
 // Prints the transfer time per engine (a measurement, not a target) and checks the bytes arrived.
 TEST(kv_transfer, smollm2_sized_sequence_moves_intact) {
-  auto dev = std::move(gpu::device_registry::instance().create("cpu", gpu::device_config{1, 0}).value());
+  auto dev =
+      std::move(gpu::device_registry::instance().create("cpu", gpu::device_config{1, 0}).value());
   gpu::kv_cache_config kc;
   kc.layout = gpu::kv_layout{30, 3, 64, 16, gpu::ggml_type::f16};
   kc.n_blocks = 40;
@@ -491,7 +506,8 @@ TEST(kv_transfer, smollm2_sized_sequence_moves_intact) {
     auto a = std::move(gpu::kv_cache::create(*dev, kc).value());
     auto b = std::move(gpu::kv_cache::create(*dev, kc).value());
     // Pattern-filled pools stand in for computed KV.
-    const size_t pool = kc.layout.block_bytes() * static_cast<size_t>(kc.n_blocks * kc.layout.n_layers);
+    const size_t pool =
+        kc.layout.block_bytes() * static_cast<size_t>(kc.n_blocks * kc.layout.n_layers);
     transport::fill_pattern({reinterpret_cast<std::byte*>(a->k_layer(0)), pool}, 1);
     transport::fill_pattern({reinterpret_cast<std::byte*>(a->v_layer(0)), pool}, 2);
     auto ea = make_engine(spec.name, spec.params);
@@ -507,13 +523,16 @@ TEST(kv_transfer, smollm2_sized_sequence_moves_intact) {
         ASSERT_TRUE(a->reserve(s, 512).ok());
         ASSERT_TRUE(a->commit(s, tokens).ok());
         const auto o0 = std::chrono::steady_clock::now();
-        auto desc =
-            (*exporter)->offer({.request_id = 1, .seq = s, .tokens = tokens, .lease_ms = 30'000, .checksum = mode});
-        offer_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - o0).count());
+        auto desc = (*exporter)->offer(
+            {.request_id = 1, .seq = s, .tokens = tokens, .lease_ms = 30'000, .checksum = mode});
+        offer_ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - o0)
+                .count());
         ASSERT_TRUE(desc.ok()) << desc.error().to_string();
-        EXPECT_LT(desc->size_bytes(), 8192u);   // well under the 64 KiB control-message budget
+        EXPECT_LT(desc->size_bytes(), 8192u);  // well under the 64 KiB control-message budget
         if (rep == 0 && mode == serve::kv_checksum_mode::none) {
-          std::printf("KvDescriptor of 512 tokens over %s: %zu bytes\n", spec.label.c_str(), desc->size_bytes());
+          std::printf("KvDescriptor of 512 tokens over %s: %zu bytes\n", spec.label.c_str(),
+                      desc->size_bytes());
         }
         const auto t0 = std::chrono::steady_clock::now();
         auto got = (*importer)->pull(*desc);
@@ -534,11 +553,13 @@ TEST(kv_transfer, smollm2_sized_sequence_moves_intact) {
       }
       std::sort(ms.begin(), ms.end());
       std::sort(offer_ms.begin(), offer_ms.end());
-      std::printf("kv pull of 512 SmolLM2-135M tokens (%.2f MiB) over %s, checksum %s: median %.2f ms (min %.2f), "
-                  "%.2f GiB/s; offer %.3f ms\n",
-                  static_cast<double>(kv_bytes) / (1 << 20), spec.label.c_str(),
-                  mode == serve::kv_checksum_mode::xxh3 ? "verified" : "off", ms[2], ms[0],
-                  static_cast<double>(kv_bytes) / (1 << 30) / (ms[2] / 1000.0), offer_ms[2]);
+      std::printf(
+          "kv pull of 512 SmolLM2-135M tokens (%.2f MiB) over %s, checksum %s: median %.2f ms (min "
+          "%.2f), "
+          "%.2f GiB/s; offer %.3f ms\n",
+          static_cast<double>(kv_bytes) / (1 << 20), spec.label.c_str(),
+          mode == serve::kv_checksum_mode::xxh3 ? "verified" : "off", ms[2], ms[0],
+          static_cast<double>(kv_bytes) / (1 << 30) / (ms[2] / 1000.0), offer_ms[2]);
     }
     importer->reset();
     exporter->reset();

@@ -61,7 +61,8 @@ TEST(metrics, gauge_set_overwrites_and_inc_adds) {
 TEST(metrics, histogram_buckets_are_cumulative) {
   metrics_registry m;
   m.declare_histogram("lat_seconds", "Latency", {0.25, 0.5, 1});
-  // Values exact in binary, so the sum prints exactly; 0.25 and 0.5 sit on bounds (le is inclusive).
+  // Values exact in binary, so the sum prints exactly; 0.25 and 0.5 sit on bounds (le is
+  // inclusive).
   for (double v : {0.125, 0.25, 0.375, 0.75, 2.0, 0.5}) m.observe("lat_seconds", v);
   EXPECT_EQ(m.count("lat_seconds"), 6u);
   EXPECT_EQ(m.render(),
@@ -97,7 +98,8 @@ TEST(metrics, histogram_bounds_are_sorted_and_deduplicated) {
   m.declare_histogram("h", "h", {2, 1, 1, std::numeric_limits<double>::infinity()});
   m.observe("h", 1);
   const std::string out = m.render();
-  EXPECT_NE(out.find("h_bucket{le=\"1\"} 1\nh_bucket{le=\"2\"} 1\nh_bucket{le=\"+Inf\"} 1\n"), std::string::npos)
+  EXPECT_NE(out.find("h_bucket{le=\"1\"} 1\nh_bucket{le=\"2\"} 1\nh_bucket{le=\"+Inf\"} 1\n"),
+            std::string::npos)
       << out;
 }
 
@@ -142,14 +144,14 @@ TEST(metrics, misuse_is_ignored_not_fatal) {
   m.declare_counter("c_total", "again");              // no-op
   m.declare_counter("bad name", "x");                 // invalid: not declared
   m.declare_counter("9starts_with_digit", "x");
-  m.inc("c_total", {}, -1);                           // counters only go up
-  m.set("c_total", {}, 5);                            // not a gauge
-  m.observe("c_total", {}, 1);                        // not a histogram
+  m.inc("c_total", {}, -1);     // counters only go up
+  m.set("c_total", {}, 5);      // not a gauge
+  m.observe("c_total", {}, 1);  // not a histogram
   m.inc("undeclared_total");
   m.inc("c_total", {{"bad-label", "v"}});
   m.inc("c_total", {{"__reserved", "v"}});
   m.declare_histogram("h", "h", {1});
-  m.observe("h", {{"le", "x"}}, 0.5);                 // le is reserved on histograms
+  m.observe("h", {{"le", "x"}}, 0.5);  // le is reserved on histograms
   m.observe("h", std::numeric_limits<double>::quiet_NaN());
   m.inc("h");
   EXPECT_EQ(m.value("c_total"), 0.0);
@@ -190,7 +192,8 @@ TEST(metrics, concurrent_updates_are_all_counted) {
     });
   }
   for (auto& th : pool) th.join();
-  EXPECT_EQ(m.value("hits_total", {{"t", "0"}}) + m.value("hits_total", {{"t", "1"}}), threads * per_thread);
+  EXPECT_EQ(m.value("hits_total", {{"t", "0"}}) + m.value("hits_total", {{"t", "1"}}),
+            threads * per_thread);
   EXPECT_EQ(m.count("lat"), static_cast<uint64_t>(threads * per_thread));
   const std::string out = m.render();
   EXPECT_NE(out.find("lat_bucket{le=\"+Inf\"} 20000\n"), std::string::npos);
@@ -231,7 +234,9 @@ TEST(metrics, every_line_follows_the_text_format) {
     char* parse_end = nullptr;
     (void)std::strtod(value.c_str(), &parse_end);
     EXPECT_TRUE(*parse_end == '\0' || value == "+Inf" || value == "NaN") << line;
-    EXPECT_TRUE(line.starts_with("a_total") || line.starts_with("b") || line.starts_with("c_seconds")) << line;
+    EXPECT_TRUE(line.starts_with("a_total") || line.starts_with("b") ||
+                line.starts_with("c_seconds"))
+        << line;
     ++samples;
   }
   EXPECT_EQ(samples, 1 + 1 + 4);

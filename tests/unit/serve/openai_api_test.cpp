@@ -135,7 +135,8 @@ TEST(openai_parse, chat_messages_text_parts_are_joined) {
 }
 
 TEST(openai_parse, chat_developer_role_is_system_and_assistant_content_may_be_null) {
-  auto r = ok_chat(R"({"messages":[{"role":"developer","content":"rules"},{"role":"user","content":"q"},
+  auto r =
+      ok_chat(R"({"messages":[{"role":"developer","content":"rules"},{"role":"user","content":"q"},
       {"role":"assistant","content":null},{"role":"user","content":"q2"}]})");
   ASSERT_EQ(r.messages.size(), 4u);
   EXPECT_EQ(r.messages[0].role, "system");
@@ -151,18 +152,25 @@ TEST(openai_parse, chat_message_errors) {
   expect_400(chat, R"({"messages":{"role":"user"}})", "messages");
   expect_400(chat, R"({"messages":["hi"]})", "messages[0]");
   expect_400(chat, R"({"messages":[{"content":"hi"}]})", "messages[0].role");
-  expect_400(chat, R"({"messages":[{"role":"user","content":"a"},{"role":7,"content":"b"}]})", "messages[1].role");
+  expect_400(chat, R"({"messages":[{"role":"user","content":"a"},{"role":7,"content":"b"}]})",
+             "messages[1].role");
   expect_400(chat, R"({"messages":[{"role":"wizard","content":"hi"}]})", "messages[0].role");
-  expect_400(chat, R"({"messages":[{"role":"tool","content":"42","tool_call_id":"x"}]})", "messages[0].role");
+  expect_400(chat, R"({"messages":[{"role":"tool","content":"42","tool_call_id":"x"}]})",
+             "messages[0].role");
   expect_400(chat, R"({"messages":[{"role":"user"}]})", "messages[0].content");
   expect_400(chat, R"({"messages":[{"role":"user","content":null}]})", "messages[0].content");
   expect_400(chat, R"({"messages":[{"role":"user","content":5}]})", "messages[0].content");
-  expect_400(chat, R"({"messages":[{"role":"user","content":{"text":"x"}}]})", "messages[0].content");
+  expect_400(chat, R"({"messages":[{"role":"user","content":{"text":"x"}}]})",
+             "messages[0].content");
   expect_400(chat, R"({"messages":[{"role":"user","content":["x"]}]})", "messages[0].content[0]");
-  expect_400(chat, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]})",
+  expect_400(
+      chat,
+      R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]})",
+      "messages[0].content[0].type");
+  expect_400(chat, R"({"messages":[{"role":"user","content":[{"text":"no type"}]}]})",
              "messages[0].content[0].type");
-  expect_400(chat, R"({"messages":[{"role":"user","content":[{"text":"no type"}]}]})", "messages[0].content[0].type");
-  expect_400(chat, R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})", "messages[0].content[0].text");
+  expect_400(chat, R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})",
+             "messages[0].content[0].text");
   expect_400(chat, R"({"messages":[{"role":"user","content":[{"type":"text","text":1}]}]})",
              "messages[0].content[0].text");
 }
@@ -177,7 +185,8 @@ TEST(openai_parse, chat_ignores_prompt_and_completions_ignore_messages) {
 // -- body-level errors --------------------------------------------------------------------------
 
 TEST(openai_parse, malformed_json_and_non_object_bodies) {
-  for (const char* body : {"", "{", "{\"prompt\": \"x\",}", "nope", "{\"prompt\":\"x\"} trailing", "\xff\xfe"}) {
+  for (const char* body :
+       {"", "{", "{\"prompt\": \"x\",}", "nope", "{\"prompt\":\"x\"} trailing", "\xff\xfe"}) {
     auto e = bad(endpoint::completions, body);
     EXPECT_EQ(e.http_status, 400) << body;
     EXPECT_EQ(e.type, "invalid_request_error");
@@ -206,7 +215,8 @@ TEST(openai_parse, deeply_nested_garbage_does_not_crash) {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
   auto e = bad(endpoint::completions, deep);
   EXPECT_EQ(e.http_status, 400);
-  const std::string deep_field = R"({"prompt":"x","extra":)" + std::string(50000, '[') + std::string(50000, ']') + "}";
+  const std::string deep_field =
+      R"({"prompt":"x","extra":)" + std::string(50000, '[') + std::string(50000, ']') + "}";
   EXPECT_TRUE(parse_request(endpoint::completions, deep_field).request.has_value());
 }
 
@@ -235,7 +245,8 @@ TEST(openai_parse, defaults_follow_openai) {
 }
 
 TEST(openai_parse, explicit_nulls_mean_not_given) {
-  auto r = ok_completion(R"({"prompt":"x","model":null,"temperature":null,"max_tokens":null,"stop":null,
+  auto r =
+      ok_completion(R"({"prompt":"x","model":null,"temperature":null,"max_tokens":null,"stop":null,
       "seed":null,"n":null,"stream":null,"logprobs":null,"top_p":null,"user":null,"stream_options":null})");
   EXPECT_EQ(r.sampling.temperature, 1.0f);
   EXPECT_EQ(r.sampling.max_tokens, -1);
@@ -244,7 +255,8 @@ TEST(openai_parse, explicit_nulls_mean_not_given) {
 }
 
 TEST(openai_parse, every_sampling_field_maps) {
-  auto r = ok_completion(R"({"model":"tiny","prompt":"x","n":3,"stream":true,"stream_options":{"include_usage":true},
+  auto r = ok_completion(
+      R"({"model":"tiny","prompt":"x","n":3,"stream":true,"stream_options":{"include_usage":true},
       "echo":true,"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"repetition_penalty":1.1,
       "presence_penalty":-0.5,"frequency_penalty":1.5,"max_tokens":32,"seed":1234,"stop":["\n\n","END"],
       "logprobs":3,"ignore_eos":true,"user":"u-1","unknown_field":{"anything":[1,2]}})");
@@ -313,14 +325,17 @@ TEST(openai_parse, wrong_types_name_the_field) {
   expect_400(c, R"({"prompt":"x","top_k":"many"})", "top_k");
   expect_400(c, R"({"prompt":"x","min_p":"small"})", "min_p");
   expect_400(c, R"({"prompt":"x","presence_penalty":"p"})", "presence_penalty");
-  expect_400(c, R"({"prompt":"x","frequency_penalty":null,"repetition_penalty":"r"})", "repetition_penalty");
+  expect_400(c, R"({"prompt":"x","frequency_penalty":null,"repetition_penalty":"r"})",
+             "repetition_penalty");
   expect_400(c, R"({"prompt":"x","ignore_eos":0})", "ignore_eos");
   expect_400(c, R"({"prompt":"x","user":5})", "user");
   expect_400(c, R"({"prompt":"x","stream":true,"stream_options":true})", "stream_options");
   expect_400(c, R"({"prompt":"x","stream":true,"stream_options":{"include_usage":"yes"}})",
              "stream_options.include_usage");
-  expect_400(endpoint::chat_completions, R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", "logprobs");
-  expect_400(endpoint::chat_completions, R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":"5"})",
+  expect_400(endpoint::chat_completions,
+             R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", "logprobs");
+  expect_400(endpoint::chat_completions,
+             R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":"5"})",
              "max_completion_tokens");
 }
 
@@ -370,8 +385,10 @@ TEST(openai_parse, limits_are_configurable) {
   EXPECT_EQ(bad(endpoint::completions, R"({"prompt":"x","n":3})", limits).param, "n");
   EXPECT_EQ(bad(endpoint::completions, R"({"prompt":"x","logprobs":6})", limits).param, "logprobs");
   EXPECT_EQ(bad(endpoint::completions, R"({"prompt":"x","stop":["a","b"]})", limits).param, "stop");
-  EXPECT_EQ(bad(endpoint::completions, R"({"prompt":"x","max_tokens":101})", limits).param, "max_tokens");
-  auto r = ok_completion(R"({"prompt":"x","n":2,"logprobs":5,"stop":["a"],"max_tokens":100})", limits);
+  EXPECT_EQ(bad(endpoint::completions, R"({"prompt":"x","max_tokens":101})", limits).param,
+            "max_tokens");
+  auto r =
+      ok_completion(R"({"prompt":"x","n":2,"logprobs":5,"stop":["a"],"max_tokens":100})", limits);
   EXPECT_EQ(r.n, 2);
   EXPECT_EQ(r.sampling.max_tokens, 100);
 }
@@ -402,7 +419,8 @@ TEST(openai_parse, chat_max_tokens_and_max_completion_tokens) {
   const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
   EXPECT_EQ(ok_chat("{" + msgs + R"(,"max_tokens":7})").sampling.max_tokens, 7);
   EXPECT_EQ(ok_chat("{" + msgs + R"(,"max_completion_tokens":9})").sampling.max_tokens, 9);
-  EXPECT_EQ(ok_chat("{" + msgs + R"(,"max_tokens":7,"max_completion_tokens":9})").sampling.max_tokens, 9);
+  EXPECT_EQ(
+      ok_chat("{" + msgs + R"(,"max_tokens":7,"max_completion_tokens":9})").sampling.max_tokens, 9);
   EXPECT_EQ(ok_chat("{" + msgs + "}").sampling.max_tokens, -1);
   // Completions do not know max_completion_tokens (an unknown field, ignored).
   EXPECT_EQ(ok_completion(R"({"prompt":"x","max_completion_tokens":9})").sampling.max_tokens, -1);
@@ -425,8 +443,10 @@ TEST(openai_parse, chat_logprobs) {
 }
 
 TEST(openai_parse, stream_options_need_stream) {
-  expect_400(endpoint::completions, R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options");
-  expect_400(endpoint::completions, R"({"prompt":"x","stream":false,"stream_options":{"include_usage":true}})",
+  expect_400(endpoint::completions, R"({"prompt":"x","stream_options":{"include_usage":true}})",
+             "stream_options");
+  expect_400(endpoint::completions,
+             R"({"prompt":"x","stream":false,"stream_options":{"include_usage":true}})",
              "stream_options");
   auto r = ok_completion(R"({"prompt":"x","stream":true,"stream_options":{}})");
   EXPECT_TRUE(r.stream);
@@ -441,13 +461,15 @@ TEST(openai_parse, unsupported_features_are_refused_not_ignored) {
   expect_400(c, R"({"prompt":"x","logit_bias":[1]})", "logit_bias");
   expect_400(c, R"({"prompt":"x","suffix":"tail"})", "suffix");
   expect_400(c, R"({"prompt":"x","best_of":3})", "best_of");
-  expect_400(chat, "{" + msgs + R"(,"tools":[{"type":"function","function":{"name":"f"}}]})", "tools");
+  expect_400(chat, "{" + msgs + R"(,"tools":[{"type":"function","function":{"name":"f"}}]})",
+             "tools");
   expect_400(chat, "{" + msgs + R"(,"functions":[{"name":"f"}]})", "functions");
   expect_400(chat, "{" + msgs + R"(,"response_format":{"type":"json_object"}})", "response_format");
   expect_400(chat, "{" + msgs + R"(,"response_format":"json"})", "response_format");
   // Their neutral values are fine.
   ok_completion(R"({"prompt":"x","logit_bias":{},"suffix":"","best_of":2,"n":2})");
-  ok_chat("{" + msgs + R"(,"tools":[],"logit_bias":{},"response_format":{"type":"text"},"tool_choice":"none"})");
+  ok_chat("{" + msgs +
+          R"(,"tools":[],"logit_bias":{},"response_format":{"type":"text"},"tool_choice":"none"})");
 }
 
 TEST(openai_parse, error_message_quotes_the_value_briefly) {
@@ -491,7 +513,8 @@ TEST(openai_render, completion_response_shape) {
   b.text = "!";
   b.finish_reason = "stop";
   usage_info u{5, 7, 2};
-  const json j = json::parse(render_response(endpoint::completions, meta("cmpl-1"), {a, b}, u, false));
+  const json j =
+      json::parse(render_response(endpoint::completions, meta("cmpl-1"), {a, b}, u, false));
   EXPECT_EQ(j["id"], "cmpl-1");
   EXPECT_EQ(j["object"], "text_completion");
   EXPECT_EQ(j["created"], 1700000000);
@@ -515,7 +538,8 @@ TEST(openai_render, chat_response_shape) {
   choice_result a;
   a.text = "Hi there";
   a.finish_reason = "stop";
-  const json j = json::parse(render_response(endpoint::chat_completions, meta("chatcmpl-1"), {a}, {3, 2, 0}, false));
+  const json j = json::parse(
+      render_response(endpoint::chat_completions, meta("chatcmpl-1"), {a}, {3, 2, 0}, false));
   EXPECT_EQ(j["object"], "chat.completion");
   ASSERT_EQ(j["choices"].size(), 1u);
   const json& c = j["choices"][0];
@@ -574,8 +598,10 @@ TEST(openai_render, chat_logprobs_shape) {
   choice_result a;
   a.text = "Hi!";
   a.finish_reason = "stop";
-  a.logprobs = {lp("Hi", -0.5f, {alt("Hi", -0.5f), alt("Hey", -1.5f)}), lp("!", -0.75f, {alt("!", -0.75f)})};
-  const json j = json::parse(render_response(endpoint::chat_completions, meta("cc"), {a}, {}, true));
+  a.logprobs = {lp("Hi", -0.5f, {alt("Hi", -0.5f), alt("Hey", -1.5f)}),
+                lp("!", -0.75f, {alt("!", -0.75f)})};
+  const json j =
+      json::parse(render_response(endpoint::chat_completions, meta("cc"), {a}, {}, true));
   const json& content = j["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), 2u);
   EXPECT_EQ(content[0]["token"], "Hi");
@@ -602,7 +628,8 @@ TEST(openai_render, partial_utf8_tokens_do_not_break_json) {
       EXPECT_EQ(j["choices"][0]["logprobs"]["content"][1]["bytes"], json::array({0xc3}));
     }
   }
-  EXPECT_NO_THROW(json::parse(sse_json(render_chunk(endpoint::chat_completions, meta("c"), a, true, true, false)).dump()));
+  EXPECT_NO_THROW(json::parse(
+      sse_json(render_chunk(endpoint::chat_completions, meta("c"), a, true, true, false)).dump()));
 }
 
 // -- rendering: streaming ----------------------------------------------------------------------
@@ -611,7 +638,8 @@ TEST(openai_render, chat_chunks) {
   choice_result d;
   d.index = 2;
   d.text = "Hel";
-  const json first = sse_json(render_chunk(endpoint::chat_completions, meta("cc-9"), d, true, false, false));
+  const json first =
+      sse_json(render_chunk(endpoint::chat_completions, meta("cc-9"), d, true, false, false));
   EXPECT_EQ(first["id"], "cc-9");
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["created"], 1700000000);
@@ -624,20 +652,22 @@ TEST(openai_render, chat_chunks) {
   EXPECT_FALSE(first.contains("usage"));
 
   d.text = "lo";
-  const json next = sse_json(render_chunk(endpoint::chat_completions, meta("cc-9"), d, false, false, true));
+  const json next =
+      sse_json(render_chunk(endpoint::chat_completions, meta("cc-9"), d, false, false, true));
   EXPECT_EQ(next["choices"][0]["delta"], (json{{"content", "lo"}}));
   EXPECT_TRUE(next.contains("usage"));
   EXPECT_TRUE(next["usage"].is_null());
 
   d.text.clear();
   d.finish_reason = "stop";
-  const json last = sse_json(render_chunk(endpoint::chat_completions, meta("cc-9"), d, false, false, false));
+  const json last =
+      sse_json(render_chunk(endpoint::chat_completions, meta("cc-9"), d, false, false, false));
   EXPECT_EQ(last["choices"][0]["delta"], json::object());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
 
   // A first chunk with no text still names the role and has a (empty) content.
-  const json empty_first = sse_json(render_chunk(endpoint::chat_completions, meta("cc-9"), choice_result{}, true,
-                                                 false, false));
+  const json empty_first = sse_json(
+      render_chunk(endpoint::chat_completions, meta("cc-9"), choice_result{}, true, false, false));
   EXPECT_EQ(empty_first["choices"][0]["delta"], (json{{"role", "assistant"}, {"content", ""}}));
 }
 
@@ -645,7 +675,8 @@ TEST(openai_render, chat_chunk_logprobs) {
   choice_result d;
   d.text = "Hi";
   d.logprobs = {lp("Hi", -0.5f, {alt("Hi", -0.5f)})};
-  const json c = sse_json(render_chunk(endpoint::chat_completions, meta("cc"), d, true, true, false));
+  const json c =
+      sse_json(render_chunk(endpoint::chat_completions, meta("cc"), d, true, true, false));
   const json& content = c["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), 1u);
   EXPECT_EQ(content[0]["token"], "Hi");
@@ -670,7 +701,8 @@ TEST(openai_render, completion_chunks) {
   d.finish_reason = "length";
   d.text.clear();
   d.logprobs.clear();
-  const json last = sse_json(render_chunk(endpoint::completions, meta("cmpl-3"), d, false, false, false));
+  const json last =
+      sse_json(render_chunk(endpoint::completions, meta("cmpl-3"), d, false, false, false));
   EXPECT_EQ(last["choices"][0]["text"], "");
   EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
 }
@@ -678,7 +710,8 @@ TEST(openai_render, completion_chunks) {
 TEST(openai_render, usage_chunk_and_done) {
   for (auto kind : {endpoint::completions, endpoint::chat_completions}) {
     const json u = sse_json(render_usage_chunk(kind, meta("x"), {10, 4, 8}));
-    EXPECT_EQ(u["object"], kind == endpoint::completions ? "text_completion" : "chat.completion.chunk");
+    EXPECT_EQ(u["object"],
+              kind == endpoint::completions ? "text_completion" : "chat.completion.chunk");
     EXPECT_EQ(u["choices"], json::array());
     EXPECT_EQ(u["usage"]["prompt_tokens"], 10);
     EXPECT_EQ(u["usage"]["completion_tokens"], 4);
@@ -691,7 +724,8 @@ TEST(openai_render, usage_chunk_and_done) {
 // -- errors and models --------------------------------------------------------------------------
 
 TEST(openai_render, error_bodies) {
-  api_error e{404, "invalid_request_error", "The model 'x' does not exist", "model", "model_not_found"};
+  api_error e{404, "invalid_request_error", "The model 'x' does not exist", "model",
+              "model_not_found"};
   const json j = json::parse(render_error(e));
   EXPECT_EQ(j, (json{{"error",
                       {{"message", "The model 'x' does not exist"},
@@ -719,7 +753,9 @@ TEST(openai_render, models_list) {
   const json j = json::parse(render_models({"tiny", "other"}, 1700000001));
   EXPECT_EQ(j["object"], "list");
   ASSERT_EQ(j["data"].size(), 2u);
-  EXPECT_EQ(j["data"][0], (json{{"id", "tiny"}, {"object", "model"}, {"created", 1700000001}, {"owned_by", "weft"}}));
+  EXPECT_EQ(
+      j["data"][0],
+      (json{{"id", "tiny"}, {"object", "model"}, {"created", 1700000001}, {"owned_by", "weft"}}));
   EXPECT_EQ(j["data"][1]["id"], "other");
   EXPECT_EQ(json::parse(render_models({}, 0))["data"], json::array());
 }
@@ -746,9 +782,15 @@ TEST(openai_parse, never_throws_on_mutated_bodies) {
     for (int k = 0; k < edits && !body.empty(); ++k) {
       const size_t pos = next() % body.size();
       switch (next() % 3) {
-        case 0: body[pos] = alphabet[next() % (sizeof alphabet - 1)]; break;
-        case 1: body.erase(pos, 1 + next() % 3); break;
-        default: body.insert(pos, 1, alphabet[next() % (sizeof alphabet - 1)]); break;
+        case 0:
+          body[pos] = alphabet[next() % (sizeof alphabet - 1)];
+          break;
+        case 1:
+          body.erase(pos, 1 + next() % 3);
+          break;
+        default:
+          body.insert(pos, 1, alphabet[next() % (sizeof alphabet - 1)]);
+          break;
       }
     }
     const auto kind = i % 2 == 0 ? endpoint::completions : endpoint::chat_completions;

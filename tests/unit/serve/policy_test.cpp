@@ -64,15 +64,15 @@ TEST(mlfq_policy, rejects_bad_configs) {
 TEST(mlfq_policy, skip_join_picks_the_highest_queue_whose_quantum_covers_the_prefill) {
   mlfq_config c;
   c.n_queues = 5;
-  c.base_quantum = 4;             // quanta 4, 8, 16, 32, 64
+  c.base_quantum = 4;  // quanta 4, 8, 16, 32, 64
   c.prefill_cost_per_token = 0.0625;
   auto p = make(c);
   EXPECT_EQ(p->quantum(0), 4.0);
   EXPECT_EQ(p->quantum(4), 64.0);
   EXPECT_EQ(p->join_level(1), 0);
-  EXPECT_EQ(p->join_level(64), 0);    // cost 4 == quantum 4
+  EXPECT_EQ(p->join_level(64), 0);  // cost 4 == quantum 4
   EXPECT_EQ(p->join_level(65), 1);
-  EXPECT_EQ(p->join_level(256), 2);   // cost 16
+  EXPECT_EQ(p->join_level(256), 2);  // cost 16
   EXPECT_EQ(p->join_level(257), 3);
   EXPECT_EQ(p->join_level(1000000), 4);  // beyond every quantum: the last queue
   p->on_add(req(1, 0, 300));
@@ -91,18 +91,18 @@ TEST(mlfq_policy, skip_join_picks_the_highest_queue_whose_quantum_covers_the_pre
 TEST(mlfq_policy, demotes_after_using_the_quantum_and_ranks_fcfs_within_a_queue) {
   mlfq_config c;
   c.n_queues = 3;
-  c.base_quantum = 2;   // quanta 2, 4, 8
+  c.base_quantum = 2;  // quanta 2, 4, 8
   c.prefill_cost_per_token = 0.25;
   auto p = make(c);
   for (gpu::request_id id = 1; id <= 3; ++id) p->on_add(req(id, id, 4));
   std::vector<gpu::sched_request> live = {req(1, 1, 4), req(2, 2, 4), req(3, 3, 4)};
   p->rank(live, 1);
   EXPECT_EQ(ids(live), (std::vector<gpu::request_id>{1, 2, 3}));
-  p->on_progress(1, 4, 0);   // prefill of 4 tokens: cost 1
+  p->on_progress(1, 4, 0);  // prefill of 4 tokens: cost 1
   EXPECT_EQ(p->level_of(1), 0);
   EXPECT_DOUBLE_EQ(p->attained_of(1), 1.0);
   p->rank(live, 2);
-  p->on_progress(1, 0, 1);   // quantum 2 used up
+  p->on_progress(1, 0, 1);  // quantum 2 used up
   EXPECT_EQ(p->level_of(1), 1);
   EXPECT_DOUBLE_EQ(p->attained_of(1), 0.0);
   EXPECT_EQ(p->n_demotions(), 1);
@@ -128,8 +128,8 @@ TEST(mlfq_policy, demotes_after_using_the_quantum_and_ranks_fcfs_within_a_queue)
 TEST(mlfq_policy, starvation_guard_promotes_to_the_top_queue) {
   mlfq_config c;
   c.n_queues = 4;
-  c.base_quantum = 100;             // quanta 100, 200, 400, 800
-  c.prefill_cost_per_token = 50;    // 20 prompt tokens: cost 1000 -> queue 3; 2 tokens: queue 0
+  c.base_quantum = 100;           // quanta 100, 200, 400, 800
+  c.prefill_cost_per_token = 50;  // 20 prompt tokens: cost 1000 -> queue 3; 2 tokens: queue 0
   c.starvation_steps = 10;
   auto p = make(c);
   p->on_add(req(1, 0, 20));
@@ -189,7 +189,8 @@ loaded load_tiny() {
   EXPECT_TRUE(img.ok());
   auto f = gpu::gguf_file::parse(*img);
   EXPECT_TRUE(f.ok());
-  l.dev = std::move(gpu::device_registry::instance().create("cpu", gpu::device_config{2, 0}).value());
+  l.dev =
+      std::move(gpu::device_registry::instance().create("cpu", gpu::device_config{2, 0}).value());
   l.m = std::move(gpu::model::load(std::move(f.value()), *l.dev).value());
   return l;
 }
@@ -203,11 +204,12 @@ std::vector<int32_t> prompt_of(int n, uint32_t seed) {
 
 struct run_result {
   std::vector<gpu::request_id> finish_order;
-  std::map<gpu::request_id, std::vector<float>> traces;   // token, logprob per sample
+  std::map<gpu::request_id, std::vector<float>> traces;  // token, logprob per sample
   gpu::engine_stats stats;
 };
 
-run_result run_short_behind_long(gpu::model& m, std::shared_ptr<gpu::schedule_policy> policy, int64_t kv_blocks) {
+run_result run_short_behind_long(gpu::model& m, std::shared_ptr<gpu::schedule_policy> policy,
+                                 int64_t kv_blocks) {
   gpu::engine_config ec;
   ec.max_running = 1;
   ec.kv_blocks = kv_blocks;
@@ -251,8 +253,8 @@ TEST(mlfq_engine, short_job_behind_long_ones_finishes_first_under_mlfq_not_fcfs)
   EXPECT_EQ(mlfq.finish_order.front(), 3u);
   EXPECT_EQ(fcfs.stats.n_preemptions, 0);
   EXPECT_GT(mlfq.stats.n_preemptions, 0);
-  EXPECT_EQ(mlfq.stats.n_swaps_out, 0);   // ample KV: paused requests keep theirs
-  EXPECT_EQ(mlfq.traces, fcfs.traces);    // preemption changes no token and no log-prob
+  EXPECT_EQ(mlfq.stats.n_swaps_out, 0);  // ample KV: paused requests keep theirs
+  EXPECT_EQ(mlfq.traces, fcfs.traces);   // preemption changes no token and no log-prob
 }
 
 TEST(mlfq_engine, swapping_under_mlfq_keeps_outputs) {
@@ -318,7 +320,8 @@ TEST(mlfq_engine, random_add_abort_step_leaks_no_block) {
   EXPECT_GT(es.n_preemptions, 0);
   EXPECT_GT(policy->n_demotions(), 0);
   EXPECT_GT(es.n_swaps_out, 0);
-  for (gpu::request_id id = 1; id < next; ++id) EXPECT_EQ(policy->level_of(id), -1);  // all forgotten
+  for (gpu::request_id id = 1; id < next; ++id)
+    EXPECT_EQ(policy->level_of(id), -1);  // all forgotten
 }
 
 }  // namespace
