@@ -1,9 +1,11 @@
 // `weft cluster`: launch a local cluster of node processes on 127.0.0.1, show its status, spawn
 // actors on it.
 
+#include <httplib.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <caf/actor_system.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -34,6 +36,8 @@ struct client_cli {
   cluster_cli cluster;
   std::string head = "127.0.0.1:7070";
   bool json = false;
+  std::string serve_url;  ///< status of a `weft serve` instance (its GET /admin/cluster)
+  std::string api_key;
   std::string role, name, config_json;
 };
 
@@ -186,7 +190,70 @@ int with_head(client_cli& cli, F fn) {
   return fn(sys, *head);
 }
 
+/// `weft cluster status --serve URL`: the nodes and engine workers of a running `weft serve`, from
+/// its GET /admin/cluster (the same JSON; --json prints it as is).
+int run_serve_status(const client_cli& cli) {
+  httplib::Client http(cli.serve_url);
+  http.set_connection_timeout(5);
+  http.set_read_timeout(10);
+  httplib::Headers headers;
+  if (!cli.api_key.empty()) headers.emplace("Authorization", "Bearer " + cli.api_key);
+  auto res = http.Get("/admin/cluster", headers);
+  if (!res) {
+    spdlog::error("cannot reach {}: {}", cli.serve_url, httplib::to_string(res.error()));
+    return 1;
+  }
+  if (res->status != 200) {
+    spdlog::error("{}/admin/cluster answered {}: {}", cli.serve_url, res->status, res->body);
+    return 1;
+  }
+  if (cli.json) {
+    std::printf("%s\n", res->body.c_str());
+    return 0;
+  }
+  auto j = nlohmann::json::parse(res->body, nullptr, false);
+  if (j.is_discarded()) {
+    spdlog::error("{}/admin/cluster: not JSON", cli.serve_url);
+    return 1;
+  }
+  std::string out = fmt::format("model {}\n", j.value("model", std::string{"?"}));
+  if (j.contains("cluster") && j["cluster"].is_object()) {
+    out +=
+        fmt::format("{:<16} {:>8} {:<22} {:<8} {}\n", "NODE", "PID", "ADDRESS", "STATE", "ACTORS");
+    for (const auto& n : j["cluster"].value("nodes", nlohmann::json::array())) {
+      std::string actors;
+      for (const auto& a : n.value("actors", nlohmann::json::array())) {
+        actors += (actors.empty() ? "" : ",") + a.value("name", std::string{});
+      }
+      out += fmt::format("{:<16} {:>8} {:<22} {:<8} {}\n", n.value("id", std::string{}),
+                         n.value("pid", 0), n.value("address", std::string{}),
+                         n.value("state", std::string{}), actors);
+    }
+  }
+  const auto& r = j["router"];
+  if (r.is_object()) {
+    out += fmt::format("\n{:<12} {:<8} {:<13} {:>8} {:<14} {:>8} {:>7} {:>7} {:>11} {:>9} {:>9}\n",
+                       "WORKER", "ROLE", "STATE", "PID", "NODE", "INFLIGHT", "RUNNING", "WAITING",
+                       "KV USED", "PREFILL/S", "DECODE/S");
+    for (const auto& w : r.value("workers", nlohmann::json::array())) {
+      out += fmt::format(
+          "{:<12} {:<8} {:<13} {:>8} {:<14} {:>8} {:>7} {:>7} {:>11} {:>9.0f} {:>9.1f}\n",
+          w.value("name", std::string{}), w.value("role", std::string{}),
+          w.value("state", std::string{}), w.value("pid", 0), w.value("node_id", std::string{}),
+          w.value("inflight", 0), w.value("running", 0), w.value("waiting", 0),
+          fmt::format("{}/{}", w.value("kv_blocks_used", 0), w.value("kv_blocks_total", 0)),
+          w.value("prefill_tokens_per_s", 0.0), w.value("decode_tokens_per_s", 0.0));
+    }
+    out += fmt::format("healthy {}, {} outstanding, {} pending, {} worker deaths, {} migrations\n",
+                       r.value("healthy", false), r.value("outstanding", 0), r.value("pending", 0),
+                       r.value("worker_deaths", 0), r.value("migrations", 0));
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
 int run_status(client_cli& cli) {
+  if (!cli.serve_url.empty()) return run_serve_status(cli);
   return with_head(cli, [&](caf::actor_system& sys, const actors::head_actor& head) {
     auto st = actors::cluster_status(sys, head);
     if (!st) {
@@ -244,6 +311,11 @@ void add_cluster_command(CLI::App& app, const global_options&) {
       cmd->add_subcommand("status", "Show every node: id, pid, address, state, roles, actors");
   st_cmd->add_option("--head", status->head, "HOST:PORT of the head")->capture_default_str();
   st_cmd->add_flag("--json", status->json, "Print JSON instead of a table");
+  st_cmd->add_option(
+      "--serve", status->serve_url,
+      "Show a running `weft serve` instead: its URL (nodes and engine workers with their load)");
+  st_cmd->add_option("--api-key", status->api_key, "With --serve: the server's API key")
+      ->envname("WEFT_API_KEY");
   status->cluster.add_to(st_cmd);
   st_cmd->callback([status] { std::exit(run_status(*status)); });
 

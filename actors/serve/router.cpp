@@ -42,6 +42,8 @@ void declare_router_metrics(metrics_registry& m) {
                   "Preemptions so far, per worker (current incarnation)");
   m.declare_gauge("weft_worker_swapped", "Sequences swapped to host memory, per worker");
   m.declare_gauge("weft_worker_steps", "Forward passes so far, per worker (current incarnation)");
+  m.declare_counter("weft_router_colocated_fallback_total",
+                    "Sequences a prefill worker decoded itself because no decode worker was alive");
   m.declare_counter("weft_kv_handoffs_total",
                     "Disaggregated KV handoffs (prefill -> decode worker), by outcome");
   m.declare_counter("weft_kv_transfer_bytes_total", "KV bytes pulled by decode workers");
@@ -248,10 +250,8 @@ double predicted_ttft_ms(const router_state& st, const worker_info& w, size_t pr
 worker_info* choose_worker(router_state& st, size_t prompt_tokens, double* ttft_ms) {
   worker_info* best = nullptr;
   double best_ms = 0.0;
-  const bool decoder = has_decoder(st);
   for (auto& [name, w] : st.workers) {
     if (!can_prefill(w)) continue;
-    if (w.role == wire::WorkerRole::PREFILL && !decoder) continue;  // nobody to hand the KV to
     const double ms = predicted_ttft_ms(st, w, prompt_tokens);
     if (best == nullptr || ms < best_ms) {
       best = &w;
@@ -267,7 +267,14 @@ void dispatch(router_ptr self, uint64_t id, worker_info& w) {
   auto& r = st.requests.at(id);
   r.worker = w.name;
   r.spec.resume = r.generated;
-  r.spec.handoff = w.role == wire::WorkerRole::PREFILL;
+  // A prefill worker hands the KV off to a decode worker; while none is alive (all died, or
+  // restarting) it decodes the sequence itself: degraded, but the service goes on.
+  r.spec.handoff = w.role == wire::WorkerRole::PREFILL && has_decoder(st);
+  if (w.role == wire::WorkerRole::PREFILL && !r.spec.handoff) {
+    spdlog::warn("router: no decode worker alive: request {} ({}) decodes on prefill worker {}", id,
+                 r.spec.trace_id, w.name);
+    if (auto& m = st.cfg.metrics) m->inc("weft_router_colocated_fallback_total");
+  }
   r.spec.kv_source.clear();
   w.inflight.insert(id);
   w.dispatched_prompt_tokens += r.spec.prompt.size() + r.spec.resume.size();

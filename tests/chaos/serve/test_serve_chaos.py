@@ -1,10 +1,14 @@
 """Chaos: SIGKILL engine worker processes of `weft serve` during a load run.
 
+Colocated (--workers 2): the busiest worker is killed twice. Disaggregated (--prefill 1
+--decode 1): the decode worker is killed, then the prefill worker.
+
 Every accepted request must complete with exactly the tokens of an undisturbed greedy run (no
 token missing or duplicated across the migration), no KV block may stay referenced afterwards, and
 the killed worker must come back and take work again. Prints the measured recovery times.
 
-Usage: test_serve_chaos.py --weft PATH/TO/weft      (exit 77 = skipped: no model)
+Usage: test_serve_chaos.py --weft PATH/TO/weft [--topology colocated|disaggregated]
+       (exit 77 = skipped: no model)
 """
 import argparse
 import concurrent.futures
@@ -68,13 +72,19 @@ def wait_workers(srv, n, timeout_s=60):
     return False
 
 
-def kill_busy_worker(srv, min_tokens_before_kill, progress):
-    """Waits until the load has produced some tokens, then SIGKILLs the worker process with the most
-    in-flight requests. Returns (pid, time of the kill)."""
+def kill_busy_worker(srv, min_tokens_before_kill, progress, role=None):
+    """Waits until the load has produced some tokens (and a worker of `role` has requests in
+    flight), then SIGKILLs the worker process of that role with the most in-flight requests.
+    Returns (worker, time of the kill)."""
     deadline = time.time() + 60
-    while time.time() < deadline and progress() < min_tokens_before_kill:
+    while time.time() < deadline:
+        if progress() >= min_tokens_before_kill:
+            ws = [w for w in workers(srv) if role is None or w["role"] == role]
+            # A decode worker is killed once it holds several sequences (they all migrate).
+            if ws and max(w["inflight"] for w in ws) >= (4 if role == "decode" else 1):
+                break
         time.sleep(0.05)
-    ws = sorted(workers(srv), key=lambda w: -w["inflight"])
+    ws = sorted([w for w in workers(srv) if role is None or w["role"] == role], key=lambda w: -w["inflight"])
     victim = ws[0]
     os.kill(victim["pid"], signal.SIGKILL)
     return victim, time.time()
@@ -83,34 +93,42 @@ def kill_busy_worker(srv, min_tokens_before_kill, progress):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weft", required=True)
+    ap.add_argument("--topology", choices=["colocated", "disaggregated"], default="colocated")
     args = ap.parse_args()
     if not os.path.exists(default_model_path()):
         print("SKIP: the default model is not fetched (scripts/fetch_model.sh)")
         return 77
     prompts = ["Request %d: write about the number %d." % (i, i * 7) for i in range(N_REQUESTS)]
     failures = []
-    with WeftServer(args.weft, ["--workers", "2", "--max-running", "16", "--kv-blocks", "512"]) as srv:
+    if args.topology == "colocated":
+        topology, victims = ["--workers", "2"], [None, None]
+    else:
+        topology, victims = ["--prefill", "1", "--decode", "1"], ["decode", "prefill"]
+    with WeftServer(args.weft, topology + ["--max-running", "16", "--kv-blocks", "512"]) as srv:
         reference = run_load(srv.url, prompts)
         for i, (text, finish, toks, err) in enumerate(reference):
             assert err is None and finish == "length" and len(toks) == MAX_TOKENS, (i, finish, err, len(toks))
 
-        for round_no in range(2):
+        for round_no, role in enumerate(victims):
             tokens_seen = [0]
             lock = threading.Lock()
 
-            def counting(p):
+            def counting(i, p):
+                # Killing a prefill worker needs prefills in flight: spread the arrivals out.
+                if role == "prefill":
+                    time.sleep(0.25 * i)
                 return stream_completion(srv.url, p, MAX_TOKENS)
 
             # Progress = generated tokens so far, read from the server's metrics.
             gen_before = srv.metric_sum("weft_worker_steps")
             with concurrent.futures.ThreadPoolExecutor(N_REQUESTS + 1) as pool:
-                futures = [pool.submit(counting, p) for p in prompts]
+                futures = [pool.submit(counting, i, p) for i, p in enumerate(prompts)]
                 victim, killed_at = kill_busy_worker(
-                    srv, 3, lambda: srv.metric_sum("weft_worker_steps") - gen_before)
+                    srv, 3, lambda: srv.metric_sum("weft_worker_steps") - gen_before, role)
                 results = [f.result() for f in futures]
             done_at = time.time()
-            print("round %d: killed %s (pid %d, %d in flight); load finished %.1f s after the kill" %
-                  (round_no, victim["name"], victim["pid"], victim["inflight"], done_at - killed_at))
+            print("round %d: killed %s (%s, pid %d, %d in flight); load finished %.1f s after the kill" %
+                  (round_no, victim["name"], victim["role"], victim["pid"], victim["inflight"], done_at - killed_at))
             for i, ((text, finish, toks, err), (rtext, _, rtoks, _)) in enumerate(zip(results, reference)):
                 if err is not None:
                     failures.append("round %d request %d failed: %s" % (round_no, i, err))

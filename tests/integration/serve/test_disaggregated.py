@@ -69,6 +69,18 @@ class DisaggregatedTest(unittest.TestCase):
         self.assertGreater(ws["prefill"]["prefill_tokens"], 0)
         self.assertEqual(SERVER.wait_kv_free(), 0)
 
+    def test_cluster_status_shows_workers(self):
+        out = subprocess.run([WEFT, "cluster", "status", "--serve", SERVER.url], capture_output=True, text=True,
+                             timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        lines = out.stdout.splitlines()
+        self.assertTrue(any(l.startswith("prefill-0") and " prefill " in l for l in lines), out.stdout)
+        self.assertTrue(any(l.startswith("decode-0") and " decode " in l for l in lines), out.stdout)
+        self.assertTrue(any(l.startswith("worker-node-0") for l in lines), out.stdout)
+        js = subprocess.run([WEFT, "cluster", "status", "--serve", SERVER.url, "--json"], capture_output=True,
+                            text=True, timeout=60)
+        self.assertEqual(sorted(w["role"] for w in json.loads(js.stdout)["router"]["workers"]), ["decode", "prefill"])
+
     def test_concurrent_streams(self):
         def one(i):
             body = {"prompt": "Item %d:" % i, "max_tokens": 12, "temperature": 0, "ignore_eos": True}

@@ -181,4 +181,79 @@ TEST(EngineResumeArgs, RejectsReplayWithoutPrompt) {
   EXPECT_FALSE((*e)->add_resumed_request(1, {5, 6}, -1, sampling_params{}).ok());
 }
 
+// Disaggregation inside one engine: a request detached after its first token (KV kept, owned by the
+// caller) and added back as an imported request continues exactly like an undisturbed run, next to
+// an unrelated request. (Moving the KV between caches is tested bit for bit in kv_transfer_test.)
+TEST_P(EngineResume, DetachedAndImportedContinuesExactly) {
+  const bool sampled = GetParam();
+  auto l = load_tiny();
+  REQUIRE_MODEL(l);
+  engine_config ec;
+  ec.kv_blocks = 256;
+  ec.block_size = 8;
+  const int total = 20;
+  for (int n_prompt : {3, 17}) {
+    const auto prompt = prompt_of(n_prompt, 70 + n_prompt);
+    auto ref_engine = engine::create(*l.m, ec);
+    ASSERT_TRUE(ref_engine.ok());
+    ASSERT_TRUE((*ref_engine)->add_request(1, prompt, params_for(sampled, total, 9)).ok());
+    const auto ref = drain(**ref_engine)[1];
+    ASSERT_EQ(ref.tokens.size(), static_cast<size_t>(total));
+
+    auto e = engine::create(*l.m, ec);
+    ASSERT_TRUE(e.ok());
+    ASSERT_TRUE((*e)->add_request(1, prompt, params_for(sampled, total, 9)).ok());
+    token_trace first;
+    while (first.tokens.empty()) {
+      auto outs = (*e)->step();
+      ASSERT_TRUE(outs.ok());
+      for (const auto& o : *outs) {
+        if (o.id != 1) continue;
+        for (size_t i = 0; i < o.new_tokens.size(); ++i) {
+          first.tokens.push_back(o.new_tokens[i]);
+          first.logprobs.push_back(o.samples[i].logprob);
+          for (const auto& a : o.samples[i].top) first.logprobs.push_back(a.logprob);
+        }
+      }
+    }
+    auto d = (*e)->detach(1);
+    ASSERT_TRUE(d.ok()) << d.error().to_string();
+    EXPECT_EQ(d->n_generated, 1);
+    EXPECT_EQ(d->tokens.size(), prompt.size() + 1);
+    EXPECT_EQ((*e)->kv().length(d->seq), static_cast<int64_t>(prompt.size()));
+    EXPECT_FALSE((*e)->has_work());
+    EXPECT_FALSE((*e)->abort(1).ok()) << "a detached request is gone from the engine";
+    ASSERT_TRUE((*e)->add_request(99, prompt_of(12, 999), params_for(sampled, 10, 5)).ok());
+    ASSERT_TRUE(
+        (*e)->add_imported_request(2, d->seq, d->tokens, 1, params_for(sampled, total - 1, 9))
+            .ok());
+    auto rest = drain(**e)[2];
+    first.tokens.insert(first.tokens.end(), rest.tokens.begin(), rest.tokens.end());
+    first.logprobs.insert(first.logprobs.end(), rest.logprobs.begin(), rest.logprobs.end());
+    EXPECT_EQ(first.tokens, ref.tokens) << "prompt " << n_prompt;
+    EXPECT_EQ(first.logprobs, ref.logprobs) << "prompt " << n_prompt;
+    EXPECT_EQ((*e)->stats().kv.n_blocks_used, 0);
+  }
+}
+
+TEST(EngineResumeArgs, DetachAndImportRefuseWhatTheyCannotTake) {
+  auto l = load_tiny();
+  REQUIRE_MODEL(l);
+  auto e = engine::create(*l.m, engine_config{});
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ((*e)->detach(7).error().code(), status_code::not_found);
+  ASSERT_TRUE((*e)->add_request(1, prompt_of(5, 1), sampling_params{}).ok());
+  EXPECT_EQ((*e)->detach(1).error().code(), status_code::invalid_argument)
+      << "waiting, not decoding";
+  // An import whose cache length does not match its tokens is refused and its sequence freed.
+  auto& kv = (*e)->kv();
+  const seq_id s = kv.create_sequence();
+  EXPECT_FALSE((*e)->add_imported_request(2, s, {5, 6, 7}, 1, sampling_params{}).ok());
+  EXPECT_EQ(kv.stats().n_sequences, 0);
+  const seq_id s2 = kv.create_sequence();
+  EXPECT_FALSE((*e)->add_imported_request(1, s2, {5, 6}, 1, sampling_params{}).ok())
+      << "duplicate id";
+  EXPECT_EQ(kv.stats().n_sequences, 0);
+}
+
 }  // namespace

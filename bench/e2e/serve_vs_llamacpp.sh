@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# weft serve vs llama.cpp's server (llama-cpp-python[server], same GGUF, same cores) on the Azure
+# LLM conversation trace, time-scaled by `weft bench serve` and lengths scaled to the model: goodput
+# (highest rate with >= 90 % of requests meeting both SLOs, by bisection) and throughput.
+# Writes bench/results/serve-{llamacpp,weft}-azure-<date>.json and a PNG; prints the ratios.
+# Usage: bench/e2e/serve_vs_llamacpp.sh [weft binary] [requests per probe]
+# Needs: scripts/setup.sh --bench (installs llama-cpp-python[server]).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+weft="${1:-$root/build/release/apps/weft}"
+n="${2:-16}"
+model="${WEFT_MODEL:-$HOME/.cache/weft/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+trace="$root/../shared/traces/azure_llm_2023_conv.csv"
+cores="$(nproc)"
+day="$(date +%Y%m%d-%H%M)"
+out="$root/bench/results"
+mkdir -p "$out"
+load_flags=(-n "$n" --trace "$trace" --trace-offset 100 --max-prompt-tokens 512 --max-output-tokens 128
+            --scale-percentile 99 --goodput --rate-min 0.2 --rate-max 2.0 --bisect-steps 3
+            --ttft-slo-ms 4000 --tpot-slo-ms 200 --progress-interval-s 0)
+wait_http() {
+  for _ in $(seq 240); do curl -sf "$1/v1/models" > /dev/null && return 0; sleep 0.5; done
+  echo "server at $1 did not come up" >&2; return 1
+}
+# llama.cpp: one server process with every core (its default: one sequence at a time).
+python3 -m llama_cpp.server --model "$model" --port 8394 --n_threads "$cores" --n_ctx 2048 \
+  --interrupt_requests False > /tmp/llamacpp-bench.log 2>&1 &
+lpid=$!
+wait_http http://127.0.0.1:8394
+"$weft" bench serve --url http://127.0.0.1:8394 "${load_flags[@]}" --label llamacpp \
+  --out "$out/serve-llamacpp-azure-$day.json" | tee /tmp/llamacpp-bench.summary
+kill "$lpid"; wait "$lpid" || true
+# weft: the same cores, one engine worker per core (continuous batching in each).
+"$weft" serve --port 8395 --workers "$cores" > /tmp/weft-bench-azure.out 2> /tmp/weft-bench-azure.err &
+wpid=$!
+wait_http http://127.0.0.1:8395
+"$weft" bench serve --url http://127.0.0.1:8395 "${load_flags[@]}" --label weft \
+  --out "$out/serve-weft-azure-$day.json" | tee /tmp/weft-bench-azure.summary
+kill "$wpid"; wait "$wpid" || true
+python3 - "$out/serve-llamacpp-azure-$day.json" "$out/serve-weft-azure-$day.json" <<'PY'
+import json, sys
+l, w = (json.load(open(p)) for p in sys.argv[1:3])
+def best(j):
+    return max(r["summary"]["output_throughput_tps"] for r in j["runs"])
+gl, gw = l["goodput"]["goodput_rps"] or 0.0, w["goodput"]["goodput_rps"] or 0.0
+print("goodput: llama.cpp %.2f req/s, weft %.2f req/s -> %s" % (gl, gw, "%.2fx" % (gw / gl) if gl > 0 else "n/a"))
+print("peak output throughput: llama.cpp %.1f tok/s, weft %.1f tok/s -> %.2fx" % (best(l), best(w), best(w) / best(l)))
+PY
+python3 "$root/bench/e2e/plot_serve.py" "$out/serve-llamacpp-azure-$day.json" "$out/serve-weft-azure-$day.json" \
+  -o "$out/serve-weft-vs-llamacpp-azure-$day.png" || true
