@@ -12,7 +12,9 @@ namespace weft::cache {
 namespace {
 
 // Well-spread keys, as segment_keys() would produce.
-uint64_t key_of(uint64_t i) { return (i + 1) * 0x9E3779B97F4A7C15ULL; }
+uint64_t key_of(uint64_t i) {
+  return (i + 1) * 0x9E3779B97F4A7C15ULL;
+}
 
 placement ring(int n_shards, double epsilon = 0.25) {
   placement p(placement_config{.vnodes_per_shard = 64, .epsilon = epsilon});
@@ -75,7 +77,9 @@ TEST(placement, removing_a_shard_moves_only_its_keys) {
   auto after = owners(p, 10'000);
   int changed = 0;
   for (const auto& [k, s] : before) {
-    if (s != 3) EXPECT_EQ(after[k], s);
+    if (s != 3) {
+      EXPECT_EQ(after[k], s);
+    }
     changed += after[k] != s;
   }
   EXPECT_EQ(changed, its_load);
@@ -106,7 +110,9 @@ TEST(placement, rebalance_restores_the_bound_after_unassigns) {
   assign_keys(p, 4000);
   // Drop most keys of every shard but shard 0.
   for (int i = 0; i < 4000; ++i)
-    if (*p.owner(key_of(i)) != 0 && i % 10 != 0) ASSERT_TRUE(p.unassign(key_of(i)).ok());
+    if (*p.owner(key_of(i)) != 0 && i % 10 != 0) {
+      ASSERT_TRUE(p.unassign(key_of(i)).ok());
+    }
   EXPECT_GT(p.max_load(), p.load_bound());
   auto moves = p.rebalance();
   EXPECT_FALSE(moves.empty());
@@ -135,7 +141,9 @@ TEST(placement, replicas_are_distinct_home_first_and_least_loaded) {
   // Skew total loads: shards 2 and 4 take many replicas.
   for (int i = 0; i < 400; ++i) {
     for (shard_id s : {2u, 4u})
-      if (*p.owner(key_of(i)) != s) ASSERT_TRUE(p.add_replica(key_of(i), s).ok());
+      if (*p.owner(key_of(i)) != s) {
+        ASSERT_TRUE(p.add_replica(key_of(i), s).ok());
+      }
   }
   for (int i = 0; i < 200; ++i) {
     const uint64_t key = key_of(i);

@@ -8,7 +8,9 @@
 namespace weft::cache {
 namespace {
 
-segment_key_config config(int64_t seg = 16) { return {"llama-3-8b@rev1", "f16/l32/h8/d128", seg}; }
+segment_key_config config(int64_t seg = 16) {
+  return {"llama-3-8b@rev1", "f16/l32/h8/d128", seg};
+}
 
 std::vector<int32_t> tokens(size_t n, int32_t first = 100) {
   std::vector<int32_t> t(n);
