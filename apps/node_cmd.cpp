@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "actors/cache/cache_shard.hpp"
 #include "actors/node.hpp"
 #include "actors/serve/engine_worker.hpp"
 #include "apps/cluster_options.hpp"
@@ -75,6 +76,7 @@ int run_node(const node_cli& cli) {
   auto roles = std::make_shared<actors::role_registry>();
   actors::add_builtin_roles(*roles);
   serve::add_serve_roles(*roles);
+  cache::add_cache_roles(*roles);
   auto node = actors::node::start(opts, roles);
   if (!node) {
     spdlog::error("node failed to start: {}", node.error().to_string());

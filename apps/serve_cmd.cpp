@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "actors/cache/cache_shard.hpp"
 #include "actors/cluster_client.hpp"
 #include "actors/node.hpp"
 #include "actors/serve/api_server.hpp"
@@ -36,6 +37,10 @@ struct serve_cli {
   int prefill = 0;
   int decode = 0;
   uint64_t kv_lease_ms = 5000;
+  int cache_shards = 0;
+  std::string route = "least-ttft";
+  double cache_mem_gb = 1.0;
+  int64_t segment_tokens = 64;
   std::string policy = "fcfs";
   double mlfq_prefill_cost = 0.4;
   int64_t mlfq_starvation_steps = 256;
@@ -72,18 +77,25 @@ bool wait_for_line(child_process& c, const std::string& prefix, int timeout_ms) 
 /// at once; the new process adds capacity back once it joined).
 class worker_nodes {
  public:
-  worker_nodes(std::string secret_hex, uint16_t head_port, const serve_cli& cli)
-      : secret_hex_(std::move(secret_hex)), head_port_(head_port), cli_(cli) {}
+  worker_nodes(std::string secret_hex, uint16_t head_port, const serve_cli& cli, int n_engine_nodes)
+      : secret_hex_(std::move(secret_hex)),
+        head_port_(head_port),
+        cli_(cli),
+        n_engine_(n_engine_nodes) {}
 
+  /// Node i < n_engine_nodes hosts an engine worker ("worker-node-i"); the others a cache shard.
   status launch(int i) {
+    const bool engine = i < n_engine_;
+    const std::string node_id =
+        engine ? "worker-node-" + std::to_string(i) : "cache-node-" + std::to_string(i - n_engine_);
     std::vector<std::string> argv = {self_exe(),
                                      "node",
                                      "--join",
                                      "127.0.0.1:" + std::to_string(head_port_),
                                      "--node-id",
-                                     "worker-node-" + std::to_string(i),
+                                     node_id,
                                      "--roles",
-                                     "engine_worker",
+                                     engine ? "engine_worker" : "cache_shard",
                                      "--heartbeat-ms",
                                      std::to_string(cli_.heartbeat_ms),
                                      "--connection-timeout-ms",
@@ -91,7 +103,7 @@ class worker_nodes {
     auto c = child_process::start(argv, {"WEFT_CLUSTER_SECRET=" + secret_hex_});
     if (!c) return c.error();
     if (!wait_for_line(*c, "weft-node-ready", 20'000)) {
-      return make_error(errc::unavailable, "worker-node-" + std::to_string(i) + " did not start");
+      return make_error(errc::unavailable, node_id + " did not start");
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (static_cast<size_t>(i) >= nodes_.size()) nodes_.resize(static_cast<size_t>(i) + 1);
@@ -142,11 +154,17 @@ class worker_nodes {
   std::mutex mu_;
   std::vector<std::optional<child_process>> nodes_;
   int relaunches_ = 0;
+  int n_engine_ = 0;
 };
 
 int run_serve(const serve_cli& cli) {
   stop_latch::instance().catch_signals();
   const bool disaggregated = cli.prefill > 0 || cli.decode > 0;
+  if (cli.cache_shards > 0 && cli.segment_tokens % cli.block_size != 0) {
+    spdlog::error("--segment-tokens {} must be a multiple of --block-size {}", cli.segment_tokens,
+                  cli.block_size);
+    return 2;
+  }
   if (disaggregated && (cli.prefill < 1 || cli.decode < 1)) {
     spdlog::error(
         "disaggregated serving needs at least one prefill and one decode worker "
@@ -196,6 +214,7 @@ int run_serve(const serve_cli& cli) {
   rc.max_outstanding = cli.max_outstanding;
   rc.ttft_slo_ms = cli.ttft_slo_ms;
   rc.queue_timeout_ms = cli.queue_timeout_ms;
+  rc.route = cli.route;
   rc.metrics = metrics;
   caf::actor router = serve::spawn_router(sys, rc);
   auto router_port = sys.middleman().publish(router, 0, "127.0.0.1");
@@ -225,8 +244,9 @@ int run_serve(const serve_cli& cli) {
     return 1;
   }
 
-  worker_nodes nodes(secret_hex, (*node)->head_port(), cli);
-  for (int i = 0; i < n_workers; ++i) {
+  const int n_shards = cli.cache_shards;
+  worker_nodes nodes(secret_hex, (*node)->head_port(), cli, n_workers);
+  for (int i = 0; i < n_workers + n_shards; ++i) {
     if (auto s = nodes.launch(i); !s.ok()) {
       spdlog::error("{}", s.to_string());
       nodes.stop_all();
@@ -246,6 +266,7 @@ int run_serve(const serve_cli& cli) {
   wc.mlfq_prefill_cost = cli.mlfq_prefill_cost;
   wc.mlfq_starvation_steps = cli.mlfq_starvation_steps;
   wc.prefix_cache = !cli.no_prefix_cache;
+  if (n_shards > 0) wc.segment_tokens = cli.segment_tokens;
   std::vector<actors::child_spec> children;
   for (int i = 0; i < n_workers && !disaggregated; ++i) {
     children.push_back({"worker-" + std::to_string(i), "engine_worker", wc.to_json(),
@@ -265,6 +286,16 @@ int run_serve(const serve_cli& cli) {
       children.push_back({"decode-" + std::to_string(i), "engine_worker", dc.to_json(),
                           actors::restart_type::permanent});
     }
+  }
+  for (int i = 0; i < n_shards; ++i) {
+    cache::shard_config sc;
+    sc.router_host = "127.0.0.1";
+    sc.router_port = *router_port;
+    sc.segment_bytes = cli.segment_tokens * (**host).kv_bytes_per_token;
+    sc.capacity_bytes = std::max<int64_t>(
+        static_cast<int64_t>(cli.cache_mem_gb * double(int64_t{1} << 30)), sc.segment_bytes);
+    children.push_back({"cache-shard-" + std::to_string(i), "cache_shard", sc.to_json(),
+                        actors::restart_type::permanent});
   }
   actors::restart_intensity intensity{static_cast<uint32_t>(cli.max_restarts), 60'000};
   actors::backoff_policy backoff{500, 5000, 2.0, 30000};
@@ -289,10 +320,11 @@ int run_serve(const serve_cli& cli) {
         .receive(
             [&](const std::string& json) {
               auto j = nlohmann::json::parse(json, nullptr, false);
-              ready = j.is_discarded() ? 0 : static_cast<int>(j["workers"].size());
+              ready =
+                  j.is_discarded() ? 0 : static_cast<int>(j["workers"].size() + j["shards"].size());
             },
             [&](caf::error&) {});
-    if (ready >= n_workers) break;
+    if (ready >= n_workers + n_shards) break;
     if (std::chrono::steady_clock::now() > ready_deadline) {
       spdlog::error("only {} of {} engine workers became ready within {} s", ready, n_workers,
                     cli.ready_timeout_s);
@@ -362,6 +394,22 @@ void add_serve_command(CLI::App& app, const global_options&) {
          "--decode", cli->decode,
          "Decode workers: pull each prompt's KV from a prefill worker over UCX (with --prefill)")
       ->check(CLI::Range(0, 64));
+  cmd->add_option("--route", cli->route,
+                  "Worker choice: least-ttft (least predicted time to first token) or round-robin")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"least-ttft", "round-robin"}));
+  cmd->add_option("--cache-shards", cli->cache_shards,
+                  "Prefix-cache pool (TokenLake): shard processes holding KV segments in host "
+                  "memory (0 = none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--cache-mem-gb", cli->cache_mem_gb, "Host memory of each cache shard, GiB")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 4096.0));
+  cmd->add_option("--segment-tokens", cli->segment_tokens,
+                  "Tokens per pool segment (a multiple of --block-size)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
   cmd->add_option("--policy", cli->policy,
                   "Iteration scheduling policy: fcfs or mlfq (FastServe skip-join MLFQ)")
       ->capture_default_str()

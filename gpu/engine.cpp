@@ -143,6 +143,53 @@ status engine::add_imported_request(request_id id, seq_id seq, std::vector<int32
   return {};
 }
 
+status engine::add_prefilled_request(request_id id, seq_id seq, std::vector<int32_t> prompt,
+                                     sampling_params params) {
+  const int64_t n_cached = kv_->length(seq);
+  auto refuse = [&](std::string why) -> status {
+    if (auto st = kv_->free_sequence(seq); !st)
+      spdlog::error("engine: freeing prefilled sequence: {}", st.to_string());
+    return {status_code::invalid_argument,
+            "engine: prefilled request " + std::to_string(id) + ": " + why};
+  };
+  if (requests_.count(id) != 0) return refuse("duplicate request id");
+  if (n_cached < 1 || n_cached > static_cast<int64_t>(prompt.size()) - 2) {
+    return refuse(std::to_string(n_cached) + " cached tokens for a prompt of " +
+                  std::to_string(prompt.size()));
+  }
+  for (int32_t t : prompt) {
+    if (t < 0 || t >= model_.hparams().n_vocab)
+      return refuse("token " + std::to_string(t) + " out of range");
+  }
+  if (params.max_tokens < 1) return refuse("max_tokens must be >= 1");
+  auto r = std::make_unique<request>(id, std::move(prompt), std::move(params));
+  r->n_prompt = static_cast<int64_t>(r->tokens.size());
+  r->n_computed = r->n_cached = n_cached;
+  r->seq = seq;
+  r->has_seq = true;
+  r->ph = phase::prefill;
+  r->arrival = arrival_counter_++;
+  sched_request sr;
+  sr.id = id;
+  sr.arrival = r->arrival;
+  sr.n_prompt = r->n_prompt;
+  requests_.emplace(id, std::move(r));
+  live_.push_back(id);
+  config_.policy->on_add(sr);
+  return {};
+}
+
+result<seq_id> engine::fork_kv(request_id id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end())
+    return status{status_code::not_found, "engine: no request " + std::to_string(id)};
+  if (!it->second->has_seq || !it->second->resident()) {
+    return status{status_code::invalid_argument,
+                  "engine: request " + std::to_string(id) + " has no resident KV"};
+  }
+  return kv_->fork(it->second->seq);
+}
+
 result<detached_request> engine::detach(request_id id) {
   auto it = requests_.find(id);
   if (it == requests_.end())

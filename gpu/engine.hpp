@@ -118,6 +118,16 @@ class engine {
   /// is not tokens.size() - 1, for a duplicate id or a bad token.
   status add_imported_request(request_id id, seq_id seq, std::vector<int32_t> tokens,
                               int64_t n_generated, sampling_params params);
+  /// Queues a request whose prompt starts with KV already in `seq` (fetched from a prefix-cache
+  /// pool): the engine owns `seq` from now, also on error. The cached tokens (kv().length(seq),
+  /// which must equal the first tokens of `prompt` and leave at least two to compute) are reported
+  /// as cached_prompt_tokens; the rest is prefilled as usual.
+  status add_prefilled_request(request_id id, seq_id seq, std::vector<int32_t> prompt,
+                               sampling_params params);
+  /// A new sequence sharing every KV block of a resident request (copy-on-write): a read-only
+  /// snapshot of its KV for the caller, who frees it with kv().free_sequence(). invalid_argument
+  /// when the request has no resident KV.
+  result<seq_id> fork_kv(request_id id);
   /// Takes a decoding request out of the engine, keeping its KV (see detached_request): the
   /// request produces no more output here. invalid_argument unless it is resident and decoding.
   result<detached_request> detach(request_id id);

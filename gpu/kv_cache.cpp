@@ -172,6 +172,20 @@ result<int64_t> kv_cache::attach_prefix(seq_id seq, std::span<const int32_t> tok
   return matched;
 }
 
+int64_t kv_cache::match_prefix(std::span<const int32_t> tokens) const {
+  const int64_t bs = config_.layout.block_size;
+  uint64_t prev = 0;
+  int64_t matched = 0;
+  while ((matched + bs) < static_cast<int64_t>(tokens.size())) {
+    const uint64_t h =
+        chain_hash(prev, tokens.subspan(static_cast<size_t>(matched), static_cast<size_t>(bs)));
+    if (hash_to_block_.count(h) == 0) break;
+    prev = h;
+    matched += bs;
+  }
+  return matched;
+}
+
 status kv_cache::reserve(seq_id seq, int64_t n_new) {
   sequence* s = find(seq);
   if (s == nullptr) return {status_code::not_found, "kv_cache: unknown sequence"};

@@ -84,6 +84,8 @@ class kv_cache {
   /// (chained hashes); returns the number of tokens now present (a multiple of block_size, and
   /// < tokens.size() so at least one token is left to compute).
   result<int64_t> attach_prefix(seq_id seq, std::span<const int32_t> tokens);
+  /// What attach_prefix would match for `tokens` (tokens), without attaching or counting a hit.
+  int64_t match_prefix(std::span<const int32_t> tokens) const;
   /// Ensures room for `n_new` more tokens (allocating blocks; copying a shared last block first).
   status reserve(seq_id seq, int64_t n_new);
   /// Cache slots (block * block_size + offset) of positions [pos, pos + n); must be reserved.

@@ -174,6 +174,18 @@ capnp::StructSchema schema_of(kind k) {
       return capnp::Schema::from<wire::KvRegion>();
     case kind::kv_handoff:
       return capnp::Schema::from<wire::KvHandoff>();
+    case kind::cache_lookup:
+      return capnp::Schema::from<wire::CacheLookup>();
+    case kind::cache_lookup_reply:
+      return capnp::Schema::from<wire::CacheLookupReply>();
+    case kind::cache_release:
+      return capnp::Schema::from<wire::CacheRelease>();
+    case kind::cache_publish:
+      return capnp::Schema::from<wire::CachePublish>();
+    case kind::cache_publish_done:
+      return capnp::Schema::from<wire::CachePublishDone>();
+    case kind::cache_shard_load:
+      return capnp::Schema::from<wire::CacheShardLoad>();
     case kind::none:
     case kind::oversize:
       break;
@@ -183,7 +195,8 @@ capnp::StructSchema schema_of(kind k) {
 
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
-  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::kv_handoff);
+  return v >= static_cast<uint16_t>(kind::error) &&
+         v <= static_cast<uint16_t>(kind::cache_shard_load);
 }
 
 }  // namespace
@@ -296,6 +309,18 @@ const char* to_string(kind k) {
       return "KvRegion";
     case kind::kv_handoff:
       return "KvHandoff";
+    case kind::cache_lookup:
+      return "CacheLookup";
+    case kind::cache_lookup_reply:
+      return "CacheLookupReply";
+    case kind::cache_release:
+      return "CacheRelease";
+    case kind::cache_publish:
+      return "CachePublish";
+    case kind::cache_publish_done:
+      return "CachePublishDone";
+    case kind::cache_shard_load:
+      return "CacheShardLoad";
     case kind::oversize:
       return "oversize";
   }

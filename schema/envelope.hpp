@@ -51,6 +51,12 @@ enum class kind : uint16_t {
   kv_descriptor = 24,
   kv_region = 25,
   kv_handoff = 26,
+  cache_lookup = 27,
+  cache_lookup_reply = 28,
+  cache_release = 29,
+  cache_publish = 30,
+  cache_publish_done = 31,
+  cache_shard_load = 32,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -90,6 +96,12 @@ WEFT_SCHEMA_KIND(WorkerLoad, worker_load)
 WEFT_SCHEMA_KIND(KvDescriptor, kv_descriptor)
 WEFT_SCHEMA_KIND(KvRegion, kv_region)
 WEFT_SCHEMA_KIND(KvHandoff, kv_handoff)
+WEFT_SCHEMA_KIND(CacheLookup, cache_lookup)
+WEFT_SCHEMA_KIND(CacheLookupReply, cache_lookup_reply)
+WEFT_SCHEMA_KIND(CacheRelease, cache_release)
+WEFT_SCHEMA_KIND(CachePublish, cache_publish)
+WEFT_SCHEMA_KIND(CachePublishDone, cache_publish_done)
+WEFT_SCHEMA_KIND(CacheShardLoad, cache_shard_load)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults

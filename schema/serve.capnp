@@ -85,6 +85,7 @@ enum WorkerRole {
   both @0;
   prefill @1;
   decode @2;
+  cacheShard @3;                    # a prefix-cache pool shard (says hello like a worker)
 }
 
 # Worker -> router when its model is loaded (and again after every restart).
@@ -123,6 +124,9 @@ struct WorkerLoad {
   lastStepUnixMs @15 :UInt64;
   queueDepthPerLevel @16 :List(UInt32);  # live requests per scheduling-policy level (MLFQ queues)
   kvBlocksTotal @17 :UInt32;
+  poolHitTokens @18 :UInt64;        # prompt tokens fetched from the prefix-cache pool
+  promptTokens @19 :UInt64;         # prompt tokens admitted (hit-rate denominator)
+  poolBytesIn @20 :UInt64;          # segment bytes pulled from the pool
 }
 
 # Prefill worker -> decode worker (via the router): one sequence's KV blocks, offered under a lease
@@ -178,4 +182,73 @@ struct KvHandoff {
   bytes @6 :UInt64;                 # pulled: KV bytes moved
   micros @7 :UInt64;                # pulled: transfer time
   error @8 :Control.Error;          # failed
+}
+
+# Prefix-cache pool (TokenLake): engine workers <-> cache shards. A segment is the KV of
+# segmentTokens prompt tokens, keyed by a chained hash (actors/cache/segment_keys.hpp). Its bytes
+# move over the transport (UCX); these messages carry only keys and where to read. Segment bytes
+# are laid out per block, per layer, K then V (kv_cache::export_ranges order).
+
+# Worker -> shard: which of these keys do you hold? (keys homed on that shard, in prompt order)
+struct CacheLookup {
+  requestId @0 :UInt64;
+  keys @1 :List(UInt64);
+  worker @2 :Text;
+}
+
+struct CacheHit {
+  key @0 :UInt64;
+  offset @1 :UInt64;                # of the segment in the shard's staging region
+  sizeBytes @2 :UInt64;
+  leaseId @3 :UInt64;               # release it (CacheRelease) once pulled
+}
+
+# Shard -> worker: the held keys, copied into leased staging slots the worker pulls from.
+struct CacheLookupReply {
+  requestId @0 :UInt64;
+  shard @1 :Text;
+  hits @2 :List(CacheHit);          # a subset of the lookup's keys, in its order
+  peerAddress @3 :Data;             # the shard engine's local_address()
+  region @4 :Data;                  # describe() of the staging region
+  regionBytes @5 :UInt64;
+  deadlineMs @6 :UInt64;            # unix ms; staging slots are reclaimed after it
+}
+
+struct CacheRelease {
+  leaseIds @0 :List(UInt64);
+}
+
+struct CachePublishSegment {
+  key @0 :UInt64;
+  firstBlock @1 :UInt32;            # index in the descriptor's blockIds
+  nBlocks @2 :UInt32;
+}
+
+# Worker -> shard: store these segments of a sequence the worker offers under a KV lease.
+struct CachePublish {
+  descriptor @0 :Data;              # a KvDescriptor envelope's bytes
+  segments @1 :List(CachePublishSegment);
+  worker @2 :Text;
+}
+
+# Shard -> worker: the publish ended; release the KV lease.
+struct CachePublishDone {
+  leaseId @0 :UInt64;
+  stored @1 :List(UInt64);
+  shard @2 :Text;
+  error @3 :Control.Error;
+}
+
+# Shard -> router, periodically: occupancy and traffic (metrics, imbalance).
+struct CacheShardLoad {
+  name @0 :Text;
+  nSegments @1 :UInt64;
+  bytesUsed @2 :UInt64;
+  capacityBytes @3 :UInt64;
+  lookups @4 :UInt64;               # keys looked up
+  hits @5 :UInt64;                  # keys found
+  publishes @6 :UInt64;             # segments stored
+  evictions @7 :UInt64;
+  bytesIn @8 :UInt64;
+  bytesOut @9 :UInt64;
 }

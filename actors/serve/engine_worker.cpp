@@ -8,11 +8,17 @@
 #include <caf/io/all.hpp>
 #include <nlohmann/json.hpp>
 
+#include <xxhash.h>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <thread>
+#include <unordered_set>
 
 #include "actors/auth.hpp"
+#include "actors/cache/placement.hpp"
+#include "actors/cache/rma_pull.hpp"
+#include "actors/cache/segment_keys.hpp"
 #include "actors/serve/kv_transfer.hpp"
 #include "actors/serve/mlfq_policy.hpp"
 #include "actors/serve/model_host.hpp"
@@ -65,6 +71,8 @@ result<worker_config> worker_config::from_json(const std::string& json) {
     c.prefix_cache = j.value("prefix_cache", c.prefix_cache);
     c.load_interval_ms = j.value("load_interval_ms", c.load_interval_ms);
     c.kv_lease_ms = j.value("kv_lease_ms", c.kv_lease_ms);
+    c.segment_tokens = j.value("segment_tokens", c.segment_tokens);
+    c.pool_timeout_ms = j.value("pool_timeout_ms", c.pool_timeout_ms);
   } catch (const std::exception& e) {
     return make_error(errc::invalid_argument,
                       std::string{"engine_worker: bad config field: "} + e.what());
@@ -80,6 +88,11 @@ result<worker_config> worker_config::from_json(const std::string& json) {
                       "engine_worker: role must be both, prefill or decode");
   }
   if (c.load_interval_ms < 10) c.load_interval_ms = 10;
+  if (c.segment_tokens < 0 || (c.segment_tokens > 0 && c.segment_tokens % c.block_size != 0)) {
+    return make_error(errc::invalid_argument,
+                      "engine_worker: segment_tokens must be a multiple of block_size");
+  }
+  if (c.pool_timeout_ms < 10) c.pool_timeout_ms = 10;
   if (c.kv_lease_ms < 100)
     return make_error(errc::invalid_argument, "engine_worker: kv_lease_ms must be >= 100");
   return c;
@@ -100,7 +113,9 @@ std::string worker_config::to_json() const {
                       {"role", role},
                       {"prefix_cache", prefix_cache},
                       {"load_interval_ms", load_interval_ms},
-                      {"kv_lease_ms", kv_lease_ms}};
+                      {"kv_lease_ms", kv_lease_ms},
+                      {"segment_tokens", segment_tokens},
+                      {"pool_timeout_ms", pool_timeout_ms}};
   return j.dump();
 }
 
@@ -113,8 +128,31 @@ struct running_request {
   uint32_t n_prefill = 0;  ///< prompt + resumed tokens to compute before the first new token
   bool started = false;    ///< produced its first token here
   bool want_logprobs = false;
-  bool handoff = false;  ///< disaggregated prefill: offer the KV after the first new token
+  bool handoff = false;         ///< disaggregated prefill: offer the KV after the first new token
+  bool publish = false;         ///< publish the prompt's segments to the pool after its prefill
+  std::vector<int32_t> prompt;  ///< kept only when publishing
   std::string trace_id;
+};
+
+/// A request waiting for its prefix segments from the pool (lookups, then pulls).
+struct pending_fetch {
+  generate_spec spec;
+  std::vector<uint64_t> keys;  ///< segment keys of the prompt's leading full segments
+  int64_t local_tokens = 0;    ///< what the worker's own prefix cache already holds
+  size_t replies_left = 0;
+  struct hit {
+    size_t shard = 0;  ///< index in the shard list at lookup time
+    uint64_t offset = 0, size = 0, lease = 0;
+    std::vector<std::byte> address, region;
+  };
+  std::map<uint64_t, hit> hits;    ///< key -> where to pull it
+  std::vector<caf::actor> shards;  ///< the shard list at lookup time
+  gpu::seq_id seq = 0;             ///< allocated once pulling
+  int64_t n_tokens = 0;            ///< tokens being pulled
+  size_t pulls_left = 0;
+  bool failed = false;
+  bool aborted = false;  ///< aborted (or superseded) while pulling
+  uint64_t bytes = 0;
 };
 
 /// A KV pull in flight (disaggregated decode).
@@ -142,6 +180,20 @@ struct worker_state {
   std::unique_ptr<kv_importer> importer;
   std::map<uint64_t, pending_import> imports;  ///< pull id -> pull
   std::map<uint64_t, uint64_t> import_of;      ///< request id -> pull id
+  // Prefix-cache pool (cfg.segment_tokens > 0 and shards known): segment keys, the shard ring,
+  // lookups and pulls in flight, publishes under KV leases.
+  cache::segment_key_config keys;
+  std::vector<std::string> shard_names;
+  std::vector<caf::actor> shards;
+  std::unique_ptr<cache::placement> ring;
+  std::map<uint32_t, size_t> shard_index;  ///< ring shard id -> index in `shards`
+  std::unique_ptr<cache::rma_puller> puller;
+  std::map<uint64_t, pending_fetch> fetches;  ///< request id -> fetch
+  std::map<uint64_t, uint64_t> fetch_pulls;   ///< pull id -> request id
+  std::map<uint64_t, size_t> publish_leases;  ///< KV lease -> shard answers outstanding
+  std::unordered_set<uint64_t> published;     ///< keys the pool has (recently published or fetched)
+  std::deque<uint64_t> published_order;
+  uint64_t pool_hit_tokens = 0, prompt_tokens = 0, pool_bytes_in = 0;
   bool stepping = false;
   // load accounting
   uint64_t last_prefill = 0, last_decode = 0;
@@ -258,6 +310,9 @@ envelope make_load(worker_state& st) {
     b.setSwapsOut(static_cast<uint64_t>(s.n_swaps_out));
     b.setPrefixHitTokens(static_cast<uint64_t>(s.kv.n_prefix_hits_tokens));
     b.setLastStepUnixMs(st.last_step_unix_ms);
+    b.setPoolHitTokens(st.pool_hit_tokens);
+    b.setPromptTokens(st.prompt_tokens);
+    b.setPoolBytesIn(st.pool_bytes_in);
   });
 }
 
@@ -459,6 +514,7 @@ void expire_leases(worker_ptr self) {
     spdlog::warn("worker {}: KV lease {} of request {} expired; blocks freed", st.worker_name,
                  l.lease_id, l.request_id);
     free_leased(self, l);
+    if (st.publish_leases.erase(l.lease_id) != 0) continue;  // a pool publish nobody answered
     kv_handoff h;
     h.request_id = l.request_id;
     h.stage = wire::KvHandoffStage::EXPIRED;
@@ -477,6 +533,336 @@ void drop_import(worker_ptr self, uint64_t request_id) {
     (void)st.importer->cancel(f->second);
   }
   st.import_of.erase(f);
+}
+
+// -- prefix-cache pool ----------------------------------------------------------------------------
+
+void admit(worker_ptr self, generate_spec d, gpu::seq_id prefilled);
+
+/// The shard that is home of `key` (index into st.shards).
+size_t home_of(const worker_state& st, uint64_t key) {
+  auto h = st.ring->home(key);
+  return h ? st.shard_index.at(*h) : 0;
+}
+
+void remember_published(worker_state& st, uint64_t key) {
+  if (!st.published.insert(key).second) return;
+  st.published_order.push_back(key);
+  if (st.published_order.size() > 16384) {
+    st.published.erase(st.published_order.front());
+    st.published_order.pop_front();
+  }
+}
+
+/// Router -> worker: the live shards. The ring is rebuilt (same names, same ring on every worker).
+void on_shards(worker_ptr self, std::vector<std::string> names, std::vector<caf::actor> handles) {
+  auto& st = self->state;
+  if (st.cfg.segment_tokens <= 0 || names.size() != handles.size()) return;
+  st.shard_names = std::move(names);
+  st.shards = std::move(handles);
+  st.shard_index.clear();
+  if (st.shards.empty()) {
+    st.ring.reset();
+    return;
+  }
+  cache::placement_config pc;
+  st.ring = std::make_unique<cache::placement>(pc);
+  for (size_t i = 0; i < st.shard_names.size(); ++i) {
+    const auto id =
+        static_cast<uint32_t>(XXH32(st.shard_names[i].data(), st.shard_names[i].size(), 0));
+    (void)st.ring->add_shard(id);
+    st.shard_index[id] = i;
+  }
+  // A shard that came back (restarted empty) must see publishes again.
+  st.published.clear();
+  st.published_order.clear();
+  spdlog::info("worker {}: prefix-cache pool of {} shard(s)", st.worker_name, st.shards.size());
+}
+
+/// Looks the prompt's leading segments up in the pool; true if the request now waits for it.
+bool start_fetch(worker_ptr self, generate_spec& d) {
+  auto& st = self->state;
+  if (st.ring == nullptr || !d.resume.empty()) return false;
+  auto keys = cache::segment_keys(st.keys, d.prompt);
+  const auto S = static_cast<size_t>(st.cfg.segment_tokens);
+  while (!keys.empty() && keys.size() * S + 2 > d.prompt.size())
+    keys.pop_back();  // leave 2 to compute
+  if (keys.empty()) return false;
+  // What this worker's own prefix cache holds.
+  const int64_t local =
+      st.engine->kv().match_prefix(std::span<const int32_t>(d.prompt).first(keys.size() * S + 1));
+  if (local >= static_cast<int64_t>(keys.size() * S)) return false;
+  pending_fetch f;
+  f.keys = keys;
+  f.local_tokens = local;
+  f.shards = st.shards;
+  std::map<size_t, std::vector<uint64_t>> by_shard;
+  for (uint64_t k : keys) by_shard[home_of(st, k)].push_back(k);
+  for (auto& [shard, ks] : by_shard) {
+    self->send(st.shards[shard], cache_lookup_atom::value,
+               envelope::build<wire::CacheLookup>([&](wire::CacheLookup::Builder b) {
+                 b.setRequestId(d.request_id);
+                 auto l = b.initKeys(static_cast<unsigned>(ks.size()));
+                 for (size_t i = 0; i < ks.size(); ++i) l.set(static_cast<unsigned>(i), ks[i]);
+                 b.setWorker(st.worker_name);
+               }));
+  }
+  f.replies_left = by_shard.size();
+  const uint64_t id = d.request_id;
+  f.spec = std::move(d);
+  st.fetches[id] = std::move(f);
+  self->delayed_send(self, std::chrono::milliseconds(st.cfg.pool_timeout_ms),
+                     fetch_timeout_atom::value, id);
+  return true;
+}
+
+/// Gives the shards their staging slots back.
+void release_hits(worker_ptr self, const pending_fetch& f) {
+  std::map<size_t, std::vector<uint64_t>> by_shard;
+  for (const auto& [key, h] : f.hits) by_shard[h.shard].push_back(h.lease);
+  for (auto& [shard, leases] : by_shard) {
+    if (shard >= f.shards.size()) continue;
+    self->send(f.shards[shard], cache_release_atom::value,
+               envelope::build<wire::CacheRelease>([&](wire::CacheRelease::Builder b) {
+                 auto l = b.initLeaseIds(static_cast<unsigned>(leases.size()));
+                 for (size_t i = 0; i < leases.size(); ++i)
+                   l.set(static_cast<unsigned>(i), leases[i]);
+               }));
+  }
+}
+
+/// Ends a fetch: the request goes to the engine, with the pulled prefix or cold.
+void end_fetch(worker_ptr self, uint64_t id) {
+  auto& st = self->state;
+  auto it = st.fetches.find(id);
+  if (it == st.fetches.end()) return;
+  pending_fetch f = std::move(it->second);
+  st.fetches.erase(it);
+  release_hits(self, f);
+  if (f.aborted || st.requests.count(id) != 0) {
+    if (f.seq != 0) (void)st.engine->kv().free_sequence(f.seq);
+    return;
+  }
+  gpu::seq_id seq = 0;
+  if (f.seq != 0 && !f.failed) {
+    auto& kv = st.engine->kv();
+    const auto tokens =
+        std::span<const int32_t>(f.spec.prompt).first(static_cast<size_t>(f.n_tokens));
+    if (auto c = kv.commit(f.seq, tokens); c.ok()) {
+      seq = f.seq;
+      st.pool_hit_tokens += static_cast<uint64_t>(f.n_tokens);
+      st.pool_bytes_in += f.bytes;
+      for (size_t i = 0; i < static_cast<size_t>(f.n_tokens / st.cfg.segment_tokens); ++i)
+        remember_published(st, f.keys[i]);
+      spdlog::debug("worker {}: request {} ({}): {} prompt tokens from the pool", st.worker_name,
+                    id, f.spec.trace_id, f.n_tokens);
+    } else {
+      (void)kv.free_sequence(f.seq);
+    }
+  } else if (f.seq != 0) {
+    (void)st.engine->kv().free_sequence(f.seq);
+  }
+  admit(self, std::move(f.spec), seq);
+}
+
+/// Every lookup answered (or the timeout): pull the leading run of hits, if it beats the local
+/// cache.
+void pull_hits(worker_ptr self, uint64_t id) {
+  auto& st = self->state;
+  auto& f = st.fetches.at(id);
+  size_t run = 0;
+  while (run < f.keys.size() && f.hits.count(f.keys[run]) != 0) ++run;
+  const int64_t S = st.cfg.segment_tokens;
+  if (static_cast<int64_t>(run) * S <= f.local_tokens || st.exporter == nullptr)
+    return end_fetch(self, id);
+  auto& kv = st.engine->kv();
+  f.n_tokens = static_cast<int64_t>(run) * S;
+  auto prepared = kv.prepare_import(
+      kv.layout(), std::span<const int32_t>(f.spec.prompt).first(static_cast<size_t>(f.n_tokens)));
+  if (!prepared) return end_fetch(self, id);
+  f.seq = prepared->first;
+  const auto& ranges = prepared->second;
+  const size_t per_segment = ranges.size() / run;
+  const std::vector<transport::region> locals = {st.exporter->pool(0), st.exporter->pool(1)};
+  // One pull per shard, of the segments it serves.
+  std::map<size_t, std::vector<cache::pull_piece>> pieces;
+  for (size_t s = 0; s < run; ++s) {
+    const auto& h = f.hits.at(f.keys[s]);
+    if (h.size != per_segment * kv.layout().block_bytes()) {
+      f.failed = true;
+      return end_fetch(self, id);
+    }
+    for (size_t j = 0; j < per_segment; ++j) {
+      const auto& r = ranges[s * per_segment + j];
+      const uint32_t li = r.is_value ? 1 : 0;
+      const auto local_off =
+          static_cast<uint64_t>(reinterpret_cast<std::byte*>(r.data) - locals[li].data);
+      pieces[h.shard].push_back({0, h.offset + j * r.size_bytes, local_off, r.size_bytes, li});
+    }
+    f.bytes += h.size;
+  }
+  auto me = caf::actor_cast<caf::actor>(self);
+  for (auto& [shard, ps] : pieces) {
+    const auto& any = *std::find_if(f.hits.begin(), f.hits.end(),
+                                    [&](const auto& kv) { return kv.second.shard == shard; });
+    auto pull =
+        st.puller->start(any.second.address, {any.second.region}, locals, ps,
+                         st.cfg.pool_timeout_ms, [me](uint64_t pid, bool ok, std::string err) {
+                           caf::anon_send(me, pulled_atom::value, pid, ok, err);
+                         });
+    if (!pull) {
+      f.failed = true;
+      if (f.pulls_left == 0) return end_fetch(self, id);
+      break;
+    }
+    st.fetch_pulls[*pull] = id;
+    ++f.pulls_left;
+  }
+}
+
+void on_cache_reply(worker_ptr self, const envelope& env) {
+  auto& st = self->state;
+  auto m = env.read<wire::CacheLookupReply>();
+  if (!m) return;
+  auto r = m->get();
+  auto it = st.fetches.find(r.getRequestId());
+  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  size_t shard = 0;
+  if (it != st.fetches.end()) {
+    auto& sh = it->second.shards;
+    shard = static_cast<size_t>(std::find(sh.begin(), sh.end(), sender) - sh.begin());
+  }
+  if (it == st.fetches.end() || it->second.replies_left == 0 || it->second.seq != 0 ||
+      shard >= it->second.shards.size()) {
+    // Late (timed out) or unknown: hand the staging slots straight back.
+    std::vector<uint64_t> leases;
+    for (auto h : r.getHits()) leases.push_back(h.getLeaseId());
+    if (!leases.empty() && sender) {
+      self->send(sender, cache_release_atom::value,
+                 envelope::build<wire::CacheRelease>([&](wire::CacheRelease::Builder b) {
+                   auto l = b.initLeaseIds(static_cast<unsigned>(leases.size()));
+                   for (size_t i = 0; i < leases.size(); ++i)
+                     l.set(static_cast<unsigned>(i), leases[i]);
+                 }));
+    }
+    return;
+  }
+  auto& f = it->second;
+  auto addr = r.getPeerAddress();
+  auto region = r.getRegion();
+  for (auto h : r.getHits()) {
+    pending_fetch::hit x;
+    x.shard = shard;
+    x.offset = h.getOffset();
+    x.size = h.getSizeBytes();
+    x.lease = h.getLeaseId();
+    x.address.assign(reinterpret_cast<const std::byte*>(addr.begin()),
+                     reinterpret_cast<const std::byte*>(addr.end()));
+    x.region.assign(reinterpret_cast<const std::byte*>(region.begin()),
+                    reinterpret_cast<const std::byte*>(region.end()));
+    f.hits[h.getKey()] = std::move(x);
+  }
+  if (--f.replies_left == 0) pull_hits(self, r.getRequestId());
+}
+
+void on_fetch_timeout(worker_ptr self, uint64_t id) {
+  auto& st = self->state;
+  auto it = st.fetches.find(id);
+  if (it == st.fetches.end() || it->second.seq != 0)
+    return;  // done, or pulling (the pull has its own deadline)
+  spdlog::debug("worker {}: request {}: pool lookup timed out ({} shard(s) silent)", st.worker_name,
+                id, it->second.replies_left);
+  it->second.replies_left = 0;
+  pull_hits(self, id);
+}
+
+void on_fetch_pulled(worker_ptr self, uint64_t pull_id, bool ok, const std::string& err) {
+  auto& st = self->state;
+  st.puller->finished(pull_id, ok);
+  auto p = st.fetch_pulls.find(pull_id);
+  if (p == st.fetch_pulls.end()) return;
+  const uint64_t id = p->second;
+  st.fetch_pulls.erase(p);
+  auto it = st.fetches.find(id);
+  if (it == st.fetches.end()) return;
+  if (!ok) {
+    spdlog::warn("worker {}: request {}: pool pull failed ({}); prefilling it", st.worker_name, id,
+                 err);
+    it->second.failed = true;
+  }
+  if (--it->second.pulls_left == 0) end_fetch(self, id);
+}
+
+/// After a request's prefill: offer its prompt's KV under a lease and ask each home shard to
+/// store the segments it lacks (not known to be in the pool yet).
+void publish_segments(worker_ptr self, uint64_t id, running_request& r) {
+  auto& st = self->state;
+  r.publish = false;
+  const std::vector<int32_t> prompt = std::move(r.prompt);
+  r.prompt = {};
+  if (st.ring == nullptr || st.exporter == nullptr) return;
+  const auto keys = cache::segment_keys(st.keys, prompt);
+  const auto blocks_per_segment = static_cast<uint32_t>(st.cfg.segment_tokens / st.cfg.block_size);
+  std::map<size_t, std::vector<std::pair<uint64_t, uint32_t>>> by_shard;  // shard -> (key, segment)
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (st.published.count(keys[i]) == 0)
+      by_shard[home_of(st, keys[i])].emplace_back(keys[i], static_cast<uint32_t>(i));
+  }
+  if (by_shard.empty()) return;
+  auto fork = st.engine->fork_kv(id);
+  if (!fork) return;
+  auto& kv = st.engine->kv();
+  const auto n = static_cast<size_t>(kv.length(*fork));
+  if (n > prompt.size()) {
+    (void)kv.free_sequence(*fork);
+    return;
+  }
+  kv_offer o;
+  o.request_id = id;
+  o.seq = *fork;
+  o.tokens = std::span<const int32_t>(prompt).first(n);
+  o.lease_ms = st.cfg.kv_lease_ms;
+  o.checksum = kv_checksum_mode::none;
+  auto desc = st.exporter->offer(o);
+  if (!desc) {
+    spdlog::debug("worker {}: cannot offer request {} to the pool: {}", st.worker_name, id,
+                  desc.error().to_string());
+    (void)kv.free_sequence(*fork);
+    return;
+  }
+  auto info = read_kv_descriptor(*desc);
+  const auto bytes = desc->to_bytes();
+  for (auto& [shard, segs] : by_shard) {
+    self->send(st.shards[shard], cache_publish_atom::value,
+               envelope::build<wire::CachePublish>([&](wire::CachePublish::Builder b) {
+                 b.setDescriptor(kj::ArrayPtr<const kj::byte>(
+                     reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()));
+                 auto l = b.initSegments(static_cast<unsigned>(segs.size()));
+                 for (size_t i = 0; i < segs.size(); ++i) {
+                   l[static_cast<unsigned>(i)].setKey(segs[i].first);
+                   l[static_cast<unsigned>(i)].setFirstBlock(segs[i].second * blocks_per_segment);
+                   l[static_cast<unsigned>(i)].setNBlocks(blocks_per_segment);
+                 }
+                 b.setWorker(st.worker_name);
+               }));
+    for (const auto& [key, seg] : segs) remember_published(st, key);
+  }
+  st.publish_leases[info ? info->lease_id : 0] = by_shard.size();
+}
+
+void on_publish_done(worker_ptr self, const envelope& env) {
+  auto& st = self->state;
+  auto m = env.read<wire::CachePublishDone>();
+  if (!m) return;
+  auto d = m->get();
+  if (d.hasError()) {
+    spdlog::debug("worker {}: publish to {}: {}", st.worker_name, d.getShard().cStr(),
+                  d.getError().getMessage().cStr());
+  }
+  auto it = st.publish_leases.find(d.getLeaseId());
+  if (it == st.publish_leases.end() || --it->second > 0) return;
+  st.publish_leases.erase(it);
+  if (auto l = st.exporter->release(d.getLeaseId())) free_leased(self, *l);
 }
 
 void run_step(worker_ptr self) {
@@ -506,6 +892,9 @@ void run_step(worker_ptr self) {
       r.next_position += static_cast<uint32_t>(out.new_tokens.size());
       self->send(st.router, chunk_atom::value,
                  make_chunk(st.worker_name, out.id, r, out, position));
+      if (r.publish && out.finish == gpu::finish_reason::none && !out.new_tokens.empty()) {
+        publish_segments(self, out.id, r);
+      }
       if (out.finish != gpu::finish_reason::none) {
         st.requests.erase(it);
       } else if (r.handoff && !out.new_tokens.empty()) {
@@ -542,6 +931,7 @@ void on_generate(worker_ptr self, const envelope& env) {
     st.requests.erase(id);
   }
   drop_import(self, id);
+  if (auto f = st.fetches.find(id); f != st.fetches.end()) f->second.aborted = true;
   if (!d.kv_source.empty()) {
     start_import(self, std::move(d));
     return;
@@ -553,26 +943,41 @@ void on_generate(worker_ptr self, const envelope& env) {
                            "this worker does not hand off KV (role " + st.cfg.role + ")"));
     return;
   }
+  if (start_fetch(self, d)) return;  // its prefix comes from the pool first
+  admit(self, std::move(d), 0);
+}
+
+/// Queues a request in the engine (`prefilled`: a sequence already holding its prompt's leading
+/// KV, fetched from the pool; 0: none).
+void admit(worker_ptr self, generate_spec d, gpu::seq_id prefilled) {
+  auto& st = self->state;
+  const uint64_t id = d.request_id;
   const auto n_resumed = static_cast<uint32_t>(d.resume.size());
   std::vector<int32_t> tokens = d.prompt;
   tokens.insert(tokens.end(), d.resume.begin(), d.resume.end());
   gpu::sampling_params p = d.params;
   p.max_tokens = p.max_tokens - static_cast<int32_t>(n_resumed);
   if (p.max_tokens < 1) {
+    if (prefilled != 0) (void)st.engine->kv().free_sequence(prefilled);
     self->send(st.router, chunk_atom::value,
-               error_chunk(st.worker_name, id, r.getAttempt(), n_resumed, errc::invalid_argument,
+               error_chunk(st.worker_name, id, d.attempt, n_resumed, errc::invalid_argument,
                            "resumed request has no tokens left to generate"));
     return;
   }
-  if (auto s = st.engine->add_resumed_request(id, std::move(tokens), n_resumed, std::move(p));
-      !s.ok()) {
+  auto s = prefilled != 0
+               ? st.engine->add_prefilled_request(id, prefilled, std::move(tokens), std::move(p))
+               : st.engine->add_resumed_request(id, std::move(tokens), n_resumed, std::move(p));
+  if (!s.ok()) {
     self->send(st.router, chunk_atom::value,
-               error_chunk(st.worker_name, id, r.getAttempt(), n_resumed, errc::invalid_argument,
+               error_chunk(st.worker_name, id, d.attempt, n_resumed, errc::invalid_argument,
                            s.to_string()));
     return;
   }
+  st.prompt_tokens += d.prompt.size();
   running_request rr;
-  rr.attempt = r.getAttempt();
+  rr.publish = st.ring != nullptr && n_resumed == 0;
+  if (rr.publish) rr.prompt = d.prompt;
+  rr.attempt = d.attempt;
   rr.next_position = n_resumed;
   rr.n_prompt = static_cast<uint32_t>(d.prompt.size());
   rr.n_prefill = static_cast<uint32_t>(d.prompt.size()) + n_resumed;
@@ -581,7 +986,7 @@ void on_generate(worker_ptr self, const envelope& env) {
   rr.trace_id = d.trace_id;
   st.requests[id] = std::move(rr);
   spdlog::debug("worker {}: request {} ({}) attempt {}: {} prompt + {} resumed tokens",
-                st.worker_name, id, d.trace_id, r.getAttempt(), d.prompt.size(), n_resumed);
+                st.worker_name, id, d.trace_id, d.attempt, d.prompt.size(), n_resumed);
   kick(self);
 }
 
@@ -633,17 +1038,18 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
     return {};
   }
   st.engine = std::move(eng.value());
-  if (st.cfg.role != "both") {
+  if (st.cfg.role != "both" || st.cfg.segment_tokens > 0) {
     kv_transfer_config kc;
     kc.model_id = st.host->id;
     status made;
-    if (st.cfg.role == "prefill") {
+    if (st.cfg.role == "prefill" || (st.cfg.segment_tokens > 0 && st.cfg.role != "decode")) {
       auto ex = kv_exporter::create(st.engine->kv(), st.transport, kc);
       if (ex)
         st.exporter = std::move(ex.value());
       else
         made = ex.error();
-    } else {
+    }
+    if (made.ok() && st.cfg.role == "decode") {
       auto im = kv_importer::create(st.engine->kv(), st.transport, kc);
       if (im)
         st.importer = std::move(im.value());
@@ -656,6 +1062,19 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
       self->quit(caf::make_error(caf::sec::runtime_error, made.to_string()));
       return {};
     }
+  }
+  if (st.exporter != nullptr && st.cfg.segment_tokens > 0) {
+    st.keys.model_id = st.host->id;
+    st.keys.kv_layout = st.engine->kv().layout().describe();
+    st.keys.segment_tokens = st.cfg.segment_tokens;
+    if (auto v = cache::validate(st.keys, st.cfg.block_size); !v.ok()) {
+      spdlog::error("worker {}: {}", st.worker_name, v.to_string());
+      self->quit(caf::make_error(caf::sec::runtime_error, v.to_string()));
+      return {};
+    }
+    st.puller = std::make_unique<cache::rma_puller>(st.transport);
+  } else {
+    st.cfg.segment_tokens = 0;  // decode workers neither fetch nor publish
   }
   // Find the router (published by `weft serve`); it may still be starting.
   caf::expected<caf::actor> router = caf::sec::cannot_connect_to_node;
@@ -689,11 +1108,28 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
       [self](generate_atom, const envelope& env) { on_generate(self, env); },
       [self](handoff_atom, const envelope& env) { on_handoff(self, env); },
       [self](pulled_atom, uint64_t pull_id) { on_pulled(self, pull_id); },
+      [self](pulled_atom, uint64_t pull_id, bool ok, const std::string& err) {
+        on_fetch_pulled(self, pull_id, ok, err);
+      },
+      [self](shards_atom, std::vector<std::string> names, std::vector<caf::actor> handles) {
+        on_shards(self, std::move(names), std::move(handles));
+      },
+      [self](cache_reply_atom, const envelope& env) { on_cache_reply(self, env); },
+      [self](cache_done_atom, const envelope& env) { on_publish_done(self, env); },
+      [self](fetch_timeout_atom, uint64_t id) { on_fetch_timeout(self, id); },
       [self](abort_atom, const envelope& env) {
         auto a = env.read<wire::AbortRequest>();
         if (!a) return;
         const uint64_t id = a->get().getRequestId();
         drop_import(self, id);
+        if (auto f = self->state.fetches.find(id); f != self->state.fetches.end()) {
+          if (f->second.seq == 0) {
+            release_hits(self, f->second);
+            self->state.fetches.erase(f);
+          } else {
+            f->second.aborted = true;  // freed once its pulls ended
+          }
+        }
         if (self->state.requests.erase(id) != 0) {
           (void)self->state.engine->abort(id);
           spdlog::debug("worker {}: aborted request {} ({})", self->state.worker_name, id,
@@ -716,7 +1152,7 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
 result<caf::actor> spawn_engine_worker(caf::actor_system& sys, const actors::role_context& ctx) {
   auto cfg = worker_config::from_json(ctx.config_json);
   if (!cfg) return cfg.error();
-  if (cfg->role != "both" && ctx.engine == nullptr) {
+  if ((cfg->role != "both" || cfg->segment_tokens > 0) && ctx.engine == nullptr) {
     return make_error(errc::invalid_argument,
                       "engine_worker: role " + cfg->role +
                           " moves KV over the node's transport, and this node has none "

@@ -9,7 +9,7 @@
 ///    "block_size": 16, "max_batch_tokens": 256, "max_running": 32, "policy": "fcfs"|"mlfq",
 ///    "mlfq_prefill_cost": 0.4, "mlfq_starvation_steps": 256,
 ///    "role": "both"|"prefill"|"decode", "prefix_cache": true, "load_interval_ms": 200,
-///    "kv_lease_ms": 5000}
+///    "kv_lease_ms": 5000, "segment_tokens": 0, "pool_timeout_ms": 500}
 ///
 /// Roles: "both" prefills and decodes (colocated). "prefill" hands each sequence's KV off after its
 /// first new token (kv_exporter, under a lease) and "decode" pulls it (kv_importer) over the node's
@@ -42,6 +42,11 @@ struct worker_config {
   uint32_t load_interval_ms = 200;
   /// Disaggregated prefill: how long an offered KV stays leased to the decode side.
   uint64_t kv_lease_ms = 5000;
+  /// Prefix-cache pool: tokens per segment (0 = no pool). Workers look a prompt's segments up on
+  /// the shards the router announces and publish new ones after prefill.
+  int64_t segment_tokens = 0;
+  /// Pool lookups and pulls give up after this long (the request is then prefilled cold).
+  uint32_t pool_timeout_ms = 500;
 
   /// Parses and validates the role's JSON config; errors name the field.
   static result<worker_config> from_json(const std::string& json);

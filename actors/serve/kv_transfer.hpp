@@ -149,6 +149,8 @@ class kv_exporter {
 
   /// Leases currently held.
   size_t n_leases() const { return leases_.size(); }
+  /// The registered K (0) and V (1) pools of the cache (e.g. to pull into them).
+  const transport::region& pool(int i) const { return pools_[i]; }
   /// The earliest deadline + grace of a held lease (0 when none): when to call expire() next.
   uint64_t next_expiry_ms() const;
 

@@ -66,6 +66,20 @@ result<std::unique_ptr<model_host>> load_model_host(const model_host_options& o)
     spdlog::warn("model {}: no usable chat template ({}); /v1/chat/completions is disabled",
                  host->id, t.error().to_string());
   }
+  {
+    const std::string arch{file->architecture()};
+    const auto u32 = [&](const std::string& k, uint32_t dflt) {
+      auto v = file->get_u32(arch + "." + k);
+      return v ? static_cast<int64_t>(*v) : static_cast<int64_t>(dflt);
+    };
+    const int64_t n_layer = u32("block_count", 0);
+    const int64_t n_head = u32("attention.head_count", 1);
+    const int64_t n_head_kv = u32("attention.head_count_kv", static_cast<uint32_t>(n_head));
+    const int64_t n_embd = u32("embedding_length", 0);
+    const int64_t head_dim =
+        u32("attention.key_length", static_cast<uint32_t>(n_head > 0 ? n_embd / n_head : 0));
+    host->kv_bytes_per_token = n_layer * n_head_kv * head_dim * 2 /*K,V*/ * 2 /*f16*/;
+  }
   if (!o.load_weights) {
     if (auto ctx = file->get_u32(std::string{file->architecture()} + ".context_length"))
       host->n_ctx = *ctx;

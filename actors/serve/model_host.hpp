@@ -42,6 +42,9 @@ struct model_host {
   std::unique_ptr<gpu::device> dev;        ///< only with load_weights
   std::unique_ptr<gpu::model> model;       ///< only with load_weights
   int64_t n_ctx = 0;                       ///< training context of the model
+  /// Bytes of one token's K and V over every layer in the (f16) KV cache, from the file's
+  /// metadata (sizes prefix-cache segments without loading weights).
+  int64_t kv_bytes_per_token = 0;
 };
 
 /// Opens and (optionally) loads. Errors name the file and the step.

@@ -42,6 +42,26 @@ void declare_router_metrics(metrics_registry& m) {
                   "Preemptions so far, per worker (current incarnation)");
   m.declare_gauge("weft_worker_swapped", "Sequences swapped to host memory, per worker");
   m.declare_gauge("weft_worker_steps", "Forward passes so far, per worker (current incarnation)");
+  m.declare_gauge("weft_cache_segments", "Segments held, per prefix-cache shard");
+  m.declare_gauge("weft_worker_prompt_tokens",
+                  "Prompt tokens admitted, per worker (current incarnation)");
+  m.declare_gauge(
+      "weft_cache_hit_tokens",
+      "Prompt tokens served from a prefix cache, per worker and source (local blocks or the pool)");
+  m.declare_gauge("weft_cache_pool_bytes_in",
+                  "Segment bytes a worker pulled from the pool (current incarnation)");
+  m.declare_gauge("weft_cache_bytes_used", "Segment bytes held, per prefix-cache shard");
+  m.declare_gauge("weft_cache_shard_lookups",
+                  "Keys looked up so far, per shard (current incarnation)");
+  m.declare_gauge("weft_cache_shard_hits", "Keys found so far, per shard (current incarnation)");
+  m.declare_gauge("weft_cache_shard_bytes_in",
+                  "Segment bytes published into the shard (current incarnation)");
+  m.declare_gauge("weft_cache_shard_bytes_out",
+                  "Segment bytes served by the shard (current incarnation)");
+  m.declare_gauge("weft_cache_shard_evictions",
+                  "Segments evicted so far, per shard (current incarnation)");
+  m.declare_gauge("weft_cache_shard_imbalance", "Segments on the fullest shard / mean over shards");
+  m.declare_counter("weft_cache_shard_deaths_total", "Prefix-cache shards lost");
   m.declare_counter("weft_router_colocated_fallback_total",
                     "Sequences a prefill worker decoded itself because no decode worker was alive");
   m.declare_counter("weft_kv_handoffs_total",
@@ -76,6 +96,7 @@ struct worker_info {
            prefix_hits = 0;
   uint64_t queued_prefill_tokens = 0;
   uint64_t last_step_unix_ms = 0;
+  uint64_t pool_hit_tokens = 0, prompt_tokens = 0, pool_bytes_in = 0;
   std::vector<uint32_t> levels;
   float prefill_rate = 0.0f;  ///< EWMA of measured prefill tokens/s while prefilling
   float decode_rate = 0.0f;
@@ -102,14 +123,26 @@ struct request_info {
   uint32_t handoff_failures = 0;
 };
 
+/// A prefix-cache pool shard (actors/cache/cache_shard.hpp), as its load reports show it.
+struct shard_info {
+  std::string name;
+  caf::actor handle;
+  std::string node_id;
+  uint32_t pid = 0;
+  uint64_t n_segments = 0, bytes_used = 0, capacity_bytes = 0, lookups = 0, hits = 0, publishes = 0,
+           evictions = 0, bytes_in = 0, bytes_out = 0;
+};
+
 struct router_state {
   static inline const char* name = "weft.router";
   router_config cfg;
   std::map<std::string, worker_info> workers;
+  std::map<std::string, shard_info> shards;
   std::map<uint64_t, request_info> requests;
   std::deque<uint64_t> pending;
   uint64_t deaths = 0;
   uint64_t migrations = 0;
+  uint64_t round_robin = 0;  ///< next turn of route = round-robin
 };
 
 using router_ptr = caf::stateful_actor<router_state>*;
@@ -250,6 +283,16 @@ double predicted_ttft_ms(const router_state& st, const worker_info& w, size_t pr
 worker_info* choose_worker(router_state& st, size_t prompt_tokens, double* ttft_ms) {
   worker_info* best = nullptr;
   double best_ms = 0.0;
+  if (st.cfg.route == "round-robin") {
+    std::vector<worker_info*> able;
+    for (auto& [name, w] : st.workers) {
+      if (can_prefill(w)) able.push_back(&w);
+    }
+    if (able.empty()) return nullptr;
+    best = able[st.round_robin++ % able.size()];
+    if (ttft_ms != nullptr) *ttft_ms = predicted_ttft_ms(st, *best, prompt_tokens);
+    return best;
+  }
   for (auto& [name, w] : st.workers) {
     if (!can_prefill(w)) continue;
     const double ms = predicted_ttft_ms(st, w, prompt_tokens);
@@ -325,6 +368,12 @@ void set_worker_gauges(metrics_registry& m, const worker_info& w) {
   m.set("weft_worker_preemptions", l, static_cast<double>(w.preemptions));
   m.set("weft_worker_swapped", l, w.n_swapped);
   m.set("weft_worker_steps", l, static_cast<double>(w.steps));
+  m.set("weft_worker_prompt_tokens", l, static_cast<double>(w.prompt_tokens));
+  m.set("weft_cache_hit_tokens", {{"worker", w.name}, {"source", "local"}},
+        static_cast<double>(w.prefix_hits));
+  m.set("weft_cache_hit_tokens", {{"worker", w.name}, {"source", "pool"}},
+        static_cast<double>(w.pool_hit_tokens));
+  m.set("weft_cache_pool_bytes_in", l, static_cast<double>(w.pool_bytes_in));
 }
 
 void on_worker_lost(router_ptr self, const std::string& name, const std::string& why) {
@@ -483,6 +532,76 @@ void on_handoff(router_ptr self, const envelope& env) {
   }
 }
 
+/// The live shards, as (names, handles) in name order: what workers place segments with.
+void send_shards(router_ptr self, const caf::actor& to) {
+  std::vector<std::string> names;
+  std::vector<caf::actor> handles;
+  for (const auto& [name, s] : self->state.shards) {
+    names.push_back(name);
+    handles.push_back(s.handle);
+  }
+  self->send(to, shards_atom::value, std::move(names), std::move(handles));
+}
+
+void broadcast_shards(router_ptr self) {
+  for (const auto& [name, w] : self->state.workers) send_shards(self, w.handle);
+}
+
+void on_shard_hello(router_ptr self, const std::string& name, wire::WorkerHello::Reader hello) {
+  auto& st = self->state;
+  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  auto& s = st.shards[name];
+  const bool fresh = s.handle != sender;
+  s.name = name;
+  s.handle = sender;
+  s.node_id = hello.getNodeId().cStr();
+  s.pid = hello.getPid();
+  if (fresh) {
+    self->monitor(sender);
+    spdlog::info("router: cache shard {} ready on node {} (pid {}, {} segment slots)", name,
+                 s.node_id, s.pid, hello.getKvBlocksTotal());
+    broadcast_shards(self);
+  }
+}
+
+void on_shard_load(router_ptr self, const envelope& env) {
+  auto& st = self->state;
+  auto l = env.read<wire::CacheShardLoad>();
+  if (!l) return;
+  auto load = l->get();
+  auto it = st.shards.find(load.getName().cStr());
+  if (it == st.shards.end() ||
+      caf::actor_cast<caf::actor>(self->current_sender()) != it->second.handle)
+    return;
+  auto& s = it->second;
+  s.n_segments = load.getNSegments();
+  s.bytes_used = load.getBytesUsed();
+  s.capacity_bytes = load.getCapacityBytes();
+  s.lookups = load.getLookups();
+  s.hits = load.getHits();
+  s.publishes = load.getPublishes();
+  s.evictions = load.getEvictions();
+  s.bytes_in = load.getBytesIn();
+  s.bytes_out = load.getBytesOut();
+  auto& m = st.cfg.metrics;
+  if (!m) return;
+  const metric_labels lb = {{"shard", s.name}};
+  m->set("weft_cache_segments", lb, static_cast<double>(s.n_segments));
+  m->set("weft_cache_bytes_used", lb, static_cast<double>(s.bytes_used));
+  m->set("weft_cache_shard_lookups", lb, static_cast<double>(s.lookups));
+  m->set("weft_cache_shard_hits", lb, static_cast<double>(s.hits));
+  m->set("weft_cache_shard_bytes_in", lb, static_cast<double>(s.bytes_in));
+  m->set("weft_cache_shard_bytes_out", lb, static_cast<double>(s.bytes_out));
+  m->set("weft_cache_shard_evictions", lb, static_cast<double>(s.evictions));
+  double max_seg = 0, sum_seg = 0;
+  for (const auto& [n, o] : st.shards) {
+    max_seg = std::max(max_seg, static_cast<double>(o.n_segments));
+    sum_seg += static_cast<double>(o.n_segments);
+  }
+  const double mean = st.shards.empty() ? 0.0 : sum_seg / static_cast<double>(st.shards.size());
+  m->set("weft_cache_shard_imbalance", mean > 0 ? max_seg / mean : 1.0);
+}
+
 caf::behavior router(router_ptr self, router_config cfg) {
   self->state.cfg = std::move(cfg);
   if (self->state.cfg.metrics) declare_router_metrics(*self->state.cfg.metrics);
@@ -492,6 +611,15 @@ caf::behavior router(router_ptr self, router_config cfg) {
       if (w.handle.address() == dm.source) lost = name;
     }
     if (!lost.empty()) on_worker_lost(self, lost, caf::to_string(dm.reason));
+    for (auto it = self->state.shards.begin(); it != self->state.shards.end(); ++it) {
+      if (it->second.handle.address() != dm.source) continue;
+      spdlog::warn("router: cache shard {} lost ({}); its segments are misses until it is back",
+                   it->first, caf::to_string(dm.reason));
+      if (auto& m = self->state.cfg.metrics) m->inc("weft_cache_shard_deaths_total");
+      self->state.shards.erase(it);
+      broadcast_shards(self);
+      break;
+    }
   });
   self->send(self, tick_atom::value);
   return {
@@ -612,6 +740,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
         }
       },
       [self](handoff_atom, const envelope& env) { on_handoff(self, env); },
+      [self](cache_load_atom, const envelope& env) { on_shard_load(self, env); },
       [self](hello_atom, const envelope& env) {
         auto& st = self->state;
         auto h = env.read<wire::WorkerHello>();
@@ -628,6 +757,10 @@ caf::behavior router(router_ptr self, router_config cfg) {
                                              hello.getDeadlineMs(), token.begin(), token.size());
             !ok.ok()) {
           spdlog::warn("router: refused hello from '{}': {}", name, ok.to_string());
+          return;
+        }
+        if (hello.getRole() == wire::WorkerRole::CACHE_SHARD) {
+          on_shard_hello(self, name, hello);
           return;
         }
         auto sender = caf::actor_cast<caf::actor>(self->current_sender());
@@ -652,6 +785,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
         w.last_report = clock_type::now();
         if (fresh) {
           self->monitor(sender);
+          send_shards(self, sender);
           spdlog::info("router: worker {} ready on node {} (pid {}, model {}, policy {})", name,
                        w.node_id, w.pid, w.model, w.policy);
         }
@@ -680,6 +814,9 @@ caf::behavior router(router_ptr self, router_config cfg) {
         w.prefix_hits = load.getPrefixHitTokens();
         w.queued_prefill_tokens = load.getQueuedPrefillTokens();
         w.last_step_unix_ms = load.getLastStepUnixMs();
+        w.pool_hit_tokens = load.getPoolHitTokens();
+        w.prompt_tokens = load.getPromptTokens();
+        w.pool_bytes_in = load.getPoolBytesIn();
         w.levels.clear();
         for (auto x : load.getQueueDepthPerLevel()) w.levels.push_back(x);
         // Only intervals with prefill work say something about the prefill rate.
@@ -764,14 +901,33 @@ caf::behavior router(router_ptr self, router_config cfg) {
                              {"prefill_tokens", w.prefill_tokens},
                              {"decode_tokens", w.decode_tokens},
                              {"prefix_hit_tokens", w.prefix_hits},
+                             {"pool_hit_tokens", w.pool_hit_tokens},
+                             {"prompt_tokens", w.prompt_tokens},
                              {"queue_depth_per_level", w.levels},
                              {"prefill_tokens_per_s", w.prefill_rate},
                              {"decode_tokens_per_s", w.decode_rate},
                              {"last_report_ms_ago", since_report_ms}});
         }
-        nlohmann::json j = {{"healthy", healthy},           {"workers", workers},
-                            {"pending", st.pending.size()}, {"outstanding", st.requests.size()},
-                            {"worker_deaths", st.deaths},   {"migrations", st.migrations}};
+        nlohmann::json shards = nlohmann::json::array();
+        for (const auto& [name, s] : st.shards) {
+          shards.push_back({{"name", name},
+                            {"node_id", s.node_id},
+                            {"pid", s.pid},
+                            {"segments", s.n_segments},
+                            {"bytes_used", s.bytes_used},
+                            {"capacity_bytes", s.capacity_bytes},
+                            {"lookups", s.lookups},
+                            {"hits", s.hits},
+                            {"publishes", s.publishes},
+                            {"evictions", s.evictions}});
+        }
+        nlohmann::json j = {{"healthy", healthy},
+                            {"workers", workers},
+                            {"shards", shards},
+                            {"pending", st.pending.size()},
+                            {"outstanding", st.requests.size()},
+                            {"worker_deaths", st.deaths},
+                            {"migrations", st.migrations}};
         return j.dump();
       },
   };

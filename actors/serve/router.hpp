@@ -26,6 +26,8 @@ struct router_config {
   uint32_t ttft_slo_ms = 0;            ///< reject early when the predicted TTFT exceeds it (0: off)
   uint32_t queue_timeout_ms = 30'000;  ///< a request with no live worker for this long fails
   float prefill_tokens_per_s_hint = 500.0f;  ///< prefill rate assumed until a worker measured one
+  /// Worker choice: "least-ttft" (least predicted time to first token) or "round-robin".
+  std::string route = "least-ttft";
   uint32_t stall_ms = 10'000;  ///< a worker with work and no step for this long is unhealthy
   std::shared_ptr<metrics_registry> metrics;  ///< may be null
 };

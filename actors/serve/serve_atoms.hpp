@@ -29,5 +29,20 @@ using tick_atom = caf::atom_constant<caf::atom("s_tick")>;
 using stop_atom = caf::atom_constant<caf::atom("s_stop")>;
 using handoff_atom = caf::atom_constant<caf::atom("s_handoff")>;
 using pulled_atom = caf::atom_constant<caf::atom("s_pulled")>;
+// Prefix-cache pool (actors/cache/cache_shard.hpp):
+//   worker -> shard    (cache_lookup_atom, CacheLookup)         -> shard replies (cache_reply_atom,
+//   CacheLookupReply) worker -> shard    (cache_release_atom, CacheRelease)       staging slots
+//   pulled worker -> shard    (cache_publish_atom, CachePublish)       -> shard replies
+//   (cache_done_atom, CachePublishDone) shard -> router    (hello_atom, WorkerHello role
+//   cacheShard), (cache_load_atom, CacheShardLoad) router -> workers  (shards_atom, names, handles)
+//   the live shards, on every change
+using cache_lookup_atom = caf::atom_constant<caf::atom("c_lookup")>;
+using cache_reply_atom = caf::atom_constant<caf::atom("c_reply")>;
+using cache_release_atom = caf::atom_constant<caf::atom("c_release")>;
+using cache_publish_atom = caf::atom_constant<caf::atom("c_publish")>;
+using cache_done_atom = caf::atom_constant<caf::atom("c_done")>;
+using cache_load_atom = caf::atom_constant<caf::atom("c_load")>;
+using shards_atom = caf::atom_constant<caf::atom("c_shards")>;
+using fetch_timeout_atom = caf::atom_constant<caf::atom("c_fetchto")>;
 
 }  // namespace weft::serve

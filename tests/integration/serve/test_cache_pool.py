@@ -1,0 +1,114 @@
+"""Prefix-cache pool (TokenLake): `weft serve --workers 2 --cache-shards 2`.
+
+A prompt prefilled on worker A is published to the shards; the same prefix sent to worker B is
+fetched from the pool over UCX and must give exactly the output of a cold run (greedy and seeded
+sampling, with log-probabilities), with `usage.prompt_tokens_details.cached_tokens` counting the
+pooled tokens. Round-robin routing makes the two workers alternate deterministically.
+
+Usage: test_cache_pool.py --weft PATH/TO/weft     (exit 77 = skipped: no model)
+"""
+import argparse
+import json
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
+from weft_serve import WeftServer, default_model_path  # noqa: E402
+
+WEFT = None
+SERVER = None
+COLD = {}
+SEGMENT = 32
+PREFIX = "You are a careful assistant. " + " ".join("fact%d is %d;" % (i, i * 3) for i in range(60))
+BODIES = {
+    "greedy_a": {"prompt": PREFIX + " Question A: what is fact7?", "max_tokens": 12, "temperature": 0},
+    "greedy_b": {"prompt": PREFIX + " Question B: what is fact9?", "max_tokens": 12, "temperature": 0},
+    "sampled_c": {"prompt": PREFIX + " Question C: pick a fact.", "max_tokens": 16, "temperature": 0.9,
+                  "seed": 21, "logprobs": 2, "ignore_eos": True},
+}
+
+
+def completion(srv, body):
+    status, text = srv.request("POST", "/v1/completions", body)
+    assert status == 200, text
+    out = json.loads(text)
+    c = out["choices"][0]
+    return (c["text"], c["finish_reason"], (c.get("logprobs") or {}).get("token_logprobs")), out["usage"]
+
+
+def pool_hits(srv):
+    return sum(v for (n, l), v in srv.metrics().items() if n == "weft_cache_hit_tokens" and ("source", "pool") in l)
+
+
+def wait_segments(srv, at_least, timeout_s=20):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        n = sum(s["segments"] for s in srv.admin()["router"]["shards"])
+        if n >= at_least:
+            return n
+        time.sleep(0.2)
+    return sum(s["segments"] for s in srv.admin()["router"]["shards"])
+
+
+class CachePoolTest(unittest.TestCase):
+    def test_1_prefix_from_the_pool_on_another_worker_equals_a_cold_run(self):
+        shards = SERVER.admin()["router"]["shards"]
+        self.assertEqual(len(shards), 2)
+        # Worker A (round-robin turn 0) prefills cold and publishes the prefix's segments.
+        got, usage = completion(SERVER, BODIES["greedy_a"])
+        self.assertEqual(got, COLD["greedy_a"])
+        self.assertEqual(usage["prompt_tokens_details"]["cached_tokens"], 0)
+        n_segments = usage["prompt_tokens"] // SEGMENT
+        self.assertGreaterEqual(wait_segments(SERVER, n_segments - 1), n_segments - 1)
+        before = pool_hits(SERVER)
+        # Worker B (turn 1) has nothing local: the shared prefix comes from the pool.
+        got, usage = completion(SERVER, BODIES["greedy_b"])
+        self.assertEqual(got, COLD["greedy_b"])
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        self.assertGreater(cached, 0)
+        self.assertEqual(cached % SEGMENT, 0, "pooled tokens come in whole segments")
+        self.assertEqual(pool_hits(SERVER) - before, cached)
+        # Seeded sampling with log-probs is unchanged too (turn 2 = worker A again: local hit;
+        # turn 3 = worker B: local or pool); both must equal the cold run.
+        for _ in range(2):
+            got, usage = completion(SERVER, BODIES["sampled_c"])
+            self.assertEqual(got, COLD["sampled_c"])
+            self.assertGreater(usage["prompt_tokens_details"]["cached_tokens"], 0)
+
+    def test_2_metrics_and_status(self):
+        completion(SERVER, BODIES["greedy_a"])
+        m = SERVER.metrics()
+        names = {n for n, _ in m}
+        for n in ("weft_cache_segments", "weft_cache_bytes_used", "weft_cache_hit_tokens", "weft_cache_shard_imbalance",
+                  "weft_cache_shard_lookups", "weft_cache_pool_bytes_in"):
+            self.assertIn(n, names)
+        shards = SERVER.admin()["router"]["shards"]
+        self.assertTrue(all(s["capacity_bytes"] > 0 for s in shards))
+        self.assertEqual(SERVER.wait_kv_free(), 0)
+
+
+def main():
+    global WEFT, SERVER
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weft", required=True)
+    args, rest = ap.parse_known_args()
+    WEFT = args.weft
+    if not os.path.exists(default_model_path()):
+        print("SKIP: the default model is not fetched (scripts/fetch_model.sh)")
+        return 77
+    with WeftServer(WEFT, ["--workers", "1", "--no-prefix-cache"]) as ref:
+        for name, body in BODIES.items():
+            COLD[name] = completion(ref, body)[0]
+    with WeftServer(WEFT, ["--workers", "2", "--cache-shards", "2", "--segment-tokens", str(SEGMENT),
+                           "--cache-mem-gb", "0.25", "--route", "round-robin"]) as srv:
+        SERVER = srv
+        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+        if not prog.result.wasSuccessful():
+            sys.stderr.write("".join(srv.log_lines[-60:]))
+        return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
