@@ -2,11 +2,11 @@
 
 #include "actors/cache/cache_shard.hpp"
 
+#include <spdlog/spdlog.h>
+#include <unistd.h>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -38,15 +38,18 @@ using serve::tick_atom;
 
 result<shard_config> shard_config::from_json(const std::string& json) {
   auto j = nlohmann::json::parse(json.empty() ? "{}" : json, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return make_error(errc::invalid_argument, "cache_shard: config is not a JSON object");
+  if (j.is_discarded() || !j.is_object())
+    return make_error(errc::invalid_argument, "cache_shard: config is not a JSON object");
   shard_config c;
   try {
     const auto router = j.value("router", std::string{});
     const auto colon = router.rfind(':');
-    if (colon == std::string::npos) return make_error(errc::invalid_argument, "cache_shard: config.router must be HOST:PORT");
+    if (colon == std::string::npos)
+      return make_error(errc::invalid_argument, "cache_shard: config.router must be HOST:PORT");
     c.router_host = router.substr(0, colon);
     const int port = std::stoi(router.substr(colon + 1));
-    if (port <= 0 || port > 65535) return make_error(errc::invalid_argument, "cache_shard: router port out of range");
+    if (port <= 0 || port > 65535)
+      return make_error(errc::invalid_argument, "cache_shard: router port out of range");
     c.router_port = static_cast<uint16_t>(port);
     c.capacity_bytes = j.value("capacity_bytes", c.capacity_bytes);
     c.segment_bytes = j.value("segment_bytes", c.segment_bytes);
@@ -54,11 +57,14 @@ result<shard_config> shard_config::from_json(const std::string& json) {
     c.lease_ms = j.value("lease_ms", c.lease_ms);
     c.load_interval_ms = j.value("load_interval_ms", c.load_interval_ms);
   } catch (const std::exception& e) {
-    return make_error(errc::invalid_argument, std::string{"cache_shard: bad config field: "} + e.what());
-  }
-  if (c.segment_bytes < 1 || c.capacity_bytes < c.segment_bytes || c.staging_slots < 1 || c.lease_ms < 50) {
     return make_error(errc::invalid_argument,
-                      "cache_shard: need segment_bytes >= 1, capacity_bytes >= segment_bytes, staging_slots >= 1, "
+                      std::string{"cache_shard: bad config field: "} + e.what());
+  }
+  if (c.segment_bytes < 1 || c.capacity_bytes < c.segment_bytes || c.staging_slots < 1 ||
+      c.lease_ms < 50) {
+    return make_error(errc::invalid_argument,
+                      "cache_shard: need segment_bytes >= 1, capacity_bytes >= segment_bytes, "
+                      "staging_slots >= 1, "
                       "lease_ms >= 50");
   }
   if (c.load_interval_ms < 10) c.load_interval_ms = 10;
@@ -171,29 +177,31 @@ void on_lookup(shard_ptr self, const envelope& env) {
     std::memcpy(st.slot_data(slot), bytes->data(), bytes->size());
     const uint64_t lease = st.next_lease++;
     st.leases[lease] = {slot, deadline};
-    hits.push_back({key, static_cast<uint64_t>(slot) * static_cast<uint64_t>(st.cfg.segment_bytes), bytes->size(), lease});
+    hits.push_back({key, static_cast<uint64_t>(slot) * static_cast<uint64_t>(st.cfg.segment_bytes),
+                    bytes->size(), lease});
     ++st.hits;
     st.bytes_out += bytes->size();
   }
-  self->send(sender, cache_reply_atom::value,
-             envelope::build<wire::CacheLookupReply>([&](wire::CacheLookupReply::Builder b) {
-               b.setRequestId(lk.getRequestId());
-               b.setShard(st.shard_name);
-               auto l = b.initHits(static_cast<unsigned>(hits.size()));
-               for (size_t i = 0; i < hits.size(); ++i) {
-                 auto h = l[static_cast<unsigned>(i)];
-                 h.setKey(hits[i].key);
-                 h.setOffset(hits[i].offset);
-                 h.setSizeBytes(hits[i].size);
-                 h.setLeaseId(hits[i].lease);
-               }
-               b.setPeerAddress(kj::ArrayPtr<const kj::byte>(reinterpret_cast<const kj::byte*>(st.address.data()),
-                                                             st.address.size()));
-               b.setRegion(kj::ArrayPtr<const kj::byte>(reinterpret_cast<const kj::byte*>(st.staging_key.data()),
-                                                        st.staging_key.size()));
-               b.setRegionBytes(st.staging.size_bytes);
-               b.setDeadlineMs(deadline);
-             }));
+  self->send(
+      sender, cache_reply_atom::value,
+      envelope::build<wire::CacheLookupReply>([&](wire::CacheLookupReply::Builder b) {
+        b.setRequestId(lk.getRequestId());
+        b.setShard(st.shard_name);
+        auto l = b.initHits(static_cast<unsigned>(hits.size()));
+        for (size_t i = 0; i < hits.size(); ++i) {
+          auto h = l[static_cast<unsigned>(i)];
+          h.setKey(hits[i].key);
+          h.setOffset(hits[i].offset);
+          h.setSizeBytes(hits[i].size);
+          h.setLeaseId(hits[i].lease);
+        }
+        b.setPeerAddress(kj::ArrayPtr<const kj::byte>(
+            reinterpret_cast<const kj::byte*>(st.address.data()), st.address.size()));
+        b.setRegion(kj::ArrayPtr<const kj::byte>(
+            reinterpret_cast<const kj::byte*>(st.staging_key.data()), st.staging_key.size()));
+        b.setRegionBytes(st.staging.size_bytes);
+        b.setDeadlineMs(deadline);
+      }));
 }
 
 void release_staged(shard_state& st, uint64_t lease) {
@@ -203,13 +211,14 @@ void release_staged(shard_state& st, uint64_t lease) {
   st.leases.erase(it);
 }
 
-void publish_done(shard_ptr self, const caf::actor& worker, uint64_t lease_id, const std::vector<uint64_t>& stored,
-                  const error& err) {
+void publish_done(shard_ptr self, const caf::actor& worker, uint64_t lease_id,
+                  const std::vector<uint64_t>& stored, const error& err) {
   self->send(worker, cache_done_atom::value,
              envelope::build<wire::CachePublishDone>([&](wire::CachePublishDone::Builder b) {
                b.setLeaseId(lease_id);
                auto l = b.initStored(static_cast<unsigned>(stored.size()));
-               for (size_t i = 0; i < stored.size(); ++i) l.set(static_cast<unsigned>(i), stored[i]);
+               for (size_t i = 0; i < stored.size(); ++i)
+                 l.set(static_cast<unsigned>(i), stored[i]);
                b.setShard(self->state.shard_name);
                if (!err.ok()) {
                  b.initError().setCode(schema::to_wire(err.code));
@@ -237,21 +246,25 @@ void on_publish(shard_ptr self, const envelope& env) {
   auto pub = m->get();
   auto draw = pub.getDescriptor();
   const auto desc_env = envelope::from_bytes(
-      schema::kind::kv_descriptor, std::span<const std::byte>(reinterpret_cast<const std::byte*>(draw.begin()), draw.size()));
+      schema::kind::kv_descriptor,
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(draw.begin()), draw.size()));
   auto dv = desc_env.read<wire::KvDescriptor>();
   if (!dv) {
-    spdlog::warn("shard {}: publish with a malformed descriptor: {}", st.shard_name, dv.error().to_string());
+    spdlog::warn("shard {}: publish with a malformed descriptor: {}", st.shard_name,
+                 dv.error().to_string());
     return;
   }
   auto d = dv->get();
   const uint64_t lease_id = d.getLeaseId();
   auto refuse = [&](const std::string& why) {
-    publish_done(self, worker, lease_id, {}, make_error(errc::invalid_argument, "cache publish: " + why));
+    publish_done(self, worker, lease_id, {},
+                 make_error(errc::invalid_argument, "cache publish: " + why));
   };
   const int64_t n_layers = layers_of(d.getLayout().cStr());
   const uint64_t bb = d.getBlockBytes();
   auto block_ids = d.getBlockIds();
-  if (n_layers < 1 || bb == 0 || d.getRegions().size() != 2) return refuse("descriptor without layers, block size or pools");
+  if (n_layers < 1 || bb == 0 || d.getRegions().size() != 2)
+    return refuse("descriptor without layers, block size or pools");
   const uint64_t now = actors::now_ms();
   if (d.getLeaseDeadlineMs() <= now + 20) return refuse("lease already over");
   std::vector<pull_piece> pieces;
@@ -266,9 +279,12 @@ void on_publish(shard_ptr self, const envelope& env) {
       already.push_back(key);
       continue;
     }
-    const uint64_t bytes = static_cast<uint64_t>(seg.getNBlocks()) * static_cast<uint64_t>(n_layers) * 2 * bb;
-    if (bytes != static_cast<uint64_t>(st.cfg.segment_bytes)) return refuse("segment size does not match the shard's");
-    if (static_cast<uint64_t>(seg.getFirstBlock()) + seg.getNBlocks() > block_ids.size()) return refuse("blocks out of range");
+    const uint64_t bytes =
+        static_cast<uint64_t>(seg.getNBlocks()) * static_cast<uint64_t>(n_layers) * 2 * bb;
+    if (bytes != static_cast<uint64_t>(st.cfg.segment_bytes))
+      return refuse("segment size does not match the shard's");
+    if (static_cast<uint64_t>(seg.getFirstBlock()) + seg.getNBlocks() > block_ids.size())
+      return refuse("blocks out of range");
     if (st.free_slots.empty()) break;  // busy: the rest is not stored this time
     const int32_t slot = st.free_slots.back();
     st.free_slots.pop_back();
@@ -293,13 +309,16 @@ void on_publish(shard_ptr self, const envelope& env) {
   std::vector<std::vector<std::byte>> keys;
   for (auto r : d.getRegions()) {
     auto k = r.getRemoteKey();
-    keys.emplace_back(reinterpret_cast<const std::byte*>(k.begin()), reinterpret_cast<const std::byte*>(k.end()));
+    keys.emplace_back(reinterpret_cast<const std::byte*>(k.begin()),
+                      reinterpret_cast<const std::byte*>(k.end()));
   }
   auto me = caf::actor_cast<caf::actor>(self);
   const auto timeout = static_cast<uint32_t>(d.getLeaseDeadlineMs() - now - 20);
   auto pull = st.puller->start(
-      std::span<const std::byte>(reinterpret_cast<const std::byte*>(addr.begin()), addr.size()), keys, {st.staging},
-      pieces, timeout, [me](uint64_t id, bool ok, std::string err) { caf::anon_send(me, pulled_atom::value, id, ok, err); });
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(addr.begin()), addr.size()),
+      keys, {st.staging}, pieces, timeout, [me](uint64_t id, bool ok, std::string err) {
+        caf::anon_send(me, pulled_atom::value, id, ok, err);
+      });
   if (!pull) {
     for (auto& [key, slot] : pp.key_slots) {
       st.inflight_keys.erase(key);
@@ -322,7 +341,9 @@ void on_pulled(shard_ptr self, uint64_t pull_id, bool ok, const std::string& err
   for (auto& [key, slot] : pp.key_slots) {
     st.inflight_keys.erase(key);
     if (ok) {
-      auto s = st.store->put(key, std::span<const std::byte>(st.slot_data(slot), static_cast<size_t>(st.cfg.segment_bytes)));
+      auto s =
+          st.store->put(key, std::span<const std::byte>(st.slot_data(slot),
+                                                        static_cast<size_t>(st.cfg.segment_bytes)));
       if (s.ok()) {
         stored.push_back(key);
         ++st.stored;
@@ -333,11 +354,13 @@ void on_pulled(shard_ptr self, uint64_t pull_id, bool ok, const std::string& err
     }
     st.free_slots.push_back(slot);
   }
-  publish_done(self, pp.worker, pp.lease_id, stored, ok ? error{} : make_error(errc::unavailable, "pull failed: " + err));
+  publish_done(self, pp.worker, pp.lease_id, stored,
+               ok ? error{} : make_error(errc::unavailable, "pull failed: " + err));
 }
 
 caf::behavior cache_shard(shard_ptr self, std::string name, std::string node_id, shard_config cfg,
-                          actors::cluster_secret secret, std::shared_ptr<transport::engine> transport) {
+                          actors::cluster_secret secret,
+                          std::shared_ptr<transport::engine> transport) {
   auto& st = self->state;
   st.shard_name = std::move(name);
   st.node_id = std::move(node_id);
@@ -355,7 +378,8 @@ caf::behavior cache_shard(shard_ptr self, std::string name, std::string node_id,
   auto store = segment_store::create(sc);
   if (!store) return fail(store.error().to_string());
   st.store.emplace(std::move(store.value()));
-  auto region = st.transport->allocate_memory(static_cast<size_t>(st.cfg.segment_bytes) * static_cast<size_t>(st.cfg.staging_slots));
+  auto region = st.transport->allocate_memory(static_cast<size_t>(st.cfg.segment_bytes) *
+                                              static_cast<size_t>(st.cfg.staging_slots));
   if (!region) return fail("staging memory: " + region.error().to_string());
   st.staging = *region;
   auto key = st.transport->describe(st.staging);
@@ -371,14 +395,17 @@ caf::behavior cache_shard(shard_ptr self, std::string name, std::string node_id,
     if (router) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (!router) return fail("cannot reach the router at " + st.cfg.router_host + ":" + std::to_string(st.cfg.router_port));
+  if (!router)
+    return fail("cannot reach the router at " + st.cfg.router_host + ":" +
+                std::to_string(st.cfg.router_port));
   st.router = *router;
   self->monitor(st.router);
   self->set_down_handler([self](const caf::down_msg& dm) {
     if (dm.source == self->state.router.address()) self->quit(caf::exit_reason::user_shutdown);
   });
   spdlog::info("shard {}: {} MiB for {} segments of {} KiB, {} staging slots", st.shard_name,
-               st.cfg.capacity_bytes >> 20, st.store->n_slots(), st.cfg.segment_bytes >> 10, st.cfg.staging_slots);
+               st.cfg.capacity_bytes >> 20, st.store->n_slots(), st.cfg.segment_bytes >> 10,
+               st.cfg.staging_slots);
   self->send(st.router, hello_atom::value, make_hello(st));
   self->send(self, tick_atom::value);
   return {
@@ -389,8 +416,12 @@ caf::behavior cache_shard(shard_ptr self, std::string name, std::string node_id,
         if (!m) return;
         for (uint64_t id : m->get().getLeaseIds()) release_staged(self->state, id);
       },
-      [self](pulled_atom, uint64_t id, bool ok, const std::string& err) { on_pulled(self, id, ok, err); },
-      [self](hello_atom) { self->send(self->state.router, hello_atom::value, make_hello(self->state)); },
+      [self](pulled_atom, uint64_t id, bool ok, const std::string& err) {
+        on_pulled(self, id, ok, err);
+      },
+      [self](hello_atom) {
+        self->send(self->state.router, hello_atom::value, make_hello(self->state));
+      },
       [self](tick_atom) {
         auto& st = self->state;
         const uint64_t now = actors::now_ms();
@@ -404,9 +435,11 @@ caf::behavior cache_shard(shard_ptr self, std::string name, std::string node_id,
         }
         // Defragment: give back slab chunks when a quarter of the allocated memory is holes.
         const auto s = st.store->stats();
-        if (s.bytes_allocated - s.bytes_used > s.bytes_allocated / 4 + st.cfg.segment_bytes) (void)st.store->compact();
+        if (s.bytes_allocated - s.bytes_used > s.bytes_allocated / 4 + st.cfg.segment_bytes)
+          (void)st.store->compact();
         self->send(st.router, cache_load_atom::value, make_load(st));
-        self->delayed_send(self, std::chrono::milliseconds(st.cfg.load_interval_ms), tick_atom::value);
+        self->delayed_send(self, std::chrono::milliseconds(st.cfg.load_interval_ms),
+                           tick_atom::value);
       },
   };
 }
@@ -415,13 +448,18 @@ result<caf::actor> spawn_cache_shard(caf::actor_system& sys, const actors::role_
   auto cfg = shard_config::from_json(ctx.config_json);
   if (!cfg) return cfg.error();
   if (ctx.engine == nullptr) {
-    return make_error(errc::invalid_argument, "cache_shard moves segments over the node's transport, and this node has none");
+    return make_error(
+        errc::invalid_argument,
+        "cache_shard moves segments over the node's transport, and this node has none");
   }
-  return sys.spawn<caf::detached>(cache_shard, ctx.name, ctx.node_id, std::move(cfg.value()), ctx.secret, ctx.engine);
+  return sys.spawn<caf::detached>(cache_shard, ctx.name, ctx.node_id, std::move(cfg.value()),
+                                  ctx.secret, ctx.engine);
 }
 
 }  // namespace
 
-void add_cache_roles(actors::role_registry& roles) { roles.add("cache_shard", spawn_cache_shard); }
+void add_cache_roles(actors::role_registry& roles) {
+  roles.add("cache_shard", spawn_cache_shard);
+}
 
 }  // namespace weft::cache

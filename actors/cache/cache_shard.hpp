@@ -1,7 +1,7 @@
 #pragma once
 /// The cache-shard role ("cache_shard"): one shard of the cluster's prefix-cache segment pool
-/// (TokenLake). It keeps KV segments in host memory (actors/cache/segment_store.hpp), keyed by their
-/// chained hash, and serves engine workers:
+/// (TokenLake). It keeps KV segments in host memory (actors/cache/segment_store.hpp), keyed by
+/// their chained hash, and serves engine workers:
 ///   - publish: a worker offers a sequence's KV under a lease (KvDescriptor) and names the segments
 ///     homed here; the shard pulls their blocks over the transport into a staging slot, stores
 ///     them (LRU eviction among unleased segments) and answers CachePublishDone;
@@ -26,9 +26,9 @@ struct shard_config {
   std::string router_host = "127.0.0.1";
   uint16_t router_port = 0;
   int64_t capacity_bytes = int64_t{256} << 20;
-  int64_t segment_bytes = 0;      ///< bytes of one segment (segment tokens x KV bytes per token)
-  int32_t staging_slots = 32;     ///< segments in flight at once (lookups + publishes)
-  uint32_t lease_ms = 2000;       ///< how long a worker may take to pull a staged hit
+  int64_t segment_bytes = 0;   ///< bytes of one segment (segment tokens x KV bytes per token)
+  int32_t staging_slots = 32;  ///< segments in flight at once (lookups + publishes)
+  uint32_t lease_ms = 2000;    ///< how long a worker may take to pull a staged hit
   uint32_t load_interval_ms = 500;
 
   static result<shard_config> from_json(const std::string& json);

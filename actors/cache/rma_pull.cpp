@@ -50,7 +50,8 @@ result<rma_puller::peer_entry*> rma_puller::peer_for(std::span<const std::byte> 
   std::vector<std::byte> key(address.begin(), address.end());
   if (auto it = peers_.find(key); it != peers_.end()) return &it->second;
   auto peer = engine_->connect(address);
-  if (!peer) return make_error(errc::unavailable, "connecting to a cache peer: " + peer.error().to_string());
+  if (!peer)
+    return make_error(errc::unavailable, "connecting to a cache peer: " + peer.error().to_string());
   auto& e = peers_[key];
   e.peer = *peer;
   return &e;
@@ -67,8 +68,8 @@ void rma_puller::forget(const std::vector<std::byte>& address) {
 result<uint64_t> rma_puller::start(std::span<const std::byte> address,
                                    const std::vector<std::vector<std::byte>>& remote_keys,
                                    const std::vector<transport::region>& locals,
-                                   const std::vector<pull_piece>& pieces,
-                                   uint32_t timeout_ms, pull_done_fn done) {
+                                   const std::vector<pull_piece>& pieces, uint32_t timeout_ms,
+                                   pull_done_fn done) {
   if (pieces.empty()) return make_error(errc::invalid_argument, "rma pull: nothing to pull");
   auto pe = peer_for(address);
   if (!pe) return pe.error();
@@ -91,13 +92,14 @@ result<uint64_t> rma_puller::start(std::span<const std::byte> address,
   std::vector<transport::rma_segment> segs;
   segs.reserve(pieces.size());
   for (const auto& pc : pieces) {
-    if (pc.remote_index >= remotes.size() || pc.local_index >= locals.size() || pc.size_bytes == 0 ||
+    if (pc.remote_index >= remotes.size() || pc.local_index >= locals.size() ||
+        pc.size_bytes == 0 ||
         pc.remote_offset + pc.size_bytes > remotes[pc.remote_index].size_bytes ||
         pc.local_offset + pc.size_bytes > locals[pc.local_index].size_bytes) {
       return make_error(errc::invalid_argument, "rma pull: a piece lies outside its region");
     }
-    segs.push_back(
-        {locals[pc.local_index], pc.local_offset, remotes[pc.remote_index], pc.remote_offset, pc.size_bytes});
+    segs.push_back({locals[pc.local_index], pc.local_offset, remotes[pc.remote_index],
+                    pc.remote_offset, pc.size_bytes});
   }
   const uint64_t id = next_pull_++;
   auto js = std::make_shared<join_state>();
@@ -113,8 +115,9 @@ result<uint64_t> rma_puller::start(std::span<const std::byte> address,
       js->remaining = static_cast<int64_t>(segs.size()) + 1;  // + the guard below
     }
     for (const auto& s : segs) {
-      transport::rma_request rq{p.peer, s.local, s.local_offset_bytes, s.remote, s.remote_offset_bytes,
-                                s.size_bytes, opts};
+      transport::rma_request rq{
+          p.peer,       s.local, s.local_offset_bytes, s.remote, s.remote_offset_bytes,
+          s.size_bytes, opts};
       auto one = engine_->get(rq, [js](const transport::completion& c) { js->part(c); });
       if (!one) {
         transport::completion c;
@@ -126,7 +129,8 @@ result<uint64_t> rma_puller::start(std::span<const std::byte> address,
   } else if (!t) {
     const bool dead = t.error().code == transport::status_code::peer_unreachable;
     if (dead) forget(std::vector<std::byte>(address.begin(), address.end()));
-    return make_error(errc::unavailable, "rma pull: starting the transfer: " + t.error().to_string());
+    return make_error(errc::unavailable,
+                      "rma pull: starting the transfer: " + t.error().to_string());
   }
   pull_peer_[id] = std::vector<std::byte>(address.begin(), address.end());
   return id;

@@ -42,13 +42,14 @@ class rma_puller {
   rma_puller& operator=(const rma_puller&) = delete;
 
   /// Starts pulling `pieces` from the peer at `address` (regions described by `remote_keys`) into
-  /// the `locals` regions. Every piece is bounds-checked against both regions first. Returns the pull id;
-  /// `done` fires exactly once iff this returns ok. Errors: invalid_argument (a piece out of
-  /// bounds, no pieces), unavailable (peer unreachable, transfer could not start).
+  /// the `locals` regions. Every piece is bounds-checked against both regions first. Returns the
+  /// pull id; `done` fires exactly once iff this returns ok. Errors: invalid_argument (a piece out
+  /// of bounds, no pieces), unavailable (peer unreachable, transfer could not start).
   result<uint64_t> start(std::span<const std::byte> address,
                          const std::vector<std::vector<std::byte>>& remote_keys,
-                         const std::vector<transport::region>& locals, const std::vector<pull_piece>& pieces,
-                         uint32_t timeout_ms, pull_done_fn done);
+                         const std::vector<transport::region>& locals,
+                         const std::vector<pull_piece>& pieces, uint32_t timeout_ms,
+                         pull_done_fn done);
 
   /// Call from the owner thread once a pull's callback fired (drops its bookkeeping); a failed
   /// pull's peer is forgotten so the next pull reconnects.

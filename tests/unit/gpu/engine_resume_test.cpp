@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -253,6 +255,76 @@ TEST(EngineResumeArgs, DetachAndImportRefuseWhatTheyCannotTake) {
   const seq_id s2 = kv.create_sequence();
   EXPECT_FALSE((*e)->add_imported_request(1, s2, {5, 6}, 1, sampling_params{}).ok())
       << "duplicate id";
+  EXPECT_EQ(kv.stats().n_sequences, 0);
+}
+
+// Prefix-cache pool path inside one engine: a request's prompt KV snapshot (fork_kv) copied byte
+// for byte into fresh blocks (prepare_import, as a pool fetch does) and queued with
+// add_prefilled_request gives the tokens and log-probs of a cold run, with the copied tokens
+// counted as cached. match_prefix sees the cached blocks without attaching them.
+TEST_P(EngineResume, PrefilledFromCopiedKvEqualsColdRun) {
+  const bool sampled = GetParam();
+  auto l = load_tiny();
+  REQUIRE_MODEL(l);
+  engine_config ec;
+  ec.kv_blocks = 256;
+  ec.block_size = 8;
+  const auto prompt = prompt_of(29, 5);
+  auto cold_engine = engine::create(*l.m, ec);
+  ASSERT_TRUE(cold_engine.ok());
+  ASSERT_TRUE((*cold_engine)->add_request(1, prompt, params_for(sampled, 12, 3)).ok());
+  const auto cold = drain(**cold_engine)[1];
+
+  auto e = engine::create(*l.m, ec);
+  ASSERT_TRUE(e.ok());
+  auto& kv = (*e)->kv();
+  ASSERT_TRUE((*e)->add_request(1, prompt, params_for(sampled, 12, 3)).ok());
+  bool first = false;
+  while (!first) {
+    auto outs = (*e)->step();
+    ASSERT_TRUE(outs.ok());
+    for (const auto& o : *outs) first = first || (o.id == 1 && !o.new_tokens.empty());
+  }
+  auto snap = (*e)->fork_kv(1);
+  ASSERT_TRUE(snap.ok()) << snap.error().to_string();
+  EXPECT_FALSE((*e)->fork_kv(42).ok());
+  ASSERT_EQ(kv.length(*snap), static_cast<int64_t>(prompt.size()));
+  EXPECT_EQ(kv.match_prefix(prompt), 24) << "three full blocks of 8, one token left to compute";
+  const int64_t n = 16;  // two blocks "from the pool"
+  const auto head = std::span<const int32_t>(prompt).first(n);
+  auto src = kv.export_ranges(*snap);
+  ASSERT_TRUE(src.ok());
+  auto dst = kv.prepare_import(kv.layout(), head);
+  ASSERT_TRUE(dst.ok());
+  for (size_t i = 0; i < dst->second.size(); ++i) {
+    std::memcpy(dst->second[i].data, (*src)[i].data, dst->second[i].size_bytes);
+  }
+  ASSERT_TRUE(kv.commit(dst->first, head).ok());
+  ASSERT_TRUE(kv.free_sequence(*snap).ok());
+  ASSERT_TRUE((*e)->abort(1).ok());
+  ASSERT_TRUE((*e)->add_prefilled_request(2, dst->first, prompt, params_for(sampled, 12, 3)).ok());
+  token_trace got;
+  int64_t cached = -1;
+  while ((*e)->has_work()) {
+    auto outs = (*e)->step();
+    ASSERT_TRUE(outs.ok());
+    for (const auto& o : *outs) {
+      if (cached < 0) cached = o.cached_prompt_tokens;
+      for (size_t i = 0; i < o.new_tokens.size(); ++i) {
+        got.tokens.push_back(o.new_tokens[i]);
+        got.logprobs.push_back(o.samples[i].logprob);
+        for (const auto& a : o.samples[i].top) got.logprobs.push_back(a.logprob);
+      }
+    }
+  }
+  EXPECT_EQ(cached, n);
+  EXPECT_EQ(got.tokens, cold.tokens);
+  EXPECT_EQ(got.logprobs, cold.logprobs);
+  EXPECT_EQ(kv.stats().n_blocks_used, 0);
+  // Refusals free the sequence they were given.
+  const seq_id bad = kv.create_sequence();
+  EXPECT_FALSE((*e)->add_prefilled_request(3, bad, prompt, sampling_params{}).ok())
+      << "no cached tokens";
   EXPECT_EQ(kv.stats().n_sequences, 0);
 }
 

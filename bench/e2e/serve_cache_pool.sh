@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Prefix caching on the Mooncake conversation trace (equal hash_ids -> equal prompt blocks), same
+# run, same 2 engine workers: no cache vs local prefix caches (load-balanced routing) vs the
+# cluster segment pool (2 cache shards). Reports TTFT p50/p99, throughput, hit rate (cached prompt
+# tokens / prompt tokens, from usage) and, for the pool, the shard imbalance (max/mean segments).
+# Writes bench/results/serve-cache-{none,local,pool}-<date>.json and a PNG.
+# Usage: bench/e2e/serve_cache_pool.sh [weft binary] [requests] [rate]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+weft="${1:-$root/build/release/apps/weft}"
+n="${2:-40}"
+rate="${3:-0.3}"
+trace="$root/../shared/traces/mooncake_conversation_trace.jsonl"
+port=8396
+day="$(date +%Y%m%d-%H%M)"
+out="$root/bench/results"
+mkdir -p "$out"
+load_flags=(--url "http://127.0.0.1:$port" -n "$n" --trace "$trace" --rate "$rate" --max-prompt-tokens 512
+            --max-output-tokens 24 --scale-percentile 90 --progress-interval-s 0)
+run() {
+  local label="$1"; shift
+  "$weft" serve --port "$port" --workers 2 "$@" > "/tmp/weft-bench-$label.out" 2> "/tmp/weft-bench-$label.err" &
+  local pid=$!
+  for _ in $(seq 240); do grep -q weft-serve-ready "/tmp/weft-bench-$label.out" && break; sleep 0.5; done
+  "$weft" bench serve "${load_flags[@]}" --label "cache-$label" --out "$out/serve-cache-$label-$day.json" \
+    | tee "/tmp/weft-bench-$label.summary"
+  curl -s "http://127.0.0.1:$port/metrics" > "$out/serve-cache-$label-$day.metrics"
+  kill "$pid"; wait "$pid" || true
+}
+run none --no-prefix-cache
+run local
+run pool --cache-shards 2 --segment-tokens 32 --cache-mem-gb 0.5
+python3 - "$out" "$day" <<'PY'
+import json, re, sys
+out, day = sys.argv[1:3]
+rows = {}
+for label in ("none", "local", "pool"):
+    j = json.load(open("%s/serve-cache-%s-%s.json" % (out, label, day)))
+    s = (j["runs"][0] if "runs" in j else j)["summary"]
+    metrics = open("%s/serve-cache-%s-%s.metrics" % (out, label, day)).read()
+    def total(name, **labels):
+        v = 0.0
+        for line in metrics.splitlines():
+            if line.startswith(name) and all('%s="%s"' % kv in line for kv in labels.items()):
+                v += float(line.rsplit(" ", 1)[1])
+        return v
+    segs = [float(l.rsplit(" ", 1)[1]) for l in metrics.splitlines() if l.startswith("weft_cache_segments{")]
+    imb = max(segs) / (sum(segs) / len(segs)) if segs and sum(segs) > 0 else float("nan")
+    rows[label] = dict(ttft50=s["ttft_ms"]["p50"], ttft99=s["ttft_ms"]["p99"], tput=s["output_throughput_tps"],
+                       hit=s["total_cached_tokens"] / max(1, s["total_prompt_tokens"]),
+                       local=total("weft_cache_hit_tokens", source="local"),
+                       pool=total("weft_cache_hit_tokens", source="pool"), imb=imb)
+print("%-6s %10s %10s %9s %8s %12s %12s %9s" % ("config", "TTFT p50", "TTFT p99", "out tok/s", "hit", "local hits", "pool hits", "imbalance"))
+for k, r in rows.items():
+    print("%-6s %8.0fms %8.0fms %9.1f %7.1f%% %12.0f %12.0f %9.2f" % (k, r["ttft50"], r["ttft99"], r["tput"], 100 * r["hit"], r["local"], r["pool"], r["imb"]))
+n, l, p = rows["none"], rows["local"], rows["pool"]
+print("pool TTFT p50: %.2fx lower than no cache (target >= 3x)" % (n["ttft50"] / p["ttft50"]))
+print("pool hit rate: %.2fx local caches' (target >= 1.5x)" % (p["hit"] / l["hit"] if l["hit"] > 0 else float("inf")))
+print("shard imbalance max/mean: %.2f (target <= 1.2)" % p["imb"])
+PY
+python3 "$root/bench/e2e/plot_serve.py" "$out/serve-cache-none-$day.json" "$out/serve-cache-local-$day.json" \
+  "$out/serve-cache-pool-$day.json" -o "$out/serve-cache-pool-$day.png" || true
