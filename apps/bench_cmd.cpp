@@ -62,6 +62,7 @@ struct serve_bench_options {
   int64_t max_prompt_tokens = 0;
   int64_t max_output_tokens = 0;
   double scale_percentile = 100.0;
+  double prompt_scale = 0.0;
   // What to run.
   std::vector<double> rates;
   bool goodput = false;
@@ -230,9 +231,10 @@ class serve_bench {
       if (!t) return fail(t.error());
       trace_ = std::make_unique<lg::trace>(std::move(t.value()));
       wl_.source_trace = trace_.get();
-      wl_.scaling = {
-          o_.trace_offset,    0, o_.time_scale, 0.0, o_.max_prompt_tokens, o_.max_output_tokens,
-          o_.scale_percentile};
+      wl_.scaling = {o_.trace_offset,      0,
+                     o_.time_scale,        0.0,
+                     o_.max_prompt_tokens, o_.max_output_tokens,
+                     o_.scale_percentile,  o_.prompt_scale};
       if (o_.time_scale > 0 && (o_.rate_given || o_.goodput || !o_.rates.empty())) {
         return fail(
             "--time-scale fixes the trace's speed: do not combine it with --rate, --rates or "
@@ -513,6 +515,11 @@ void add_serve_bench(CLI::App& bench) {
                   "tokens (clip above)")
       ->group(g_tr);
   cmd->add_option("--max-output-tokens", o->max_output_tokens, "Same for output lengths")
+      ->group(g_tr);
+  cmd->add_option("--prompt-scale", o->prompt_scale,
+                  "Multiply trace prompt lengths (and Mooncake hash blocks) by this instead of the "
+                  "--scale-percentile rule; --max-prompt-tokens still clips")
+      ->check(CLI::NonNegativeNumber)
       ->group(g_tr);
   cmd->add_option("--scale-percentile", o->scale_percentile,
                   "Percentile of the lengths mapped onto the maximum")

@@ -394,10 +394,14 @@ void add_serve_command(CLI::App& app, const global_options&) {
          "--decode", cli->decode,
          "Decode workers: pull each prompt's KV from a prefill worker over UCX (with --prefill)")
       ->check(CLI::Range(0, 64));
-  cmd->add_option("--route", cli->route,
-                  "Worker choice: least-ttft (least predicted time to first token) or round-robin")
+  cmd->add_option(
+         "--route", cli->route,
+         "Worker choice: least-ttft (predicted TTFT with cache and pool hits, Mooncake-style), "
+         "cache-affinity (longest cached prefix, SGLang/Dynamo-style), least-load (TTFT ignoring "
+         "caches), "
+         "round-robin")
       ->capture_default_str()
-      ->check(CLI::IsMember({"least-ttft", "round-robin"}));
+      ->check(CLI::IsMember({"least-ttft", "cache-affinity", "least-load", "round-robin"}));
   cmd->add_option("--cache-shards", cli->cache_shards,
                   "Prefix-cache pool (TokenLake): shard processes holding KV segments in host "
                   "memory (0 = none)")

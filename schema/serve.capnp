@@ -102,6 +102,8 @@ struct WorkerHello {
   sessionToken @9 :Data;            # HMAC of name + nodeId with the cluster secret
   policy @10 :Text;
   deadlineMs @11 :UInt64;           # the session token's deadline
+  segmentTokens @12 :UInt32;        # prefix-cache pool segment size (0: the worker uses no pool)
+  kvBytesPerToken @13 :UInt64;      # K+V bytes of one token over all layers (transfer estimates)
 }
 
 # Worker -> router, periodically and on demand: load and progress.

@@ -333,6 +333,11 @@ envelope make_hello(const worker_state& st) {
     b.setMaxRunning(static_cast<uint32_t>(st.cfg.max_running));
     b.setNCtx(static_cast<uint32_t>(st.host->n_ctx));
     b.setPolicy(st.cfg.policy);
+    b.setSegmentTokens(static_cast<uint32_t>(st.cfg.segment_tokens));
+    const auto& lay = st.engine->kv().layout();
+    b.setKvBytesPerToken(
+        static_cast<uint64_t>(lay.block_bytes() / static_cast<size_t>(lay.block_size)) * 2 *
+        static_cast<uint64_t>(lay.n_layers));
     b.setDeadlineMs(deadline);
     b.setSessionToken(kj::ArrayPtr<const kj::byte>(token.data(), token.size()));
   });

@@ -9,9 +9,13 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <list>
 #include <map>
 #include <set>
+#include <span>
+#include <unordered_map>
 
+#include "actors/cache/segment_keys.hpp"
 #include "actors/serve/engine_worker.hpp"
 #include "actors/serve/serve_atoms.hpp"
 #include "actors/serve/wire_convert.hpp"
@@ -79,6 +83,40 @@ void declare_router_metrics(metrics_registry& m) {
 
 namespace {
 
+/// A bounded set of prefix keys, least recently used dropped first: the router's picture of what a
+/// worker's prefix cache (or the pool) holds, from the prompts it sent there.
+class key_lru {
+ public:
+  void set_capacity(size_t n) { capacity_ = std::max<size_t>(n, 1); }
+  void touch(uint64_t key) {
+    if (auto it = pos_.find(key); it != pos_.end()) {
+      order_.splice(order_.begin(), order_, it->second);
+      return;
+    }
+    order_.push_front(key);
+    pos_[key] = order_.begin();
+    while (order_.size() > capacity_) {
+      pos_.erase(order_.back());
+      order_.pop_back();
+    }
+  }
+  /// Leading keys of `keys` held.
+  size_t leading(const std::vector<uint64_t>& keys) const {
+    size_t n = 0;
+    while (n < keys.size() && pos_.count(keys[n]) != 0) ++n;
+    return n;
+  }
+  void clear() {
+    order_.clear();
+    pos_.clear();
+  }
+
+ private:
+  size_t capacity_ = 4096;
+  std::list<uint64_t> order_;
+  std::unordered_map<uint64_t, std::list<uint64_t>::iterator> pos_;
+};
+
 struct worker_info {
   std::string name;
   caf::actor handle;
@@ -97,6 +135,10 @@ struct worker_info {
   uint64_t queued_prefill_tokens = 0;
   uint64_t last_step_unix_ms = 0;
   uint64_t pool_hit_tokens = 0, prompt_tokens = 0, pool_bytes_in = 0;
+  uint32_t block_size = 16;
+  uint32_t segment_tokens = 0;  ///< the worker's pool segment size (0: no pool)
+  uint64_t kv_bytes_per_token = 0;
+  key_lru recent;  ///< prefix keys of prompts it prefilled lately (its cache, roughly)
   std::vector<uint32_t> levels;
   float prefill_rate = 0.0f;  ///< EWMA of measured prefill tokens/s while prefilling
   float decode_rate = 0.0f;
@@ -129,6 +171,7 @@ struct shard_info {
   caf::actor handle;
   std::string node_id;
   uint32_t pid = 0;
+  uint64_t slots = 0;
   uint64_t n_segments = 0, bytes_used = 0, capacity_bytes = 0, lookups = 0, hits = 0, publishes = 0,
            evictions = 0, bytes_in = 0, bytes_out = 0;
 };
@@ -138,6 +181,8 @@ struct router_state {
   router_config cfg;
   std::map<std::string, worker_info> workers;
   std::map<std::string, shard_info> shards;
+  key_lru pool_keys;        ///< prefix keys the pool holds, roughly (prompts prefilled with a pool)
+  uint64_t pool_slots = 0;  ///< segment slots over all shards
   std::map<uint64_t, request_info> requests;
   std::deque<uint64_t> pending;
   uint64_t deaths = 0;
@@ -266,43 +311,113 @@ void release_lease(router_ptr self, request_info& r) {
   r.lease_id = 0;
 }
 
-/// Predicted time to first token of a `prompt_tokens` prompt on `w`, in ms.
-double predicted_ttft_ms(const router_state& st, const worker_info& w, size_t prompt_tokens) {
+/// Tokens per prefix key of the router's cache picture: the pool's segment size when workers use
+/// one, else four KV blocks.
+int64_t key_tokens(const worker_info& w) {
+  return w.segment_tokens > 0 ? w.segment_tokens
+                              : 4 * static_cast<int64_t>(std::max<uint32_t>(w.block_size, 1));
+}
+
+std::vector<uint64_t> prefix_keys(const worker_info& w, std::span<const int32_t> prompt) {
+  cache::segment_key_config kc;
+  kc.model_id = w.model;
+  kc.kv_layout = "router";
+  kc.segment_tokens = key_tokens(w);
+  return cache::segment_keys(kc, prompt);
+}
+
+/// What a prompt would find cached on `w`: tokens in its own cache, tokens in the pool.
+struct cache_estimate {
+  int64_t local_tokens = 0;
+  int64_t pool_tokens = 0;
+};
+
+cache_estimate estimate_cache(const router_state& st, const worker_info& w,
+                              const std::vector<uint64_t>& keys, size_t prompt_tokens) {
+  cache_estimate e;
+  const int64_t g = key_tokens(w);
+  const auto cap = static_cast<int64_t>(prompt_tokens) - 2;
+  e.local_tokens = std::min<int64_t>(static_cast<int64_t>(w.recent.leading(keys)) * g,
+                                     std::max<int64_t>(cap, 0));
+  if (w.segment_tokens > 0 && !st.shards.empty()) {
+    e.pool_tokens = std::min<int64_t>(static_cast<int64_t>(st.pool_keys.leading(keys)) * g,
+                                      std::max<int64_t>(cap, 0));
+  }
+  return e;
+}
+
+/// Predicted time to first token of a `prompt_tokens` prompt on `w`, in ms; `cached` (when given)
+/// is what its cache or the pool already holds (the pool's part costs a transfer).
+double predicted_ttft_ms(const router_state& st, const worker_info& w, size_t prompt_tokens,
+                         const cache_estimate& cached = {}) {
   const double rate = w.prefill_rate > 1.0f ? w.prefill_rate : st.cfg.prefill_tokens_per_s_hint;
+  const int64_t hit = std::max(cached.local_tokens, cached.pool_tokens);
+  const double transfer_ms =
+      cached.pool_tokens > cached.local_tokens
+          ? static_cast<double>((cached.pool_tokens - cached.local_tokens) * w.kv_bytes_per_token) /
+                (st.cfg.pool_gbps * 1e6)
+          : 0.0;
   const double queued =
-      static_cast<double>(w.queued_prefill_tokens + w.dispatched_prompt_tokens + prompt_tokens);
+      static_cast<double>(w.queued_prefill_tokens + w.dispatched_prompt_tokens + prompt_tokens) -
+      static_cast<double>(hit);
   // Sequences beyond max_running wait for a slot: a rough extra delay of one decode pass each.
   double slot_wait_ms = 0.0;
   if (w.max_running > 0 && w.n_running + w.inflight.size() >= w.max_running &&
       w.decode_rate > 1.0f) {
     slot_wait_ms = 1000.0 * static_cast<double>(w.n_waiting + 1) / w.decode_rate * w.max_running;
   }
-  return 1000.0 * queued / rate + slot_wait_ms;
+  return 1000.0 * std::max(queued, 0.0) / rate + slot_wait_ms + transfer_ms;
 }
 
-worker_info* choose_worker(router_state& st, size_t prompt_tokens, double* ttft_ms) {
+/// The worker for a prompt (prompt + `extra` resumed tokens) by the configured route; its
+/// predicted TTFT in *ttft_ms.
+worker_info* choose_worker(router_state& st, std::span<const int32_t> prompt, size_t extra,
+                           double* ttft_ms) {
   worker_info* best = nullptr;
   double best_ms = 0.0;
-  if (st.cfg.route == "round-robin") {
-    std::vector<worker_info*> able;
-    for (auto& [name, w] : st.workers) {
-      if (can_prefill(w)) able.push_back(&w);
-    }
-    if (able.empty()) return nullptr;
-    best = able[st.round_robin++ % able.size()];
-    if (ttft_ms != nullptr) *ttft_ms = predicted_ttft_ms(st, *best, prompt_tokens);
-    return best;
-  }
+  const size_t n = prompt.size() + extra;
+  std::vector<worker_info*> able;
   for (auto& [name, w] : st.workers) {
-    if (!can_prefill(w)) continue;
-    const double ms = predicted_ttft_ms(st, w, prompt_tokens);
-    if (best == nullptr || ms < best_ms) {
-      best = &w;
-      best_ms = ms;
+    if (can_prefill(w)) able.push_back(&w);
+  }
+  if (able.empty()) return nullptr;
+  const auto& route = st.cfg.route;
+  if (route == "round-robin") {
+    best = able[st.round_robin++ % able.size()];
+    best_ms = predicted_ttft_ms(st, *best, n);
+  } else {
+    // Resumed sequences (extra > 0) replay tokens the caches never saw: only the prompt can hit.
+    const auto keys =
+        route == "least-load" ? std::vector<uint64_t>{} : prefix_keys(*able.front(), prompt);
+    size_t best_local = 0;
+    for (auto* w : able) {
+      const auto c = keys.empty() ? cache_estimate{} : estimate_cache(st, *w, keys, prompt.size());
+      const double ms = predicted_ttft_ms(st, *w, n, c);
+      const auto local = static_cast<size_t>(c.local_tokens);
+      const bool better =
+          best == nullptr ||
+          (route == "cache-affinity" ? local > best_local || (local == best_local && ms < best_ms)
+                                     : ms < best_ms);
+      if (better) {
+        best = w;
+        best_ms = ms;
+        best_local = local;
+      }
     }
   }
   if (ttft_ms != nullptr) *ttft_ms = best_ms;
   return best;
+}
+
+/// Records that `w` prefills `prompt`: its cache (and the pool, which it publishes to) now hold the
+/// prompt's prefix keys, as far as the router can tell.
+void note_prefill(router_state& st, worker_info& w, std::span<const int32_t> prompt) {
+  if (st.cfg.route == "round-robin" || st.cfg.route == "least-load") return;
+  const auto keys = prefix_keys(w, prompt);
+  for (uint64_t k : keys) w.recent.touch(k);
+  if (w.segment_tokens > 0 && !st.shards.empty()) {
+    for (uint64_t k : keys) st.pool_keys.touch(k);
+  }
 }
 
 void dispatch(router_ptr self, uint64_t id, worker_info& w) {
@@ -321,6 +436,7 @@ void dispatch(router_ptr self, uint64_t id, worker_info& w) {
   r.spec.kv_source.clear();
   w.inflight.insert(id);
   w.dispatched_prompt_tokens += r.spec.prompt.size() + r.spec.resume.size();
+  note_prefill(st, w, r.spec.prompt);
   self->send(w.handle, generate_atom::value, to_wire(r.spec));
   spdlog::debug("router: request {} ({}) attempt {} -> {}", id, r.spec.trace_id, r.spec.attempt,
                 w.name);
@@ -335,8 +451,7 @@ void drain_pending(router_ptr self) {
       st.pending.pop_front();
       continue;
     }
-    auto* w =
-        choose_worker(st, it->second.spec.prompt.size() + it->second.generated.size(), nullptr);
+    auto* w = choose_worker(st, it->second.spec.prompt, it->second.generated.size(), nullptr);
     if (w == nullptr) return;
     st.pending.pop_front();
     dispatch(self, id, *w);
@@ -557,6 +672,11 @@ void on_shard_hello(router_ptr self, const std::string& name, wire::WorkerHello:
   s.node_id = hello.getNodeId().cStr();
   s.pid = hello.getPid();
   if (fresh) {
+    s.slots = hello.getKvBlocksTotal();
+    st.pool_slots += s.slots;
+    st.pool_keys.set_capacity(static_cast<size_t>(st.pool_slots));
+    // A (re)started shard is empty: forget what the pool was thought to hold.
+    st.pool_keys.clear();
     self->monitor(sender);
     spdlog::info("router: cache shard {} ready on node {} (pid {}, {} segment slots)", name,
                  s.node_id, s.pid, hello.getKvBlocksTotal());
@@ -616,6 +736,8 @@ caf::behavior router(router_ptr self, router_config cfg) {
       spdlog::warn("router: cache shard {} lost ({}); its segments are misses until it is back",
                    it->first, caf::to_string(dm.reason));
       if (auto& m = self->state.cfg.metrics) m->inc("weft_cache_shard_deaths_total");
+      self->state.pool_slots -= std::min(self->state.pool_slots, it->second.slots);
+      self->state.pool_keys.clear();
       self->state.shards.erase(it);
       broadcast_shards(self);
       break;
@@ -640,7 +762,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
                                                std::to_string(st.cfg.max_outstanding) + ")"));
         }
         double ttft_ms = 0.0;
-        auto* w = choose_worker(st, spec->prompt.size(), &ttft_ms);
+        auto* w = choose_worker(st, spec->prompt, 0, &ttft_ms);
         if (w != nullptr && st.cfg.ttft_slo_ms > 0 && ttft_ms > st.cfg.ttft_slo_ms) {
           count(self, "rejected");
           return make_error_envelope(make_error(
@@ -780,6 +902,12 @@ caf::behavior router(router_ptr self, router_config cfg) {
         w.kv_blocks_total = hello.getKvBlocksTotal();
         w.max_running = hello.getMaxRunning();
         w.n_ctx = hello.getNCtx();
+        w.block_size = hello.getBlockSize();
+        w.segment_tokens = hello.getSegmentTokens();
+        w.kv_bytes_per_token = hello.getKvBytesPerToken();
+        w.recent.set_capacity(static_cast<size_t>(w.kv_blocks_total) *
+                              std::max<uint32_t>(w.block_size, 1) /
+                              static_cast<size_t>(key_tokens(w)));
         w.kv_free = w.kv_blocks_total;
         w.hello_at = clock_type::now();
         w.last_report = clock_type::now();

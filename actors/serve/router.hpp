@@ -26,8 +26,17 @@ struct router_config {
   uint32_t ttft_slo_ms = 0;            ///< reject early when the predicted TTFT exceeds it (0: off)
   uint32_t queue_timeout_ms = 30'000;  ///< a request with no live worker for this long fails
   float prefill_tokens_per_s_hint = 500.0f;  ///< prefill rate assumed until a worker measured one
-  /// Worker choice: "least-ttft" (least predicted time to first token) or "round-robin".
+  /// Worker choice (plain functions of the router's view, see router.cpp):
+  ///  "least-ttft"      least predicted TTFT = queueing + prefill of what the worker's cache (or
+  ///  the
+  ///                    pool, plus the transfer) does not hold — Mooncake's conductor;
+  ///  "cache-affinity"  longest prefix match in the worker's own cache, then least TTFT (SGLang,
+  ///                    Dynamo style);
+  ///  "least-load"      least predicted TTFT ignoring caches (load balancing);
+  ///  "round-robin".
   std::string route = "least-ttft";
+  /// Bandwidth assumed for pool -> worker segment pulls (TTFT estimates), GB/s.
+  double pool_gbps = 2.0;
   uint32_t stall_ms = 10'000;  ///< a worker with work and no step for this long is unhealthy
   std::shared_ptr<metrics_registry> metrics;  ///< may be null
 };

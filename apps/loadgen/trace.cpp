@@ -227,7 +227,8 @@ result<scaled_trace> scale_trace(const trace& source, const trace_scaling_config
     const double ref = percentile_of(sorted, config.scale_percentile);
     return ref > static_cast<double>(max_tokens) ? static_cast<double>(max_tokens) / ref : 1.0;
   };
-  sc.prompt_scale = factor(ins, config.max_prompt_tokens);
+  sc.prompt_scale =
+      config.prompt_scale > 0 ? config.prompt_scale : factor(ins, config.max_prompt_tokens);
   sc.output_scale = factor(outs, config.max_output_tokens);
   if (source.format == trace_format::mooncake) {
     sc.block_tokens = std::max<int64_t>(

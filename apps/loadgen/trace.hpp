@@ -55,6 +55,9 @@ struct trace_scaling_config {
   int64_t max_output_tokens = 0;  ///< scale outputs likewise (0 = no scaling)
   double scale_percentile =
       100.0;  ///< which percentile of the lengths maps to the maximum; above it clip
+  /// Explicit prompt scale factor (> 0 overrides the percentile rule; max_prompt_tokens still
+  /// clips). For Mooncake traces the 512-token hash blocks scale with it.
+  double prompt_scale = 0.0;
 };
 
 /// What scaling was applied (stated in the benchmark output).

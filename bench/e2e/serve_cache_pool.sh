@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
 # Prefix caching on the Mooncake conversation trace (equal hash_ids -> equal prompt blocks), same
-# run, same 2 engine workers: no cache vs local prefix caches (load-balanced routing) vs the
-# cluster segment pool (2 cache shards). Reports TTFT p50/p99, throughput, hit rate (cached prompt
-# tokens / prompt tokens, from usage) and, for the pool, the shard imbalance (max/mean segments).
-# Writes bench/results/serve-cache-{none,local,pool}-<date>.json and a PNG.
+# run, same 2 engine workers: no cache vs local prefix caches with load-balanced routing vs local
+# caches with cache-affinity routing vs the cluster segment pool (2 cache shards) with
+# TTFT-estimating routing. The replay keeps whole conversations (select_conversations.py: the
+# earliest multi-turn conversations, original times compressed to the rate) and scales prompts by
+# 1/32 (a 512-token hash block becomes one 16-token KV block; 32-token pool segments).
+# Reports TTFT p50/p99, throughput, hit rate (cached prompt tokens / prompt tokens, from usage) and,
+# for the pool, the shard imbalance (max/mean segments).
+# Writes bench/results/serve-cache-{none,local,affinity,pool}-<date>.json and a PNG.
 # Usage: bench/e2e/serve_cache_pool.sh [weft binary] [requests] [rate]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 weft="${1:-$root/build/release/apps/weft}"
 n="${2:-40}"
-rate="${3:-0.3}"
-trace="$root/../shared/traces/mooncake_conversation_trace.jsonl"
+rate="${3:-0.2}"
+trace="/tmp/weft-mooncake-conversations.jsonl"
+python3 "$root/bench/e2e/select_conversations.py" "$root/../shared/traces/mooncake_conversation_trace.jsonl" \
+  "$trace" --requests "$n"
 port=8396
 day="$(date +%Y%m%d-%H%M)"
 out="$root/bench/results"
 mkdir -p "$out"
-load_flags=(--url "http://127.0.0.1:$port" -n "$n" --trace "$trace" --rate "$rate" --max-prompt-tokens 512
-            --max-output-tokens 24 --scale-percentile 90 --progress-interval-s 0)
+load_flags=(--url "http://127.0.0.1:$port" -n 0 --trace "$trace" --rate "$rate" --prompt-scale 0.03125
+            --max-prompt-tokens 768 --max-output-tokens 16 --progress-interval-s 0)
 run() {
   local label="$1"; shift
   "$weft" serve --port "$port" --workers 2 "$@" > "/tmp/weft-bench-$label.out" 2> "/tmp/weft-bench-$label.err" &
@@ -27,14 +33,15 @@ run() {
   curl -s "http://127.0.0.1:$port/metrics" > "$out/serve-cache-$label-$day.metrics"
   kill "$pid"; wait "$pid" || true
 }
-run none --no-prefix-cache
-run local
-run pool --cache-shards 2 --segment-tokens 32 --cache-mem-gb 0.5
+run none --no-prefix-cache --route least-load
+run local --route least-load
+run affinity --route cache-affinity
+run pool --cache-shards 2 --segment-tokens 32 --cache-mem-gb 0.5 --route least-ttft
 python3 - "$out" "$day" <<'PY'
 import json, re, sys
 out, day = sys.argv[1:3]
 rows = {}
-for label in ("none", "local", "pool"):
+for label in ("none", "local", "affinity", "pool"):
     j = json.load(open("%s/serve-cache-%s-%s.json" % (out, label, day)))
     s = (j["runs"][0] if "runs" in j else j)["summary"]
     metrics = open("%s/serve-cache-%s-%s.metrics" % (out, label, day)).read()
@@ -55,8 +62,9 @@ for k, r in rows.items():
     print("%-6s %8.0fms %8.0fms %9.1f %7.1f%% %12.0f %12.0f %9.2f" % (k, r["ttft50"], r["ttft99"], r["tput"], 100 * r["hit"], r["local"], r["pool"], r["imb"]))
 n, l, p = rows["none"], rows["local"], rows["pool"]
 print("pool TTFT p50: %.2fx lower than no cache (target >= 3x)" % (n["ttft50"] / p["ttft50"]))
-print("pool hit rate: %.2fx local caches' (target >= 1.5x)" % (p["hit"] / l["hit"] if l["hit"] > 0 else float("inf")))
+print("pool hit rate: %.2fx local caches' with load-balanced routing (target >= 1.5x); cache-affinity: %.1f%%" %
+      (p["hit"] / l["hit"] if l["hit"] > 0 else float("inf"), 100 * rows["affinity"]["hit"]))
 print("shard imbalance max/mean: %.2f (target <= 1.2)" % p["imb"])
 PY
 python3 "$root/bench/e2e/plot_serve.py" "$out/serve-cache-none-$day.json" "$out/serve-cache-local-$day.json" \
-  "$out/serve-cache-pool-$day.json" -o "$out/serve-cache-pool-$day.png" || true
+  "$out/serve-cache-affinity-$day.json" "$out/serve-cache-pool-$day.json" -o "$out/serve-cache-pool-$day.png" || true

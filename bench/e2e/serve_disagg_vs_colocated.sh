@@ -10,15 +10,15 @@ weft="${1:-$root/build/release/apps/weft}"
 n="${2:-24}"
 shift 2 || true
 rates=("$@")
-[ "${#rates[@]}" -gt 0 ] || rates=(0.5 1.0)
+[ "${#rates[@]}" -gt 0 ] || rates=(0.4 0.8)
 port=8393
 day="$(date +%Y%m%d-%H%M)"
 out="$root/bench/results"
 mkdir -p "$out"
 load_flags=(--url "http://127.0.0.1:$port" -n "$n" --rates "${rates[@]}" --arrival poisson --seed 11
-            --prompt-dist lognormal --prompt-tokens 200 --prompt-max 600 --lognormal-sigma 0.8
-            --output-dist lognormal --output-tokens 48 --output-max 160
-            --ttft-slo-ms 3000 --tpot-slo-ms 150 --progress-interval-s 0)
+            --prompt-dist lognormal --prompt-tokens 128 --prompt-max 384 --lognormal-sigma 0.8
+            --output-dist lognormal --output-tokens 32 --output-max 96
+            --ttft-slo-ms 2000 --tpot-slo-ms 150 --progress-interval-s 0)
 run() {
   local label="$1"; shift
   "$weft" serve --port "$port" --max-running 16 "$@" > "/tmp/weft-bench-$label.out" 2> "/tmp/weft-bench-$label.err" &
