@@ -25,6 +25,7 @@ void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t tas
   const int64_t group = b.n_heads / b.n_kv_heads;
   const int64_t hd = b.head_dim;
   const int64_t q_stride = b.n_heads * hd;
+  const int64_t lanes = ggml_simd_lanes(ggml_simd_layout());
   for (int64_t task = task_begin; task < task_end; ++task) {
     const int64_t t = task / b.n_kv_heads;
     const int64_t g = task % b.n_kv_heads;
@@ -33,7 +34,7 @@ void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t tas
     const int64_t n_kv = (n_pos + 31) / 32 * 32;
     const int32_t* table = b.block_table + b.seq_block_offset[seq];
     // GEMM numerics need a lane-aligned head_dim; otherwise ggml also falls back to its GEMV path.
-    const bool gemm = b.seq_n_tokens != nullptr && b.seq_n_tokens[seq] >= 2 && hd % 16 == 0;
+    const bool gemm = b.seq_n_tokens != nullptr && b.seq_n_tokens[seq] >= 2 && hd % lanes == 0;
     s.scores.resize(static_cast<size_t>(n_kv));
     s.probs.assign(static_cast<size_t>(n_kv), 0);
     s.v_t.assign(static_cast<size_t>(hd * n_kv), 0);
@@ -48,22 +49,20 @@ void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t tas
       float* sc = s.scores.data();
       for (int64_t p = 0; p < n_pos; ++p) {
         const uint16_t* k = cache_row(b.k_cache, b, table, p, g);
-        sc[p] = (gemm ? dot_f16_lanes16(k, s.q.data(), hd) : dot_f16(k, s.q.data(), hd)) * b.scale;
+        sc[p] = (gemm ? dot_f16_gemm(k, s.q.data(), hd) : dot_f16(k, s.q.data(), hd)) * b.scale;
       }
       float max = -std::numeric_limits<float>::infinity();
       for (int64_t p = 0; p < n_pos; ++p) max = std::max(max, sc[p]);
-      for (int64_t p = 0; p < n_pos; ++p) sc[p] = exp_approx(sc[p] - max);
-      for (int64_t p = n_pos; p < n_kv; ++p) sc[p] = 0.0f;
-      double sum = 0.0;
-      for (int64_t p = 0; p < n_kv; p += 16) sum += static_cast<double>(reduce16(sc + p));
+      // Masked keys (the padding up to n_kv) are -inf, as in llama.cpp's KQ mask: exp gives 0.
+      for (int64_t p = n_pos; p < n_kv; ++p) sc[p] = -std::numeric_limits<float>::infinity();
+      const double sum = exp_sum_row(sc, n_kv, max);
       const float inv = static_cast<float>(1.0 / sum);
       for (int64_t p = 0; p < n_pos; ++p)
         s.probs[static_cast<size_t>(p)] = float_to_half(sc[p] * inv);
       float* out = b.out + t * q_stride + h * hd;
       for (int64_t d = 0; d < hd; ++d) {
         const uint16_t* vd = s.v_t.data() + d * n_kv;
-        out[d] =
-            gemm ? dot_f16_lanes16(vd, s.probs.data(), n_kv) : dot_f16(vd, s.probs.data(), n_kv);
+        out[d] = gemm ? dot_f16_gemm(vd, s.probs.data(), n_kv) : dot_f16(vd, s.probs.data(), n_kv);
       }
     }
   }

@@ -1,6 +1,7 @@
 #include "gpu/cpu/elementwise.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -8,7 +9,7 @@
 
 namespace weft::gpu::cpu {
 
-float exp_approx(float x) {
+float exp_approx_avx512(float x) {
   const float r = 0x1.8p23f;
   const float z = std::fma(x, 0x1.715476p+0f, r);
   const float n = z - r;
@@ -22,6 +23,32 @@ float exp_approx(float x) {
                                     std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
                            u, std::fma(0x1.ffffecp-1f, b, 1.0f));
   return std::ldexp(j, static_cast<int>(n));
+}
+
+float exp_approx_avx2(float x) {
+  // Same reduction and polynomial; 2^n is built in the exponent bits of k, the result is k + k*p.
+  const float r = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  const uint32_t e = std::bit_cast<uint32_t>(z) << 23;
+  const float k = std::bit_cast<float>(e + std::bit_cast<uint32_t>(1.0f));
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, 0x1.ffffecp-1f * b);
+  const float an = std::fabs(n);
+  if (!(an > 126.0f)) return std::fma(k, j, k);  // also NaN
+  // Outside the normal exponent range: scale in two steps (s2 * s1), or saturate to 0 / inf.
+  const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+  const float s1 = std::bit_cast<float>(g + 0x7f000000u);
+  if (an > 192.0f) return s1 * s1;
+  const float s2 = std::bit_cast<float>(e - g);
+  return std::fma(s2, j, s2) * s1;
+}
+
+float exp_approx(float x) {
+  return ggml_simd_layout() == ggml_simd::avx512 ? exp_approx_avx512(x) : exp_approx_avx2(x);
 }
 
 void rms_norm_rows(const float* x, const float* weight, float* y, int64_t row_begin,
@@ -79,9 +106,16 @@ void rope_head(float* x, const float* cache, const rope_config& config) {
 }
 
 void swiglu_range(const float* g, const float* u, float* y, int64_t begin, int64_t end) {
-  for (int64_t i = begin; i < end; ++i) {
-    const float v = g[i];
-    y[i] = (v / (1.0f + exp_approx(-v))) * u[i];
+  const auto body = [&](auto exp_fn) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float v = g[i];
+      y[i] = (v / (1.0f + exp_fn(-v))) * u[i];
+    }
+  };
+  if (ggml_simd_layout() == ggml_simd::avx512) {
+    body([](float v) { return exp_approx_avx512(v); });
+  } else {
+    body([](float v) { return exp_approx_avx2(v); });
   }
 }
 
@@ -92,25 +126,44 @@ void add_range(const float* a, const float* b, float* y, int64_t begin, int64_t 
 float reduce16(const float* v) {
   float t8[8];
   for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+  return reduce8(t8);
+}
+
+float reduce8(const float* v) {
   float t4[4];
-  for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
+  for (int l = 0; l < 4; ++l) t4[l] = v[4 + l] + v[l];
   return (t4[0] + t4[2]) + (t4[1] + t4[3]);
 }
 
-void softmax_row(float* x, int64_t n) {
-  float max = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+namespace {
+
+template <int lanes, float (*exp_fn)(float)>
+double exp_sum_row_impl(float* x, int64_t n, float max) {
   double sum = 0.0;
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (int l = 0; l < 16; ++l) x[i + l] = exp_approx(x[i + l] - max);
-    sum += static_cast<double>(reduce16(x + i));
+  for (; i + lanes <= n; i += lanes) {
+    for (int l = 0; l < lanes; ++l) x[i + l] = exp_fn(x[i + l] - max);
+    sum += static_cast<double>(lanes == 16 ? reduce16(x + i) : reduce8(x + i));
   }
   for (; i < n; ++i) {
     x[i] = std::exp(x[i] - max);  // ggml's scalar tail uses the C library's expf.
     sum += static_cast<double>(x[i]);
   }
-  const float inv = static_cast<float>(1.0 / sum);
+  return sum;
+}
+
+}  // namespace
+
+double exp_sum_row(float* x, int64_t n, float max) {
+  return ggml_simd_layout() == ggml_simd::avx512
+             ? exp_sum_row_impl<16, exp_approx_avx512>(x, n, max)
+             : exp_sum_row_impl<8, exp_approx_avx2>(x, n, max);
+}
+
+void softmax_row(float* x, int64_t n) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+  const float inv = static_cast<float>(1.0 / exp_sum_row(x, n, max));
   for (int64_t j = 0; j < n; ++j) x[j] *= inv;
 }
 

@@ -25,18 +25,30 @@ void swiglu_range(const float* g, const float* u, float* y, int64_t begin, int64
 /// y = a + b over [begin, end).
 void add_range(const float* a, const float* b, float* y, int64_t begin, int64_t end);
 
-/// Softmax of one row in place: exp in float, sum in double per 16-element chunk, scaled by 1/sum.
+/// Softmax of one row in place: exp in float, sum in double per 8- or 16-element chunk (the ggml
+/// SIMD layout), scaled by 1/sum.
 void softmax_row(float* x, int64_t n);
+
+/// x[i] = e^(x[i] - max) for i < n, returning the sum in double, as ggml_vec_soft_max_f32 computes
+/// it in the active ggml SIMD layout: the vector `exp` and a horizontal add per 8 or 16 elements,
+/// the C library's expf for the tail. -inf entries (masked) become exactly 0.
+double exp_sum_row(float* x, int64_t n, float max);
 
 /// Dequantizes one row of `table` (f32, f16, q8_0, q4_0, q4_1, ...) into y.
 status get_row(const tensor_view& table, int64_t row, float* y);
 
 /// e^x as llama.cpp's vectorised CPU code computes it (a range reduction to 2^n * e^b and a
 /// degree-5 polynomial, max error ~1.5 ulp; ARM optimized-routines' algorithm). Used by softmax and
-/// SiLU so that weft's probabilities match llama.cpp's bit for bit.
+/// SiLU so that weft's probabilities match llama.cpp's bit for bit. The AVX-512 and AVX2 builds
+/// finish differently (scale by 2^n after adding 1, versus k + k * p with k = 2^n), so each has a
+/// function; `exp_approx` uses the active ggml SIMD layout.
 float exp_approx(float x);
+float exp_approx_avx512(float x);
+float exp_approx_avx2(float x);
 
 /// Sum of 16 floats in the tree order of a 512-bit horizontal add.
 float reduce16(const float* v);
+/// Sum of 8 floats in the tree order of a 256-bit horizontal add (hi + lo, then pairs).
+float reduce8(const float* v);
 
 }  // namespace weft::gpu::cpu

@@ -1,8 +1,11 @@
 #include "gpu/cpu/quant_dot.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define WEFT_CPU_AVX2 1
@@ -59,6 +62,41 @@ const char* quant_kernel_path() {
 #else
   return "portable";
 #endif
+}
+
+namespace {
+
+ggml_simd detect_ggml_simd() {
+  if (const char* env = std::getenv("WEFT_GGML_SIMD")) {
+    const std::string_view v{env};
+    if (v == "avx2") return ggml_simd::avx2;
+    if (v == "avx512") return ggml_simd::avx512;
+  }
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
+    return ggml_simd::avx512;
+#endif
+  return ggml_simd::avx2;
+}
+
+std::atomic<int>& simd_layout_slot() {
+  static std::atomic<int> slot{static_cast<int>(detect_ggml_simd())};
+  return slot;
+}
+
+}  // namespace
+
+ggml_simd ggml_simd_layout() {
+  return static_cast<ggml_simd>(simd_layout_slot().load(std::memory_order_relaxed));
+}
+
+void set_ggml_simd_layout(ggml_simd layout) {
+  simd_layout_slot().store(static_cast<int>(layout), std::memory_order_relaxed);
+}
+
+const char* ggml_simd_name(ggml_simd layout) {
+  return layout == ggml_simd::avx512 ? "avx512" : "avx2";
 }
 
 namespace {
@@ -386,69 +424,76 @@ float dot_q8_0_q8_0(const block_q8_0* w, const block_q8_0* a, int64_t n) {
 
 // -- half and f32 dot products ------------------------------------------------------------------
 
-float dot_f16(const uint16_t* x, const uint16_t* y, int64_t n) {
-  // 4 accumulators of 16 lanes, as ggml's AVX-512 build lays them out; reduced as
-  // acc0 += acc2, acc1 += acc3, acc0 += acc1, then a halving tree over the 16 lanes.
-  const int64_t np = n & ~int64_t{63};
-  float acc[4][16] = {};
-  for (int64_t i = 0; i < np; i += 64) {
-    for (int j = 0; j < 4; ++j) {
+namespace {
+
+// Element-wise fp16 FMA of 8 consecutive elements into 8 float lanes.
+inline void fma_f16_8(const uint16_t* x, const uint16_t* y, float* acc) {
 #ifdef WEFT_CPU_AVX2
-      for (int h = 0; h < 2; ++h) {
-        const int64_t o = i + 16 * j + 8 * h;
-        const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + o)));
-        const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + o)));
-        _mm256_storeu_ps(&acc[j][8 * h], _mm256_fmadd_ps(a, b, _mm256_loadu_ps(&acc[j][8 * h])));
-      }
+  const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y)));
+  _mm256_storeu_ps(acc, _mm256_fmadd_ps(a, b, _mm256_loadu_ps(acc)));
 #else
-      for (int l = 0; l < 16; ++l) {
-        const int64_t o = i + 16 * j + l;
-        acc[j][l] = std::fma(half_to_float(x[o]), half_to_float(y[o]), acc[j][l]);
-      }
+  for (int l = 0; l < 8; ++l) acc[l] = std::fma(half_to_float(x[l]), half_to_float(y[l]), acc[l]);
 #endif
+}
+
+// ggml_vec_dot_f16 with `lanes`-wide registers: 4 accumulators over steps of 4 * lanes, reduced
+// as acc0 += acc2, acc1 += acc3, acc0 += acc1, then the layout's horizontal sum; tail in double.
+template <int lanes>
+float dot_f16_vec(const uint16_t* x, const uint16_t* y, int64_t n) {
+  constexpr int64_t step = 4 * lanes;
+  const int64_t np = n / step * step;
+  float acc[4][lanes] = {};
+  for (int64_t i = 0; i < np; i += step) {
+    for (int j = 0; j < 4; ++j) {
+      for (int h = 0; h < lanes; h += 8)
+        fma_f16_8(x + i + lanes * j + h, y + i + lanes * j + h, &acc[j][h]);
     }
   }
   double sum = 0.0;
   if (np > 0) {
-    float v[16];
-    for (int l = 0; l < 16; ++l) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    float t8[8];
-    for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
-    float t4[4];
-    for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
-    sum = static_cast<double>((t4[0] + t4[2]) + (t4[1] + t4[3]));
+    float v[lanes];
+    for (int l = 0; l < lanes; ++l) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    if constexpr (lanes == 16) {
+      float t8[8];
+      for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+      float t4[4];
+      for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
+      sum = static_cast<double>((t4[0] + t4[2]) + (t4[1] + t4[3]));
+    } else {
+      // GGML_F32x8_REDUCE: lo + hi, then two horizontal adds.
+      float t4[4];
+      for (int l = 0; l < 4; ++l) t4[l] = v[l] + v[4 + l];
+      sum = static_cast<double>((t4[0] + t4[1]) + (t4[2] + t4[3]));
+    }
   }
   for (int64_t i = np; i < n; ++i)
     sum += static_cast<double>(half_to_float(x[i]) * half_to_float(y[i]));
   return static_cast<float>(sum);
 }
 
-float dot_f16_lanes16(const uint16_t* x, const uint16_t* y, int64_t n) {
-  float acc[16] = {};
-#ifdef WEFT_CPU_AVX2
-  __m256 a0 = _mm256_setzero_ps();
-  __m256 a1 = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    const auto* xp = reinterpret_cast<const __m128i*>(x + i);
-    const auto* yp = reinterpret_cast<const __m128i*>(y + i);
-    a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(xp)), _mm256_cvtph_ps(_mm_loadu_si128(yp)),
-                         a0);
-    a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(xp + 1)),
-                         _mm256_cvtph_ps(_mm_loadu_si128(yp + 1)), a1);
+}  // namespace
+
+float dot_f16(const uint16_t* x, const uint16_t* y, int64_t n) {
+  return ggml_simd_layout() == ggml_simd::avx512 ? dot_f16_vec<16>(x, y, n)
+                                                 : dot_f16_vec<8>(x, y, n);
+}
+
+float dot_f16_gemm(const uint16_t* x, const uint16_t* y, int64_t n) {
+  if (ggml_simd_layout() == ggml_simd::avx512) {
+    float acc[16] = {};
+    for (int64_t i = 0; i < n; i += 16) {
+      fma_f16_8(x + i, y + i, acc);
+      fma_f16_8(x + i + 8, y + i + 8, acc + 8);
+    }
+    // _mm512_reduce_add_ps: halves added (256, then 128 bits), then hsum_float_8's tail order.
+    float t8[8];
+    for (int l = 0; l < 8; ++l) t8[l] = acc[8 + l] + acc[l];
+    return hsum8(t8);
   }
-  _mm256_storeu_ps(acc, a0);
-  _mm256_storeu_ps(acc + 8, a1);
-#else
-  for (int64_t i = 0; i < n; i += 16) {
-    for (int l = 0; l < 16; ++l)
-      acc[l] = std::fma(half_to_float(x[i + l]), half_to_float(y[i + l]), acc[l]);
-  }
-#endif
-  float t8[8];
-  for (int l = 0; l < 8; ++l) t8[l] = acc[8 + l] + acc[l];
-  float t4[4];
-  for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
-  return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+  float acc[8] = {};
+  for (int64_t i = 0; i < n; i += 8) fma_f16_8(x + i, y + i, acc);
+  return hsum8(acc);
 }
 
 float dot_f16_f32(const uint16_t* w, const float* x, int64_t n) {

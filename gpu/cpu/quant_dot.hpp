@@ -18,6 +18,22 @@ namespace weft::gpu::cpu {
 /// Which implementation the dispatching functions use in this build ("avx2" or "portable").
 const char* quant_kernel_path();
 
+/// The vector width of the ggml CPU build whose reduction orders weft reproduces. llama.cpp built
+/// for the host (-march=native, its default) sums fp16 dot products, softmax rows and the
+/// attention GEMMs in 16 lanes on AVX-512 machines and in 8 lanes on AVX2 ones, and evaluates
+/// `exp` with a different final step; the two give different roundings. weft follows the host:
+/// `avx512` when the CPU has AVX-512F and AVX-512DQ, else `avx2` (also the choice on non-x86
+/// hosts). `WEFT_GGML_SIMD=avx2|avx512` overrides the detection (read once, at first use).
+enum class ggml_simd { avx2, avx512 };
+ggml_simd ggml_simd_layout();
+/// Sets the layout for the whole process (tests exercise both on one machine).
+void set_ggml_simd_layout(ggml_simd layout);
+const char* ggml_simd_name(ggml_simd layout);
+/// Lanes of the layout (8 or 16).
+inline int ggml_simd_lanes(ggml_simd layout) {
+  return layout == ggml_simd::avx512 ? 16 : 8;
+}
+
 // -- activation quantization --------------------------------------------------------------------
 
 /// Quantizes `n` floats (n % 32 == 0) to Q8_0 blocks, as llama.cpp quantizes activations.
@@ -46,13 +62,14 @@ float dot_q8_0_q8_0_portable(const block_q8_0* w, const block_q8_0* a, int64_t n
 
 // -- half precision -----------------------------------------------------------------------------
 
-/// Dot product of two fp16 vectors with float accumulation: 4 x 16 lanes per 64-element step
-/// (llama.cpp's AVX-512 layout), a fixed reduction tree, the tail summed in double.
+/// Dot product of two fp16 vectors with float accumulation, as ggml_vec_dot_f16 (one column):
+/// 4 accumulators of 16 lanes per 64-element step (AVX-512 layout) or of 8 lanes per 32-element
+/// step (AVX2 layout, see ggml_simd_layout), that layout's reduction tree, the tail in double.
 float dot_f16(const uint16_t* x, const uint16_t* y, int64_t n);
-/// Dot product of two fp16 vectors (n % 16 == 0) in 16 lanes, element i in lane i % 16 with one FMA
-/// chain per lane, then the 512-bit reduction tree (llama.cpp's tinyBLAS layout for n >= 2
-/// columns).
-float dot_f16_lanes16(const uint16_t* x, const uint16_t* y, int64_t n);
+/// Dot product of two fp16 vectors (n a multiple of the layout's lanes) with one FMA chain per
+/// lane, element i in lane i % lanes, then that layout's horizontal sum: llama.cpp's tinyBLAS GEMM,
+/// which it uses for matmuls with >= 2 columns.
+float dot_f16_gemm(const uint16_t* x, const uint16_t* y, int64_t n);
 /// Dot product of fp16 weights and f32 activations (activations rounded to fp16 first, as ggml).
 float dot_f16_f32(const uint16_t* w, const float* x, int64_t n);
 /// Plain f32 dot product (8 lanes, FMA, fixed reduction order).

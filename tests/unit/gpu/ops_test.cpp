@@ -1,9 +1,12 @@
 // CPU kernels against plain scalar references.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu/cpu/attention.hpp"
@@ -97,7 +100,19 @@ TEST(quant_dot, activation_quantization_is_within_half_a_step) {
   }
 }
 
-TEST(quant_dot, f16_dots_match_double_reference) {
+// Restores the process-wide ggml SIMD layout when a test that switches it ends.
+struct simd_layout_guard {
+  ggml_simd saved = ggml_simd_layout();
+  ~simd_layout_guard() { set_ggml_simd_layout(saved); }
+};
+
+class simd_layouts : public ::testing::TestWithParam<ggml_simd> {
+ protected:
+  void SetUp() override { set_ggml_simd_layout(GetParam()); }
+  simd_layout_guard guard_;
+};
+
+TEST_P(simd_layouts, f16_dots_match_double_reference) {
   for (int64_t n : {16, 64, 96, 200}) {
     auto x = random_floats(static_cast<size_t>(n), 4);
     auto y = random_floats(static_cast<size_t>(n), 5);
@@ -109,10 +124,59 @@ TEST(quant_dot, f16_dots_match_double_reference) {
       ref += static_cast<double>(fp16_to_fp32(xh[i])) * fp16_to_fp32(yh[i]);
     }
     EXPECT_NEAR(dot_f16(xh.data(), yh.data(), n), ref, 1e-4 * n);
-    if (n % 16 == 0) {
-      EXPECT_NEAR(dot_f16_lanes16(xh.data(), yh.data(), n), ref, 1e-4 * n);
+    if (n % ggml_simd_lanes(GetParam()) == 0) {
+      EXPECT_NEAR(dot_f16_gemm(xh.data(), yh.data(), n), ref, 1e-4 * n);
     }
   }
+}
+
+TEST_P(simd_layouts, exp_and_softmax_match_libm) {
+  for (float v = -100.0f; v < 88.0f; v += 0.173f) {
+    const double e = std::exp(static_cast<double>(v));
+    EXPECT_NEAR(exp_approx(v), e, std::max(e * 4e-7, 3e-45)) << v;  // 1 ulp among denormals
+  }
+  EXPECT_EQ(exp_approx(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(exp_approx(-200.0f), 0.0f);
+  EXPECT_EQ(exp_approx(200.0f), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(exp_approx(std::numeric_limits<float>::quiet_NaN())));
+  // A masked row (trailing -inf) sums only the live entries; the tail past the lanes uses libm.
+  std::vector<float> row = {0.5f, -1.0f, 2.0f, 0.0f, -3.0f, 1.0f, 0.25f, -0.5f, 1.5f, -2.0f, 0.75f};
+  row.resize(32, -std::numeric_limits<float>::infinity());
+  double expect = 0.0;
+  for (int i = 0; i < 11; ++i) expect += std::exp(static_cast<double>(row[i]) - 2.0);
+  const double sum = exp_sum_row(row.data(), 32, 2.0f);
+  EXPECT_NEAR(sum, expect, 1e-6);
+  for (int i = 11; i < 32; ++i) EXPECT_EQ(row[i], 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(layouts, simd_layouts,
+                         ::testing::Values(ggml_simd::avx2, ggml_simd::avx512),
+                         [](const auto& info) { return std::string{ggml_simd_name(info.param)}; });
+
+// The two layouts are different computations (what makes matching llama.cpp host-specific): over
+// random inputs some fp16 dot products and some exp values must round differently.
+TEST(simd_layouts_differ, reduction_orders_and_exp_finish) {
+  simd_layout_guard guard;
+  int dot_diffs = 0;
+  for (int seed = 0; seed < 50; ++seed) {
+    auto x = random_floats(256, 100 + seed);
+    auto y = random_floats(256, 200 + seed);
+    std::vector<uint16_t> xh(256), yh(256);
+    for (int i = 0; i < 256; ++i) {
+      xh[i] = fp32_to_fp16(x[i]);
+      yh[i] = fp32_to_fp16(y[i]);
+    }
+    set_ggml_simd_layout(ggml_simd::avx2);
+    const float a = dot_f16(xh.data(), yh.data(), 256);
+    set_ggml_simd_layout(ggml_simd::avx512);
+    const float b = dot_f16(xh.data(), yh.data(), 256);
+    dot_diffs += a != b;
+  }
+  EXPECT_GT(dot_diffs, 0);
+  int exp_diffs = 0;
+  for (float v = -20.0f; v < 20.0f; v += 0.01f)
+    exp_diffs += exp_approx_avx2(v) != exp_approx_avx512(v);
+  EXPECT_GT(exp_diffs, 0);
 }
 
 class matmul_types : public ::testing::TestWithParam<ggml_type> {};
