@@ -8,12 +8,15 @@
 # Reports TTFT p50/p99, throughput, hit rate (cached prompt tokens / prompt tokens, from usage) and,
 # for the pool, the shard imbalance (max/mean segments).
 # Writes bench/results/serve-cache-{none,local,affinity,pool}-<date>.json and a PNG.
-# Usage: bench/e2e/serve_cache_pool.sh [weft binary] [requests] [rate]
+# Usage: bench/e2e/serve_cache_pool.sh [weft binary] [requests] [rate] [KV blocks per worker]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 weft="${1:-$root/build/release/apps/weft}"
 n="${2:-40}"
 rate="${3:-0.2}"
+# Device-memory-sized local caches (like a GPU's KV pool next to a big host-memory pool): 128 blocks
+# of 16 tokens = 2048 tokens per worker, a few prompts' worth.
+kv_blocks="${4:-128}"
 trace="/tmp/weft-mooncake-conversations.jsonl"
 python3 "$root/bench/e2e/select_conversations.py" "$root/../shared/traces/mooncake_conversation_trace.jsonl" \
   "$trace" --requests "$n"
@@ -25,7 +28,7 @@ load_flags=(--url "http://127.0.0.1:$port" -n 0 --trace "$trace" --rate "$rate" 
             --max-prompt-tokens 768 --max-output-tokens 16 --progress-interval-s 0)
 run() {
   local label="$1"; shift
-  "$weft" serve --port "$port" --workers 2 "$@" > "/tmp/weft-bench-$label.out" 2> "/tmp/weft-bench-$label.err" &
+  "$weft" serve --port "$port" --workers 2 --kv-blocks "$kv_blocks" "$@" > "/tmp/weft-bench-$label.out" 2> "/tmp/weft-bench-$label.err" &
   local pid=$!
   for _ in $(seq 240); do grep -q weft-serve-ready "/tmp/weft-bench-$label.out" && break; sleep 0.5; done
   "$weft" bench serve "${load_flags[@]}" --label "cache-$label" --out "$out/serve-cache-$label-$day.json" \
