@@ -62,23 +62,42 @@ void convert_rows(ggml_type type, const float* x, uint8_t* a, int64_t t_begin, i
 }
 
 template <class W, class A, float (*Dot)(const W*, const A*, int64_t),
-          void (*Dot4)(const void*, size_t, const A*, int64_t, float*)>
+          void (*Dot4)(const void*, size_t, const A*, int64_t, float*),
+          void (*Tile)(const void*, size_t, const A* const*, int, int64_t, float* const*)>
 void rows_quant(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_tokens, float* y,
                 int64_t r_begin, int64_t r_end) {
   const int64_t nb = w.n_cols / 32;
-  // 16 rows x 16 tokens per tile: both the weight rows and the activation rows stay in L1.
+  const auto act = [&](int64_t t) {
+    return reinterpret_cast<const A*>(a + static_cast<size_t>(t) * a_row);
+  };
+  if (n_tokens == 1) {
+    int64_t r = r_begin;
+    for (; r + 4 <= r_end; r += 4) Dot4(w.row(r), w.row_bytes, act(0), nb, y + r);
+    for (; r < r_end; ++r) y[r] = Dot(static_cast<const W*>(w.row(r)), act(0), nb);
+    return;
+  }
+  // 16 rows x 16 tokens per tile: both the weight rows and the activation rows stay in L1. Inside,
+  // 2 rows x 4 tokens at a time, so each weight block is unpacked once per 4 tokens.
   constexpr int64_t row_tile = 16;
   constexpr int64_t tok_tile = 16;
   for (int64_t r0 = r_begin; r0 < r_end; r0 += row_tile) {
     const int64_t r1 = std::min(r_end, r0 + row_tile);
     for (int64_t t0 = 0; t0 < n_tokens; t0 += tok_tile) {
       const int64_t t1 = std::min(n_tokens, t0 + tok_tile);
-      for (int64_t t = t0; t < t1; ++t) {
-        const A* at = reinterpret_cast<const A*>(a + static_cast<size_t>(t) * a_row);
-        float* yt = y + t * w.n_rows;
+      for (int64_t t = t0; t < t1; t += 4) {
+        const int n = static_cast<int>(std::min<int64_t>(4, t1 - t));
+        const A* acts[4];
+        float* outs[4];
+        for (int j = 0; j < n; ++j) acts[j] = act(t + j);
         int64_t r = r0;
-        for (; r + 4 <= r1; r += 4) Dot4(w.row(r), w.row_bytes, at, nb, yt + r);
-        for (; r < r1; ++r) yt[r] = Dot(static_cast<const W*>(w.row(r)), at, nb);
+        for (; r + 2 <= r1; r += 2) {
+          for (int j = 0; j < n; ++j) outs[j] = y + (t + j) * w.n_rows + r;
+          Tile(w.row(r), w.row_bytes, acts, n, nb, outs);
+        }
+        for (; r < r1; ++r) {
+          for (int j = 0; j < n; ++j)
+            y[(t + j) * w.n_rows + r] = Dot(static_cast<const W*>(w.row(r)), acts[j], nb);
+        }
       }
     }
   }
@@ -117,16 +136,16 @@ void rows_dispatch(const tensor_view& w, const float* x, const uint8_t* a, size_
                    int64_t n_tokens, float* y, int64_t r_begin, int64_t r_end) {
   switch (w.type) {
     case ggml_type::q4_1:
-      rows_quant<block_q4_1, block_q8_1, dot_q4_1_q8_1, dot4_q4_1_q8_1>(w, a, a_row, n_tokens, y,
-                                                                        r_begin, r_end);
+      rows_quant<block_q4_1, block_q8_1, dot_q4_1_q8_1, dot4_q4_1_q8_1, dot_tile_q4_1_q8_1>(
+          w, a, a_row, n_tokens, y, r_begin, r_end);
       break;
     case ggml_type::q4_0:
-      rows_quant<block_q4_0, block_q8_0, dot_q4_0_q8_0, dot4_q4_0_q8_0>(w, a, a_row, n_tokens, y,
-                                                                        r_begin, r_end);
+      rows_quant<block_q4_0, block_q8_0, dot_q4_0_q8_0, dot4_q4_0_q8_0, dot_tile_q4_0_q8_0>(
+          w, a, a_row, n_tokens, y, r_begin, r_end);
       break;
     case ggml_type::q8_0:
-      rows_quant<block_q8_0, block_q8_0, dot_q8_0_q8_0, dot4_q8_0_q8_0>(w, a, a_row, n_tokens, y,
-                                                                        r_begin, r_end);
+      rows_quant<block_q8_0, block_q8_0, dot_q8_0_q8_0, dot4_q8_0_q8_0, dot_tile_q8_0_q8_0>(
+          w, a, a_row, n_tokens, y, r_begin, r_end);
       break;
     case ggml_type::f16:
       rows_f16(w, a, a_row, n_tokens, y, r_begin, r_end);

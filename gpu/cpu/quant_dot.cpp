@@ -386,7 +386,140 @@ void dot4_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_
   for (int r = 0; r < 4; ++r) out[r] = hsum8(acc[r]);
 }
 
+namespace {
+
+// Per-type pieces of the multi-token tile kernel; each mirrors its one-row function above.
+template <class W>
+struct tile_ops;
+
+template <>
+struct tile_ops<block_q4_0> {
+  using act = block_q8_0;
+  static constexpr bool has_min = false;
+  static __m256i unpack(const block_q4_0& b) {
+    return _mm256_sub_epi8(nibbles_to_bytes(b.qs), _mm256_set1_epi8(8));
+  }
+  static __m256 dot(__m256i qx, __m256i qy) { return dot_s8(qx, qy); }
+};
+
+template <>
+struct tile_ops<block_q4_1> {
+  using act = block_q8_1;
+  static constexpr bool has_min = true;
+  static __m256i unpack(const block_q4_1& b) { return nibbles_to_bytes(b.qs); }
+  static __m256 dot(__m256i qx, __m256i qy) { return dot_us8(qx, qy); }
+};
+
+template <>
+struct tile_ops<block_q8_0> {
+  using act = block_q8_0;
+  static constexpr bool has_min = false;
+  static __m256i unpack(const block_q8_0& b) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
+  }
+  static __m256 dot(__m256i qx, __m256i qy) { return dot_s8(qx, qy); }
+};
+
+// 2 weight rows x T activation rows: each weight block is unpacked once for T tokens. Every
+// (row, token) pair keeps its own accumulator with the one-row function's operation order, so the
+// results are bit-identical to it.
+template <class W, int T>
+void dot_tile_2xT(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
+                  int64_t n_blocks, float* const* out) {
+  using ops = tile_ops<W>;
+  const W* x[2] = {row_at<W>(w, row_bytes, 0), row_at<W>(w, row_bytes, 1)};
+  __m256 acc[2][T];
+  float summs[2][T];
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < T; ++j) {
+      acc[i][j] = _mm256_setzero_ps();
+      summs[i][j] = 0.0f;
+    }
+  }
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    __m256i qy[T];
+    float da[T];
+    float sa[T];
+    for (int j = 0; j < T; ++j) {
+      qy[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[j][b].qs));
+      da[j] = _cvtsh_ss(a[j][b].d);
+      if constexpr (ops::has_min) sa[j] = _cvtsh_ss(a[j][b].s);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const __m256i qx = ops::unpack(x[i][b]);
+      const float dw = _cvtsh_ss(x[i][b].d);
+      for (int j = 0; j < T; ++j) {
+        if constexpr (ops::has_min) summs[i][j] += _cvtsh_ss(x[i][b].m) * sa[j];
+        acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da[j]), ops::dot(qx, qy[j]), acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < T; ++j) {
+      if constexpr (ops::has_min) {
+        out[j][i] = hsum8(acc[i][j]) + summs[i][j];
+      } else {
+        out[j][i] = hsum8(acc[i][j]);
+      }
+    }
+  }
+}
+
+template <class W>
+void dot_tile_2xn(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
+                  int n_tok, int64_t n_blocks, float* const* out) {
+  switch (n_tok) {
+    case 1:
+      return dot_tile_2xT<W, 1>(w, row_bytes, a, n_blocks, out);
+    case 2:
+      return dot_tile_2xT<W, 2>(w, row_bytes, a, n_blocks, out);
+    case 3:
+      return dot_tile_2xT<W, 3>(w, row_bytes, a, n_blocks, out);
+    default:
+      return dot_tile_2xT<W, 4>(w, row_bytes, a, n_blocks, out);
+  }
+}
+
+}  // namespace
+
+void dot_tile_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
+                        int64_t n_blocks, float* const* out) {
+  dot_tile_2xn<block_q4_0>(w, row_bytes, a, n_tok, n_blocks, out);
+}
+void dot_tile_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* const* a, int n_tok,
+                        int64_t n_blocks, float* const* out) {
+  dot_tile_2xn<block_q4_1>(w, row_bytes, a, n_tok, n_blocks, out);
+}
+void dot_tile_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
+                        int64_t n_blocks, float* const* out) {
+  dot_tile_2xn<block_q8_0>(w, row_bytes, a, n_tok, n_blocks, out);
+}
+
 #else  // portable build
+
+namespace {
+template <class W, class A, float (*Dot)(const W*, const A*, int64_t)>
+void dot_tile_portable(const void* w, size_t rb, const A* const* a, int n_tok, int64_t n,
+                       float* const* out) {
+  for (int i = 0; i < 2; ++i) {
+    const auto* row = reinterpret_cast<const W*>(static_cast<const char*>(w) + i * rb);
+    for (int j = 0; j < n_tok; ++j) out[j][i] = Dot(row, a[j], n);
+  }
+}
+}  // namespace
+
+void dot_tile_q4_0_q8_0(const void* w, size_t rb, const block_q8_0* const* a, int n_tok, int64_t n,
+                        float* const* out) {
+  dot_tile_portable<block_q4_0, block_q8_0, dot_q4_0_q8_0_portable>(w, rb, a, n_tok, n, out);
+}
+void dot_tile_q4_1_q8_1(const void* w, size_t rb, const block_q8_1* const* a, int n_tok, int64_t n,
+                        float* const* out) {
+  dot_tile_portable<block_q4_1, block_q8_1, dot_q4_1_q8_1_portable>(w, rb, a, n_tok, n, out);
+}
+void dot_tile_q8_0_q8_0(const void* w, size_t rb, const block_q8_0* const* a, int n_tok, int64_t n,
+                        float* const* out) {
+  dot_tile_portable<block_q8_0, block_q8_0, dot_q8_0_q8_0_portable>(w, rb, a, n_tok, n, out);
+}
 
 void dot4_q4_0_q8_0(const void* w, size_t rb, const block_q8_0* a, int64_t n, float* out) {
   for (int r = 0; r < 4; ++r)

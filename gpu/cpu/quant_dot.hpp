@@ -56,6 +56,15 @@ void dot4_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* a, int64_
                     float* out);
 void dot4_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks,
                     float* out);
+/// Two weight rows (`row_bytes` apart) times `n_tok` (1..4) activation rows: out[j][i] = dot of
+/// row i with a[j]. Each weight block is unpacked once for all tokens (batched decode and prefill);
+/// every result is bit-identical to the one-row function's.
+void dot_tile_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
+                        int64_t n_blocks, float* const* out);
+void dot_tile_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* const* a, int n_tok,
+                        int64_t n_blocks, float* const* out);
+void dot_tile_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
+                        int64_t n_blocks, float* const* out);
 float dot_q4_0_q8_0_portable(const block_q4_0* w, const block_q8_0* a, int64_t n_blocks);
 float dot_q4_1_q8_1_portable(const block_q4_1* w, const block_q8_1* a, int64_t n_blocks);
 float dot_q8_0_q8_0_portable(const block_q8_0* w, const block_q8_0* a, int64_t n_blocks);

@@ -83,6 +83,29 @@ TEST(quant_dot, avx2_and_portable_paths_are_bit_identical) {
   for (int r = 0; r < 4; ++r) EXPECT_EQ(o[r], dot_q4_1_q8_1_portable(q41 + r * nb, a81.data(), nb));
   dot4_q8_0_q8_0(q80, rb80, a8.data(), nb, o);
   for (int r = 0; r < 4; ++r) EXPECT_EQ(o[r], dot_q8_0_q8_0_portable(q80 + r * nb, a8.data(), nb));
+  // The 2-row x n-token tile kernels too: activation rows j = blocks [j * nb, (j + 1) * nb).
+  for (int n_tok = 1; n_tok <= 4; ++n_tok) {
+    float t[4][2];
+    float* outs[4] = {t[0], t[1], t[2], t[3]};
+    const block_q8_0* acts8[4];
+    const block_q8_1* acts81[4];
+    for (int j = 0; j < n_tok; ++j) {
+      acts8[j] = a8.data() + j * nb;
+      acts81[j] = a81.data() + j * nb;
+    }
+    dot_tile_q4_0_q8_0(q40, rb40, acts8, n_tok, nb, outs);
+    for (int j = 0; j < n_tok; ++j)
+      for (int r = 0; r < 2; ++r)
+        EXPECT_EQ(t[j][r], dot_q4_0_q8_0_portable(q40 + r * nb, acts8[j], nb)) << n_tok;
+    dot_tile_q4_1_q8_1(q41, rb41, acts81, n_tok, nb, outs);
+    for (int j = 0; j < n_tok; ++j)
+      for (int r = 0; r < 2; ++r)
+        EXPECT_EQ(t[j][r], dot_q4_1_q8_1_portable(q41 + r * nb, acts81[j], nb)) << n_tok;
+    dot_tile_q8_0_q8_0(q80, rb80, acts8, n_tok, nb, outs);
+    for (int j = 0; j < n_tok; ++j)
+      for (int r = 0; r < 2; ++r)
+        EXPECT_EQ(t[j][r], dot_q8_0_q8_0_portable(q80 + r * nb, acts8[j], nb)) << n_tok;
+  }
 }
 
 TEST(quant_dot, activation_quantization_is_within_half_a_step) {
