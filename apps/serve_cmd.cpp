@@ -47,7 +47,7 @@ struct serve_cli {
   int threads = 0;
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
-  int64_t max_batch_tokens = 256;
+  int64_t max_batch_tokens = 64;
   int64_t max_running = 32;
   bool no_prefix_cache = false;
   std::string api_key;
@@ -435,7 +435,9 @@ void add_serve_command(CLI::App& app, const global_options&) {
   cmd->add_option("--block-size", cli->block_size, "Tokens per KV block")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  cmd->add_option("--max-batch-tokens", cli->max_batch_tokens, "Token budget of one forward pass")
+  cmd->add_option("--max-batch-tokens", cli->max_batch_tokens,
+                  "Token budget of one forward pass (prompt chunks share it with decodes; small "
+                  "budgets bound TPOT under load; sized for the CPU backend, raise it on GPUs)")
       ->capture_default_str()
       ->check(CLI::Range(2, 65536));
   cmd->add_option("--max-running", cli->max_running, "Sequences decoding concurrently per worker")

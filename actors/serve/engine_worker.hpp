@@ -6,7 +6,7 @@
 ///
 /// Config (JSON, every field but model and router optional):
 ///   {"model": PATH, "router": "HOST:PORT", "device": "cpu", "threads": 0, "kv_blocks": 1024,
-///    "block_size": 16, "max_batch_tokens": 256, "max_running": 32, "policy": "fcfs"|"mlfq",
+///    "block_size": 16, "max_batch_tokens": 64, "max_running": 32, "policy": "fcfs"|"mlfq",
 ///    "mlfq_prefill_cost": 0.4, "mlfq_starvation_steps": 256,
 ///    "role": "both"|"prefill"|"decode", "prefix_cache": true, "load_interval_ms": 200,
 ///    "kv_lease_ms": 5000, "segment_tokens": 0, "pool_timeout_ms": 500}
@@ -30,7 +30,7 @@ struct worker_config {
   int threads = 0;
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
-  int64_t max_batch_tokens = 256;
+  int64_t max_batch_tokens = 64;
   int64_t max_running = 32;
   std::string policy = "fcfs";
   /// MLFQ: cost of one prompt token in decode-iteration units (skip-join placement). ~0.4 measured

@@ -11,6 +11,8 @@ weft="${1:-$root/build/release/apps/weft}"
 rate="${2:-1.5}"
 n="${3:-80}"
 prompt="${4:-16}"
+# Extra flags for the MLFQ server only (e.g. "--mlfq-prefill-cost 0.1"), from the environment.
+read -r -a mlfq_extra <<< "${WEFT_MLFQ_FLAGS:-}"
 port=8391
 day="$(date +%Y%m%d-%H%M)"
 out="$root/bench/results"
@@ -21,7 +23,9 @@ load_flags=(--url "http://127.0.0.1:$port" -n "$n" --rate "$rate" --arrival pois
             --prompt-tokens "$prompt" --output-dist pareto --output-tokens 32 --pareto-alpha 1.2 --output-max 512
             --ttft-slo-ms 5000 --tpot-slo-ms 200)
 for policy in fcfs mlfq; do
-  "$weft" serve "${server_flags[@]}" --policy "$policy" > "/tmp/weft-bench-$policy.out" 2> "/tmp/weft-bench-$policy.err" &
+  extra=()
+  [ "$policy" = mlfq ] && extra=("${mlfq_extra[@]}")
+  "$weft" serve "${server_flags[@]}" --policy "$policy" "${extra[@]}" > "/tmp/weft-bench-$policy.out" 2> "/tmp/weft-bench-$policy.err" &
   pid=$!
   for _ in $(seq 120); do grep -q weft-serve-ready "/tmp/weft-bench-$policy.out" && break; sleep 0.5; done
   "$weft" bench serve "${load_flags[@]}" --label "$policy" --out "$out/serve-$policy-$day.json" | tee "/tmp/weft-bench-$policy.summary"

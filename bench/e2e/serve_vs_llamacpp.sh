@@ -16,7 +16,7 @@ day="$(date +%Y%m%d-%H%M)"
 out="$root/bench/results"
 mkdir -p "$out"
 load_flags=(-n "$n" --trace "$trace" --trace-offset 100 --max-prompt-tokens 256 --max-output-tokens 64
-            --scale-percentile 99 --goodput --rate-min 0.1 --rate-max 1.0 --bisect-steps 3
+            --scale-percentile 99 --goodput --rate-min 0.2 --rate-max 3.0 --bisect-steps 3
             --ttft-slo-ms 4000 --tpot-slo-ms 200 --progress-interval-s 0)
 wait_http() {
   for _ in $(seq 240); do curl -sf "$1/v1/models" > /dev/null && return 0; sleep 0.5; done
