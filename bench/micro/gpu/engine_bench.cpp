@@ -168,7 +168,20 @@ int main(int argc, char** argv) {
       out_dir = next();
     else if (a == "--no-llama")
       with_llama = false;
-    else {
+    else if (a == "--help" || a == "-h") {
+      std::printf(
+          "gpu_engine_bench: weft's CPU engine vs llama.cpp (llama-cpp-python) on one GGUF, same\n"
+          "threads and workload, one invocation. Prefills B prompts, then decodes B sequences;\n"
+          "prints tok/s and ratios, writes <out>/engine-<date>.json.\n\n"
+          "  --model PATH        GGUF (default $WEFT_MODEL, else the default SmolLM2 model)\n"
+          "  --threads N         compute threads for both engines (default 2)\n"
+          "  --prompt-len N      prompt tokens per sequence (default 64)\n"
+          "  --decode-steps N    decode steps per batch size (default 32)\n"
+          "  --batches LIST      comma-separated batch sizes (default 1,8,32)\n"
+          "  --out DIR           where the JSON goes (default bench/results)\n"
+          "  --no-llama          weft only (no baseline; ratios are not printed)\n");
+      return 0;
+    } else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
     }
@@ -264,17 +277,27 @@ int main(int argc, char** argv) {
       r["llama_decode_tok_s"] = ld;
     }
     j["results"].push_back(r);
-    std::snprintf(line, sizeof line,
-                  "batch %2d prefill: weft %.0f tok/s, llama.cpp %.0f tok/s, ratio %.2f", bsz,
-                  w.prefill_tok_s, lp, lp > 0 ? w.prefill_tok_s / lp : 0.0);
+    if (lp > 0) {
+      std::snprintf(line, sizeof line,
+                    "batch %2d prefill: weft %.0f tok/s, llama.cpp %.0f tok/s, ratio %.2f", bsz,
+                    w.prefill_tok_s, lp, w.prefill_tok_s / lp);
+    } else {
+      std::snprintf(line, sizeof line, "batch %2d prefill: weft %.0f tok/s (no baseline)", bsz,
+                    w.prefill_tok_s);
+    }
     lines.emplace_back(line);
-    std::snprintf(
-        line, sizeof line, "batch %2d decode:  weft %.1f tok/s, llama.cpp %.1f tok/s, ratio %.2f%s",
-        bsz, w.decode_tok_s, ld, ld > 0 ? w.decode_tok_s / ld : 0.0,
-        bsz == 1 ? (", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / (bw / wbytes))) +
-                    "% of the bandwidth ceiling")
-                       .c_str()
-                 : "");
+    const std::string ceiling =
+        bsz == 1 ? ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / (bw / wbytes))) +
+                       "% of the bandwidth ceiling"
+                 : "";
+    if (ld > 0) {
+      std::snprintf(line, sizeof line,
+                    "batch %2d decode:  weft %.1f tok/s, llama.cpp %.1f tok/s, ratio %.2f%s", bsz,
+                    w.decode_tok_s, ld, w.decode_tok_s / ld, ceiling.c_str());
+    } else {
+      std::snprintf(line, sizeof line, "batch %2d decode:  weft %.1f tok/s (no baseline)%s", bsz,
+                    w.decode_tok_s, ceiling.c_str());
+    }
     lines.emplace_back(line);
   }
   if (llama.contains("version")) j["llama_cpp_python_version"] = llama["version"];
