@@ -165,8 +165,9 @@ class cpu_device final : public device {
  public:
   explicit cpu_device(int n_threads) : pool_(n_threads), ops_(pool_) {
     caps_.kind = device_kind::cpu;
-    caps_.name =
-        std::string{"cpu ("} + quant_kernel_path() + ", " + std::to_string(n_threads) + " threads)";
+    caps_.name = std::string{"cpu ("} + quant_kernel_path() + ", ggml " +
+                 ggml_simd_name(ggml_simd_layout()) + " numerics, " + std::to_string(n_threads) +
+                 " threads)";
     caps_.memory = memory_visibility::host_visible;
     caps_.n_compute_threads = n_threads;
     caps_.weight_types = {ggml_type::f32, ggml_type::f16, ggml_type::q8_0, ggml_type::q4_0,
@@ -234,7 +235,8 @@ result<std::unique_ptr<device>> make_cpu_device(const device_config& config) {
   if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // Our pool splits BLAS calls itself; OpenBLAS's own threads would oversubscribe the cores.
   openblas_set_num_threads(1);
-  spdlog::debug("cpu device: {} threads, {} kernels", n, quant_kernel_path());
+  spdlog::debug("cpu device: {} threads, {} kernels, ggml {} numerics", n, quant_kernel_path(),
+                ggml_simd_name(ggml_simd_layout()));
   return std::unique_ptr<device>(new cpu_device(n));
 }
 

@@ -12,6 +12,7 @@
 #include <map>
 #include <string>
 
+#include "gpu/cpu/quant_dot.hpp"
 #include "gpu/device.hpp"
 #include "gpu/engine.hpp"
 #include "gpu/gguf.hpp"
@@ -147,6 +148,9 @@ TEST(engine_oracle, greedy_continuations_match_llama_cpp) {
                            << " — first difference at token " << first_diff;
     n_identical += got == expect ? 1 : 0;
   }
+  // The reduction orders weft reproduces depend on the host (docs/engine.md); say which ones ran.
+  std::cout << "[oracle] ggml SIMD layout: " << cpu::ggml_simd_name(cpu::ggml_simd_layout())
+            << "\n";
   std::cout << "[oracle] identical greedy continuations: " << n_identical << "/"
             << r.ref["results"].size() << "\n";
   EXPECT_TRUE(e.kv->check_invariants().ok());
