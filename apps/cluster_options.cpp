@@ -38,19 +38,6 @@ actors::tls_options cluster_cli::tls_settings() const {
   return actors::tls_options{tls, tls_cert, tls_key, tls_ca};
 }
 
-result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s) {
-  auto colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) {
-    return make_error(errc::invalid_argument, "expected HOST:PORT, got '" + s + "'");
-  }
-  char* end = nullptr;
-  long port = std::strtol(s.c_str() + colon + 1, &end, 10);
-  if (*end != '\0' || port <= 0 || port > 65535) {
-    return make_error(errc::invalid_argument, "bad port in '" + s + "'");
-  }
-  return std::make_pair(s.substr(0, colon), static_cast<uint16_t>(port));
-}
-
 std::string default_secret_file() {
   const char* cache = std::getenv("WEFT_CACHE_DIR");
   std::filesystem::path dir;

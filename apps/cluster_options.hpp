@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "actors/auth.hpp"
+#include "actors/host_port.hpp"
 #include "actors/node.hpp"
 #include "actors/roles.hpp"
 #include "actors/runtime.hpp"
@@ -28,8 +29,7 @@ struct cluster_cli {
   actors::tls_options tls_settings() const;
 };
 
-/// "host:port" -> (host, port).
-result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s);
+using actors::parse_host_port;
 
 /// The default secret file of local clusters: $WEFT_CACHE_DIR or ~/.cache/weft, /cluster.secret.
 std::string default_secret_file();

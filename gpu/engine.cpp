@@ -93,14 +93,7 @@ status engine::add_resumed_request(request_id id, std::vector<int32_t> prompt, i
   r->n_replay = n_replay;
   // Each replayed token consumed one random draw when it was sampled (none when greedy).
   if (n_replay > 0) r->smp.skip_draws(n_replay);
-  r->arrival = arrival_counter_++;
-  sched_request sr;
-  sr.id = id;
-  sr.arrival = r->arrival;
-  sr.n_prompt = r->n_prompt;
-  requests_.emplace(id, std::move(r));
-  live_.push_back(id);
-  config_.policy->on_add(sr);
+  enqueue(std::move(r));
   return {};
 }
 
@@ -132,14 +125,7 @@ status engine::add_imported_request(request_id id, seq_id seq, std::vector<int32
   r->has_seq = true;
   r->ph = phase::decode;
   r->smp.skip_draws(n_generated);
-  r->arrival = arrival_counter_++;
-  sched_request sr;
-  sr.id = id;
-  sr.arrival = r->arrival;
-  sr.n_prompt = r->n_prompt;
-  requests_.emplace(id, std::move(r));
-  live_.push_back(id);
-  config_.policy->on_add(sr);
+  enqueue(std::move(r));
   return {};
 }
 
@@ -168,14 +154,7 @@ status engine::add_prefilled_request(request_id id, seq_id seq, std::vector<int3
   r->seq = seq;
   r->has_seq = true;
   r->ph = phase::prefill;
-  r->arrival = arrival_counter_++;
-  sched_request sr;
-  sr.id = id;
-  sr.arrival = r->arrival;
-  sr.n_prompt = r->n_prompt;
-  requests_.emplace(id, std::move(r));
-  live_.push_back(id);
-  config_.policy->on_add(sr);
+  enqueue(std::move(r));
   return {};
 }
 
@@ -267,6 +246,17 @@ result<std::vector<request_id>> engine::rank_live() {
     order.push_back(s.id);
   }
   return order;
+}
+
+void engine::enqueue(std::unique_ptr<request> r) {
+  r->arrival = arrival_counter_++;
+  sched_request sr;
+  sr.id = r->id;
+  sr.arrival = r->arrival;
+  sr.n_prompt = r->n_prompt;
+  live_.push_back(r->id);
+  requests_.emplace(r->id, std::move(r));
+  config_.policy->on_add(sr);
 }
 
 status engine::swap_out(request& r) {

@@ -170,6 +170,8 @@ class engine {
   std::vector<request_id> select(const std::vector<request_id>& order,
                                  std::vector<request_output>& outputs);
   bool make_room(int64_t need_blocks, const std::vector<request_id>& order, size_t lower_from);
+  /// Gives `r` the next arrival number, makes it live and tells the policy.
+  void enqueue(std::unique_ptr<request> r);
   void admit(request& r);
   status swap_out(request& r);
   void note_scheduled(const std::vector<request_id>& in_batch);

@@ -14,10 +14,12 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "actors/auth.hpp"
 #include "actors/cache/rma_pull.hpp"
 #include "actors/cache/segment_store.hpp"
+#include "actors/host_port.hpp"
 #include "actors/serve/engine_worker.hpp"
 #include "actors/serve/serve_atoms.hpp"
 #include "schema/caf_bridge.hpp"
@@ -42,15 +44,11 @@ result<shard_config> shard_config::from_json(const std::string& json) {
     return make_error(errc::invalid_argument, "cache_shard: config is not a JSON object");
   shard_config c;
   try {
-    const auto router = j.value("router", std::string{});
-    const auto colon = router.rfind(':');
-    if (colon == std::string::npos)
-      return make_error(errc::invalid_argument, "cache_shard: config.router must be HOST:PORT");
-    c.router_host = router.substr(0, colon);
-    const int port = std::stoi(router.substr(colon + 1));
-    if (port <= 0 || port > 65535)
-      return make_error(errc::invalid_argument, "cache_shard: router port out of range");
-    c.router_port = static_cast<uint16_t>(port);
+    auto router = actors::parse_host_port(j.value("router", std::string{}));
+    if (!router)
+      return make_error(errc::invalid_argument,
+                        "cache_shard: config.router: " + router.error().message);
+    std::tie(c.router_host, c.router_port) = *router;
     c.capacity_bytes = j.value("capacity_bytes", c.capacity_bytes);
     c.segment_bytes = j.value("segment_bytes", c.segment_bytes);
     c.staging_slots = j.value("staging_slots", c.staging_slots);

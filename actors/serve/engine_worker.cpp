@@ -13,12 +13,14 @@
 #include <deque>
 #include <map>
 #include <thread>
+#include <tuple>
 #include <unordered_set>
 
 #include "actors/auth.hpp"
 #include "actors/cache/placement.hpp"
 #include "actors/cache/rma_pull.hpp"
 #include "actors/cache/segment_keys.hpp"
+#include "actors/host_port.hpp"
 #include "actors/serve/kv_transfer.hpp"
 #include "actors/serve/mlfq_policy.hpp"
 #include "actors/serve/model_host.hpp"
@@ -49,15 +51,12 @@ result<worker_config> worker_config::from_json(const std::string& json) {
       return make_error(errc::invalid_argument,
                         "engine_worker: config.router (HOST:PORT) is required");
     }
-    const auto router = j["router"].get<std::string>();
-    const auto colon = router.rfind(':');
-    if (colon == std::string::npos)
-      return make_error(errc::invalid_argument, "engine_worker: config.router must be HOST:PORT");
-    c.router_host = router.substr(0, colon);
-    const int port = std::stoi(router.substr(colon + 1));
-    if (port <= 0 || port > 65535)
-      return make_error(errc::invalid_argument, "engine_worker: config.router port out of range");
-    c.router_port = static_cast<uint16_t>(port);
+    auto router = actors::parse_host_port(j["router"].get<std::string>());
+    if (!router) {
+      return make_error(errc::invalid_argument,
+                        "engine_worker: config.router: " + router.error().message);
+    }
+    std::tie(c.router_host, c.router_port) = *router;
     c.device = j.value("device", c.device);
     c.threads = j.value("threads", c.threads);
     c.kv_blocks = j.value("kv_blocks", c.kv_blocks);
