@@ -22,6 +22,7 @@ runtime_config::runtime_config(const runtime_options& options) : options_(option
       caf::timespan{std::chrono::milliseconds(options.heartbeat_interval_ms)});
   set("middleman.connection-timeout",
       caf::timespan{std::chrono::milliseconds(options.connection_timeout_ms)});
+  set("middleman.workers", static_cast<size_t>(options.decode_threads));
   // Talk to a remote actor's node directly instead of relaying through the node that introduced
   // it (the head): one hop, and no dependence on the introducer staying up.
   set("middleman.enable-automatic-connections", true);

@@ -20,6 +20,11 @@ struct runtime_options {
   uint32_t heartbeat_interval_ms = 200;
   /// A connection with no traffic (heartbeats included) for this long is closed.
   uint32_t connection_timeout_ms = 2'000;
+  /// Threads that decode incoming remote messages (CAF `middleman.workers`). 0 = the network
+  /// thread decodes and delivers them itself: one thread hop fewer per message (cross-process
+  /// round trip 94 -> 70 us on the 2-vCPU VM, docs/runtime.md). Raise it when a process receives
+  /// many large actor messages (bulk tensors never travel as actor messages in weft).
+  uint32_t decode_threads = 0;
   /// Load CAF's OpenSSL module (TLS between hosts).
   bool tls = false;
 };

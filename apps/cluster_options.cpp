@@ -15,6 +15,10 @@ void cluster_cli::add_to(CLI::App* cmd) {
                   "Close a silent connection after this long")
       ->capture_default_str();
   cmd->add_option("--threads", threads, "CAF scheduler threads (0 = cores)")->capture_default_str();
+  cmd->add_option(
+         "--decode-threads", decode_threads,
+         "Threads decoding incoming actor messages (0 = the network thread, lowest latency)")
+      ->capture_default_str();
   cmd->add_flag("--tls", tls, "Encrypt node-to-node traffic (CAF OpenSSL module)");
   cmd->add_option("--tls-cert", tls_cert, "PEM certificate of this node (with --tls)");
   cmd->add_option("--tls-key", tls_key, "PEM private key of this node (with --tls)");
@@ -30,6 +34,7 @@ actors::runtime_options cluster_cli::runtime() const {
   rt.heartbeat_interval_ms = heartbeat_ms;
   rt.connection_timeout_ms = connection_timeout_ms;
   rt.worker_threads = threads;
+  rt.decode_threads = decode_threads;
   rt.tls = tls;
   return rt;
 }

@@ -20,6 +20,7 @@ struct cluster_cli {
   uint32_t heartbeat_ms = 200;
   uint32_t connection_timeout_ms = 2000;
   uint32_t threads = 0;
+  uint32_t decode_threads = 0;
   bool tls = false;
   std::string tls_cert, tls_key, tls_ca;
 

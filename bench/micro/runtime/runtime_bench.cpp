@@ -80,18 +80,38 @@ json actor_round_trip(caf::actor_system& sys, const caf::actor& target, int n) {
 }
 
 /// Serves an echo actor on `port` (child process of the bench).
-int serve_echo(uint16_t port) {
-  actors::runtime_config cfg;
+int serve_echo(uint16_t port, uint32_t decode_threads) {
+  actors::runtime_options opts;
+  opts.decode_threads = decode_threads;
+  actors::runtime_config cfg{opts};
   caf::actor_system sys{cfg};
   actors::role_registry roles;
   actors::add_builtin_roles(roles);
-  auto echo = (*roles.find("echo"))(sys, actors::role_context{"echo", "", "bench"});
+  auto echo = (*roles.find("echo"))(sys, actors::role_context{"echo", "", "bench", nullptr, {}});
   auto p = sys.middleman().publish(*echo, port, "127.0.0.1", true);
   if (!p) return 1;
   std::printf("ready\n");
   std::fflush(stdout);
   pause();
   return 0;
+}
+
+/// Cross-process round trips to an echo actor in a child process, both processes configured with
+/// `decode_threads` (0 = weft's default, 1 = CAF 0.17's default of one BASP decoding thread).
+json cross_process(uint32_t decode_threads, int n) {
+  actors::runtime_options opts;
+  opts.decode_threads = decode_threads;
+  actors::runtime_config cfg{opts};
+  caf::actor_system sys{cfg};
+  uint16_t port = static_cast<uint16_t>(30000 + (::getpid() + decode_threads * 13) % 20000);
+  auto server = apps::child_process::start({apps::self_exe(), "--serve", std::to_string(port),
+                                            "--decode-threads", std::to_string(decode_threads)});
+  if (!server || !server->read_line(10000)) return {{"error", "echo server did not start"}};
+  auto remote = sys.middleman().remote_actor("127.0.0.1", port);
+  if (!remote) return {{"error", caf::to_string(remote.error())}};
+  auto out = actor_round_trip(sys, *remote, n);
+  out["decode_threads"] = decode_threads;
+  return out;
 }
 
 /// Raw TCP 64-byte ping-pong between this process and a forked child: the VM's floor.
@@ -251,13 +271,15 @@ int main(int argc, char** argv) {
   int n = 5000;
   std::string out_dir = "bench/results";
   uint16_t serve_port = 0;
+  uint32_t serve_decode_threads = 0;
   bool skip_ray = false;
   app.add_option("-n", n, "Round trips per figure")->capture_default_str();
   app.add_option("--out", out_dir, "Directory for the JSON result")->capture_default_str();
   app.add_option("--serve", serve_port, "Internal: serve an echo actor on this port");
+  app.add_option("--decode-threads", serve_decode_threads, "Internal: with --serve");
   app.add_flag("--skip-ray", skip_ray, "Do not run the Ray baseline");
   CLI11_PARSE(app, argc, argv);
-  if (serve_port != 0) return serve_echo(serve_port);
+  if (serve_port != 0) return serve_echo(serve_port, serve_decode_threads);
   spdlog::set_level(spdlog::level::warn);
 
   json result;
@@ -270,15 +292,11 @@ int main(int argc, char** argv) {
   caf::actor_system sys{cfg};
   actors::role_registry roles;
   actors::add_builtin_roles(roles);
-  auto echo = *(*roles.find("echo"))(sys, actors::role_context{"echo", "", "bench"});
+  auto echo = *(*roles.find("echo"))(sys, actors::role_context{"echo", "", "bench", nullptr, {}});
   result["in_process"] = actor_round_trip(sys, echo, n);
 
-  uint16_t port = static_cast<uint16_t>(30000 + ::getpid() % 20000);
-  auto server = apps::child_process::start({apps::self_exe(), "--serve", std::to_string(port)});
-  if (server && server->read_line(10000)) {
-    auto remote = sys.middleman().remote_actor("127.0.0.1", port);
-    if (remote) result["cross_process"] = actor_round_trip(sys, *remote, n);
-  }
+  result["cross_process"] = cross_process(0, n);
+  result["cross_process_caf_default_decoding"] = cross_process(1, n);
   result["raw_tcp_floor"] = tcp_floor(n);
   if (!skip_ray) {
     auto ray = apps::child_process::start(
@@ -297,13 +315,21 @@ int main(int argc, char** argv) {
   auto r = [&](const char* k, const char* f) { return result[k].value(f, 0.0); };
   std::printf("actor round trip in process      p50 %.1f us  p99 %.1f us  %.0f msg/s\n",
               r("in_process", "p50_us"), r("in_process", "p99_us"), r("in_process", "msgs_per_s"));
-  if (result.contains("cross_process")) {
+  if (result["cross_process"].contains("p50_us")) {
     double floor = r("raw_tcp_floor", "p50_us");
     std::printf(
         "actor round trip cross process   p50 %.1f us  p99 %.1f us  %.0f msg/s  = %.2fx raw TCP "
         "floor (p50 %.1f us)\n",
         r("cross_process", "p50_us"), r("cross_process", "p99_us"),
         r("cross_process", "msgs_per_s"), r("cross_process", "p50_us") / floor, floor);
+    if (result["cross_process_caf_default_decoding"].contains("p50_us")) {
+      std::printf(
+          "  same with CAF's default decoder thread  p50 %.1f us  p99 %.1f us: weft's setting is "
+          "%.2fx lower\n",
+          r("cross_process_caf_default_decoding", "p50_us"),
+          r("cross_process_caf_default_decoding", "p99_us"),
+          r("cross_process_caf_default_decoding", "p50_us") / r("cross_process", "p50_us"));
+    }
     if (result.contains("ray") && result["ray"].contains("p50_us")) {
       std::printf(
           "actor round trip vs Ray          Ray p50 %.1f us: weft is %.2fx faster; Ray %.0f msg/s, "
