@@ -41,6 +41,7 @@ struct serve_cli {
   std::string route = "least-ttft";
   double cache_mem_gb = 1.0;
   int64_t segment_tokens = 64;
+  uint32_t cache_replicas = 2;
   std::string policy = "fcfs";
   double mlfq_prefill_cost = 0.4;
   int64_t mlfq_starvation_steps = 256;
@@ -215,6 +216,7 @@ int run_serve(const serve_cli& cli) {
   rc.ttft_slo_ms = cli.ttft_slo_ms;
   rc.queue_timeout_ms = cli.queue_timeout_ms;
   rc.route = cli.route;
+  rc.cache_replicas = cli.cache_replicas;
   rc.metrics = metrics;
   caf::actor router = serve::spawn_router(sys, rc);
   auto router_port = sys.middleman().publish(router, 0, "127.0.0.1");
@@ -414,6 +416,10 @@ void add_serve_command(CLI::App& app, const global_options&) {
                   "Tokens per pool segment (a multiple of --block-size)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  cmd->add_option("--cache-replicas", cli->cache_replicas,
+                  "Shards that may hold one hot pool segment, its home included (1 = no replicas)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 16u));
   cmd->add_option("--policy", cli->policy,
                   "Iteration scheduling policy: fcfs or mlfq (FastServe skip-join MLFQ)")
       ->capture_default_str()

@@ -38,6 +38,14 @@ struct GenerateRequest {
                                     # KV to a decode worker (KvHandoff offered) instead of decoding
   kvSource @8 :Data;                # disaggregated decode: a KvDescriptor envelope's bytes; pull
                                     # the KV of prompt + resumeTokens[:-1] instead of prefilling
+  poolPlan @9 :List(PoolSegment);   # prefix-cache pool: the prompt's leading segments, in order
+}
+
+# The pool directory's answer for one segment of a dispatched prompt (actors/cache/directory.hpp).
+struct PoolSegment {
+  key @0 :UInt64;                   # segment key (the worker checks it against its own)
+  read @1 :Text;                    # shard to look the segment up on (its home or a replica)
+  home @2 :Text;                    # shard to publish it to after a prefill
 }
 
 struct TokenLogprob {
@@ -104,6 +112,8 @@ struct WorkerHello {
   deadlineMs @11 :UInt64;           # the session token's deadline
   segmentTokens @12 :UInt32;        # prefix-cache pool segment size (0: the worker uses no pool)
   kvBytesPerToken @13 :UInt64;      # K+V bytes of one token over all layers (transfer estimates)
+  poolKeyModel @14 :Text;           # model id and KV layout the worker hashes pool segment keys
+  poolKeyLayout @15 :Text;          # with (the router's directory computes the same keys)
 }
 
 # Worker -> router, periodically and on demand: load and progress.

@@ -33,7 +33,10 @@ using serve::cache_load_atom;
 using serve::cache_lookup_atom;
 using serve::cache_publish_atom;
 using serve::cache_release_atom;
+using serve::cache_replicate_atom;
+using serve::cache_replicated_atom;
 using serve::cache_reply_atom;
+using serve::fetch_timeout_atom;
 using serve::hello_atom;
 using serve::pulled_atom;
 using serve::tick_atom;
@@ -92,6 +95,15 @@ struct pending_publish {
   std::vector<std::pair<uint64_t, int32_t>> key_slots;
 };
 
+/// A replica copy in progress: the segment is looked up on its home shard, then pulled from the
+/// home's staging slot into ours.
+struct pending_replica {
+  uint64_t key = 0;
+  caf::actor source;
+  int32_t slot = -1;          ///< our staging slot while pulling
+  uint64_t source_lease = 0;  ///< the home's staging lease, released when done
+};
+
 struct shard_state {
   static inline const char* name = "weft.cache_shard";
   std::string shard_name;
@@ -109,6 +121,10 @@ struct shard_state {
   uint64_t next_lease = 1;
   std::map<uint64_t, pending_publish> publishes;
   std::set<uint64_t> inflight_keys;
+  std::map<uint64_t, pending_replica> replicas;  ///< replica id (our lookup id) -> copy
+  std::map<uint64_t, uint64_t> replica_pulls;    ///< pull id -> replica id
+  uint64_t next_replica = 1;
+  uint64_t replicas_made = 0;
   caf::actor router;
   uint64_t lookups = 0, hits = 0, stored = 0, bytes_in = 0, bytes_out = 0;
 
@@ -328,9 +344,124 @@ void on_publish(shard_ptr self, const envelope& env) {
   st.publishes.emplace(*pull, std::move(pp));
 }
 
+// -- replicas of hot segments (ordered by the router's directory) --------------------------------
+
+void send_release(shard_ptr self, const caf::actor& to, uint64_t lease) {
+  self->send(to, cache_release_atom::value,
+             envelope::build<wire::CacheRelease>(
+                 [&](wire::CacheRelease::Builder b) { b.initLeaseIds(1).set(0, lease); }));
+}
+
+/// Ends a replica copy: frees what it holds and tells the router.
+void end_replica(shard_ptr self, uint64_t id, bool ok, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.replicas.find(id);
+  if (it == st.replicas.end()) return;
+  pending_replica r = std::move(it->second);
+  st.replicas.erase(it);
+  st.inflight_keys.erase(r.key);
+  if (r.slot >= 0) st.free_slots.push_back(r.slot);
+  if (r.source_lease != 0) send_release(self, r.source, r.source_lease);
+  if (ok) ++st.replicas_made;
+  if (!ok) spdlog::debug("shard {}: replica of {:016x}: {}", st.shard_name, r.key, why);
+  self->send(st.router, cache_replicated_atom::value, r.key, st.shard_name, ok);
+}
+
+void on_replicate(shard_ptr self, uint64_t key, const caf::actor& source) {
+  auto& st = self->state;
+  if (key == 0 || !source) return;
+  if (st.store->contains(key)) {
+    self->send(st.router, cache_replicated_atom::value, key, st.shard_name, true);
+    return;
+  }
+  if (st.inflight_keys.count(key) != 0) {
+    self->send(st.router, cache_replicated_atom::value, key, st.shard_name, false);
+    return;
+  }
+  const uint64_t id = st.next_replica++;
+  st.replicas[id] = pending_replica{key, source, -1, 0};
+  st.inflight_keys.insert(key);
+  self->send(source, serve::cache_lookup_atom::value,
+             envelope::build<wire::CacheLookup>([&](wire::CacheLookup::Builder b) {
+               b.setRequestId(id);
+               b.initKeys(1).set(0, key);
+               b.setWorker(st.shard_name);
+             }));
+  self->delayed_send(self, std::chrono::milliseconds(st.cfg.lease_ms), fetch_timeout_atom::value,
+                     id);
+}
+
+/// The home shard's answer to a replica lookup: pull the staged segment into our staging slot.
+void on_replica_reply(shard_ptr self, const envelope& env) {
+  auto& st = self->state;
+  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  auto m = env.read<wire::CacheLookupReply>();
+  if (!m || !sender) return;
+  auto r = m->get();
+  auto it = st.replicas.find(r.getRequestId());
+  if (it == st.replicas.end() || it->second.source != sender || it->second.slot >= 0 ||
+      it->second.source_lease != 0) {
+    for (auto h : r.getHits()) send_release(self, sender, h.getLeaseId());  // late or unknown
+    return;
+  }
+  auto& rep = it->second;
+  const uint64_t id = it->first;
+  std::optional<wire::CacheHit::Reader> hit;
+  for (auto h : r.getHits()) {
+    if (h.getKey() == rep.key && !hit) {
+      hit = h;
+      rep.source_lease = h.getLeaseId();
+    } else {
+      send_release(self, sender, h.getLeaseId());
+    }
+  }
+  if (!hit) return end_replica(self, id, false, "not on its home any more");
+  if (hit->getSizeBytes() != static_cast<uint64_t>(st.cfg.segment_bytes))
+    return end_replica(self, id, false, "segment size differs from this shard's");
+  if (st.free_slots.empty()) return end_replica(self, id, false, "no free staging slot");
+  rep.slot = st.free_slots.back();
+  st.free_slots.pop_back();
+  auto addr = r.getPeerAddress();
+  auto region = r.getRegion();
+  const std::vector<std::vector<std::byte>> keys = {
+      {reinterpret_cast<const std::byte*>(region.begin()),
+       reinterpret_cast<const std::byte*>(region.end())}};
+  const std::vector<pull_piece> pieces = {
+      {0, hit->getOffset(),
+       static_cast<uint64_t>(rep.slot) * static_cast<uint64_t>(st.cfg.segment_bytes),
+       hit->getSizeBytes(), 0}};
+  auto me = caf::actor_cast<caf::actor>(self);
+  auto pull = st.puller->start(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(addr.begin()), addr.size()),
+      keys, {st.staging}, pieces, st.cfg.lease_ms, [me](uint64_t pid, bool ok, std::string err) {
+        caf::anon_send(me, pulled_atom::value, pid, ok, err);
+      });
+  if (!pull) return end_replica(self, id, false, pull.error().to_string());
+  st.replica_pulls[*pull] = id;
+}
+
+/// A replica pull ended: store the copy.
+void on_replica_pulled(shard_ptr self, uint64_t id, bool ok, const std::string& err) {
+  auto& st = self->state;
+  auto it = st.replicas.find(id);
+  if (it == st.replicas.end()) return;
+  if (!ok) return end_replica(self, id, false, "pull failed: " + err);
+  const auto& rep = it->second;
+  auto s =
+      st.store->put(rep.key, std::span<const std::byte>(st.slot_data(rep.slot),
+                                                        static_cast<size_t>(st.cfg.segment_bytes)));
+  if (s.ok()) st.bytes_in += static_cast<uint64_t>(st.cfg.segment_bytes);
+  end_replica(self, id, s.ok(), s.ok() ? "" : s.to_string());
+}
+
 void on_pulled(shard_ptr self, uint64_t pull_id, bool ok, const std::string& err) {
   auto& st = self->state;
   st.puller->finished(pull_id, ok);
+  if (auto rp = st.replica_pulls.find(pull_id); rp != st.replica_pulls.end()) {
+    const uint64_t id = rp->second;
+    st.replica_pulls.erase(rp);
+    return on_replica_pulled(self, id, ok, err);
+  }
   auto it = st.publishes.find(pull_id);
   if (it == st.publishes.end()) return;
   pending_publish pp = std::move(it->second);
@@ -409,6 +540,16 @@ caf::behavior cache_shard(shard_ptr self, std::string name, std::string node_id,
   return {
       [self](cache_lookup_atom, const envelope& env) { on_lookup(self, env); },
       [self](cache_publish_atom, const envelope& env) { on_publish(self, env); },
+      [self](cache_replicate_atom, uint64_t key, const caf::actor& source) {
+        on_replicate(self, key, source);
+      },
+      [self](serve::cache_reply_atom, const envelope& env) { on_replica_reply(self, env); },
+      [self](fetch_timeout_atom, uint64_t id) {
+        // Lookup unanswered, or a pull still running: a pull ends through its own deadline.
+        auto it = self->state.replicas.find(id);
+        if (it != self->state.replicas.end() && it->second.slot < 0)
+          end_replica(self, id, false, "home shard did not answer");
+      },
       [self](cache_release_atom, const envelope& env) {
         auto m = env.read<wire::CacheRelease>();
         if (!m) return;

@@ -8,7 +8,6 @@
 #include <caf/io/all.hpp>
 #include <nlohmann/json.hpp>
 
-#include <xxhash.h>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -17,7 +16,6 @@
 #include <unordered_set>
 
 #include "actors/auth.hpp"
-#include "actors/cache/placement.hpp"
 #include "actors/cache/rma_pull.hpp"
 #include "actors/cache/segment_keys.hpp"
 #include "actors/host_port.hpp"
@@ -130,6 +128,8 @@ struct running_request {
   bool handoff = false;         ///< disaggregated prefill: offer the KV after the first new token
   bool publish = false;         ///< publish the prompt's segments to the pool after its prefill
   std::vector<int32_t> prompt;  ///< kept only when publishing
+  /// Home shard of each leading segment (the router directory's plan), for the publish.
+  std::vector<pool_segment> pool_plan;
   std::string trace_id;
 };
 
@@ -179,13 +179,13 @@ struct worker_state {
   std::unique_ptr<kv_importer> importer;
   std::map<uint64_t, pending_import> imports;  ///< pull id -> pull
   std::map<uint64_t, uint64_t> import_of;      ///< request id -> pull id
-  // Prefix-cache pool (cfg.segment_tokens > 0 and shards known): segment keys, the shard ring,
-  // lookups and pulls in flight, publishes under KV leases.
+  // Prefix-cache pool (cfg.segment_tokens > 0 and shards known): segment keys, the live shards
+  // (where each segment is read and published comes with each request, from the router's
+  // directory), lookups and pulls in flight, publishes under KV leases.
   cache::segment_key_config keys;
   std::vector<std::string> shard_names;
   std::vector<caf::actor> shards;
-  std::unique_ptr<cache::placement> ring;
-  std::map<uint32_t, size_t> shard_index;  ///< ring shard id -> index in `shards`
+  std::map<std::string, size_t> shard_by_name;  ///< shard name -> index in `shards`
   std::unique_ptr<cache::rma_puller> puller;
   std::map<uint64_t, pending_fetch> fetches;  ///< request id -> fetch
   std::map<uint64_t, uint64_t> fetch_pulls;   ///< pull id -> request id
@@ -333,6 +333,10 @@ envelope make_hello(const worker_state& st) {
     b.setNCtx(static_cast<uint32_t>(st.host->n_ctx));
     b.setPolicy(st.cfg.policy);
     b.setSegmentTokens(static_cast<uint32_t>(st.cfg.segment_tokens));
+    if (st.cfg.segment_tokens > 0) {
+      b.setPoolKeyModel(st.keys.model_id);
+      b.setPoolKeyLayout(st.keys.kv_layout);
+    }
     const auto& lay = st.engine->kv().layout();
     b.setKvBytesPerToken(
         static_cast<uint64_t>(lay.block_bytes() / static_cast<size_t>(lay.block_size)) * 2 *
@@ -543,10 +547,14 @@ void drop_import(worker_ptr self, uint64_t request_id) {
 
 void admit(worker_ptr self, generate_spec d, gpu::seq_id prefilled);
 
-/// The shard that is home of `key` (index into st.shards).
-size_t home_of(const worker_state& st, uint64_t key) {
-  auto h = st.ring->home(key);
-  return h ? st.shard_index.at(*h) : 0;
+/// Index in st.shards of the shard the plan names for segment `i` (`read` or `home`) when the
+/// plan's key is `key` (the router computed the same key) and the shard is live.
+std::optional<size_t> planned_shard(const worker_state& st, const std::vector<pool_segment>& plan,
+                                    size_t i, uint64_t key, bool read) {
+  if (i >= plan.size() || plan[i].key != key) return std::nullopt;
+  auto it = st.shard_by_name.find(read ? plan[i].read : plan[i].home);
+  if (it == st.shard_by_name.end()) return std::nullopt;
+  return it->second;
 }
 
 void remember_published(worker_state& st, uint64_t key) {
@@ -558,25 +566,15 @@ void remember_published(worker_state& st, uint64_t key) {
   }
 }
 
-/// Router -> worker: the live shards. The ring is rebuilt (same names, same ring on every worker).
+/// Router -> worker: the live shards (the router's directory names them in each request's plan).
 void on_shards(worker_ptr self, std::vector<std::string> names, std::vector<caf::actor> handles) {
   auto& st = self->state;
   if (st.cfg.segment_tokens <= 0 || names.size() != handles.size()) return;
   st.shard_names = std::move(names);
   st.shards = std::move(handles);
-  st.shard_index.clear();
-  if (st.shards.empty()) {
-    st.ring.reset();
-    return;
-  }
-  cache::placement_config pc;
-  st.ring = std::make_unique<cache::placement>(pc);
-  for (size_t i = 0; i < st.shard_names.size(); ++i) {
-    const auto id =
-        static_cast<uint32_t>(XXH32(st.shard_names[i].data(), st.shard_names[i].size(), 0));
-    (void)st.ring->add_shard(id);
-    st.shard_index[id] = i;
-  }
+  st.shard_by_name.clear();
+  for (size_t i = 0; i < st.shard_names.size(); ++i) st.shard_by_name[st.shard_names[i]] = i;
+  if (st.shards.empty()) return;
   // A shard that came back (restarted empty) must see publishes again.
   st.published.clear();
   st.published_order.clear();
@@ -586,22 +584,34 @@ void on_shards(worker_ptr self, std::vector<std::string> names, std::vector<caf:
 /// Looks the prompt's leading segments up in the pool; true if the request now waits for it.
 bool start_fetch(worker_ptr self, generate_spec& d) {
   auto& st = self->state;
-  if (st.ring == nullptr || !d.resume.empty()) return false;
+  if (st.shards.empty() || d.pool_plan.empty() || !d.resume.empty()) return false;
   auto keys = cache::segment_keys(st.keys, d.prompt);
   const auto S = static_cast<size_t>(st.cfg.segment_tokens);
   while (!keys.empty() && keys.size() * S + 2 > d.prompt.size())
     keys.pop_back();  // leave 2 to compute
+  // Only the leading run the directory placed can be fetched.
+  std::vector<size_t> read_shard;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto s = planned_shard(st, d.pool_plan, i, keys[i], true);
+    if (!s) break;
+    read_shard.push_back(*s);
+  }
+  keys.resize(read_shard.size());
   if (keys.empty()) return false;
   // What this worker's own prefix cache holds.
-  const int64_t local =
-      st.engine->kv().match_prefix(std::span<const int32_t>(d.prompt).first(keys.size() * S + 1));
+  // What this worker's own prefix cache holds (nothing usable when local reuse is off: then every
+  // hit comes from the pool).
+  const int64_t local = st.cfg.prefix_cache ? st.engine->kv().match_prefix(
+                                                  std::span<const int32_t>(d.prompt).first(
+                                                      keys.size() * S + 1))
+                                            : 0;
   if (local >= static_cast<int64_t>(keys.size() * S)) return false;
   pending_fetch f;
   f.keys = keys;
   f.local_tokens = local;
   f.shards = st.shards;
   std::map<size_t, std::vector<uint64_t>> by_shard;
-  for (uint64_t k : keys) by_shard[home_of(st, k)].push_back(k);
+  for (size_t i = 0; i < keys.size(); ++i) by_shard[read_shard[i]].push_back(keys[i]);
   for (auto& [shard, ks] : by_shard) {
     self->send(st.shards[shard], cache_lookup_atom::value,
                envelope::build<wire::CacheLookup>([&](wire::CacheLookup::Builder b) {
@@ -804,13 +814,16 @@ void publish_segments(worker_ptr self, uint64_t id, running_request& r) {
   r.publish = false;
   const std::vector<int32_t> prompt = std::move(r.prompt);
   r.prompt = {};
-  if (st.ring == nullptr || st.exporter == nullptr) return;
+  const std::vector<pool_segment> plan = std::move(r.pool_plan);
+  r.pool_plan = {};
+  if (st.shards.empty() || plan.empty() || st.exporter == nullptr) return;
   const auto keys = cache::segment_keys(st.keys, prompt);
   const auto blocks_per_segment = static_cast<uint32_t>(st.cfg.segment_tokens / st.cfg.block_size);
   std::map<size_t, std::vector<std::pair<uint64_t, uint32_t>>> by_shard;  // shard -> (key, segment)
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (st.published.count(keys[i]) == 0)
-      by_shard[home_of(st, keys[i])].emplace_back(keys[i], static_cast<uint32_t>(i));
+    if (st.published.count(keys[i]) != 0) continue;
+    if (auto home = planned_shard(st, plan, i, keys[i], false))
+      by_shard[*home].emplace_back(keys[i], static_cast<uint32_t>(i));
   }
   if (by_shard.empty()) return;
   auto fork = st.engine->fork_kv(id);
@@ -979,8 +992,11 @@ void admit(worker_ptr self, generate_spec d, gpu::seq_id prefilled) {
   }
   st.prompt_tokens += d.prompt.size();
   running_request rr;
-  rr.publish = st.ring != nullptr && n_resumed == 0;
-  if (rr.publish) rr.prompt = d.prompt;
+  rr.publish = !st.shards.empty() && !d.pool_plan.empty() && n_resumed == 0;
+  if (rr.publish) {
+    rr.prompt = d.prompt;
+    rr.pool_plan = std::move(d.pool_plan);
+  }
   rr.attempt = d.attempt;
   rr.next_position = n_resumed;
   rr.n_prompt = static_cast<uint32_t>(d.prompt.size());

@@ -15,6 +15,9 @@
 #include <span>
 #include <unordered_map>
 
+#include <xxhash.h>
+
+#include "actors/cache/directory.hpp"
 #include "actors/cache/segment_keys.hpp"
 #include "actors/serve/engine_worker.hpp"
 #include "actors/serve/serve_atoms.hpp"
@@ -66,6 +69,13 @@ void declare_router_metrics(metrics_registry& m) {
                   "Segments evicted so far, per shard (current incarnation)");
   m.declare_gauge("weft_cache_shard_imbalance", "Segments on the fullest shard / mean over shards");
   m.declare_counter("weft_cache_shard_deaths_total", "Prefix-cache shards lost");
+  m.declare_gauge("weft_cache_replica_segments",
+                  "Replica copies of hot pool segments (homes not counted), per the directory");
+  m.declare_gauge("weft_cache_replicated_keys", "Pool segments held by more than one shard");
+  m.declare_gauge("weft_cache_hot_segments", "Pool segments the access-rate sketch counts as hot");
+  m.declare_gauge("weft_cache_directory_load",
+                  "Segments homed on a shard plus replicas it holds, per the directory");
+  m.declare_counter("weft_cache_replications_total", "Hot-segment copies ordered, by outcome");
   m.declare_counter("weft_router_colocated_fallback_total",
                     "Sequences a prefill worker decoded itself because no decode worker was alive");
   m.declare_counter("weft_kv_handoffs_total",
@@ -136,7 +146,8 @@ struct worker_info {
   uint64_t last_step_unix_ms = 0;
   uint64_t pool_hit_tokens = 0, prompt_tokens = 0, pool_bytes_in = 0;
   uint32_t block_size = 16;
-  uint32_t segment_tokens = 0;  ///< the worker's pool segment size (0: no pool)
+  uint32_t segment_tokens = 0;          ///< the worker's pool segment size (0: no pool)
+  cache::segment_key_config pool_keys;  ///< how it hashes pool segment keys (empty: no pool)
   uint64_t kv_bytes_per_token = 0;
   key_lru recent;  ///< prefix keys of prompts it prefilled lately (its cache, roughly)
   std::vector<uint32_t> levels;
@@ -183,6 +194,8 @@ struct router_state {
   std::map<std::string, shard_info> shards;
   key_lru pool_keys;        ///< prefix keys the pool holds, roughly (prompts prefilled with a pool)
   uint64_t pool_slots = 0;  ///< segment slots over all shards
+  cache::pool_directory directory;  ///< homes, replicas and read choice of pool segments
+  std::map<cache::shard_id, std::string> shard_by_id;
   std::map<uint64_t, request_info> requests;
   std::deque<uint64_t> pending;
   uint64_t deaths = 0;
@@ -420,6 +433,31 @@ void note_prefill(router_state& st, worker_info& w, std::span<const int32_t> pro
   }
 }
 
+cache::shard_id shard_id_of(const std::string& name) {
+  return static_cast<cache::shard_id>(XXH32(name.data(), name.size(), 0));
+}
+
+/// The pool directory's plan for a request's leading segments (where to read each, where to
+/// publish it), and the replica copies that hot segments now want.
+void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec) {
+  auto& st = self->state;
+  spec.pool_plan.clear();
+  if (w.segment_tokens == 0 || w.pool_keys.kv_layout.empty() || st.directory.n_shards() == 0 ||
+      !spec.resume.empty())
+    return;
+  auto keys = cache::segment_keys(w.pool_keys, spec.prompt);
+  while (!keys.empty() && keys.size() * w.segment_tokens + 2 > spec.prompt.size())
+    keys.pop_back();  // the worker always computes the last two prompt tokens
+  for (const auto& r : st.directory.route(keys)) {
+    spec.pool_plan.push_back({r.key, st.shard_by_id.at(r.read), st.shard_by_id.at(r.home)});
+  }
+  for (const auto& o : st.directory.take_replica_orders()) {
+    auto& to = st.shards.at(st.shard_by_id.at(o.to));
+    self->send(to.handle, cache_replicate_atom::value, o.key,
+               st.shards.at(st.shard_by_id.at(o.from)).handle);
+  }
+}
+
 void dispatch(router_ptr self, uint64_t id, worker_info& w) {
   auto& st = self->state;
   auto& r = st.requests.at(id);
@@ -437,6 +475,7 @@ void dispatch(router_ptr self, uint64_t id, worker_info& w) {
   w.inflight.insert(id);
   w.dispatched_prompt_tokens += r.spec.prompt.size() + r.spec.resume.size();
   note_prefill(st, w, r.spec.prompt);
+  plan_pool(self, w, r.spec);
   self->send(w.handle, generate_atom::value, to_wire(r.spec));
   spdlog::debug("router: request {} ({}) attempt {} -> {}", id, r.spec.trace_id, r.spec.attempt,
                 w.name);
@@ -672,9 +711,14 @@ void on_shard_hello(router_ptr self, const std::string& name, wire::WorkerHello:
   s.node_id = hello.getNodeId().cStr();
   s.pid = hello.getPid();
   if (fresh) {
+    const auto id = shard_id_of(name);
+    if (st.shard_by_id.count(id) != 0) st.directory.remove_shard(id);  // a new incarnation
+    st.directory.add_shard(id);
+    st.shard_by_id[id] = name;
     s.slots = hello.getKvBlocksTotal();
     st.pool_slots += s.slots;
     st.pool_keys.set_capacity(static_cast<size_t>(st.pool_slots));
+    st.directory.set_capacity(static_cast<size_t>(st.pool_slots));
     // A (re)started shard is empty: forget what the pool was thought to hold.
     st.pool_keys.clear();
     self->monitor(sender);
@@ -720,11 +764,21 @@ void on_shard_load(router_ptr self, const envelope& env) {
   }
   const double mean = st.shards.empty() ? 0.0 : sum_seg / static_cast<double>(st.shards.size());
   m->set("weft_cache_shard_imbalance", mean > 0 ? max_seg / mean : 1.0);
+  m->set("weft_cache_replica_segments", static_cast<double>(st.directory.replicas()));
+  m->set("weft_cache_replicated_keys", static_cast<double>(st.directory.replicated_keys()));
+  m->set("weft_cache_hot_segments", static_cast<double>(st.directory.hot_keys()));
+  for (const auto& [n, o] : st.shards) {
+    m->set("weft_cache_directory_load", {{"shard", n}},
+           static_cast<double>(st.directory.load(shard_id_of(n))));
+  }
 }
 
 caf::behavior router(router_ptr self, router_config cfg) {
   self->state.cfg = std::move(cfg);
   if (self->state.cfg.metrics) declare_router_metrics(*self->state.cfg.metrics);
+  cache::directory_config dc;
+  dc.max_replicas = self->state.cfg.cache_replicas;
+  self->state.directory = cache::pool_directory(dc);
   self->set_down_handler([self](const caf::down_msg& dm) {
     std::string lost;
     for (const auto& [name, w] : self->state.workers) {
@@ -738,6 +792,8 @@ caf::behavior router(router_ptr self, router_config cfg) {
       if (auto& m = self->state.cfg.metrics) m->inc("weft_cache_shard_deaths_total");
       self->state.pool_slots -= std::min(self->state.pool_slots, it->second.slots);
       self->state.pool_keys.clear();
+      self->state.directory.remove_shard(shard_id_of(it->first));
+      self->state.shard_by_id.erase(shard_id_of(it->first));
       self->state.shards.erase(it);
       broadcast_shards(self);
       break;
@@ -863,6 +919,16 @@ caf::behavior router(router_ptr self, router_config cfg) {
       },
       [self](handoff_atom, const envelope& env) { on_handoff(self, env); },
       [self](cache_load_atom, const envelope& env) { on_shard_load(self, env); },
+      [self](cache_replicated_atom, uint64_t key, const std::string& shard, bool ok) {
+        auto& st = self->state;
+        auto it = st.shards.find(shard);
+        if (it == st.shards.end() ||
+            caf::actor_cast<caf::actor>(self->current_sender()) != it->second.handle)
+          return;
+        st.directory.replica_done(key, shard_id_of(shard), ok);
+        if (auto& m = st.cfg.metrics)
+          m->inc("weft_cache_replications_total", {{"outcome", ok ? "copied" : "failed"}});
+      },
       [self](hello_atom, const envelope& env) {
         auto& st = self->state;
         auto h = env.read<wire::WorkerHello>();
@@ -904,6 +970,12 @@ caf::behavior router(router_ptr self, router_config cfg) {
         w.n_ctx = hello.getNCtx();
         w.block_size = hello.getBlockSize();
         w.segment_tokens = hello.getSegmentTokens();
+        w.pool_keys = {};
+        if (w.segment_tokens > 0 && hello.getPoolKeyLayout().size() > 0) {
+          w.pool_keys.model_id = hello.getPoolKeyModel().cStr();
+          w.pool_keys.kv_layout = hello.getPoolKeyLayout().cStr();
+          w.pool_keys.segment_tokens = static_cast<int64_t>(w.segment_tokens);
+        }
         w.kv_bytes_per_token = hello.getKvBytesPerToken();
         w.recent.set_capacity(static_cast<size_t>(w.kv_blocks_total) *
                               std::max<uint32_t>(w.block_size, 1) /

@@ -37,6 +37,8 @@ struct router_config {
   std::string route = "least-ttft";
   /// Bandwidth assumed for pool -> worker segment pulls (TTFT estimates), GB/s.
   double pool_gbps = 2.0;
+  /// Shards that may hold one hot pool segment (its home included; 1: no replicas).
+  uint32_t cache_replicas = 2;
   uint32_t stall_ms = 10'000;  ///< a worker with work and no step for this long is unhealthy
   std::shared_ptr<metrics_registry> metrics;  ///< may be null
 };

@@ -44,5 +44,9 @@ using cache_done_atom = caf::atom_constant<caf::atom("c_done")>;
 using cache_load_atom = caf::atom_constant<caf::atom("c_load")>;
 using shards_atom = caf::atom_constant<caf::atom("c_shards")>;
 using fetch_timeout_atom = caf::atom_constant<caf::atom("c_fetchto")>;
+//   router -> shard    (cache_replicate_atom, key, source shard)  copy a hot segment from its home
+//   shard -> router    (cache_replicated_atom, key, shard name, ok)
+using cache_replicate_atom = caf::atom_constant<caf::atom("c_repl")>;
+using cache_replicated_atom = caf::atom_constant<caf::atom("c_repldone")>;
 
 }  // namespace weft::serve

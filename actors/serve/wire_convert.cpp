@@ -39,6 +39,15 @@ schema::envelope to_wire(const generate_spec& s) {
       b.setKvSource(kj::ArrayPtr<const kj::byte>(
           reinterpret_cast<const kj::byte*>(s.kv_source.data()), s.kv_source.size()));
     }
+    if (!s.pool_plan.empty()) {
+      auto l = b.initPoolPlan(static_cast<unsigned>(s.pool_plan.size()));
+      for (size_t i = 0; i < s.pool_plan.size(); ++i) {
+        auto e = l[static_cast<unsigned>(i)];
+        e.setKey(s.pool_plan[i].key);
+        e.setRead(s.pool_plan[i].read);
+        e.setHome(s.pool_plan[i].home);
+      }
+    }
   });
 }
 
@@ -88,6 +97,14 @@ result<generate_spec> from_wire(wire::GenerateRequest::Reader r) {
     return bad("a request cannot both hand off and import its KV");
   if (!s.kv_source.empty() && s.resume.empty())
     return bad("a KV import needs the generated tokens (resumeTokens)");
+  auto plan = r.getPoolPlan();
+  if (plan.size() > s.prompt.size()) return bad("pool plan longer than the prompt");
+  for (auto e : plan) {
+    if (e.getKey() == 0 || e.getRead().size() == 0 || e.getHome().size() == 0 ||
+        e.getRead().size() > 256 || e.getHome().size() > 256)
+      return bad("pool plan entry without key or shard names");
+    s.pool_plan.push_back({e.getKey(), e.getRead().cStr(), e.getHome().cStr()});
+  }
   return s;
 }
 

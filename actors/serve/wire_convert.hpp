@@ -12,6 +12,12 @@
 namespace weft::serve {
 
 /// One sequence to generate, as the router dispatches it.
+struct pool_segment {
+  uint64_t key = 0;
+  std::string read;
+  std::string home;
+};
+
 struct generate_spec {
   uint64_t request_id = 0;
   std::string trace_id;
@@ -26,6 +32,9 @@ struct generate_spec {
   /// Disaggregated decode: the bytes of a KvDescriptor envelope to pull the KV from (empty:
   /// prefill).
   std::vector<std::byte> kv_source;
+  /// Prefix-cache pool plan from the router's directory: per leading segment, its key, the shard
+  /// to read it from and its home (empty: no pool for this request).
+  std::vector<pool_segment> pool_plan;
 };
 
 /// One message of the KV handoff between a prefill and a decode worker (schema KvHandoff).

@@ -89,6 +89,50 @@ class CachePoolTest(unittest.TestCase):
         self.assertEqual(SERVER.wait_kv_free(), 0)
 
 
+def metric(srv, name, **labels):
+    want = set(labels.items())
+    return sum(v for (n, l), v in srv.metrics().items() if n == name and want <= set(l))
+
+
+class HotSegmentReplicaTest(unittest.TestCase):
+    """Local reuse off: every request reads its prefix from the pool. Once the prefix is hot the
+    directory copies its segments to a second shard and spreads reads over both; outputs and
+    pooled token counts must not change."""
+
+    def test_hot_prefix_is_replicated_and_replicas_serve_identical_kv(self):
+        with WeftServer(WEFT, ["--workers", "1", "--cache-shards", "2", "--segment-tokens", str(SEGMENT),
+                               "--cache-mem-gb", "0.25", "--cache-replicas", "2", "--no-prefix-cache"]) as srv:
+            got, usage = completion(srv, BODIES["greedy_a"])
+            self.assertEqual(got, COLD["greedy_a"])
+            n_segments = (usage["prompt_tokens"] - 2) // SEGMENT
+            self.assertGreaterEqual(wait_segments(srv, n_segments), n_segments)
+            pooled = None
+            for _ in range(20):
+                got, usage = completion(srv, BODIES["greedy_a"])
+                self.assertEqual(got, COLD["greedy_a"])
+                pooled = pooled or usage["prompt_tokens_details"]["cached_tokens"]
+                self.assertEqual(usage["prompt_tokens_details"]["cached_tokens"], pooled)
+            self.assertEqual(pooled, n_segments * SEGMENT)
+            deadline = time.time() + 20
+            while time.time() < deadline and metric(srv, "weft_cache_replicated_keys") < n_segments:
+                completion(srv, BODIES["greedy_a"])
+                time.sleep(0.2)
+            self.assertEqual(metric(srv, "weft_cache_replicated_keys"), n_segments)
+            self.assertGreaterEqual(metric(srv, "weft_cache_replications_total", outcome="copied"), n_segments)
+            self.assertGreater(metric(srv, "weft_cache_hot_segments"), 0)
+            # Reads now alternate between the home and the replica of every segment.
+            lookups = {s["name"]: s["lookups"] for s in srv.admin()["router"]["shards"]}
+            for _ in range(6):
+                got, usage = completion(srv, BODIES["greedy_a"])
+                self.assertEqual(got, COLD["greedy_a"])
+                self.assertEqual(usage["prompt_tokens_details"]["cached_tokens"], pooled)
+            time.sleep(1.0)  # shard load reports
+            after = {s["name"]: s["lookups"] for s in srv.admin()["router"]["shards"]}
+            for name in lookups:
+                self.assertGreaterEqual(after[name] - lookups[name], 6 * n_segments // 2 - 1, name)
+            self.assertEqual(srv.wait_kv_free(), 0)
+
+
 def main():
     global WEFT, SERVER
     ap = argparse.ArgumentParser()

@@ -1,0 +1,106 @@
+#include "actors/cache/directory.hpp"
+
+#include <algorithm>
+
+namespace weft::cache {
+
+pool_directory::pool_directory(directory_config cfg)
+    : cfg_(cfg), placement_(cfg.placement), hot_(cfg.hot) {
+  cfg_.max_replicas = std::max<uint32_t>(cfg_.max_replicas, 1);
+  cfg_.capacity = std::max<size_t>(cfg_.capacity, 1);
+}
+
+void pool_directory::add_shard(shard_id id) {
+  (void)placement_.add_shard(id);
+}
+
+void pool_directory::remove_shard(shard_id id) {
+  if (placement_.n_shards() == 1 && placement_.shard_ids().front() == id) {
+    // The last shard: nothing is held anywhere any more.
+    placement_ = placement(cfg_.placement);
+    lru_.clear();
+    lru_pos_.clear();
+    reads_.clear();
+    ordered_.clear();
+    candidates_.clear();
+    return;
+  }
+  (void)placement_.remove_shard(id);
+}
+
+void pool_directory::touch(uint64_t key) {
+  if (auto it = lru_pos_.find(key); it != lru_pos_.end()) {
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return;
+  }
+  lru_.push_front(key);
+  lru_pos_[key] = lru_.begin();
+  while (lru_.size() > cfg_.capacity) {
+    const uint64_t old = lru_.back();
+    lru_.pop_back();
+    lru_pos_.erase(old);
+    reads_.erase(old);
+    (void)placement_.unassign(old);
+  }
+}
+
+std::vector<segment_route> pool_directory::route(std::span<const uint64_t> keys) {
+  std::vector<segment_route> out;
+  if (placement_.n_shards() == 0) return out;
+  const size_t want = std::min<size_t>(cfg_.max_replicas, placement_.n_shards());
+  out.reserve(keys.size());
+  for (uint64_t key : keys) {
+    touch(key);
+    auto home = placement_.assign(key);
+    if (!home) break;
+    hot_.record(key);
+    const auto locs = placement_.locations(key);
+    const size_t i = pick_replica(key, locs, {}, reads_[key]++);
+    out.push_back({key, locs.empty() ? *home : locs[i], *home});
+    if (locs.size() < want && ordered_.count(key) == 0 && hot_.hot(key)) candidates_.push_back(key);
+  }
+  return out;
+}
+
+std::vector<replica_order> pool_directory::take_replica_orders() {
+  std::vector<replica_order> out;
+  std::vector<uint64_t> keys;
+  keys.swap(candidates_);
+  for (uint64_t key : keys) {
+    auto home = placement_.owner(key);
+    if (!home || ordered_.count(key) != 0) continue;
+    const auto locs = placement_.locations(key);
+    for (shard_id s : placement_.replicas(key, locs.size() + 1)) {
+      if (std::find(locs.begin(), locs.end(), s) != locs.end()) continue;
+      out.push_back({key, *home, s});
+      ordered_.insert(key);
+      break;
+    }
+  }
+  return out;
+}
+
+void pool_directory::replica_done(uint64_t key, shard_id to, bool ok) {
+  ordered_.erase(key);
+  if (ok && placement_.owner(key)) (void)placement_.add_replica(key, to);
+}
+
+size_t pool_directory::replicated_keys() const {
+  size_t n = 0;
+  for (uint64_t key : lru_) n += placement_.locations(key).size() > 1 ? 1 : 0;
+  return n;
+}
+
+int64_t pool_directory::replicas() const {
+  int64_t n = 0;
+  for (shard_id s : placement_.shard_ids()) n += placement_.replica_load(s);
+  return n;
+}
+
+size_t pool_directory::hot_keys() const {
+  size_t n = 0;
+  for (const auto& h : hot_.top(hot_.n_monitored())) n += hot_.hot(h.key) ? 1 : 0;
+  return n;
+}
+
+}  // namespace weft::cache

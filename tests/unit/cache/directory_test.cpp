@@ -1,0 +1,143 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "actors/cache/directory.hpp"
+
+namespace weft::cache {
+namespace {
+
+uint64_t key_of(uint64_t i) {
+  return (i + 1) * 0x9E3779B97F4A7C15ULL;
+}
+
+directory_config small(uint32_t replicas = 2, size_t capacity = 4096) {
+  directory_config c;
+  c.max_replicas = replicas;
+  c.capacity = capacity;
+  c.hot.min_count = 8;
+  c.hot.hot_share = 0.05;
+  return c;
+}
+
+pool_directory with_shards(int n, directory_config cfg) {
+  pool_directory d(cfg);
+  for (int s = 0; s < n; ++s) d.add_shard(static_cast<shard_id>(100 + s));
+  return d;
+}
+
+TEST(pool_directory, no_shards_routes_nothing) {
+  pool_directory d(small());
+  const std::vector<uint64_t> keys = {key_of(0), key_of(1)};
+  EXPECT_TRUE(d.route(keys).empty());
+  EXPECT_TRUE(d.take_replica_orders().empty());
+}
+
+TEST(pool_directory, homes_obey_the_load_bound_and_are_sticky) {
+  auto d = with_shards(4, small(1));
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < 2000; ++i) keys.push_back(key_of(i));
+  const auto first = d.route(keys);
+  ASSERT_EQ(first.size(), keys.size());
+  const auto bound = static_cast<int64_t>(std::ceil(1.25 * 2000 / 4.0));
+  for (int s = 0; s < 4; ++s) EXPECT_LE(d.load(static_cast<shard_id>(100 + s)), bound);
+  const auto again = d.route(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(again[i].home, first[i].home);
+    EXPECT_EQ(again[i].read, first[i].home);  // no replicas: reads go home
+  }
+}
+
+TEST(pool_directory, a_hot_key_gets_a_replica_and_reads_spread_over_both) {
+  auto d = with_shards(4, small(2));
+  const uint64_t hot = key_of(7);
+  std::vector<replica_order> orders;
+  for (int i = 0; i < 40 && orders.empty(); ++i) {
+    const std::vector<uint64_t> keys = {hot, key_of(1000 + i)};
+    (void)d.route(keys);
+    orders = d.take_replica_orders();
+  }
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_EQ(orders[0].key, hot);
+  EXPECT_NE(orders[0].from, orders[0].to);
+  // While the order is in flight no second order for the same key.
+  const std::vector<uint64_t> just_hot = {hot};
+  (void)d.route(just_hot);
+  EXPECT_TRUE(d.take_replica_orders().empty());
+  d.replica_done(hot, orders[0].to, true);
+  EXPECT_EQ(d.locations(hot).size(), 2u);
+  EXPECT_EQ(d.replicated_keys(), 1u);
+  EXPECT_EQ(d.replicas(), 1);
+  std::map<shard_id, int> reads;
+  for (int i = 0; i < 10; ++i) reads[d.route(just_hot).at(0).read]++;
+  ASSERT_EQ(reads.size(), 2u);
+  EXPECT_EQ(reads[orders[0].from], 5);
+  EXPECT_EQ(reads[orders[0].to], 5);
+  // Capped at max_replicas: no further orders.
+  (void)d.route(just_hot);
+  EXPECT_TRUE(d.take_replica_orders().empty());
+}
+
+TEST(pool_directory, a_failed_order_is_retried_later) {
+  auto d = with_shards(3, small(2));
+  const uint64_t hot = key_of(3);
+  const std::vector<uint64_t> keys = {hot};
+  std::vector<replica_order> orders;
+  for (int i = 0; i < 40 && orders.empty(); ++i) {
+    (void)d.route(keys);
+    orders = d.take_replica_orders();
+  }
+  ASSERT_EQ(orders.size(), 1u);
+  d.replica_done(hot, orders[0].to, false);
+  EXPECT_EQ(d.locations(hot).size(), 1u);
+  (void)d.route(keys);
+  EXPECT_EQ(d.take_replica_orders().size(), 1u);
+}
+
+TEST(pool_directory, a_uniform_stream_makes_no_replicas) {
+  auto d = with_shards(4, small(2));
+  for (int i = 0; i < 3000; ++i) {
+    const std::vector<uint64_t> keys = {key_of(i % 500)};
+    (void)d.route(keys);
+    EXPECT_TRUE(d.take_replica_orders().empty());
+  }
+}
+
+TEST(pool_directory, forgets_the_least_recently_routed_beyond_capacity) {
+  auto d = with_shards(2, small(1, 100));
+  for (int i = 0; i < 250; ++i) {
+    const std::vector<uint64_t> keys = {key_of(i)};
+    (void)d.route(keys);
+  }
+  EXPECT_EQ(d.tracked_keys(), 100u);
+  EXPECT_TRUE(d.locations(key_of(0)).empty());
+  EXPECT_EQ(d.locations(key_of(249)).size(), 1u);
+  EXPECT_EQ(d.load(100) + d.load(101), 100);
+}
+
+TEST(pool_directory, a_dead_shard_rehomes_only_its_keys_and_drops_its_replicas) {
+  auto d = with_shards(3, small(1));
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < 300; ++i) keys.push_back(key_of(i));
+  const auto before = d.route(keys);
+  d.remove_shard(101);
+  const auto after = d.route(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_NE(after[i].home, 101u);
+    if (before[i].home != 101u) {
+      EXPECT_EQ(after[i].home, before[i].home);
+    }
+  }
+  d.remove_shard(100);
+  d.remove_shard(102);
+  EXPECT_EQ(d.n_shards(), 0u);
+  EXPECT_EQ(d.tracked_keys(), 0u);
+  EXPECT_TRUE(d.route(keys).empty());
+}
+
+}  // namespace
+}  // namespace weft::cache
