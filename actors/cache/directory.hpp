@@ -27,8 +27,17 @@
 
 namespace weft::cache {
 
+/// Ring settings of the directory: a tighter load bound than placement's default (epsilon 0.1:
+/// no shard homes more than 1.1x the mean), because the directory never copies the keys a
+/// membership change moves (they are re-published), so the extra moves cost only misses.
+inline placement_config directory_placement() {
+  placement_config c;
+  c.epsilon = 0.1;
+  return c;
+}
+
 struct directory_config {
-  placement_config placement;
+  placement_config placement = directory_placement();
   heavy_hitters_config hot;
   /// Most shards holding one segment (home included); 1 turns replication off.
   uint32_t max_replicas = 2;

@@ -9,6 +9,8 @@
 # for the pool, the shard imbalance (max/mean segments).
 # Writes bench/results/serve-cache-{none,local,affinity,pool}-<date>.json and a PNG.
 # Usage: bench/e2e/serve_cache_pool.sh [weft binary] [requests] [rate] [KV blocks per worker]
+# Environment: CONFIGS (default "none local affinity pool"), SEGMENT_TOKENS (pool segment, 32),
+# POOL_FLAGS (extra flags for the pool run).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 weft="${1:-$root/build/release/apps/weft}"
@@ -36,15 +38,23 @@ run() {
   curl -s "http://127.0.0.1:$port/metrics" > "$out/serve-cache-$label-$day.metrics"
   kill "$pid"; wait "$pid" || true
 }
-run none --no-prefix-cache --route least-load
-run local --route least-load
-run affinity --route cache-affinity
-run pool --cache-shards 2 --segment-tokens 32 --cache-mem-gb 0.5 --route least-ttft
-python3 - "$out" "$day" <<'PY'
+configs="${CONFIGS:-none local affinity pool}"
+for c in $configs; do
+  case "$c" in
+    none) run none --no-prefix-cache --route least-load ;;
+    local) run local --route least-load ;;
+    affinity) run affinity --route cache-affinity ;;
+    # shellcheck disable=SC2086
+    pool) run pool --cache-shards 2 --segment-tokens "${SEGMENT_TOKENS:-32}" --cache-mem-gb 0.5 \
+            --route least-ttft ${POOL_FLAGS:-} ;;
+    *) echo "unknown config $c" >&2; exit 2 ;;
+  esac
+done
+python3 - "$out" "$day" "$configs" <<'PY'
 import json, re, sys
-out, day = sys.argv[1:3]
+out, day, configs = sys.argv[1:4]
 rows = {}
-for label in ("none", "local", "affinity", "pool"):
+for label in configs.split():
     j = json.load(open("%s/serve-cache-%s-%s.json" % (out, label, day)))
     s = (j["runs"][0] if "runs" in j else j)["summary"]
     metrics = open("%s/serve-cache-%s-%s.metrics" % (out, label, day)).read()
@@ -63,11 +73,17 @@ for label in ("none", "local", "affinity", "pool"):
 print("%-6s %10s %10s %9s %8s %12s %12s %9s" % ("config", "TTFT p50", "TTFT p99", "out tok/s", "hit", "local hits", "pool hits", "imbalance"))
 for k, r in rows.items():
     print("%-6s %8.0fms %8.0fms %9.1f %7.1f%% %12.0f %12.0f %9.2f" % (k, r["ttft50"], r["ttft99"], r["tput"], 100 * r["hit"], r["local"], r["pool"], r["imb"]))
-n, l, p = rows["none"], rows["local"], rows["pool"]
-print("pool TTFT p50: %.2fx lower than no cache (target >= 3x)" % (n["ttft50"] / p["ttft50"]))
-print("pool hit rate: %.2fx local caches' with load-balanced routing (target >= 1.5x); cache-affinity: %.1f%%" %
-      (p["hit"] / l["hit"] if l["hit"] > 0 else float("inf"), 100 * rows["affinity"]["hit"]))
-print("shard imbalance max/mean: %.2f (target <= 1.2)" % p["imb"])
+n, l, p, a = (rows.get(k) for k in ("none", "local", "pool", "affinity"))
+if n and p:
+    print("pool TTFT p50: %.2fx lower than no cache (target >= 3x)" % (n["ttft50"] / p["ttft50"]))
+if l and p:
+    print("pool hit rate: %.2fx local caches' with load-balanced routing (target >= 1.5x)" %
+          (p["hit"] / l["hit"] if l["hit"] > 0 else float("inf")))
+if a:
+    print("cache-affinity hit rate: %.1f%%" % (100 * a["hit"]))
+if p:
+    print("shard imbalance max/mean: %.2f (target <= 1.2)" % p["imb"])
 PY
-python3 "$root/bench/e2e/plot_serve.py" "$out/serve-cache-none-$day.json" "$out/serve-cache-local-$day.json" \
-  "$out/serve-cache-affinity-$day.json" "$out/serve-cache-pool-$day.json" -o "$out/serve-cache-pool-$day.png" || true
+files=()
+for c in $configs; do files+=("$out/serve-cache-$c-$day.json"); done
+python3 "$root/bench/e2e/plot_serve.py" "${files[@]}" -o "$out/serve-cache-pool-$day.png" || true

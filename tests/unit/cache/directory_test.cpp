@@ -43,7 +43,7 @@ TEST(pool_directory, homes_obey_the_load_bound_and_are_sticky) {
   for (int i = 0; i < 2000; ++i) keys.push_back(key_of(i));
   const auto first = d.route(keys);
   ASSERT_EQ(first.size(), keys.size());
-  const auto bound = static_cast<int64_t>(std::ceil(1.25 * 2000 / 4.0));
+  const auto bound = static_cast<int64_t>(std::ceil(1.1 * 2000 / 4.0));
   for (int s = 0; s < 4; ++s) EXPECT_LE(d.load(static_cast<shard_id>(100 + s)), bound);
   const auto again = d.route(keys);
   for (size_t i = 0; i < keys.size(); ++i) {
