@@ -601,10 +601,10 @@ bool start_fetch(worker_ptr self, generate_spec& d) {
   // What this worker's own prefix cache holds.
   // What this worker's own prefix cache holds (nothing usable when local reuse is off: then every
   // hit comes from the pool).
-  const int64_t local = st.cfg.prefix_cache ? st.engine->kv().match_prefix(
-                                                  std::span<const int32_t>(d.prompt).first(
-                                                      keys.size() * S + 1))
-                                            : 0;
+  const int64_t local = st.cfg.prefix_cache
+                            ? st.engine->kv().match_prefix(
+                                  std::span<const int32_t>(d.prompt).first(keys.size() * S + 1))
+                            : 0;
   if (local >= static_cast<int64_t>(keys.size() * S)) return false;
   pending_fetch f;
   f.keys = keys;

@@ -37,11 +37,19 @@ void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t tas
     const bool gemm = b.seq_n_tokens != nullptr && b.seq_n_tokens[seq] >= 2 && hd % lanes == 0;
     s.scores.resize(static_cast<size_t>(n_kv));
     s.probs.assign(static_cast<size_t>(n_kv), 0);
-    s.v_t.assign(static_cast<size_t>(hd * n_kv), 0);
     s.q.resize(static_cast<size_t>(hd));
-    for (int64_t p = 0; p < n_pos; ++p) {
-      const uint16_t* v = cache_row(b.v_cache, b, table, p, g);
-      for (int64_t d = 0; d < hd; ++d) s.v_t[static_cast<size_t>(d * n_kv + p)] = v[d];
+    if (gemm) {
+      // tinyBLAS numerics walk each V column: transpose this kv head's V once for the group.
+      s.v_t.assign(static_cast<size_t>(hd * n_kv), 0);
+      for (int64_t p = 0; p < n_pos; ++p) {
+        const uint16_t* v = cache_row(b.v_cache, b, table, p, g);
+        for (int64_t d = 0; d < hd; ++d) s.v_t[static_cast<size_t>(d * n_kv + p)] = v[d];
+      }
+    } else {
+      s.v_rows.resize(static_cast<size_t>(n_pos));
+      for (int64_t p = 0; p < n_pos; ++p)
+        s.v_rows[static_cast<size_t>(p)] = cache_row(b.v_cache, b, table, p, g);
+      s.acc.resize(static_cast<size_t>(64 * hd));
     }
     for (int64_t hi = 0; hi < group; ++hi) {
       const int64_t h = g * group + hi;
@@ -60,9 +68,11 @@ void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t tas
       for (int64_t p = 0; p < n_pos; ++p)
         s.probs[static_cast<size_t>(p)] = float_to_half(sc[p] * inv);
       float* out = b.out + t * q_stride + h * hd;
-      for (int64_t d = 0; d < hd; ++d) {
-        const uint16_t* vd = s.v_t.data() + d * n_kv;
-        out[d] = gemm ? dot_f16_gemm(vd, s.probs.data(), n_kv) : dot_f16(vd, s.probs.data(), n_kv);
+      if (gemm) {
+        for (int64_t d = 0; d < hd; ++d)
+          out[d] = dot_f16_gemm(s.v_t.data() + d * n_kv, s.probs.data(), n_kv);
+      } else {
+        dot_f16_columns(s.v_rows.data(), n_pos, s.probs.data(), n_kv, hd, s.acc.data(), out);
       }
     }
   }

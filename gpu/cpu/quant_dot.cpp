@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define WEFT_CPU_AVX2 1
@@ -422,44 +423,51 @@ struct tile_ops<block_q8_0> {
 
 // 2 weight rows x T activation rows: each weight block is unpacked once for T tokens. Every
 // (row, token) pair keeps its own accumulator with the one-row function's operation order, so the
-// results are bit-identical to it.
+// results are bit-identical to it. The loops are unrolled so that the 2T vector accumulators stay
+// in registers (activations are read straight from memory by the multiply); the scalar min-terms of
+// Q4_1 (an independent sum over blocks) go in a second pass, for the same reason.
 template <class W, int T>
 void dot_tile_2xT(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
                   int64_t n_blocks, float* const* out) {
   using ops = tile_ops<W>;
-  const W* x[2] = {row_at<W>(w, row_bytes, 0), row_at<W>(w, row_bytes, 1)};
-  __m256 acc[2][T];
-  float summs[2][T];
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < T; ++j) {
-      acc[i][j] = _mm256_setzero_ps();
-      summs[i][j] = 0.0f;
-    }
+  using A = typename ops::act;
+  const W* x0 = row_at<W>(w, row_bytes, 0);
+  const W* x1 = row_at<W>(w, row_bytes, 1);
+  const A* y[T];
+  __m256 acc0[T];
+  __m256 acc1[T];
+#pragma GCC unroll 4
+  for (int j = 0; j < T; ++j) {
+    y[j] = a[j];
+    acc0[j] = _mm256_setzero_ps();
+    acc1[j] = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < n_blocks; ++b) {
-    __m256i qy[T];
-    float da[T];
-    float sa[T];
+    const __m256i qx0 = ops::unpack(x0[b]);
+    const __m256i qx1 = ops::unpack(x1[b]);
+    const float dw0 = _cvtsh_ss(x0[b].d);
+    const float dw1 = _cvtsh_ss(x1[b].d);
+#pragma GCC unroll 4
     for (int j = 0; j < T; ++j) {
-      qy[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[j][b].qs));
-      da[j] = _cvtsh_ss(a[j][b].d);
-      if constexpr (ops::has_min) sa[j] = _cvtsh_ss(a[j][b].s);
-    }
-    for (int i = 0; i < 2; ++i) {
-      const __m256i qx = ops::unpack(x[i][b]);
-      const float dw = _cvtsh_ss(x[i][b].d);
-      for (int j = 0; j < T; ++j) {
-        if constexpr (ops::has_min) summs[i][j] += _cvtsh_ss(x[i][b].m) * sa[j];
-        acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da[j]), ops::dot(qx, qy[j]), acc[i][j]);
-      }
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[j][b].qs));
+      const float da = _cvtsh_ss(y[j][b].d);
+      acc0[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw0 * da), ops::dot(qx0, qy), acc0[j]);
+      acc1[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw1 * da), ops::dot(qx1, qy), acc1[j]);
     }
   }
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < T; ++j) {
-      if constexpr (ops::has_min) {
-        out[j][i] = hsum8(acc[i][j]) + summs[i][j];
-      } else {
-        out[j][i] = hsum8(acc[i][j]);
+#pragma GCC unroll 4
+  for (int j = 0; j < T; ++j) {
+    out[j][0] = hsum8(acc0[j]);
+    out[j][1] = hsum8(acc1[j]);
+  }
+  if constexpr (ops::has_min) {
+    const W* const xs[2] = {x0, x1};
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < T; ++j) {
+        float summs = 0.0f;
+        for (int64_t b = 0; b < n_blocks; ++b)
+          summs += _cvtsh_ss(xs[i][b].m) * _cvtsh_ss(y[j][b].s);
+        out[j][i] += summs;
       }
     }
   }
@@ -605,7 +613,69 @@ float dot_f16_vec(const uint16_t* x, const uint16_t* y, int64_t n) {
   return static_cast<float>(sum);
 }
 
+// dot_f16_vec for every column of a row-major V at once: slot s = i % (4 * lanes) of element i is
+// accumulator s / lanes, lane s % lanes of dot_f16_vec; acc[s][d] follows that lane's FMA chain.
+template <int lanes>
+void dot_f16_columns_vec(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
+                         int64_t n_cols, float* acc, float* out) {
+  constexpr int64_t step = 4 * lanes;
+  const int64_t np = n / step * step;
+  std::fill(acc, acc + step * n_cols, 0.0f);
+  std::vector<uint16_t> zero_row;
+  for (int64_t i = 0; i < np; ++i) {
+    float* a = acc + (i % step) * n_cols;
+    const uint16_t* v = i < n_rows ? rows[i] : nullptr;
+    if (v == nullptr) {
+      zero_row.resize(static_cast<size_t>(n_cols), 0);
+      v = zero_row.data();
+    }
+    const float p = half_to_float(y[i]);
+    int64_t d = 0;
+#ifdef WEFT_CPU_AVX2
+    const __m256 pv = _mm256_set1_ps(p);
+    for (; d + 8 <= n_cols; d += 8) {
+      const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + d)));
+      _mm256_storeu_ps(a + d, _mm256_fmadd_ps(x, pv, _mm256_loadu_ps(a + d)));
+    }
+#endif
+    for (; d < n_cols; ++d) a[d] = std::fma(half_to_float(v[d]), p, a[d]);
+  }
+  for (int64_t d = 0; d < n_cols; ++d) {
+    double sum = 0.0;
+    if (np > 0) {
+      const auto at = [&](int j, int l) { return acc[(j * lanes + l) * n_cols + d]; };
+      float v[lanes];
+      for (int l = 0; l < lanes; ++l) v[l] = (at(0, l) + at(2, l)) + (at(1, l) + at(3, l));
+      if constexpr (lanes == 16) {
+        float t8[8];
+        for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+        float t4[4];
+        for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
+        sum = static_cast<double>((t4[0] + t4[2]) + (t4[1] + t4[3]));
+      } else {
+        float t4[4];
+        for (int l = 0; l < 4; ++l) t4[l] = v[l] + v[4 + l];
+        sum = static_cast<double>((t4[0] + t4[1]) + (t4[2] + t4[3]));
+      }
+    }
+    for (int64_t i = np; i < n; ++i) {
+      const float x = i < n_rows ? half_to_float(rows[i][d]) : 0.0f;
+      sum += static_cast<double>(x * half_to_float(y[i]));
+    }
+    out[d] = static_cast<float>(sum);
+  }
+}
+
 }  // namespace
+
+void dot_f16_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
+                     int64_t n_cols, float* scratch, float* out) {
+  if (ggml_simd_layout() == ggml_simd::avx512) {
+    dot_f16_columns_vec<16>(rows, n_rows, y, n, n_cols, scratch, out);
+  } else {
+    dot_f16_columns_vec<8>(rows, n_rows, y, n, n_cols, scratch, out);
+  }
+}
 
 float dot_f16(const uint16_t* x, const uint16_t* y, int64_t n) {
   return ggml_simd_layout() == ggml_simd::avx512 ? dot_f16_vec<16>(x, y, n)

@@ -75,6 +75,12 @@ float dot_q8_0_q8_0_portable(const block_q8_0* w, const block_q8_0* a, int64_t n
 /// 4 accumulators of 16 lanes per 64-element step (AVX-512 layout) or of 8 lanes per 32-element
 /// step (AVX2 layout, see ggml_simd_layout), that layout's reduction tree, the tail in double.
 float dot_f16(const uint16_t* x, const uint16_t* y, int64_t n);
+/// out[d] = dot_f16(column d of V, y, n) for d < n_cols, bit for bit, where V has n rows of n_cols
+/// halves: rows[i] for i < n_rows, zeros for n_rows <= i < n (padding). Reads V row by row (no
+/// transpose): every (column, lane) accumulator sees its terms in dot_f16's order. `scratch` holds
+/// at least 64 * n_cols floats.
+void dot_f16_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
+                     int64_t n_cols, float* scratch, float* out);
 /// Dot product of two fp16 vectors (n a multiple of the layout's lanes) with one FMA chain per
 /// lane, element i in lane i % lanes, then that layout's horizontal sum: llama.cpp's tinyBLAS GEMM,
 /// which it uses for matmuls with >= 2 columns.

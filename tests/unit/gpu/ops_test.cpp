@@ -153,6 +153,32 @@ TEST_P(simd_layouts, f16_dots_match_double_reference) {
   }
 }
 
+TEST_P(simd_layouts, f16_column_dots_equal_dot_f16_on_the_transpose_bit_for_bit) {
+  for (int64_t cols : {64, 12}) {
+    for (auto [n_rows, n] :
+         {std::pair<int64_t, int64_t>{96, 96}, {70, 96}, {5, 32}, {100, 100}, {1, 1}, {130, 160}}) {
+      auto v = random_floats(static_cast<size_t>(n_rows * cols), 7);
+      auto y = random_floats(static_cast<size_t>(n), 8);
+      std::vector<uint16_t> vh(v.size()), yh(y.size()), col(static_cast<size_t>(n), 0);
+      for (size_t i = 0; i < v.size(); ++i) vh[i] = fp32_to_fp16(v[i]);
+      for (size_t i = 0; i < y.size(); ++i)
+        yh[i] = fp32_to_fp16(i < static_cast<size_t>(n_rows) ? y[i] : 0.0f);
+      std::vector<const uint16_t*> rows;
+      for (int64_t i = 0; i < n_rows; ++i) rows.push_back(vh.data() + i * cols);
+      std::vector<float> scratch(static_cast<size_t>(64 * cols)), out(static_cast<size_t>(cols));
+      dot_f16_columns(rows.data(), n_rows, yh.data(), n, cols, scratch.data(), out.data());
+      for (int64_t d = 0; d < cols; ++d) {
+        for (int64_t i = 0; i < n_rows; ++i)
+          col[static_cast<size_t>(i)] = vh[static_cast<size_t>(i * cols + d)];
+        const float want = dot_f16(col.data(), yh.data(), n);
+        EXPECT_EQ(std::memcmp(&out[static_cast<size_t>(d)], &want, sizeof(float)), 0)
+            << "cols " << cols << " rows " << n_rows << " n " << n << " d " << d << ": " << out[d]
+            << " vs " << want;
+      }
+    }
+  }
+}
+
 TEST_P(simd_layouts, exp_and_softmax_match_libm) {
   for (float v = -100.0f; v < 88.0f; v += 0.173f) {
     const double e = std::exp(static_cast<double>(v));
