@@ -38,19 +38,10 @@ void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t tas
     s.scores.resize(static_cast<size_t>(n_kv));
     s.probs.assign(static_cast<size_t>(n_kv), 0);
     s.q.resize(static_cast<size_t>(hd));
-    if (gemm) {
-      // tinyBLAS numerics walk each V column: transpose this kv head's V once for the group.
-      s.v_t.assign(static_cast<size_t>(hd * n_kv), 0);
-      for (int64_t p = 0; p < n_pos; ++p) {
-        const uint16_t* v = cache_row(b.v_cache, b, table, p, g);
-        for (int64_t d = 0; d < hd; ++d) s.v_t[static_cast<size_t>(d * n_kv + p)] = v[d];
-      }
-    } else {
-      s.v_rows.resize(static_cast<size_t>(n_pos));
-      for (int64_t p = 0; p < n_pos; ++p)
-        s.v_rows[static_cast<size_t>(p)] = cache_row(b.v_cache, b, table, p, g);
-      s.acc.resize(static_cast<size_t>(64 * hd));
-    }
+    s.v_rows.resize(static_cast<size_t>(n_pos));
+    for (int64_t p = 0; p < n_pos; ++p)
+      s.v_rows[static_cast<size_t>(p)] = cache_row(b.v_cache, b, table, p, g);
+    s.acc.resize(static_cast<size_t>(64 * hd));
     for (int64_t hi = 0; hi < group; ++hi) {
       const int64_t h = g * group + hi;
       float_to_half_row(b.q + t * q_stride + h * hd, s.q.data(), hd);
@@ -68,9 +59,9 @@ void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t tas
       for (int64_t p = 0; p < n_pos; ++p)
         s.probs[static_cast<size_t>(p)] = float_to_half(sc[p] * inv);
       float* out = b.out + t * q_stride + h * hd;
+      // V is read row by row (no transpose), each column's sum in the chosen dot's order.
       if (gemm) {
-        for (int64_t d = 0; d < hd; ++d)
-          out[d] = dot_f16_gemm(s.v_t.data() + d * n_kv, s.probs.data(), n_kv);
+        dot_f16_gemm_columns(s.v_rows.data(), n_pos, s.probs.data(), n_kv, hd, s.acc.data(), out);
       } else {
         dot_f16_columns(s.v_rows.data(), n_pos, s.probs.data(), n_kv, hd, s.acc.data(), out);
       }

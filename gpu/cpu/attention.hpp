@@ -18,8 +18,7 @@ namespace weft::gpu::cpu {
 struct attention_scratch {
   std::vector<float> scores;
   std::vector<uint16_t> probs;
-  std::vector<uint16_t> v_t;            ///< V of one kv head, transposed [head_dim][n_kv].
-  std::vector<const uint16_t*> v_rows;  ///< V rows of one kv head (GEMV numerics: no transpose)
+  std::vector<const uint16_t*> v_rows;  ///< V rows of one kv head (read without transposing)
   std::vector<float> acc;               ///< dot_f16_columns accumulators
   std::vector<uint16_t> q;
 };

@@ -613,17 +613,15 @@ float dot_f16_vec(const uint16_t* x, const uint16_t* y, int64_t n) {
   return static_cast<float>(sum);
 }
 
-// dot_f16_vec for every column of a row-major V at once: slot s = i % (4 * lanes) of element i is
-// accumulator s / lanes, lane s % lanes of dot_f16_vec; acc[s][d] follows that lane's FMA chain.
-template <int lanes>
-void dot_f16_columns_vec(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
-                         int64_t n_cols, float* acc, float* out) {
-  constexpr int64_t step = 4 * lanes;
-  const int64_t np = n / step * step;
-  std::fill(acc, acc + step * n_cols, 0.0f);
+// acc[i % slots][d] = fma(v_i[d], y[i], acc[i % slots][d]) for i < np, in i order: the FMA chain
+// of lane (i % slots) of a dot product, for every column d of a row-major V at once. Rows past
+// n_rows are zeros (padding).
+void column_fma(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t np,
+                int64_t slots, int64_t n_cols, float* acc) {
+  std::fill(acc, acc + slots * n_cols, 0.0f);
   std::vector<uint16_t> zero_row;
   for (int64_t i = 0; i < np; ++i) {
-    float* a = acc + (i % step) * n_cols;
+    float* a = acc + (i % slots) * n_cols;
     const uint16_t* v = i < n_rows ? rows[i] : nullptr;
     if (v == nullptr) {
       zero_row.resize(static_cast<size_t>(n_cols), 0);
@@ -640,6 +638,15 @@ void dot_f16_columns_vec(const uint16_t* const* rows, int64_t n_rows, const uint
 #endif
     for (; d < n_cols; ++d) a[d] = std::fma(half_to_float(v[d]), p, a[d]);
   }
+}
+
+// dot_f16_vec (4 accumulators of `lanes` lanes per step) for every column of V.
+template <int lanes>
+void dot_f16_columns_vec(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
+                         int64_t n_cols, float* acc, float* out) {
+  constexpr int64_t step = 4 * lanes;
+  const int64_t np = n / step * step;
+  column_fma(rows, n_rows, y, np, step, n_cols, acc);
   for (int64_t d = 0; d < n_cols; ++d) {
     double sum = 0.0;
     if (np > 0) {
@@ -674,6 +681,24 @@ void dot_f16_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t
     dot_f16_columns_vec<16>(rows, n_rows, y, n, n_cols, scratch, out);
   } else {
     dot_f16_columns_vec<8>(rows, n_rows, y, n, n_cols, scratch, out);
+  }
+}
+
+void dot_f16_gemm_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
+                          int64_t n_cols, float* scratch, float* out) {
+  const bool wide = ggml_simd_layout() == ggml_simd::avx512;
+  const int64_t lanes = wide ? 16 : 8;
+  column_fma(rows, n_rows, y, n, lanes, n_cols, scratch);
+  for (int64_t d = 0; d < n_cols; ++d) {
+    float v[16];
+    for (int64_t l = 0; l < lanes; ++l) v[l] = scratch[l * n_cols + d];
+    if (wide) {
+      float t8[8];
+      for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+      out[d] = hsum8(t8);
+    } else {
+      out[d] = hsum8(v);
+    }
   }
 }
 

@@ -81,6 +81,10 @@ float dot_f16(const uint16_t* x, const uint16_t* y, int64_t n);
 /// at least 64 * n_cols floats.
 void dot_f16_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
                      int64_t n_cols, float* scratch, float* out);
+/// The same for dot_f16_gemm (n a multiple of the layout's lanes): out[d] = dot_f16_gemm(column d
+/// of V, y, n), bit for bit.
+void dot_f16_gemm_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
+                          int64_t n_cols, float* scratch, float* out);
 /// Dot product of two fp16 vectors (n a multiple of the layout's lanes) with one FMA chain per
 /// lane, element i in lane i % lanes, then that layout's horizontal sum: llama.cpp's tinyBLAS GEMM,
 /// which it uses for matmuls with >= 2 columns.

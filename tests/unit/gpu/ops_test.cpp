@@ -153,7 +153,7 @@ TEST_P(simd_layouts, f16_dots_match_double_reference) {
   }
 }
 
-TEST_P(simd_layouts, f16_column_dots_equal_dot_f16_on_the_transpose_bit_for_bit) {
+TEST_P(simd_layouts, f16_column_dots_equal_the_dots_of_the_transpose_bit_for_bit) {
   for (int64_t cols : {64, 12}) {
     for (auto [n_rows, n] :
          {std::pair<int64_t, int64_t>{96, 96}, {70, 96}, {5, 32}, {100, 100}, {1, 1}, {130, 160}}) {
@@ -174,6 +174,15 @@ TEST_P(simd_layouts, f16_column_dots_equal_dot_f16_on_the_transpose_bit_for_bit)
         EXPECT_EQ(std::memcmp(&out[static_cast<size_t>(d)], &want, sizeof(float)), 0)
             << "cols " << cols << " rows " << n_rows << " n " << n << " d " << d << ": " << out[d]
             << " vs " << want;
+      }
+      if (n % ggml_simd_lanes(GetParam()) != 0) continue;
+      dot_f16_gemm_columns(rows.data(), n_rows, yh.data(), n, cols, scratch.data(), out.data());
+      for (int64_t d = 0; d < cols; ++d) {
+        for (int64_t i = 0; i < n_rows; ++i)
+          col[static_cast<size_t>(i)] = vh[static_cast<size_t>(i * cols + d)];
+        const float want = dot_f16_gemm(col.data(), yh.data(), n);
+        EXPECT_EQ(std::memcmp(&out[static_cast<size_t>(d)], &want, sizeof(float)), 0)
+            << "gemm cols " << cols << " rows " << n_rows << " n " << n << " d " << d;
       }
     }
   }
