@@ -588,6 +588,26 @@ inline void fma_f16_8(const uint16_t* x, const uint16_t* y, float* acc) {
 #endif
 }
 
+// The reduction of ggml_vec_dot_f16's 4 accumulators (`at(j, l)`: accumulator j, lane l): acc0 +=
+// acc2, acc1 += acc3, acc0 += acc1, then the layout's horizontal sum (GGML_F32x8_REDUCE for 8
+// lanes: lo + hi, then two horizontal adds).
+template <int lanes, class At>
+double reduce_dot_f16(At at) {
+  float v[lanes];
+  for (int l = 0; l < lanes; ++l) v[l] = (at(0, l) + at(2, l)) + (at(1, l) + at(3, l));
+  if constexpr (lanes == 16) {
+    float t8[8];
+    for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+    float t4[4];
+    for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
+    return static_cast<double>((t4[0] + t4[2]) + (t4[1] + t4[3]));
+  } else {
+    float t4[4];
+    for (int l = 0; l < 4; ++l) t4[l] = v[l] + v[4 + l];
+    return static_cast<double>((t4[0] + t4[1]) + (t4[2] + t4[3]));
+  }
+}
+
 // ggml_vec_dot_f16 with `lanes`-wide registers: 4 accumulators over steps of 4 * lanes, reduced
 // as acc0 += acc2, acc1 += acc3, acc0 += acc1, then the layout's horizontal sum; tail in double.
 template <int lanes>
@@ -603,20 +623,7 @@ float dot_f16_vec(const uint16_t* x, const uint16_t* y, int64_t n) {
   }
   double sum = 0.0;
   if (np > 0) {
-    float v[lanes];
-    for (int l = 0; l < lanes; ++l) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    if constexpr (lanes == 16) {
-      float t8[8];
-      for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
-      float t4[4];
-      for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
-      sum = static_cast<double>((t4[0] + t4[2]) + (t4[1] + t4[3]));
-    } else {
-      // GGML_F32x8_REDUCE: lo + hi, then two horizontal adds.
-      float t4[4];
-      for (int l = 0; l < 4; ++l) t4[l] = v[l] + v[4 + l];
-      sum = static_cast<double>((t4[0] + t4[1]) + (t4[2] + t4[3]));
-    }
+    sum = reduce_dot_f16<lanes>([&](int j, int l) { return acc[j][l]; });
   }
   for (int64_t i = np; i < n; ++i)
     sum += static_cast<double>(half_to_float(x[i]) * half_to_float(y[i]));
@@ -660,20 +667,7 @@ void dot_f16_columns_vec(const uint16_t* const* rows, int64_t n_rows, const uint
   for (int64_t d = 0; d < n_cols; ++d) {
     double sum = 0.0;
     if (np > 0) {
-      const auto at = [&](int j, int l) { return acc[(j * lanes + l) * n_cols + d]; };
-      float v[lanes];
-      for (int l = 0; l < lanes; ++l) v[l] = (at(0, l) + at(2, l)) + (at(1, l) + at(3, l));
-      if constexpr (lanes == 16) {
-        float t8[8];
-        for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
-        float t4[4];
-        for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
-        sum = static_cast<double>((t4[0] + t4[2]) + (t4[1] + t4[3]));
-      } else {
-        float t4[4];
-        for (int l = 0; l < 4; ++l) t4[l] = v[l] + v[4 + l];
-        sum = static_cast<double>((t4[0] + t4[1]) + (t4[2] + t4[3]));
-      }
+      sum = reduce_dot_f16<lanes>([&](int j, int l) { return acc[(j * lanes + l) * n_cols + d]; });
     }
     for (int64_t i = np; i < n; ++i) {
       const float x = i < n_rows ? half_to_float(rows[i][d]) : 0.0f;
