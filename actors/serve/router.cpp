@@ -448,13 +448,28 @@ void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec) {
   auto keys = cache::segment_keys(w.pool_keys, spec.prompt);
   while (!keys.empty() && keys.size() * w.segment_tokens + 2 > spec.prompt.size())
     keys.pop_back();  // the worker always computes the last two prompt tokens
+  // The directory and the shard table change together (hello, down); a shard the table lacks
+  // (never expected) ends the plan or skips the order instead of failing the router.
+  auto shard_named = [&](cache::shard_id id) -> const shard_info* {
+    auto n = st.shard_by_id.find(id);
+    if (n == st.shard_by_id.end()) return nullptr;
+    auto it = st.shards.find(n->second);
+    return it == st.shards.end() ? nullptr : &it->second;
+  };
   for (const auto& r : st.directory.route(keys)) {
-    spec.pool_plan.push_back({r.key, st.shard_by_id.at(r.read), st.shard_by_id.at(r.home)});
+    const auto* read = shard_named(r.read);
+    const auto* home = shard_named(r.home);
+    if (read == nullptr || home == nullptr) break;
+    spec.pool_plan.push_back({r.key, read->name, home->name});
   }
   for (const auto& o : st.directory.take_replica_orders()) {
-    auto& to = st.shards.at(st.shard_by_id.at(o.to));
-    self->send(to.handle, cache_replicate_atom::value, o.key,
-               st.shards.at(st.shard_by_id.at(o.from)).handle);
+    const auto* to = shard_named(o.to);
+    const auto* from = shard_named(o.from);
+    if (to == nullptr || from == nullptr) {
+      st.directory.replica_done(o.key, o.to, false);
+      continue;
+    }
+    self->send(to->handle, cache_replicate_atom::value, o.key, from->handle);
   }
 }
 
