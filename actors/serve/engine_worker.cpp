@@ -183,7 +183,6 @@ struct worker_state {
   // (where each segment is read and published comes with each request, from the router's
   // directory), lookups and pulls in flight, publishes under KV leases.
   cache::segment_key_config keys;
-  std::vector<std::string> shard_names;
   std::vector<caf::actor> shards;
   std::map<std::string, size_t> shard_by_name;  ///< shard name -> index in `shards`
   std::unique_ptr<cache::rma_puller> puller;
@@ -570,10 +569,9 @@ void remember_published(worker_state& st, uint64_t key) {
 void on_shards(worker_ptr self, std::vector<std::string> names, std::vector<caf::actor> handles) {
   auto& st = self->state;
   if (st.cfg.segment_tokens <= 0 || names.size() != handles.size()) return;
-  st.shard_names = std::move(names);
   st.shards = std::move(handles);
   st.shard_by_name.clear();
-  for (size_t i = 0; i < st.shard_names.size(); ++i) st.shard_by_name[st.shard_names[i]] = i;
+  for (size_t i = 0; i < names.size(); ++i) st.shard_by_name[names[i]] = i;
   if (st.shards.empty()) return;
   // A shard that came back (restarted empty) must see publishes again.
   st.published.clear();

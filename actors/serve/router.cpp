@@ -146,8 +146,8 @@ struct worker_info {
   uint64_t last_step_unix_ms = 0;
   uint64_t pool_hit_tokens = 0, prompt_tokens = 0, pool_bytes_in = 0;
   uint32_t block_size = 16;
-  uint32_t segment_tokens = 0;          ///< the worker's pool segment size (0: no pool)
-  cache::segment_key_config pool_keys;  ///< how it hashes pool segment keys (empty: no pool)
+  uint32_t segment_tokens = 0;                ///< the worker's pool segment size (0: no pool)
+  cache::segment_key_config pool_key_config;  ///< how it hashes pool segment keys (empty: no pool)
   uint64_t kv_bytes_per_token = 0;
   key_lru recent;  ///< prefix keys of prompts it prefilled lately (its cache, roughly)
   std::vector<uint32_t> levels;
@@ -442,10 +442,10 @@ cache::shard_id shard_id_of(const std::string& name) {
 void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec) {
   auto& st = self->state;
   spec.pool_plan.clear();
-  if (w.segment_tokens == 0 || w.pool_keys.kv_layout.empty() || st.directory.n_shards() == 0 ||
-      !spec.resume.empty())
+  if (w.segment_tokens == 0 || w.pool_key_config.kv_layout.empty() ||
+      st.directory.n_shards() == 0 || !spec.resume.empty())
     return;
-  auto keys = cache::segment_keys(w.pool_keys, spec.prompt);
+  auto keys = cache::segment_keys(w.pool_key_config, spec.prompt);
   while (!keys.empty() && keys.size() * w.segment_tokens + 2 > spec.prompt.size())
     keys.pop_back();  // the worker always computes the last two prompt tokens
   // The directory and the shard table change together (hello, down); a shard the table lacks
@@ -459,13 +459,18 @@ void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec) {
   for (const auto& r : st.directory.route(keys)) {
     const auto* read = shard_named(r.read);
     const auto* home = shard_named(r.home);
-    if (read == nullptr || home == nullptr) break;
+    if (read == nullptr || home == nullptr) {
+      spdlog::error("router: pool directory names an unknown shard; request {} plans {} segment(s)",
+                    spec.request_id, spec.pool_plan.size());
+      break;
+    }
     spec.pool_plan.push_back({r.key, read->name, home->name});
   }
   for (const auto& o : st.directory.take_replica_orders()) {
     const auto* to = shard_named(o.to);
     const auto* from = shard_named(o.from);
     if (to == nullptr || from == nullptr) {
+      spdlog::error("router: replica order for {:016x} names an unknown shard; dropped", o.key);
       st.directory.replica_done(o.key, o.to, false);
       continue;
     }
@@ -985,11 +990,11 @@ caf::behavior router(router_ptr self, router_config cfg) {
         w.n_ctx = hello.getNCtx();
         w.block_size = hello.getBlockSize();
         w.segment_tokens = hello.getSegmentTokens();
-        w.pool_keys = {};
+        w.pool_key_config = {};
         if (w.segment_tokens > 0 && hello.getPoolKeyLayout().size() > 0) {
-          w.pool_keys.model_id = hello.getPoolKeyModel().cStr();
-          w.pool_keys.kv_layout = hello.getPoolKeyLayout().cStr();
-          w.pool_keys.segment_tokens = static_cast<int64_t>(w.segment_tokens);
+          w.pool_key_config.model_id = hello.getPoolKeyModel().cStr();
+          w.pool_key_config.kv_layout = hello.getPoolKeyLayout().cStr();
+          w.pool_key_config.segment_tokens = static_cast<int64_t>(w.segment_tokens);
         }
         w.kv_bytes_per_token = hello.getKvBytesPerToken();
         w.recent.set_capacity(static_cast<size_t>(w.kv_blocks_total) *

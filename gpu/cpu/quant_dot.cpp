@@ -636,15 +636,16 @@ float dot_f16_vec(const uint16_t* x, const uint16_t* y, int64_t n) {
 void column_fma(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t np,
                 int64_t slots, int64_t n_cols, float* acc) {
   std::fill(acc, acc + slots * n_cols, 0.0f);
-  std::vector<uint16_t> zero_row;
   for (int64_t i = 0; i < np; ++i) {
     float* a = acc + (i % slots) * n_cols;
-    const uint16_t* v = i < n_rows ? rows[i] : nullptr;
-    if (v == nullptr) {
-      zero_row.resize(static_cast<size_t>(n_cols), 0);
-      v = zero_row.data();
-    }
     const float p = half_to_float(y[i]);
+    if (i >= n_rows) {
+      // A zero row: fma(0, p, a) is exactly a + (0 * p) (only the sign of a zero sum can change).
+      const float z = 0.0f * p;
+      for (int64_t d = 0; d < n_cols; ++d) a[d] += z;
+      continue;
+    }
+    const uint16_t* v = rows[i];
     int64_t d = 0;
 #ifdef WEFT_CPU_AVX2
     const __m256 pv = _mm256_set1_ps(p);

@@ -154,36 +154,34 @@ TEST_P(simd_layouts, f16_dots_match_double_reference) {
 }
 
 TEST_P(simd_layouts, f16_column_dots_equal_the_dots_of_the_transpose_bit_for_bit) {
+  using column_fn =
+      void (*)(const uint16_t* const*, int64_t, const uint16_t*, int64_t, int64_t, float*, float*);
+  using dot_fn = float (*)(const uint16_t*, const uint16_t*, int64_t);
   for (int64_t cols : {64, 12}) {
     for (auto [n_rows, n] :
          {std::pair<int64_t, int64_t>{96, 96}, {70, 96}, {5, 32}, {100, 100}, {1, 1}, {130, 160}}) {
       auto v = random_floats(static_cast<size_t>(n_rows * cols), 7);
-      auto y = random_floats(static_cast<size_t>(n), 8);
+      auto y = random_floats(static_cast<size_t>(n), 8);  // also past n_rows: zero rows x any y
       std::vector<uint16_t> vh(v.size()), yh(y.size()), col(static_cast<size_t>(n), 0);
       for (size_t i = 0; i < v.size(); ++i) vh[i] = fp32_to_fp16(v[i]);
-      for (size_t i = 0; i < y.size(); ++i)
-        yh[i] = fp32_to_fp16(i < static_cast<size_t>(n_rows) ? y[i] : 0.0f);
+      for (size_t i = 0; i < y.size(); ++i) yh[i] = fp32_to_fp16(y[i]);
       std::vector<const uint16_t*> rows;
       for (int64_t i = 0; i < n_rows; ++i) rows.push_back(vh.data() + i * cols);
       std::vector<float> scratch(static_cast<size_t>(64 * cols)), out(static_cast<size_t>(cols));
-      dot_f16_columns(rows.data(), n_rows, yh.data(), n, cols, scratch.data(), out.data());
-      for (int64_t d = 0; d < cols; ++d) {
-        for (int64_t i = 0; i < n_rows; ++i)
-          col[static_cast<size_t>(i)] = vh[static_cast<size_t>(i * cols + d)];
-        const float want = dot_f16(col.data(), yh.data(), n);
-        EXPECT_EQ(std::memcmp(&out[static_cast<size_t>(d)], &want, sizeof(float)), 0)
-            << "cols " << cols << " rows " << n_rows << " n " << n << " d " << d << ": " << out[d]
-            << " vs " << want;
-      }
-      if (n % ggml_simd_lanes(GetParam()) != 0) continue;
-      dot_f16_gemm_columns(rows.data(), n_rows, yh.data(), n, cols, scratch.data(), out.data());
-      for (int64_t d = 0; d < cols; ++d) {
-        for (int64_t i = 0; i < n_rows; ++i)
-          col[static_cast<size_t>(i)] = vh[static_cast<size_t>(i * cols + d)];
-        const float want = dot_f16_gemm(col.data(), yh.data(), n);
-        EXPECT_EQ(std::memcmp(&out[static_cast<size_t>(d)], &want, sizeof(float)), 0)
-            << "gemm cols " << cols << " rows " << n_rows << " n " << n << " d " << d;
-      }
+      // Each column through `columns` equals `dot` on that column (zeros past n_rows).
+      const auto check = [&](column_fn columns, dot_fn dot, const char* what) {
+        columns(rows.data(), n_rows, yh.data(), n, cols, scratch.data(), out.data());
+        for (int64_t d = 0; d < cols; ++d) {
+          for (int64_t i = 0; i < n_rows; ++i)
+            col[static_cast<size_t>(i)] = vh[static_cast<size_t>(i * cols + d)];
+          const float want = dot(col.data(), yh.data(), n);
+          EXPECT_EQ(std::memcmp(&out[static_cast<size_t>(d)], &want, sizeof(float)), 0)
+              << what << " cols " << cols << " rows " << n_rows << " n " << n << " d " << d << ": "
+              << out[static_cast<size_t>(d)] << " vs " << want;
+        }
+      };
+      check(dot_f16_columns, dot_f16, "gemv");
+      if (n % ggml_simd_lanes(GetParam()) == 0) check(dot_f16_gemm_columns, dot_f16_gemm, "gemm");
     }
   }
 }
