@@ -4,12 +4,23 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 namespace weft::apps {
 
 /// Options shared by every subcommand (logging).
 struct global_options {
   std::string log_level = "info";
 };
+
+/// `--weights-memory huge-pages|mmap` (gpu::gguf_memory) for the commands that load weights.
+inline void add_weights_memory_option(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--weights-memory", value,
+                  "Where the weights live: huge-pages (a private copy in 2 MiB pages, faster CPU "
+                  "decode) or mmap (the file mapped, shared through the page cache)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"huge-pages", "mmap"}));
+}
 
 void add_node_command(CLI::App& app, const global_options& globals);
 void add_cluster_command(CLI::App& app, const global_options& globals);

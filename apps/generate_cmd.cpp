@@ -43,29 +43,10 @@ struct generate_options {
   float repeat_penalty = 1.0f;
   uint64_t seed = 0;
   int threads = 0;
+  std::string weights_memory = "huge-pages";
   std::vector<std::string> stop;
   std::string device = "cpu";
 };
-
-// Touches every page of the mapped file so the first forward does not stall on page faults, with a
-// progress line on stderr.
-void preload(const gpu::gguf_file& file) {
-  const auto bytes = file.bytes();
-  const size_t total = bytes.size();
-  const size_t step = total / 20 + 1;
-  volatile unsigned char sink = 0;
-  size_t next_report = 0;
-  for (size_t off = 0; off < total; off += 4096) {
-    sink = sink + static_cast<unsigned char>(bytes[off]);
-    if (off >= next_report) {
-      std::fprintf(stderr, "\rloading model: %3zu%% of %.1f MiB", off * 100 / total,
-                   static_cast<double>(total) / (1 << 20));
-      next_report += step;
-    }
-  }
-  std::fprintf(stderr, "\rloading model: 100%% of %.1f MiB\n",
-               static_cast<double>(total) / (1 << 20));
-}
 
 int run_generate(const generate_options& o) {
   // stdout carries the generated text only; logs go to stderr.
@@ -83,12 +64,19 @@ int run_generate(const generate_options& o) {
     return 2;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  auto file = gpu::gguf_file::open(path);
+  gpu::gguf_open_config oc;
+  oc.memory = *gpu::parse_gguf_memory(o.weights_memory);
+  oc.load_now = true;
+  oc.progress = [](size_t done, size_t total) {
+    std::fprintf(stderr, "\rloading model: %3zu%% of %.1f MiB",
+                 total == 0 ? 100 : done * 100 / total, static_cast<double>(total) / (1 << 20));
+    if (done == total) std::fputc('\n', stderr);
+  };
+  auto file = gpu::gguf_file::open(path, oc);
   if (!file) {
     spdlog::error("cannot open {}: {}", path.string(), file.error().to_string());
     return 1;
   }
-  preload(*file);
   auto tok = gpu::tokenizer::from_gguf(*file);
   if (!tok) {
     spdlog::error("tokenizer: {}", tok.error().to_string());
@@ -213,6 +201,7 @@ void add_generate_command(CLI::App& app, const global_options& /*globals*/) {
   cmd->add_option("--seed", opts->seed, "Sampling seed");
   cmd->add_option("--threads", opts->threads, "Compute threads (0 = all cores)")
       ->check(CLI::NonNegativeNumber);
+  add_weights_memory_option(cmd, opts->weights_memory);
   cmd->add_option("--stop", opts->stop, "Stop string (repeatable)");
   cmd->add_option("--device", opts->device, "Device backend: cpu or cuda");
   cmd->callback([opts] {

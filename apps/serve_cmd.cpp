@@ -46,6 +46,7 @@ struct serve_cli {
   double mlfq_prefill_cost = 0.4;
   int64_t mlfq_starvation_steps = 256;
   int threads = 0;
+  std::string weights_memory = "huge-pages";
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
   int64_t max_batch_tokens = 64;
@@ -260,6 +261,7 @@ int run_serve(const serve_cli& cli) {
   wc.router_host = "127.0.0.1";
   wc.router_port = *router_port;
   wc.threads = threads;
+  wc.weights_memory = cli.weights_memory;
   wc.kv_blocks = cli.kv_blocks;
   wc.block_size = cli.block_size;
   wc.max_batch_tokens = cli.max_batch_tokens;
@@ -435,6 +437,7 @@ void add_serve_command(CLI::App& app, const global_options&) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", cli->threads, "Compute threads per worker (0 = cores / workers)")
       ->check(CLI::NonNegativeNumber);
+  add_weights_memory_option(cmd, cli->weights_memory);
   cmd->add_option("--kv-blocks", cli->kv_blocks, "KV cache blocks per worker")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));

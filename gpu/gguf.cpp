@@ -512,11 +512,18 @@ gguf_file::gguf_file(gguf_file&&) noexcept = default;
 gguf_file& gguf_file::operator=(gguf_file&&) noexcept = default;
 gguf_file::~gguf_file() = default;
 
+std::optional<gguf_memory> parse_gguf_memory(std::string_view name) {
+  if (name == "mmap") return gguf_memory::mmap;
+  if (name == "huge-pages") return gguf_memory::huge_pages;
+  return std::nullopt;
+}
+
 result<gguf_file> gguf_file::open(const std::filesystem::path& path,
                                   const gguf_open_config& config) {
   gguf_file file;
   std::string error;
-  if (!file.map_->image.map_file(path, error)) {
+  if (!file.map_->image.map_file(path, config.memory == gguf_memory::huge_pages, config.load_now,
+                                 config.progress, error)) {
     std::error_code ec;
     const bool missing = !std::filesystem::exists(path, ec);
     return status{missing ? status_code::not_found : status_code::invalid_argument, error};

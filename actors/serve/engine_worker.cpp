@@ -58,6 +58,7 @@ result<worker_config> worker_config::from_json(const std::string& json) {
     std::tie(c.router_host, c.router_port) = *router;
     c.device = j.value("device", c.device);
     c.threads = j.value("threads", c.threads);
+    c.weights_memory = j.value("weights_memory", c.weights_memory);
     c.kv_blocks = j.value("kv_blocks", c.kv_blocks);
     c.block_size = j.value("block_size", c.block_size);
     c.max_batch_tokens = j.value("max_batch_tokens", c.max_batch_tokens);
@@ -81,6 +82,10 @@ result<worker_config> worker_config::from_json(const std::string& json) {
                       "engine_worker: kv_blocks, block_size, max_running >= 1, max_batch_tokens >= "
                       "2, threads >= 0");
   }
+  if (!gpu::parse_gguf_memory(c.weights_memory)) {
+    return make_error(errc::invalid_argument,
+                      "engine_worker: weights_memory must be huge-pages or mmap");
+  }
   if (c.role != "both" && c.role != "prefill" && c.role != "decode") {
     return make_error(errc::invalid_argument,
                       "engine_worker: role must be both, prefill or decode");
@@ -101,6 +106,7 @@ std::string worker_config::to_json() const {
                       {"router", router_host + ":" + std::to_string(router_port)},
                       {"device", device},
                       {"threads", threads},
+                      {"weights_memory", weights_memory},
                       {"kv_blocks", kv_blocks},
                       {"block_size", block_size},
                       {"max_batch_tokens", max_batch_tokens},
@@ -602,6 +608,7 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
   mo.path = st.cfg.model;
   mo.device = st.cfg.device;
   mo.threads = st.cfg.threads;
+  mo.weights_memory = *gpu::parse_gguf_memory(st.cfg.weights_memory);
   mo.max_batch_tokens = st.cfg.max_batch_tokens;
   const auto t0 = std::chrono::steady_clock::now();
   auto host = load_model_host(mo);

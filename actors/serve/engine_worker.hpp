@@ -5,7 +5,8 @@
 /// TokenChunks back, reporting its load every interval. Protocol: actors/serve/serve_atoms.hpp.
 ///
 /// Config (JSON, every field but model and router optional):
-///   {"model": PATH, "router": "HOST:PORT", "device": "cpu", "threads": 0, "kv_blocks": 1024,
+///   {"model": PATH, "router": "HOST:PORT", "device": "cpu", "threads": 0,
+///    "weights_memory": "huge-pages"|"mmap", "kv_blocks": 1024,
 ///    "block_size": 16, "max_batch_tokens": 64, "max_running": 32, "policy": "fcfs"|"mlfq",
 ///    "mlfq_prefill_cost": 0.4, "mlfq_starvation_steps": 256,
 ///    "role": "both"|"prefill"|"decode", "prefix_cache": true, "load_interval_ms": 200,
@@ -28,6 +29,8 @@ struct worker_config {
   uint16_t router_port = 0;
   std::string device = "cpu";
   int threads = 0;
+  /// Where the weights live: "huge-pages" (default) or "mmap" (gpu::gguf_memory).
+  std::string weights_memory = "huge-pages";
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
   int64_t max_batch_tokens = 64;

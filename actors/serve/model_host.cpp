@@ -25,20 +25,14 @@ std::string model_id_for(const fs::path& path) {
 
 namespace {
 
-// Touches every page of the mapping so the first forward does not stall on page faults.
-void preload(const gpu::gguf_file& file, const std::string& what) {
-  const auto bytes = file.bytes();
-  const size_t total = bytes.size();
-  volatile unsigned char sink = 0;
-  size_t next_report = 0;
-  for (size_t off = 0; off < total; off += 4096) {
-    sink = sink + static_cast<unsigned char>(bytes[off]);
-    if (off >= next_report) {
-      spdlog::info("loading {}: {}% of {:.1f} MiB", what, off * 100 / total,
-                   static_cast<double>(total) / (1 << 20));
-      next_report += total / 4 + 1;
-    }
-  }
+// Logs the file's loading progress in quarters.
+std::function<void(size_t, size_t)> load_progress(const std::string& what) {
+  return [what, next = size_t{0}](size_t done, size_t total) mutable {
+    if (done < next && done < total) return;
+    spdlog::info("loading {}: {}% of {:.1f} MiB", what, total == 0 ? 100 : done * 100 / total,
+                 static_cast<double>(total) / (1 << 20));
+    next = done + total / 4 + 1;
+  };
 }
 
 }  // namespace
@@ -54,7 +48,13 @@ result<std::unique_ptr<model_host>> load_model_host(const model_host_options& o)
         "model file " + o.path.string() +
             " not found (scripts/fetch_model.sh fetches the default model; or pass --model PATH)");
   }
-  auto file = gpu::gguf_file::open(o.path);
+  gpu::gguf_open_config oc;
+  if (o.load_weights) {
+    oc.memory = o.weights_memory;
+    oc.load_now = o.preload;
+    oc.progress = load_progress(model_id_for(o.path));
+  }
+  auto file = gpu::gguf_file::open(o.path, oc);
   if (!file) return fail("open", file.error().to_string());
   auto tok = gpu::tokenizer::from_gguf(*file);
   if (!tok) return fail("tokenizer", tok.error().to_string());
@@ -85,7 +85,6 @@ result<std::unique_ptr<model_host>> load_model_host(const model_host_options& o)
       host->n_ctx = *ctx;
     return host;
   }
-  if (o.preload) preload(*file, host->id);
   auto dev = gpu::device_registry::instance().create(o.device, gpu::device_config{o.threads, 0});
   if (!dev) return fail("device " + o.device, dev.error().to_string());
   host->dev = std::move(dev.value());

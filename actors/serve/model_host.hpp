@@ -31,7 +31,9 @@ struct model_host_options {
   std::string device = "cpu";
   int threads = 0;  ///< compute threads (0 = all cores)
   int64_t max_batch_tokens = 256;
-  bool preload = true;  ///< touch every page first, logging progress
+  bool preload = true;  ///< read every page first, logging progress
+  /// Where the weights live (huge pages: faster decode on CPU, private memory per process).
+  gpu::gguf_memory weights_memory = gpu::gguf_memory::huge_pages;
 };
 
 /// A loaded model. The tokenizer and template borrow nothing from the file once built.

@@ -1,8 +1,10 @@
 #pragma once
-// Read-only byte image of a GGUF file: a private mmap of the file, or an owned heap copy.
+// Read-only byte image of a GGUF file: a private mmap of the file, a copy in huge-page-backed
+// anonymous memory, or an owned heap copy.
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -13,8 +15,13 @@ namespace weft::gpu::internal {
 /// unique_ptr so that tensor data pointers survive moves of the gguf_file).
 class gguf_image {
  public:
-  /// Maps `path`; on failure returns false and sets `error`.
-  bool map_file(const std::filesystem::path& path, std::string& error);
+  using progress_fn = std::function<void(size_t done, size_t total)>;
+
+  /// Maps `path`; on failure returns false and sets `error`. `huge_pages`: copy the file into
+  /// anonymous memory advised for transparent huge pages instead (if the kernel allows them).
+  /// `load_now`: read every page before returning, reporting to `progress` if set.
+  bool map_file(const std::filesystem::path& path, bool huge_pages, bool load_now,
+                const progress_fn& progress, std::string& error);
   /// Copies `bytes` into an owned, page-aligned buffer.
   void copy_from(std::span<const std::byte> bytes);
 
@@ -29,7 +36,8 @@ class gguf_image {
  private:
   const std::byte* data_ = nullptr;
   size_t size_ = 0;
-  void* mapped_ = nullptr;  // non-null when data_ comes from mmap
+  void* mapped_ = nullptr;  // non-null when data_ comes from mmap (of the file or anonymous)
+  size_t mapped_size_ = 0;
   std::byte* owned_ = nullptr;
 };
 

@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
   int threads = 2, plen = 64, steps = 32;
   std::string batches_arg = "1,8,32", out_dir = std::string{WEFT_SOURCE_DIR} + "/bench/results";
   bool with_llama = true;
+  std::string weights_memory = "huge-pages";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string{argv[++i]} : std::string{}; };
@@ -166,6 +167,8 @@ int main(int argc, char** argv) {
       batches_arg = next();
     else if (a == "--out")
       out_dir = next();
+    else if (a == "--weights-memory")
+      weights_memory = next();
     else if (a == "--no-llama")
       with_llama = false;
     else if (a == "--help" || a == "-h") {
@@ -179,6 +182,7 @@ int main(int argc, char** argv) {
           "  --decode-steps N    decode steps per batch size (default 32)\n"
           "  --batches LIST      comma-separated batch sizes (default 1,8,32)\n"
           "  --out DIR           where the JSON goes (default bench/results)\n"
+          "  --weights-memory M  huge-pages (default, as weft serve) or mmap\n"
           "  --no-llama          weft only (no baseline; ratios are not printed)\n");
       return 0;
     } else {
@@ -198,7 +202,12 @@ int main(int argc, char** argv) {
   for (std::string x; std::getline(ss, x, ',');) batches.push_back(std::atoi(x.c_str()));
 
   auto dev = device_registry::instance().create("cpu", device_config{threads, 0});
-  auto file = gguf_file::open(model_path);
+  const auto memory = parse_gguf_memory(weights_memory);
+  if (!memory) {
+    std::fprintf(stderr, "--weights-memory: huge-pages or mmap, not %s\n", weights_memory.c_str());
+    return 2;
+  }
+  auto file = gguf_file::open(model_path, gguf_open_config{.memory = *memory, .load_now = true});
   if (!file) {
     std::fprintf(stderr, "%s\n", file.error().to_string().c_str());
     return 1;
@@ -220,6 +229,7 @@ int main(int argc, char** argv) {
                       " rev-parse --short HEAD 2>/dev/null | tr -d '\\n'");
   j["model"] = model_path;
   j["workload"] = {{"threads", threads},
+                   {"weights_memory", weights_memory},
                    {"prompt_len", plen},
                    {"decode_steps", steps},
                    {"batches", batches},

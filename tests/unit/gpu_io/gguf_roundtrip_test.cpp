@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
+
 #include <cmath>
 #include <random>
 #include <vector>
@@ -160,6 +163,46 @@ TEST(gguf_roundtrip, file_on_disk_is_mapped_and_moves_keep_pointers) {
   gguf_file moved = std::move(f).value();
   EXPECT_EQ(moved.find_tensor("x")->data, data);
   EXPECT_EQ(reinterpret_cast<const float*>(data)[3], 4.0f);
+}
+
+TEST(gguf_roundtrip, both_memory_modes_read_the_same_bytes_and_report_progress) {
+  gguf_writer w;
+  std::vector<float> values(3000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
+  ASSERT_TRUE(w.add_tensor_from_f32(
+      "x", ggml_type::f32, std::vector<int64_t>{static_cast<int64_t>(values.size())}, values));
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("weft_gguf_mem_" + std::to_string(::getpid()) + ".gguf");
+  ASSERT_TRUE(w.write_file(path));
+  std::ifstream thp{"/sys/kernel/mm/transparent_hugepage/enabled"};
+  std::string thp_modes;
+  std::getline(thp, thp_modes);
+  const bool huge_pages_possible =
+      !thp_modes.empty() && thp_modes.find("[never]") == std::string::npos;
+  for (const auto memory : {gguf_memory::mmap, gguf_memory::huge_pages}) {
+    SCOPED_TRACE(memory == gguf_memory::mmap ? "mmap" : "huge-pages");
+    std::vector<std::pair<size_t, size_t>> reports;
+    gguf_open_config config;
+    config.memory = memory;
+    config.load_now = true;
+    config.progress = [&](size_t done, size_t total) { reports.emplace_back(done, total); };
+    auto f = gguf_file::open(path, config);
+    ASSERT_TRUE(f) << f.error().message();
+    EXPECT_EQ(f->size_bytes(), std::filesystem::file_size(path));
+    ASSERT_GE(reports.size(), 2u);
+    EXPECT_EQ(reports.front(), std::make_pair(size_t{0}, f->size_bytes()));
+    EXPECT_EQ(reports.back(), std::make_pair(f->size_bytes(), f->size_bytes()));
+    const auto* x = reinterpret_cast<const float*>(f->find_tensor("x")->data);
+    EXPECT_TRUE(std::equal(values.begin(), values.end(), x));
+    if (memory == gguf_memory::huge_pages && huge_pages_possible) {
+      // The private copy starts on a 2 MiB boundary so the kernel can back it with huge pages.
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(f->bytes().data()) % (uintptr_t{2} << 20), 0u);
+    }
+  }
+  std::filesystem::remove(path);
+  EXPECT_EQ(parse_gguf_memory("huge-pages"), gguf_memory::huge_pages);
+  EXPECT_EQ(parse_gguf_memory("mmap"), gguf_memory::mmap);
+  EXPECT_FALSE(parse_gguf_memory("hugepages"));
 }
 
 TEST(gguf_roundtrip, writer_rejects_inconsistent_tensors) {
