@@ -7,29 +7,15 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
-#include <deque>
-#include <list>
-#include <map>
-#include <set>
-#include <span>
-#include <unordered_map>
 
-#include <xxhash.h>
-
-#include "actors/cache/directory.hpp"
-#include "actors/cache/segment_keys.hpp"
 #include "actors/serve/engine_worker.hpp"
+#include "actors/serve/router_state.hpp"
 #include "actors/serve/serve_atoms.hpp"
-#include "actors/serve/wire_convert.hpp"
-#include "schema/caf_bridge.hpp"
 
 namespace weft::serve {
 
 using schema::envelope;
 using schema::make_error_envelope;
-namespace wire = schema::wire;
-using clock_type = std::chrono::steady_clock;
 
 void declare_router_metrics(metrics_registry& m) {
   m.declare_counter("weft_router_requests_total", "Sequences submitted to the router, by outcome");
@@ -91,119 +77,7 @@ void declare_router_metrics(metrics_registry& m) {
       metrics_registry::latency_buckets_s());
 }
 
-namespace {
-
-/// A bounded set of prefix keys, least recently used dropped first: the router's picture of what a
-/// worker's prefix cache (or the pool) holds, from the prompts it sent there.
-class key_lru {
- public:
-  void set_capacity(size_t n) { capacity_ = std::max<size_t>(n, 1); }
-  void touch(uint64_t key) {
-    if (auto it = pos_.find(key); it != pos_.end()) {
-      order_.splice(order_.begin(), order_, it->second);
-      return;
-    }
-    order_.push_front(key);
-    pos_[key] = order_.begin();
-    while (order_.size() > capacity_) {
-      pos_.erase(order_.back());
-      order_.pop_back();
-    }
-  }
-  /// Leading keys of `keys` held.
-  size_t leading(const std::vector<uint64_t>& keys) const {
-    size_t n = 0;
-    while (n < keys.size() && pos_.count(keys[n]) != 0) ++n;
-    return n;
-  }
-  void clear() {
-    order_.clear();
-    pos_.clear();
-  }
-
- private:
-  size_t capacity_ = 4096;
-  std::list<uint64_t> order_;
-  std::unordered_map<uint64_t, std::list<uint64_t>::iterator> pos_;
-};
-
-struct worker_info {
-  std::string name;
-  caf::actor handle;
-  std::string node_id;
-  uint32_t pid = 0;
-  wire::WorkerRole role = wire::WorkerRole::BOTH;
-  std::string model;
-  std::string policy;
-  uint32_t kv_blocks_total = 0;
-  uint32_t max_running = 0;
-  uint32_t n_ctx = 0;
-  // latest load report
-  uint32_t n_waiting = 0, n_running = 0, n_swapped = 0, kv_used = 0, kv_free = 0;
-  uint64_t steps = 0, preemptions = 0, prefill_tokens = 0, decode_tokens = 0, swaps_out = 0,
-           prefix_hits = 0;
-  uint64_t queued_prefill_tokens = 0;
-  uint64_t last_step_unix_ms = 0;
-  uint64_t pool_hit_tokens = 0, prompt_tokens = 0, pool_bytes_in = 0;
-  uint32_t block_size = 16;
-  uint32_t segment_tokens = 0;                ///< the worker's pool segment size (0: no pool)
-  cache::segment_key_config pool_key_config;  ///< how it hashes pool segment keys (empty: no pool)
-  uint64_t kv_bytes_per_token = 0;
-  key_lru recent;  ///< prefix keys of prompts it prefilled lately (its cache, roughly)
-  std::vector<uint32_t> levels;
-  float prefill_rate = 0.0f;  ///< EWMA of measured prefill tokens/s while prefilling
-  float decode_rate = 0.0f;
-  clock_type::time_point last_report = clock_type::now();
-  uint64_t dispatched_prompt_tokens = 0;  ///< prompt tokens dispatched since the last load report
-  std::set<uint64_t> inflight;
-  clock_type::time_point hello_at = clock_type::now();
-};
-
-struct request_info {
-  generate_spec spec;
-  std::vector<int32_t> generated;
-  std::string worker;  ///< empty while pending
-  caf::actor client;
-  clock_type::time_point submitted = clock_type::now();
-  clock_type::time_point pending_since = clock_type::now();
-  std::optional<clock_type::time_point> orphaned_at;  ///< when its worker died (migration clock)
-  // Disaggregation: while the decode worker (`worker`) pulls the KV, the prefill worker
-  // `kv_owner` holds it under `lease_id`; the router releases the lease exactly when the transfer
-  // stage ends (pulled, failed, aborted, either worker lost).
-  bool transferring = false;
-  std::string kv_owner;
-  uint64_t lease_id = 0;
-  uint32_t handoff_failures = 0;
-};
-
-/// A prefix-cache pool shard (actors/cache/cache_shard.hpp), as its load reports show it.
-struct shard_info {
-  std::string name;
-  caf::actor handle;
-  std::string node_id;
-  uint32_t pid = 0;
-  uint64_t slots = 0;
-  uint64_t n_segments = 0, bytes_used = 0, capacity_bytes = 0, lookups = 0, hits = 0, publishes = 0,
-           evictions = 0, bytes_in = 0, bytes_out = 0;
-};
-
-struct router_state {
-  static inline const char* name = "weft.router";
-  router_config cfg;
-  std::map<std::string, worker_info> workers;
-  std::map<std::string, shard_info> shards;
-  key_lru pool_keys;        ///< prefix keys the pool holds, roughly (prompts prefilled with a pool)
-  uint64_t pool_slots = 0;  ///< segment slots over all shards
-  cache::pool_directory directory;  ///< homes, replicas and read choice of pool segments
-  std::map<cache::shard_id, std::string> shard_by_id;
-  std::map<uint64_t, request_info> requests;
-  std::deque<uint64_t> pending;
-  uint64_t deaths = 0;
-  uint64_t migrations = 0;
-  uint64_t round_robin = 0;  ///< next turn of route = round-robin
-};
-
-using router_ptr = caf::stateful_actor<router_state>*;
+namespace router_internal {
 
 void count(router_ptr self, const std::string& outcome) {
   if (auto& m = self->state.cfg.metrics)
@@ -323,42 +197,6 @@ void release_lease(router_ptr self, request_info& r) {
   r.kv_owner.clear();
   r.lease_id = 0;
 }
-
-/// Tokens per prefix key of the router's cache picture: the pool's segment size when workers use
-/// one, else four KV blocks.
-int64_t key_tokens(const worker_info& w) {
-  return w.segment_tokens > 0 ? w.segment_tokens
-                              : 4 * static_cast<int64_t>(std::max<uint32_t>(w.block_size, 1));
-}
-
-std::vector<uint64_t> prefix_keys(const worker_info& w, std::span<const int32_t> prompt) {
-  cache::segment_key_config kc;
-  kc.model_id = w.model;
-  kc.kv_layout = "router";
-  kc.segment_tokens = key_tokens(w);
-  return cache::segment_keys(kc, prompt);
-}
-
-/// What a prompt would find cached on `w`: tokens in its own cache, tokens in the pool.
-struct cache_estimate {
-  int64_t local_tokens = 0;
-  int64_t pool_tokens = 0;
-};
-
-cache_estimate estimate_cache(const router_state& st, const worker_info& w,
-                              const std::vector<uint64_t>& keys, size_t prompt_tokens) {
-  cache_estimate e;
-  const int64_t g = key_tokens(w);
-  const auto cap = static_cast<int64_t>(prompt_tokens) - 2;
-  e.local_tokens = std::min<int64_t>(static_cast<int64_t>(w.recent.leading(keys)) * g,
-                                     std::max<int64_t>(cap, 0));
-  if (w.segment_tokens > 0 && !st.shards.empty()) {
-    e.pool_tokens = std::min<int64_t>(static_cast<int64_t>(st.pool_keys.leading(keys)) * g,
-                                      std::max<int64_t>(cap, 0));
-  }
-  return e;
-}
-
 /// Predicted time to first token of a `prompt_tokens` prompt on `w`, in ms; `cached` (when given)
 /// is what its cache or the pool already holds (the pool's part costs a transfer).
 double predicted_ttft_ms(const router_state& st, const worker_info& w, size_t prompt_tokens,
@@ -420,62 +258,6 @@ worker_info* choose_worker(router_state& st, std::span<const int32_t> prompt, si
   }
   if (ttft_ms != nullptr) *ttft_ms = best_ms;
   return best;
-}
-
-/// Records that `w` prefills `prompt`: its cache (and the pool, which it publishes to) now hold the
-/// prompt's prefix keys, as far as the router can tell.
-void note_prefill(router_state& st, worker_info& w, std::span<const int32_t> prompt) {
-  if (st.cfg.route == "round-robin" || st.cfg.route == "least-load") return;
-  const auto keys = prefix_keys(w, prompt);
-  for (uint64_t k : keys) w.recent.touch(k);
-  if (w.segment_tokens > 0 && !st.shards.empty()) {
-    for (uint64_t k : keys) st.pool_keys.touch(k);
-  }
-}
-
-cache::shard_id shard_id_of(const std::string& name) {
-  return static_cast<cache::shard_id>(XXH32(name.data(), name.size(), 0));
-}
-
-/// The pool directory's plan for a request's leading segments (where to read each, where to
-/// publish it), and the replica copies that hot segments now want.
-void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec) {
-  auto& st = self->state;
-  spec.pool_plan.clear();
-  if (w.segment_tokens == 0 || w.pool_key_config.kv_layout.empty() ||
-      st.directory.n_shards() == 0 || !spec.resume.empty())
-    return;
-  auto keys = cache::segment_keys(w.pool_key_config, spec.prompt);
-  while (!keys.empty() && keys.size() * w.segment_tokens + 2 > spec.prompt.size())
-    keys.pop_back();  // the worker always computes the last two prompt tokens
-  // The directory and the shard table change together (hello, down); a shard the table lacks
-  // (never expected) ends the plan or skips the order instead of failing the router.
-  auto shard_named = [&](cache::shard_id id) -> const shard_info* {
-    auto n = st.shard_by_id.find(id);
-    if (n == st.shard_by_id.end()) return nullptr;
-    auto it = st.shards.find(n->second);
-    return it == st.shards.end() ? nullptr : &it->second;
-  };
-  for (const auto& r : st.directory.route(keys)) {
-    const auto* read = shard_named(r.read);
-    const auto* home = shard_named(r.home);
-    if (read == nullptr || home == nullptr) {
-      spdlog::error("router: pool directory names an unknown shard; request {} plans {} segment(s)",
-                    spec.request_id, spec.pool_plan.size());
-      break;
-    }
-    spec.pool_plan.push_back({r.key, read->name, home->name});
-  }
-  for (const auto& o : st.directory.take_replica_orders()) {
-    const auto* to = shard_named(o.to);
-    const auto* from = shard_named(o.from);
-    if (to == nullptr || from == nullptr) {
-      spdlog::error("router: replica order for {:016x} names an unknown shard; dropped", o.key);
-      st.directory.replica_done(o.key, o.to, false);
-      continue;
-    }
-    self->send(to->handle, cache_replicate_atom::value, o.key, from->handle);
-  }
 }
 
 void dispatch(router_ptr self, uint64_t id, worker_info& w) {
@@ -706,93 +488,6 @@ void on_handoff(router_ptr self, const envelope& env) {
   }
 }
 
-/// The live shards, as (names, handles) in name order: what workers place segments with.
-void send_shards(router_ptr self, const caf::actor& to) {
-  std::vector<std::string> names;
-  std::vector<caf::actor> handles;
-  for (const auto& [name, s] : self->state.shards) {
-    names.push_back(name);
-    handles.push_back(s.handle);
-  }
-  self->send(to, shards_atom::value, std::move(names), std::move(handles));
-}
-
-void broadcast_shards(router_ptr self) {
-  for (const auto& [name, w] : self->state.workers) send_shards(self, w.handle);
-}
-
-void on_shard_hello(router_ptr self, const std::string& name, wire::WorkerHello::Reader hello) {
-  auto& st = self->state;
-  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
-  auto& s = st.shards[name];
-  const bool fresh = s.handle != sender;
-  s.name = name;
-  s.handle = sender;
-  s.node_id = hello.getNodeId().cStr();
-  s.pid = hello.getPid();
-  if (fresh) {
-    const auto id = shard_id_of(name);
-    if (st.shard_by_id.count(id) != 0) st.directory.remove_shard(id);  // a new incarnation
-    st.directory.add_shard(id);
-    st.shard_by_id[id] = name;
-    s.slots = hello.getKvBlocksTotal();
-    st.pool_slots += s.slots;
-    st.pool_keys.set_capacity(static_cast<size_t>(st.pool_slots));
-    st.directory.set_capacity(static_cast<size_t>(st.pool_slots));
-    // A (re)started shard is empty: forget what the pool was thought to hold.
-    st.pool_keys.clear();
-    self->monitor(sender);
-    spdlog::info("router: cache shard {} ready on node {} (pid {}, {} segment slots)", name,
-                 s.node_id, s.pid, hello.getKvBlocksTotal());
-    broadcast_shards(self);
-  }
-}
-
-void on_shard_load(router_ptr self, const envelope& env) {
-  auto& st = self->state;
-  auto l = env.read<wire::CacheShardLoad>();
-  if (!l) return;
-  auto load = l->get();
-  auto it = st.shards.find(load.getName().cStr());
-  if (it == st.shards.end() ||
-      caf::actor_cast<caf::actor>(self->current_sender()) != it->second.handle)
-    return;
-  auto& s = it->second;
-  s.n_segments = load.getNSegments();
-  s.bytes_used = load.getBytesUsed();
-  s.capacity_bytes = load.getCapacityBytes();
-  s.lookups = load.getLookups();
-  s.hits = load.getHits();
-  s.publishes = load.getPublishes();
-  s.evictions = load.getEvictions();
-  s.bytes_in = load.getBytesIn();
-  s.bytes_out = load.getBytesOut();
-  auto& m = st.cfg.metrics;
-  if (!m) return;
-  const metric_labels lb = {{"shard", s.name}};
-  m->set("weft_cache_segments", lb, static_cast<double>(s.n_segments));
-  m->set("weft_cache_bytes_used", lb, static_cast<double>(s.bytes_used));
-  m->set("weft_cache_shard_lookups", lb, static_cast<double>(s.lookups));
-  m->set("weft_cache_shard_hits", lb, static_cast<double>(s.hits));
-  m->set("weft_cache_shard_bytes_in", lb, static_cast<double>(s.bytes_in));
-  m->set("weft_cache_shard_bytes_out", lb, static_cast<double>(s.bytes_out));
-  m->set("weft_cache_shard_evictions", lb, static_cast<double>(s.evictions));
-  double max_seg = 0, sum_seg = 0;
-  for (const auto& [n, o] : st.shards) {
-    max_seg = std::max(max_seg, static_cast<double>(o.n_segments));
-    sum_seg += static_cast<double>(o.n_segments);
-  }
-  const double mean = st.shards.empty() ? 0.0 : sum_seg / static_cast<double>(st.shards.size());
-  m->set("weft_cache_shard_imbalance", mean > 0 ? max_seg / mean : 1.0);
-  m->set("weft_cache_replica_segments", static_cast<double>(st.directory.replicas()));
-  m->set("weft_cache_replicated_keys", static_cast<double>(st.directory.replicated_keys()));
-  m->set("weft_cache_hot_segments", static_cast<double>(st.directory.hot_keys()));
-  for (const auto& [n, o] : st.shards) {
-    m->set("weft_cache_directory_load", {{"shard", n}},
-           static_cast<double>(st.directory.load(shard_id_of(n))));
-  }
-}
-
 caf::behavior router(router_ptr self, router_config cfg) {
   self->state.cfg = std::move(cfg);
   if (self->state.cfg.metrics) declare_router_metrics(*self->state.cfg.metrics);
@@ -805,19 +500,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
       if (w.handle.address() == dm.source) lost = name;
     }
     if (!lost.empty()) on_worker_lost(self, lost, caf::to_string(dm.reason));
-    for (auto it = self->state.shards.begin(); it != self->state.shards.end(); ++it) {
-      if (it->second.handle.address() != dm.source) continue;
-      spdlog::warn("router: cache shard {} lost ({}); its segments are misses until it is back",
-                   it->first, caf::to_string(dm.reason));
-      if (auto& m = self->state.cfg.metrics) m->inc("weft_cache_shard_deaths_total");
-      self->state.pool_slots -= std::min(self->state.pool_slots, it->second.slots);
-      self->state.pool_keys.clear();
-      self->state.directory.remove_shard(shard_id_of(it->first));
-      self->state.shard_by_id.erase(shard_id_of(it->first));
-      self->state.shards.erase(it);
-      broadcast_shards(self);
-      break;
-    }
+    on_shard_down(self, dm.source, caf::to_string(dm.reason));
   });
   self->send(self, tick_atom::value);
   return {
@@ -940,14 +623,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
       [self](handoff_atom, const envelope& env) { on_handoff(self, env); },
       [self](cache_load_atom, const envelope& env) { on_shard_load(self, env); },
       [self](cache_replicated_atom, uint64_t key, const std::string& shard, bool ok) {
-        auto& st = self->state;
-        auto it = st.shards.find(shard);
-        if (it == st.shards.end() ||
-            caf::actor_cast<caf::actor>(self->current_sender()) != it->second.handle)
-          return;
-        st.directory.replica_done(key, shard_id_of(shard), ok);
-        if (auto& m = st.cfg.metrics)
-          m->inc("weft_cache_replications_total", {{"outcome", ok ? "copied" : "failed"}});
+        on_replica_copied(self, key, shard, ok);
       },
       [self](hello_atom, const envelope& env) {
         auto& st = self->state;
@@ -1153,10 +829,10 @@ caf::behavior router(router_ptr self, router_config cfg) {
   };
 }
 
-}  // namespace
+}  // namespace router_internal
 
 caf::actor spawn_router(caf::actor_system& sys, router_config cfg) {
-  return sys.spawn(router, std::move(cfg));
+  return sys.spawn(router_internal::router, std::move(cfg));
 }
 
 }  // namespace weft::serve

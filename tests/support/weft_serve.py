@@ -3,10 +3,12 @@
     with WeftServer(weft_bin, ["--workers", "2"]) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
 """
+import argparse
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -111,6 +113,28 @@ class WeftServer:
     def metric_sum(self, name):
         return sum(v for (n, _), v in self.metrics().items() if n == name)
 
+    def disconnect_mid_stream(self, prompt="Tell me a long story.", max_tokens=400, events=3,
+                              timeout_s=20):
+        """Starts a streamed completion on a raw socket, reads `events` SSE events, hangs up, then
+        waits up to `timeout_s` for the server to count the disconnect. Returns the count."""
+        s = socket.create_connection(("127.0.0.1", int(self.url.rsplit(":", 1)[1])))
+        body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                           "ignore_eos": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while got.count(b"data:") < events:
+            got += s.recv(4096)
+        s.close()
+        before = 0
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            before = self.metric_sum("weft_client_disconnects_total")
+            if before >= 1:
+                break
+            time.sleep(0.1)
+        return before
+
     def wait_kv_free(self, timeout_s=30):
         """Waits until no KV block is referenced on any worker; returns the last used count."""
         deadline = time.time() + timeout_s
@@ -121,6 +145,32 @@ class WeftServer:
                 return 0
             time.sleep(0.3)
         return used
+
+
+def parse_test_args(add_args=None):
+    """Parses `--weft BIN` (plus what `add_args(parser)` adds); returns (args, the rest of argv for
+    unittest), or (None, rest) when the default model is not fetched: the caller then returns 77,
+    CTest's skip code."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weft", required=True)
+    if add_args:
+        add_args(ap)
+    args, rest = ap.parse_known_args()
+    if not os.path.exists(default_model_path()):
+        print("SKIP: the default model is not fetched (scripts/fetch_model.sh)")
+        return None, rest
+    return args, rest
+
+
+def report_failures(failures, server):
+    """Ends a chaos run: the server's last log lines if anything failed, one line per failure, and
+    the exit code (0 = all passed)."""
+    if failures:
+        sys.stderr.write("".join(server.log_lines[-80:]))
+    for f in failures:
+        print("FAIL:", f)
+    print("PASS" if not failures else "FAILED")
+    return 0 if not failures else 1
 
 
 def weft_generate(weft_bin, prompt, max_tokens, model=None):

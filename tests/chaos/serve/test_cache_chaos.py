@@ -6,7 +6,6 @@ never wrong or stale KV), no KV block may stay referenced afterwards, and the sh
 
 Usage: test_cache_chaos.py --weft PATH/TO/weft      (exit 77 = skipped: no model)
 """
-import argparse
 import concurrent.futures
 import json
 import os
@@ -16,7 +15,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
-from weft_serve import WeftServer, default_model_path  # noqa: E402
+from weft_serve import WeftServer, parse_test_args, report_failures  # noqa: E402
 
 PREFIXES = ["System %d: " % p + " ".join("rule%d_%d holds;" % (p, i) for i in range(40)) for p in range(4)]
 PROMPTS = [pre + " Query %d." % q for pre in PREFIXES for q in range(4)]
@@ -39,11 +38,8 @@ def pool_hits(srv):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--weft", required=True)
-    args = ap.parse_args()
-    if not os.path.exists(default_model_path()):
-        print("SKIP: the default model is not fetched (scripts/fetch_model.sh)")
+    args, _ = parse_test_args()
+    if args is None:
         return 77
     with WeftServer(args.weft, ["--workers", "1", "--no-prefix-cache"]) as ref:
         reference = [completion(ref.url, p)[0] for p in PROMPTS]
@@ -98,12 +94,7 @@ def main():
             for i, (text, _, err) in enumerate(again):
                 if err is not None or text != reference[i]:
                     failures.append("after recovery request %d: %s" % (i, err or "differs"))
-        if failures:
-            sys.stderr.write("".join(srv.log_lines[-80:]))
-    for f in failures:
-        print("FAIL:", f)
-    print("PASS" if not failures else "FAILED")
-    return 0 if not failures else 1
+    return report_failures(failures, srv)
 
 
 if __name__ == "__main__":

@@ -10,18 +10,16 @@ the killed worker must come back and take work again. Prints the measured recove
 Usage: test_serve_chaos.py --weft PATH/TO/weft [--topology colocated|disaggregated]
        (exit 77 = skipped: no model)
 """
-import argparse
 import concurrent.futures
 import json
 import os
 import signal
 import sys
-import threading
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
-from weft_serve import WeftServer, default_model_path  # noqa: E402
+from weft_serve import WeftServer, parse_test_args, report_failures  # noqa: E402
 
 N_REQUESTS = 12
 MAX_TOKENS = 64
@@ -91,12 +89,9 @@ def kill_busy_worker(srv, min_tokens_before_kill, progress, role=None):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--weft", required=True)
-    ap.add_argument("--topology", choices=["colocated", "disaggregated"], default="colocated")
-    args = ap.parse_args()
-    if not os.path.exists(default_model_path()):
-        print("SKIP: the default model is not fetched (scripts/fetch_model.sh)")
+    args, _ = parse_test_args(lambda ap: ap.add_argument(
+        "--topology", choices=["colocated", "disaggregated"], default="colocated"))
+    if args is None:
         return 77
     prompts = ["Request %d: write about the number %d." % (i, i * 7) for i in range(N_REQUESTS)]
     failures = []
@@ -110,9 +105,6 @@ def main():
             assert err is None and finish == "length" and len(toks) == MAX_TOKENS, (i, finish, err, len(toks))
 
         for round_no, role in enumerate(victims):
-            tokens_seen = [0]
-            lock = threading.Lock()
-
             def counting(i, p):
                 # Killing a prefill worker needs prefills in flight: spread the arrivals out.
                 if role == "prefill":
@@ -161,12 +153,7 @@ def main():
                 failures.append("after recovery request %d: %s" % (i, err or "differs"))
         busy = [w for w in workers(srv) if w["decode_tokens"] > 0]
         print("after recovery: %d of %d workers have decoded tokens" % (len(busy), len(workers(srv))))
-        if failures:
-            sys.stderr.write("".join(srv.log_lines[-80:]))
-    for f in failures:
-        print("FAIL:", f)
-    print("PASS" if not failures else "FAILED")
-    return 0 if not failures else 1
+    return report_failures(failures, srv)
 
 
 if __name__ == "__main__":

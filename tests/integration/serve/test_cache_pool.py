@@ -7,7 +7,6 @@ pooled tokens. Round-robin routing makes the two workers alternate deterministic
 
 Usage: test_cache_pool.py --weft PATH/TO/weft     (exit 77 = skipped: no model)
 """
-import argparse
 import json
 import os
 import sys
@@ -15,7 +14,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
-from weft_serve import WeftServer, default_model_path  # noqa: E402
+from weft_serve import WeftServer, parse_test_args  # noqa: E402
 
 WEFT = None
 SERVER = None
@@ -135,13 +134,10 @@ class HotSegmentReplicaTest(unittest.TestCase):
 
 def main():
     global WEFT, SERVER
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--weft", required=True)
-    args, rest = ap.parse_known_args()
-    WEFT = args.weft
-    if not os.path.exists(default_model_path()):
-        print("SKIP: the default model is not fetched (scripts/fetch_model.sh)")
+    args, rest = parse_test_args()
+    if args is None:
         return 77
+    WEFT = args.weft
     with WeftServer(WEFT, ["--workers", "1", "--no-prefix-cache"]) as ref:
         for name, body in BODIES.items():
             COLD[name] = completion(ref, body)[0]

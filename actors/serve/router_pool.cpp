@@ -1,0 +1,219 @@
+// The router's picture of what the workers' caches and the prefix-cache pool hold, and the pool's
+// shards: their hellos, loads and deaths, the directory's plans and replica orders.
+
+#include <spdlog/spdlog.h>
+#include <caf/all.hpp>
+
+#include <algorithm>
+
+#include <xxhash.h>
+
+#include "actors/serve/router_state.hpp"
+#include "actors/serve/serve_atoms.hpp"
+
+namespace weft::serve::router_internal {
+
+using schema::envelope;
+
+/// Tokens per prefix key of the router's cache picture: the pool's segment size when workers use
+/// one, else four KV blocks.
+int64_t key_tokens(const worker_info& w) {
+  return w.segment_tokens > 0 ? w.segment_tokens
+                              : 4 * static_cast<int64_t>(std::max<uint32_t>(w.block_size, 1));
+}
+
+std::vector<uint64_t> prefix_keys(const worker_info& w, std::span<const int32_t> prompt) {
+  cache::segment_key_config kc;
+  kc.model_id = w.model;
+  kc.kv_layout = "router";
+  kc.segment_tokens = key_tokens(w);
+  return cache::segment_keys(kc, prompt);
+}
+
+cache_estimate estimate_cache(const router_state& st, const worker_info& w,
+                              const std::vector<uint64_t>& keys, size_t prompt_tokens) {
+  cache_estimate e;
+  const int64_t g = key_tokens(w);
+  const auto cap = static_cast<int64_t>(prompt_tokens) - 2;
+  e.local_tokens = std::min<int64_t>(static_cast<int64_t>(w.recent.leading(keys)) * g,
+                                     std::max<int64_t>(cap, 0));
+  if (w.segment_tokens > 0 && !st.shards.empty()) {
+    e.pool_tokens = std::min<int64_t>(static_cast<int64_t>(st.pool_keys.leading(keys)) * g,
+                                      std::max<int64_t>(cap, 0));
+  }
+  return e;
+}
+
+/// Records that `w` prefills `prompt`: its cache (and the pool, which it publishes to) now hold the
+/// prompt's prefix keys, as far as the router can tell.
+void note_prefill(router_state& st, worker_info& w, std::span<const int32_t> prompt) {
+  if (st.cfg.route == "round-robin" || st.cfg.route == "least-load") return;
+  const auto keys = prefix_keys(w, prompt);
+  for (uint64_t k : keys) w.recent.touch(k);
+  if (w.segment_tokens > 0 && !st.shards.empty()) {
+    for (uint64_t k : keys) st.pool_keys.touch(k);
+  }
+}
+
+cache::shard_id shard_id_of(const std::string& name) {
+  return static_cast<cache::shard_id>(XXH32(name.data(), name.size(), 0));
+}
+
+/// The pool directory's plan for a request's leading segments (where to read each, where to
+/// publish it), and the replica copies that hot segments now want.
+void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec) {
+  auto& st = self->state;
+  spec.pool_plan.clear();
+  if (w.segment_tokens == 0 || w.pool_key_config.kv_layout.empty() ||
+      st.directory.n_shards() == 0 || !spec.resume.empty())
+    return;
+  auto keys = cache::segment_keys(w.pool_key_config, spec.prompt);
+  while (!keys.empty() && keys.size() * w.segment_tokens + 2 > spec.prompt.size())
+    keys.pop_back();  // the worker always computes the last two prompt tokens
+  // The directory and the shard table change together (hello, down); a shard the table lacks
+  // (never expected) ends the plan or skips the order instead of failing the router.
+  auto shard_named = [&](cache::shard_id id) -> const shard_info* {
+    auto n = st.shard_by_id.find(id);
+    if (n == st.shard_by_id.end()) return nullptr;
+    auto it = st.shards.find(n->second);
+    return it == st.shards.end() ? nullptr : &it->second;
+  };
+  for (const auto& r : st.directory.route(keys)) {
+    const auto* read = shard_named(r.read);
+    const auto* home = shard_named(r.home);
+    if (read == nullptr || home == nullptr) {
+      spdlog::error("router: pool directory names an unknown shard; request {} plans {} segment(s)",
+                    spec.request_id, spec.pool_plan.size());
+      break;
+    }
+    spec.pool_plan.push_back({r.key, read->name, home->name});
+  }
+  for (const auto& o : st.directory.take_replica_orders()) {
+    const auto* to = shard_named(o.to);
+    const auto* from = shard_named(o.from);
+    if (to == nullptr || from == nullptr) {
+      spdlog::error("router: replica order for {:016x} names an unknown shard; dropped", o.key);
+      st.directory.replica_done(o.key, o.to, false);
+      continue;
+    }
+    self->send(to->handle, cache_replicate_atom::value, o.key, from->handle);
+  }
+}
+
+/// The live shards, as (names, handles) in name order: what workers place segments with.
+void send_shards(router_ptr self, const caf::actor& to) {
+  std::vector<std::string> names;
+  std::vector<caf::actor> handles;
+  for (const auto& [name, s] : self->state.shards) {
+    names.push_back(name);
+    handles.push_back(s.handle);
+  }
+  self->send(to, shards_atom::value, std::move(names), std::move(handles));
+}
+
+void broadcast_shards(router_ptr self) {
+  for (const auto& [name, w] : self->state.workers) send_shards(self, w.handle);
+}
+
+void on_shard_hello(router_ptr self, const std::string& name, wire::WorkerHello::Reader hello) {
+  auto& st = self->state;
+  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  auto& s = st.shards[name];
+  const bool fresh = s.handle != sender;
+  s.name = name;
+  s.handle = sender;
+  s.node_id = hello.getNodeId().cStr();
+  s.pid = hello.getPid();
+  if (fresh) {
+    const auto id = shard_id_of(name);
+    if (st.shard_by_id.count(id) != 0) st.directory.remove_shard(id);  // a new incarnation
+    st.directory.add_shard(id);
+    st.shard_by_id[id] = name;
+    s.slots = hello.getKvBlocksTotal();
+    st.pool_slots += s.slots;
+    st.pool_keys.set_capacity(static_cast<size_t>(st.pool_slots));
+    st.directory.set_capacity(static_cast<size_t>(st.pool_slots));
+    // A (re)started shard is empty: forget what the pool was thought to hold.
+    st.pool_keys.clear();
+    self->monitor(sender);
+    spdlog::info("router: cache shard {} ready on node {} (pid {}, {} segment slots)", name,
+                 s.node_id, s.pid, hello.getKvBlocksTotal());
+    broadcast_shards(self);
+  }
+}
+
+void on_shard_load(router_ptr self, const envelope& env) {
+  auto& st = self->state;
+  auto l = env.read<wire::CacheShardLoad>();
+  if (!l) return;
+  auto load = l->get();
+  auto it = st.shards.find(load.getName().cStr());
+  if (it == st.shards.end() ||
+      caf::actor_cast<caf::actor>(self->current_sender()) != it->second.handle)
+    return;
+  auto& s = it->second;
+  s.n_segments = load.getNSegments();
+  s.bytes_used = load.getBytesUsed();
+  s.capacity_bytes = load.getCapacityBytes();
+  s.lookups = load.getLookups();
+  s.hits = load.getHits();
+  s.publishes = load.getPublishes();
+  s.evictions = load.getEvictions();
+  s.bytes_in = load.getBytesIn();
+  s.bytes_out = load.getBytesOut();
+  auto& m = st.cfg.metrics;
+  if (!m) return;
+  const metric_labels lb = {{"shard", s.name}};
+  m->set("weft_cache_segments", lb, static_cast<double>(s.n_segments));
+  m->set("weft_cache_bytes_used", lb, static_cast<double>(s.bytes_used));
+  m->set("weft_cache_shard_lookups", lb, static_cast<double>(s.lookups));
+  m->set("weft_cache_shard_hits", lb, static_cast<double>(s.hits));
+  m->set("weft_cache_shard_bytes_in", lb, static_cast<double>(s.bytes_in));
+  m->set("weft_cache_shard_bytes_out", lb, static_cast<double>(s.bytes_out));
+  m->set("weft_cache_shard_evictions", lb, static_cast<double>(s.evictions));
+  double max_seg = 0, sum_seg = 0;
+  for (const auto& [n, o] : st.shards) {
+    max_seg = std::max(max_seg, static_cast<double>(o.n_segments));
+    sum_seg += static_cast<double>(o.n_segments);
+  }
+  const double mean = st.shards.empty() ? 0.0 : sum_seg / static_cast<double>(st.shards.size());
+  m->set("weft_cache_shard_imbalance", mean > 0 ? max_seg / mean : 1.0);
+  m->set("weft_cache_replica_segments", static_cast<double>(st.directory.replicas()));
+  m->set("weft_cache_replicated_keys", static_cast<double>(st.directory.replicated_keys()));
+  m->set("weft_cache_hot_segments", static_cast<double>(st.directory.hot_keys()));
+  for (const auto& [n, o] : st.shards) {
+    m->set("weft_cache_directory_load", {{"shard", n}},
+           static_cast<double>(st.directory.load(shard_id_of(n))));
+  }
+}
+
+bool on_shard_down(router_ptr self, const caf::actor_addr& source, const std::string& reason) {
+  auto& st = self->state;
+  for (auto it = st.shards.begin(); it != st.shards.end(); ++it) {
+    if (it->second.handle.address() != source) continue;
+    spdlog::warn("router: cache shard {} lost ({}); its segments are misses until it is back",
+                 it->first, reason);
+    if (auto& m = st.cfg.metrics) m->inc("weft_cache_shard_deaths_total");
+    st.pool_slots -= std::min(st.pool_slots, it->second.slots);
+    st.pool_keys.clear();
+    st.directory.remove_shard(shard_id_of(it->first));
+    st.shard_by_id.erase(shard_id_of(it->first));
+    st.shards.erase(it);
+    broadcast_shards(self);
+    return true;
+  }
+  return false;
+}
+
+void on_replica_copied(router_ptr self, uint64_t key, const std::string& shard, bool ok) {
+  auto& st = self->state;
+  auto it = st.shards.find(shard);
+  if (it == st.shards.end() ||
+      caf::actor_cast<caf::actor>(self->current_sender()) != it->second.handle)
+    return;
+  st.directory.replica_done(key, shard_id_of(shard), ok);
+  if (auto& m = st.cfg.metrics)
+    m->inc("weft_cache_replications_total", {{"outcome", ok ? "copied" : "failed"}});
+}
+
+}  // namespace weft::serve::router_internal
