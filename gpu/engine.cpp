@@ -291,6 +291,23 @@ bool engine::make_room(int64_t need_blocks, const std::vector<request_id>& order
   return free_blocks >= need_blocks;
 }
 
+bool engine::prefix_in_flight(const request& r) const {
+  const int64_t bs = kv_->layout().block_size;
+  const int64_t limit = std::max<int64_t>(r.n_prompt - r.n_replay - 1, 0);  // as in admit()
+  if (limit < bs) return false;
+  for (request_id id : live_) {
+    const request& a = *requests_.at(id);
+    if (&a == &r || a.ph != phase::prefill) continue;
+    const int64_t a_prompt = a.n_prompt - a.n_replay;
+    const int64_t n = std::min(limit, a_prompt);
+    const auto diff = std::mismatch(r.tokens.begin(), r.tokens.begin() + n, a.tokens.begin());
+    const int64_t shared = (diff.first - r.tokens.begin()) / bs * bs;
+    // Worth waiting while at least one shared block is still to be computed by `a`.
+    if (shared - a.n_computed >= bs) return true;
+  }
+  return false;
+}
+
 void engine::admit(request& r) {
   r.seq = kv_->create_sequence();
   r.has_seq = true;
@@ -322,6 +339,13 @@ std::vector<request_id> engine::select(const std::vector<request_id>& order,
     }
     if (!admitting) continue;
     const bool waiting = r.ph == phase::waiting;
+    if (waiting && config_.prefix_cache && prefix_in_flight(r)) {
+      // Admitted once the other request's blocks are in the cache (a later step); requests
+      // ranked below may go ahead meanwhile.
+      if (!r.waited_for_prefix) ++counters_.n_prefix_waits;
+      r.waited_for_prefix = true;
+      continue;
+    }
     const int64_t n_tokens = waiting ? r.n_prompt : static_cast<int64_t>(r.tokens.size());
     const int64_t need = kv_->blocks_for(n_tokens + 1);
     if (need > total_blocks) {

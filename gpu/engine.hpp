@@ -83,6 +83,9 @@ struct engine_stats {
   int64_t n_preemptions = 0;
   int64_t n_swaps_out = 0;  ///< Sequences moved to host memory.
   int64_t n_swaps_in = 0;   ///< Sequences moved back to the device.
+  /// Requests that waited to be admitted because a resident request was still prefilling blocks
+  /// of their prompt (in-flight prefix sharing: they reuse those blocks instead of computing them).
+  int64_t n_prefix_waits = 0;
 };
 
 /// A decoding request taken out of the engine with its KV (disaggregated prefill: the KV is handed
@@ -160,7 +163,8 @@ class engine {
     size_t text_emitted = 0;
     int64_t n_generated = 0;
     uint64_t arrival = 0;
-    bool scheduled = false;  ///< Had tokens in the last forward pass.
+    bool scheduled = false;          ///< Had tokens in the last forward pass.
+    bool waited_for_prefix = false;  ///< Counted in n_prefix_waits.
 
     bool resident() const { return ph == phase::prefill || ph == phase::decode; }
   };
@@ -173,6 +177,9 @@ class engine {
   /// Gives `r` the next arrival number, makes it live and tells the policy.
   void enqueue(std::unique_ptr<request> r);
   void admit(request& r);
+  /// Prompt tokens of `r` (what admit() may match from the cache) that a resident request is still
+  /// prefilling: waiting for them saves computing them twice.
+  bool prefix_in_flight(const request& r) const;
   status swap_out(request& r);
   void note_scheduled(const std::vector<request_id>& in_batch);
   void fail(request_id id, std::string message, std::vector<request_output>& outputs);

@@ -139,6 +139,7 @@ struct WorkerLoad {
   poolHitTokens @18 :UInt64;        # prompt tokens fetched from the prefix-cache pool
   promptTokens @19 :UInt64;         # prompt tokens admitted (hit-rate denominator)
   poolBytesIn @20 :UInt64;          # segment bytes pulled from the pool
+  prefixWaits @21 :UInt64;          # requests that waited for another's in-flight prefill of their prefix
 }
 
 # Prefill worker -> decode worker (via the router): one sequence's KV blocks, offered under a lease

@@ -231,6 +231,7 @@ envelope make_load(worker_state& st) {
     b.setDecodeTokensPerS(decode_rate);
     b.setSwapsOut(static_cast<uint64_t>(s.n_swaps_out));
     b.setPrefixHitTokens(static_cast<uint64_t>(s.kv.n_prefix_hits_tokens));
+    b.setPrefixWaits(static_cast<uint64_t>(s.n_prefix_waits));
     b.setLastStepUnixMs(st.last_step_unix_ms);
     b.setPoolHitTokens(st.pool_hit_tokens);
     b.setPromptTokens(st.prompt_tokens);

@@ -43,6 +43,9 @@ void declare_router_metrics(metrics_registry& m) {
       "Prompt tokens served from a prefix cache, per worker and source (local blocks or the pool)");
   m.declare_gauge("weft_cache_pool_bytes_in",
                   "Segment bytes a worker pulled from the pool (current incarnation)");
+  m.declare_gauge("weft_cache_prefix_waits",
+                  "Requests that waited for another request's in-flight prefill of their prefix, "
+                  "per worker (current incarnation)");
   m.declare_gauge("weft_cache_bytes_used", "Segment bytes held, per prefix-cache shard");
   m.declare_gauge("weft_cache_shard_lookups",
                   "Keys looked up so far, per shard (current incarnation)");
@@ -330,6 +333,7 @@ void set_worker_gauges(metrics_registry& m, const worker_info& w) {
   m.set("weft_cache_hit_tokens", {{"worker", w.name}, {"source", "pool"}},
         static_cast<double>(w.pool_hit_tokens));
   m.set("weft_cache_pool_bytes_in", l, static_cast<double>(w.pool_bytes_in));
+  m.set("weft_cache_prefix_waits", l, static_cast<double>(w.prefix_waits));
 }
 
 void on_worker_lost(router_ptr self, const std::string& name, const std::string& why) {
@@ -708,6 +712,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
         w.decode_tokens = load.getDecodeTokens();
         w.swaps_out = load.getSwapsOut();
         w.prefix_hits = load.getPrefixHitTokens();
+        w.prefix_waits = load.getPrefixWaits();
         w.queued_prefill_tokens = load.getQueuedPrefillTokens();
         w.last_step_unix_ms = load.getLastStepUnixMs();
         w.pool_hit_tokens = load.getPoolHitTokens();
@@ -797,6 +802,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
                              {"prefill_tokens", w.prefill_tokens},
                              {"decode_tokens", w.decode_tokens},
                              {"prefix_hit_tokens", w.prefix_hits},
+                             {"prefix_waits", w.prefix_waits},
                              {"pool_hit_tokens", w.pool_hit_tokens},
                              {"prompt_tokens", w.prompt_tokens},
                              {"queue_depth_per_level", w.levels},

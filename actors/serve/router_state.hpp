@@ -77,7 +77,7 @@ struct worker_info {
   // latest load report
   uint32_t n_waiting = 0, n_running = 0, n_swapped = 0, kv_used = 0, kv_free = 0;
   uint64_t steps = 0, preemptions = 0, prefill_tokens = 0, decode_tokens = 0, swaps_out = 0,
-           prefix_hits = 0;
+           prefix_hits = 0, prefix_waits = 0;
   uint64_t queued_prefill_tokens = 0;
   uint64_t last_step_unix_ms = 0;
   uint64_t pool_hit_tokens = 0, prompt_tokens = 0, pool_bytes_in = 0;

@@ -4,6 +4,9 @@
 # run. Writes bench/results/serve-{colocated,disagg}-<date>.json and a PNG; prints TTFT/TPOT
 # p90/p99 and SLO attainment side by side.
 # Usage: bench/e2e/serve_disagg_vs_colocated.sh [weft binary] [requests per rate] [rates...]
+# GOODPUT=1: instead of fixed rates, bisect each configuration's goodput (highest rate with >= 90 %
+# of requests meeting both SLOs) between RATE_MIN and RATE_MAX (default 0.1 and 1.6 req/s) in
+# BISECT_STEPS (3) steps. SLOs: TTFT_SLO_MS (2000), TPOT_SLO_MS (150).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 weft="${1:-$root/build/release/apps/weft}"
@@ -15,10 +18,15 @@ port=8393
 day="$(date +%Y%m%d-%H%M)"
 out="$root/bench/results"
 mkdir -p "$out"
-load_flags=(--url "http://127.0.0.1:$port" -n "$n" --rates "${rates[@]}" --arrival poisson --seed 11
+if [ "${GOODPUT:-0}" = 1 ]; then
+  rate_flags=(--goodput --rate-min "${RATE_MIN:-0.1}" --rate-max "${RATE_MAX:-1.6}" --bisect-steps "${BISECT_STEPS:-3}")
+else
+  rate_flags=(--rates "${rates[@]}")
+fi
+load_flags=(--url "http://127.0.0.1:$port" -n "$n" "${rate_flags[@]}" --arrival poisson --seed 11
             --prompt-dist lognormal --prompt-tokens 128 --prompt-max 384 --lognormal-sigma 0.8
             --output-dist lognormal --output-tokens 32 --output-max 96
-            --ttft-slo-ms 2000 --tpot-slo-ms 150 --progress-interval-s 0)
+            --ttft-slo-ms "${TTFT_SLO_MS:-2000}" --tpot-slo-ms "${TPOT_SLO_MS:-150}" --progress-interval-s 0)
 run() {
   local label="$1"; shift
   "$weft" serve --port "$port" --max-running 16 "$@" > "/tmp/weft-bench-$label.out" 2> "/tmp/weft-bench-$label.err" &
@@ -43,5 +51,11 @@ for p, j in runs.items():
         print("%-10s %6.2f %8.0fms %8.0fms %8.0fms %8.0fms %7.0f%% %9.1f" % (
             name, r["rate_rps"], s["ttft_ms"]["p90"], s["ttft_ms"]["p99"], s["tpot_ms"]["p90"],
             s["tpot_ms"]["p99"], 100 * (s["slo_attainment"] or 0), s["output_throughput_tps"]))
+good = {("colocated" if "colocated" in p else "disagg"): (j.get("goodput") or {}).get("goodput_rps")
+        for p, j in runs.items()}
+if all(v is not None for v in good.values()):
+    c, d = good["colocated"], good["disagg"]
+    print("goodput: colocated %.2f req/s, disaggregated %.2f req/s -> %s" % (
+        c, d, "%.2fx" % (d / c) if c > 0 else "n/a"))
 PY
 python3 "$root/bench/e2e/plot_serve.py" "$out/serve-colocated-$day.json" "$out/serve-disagg-$day.json" -o "$out/serve-disagg-vs-colocated-$day.png" || true

@@ -4,6 +4,9 @@
 # (highest rate with >= 90 % of requests meeting both SLOs, by bisection) and throughput.
 # Writes bench/results/serve-{llamacpp,weft}-azure-<date>.json and a PNG; prints the ratios.
 # Usage: bench/e2e/serve_vs_llamacpp.sh [weft binary] [requests per probe]
+# WEFT_CONFIGS: the weft topologies to measure in the same run, space-separated, from
+#   colocated (--workers <cores>, default) and disagg (--prefill 1 --decode <cores - 1>);
+#   each writes serve-weft[-disagg]-azure-<date>.json and gets its own ratio line.
 # Needs: scripts/setup.sh --bench (installs llama-cpp-python[server]).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -30,21 +33,36 @@ wait_http http://127.0.0.1:8394
 "$weft" bench serve --url http://127.0.0.1:8394 "${load_flags[@]}" --label llamacpp \
   --out "$out/serve-llamacpp-azure-$day.json" | tee /tmp/llamacpp-bench.summary
 kill "$lpid"; wait "$lpid" || true
-# weft: the same cores, one engine worker per core (continuous batching in each).
-"$weft" serve --port 8395 --workers "$cores" > /tmp/weft-bench-azure.out 2> /tmp/weft-bench-azure.err &
-wpid=$!
-wait_http http://127.0.0.1:8395
-"$weft" bench serve --url http://127.0.0.1:8395 "${load_flags[@]}" --label weft \
-  --out "$out/serve-weft-azure-$day.json" | tee /tmp/weft-bench-azure.summary
-kill "$wpid"; wait "$wpid" || true
-python3 - "$out/serve-llamacpp-azure-$day.json" "$out/serve-weft-azure-$day.json" <<'PY'
+# weft on the same cores: colocated = one engine worker per core (continuous batching in each);
+# disagg = one prefill worker, the other cores decode (DistServe), same thread count in total.
+weft_files=()
+for config in ${WEFT_CONFIGS:-colocated}; do
+  case "$config" in
+    colocated) flags=(--workers "$cores"); label=weft ;;
+    disagg) flags=(--prefill 1 --decode "$((cores > 1 ? cores - 1 : 1))"); label=weft-disagg ;;
+    *) echo "unknown WEFT_CONFIGS entry '$config' (colocated, disagg)" >&2; exit 2 ;;
+  esac
+  "$weft" serve --port 8395 "${flags[@]}" > "/tmp/$label-bench-azure.out" 2> "/tmp/$label-bench-azure.err" &
+  wpid=$!
+  wait_http http://127.0.0.1:8395
+  "$weft" bench serve --url http://127.0.0.1:8395 "${load_flags[@]}" --label "$label" \
+    --out "$out/serve-$label-azure-$day.json" | tee "/tmp/$label-bench-azure.summary"
+  kill "$wpid"; wait "$wpid" || true
+  weft_files+=("$out/serve-$label-azure-$day.json")
+done
+python3 - "$out/serve-llamacpp-azure-$day.json" "${weft_files[@]}" <<'PY'
 import json, sys
-l, w = (json.load(open(p)) for p in sys.argv[1:3])
+l = json.load(open(sys.argv[1]))
 def best(j):
     return max(r["summary"]["output_throughput_tps"] for r in j["runs"])
-gl, gw = l["goodput"]["goodput_rps"] or 0.0, w["goodput"]["goodput_rps"] or 0.0
-print("goodput: llama.cpp %.2f req/s, weft %.2f req/s -> %s" % (gl, gw, "%.2fx" % (gw / gl) if gl > 0 else "n/a"))
-print("peak output throughput: llama.cpp %.1f tok/s, weft %.1f tok/s -> %.2fx" % (best(l), best(w), best(w) / best(l)))
+gl = l["goodput"]["goodput_rps"] or 0.0
+for path in sys.argv[2:]:
+    w = json.load(open(path))
+    gw = w["goodput"]["goodput_rps"] or 0.0
+    print("%s: goodput llama.cpp %.2f req/s, weft %.2f req/s -> %s" % (
+        w.get("label", path), gl, gw, "%.2fx" % (gw / gl) if gl > 0 else "n/a"))
+    print("%s: peak output throughput llama.cpp %.1f tok/s, weft %.1f tok/s -> %.2fx" % (
+        w.get("label", path), best(l), best(w), best(w) / best(l)))
 PY
-python3 "$root/bench/e2e/plot_serve.py" "$out/serve-llamacpp-azure-$day.json" "$out/serve-weft-azure-$day.json" \
+python3 "$root/bench/e2e/plot_serve.py" "$out/serve-llamacpp-azure-$day.json" "${weft_files[@]}" \
   -o "$out/serve-weft-vs-llamacpp-azure-$day.png" || true

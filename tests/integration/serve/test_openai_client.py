@@ -101,6 +101,21 @@ class OpenAIClientTest(unittest.TestCase):
         other = c.chat.completions.create(**dict(kw, seed=99))
         self.assertNotEqual([ch.message.content for ch in a.choices], [ch.message.content for ch in other.choices])
 
+    def test_n_choices_prefill_their_prompt_once(self):
+        # One sequence per choice: those on one worker wait for the first one's prefill of the
+        # shared prompt and reuse its blocks (in-flight prefix sharing), whatever their seeds.
+        c = client()
+        before = SERVER.metric_sum("weft_cache_prefix_waits")
+        prompt = " ".join("Line %d of a long shared prompt about rivers and mountains." % i for i in range(20))
+        r = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=4, temperature=1.0, n=4, seed=7)
+        self.assertEqual(len(r.choices), 4)
+        # Two workers, four choices: at least two share a worker. Load reports come every 200 ms.
+        deadline = time.time() + 5
+        while SERVER.metric_sum("weft_cache_prefix_waits") <= before and time.time() < deadline:
+            time.sleep(0.1)
+        self.assertGreater(SERVER.metric_sum("weft_cache_prefix_waits"), before)
+        self.assertGreater(r.usage.prompt_tokens_details.cached_tokens, 0)
+
     def test_logprobs(self):
         c = client()
         r = c.completions.create(model=MODEL_ID, prompt=PROMPTS[0], max_tokens=8, temperature=0, logprobs=3)

@@ -307,4 +307,49 @@ TEST(engine, prefix_cache_serves_repeated_prompts) {
   EXPECT_EQ((*e)->stats().n_prefill_tokens, 40 + 8 + 17);
 }
 
+TEST(engine, requests_arriving_together_share_one_prefill_of_their_prefix) {
+  auto l = load_tiny(dense_q(ggml_type::q8_0));
+  sampling_params sp;
+  sp.max_tokens = 4;
+  const auto p = prompt_of(100, 9);
+  engine_config ec;
+  ec.max_batch_tokens = 32;  // several chunks: the first request is mid-prefill when others come
+  auto solo = engine::create(*l.m, ec);
+  ASSERT_TRUE((*solo)->add_request(1, p, sp).ok());
+  const auto expected = run(**solo)[1];
+  for (const bool prefix_cache : {true, false}) {
+    SCOPED_TRACE(prefix_cache ? "prefix cache" : "no prefix cache");
+    ec.prefix_cache = prefix_cache;
+    auto e = engine::create(*l.m, ec);
+    // Four requests with one prompt (like n = 4 choices) and one with another prompt.
+    for (request_id id = 1; id <= 4; ++id) ASSERT_TRUE((*e)->add_request(id, p, sp).ok());
+    ASSERT_TRUE((*e)->add_request(5, prompt_of(40, 10), sp).ok());
+    std::map<request_id, std::vector<int32_t>> out;
+    std::map<request_id, int64_t> cached;
+    while ((*e)->has_work()) {
+      auto r = (*e)->step();
+      ASSERT_TRUE(r.ok());
+      for (const auto& o : *r) {
+        out[o.id].insert(out[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
+        cached[o.id] = std::max(cached[o.id], o.cached_prompt_tokens);
+      }
+    }
+    for (request_id id = 1; id <= 4; ++id) EXPECT_EQ(out[id], expected) << id;
+    EXPECT_EQ(cached[1], 0);
+    EXPECT_EQ(cached[5], 0);
+    const auto st = (*e)->stats();
+    EXPECT_EQ(st.kv.n_blocks_used, 0);
+    if (prefix_cache) {
+      // The first computes the prompt; the other three wait for its blocks and compute only the
+      // 4 tokens past the last full shared block (99 matchable tokens -> 96 cached).
+      for (request_id id = 2; id <= 4; ++id) EXPECT_EQ(cached[id], 96) << id;
+      EXPECT_EQ(st.n_prefix_waits, 3);
+      EXPECT_EQ(st.n_prefill_tokens, 100 + 3 * 4 + 40);
+    } else {
+      EXPECT_EQ(st.n_prefix_waits, 0);
+      EXPECT_EQ(st.n_prefill_tokens, 4 * 100 + 40);
+    }
+  }
+}
+
 }  // namespace
