@@ -11,6 +11,7 @@ weft="${1:-$root/build/release/apps/weft}"
 rate="${2:-1.5}"
 n="${3:-80}"
 prompt="${4:-16}"
+# MAX_RUNNING: batch slots of the one worker (default 4).
 # Extra flags for the MLFQ server only (e.g. "--mlfq-prefill-cost 0.1"), from the environment.
 read -r -a mlfq_extra <<< "${WEFT_MLFQ_FLAGS:-}"
 port=8391
@@ -18,7 +19,7 @@ day="$(date +%Y%m%d-%H%M)"
 out="$root/bench/results"
 mkdir -p "$out"
 # Small batch slots make head-of-line blocking visible, as GPU memory does in FastServe's setting.
-server_flags=(--workers 1 --max-running 4 --port "$port")
+server_flags=(--workers 1 --max-running "${MAX_RUNNING:-4}" --port "$port")
 load_flags=(--url "http://127.0.0.1:$port" -n "$n" --rate "$rate" --arrival poisson --seed 7
             --prompt-tokens "$prompt" --output-dist pareto --output-tokens 32 --pareto-alpha 1.2 --output-max 512
             --ttft-slo-ms 5000 --tpot-slo-ms 200)
