@@ -11,7 +11,31 @@ pool_directory::pool_directory(directory_config cfg)
 }
 
 void pool_directory::add_shard(shard_id id) {
-  (void)placement_.add_shard(id);
+  auto moved = placement_.add_shard(id);
+  if (!moved) return;
+  for (const auto& m : *moved) {
+    auto it = moves_.find(m.key);
+    if (it == moves_.end()) {
+      moves_[m.key] = {m.from, m.to, false};
+      move_queue_.push_back(m.key);
+      continue;
+    }
+    // Moved again before its copy finished: the segment is still where the first move found it.
+    // A copy in flight to the interim home becomes a replica there if it lands (replica_done).
+    if (it->second.ordered) {
+      --moves_in_flight_;
+      move_queue_.push_back(m.key);
+    }
+    it->second.to = m.to;
+    it->second.ordered = false;
+  }
+}
+
+void pool_directory::drop_move(uint64_t key) {
+  auto it = moves_.find(key);
+  if (it == moves_.end()) return;
+  if (it->second.ordered) --moves_in_flight_;
+  moves_.erase(it);  // a queued entry is skipped when the queue reaches it
 }
 
 void pool_directory::remove_shard(shard_id id) {
@@ -23,9 +47,18 @@ void pool_directory::remove_shard(shard_id id) {
     reads_.clear();
     ordered_.clear();
     candidates_.clear();
+    moves_.clear();
+    move_queue_.clear();
+    moves_in_flight_ = 0;
     return;
   }
   (void)placement_.remove_shard(id);
+  // Moves from or to the dead shard cannot complete: those keys are misses until published.
+  std::vector<uint64_t> dead;
+  for (const auto& [key, m] : moves_) {
+    if (m.from == id || m.to == id) dead.push_back(key);
+  }
+  for (uint64_t key : dead) drop_move(key);
 }
 
 void pool_directory::touch(uint64_t key) {
@@ -40,6 +73,7 @@ void pool_directory::touch(uint64_t key) {
     lru_.pop_back();
     lru_pos_.erase(old);
     reads_.erase(old);
+    drop_move(old);
     (void)placement_.unassign(old);
   }
 }
@@ -54,6 +88,11 @@ std::vector<segment_route> pool_directory::route(std::span<const uint64_t> keys)
     auto home = placement_.assign(key);
     if (!home) break;
     hot_.record(key);
+    if (auto m = moves_.find(key); m != moves_.end()) {
+      // Its new home does not hold it yet: read where it is, publish to the new home.
+      out.push_back({key, m->second.from, *home});
+      continue;
+    }
     const auto locs = placement_.locations(key);
     const size_t i = pick_replica(key, locs, {}, reads_[key]++);
     out.push_back({key, locs.empty() ? *home : locs[i], *home});
@@ -64,11 +103,20 @@ std::vector<segment_route> pool_directory::route(std::span<const uint64_t> keys)
 
 std::vector<replica_order> pool_directory::take_replica_orders() {
   std::vector<replica_order> out;
+  while (moves_in_flight_ < cfg_.max_moves_in_flight && !move_queue_.empty()) {
+    const uint64_t key = move_queue_.front();
+    move_queue_.pop_front();
+    auto it = moves_.find(key);
+    if (it == moves_.end() || it->second.ordered) continue;  // dropped, or queued twice
+    it->second.ordered = true;
+    ++moves_in_flight_;
+    out.push_back({key, it->second.from, it->second.to});
+  }
   std::vector<uint64_t> keys;
   keys.swap(candidates_);
   for (uint64_t key : keys) {
     auto home = placement_.owner(key);
-    if (!home || ordered_.count(key) != 0) continue;
+    if (!home || ordered_.count(key) != 0 || moves_.count(key) != 0) continue;
     const auto locs = placement_.locations(key);
     for (shard_id s : placement_.replicas(key, locs.size() + 1)) {
       if (std::find(locs.begin(), locs.end(), s) != locs.end()) continue;
@@ -80,9 +128,15 @@ std::vector<replica_order> pool_directory::take_replica_orders() {
   return out;
 }
 
-void pool_directory::replica_done(uint64_t key, shard_id to, bool ok) {
+copy_kind pool_directory::replica_done(uint64_t key, shard_id to, bool ok) {
+  if (auto it = moves_.find(key); it != moves_.end() && it->second.ordered && it->second.to == to) {
+    --moves_in_flight_;
+    moves_.erase(it);
+    return copy_kind::move;
+  }
   ordered_.erase(key);
   if (ok && placement_.owner(key)) (void)placement_.add_replica(key, to);
+  return copy_kind::replica;
 }
 
 size_t pool_directory::replicated_keys() const {

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <map>
 #include <set>
@@ -43,6 +44,8 @@ struct directory_config {
   uint32_t max_replicas = 2;
   /// Keys tracked before the least recently routed is forgotten (set to the pool's slots).
   size_t capacity = 4096;
+  /// Copies of keys a joining shard took over that are in flight at once (the rest queue).
+  uint32_t max_moves_in_flight = 4;
 };
 
 /// Where one segment of a routed prompt is read from and published to.
@@ -52,19 +55,25 @@ struct segment_route {
   shard_id home = 0;  ///< where a worker that computed the segment publishes it
 };
 
-/// Copy `key` from shard `from` (its home) to shard `to` (a new replica).
+/// Copy `key` from shard `from` to shard `to`: a new replica of a hot key (from = its home), or a
+/// key whose home moved to a joining shard (from = the shard that still holds it).
 struct replica_order {
   uint64_t key = 0;
   shard_id from = 0;
   shard_id to = 0;
 };
 
+/// What a finished copy order was.
+enum class copy_kind { replica, move };
+
 class pool_directory {
  public:
   explicit pool_directory(directory_config cfg = {});
 
   // -- membership
-  /// A (re)started, empty shard joins. Keys it now homes are misses until published again.
+  /// A (re)started, empty shard joins and homes the keys bounded-load hashing now gives it. Those
+  /// keep being read from the shard that holds them while take_replica_orders() hands out copies
+  /// of them to their new home (at most max_moves_in_flight at once).
   void add_shard(shard_id id);
   /// A shard left (died): its keys are re-homed, its replicas dropped.
   void remove_shard(shard_id id);
@@ -77,12 +86,14 @@ class pool_directory {
   /// accesses, spreads reads over the replicas. Empty without shards.
   std::vector<segment_route> route(std::span<const uint64_t> keys);
 
-  /// Hot keys that want one more replica (at most one order per key in flight). Call after
-  /// route(); report each order's outcome with replica_done().
+  /// Copies to make now: moved keys to their new home (up to the in-flight limit), then hot keys
+  /// that want one more replica (at most one order per key in flight). Call after route() and
+  /// after membership changes; report each order's outcome with replica_done().
   std::vector<replica_order> take_replica_orders();
 
-  /// Outcome of a replica order: on success the shard serves reads of the key.
-  void replica_done(uint64_t key, shard_id to, bool ok);
+  /// Outcome of an order. A replica serves reads on success. A moved key is read from its new home
+  /// either way (after a failed copy it is a miss there until published again).
+  copy_kind replica_done(uint64_t key, shard_id to, bool ok);
 
   // -- observers
   /// Segments homed on `id` plus replicas it holds, as far as the directory knows.
@@ -94,10 +105,20 @@ class pool_directory {
   /// Keys the sketch counts as hot now.
   size_t hot_keys() const;
   size_t tracked_keys() const { return lru_.size(); }
+  /// Moved keys whose copy to the new home has not finished (queued or in flight).
+  size_t pending_moves() const { return moves_.size(); }
   std::vector<shard_id> locations(uint64_t key) const { return placement_.locations(key); }
 
  private:
   void touch(uint64_t key);
+  /// Forgets the pending move of `key`, if any.
+  void drop_move(uint64_t key);
+
+  struct pending_move {
+    shard_id from = 0;  ///< holds the segment
+    shard_id to = 0;    ///< its home now
+    bool ordered = false;
+  };
 
   directory_config cfg_;
   placement placement_;
@@ -107,6 +128,9 @@ class pool_directory {
   std::unordered_map<uint64_t, uint64_t> reads_;  // read sequence per key (read spreading)
   std::set<uint64_t> ordered_;                    // keys with a replica order in flight
   std::vector<uint64_t> candidates_;              // hot keys seen by the last route() calls
+  std::unordered_map<uint64_t, pending_move> moves_;
+  std::deque<uint64_t> move_queue_;  // keys of moves_ not yet ordered, oldest first
+  uint32_t moves_in_flight_ = 0;
 };
 
 }  // namespace weft::cache

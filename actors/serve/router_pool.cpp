@@ -59,8 +59,31 @@ cache::shard_id shard_id_of(const std::string& name) {
   return static_cast<cache::shard_id>(XXH32(name.data(), name.size(), 0));
 }
 
+// The directory and the shard table change together (hello, down); a shard the table lacks (never
+// expected) ends a plan or drops an order instead of failing the router.
+const shard_info* shard_named(const router_state& st, cache::shard_id id) {
+  auto n = st.shard_by_id.find(id);
+  if (n == st.shard_by_id.end()) return nullptr;
+  auto it = st.shards.find(n->second);
+  return it == st.shards.end() ? nullptr : &it->second;
+}
+
+void send_copy_orders(router_ptr self) {
+  auto& st = self->state;
+  for (const auto& o : st.directory.take_replica_orders()) {
+    const auto* to = shard_named(st, o.to);
+    const auto* from = shard_named(st, o.from);
+    if (to == nullptr || from == nullptr) {
+      spdlog::error("router: copy order for {:016x} names an unknown shard; dropped", o.key);
+      st.directory.replica_done(o.key, o.to, false);
+      continue;
+    }
+    self->send(to->handle, cache_replicate_atom::value, o.key, from->handle);
+  }
+}
+
 /// The pool directory's plan for a request's leading segments (where to read each, where to
-/// publish it), and the replica copies that hot segments now want.
+/// publish it), and the copies (hot-key replicas, moved keys) that are due now.
 void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec) {
   auto& st = self->state;
   spec.pool_plan.clear();
@@ -70,17 +93,9 @@ void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec) {
   auto keys = cache::segment_keys(w.pool_key_config, spec.prompt);
   while (!keys.empty() && keys.size() * w.segment_tokens + 2 > spec.prompt.size())
     keys.pop_back();  // the worker always computes the last two prompt tokens
-  // The directory and the shard table change together (hello, down); a shard the table lacks
-  // (never expected) ends the plan or skips the order instead of failing the router.
-  auto shard_named = [&](cache::shard_id id) -> const shard_info* {
-    auto n = st.shard_by_id.find(id);
-    if (n == st.shard_by_id.end()) return nullptr;
-    auto it = st.shards.find(n->second);
-    return it == st.shards.end() ? nullptr : &it->second;
-  };
   for (const auto& r : st.directory.route(keys)) {
-    const auto* read = shard_named(r.read);
-    const auto* home = shard_named(r.home);
+    const auto* read = shard_named(st, r.read);
+    const auto* home = shard_named(st, r.home);
     if (read == nullptr || home == nullptr) {
       spdlog::error("router: pool directory names an unknown shard; request {} plans {} segment(s)",
                     spec.request_id, spec.pool_plan.size());
@@ -88,16 +103,7 @@ void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec) {
     }
     spec.pool_plan.push_back({r.key, read->name, home->name});
   }
-  for (const auto& o : st.directory.take_replica_orders()) {
-    const auto* to = shard_named(o.to);
-    const auto* from = shard_named(o.from);
-    if (to == nullptr || from == nullptr) {
-      spdlog::error("router: replica order for {:016x} names an unknown shard; dropped", o.key);
-      st.directory.replica_done(o.key, o.to, false);
-      continue;
-    }
-    self->send(to->handle, cache_replicate_atom::value, o.key, from->handle);
-  }
+  send_copy_orders(self);
 }
 
 /// The live shards, as (names, handles) in name order: what workers place segments with.
@@ -136,6 +142,8 @@ void on_shard_hello(router_ptr self, const std::string& name, wire::WorkerHello:
     // A (re)started shard is empty: forget what the pool was thought to hold.
     st.pool_keys.clear();
     self->monitor(sender);
+    // Keys it now homes are copied to it from the shards that hold them (a few at a time).
+    send_copy_orders(self);
     spdlog::info("router: cache shard {} ready on node {} (pid {}, {} segment slots)", name,
                  s.node_id, s.pid, hello.getKvBlocksTotal());
     broadcast_shards(self);
@@ -181,6 +189,7 @@ void on_shard_load(router_ptr self, const envelope& env) {
   m->set("weft_cache_replica_segments", static_cast<double>(st.directory.replicas()));
   m->set("weft_cache_replicated_keys", static_cast<double>(st.directory.replicated_keys()));
   m->set("weft_cache_hot_segments", static_cast<double>(st.directory.hot_keys()));
+  m->set("weft_cache_pending_moves", static_cast<double>(st.directory.pending_moves()));
   for (const auto& [n, o] : st.shards) {
     m->set("weft_cache_directory_load", {{"shard", n}},
            static_cast<double>(st.directory.load(shard_id_of(n))));
@@ -211,9 +220,13 @@ void on_replica_copied(router_ptr self, uint64_t key, const std::string& shard, 
   if (it == st.shards.end() ||
       caf::actor_cast<caf::actor>(self->current_sender()) != it->second.handle)
     return;
-  st.directory.replica_done(key, shard_id_of(shard), ok);
-  if (auto& m = st.cfg.metrics)
-    m->inc("weft_cache_replications_total", {{"outcome", ok ? "copied" : "failed"}});
+  const auto kind = st.directory.replica_done(key, shard_id_of(shard), ok);
+  if (auto& m = st.cfg.metrics) {
+    m->inc(kind == cache::copy_kind::move ? "weft_cache_key_moves_total"
+                                          : "weft_cache_replications_total",
+           {{"outcome", ok ? "copied" : "failed"}});
+  }
+  send_copy_orders(self);  // the next queued moves
 }
 
 }  // namespace weft::serve::router_internal

@@ -156,6 +156,8 @@ cache_estimate estimate_cache(const router_state& st, const worker_info& w,
 void note_prefill(router_state& st, worker_info& w, std::span<const int32_t> prompt);
 cache::shard_id shard_id_of(const std::string& name);
 void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec);
+/// Sends the copies the directory wants now (moved keys, hot-key replicas) to their target shards.
+void send_copy_orders(router_ptr self);
 void send_shards(router_ptr self, const caf::actor& to);
 void broadcast_shards(router_ptr self);
 void on_shard_hello(router_ptr self, const std::string& name, wire::WorkerHello::Reader hello);

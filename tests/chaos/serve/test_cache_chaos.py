@@ -94,6 +94,11 @@ def main():
             for i, (text, _, err) in enumerate(again):
                 if err is not None or text != reference[i]:
                     failures.append("after recovery request %d: %s" % (i, err or "differs"))
+            # Keys the restarted shard took over are copied to it from where they were republished.
+            m = srv.metrics()
+            moves = {dict(lb).get("outcome"): v for (n, lb), v in m.items() if n == "weft_cache_key_moves_total"}
+            print("segments moved to the restarted shard: %d copied, %d failed, %d pending" % (
+                moves.get("copied", 0), moves.get("failed", 0), srv.metric_sum("weft_cache_pending_moves")))
     return report_failures(failures, srv)
 
 

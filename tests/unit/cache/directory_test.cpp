@@ -139,5 +139,68 @@ TEST(pool_directory, a_dead_shard_rehomes_only_its_keys_and_drops_its_replicas) 
   EXPECT_TRUE(d.route(keys).empty());
 }
 
+TEST(pool_directory, keys_a_joining_shard_takes_over_are_read_where_they_are_until_copied) {
+  auto cfg = small(1);
+  cfg.max_moves_in_flight = 3;
+  auto d = with_shards(2, cfg);
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < 90; ++i) keys.push_back(key_of(i));
+  const auto before = d.route(keys);
+  d.add_shard(102);  // e.g. a restarted shard, empty
+  const size_t moved = d.pending_moves();
+  ASSERT_GT(moved, 0u);
+  const auto during = d.route(keys);
+  size_t to_new = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (during[i].home != 102u) {
+      EXPECT_EQ(during[i].home, before[i].home);  // only keys that moved changed home
+      continue;
+    }
+    ++to_new;
+    EXPECT_EQ(during[i].read, before[i].home);  // still read where the segment is
+  }
+  EXPECT_EQ(to_new, moved);
+  // Copies go out a few at a time: never more than the in-flight limit.
+  std::map<uint64_t, replica_order> orders;
+  for (int round = 0; d.pending_moves() > 0 && round < 100; ++round) {
+    const auto batch = d.take_replica_orders();
+    ASSERT_LE(batch.size(), 3u);
+    ASSERT_FALSE(batch.empty());
+    for (const auto& o : batch) {
+      EXPECT_EQ(o.to, 102u);
+      orders[o.key] = o;
+      // Every second copy fails: the key is then simply a miss on its new home.
+      const bool ok = (orders.size() % 2) == 0;
+      EXPECT_EQ(d.replica_done(o.key, o.to, ok), copy_kind::move);
+    }
+  }
+  EXPECT_EQ(orders.size(), moved);
+  EXPECT_EQ(d.pending_moves(), 0u);
+  const auto after = d.route(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(after[i].home, during[i].home);
+    EXPECT_EQ(after[i].read, after[i].home);  // one location each (replicas off)
+  }
+}
+
+TEST(pool_directory, a_move_whose_source_dies_is_dropped) {
+  auto cfg = small(1);
+  cfg.max_moves_in_flight = 100;
+  auto d = with_shards(2, cfg);
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < 90; ++i) keys.push_back(key_of(i));
+  (void)d.route(keys);
+  d.add_shard(102);
+  ASSERT_GT(d.pending_moves(), 0u);
+  const auto orders = d.take_replica_orders();
+  EXPECT_EQ(orders.size(), d.pending_moves());
+  d.remove_shard(100);
+  d.remove_shard(101);
+  EXPECT_EQ(d.pending_moves(), 0u);
+  // A late report of a dropped move is harmless.
+  for (const auto& o : orders) EXPECT_EQ(d.replica_done(o.key, o.to, true), copy_kind::replica);
+  for (const auto& r : d.route(keys)) EXPECT_EQ(r.read, 102u);
+}
+
 }  // namespace
 }  // namespace weft::cache
