@@ -139,12 +139,18 @@ TEST(pool_directory, a_dead_shard_rehomes_only_its_keys_and_drops_its_replicas) 
   EXPECT_TRUE(d.route(keys).empty());
 }
 
-TEST(pool_directory, keys_a_joining_shard_takes_over_are_read_where_they_are_until_copied) {
+// Two shards without replicas, `moves` copies in flight at most, 90 keys.
+pool_directory two_shards_for_moves(uint32_t moves, std::vector<uint64_t>& keys) {
   auto cfg = small(1);
-  cfg.max_moves_in_flight = 3;
-  auto d = with_shards(2, cfg);
-  std::vector<uint64_t> keys;
+  cfg.max_moves_in_flight = moves;
+  keys.clear();
   for (int i = 0; i < 90; ++i) keys.push_back(key_of(i));
+  return with_shards(2, cfg);
+}
+
+TEST(pool_directory, keys_a_joining_shard_takes_over_are_read_where_they_are_until_copied) {
+  std::vector<uint64_t> keys;
+  auto d = two_shards_for_moves(3, keys);
   const auto before = d.route(keys);
   d.add_shard(102);  // e.g. a restarted shard, empty
   const size_t moved = d.pending_moves();
@@ -184,11 +190,8 @@ TEST(pool_directory, keys_a_joining_shard_takes_over_are_read_where_they_are_unt
 }
 
 TEST(pool_directory, a_move_whose_source_dies_is_dropped) {
-  auto cfg = small(1);
-  cfg.max_moves_in_flight = 100;
-  auto d = with_shards(2, cfg);
   std::vector<uint64_t> keys;
-  for (int i = 0; i < 90; ++i) keys.push_back(key_of(i));
+  auto d = two_shards_for_moves(100, keys);
   (void)d.route(keys);
   d.add_shard(102);
   ASSERT_GT(d.pending_moves(), 0u);
