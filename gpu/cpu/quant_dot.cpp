@@ -471,14 +471,26 @@ void dot_tile_2xT(const void* w, size_t row_bytes, const typename tile_ops<W>::a
     out[j][1] = hsum8(acc1[j]);
   }
   if constexpr (ops::has_min) {
-    const W* const xs[2] = {x0, x1};
-    for (int i = 0; i < 2; ++i) {
+    // Each (row, token) sum still runs over the blocks in order (bit-identical); every fp16 scale
+    // is converted once per block instead of once per pair.
+    float summs0[T];
+    float summs1[T];
+#pragma GCC unroll 4
+    for (int j = 0; j < T; ++j) summs0[j] = summs1[j] = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const float m0 = _cvtsh_ss(x0[b].m);
+      const float m1 = _cvtsh_ss(x1[b].m);
+#pragma GCC unroll 4
       for (int j = 0; j < T; ++j) {
-        float summs = 0.0f;
-        for (int64_t b = 0; b < n_blocks; ++b)
-          summs += _cvtsh_ss(xs[i][b].m) * _cvtsh_ss(y[j][b].s);
-        out[j][i] += summs;
+        const float sa = _cvtsh_ss(y[j][b].s);
+        summs0[j] += m0 * sa;
+        summs1[j] += m1 * sa;
       }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < T; ++j) {
+      out[j][0] += summs0[j];
+      out[j][1] += summs1[j];
     }
   }
 }
