@@ -4,6 +4,7 @@
 # (highest rate with >= 90 % of requests meeting both SLOs, by bisection) and throughput.
 # Writes bench/results/serve-{llamacpp,weft}-azure-<date>.json and a PNG; prints the ratios.
 # Usage: bench/e2e/serve_vs_llamacpp.sh [weft binary] [requests per probe]
+# RATE_MAX (5.0 req/s) and BISECT_STEPS (4): the goodput search range and resolution.
 # WEFT_CONFIGS: the weft topologies to measure in the same run, space-separated, from
 #   colocated (--workers <cores>, default) and disagg (--prefill 1 --decode <cores - 1>);
 #   each writes serve-weft[-disagg]-azure-<date>.json and gets its own ratio line.
@@ -19,7 +20,7 @@ day="$(date +%Y%m%d-%H%M)"
 out="$root/bench/results"
 mkdir -p "$out"
 load_flags=(-n "$n" --trace "$trace" --trace-offset 100 --max-prompt-tokens 256 --max-output-tokens 64
-            --scale-percentile 99 --goodput --rate-min 0.2 --rate-max 3.0 --bisect-steps 3
+            --scale-percentile 99 --goodput --rate-min 0.2 --rate-max "${RATE_MAX:-5.0}" --bisect-steps "${BISECT_STEPS:-4}"
             --ttft-slo-ms 4000 --tpot-slo-ms 200 --progress-interval-s 0)
 wait_http() {
   for _ in $(seq 240); do curl -sf "$1/v1/models" > /dev/null && return 0; sleep 0.5; done
