@@ -18,15 +18,18 @@ namespace weft::gpu::cpu {
 struct attention_scratch {
   std::vector<float> scores;
   std::vector<uint16_t> probs;
+  std::vector<int64_t> offsets;         ///< cache offsets of one kv head's rows, by position
   std::vector<const uint16_t*> v_rows;  ///< V rows of one kv head (read without transposing)
   std::vector<float> acc;               ///< dot_f16_columns accumulators
   std::vector<uint16_t> q;
 };
 
-/// Runs tasks [task_begin, task_end) of `batch`; a task is one (token, kv head) pair:
-/// task = token * n_kv_heads + kv_head.
-void attention_tasks(const attention_batch& batch, attention_scratch& scratch, int64_t task_begin,
-                     int64_t task_end);
+/// Runs tasks first, first + stride, ... of `batch`; a task is one (token, query head) pair:
+/// task = token * n_heads + head. Threads take interleaved tasks (first = thread index, stride =
+/// thread count), which balances both a decode step (a handful of heads) and a causal prefill
+/// chunk (later tokens attend to more keys).
+void attention_tasks(const attention_batch& batch, attention_scratch& scratch, int64_t first,
+                     int64_t stride);
 
 /// Plain f32/f64 reference of the same attention (for tests): softmax in double, no fp16 rounding
 /// of q or probabilities (the cache itself is fp16).

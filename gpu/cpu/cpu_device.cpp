@@ -111,11 +111,8 @@ class cpu_ops final : public compute_ops {
     if (b.n_kv_heads <= 0 || b.n_heads % b.n_kv_heads != 0) {
       return {status_code::invalid_argument, "attention: n_heads must be a multiple of n_kv_heads"};
     }
-    const int64_t n_tasks = b.n_tokens * b.n_kv_heads;
-    pool_.parallel([&](int i, int n) {
-      const auto [tb, te] = split_range(n_tasks, n, i);
-      attention_tasks(b, attn_scratch_[static_cast<size_t>(i)], tb, te);
-    });
+    pool_.parallel(
+        [&](int i, int n) { attention_tasks(b, attn_scratch_[static_cast<size_t>(i)], i, n); });
     return {};
   }
 
