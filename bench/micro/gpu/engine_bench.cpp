@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include <cblas.h>
+
 #include "gpu/cpu/quant_dot.hpp"
 #include "gpu/device.hpp"
 #include "gpu/gguf.hpp"
@@ -94,6 +96,34 @@ double q4_1_macs_per_s(int threads) {
   }
   for (auto& th : pool) th.join();
   return static_cast<double>(iters) * 18 * 32 * threads / seconds_since(t);
+}
+
+// The machine's GEMM peak, FLOP/s: OpenBLAS SGEMM (1024 x 1024 x 1024, single-threaded BLAS) run
+// on `threads` threads at once, each on its own matrices, as weft's pool drives BLAS; best of 3.
+double sgemm_flops_per_s(int threads) {
+  constexpr int n = 1024;
+  openblas_set_num_threads(1);
+  std::vector<std::vector<float>> a(static_cast<size_t>(threads)), b(a.size()), c(a.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    a[k].assign(size_t{n} * n, 0.5f);
+    b[k].assign(size_t{n} * n, 0.25f);
+    c[k].assign(size_t{n} * n, 0.0f);
+  }
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<std::thread> pool;
+    const auto t = clk::now();
+    for (int k = 0; k < threads; ++k) {
+      pool.emplace_back([&, k] {
+        const auto i = static_cast<size_t>(k);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a[i].data(), n,
+                    b[i].data(), n, 0.0f, c[i].data(), n);
+      });
+    }
+    for (auto& th : pool) th.join();
+    best = std::min(best, seconds_since(t));
+  }
+  return 2.0 * n * n * n * threads / best;
 }
 
 struct weft_figures {
@@ -240,12 +270,18 @@ int main(int argc, char** argv) {
   const double wbytes = static_cast<double>((*m)->weight_bytes_per_token());
   const double macs_s = q4_1_macs_per_s(threads);
   const double macs_tok = static_cast<double>((*m)->matmul_macs_per_token());
+  const double gemm_peak = sgemm_flops_per_s(threads);
+  // The compute ceiling of the issue: matmul FLOPs per token (2 x MACs; attention excluded, a few
+  // percent at these contexts) against the machine's measured GEMM peak.
+  const double compute_ceiling = gemm_peak / (2.0 * macs_tok);
   j["ceilings"] = {{"copy_bandwidth_gb_s_read_plus_write", bw / 1e9},
                    {"weight_bytes_per_decode_step", wbytes},
                    {"decode_batch1_tok_s_bandwidth_limit", bw / wbytes},
                    {"q4_1_dot_macs_per_s", macs_s},
                    {"matmul_macs_per_token", macs_tok},
-                   {"prefill_tok_s_compute_limit", macs_s / macs_tok}};
+                   {"prefill_tok_s_compute_limit", macs_s / macs_tok},
+                   {"sgemm_peak_flops_per_s", gemm_peak},
+                   {"tok_s_compute_ceiling_sgemm", compute_ceiling}};
   nlohmann::json llama;
   if (with_llama) {
     const std::string cmd = "python3 " + std::string{WEFT_SOURCE_DIR} +
@@ -270,6 +306,11 @@ int main(int argc, char** argv) {
                 "q4_1 dot in cache %.1f GMAC/s on %d threads -> prefill ceiling %.0f tok/s",
                 macs_s / 1e9, threads, macs_s / macs_tok);
   lines.emplace_back(line);
+  std::snprintf(line, sizeof line,
+                "GEMM peak (OpenBLAS sgemm, %d threads) %.1f GFLOP/s; %.2f GFLOP per token -> "
+                "compute ceiling %.0f tok/s",
+                threads, gemm_peak / 1e9, 2.0 * macs_tok / 1e9, compute_ceiling);
+  lines.emplace_back(line);
   for (int bsz : batches) {
     const weft_figures w = run_weft(**m, *dev.value(), bsz, plen, steps);
     nlohmann::json r = {{"batch", bsz},
@@ -286,7 +327,6 @@ int main(int argc, char** argv) {
       r["llama_prefill_tok_s"] = lp;
       r["llama_decode_tok_s"] = ld;
     }
-    j["results"].push_back(r);
     if (lp > 0) {
       std::snprintf(line, sizeof line,
                     "batch %2d prefill: weft %.0f tok/s, llama.cpp %.0f tok/s, ratio %.2f", bsz,
@@ -297,9 +337,13 @@ int main(int argc, char** argv) {
     }
     lines.emplace_back(line);
     const std::string ceiling =
-        bsz == 1 ? ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / (bw / wbytes))) +
-                       "% of the bandwidth ceiling"
-                 : "";
+        (bsz == 1 ? ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / (bw / wbytes))) +
+                        "% of the bandwidth ceiling"
+                  : "") +
+        ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / compute_ceiling)) +
+        "% of the compute ceiling";
+    r["weft_decode_share_of_compute_ceiling"] = w.decode_tok_s / compute_ceiling;
+    r["weft_prefill_share_of_compute_ceiling"] = w.prefill_tok_s / compute_ceiling;
     if (ld > 0) {
       std::snprintf(line, sizeof line,
                     "batch %2d decode:  weft %.1f tok/s, llama.cpp %.1f tok/s, ratio %.2f%s", bsz,
@@ -309,6 +353,7 @@ int main(int argc, char** argv) {
                     w.decode_tok_s, ceiling.c_str());
     }
     lines.emplace_back(line);
+    j["results"].push_back(r);
   }
   if (llama.contains("version")) j["llama_cpp_python_version"] = llama["version"];
   j["summary"] = lines;
