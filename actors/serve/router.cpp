@@ -160,6 +160,10 @@ double predicted_ttft_ms(const router_state& st, const worker_info& w, size_t pr
   return 1000.0 * std::max(queued, 0.0) / rate + slot_wait_ms + transfer_ms;
 }
 
+/// Two TTFT estimates closer than max(margin_ms, share x the lower one) count as a tie.
+constexpr double route_tie_margin_ms = 1.0;
+constexpr double route_tie_margin_share = 0.1;
+
 /// The worker for a prompt (prompt + `extra` resumed tokens) by the configured route; its
 /// predicted TTFT in *ttft_ms.
 worker_info* choose_worker(router_state& st, std::span<const int32_t> prompt, size_t extra,
@@ -176,25 +180,45 @@ worker_info* choose_worker(router_state& st, std::span<const int32_t> prompt, si
   if (route == "round-robin") {
     best = able[st.round_robin++ % able.size()];
     best_ms = predicted_ttft_ms(st, *best, n);
-  } else {
-    // Resumed sequences (extra > 0) replay tokens the caches never saw: only the prompt can hit.
-    const auto keys =
-        route == "least-load" ? std::vector<uint64_t>{} : prefix_keys(*able.front(), prompt);
+  } else if (route == "cache-affinity") {
+    const auto keys = prefix_keys(*able.front(), prompt);
     size_t best_local = 0;
     for (auto* w : able) {
-      const auto c = keys.empty() ? cache_estimate{} : estimate_cache(st, *w, keys, prompt.size());
+      const auto c = estimate_cache(st, *w, keys, prompt.size());
       const double ms = predicted_ttft_ms(st, *w, n, c);
       const auto local = static_cast<size_t>(c.local_tokens);
-      const bool better =
-          best == nullptr ||
-          (route == "cache-affinity" ? local > best_local || (local == best_local && ms < best_ms)
-                                     : ms < best_ms);
-      if (better) {
+      if (best == nullptr || local > best_local || (local == best_local && ms < best_ms)) {
         best = w;
         best_ms = ms;
         best_local = local;
       }
     }
+  } else {
+    // least-ttft, or least-load (no cache term). Resumed sequences (extra > 0) replay tokens the
+    // caches never saw: only the prompt can hit.
+    const auto keys =
+        route == "least-load" ? std::vector<uint64_t>{} : prefix_keys(*able.front(), prompt);
+    std::vector<double> ms(able.size());
+    for (size_t i = 0; i < able.size(); ++i) {
+      const auto c =
+          keys.empty() ? cache_estimate{} : estimate_cache(st, *able[i], keys, prompt.size());
+      ms[i] = predicted_ttft_ms(st, *able[i], n, c);
+    }
+    // Estimates within the tie margin are equal (each worker's prefill rate is a noisy
+    // measurement): equal ones take turns, so idle workers share the load instead of the first
+    // one (or the one whose rate measured a little higher) taking every request.
+    const double low = *std::min_element(ms.begin(), ms.end());
+    double bound = low + std::max(route_tie_margin_ms, low * route_tie_margin_share);
+    // A tie never turns a request the best worker could serve within the SLO into a rejection.
+    if (st.cfg.ttft_slo_ms > 0 && low <= st.cfg.ttft_slo_ms)
+      bound = std::min(bound, static_cast<double>(st.cfg.ttft_slo_ms));
+    std::vector<size_t> tied;
+    for (size_t i = 0; i < able.size(); ++i) {
+      if (ms[i] <= bound) tied.push_back(i);
+    }
+    const size_t pick = tied[st.tie_turn++ % tied.size()];
+    best = able[pick];
+    best_ms = ms[pick];
   }
   if (ttft_ms != nullptr) *ttft_ms = best_ms;
   return best;

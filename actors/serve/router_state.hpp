@@ -137,6 +137,7 @@ struct router_state {
   uint64_t deaths = 0;
   uint64_t migrations = 0;
   uint64_t round_robin = 0;  ///< next turn of route = round-robin
+  uint64_t tie_turn = 0;     ///< rotates equal TTFT estimates (least-ttft, least-load)
 };
 
 using router_ptr = caf::stateful_actor<router_state>*;

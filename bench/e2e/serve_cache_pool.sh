@@ -10,7 +10,9 @@
 # Writes bench/results/serve-cache-{none,local,affinity,pool}-<date>.json and a PNG.
 # Usage: bench/e2e/serve_cache_pool.sh [weft binary] [requests] [rate] [KV blocks per worker]
 # Environment: CONFIGS (default "none local affinity pool"), SEGMENT_TOKENS (pool segment, 32),
-# POOL_FLAGS (extra flags for the pool run).
+# POOL_FLAGS (extra flags for the pool run), SELECT (spread: conversations at even intervals over
+# the trace, the default; earliest: the first conversations of the trace, which all start within
+# its first seconds — a burst of first turns).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 weft="${1:-$root/build/release/apps/weft}"
@@ -20,8 +22,14 @@ rate="${3:-0.2}"
 # of 16 tokens = 2048 tokens per worker, a few prompts' worth.
 kv_blocks="${4:-128}"
 trace="/tmp/weft-mooncake-conversations.jsonl"
+select_flags=()
+case "${SELECT:-spread}" in
+  spread) select_flags=(--spread) ;;
+  earliest) ;;
+  *) echo "SELECT must be spread or earliest" >&2; exit 2 ;;
+esac
 python3 "$root/bench/e2e/select_conversations.py" "$root/../shared/traces/mooncake_conversation_trace.jsonl" \
-  "$trace" --requests "$n"
+  "$trace" --requests "$n" "${select_flags[@]}"
 port=8396
 day="$(date +%Y%m%d-%H%M)"
 out="$root/bench/results"
