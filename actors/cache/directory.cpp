@@ -13,7 +13,17 @@ pool_directory::pool_directory(directory_config cfg)
 void pool_directory::add_shard(shard_id id) {
   auto moved = placement_.add_shard(id);
   if (!moved) return;
-  for (const auto& m : *moved) {
+  queue_moves(*moved);
+}
+
+size_t pool_directory::rebalance() {
+  const auto moved = placement_.rebalance();
+  queue_moves(moved);
+  return moved.size();
+}
+
+void pool_directory::queue_moves(const std::vector<key_move>& moved) {
+  for (const auto& m : moved) {
     auto it = moves_.find(m.key);
     if (it == moves_.end()) {
       moves_[m.key] = {m.from, m.to, false};
@@ -22,6 +32,10 @@ void pool_directory::add_shard(shard_id id) {
     }
     // Moved again before its copy finished: the segment is still where the first move found it.
     // A copy in flight to the interim home becomes a replica there if it lands (replica_done).
+    if (m.to == it->second.from) {
+      drop_move(m.key);  // back home where it is held: nothing to copy
+      continue;
+    }
     if (it->second.ordered) {
       --moves_in_flight_;
       move_queue_.push_back(m.key);

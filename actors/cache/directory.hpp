@@ -77,6 +77,11 @@ class pool_directory {
   void add_shard(shard_id id);
   /// A shard left (died): its keys are re-homed, its replicas dropped.
   void remove_shard(shard_id id);
+  /// Memory rebalancing between shards, for a periodic timer: forgetting keys (LRU) lowers the
+  /// mean load and can leave shards above the bound; their excess keys are re-homed on shards below
+  /// it and copied there like a joining shard's keys (read where they are until the copy lands).
+  /// Returns the moves queued.
+  size_t rebalance();
   size_t n_shards() const { return placement_.n_shards(); }
   /// Keys tracked before the least recently routed is forgotten (the pool's slots).
   void set_capacity(size_t n) { cfg_.capacity = std::max<size_t>(n, 1); }
@@ -111,6 +116,8 @@ class pool_directory {
 
  private:
   void touch(uint64_t key);
+  /// Queues copies of keys whose home moved (a join, a rebalance).
+  void queue_moves(const std::vector<key_move>& moved);
   /// Forgets the pending move of `key`, if any.
   void drop_move(uint64_t key);
 

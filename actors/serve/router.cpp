@@ -198,27 +198,37 @@ worker_info* choose_worker(router_state& st, std::span<const int32_t> prompt, si
     // caches never saw: only the prompt can hit.
     const auto keys =
         route == "least-load" ? std::vector<uint64_t>{} : prefix_keys(*able.front(), prompt);
+    // least-load ranks by the work already queued (an idle worker is idle however fast its last
+    // prompts ran); least-ttft by the full estimate. Either reports the full estimate.
+    const bool load_only = route == "least-load";
     std::vector<double> ms(able.size());
+    std::vector<double> full(able.size());
     for (size_t i = 0; i < able.size(); ++i) {
       const auto c =
           keys.empty() ? cache_estimate{} : estimate_cache(st, *able[i], keys, prompt.size());
-      ms[i] = predicted_ttft_ms(st, *able[i], n, c);
+      full[i] = predicted_ttft_ms(st, *able[i], n, c);
+      ms[i] = load_only ? predicted_ttft_ms(st, *able[i], 0) : full[i];
     }
     // Estimates within the tie margin are equal (each worker's prefill rate is a noisy
     // measurement): equal ones take turns, so idle workers share the load instead of the first
     // one (or the one whose rate measured a little higher) taking every request.
     const double low = *std::min_element(ms.begin(), ms.end());
-    double bound = low + std::max(route_tie_margin_ms, low * route_tie_margin_share);
-    // A tie never turns a request the best worker could serve within the SLO into a rejection.
-    if (st.cfg.ttft_slo_ms > 0 && low <= st.cfg.ttft_slo_ms)
-      bound = std::min(bound, static_cast<double>(st.cfg.ttft_slo_ms));
+    const double bound = low + std::max(route_tie_margin_ms, low * route_tie_margin_share);
     std::vector<size_t> tied;
     for (size_t i = 0; i < able.size(); ++i) {
       if (ms[i] <= bound) tied.push_back(i);
     }
+    // A tie never turns a request that a tied worker could serve within the SLO into a rejection.
+    if (st.cfg.ttft_slo_ms > 0) {
+      std::vector<size_t> within;
+      for (size_t i : tied) {
+        if (full[i] <= st.cfg.ttft_slo_ms) within.push_back(i);
+      }
+      if (!within.empty()) tied = std::move(within);
+    }
     const size_t pick = tied[st.tie_turn++ % tied.size()];
     best = able[pick];
-    best_ms = ms[pick];
+    best_ms = full[pick];
   }
   if (ttft_ms != nullptr) *ttft_ms = best_ms;
   return best;
@@ -718,6 +728,8 @@ caf::behavior router(router_ptr self, router_config cfg) {
           }
           ++it;
         }
+        // Once a second: memory rebalancing between the pool's shards.
+        if (++st.ticks % 10 == 0) rebalance_pool(self);
         update_gauges(self);
         self->delayed_send(self, std::chrono::milliseconds(100), tick_atom::value);
       },

@@ -54,10 +54,13 @@ void declare_router_metrics(metrics_registry& m) {
                   "Segments homed on a shard plus replicas it holds, per the directory");
   m.declare_counter("weft_cache_replications_total", "Hot-segment copies ordered, by outcome");
   m.declare_counter("weft_cache_key_moves_total",
-                    "Segments copied to the shard that became their home (a shard joined), by "
-                    "outcome");
+                    "Segments copied to the shard that became their home (a shard joined, or a "
+                    "rebalance), by outcome");
   m.declare_gauge("weft_cache_pending_moves",
-                  "Segments whose home moved to a joining shard and are not copied there yet");
+                  "Segments whose home moved (a shard joined, or a rebalance) and are not copied "
+                  "there yet");
+  m.declare_counter("weft_cache_rebalance_moves_total",
+                    "Segments re-homed by the periodic rebalance off shards above the load bound");
   m.declare_counter("weft_router_colocated_fallback_total",
                     "Sequences a prefill worker decoded itself because no decode worker was alive");
   m.declare_counter("weft_kv_handoffs_total",

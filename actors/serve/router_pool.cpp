@@ -82,6 +82,19 @@ void send_copy_orders(router_ptr self) {
   }
 }
 
+void rebalance_pool(router_ptr self) {
+  auto& st = self->state;
+  if (st.directory.n_shards() < 2) return;
+  const size_t moved = st.directory.rebalance();
+  if (moved == 0) return;
+  spdlog::info("router: pool rebalance re-homes {} segment(s) off shards above the load bound",
+               moved);
+  if (auto& m = st.cfg.metrics) {
+    m->inc("weft_cache_rebalance_moves_total", {}, static_cast<double>(moved));
+  }
+  send_copy_orders(self);
+}
+
 /// The pool directory's plan for a request's leading segments (where to read each, where to
 /// publish it), and the copies (hot-key replicas, moved keys) that are due now.
 void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec) {

@@ -138,6 +138,7 @@ struct router_state {
   uint64_t migrations = 0;
   uint64_t round_robin = 0;  ///< next turn of route = round-robin
   uint64_t tie_turn = 0;     ///< rotates equal TTFT estimates (least-ttft, least-load)
+  uint64_t ticks = 0;        ///< router ticks (100 ms) so far
 };
 
 using router_ptr = caf::stateful_actor<router_state>*;
@@ -159,6 +160,9 @@ cache::shard_id shard_id_of(const std::string& name);
 void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec);
 /// Sends the copies the directory wants now (moved keys, hot-key replicas) to their target shards.
 void send_copy_orders(router_ptr self);
+/// Periodic memory rebalancing between shards (router tick): moves keys off shards above the load
+/// bound and sends the copies.
+void rebalance_pool(router_ptr self);
 void send_shards(router_ptr self, const caf::actor& to);
 void broadcast_shards(router_ptr self);
 void on_shard_hello(router_ptr self, const std::string& name, wire::WorkerHello::Reader hello);

@@ -10,7 +10,8 @@
 # Writes bench/results/serve-cache-{none,local,affinity,pool}-<date>.json and a PNG.
 # Usage: bench/e2e/serve_cache_pool.sh [weft binary] [requests] [rate] [KV blocks per worker]
 # Environment: CONFIGS (default "none local affinity pool"), SEGMENT_TOKENS (pool segment, 32),
-# POOL_FLAGS (extra flags for the pool run), SELECT (spread: conversations at even intervals over
+# POOL_FLAGS (extra flags for the pool run), WORKERS (engine workers, default 2),
+# SELECT (spread: conversations at even intervals over
 # the trace, the default; earliest: the first conversations of the trace, which all start within
 # its first seconds — a burst of first turns).
 set -euo pipefail
@@ -38,7 +39,7 @@ load_flags=(--url "http://127.0.0.1:$port" -n 0 --trace "$trace" --rate "$rate" 
             --max-prompt-tokens 768 --max-output-tokens 16 --progress-interval-s 0)
 run() {
   local label="$1"; shift
-  "$weft" serve --port "$port" --workers 2 --kv-blocks "$kv_blocks" "$@" > "/tmp/weft-bench-$label.out" 2> "/tmp/weft-bench-$label.err" &
+  "$weft" serve --port "$port" --workers "${WORKERS:-2}" --kv-blocks "$kv_blocks" "$@" > "/tmp/weft-bench-$label.out" 2> "/tmp/weft-bench-$label.err" &
   local pid=$!
   for _ in $(seq 240); do grep -q weft-serve-ready "/tmp/weft-bench-$label.out" && break; sleep 0.5; done
   "$weft" bench serve "${load_flags[@]}" --label "cache-$label" --out "$out/serve-cache-$label-$day.json" \

@@ -205,5 +205,51 @@ TEST(pool_directory, a_move_whose_source_dies_is_dropped) {
   for (const auto& r : d.route(keys)) EXPECT_EQ(r.read, 102u);
 }
 
+TEST(pool_directory, rebalance_moves_keys_off_a_shard_that_forgetting_left_above_the_bound) {
+  auto d = with_shards(2, small(1, 60));
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < 60; ++i) keys.push_back(key_of(i));
+  const auto first = d.route(keys);
+  std::vector<uint64_t> on_b;
+  for (const auto& r : first) {
+    if (r.home == 101u) on_b.push_back(r.key);
+  }
+  ASSERT_GT(on_b.size(), 10u);
+  ASSERT_LT(on_b.size(), 50u);
+  EXPECT_EQ(d.rebalance(), 0u);  // balanced: nothing to do
+  // Shard 100's keys become the least recently routed and are forgotten: 101 is above the bound.
+  (void)d.route(on_b);
+  d.set_capacity(on_b.size() + 1);
+  const std::vector<uint64_t> fresh = {key_of(1000)};  // a new key makes the directory forget
+  (void)d.route(fresh);
+  const auto total = static_cast<int64_t>(on_b.size() + 1);
+  EXPECT_LE(d.load(100), 1);
+  EXPECT_GE(d.load(101), static_cast<int64_t>(on_b.size()));
+  const size_t moved = d.rebalance();
+  ASSERT_GT(moved, 0u);
+  EXPECT_EQ(d.pending_moves(), moved);
+  EXPECT_LE(d.load(101), (total * 11 + 19) / 20);  // 1.1 x the mean, rounded up
+  EXPECT_EQ(d.load(100) + d.load(101), total);
+  // Moved keys are read where they are until copied, then from their new home.
+  std::map<uint64_t, shard_id> new_home;
+  for (const auto& r : d.route(on_b)) {
+    EXPECT_EQ(r.read, 101u);
+    if (r.home == 100u) new_home[r.key] = r.home;
+  }
+  EXPECT_EQ(new_home.size(), moved);
+  size_t copied = 0;
+  for (int round = 0; d.pending_moves() > 0 && round < 100; ++round) {
+    for (const auto& o : d.take_replica_orders()) {
+      EXPECT_EQ(o.from, 101u);
+      EXPECT_EQ(o.to, 100u);
+      EXPECT_EQ(d.replica_done(o.key, o.to, true), copy_kind::move);
+      ++copied;
+    }
+  }
+  EXPECT_EQ(copied, moved);
+  for (const auto& r : d.route(on_b)) EXPECT_EQ(r.read, r.home);
+  EXPECT_EQ(d.rebalance(), 0u);
+}
+
 }  // namespace
 }  // namespace weft::cache
