@@ -39,8 +39,26 @@ size_t act_row_bytes(ggml_type type, int64_t n_cols) {
   }
 }
 
+// Scales of the quantized activations of n_tokens rows, block-major (d then s, each
+// n_blocks x n_tokens floats): what the multi-token tiles read.
+struct scale_table {
+  float* d = nullptr;
+  float* s = nullptr;
+  int64_t n_tokens = 0;
+  act_scales at(int64_t t) const { return {d + t, s == nullptr ? nullptr : s + t, n_tokens}; }
+};
+
+scale_table make_scales(matmul_scratch& scratch, ggml_type type, int64_t n_cols, int64_t n_tokens) {
+  if (n_tokens <= 1) return {};
+  if (type != ggml_type::q4_0 && type != ggml_type::q4_1 && type != ggml_type::q8_0) return {};
+  const size_t per = static_cast<size_t>(n_cols / 32 * n_tokens);
+  scratch.scales.resize(2 * per);
+  return {scratch.scales.data(), type == ggml_type::q4_1 ? scratch.scales.data() + per : nullptr,
+          n_tokens};
+}
+
 void convert_rows(ggml_type type, const float* x, uint8_t* a, int64_t t_begin, int64_t t_end,
-                  int64_t n_cols, size_t a_row) {
+                  int64_t n_cols, size_t a_row, const scale_table& sc = {}) {
   for (int64_t t = t_begin; t < t_end; ++t) {
     const float* xr = x + t * n_cols;
     uint8_t* ar = a + static_cast<size_t>(t) * a_row;
@@ -48,9 +66,17 @@ void convert_rows(ggml_type type, const float* x, uint8_t* a, int64_t t_begin, i
       case ggml_type::q8_0:
       case ggml_type::q4_0:
         quantize_act_q8_0(xr, reinterpret_cast<block_q8_0*>(ar), n_cols);
+        if (sc.d != nullptr) {
+          act_scales_column(reinterpret_cast<const block_q8_0*>(ar), n_cols / 32, sc.d + t,
+                            sc.n_tokens);
+        }
         break;
       case ggml_type::q4_1:
         quantize_act_q8_1(xr, reinterpret_cast<block_q8_1*>(ar), n_cols);
+        if (sc.d != nullptr) {
+          act_scales_column(reinterpret_cast<const block_q8_1*>(ar), n_cols / 32, sc.d + t,
+                            sc.s + t, sc.n_tokens);
+        }
         break;
       case ggml_type::f16:
         float_to_half_row(xr, reinterpret_cast<uint16_t*>(ar), n_cols);
@@ -63,9 +89,10 @@ void convert_rows(ggml_type type, const float* x, uint8_t* a, int64_t t_begin, i
 
 template <class W, class A, float (*Dot)(const W*, const A*, int64_t),
           void (*Dot4)(const void*, size_t, const A*, int64_t, float*),
-          void (*Tile)(const void*, size_t, const A* const*, int, int64_t, float* const*)>
-void rows_quant(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_tokens, float* y,
-                int64_t r_begin, int64_t r_end) {
+          void (*Tile)(const void*, size_t, const A* const*, int, int64_t, float* const*,
+                       const act_scales&)>
+void rows_quant(const tensor_view& w, const uint8_t* a, size_t a_row, const scale_table& sc,
+                int64_t n_tokens, float* y, int64_t r_begin, int64_t r_end) {
   const int64_t nb = w.n_cols / 32;
   const auto act = [&](int64_t t) {
     return reinterpret_cast<const A*>(a + static_cast<size_t>(t) * a_row);
@@ -89,10 +116,11 @@ void rows_quant(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_
         const A* acts[4];
         float* outs[4];
         for (int j = 0; j < n; ++j) acts[j] = act(t + j);
+        const act_scales scales = sc.at(t);
         int64_t r = r0;
         for (; r + 2 <= r1; r += 2) {
           for (int j = 0; j < n; ++j) outs[j] = y + (t + j) * w.n_rows + r;
-          Tile(w.row(r), w.row_bytes, acts, n, nb, outs);
+          Tile(w.row(r), w.row_bytes, acts, n, nb, outs, scales);
         }
         for (; r < r1; ++r) {
           for (int j = 0; j < n; ++j)
@@ -133,19 +161,20 @@ void rows_f32(const tensor_view& w, const float* x, int64_t n_tokens, float* y, 
 }
 
 void rows_dispatch(const tensor_view& w, const float* x, const uint8_t* a, size_t a_row,
-                   int64_t n_tokens, float* y, int64_t r_begin, int64_t r_end) {
+                   const scale_table& sc, int64_t n_tokens, float* y, int64_t r_begin,
+                   int64_t r_end) {
   switch (w.type) {
     case ggml_type::q4_1:
       rows_quant<block_q4_1, block_q8_1, dot_q4_1_q8_1, dot4_q4_1_q8_1, dot_tile_q4_1_q8_1>(
-          w, a, a_row, n_tokens, y, r_begin, r_end);
+          w, a, a_row, sc, n_tokens, y, r_begin, r_end);
       break;
     case ggml_type::q4_0:
       rows_quant<block_q4_0, block_q8_0, dot_q4_0_q8_0, dot4_q4_0_q8_0, dot_tile_q4_0_q8_0>(
-          w, a, a_row, n_tokens, y, r_begin, r_end);
+          w, a, a_row, sc, n_tokens, y, r_begin, r_end);
       break;
     case ggml_type::q8_0:
       rows_quant<block_q8_0, block_q8_0, dot_q8_0_q8_0, dot4_q8_0_q8_0, dot_tile_q8_0_q8_0>(
-          w, a, a_row, n_tokens, y, r_begin, r_end);
+          w, a, a_row, sc, n_tokens, y, r_begin, r_end);
       break;
     case ggml_type::f16:
       rows_f16(w, a, a_row, n_tokens, y, r_begin, r_end);
@@ -175,13 +204,14 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
     scratch.bytes.resize(a_row * static_cast<size_t>(n_tokens));
   }
   uint8_t* a = scratch.bytes.data();
+  const scale_table sc = make_scales(scratch, w.type, w.n_cols, n_tokens);
   if (a_row > 0) {
     if (n_tokens == 1) {
       convert_rows(w.type, x, a, 0, 1, w.n_cols, a_row);
     } else {
       pool.parallel([&](int i, int n) {
         const auto [b, e] = split_range(n_tokens, n, i);
-        convert_rows(w.type, x, a, b, e, w.n_cols, a_row);
+        convert_rows(w.type, x, a, b, e, w.n_cols, a_row, sc);
       });
     }
   }
@@ -189,7 +219,7 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
   const int64_t n_tiles = (w.n_rows + 7) / 8;
   pool.parallel([&](int i, int n) {
     const auto [b, e] = split_range(n_tiles, n, i);
-    rows_dispatch(w, x, a, a_row, n_tokens, y, b * 8, std::min(w.n_rows, e * 8));
+    rows_dispatch(w, x, a, a_row, sc, n_tokens, y, b * 8, std::min(w.n_rows, e * 8));
   });
   return {};
 }
@@ -219,12 +249,14 @@ status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const 
   if (scratch.bytes.size() < a_row * static_cast<size_t>(n_tokens))
     scratch.bytes.resize(a_row * static_cast<size_t>(n_tokens));
   uint8_t* a = scratch.bytes.data();
+  // One activation format for all weights (checked above); the Q8_1 table also serves Q8_0.
+  const scale_table sc = make_scales(scratch, w0.type, w0.n_cols, n_tokens);
   if (n_tokens == 1) {
     convert_rows(w0.type, x, a, 0, 1, w0.n_cols, a_row);
   } else {
     pool.parallel([&](int i, int n) {
       const auto [b, e] = split_range(n_tokens, n, i);
-      convert_rows(w0.type, x, a, b, e, w0.n_cols, a_row);
+      convert_rows(w0.type, x, a, b, e, w0.n_cols, a_row, sc);
     });
   }
   // Tiles of 8 rows over all weights, in one parallel region.
@@ -236,7 +268,8 @@ status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const 
       const int64_t lo = std::max(b, first_tile[k]) - first_tile[k];
       const int64_t hi = std::min(e, first_tile[k + 1]) - first_tile[k];
       if (hi <= lo) continue;
-      rows_dispatch(ws[k], x, a, a_row, n_tokens, ys[k], lo * 8, std::min(ws[k].n_rows, hi * 8));
+      rows_dispatch(ws[k], x, a, a_row, sc, n_tokens, ys[k], lo * 8,
+                    std::min(ws[k].n_rows, hi * 8));
     }
   });
   return {};

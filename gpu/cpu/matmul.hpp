@@ -19,6 +19,7 @@ namespace weft::gpu::cpu {
 /// Per-device scratch for activation conversions (grows, never shrinks).
 struct matmul_scratch {
   std::vector<uint8_t> bytes;
+  std::vector<float> scales;  ///< activation block scales, block-major (quant_dot's act_scales)
 };
 
 /// Whether matmul supports weights of `type`.

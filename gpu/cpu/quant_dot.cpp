@@ -446,7 +446,7 @@ struct tile_ops<block_q8_0> {
 // Q4_1 (an independent sum over blocks) go in a second pass, for the same reason.
 template <class W, int T>
 void dot_tile_2xT(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
-                  int64_t n_blocks, float* const* out) {
+                  const act_scales& sc, int64_t n_blocks, float* const* out) {
   using ops = tile_ops<W>;
   using A = typename ops::act;
   const W* x0 = row_at<W>(w, row_bytes, 0);
@@ -465,10 +465,11 @@ void dot_tile_2xT(const void* w, size_t row_bytes, const typename tile_ops<W>::a
     const __m256i qx1 = ops::unpack(x1[b]);
     const float dw0 = _cvtsh_ss(x0[b].d);
     const float dw1 = _cvtsh_ss(x1[b].d);
+    const float* dab = sc.d + b * sc.stride;
 #pragma GCC unroll 4
     for (int j = 0; j < T; ++j) {
       const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[j][b].qs));
-      const float da = _cvtsh_ss(y[j][b].d);
+      const float da = dab[j];
       acc0[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw0 * da), ops::dot(qx0, qy), acc0[j]);
       acc1[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw1 * da), ops::dot(qx1, qy), acc1[j]);
     }
@@ -483,16 +484,30 @@ void dot_tile_2xT(const void* w, size_t row_bytes, const typename tile_ops<W>::a
     // is converted once per block instead of once per pair.
     float summs0[T];
     float summs1[T];
+    if constexpr (T == 4) {
+      // The four tokens' sums side by side in one vector per row: lane j is token j's chain, the
+      // same fused multiply-add per block as the scalar form.
+      __m128 v0 = _mm_setzero_ps();
+      __m128 v1 = _mm_setzero_ps();
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const __m128 sa = _mm_loadu_ps(sc.s + b * sc.stride);
+        v0 = _mm_fmadd_ps(_mm_set1_ps(_cvtsh_ss(x0[b].m)), sa, v0);
+        v1 = _mm_fmadd_ps(_mm_set1_ps(_cvtsh_ss(x1[b].m)), sa, v1);
+      }
+      _mm_storeu_ps(summs0, v0);
+      _mm_storeu_ps(summs1, v1);
+    } else {
 #pragma GCC unroll 4
-    for (int j = 0; j < T; ++j) summs0[j] = summs1[j] = 0.0f;
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      const float m0 = _cvtsh_ss(x0[b].m);
-      const float m1 = _cvtsh_ss(x1[b].m);
+      for (int j = 0; j < T; ++j) summs0[j] = summs1[j] = 0.0f;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const float m0 = _cvtsh_ss(x0[b].m);
+        const float m1 = _cvtsh_ss(x1[b].m);
+        const float* sab = sc.s + b * sc.stride;
 #pragma GCC unroll 4
-      for (int j = 0; j < T; ++j) {
-        const float sa = _cvtsh_ss(y[j][b].s);
-        summs0[j] += m0 * sa;
-        summs1[j] += m1 * sa;
+        for (int j = 0; j < T; ++j) {
+          summs0[j] = std::fma(m0, sab[j], summs0[j]);
+          summs1[j] = std::fma(m1, sab[j], summs1[j]);
+        }
       }
     }
 #pragma GCC unroll 4
@@ -505,32 +520,46 @@ void dot_tile_2xT(const void* w, size_t row_bytes, const typename tile_ops<W>::a
 
 template <class W>
 void dot_tile_2xn(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
-                  int n_tok, int64_t n_blocks, float* const* out) {
+                  int n_tok, int64_t n_blocks, float* const* out, const act_scales& given) {
+  act_scales sc = given;
+  if (sc.d == nullptr) {
+    // Callers without precomputed scales (tests, one-off products): convert them here.
+    thread_local std::vector<float> local;
+    local.assign(static_cast<size_t>(8 * n_blocks), 0.0f);
+    sc = {local.data(), local.data() + 4 * n_blocks, 4};
+    for (int j = 0; j < n_tok; ++j) {
+      if constexpr (tile_ops<W>::has_min) {
+        act_scales_column(a[j], n_blocks, local.data() + j, local.data() + 4 * n_blocks + j, 4);
+      } else {
+        act_scales_column(a[j], n_blocks, local.data() + j, 4);
+      }
+    }
+  }
   switch (n_tok) {
     case 1:
-      return dot_tile_2xT<W, 1>(w, row_bytes, a, n_blocks, out);
+      return dot_tile_2xT<W, 1>(w, row_bytes, a, sc, n_blocks, out);
     case 2:
-      return dot_tile_2xT<W, 2>(w, row_bytes, a, n_blocks, out);
+      return dot_tile_2xT<W, 2>(w, row_bytes, a, sc, n_blocks, out);
     case 3:
-      return dot_tile_2xT<W, 3>(w, row_bytes, a, n_blocks, out);
+      return dot_tile_2xT<W, 3>(w, row_bytes, a, sc, n_blocks, out);
     default:
-      return dot_tile_2xT<W, 4>(w, row_bytes, a, n_blocks, out);
+      return dot_tile_2xT<W, 4>(w, row_bytes, a, sc, n_blocks, out);
   }
 }
 
 }  // namespace
 
 void dot_tile_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
-                        int64_t n_blocks, float* const* out) {
-  dot_tile_2xn<block_q4_0>(w, row_bytes, a, n_tok, n_blocks, out);
+                        int64_t n_blocks, float* const* out, const act_scales& scales) {
+  dot_tile_2xn<block_q4_0>(w, row_bytes, a, n_tok, n_blocks, out, scales);
 }
 void dot_tile_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* const* a, int n_tok,
-                        int64_t n_blocks, float* const* out) {
-  dot_tile_2xn<block_q4_1>(w, row_bytes, a, n_tok, n_blocks, out);
+                        int64_t n_blocks, float* const* out, const act_scales& scales) {
+  dot_tile_2xn<block_q4_1>(w, row_bytes, a, n_tok, n_blocks, out, scales);
 }
 void dot_tile_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
-                        int64_t n_blocks, float* const* out) {
-  dot_tile_2xn<block_q8_0>(w, row_bytes, a, n_tok, n_blocks, out);
+                        int64_t n_blocks, float* const* out, const act_scales& scales) {
+  dot_tile_2xn<block_q8_0>(w, row_bytes, a, n_tok, n_blocks, out, scales);
 }
 
 #else  // portable build
@@ -546,16 +575,17 @@ void dot_tile_portable(const void* w, size_t rb, const A* const* a, int n_tok, i
 }
 }  // namespace
 
+// The portable tile reads the fp16 scales from the blocks (the same values act_scales holds).
 void dot_tile_q4_0_q8_0(const void* w, size_t rb, const block_q8_0* const* a, int n_tok, int64_t n,
-                        float* const* out) {
+                        float* const* out, const act_scales&) {
   dot_tile_portable<block_q4_0, block_q8_0, dot_q4_0_q8_0_portable>(w, rb, a, n_tok, n, out);
 }
 void dot_tile_q4_1_q8_1(const void* w, size_t rb, const block_q8_1* const* a, int n_tok, int64_t n,
-                        float* const* out) {
+                        float* const* out, const act_scales&) {
   dot_tile_portable<block_q4_1, block_q8_1, dot_q4_1_q8_1_portable>(w, rb, a, n_tok, n, out);
 }
 void dot_tile_q8_0_q8_0(const void* w, size_t rb, const block_q8_0* const* a, int n_tok, int64_t n,
-                        float* const* out) {
+                        float* const* out, const act_scales&) {
   dot_tile_portable<block_q8_0, block_q8_0, dot_q8_0_q8_0_portable>(w, rb, a, n_tok, n, out);
 }
 
@@ -592,6 +622,17 @@ float dot_q8_0_q8_0(const block_q8_0* w, const block_q8_0* a, int64_t n) {
 }
 
 #endif
+
+void act_scales_column(const block_q8_0* a, int64_t n_blocks, float* d, int64_t stride) {
+  for (int64_t b = 0; b < n_blocks; ++b) d[b * stride] = half_to_float(a[b].d);
+}
+
+void act_scales_column(const block_q8_1* a, int64_t n_blocks, float* d, float* s, int64_t stride) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    d[b * stride] = half_to_float(a[b].d);
+    s[b * stride] = half_to_float(a[b].s);
+  }
+}
 
 // -- half and f32 dot products ------------------------------------------------------------------
 

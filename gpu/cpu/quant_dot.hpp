@@ -56,15 +56,27 @@ void dot4_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* a, int64_
                     float* out);
 void dot4_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks,
                     float* out);
+/// The fp16 scales of a tile's activation blocks, converted to float once per matmul and stored
+/// block-major: d[b * stride + j] is block b's scale of the tile's token j (s likewise, Q8_1 only).
+struct act_scales {
+  const float* d = nullptr;
+  const float* s = nullptr;
+  int64_t stride = 0;
+};
+/// Writes token `t`'s column of the block-major scales (d, and s when non-null) of one activation
+/// row of `n_blocks` Q8_0 / Q8_1 blocks.
+void act_scales_column(const block_q8_0* a, int64_t n_blocks, float* d, int64_t stride);
+void act_scales_column(const block_q8_1* a, int64_t n_blocks, float* d, float* s, int64_t stride);
 /// Two weight rows (`row_bytes` apart) times `n_tok` (1..4) activation rows: out[j][i] = dot of
 /// row i with a[j]. Each weight block is unpacked once for all tokens (batched decode and prefill);
-/// every result is bit-identical to the one-row function's.
+/// every result is bit-identical to the one-row function's. `scales` are the activations' scales
+/// (see act_scales); without them the function converts them itself.
 void dot_tile_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
-                        int64_t n_blocks, float* const* out);
+                        int64_t n_blocks, float* const* out, const act_scales& scales = {});
 void dot_tile_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* const* a, int n_tok,
-                        int64_t n_blocks, float* const* out);
+                        int64_t n_blocks, float* const* out, const act_scales& scales = {});
 void dot_tile_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
-                        int64_t n_blocks, float* const* out);
+                        int64_t n_blocks, float* const* out, const act_scales& scales = {});
 float dot_q4_0_q8_0_portable(const block_q4_0* w, const block_q8_0* a, int64_t n_blocks);
 float dot_q4_1_q8_1_portable(const block_q4_1* w, const block_q8_1* a, int64_t n_blocks);
 float dot_q8_0_q8_0_portable(const block_q8_0* w, const block_q8_0* a, int64_t n_blocks);
