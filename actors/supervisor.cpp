@@ -15,8 +15,8 @@ using namespace schema;
 
 struct child_slot {
   child_spec spec;
-  caf::actor handle;
-  std::string node_id;
+  caf::actor handle = {};
+  std::string node_id = {};
   uint64_t generation = 0;  // bumps on every (re)start; stale events carry an old one
   uint64_t started_at_ms = 0;
   uint32_t restarts = 0;

@@ -51,9 +51,9 @@ inline bool eventually(const std::function<bool()>& pred, int timeout_ms) {
 struct local_cluster_options {
   int nodes = 3;  // head included
   std::string secret = "weft-test-cluster-secret-0001";
-  std::vector<std::string> extra_args;
+  std::vector<std::string> extra_args = {};
   /// When set: every node and the client use TLS with these PEM files.
-  std::optional<actors::tls_options> tls;
+  std::optional<actors::tls_options> tls = std::nullopt;
 };
 
 /// Starts node-0 (head) and node-1..N-1 as `weft node` processes.
