@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "gpu/cpu/elementwise.hpp"
+#include "gpu/cpu/half_dot.hpp"
 #include "gpu/cpu/quant_dot.hpp"
 
 namespace weft::gpu::cpu {
@@ -19,11 +20,6 @@ inline const uint16_t* cache_row(const uint16_t* cache, const attention_batch& b
 }
 
 constexpr int64_t key_prefetch_distance = 8;
-
-inline void prefetch_row(const uint16_t* row, int64_t n) {
-  const auto* bytes = reinterpret_cast<const char*>(row);
-  for (int64_t off = 0; off < n * 2; off += 64) __builtin_prefetch(bytes + off);
-}
 
 // Element offsets of kv head `g`'s rows for positions [0, n_pos) of a sequence, walking its block
 // table (no division per position).
@@ -77,7 +73,8 @@ void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t fir
       // The cache rows of one head are strided and the weights streamed through the caches
       // meanwhile evicted them: fetch a few keys ahead.
       if (p + key_prefetch_distance < n_pos) {
-        prefetch_row(b.k_cache + s.offsets[static_cast<size_t>(p + key_prefetch_distance)], hd);
+        prefetch_bytes(b.k_cache + s.offsets[static_cast<size_t>(p + key_prefetch_distance)],
+                       hd * 2);
       }
       const uint16_t* k = b.k_cache + s.offsets[static_cast<size_t>(p)];
       sc[p] = (gemm ? dot_f16_gemm(k, s.q.data(), hd) : dot_f16(k, s.q.data(), hd)) * b.scale;

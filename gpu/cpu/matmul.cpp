@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "gpu/cpu/half_dot.hpp"
 #include "gpu/cpu/quant_dot.hpp"
 
 namespace weft::gpu::cpu {

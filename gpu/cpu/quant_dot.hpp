@@ -70,41 +70,16 @@ void act_scales_column(const block_q8_1* a, int64_t n_blocks, float* d, float* s
 /// Two weight rows (`row_bytes` apart) times `n_tok` (1..4) activation rows: out[j][i] = dot of
 /// row i with a[j]. Each weight block is unpacked once for all tokens (batched decode and prefill);
 /// every result is bit-identical to the one-row function's. `scales` are the activations' scales
-/// (see act_scales); without them the function converts them itself.
+/// (see act_scales; the portable build reads the blocks' own and ignores them).
 void dot_tile_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
-                        int64_t n_blocks, float* const* out, const act_scales& scales = {});
+                        int64_t n_blocks, float* const* out, const act_scales& scales);
 void dot_tile_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* const* a, int n_tok,
-                        int64_t n_blocks, float* const* out, const act_scales& scales = {});
+                        int64_t n_blocks, float* const* out, const act_scales& scales);
 void dot_tile_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
-                        int64_t n_blocks, float* const* out, const act_scales& scales = {});
+                        int64_t n_blocks, float* const* out, const act_scales& scales);
 float dot_q4_0_q8_0_portable(const block_q4_0* w, const block_q8_0* a, int64_t n_blocks);
 float dot_q4_1_q8_1_portable(const block_q4_1* w, const block_q8_1* a, int64_t n_blocks);
 float dot_q8_0_q8_0_portable(const block_q8_0* w, const block_q8_0* a, int64_t n_blocks);
-
-// -- half precision -----------------------------------------------------------------------------
-
-/// Dot product of two fp16 vectors with float accumulation, as ggml_vec_dot_f16 (one column):
-/// 4 accumulators of 16 lanes per 64-element step (AVX-512 layout) or of 8 lanes per 32-element
-/// step (AVX2 layout, see ggml_simd_layout), that layout's reduction tree, the tail in double.
-float dot_f16(const uint16_t* x, const uint16_t* y, int64_t n);
-/// out[d] = dot_f16(column d of V, y, n) for d < n_cols, bit for bit, where V has n rows of n_cols
-/// halves: rows[i] for i < n_rows, zeros for n_rows <= i < n (padding). Reads V row by row (no
-/// transpose): every (column, lane) accumulator sees its terms in dot_f16's order. `scratch` holds
-/// at least 64 * n_cols floats.
-void dot_f16_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
-                     int64_t n_cols, float* scratch, float* out);
-/// The same for dot_f16_gemm (n a multiple of the layout's lanes): out[d] = dot_f16_gemm(column d
-/// of V, y, n), bit for bit.
-void dot_f16_gemm_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
-                          int64_t n_cols, float* scratch, float* out);
-/// Dot product of two fp16 vectors (n a multiple of the layout's lanes) with one FMA chain per
-/// lane, element i in lane i % lanes, then that layout's horizontal sum: llama.cpp's tinyBLAS GEMM,
-/// which it uses for matmuls with >= 2 columns.
-float dot_f16_gemm(const uint16_t* x, const uint16_t* y, int64_t n);
-/// Dot product of fp16 weights and f32 activations (activations rounded to fp16 first, as ggml).
-float dot_f16_f32(const uint16_t* w, const float* x, int64_t n);
-/// Plain f32 dot product (8 lanes, FMA, fixed reduction order).
-float dot_f32(const float* x, const float* y, int64_t n);
 
 /// Fast fp16 <-> f32 conversions (F16C when available; identical results to ggml_types.hpp).
 float half_to_float(uint16_t h);

@@ -11,6 +11,7 @@
 
 #include "gpu/cpu/attention.hpp"
 #include "gpu/cpu/elementwise.hpp"
+#include "gpu/cpu/half_dot.hpp"
 #include "gpu/cpu/matmul.hpp"
 #include "gpu/cpu/quant_dot.hpp"
 #include "gpu/cpu/thread_pool.hpp"
@@ -89,19 +90,25 @@ TEST(quant_dot, avx2_and_portable_paths_are_bit_identical) {
     float* outs[4] = {t[0], t[1], t[2], t[3]};
     const block_q8_0* acts8[4];
     const block_q8_1* acts81[4];
+    // The activations' scales as matmul hands them over: block-major floats, 4 tokens per block.
+    std::vector<float> d8(static_cast<size_t>(4 * nb)), d81(d8.size()), s81(d8.size());
     for (int j = 0; j < n_tok; ++j) {
       acts8[j] = a8.data() + j * nb;
       acts81[j] = a81.data() + j * nb;
+      act_scales_column(acts8[j], nb, d8.data() + j, 4);
+      act_scales_column(acts81[j], nb, d81.data() + j, s81.data() + j, 4);
     }
-    dot_tile_q4_0_q8_0(q40, rb40, acts8, n_tok, nb, outs);
+    const act_scales sc8{d8.data(), nullptr, 4};
+    const act_scales sc81{d81.data(), s81.data(), 4};
+    dot_tile_q4_0_q8_0(q40, rb40, acts8, n_tok, nb, outs, sc8);
     for (int j = 0; j < n_tok; ++j)
       for (int r = 0; r < 2; ++r)
         EXPECT_EQ(t[j][r], dot_q4_0_q8_0_portable(q40 + r * nb, acts8[j], nb)) << n_tok;
-    dot_tile_q4_1_q8_1(q41, rb41, acts81, n_tok, nb, outs);
+    dot_tile_q4_1_q8_1(q41, rb41, acts81, n_tok, nb, outs, sc81);
     for (int j = 0; j < n_tok; ++j)
       for (int r = 0; r < 2; ++r)
         EXPECT_EQ(t[j][r], dot_q4_1_q8_1_portable(q41 + r * nb, acts81[j], nb)) << n_tok;
-    dot_tile_q8_0_q8_0(q80, rb80, acts8, n_tok, nb, outs);
+    dot_tile_q8_0_q8_0(q80, rb80, acts8, n_tok, nb, outs, sc8);
     for (int j = 0; j < n_tok; ++j)
       for (int r = 0; r < 2; ++r)
         EXPECT_EQ(t[j][r], dot_q8_0_q8_0_portable(q80 + r * nb, acts8[j], nb)) << n_tok;

@@ -1,0 +1,242 @@
+#include "gpu/cpu/half_dot.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "gpu/cpu/elementwise.hpp"
+#include "gpu/cpu/quant_dot.hpp"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define WEFT_CPU_AVX2 1
+#include <immintrin.h>
+#endif
+
+namespace weft::gpu::cpu {
+
+// -- half and f32 dot products ------------------------------------------------------------------
+
+namespace {
+
+// Element-wise fp16 FMA of 8 consecutive elements into 8 float lanes.
+inline void fma_f16_8(const uint16_t* x, const uint16_t* y, float* acc) {
+#ifdef WEFT_CPU_AVX2
+  const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y)));
+  _mm256_storeu_ps(acc, _mm256_fmadd_ps(a, b, _mm256_loadu_ps(acc)));
+#else
+  for (int l = 0; l < 8; ++l) acc[l] = std::fma(half_to_float(x[l]), half_to_float(y[l]), acc[l]);
+#endif
+}
+
+// The reduction of ggml_vec_dot_f16's 4 accumulators (`at(j, l)`: accumulator j, lane l): acc0 +=
+// acc2, acc1 += acc3, acc0 += acc1, then the layout's horizontal sum (GGML_F32x8_REDUCE for 8
+// lanes: lo + hi, then two horizontal adds).
+template <int lanes, class At>
+double reduce_dot_f16(At at) {
+  float v[lanes];
+  for (int l = 0; l < lanes; ++l) v[l] = (at(0, l) + at(2, l)) + (at(1, l) + at(3, l));
+  if constexpr (lanes == 16) {
+    float t8[8];
+    for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+    float t4[4];
+    for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
+    return static_cast<double>((t4[0] + t4[2]) + (t4[1] + t4[3]));
+  } else {
+    float t4[4];
+    for (int l = 0; l < 4; ++l) t4[l] = v[l] + v[4 + l];
+    return static_cast<double>((t4[0] + t4[1]) + (t4[2] + t4[3]));
+  }
+}
+
+// ggml_vec_dot_f16 with `lanes`-wide registers: 4 accumulators over steps of 4 * lanes, reduced
+// as acc0 += acc2, acc1 += acc3, acc0 += acc1, then the layout's horizontal sum; tail in double.
+template <int lanes>
+float dot_f16_vec(const uint16_t* x, const uint16_t* y, int64_t n) {
+  constexpr int64_t step = 4 * lanes;
+  const int64_t np = n / step * step;
+  float acc[4][lanes] = {};
+  for (int64_t i = 0; i < np; i += step) {
+    for (int j = 0; j < 4; ++j) {
+      for (int h = 0; h < lanes; h += 8)
+        fma_f16_8(x + i + lanes * j + h, y + i + lanes * j + h, &acc[j][h]);
+    }
+  }
+  double sum = 0.0;
+  if (np > 0) {
+    sum = reduce_dot_f16<lanes>([&](int j, int l) { return acc[j][l]; });
+  }
+  for (int64_t i = np; i < n; ++i)
+    sum += static_cast<double>(half_to_float(x[i]) * half_to_float(y[i]));
+  return static_cast<float>(sum);
+}
+
+#ifdef WEFT_CPU_AVX2
+// The 8-lane layout in registers (attention's K dots call this once per key): the same FMAs and
+// the same reduction tree as the generic version above, so the results are bit-identical.
+template <>
+float dot_f16_vec<8>(const uint16_t* x, const uint16_t* y, int64_t n) {
+  const int64_t np = n / 32 * 32;
+  __m256 a0 = _mm256_setzero_ps();
+  __m256 a1 = _mm256_setzero_ps();
+  __m256 a2 = _mm256_setzero_ps();
+  __m256 a3 = _mm256_setzero_ps();
+  const auto half8 = [](const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  };
+  for (int64_t i = 0; i < np; i += 32) {
+    a0 = _mm256_fmadd_ps(half8(x + i), half8(y + i), a0);
+    a1 = _mm256_fmadd_ps(half8(x + i + 8), half8(y + i + 8), a1);
+    a2 = _mm256_fmadd_ps(half8(x + i + 16), half8(y + i + 16), a2);
+    a3 = _mm256_fmadd_ps(half8(x + i + 24), half8(y + i + 24), a3);
+  }
+  double sum = 0.0;
+  if (np > 0) {
+    // v = (acc0 + acc2) + (acc1 + acc3); t4 = v.lo + v.hi; (t4[0] + t4[1]) + (t4[2] + t4[3]).
+    const __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+    const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 h = _mm_hadd_ps(t4, t4);
+    sum = static_cast<double>(_mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h))));
+  }
+  for (int64_t i = np; i < n; ++i)
+    sum += static_cast<double>(half_to_float(x[i]) * half_to_float(y[i]));
+  return static_cast<float>(sum);
+}
+#endif
+
+// acc[i % slots][d] = fma(v_i[d], y[i], acc[i % slots][d]) for i < np, in i order: the FMA chain
+// of lane (i % slots) of a dot product, for every column d of a row-major V at once. Rows past
+// n_rows are zeros (padding).
+void column_fma(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t np,
+                int64_t slots, int64_t n_cols, float* acc) {
+  std::fill(acc, acc + slots * n_cols, 0.0f);
+  for (int64_t i = 0; i < np; ++i) {
+    float* a = acc + (i % slots) * n_cols;
+    const float p = half_to_float(y[i]);
+    if (i >= n_rows) {
+      // A zero row: fma(0, p, a) is exactly a + (0 * p) (only the sign of a zero sum can change).
+      const float z = 0.0f * p;
+      for (int64_t d = 0; d < n_cols; ++d) a[d] += z;
+      continue;
+    }
+    const uint16_t* v = rows[i];
+    // Strided cache rows, likely evicted by the weight stream: fetch a few rows ahead.
+    if (i + 8 < n_rows) prefetch_bytes(rows[i + 8], n_cols * 2);
+    int64_t d = 0;
+#ifdef WEFT_CPU_AVX2
+    const __m256 pv = _mm256_set1_ps(p);
+    for (; d + 8 <= n_cols; d += 8) {
+      const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + d)));
+      _mm256_storeu_ps(a + d, _mm256_fmadd_ps(x, pv, _mm256_loadu_ps(a + d)));
+    }
+#endif
+    for (; d < n_cols; ++d) a[d] = std::fma(half_to_float(v[d]), p, a[d]);
+  }
+}
+
+// dot_f16_vec (4 accumulators of `lanes` lanes per step) for every column of V.
+template <int lanes>
+void dot_f16_columns_vec(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
+                         int64_t n_cols, float* acc, float* out) {
+  constexpr int64_t step = 4 * lanes;
+  const int64_t np = n / step * step;
+  column_fma(rows, n_rows, y, np, step, n_cols, acc);
+  for (int64_t d = 0; d < n_cols; ++d) {
+    double sum = 0.0;
+    if (np > 0) {
+      sum = reduce_dot_f16<lanes>([&](int j, int l) { return acc[(j * lanes + l) * n_cols + d]; });
+    }
+    for (int64_t i = np; i < n; ++i) {
+      const float x = i < n_rows ? half_to_float(rows[i][d]) : 0.0f;
+      sum += static_cast<double>(x * half_to_float(y[i]));
+    }
+    out[d] = static_cast<float>(sum);
+  }
+}
+
+}  // namespace
+
+void dot_f16_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
+                     int64_t n_cols, float* scratch, float* out) {
+  if (ggml_simd_layout() == ggml_simd::avx512) {
+    dot_f16_columns_vec<16>(rows, n_rows, y, n, n_cols, scratch, out);
+  } else {
+    dot_f16_columns_vec<8>(rows, n_rows, y, n, n_cols, scratch, out);
+  }
+}
+
+void dot_f16_gemm_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
+                          int64_t n_cols, float* scratch, float* out) {
+  const bool wide = ggml_simd_layout() == ggml_simd::avx512;
+  const int64_t lanes = wide ? 16 : 8;
+  column_fma(rows, n_rows, y, n, lanes, n_cols, scratch);
+  for (int64_t d = 0; d < n_cols; ++d) {
+    float v[16];
+    for (int64_t l = 0; l < lanes; ++l) v[l] = scratch[l * n_cols + d];
+    if (wide) {
+      float t8[8];
+      for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+      out[d] = reduce8(t8);
+    } else {
+      out[d] = reduce8(v);
+    }
+  }
+}
+
+float dot_f16(const uint16_t* x, const uint16_t* y, int64_t n) {
+  return ggml_simd_layout() == ggml_simd::avx512 ? dot_f16_vec<16>(x, y, n)
+                                                 : dot_f16_vec<8>(x, y, n);
+}
+
+float dot_f16_gemm(const uint16_t* x, const uint16_t* y, int64_t n) {
+  if (ggml_simd_layout() == ggml_simd::avx512) {
+    float acc[16] = {};
+    for (int64_t i = 0; i < n; i += 16) {
+      fma_f16_8(x + i, y + i, acc);
+      fma_f16_8(x + i + 8, y + i + 8, acc + 8);
+    }
+    // _mm512_reduce_add_ps: halves added (256, then 128 bits), then hsum_float_8's tail order.
+    float t8[8];
+    for (int l = 0; l < 8; ++l) t8[l] = acc[8 + l] + acc[l];
+    return reduce8(t8);
+  }
+  float acc[8] = {};
+  for (int64_t i = 0; i < n; i += 8) fma_f16_8(x + i, y + i, acc);
+  return reduce8(acc);
+}
+
+float dot_f16_f32(const uint16_t* w, const float* x, int64_t n) {
+  constexpr int64_t chunk = 256;
+  uint16_t xh[chunk];
+  // Rounding x to fp16 chunk-wise keeps the lane layout only within chunks: callers that need
+  // ggml's exact layout pass n <= 256 or use dot_f16 on a converted row.
+  if (n <= chunk) {
+    float_to_half_row(x, xh, n);
+    return dot_f16(w, xh, n);
+  }
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; i += chunk) {
+    const int64_t m = std::min(chunk, n - i);
+    float_to_half_row(x + i, xh, m);
+    sum += dot_f16(w + i, xh, m);
+  }
+  return static_cast<float>(sum);
+}
+
+float dot_f32(const float* x, const float* y, int64_t n) {
+  float acc[8] = {};
+  int64_t i = 0;
+#ifdef WEFT_CPU_AVX2
+  __m256 a = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a);
+  _mm256_storeu_ps(acc, a);
+#else
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(x[i + l], y[i + l], acc[l]);
+  }
+#endif
+  float s = reduce8(acc);
+  for (; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+
+}  // namespace weft::gpu::cpu
