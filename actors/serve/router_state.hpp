@@ -1,7 +1,8 @@
 #pragma once
-/// Internal to the router role (router.cpp: admission, routing, dispatch, migration,
-/// disaggregation hand-offs; router_pool.cpp: the router's picture of the workers' caches and the
-/// prefix-cache pool — shards, the pool directory, plans and replica orders). Not public API.
+/// Internal to the router role (router.cpp: admission, dispatch, migration, disaggregation
+/// hand-offs; router_route.cpp: worker choice; router_pool.cpp: the router's picture of the
+/// workers' caches and the prefix-cache pool — shards, the pool directory, plans and replica
+/// orders). Not public API.
 
 #include <caf/actor.hpp>
 #include <caf/stateful_actor.hpp>
@@ -148,6 +149,23 @@ struct cache_estimate {
   int64_t local_tokens = 0;
   int64_t pool_tokens = 0;
 };
+
+// -- worker choice (router_route.cpp) -------------------------------------------------------------
+
+bool can_prefill(const worker_info& w);
+/// Whether any decode worker is alive (disaggregated mode).
+bool has_decoder(const router_state& st);
+/// The decode worker for a handed-off sequence: the fewest live sequences per slot, then the most
+/// free KV blocks.
+worker_info* choose_decoder(router_state& st);
+/// Predicted time to first token of a `prompt_tokens` prompt on `w`, in ms; `cached` (when given)
+/// is what its cache or the pool already holds (the pool's part costs a transfer).
+double predicted_ttft_ms(const router_state& st, const worker_info& w, size_t prompt_tokens,
+                         const cache_estimate& cached = {});
+/// The worker for a prompt (prompt + `extra` resumed tokens) by the configured route; its
+/// predicted TTFT in *ttft_ms.
+worker_info* choose_worker(router_state& st, std::span<const int32_t> prompt, size_t extra,
+                           double* ttft_ms);
 
 // -- the cache picture and the pool (router_pool.cpp) -------------------------------------------
 
