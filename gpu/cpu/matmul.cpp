@@ -53,7 +53,8 @@ scale_table make_scales(matmul_scratch& scratch, ggml_type type, int64_t n_cols,
   if (n_tokens <= 1) return {};
   if (type != ggml_type::q4_0 && type != ggml_type::q4_1 && type != ggml_type::q8_0) return {};
   const size_t per = static_cast<size_t>(n_cols / 32 * n_tokens);
-  scratch.scales.resize(2 * per);
+  // The tiles read the s table a vector of tile_tokens floats at a time: padding past its end.
+  scratch.scales.resize(2 * per + tile_tokens);
   return {scratch.scales.data(), type == ggml_type::q4_1 ? scratch.scales.data() + per : nullptr,
           n_tokens};
 }
@@ -105,21 +106,22 @@ void rows_quant(const tensor_view& w, const uint8_t* a, size_t a_row, const scal
     return;
   }
   // 16 rows x 16 tokens per tile: both the weight rows and the activation rows stay in L1. Inside,
-  // 2 rows x 4 tokens at a time, so each weight block is unpacked once per 4 tokens.
+  // tile_rows x tile_tokens at a time, so each weight block is unpacked once per tile_tokens.
   constexpr int64_t row_tile = 16;
   constexpr int64_t tok_tile = 16;
+  static_assert(row_tile % tile_rows == 0 && tok_tile % tile_tokens == 0);
   for (int64_t r0 = r_begin; r0 < r_end; r0 += row_tile) {
     const int64_t r1 = std::min(r_end, r0 + row_tile);
     for (int64_t t0 = 0; t0 < n_tokens; t0 += tok_tile) {
       const int64_t t1 = std::min(n_tokens, t0 + tok_tile);
-      for (int64_t t = t0; t < t1; t += 4) {
-        const int n = static_cast<int>(std::min<int64_t>(4, t1 - t));
-        const A* acts[4];
-        float* outs[4];
+      for (int64_t t = t0; t < t1; t += tile_tokens) {
+        const int n = static_cast<int>(std::min<int64_t>(tile_tokens, t1 - t));
+        const A* acts[tile_tokens];
+        float* outs[tile_tokens];
         for (int j = 0; j < n; ++j) acts[j] = act(t + j);
         const act_scales scales = sc.at(t);
         int64_t r = r0;
-        for (; r + 2 <= r1; r += 2) {
+        for (; r + tile_rows <= r1; r += tile_rows) {
           for (int j = 0; j < n; ++j) outs[j] = y + (t + j) * w.n_rows + r;
           Tile(w.row(r), w.row_bytes, acts, n, nb, outs, scales);
         }

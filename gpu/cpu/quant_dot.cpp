@@ -11,7 +11,17 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define WEFT_CPU_AVX2 1
+// GCC 12's AVX-512 headers self-initialize the "undefined" source of masked intrinsics, which its
+// own -Wuninitialized then flags wherever they are inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define WEFT_CPU_AVX512 1
+#endif
 #endif
 
 namespace weft::gpu::cpu {
@@ -57,7 +67,9 @@ void half_to_float_row(const uint16_t* x, float* y, int64_t n) {
 }
 
 const char* quant_kernel_path() {
-#if defined(WEFT_CPU_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(WEFT_CPU_AVX512)
+  return "avx512-vnni";
+#elif defined(WEFT_CPU_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
   return "avx2+vnni";
 #elif defined(WEFT_CPU_AVX2)
   return "avx2";
@@ -510,9 +522,166 @@ void dot_tile_2xT(const void* w, size_t row_bytes, const typename tile_ops<W>::a
   }
 }
 
+#ifdef WEFT_CPU_AVX512
+static_assert(tile_rows == 4 && tile_tokens == 8);
+
+// The AVX-512 tile: two weight rows share one 512-bit register (row 2p in lanes 0-7, row 2p + 1 in
+// lanes 8-15), each half holding exactly the 8 lanes of the one-row function, so one multiply
+// covers two (row, token) pairs with the same per-lane operations and the results stay
+// bit-identical. VNNI multiplies unsigned by signed bytes: signed weights are offset into unsigned
+// range (q - 8 for Q4_0 is the nibble, q + 128 for Q8_0 is q ^ 0x80) and the offset times the
+// activation's group sums starts the integer sum (exact: int32 cannot overflow here).
 template <class W>
-void dot_tile_2xn(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
-                  int n_tok, int64_t n_blocks, float* const* out, const act_scales& sc) {
+struct tile512_ops;
+
+// Both rows' 16 packed bytes -> [row0 low nibbles, row0 high, row1 low, row1 high].
+inline __m512i nibbles_to_bytes2(const uint8_t* qs0, const uint8_t* qs1) {
+  const __m256i both = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)), 1);
+  const __m512i z = _mm512_castsi256_si512(both);
+  const __m512i dup = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(1, 1, 0, 0));
+  const __m512i shift = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
+                                          0x0004000400040004, 0x0004000400040004);
+  return _mm512_and_si512(_mm512_srlv_epi16(dup, shift), _mm512_set1_epi8(0x0F));
+}
+
+template <>
+struct tile512_ops<block_q4_0> {
+  using act = block_q8_0;
+  static constexpr bool has_min = false;
+  static constexpr int offset_shift = 3;  // weights stored as q + 8
+  static __m512i unpack2(const block_q4_0& a, const block_q4_0& b) {
+    return nibbles_to_bytes2(a.qs, b.qs);
+  }
+};
+
+template <>
+struct tile512_ops<block_q4_1> {
+  using act = block_q8_1;
+  static constexpr bool has_min = true;
+  static constexpr int offset_shift = -1;  // unsigned already
+  static __m512i unpack2(const block_q4_1& a, const block_q4_1& b) {
+    return nibbles_to_bytes2(a.qs, b.qs);
+  }
+};
+
+template <>
+struct tile512_ops<block_q8_0> {
+  using act = block_q8_0;
+  static constexpr bool has_min = false;
+  static constexpr int offset_shift = 7;  // q ^ 0x80 = q + 128
+  static __m512i unpack2(const block_q8_0& a, const block_q8_0& b) {
+    const __m512i both = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)), 1);
+    return _mm512_xor_si512(both, _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+};
+
+// Two fp16 scales -> [a x 8, b x 8].
+inline __m512 scale_pair(uint16_t a, uint16_t b) {
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_set1_epi16(static_cast<short>(a))),
+      _mm_set1_epi16(static_cast<short>(b)), 1));
+}
+
+inline void store_pair(__m512 acc, float* out) {
+  out[0] = hsum8(_mm512_castps512_ps256(acc));
+  out[1] = hsum8(_mm512_extractf32x8_ps(acc, 1));
+}
+
+// 4 weight rows x T tokens: 2 row pairs x T accumulators of 16 lanes stay in registers.
+template <class W, int T>
+void dot_tile_4xT(const void* w, size_t row_bytes, const typename tile512_ops<W>::act* const* a,
+                  const act_scales& sc, int64_t n_blocks, float* const* out) {
+  using ops = tile512_ops<W>;
+  using A = typename ops::act;
+  const W* x[4] = {row_at<W>(w, row_bytes, 0), row_at<W>(w, row_bytes, 1),
+                   row_at<W>(w, row_bytes, 2), row_at<W>(w, row_bytes, 3)};
+  const A* y[T];
+  __m512 acc[2][T];
+#pragma GCC unroll 8
+  for (int j = 0; j < T; ++j) {
+    y[j] = a[j];
+    acc[0][j] = _mm512_setzero_ps();
+    acc[1][j] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const __m512i qx0 = ops::unpack2(x[0][b], x[1][b]);
+    const __m512i qx1 = ops::unpack2(x[2][b], x[3][b]);
+    const __m512 dw0 = scale_pair(x[0][b].d, x[1][b].d);
+    const __m512 dw1 = scale_pair(x[2][b].d, x[3][b].d);
+    const float* dab = sc.d + b * sc.stride;
+#pragma GCC unroll 8
+    for (int j = 0; j < T; ++j) {
+      const __m512i qy =
+          _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[j][b].qs)));
+      __m512i start = _mm512_setzero_si512();
+      if constexpr (ops::offset_shift >= 0) {
+        const __m512i sums = _mm512_dpbusd_epi32(start, _mm512_set1_epi8(1), qy);
+        start = _mm512_sub_epi32(start, _mm512_slli_epi32(sums, ops::offset_shift));
+      }
+      const __m512 da = _mm512_set1_ps(dab[j]);
+      const __m512 s0 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, qx0, qy));
+      const __m512 s1 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, qx1, qy));
+      acc[0][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw0, da), s0, acc[0][j]);
+      acc[1][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw1, da), s1, acc[1][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < T; ++j) {
+    store_pair(acc[0][j], out[j]);
+    store_pair(acc[1][j], out[j] + 2);
+  }
+  if constexpr (ops::has_min) {
+    // The min terms: lane j of a row's vector is token j's chain over the blocks, the same fused
+    // multiply-add per block as the one-row function. Lanes past T read padding and are dropped.
+    __m256 v[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const __m256 sa = _mm256_loadu_ps(sc.s + b * sc.stride);
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r)
+        v[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[r][b].m)), sa, v[r]);
+    }
+    alignas(32) float summs[4][8];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) _mm256_store_ps(summs[r], v[r]);
+#pragma GCC unroll 8
+    for (int j = 0; j < T; ++j)
+      for (int r = 0; r < 4; ++r) out[j][r] += summs[r][j];
+  }
+}
+
+template <class W>
+void dot_tile_n(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
+                int n_tok, int64_t n_blocks, float* const* out, const act_scales& sc) {
+  switch (n_tok) {
+    case 1:
+      return dot_tile_4xT<W, 1>(w, row_bytes, a, sc, n_blocks, out);
+    case 2:
+      return dot_tile_4xT<W, 2>(w, row_bytes, a, sc, n_blocks, out);
+    case 3:
+      return dot_tile_4xT<W, 3>(w, row_bytes, a, sc, n_blocks, out);
+    case 4:
+      return dot_tile_4xT<W, 4>(w, row_bytes, a, sc, n_blocks, out);
+    case 5:
+      return dot_tile_4xT<W, 5>(w, row_bytes, a, sc, n_blocks, out);
+    case 6:
+      return dot_tile_4xT<W, 6>(w, row_bytes, a, sc, n_blocks, out);
+    case 7:
+      return dot_tile_4xT<W, 7>(w, row_bytes, a, sc, n_blocks, out);
+    default:
+      return dot_tile_4xT<W, 8>(w, row_bytes, a, sc, n_blocks, out);
+  }
+}
+
+#else
+
+template <class W>
+void dot_tile_n(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
+                int n_tok, int64_t n_blocks, float* const* out, const act_scales& sc) {
   switch (n_tok) {
     case 1:
       return dot_tile_2xT<W, 1>(w, row_bytes, a, sc, n_blocks, out);
@@ -525,19 +694,21 @@ void dot_tile_2xn(const void* w, size_t row_bytes, const typename tile_ops<W>::a
   }
 }
 
+#endif
+
 }  // namespace
 
 void dot_tile_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
                         int64_t n_blocks, float* const* out, const act_scales& scales) {
-  dot_tile_2xn<block_q4_0>(w, row_bytes, a, n_tok, n_blocks, out, scales);
+  dot_tile_n<block_q4_0>(w, row_bytes, a, n_tok, n_blocks, out, scales);
 }
 void dot_tile_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* const* a, int n_tok,
                         int64_t n_blocks, float* const* out, const act_scales& scales) {
-  dot_tile_2xn<block_q4_1>(w, row_bytes, a, n_tok, n_blocks, out, scales);
+  dot_tile_n<block_q4_1>(w, row_bytes, a, n_tok, n_blocks, out, scales);
 }
 void dot_tile_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
                         int64_t n_blocks, float* const* out, const act_scales& scales) {
-  dot_tile_2xn<block_q8_0>(w, row_bytes, a, n_tok, n_blocks, out, scales);
+  dot_tile_n<block_q8_0>(w, row_bytes, a, n_tok, n_blocks, out, scales);
 }
 
 #else  // portable build

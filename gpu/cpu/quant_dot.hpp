@@ -15,7 +15,8 @@
 
 namespace weft::gpu::cpu {
 
-/// Which implementation the dispatching functions use in this build ("avx2" or "portable").
+/// Which implementation the dispatching functions use in this build ("avx512-vnni", "avx2+vnni",
+/// "avx2" or "portable").
 const char* quant_kernel_path();
 
 /// The vector width of the ggml CPU build whose reduction orders weft reproduces. llama.cpp built
@@ -67,10 +68,21 @@ struct act_scales {
 /// row of `n_blocks` Q8_0 / Q8_1 blocks.
 void act_scales_column(const block_q8_0* a, int64_t n_blocks, float* d, int64_t stride);
 void act_scales_column(const block_q8_1* a, int64_t n_blocks, float* d, float* s, int64_t stride);
-/// Two weight rows (`row_bytes` apart) times `n_tok` (1..4) activation rows: out[j][i] = dot of
-/// row i with a[j]. Each weight block is unpacked once for all tokens (batched decode and prefill);
-/// every result is bit-identical to the one-row function's. `scales` are the activations' scales
-/// (see act_scales; the portable build reads the blocks' own and ignores them).
+/// The shape of one tile call in this build: with AVX-512 VNNI, 4 weight rows x up to 8 tokens
+/// (two rows side by side in the 16 lanes of a register); otherwise 2 rows x up to 4 tokens.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512F__) && \
+    defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+inline constexpr int tile_rows = 4;
+inline constexpr int tile_tokens = 8;
+#else
+inline constexpr int tile_rows = 2;
+inline constexpr int tile_tokens = 4;
+#endif
+/// `tile_rows` weight rows (`row_bytes` apart) times `n_tok` (1..tile_tokens) activation rows:
+/// out[j][i] = dot of row i with a[j]. Each weight block is unpacked once for all tokens (batched
+/// decode and prefill); every result is bit-identical to the one-row function's. `scales` are the
+/// activations' scales (see act_scales; the portable build reads the blocks' own and ignores them);
+/// the `s` table must be readable `tile_tokens` floats past its last entry.
 void dot_tile_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
                         int64_t n_blocks, float* const* out, const act_scales& scales);
 void dot_tile_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* const* a, int n_tok,

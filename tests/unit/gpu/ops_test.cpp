@@ -52,7 +52,7 @@ tensor_view view_of(ggml_type t, const std::vector<uint8_t>& bytes, int64_t rows
 }
 
 TEST(quant_dot, avx2_and_portable_paths_are_bit_identical) {
-  const int64_t n = 32 * 24;
+  const int64_t n = 32 * 48;
   auto w = random_floats(n, 1);
   auto a = random_floats(n, 2, 3.0f);
   std::vector<block_q8_0> a8(n / 32), a8p(n / 32);
@@ -73,8 +73,8 @@ TEST(quant_dot, avx2_and_portable_paths_are_bit_identical) {
   EXPECT_EQ(dot_q4_1_q8_1(q41, a81.data(), n / 32),
             dot_q4_1_q8_1_portable(q41, a81.data(), n / 32));
   EXPECT_EQ(dot_q8_0_q8_0(q80, a8.data(), n / 32), dot_q8_0_q8_0_portable(q80, a8.data(), n / 32));
-  // The four-row kernels give each row's one-row result.
-  const int64_t nb = n / 32 / 4;
+  // The four-row kernels give each row's one-row result (rows and tokens of nb blocks each).
+  const int64_t nb = n / 32 / 8;
   const size_t rb40 = sizeof(block_q4_0) * nb, rb41 = sizeof(block_q4_1) * nb,
                rb80 = sizeof(block_q8_0) * nb;
   float o[4];
@@ -84,33 +84,36 @@ TEST(quant_dot, avx2_and_portable_paths_are_bit_identical) {
   for (int r = 0; r < 4; ++r) EXPECT_EQ(o[r], dot_q4_1_q8_1_portable(q41 + r * nb, a81.data(), nb));
   dot4_q8_0_q8_0(q80, rb80, a8.data(), nb, o);
   for (int r = 0; r < 4; ++r) EXPECT_EQ(o[r], dot_q8_0_q8_0_portable(q80 + r * nb, a8.data(), nb));
-  // The 2-row x n-token tile kernels too: activation rows j = blocks [j * nb, (j + 1) * nb).
-  for (int n_tok = 1; n_tok <= 4; ++n_tok) {
-    float t[4][2];
-    float* outs[4] = {t[0], t[1], t[2], t[3]};
-    const block_q8_0* acts8[4];
-    const block_q8_1* acts81[4];
-    // The activations' scales as matmul hands them over: block-major floats, 4 tokens per block.
-    std::vector<float> d8(static_cast<size_t>(4 * nb)), d81(d8.size()), s81(d8.size());
+  // The tile kernels too (tile_rows x n tokens): activation rows j = blocks [j * nb, (j + 1) * nb).
+  static_assert(tile_rows <= 4 && tile_tokens <= 8);
+  for (int n_tok = 1; n_tok <= tile_tokens; ++n_tok) {
+    float t[8][4];
+    float* outs[8] = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]};
+    const block_q8_0* acts8[8];
+    const block_q8_1* acts81[8];
+    // The activations' scales as matmul hands them over: block-major floats, n_tok tokens per
+    // block, the s table padded by tile_tokens floats.
+    std::vector<float> d8(static_cast<size_t>(n_tok * nb)), d81(d8.size()),
+        s81(d8.size() + tile_tokens);
     for (int j = 0; j < n_tok; ++j) {
       acts8[j] = a8.data() + j * nb;
       acts81[j] = a81.data() + j * nb;
-      act_scales_column(acts8[j], nb, d8.data() + j, 4);
-      act_scales_column(acts81[j], nb, d81.data() + j, s81.data() + j, 4);
+      act_scales_column(acts8[j], nb, d8.data() + j, n_tok);
+      act_scales_column(acts81[j], nb, d81.data() + j, s81.data() + j, n_tok);
     }
-    const act_scales sc8{d8.data(), nullptr, 4};
-    const act_scales sc81{d81.data(), s81.data(), 4};
+    const act_scales sc8{d8.data(), nullptr, n_tok};
+    const act_scales sc81{d81.data(), s81.data(), n_tok};
     dot_tile_q4_0_q8_0(q40, rb40, acts8, n_tok, nb, outs, sc8);
     for (int j = 0; j < n_tok; ++j)
-      for (int r = 0; r < 2; ++r)
+      for (int r = 0; r < tile_rows; ++r)
         EXPECT_EQ(t[j][r], dot_q4_0_q8_0_portable(q40 + r * nb, acts8[j], nb)) << n_tok;
     dot_tile_q4_1_q8_1(q41, rb41, acts81, n_tok, nb, outs, sc81);
     for (int j = 0; j < n_tok; ++j)
-      for (int r = 0; r < 2; ++r)
+      for (int r = 0; r < tile_rows; ++r)
         EXPECT_EQ(t[j][r], dot_q4_1_q8_1_portable(q41 + r * nb, acts81[j], nb)) << n_tok;
     dot_tile_q8_0_q8_0(q80, rb80, acts8, n_tok, nb, outs, sc8);
     for (int j = 0; j < n_tok; ++j)
-      for (int r = 0; r < 2; ++r)
+      for (int r = 0; r < tile_rows; ++r)
         EXPECT_EQ(t[j][r], dot_q8_0_q8_0_portable(q80 + r * nb, acts8[j], nb)) << n_tok;
   }
 }
