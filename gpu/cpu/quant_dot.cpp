@@ -581,9 +581,9 @@ struct tile512_ops<block_q8_0> {
 
 // Two fp16 scales -> [a x 8, b x 8].
 inline __m512 scale_pair(uint16_t a, uint16_t b) {
-  return _mm512_cvtph_ps(_mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_set1_epi16(static_cast<short>(a))),
-      _mm_set1_epi16(static_cast<short>(b)), 1));
+  return _mm512_cvtph_ps(
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(static_cast<short>(a))),
+                              _mm_set1_epi16(static_cast<short>(b)), 1));
 }
 
 inline void store_pair(__m512 acc, float* out) {
