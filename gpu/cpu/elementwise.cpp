@@ -22,6 +22,10 @@ float exp_approx_avx512(float x) {
   const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
                                     std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
                            u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  // j * 2^n: for |n| <= 126, 2^n is a normal float and the product is j * 2^n correctly rounded,
+  // which is what ldexp returns (without its library call).
+  if (std::fabs(n) <= 126.0f)
+    return j * std::bit_cast<float>(static_cast<uint32_t>(static_cast<int>(n) + 127) << 23);
   return std::ldexp(j, static_cast<int>(n));
 }
 

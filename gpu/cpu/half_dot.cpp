@@ -8,7 +8,13 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define WEFT_CPU_AVX2 1
+// GCC 12's AVX-512 headers self-initialize the "undefined" source of some intrinsics, which its
+// own -Wuninitialized then flags wherever they are inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 namespace weft::gpu::cpu {
@@ -70,6 +76,41 @@ float dot_f16_vec(const uint16_t* x, const uint16_t* y, int64_t n) {
   return static_cast<float>(sum);
 }
 
+#if defined(WEFT_CPU_AVX2) && defined(__AVX512F__) && defined(__AVX512DQ__)
+// The 16-lane layout in registers (attention's K dots on AVX-512 hosts): the same FMAs and the
+// same reduction tree as the generic version, so the results are bit-identical.
+template <>
+float dot_f16_vec<16>(const uint16_t* x, const uint16_t* y, int64_t n) {
+  const int64_t np = n / 64 * 64;
+  __m512 a0 = _mm512_setzero_ps();
+  __m512 a1 = _mm512_setzero_ps();
+  __m512 a2 = _mm512_setzero_ps();
+  __m512 a3 = _mm512_setzero_ps();
+  const auto half16 = [](const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  };
+  for (int64_t i = 0; i < np; i += 64) {
+    a0 = _mm512_fmadd_ps(half16(x + i), half16(y + i), a0);
+    a1 = _mm512_fmadd_ps(half16(x + i + 16), half16(y + i + 16), a1);
+    a2 = _mm512_fmadd_ps(half16(x + i + 32), half16(y + i + 32), a2);
+    a3 = _mm512_fmadd_ps(half16(x + i + 48), half16(y + i + 48), a3);
+  }
+  double sum = 0.0;
+  if (np > 0) {
+    // v = (acc0 + acc2) + (acc1 + acc3); t8 = v.hi + v.lo; t4 = t8.hi + t8.lo;
+    // (t4[0] + t4[2]) + (t4[1] + t4[3]).
+    const __m512 v = _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
+    const __m256 t8 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+    const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+    const __m128 h = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+    sum = static_cast<double>(_mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h))));
+  }
+  for (int64_t i = np; i < n; ++i)
+    sum += static_cast<double>(half_to_float(x[i]) * half_to_float(y[i]));
+  return static_cast<float>(sum);
+}
+#endif
+
 #ifdef WEFT_CPU_AVX2
 // The 8-lane layout in registers (attention's K dots call this once per key): the same FMAs and
 // the same reduction tree as the generic version above, so the results are bit-identical.
@@ -122,6 +163,13 @@ void column_fma(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, 
     // Strided cache rows, likely evicted by the weight stream: fetch a few rows ahead.
     if (i + 8 < n_rows) prefetch_bytes(rows[i + 8], n_cols * 2);
     int64_t d = 0;
+#if defined(WEFT_CPU_AVX2) && defined(__AVX512F__)
+    const __m512 pw = _mm512_set1_ps(p);
+    for (; d + 16 <= n_cols; d += 16) {
+      const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + d)));
+      _mm512_storeu_ps(a + d, _mm512_fmadd_ps(x, pw, _mm512_loadu_ps(a + d)));
+    }
+#endif
 #ifdef WEFT_CPU_AVX2
     const __m256 pv = _mm256_set1_ps(p);
     for (; d + 8 <= n_cols; d += 8) {
@@ -133,23 +181,53 @@ void column_fma(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, 
   }
 }
 
-// dot_f16_vec (4 accumulators of `lanes` lanes per step) for every column of V.
+// dot_f16_vec (4 accumulators of `lanes` lanes per step) for every column of V. The reduction
+// tree and the double tail run over 16 columns at a time (each column's operations in dot_f16_vec's
+// order; the loops over columns vectorize).
 template <int lanes>
 void dot_f16_columns_vec(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
                          int64_t n_cols, float* acc, float* out) {
   constexpr int64_t step = 4 * lanes;
+  constexpr int w = 16;
   const int64_t np = n / step * step;
   column_fma(rows, n_rows, y, np, step, n_cols, acc);
-  for (int64_t d = 0; d < n_cols; ++d) {
-    double sum = 0.0;
+  for (int64_t d0 = 0; d0 < n_cols; d0 += w) {
+    const int m = static_cast<int>(std::min<int64_t>(w, n_cols - d0));
+    double sum[w] = {};
     if (np > 0) {
-      sum = reduce_dot_f16<lanes>([&](int j, int l) { return acc[(j * lanes + l) * n_cols + d]; });
+      const auto at = [&](int j, int l) { return acc + (j * lanes + l) * n_cols + d0; };
+      float v[lanes][w];
+      for (int l = 0; l < lanes; ++l) {
+        const float *a0 = at(0, l), *a1 = at(1, l), *a2 = at(2, l), *a3 = at(3, l);
+        for (int k = 0; k < m; ++k) v[l][k] = (a0[k] + a2[k]) + (a1[k] + a3[k]);
+      }
+      float t4[4][w];
+      if constexpr (lanes == 16) {
+        float t8[8][w];
+        for (int l = 0; l < 8; ++l)
+          for (int k = 0; k < m; ++k) t8[l][k] = v[8 + l][k] + v[l][k];
+        for (int l = 0; l < 4; ++l)
+          for (int k = 0; k < m; ++k) t4[l][k] = t8[4 + l][k] + t8[l][k];
+        for (int k = 0; k < m; ++k)
+          sum[k] = static_cast<double>((t4[0][k] + t4[2][k]) + (t4[1][k] + t4[3][k]));
+      } else {
+        for (int l = 0; l < 4; ++l)
+          for (int k = 0; k < m; ++k) t4[l][k] = v[l][k] + v[4 + l][k];
+        for (int k = 0; k < m; ++k)
+          sum[k] = static_cast<double>((t4[0][k] + t4[1][k]) + (t4[2][k] + t4[3][k]));
+      }
     }
+    float x[w];
     for (int64_t i = np; i < n; ++i) {
-      const float x = i < n_rows ? half_to_float(rows[i][d]) : 0.0f;
-      sum += static_cast<double>(x * half_to_float(y[i]));
+      if (i < n_rows) {
+        half_to_float_row(rows[i] + d0, x, m);
+      } else {
+        std::fill(x, x + m, 0.0f);
+      }
+      const float p = half_to_float(y[i]);
+      for (int k = 0; k < m; ++k) sum[k] += static_cast<double>(x[k] * p);
     }
-    out[d] = static_cast<float>(sum);
+    for (int k = 0; k < m; ++k) out[d0 + k] = static_cast<float>(sum[k]);
   }
 }
 

@@ -196,6 +196,53 @@ TEST_P(simd_layouts, f16_column_dots_equal_the_dots_of_the_transpose_bit_for_bit
   }
 }
 
+// ggml_vec_dot_f16's order written out plainly (4 accumulators of `lanes` lanes, acc0 + acc2,
+// acc1 + acc3, their sum, the layout's horizontal tree, the tail in double): the vector kernels
+// must give exactly this.
+float dot_f16_tree(const uint16_t* x, const uint16_t* y, int64_t n, int lanes) {
+  const int64_t step = 4 * lanes, np = n / step * step;
+  float acc[4][16] = {};
+  for (int64_t i = 0; i < np; i += step)
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < lanes; ++l) {
+        const int64_t e = i + j * lanes + l;
+        acc[j][l] = std::fma(fp16_to_fp32(x[e]), fp16_to_fp32(y[e]), acc[j][l]);
+      }
+  double sum = 0.0;
+  if (np > 0) {
+    float v[16];
+    for (int l = 0; l < lanes; ++l) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    float t4[4];
+    if (lanes == 16) {
+      float t8[8];
+      for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+      for (int l = 0; l < 4; ++l) t4[l] = t8[4 + l] + t8[l];
+      sum = static_cast<double>((t4[0] + t4[2]) + (t4[1] + t4[3]));
+    } else {
+      for (int l = 0; l < 4; ++l) t4[l] = v[l] + v[4 + l];
+      sum = static_cast<double>((t4[0] + t4[1]) + (t4[2] + t4[3]));
+    }
+  }
+  for (int64_t i = np; i < n; ++i)
+    sum += static_cast<double>(fp16_to_fp32(x[i]) * fp16_to_fp32(y[i]));
+  return static_cast<float>(sum);
+}
+
+TEST_P(simd_layouts, f16_dots_follow_ggml_order_bit_for_bit) {
+  for (int64_t n : {64, 96, 128, 200, 31}) {
+    auto x = random_floats(static_cast<size_t>(n), 11);
+    auto y = random_floats(static_cast<size_t>(n), 12);
+    std::vector<uint16_t> xh(static_cast<size_t>(n)), yh(xh.size());
+    for (size_t i = 0; i < xh.size(); ++i) {
+      xh[i] = fp32_to_fp16(x[i]);
+      yh[i] = fp32_to_fp16(y[i]);
+    }
+    const float got = dot_f16(xh.data(), yh.data(), n);
+    const float want = dot_f16_tree(xh.data(), yh.data(), n, ggml_simd_lanes(GetParam()));
+    EXPECT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << n << ": " << got << " vs " << want;
+  }
+}
+
 TEST_P(simd_layouts, exp_and_softmax_match_libm) {
   for (float v = -100.0f; v < 88.0f; v += 0.173f) {
     const double e = std::exp(static_cast<double>(v));
