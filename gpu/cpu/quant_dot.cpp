@@ -331,198 +331,9 @@ inline const W* row_at(const void* w, size_t row_bytes, int r) {
 }
 }  // namespace
 
-// The 4-row kernels stream their weights once per token (batch-1 decode): each row's blocks are
-// prefetched 32 blocks ahead (measured +12 % batch-1 decode on the 2-vCPU EPYC VM; the hardware
-// prefetcher alone left the kernel waiting on memory). The multi-token tiles reuse a weight tile
-// from L1 and gained nothing from it. The row loops are unrolled so that the row pointers and the
-// four accumulators live in registers (GCC otherwise kept them in memory: a load and a store per
-// row and block); +20 % batch-1 decode.
-void dot4_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks,
-                    float* out) {
-  const block_q4_0* x[4] = {
-      row_at<block_q4_0>(w, row_bytes, 0), row_at<block_q4_0>(w, row_bytes, 1),
-      row_at<block_q4_0>(w, row_bytes, 2), row_at<block_q4_0>(w, row_bytes, 3)};
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-  const __m256i off = _mm256_set1_epi8(8);
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
-    const float da = _cvtsh_ss(a[b].d);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r)
-      _mm_prefetch(reinterpret_cast<const char*>(x[r] + b + 32), _MM_HINT_T0);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r) {
-      const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r][b].d) * da);
-      const __m256i qx = _mm256_sub_epi8(nibbles_to_bytes(x[r][b].qs), off);
-      acc[r] = _mm256_fmadd_ps(d, dot_s8(qx, qy), acc[r]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) out[r] = hsum8(acc[r]);
-}
-
-void dot4_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* a, int64_t n_blocks,
-                    float* out) {
-  const block_q4_1* x[4] = {
-      row_at<block_q4_1>(w, row_bytes, 0), row_at<block_q4_1>(w, row_bytes, 1),
-      row_at<block_q4_1>(w, row_bytes, 2), row_at<block_q4_1>(w, row_bytes, 3)};
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-  float summs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
-    const float da = _cvtsh_ss(a[b].d);
-    const float sa = _cvtsh_ss(a[b].s);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r)
-      _mm_prefetch(reinterpret_cast<const char*>(x[r] + b + 32), _MM_HINT_T0);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r) {
-      summs[r] += _cvtsh_ss(x[r][b].m) * sa;
-      const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r][b].d) * da);
-      acc[r] = _mm256_fmadd_ps(d, dot_us8(nibbles_to_bytes(x[r][b].qs), qy), acc[r]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) out[r] = hsum8(acc[r]) + summs[r];
-}
-
-void dot4_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks,
-                    float* out) {
-  const block_q8_0* x[4] = {
-      row_at<block_q8_0>(w, row_bytes, 0), row_at<block_q8_0>(w, row_bytes, 1),
-      row_at<block_q8_0>(w, row_bytes, 2), row_at<block_q8_0>(w, row_bytes, 3)};
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
-    const float da = _cvtsh_ss(a[b].d);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r)
-      _mm_prefetch(reinterpret_cast<const char*>(x[r] + b + 32), _MM_HINT_T0);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r) {
-      const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r][b].d) * da);
-      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].qs));
-      acc[r] = _mm256_fmadd_ps(d, dot_s8(qx, qy), acc[r]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) out[r] = hsum8(acc[r]);
-}
-
+#ifdef WEFT_CPU_AVX512
 namespace {
 
-// Per-type pieces of the multi-token tile kernel; each mirrors its one-row function above.
-template <class W>
-struct tile_ops;
-
-template <>
-struct tile_ops<block_q4_0> {
-  using act = block_q8_0;
-  static constexpr bool has_min = false;
-  static __m256i unpack(const block_q4_0& b) {
-    return _mm256_sub_epi8(nibbles_to_bytes(b.qs), _mm256_set1_epi8(8));
-  }
-  static __m256 dot(__m256i qx, __m256i qy) { return dot_s8(qx, qy); }
-};
-
-template <>
-struct tile_ops<block_q4_1> {
-  using act = block_q8_1;
-  static constexpr bool has_min = true;
-  static __m256i unpack(const block_q4_1& b) { return nibbles_to_bytes(b.qs); }
-  static __m256 dot(__m256i qx, __m256i qy) { return dot_us8(qx, qy); }
-};
-
-template <>
-struct tile_ops<block_q8_0> {
-  using act = block_q8_0;
-  static constexpr bool has_min = false;
-  static __m256i unpack(const block_q8_0& b) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
-  }
-  static __m256 dot(__m256i qx, __m256i qy) { return dot_s8(qx, qy); }
-};
-
-// 2 weight rows x T activation rows: each weight block is unpacked once for T tokens. Every
-// (row, token) pair keeps its own accumulator with the one-row function's operation order, so the
-// results are bit-identical to it. The loops are unrolled so that the 2T vector accumulators stay
-// in registers (activations are read straight from memory by the multiply); the scalar min-terms of
-// Q4_1 (an independent sum over blocks) go in a second pass, for the same reason.
-template <class W, int T>
-void dot_tile_2xT(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
-                  const act_scales& sc, int64_t n_blocks, float* const* out) {
-  using ops = tile_ops<W>;
-  using A = typename ops::act;
-  const W* x0 = row_at<W>(w, row_bytes, 0);
-  const W* x1 = row_at<W>(w, row_bytes, 1);
-  const A* y[T];
-  __m256 acc0[T];
-  __m256 acc1[T];
-#pragma GCC unroll 4
-  for (int j = 0; j < T; ++j) {
-    y[j] = a[j];
-    acc0[j] = _mm256_setzero_ps();
-    acc1[j] = _mm256_setzero_ps();
-  }
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const __m256i qx0 = ops::unpack(x0[b]);
-    const __m256i qx1 = ops::unpack(x1[b]);
-    const float dw0 = _cvtsh_ss(x0[b].d);
-    const float dw1 = _cvtsh_ss(x1[b].d);
-    const float* dab = sc.d + b * sc.stride;
-#pragma GCC unroll 4
-    for (int j = 0; j < T; ++j) {
-      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[j][b].qs));
-      const float da = dab[j];
-      acc0[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw0 * da), ops::dot(qx0, qy), acc0[j]);
-      acc1[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw1 * da), ops::dot(qx1, qy), acc1[j]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int j = 0; j < T; ++j) {
-    out[j][0] = hsum8(acc0[j]);
-    out[j][1] = hsum8(acc1[j]);
-  }
-  if constexpr (ops::has_min) {
-    // Each (row, token) sum still runs over the blocks in order (bit-identical); every fp16 scale
-    // is converted once per block instead of once per pair.
-    float summs0[T];
-    float summs1[T];
-    if constexpr (T == 4) {
-      // The four tokens' sums side by side in one vector per row: lane j is token j's chain, the
-      // same fused multiply-add per block as the scalar form.
-      __m128 v0 = _mm_setzero_ps();
-      __m128 v1 = _mm_setzero_ps();
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        const __m128 sa = _mm_loadu_ps(sc.s + b * sc.stride);
-        v0 = _mm_fmadd_ps(_mm_set1_ps(_cvtsh_ss(x0[b].m)), sa, v0);
-        v1 = _mm_fmadd_ps(_mm_set1_ps(_cvtsh_ss(x1[b].m)), sa, v1);
-      }
-      _mm_storeu_ps(summs0, v0);
-      _mm_storeu_ps(summs1, v1);
-    } else {
-#pragma GCC unroll 4
-      for (int j = 0; j < T; ++j) summs0[j] = summs1[j] = 0.0f;
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        const float m0 = _cvtsh_ss(x0[b].m);
-        const float m1 = _cvtsh_ss(x1[b].m);
-        const float* sab = sc.s + b * sc.stride;
-#pragma GCC unroll 4
-        for (int j = 0; j < T; ++j) {
-          summs0[j] = std::fma(m0, sab[j], summs0[j]);
-          summs1[j] = std::fma(m1, sab[j], summs1[j]);
-        }
-      }
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < T; ++j) {
-      out[j][0] += summs0[j];
-      out[j][1] += summs1[j];
-    }
-  }
-}
-
-#ifdef WEFT_CPU_AVX512
 static_assert(tile_rows == 4 && tile_tokens == 8);
 
 // The AVX-512 tile: two weight rows share one 512-bit register (row 2p in lanes 0-7, row 2p + 1 in
@@ -653,6 +464,257 @@ void dot_tile_4xT(const void* w, size_t row_bytes, const typename tile512_ops<W>
       for (int r = 0; r < 4; ++r) out[j][r] += summs[r][j];
   }
 }
+
+// The 4-row kernels with two rows per 512-bit register (batch-1 decode): per block one
+// activation load for four rows and half the multiplies of the 256-bit form; each half keeps the
+// one-row function's lanes and operations, so the results are bit-identical to it.
+template <class W>
+void dot4_512(const void* w, size_t row_bytes, const typename tile512_ops<W>::act* a,
+              int64_t n_blocks, float* out) {
+  using ops = tile512_ops<W>;
+  const W* x[4] = {row_at<W>(w, row_bytes, 0), row_at<W>(w, row_bytes, 1),
+                   row_at<W>(w, row_bytes, 2), row_at<W>(w, row_bytes, 3)};
+  __m512 acc0 = _mm512_setzero_ps();
+  __m512 acc1 = _mm512_setzero_ps();
+  float summs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t b = 0; b < n_blocks; ++b) {
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(x[r] + b + 32), _MM_HINT_T0);
+    const __m512i qy =
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs)));
+    __m512i start = _mm512_setzero_si512();
+    if constexpr (ops::offset_shift >= 0) {
+      const __m512i sums = _mm512_dpbusd_epi32(start, _mm512_set1_epi8(1), qy);
+      start = _mm512_sub_epi32(start, _mm512_slli_epi32(sums, ops::offset_shift));
+    }
+    const __m512 da = _mm512_set1_ps(_cvtsh_ss(a[b].d));
+    const __m512 s0 =
+        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, ops::unpack2(x[0][b], x[1][b]), qy));
+    const __m512 s1 =
+        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, ops::unpack2(x[2][b], x[3][b]), qy));
+    acc0 = _mm512_fmadd_ps(_mm512_mul_ps(scale_pair(x[0][b].d, x[1][b].d), da), s0, acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_mul_ps(scale_pair(x[2][b].d, x[3][b].d), da), s1, acc1);
+    if constexpr (ops::has_min) {
+      const float sa = _cvtsh_ss(a[b].s);
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) summs[r] += _cvtsh_ss(x[r][b].m) * sa;
+    }
+  }
+  store_pair(acc0, out);
+  store_pair(acc1, out + 2);
+  if constexpr (ops::has_min) {
+    for (int r = 0; r < 4; ++r) out[r] += summs[r];
+  }
+}
+
+}  // namespace
+#endif
+
+// The 4-row kernels stream their weights once per token (batch-1 decode): each row's blocks are
+// prefetched 32 blocks ahead (measured +12 % batch-1 decode on the 2-vCPU EPYC VM; the hardware
+// prefetcher alone left the kernel waiting on memory). The multi-token tiles reuse a weight tile
+// from L1 and gained nothing from it. The row loops are unrolled so that the row pointers and the
+// four accumulators live in registers (GCC otherwise kept them in memory: a load and a store per
+// row and block); +20 % batch-1 decode.
+void dot4_q4_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks,
+                    float* out) {
+#ifdef WEFT_CPU_AVX512
+  dot4_512<block_q4_0>(w, row_bytes, a, n_blocks, out);
+#else
+  const block_q4_0* x[4] = {
+      row_at<block_q4_0>(w, row_bytes, 0), row_at<block_q4_0>(w, row_bytes, 1),
+      row_at<block_q4_0>(w, row_bytes, 2), row_at<block_q4_0>(w, row_bytes, 3)};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  const __m256i off = _mm256_set1_epi8(8);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+    const float da = _cvtsh_ss(a[b].d);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(x[r] + b + 32), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r][b].d) * da);
+      const __m256i qx = _mm256_sub_epi8(nibbles_to_bytes(x[r][b].qs), off);
+      acc[r] = _mm256_fmadd_ps(d, dot_s8(qx, qy), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = hsum8(acc[r]);
+#endif
+}
+
+void dot4_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* a, int64_t n_blocks,
+                    float* out) {
+#ifdef WEFT_CPU_AVX512
+  dot4_512<block_q4_1>(w, row_bytes, a, n_blocks, out);
+#else
+  const block_q4_1* x[4] = {
+      row_at<block_q4_1>(w, row_bytes, 0), row_at<block_q4_1>(w, row_bytes, 1),
+      row_at<block_q4_1>(w, row_bytes, 2), row_at<block_q4_1>(w, row_bytes, 3)};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  float summs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+    const float da = _cvtsh_ss(a[b].d);
+    const float sa = _cvtsh_ss(a[b].s);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(x[r] + b + 32), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      summs[r] += _cvtsh_ss(x[r][b].m) * sa;
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r][b].d) * da);
+      acc[r] = _mm256_fmadd_ps(d, dot_us8(nibbles_to_bytes(x[r][b].qs), qy), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = hsum8(acc[r]) + summs[r];
+#endif
+}
+
+void dot4_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* a, int64_t n_blocks,
+                    float* out) {
+#ifdef WEFT_CPU_AVX512
+  dot4_512<block_q8_0>(w, row_bytes, a, n_blocks, out);
+#else
+  const block_q8_0* x[4] = {
+      row_at<block_q8_0>(w, row_bytes, 0), row_at<block_q8_0>(w, row_bytes, 1),
+      row_at<block_q8_0>(w, row_bytes, 2), row_at<block_q8_0>(w, row_bytes, 3)};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+    const float da = _cvtsh_ss(a[b].d);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(x[r] + b + 32), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r][b].d) * da);
+      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].qs));
+      acc[r] = _mm256_fmadd_ps(d, dot_s8(qx, qy), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = hsum8(acc[r]);
+#endif
+}
+
+namespace {
+
+// Per-type pieces of the multi-token tile kernel; each mirrors its one-row function above.
+template <class W>
+struct tile_ops;
+
+template <>
+struct tile_ops<block_q4_0> {
+  using act = block_q8_0;
+  static constexpr bool has_min = false;
+  static __m256i unpack(const block_q4_0& b) {
+    return _mm256_sub_epi8(nibbles_to_bytes(b.qs), _mm256_set1_epi8(8));
+  }
+  static __m256 dot(__m256i qx, __m256i qy) { return dot_s8(qx, qy); }
+};
+
+template <>
+struct tile_ops<block_q4_1> {
+  using act = block_q8_1;
+  static constexpr bool has_min = true;
+  static __m256i unpack(const block_q4_1& b) { return nibbles_to_bytes(b.qs); }
+  static __m256 dot(__m256i qx, __m256i qy) { return dot_us8(qx, qy); }
+};
+
+template <>
+struct tile_ops<block_q8_0> {
+  using act = block_q8_0;
+  static constexpr bool has_min = false;
+  static __m256i unpack(const block_q8_0& b) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
+  }
+  static __m256 dot(__m256i qx, __m256i qy) { return dot_s8(qx, qy); }
+};
+
+// 2 weight rows x T activation rows: each weight block is unpacked once for T tokens. Every
+// (row, token) pair keeps its own accumulator with the one-row function's operation order, so the
+// results are bit-identical to it. The loops are unrolled so that the 2T vector accumulators stay
+// in registers (activations are read straight from memory by the multiply); the scalar min-terms of
+// Q4_1 (an independent sum over blocks) go in a second pass, for the same reason.
+template <class W, int T>
+void dot_tile_2xT(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
+                  const act_scales& sc, int64_t n_blocks, float* const* out) {
+  using ops = tile_ops<W>;
+  using A = typename ops::act;
+  const W* x0 = row_at<W>(w, row_bytes, 0);
+  const W* x1 = row_at<W>(w, row_bytes, 1);
+  const A* y[T];
+  __m256 acc0[T];
+  __m256 acc1[T];
+#pragma GCC unroll 4
+  for (int j = 0; j < T; ++j) {
+    y[j] = a[j];
+    acc0[j] = _mm256_setzero_ps();
+    acc1[j] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const __m256i qx0 = ops::unpack(x0[b]);
+    const __m256i qx1 = ops::unpack(x1[b]);
+    const float dw0 = _cvtsh_ss(x0[b].d);
+    const float dw1 = _cvtsh_ss(x1[b].d);
+    const float* dab = sc.d + b * sc.stride;
+#pragma GCC unroll 4
+    for (int j = 0; j < T; ++j) {
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[j][b].qs));
+      const float da = dab[j];
+      acc0[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw0 * da), ops::dot(qx0, qy), acc0[j]);
+      acc1[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw1 * da), ops::dot(qx1, qy), acc1[j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < T; ++j) {
+    out[j][0] = hsum8(acc0[j]);
+    out[j][1] = hsum8(acc1[j]);
+  }
+  if constexpr (ops::has_min) {
+    // Each (row, token) sum still runs over the blocks in order (bit-identical); every fp16 scale
+    // is converted once per block instead of once per pair.
+    float summs0[T];
+    float summs1[T];
+    if constexpr (T == 4) {
+      // The four tokens' sums side by side in one vector per row: lane j is token j's chain, the
+      // same fused multiply-add per block as the scalar form.
+      __m128 v0 = _mm_setzero_ps();
+      __m128 v1 = _mm_setzero_ps();
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const __m128 sa = _mm_loadu_ps(sc.s + b * sc.stride);
+        v0 = _mm_fmadd_ps(_mm_set1_ps(_cvtsh_ss(x0[b].m)), sa, v0);
+        v1 = _mm_fmadd_ps(_mm_set1_ps(_cvtsh_ss(x1[b].m)), sa, v1);
+      }
+      _mm_storeu_ps(summs0, v0);
+      _mm_storeu_ps(summs1, v1);
+    } else {
+#pragma GCC unroll 4
+      for (int j = 0; j < T; ++j) summs0[j] = summs1[j] = 0.0f;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const float m0 = _cvtsh_ss(x0[b].m);
+        const float m1 = _cvtsh_ss(x1[b].m);
+        const float* sab = sc.s + b * sc.stride;
+#pragma GCC unroll 4
+        for (int j = 0; j < T; ++j) {
+          summs0[j] = std::fma(m0, sab[j], summs0[j]);
+          summs1[j] = std::fma(m1, sab[j], summs1[j]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < T; ++j) {
+      out[j][0] += summs0[j];
+      out[j][1] += summs1[j];
+    }
+  }
+}
+
+#ifdef WEFT_CPU_AVX512
 
 template <class W>
 void dot_tile_n(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
