@@ -4,7 +4,11 @@
 // Writes bench/results/engine-<date>.json and prints one summary line per figure.
 //
 //   gpu_engine_bench [--model PATH] [--threads N] [--prompt-len P] [--decode-steps D]
-//                    [--batches 1,8,32] [--out DIR] [--no-llama]
+//                    [--batches 1,8,32] [--repeat R] [--out DIR] [--no-llama]
+//
+// With --repeat R the two engines run R times alternately (llama.cpp, weft, llama.cpp, ...) and
+// every figure is the median of its R runs (the JSON keeps each run): both engines' tok/s move by
+// up to 10-20 % between runs on a shared VM, and one pair of runs can land on either side of 1.0.
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -131,6 +135,13 @@ struct weft_figures {
   double decode_tok_s = 0;
 };
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 weft_figures run_weft(model& m, device& dev, int batch, int plen, int steps) {
   kv_cache_config kc;
   kc.layout = m.kv_layout_for(16);
@@ -178,7 +189,7 @@ weft_figures run_weft(model& m, device& dev, int batch, int plen, int steps) {
 
 int main(int argc, char** argv) {
   std::string model_path;
-  int threads = 2, plen = 64, steps = 32;
+  int threads = 2, plen = 64, steps = 32, repeat = 1;
   std::string batches_arg = "1,8,32", out_dir = std::string{WEFT_SOURCE_DIR} + "/bench/results";
   bool with_llama = true;
   std::string weights_memory = "huge-pages";
@@ -195,6 +206,8 @@ int main(int argc, char** argv) {
       steps = std::atoi(next().c_str());
     else if (a == "--batches")
       batches_arg = next();
+    else if (a == "--repeat")
+      repeat = std::max(1, std::atoi(next().c_str()));
     else if (a == "--out")
       out_dir = next();
     else if (a == "--weights-memory")
@@ -211,6 +224,8 @@ int main(int argc, char** argv) {
           "  --prompt-len N      prompt tokens per sequence (default 64)\n"
           "  --decode-steps N    decode steps per batch size (default 32)\n"
           "  --batches LIST      comma-separated batch sizes (default 1,8,32)\n"
+          "  --repeat R          run both engines R times alternately; figures are medians\n"
+          "                      (default 1)\n"
           "  --out DIR           where the JSON goes (default bench/results)\n"
           "  --weights-memory M  huge-pages (default, as weft serve) or mmap\n"
           "  --no-llama          weft only (no baseline; ratios are not printed)\n");
@@ -282,19 +297,44 @@ int main(int argc, char** argv) {
                    {"prefill_tok_s_compute_limit", macs_s / macs_tok},
                    {"sgemm_peak_flops_per_s", gemm_peak},
                    {"tok_s_compute_ceiling_sgemm", compute_ceiling}};
-  nlohmann::json llama;
-  if (with_llama) {
-    const std::string cmd = "python3 " + std::string{WEFT_SOURCE_DIR} +
-                            "/bench/micro/gpu/llama_bench.py '" + model_path + "' " +
-                            std::to_string(threads) + " " + std::to_string(plen) + " " +
-                            std::to_string(steps) + " " + batches_arg + " 2>/dev/null";
-    const std::string out = shell(cmd);
-    try {
-      llama = nlohmann::json::parse(out);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "llama.cpp baseline unavailable (%s)\n", e.what());
+  // Each repetition: llama.cpp (all batch sizes, one subprocess), then weft (all batch sizes).
+  struct samples {
+    std::vector<double> weft_prefill, weft_decode, llama_prefill, llama_decode;
+  };
+  std::vector<samples> per_batch(batches.size());
+  std::string llama_version;
+  for (int rep = 0; rep < repeat; ++rep) {
+    if (with_llama) {
+      const std::string cmd = "python3 " + std::string{WEFT_SOURCE_DIR} +
+                              "/bench/micro/gpu/llama_bench.py '" + model_path + "' " +
+                              std::to_string(threads) + " " + std::to_string(plen) + " " +
+                              std::to_string(steps) + " " + batches_arg + " 2>/dev/null";
+      nlohmann::json llama;
+      try {
+        llama = nlohmann::json::parse(shell(cmd));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "llama.cpp baseline unavailable (%s)\n", e.what());
+        with_llama = false;
+      }
+      if (llama.contains("version")) llama_version = llama["version"];
+      if (llama.contains("results")) {
+        for (const auto& x : llama["results"]) {
+          for (size_t i = 0; i < batches.size(); ++i) {
+            if (x["batch"] != batches[i]) continue;
+            per_batch[i].llama_prefill.push_back(x["prefill_tok_s"]);
+            per_batch[i].llama_decode.push_back(x["decode_tok_s"]);
+          }
+        }
+      }
     }
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const weft_figures w = run_weft(**m, *dev.value(), batches[i], plen, steps);
+      per_batch[i].weft_prefill.push_back(w.prefill_tok_s);
+      per_batch[i].weft_decode.push_back(w.decode_tok_s);
+    }
+    if (repeat > 1) std::fprintf(stderr, "repetition %d/%d done\n", rep + 1, repeat);
   }
+  j["workload"]["repeat"] = repeat;
   std::vector<std::string> lines;
   char line[512];
   std::snprintf(line, sizeof line,
@@ -311,51 +351,60 @@ int main(int argc, char** argv) {
                 "compute ceiling %.0f tok/s",
                 threads, gemm_peak / 1e9, 2.0 * macs_tok / 1e9, compute_ceiling);
   lines.emplace_back(line);
-  for (int bsz : batches) {
-    const weft_figures w = run_weft(**m, *dev.value(), bsz, plen, steps);
+  const char* stat = repeat > 1 ? " (medians)" : "";
+  double batch1_decode = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const int bsz = batches[i];
+    const samples& s = per_batch[i];
+    const weft_figures w{median(s.weft_prefill), median(s.weft_decode)};
+    const double lp = median(s.llama_prefill), ld = median(s.llama_decode);
+    if (bsz == 1) batch1_decode = w.decode_tok_s;
     nlohmann::json r = {{"batch", bsz},
                         {"weft_prefill_tok_s", w.prefill_tok_s},
-                        {"weft_decode_tok_s", w.decode_tok_s}};
-    double lp = 0, ld = 0;
-    if (llama.contains("results")) {
-      for (const auto& x : llama["results"]) {
-        if (x["batch"] == bsz) {
-          lp = x["prefill_tok_s"];
-          ld = x["decode_tok_s"];
-        }
-      }
+                        {"weft_decode_tok_s", w.decode_tok_s},
+                        {"weft_prefill_runs", s.weft_prefill},
+                        {"weft_decode_runs", s.weft_decode}};
+    if (!s.llama_prefill.empty()) {
       r["llama_prefill_tok_s"] = lp;
       r["llama_decode_tok_s"] = ld;
+      r["llama_prefill_runs"] = s.llama_prefill;
+      r["llama_decode_runs"] = s.llama_decode;
     }
     if (lp > 0) {
       std::snprintf(line, sizeof line,
-                    "batch %2d prefill: weft %.0f tok/s, llama.cpp %.0f tok/s, ratio %.2f", bsz,
-                    w.prefill_tok_s, lp, w.prefill_tok_s / lp);
+                    "batch %2d prefill%s: weft %.0f tok/s, llama.cpp %.0f tok/s, ratio %.2f", bsz,
+                    stat, w.prefill_tok_s, lp, w.prefill_tok_s / lp);
     } else {
-      std::snprintf(line, sizeof line, "batch %2d prefill: weft %.0f tok/s (no baseline)", bsz,
-                    w.prefill_tok_s);
+      std::snprintf(line, sizeof line, "batch %2d prefill%s: weft %.0f tok/s (no baseline)", bsz,
+                    stat, w.prefill_tok_s);
     }
     lines.emplace_back(line);
-    const std::string ceiling =
+    std::string ceiling =
         (bsz == 1 ? ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / (bw / wbytes))) +
                         "% of the bandwidth ceiling"
                   : "") +
         ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / compute_ceiling)) +
         "% of the compute ceiling";
+    if (bsz != 1 && batch1_decode > 0) {
+      char x[64];
+      std::snprintf(x, sizeof x, ", %.2fx weft's batch 1", w.decode_tok_s / batch1_decode);
+      ceiling += x;
+      r["weft_decode_over_batch1"] = w.decode_tok_s / batch1_decode;
+    }
     r["weft_decode_share_of_compute_ceiling"] = w.decode_tok_s / compute_ceiling;
     r["weft_prefill_share_of_compute_ceiling"] = w.prefill_tok_s / compute_ceiling;
     if (ld > 0) {
       std::snprintf(line, sizeof line,
-                    "batch %2d decode:  weft %.1f tok/s, llama.cpp %.1f tok/s, ratio %.2f%s", bsz,
-                    w.decode_tok_s, ld, w.decode_tok_s / ld, ceiling.c_str());
+                    "batch %2d decode%s:  weft %.1f tok/s, llama.cpp %.1f tok/s, ratio %.2f%s", bsz,
+                    stat, w.decode_tok_s, ld, w.decode_tok_s / ld, ceiling.c_str());
     } else {
-      std::snprintf(line, sizeof line, "batch %2d decode:  weft %.1f tok/s (no baseline)%s", bsz,
-                    w.decode_tok_s, ceiling.c_str());
+      std::snprintf(line, sizeof line, "batch %2d decode%s:  weft %.1f tok/s (no baseline)%s", bsz,
+                    stat, w.decode_tok_s, ceiling.c_str());
     }
     lines.emplace_back(line);
     j["results"].push_back(r);
   }
-  if (llama.contains("version")) j["llama_cpp_python_version"] = llama["version"];
+  if (!llama_version.empty()) j["llama_cpp_python_version"] = llama_version;
   j["summary"] = lines;
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   char date[32];
