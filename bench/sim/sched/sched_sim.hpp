@@ -1,0 +1,69 @@
+#pragma once
+/// An iteration-level simulator of one engine worker: it drives a real `gpu::schedule_policy`
+/// (fcfs_policy, serve::mlfq_policy, ...) exactly as `gpu::engine` does — rank every live request
+/// each step, run the first `max_running`, decodes first and prompt chunks after them up to
+/// `max_batch_tokens`, report progress, forget finished requests — and replaces the forward pass by
+/// a step-time model fitted from measurements. It answers "what would this policy do on this
+/// workload at this rate" in milliseconds instead of minutes, with the same policy code.
+///
+/// Not modelled: KV-cache capacity (no swapping; every admitted request keeps its KV), sampling
+/// and stop strings (a request generates exactly its output length), the HTTP/actor path (one
+/// fixed per-request overhead). Plain C++: no CAF, no device.
+
+#include <cstdint>
+#include <vector>
+
+#include "gpu/schedule_policy.hpp"
+
+namespace weft::bench::sim {
+
+/// One request of a simulated run.
+struct sim_request {
+  double arrival_s = 0.0;     ///< Arrival time from the start of the run (non-decreasing).
+  int64_t prompt_tokens = 1;  ///< >= 1.
+  int64_t output_tokens = 1;  ///< Tokens to generate (>= 1); the first comes with the prefill.
+};
+
+/// Duration of one forward pass: base + per_seq x (sequences that sample a token) + per_prefill x
+/// (prompt tokens in the pass). Fitted from `gpu_engine_bench` and `weft bench serve` figures.
+struct step_model {
+  double base_ms = 6.0;
+  double per_seq_ms = 1.9;
+  double per_prefill_token_ms = 1.0;
+  /// Added once to every request's TTFT and E2E: HTTP, router and streaming latency.
+  double overhead_ms = 2.0;
+
+  double step_ms(int64_t n_sampling, int64_t n_prefill_tokens) const {
+    return base_ms + per_seq_ms * static_cast<double>(n_sampling) +
+           per_prefill_token_ms * static_cast<double>(n_prefill_tokens);
+  }
+};
+
+/// The engine settings the simulator honours.
+struct sim_engine_config {
+  int64_t max_running = 4;         ///< Batch slots (as `weft serve --max-running`).
+  int64_t max_batch_tokens = 512;  ///< Tokens per forward pass (decodes + prompt chunks).
+  step_model model;
+};
+
+/// What happened to one request.
+struct sim_outcome {
+  double ttft_s = 0.0;      ///< Arrival -> first token (+ overhead).
+  double e2e_s = 0.0;       ///< Arrival -> last token (+ overhead).
+  int64_t preemptions = 0;  ///< Times it ran in a pass and was left out of the next while live.
+};
+
+/// Totals of a run.
+struct sim_run {
+  std::vector<sim_outcome> outcomes;  ///< In request order.
+  double makespan_s = 0.0;            ///< Time the last request finished.
+  double busy_s = 0.0;                ///< Time spent in forward passes.
+  int64_t steps = 0;
+};
+
+/// Runs `requests` through `policy` (a fresh instance: policies keep per-request state).
+/// Requests must be sorted by arrival. Deterministic.
+sim_run simulate(const std::vector<sim_request>& requests, gpu::schedule_policy& policy,
+                 const sim_engine_config& config);
+
+}  // namespace weft::bench::sim
