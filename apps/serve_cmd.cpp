@@ -44,7 +44,7 @@ struct serve_cli {
   uint32_t cache_replicas = 2;
   std::string policy = "fcfs";
   double mlfq_prefill_cost = 0.4;
-  int64_t mlfq_starvation_steps = 256;
+  int64_t mlfq_starvation_steps = 1024;
   int threads = 0;
   std::string weights_memory = "huge-pages";
   int64_t kv_blocks = 1024;

@@ -8,7 +8,7 @@
 ///   {"model": PATH, "router": "HOST:PORT", "device": "cpu", "threads": 0,
 ///    "weights_memory": "huge-pages"|"mmap", "kv_blocks": 1024,
 ///    "block_size": 16, "max_batch_tokens": 64, "max_running": 32, "policy": "fcfs"|"mlfq",
-///    "mlfq_prefill_cost": 0.4, "mlfq_starvation_steps": 256,
+///    "mlfq_prefill_cost": 0.4, "mlfq_starvation_steps": 1024,
 ///    "role": "both"|"prefill"|"decode", "prefix_cache": true, "load_interval_ms": 200,
 ///    "kv_lease_ms": 5000, "segment_tokens": 0, "pool_timeout_ms": 500}
 ///
@@ -39,7 +39,7 @@ struct worker_config {
   /// MLFQ: cost of one prompt token in decode-iteration units (skip-join placement). ~0.4 measured
   /// on the CPU backend with SmolLM2-135M (docs/serving.md).
   double mlfq_prefill_cost = 0.4;
-  int64_t mlfq_starvation_steps = 256;
+  int64_t mlfq_starvation_steps = 1024;
   std::string role = "both";
   bool prefix_cache = true;
   uint32_t load_interval_ms = 200;

@@ -25,9 +25,11 @@ struct sim_request {
 };
 
 /// Duration of one forward pass: base + per_seq x (sequences that sample a token) + per_prefill x
-/// (prompt tokens in the pass). Fitted from `gpu_engine_bench` and `weft bench serve` figures.
+/// (prompt tokens in the pass). The defaults were fitted on a 2-vCPU AVX-512 VM serving
+/// SmolLM2-135M Q4_1 with one worker (docs/serving.md, "Scheduling simulator"): refit them for
+/// another machine or model from `gpu_engine_bench` and `weft bench serve` figures.
 struct step_model {
-  double base_ms = 6.0;
+  double base_ms = 6.2;
   double per_seq_ms = 1.9;
   double per_prefill_token_ms = 1.0;
   /// Added once to every request's TTFT and E2E: HTTP, router and streaming latency.
