@@ -108,9 +108,9 @@ json cross_process(uint32_t decode_threads, int n) {
   actors::runtime_config cfg{opts};
   caf::actor_system sys{cfg};
   uint16_t port = static_cast<uint16_t>(30000 + (::getpid() + decode_threads * 13) % 20000);
-  auto server = apps::child_process::start(
-      {apps::self_exe(), "--serve", std::to_string(port), "--decode-threads",
-       std::to_string(decode_threads), "--worker-threads", std::to_string(g_worker_threads)});
+  auto server = apps::child_process::start({apps::self_exe(), "--serve", std::to_string(port),
+                                            "--decode-threads", std::to_string(decode_threads),
+                                            "--worker-threads", std::to_string(g_worker_threads)});
   if (!server || !server->read_line(10000)) return {{"error", "echo server did not start"}};
   auto remote = sys.middleman().remote_actor("127.0.0.1", port);
   if (!remote) return {{"error", caf::to_string(remote.error())}};
