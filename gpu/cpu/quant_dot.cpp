@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include "gpu/cpu/elementwise.hpp"
 
@@ -714,49 +716,28 @@ void dot_tile_2xT(const void* w, size_t row_bytes, const typename tile_ops<W>::a
   }
 }
 
+// Calls f(std::integral_constant<int, n>) for n = n_tok clamped to 1..Max: the tile kernels take
+// their token count as a template argument so that their accumulators stay in registers.
+template <int Max, class F>
+void with_token_count(int n_tok, F&& f) {
+  const int n = std::clamp(n_tok, 1, Max);
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (void)((n == I + 1 ? (f(std::integral_constant<int, I + 1>{}), true) : false) || ...);
+  }
+  (std::make_integer_sequence<int, Max>{});
+}
+
+template <class W>
+void dot_tile_n(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
+                int n_tok, int64_t n_blocks, float* const* out, const act_scales& sc) {
+  with_token_count<tile_tokens>(n_tok, [&](auto t) {
 #ifdef WEFT_CPU_AVX512
-
-template <class W>
-void dot_tile_n(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
-                int n_tok, int64_t n_blocks, float* const* out, const act_scales& sc) {
-  switch (n_tok) {
-    case 1:
-      return dot_tile_4xT<W, 1>(w, row_bytes, a, sc, n_blocks, out);
-    case 2:
-      return dot_tile_4xT<W, 2>(w, row_bytes, a, sc, n_blocks, out);
-    case 3:
-      return dot_tile_4xT<W, 3>(w, row_bytes, a, sc, n_blocks, out);
-    case 4:
-      return dot_tile_4xT<W, 4>(w, row_bytes, a, sc, n_blocks, out);
-    case 5:
-      return dot_tile_4xT<W, 5>(w, row_bytes, a, sc, n_blocks, out);
-    case 6:
-      return dot_tile_4xT<W, 6>(w, row_bytes, a, sc, n_blocks, out);
-    case 7:
-      return dot_tile_4xT<W, 7>(w, row_bytes, a, sc, n_blocks, out);
-    default:
-      return dot_tile_4xT<W, 8>(w, row_bytes, a, sc, n_blocks, out);
-  }
-}
-
+    dot_tile_4xT<W, decltype(t)::value>(w, row_bytes, a, sc, n_blocks, out);
 #else
-
-template <class W>
-void dot_tile_n(const void* w, size_t row_bytes, const typename tile_ops<W>::act* const* a,
-                int n_tok, int64_t n_blocks, float* const* out, const act_scales& sc) {
-  switch (n_tok) {
-    case 1:
-      return dot_tile_2xT<W, 1>(w, row_bytes, a, sc, n_blocks, out);
-    case 2:
-      return dot_tile_2xT<W, 2>(w, row_bytes, a, sc, n_blocks, out);
-    case 3:
-      return dot_tile_2xT<W, 3>(w, row_bytes, a, sc, n_blocks, out);
-    default:
-      return dot_tile_2xT<W, 4>(w, row_bytes, a, sc, n_blocks, out);
-  }
-}
-
+    dot_tile_2xT<W, decltype(t)::value>(w, row_bytes, a, sc, n_blocks, out);
 #endif
+  });
+}
 
 }  // namespace
 
