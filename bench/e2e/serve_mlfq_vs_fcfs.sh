@@ -13,6 +13,8 @@
 #                    seeds, so pool several for a ratio worth quoting
 #   WEFT_MLFQ_FLAGS  extra flags for the MLFQ server only (e.g. "--mlfq-starvation-steps 256")
 #   POLICIES         what to run (default "fcfs mlfq")
+#   OUTPUT_MAX       clip of the Pareto output lengths (default 512); a longer clip is a heavier
+#                    tail (cv^2 5 at 512, 13 at 2000) and a larger FCFS/MLFQ gap at the same load
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 weft="${1:-$root/build/release/apps/weft}"
@@ -29,7 +31,7 @@ mkdir -p "$out"
 # Small batch slots make head-of-line blocking visible, as GPU memory does in FastServe's setting.
 server_flags=(--workers 1 --max-running "${MAX_RUNNING:-4}" --port "$port")
 load_flags=(--url "http://127.0.0.1:$port" -n "$n" --rate "$rate" --arrival poisson
-            --prompt-tokens "$prompt" --output-dist pareto --output-tokens 32 --pareto-alpha 1.2 --output-max 512
+            --prompt-tokens "$prompt" --output-dist pareto --output-tokens 32 --pareto-alpha 1.2 --output-max "${OUTPUT_MAX:-512}"
             --ttft-slo-ms 5000 --tpot-slo-ms 200)
 for policy in "${policies[@]}"; do
   extra=()

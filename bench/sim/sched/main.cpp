@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -86,7 +87,11 @@ int main(int argc, char** argv) {
   serve::mlfq_config mlfq;
   mlfq.prefill_cost_per_token = 0.4;  // weft serve's default
   std::string out_dir = std::string{WEFT_SOURCE_DIR} + "/bench/results";
-  app.add_option("--policies", policies_arg, "Comma-separated policies; ratios are to the first")
+  std::string trace_path;
+  lg::trace_scaling_config scaling;
+  app.add_option("--policies", policies_arg,
+                 "Comma-separated policies (fcfs, mlfq; srpt = an oracle that knows output "
+                 "lengths, the bound for size-blind policies); ratios are to the first")
       ->capture_default_str();
   app.add_option("--rates", rates_arg, "Comma-separated request rates (req/s)")
       ->capture_default_str();
@@ -132,6 +137,19 @@ int main(int argc, char** argv) {
   app.add_option("--mlfq-starvation-steps", mlfq.starvation_steps,
                  "MLFQ starvation guard (iterations)")
       ->capture_default_str();
+  app.add_option("--trace", trace_path,
+                 "Replay a trace (Azure CSV or Mooncake JSONL) time-scaled to each rate instead of "
+                 "the synthetic lengths; --seeds are then trace offsets (windows of -n requests)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--prompt-scale", scaling.prompt_scale,
+                 "Trace: multiply prompt lengths by this (0 = the --max-prompt-tokens rule)")
+      ->capture_default_str();
+  app.add_option("--max-prompt-tokens", scaling.max_prompt_tokens,
+                 "Trace: scale (or with --prompt-scale clip) prompts to this many tokens")
+      ->capture_default_str();
+  app.add_option("--max-output-tokens", scaling.max_output_tokens,
+                 "Trace: scale output lengths so the longest has this many tokens (0 = as traced)")
+      ->capture_default_str();
   app.add_option("--out", out_dir, "Directory of the JSON result")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -159,10 +177,23 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (const auto& p : policies) {
+    if (p == "srpt") continue;
     if (auto made = serve::make_schedule_policy(p, mlfq); !made) {
       std::fprintf(stderr, "%s\n", made.error().to_string().c_str());
       return 2;
     }
+  }
+
+  std::optional<lg::trace> source;
+  if (!trace_path.empty()) {
+    auto format = lg::detect_trace_format(trace_path);
+    auto t = format ? lg::load_trace(trace_path, format.value())
+                    : lg::result<lg::trace>::failure(format.error());
+    if (!t) {
+      std::fprintf(stderr, "%s\n", t.error().c_str());
+      return 2;
+    }
+    source = std::move(t.value());
   }
 
   json j;
@@ -178,6 +209,12 @@ int main(int argc, char** argv) {
                {"prefill_cost_per_token", mlfq.prefill_cost_per_token},
                {"starvation_steps", mlfq.starvation_steps}};
   j["seeds"] = seeds;
+  if (source)
+    j["trace"] = {{"path", trace_path},
+                  {"offsets", seeds},
+                  {"prompt_scale", scaling.prompt_scale},
+                  {"max_prompt_tokens", scaling.max_prompt_tokens},
+                  {"max_output_tokens", scaling.max_output_tokens}};
   j["num_requests"] = n;
   for (double rate : rates) {
     // The same requests as `weft bench serve --seed S --rate R` with these length settings.
@@ -189,6 +226,11 @@ int main(int argc, char** argv) {
       wc.seed = seed;
       wc.synthetic.prompt = prompt;
       wc.synthetic.output = output;
+      if (source) {
+        wc.source_trace = &*source;
+        wc.scaling = scaling;
+        wc.scaling.offset = seed;
+      }
       auto w = lg::build_workload(wc, rate);
       if (!w) {
         std::fprintf(stderr, "workload: %s\n", w.error().c_str());
@@ -205,8 +247,12 @@ int main(int argc, char** argv) {
       std::vector<double> e2e, ttft;
       int64_t preemptions = 0;
       for (const auto& reqs : runs) {
-        auto policy = serve::make_schedule_policy(policies[pi], mlfq);
-        const sim::sim_run run = sim::simulate(reqs, **policy, engine);
+        sim::srpt_oracle oracle{reqs};
+        auto made =
+            serve::make_schedule_policy(policies[pi] == "srpt" ? "fcfs" : policies[pi], mlfq);
+        gpu::schedule_policy& policy =
+            policies[pi] == "srpt" ? static_cast<gpu::schedule_policy&>(oracle) : **made;
+        const sim::sim_run run = sim::simulate(reqs, policy, engine);
         for (const auto& o : run.outcomes) {
           e2e.push_back(o.e2e_s * 1000.0);
           ttft.push_back(o.ttft_s * 1000.0);

@@ -108,4 +108,15 @@ sim_run simulate(const std::vector<sim_request>& requests, gpu::schedule_policy&
   return run;
 }
 
+void srpt_oracle::rank(std::vector<gpu::sched_request>& live, int64_t /*now_step*/) {
+  const auto remaining = [&](const gpu::sched_request& r) {
+    return requests_[r.id].output_tokens - r.n_generated;
+  };
+  std::sort(live.begin(), live.end(),
+            [&](const gpu::sched_request& a, const gpu::sched_request& b) {
+              const int64_t ra = remaining(a), rb = remaining(b);
+              return ra != rb ? ra < rb : a.arrival < b.arrival;
+            });
+}
+
 }  // namespace weft::bench::sim

@@ -63,6 +63,23 @@ struct sim_run {
   int64_t steps = 0;
 };
 
+/// Shortest remaining output first, knowing every request's output length. Not a deployable
+/// policy (a server does not know how long a reply will be): the clairvoyant bound a size-blind
+/// policy such as MLFQ is measured against. Ties go by arrival. `requests` must outlive it and be
+/// the vector passed to simulate() (request ids are indices into it).
+class srpt_oracle final : public gpu::schedule_policy {
+ public:
+  explicit srpt_oracle(const std::vector<sim_request>& requests) : requests_(requests) {}
+  std::string_view name() const override { return "srpt"; }
+  void on_add(const gpu::sched_request&) override {}
+  void on_progress(gpu::request_id, int64_t, int64_t) override {}
+  void on_finish(gpu::request_id) override {}
+  void rank(std::vector<gpu::sched_request>& live, int64_t now_step) override;
+
+ private:
+  const std::vector<sim_request>& requests_;
+};
+
 /// Runs `requests` through `policy` (a fresh instance: policies keep per-request state).
 /// Requests must be sorted by arrival. Deterministic.
 sim_run simulate(const std::vector<sim_request>& requests, gpu::schedule_policy& policy,

@@ -93,5 +93,23 @@ TEST(sched_sim, mlfq_lets_a_short_job_pass_a_long_one) {
   EXPECT_EQ((*mlfq)->level_of(1), -1);
 }
 
+TEST(sched_sim, srpt_oracle_runs_the_shortest_remaining_job_first) {
+  // One slot, three jobs at 0 with 5, 1 and 3 tokens to generate: SRPT serves 1 (pass 1), then 3
+  // (passes 2-4), then 5 (passes 5-9); FCFS would end them at 5, 6 and 9 ms.
+  const std::vector<sim_request> reqs = {{0.0, 1, 5}, {0.0, 1, 1}, {0.0, 1, 3}};
+  srpt_oracle srpt{reqs};
+  const auto run = simulate(reqs, srpt, unit_steps(1));
+  EXPECT_NEAR_MS(run.outcomes[1].e2e_s, 0.001);
+  EXPECT_NEAR_MS(run.outcomes[2].e2e_s, 0.004);
+  EXPECT_NEAR_MS(run.outcomes[0].e2e_s, 0.009);
+  // A newcomer shorter than what is left of the running job preempts it.
+  const std::vector<sim_request> late = {{0.0, 1, 10}, {0.0025, 1, 2}};
+  srpt_oracle srpt2{late};
+  const auto r2 = simulate(late, srpt2, unit_steps(1));
+  EXPECT_NEAR_MS(r2.outcomes[1].e2e_s, 0.0025);  // arrives during pass 3, runs passes 4-5
+  EXPECT_NEAR_MS(r2.outcomes[0].e2e_s, 0.012);
+  EXPECT_EQ(r2.outcomes[0].preemptions, 1);
+}
+
 }  // namespace
 }  // namespace weft::bench::sim
