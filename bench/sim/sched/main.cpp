@@ -90,8 +90,8 @@ int main(int argc, char** argv) {
   std::string trace_path;
   lg::trace_scaling_config scaling;
   app.add_option("--policies", policies_arg,
-                 "Comma-separated policies (fcfs, mlfq; srpt = an oracle that knows output "
-                 "lengths, the bound for size-blind policies); ratios are to the first")
+                 "Comma-separated policies (fcfs, mlfq; references: srpt = an oracle that knows "
+                 "output lengths, las = least attained service); ratios are to the first")
       ->capture_default_str();
   app.add_option("--rates", rates_arg, "Comma-separated request rates (req/s)")
       ->capture_default_str();
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (const auto& p : policies) {
-    if (p == "srpt") continue;
+    if (p == "srpt" || p == "las") continue;
     if (auto made = serve::make_schedule_policy(p, mlfq); !made) {
       std::fprintf(stderr, "%s\n", made.error().to_string().c_str());
       return 2;
@@ -247,11 +247,15 @@ int main(int argc, char** argv) {
       std::vector<double> e2e, ttft;
       int64_t preemptions = 0;
       for (const auto& reqs : runs) {
-        sim::srpt_oracle oracle{reqs};
-        auto made =
-            serve::make_schedule_policy(policies[pi] == "srpt" ? "fcfs" : policies[pi], mlfq);
+        // srpt and las exist only here (references); the rest are weft serve's policies.
+        sim::srpt_oracle srpt{reqs};
+        sim::las_policy las;
+        const bool reference = policies[pi] == "srpt" || policies[pi] == "las";
+        auto made = serve::make_schedule_policy(reference ? "fcfs" : policies[pi], mlfq);
         gpu::schedule_policy& policy =
-            policies[pi] == "srpt" ? static_cast<gpu::schedule_policy&>(oracle) : **made;
+            policies[pi] == "srpt"  ? static_cast<gpu::schedule_policy&>(srpt)
+            : policies[pi] == "las" ? static_cast<gpu::schedule_policy&>(las)
+                                    : **made;
         const sim::sim_run run = sim::simulate(reqs, policy, engine);
         for (const auto& o : run.outcomes) {
           e2e.push_back(o.e2e_s * 1000.0);

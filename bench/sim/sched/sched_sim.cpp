@@ -119,4 +119,10 @@ void srpt_oracle::rank(std::vector<gpu::sched_request>& live, int64_t /*now_step
             });
 }
 
+void las_policy::rank(std::vector<gpu::sched_request>& live, int64_t /*now_step*/) {
+  std::sort(live.begin(), live.end(), [](const gpu::sched_request& a, const gpu::sched_request& b) {
+    return a.n_generated != b.n_generated ? a.n_generated < b.n_generated : a.arrival < b.arrival;
+  });
+}
+
 }  // namespace weft::bench::sim

@@ -80,6 +80,18 @@ class srpt_oracle final : public gpu::schedule_policy {
   const std::vector<sim_request>& requests_;
 };
 
+/// Least attained service: fewest tokens generated first (ties by arrival) — MLFQ's limit with
+/// one-token quanta and unboundedly many queues, and the best size-blind order for sizes with a
+/// decreasing hazard rate such as Pareto. A reference for how much MLFQ's coarse levels cost.
+class las_policy final : public gpu::schedule_policy {
+ public:
+  std::string_view name() const override { return "las"; }
+  void on_add(const gpu::sched_request&) override {}
+  void on_progress(gpu::request_id, int64_t, int64_t) override {}
+  void on_finish(gpu::request_id) override {}
+  void rank(std::vector<gpu::sched_request>& live, int64_t now_step) override;
+};
+
 /// Runs `requests` through `policy` (a fresh instance: policies keep per-request state).
 /// Requests must be sorted by arrival. Deterministic.
 sim_run simulate(const std::vector<sim_request>& requests, gpu::schedule_policy& policy,

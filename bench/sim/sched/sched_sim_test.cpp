@@ -111,5 +111,17 @@ TEST(sched_sim, srpt_oracle_runs_the_shortest_remaining_job_first) {
   EXPECT_EQ(r2.outcomes[0].preemptions, 1);
 }
 
+TEST(sched_sim, las_serves_the_least_served_job_first) {
+  // One slot, a 3-token job at 0 and a 2-token job at 1.5 ms. After pass 2 (t = 2 ms) the first
+  // has 2 tokens, the newcomer 0: the newcomer runs passes 3-4 (E2E 4 - 1.5 = 2.5 ms), then the
+  // first ends in pass 5.
+  const std::vector<sim_request> reqs = {{0.0, 1, 3}, {0.0015, 1, 2}};
+  las_policy las;
+  const auto run = simulate(reqs, las, unit_steps(1));
+  EXPECT_NEAR_MS(run.outcomes[1].e2e_s, 0.0025);
+  EXPECT_NEAR_MS(run.outcomes[0].e2e_s, 0.005);
+  EXPECT_EQ(run.outcomes[0].preemptions, 1);
+}
+
 }  // namespace
 }  // namespace weft::bench::sim
