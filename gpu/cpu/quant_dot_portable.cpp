@@ -11,10 +11,16 @@ namespace weft::gpu::cpu {
 
 namespace {
 
-inline float block_amax(const float* x) {
+/// Scale of a 32-value activation block quantized to int8 (d) and its inverse (id; 0 for an
+/// all-zero block).
+struct q8_scale {
+  float d, id;
+};
+
+inline q8_scale block_q8_scale(const float* x) {
   float amax = 0.0f;
   for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-  return amax;
+  return {amax / 127.f, amax != 0.0f ? 127.f / amax : 0.0f};
 }
 
 inline int nibble(const uint8_t* qs, int e) {
@@ -25,9 +31,7 @@ inline int nibble(const uint8_t* qs, int e) {
 
 void quantize_act_q8_0_portable(const float* x, block_q8_0* y, int64_t n) {
   for (int64_t b = 0; b < n / 32; ++b, x += 32) {
-    const float amax = block_amax(x);
-    const float d = amax / 127.f;
-    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+    const auto [d, id] = block_q8_scale(x);
     y[b].d = fp32_to_fp16(d);
     for (int j = 0; j < 32; ++j) y[b].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
   }
@@ -35,9 +39,7 @@ void quantize_act_q8_0_portable(const float* x, block_q8_0* y, int64_t n) {
 
 void quantize_act_q8_1_portable(const float* x, block_q8_1* y, int64_t n) {
   for (int64_t b = 0; b < n / 32; ++b, x += 32) {
-    const float amax = block_amax(x);
-    const float d = amax / 127.f;
-    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+    const auto [d, id] = block_q8_scale(x);
     y[b].d = fp32_to_fp16(d);
     int sum = 0;
     for (int j = 0; j < 32; ++j) {

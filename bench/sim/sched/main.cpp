@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -67,6 +68,23 @@ std::vector<T> parse_list(const std::string& text) {
       out.push_back(static_cast<T>(std::stod(x)));
   }
   return out;
+}
+
+/// weft serve's policies by name, plus the simulator's references (srpt, las). `requests` is the
+/// run the policy will see (the oracle reads its output lengths). Null with `error` set for an
+/// unknown name or bad MLFQ settings.
+std::shared_ptr<gpu::schedule_policy> make_policy(const std::string& name,
+                                                  const serve::mlfq_config& mlfq,
+                                                  const std::vector<sim::sim_request>& requests,
+                                                  std::string& error) {
+  if (name == "srpt") return std::make_shared<sim::srpt_oracle>(requests);
+  if (name == "las") return std::make_shared<sim::las_policy>();
+  auto made = serve::make_schedule_policy(name, mlfq);
+  if (!made) {
+    error = made.error().to_string();
+    return nullptr;
+  }
+  return made.value();
 }
 
 }  // namespace
@@ -177,9 +195,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (const auto& p : policies) {
-    if (p == "srpt" || p == "las") continue;
-    if (auto made = serve::make_schedule_policy(p, mlfq); !made) {
-      std::fprintf(stderr, "%s\n", made.error().to_string().c_str());
+    if (std::string error; !make_policy(p, mlfq, {}, error)) {
+      std::fprintf(stderr, "%s\n", error.c_str());
       return 2;
     }
   }
@@ -247,16 +264,9 @@ int main(int argc, char** argv) {
       std::vector<double> e2e, ttft;
       int64_t preemptions = 0;
       for (const auto& reqs : runs) {
-        // srpt and las exist only here (references); the rest are weft serve's policies.
-        sim::srpt_oracle srpt{reqs};
-        sim::las_policy las;
-        const bool reference = policies[pi] == "srpt" || policies[pi] == "las";
-        auto made = serve::make_schedule_policy(reference ? "fcfs" : policies[pi], mlfq);
-        gpu::schedule_policy& policy =
-            policies[pi] == "srpt"  ? static_cast<gpu::schedule_policy&>(srpt)
-            : policies[pi] == "las" ? static_cast<gpu::schedule_policy&>(las)
-                                    : **made;
-        const sim::sim_run run = sim::simulate(reqs, policy, engine);
+        std::string error;  // the names were checked above
+        const auto policy = make_policy(policies[pi], mlfq, reqs, error);
+        const sim::sim_run run = sim::simulate(reqs, *policy, engine);
         for (const auto& o : run.outcomes) {
           e2e.push_back(o.e2e_s * 1000.0);
           ttft.push_back(o.ttft_s * 1000.0);
