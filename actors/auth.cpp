@@ -87,7 +87,8 @@ status verify_request_token(const cluster_secret& secret, std::string_view purpo
   if (!macs_equal(expected, token, token_size)) {
     return make_error(errc::unauthorized, "request token does not match the cluster secret");
   }
-  if (deadline_ms != 0 && deadline_ms < now_ms()) {
+  if (deadline_ms == 0) return make_error(errc::unauthorized, "request token without a deadline");
+  if (deadline_ms < now_ms()) {
     return make_error(errc::timeout, "request deadline has passed");
   }
   return {};

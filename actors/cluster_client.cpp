@@ -3,27 +3,16 @@
 #include <fmt/format.h>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
-#include <caf/openssl/all.hpp>
 #include <nlohmann/json.hpp>
 
 #include "actors/node_agent.hpp"
+#include "actors/runtime.hpp"
 
 namespace weft::actors {
 
 namespace {
 
 using namespace schema;
-
-template <class Handle>
-result<Handle> connect(caf::actor_system& sys, const std::string& host, uint16_t port, bool tls) {
-  caf::expected<Handle> h = tls ? caf::openssl::remote_actor<Handle>(sys, host, port)
-                                : sys.middleman().remote_actor<Handle>(host, port);
-  if (!h) {
-    return make_error(errc::unavailable, "cannot reach " + host + ":" + std::to_string(port) +
-                                             ": " + sys.render(h.error()));
-  }
-  return *h;
-}
 
 std::string caf_error(caf::actor_system& sys, const caf::error& e) {
   return sys.render(e);
@@ -63,14 +52,13 @@ const char* actor_state_name(wire::ActorState s) {
 
 }  // namespace
 
-result<head_actor> connect_head(caf::actor_system& sys, const std::string& host, uint16_t port,
-                                bool tls) {
-  return connect<head_actor>(sys, host, port, tls);
+result<head_actor> connect_head(caf::actor_system& sys, const std::string& host, uint16_t port) {
+  return connect_actor<head_actor>(sys, host, port);
 }
 
 result<node_agent_actor> connect_node_agent(caf::actor_system& sys, const std::string& host,
-                                            uint16_t port, bool tls) {
-  return connect<node_agent_actor>(sys, host, port, tls);
+                                            uint16_t port) {
+  return connect_actor<node_agent_actor>(sys, host, port);
 }
 
 status join_cluster(caf::actor_system& sys, const head_actor& head, const node_agent_actor& agent,
@@ -181,26 +169,8 @@ result<caf::actor> supervise_on_cluster(caf::actor_system& sys, const head_actor
                                         backoff_policy backoff,
                                         const std::vector<child_spec>& children,
                                         uint64_t timeout_ms) {
-  uint64_t deadline = now_ms() + timeout_ms;
-  auto token = request_token(secret, "supervise", name, deadline);
-  auto spec = envelope::build<wire::SupervisorSpec>([&](wire::SupervisorSpec::Builder b) {
-    b.setName(name);
-    b.setStrategy(to_string(strategy));
-    b.setMaxRestarts(intensity.max_restarts);
-    b.setWindowMs(intensity.window_ms);
-    b.setBackoffInitialMs(backoff.initial_ms);
-    b.setBackoffMaxMs(backoff.max_ms);
-    b.setBackoffFirstMs(backoff.first_delay_ms);
-    auto list = b.initChildren(static_cast<unsigned>(children.size()));
-    for (unsigned i = 0; i < children.size(); ++i) {
-      list[i].setName(children[i].name);
-      list[i].setRole(children[i].role);
-      list[i].setConfigJson(children[i].config_json);
-      list[i].setRestart(static_cast<wire::RestartType>(children[i].restart));
-    }
-    b.setDeadlineMs(deadline);
-    b.setSessionToken(kj::arrayPtr(token.data(), token.size()));
-  });
+  auto spec =
+      make_supervisor_spec(secret, name, strategy, intensity, backoff, children, timeout_ms);
   caf::scoped_actor self{sys};
   result<caf::actor> out = make_error(errc::timeout, "no reply");
   self->request(head, std::chrono::milliseconds(timeout_ms), supervise_atom::value, std::move(spec))
@@ -250,11 +220,14 @@ std::string cluster_status_json(const envelope& status) {
     node["roles"] = nlohmann::json::array();
     for (auto r : info.getRoles()) node["roles"].push_back(r.cStr());
     node["last_heartbeat_ms"] = n.getLastHeartbeatMs();
+    const uint64_t now = now_ms();
+    node["heartbeat_age_ms"] = now - std::min(now, n.getLastHeartbeatMs());
     node["actors"] = nlohmann::json::array();
     for (auto a : n.getActors()) {
       node["actors"].push_back({{"name", a.getName().cStr()},
                                 {"role", a.getRole().cStr()},
-                                {"state", actor_state_name(a.getState())}});
+                                {"state", actor_state_name(a.getState())},
+                                {"restarts", a.getRestarts()}});
     }
     out["nodes"].push_back(std::move(node));
   }
@@ -272,19 +245,27 @@ std::string cluster_status_table(const envelope& status) {
   auto v = status.read<wire::ClusterStatus>();
   if (!v) return "error: " + v.error().to_string() + "\n";
   auto cs = v->get();
-  std::string out = fmt::format("{:<12} {:>8} {:<22} {:<8} {:<24} {}\n", "NODE", "PID", "ADDRESS",
-                                "STATE", "ROLES", "ACTORS");
+  std::string out = fmt::format("{:<12} {:>8} {:<22} {:<8} {:>9} {:<24} {}\n", "NODE", "PID",
+                                "ADDRESS", "STATE", "HEARTBEAT", "ROLES", "ACTORS");
+  const uint64_t now = now_ms();
   for (auto n : cs.getNodes()) {
     auto info = n.getNode();
     std::string roles, actors;
     for (auto r : info.getRoles()) roles += (roles.empty() ? "" : ",") + std::string(r.cStr());
     for (auto a : n.getActors()) {
       actors += (actors.empty() ? "" : ",") + std::string(a.getName().cStr());
+      // Only what is not plainly running gets a note: name(restarting, 2 restarts).
+      if (a.getState() != wire::ActorState::RUNNING || a.getRestarts() > 0) {
+        actors += fmt::format(
+            "({}{})", actor_state_name(a.getState()),
+            a.getRestarts() > 0 ? fmt::format(", {} restarts", a.getRestarts()) : std::string{});
+      }
     }
-    out += fmt::format("{:<12} {:>8} {:<22} {:<8} {:<24} {}\n", info.getNodeId().cStr(),
+    const uint64_t age = now - std::min(now, n.getLastHeartbeatMs());
+    out += fmt::format("{:<12} {:>8} {:<22} {:<8} {:>9} {:<24} {}\n", info.getNodeId().cStr(),
                        info.getPid(), fmt::format("{}:{}", info.getHost().cStr(), info.getPort()),
-                       state_name(n.getState()), roles.empty() ? "*" : roles,
-                       actors.empty() ? "-" : actors);
+                       state_name(n.getState()), fmt::format("{:.1f}s ago", age / 1000.0),
+                       roles.empty() ? "*" : roles, actors.empty() ? "-" : actors);
   }
   return out;
 }

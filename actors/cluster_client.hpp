@@ -16,14 +16,13 @@
 
 namespace weft::actors {
 
-/// Connects to a head published at host:port (TLS when the system loaded the OpenSSL module and
-/// `tls` is set).
-result<head_actor> connect_head(caf::actor_system& sys, const std::string& host, uint16_t port,
-                                bool tls = false);
+/// Connects to a head published at host:port (mutual TLS; the system must be configured with
+/// secure_runtime, actors/runtime.hpp).
+result<head_actor> connect_head(caf::actor_system& sys, const std::string& host, uint16_t port);
 
 /// Connects to a node agent published at host:port.
 result<node_agent_actor> connect_node_agent(caf::actor_system& sys, const std::string& host,
-                                            uint16_t port, bool tls = false);
+                                            uint16_t port);
 
 /// Runs the join handshake for `agent` (challenge, proof) and starts its heartbeats.
 status join_cluster(caf::actor_system& sys, const head_actor& head, const node_agent_actor& agent,

@@ -1,10 +1,13 @@
 #include "actors/head.hpp"
+#include "actors/private_messages.hpp"
 
 #include <spdlog/spdlog.h>
 #include <caf/all.hpp>
 
+#include <algorithm>
 #include <deque>
 #include <map>
+#include <string_view>
 
 #include "actors/node_agent.hpp"
 #include "actors/supervisor.hpp"
@@ -17,6 +20,8 @@ using namespace schema;
 
 constexpr uint32_t protocol_version = 1;
 constexpr uint64_t nonce_ttl_ms = 30'000;
+/// Join challenges outstanding at once; more are refused until some expire or are used.
+constexpr size_t max_pending_nonces = 1024;
 
 struct node_entry {
   std::string node_id;
@@ -34,6 +39,13 @@ struct registered_actor {
   std::string role;
 };
 
+/// The last state a supervisor reported for one of its children.
+struct supervised_child {
+  std::string role, node_id;
+  wire::ActorState state = wire::ActorState::STARTING;
+  uint32_t restarts = 0;
+};
+
 struct event {
   uint64_t at_ms;
   std::string kind, subject, detail;
@@ -45,6 +57,7 @@ struct head_state {
   std::map<std::string, uint64_t> nonces;  // hex nonce -> issued at
   std::map<std::string, registered_actor> registry;
   std::vector<caf::actor> supervisors;
+  std::map<std::string, supervised_child> supervised;
   std::deque<event> events;
   uint64_t next_request_id = 1;
   static inline const char* name = "weft.head";
@@ -82,7 +95,10 @@ void declare_dead(head_ptr self, const std::string& node_id, const std::string& 
       ++r;
     }
   }
-  for (auto& sup : st.supervisors) caf::anon_send(sup, node_down_atom::value, node_id);
+  // With the head as sender: supervisors take node deaths from their head only.
+  for (auto& sup : st.supervisors) {
+    caf::send_as(caf::actor_cast<caf::actor>(self), sup, node_down_atom::value, node_id);
+  }
 }
 
 bool accepts(const node_entry& n, const std::string& role) {
@@ -117,15 +133,34 @@ envelope cluster_status(head_ptr self) {
       if (auto jr = n.join.read<wire::JoinRequest>()) ns.setNode(jr->get().getNode());
       ns.setState(n.state);
       ns.setLastHeartbeatMs(n.last_heartbeat_ms);
-      std::vector<std::pair<std::string, const registered_actor*>> mine;
+      // Running actors are the registered ones (monitored: they leave the registry when they
+      // die). Supervised children that are not running (restarting, stopped, failed) are listed
+      // on the node they last ran on, with the state their supervisor reported.
+      struct row {
+        std::string name, role;
+        wire::ActorState state;
+        uint32_t restarts;
+      };
+      std::vector<row> mine;
       for (auto& [name, r] : st.registry) {
-        if (r.node_id == id) mine.emplace_back(name, &r);
+        if (r.node_id != id) continue;
+        auto sc = st.supervised.find(name);
+        mine.push_back({name, r.role, wire::ActorState::RUNNING,
+                        sc == st.supervised.end() ? 0u : sc->second.restarts});
+      }
+      for (auto& [name, c] : st.supervised) {
+        if (c.state == wire::ActorState::RUNNING || st.registry.count(name) > 0) continue;
+        const bool here =
+            c.node_id == id || (c.node_id.empty() && id == st.cfg.head_id) ||
+            (!c.node_id.empty() && st.nodes.count(c.node_id) == 0 && id == st.cfg.head_id);
+        if (here) mine.push_back({name, c.role, c.state, c.restarts});
       }
       auto actors = ns.initActors(static_cast<unsigned>(mine.size()));
       for (unsigned k = 0; k < mine.size(); ++k) {
-        actors[k].setName(mine[k].first);
-        actors[k].setRole(mine[k].second->role);
-        actors[k].setState(wire::ActorState::RUNNING);
+        actors[k].setName(mine[k].name);
+        actors[k].setRole(mine[k].role);
+        actors[k].setState(mine[k].state);
+        actors[k].setRestarts(mine[k].restarts);
         actors[k].setNodeId(id);
       }
     }
@@ -137,6 +172,15 @@ envelope cluster_status(head_ptr self) {
       events[k].setDetail(st.events[k].detail);
     }
   });
+}
+
+/// True when the message being handled comes from one of the supervisors this head runs.
+bool from_supervisor(head_ptr self) {
+  const auto& sender = self->current_sender();
+  const auto& sups = self->state.supervisors;
+  return sender && std::any_of(sups.begin(), sups.end(), [&](const caf::actor& s) {
+           return s.address() == sender->address();
+         });
 }
 
 head_actor::behavior_type head(head_ptr self, head_config cfg) {
@@ -172,6 +216,18 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
   self->send(self, tick_atom::value);
   return {
       [self](challenge_atom) -> envelope {
+        auto& nonces = self->state.nonces;
+        if (nonces.size() >= max_pending_nonces) {
+          uint64_t now = now_ms();
+          for (auto it = nonces.begin(); it != nonces.end();) {
+            it = it->second + nonce_ttl_ms < now ? nonces.erase(it) : std::next(it);
+          }
+        }
+        if (nonces.size() >= max_pending_nonces) {
+          return make_error_envelope(make_error(
+              errc::overloaded, std::to_string(max_pending_nonces) +
+                                    " join challenges are outstanding; try again later"));
+        }
         auto nonce = random_bytes(32);
         self->state.nonces[hex(nonce.data(), nonce.size())] = now_ms();
         return envelope::build<wire::JoinChallenge>([&](wire::JoinChallenge::Builder b) {
@@ -241,6 +297,13 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
         if (!hb) return;
         auto it = self->state.nodes.find(hb->get().getNodeId().cStr());
         if (it == self->state.nodes.end() || it->second.state == wire::NodeState::DEAD) return;
+        // A heartbeat counts only from the agent that joined as this node: another member cannot
+        // keep a dead node alive by naming it.
+        const auto& sender = self->current_sender();
+        if (!sender || sender->address() != it->second.agent.address()) {
+          spdlog::warn("cluster: ignored a heartbeat for {} from another actor", it->first);
+          return;
+        }
         it->second.last_heartbeat_ms = now_ms();
         if (it->second.state == wire::NodeState::SUSPECT) {
           it->second.state = wire::NodeState::ALIVE;
@@ -256,6 +319,13 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
         }
         std::string role = req->get().getRole().cStr();
         std::string name = req->get().getName().cStr();
+        // Names are cluster-unique. A supervisor this head runs may re-spawn a name it owns (the
+        // old child's down message can arrive after the restart request); anyone else is refused.
+        if (st.registry.count(name) > 0 && !from_supervisor(self)) {
+          return {make_error_envelope(
+                      make_error(errc::already_exists, "an actor named '" + name + "' is running")),
+                  caf::actor{}};
+        }
         node_entry* target = place(self, role);
         if (target == nullptr) {
           return {make_error_envelope(
@@ -289,8 +359,7 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
         if (!spec) return {make_error_envelope(spec.error()), caf::actor{}};
         auto s = spec->get();
         std::string sup_name = s.getName().cStr();
-        auto err = verify_request_token(st.cfg.secret, "supervise", sup_name, s.getDeadlineMs(),
-                                        s.getSessionToken().begin(), s.getSessionToken().size());
+        auto err = verify_supervisor_spec(st.cfg.secret, s);
         if (!err.ok()) return {make_error_envelope(err), caf::actor{}};
         supervisor_config cfg;
         cfg.name = sup_name;
@@ -336,10 +405,27 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
       },
       [self](status_atom) { return cluster_status(self); },
       [self](status_atom, const envelope& env) {
+        // Actor states are reported by the supervisors this head runs, and by no one else.
+        if (!from_supervisor(self)) return;
         auto v = env.read<wire::ActorStatus>();
         if (!v) return;
-        if (v->get().getState() == wire::ActorState::FAILED) {
-          record(self, "actor_failed", v->get().getName().cStr(), "restart intensity exceeded");
+        auto a = v->get();
+        std::string name = a.getName().cStr();
+        if (std::string_view(a.getRole().cStr()) == "supervisor") {
+          if (a.getState() == wire::ActorState::FAILED) {
+            record(self, "actor_failed", name, "restart intensity exceeded");
+          }
+          return;
+        }
+        auto& c = self->state.supervised[name];
+        c.role = a.getRole().cStr();
+        if (a.getNodeId().size() > 0) c.node_id = a.getNodeId().cStr();
+        c.state = a.getState();
+        c.restarts = a.getRestarts();
+        if (c.state == wire::ActorState::RESTARTING) {
+          record(self, "actor_restarting", name, "restart " + std::to_string(c.restarts));
+        } else if (c.state == wire::ActorState::FAILED) {
+          record(self, "actor_failed", name, "its supervisor gave up");
         }
       },
       [self](lookup_atom, const std::string& name) -> caf::actor {
@@ -347,6 +433,7 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
         return it == self->state.registry.end() ? caf::actor{} : it->second.handle;
       },
       [self](tick_atom) {
+        if (!from_self(self)) return;
         auto& st = self->state;
         uint64_t now = now_ms();
         for (auto& [id, n] : st.nodes) {

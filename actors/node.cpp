@@ -4,7 +4,6 @@
 #include <unistd.h>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
-#include <caf/openssl/all.hpp>
 
 #include "actors/cluster_client.hpp"
 #include "actors/node_agent.hpp"
@@ -32,26 +31,7 @@ caf::behavior head_watcher(caf::event_based_actor* self, caf::actor head,
   return {[](tick_atom) {}};
 }
 
-template <class Handle>
-result<uint16_t> publish(caf::actor_system& sys, const Handle& h, uint16_t port,
-                         const std::string& host, const tls_options& tls) {
-  caf::expected<uint16_t> p = tls.enabled ? caf::openssl::publish(h, port, host.c_str(), true)
-                                          : sys.middleman().publish(h, port, host.c_str(), true);
-  if (!p) {
-    return make_error(errc::unavailable, "cannot publish on " + host + ":" + std::to_string(port) +
-                                             ": " + sys.render(p.error()));
-  }
-  return *p;
-}
-
 }  // namespace
-
-void apply_tls(runtime_config& cfg, const tls_options& tls) {
-  // CAF 0.17 reads these members when the OpenSSL manager starts.
-  cfg.openssl_certificate = tls.certificate;
-  cfg.openssl_key = tls.key;
-  cfg.openssl_cafile = tls.ca_file;
-}
 
 result<std::unique_ptr<node>> node::start(node_options opts,
                                           std::shared_ptr<const role_registry> roles) {
@@ -59,10 +39,11 @@ result<std::unique_ptr<node>> node::start(node_options opts,
   n->impl_ = std::make_unique<impl>();
   if (opts.node_id.empty()) opts.node_id = opts.bind_host + "-" + std::to_string(::getpid());
   if (opts.secret.empty()) return make_error(errc::invalid_argument, "node: no cluster secret");
-  auto rt = opts.runtime;
-  rt.tls = opts.tls.enabled;
-  n->impl_->cfg = std::make_unique<runtime_config>(rt);
-  if (opts.tls.enabled) apply_tls(*n->impl_->cfg, opts.tls);
+  auto rt = opts.tls.enabled ? secure_runtime(opts.runtime, opts.secret, opts.tls.certificate,
+                                              opts.tls.key, opts.tls.ca_file)
+                             : secure_runtime(opts.runtime, opts.secret);
+  if (!rt) return make_error(rt.error().code, "tls: " + rt.error().message);
+  n->impl_->cfg = std::make_unique<runtime_config>(*rt);
   n->impl_->sys = std::make_unique<caf::actor_system>(*n->impl_->cfg);
   auto& sys = *n->impl_->sys;
 
@@ -89,7 +70,7 @@ result<std::unique_ptr<node>> node::start(node_options opts,
   }
   auto port_cell = acfg.port;
   n->impl_->agent = spawn_node_agent(sys, acfg);
-  auto agent_port = publish(sys, n->impl_->agent, opts.agent_port, opts.bind_host, opts.tls);
+  auto agent_port = publish_actor(sys, n->impl_->agent, opts.agent_port, opts.bind_host);
   if (!agent_port) return agent_port.error();
   n->agent_port_ = *agent_port;
   port_cell->store(*agent_port);
@@ -99,11 +80,11 @@ result<std::unique_ptr<node>> node::start(node_options opts,
     hcfg.secret = opts.secret;
     hcfg.heartbeat_interval_ms = opts.runtime.heartbeat_interval_ms;
     n->impl_->head = spawn_head(sys, hcfg);
-    auto hp = publish(sys, n->impl_->head, opts.head_port, opts.bind_host, opts.tls);
+    auto hp = publish_actor(sys, n->impl_->head, opts.head_port, opts.bind_host);
     if (!hp) return hp.error();
     n->head_port_ = *hp;
   } else {
-    auto h = connect_head(sys, opts.join_host, opts.join_port, opts.tls.enabled);
+    auto h = connect_head(sys, opts.join_host, opts.join_port);
     if (!h) return h.error();
     n->impl_->head = *h;
     n->head_port_ = opts.join_port;

@@ -22,16 +22,6 @@
 
 namespace weft::actors {
 
-struct tls_options {
-  bool enabled = false;
-  std::string certificate;  ///< PEM file of this node's certificate
-  std::string key;          ///< PEM file of its private key
-  std::string ca_file;      ///< PEM file of the CA that signed every node's certificate
-};
-
-/// Loads the certificate, key and CA of `tls` into `cfg` (whose runtime_options.tls is set).
-void apply_tls(runtime_config& cfg, const tls_options& tls);
-
 struct node_options {
   std::string node_id;   ///< default: "<host>-<pid>"
   bool is_head = false;  ///< also run the head (membership, placement, supervisors)
@@ -44,6 +34,8 @@ struct node_options {
   cluster_secret secret;
   runtime_options runtime;
   head_config head;  ///< head timings (is_head only)
+  /// The node's TLS identity: the user's PEM files when `tls.enabled`, else derived from `secret`
+  /// (every connection is mutual TLS either way; docs/security.md).
   tls_options tls;
   std::string build_version;
   /// Data-plane engine of the node ("ucx", "inproc", "fault:ucx", ... or "none") and its params

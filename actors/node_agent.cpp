@@ -1,4 +1,5 @@
 #include "actors/node_agent.hpp"
+#include "actors/private_messages.hpp"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -11,10 +12,6 @@ namespace weft::actors {
 namespace {
 
 using namespace schema;
-
-std::string spawn_fields(uint64_t id, std::string_view role, std::string_view name) {
-  return std::to_string(id) + "|" + std::string(role) + "|" + std::string(name);
-}
 
 envelope spawn_reply(uint64_t request_id, const std::string& name, const std::string& node_id) {
   return envelope::build<wire::SpawnReply>([&](wire::SpawnReply::Builder b) {
@@ -37,6 +34,7 @@ struct node_agent_state {
   caf::actor sentinel;
   caf::actor head;
   uint64_t heartbeat_seq = 0;
+  uint64_t last_heartbeat_sent_ms = 0;  ///< 0 until the node joined a head
   uint64_t started_at_ms = 0;
   std::map<std::string, child_record> children;  // by name
   static inline const char* name = "weft.node_agent";
@@ -143,10 +141,9 @@ node_agent_actor::behavior_type node_agent(agent_ptr self, node_agent_config cfg
         if (!req) return make_error_envelope(req.error());
         auto r = req->get();
         std::string name = r.getName().cStr();
-        auto st = verify_request_token(self->state.cfg.secret, "stop",
-                                       std::to_string(r.getRequestId()) + "|" + name, 0,
-                                       r.getSessionToken().begin(), r.getSessionToken().size());
-        if (!st.ok()) return make_error_envelope(st);
+        if (auto st = verify_stop_request(self->state.cfg.secret, r); !st.ok()) {
+          return make_error_envelope(st);
+        }
         auto it = self->state.children.find(name);
         if (it == self->state.children.end()) {
           return make_error_envelope(make_error(errc::not_found, "no actor named '" + name + "'"));
@@ -169,16 +166,24 @@ node_agent_actor::behavior_type node_agent(agent_ptr self, node_agent_config cfg
             actors[i].setNodeId(st.cfg.node_id);
             ++i;
           }
-          b.setLastHeartbeatMs(now_ms());
+          b.setLastHeartbeatMs(st.last_heartbeat_sent_ms);
         });
       },
       [](ping_atom, const envelope& e) { return e; },
       [self](sentinel_atom) { return self->state.sentinel; },
       [self](join_atom, caf::actor head) {
+        // Only this process (the app that ran the join) may point the heartbeats at a head.
+        const auto& sender = self->current_sender();
+        if (!sender || sender->node() != self->node()) {
+          spdlog::warn("node {}: ignored a head redirection from outside the process",
+                       self->state.cfg.node_id);
+          return;
+        }
         self->state.head = std::move(head);
         self->send(self, tick_atom::value);
       },
       [self](tick_atom) {
+        if (!from_self(self)) return;
         auto& st = self->state;
         if (!st.head) return;
         auto hb = envelope::build<wire::Heartbeat>([&](wire::Heartbeat::Builder b) {
@@ -188,6 +193,7 @@ node_agent_actor::behavior_type node_agent(agent_ptr self, node_agent_config cfg
           b.setLoad(static_cast<float>(st.children.size()));
         });
         self->send(caf::actor_cast<head_actor>(st.head), heartbeat_atom::value, std::move(hb));
+        st.last_heartbeat_sent_ms = now_ms();
         self->delayed_send(self, std::chrono::milliseconds(st.cfg.heartbeat_interval_ms),
                            tick_atom::value);
       },
@@ -209,40 +215,6 @@ caf::actor sentinel_of(caf::actor_system& sys, const node_agent_actor& agent) {
                  spdlog::error("cannot get the node sentinel: {}", caf::to_string(err));
                });
   return out;
-}
-
-envelope make_spawn_request(const cluster_secret& secret, uint64_t request_id,
-                            const std::string& role, const std::string& name,
-                            const std::string& config_json, uint64_t timeout_ms) {
-  uint64_t deadline = now_ms() + timeout_ms;
-  auto token = request_token(secret, "spawn", spawn_fields(request_id, role, name), deadline);
-  return envelope::build<wire::SpawnRequest>([&](wire::SpawnRequest::Builder b) {
-    b.setRequestId(request_id);
-    b.setRole(role);
-    b.setName(name);
-    b.setConfigJson(config_json);
-    b.setDeadlineMs(deadline);
-    b.setSessionToken(kj::arrayPtr(token.data(), token.size()));
-  });
-}
-
-envelope make_stop_request(const cluster_secret& secret, uint64_t request_id,
-                           const std::string& name, const std::string& reason,
-                           uint64_t /*timeout_ms*/) {
-  auto token = request_token(secret, "stop", std::to_string(request_id) + "|" + name, 0);
-  return envelope::build<wire::StopRequest>([&](wire::StopRequest::Builder b) {
-    b.setRequestId(request_id);
-    b.setName(name);
-    b.setReason(reason);
-    b.setSessionToken(kj::arrayPtr(token.data(), token.size()));
-  });
-}
-
-status verify_spawn_request(const cluster_secret& secret,
-                            const schema::wire::SpawnRequest::Reader& req) {
-  return verify_request_token(
-      secret, "spawn", spawn_fields(req.getRequestId(), req.getRole().cStr(), req.getName().cStr()),
-      req.getDeadlineMs(), req.getSessionToken().begin(), req.getSessionToken().size());
 }
 
 }  // namespace weft::actors

@@ -12,6 +12,7 @@
 #include "actors/auth.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/roles.hpp"
+#include "actors/signed_requests.hpp"
 
 namespace weft::actors {
 
@@ -36,19 +37,5 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_agent_config cfg)
 
 /// The sentinel of an agent (the actor the head monitors). Blocking request; for apps and tests.
 caf::actor sentinel_of(caf::actor_system& sys, const node_agent_actor& agent);
-
-/// Builds and signs a SpawnRequest envelope (fields: requestId|role|name).
-schema::envelope make_spawn_request(const cluster_secret& secret, uint64_t request_id,
-                                    const std::string& role, const std::string& name,
-                                    const std::string& config_json, uint64_t timeout_ms);
-
-/// Builds and signs a StopRequest envelope.
-schema::envelope make_stop_request(const cluster_secret& secret, uint64_t request_id,
-                                   const std::string& name, const std::string& reason,
-                                   uint64_t timeout_ms);
-
-/// Verifies a SpawnRequest's token. Returns the error to answer with, or ok.
-status verify_spawn_request(const cluster_secret& secret,
-                            const schema::wire::SpawnRequest::Reader& req);
 
 }  // namespace weft::actors

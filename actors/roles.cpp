@@ -1,7 +1,6 @@
 #include "actors/roles.hpp"
 
 #include <caf/all.hpp>
-#include <nlohmann/json.hpp>
 
 #include "actors/atoms.hpp"
 #include "schema/caf_bridge.hpp"
@@ -23,8 +22,6 @@ std::vector<std::string> role_registry::names() const {
   return out;
 }
 
-result<caf::actor> spawn_blob_role(caf::actor_system& sys, const role_context& ctx);
-
 namespace {
 
 caf::behavior echo_actor(caf::event_based_actor*) {
@@ -33,31 +30,11 @@ caf::behavior echo_actor(caf::event_based_actor*) {
   };
 }
 
-caf::behavior crasher_actor(caf::event_based_actor* self, uint64_t after_ms) {
-  self->delayed_send(self, std::chrono::milliseconds(after_ms), shutdown_atom::value);
-  return {
-      [self](shutdown_atom) { self->quit(caf::sec::runtime_error); },
-      [](ping_atom, const schema::envelope& e) { return e; },
-  };
-}
-
 }  // namespace
 
 void add_builtin_roles(role_registry& roles) {
-  roles.add("blob", spawn_blob_role);
   roles.add("echo", [](caf::actor_system& sys, const role_context&) -> result<caf::actor> {
     return sys.spawn(echo_actor);
-  });
-  roles.add("crasher", [](caf::actor_system& sys, const role_context& ctx) -> result<caf::actor> {
-    uint64_t after_ms = 0;
-    if (!ctx.config_json.empty()) {
-      auto cfg = nlohmann::json::parse(ctx.config_json, nullptr, false);
-      if (cfg.is_discarded() || !cfg.is_object()) {
-        return make_error(errc::invalid_argument, "crasher: config is not a JSON object");
-      }
-      after_ms = cfg.value("after_ms", uint64_t{0});
-    }
-    return sys.spawn(crasher_actor, after_ms);
   });
 }
 

@@ -47,12 +47,10 @@ class role_registry {
 };
 
 /// Adds weft's built-in roles:
-/// - "echo": answers (ping_atom, envelope) with the same envelope (measurement, tests);
-/// - "crasher": fails after `{"after_ms": N}` (default 0) — exercises supervision;
-/// - "blob": owns `{"size_bytes": N, "seed": S}` bytes of registered memory; answers
-///   (region_atom) with a TransferRequest describing them (descriptor, checksum) and pulls another
-///   blob's bytes on (transfer_atom, TransferRequest) over the node's transport, verifying the
-///   checksum — the data-plane path of KV and weight transfers, exercised end to end.
+/// - "echo": answers (ping_atom, envelope) with the same envelope (round-trip measurement).
+/// The serving roles come from serve::add_serve_roles and cache::add_cache_roles. Roles that exist
+/// only to test the runtime ("crasher", "blob") live in tests/support and are registered only by
+/// the test build of the binary (`weft_test`), never by `weft`.
 void add_builtin_roles(role_registry& roles);
 
 }  // namespace weft::actors

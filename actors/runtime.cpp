@@ -4,16 +4,80 @@
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
 
+#include <dlfcn.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "schema/caf_bridge.hpp"
+
+// -- CAF 0.17's OpenSSL sessions and OpenSSL 3's error queue ------------------------------------
+//
+// OpenSSL requires the calling thread's error queue to be empty before SSL_read/SSL_write/
+// SSL_accept/SSL_connect, or SSL_get_error() misreports the result. CAF 0.17 never clears it, and
+// OpenSSL 3 queues an error whenever a peer closes without close_notify — so the first peer that
+// simply exits leaves an error behind, and the next "would block" on any other TLS connection of
+// that network thread reads as a fatal error: CAF drops a healthy link (measured: one short-lived
+// client killed a node's link to the head; see docs/security.md). These definitions take the
+// place of OpenSSL's for CAF (the executable's symbols come first in the dynamic lookup), clear
+// the queue, and call OpenSSL's own.
+namespace {
+
+template <class Fn>
+Fn next_openssl_symbol(const char* name) {
+  void* p = ::dlsym(RTLD_NEXT, name);
+  if (p == nullptr) {
+    std::fprintf(stderr, "weft: cannot find OpenSSL's %s: %s\n", name, ::dlerror());
+    std::abort();
+  }
+  return reinterpret_cast<Fn>(p);
+}
+
+}  // namespace
+
+extern "C" {
+
+int SSL_read(SSL* ssl, void* buf, int num) {
+  static auto real = next_openssl_symbol<int (*)(SSL*, void*, int)>("SSL_read");
+  ERR_clear_error();
+  return real(ssl, buf, num);
+}
+
+int SSL_write(SSL* ssl, const void* buf, int num) {
+  static auto real = next_openssl_symbol<int (*)(SSL*, const void*, int)>("SSL_write");
+  ERR_clear_error();
+  return real(ssl, buf, num);
+}
+
+int SSL_accept(SSL* ssl) {
+  static auto real = next_openssl_symbol<int (*)(SSL*)>("SSL_accept");
+  ERR_clear_error();
+  return real(ssl);
+}
+
+int SSL_connect(SSL* ssl) {
+  static auto real = next_openssl_symbol<int (*)(SSL*)>("SSL_connect");
+  ERR_clear_error();
+  return real(ssl);
+}
+
+}  // extern "C"
 
 namespace weft::actors {
 
 runtime_config::runtime_config(const runtime_options& options) : options_(options) {
   schema::add_message_types(*this);
   load<caf::io::middleman>();
-  if (options.tls) load<caf::openssl::manager>();
+  if (options.tls.enabled) {
+    load<caf::openssl::manager>();
+    // CAF 0.17 reads these members when a TLS session starts.
+    openssl_certificate = options.tls.certificate;
+    openssl_key = options.tls.key;
+    openssl_cafile = options.tls.ca_file;
+  }
   uint32_t threads = options.worker_threads;
   if (threads == 0) threads = std::max(2u, std::thread::hardware_concurrency());
   set("scheduler.max-threads", static_cast<size_t>(threads));
@@ -23,11 +87,69 @@ runtime_config::runtime_config(const runtime_options& options) : options_(option
   set("middleman.connection-timeout",
       caf::timespan{std::chrono::milliseconds(options.connection_timeout_ms)});
   set("middleman.workers", static_cast<size_t>(options.decode_threads));
-  // Talk to a remote actor's node directly instead of relaying through the node that introduced
-  // it (the head): one hop, and no dependence on the introducer staying up.
-  set("middleman.enable-automatic-connections", true);
+  // No automatic connections: CAF 0.17 opens them as plain TCP (they cannot pass a TLS door), so
+  // messages to an actor on a third node relay through the node that introduced it.
+  set("middleman.enable-automatic-connections", false);
   // Quiet CAF's own console logger; weft logs through spdlog.
   set("logger.console", caf::atom("none"));
+}
+
+namespace {
+
+bool has_tls(caf::actor_system& sys) {
+  auto* cfg = dynamic_cast<const runtime_config*>(&sys.config());
+  return cfg != nullptr && cfg->options().tls.enabled;
+}
+
+const char* no_tls =
+    "this actor system has no TLS identity (weft talks mutual TLS only; see docs/security.md)";
+
+}  // namespace
+
+result<runtime_options> secure_runtime(runtime_options base, const cluster_secret& secret,
+                                       const std::string& cert, const std::string& key,
+                                       const std::string& ca_file) {
+  auto tls = cluster_tls(secret, cert, key, ca_file);
+  if (!tls) return tls.error();
+  base.tls = *tls;
+  return base;
+}
+
+result<uint16_t> publish_actor(caf::actor_system& sys, const caf::strong_actor_ptr& whom,
+                               std::set<std::string> signatures, uint16_t port,
+                               const std::string& host) {
+  std::string where = host + ":" + std::to_string(port);
+  if (!has_tls(sys))
+    return make_error(errc::unauthorized, "cannot publish on " + where + ": " + no_tls);
+  if (!whom)
+    return make_error(errc::invalid_argument, "cannot publish an invalid actor on " + where);
+  auto p = caf::openssl::publish(sys, whom, std::move(signatures), port, host.c_str(), true);
+  if (!p)
+    return make_error(errc::unavailable,
+                      "cannot publish on " + where + ": " + sys.render(p.error()));
+  return *p;
+}
+
+result<caf::strong_actor_ptr> connect_actor(caf::actor_system& sys,
+                                            const std::set<std::string>& signatures,
+                                            const std::string& host, uint16_t port) {
+  std::string where = host + ":" + std::to_string(port);
+  if (!has_tls(sys)) return make_error(errc::unauthorized, "cannot reach " + where + ": " + no_tls);
+  auto h = caf::openssl::remote_actor(sys, signatures, host, port);
+  if (!h) {
+    std::string why;
+    if (h.error() == caf::sec::disconnect_during_handshake) {
+      why =
+          "the TLS handshake failed (the peer refused our certificate, or is not a weft node of "
+          "this cluster: check the cluster secret)";
+    } else if (h.error() == caf::sec::cannot_connect_to_node) {
+      why = "nothing accepts connections there";
+    } else {
+      why = sys.render(h.error());
+    }
+    return make_error(errc::unavailable, "cannot reach " + where + ": " + why);
+  }
+  return *h;
 }
 
 }  // namespace weft::actors

@@ -3,10 +3,16 @@
 /// loaded with its heartbeat switched on (it is off by default in CAF 0.17, which would leave a
 /// hung peer undetected), and a scheduler sized for small machines.
 
+#include <caf/actor_cast.hpp>
+#include <caf/actor_control_block.hpp>
+#include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 
 #include <cstdint>
+#include <set>
 #include <string>
+
+#include "actors/cluster_tls.hpp"
 
 namespace weft::actors {
 
@@ -25,8 +31,9 @@ struct runtime_options {
   /// round trip 94 -> 70 us on the 2-vCPU VM, docs/runtime.md). Raise it when a process receives
   /// many large actor messages (bulk tensors never travel as actor messages in weft).
   uint32_t decode_threads = 0;
-  /// Load CAF's OpenSSL module (TLS between hosts).
-  bool tls = false;
+  /// Mutual TLS of every connection (docs/security.md). A process without it can neither
+  /// publish an actor nor connect to one: weft has no plain-TCP path.
+  tls_options tls;
 };
 
 /// An actor_system_config for weft. Construct, adjust, then create the caf::actor_system.
@@ -38,5 +45,36 @@ class runtime_config : public caf::actor_system_config {
  private:
   runtime_options options_;
 };
+
+/// Runtime options for a process of the cluster keyed by `secret`: `base` with the TLS identity
+/// derived from the secret, or the user's PEM files when all three are given.
+result<runtime_options> secure_runtime(runtime_options base, const cluster_secret& secret,
+                                       const std::string& cert = {}, const std::string& key = {},
+                                       const std::string& ca_file = {});
+
+/// Publishes an actor on host:port over mutual TLS (port 0 = any); returns the port. Refuses a
+/// system whose config has no TLS identity.
+result<uint16_t> publish_actor(caf::actor_system& sys, const caf::strong_actor_ptr& whom,
+                               std::set<std::string> signatures, uint16_t port,
+                               const std::string& host);
+template <class Handle>
+result<uint16_t> publish_actor(caf::actor_system& sys, const Handle& whom, uint16_t port,
+                               const std::string& host) {
+  return publish_actor(sys, caf::actor_cast<caf::strong_actor_ptr>(whom), sys.message_types(whom),
+                       port, host);
+}
+
+/// Connects to an actor published at host:port over mutual TLS. Errors name the address and say
+/// when the handshake failed (a peer of another cluster, or without TLS).
+result<caf::strong_actor_ptr> connect_actor(caf::actor_system& sys,
+                                            const std::set<std::string>& signatures,
+                                            const std::string& host, uint16_t port);
+template <class Handle = caf::actor>
+result<Handle> connect_actor(caf::actor_system& sys, const std::string& host, uint16_t port) {
+  caf::detail::type_list<Handle> tk;
+  auto h = connect_actor(sys, sys.message_types(tk), host, port);
+  if (!h) return h.error();
+  return caf::actor_cast<Handle>(std::move(*h));
+}
 
 }  // namespace weft::actors

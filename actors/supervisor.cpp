@@ -5,6 +5,7 @@
 
 #include "actors/atoms.hpp"
 #include "actors/node_agent.hpp"
+#include "actors/private_messages.hpp"
 #include "schema/caf_bridge.hpp"
 
 namespace weft::actors {
@@ -52,6 +53,21 @@ envelope status_envelope(const supervisor_state& st) {
   });
 }
 
+/// Tells the observer (the head) a child's state, so `weft cluster status` shows restarting,
+/// stopped and failed children as they are.
+void report(sup_ptr self, const child_slot& c) {
+  auto& st = self->state;
+  if (!st.cfg.observer) return;
+  auto env = envelope::build<wire::ActorStatus>([&](wire::ActorStatus::Builder b) {
+    b.setName(c.spec.name);
+    b.setRole(c.spec.role);
+    b.setState(c.state);
+    b.setRestarts(c.restarts);
+    b.setNodeId(c.node_id);
+  });
+  self->send(st.cfg.observer, status_atom::value, std::move(env));
+}
+
 void answer_waiters(sup_ptr self) {
   auto& st = self->state;
   for (auto& rp : st.waiting_for_start) {
@@ -71,6 +87,7 @@ void give_up(sup_ptr self, const std::string& why) {
     if (c.handle) self->send_exit(c.handle, caf::exit_reason::user_shutdown);
     c.handle = caf::actor{};
     c.state = wire::ActorState::FAILED;
+    report(self, c);
   }
   if (st.cfg.observer) {
     auto report = envelope::build<wire::ActorStatus>([&](wire::ActorStatus::Builder b) {
@@ -112,6 +129,7 @@ void start_child(sup_ptr self, size_t index, bool chain) {
             if (auto v = reply.read<wire::SpawnReply>()) slot.node_id = v->get().getNodeId().cStr();
             slot.started_at_ms = now_ms();
             slot.state = wire::ActorState::RUNNING;
+            report(self, slot);
             self->monitor(child);
             if (chain && index + 1 < st.children.size()) {
               start_child(self, index + 1, true);
@@ -144,6 +162,7 @@ void on_child_exit(sup_ptr self, size_t index, exit_kind how) {
   }
   if (decision.to_restart.empty()) {
     slot.state = wire::ActorState::STOPPED;
+    report(self, slot);
     return;
   }
   for (size_t i : decision.to_restart) {
@@ -157,6 +176,7 @@ void on_child_exit(sup_ptr self, size_t index, exit_kind how) {
     ++c.generation;  // ignore anything still in flight for the old incarnation
     c.state = wire::ActorState::RESTARTING;
     c.restarts++;
+    report(self, c);
   }
   spdlog::info("supervisor '{}': restarting {} child(ren) after '{}' ended ({}), in {} ms",
                st.cfg.name, decision.to_restart.size(), slot.spec.name,
@@ -216,6 +236,9 @@ caf::behavior supervisor_actor(sup_ptr self, supervisor_config cfg) {
       },
       [self](node_down_atom, const std::string& node_id) {
         auto& st = self->state;
+        // Only the head that runs this supervisor reports node deaths.
+        const auto& sender = self->current_sender();
+        if (!sender || !st.cfg.observer || sender->address() != st.cfg.observer.address()) return;
         for (size_t i = 0; i < st.children.size(); ++i) {
           auto& c = st.children[i];
           if (c.handle && c.node_id == node_id && !st.failed) {
@@ -227,6 +250,7 @@ caf::behavior supervisor_actor(sup_ptr self, supervisor_config cfg) {
         }
       },
       [self](restart_atom, uint64_t index, uint64_t gen) {
+        if (!from_self(self)) return;  // restart timers are private
         auto& st = self->state;
         if (st.failed || index >= st.children.size() || st.children[index].generation != gen)
           return;

@@ -1,13 +1,18 @@
 // `weft cluster`: launch a local cluster of node processes on 127.0.0.1, show its status, spawn
 // actors on it.
 
+#include <fcntl.h>
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <caf/actor_system.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -41,19 +46,38 @@ struct client_cli {
   std::string role, name, config_json;
 };
 
-/// Makes sure a secret exists for a local cluster: uses the configured one, or writes a fresh
-/// random secret to the default file (mode 0600) the first time.
+/// Makes sure a secret exists for a local cluster: uses the configured one, or creates a fresh
+/// random secret in the secret file the first time. The file is created with mode 0600 from the
+/// start (a temporary file linked into place, so a reader never sees it half written) and an
+/// existing file is never replaced: a secret that is too short or unreadable is an error.
 result<actors::cluster_secret> ensure_local_secret(cluster_cli& cli) {
-  if (auto s = cli.load_secret()) return s;
   std::string path = cli.secret_file.empty() ? default_secret_file() : cli.secret_file;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  {
-    std::ofstream out(path);
-    if (!out) return make_error(errc::internal, "cannot write " + path);
-    out << actors::generate_secret_hex() << "\n";
+  const char* env = std::getenv("WEFT_CLUSTER_SECRET");
+  std::error_code ec;
+  if (!cli.secret.empty() || (env != nullptr && *env) || std::filesystem::exists(path, ec)) {
+    return cli.load_secret();
   }
-  ::chmod(path.c_str(), 0600);
-  spdlog::info("wrote a new cluster secret to {}", path);
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (ec)
+    return make_error(errc::internal,
+                      "cannot create the directory of " + path + ": " + ec.message());
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return make_error(errc::internal, "cannot create " + tmp + ": " + std::strerror(errno));
+  std::string text = actors::generate_secret_hex() + "\n";
+  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+            ::fsync(fd) == 0;
+  ok = (::close(fd) == 0) && ok;
+  // link() fails if the file appeared meanwhile: another launcher's secret is kept, not replaced.
+  int linked = ok ? ::link(tmp.c_str(), path.c_str()) : -1;
+  int link_errno = errno;
+  ::unlink(tmp.c_str());
+  if (!ok) return make_error(errc::internal, "cannot write " + tmp);
+  if (linked != 0 && link_errno != EEXIST) {
+    return make_error(errc::internal, "cannot create " + path + ": " + std::strerror(link_errno));
+  }
+  if (linked == 0) spdlog::info("wrote a new cluster secret to {} (mode 0600)", path);
   cli.secret_file = path;
   return cli.load_secret();
 }
@@ -65,6 +89,11 @@ std::vector<std::string> node_args(const up_cli& cli, const std::string& secret_
   if (cli.cluster.secret.empty()) a.insert(a.end(), {"--secret-file", secret_file});
   a.insert(a.end(), {"--heartbeat-ms", std::to_string(cli.cluster.heartbeat_ms),
                      "--connection-timeout-ms", std::to_string(cli.cluster.connection_timeout_ms)});
+  if (!cli.cluster.tls_cert.empty() || !cli.cluster.tls_key.empty() ||
+      !cli.cluster.tls_ca.empty()) {
+    a.insert(a.end(), {"--tls-cert", cli.cluster.tls_cert, "--tls-key", cli.cluster.tls_key,
+                       "--tls-ca", cli.cluster.tls_ca});
+  }
   if (!cli.roles.empty()) {
     std::string r;
     for (const auto& x : cli.roles) r += (r.empty() ? "" : ",") + x;
@@ -179,12 +208,24 @@ int with_head(client_cli& cli, F fn) {
     spdlog::error("--head: {}", hp.error().message);
     return 2;
   }
-  actors::runtime_config cfg(cli.cluster.runtime());
-  if (cli.cluster.tls) actors::apply_tls(cfg, cli.cluster.tls_settings());
+  // The secret is the credential: the TLS identity derived from it (or the user's certificates)
+  // is what lets this client through the head's door.
+  auto secret = cli.cluster.load_secret();
+  if (!secret) {
+    spdlog::error("{}", secret.error().message);
+    return 2;
+  }
+  auto rt = cli.cluster.secure_runtime(*secret);
+  if (!rt) {
+    spdlog::error("{}", rt.error().message);
+    return 2;
+  }
+  actors::runtime_config cfg(*rt);
   caf::actor_system sys{cfg};
-  auto head = actors::connect_head(sys, hp->first, hp->second, cli.cluster.tls);
+  auto head = actors::connect_head(sys, hp->first, hp->second);
   if (!head) {
-    spdlog::error("{}", head.error().to_string());
+    spdlog::error("no weft head at {}:{} for this cluster secret: {}", hp->first, hp->second,
+                  head.error().message);
     return 1;
   }
   return fn(sys, *head);

@@ -19,10 +19,12 @@ void cluster_cli::add_to(CLI::App* cmd) {
          "--decode-threads", decode_threads,
          "Threads decoding incoming actor messages (0 = the network thread, lowest latency)")
       ->capture_default_str();
-  cmd->add_flag("--tls", tls, "Encrypt node-to-node traffic (CAF OpenSSL module)");
-  cmd->add_option("--tls-cert", tls_cert, "PEM certificate of this node (with --tls)");
-  cmd->add_option("--tls-key", tls_key, "PEM private key of this node (with --tls)");
-  cmd->add_option("--tls-ca", tls_ca, "PEM CA file that signed every node (with --tls)");
+  // Every connection is mutual TLS; without these three the identity is derived from the secret.
+  cmd->add_option("--tls-cert", tls_cert,
+                  "PEM certificate of this node, signed by --tls-ca (default: derived from the "
+                  "cluster secret)");
+  cmd->add_option("--tls-key", tls_key, "PEM private key of this node (with --tls-cert)");
+  cmd->add_option("--tls-ca", tls_ca, "PEM CA file that signed every node (with --tls-cert)");
 }
 
 result<actors::cluster_secret> cluster_cli::load_secret() const {
@@ -35,12 +37,17 @@ actors::runtime_options cluster_cli::runtime() const {
   rt.connection_timeout_ms = connection_timeout_ms;
   rt.worker_threads = threads;
   rt.decode_threads = decode_threads;
-  rt.tls = tls;
   return rt;
 }
 
 actors::tls_options cluster_cli::tls_settings() const {
-  return actors::tls_options{tls, tls_cert, tls_key, tls_ca};
+  bool any = !tls_cert.empty() || !tls_key.empty() || !tls_ca.empty();
+  return actors::tls_options{any, tls_cert, tls_key, tls_ca};
+}
+
+result<actors::runtime_options> cluster_cli::secure_runtime(
+    const actors::cluster_secret& secret) const {
+  return actors::secure_runtime(runtime(), secret, tls_cert, tls_key, tls_ca);
 }
 
 std::string default_secret_file() {

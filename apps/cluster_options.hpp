@@ -21,13 +21,16 @@ struct cluster_cli {
   uint32_t connection_timeout_ms = 2000;
   uint32_t threads = 0;
   uint32_t decode_threads = 0;
-  bool tls = false;
   std::string tls_cert, tls_key, tls_ca;
 
   void add_to(CLI::App* cmd);
   result<actors::cluster_secret> load_secret() const;
+  /// Timings and threads, without a TLS identity (see secure_runtime).
   actors::runtime_options runtime() const;
+  /// The user's TLS files (enabled when any is given; node::start checks that all three are).
   actors::tls_options tls_settings() const;
+  /// runtime() with the TLS identity: the user's files, or derived from `secret`.
+  result<actors::runtime_options> secure_runtime(const actors::cluster_secret& secret) const;
 };
 
 using actors::parse_host_port;

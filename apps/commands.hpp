@@ -29,3 +29,15 @@ void add_serve_command(CLI::App& app, const global_options& globals);
 void add_bench_command(CLI::App& app, const global_options& globals);
 
 }  // namespace weft::apps
+
+namespace weft::actors {
+class role_registry;
+}  // namespace weft::actors
+
+namespace weft::apps {
+
+/// Extra roles a `weft node` accepts beyond weft's own. The product binary registers none; the
+/// test build (`weft_test`, tests/support) registers the test-only roles.
+void add_extra_roles(actors::role_registry& roles);
+
+}  // namespace weft::apps

@@ -16,6 +16,10 @@
 
 namespace weft::apps {
 
+// The product binary's extra roles: none. `weft_test` links a strong definition that adds the
+// test-only roles (tests/support/weft_test_roles_hook.cpp).
+__attribute__((weak)) void add_extra_roles(actors::role_registry&) {}
+
 namespace {
 
 struct node_cli {
@@ -77,6 +81,7 @@ int run_node(const node_cli& cli) {
   actors::add_builtin_roles(*roles);
   serve::add_serve_roles(*roles);
   cache::add_cache_roles(*roles);
+  add_extra_roles(*roles);
   auto node = actors::node::start(opts, roles);
   if (!node) {
     spdlog::error("node failed to start: {}", node.error().to_string());

@@ -4,11 +4,14 @@
 
 #include <spdlog/spdlog.h>
 #include <caf/actor_system.hpp>
+#include <caf/after.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
+#include <caf/system_messages.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <mutex>
 #include <thread>
@@ -22,6 +25,7 @@
 #include "actors/serve/serve_atoms.hpp"
 #include "apps/child_process.hpp"
 #include "apps/commands.hpp"
+#include "apps/config_file.hpp"
 #include "apps/process_control.hpp"
 #include "apps/version.hpp"
 
@@ -30,6 +34,8 @@ namespace weft::apps {
 namespace {
 
 struct serve_cli {
+  std::string config_file;
+  uint32_t stall_ms = 10'000;
   std::string model;
   std::string host = "127.0.0.1";
   uint16_t port = 8000;
@@ -141,6 +147,19 @@ class worker_nodes {
     return nodes_.size();
   }
 
+  /// SIGKILLs the node process with `pid` if it is one of ours (a hung worker); watch() then
+  /// relaunches it. Returns false for a pid that is not a live child.
+  bool kill(uint32_t pid) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& n : nodes_) {
+      if (n && static_cast<uint32_t>(n->pid()) == pid) {
+        n->signal(SIGKILL);
+        return true;
+      }
+    }
+    return false;
+  }
+
   void stop_all() {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& n : nodes_) {
@@ -157,6 +176,25 @@ class worker_nodes {
   std::vector<std::optional<child_process>> nodes_;
   int relaunches_ = 0;
   int n_engine_ = 0;
+};
+
+/// Where the router's hung-worker callback finds the node processes (null once they are gone).
+struct hung_hook {
+  std::mutex mu;
+  worker_nodes* nodes = nullptr;
+};
+struct hung_hook_guard {
+  hung_hook_guard(std::shared_ptr<hung_hook> h, worker_nodes* n) : hook(std::move(h)) {
+    std::lock_guard<std::mutex> lock(hook->mu);
+    hook->nodes = n;
+  }
+  ~hung_hook_guard() {
+    std::lock_guard<std::mutex> lock(hook->mu);
+    hook->nodes = nullptr;
+  }
+  hung_hook_guard(const hung_hook_guard&) = delete;
+  hung_hook_guard& operator=(const hung_hook_guard&) = delete;
+  std::shared_ptr<hung_hook> hook;
 };
 
 int run_serve(const serve_cli& cli) {
@@ -219,10 +257,21 @@ int run_serve(const serve_cli& cli) {
   rc.route = cli.route;
   rc.cache_replicas = cli.cache_replicas;
   rc.metrics = metrics;
+  rc.stall_ms = cli.stall_ms;
+  // A hung worker's requests migrate in the router; its process is SIGKILLed here and relaunched
+  // like a crashed one. The hook points at `nodes` only while it exists.
+  auto hook = std::make_shared<hung_hook>();
+  rc.on_hung = [hook](const std::string& name, uint32_t pid) {
+    std::lock_guard<std::mutex> lock(hook->mu);
+    if (hook->nodes != nullptr && hook->nodes->kill(pid)) {
+      spdlog::warn("killed the process of hung worker {} (pid {}); it will be relaunched", name,
+                   pid);
+    }
+  };
   caf::actor router = serve::spawn_router(sys, rc);
-  auto router_port = sys.middleman().publish(router, 0, "127.0.0.1");
+  auto router_port = actors::publish_actor(sys, router, 0, "127.0.0.1");
   if (!router_port) {
-    spdlog::error("cannot publish the router: {}", caf::to_string(router_port.error()));
+    spdlog::error("cannot publish the router: {}", router_port.error().to_string());
     return 1;
   }
 
@@ -249,6 +298,7 @@ int run_serve(const serve_cli& cli) {
 
   const int n_shards = cli.cache_shards;
   worker_nodes nodes(secret_hex, (*node)->head_port(), cli, n_workers);
+  hung_hook_guard hook_guard(hook, &nodes);
   for (int i = 0; i < n_workers + n_shards; ++i) {
     if (auto s = nodes.launch(i); !s.ok()) {
       spdlog::error("{}", s.to_string());
@@ -361,9 +411,19 @@ int run_serve(const serve_cli& cli) {
   spdlog::info("stopping");
   watcher.join();
   (*api)->stop();
-  caf::anon_send_exit(*sup, caf::exit_reason::user_shutdown);
+  // A clean stop is not a failure: the supervisor and the router go first (and are waited for),
+  // so that neither restarts nor migrates anything when the worker processes then end.
+  {
+    caf::scoped_actor s{sys};
+    for (const caf::actor& a : {*sup, router}) {
+      s->monitor(a);
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      s->receive([](const caf::down_msg&) {},
+                 caf::after(std::chrono::seconds(5)) >>
+                     [] { spdlog::warn("stopping: an actor did not stop within 5 s"); });
+    }
+  }
   nodes.stop_all();
-  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
   return code;
 }
 
@@ -374,8 +434,10 @@ void add_serve_command(CLI::App& app, const global_options&) {
   auto* cmd = app.add_subcommand("serve",
                                  "Serve a GGUF model over an OpenAI-compatible HTTP API, engine "
                                  "workers in their own node processes");
-  cmd->set_config("--config", "",
-                  "TOML/INI file with any of these options (command-line flags win)");
+  cmd->add_option("--config", cli->config_file,
+                  "TOML/INI file with any of these options, e.g. `port = 8100` or `max_outstanding "
+                  "= 64`, at the top level or under [serve] (command-line flags win)")
+      ->check(CLI::ExistingFile);
   cmd->add_option(
       "--model,-m", cli->model,
       "GGUF model (default: $WEFT_MODEL, else $WEFT_CACHE_DIR or ~/.cache/weft: models/" +
@@ -388,7 +450,7 @@ void add_serve_command(CLI::App& app, const global_options&) {
   cmd->add_option(
          "--prefill", cli->prefill,
          "Prefill workers: disaggregated mode (DistServe), with --decode; replaces --workers")
-      ->check(CLI::Range(0, 64));
+      ->check(CLI::Range(1, 64));
   cmd->add_option(
          "--kv-lease-ms", cli->kv_lease_ms,
          "Disaggregated mode: how long a prefill worker holds an offered KV for the decode side")
@@ -397,7 +459,7 @@ void add_serve_command(CLI::App& app, const global_options&) {
   cmd->add_option(
          "--decode", cli->decode,
          "Decode workers: pull each prompt's KV from a prefill worker over UCX (with --prefill)")
-      ->check(CLI::Range(0, 64));
+      ->check(CLI::Range(1, 64));
   cmd->add_option(
          "--route", cli->route,
          "Worker choice: least-ttft (predicted TTFT with cache and pool hits, Mooncake-style), "
@@ -469,6 +531,12 @@ void add_serve_command(CLI::App& app, const global_options&) {
       ->capture_default_str();
   cmd->add_option("--heartbeat-ms", cli->heartbeat_ms, "Heartbeat between processes")
       ->capture_default_str();
+  cmd->add_option(
+         "--stall-ms", cli->stall_ms,
+         "A worker with work and no engine step (or no load report) for this long is hung: "
+         "its requests migrate and its process is killed and relaunched")
+      ->capture_default_str()
+      ->check(CLI::Range(500u, 600'000u));
   cmd->add_option("--connection-timeout-ms", cli->connection_timeout_ms,
                   "A silent connection is dropped after this")
       ->capture_default_str();
@@ -478,7 +546,23 @@ void add_serve_command(CLI::App& app, const global_options&) {
   cmd->add_option("--max-restarts", cli->max_restarts,
                   "Worker restarts (and node relaunches) allowed per minute")
       ->capture_default_str();
-  cmd->callback([cli] { std::exit(run_serve(*cli)); });
+  cmd->callback([cli, cmd] {
+    if (!cli->config_file.empty()) {
+      if (auto st = apply_config_file(cmd, cli->config_file); !st.ok()) {
+        spdlog::error("--config: {}", st.message);
+        std::exit(2);
+      }
+    }
+    // --workers sizes colocated serving; --prefill/--decode replace it: refuse both at once
+    // (from flags or the config file) rather than drop one silently.
+    auto given = [cmd](const char* name) { return cmd->get_option(name)->count() > 0; };
+    if (given("--workers") && (given("--prefill") || given("--decode"))) {
+      spdlog::error(
+          "--workers (colocated) and --prefill/--decode (disaggregated) exclude each other");
+      std::exit(2);
+    }
+    std::exit(run_serve(*cli));
+  });
 }
 
 }  // namespace weft::apps

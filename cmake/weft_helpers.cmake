@@ -10,17 +10,25 @@ function(weft_add_test)
   if(T_NO_GTEST_MAIN)
     target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock)
   else()
-    target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest_main GTest::gmock)
+    # gtest_main, except that a binary with a skipped case exits 77 (tests/support/gtest_main.cpp).
+    if(NOT TARGET weft_gtest_main)
+      add_library(weft_gtest_main STATIC ${WEFT_ROOT}/tests/support/gtest_main.cpp)
+      target_link_libraries(weft_gtest_main PUBLIC GTest::gtest)
+    endif()
+    target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} weft_gtest_main GTest::gmock)
   endif()
   target_include_directories(${T_NAME} PRIVATE ${WEFT_ROOT})
   if(T_DISCOVER)
     include(GoogleTest)
     gtest_discover_tests(${T_NAME} DISCOVERY_MODE PRE_TEST
       PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
+        SKIP_RETURN_CODE 77
       EXTRA_ARGS ${T_ARGS})
   else()
     add_test(NAME ${T_NAME} COMMAND ${T_NAME} ${T_ARGS})
-    set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT})
+    # A binary in which a case was skipped exits 77: CTest reports it as skipped, never as passed.
+    set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
+      SKIP_RETURN_CODE 77)
   endif()
 endfunction()
 

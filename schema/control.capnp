@@ -123,6 +123,7 @@ struct StopRequest {
   name @1 :Text;
   reason @2 :Text;
   sessionToken @3 :Data;
+  deadlineMs @4 :UInt64;  # the token expires then (ms since the epoch; 0 is refused)
 }
 
 struct ActorStatus {

@@ -1,6 +1,7 @@
 // The cache-shard role: one shard of the prefix-cache segment pool, serving lookups and publishes.
 
 #include "actors/cache/cache_shard.hpp"
+#include "actors/private_messages.hpp"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include "actors/cache/rma_pull.hpp"
 #include "actors/cache/segment_store.hpp"
 #include "actors/host_port.hpp"
+#include "actors/runtime.hpp"
 #include "actors/serve/engine_worker.hpp"
 #include "actors/serve/serve_atoms.hpp"
 #include "schema/caf_bridge.hpp"
@@ -331,7 +333,7 @@ void on_publish(shard_ptr self, const envelope& env) {
   auto pull = st.puller->start(
       std::span<const std::byte>(reinterpret_cast<const std::byte*>(addr.begin()), addr.size()),
       keys, {st.staging}, pieces, timeout, [me](uint64_t id, bool ok, std::string err) {
-        caf::anon_send(me, pulled_atom::value, id, ok, err);
+        caf::send_as(me, me, pulled_atom::value, id, ok, err);
       });
   if (!pull) {
     for (auto& [key, slot] : pp.key_slots) {
@@ -434,7 +436,7 @@ void on_replica_reply(shard_ptr self, const envelope& env) {
   auto pull = st.puller->start(
       std::span<const std::byte>(reinterpret_cast<const std::byte*>(addr.begin()), addr.size()),
       keys, {st.staging}, pieces, st.cfg.lease_ms, [me](uint64_t pid, bool ok, std::string err) {
-        caf::anon_send(me, pulled_atom::value, pid, ok, err);
+        caf::send_as(me, me, pulled_atom::value, pid, ok, err);
       });
   if (!pull) return end_replica(self, id, false, pull.error().to_string());
   st.replica_pulls[*pull] = id;
@@ -518,15 +520,13 @@ caf::behavior cache_shard(shard_ptr self, std::string name, std::string node_id,
   st.address = std::move(*address);
   st.puller = std::make_unique<rma_puller>(st.transport);
   for (int32_t i = st.cfg.staging_slots - 1; i >= 0; --i) st.free_slots.push_back(i);
-  caf::expected<caf::actor> router = caf::sec::cannot_connect_to_node;
+  result<caf::actor> router = make_error(errc::unavailable, "not tried");
   for (int i = 0; i < 50; ++i) {
-    router = self->system().middleman().remote_actor(st.cfg.router_host, st.cfg.router_port);
+    router = actors::connect_actor(self->system(), st.cfg.router_host, st.cfg.router_port);
     if (router) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (!router)
-    return fail("cannot reach the router at " + st.cfg.router_host + ":" +
-                std::to_string(st.cfg.router_port));
+  if (!router) return fail(router.error().message);
   st.router = *router;
   self->monitor(st.router);
   self->set_down_handler([self](const caf::down_msg& dm) {
@@ -545,6 +545,7 @@ caf::behavior cache_shard(shard_ptr self, std::string name, std::string node_id,
       },
       [self](serve::cache_reply_atom, const envelope& env) { on_replica_reply(self, env); },
       [self](fetch_timeout_atom, uint64_t id) {
+        if (!actors::from_self(self)) return;
         // Lookup unanswered, or a pull still running: a pull ends through its own deadline.
         auto it = self->state.replicas.find(id);
         if (it != self->state.replicas.end() && it->second.slot < 0)
@@ -556,12 +557,14 @@ caf::behavior cache_shard(shard_ptr self, std::string name, std::string node_id,
         for (uint64_t id : m->get().getLeaseIds()) release_staged(self->state, id);
       },
       [self](pulled_atom, uint64_t id, bool ok, const std::string& err) {
+        if (!actors::from_self(self)) return;
         on_pulled(self, id, ok, err);
       },
       [self](hello_atom) {
         self->send(self->state.router, hello_atom::value, make_hello(self->state));
       },
       [self](tick_atom) {
+        if (!actors::from_self(self)) return;
         auto& st = self->state;
         const uint64_t now = actors::now_ms();
         for (auto it = st.leases.begin(); it != st.leases.end();) {

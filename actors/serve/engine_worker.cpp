@@ -1,6 +1,7 @@
 // The engine worker role: an engine on its own thread (a detached actor), fed by the router.
 
 #include "actors/serve/engine_worker.hpp"
+#include "actors/private_messages.hpp"
 #include "actors/serve/engine_worker_state.hpp"
 
 #include <spdlog/spdlog.h>
@@ -20,6 +21,7 @@
 #include "actors/cache/rma_pull.hpp"
 #include "actors/cache/segment_keys.hpp"
 #include "actors/host_port.hpp"
+#include "actors/runtime.hpp"
 #include "actors/serve/kv_transfer.hpp"
 #include "actors/serve/mlfq_policy.hpp"
 #include "actors/serve/model_host.hpp"
@@ -357,7 +359,7 @@ void start_import(worker_ptr self, generate_spec spec) {
   }
   auto me = caf::actor_cast<caf::actor>(self);
   auto pull = st.importer->start(desc, [me](uint64_t pull_id, const transport::completion&) {
-    caf::anon_send(me, pulled_atom::value, pull_id);
+    caf::send_as(me, me, pulled_atom::value, pull_id);
   });
   if (!pull) return import_failed(self, spec, lease_id, pull.error());
   st.import_of[spec.request_id] = *pull;
@@ -683,15 +685,14 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
     st.cfg.segment_tokens = 0;  // decode workers neither fetch nor publish
   }
   // Find the router (published by `weft serve`); it may still be starting.
-  caf::expected<caf::actor> router = caf::sec::cannot_connect_to_node;
+  result<caf::actor> router = make_error(errc::unavailable, "not tried");
   for (int i = 0; i < 50; ++i) {
-    router = self->system().middleman().remote_actor(st.cfg.router_host, st.cfg.router_port);
+    router = actors::connect_actor(self->system(), st.cfg.router_host, st.cfg.router_port);
     if (router) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (!router) {
-    const std::string why = "cannot reach the router at " + st.cfg.router_host + ":" +
-                            std::to_string(st.cfg.router_port);
+    const std::string why = router.error().message;
     spdlog::error("worker {}: {}", st.worker_name, why);
     self->quit(caf::make_error(caf::sec::runtime_error, why));
     return {};
@@ -713,8 +714,11 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
   return {
       [self](generate_atom, const envelope& env) { on_generate(self, env); },
       [self](handoff_atom, const envelope& env) { on_handoff(self, env); },
-      [self](pulled_atom, uint64_t pull_id) { on_pulled(self, pull_id); },
+      [self](pulled_atom, uint64_t pull_id) {
+        if (actors::from_self(self)) on_pulled(self, pull_id);
+      },
       [self](pulled_atom, uint64_t pull_id, bool ok, const std::string& err) {
+        if (!actors::from_self(self)) return;
         on_fetch_pulled(self, pull_id, ok, err);
       },
       [self](shards_atom, std::vector<std::string> names, std::vector<caf::actor> handles) {
@@ -722,7 +726,9 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
       },
       [self](cache_reply_atom, const envelope& env) { on_cache_reply(self, env); },
       [self](cache_done_atom, const envelope& env) { on_publish_done(self, env); },
-      [self](fetch_timeout_atom, uint64_t id) { on_fetch_timeout(self, id); },
+      [self](fetch_timeout_atom, uint64_t id) {
+        if (actors::from_self(self)) on_fetch_timeout(self, id);
+      },
       [self](abort_atom, const envelope& env) {
         auto a = env.read<wire::AbortRequest>();
         if (!a) return;
@@ -742,8 +748,11 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
                         a->get().getReason().cStr());
         }
       },
-      [self](step_atom) { run_step(self); },
+      [self](step_atom) {
+        if (actors::from_self(self)) run_step(self);
+      },
       [self](tick_atom) {
+        if (!actors::from_self(self)) return;
         expire_leases(self);
         self->send(self->state.router, load_atom::value, make_load(self->state));
         self->delayed_send(self, std::chrono::milliseconds(self->state.cfg.load_interval_ms),

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "actors/private_messages.hpp"
 #include "actors/serve/engine_worker_state.hpp"
 #include "actors/serve/serve_atoms.hpp"
 
@@ -189,7 +190,7 @@ void pull_hits(worker_ptr self, uint64_t id) {
     auto pull =
         st.puller->start(any.second.address, {any.second.region}, locals, ps,
                          st.cfg.pool_timeout_ms, [me](uint64_t pid, bool ok, std::string err) {
-                           caf::anon_send(me, pulled_atom::value, pid, ok, err);
+                           caf::send_as(me, me, pulled_atom::value, pid, ok, err);
                          });
     if (!pull) {
       f.failed = true;

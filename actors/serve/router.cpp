@@ -1,6 +1,7 @@
 // The router / scheduler actor: admission, worker choice, token-stream deduplication, migration.
 
 #include "actors/serve/router.hpp"
+#include "actors/private_messages.hpp"
 
 #include <spdlog/spdlog.h>
 #include <caf/all.hpp>
@@ -236,6 +237,49 @@ void on_worker_lost(router_ptr self, const std::string& name, const std::string&
   }
   drain_pending(self);
   update_gauges(self);
+}
+
+/// Why worker `w` counts as hung at `now`, or "" if it does not: it has work but made no engine
+/// step for stall_ms (and is past its start-up grace), or sent no load report for stall_ms.
+std::string hung_reason(const router_state& st, const worker_info& w, clock_type::time_point now,
+                        uint64_t now_unix) {
+  const auto ms = [](auto d) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+  };
+  const int64_t stall = st.cfg.stall_ms;
+  if (ms(now - w.hello_at) < stall) return "";
+  if (ms(now - w.last_report) >= stall) {
+    return "no load report for " + std::to_string(ms(now - w.last_report)) + " ms";
+  }
+  const bool has_work = w.n_running + w.n_waiting + w.n_swapped > 0 || !w.inflight.empty();
+  if (!has_work || w.last_step_unix_ms == 0) return "";
+  const int64_t idle = static_cast<int64_t>(now_unix - std::min(now_unix, w.last_step_unix_ms));
+  if (idle < stall) return "";
+  return "no engine step for " + std::to_string(idle) + " ms with " +
+         std::to_string(w.inflight.size()) + " request(s) in flight";
+}
+
+/// Treats every hung worker as dead: its requests migrate now, and its process is ended through
+/// cfg.on_hung (the serving app SIGKILLs it, and the node is relaunched like after a crash).
+void reap_hung_workers(router_ptr self) {
+  auto& st = self->state;
+  const auto now = clock_type::now();
+  const uint64_t now_unix = actors::now_ms();
+  std::vector<std::pair<std::string, std::string>> hung;
+  for (const auto& [name, w] : st.workers) {
+    if (auto why = hung_reason(st, w, now, now_unix); !why.empty()) hung.emplace_back(name, why);
+  }
+  for (const auto& [name, why] : hung) {
+    auto it = st.workers.find(name);
+    if (it == st.workers.end()) continue;
+    const uint32_t pid = it->second.pid;
+    const caf::actor handle = it->second.handle;
+    spdlog::warn("router: worker {} (pid {}) is hung: {}; treating it as dead", name, pid, why);
+    if (auto& m = st.cfg.metrics) m->inc("weft_router_hung_workers_total");
+    on_worker_lost(self, name, "hung: " + why);
+    self->demonitor(handle);
+    if (st.cfg.on_hung) st.cfg.on_hung(name, pid);
+  }
 }
 
 /// Puts a request back in the queue after its KV handoff failed: it starts over with a prefill of
@@ -583,6 +627,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
         if (auto& m = st.cfg.metrics) set_worker_gauges(*m, w);
       },
       [self](tick_atom) {
+        if (!actors::from_self(self)) return;
         auto& st = self->state;
         const auto now = clock_type::now();
         // Requests that found no live worker in time fail explicitly.
@@ -604,6 +649,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
           }
           ++it;
         }
+        reap_hung_workers(self);
         // Once a second: memory rebalancing between the pool's shards.
         if (++st.ticks % 10 == 0) rebalance_pool(self);
         update_gauges(self);

@@ -12,6 +12,7 @@
 #include <caf/fwd.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -39,7 +40,12 @@ struct router_config {
   double pool_gbps = 2.0;
   /// Shards that may hold one hot pool segment (its home included; 1: no replicas).
   uint32_t cache_replicas = 2;
-  uint32_t stall_ms = 10'000;  ///< a worker with work and no step for this long is unhealthy
+  /// A worker with work and no engine step for this long (or no load report at all) is hung: it
+  /// is treated as dead (its requests migrate) and `on_hung` is called to end its process.
+  uint32_t stall_ms = 10'000;
+  /// Called (on the router's thread; keep it short) with the name and pid of a hung worker, e.g.
+  /// to SIGKILL its process so that it is restarted. May be empty.
+  std::function<void(const std::string& name, uint32_t pid)> on_hung;
   std::shared_ptr<metrics_registry> metrics;  ///< may be null
 };
 

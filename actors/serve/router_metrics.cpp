@@ -10,7 +10,9 @@ void declare_router_metrics(metrics_registry& m) {
   m.declare_counter("weft_router_migrations_total",
                     "Sequences re-dispatched after their worker died");
   m.declare_counter("weft_router_worker_deaths_total",
-                    "Engine workers lost (process killed, link cut)");
+                    "Engine workers lost (process killed, link cut, hung)");
+  m.declare_counter("weft_router_hung_workers_total",
+                    "Engine workers treated as dead because they made no progress for stall_ms");
   m.declare_gauge("weft_router_pending", "Sequences waiting for a live worker");
   m.declare_gauge("weft_router_running", "Sequences dispatched and unfinished");
   m.declare_gauge("weft_workers", "Engine workers by state");

@@ -52,7 +52,8 @@ struct local_cluster_options {
   int nodes = 3;  // head included
   std::string secret = "weft-test-cluster-secret-0001";
   std::vector<std::string> extra_args = {};
-  /// When set: every node and the client use TLS with these PEM files.
+  /// When set: every node and the client use these PEM files instead of the TLS identity derived
+  /// from the secret.
   std::optional<actors::tls_options> tls = std::nullopt;
 };
 
@@ -63,13 +64,15 @@ class local_cluster {
     port_ = free_port();
     start_node(0, true);
     for (int i = 1; i < opts_.nodes; ++i) start_node(i, false);
-    actors::runtime_options rt;
-    rt.worker_threads = 2;
-    rt.tls = opts_.tls.has_value();
-    cfg_ = std::make_unique<actors::runtime_config>(rt);
-    if (opts_.tls) actors::apply_tls(*cfg_, *opts_.tls);
+    actors::runtime_options base;
+    base.worker_threads = 2;
+    auto rt = opts_.tls ? actors::secure_runtime(base, secret(), opts_.tls->certificate,
+                                                 opts_.tls->key, opts_.tls->ca_file)
+                        : actors::secure_runtime(base, secret());
+    if (!rt) throw std::runtime_error(rt.error().to_string());
+    cfg_ = std::make_unique<actors::runtime_config>(*rt);
     sys_ = std::make_unique<caf::actor_system>(*cfg_);
-    auto h = actors::connect_head(*sys_, "127.0.0.1", port_, rt.tls);
+    auto h = actors::connect_head(*sys_, "127.0.0.1", port_);
     if (!h) throw std::runtime_error(h.error().to_string());
     head_ = *h;
   }
@@ -89,8 +92,8 @@ class local_cluster {
     }
     argv.insert(argv.end(), opts_.extra_args.begin(), opts_.extra_args.end());
     if (opts_.tls) {
-      argv.insert(argv.end(), {"--tls", "--tls-cert", opts_.tls->certificate, "--tls-key",
-                               opts_.tls->key, "--tls-ca", opts_.tls->ca_file});
+      argv.insert(argv.end(), {"--tls-cert", opts_.tls->certificate, "--tls-key", opts_.tls->key,
+                               "--tls-ca", opts_.tls->ca_file});
     }
     argv.insert(argv.end(), args.begin(), args.end());
     auto c = apps::child_process::start(argv);

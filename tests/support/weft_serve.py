@@ -113,27 +113,38 @@ class WeftServer:
     def metric_sum(self, name):
         return sum(v for (n, _), v in self.metrics().items() if n == name)
 
+    def metric_sum_where(self, name, **labels):
+        """Sum of the series of `name` whose labels include all of `labels`."""
+        want = set(labels.items())
+        return sum(v for (n, ls), v in self.metrics().items() if n == name and want <= set(ls))
+
     def disconnect_mid_stream(self, prompt="Tell me a long story.", max_tokens=400, events=3,
-                              timeout_s=20):
-        """Starts a streamed completion on a raw socket, reads `events` SSE events, hangs up, then
-        waits up to `timeout_s` for the server to count the disconnect. Returns the count."""
+                              timeout_s=20, stream=True):
+        """Starts a completion on a raw socket and hangs up: after `events` SSE events when
+        streaming, after the response headers otherwise (a non-streaming request has started
+        generating then). Waits up to `timeout_s` for the server to count this disconnect; returns
+        how many disconnects it counted since the request was sent (0 if it never noticed)."""
+        before = self.metric_sum("weft_client_disconnects_total")
         s = socket.create_connection(("127.0.0.1", int(self.url.rsplit(":", 1)[1])))
-        body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True,
+        body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": stream,
                            "ignore_eos": True}).encode()
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         got = b""
-        while got.count(b"data:") < events:
-            got += s.recv(4096)
+        while (got.count(b"data:") < events) if stream else (b"\r\n\r\n" not in got):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            got += chunk
         s.close()
-        before = 0
+        counted = 0
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            before = self.metric_sum("weft_client_disconnects_total")
-            if before >= 1:
+            counted = self.metric_sum("weft_client_disconnects_total") - before
+            if counted >= 1:
                 break
             time.sleep(0.1)
-        return before
+        return counted
 
     def wait_kv_free(self, timeout_s=30):
         """Waits until no KV block is referenced on any worker; returns the last used count."""
@@ -157,6 +168,10 @@ def parse_test_args(add_args=None):
         add_args(ap)
     args, rest = ap.parse_known_args()
     if not os.path.exists(default_model_path()):
+        if os.environ.get("CI", "") not in ("", "0", "false"):
+            # Under CI the model is part of the setup: its absence is a failure, not a skip.
+            print("FAIL: CI=true and the default model is not fetched (scripts/fetch_model.sh)")
+            sys.exit(1)
         print("SKIP: the default model is not fetched (scripts/fetch_model.sh)")
         return None, rest
     return args, rest

@@ -82,17 +82,27 @@ json actor_round_trip(caf::actor_system& sys, const caf::actor& target, int n) {
 /// Serves an echo actor on `port` (child process of the bench).
 uint32_t g_worker_threads = 0;  // CAF scheduler threads of both processes (0 = weft's default)
 
-int serve_echo(uint16_t port, uint32_t decode_threads) {
+const actors::cluster_secret bench_secret{"bench-secret-0123456789"};
+
+/// weft's runtime options for the echo pair: mutual TLS as every weft process (tls), or CAF's
+/// plain TCP (the baseline that shows what TLS costs; weft itself never runs it).
+actors::runtime_options echo_options(uint32_t decode_threads, bool tls) {
   actors::runtime_options opts;
   opts.decode_threads = decode_threads;
   opts.worker_threads = g_worker_threads;
-  actors::runtime_config cfg{opts};
+  if (tls) opts = *actors::secure_runtime(opts, bench_secret);
+  return opts;
+}
+
+int serve_echo(uint16_t port, uint32_t decode_threads, bool tls) {
+  actors::runtime_config cfg{echo_options(decode_threads, tls)};
   caf::actor_system sys{cfg};
   actors::role_registry roles;
   actors::add_builtin_roles(roles);
   auto echo = (*roles.find("echo"))(sys, actors::role_context{"echo", "", "bench", nullptr, {}});
-  auto p = sys.middleman().publish(*echo, port, "127.0.0.1", true);
-  if (!p) return 1;
+  bool ok = tls ? actors::publish_actor(sys, *echo, port, "127.0.0.1").ok()
+                : static_cast<bool>(sys.middleman().publish(*echo, port, "127.0.0.1", true));
+  if (!ok) return 1;
   std::printf("ready\n");
   std::fflush(stdout);
   pause();
@@ -101,21 +111,34 @@ int serve_echo(uint16_t port, uint32_t decode_threads) {
 
 /// Cross-process round trips to an echo actor in a child process, both processes configured with
 /// `decode_threads` (0 = weft's default, 1 = CAF 0.17's default of one BASP decoding thread).
-json cross_process(uint32_t decode_threads, int n) {
-  actors::runtime_options opts;
-  opts.decode_threads = decode_threads;
-  opts.worker_threads = g_worker_threads;
-  actors::runtime_config cfg{opts};
+json cross_process(uint32_t decode_threads, int n, bool tls = true) {
+  actors::runtime_config cfg{echo_options(decode_threads, tls)};
   caf::actor_system sys{cfg};
-  uint16_t port = static_cast<uint16_t>(30000 + (::getpid() + decode_threads * 13) % 20000);
-  auto server = apps::child_process::start({apps::self_exe(), "--serve", std::to_string(port),
-                                            "--decode-threads", std::to_string(decode_threads),
-                                            "--worker-threads", std::to_string(g_worker_threads)});
+  uint16_t port =
+      static_cast<uint16_t>(30000 + (::getpid() + decode_threads * 13 + (tls ? 0 : 7)) % 20000);
+  std::vector<std::string> argv = {apps::self_exe(),
+                                   "--serve",
+                                   std::to_string(port),
+                                   "--decode-threads",
+                                   std::to_string(decode_threads),
+                                   "--worker-threads",
+                                   std::to_string(g_worker_threads)};
+  if (!tls) argv.push_back("--plain-tcp");
+  auto server = apps::child_process::start(argv);
   if (!server || !server->read_line(10000)) return {{"error", "echo server did not start"}};
-  auto remote = sys.middleman().remote_actor("127.0.0.1", port);
-  if (!remote) return {{"error", caf::to_string(remote.error())}};
-  auto out = actor_round_trip(sys, *remote, n);
+  caf::actor remote;
+  if (tls) {
+    auto r = actors::connect_actor(sys, "127.0.0.1", port);
+    if (!r) return {{"error", r.error().to_string()}};
+    remote = *r;
+  } else {
+    auto r = sys.middleman().remote_actor("127.0.0.1", port);
+    if (!r) return {{"error", caf::to_string(r.error())}};
+    remote = *r;
+  }
+  auto out = actor_round_trip(sys, remote, n);
   out["decode_threads"] = decode_threads;
+  out["transport"] = tls ? "mutual TLS (weft)" : "plain TCP (CAF without TLS, baseline)";
   return out;
 }
 
@@ -232,7 +255,7 @@ json detection(int sig, int repeats) {
       if (!c || !c->read_line(15000)) return {{"error", "cluster did not start"}};
       nodes.push_back(std::move(*c));
     }
-    actors::runtime_config cfg;
+    actors::runtime_config cfg{*actors::secure_runtime({}, actors::cluster_secret{secret})};
     caf::actor_system sys{cfg};
     auto head = actors::connect_head(sys, "127.0.0.1", port);
     if (!head) return {{"error", head.error().to_string()}};
@@ -288,12 +311,14 @@ int main(int argc, char** argv) {
   app.add_option("--out", out_dir, "Directory for the JSON result")->capture_default_str();
   app.add_option("--serve", serve_port, "Internal: serve an echo actor on this port");
   app.add_option("--decode-threads", serve_decode_threads, "Internal: with --serve");
+  bool serve_plain = false;
+  app.add_flag("--plain-tcp", serve_plain, "Internal: with --serve, CAF without TLS");
   app.add_flag("--skip-ray", skip_ray, "Do not run the Ray baseline");
   app.add_option("--worker-threads", g_worker_threads,
                  "CAF scheduler threads in both processes (0 = weft's default)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  if (serve_port != 0) return serve_echo(serve_port, serve_decode_threads);
+  if (serve_port != 0) return serve_echo(serve_port, serve_decode_threads, !serve_plain);
   spdlog::set_level(spdlog::level::warn);
 
   json result;
@@ -340,6 +365,7 @@ int main(int argc, char** argv) {
                         {"median_raw_tcp_floor_p50_us", median(floor_p50)}};
   }
   result["cross_process_caf_default_decoding"] = cross_process(1, n);
+  result["cross_process_plain_tcp"] = cross_process(0, n, false);
   if (!skip_ray) {
     auto ray = apps::child_process::start(
         {"/usr/bin/env", "python3", WEFT_RAY_SCRIPT, std::to_string(std::min(n, 2000))});
@@ -379,6 +405,14 @@ int main(int argc, char** argv) {
           r("cross_process_caf_default_decoding", "p50_us"),
           r("cross_process_caf_default_decoding", "p99_us"),
           r("cross_process_caf_default_decoding", "p50_us") / r("cross_process", "p50_us"));
+    }
+    if (result["cross_process_plain_tcp"].contains("p50_us")) {
+      std::printf(
+          "  what mutual TLS costs: plain-TCP CAF p50 %.1f us, %.0f msg/s; weft (TLS) is %.2fx its "
+          "p50 and %.2fx its throughput\n",
+          r("cross_process_plain_tcp", "p50_us"), r("cross_process_plain_tcp", "msgs_per_s"),
+          r("cross_process", "p50_us") / r("cross_process_plain_tcp", "p50_us"),
+          r("cross_process", "msgs_per_s") / r("cross_process_plain_tcp", "msgs_per_s"));
     }
     if (result.contains("ray") && result["ray"].contains("p50_us")) {
       std::printf(

@@ -29,7 +29,9 @@ TEST(chaos, a_cut_link_is_detected) {
   }
   ASSERT_FALSE(head.empty()) << "cluster did not come up";
   auto host = head.substr(0, head.find(':'));
-  actors::runtime_config cfg;
+  auto rt = actors::secure_runtime({}, actors::cluster_secret{"netns-test-secret-0123456"});
+  ASSERT_TRUE(rt.ok()) << rt.error().to_string();
+  actors::runtime_config cfg{*rt};
   caf::actor_system sys{cfg};
   auto h = actors::connect_head(sys, host, port);
   ASSERT_TRUE(h.ok()) << h.error().to_string();

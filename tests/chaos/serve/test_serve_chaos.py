@@ -1,13 +1,15 @@
 """Chaos: SIGKILL engine worker processes of `weft serve` during a load run.
 
 Colocated (--workers 2): the busiest worker is killed twice. Disaggregated (--prefill 1
---decode 1): the decode worker is killed, then the prefill worker.
+--decode 1): the decode worker is killed, then the prefill worker. Hang (--workers 2): the busiest
+worker is SIGSTOPped with CAF's connection timeout far away, so only the router's stall detection
+(--stall-ms) can notice: its requests must migrate and its process must be killed and relaunched.
 
 Every accepted request must complete with exactly the tokens of an undisturbed greedy run (no
 token missing or duplicated across the migration), no KV block may stay referenced afterwards, and
 the killed worker must come back and take work again. Prints the measured recovery times.
 
-Usage: test_serve_chaos.py --weft PATH/TO/weft [--topology colocated|disaggregated]
+Usage: test_serve_chaos.py --weft PATH/TO/weft [--topology colocated|disaggregated|hang]
        (exit 77 = skipped: no model)
 """
 import concurrent.futures
@@ -70,7 +72,7 @@ def wait_workers(srv, n, timeout_s=60):
     return False
 
 
-def kill_busy_worker(srv, min_tokens_before_kill, progress, role=None):
+def kill_busy_worker(srv, min_tokens_before_kill, progress, role=None, sig=signal.SIGKILL):
     """Waits until the load has produced some tokens (and a worker of `role` has requests in
     flight), then SIGKILLs the worker process of that role with the most in-flight requests.
     Returns (worker, time of the kill)."""
@@ -84,19 +86,24 @@ def kill_busy_worker(srv, min_tokens_before_kill, progress, role=None):
         time.sleep(0.05)
     ws = sorted([w for w in workers(srv) if role is None or w["role"] == role], key=lambda w: -w["inflight"])
     victim = ws[0]
-    os.kill(victim["pid"], signal.SIGKILL)
+    os.kill(victim["pid"], sig)
     return victim, time.time()
 
 
 def main():
     args, _ = parse_test_args(lambda ap: ap.add_argument(
-        "--topology", choices=["colocated", "disaggregated"], default="colocated"))
+        "--topology", choices=["colocated", "disaggregated", "hang"], default="colocated"))
     if args is None:
         return 77
     prompts = ["Request %d: write about the number %d." % (i, i * 7) for i in range(N_REQUESTS)]
     failures = []
+    sig = signal.SIGKILL
     if args.topology == "colocated":
         topology, victims = ["--workers", "2"], [None, None]
+    elif args.topology == "hang":
+        # CAF would notice a stopped process after its connection timeout: push that out of reach.
+        topology, victims = ["--workers", "2", "--stall-ms", "3000", "--connection-timeout-ms", "120000"], [None]
+        sig = signal.SIGSTOP
     else:
         topology, victims = ["--prefill", "1", "--decode", "1"], ["decode", "prefill"]
     with WeftServer(args.weft, topology + ["--max-running", "16", "--kv-blocks", "512"]) as srv:
@@ -113,10 +120,11 @@ def main():
 
             # Progress = generated tokens so far, read from the server's metrics.
             gen_before = srv.metric_sum("weft_worker_steps")
+            migrations_before = srv.metric_sum("weft_router_migrations_total")
             with concurrent.futures.ThreadPoolExecutor(N_REQUESTS + 1) as pool:
                 futures = [pool.submit(counting, i, p) for i, p in enumerate(prompts)]
                 victim, killed_at = kill_busy_worker(
-                    srv, 3, lambda: srv.metric_sum("weft_worker_steps") - gen_before, role)
+                    srv, 3, lambda: srv.metric_sum("weft_worker_steps") - gen_before, role, sig)
                 results = [f.result() for f in futures]
             done_at = time.time()
             print("round %d: killed %s (%s, pid %d, %d in flight); load finished %.1f s after the kill" %
@@ -132,11 +140,15 @@ def main():
             m = srv.metrics()
             resume_n = sum(v for (n, _), v in m.items() if n == "weft_migration_resume_seconds_count")
             resume_s = sum(v for (n, _), v in m.items() if n == "weft_migration_resume_seconds_sum")
-            migrations = sum(v for (n, _), v in m.items() if n == "weft_router_migrations_total")
-            print("round %d: %d migrations so far; mean kill-to-first-resumed-token %.3f s over %d sequences" %
+            migrations = sum(v for (n, _), v in m.items() if n == "weft_router_migrations_total") - migrations_before
+            print("round %d: %d migrations in this round; mean kill-to-first-resumed-token %.3f s over %d sequences" %
                   (round_no, migrations, resume_s / resume_n if resume_n else float("nan"), resume_n))
             if migrations < 1:
                 failures.append("round %d: no request was migrated (the victim had none in flight?)" % round_no)
+            if sig == signal.SIGSTOP:
+                hung = sum(v for (n, _), v in m.items() if n == "weft_router_hung_workers_total")
+                if hung < 1:
+                    failures.append("round %d: the stopped worker was not detected as hung" % round_no)
             used = srv.wait_kv_free()
             if used != 0:
                 failures.append("round %d: %d KV blocks still referenced after the run" % (round_no, used))
@@ -147,12 +159,16 @@ def main():
             else:
                 print("round %d: 2 workers ready again %.1f s after the load finished" % (round_no, time.time() - t0))
         # Both workers serve: a burst spreads over them and matches the reference.
-        again = run_load(srv.url, prompts[:4])
+        decoded_before = {w["name"]: w["decode_tokens"] for w in workers(srv)}
+        again = run_load(srv.url, prompts)
         for i, (text, finish, toks, err) in enumerate(again):
             if err is not None or toks != reference[i][2]:
                 failures.append("after recovery request %d: %s" % (i, err or "differs"))
-        busy = [w for w in workers(srv) if w["decode_tokens"] > 0]
-        print("after recovery: %d of %d workers have decoded tokens" % (len(busy), len(workers(srv))))
+        now = workers(srv)
+        busy = [w for w in now if w["decode_tokens"] > decoded_before.get(w["name"], 0)]
+        print("after recovery: %d of %d workers decoded tokens of the last burst" % (len(busy), len(now)))
+        if len(now) < 2 or len(busy) != len(now):
+            failures.append("after recovery only %d of %d workers served the burst" % (len(busy), len(now)))
     return report_failures(failures, srv)
 
 

@@ -27,12 +27,53 @@ TEST(cluster, nodes_join_and_report_status) {
   EXPECT_EQ(pids.count(static_cast<uint32_t>(cluster.process(1).pid())), 1u);
   // The CLI shows the same, as JSON.
   auto cli = apps::child_process::start({WEFT_BIN, "cluster", "status", "--json", "--head",
-                                         "127.0.0.1:" + std::to_string(cluster.port())});
+                                         "127.0.0.1:" + std::to_string(cluster.port())},
+                                        {"WEFT_CLUSTER_SECRET=" + cluster.secret().bytes});
   ASSERT_TRUE(cli.ok());
   std::string out;
   while (auto line = cli->read_line(5000)) out += *line + "\n";
   EXPECT_NE(out.find("\"node-1\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"alive\""), std::string::npos) << out;
+}
+
+/// `weft cluster status` with another cluster's secret, or with no head at the address, says so in
+/// one line and exits 1 (no raw CAF error).
+TEST(cluster, status_cli_names_a_wrong_secret_or_a_missing_head) {
+  local_cluster cluster({.nodes = 1});
+  auto run = [](std::vector<std::string> argv, const std::string& secret) {
+    // stderr (where the error is logged) joins stdout.
+    argv.insert(argv.begin(), {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1"});
+    auto c = apps::child_process::start(argv, {"WEFT_CLUSTER_SECRET=" + secret});
+    std::string out;
+    while (auto line = c->read_line(10000)) out += *line + "\n";
+    int status = 0;
+    eventually([&] { return c->exited(&status); }, 10000);
+    return std::make_pair(status, out);
+  };
+  auto [st, out] =
+      run({WEFT_BIN, "cluster", "status", "--head", "127.0.0.1:" + std::to_string(cluster.port())},
+          "not-this-clusters-secret-00000");
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << st << out;
+  EXPECT_NE(out.find("no weft head at 127.0.0.1:"), std::string::npos) << out;
+  EXPECT_NE(out.find("check the cluster secret"), std::string::npos) << out;
+  auto [st2, out2] =
+      run({WEFT_BIN, "cluster", "status", "--head", "127.0.0.1:" + std::to_string(free_port())},
+          cluster.secret().bytes);
+  EXPECT_TRUE(WIFEXITED(st2) && WEXITSTATUS(st2) == 1) << st2 << out2;
+  EXPECT_NE(out2.find("no weft head at 127.0.0.1:"), std::string::npos) << out2;
+  EXPECT_EQ(out2.find("system_error("), std::string::npos) << out2;
+}
+
+/// Actor names are cluster-unique: a second spawn under a running actor's name is refused.
+TEST(cluster, a_taken_name_is_refused) {
+  local_cluster cluster({.nodes = 2});
+  auto& sys = cluster.system();
+  auto first = actors::spawn_on_cluster(sys, cluster.head(), cluster.secret(), "echo", "e1");
+  ASSERT_TRUE(first.ok()) << first.error().to_string();
+  auto second = actors::spawn_on_cluster(sys, cluster.head(), cluster.secret(), "echo", "e1");
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.error().code, errc::already_exists) << second.error().to_string();
+  EXPECT_TRUE(cluster.ping(*first, 7)) << "the first e1 must be untouched";
 }
 
 TEST(cluster, spawns_actors_on_remote_nodes_and_messages_them) {
@@ -173,10 +214,13 @@ TEST(cluster, tls_between_nodes) {
                                     "tls-echo");
   ASSERT_TRUE(a.ok()) << a.error().to_string();
   EXPECT_TRUE(cluster.ping(*a, 5));
-  // A plain-TCP client cannot talk to a TLS head.
-  actors::runtime_config plain_cfg;
-  caf::actor_system plain{plain_cfg};
-  auto h = actors::connect_head(plain, "127.0.0.1", cluster.port());
+  // A client with the secret but without a certificate of this CA is refused at the handshake
+  // (the security tier covers plain-TCP peers and other secrets).
+  auto rt = actors::secure_runtime({}, cluster.secret());
+  ASSERT_TRUE(rt.ok());
+  actors::runtime_config other_cfg{*rt};
+  caf::actor_system other{other_cfg};
+  auto h = actors::connect_head(other, "127.0.0.1", cluster.port());
   EXPECT_FALSE(h.ok());
   std::filesystem::remove_all(dir);
 }

@@ -174,6 +174,16 @@ class OpenAIClientTest(unittest.TestCase):
         self.assertEqual(SERVER.wait_kv_free(), 0)
         self.assertLess(SERVER.metric_sum("weft_generation_tokens_total") - before, 300)
 
+    def test_abandoned_non_streaming_request_is_aborted(self):
+        # `curl -m 3` giving up on a non-streaming request: the server notices at its next probe
+        # of the connection, aborts the sequence, frees its KV and counts a disconnect (not "ok").
+        before = SERVER.metric_sum("weft_generation_tokens_total")
+        ok_before = SERVER.metric_sum_where("weft_requests_total", outcome="ok")
+        self.assertGreaterEqual(SERVER.disconnect_mid_stream(stream=False, timeout_s=10), 1)
+        self.assertEqual(SERVER.wait_kv_free(), 0)
+        self.assertLess(SERVER.metric_sum("weft_generation_tokens_total") - before, 300)
+        self.assertEqual(SERVER.metric_sum_where("weft_requests_total", outcome="ok"), ok_before)
+
     def test_health_and_metrics(self):
         status, body = SERVER.request("GET", "/health")
         self.assertEqual(status, 200, body)

@@ -3,6 +3,7 @@
 // disagreeing only where llama.cpp's two best logits are a near-tie.
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -59,8 +60,25 @@ const char* const prompts[] = {
 
 struct fixture_data {
   nlohmann::json ref;
-  std::string skip_reason;
+  std::string skip_reason;  ///< a reference that is legitimately absent here (never under CI)
+  std::string failure;      ///< the reference crashed or produced nothing: a failure, never a skip
 };
+
+/// Under CI=true the oracle tier must really run: a missing reference is a failure there.
+bool in_ci() {
+  const char* ci = std::getenv("CI");
+  return ci != nullptr && *ci != '\0' && std::string(ci) != "false" && std::string(ci) != "0";
+}
+
+/// Ends the current test as skipped (locally) or failed (CI, or a broken reference).
+#define WEFT_REQUIRE_REFERENCE(r)                                                      \
+  do {                                                                                 \
+    if (!(r).failure.empty()) FAIL() << (r).failure;                                   \
+    if (!(r).skip_reason.empty()) {                                                    \
+      if (in_ci()) FAIL() << "CI=true and the oracle cannot run: " << (r).skip_reason; \
+      GTEST_SKIP() << (r).skip_reason;                                                 \
+    }                                                                                  \
+  } while (0)
 
 const fixture_data& reference() {
   static fixture_data data = [] {
@@ -79,9 +97,14 @@ const fixture_data& reference() {
                             (dir / "prompts.json").string() + "' '" + (dir / "ref.json").string() +
                             "' --tokens 64 2>" + (dir / "stderr.txt").string();
     const int rc = std::system(cmd.c_str());
-    if (rc != 0) {
-      d.skip_reason = "llama_cpp reference failed (exit " + std::to_string(rc) + "), see " +
-                      (dir / "stderr.txt").string();
+    const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    if (code == 3) {  // llama_ref.py: llama_cpp is not installed
+      d.skip_reason = "llama_cpp is not installed (scripts/setup.sh --test)";
+      return d;
+    }
+    if (code != 0) {
+      d.failure = "the llama_cpp reference script failed (status " + std::to_string(rc) +
+                  "), see " + (dir / "stderr.txt").string();
       return d;
     }
     std::ifstream in(dir / "ref.json");
@@ -123,7 +146,7 @@ int32_t argmax(const float* x, int64_t n) {
 
 TEST(engine_oracle, greedy_continuations_match_llama_cpp) {
   const auto& r = reference();
-  if (!r.skip_reason.empty()) GTEST_SKIP() << r.skip_reason;
+  WEFT_REQUIRE_REFERENCE(r);
   auto e = make_engine();
   int n_identical = 0;
   for (const auto& item : r.ref["results"]) {
@@ -160,7 +183,7 @@ TEST(engine_oracle, greedy_continuations_match_llama_cpp) {
 // every continuation must still equal llama.cpp's single-sequence greedy output.
 TEST(engine_oracle, batched_engine_matches_llama_cpp) {
   const auto& r = reference();
-  if (!r.skip_reason.empty()) GTEST_SKIP() << r.skip_reason;
+  WEFT_REQUIRE_REFERENCE(r);
   auto e = make_engine();
   engine_config ec;
   ec.kv_blocks = 256;
@@ -197,7 +220,7 @@ TEST(engine_oracle, batched_engine_matches_llama_cpp) {
 
 TEST(engine_oracle, teacher_forced_top1_agreement) {
   const auto& r = reference();
-  if (!r.skip_reason.empty()) GTEST_SKIP() << r.skip_reason;
+  WEFT_REQUIRE_REFERENCE(r);
   auto e = make_engine();
   int64_t total = 0;
   int64_t agree = 0;

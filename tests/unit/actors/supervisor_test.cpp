@@ -8,6 +8,7 @@
 #include "actors/node_agent.hpp"
 #include "actors/runtime.hpp"
 #include "actors/supervisor.hpp"
+#include "tests/support/test_roles.hpp"
 
 namespace weft::actors {
 namespace {
@@ -24,6 +25,7 @@ struct supervisor_fixture : ::testing::Test {
     sys = std::make_unique<caf::actor_system>(cfg);
     auto roles = std::make_shared<role_registry>();
     add_builtin_roles(*roles);
+    testing::add_test_roles(*roles);
     node_agent_config acfg;
     acfg.node_id = "local";
     acfg.secret = secret;

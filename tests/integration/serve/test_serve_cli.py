@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""`weft serve` options as a new user writes them: a --config file is applied (top level or
+[serve], dashes or underscores; flags win), a missing or wrong config file is refused, and
+contradictory worker options are refused rather than one of them dropped.
+
+Usage: test_serve_cli.py --weft PATH/TO/weft     (exit 77 = skipped: no model; a failure under CI=true)
+"""
+import argparse
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
+from weft_serve import default_model_path  # noqa: E402
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_to_exit(weft, args, timeout=60):
+    p = subprocess.run([weft, "serve"] + args, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def serve_url(weft, args, timeout=240):
+    """Starts `weft serve args`, returns the URL of its ready line, stops it."""
+    p = subprocess.Popen([weft, "serve"] + args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            line = p.stdout.readline()
+            if not line and p.poll() is not None:
+                return None
+            m = re.match(r"weft-serve-ready url=(\S+)", line or "")
+            if m:
+                return m.group(1)
+        return None
+    finally:
+        p.terminate()
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weft", required=True)
+    args = ap.parse_args()
+    if not os.path.exists(default_model_path()):
+        if os.environ.get("CI", "") not in ("", "0", "false"):
+            print("FAIL: CI=true and the default model is missing")
+            return 1
+        print("SKIP: default model not found (scripts/fetch_model.sh)")
+        return 77
+    failures = []
+
+    def check(cond, what):
+        print(("ok   " if cond else "FAIL ") + what)
+        if not cond:
+            failures.append(what)
+
+    with tempfile.TemporaryDirectory() as d:
+        # Each spelling users write: top level with dashes, [serve] with underscores.
+        for name, text in [("top.toml", "port = {p}\nmax-outstanding = 64\n"),
+                           ("section.toml", "[serve]\nport = {p}\nmax_outstanding = 64\nno_prefix_cache = true\n")]:
+            p = free_port()
+            path = os.path.join(d, name)
+            with open(path, "w") as f:
+                f.write(text.format(p=p))
+            url = serve_url(args.weft, ["--config", path])
+            check(url == "http://127.0.0.1:%d" % p, "%s: serves on the config's port %d (got %s)" % (name, p, url))
+        # The command line wins over the file.
+        p_file, p_flag = free_port(), free_port()
+        path = os.path.join(d, "win.toml")
+        with open(path, "w") as f:
+            f.write("port = %d\n" % p_file)
+        url = serve_url(args.weft, ["--config", path, "--port", str(p_flag)])
+        check(url == "http://127.0.0.1:%d" % p_flag, "a flag wins over the config file (got %s)" % url)
+
+        rc, out = run_to_exit(args.weft, ["--config", "/nope.toml"])
+        check(rc != 0 and "/nope.toml" in out, "a missing config file is refused (rc %d)" % rc)
+        bad = os.path.join(d, "bad.toml")
+        with open(bad, "w") as f:
+            f.write("prot = 8105\n")
+        rc, out = run_to_exit(args.weft, ["--config", bad])
+        check(rc == 2 and "unknown option 'prot'" in out, "an unknown key is refused by name (rc %d)" % rc)
+        with open(bad, "w") as f:
+            f.write("[server]\nport = 8105\n")
+        rc, out = run_to_exit(args.weft, ["--config", bad])
+        check(rc == 2 and "unknown section [server]" in out, "an unknown section is refused (rc %d)" % rc)
+        with open(bad, "w") as f:
+            f.write("workers = 2\nprefill = 1\ndecode = 1\n")
+        rc, out = run_to_exit(args.weft, ["--config", bad])
+        check(rc == 2 and "exclude each other" in out, "workers + prefill/decode from a file are refused (rc %d)" % rc)
+
+    rc, out = run_to_exit(args.weft, ["--workers", "2", "--prefill", "1", "--decode", "1"])
+    check(rc == 2 and "exclude each other" in out, "--workers with --prefill/--decode is refused (rc %d)" % rc)
+    rc, out = run_to_exit(args.weft, ["--prefill", "0", "--decode", "1"])
+    check(rc != 0 and "--prefill" in out, "--prefill 0 is refused (rc %d)" % rc)
+    rc, out = run_to_exit(args.weft, ["--help"])
+    check(rc == 0 and "[0 - 64]" not in out, "--help shows no 0 lower bound for worker counts")
+    print("%d failure(s)" % len(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+// The security tier (docs/security.md): a process without the cluster secret, on loopback, tries
+// every published door of a running cluster — the head, a node agent, an actor's node — as a
+// plain-TCP CAF peer, as a TLS peer of another cluster, and with raw bytes. Every attempt must be
+// refused at the handshake, and nothing in the cluster may change. Also: the secret file is
+// created 0600 and never replaced, and no product code opens a door that skips mutual TLS.
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+
+#include "actors/cluster_client.hpp"
+#include "actors/cluster_tls.hpp"
+#include "actors/runtime.hpp"
+#include "apps/child_process.hpp"
+#include "tests/support/local_cluster.hpp"
+
+namespace weft::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// What the cluster looks like from the inside: node ids with states, actor names, event count.
+std::string fingerprint(local_cluster& cluster) {
+  auto env = cluster.status();
+  auto v = env.read<schema::wire::ClusterStatus>();
+  std::ostringstream out;
+  for (auto n : v->get().getNodes()) {
+    out << n.getNode().getNodeId().cStr() << ":" << static_cast<int>(n.getState()) << "[";
+    for (auto a : n.getActors()) out << a.getName().cStr() << ",";
+    out << "] ";
+  }
+  out << "events=" << v->get().getEvents().size();
+  return out.str();
+}
+
+uint16_t agent_port_of(local_cluster& cluster, const std::string& node_id) {
+  auto env = cluster.status();
+  auto v = env.read<schema::wire::ClusterStatus>();
+  for (auto n : v->get().getNodes()) {
+    if (node_id == n.getNode().getNodeId().cStr()) return n.getNode().getPort();
+  }
+  return 0;
+}
+
+/// A CAF peer speaking plain TCP (CAF's middleman without TLS), weft's message types announced.
+struct plain_peer {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  plain_peer() {
+    schema::add_message_types(cfg);
+    cfg.load<caf::io::middleman>();
+    cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(2)});
+    cfg.set("logger.console", caf::atom("none"));
+    sys = std::make_unique<caf::actor_system>(cfg);
+  }
+};
+
+/// Sends `bytes` to 127.0.0.1:port on a fresh TCP connection; true if the peer closed it.
+bool peer_closes_after(uint16_t port, const std::string& bytes) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return true;
+  }
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  char buf[4096];
+  bool closed = false;
+  for (int i = 0; i < 100; ++i) {
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n == 0 || (n < 0 && errno != EINTR)) {
+      closed = n == 0 || errno != EAGAIN;
+      break;
+    }
+  }
+  ::close(fd);
+  return closed;
+}
+
+class security : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cluster_ = new local_cluster({.nodes = 2, .secret = "security-tier-secret-0123456789"});
+    ASSERT_TRUE(eventually([] { return cluster_->node_state("node-1") == "alive"; }, 5000));
+    auto a = actors::spawn_on_cluster(cluster_->system(), cluster_->head(), cluster_->secret(),
+                                      "echo", "sec-echo");
+    ASSERT_TRUE(a.ok()) << a.error().to_string();
+    echo_ = new caf::actor(*a);
+  }
+  static void TearDownTestSuite() {
+    delete echo_;
+    delete cluster_;
+  }
+  static local_cluster* cluster_;
+  static caf::actor* echo_;
+};
+local_cluster* security::cluster_ = nullptr;
+caf::actor* security::echo_ = nullptr;
+
+TEST_F(security, plain_tcp_peer_reaches_no_door) {
+  auto before = fingerprint(*cluster_);
+  plain_peer peer;
+  auto& mm = peer.sys->middleman();
+  // Untyped and typed: the head, and the node agents of both nodes (node-1 hosts the echo actor).
+  EXPECT_FALSE(mm.remote_actor("127.0.0.1", cluster_->port()));
+  EXPECT_FALSE(mm.remote_actor<actors::head_actor>("127.0.0.1", cluster_->port()));
+  for (const char* node : {"node-0", "node-1"}) {
+    uint16_t p = agent_port_of(*cluster_, node);
+    ASSERT_NE(p, 0) << node;
+    EXPECT_FALSE(mm.remote_actor("127.0.0.1", p)) << node;
+    EXPECT_FALSE(mm.remote_actor<actors::node_agent_actor>("127.0.0.1", p)) << node;
+  }
+  EXPECT_TRUE(cluster_->ping(*echo_, 11)) << "the cluster stopped serving its own members";
+  EXPECT_EQ(fingerprint(*cluster_), before);
+}
+
+TEST_F(security, peer_of_another_cluster_fails_the_handshake) {
+  auto before = fingerprint(*cluster_);
+  for (const char* other : {"another-cluster-secret-000000", "security-tier-secret-012345678"}) {
+    auto rt = actors::secure_runtime({}, actors::cluster_secret{other});
+    ASSERT_TRUE(rt.ok());
+    actors::runtime_config cfg{*rt};
+    caf::actor_system sys{cfg};
+    auto head = actors::connect_head(sys, "127.0.0.1", cluster_->port());
+    ASSERT_FALSE(head.ok()) << "a peer with secret '" << other << "' reached the head";
+    EXPECT_NE(head.error().message.find("check the cluster secret"), std::string::npos)
+        << head.error().message;
+    EXPECT_FALSE(actors::connect_node_agent(sys, "127.0.0.1", agent_port_of(*cluster_, "node-1")));
+  }
+  EXPECT_EQ(fingerprint(*cluster_), before);
+}
+
+TEST_F(security, raw_bytes_and_handshake_floods_change_nothing) {
+  auto before = fingerprint(*cluster_);
+  std::mt19937_64 rng(42);
+  std::vector<uint16_t> ports = {cluster_->port(), agent_port_of(*cluster_, "node-0"),
+                                 agent_port_of(*cluster_, "node-1")};
+  for (uint16_t port : ports) {
+    for (int i = 0; i < 20; ++i) {
+      std::string junk(1 + rng() % 4096, '\0');
+      for (auto& c : junk) c = static_cast<char>(rng());
+      EXPECT_TRUE(peer_closes_after(port, junk)) << "port " << port << " kept a junk connection";
+    }
+    // A TLS ClientHello-looking prefix followed by garbage, and an empty connection.
+    EXPECT_TRUE(peer_closes_after(port, std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc", 9) +
+                                            std::string(600, 'A')));
+  }
+  EXPECT_TRUE(cluster_->ping(*echo_, 12));
+  EXPECT_EQ(fingerprint(*cluster_), before);
+}
+
+TEST_F(security, members_still_work_after_the_attempts) {
+  // The control: the same requests from a member succeed (the refusals above were not vacuous).
+  auto h = actors::connect_head(cluster_->system(), "127.0.0.1", cluster_->port());
+  ASSERT_TRUE(h.ok()) << h.error().to_string();
+  auto agent = actors::connect_node_agent(cluster_->system(), "127.0.0.1",
+                                          agent_port_of(*cluster_, "node-1"));
+  ASSERT_TRUE(agent.ok()) << agent.error().to_string();
+  EXPECT_TRUE(cluster_->ping(*echo_, 13));
+}
+
+TEST(security_tls, derived_identity_is_deterministic_and_secret_bound) {
+  auto a1 = actors::derived_certificate_pem(actors::cluster_secret{"secret-one-0123456789"});
+  auto a2 = actors::derived_certificate_pem(actors::cluster_secret{"secret-one-0123456789"});
+  auto b = actors::derived_certificate_pem(actors::cluster_secret{"secret-two-0123456789"});
+  ASSERT_TRUE(a1.ok() && a2.ok() && b.ok());
+  EXPECT_EQ(*a1, *a2);
+  EXPECT_NE(*a1, *b);
+  auto tls = actors::derive_cluster_tls(actors::cluster_secret{"secret-one-0123456789"});
+  ASSERT_TRUE(tls.ok());
+  // The key lives in this process's memory only.
+  EXPECT_EQ(tls->key.rfind("/proc/self/fd/", 0), 0u) << tls->key;
+  std::ifstream key(tls->key);
+  std::string first;
+  std::getline(key, first);
+  EXPECT_EQ(first, "-----BEGIN PRIVATE KEY-----");
+}
+
+TEST(security_tls, partial_certificate_options_are_refused) {
+  actors::cluster_secret s{"secret-one-0123456789"};
+  auto r = actors::cluster_tls(s, "/etc/hostname", "", "");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("go together"), std::string::npos) << r.error().message;
+  auto missing = actors::cluster_tls(s, "/nope.pem", "/nope.key", "/nope-ca.pem");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("/nope.pem"), std::string::npos);
+}
+
+TEST(security_tls, a_system_without_tls_opens_no_door) {
+  actors::runtime_config cfg;  // no TLS identity
+  caf::actor_system sys{cfg};
+  auto a = sys.spawn([]() -> caf::behavior { return {[](int x) { return x; }}; });
+  auto p = actors::publish_actor(sys, a, 0, "127.0.0.1");
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.error().code, errc::unauthorized);
+  auto c = actors::connect_actor(sys, "127.0.0.1", 1);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().code, errc::unauthorized);
+  caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+/// Every door in the product goes through publish_actor / connect_actor (mutual TLS): no source
+/// file outside actors/runtime.cpp calls CAF's plain middleman publish or remote_actor.
+TEST(security_tls, no_plain_tcp_door_in_the_product) {
+  std::regex plain(R"(middleman\(\)\s*\.\s*(publish|remote_actor|open)\b|io::publish\b|io::remote_actor\b)");
+  std::vector<std::string> offenders;
+  for (const char* dir : {"actors", "apps", "transport", "gpu", "schema"}) {
+    for (auto& e : fs::recursive_directory_iterator(fs::path(WEFT_SOURCE_DIR) / dir)) {
+      auto ext = e.path().extension();
+      if (ext != ".cpp" && ext != ".hpp") continue;
+      std::ifstream in(e.path());
+      std::stringstream ss;
+      ss << in.rdbuf();
+      std::string text = ss.str();
+      if (std::regex_search(text, plain)) offenders.push_back(e.path().string());
+    }
+  }
+  EXPECT_TRUE(offenders.empty()) << "plain-TCP doors in: " << offenders.front();
+  // And the scan itself finds what it looks for (it cannot pass vacuously).
+  EXPECT_TRUE(std::regex_search(std::string("sys.middleman().publish(a, 0)"), plain));
+}
+
+/// `weft cluster up` creates the secret file 0600 and never replaces an existing one, even when
+/// the run fails (a short --secret is refused before anything is written).
+TEST(security_secret_file, created_private_and_never_replaced) {
+  char tmpl[] = "/tmp/weft-secret-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  std::string file = dir + "/cluster.secret";
+  {
+    std::ofstream(file) << "users-own-secret-please-keep-0001\n";
+  }
+  auto short_run = apps::child_process::start(
+      {WEFT_BIN, "cluster", "up", "-n", "1", "--secret", "short", "--secret-file", file,
+       "--port", std::to_string(free_port())},
+      {"WEFT_CLUSTER_SECRET="});
+  ASSERT_TRUE(short_run.ok());
+  int status = 0;
+  ASSERT_TRUE(eventually([&] { return short_run->exited(&status); }, 10000));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
+  std::ifstream kept(file);
+  std::string line;
+  std::getline(kept, line);
+  EXPECT_EQ(line, "users-own-secret-please-keep-0001");
+
+  // A fresh file: created 0600 (a cluster of one node starts, then is stopped).
+  std::string fresh = dir + "/fresh/cluster.secret";
+  auto up = apps::child_process::start({WEFT_BIN, "cluster", "up", "-n", "1", "--secret-file",
+                                        fresh, "--port", std::to_string(free_port())},
+                                       {"WEFT_CLUSTER_SECRET="});
+  ASSERT_TRUE(up.ok());
+  bool ready = false;
+  for (int i = 0; i < 20 && !ready; ++i) {
+    auto l = up->read_line(20000);
+    if (!l) break;
+    ready = l->rfind("weft-cluster-ready", 0) == 0;
+  }
+  ASSERT_TRUE(ready);
+  struct stat st {};
+  ASSERT_EQ(::stat(fresh.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  up->stop(5000);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace weft::testing
