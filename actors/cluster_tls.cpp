@@ -83,7 +83,8 @@ result<pem_pair> derive_pem(const cluster_secret& secret) {
 /// An anonymous in-memory file holding `text`, named by a path this process can open.
 result<std::string> memory_file(const char* name, const std::string& text) {
   int fd = ::memfd_create(name, MFD_CLOEXEC);
-  if (fd < 0) return make_error(errc::internal, std::string{"tls: memfd_create: "} + std::strerror(errno));
+  if (fd < 0)
+    return make_error(errc::internal, std::string{"tls: memfd_create: "} + std::strerror(errno));
   size_t done = 0;
   while (done < text.size()) {
     ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -130,9 +131,9 @@ result<tls_options> cluster_tls(const cluster_secret& secret, const std::string&
   int given = !cert.empty() + !key.empty() + !ca_file.empty();
   if (given == 0) return derive_cluster_tls(secret);
   if (given != 3) {
-    return make_error(errc::invalid_argument,
-                      "--tls-cert, --tls-key and --tls-ca go together (got " +
-                          std::to_string(given) + " of 3)");
+    return make_error(
+        errc::invalid_argument,
+        "--tls-cert, --tls-key and --tls-ca go together (got " + std::to_string(given) + " of 3)");
   }
   for (const auto& f : {cert, key, ca_file}) {
     std::error_code ec;

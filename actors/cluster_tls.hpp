@@ -24,7 +24,8 @@ struct tls_options {
   bool enabled = false;
   std::string certificate;  ///< PEM file of this node's certificate
   std::string key;          ///< PEM file of its private key
-  std::string ca_file;      ///< PEM file of the CA (or the cluster certificate) every peer must chain to
+  std::string
+      ca_file;  ///< PEM file of the CA (or the cluster certificate) every peer must chain to
 };
 
 /// The TLS identity derived from `secret` (cached per secret; the same files on every call).

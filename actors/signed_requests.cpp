@@ -36,7 +36,8 @@ envelope sign(const cluster_secret& secret, const char* purpose,
 template <class T>
 status verify(const cluster_secret& secret, const char* purpose, typename T::Reader r) {
   uint64_t deadline = r.getDeadlineMs();
-  if (deadline == 0) return make_error(errc::unauthorized, std::string{purpose} + " request without a deadline");
+  if (deadline == 0)
+    return make_error(errc::unauthorized, std::string{purpose} + " request without a deadline");
   if (deadline > now_ms() + max_token_lifetime_ms) {
     return make_error(errc::unauthorized,
                       std::string{purpose} + " request deadline is too far in the future");

@@ -35,8 +35,7 @@ schema::envelope make_stop_request(const cluster_secret& secret, uint64_t reques
 schema::envelope make_supervisor_spec(const cluster_secret& secret, const std::string& name,
                                       restart_strategy strategy, restart_intensity intensity,
                                       backoff_policy backoff,
-                                      const std::vector<child_spec>& children,
-                                      uint64_t timeout_ms);
+                                      const std::vector<child_spec>& children, uint64_t timeout_ms);
 
 /// Verify a request's token. Return the error to answer with, or ok.
 status verify_spawn_request(const cluster_secret& secret,

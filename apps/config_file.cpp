@@ -19,13 +19,14 @@ status apply_config_file(CLI::App* cmd, const std::string& path) {
     const bool top = item.parents.empty();
     const bool own = item.parents.size() == 1 && item.parents.front() == cmd->get_name();
     if (!top && !own) {
-      return make_error(errc::invalid_argument,
-                        path + ": unknown section [" + item.parents.front() + "] (use [" +
-                            cmd->get_name() + "] or no section)");
+      return make_error(errc::invalid_argument, path + ": unknown section [" +
+                                                    item.parents.front() + "] (use [" +
+                                                    cmd->get_name() + "] or no section)");
     }
     std::string name = item.name;
     for (auto& c : name) c = c == '_' ? '-' : c;
-    if (name == "config") return make_error(errc::invalid_argument, path + ": 'config' cannot nest");
+    if (name == "config")
+      return make_error(errc::invalid_argument, path + ": 'config' cannot nest");
     CLI::Option* opt = cmd->get_option_no_throw("--" + name);
     if (opt == nullptr) {
       return make_error(errc::invalid_argument, path + ": unknown option '" + item.name +

@@ -158,8 +158,8 @@ TEST_F(security, raw_bytes_and_handshake_floods_change_nothing) {
       EXPECT_TRUE(peer_closes_after(port, junk)) << "port " << port << " kept a junk connection";
     }
     // A TLS ClientHello-looking prefix followed by garbage, and an empty connection.
-    EXPECT_TRUE(peer_closes_after(port, std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc", 9) +
-                                            std::string(600, 'A')));
+    EXPECT_TRUE(peer_closes_after(
+        port, std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc", 9) + std::string(600, 'A')));
   }
   EXPECT_TRUE(cluster_->ping(*echo_, 12));
   EXPECT_EQ(fingerprint(*cluster_), before);
@@ -218,7 +218,8 @@ TEST(security_tls, a_system_without_tls_opens_no_door) {
 /// Every door in the product goes through publish_actor / connect_actor (mutual TLS): no source
 /// file outside actors/runtime.cpp calls CAF's plain middleman publish or remote_actor.
 TEST(security_tls, no_plain_tcp_door_in_the_product) {
-  std::regex plain(R"(middleman\(\)\s*\.\s*(publish|remote_actor|open)\b|io::publish\b|io::remote_actor\b)");
+  std::regex plain(
+      R"(middleman\(\)\s*\.\s*(publish|remote_actor|open)\b|io::publish\b|io::remote_actor\b)");
   std::vector<std::string> offenders;
   for (const char* dir : {"actors", "apps", "transport", "gpu", "schema"}) {
     for (auto& e : fs::recursive_directory_iterator(fs::path(WEFT_SOURCE_DIR) / dir)) {
@@ -242,13 +243,11 @@ TEST(security_secret_file, created_private_and_never_replaced) {
   char tmpl[] = "/tmp/weft-secret-XXXXXX";
   std::string dir = ::mkdtemp(tmpl);
   std::string file = dir + "/cluster.secret";
-  {
-    std::ofstream(file) << "users-own-secret-please-keep-0001\n";
-  }
-  auto short_run = apps::child_process::start(
-      {WEFT_BIN, "cluster", "up", "-n", "1", "--secret", "short", "--secret-file", file,
-       "--port", std::to_string(free_port())},
-      {"WEFT_CLUSTER_SECRET="});
+  { std::ofstream(file) << "users-own-secret-please-keep-0001\n"; }
+  auto short_run =
+      apps::child_process::start({WEFT_BIN, "cluster", "up", "-n", "1", "--secret", "short",
+                                  "--secret-file", file, "--port", std::to_string(free_port())},
+                                 {"WEFT_CLUSTER_SECRET="});
   ASSERT_TRUE(short_run.ok());
   int status = 0;
   ASSERT_TRUE(eventually([&] { return short_run->exited(&status); }, 10000));
