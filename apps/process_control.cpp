@@ -4,8 +4,12 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 namespace weft::apps {
@@ -40,7 +44,15 @@ void stop_latch::catch_signals() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   std::thread([this] {
     unsigned char b = 0;
-    while (::read(signal_pipe[0], &b, 1) != 1) {
+    ssize_t n = 0;
+    // Retry only an interrupted read; any other failure ends the wait instead of spinning.
+    while ((n = ::read(signal_pipe[0], &b, 1)) < 0 && errno == EINTR) {
+    }
+    if (n != 1) {
+      spdlog::error("signal pipe: read failed ({}); stopping",
+                    n < 0 ? std::strerror(errno) : "EOF");
+      request(1);
+      return;
     }
     int sig = b;
     request(sig == SIGINT || sig == SIGTERM ? 0 : 128 + sig);

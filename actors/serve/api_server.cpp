@@ -42,7 +42,8 @@ caf::behavior api_actor(caf::stateful_actor<api_actor_state>* self, caf::actor r
   self->monitor(router);
   return {
       [self, router, hub](submit_atom, uint64_t id, const envelope& env) {
-        self->request(router, caf::infinite, submit_atom::value, env)
+        // The router lives in this process; a reply that takes this long means it is wedged.
+        self->request(router, std::chrono::seconds(30), submit_atom::value, env)
             .then(
                 [hub, id](const envelope& reply) {
                   choice_event e;

@@ -138,10 +138,17 @@ class field_reader {
 };
 
 // The completions "prompt": a string, a list of strings, a list of token ids or a list of lists.
-void read_prompt(field_reader& rd, openai_request& r) {
+void read_prompt(field_reader& rd, openai_request& r, const api_limits& limits) {
   const json* p = rd.get("prompt");
   if (!p) {
     rd.fail("prompt", "'prompt' is required");
+    return;
+  }
+  // One request may carry a batch of prompts, but not an unbounded one.
+  if (p->is_array() && !p->empty() && !p->front().is_number() &&
+      p->size() > static_cast<size_t>(limits.max_prompts)) {
+    rd.fail("prompt", "'prompt' holds " + std::to_string(p->size()) + " prompts; at most " +
+                          std::to_string(limits.max_prompts) + " per request");
     return;
   }
   auto token_list = [&](const json& arr,
@@ -438,7 +445,7 @@ parse_result parse_object(endpoint kind, const json& body, const api_limits& lim
   if (rd.failed()) return {std::nullopt, rd.error()};
 
   if (kind == endpoint::completions) {
-    read_prompt(rd, r);
+    read_prompt(rd, r, limits);
   } else {
     read_messages(rd, r);
   }

@@ -56,6 +56,7 @@ struct openai_request {
 /// Limits the server applies while validating.
 struct api_limits {
   int32_t max_n = 16;
+  int32_t max_prompts = 64;  ///< prompts in one completions request (a list of strings or of lists)
   int32_t max_top_logprobs = 20;
   int32_t max_stop_strings = 4;
   int64_t max_tokens_limit = 1 << 20;  ///< absurd max_tokens beyond this are refused

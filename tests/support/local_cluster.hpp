@@ -144,14 +144,17 @@ class local_cluster {
     }
     return "";
   }
-  /// The node that hosts actor `name`, "" if none.
+  /// The node that runs actor `name`, "" if none (a supervised child that is restarting, stopped
+  /// or failed is listed with that state, but runs nowhere).
   std::string node_of(const std::string& name) {
     auto env = status();
     auto v = env.read<schema::wire::ClusterStatus>();
     for (auto n : v->get().getNodes()) {
       if (n.getState() != schema::wire::NodeState::ALIVE) continue;
       for (auto a : n.getActors()) {
-        if (name == a.getName().cStr()) return n.getNode().getNodeId().cStr();
+        if (name == a.getName().cStr() && a.getState() == schema::wire::ActorState::RUNNING) {
+          return n.getNode().getNodeId().cStr();
+        }
       }
     }
     return "";

@@ -159,14 +159,18 @@ def main():
             else:
                 print("round %d: 2 workers ready again %.1f s after the load finished" % (round_no, time.time() - t0))
         # Both workers serve: a burst spreads over them and matches the reference.
-        decoded_before = {w["name"]: w["decode_tokens"] for w in workers(srv)}
+        # A worker served if it prefilled or decoded some of the burst (a prefill worker of the
+        # disaggregated topology only prefills).
+        def work(w):
+            return w["decode_tokens"] + w["prefill_tokens"]
+        decoded_before = {w["name"]: work(w) for w in workers(srv)}
         again = run_load(srv.url, prompts)
         for i, (text, finish, toks, err) in enumerate(again):
             if err is not None or toks != reference[i][2]:
                 failures.append("after recovery request %d: %s" % (i, err or "differs"))
         now = workers(srv)
-        busy = [w for w in now if w["decode_tokens"] > decoded_before.get(w["name"], 0)]
-        print("after recovery: %d of %d workers decoded tokens of the last burst" % (len(busy), len(now)))
+        busy = [w for w in now if work(w) > decoded_before.get(w["name"], 0)]
+        print("after recovery: %d of %d workers served the last burst" % (len(busy), len(now)))
         if len(now) < 2 or len(busy) != len(now):
             failures.append("after recovery only %d of %d workers served the burst" % (len(busy), len(now)))
     return report_failures(failures, srv)

@@ -107,7 +107,9 @@ def main():
     rc, out = run_to_exit(args.weft, ["--prefill", "0", "--decode", "1"])
     check(rc != 0 and "--prefill" in out, "--prefill 0 is refused (rc %d)" % rc)
     rc, out = run_to_exit(args.weft, ["--help"])
-    check(rc == 0 and "[0 - 64]" not in out, "--help shows no 0 lower bound for worker counts")
+    bounds = {m.group(1): m.group(2) for m in re.finditer(r"--(prefill|decode) INT:INT in \[(\d+) - ", out)}
+    check(rc == 0 and bounds == {"prefill": "1", "decode": "1"},
+          "--help shows 1 as the lower bound of --prefill/--decode (got %s)" % bounds)
     print("%d failure(s)" % len(failures))
     return 1 if failures else 0
 

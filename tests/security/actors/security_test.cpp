@@ -175,6 +175,17 @@ TEST_F(security, members_still_work_after_the_attempts) {
   EXPECT_TRUE(cluster_->ping(*echo_, 13));
 }
 
+TEST_F(security, the_product_binary_has_no_test_roles) {
+  // `weft` nodes (this cluster) accept weft's roles only: the test roles live in weft_test.
+  for (const char* role : {"blob", "crasher"}) {
+    auto a = actors::spawn_on_cluster(cluster_->system(), cluster_->head(), cluster_->secret(),
+                                      role, std::string("sec-") + role);
+    ASSERT_FALSE(a.ok()) << role << " spawned on a product node";
+    EXPECT_NE(a.error().message.find("no live node accepts role"), std::string::npos)
+        << a.error().message;
+  }
+}
+
 TEST(security_tls, derived_identity_is_deterministic_and_secret_bound) {
   auto a1 = actors::derived_certificate_pem(actors::cluster_secret{"secret-one-0123456789"});
   auto a2 = actors::derived_certificate_pem(actors::cluster_secret{"secret-one-0123456789"});

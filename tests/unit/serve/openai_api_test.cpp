@@ -104,6 +104,20 @@ TEST(openai_parse, completion_prompt_errors) {
   expect_400(endpoint::completions, R"({"prompt":[true]})", "prompt");
 }
 
+TEST(openai_parse, the_number_of_prompts_is_capped) {
+  api_limits limits;
+  limits.max_prompts = 3;
+  ok_completion(R"({"prompt":["a","b","c"]})", limits);
+  auto e = bad(endpoint::completions, R"({"prompt":["a","b","c","d"]})", limits);
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.param, "prompt");
+  EXPECT_NE(e.message.find("at most 3"), std::string::npos) << e.message;
+  e = bad(endpoint::completions, R"({"prompt":[[1],[2],[3],[4]]})", limits);
+  EXPECT_EQ(e.http_status, 400);
+  // One prompt of many token ids is one prompt.
+  ok_completion(R"({"prompt":[1,2,3,4,5]})", limits);
+}
+
 TEST(openai_parse, integral_float_token_ids_are_accepted) {
   auto r = ok_completion(R"({"prompt":[1.0,2]})");
   ASSERT_EQ(r.prompt_token_ids.size(), 1u);
