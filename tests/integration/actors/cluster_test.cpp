@@ -64,6 +64,33 @@ TEST(cluster, status_cli_names_a_wrong_secret_or_a_missing_head) {
   EXPECT_EQ(out2.find("system_error("), std::string::npos) << out2;
 }
 
+/// Join challenges are a table fed by whoever asks: it is bounded (1024 outstanding), and beyond
+/// the bound the head answers an explicit `overloaded` error instead of growing.
+TEST(cluster, a_challenge_flood_is_bounded) {
+  local_cluster cluster({.nodes = 1});
+  caf::scoped_actor self{cluster.system()};
+  int nonces = 0, refused = 0, other = 0;
+  for (int i = 0; i < 1100; ++i) {
+    self->request(cluster.head(), std::chrono::seconds(5), actors::challenge_atom::value)
+        .receive(
+            [&](const schema::envelope& e) {
+              if (e.what() == schema::kind::join_challenge) {
+                ++nonces;
+              } else if (auto err = schema::error_from(e); err.code == errc::overloaded) {
+                ++refused;
+              } else {
+                ++other;
+              }
+            },
+            [&](caf::error&) { ++other; });
+  }
+  EXPECT_EQ(nonces, 1024);
+  EXPECT_EQ(refused, 1100 - 1024);
+  EXPECT_EQ(other, 0);
+  // The head still answers everything else.
+  EXPECT_EQ(cluster.node_state("node-0"), "alive");
+}
+
 /// Actor names are cluster-unique: a second spawn under a running actor's name is refused.
 TEST(cluster, a_taken_name_is_refused) {
   local_cluster cluster({.nodes = 2});
