@@ -5,9 +5,14 @@
 #include <caf/openssl/all.hpp>
 
 #include <dlfcn.h>
+#include <netdb.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -101,6 +106,32 @@ bool has_tls(caf::actor_system& sys) {
   return cfg != nullptr && cfg->options().tls.enabled;
 }
 
+/// True if a plain TCP connection to host:port succeeds within a second.
+bool tcp_port_open(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  bool open = false;
+  for (addrinfo* a = res; a != nullptr && !open; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      open = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof(err);
+      open = ::poll(&p, 1, 1000) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+             err == 0;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return open;
+}
+
 const char* no_tls =
     "this actor system has no TLS identity (weft talks mutual TLS only; see docs/security.md)";
 
@@ -143,7 +174,11 @@ result<caf::strong_actor_ptr> connect_actor(caf::actor_system& sys,
           "the TLS handshake failed (the peer refused our certificate, or is not a weft node of "
           "this cluster: check the cluster secret)";
     } else if (h.error() == caf::sec::cannot_connect_to_node) {
-      why = "nothing accepts connections there";
+      // CAF reports a TLS handshake refused early the same way as a closed port: tell them apart.
+      why = tcp_port_open(host, port)
+                ? "the TLS handshake failed (the peer refused our certificate, or is not a weft "
+                  "node of this cluster: check the cluster secret)"
+                : "nothing accepts connections there";
     } else {
       why = sys.render(h.error());
     }

@@ -274,6 +274,8 @@ int run_serve(const serve_cli& cli) {
     spdlog::error("cannot publish the router: {}", router_port.error().to_string());
     return 1;
   }
+  spdlog::info("router published on 127.0.0.1:{} (mutual TLS, keyed by this run's secret)",
+               *router_port);
 
   const int n_workers = disaggregated ? cli.prefill + cli.decode : cli.workers;
   const int threads =

@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -246,6 +247,66 @@ TEST(security_tls, no_plain_tcp_door_in_the_product) {
   EXPECT_TRUE(offenders.empty()) << "plain-TCP doors in: " << offenders.front();
   // And the scan itself finds what it looks for (it cannot pass vacuously).
   EXPECT_TRUE(std::regex_search(std::string("sys.middleman().publish(a, 0)"), plain));
+}
+
+/// The default model, or "" (then the serve test is skipped locally and fails under CI=true).
+std::string default_model() {
+  if (const char* m = std::getenv("WEFT_MODEL"); m != nullptr && fs::exists(m)) return m;
+  fs::path dir =
+      std::getenv("WEFT_CACHE_DIR") != nullptr
+          ? fs::path(std::getenv("WEFT_CACHE_DIR"))
+          : fs::path(std::getenv("HOME") ? std::getenv("HOME") : "/tmp") / ".cache" / "weft";
+  auto p = dir / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf";
+  return fs::exists(p) ? p.string() : "";
+}
+
+/// `weft serve` publishes its router and its head's node agent on loopback. Neither door lets a
+/// local process without the run's secret in — plain TCP or another secret's TLS — and the server
+/// keeps serving HTTP afterwards.
+TEST(security_serve, router_and_agent_refuse_strangers) {
+  if (default_model().empty()) {
+    const char* ci = std::getenv("CI");
+    if (ci != nullptr && *ci && std::string(ci) != "false")
+      FAIL() << "CI=true and no default model";
+    GTEST_SKIP() << "default model not found (scripts/fetch_model.sh)";
+  }
+  auto srv = apps::child_process::start({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", WEFT_BIN,
+                                         "serve", "--port", "0", "--workers", "1"});
+  ASSERT_TRUE(srv.ok());
+  std::regex router_re(R"(router published on 127\.0\.0\.1:(\d+))");
+  std::regex agent_re(R"(agent on 127\.0\.0\.1:(\d+))");
+  std::regex ready_re(R"(weft-serve-ready url=(\S+))");
+  uint16_t router_port = 0, agent_port = 0;
+  std::string url;
+  for (int i = 0; i < 400 && url.empty(); ++i) {
+    auto line = srv->read_line(120'000);
+    if (!line) break;
+    std::smatch m;
+    if (std::regex_search(*line, m, router_re))
+      router_port = static_cast<uint16_t>(std::stoi(m[1]));
+    if (agent_port == 0 && std::regex_search(*line, m, agent_re)) {
+      agent_port = static_cast<uint16_t>(std::stoi(m[1]));
+    }
+    if (std::regex_search(*line, m, ready_re)) url = m[1];
+  }
+  ASSERT_FALSE(url.empty()) << "weft serve did not become ready";
+  ASSERT_NE(router_port, 0);
+  ASSERT_NE(agent_port, 0);
+  plain_peer peer;
+  auto rt = actors::secure_runtime({}, actors::cluster_secret{"a-guess-at-the-serve-secret-000"});
+  ASSERT_TRUE(rt.ok());
+  actors::runtime_config other_cfg{*rt};
+  caf::actor_system other{other_cfg};
+  for (uint16_t port : {router_port, agent_port}) {
+    EXPECT_FALSE(peer.sys->middleman().remote_actor("127.0.0.1", port)) << port;
+    EXPECT_FALSE(actors::connect_actor(other, "127.0.0.1", port).ok()) << port;
+    EXPECT_TRUE(peer_closes_after(port, std::string(512, '\x17'))) << port;
+  }
+  httplib::Client http(url);
+  auto health = http.Get("/health");
+  ASSERT_TRUE(health) << "the server stopped answering HTTP";
+  EXPECT_EQ(health->status, 200);
+  srv->stop(10'000);
 }
 
 /// `weft cluster up` creates the secret file 0600 and never replaces an existing one, even when
