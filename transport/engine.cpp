@@ -1,5 +1,7 @@
 #include "transport/engine.hpp"
 
+#include <memory>
+#include <mutex>
 #include <thread>
 
 namespace weft::transport {
@@ -73,6 +75,65 @@ completion engine::wait(const transfer& t) {
     }
   }
   return t.result();
+}
+
+namespace {
+
+/// The joint completion of several single gets (+1 guard while they are being started).
+struct joint_completion {
+  std::mutex mu;
+  int64_t remaining = 1;
+  status first_error;
+  std::size_t bytes = 0;
+  completion_fn on_done;
+
+  void part(const completion& c) {
+    completion total;
+    {
+      std::lock_guard lock(mu);
+      if (!c.result.ok() && first_error.ok()) first_error = c.result;
+      if (c.result.ok()) bytes += c.size_bytes;
+      if (--remaining != 0) return;
+      total.result = first_error;
+      total.size_bytes = bytes;
+    }
+    if (on_done) on_done(total);
+  }
+};
+
+}  // namespace
+
+result<std::vector<transfer>> get_all(engine& e, const rma_batch_request& request,
+                                      completion_fn on_done) {
+  std::vector<transfer> started;
+  auto batch = e.get_batch(request, on_done);
+  if (batch) {
+    started.push_back(*batch);
+    return started;
+  }
+  if (batch.error().code != status_code::unsupported) return batch.error();
+  auto joint = std::make_shared<joint_completion>();
+  joint->on_done = std::move(on_done);
+  joint->remaining = static_cast<int64_t>(request.segments.size()) + 1;
+  for (size_t i = 0; i < request.segments.size(); ++i) {
+    const auto& s = request.segments[i];
+    rma_request rq{request.peer,          s.local,      s.local_offset_bytes, s.remote,
+                   s.remote_offset_bytes, s.size_bytes, request.options};
+    auto one = e.get(rq, [joint](const completion& c) { joint->part(c); });
+    if (!one) {
+      if (i == 0) return one.error();
+      {
+        std::lock_guard lock(joint->mu);
+        if (joint->first_error.ok()) joint->first_error = one.error();
+        joint->remaining -= static_cast<int64_t>(request.segments.size() - i);
+      }
+      for (const auto& t : started) (void)e.cancel(t);
+      break;
+    }
+    started.push_back(*one);
+  }
+  joint->part(completion{});  // the guard
+  return started;
 }
 
 }  // namespace weft::transport

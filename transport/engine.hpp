@@ -235,4 +235,13 @@ class engine {
   completion wait(const transfer& t);
 };
 
+/// get_batch where the engine has it, else one get per segment — the one fallback every puller
+/// uses. `on_done` is called exactly once: with the batch's completion, or with the joint one of
+/// the single gets (the first error, the bytes moved by all). Returns the started transfers (one
+/// for a batch; cancel them to abandon the pull). If the first transfer cannot be started the error
+/// is returned and `on_done` is never called; if a later one cannot, those already started are
+/// canceled and `on_done` reports that error once they have ended.
+result<std::vector<transfer>> get_all(engine& e, const rma_batch_request& request,
+                                      completion_fn on_done);
+
 }  // namespace weft::transport

@@ -68,6 +68,8 @@ result<fault_policy> parse_fault_policy(const std::map<std::string, std::string>
       ok = parse_number(value, p.corrupt_probability);
     else if (key == "fault.seed")
       ok = parse_number(value, p.seed);
+    else if (key == "fault.batches")
+      ok = (value == "true" || value == "false") && ((p.batches = value == "true"), true);
     else
       return make_status(status_code::invalid_argument, "unknown fault param '" + key + "'");
     if (!ok) {
@@ -305,13 +307,24 @@ result<transfer> fault_injecting_engine::get(const rma_request& rq, completion_f
                  host_bytes(rq.local, rq.local_offset_bytes, rq.size_bytes), std::move(on_done));
 }
 
+bool fault_injecting_engine::batches_enabled() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->policy.batches;
+}
+
 result<transfer> fault_injecting_engine::put_batch(const rma_batch_request& rq,
                                                    completion_fn on_done) {
+  if (!batches_enabled()) {
+    return make_status(status_code::unsupported, "put_batch: batches are off (fault.batches)");
+  }
   return forward(rq, &engine::put_batch, corrupt_side::source, host_bytes(rq), std::move(on_done));
 }
 
 result<transfer> fault_injecting_engine::get_batch(const rma_batch_request& rq,
                                                    completion_fn on_done) {
+  if (!batches_enabled()) {
+    return make_status(status_code::unsupported, "get_batch: batches are off (fault.batches)");
+  }
   return forward(rq, &engine::get_batch, corrupt_side::destination, host_bytes(rq),
                  std::move(on_done));
 }

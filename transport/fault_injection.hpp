@@ -32,6 +32,9 @@ struct fault_policy {
   std::int64_t fail_after_n = -1;    ///< -1: never; n: transfers n+1, n+2, ... fail
   double corrupt_probability = 0.0;  ///< per transfer, in [0, 1]
   std::uint64_t seed = 1;
+  /// false: put_batch/get_batch answer `unsupported`, like an engine with single transfers only
+  /// (exercises every puller's per-segment fallback, transport::get_all).
+  bool batches = true;
   /// Deadline of transfers that set none; must match the wrapped engine's
   /// engine_config::default_timeout_ms (the registry sets it).
   std::uint32_t default_timeout_ms = 30'000;
@@ -94,6 +97,7 @@ class fault_injecting_engine final : public engine {
   fault_injecting_engine(std::unique_ptr<engine> inner, const fault_policy& policy);
 
  private:
+  bool batches_enabled() const;
   struct impl;
   /// Where a corruption lands: the source (flipped while in flight, restored after) or the
   /// destination (flipped after arrival).

@@ -2,42 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include <atomic>
-#include <mutex>
+#include <string>
 
 namespace weft::cache {
-
-namespace {
-
-/// Joins the completions of one pull's transfers (one get_batch, or one get per piece).
-struct join_state {
-  std::mutex mu;
-  int64_t remaining = 1;
-  bool ok = true;
-  std::string error;
-  uint64_t pull_id = 0;
-  pull_done_fn done;
-
-  void part(const transport::completion& c) {
-    pull_done_fn fire;
-    bool all_ok = true;
-    std::string err;
-    {
-      std::lock_guard lock(mu);
-      if (!c.result.ok() && ok) {
-        ok = false;
-        error = c.result.to_string();
-      }
-      if (--remaining != 0) return;
-      fire = std::move(done);
-      all_ok = ok;
-      err = error;
-    }
-    if (fire) fire(pull_id, all_ok, std::move(err));
-  }
-};
-
-}  // namespace
 
 rma_puller::~rma_puller() {
   for (auto& [addr, p] : peers_) {
@@ -102,31 +69,17 @@ result<uint64_t> rma_puller::start(std::span<const std::byte> address,
                     pc.remote_offset, pc.size_bytes});
   }
   const uint64_t id = next_pull_++;
-  auto js = std::make_shared<join_state>();
-  js->pull_id = id;
-  js->done = std::move(done);
   transport::transfer_options opts;
   opts.timeout_ms = timeout_ms;
-  auto t = engine_->get_batch(transport::rma_batch_request{p.peer, segs, opts},
-                              [js](const transport::completion& c) { js->part(c); });
-  if (!t && t.error().code == transport::status_code::unsupported) {
-    {
-      std::lock_guard lock(js->mu);
-      js->remaining = static_cast<int64_t>(segs.size()) + 1;  // + the guard below
-    }
-    for (const auto& s : segs) {
-      transport::rma_request rq{
-          p.peer,       s.local, s.local_offset_bytes, s.remote, s.remote_offset_bytes,
-          s.size_bytes, opts};
-      auto one = engine_->get(rq, [js](const transport::completion& c) { js->part(c); });
-      if (!one) {
-        transport::completion c;
-        c.result = one.error();
-        js->part(c);
-      }
-    }
-    js->part(transport::completion{});
-  } else if (!t) {
+  auto t = transport::get_all(*engine_, transport::rma_batch_request{p.peer, segs, opts},
+                              [id, done = std::move(done)](const transport::completion& c) {
+                                // get_all reports the whole pull exactly once.
+                                if (done) {
+                                  done(id, c.result.ok(),
+                                       c.result.ok() ? std::string{} : c.result.to_string());
+                                }
+                              });
+  if (!t) {
     const bool dead = t.error().code == transport::status_code::peer_unreachable;
     if (dead) forget(std::vector<std::byte>(address.begin(), address.end()));
     return make_error(errc::unavailable,

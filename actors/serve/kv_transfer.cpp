@@ -461,11 +461,6 @@ struct kv_importer::pull_state {
   bool done = false;
   bool callback_returned = false;
   transport::completion result;
-  // Unbatched fallback: parts still outstanding (+1 guard while starting) and the first error.
-  std::atomic<int64_t> remaining{0};
-  std::mutex error_mutex;
-  transport::status first_error;
-  std::atomic<uint64_t> moved_bytes{0};
 
   void fire(const transport::completion& c) {
     {
@@ -479,23 +474,6 @@ struct kv_importer::pull_state {
       callback_returned = true;
     }
     cv.notify_all();
-  }
-  void part_done(const transport::completion& c) {
-    if (!c.result.ok()) {
-      std::lock_guard lock(error_mutex);
-      if (first_error.ok()) first_error = c.result;
-    } else {
-      moved_bytes += c.size_bytes;
-    }
-    if (--remaining == 0) {
-      transport::completion total;
-      {
-        std::lock_guard lock(error_mutex);
-        total.result = first_error;
-      }
-      total.size_bytes = moved_bytes;
-      fire(total);
-    }
   }
   bool is_done() {
     std::lock_guard lock(mutex);
@@ -712,41 +690,15 @@ result<uint64_t> kv_importer::start(const envelope& descriptor, kv_transfer_done
   pull->state = state;
 
   transport::rma_batch_request batch{pull->peer, merged, opts};
-  auto t = engine_->get_batch(batch, [state](const transport::completion& c) { state->fire(c); });
-  if (t) {
-    pull->transfers.push_back(*t);
-  } else if (t.error().code == transport::status_code::unsupported) {
-    // No batches: one get per segment, one completion for all.
-    state->remaining = static_cast<int64_t>(merged.size()) + 1;
-    for (size_t i = 0; i < merged.size(); ++i) {
-      const auto& s = merged[i];
-      transport::rma_request rq{
-          pull->peer,   s.local, s.local_offset_bytes, s.remote, s.remote_offset_bytes,
-          s.size_bytes, opts};
-      auto one = engine_->get(rq, [state](const transport::completion& c) { state->part_done(c); });
-      if (!one) {
-        if (i == 0) {
-          drop_pending(*pull);
-          if (one.error().code == transport::status_code::peer_unreachable) forget_peer(pull->peer);
-          return from_transport(one.error(), "kv_importer: starting the transfer");
-        }
-        {
-          std::lock_guard lock(state->error_mutex);
-          state->first_error = one.error();
-        }
-        for (const auto& started : pull->transfers) (void)engine_->cancel(started);
-        state->remaining -= static_cast<int64_t>(merged.size() - i);
-        break;
-      }
-      pull->transfers.push_back(*one);
-    }
-    state->part_done(transport::completion{});  // the guard
-  } else {
+  auto t = transport::get_all(*engine_, batch,
+                              [state](const transport::completion& c) { state->fire(c); });
+  if (!t) {
     drop_pending(*pull);
     // A dead peer stays dead: the next descriptor from its address connects afresh.
     if (t.error().code == transport::status_code::peer_unreachable) forget_peer(pull->peer);
     return from_transport(t.error(), "kv_importer: starting the transfer");
   }
+  pull->transfers = std::move(*t);
   spdlog::debug("kv_importer: pull {} of request {} started: {} bytes in {} segments, {} ms left",
                 id, pull->request_id, pull->size_bytes, merged.size(), left_ms);
   pending_.emplace(id, std::move(pull));

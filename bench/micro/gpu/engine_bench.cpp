@@ -142,11 +142,23 @@ double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/// Every forward pass must succeed: a failed one would make the figure measure nothing.
+void check(const status& st, const char* what) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "engine bench: %s failed: %s\n", what, st.to_string().c_str());
+    std::exit(1);
+  }
+}
+
 weft_figures run_weft(model& m, device& dev, int batch, int plen, int steps) {
   kv_cache_config kc;
   kc.layout = m.kv_layout_for(16);
   kc.n_blocks = static_cast<int64_t>(batch) * ((plen + steps) / 16 + 2);
   auto kv = kv_cache::create(dev, kc);
+  if (!kv.ok()) {
+    std::fprintf(stderr, "engine bench: kv cache: %s\n", kv.error().to_string().c_str());
+    std::exit(1);
+  }
   std::vector<seq_id> seqs;
   for (int s = 0; s < batch; ++s) seqs.push_back((*kv)->create_sequence());
   std::vector<int32_t> prompt(static_cast<size_t>(plen));
@@ -165,13 +177,13 @@ weft_figures run_weft(model& m, device& dev, int batch, int plen, int steps) {
       in_batch += n;
       off += n;
       if (in_batch == 512) {
-        (void)m.forward(b, **kv, out);
+        check(m.forward(b, **kv, out), "prefill forward");
         b.clear();
         in_batch = 0;
       }
     }
   }
-  if (in_batch > 0) (void)m.forward(b, **kv, out);
+  if (in_batch > 0) check(m.forward(b, **kv, out), "prefill forward");
   f.prefill_tok_s = static_cast<double>(batch) * plen / seconds_since(t);
   t = clk::now();
   for (int k = 0; k < steps; ++k) {
@@ -179,7 +191,7 @@ weft_figures run_weft(model& m, device& dev, int batch, int plen, int steps) {
     const int32_t tok = 200 + k;
     for (int s = 0; s < batch; ++s)
       b.add(seqs[static_cast<size_t>(s)], std::span<const int32_t>(&tok, 1), true);
-    (void)m.forward(b, **kv, out);
+    check(m.forward(b, **kv, out), "decode forward");
   }
   f.decode_tok_s = static_cast<double>(batch) * steps / seconds_since(t);
   return f;

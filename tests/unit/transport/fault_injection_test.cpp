@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "tests/unit/transport/engine_pair.hpp"
@@ -206,6 +207,46 @@ TEST_P(transport_fault_modes, same_seed_same_faults) {
   EXPECT_EQ(first, run(42));
   EXPECT_NE(std::count(first.begin(), first.end(), true), 0);
   EXPECT_NE(std::count(first.begin(), first.end(), false), 0);
+}
+
+// transport::get_all: one completion for a whole pull, whether the engine moves it as one batch
+// or (fault.batches = false) as one get per segment.
+TEST_P(transport_fault_modes, get_all_joins_single_gets_when_batches_are_off) {
+  for (bool batches : {true, false}) {
+    auto p = make_faulty(GetParam(), {.batches = batches});
+    // The target's bytes hold the pattern; pull them back in four scattered pieces.
+    std::memcpy(p.dst.data, p.src.data, kSize);
+    region back = *p.a->allocate_memory(kSize);
+    std::memset(back.data, 0, kSize);
+    rma_batch_request rq{.peer = p.a_to_b, .options = {.timeout_ms = 5'000}};
+    const std::size_t q = kSize / 4;
+    for (std::size_t i = 0; i < 4; ++i) {
+      rq.segments.push_back({.local = back,
+                             .local_offset_bytes = ((i + 1) % 4) * q,
+                             .remote = p.rr,
+                             .remote_offset_bytes = ((i + 1) % 4) * q,
+                             .size_bytes = q});
+    }
+    std::atomic<int> calls{0};
+    std::atomic<std::size_t> moved{0};
+    auto started = get_all(*p.a, rq, [&](const completion& c) {
+      EXPECT_TRUE(c.result.ok()) << c.result.to_string();
+      moved = c.size_bytes;
+      ++calls;
+    });
+    ASSERT_TRUE(started.ok()) << started.error().to_string();
+    EXPECT_EQ(started->size(), batches ? 1u : 4u);
+    for (const auto& t : *started) (void)p.a->wait(t);
+    EXPECT_EQ(calls.load(), 1);
+    EXPECT_EQ(moved.load(), kSize);
+    EXPECT_EQ(checksum(back.data, kSize), checksum(p.src.data, kSize));
+    // A pull whose first piece cannot start is an error at once, and no callback.
+    rq.segments[0].remote_offset_bytes = kSize;
+    int late = 0;
+    auto bad = get_all(*p.a, rq, [&](const completion&) { ++late; });
+    EXPECT_FALSE(bad.ok());
+    EXPECT_EQ(late, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(engines, transport_fault_modes, ::testing::Values("inproc", "ucx"));
