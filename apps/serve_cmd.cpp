@@ -35,6 +35,8 @@ namespace {
 
 struct serve_cli {
   std::string config_file;
+  int http_threads = 128;
+  int http_queue = 256;
   uint32_t stall_ms = 10'000;
   std::string model;
   std::string host = "127.0.0.1";
@@ -287,6 +289,8 @@ int run_serve(const serve_cli& cli) {
   ac.host = cli.host;
   ac.port = cli.port;
   ac.api_key = cli.api_key;
+  ac.http_threads = cli.http_threads;
+  ac.http_queue = cli.http_queue;
   ac.served_model_name = cli.served_model_name;
   ac.cluster_json = [&sys, head = (*node)->head()]() -> std::string {
     auto st = actors::cluster_status(sys, head, 2000);
@@ -517,6 +521,15 @@ void add_serve_command(CLI::App& app, const global_options&) {
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   cmd->add_flag("--no-prefix-cache", cli->no_prefix_cache, "Do not reuse cached prompt blocks");
+  cmd->add_option("--http-threads", cli->http_threads,
+                  "HTTP threads: requests served at once (a stream holds one while it runs)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--http-queue", cli->http_queue,
+                  "Connections that may wait for an HTTP thread; beyond them a request gets 503 "
+                  "with Retry-After")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--api-key", cli->api_key,
                   "Require 'Authorization: Bearer KEY' on /v1/* (or WEFT_API_KEY)")
       ->envname("WEFT_API_KEY");

@@ -149,6 +149,47 @@ struct choice_state {
 
 }  // namespace
 
+/// httplib's thread pool with a bounded wait queue. A connection that finds `max_waiting` others
+/// already waiting is served by a single overflow thread instead, where the pre-routing handler
+/// answers every request with 503: the server says "busy" rather than queueing without limit.
+class bounded_task_queue : public httplib::TaskQueue {
+ public:
+  bounded_task_queue(size_t threads, size_t max_waiting)
+      : pool_(threads), overflow_(1), max_waiting_(max_waiting) {}
+
+  void enqueue(std::function<void()> fn) override {
+    if (waiting_.fetch_add(1) >= max_waiting_) {
+      --waiting_;
+      overflow_.enqueue([fn = std::move(fn)] {
+        overloaded = true;
+        fn();
+        overloaded = false;
+      });
+      return;
+    }
+    pool_.enqueue([this, fn = std::move(fn)] {
+      --waiting_;
+      fn();
+    });
+  }
+
+  void shutdown() override {
+    pool_.shutdown();
+    overflow_.shutdown();
+  }
+
+  /// True on the overflow thread while it serves a connection.
+  static thread_local bool overloaded;
+
+ private:
+  httplib::ThreadPool pool_;
+  httplib::ThreadPool overflow_;
+  const size_t max_waiting_;
+  std::atomic<size_t> waiting_{0};
+};
+
+thread_local bool bounded_task_queue::overloaded = false;
+
 // -- the server
 // -------------------------------------------------------------------------------------
 
@@ -191,6 +232,8 @@ void api_server::impl::declare_metrics() {
                            "Tokens generated and delivered to clients");
   metrics->declare_counter("weft_client_disconnects_total",
                            "Requests aborted because the client went away");
+  metrics->declare_counter("weft_http_overflow_total",
+                           "HTTP requests answered 503 because the wait queue was full");
   metrics->declare_gauge("weft_requests_in_flight", "HTTP generation requests being served");
   const auto buckets = metrics_registry::latency_buckets_s();
   metrics->declare_histogram("weft_ttft_seconds", "Time to first token, per sequence", buckets);
@@ -688,9 +731,21 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
 }
 
 void api_server::impl::routes() {
-  http.new_task_queue = [n = cfg.http_threads] {
-    return new httplib::ThreadPool(static_cast<size_t>(n));
+  http.new_task_queue = [n = cfg.http_threads, q = cfg.http_queue] {
+    return new bounded_task_queue(static_cast<size_t>(std::max(1, n)),
+                                  static_cast<size_t>(std::max(0, q)));
   };
+  http.set_pre_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+    if (!bounded_task_queue::overloaded) return httplib::Server::HandlerResponse::Unhandled;
+    if (metrics) metrics->inc("weft_http_overflow_total");
+    res.set_header("Retry-After", "1");
+    send_error(
+        res, api_error{503, "server_error",
+                       "the server is busy: every HTTP thread is taken and " +
+                           std::to_string(cfg.http_queue) + " connections are waiting; retry later",
+                       "", "server_busy"});
+    return httplib::Server::HandlerResponse::Handled;
+  });
   http.set_payload_max_length(cfg.limits.max_body_bytes);
   http.set_read_timeout(60, 0);
   http.set_write_timeout(60, 0);

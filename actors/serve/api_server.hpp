@@ -29,6 +29,9 @@ struct api_config {
   std::string api_key;            ///< when set, /v1/* requires "Authorization: Bearer <key>"
   std::string served_model_name;  ///< model id clients use (default: the GGUF file name)
   int http_threads = 128;         ///< concurrent HTTP requests (streams hold one each)
+  /// Connections that may wait for a free HTTP thread; beyond them a connection is answered 503
+  /// (with Retry-After) by one overflow thread, so the wait queue never grows without bound.
+  int http_queue = 256;
   uint32_t request_timeout_ms = 600'000;
   api_limits limits;
   /// Extra JSON for GET /admin/cluster (the head's node table); may be empty.

@@ -6,6 +6,7 @@ contradictory worker options are refused rather than one of them dropped.
 Usage: test_serve_cli.py --weft PATH/TO/weft     (exit 77 = skipped: no model; a failure under CI=true)
 """
 import argparse
+import json
 import os
 import re
 import socket
@@ -49,6 +50,56 @@ def serve_url(weft, args, timeout=240):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def raw_request(port, body, stream):
+    """Opens a connection and sends a completion request; returns the socket (not read yet)."""
+    s = socket.create_connection(("127.0.0.1", port))
+    data = json.dumps(dict(body, stream=stream)).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return s
+
+
+def check_http_queue(weft, check):
+    """--http-threads 1 --http-queue 1: one stream holds the thread, one connection waits, the next
+    one is answered 503 with Retry-After at once; the waiting one is served afterwards."""
+    p = free_port()
+    proc = subprocess.Popen([weft, "serve", "--port", str(p), "--http-threads", "1", "--http-queue", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            line = proc.stdout.readline()
+            if line.startswith("weft-serve-ready") or (not line and proc.poll() is not None):
+                break
+        body = {"prompt": "Tell me a long story.", "max_tokens": 48, "ignore_eos": True}
+        holder = raw_request(p, body, stream=True)
+        got = b""
+        while b"data:" not in got:
+            got += holder.recv(4096)
+        waiter = raw_request(p, dict(body, max_tokens=2), stream=False)
+        time.sleep(0.3)
+        t0 = time.time()
+        refused = raw_request(p, dict(body, max_tokens=2), stream=False)
+        refused.settimeout(10)
+        answer = refused.recv(65536).decode(errors="replace")
+        quick = time.time() - t0 < 5
+        check(answer.startswith("HTTP/1.1 503") and "Retry-After: 1" in answer and "server_busy" in answer
+              and quick, "a connection beyond --http-queue gets 503 with Retry-After at once (%r)" % answer[:60])
+        refused.close()
+        holder.close()
+        waiter.settimeout(120)
+        served = waiter.recv(65536).decode(errors="replace")
+        check(served.startswith("HTTP/1.1 200"), "the waiting connection is served once the thread is free (%r)"
+              % served[:40])
+        waiter.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def main():
@@ -101,6 +152,8 @@ def main():
             f.write("workers = 2\nprefill = 1\ndecode = 1\n")
         rc, out = run_to_exit(args.weft, ["--config", bad])
         check(rc == 2 and "exclude each other" in out, "workers + prefill/decode from a file are refused (rc %d)" % rc)
+
+    check_http_queue(args.weft, check)
 
     rc, out = run_to_exit(args.weft, ["--workers", "2", "--prefill", "1", "--decode", "1"])
     check(rc == 2 and "exclude each other" in out, "--workers with --prefill/--decode is refused (rc %d)" % rc)
