@@ -213,7 +213,38 @@ struct api_server::impl {
   void routes();
   bool authorized(const httplib::Request& req, httplib::Response& res);
   void send_error(httplib::Response& res, const api_error& e);
+  /// One generation request on its way through the api: what it asked for, its sequences (one
+  /// per prompt and choice) and the channel their tokens arrive on.
+  struct generation {
+    endpoint kind = endpoint::completions;
+    clock_type::time_point start, deadline;
+    std::shared_ptr<openai_request> r;
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::string> prompt_texts;
+    std::vector<int32_t> max_tokens;  ///< per prompt, after the context check
+    std::shared_ptr<stream_channel> channel = std::make_shared<stream_channel>();
+    std::shared_ptr<std::vector<choice_state>> choices =
+        std::make_shared<std::vector<choice_state>>();
+    std::string trace;
+    response_meta meta;
+
+    bool all_done() const;
+    usage_info usage() const;
+  };
+
+  /// POST /v1/completions and /v1/chat/completions, in named steps: prepare (parse, tokenize,
+  /// fit the context), submit (one sequence per prompt and choice), admit (every sequence
+  /// accepted by the router), then respond (SSE stream or one JSON body).
   void handle_generate(endpoint kind, const httplib::Request& req, httplib::Response& res);
+  std::shared_ptr<generation> prepare(endpoint kind, const httplib::Request& req,
+                                      httplib::Response& res, clock_type::time_point start);
+  bool tokenize_prompts(generation& g, httplib::Response& res);
+  bool fit_context(generation& g, httplib::Response& res);
+  void submit(generation& g);
+  bool admit(generation& g, httplib::Response& res);
+  void respond_streaming(const std::shared_ptr<generation>& g, httplib::Response& res);
+  void respond_json(const std::shared_ptr<generation>& g, httplib::Response& res);
+  void abort_all(generation& g, const std::string& why);
   std::optional<std::string> router_status(uint32_t timeout_ms);
   void abort_seq(uint64_t id, const std::string& why);
   void absorb(const openai_request& r, choice_state& c, choice_event& e);
@@ -397,65 +428,130 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
                                        httplib::Response& res) {
   const auto start = clock_type::now();
   if (!authorized(req, res)) return;
+  auto g = prepare(kind, req, res, start);
+  if (!g) return;  // refused with a 4xx
+  submit(*g);
+  if (!admit(*g, res)) return;
+  if (g->r->stream) {
+    respond_streaming(g, res);
+  } else {
+    respond_json(g, res);
+  }
+}
+
+bool api_server::impl::generation::all_done() const {
+  for (const auto& c : *choices) {
+    if (!c.done) return false;
+  }
+  return true;
+}
+
+usage_info api_server::impl::generation::usage() const {
+  usage_info u;
+  std::vector<uint32_t> cached(prompts.size(), 0);
+  for (const auto& c : *choices) {
+    u.completion_tokens += c.n_tokens;
+    if (c.index % r->n == 0) u.prompt_tokens += c.prompt_tokens;
+    cached[static_cast<size_t>(c.prompt_index)] =
+        std::max(cached[static_cast<size_t>(c.prompt_index)], c.cached_tokens);
+  }
+  for (auto x : cached) u.cached_tokens += x;
+  return u;
+}
+
+void api_server::impl::abort_all(generation& g, const std::string& why) {
+  for (auto& c : *g.choices) {
+    if (!c.done) abort_seq(c.seq_id, why);
+    hub->remove(c.seq_id);
+  }
+}
+
+std::shared_ptr<api_server::impl::generation> api_server::impl::prepare(
+    endpoint kind, const httplib::Request& req, httplib::Response& res,
+    clock_type::time_point start) {
   auto parsed = parse_request(kind, req.body, cfg.limits);
   if (!parsed.request) {
     send_error(res, parsed.error);
-    return;
+    return nullptr;
   }
-  auto r = std::make_shared<openai_request>(std::move(*parsed.request));
+  auto g = std::make_shared<generation>();
+  g->kind = kind;
+  g->start = start;
+  g->deadline = start + std::chrono::milliseconds(cfg.request_timeout_ms);
+  g->r = std::make_shared<openai_request>(std::move(*parsed.request));
+  const auto& r = g->r;
   if (!r->model.empty() && r->model != cfg.served_model_name) {
     send_error(res, api_error{404, "invalid_request_error",
                               "The model '" + r->model + "' does not exist; this server serves '" +
                                   cfg.served_model_name + "'",
                               "model", "model_not_found"});
-    return;
+    return nullptr;
   }
-  // Prompts as token ids.
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::string> prompt_texts;
+  if (!tokenize_prompts(*g, res)) return nullptr;
+  if (!fit_context(*g, res)) return nullptr;
+  g->trace = (kind == endpoint::completions ? "cmpl-" : "chatcmpl-") +
+             std::to_string(actors::now_ms()) + "-" + std::to_string(next_response++);
+  g->meta.id = g->trace;
+  g->meta.created = static_cast<int64_t>(actors::now_ms() / 1000);
+  g->meta.model = cfg.served_model_name;
+  return g;
+}
+
+bool api_server::impl::tokenize_prompts(generation& g, httplib::Response& res) {
+  const auto& r = g.r;
+  auto& prompts = g.prompts;
+  auto& prompt_texts = g.prompt_texts;
   const auto n_vocab = static_cast<int32_t>(host->tok.n_vocab());
-  if (kind == endpoint::chat_completions) {
+  if (g.kind == endpoint::chat_completions) {
     if (!host->tmpl) {
       send_error(res,
                  api_error{400, "invalid_request_error",
                            "this model has no chat template; use /v1/completions", "messages", ""});
-      return;
+      return false;
     }
     auto text = host->tmpl->apply(r->messages, gpu::generation_prompt::add);
     if (!text) {
       send_error(res,
                  api_error{400, "invalid_request_error", text.error().to_string(), "messages", ""});
-      return;
+      return false;
     }
     prompts.push_back(host->tok.encode(*text, gpu::add_special::yes, gpu::parse_special::yes));
     prompt_texts.push_back(*text);
-  } else {
-    for (const auto& p : r->prompts) {
-      prompts.push_back(host->tok.encode(p, gpu::add_special::yes, gpu::parse_special::no));
-      prompt_texts.push_back(p);
-    }
-    for (const auto& ids : r->prompt_token_ids) {
-      for (int32_t t : ids) {
-        if (t < 0 || t >= n_vocab) {
-          send_error(res, api_error{400, "invalid_request_error",
-                                    "prompt token " + std::to_string(t) +
-                                        " is outside the vocabulary (0.." +
-                                        std::to_string(n_vocab - 1) + ")",
-                                    "prompt", ""});
-          return;
-        }
-      }
-      prompts.push_back(ids);
-      prompt_texts.push_back(host->tok.decode(ids));
-    }
+    return true;
   }
+  for (const auto& p : r->prompts) {
+    prompts.push_back(host->tok.encode(p, gpu::add_special::yes, gpu::parse_special::no));
+    prompt_texts.push_back(p);
+  }
+  for (const auto& ids : r->prompt_token_ids) {
+    for (int32_t t : ids) {
+      if (t < 0 || t >= n_vocab) {
+        send_error(
+            res, api_error{400, "invalid_request_error",
+                           "prompt token " + std::to_string(t) + " is outside the vocabulary (0.." +
+                               std::to_string(n_vocab - 1) + ")",
+                           "prompt", ""});
+        return false;
+      }
+    }
+    prompts.push_back(ids);
+    prompt_texts.push_back(host->tok.decode(ids));
+  }
+  return true;
+}
+
+bool api_server::impl::fit_context(generation& g, httplib::Response& res) {
+  const auto& r = g.r;
+  const auto kind = g.kind;
+  const auto& prompts = g.prompts;
+  auto& max_tokens = g.max_tokens;
   const int64_t n_ctx = host->n_ctx > 0 ? host->n_ctx : 2048;
-  std::vector<int32_t> max_tokens(prompts.size());
+  max_tokens.assign(prompts.size(), 0);
   for (size_t p = 0; p < prompts.size(); ++p) {
     const auto len = static_cast<int64_t>(prompts[p].size());
     if (len == 0) {
       send_error(res, api_error{400, "invalid_request_error", "the prompt is empty", "prompt", ""});
-      return;
+      return false;
     }
     int64_t mt = r->sampling.max_tokens;
     if (mt < 0) mt = kind == endpoint::completions ? 16 : n_ctx - len;
@@ -469,36 +565,36 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
                                     " for the completion). Please reduce the prompt or max_tokens.",
                                 kind == endpoint::chat_completions ? "messages" : "prompt",
                                 "context_length_exceeded"});
-      return;
+      return false;
     }
     max_tokens[p] = static_cast<int32_t>(mt);
   }
 
-  // One sequence per (prompt, choice).
-  auto channel = std::make_shared<stream_channel>();
-  auto choices = std::make_shared<std::vector<choice_state>>();
+  return true;
+}
+
+void api_server::impl::submit(generation& g) {
+  const auto& r = g.r;
+  auto& choices = g.choices;
   std::random_device rd;
-  const std::string trace = (kind == endpoint::completions ? "cmpl-" : "chatcmpl-") +
-                            std::to_string(actors::now_ms()) + "-" +
-                            std::to_string(next_response++);
-  for (size_t p = 0; p < prompts.size(); ++p) {
+  for (size_t p = 0; p < g.prompts.size(); ++p) {
     for (int i = 0; i < r->n; ++i) {
       choice_state c;
       c.index = static_cast<int>(choices->size());
       c.prompt_index = static_cast<int>(p);
       c.seq_id = next_seq++;
       c.detok = std::make_unique<gpu::detokenizer_stream>(host->tok);
-      c.prompt_tokens = static_cast<uint32_t>(prompts[p].size());
+      c.prompt_tokens = static_cast<uint32_t>(g.prompts[p].size());
       choices->push_back(std::move(c));
     }
   }
   for (auto& c : *choices) {
     generate_spec spec;
     spec.request_id = c.seq_id;
-    spec.trace_id = trace;
-    spec.prompt = prompts[static_cast<size_t>(c.prompt_index)];
+    spec.trace_id = g.trace;
+    spec.prompt = g.prompts[static_cast<size_t>(c.prompt_index)];
     spec.params = r->sampling;
-    spec.params.max_tokens = max_tokens[static_cast<size_t>(c.prompt_index)];
+    spec.params.max_tokens = g.max_tokens[static_cast<size_t>(c.prompt_index)];
     const int within = c.index % r->n;
     spec.params.seed = r->has_seed ? r->sampling.seed + static_cast<uint64_t>(within)
                                    : (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -506,29 +602,24 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
     spec.params.n_logprobs = r->want_logprobs ? r->top_logprobs : 0;
     spec.want_logprobs = r->want_logprobs;
     spec.deadline_ms = actors::now_ms() + cfg.request_timeout_ms;
-    hub->add(c.seq_id, channel, c.index);
+    hub->add(c.seq_id, g.channel, c.index);
     caf::anon_send(api, submit_atom::value, c.seq_id, to_wire(spec));
   }
-  auto abort_all = [this, choices](const std::string& why) {
-    for (auto& c : *choices) {
-      if (!c.done) abort_seq(c.seq_id, why);
-      hub->remove(c.seq_id);
-    }
-  };
   if (metrics) metrics->set("weft_requests_in_flight", static_cast<double>(hub->size()));
+}
 
-  // Admission: every choice must be accepted.
-  const auto deadline = start + std::chrono::milliseconds(cfg.request_timeout_ms);
+bool api_server::impl::admit(generation& g, httplib::Response& res) {
+  // Every choice must be accepted by the router.
   size_t acks = 0;
   std::deque<choice_event> early;  // chunks that overtook an ack
-  while (acks < choices->size()) {
-    auto e = channel->pop(std::chrono::milliseconds(200));
+  while (acks < g.choices->size()) {
+    auto e = g.channel->pop(std::chrono::milliseconds(200));
     if (!e) {
-      if (clock_type::now() > deadline || stopping) {
-        abort_all("timeout");
+      if (clock_type::now() > g.deadline || stopping) {
+        abort_all(g, "timeout");
         send_error(res, api_error_for(
                             make_error(errc::timeout, "request timed out waiting for admission")));
-        return;
+        return false;
       }
       continue;
     }
@@ -538,102 +629,92 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
     }
     ++acks;
     if (!e->err.ok()) {
-      (*choices)[static_cast<size_t>(e->choice)].done = true;
-      abort_all("admission refused");
-      finish_metrics(kind, *choices, start, "rejected");
+      (*g.choices)[static_cast<size_t>(e->choice)].done = true;
+      abort_all(g, "admission refused");
+      finish_metrics(g.kind, *g.choices, g.start, "rejected");
       send_error(res, api_error_for(e->err));
-      return;
+      return false;
     }
   }
-  for (auto& e : early) absorb(*r, (*choices)[static_cast<size_t>(e.choice)], e);
+  for (auto& e : early) absorb(*g.r, (*g.choices)[static_cast<size_t>(e.choice)], e);
+  return true;
+}
 
-  const bool with_lp = r->want_logprobs;
-  response_meta meta;
-  meta.id = trace;
-  meta.created = static_cast<int64_t>(actors::now_ms() / 1000);
-  meta.model = cfg.served_model_name;
-  auto all_done = [choices] {
-    for (const auto& c : *choices) {
-      if (!c.done) return false;
+void api_server::impl::respond_streaming(const std::shared_ptr<generation>& g,
+                                         httplib::Response& res) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [this, g](size_t, httplib::DataSink& sink) {
+    const auto& r = g->r;
+    const auto kind = g->kind;
+    auto& choices = g->choices;
+    const auto& meta = g->meta;
+    auto& channel = g->channel;
+    const auto start = g->start;
+    const auto deadline = g->deadline;
+    const bool with_lp = r->want_logprobs;
+    auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+    while (true) {
+      for (auto& c : *choices) {
+        const bool news =
+            !c.pending_delta.empty() || !c.pending_lps.empty() || (c.done && !c.final_sent);
+        if (!news) continue;
+        bool ok = true;
+        if (c.done && !c.final_sent && !c.err.ok()) {
+          ok = write(render_error_event(api_error_for(c.err)));
+        } else {
+          choice_result d;
+          d.index = c.index;
+          d.text = std::move(c.pending_delta);
+          d.logprobs = std::move(c.pending_lps);
+          d.finish_reason = c.done ? c.finish_reason : "";
+          ok = write(render_chunk(kind, meta, d, !c.first_sent, with_lp, r->include_usage));
+          c.first_sent = true;
+        }
+        c.pending_delta.clear();
+        c.pending_lps.clear();
+        if (c.done) c.final_sent = true;
+        if (!ok) {
+          if (metrics) metrics->inc("weft_client_disconnects_total");
+          abort_all(*g, "client disconnected");
+          finish_metrics(kind, *choices, start, "disconnected");
+          return false;
+        }
+      }
+      if (g->all_done()) break;
+      auto e = channel->pop(std::chrono::milliseconds(500));
+      if (!e) {
+        if (clock_type::now() > deadline || stopping) {
+          abort_all(*g, "timeout");
+          write(render_error_event(api_error_for(make_error(errc::timeout, "request timed out"))));
+          break;
+        }
+        // Probe the connection: an SSE comment line is ignored by clients.
+        if (!write(": keep-alive\n\n")) {
+          if (metrics) metrics->inc("weft_client_disconnects_total");
+          abort_all(*g, "client disconnected");
+          finish_metrics(kind, *choices, start, "disconnected");
+          return false;
+        }
+        continue;
+      }
+      if (e->ack) continue;
+      absorb(*r, (*choices)[static_cast<size_t>(e->choice)], *e);
     }
+    if (r->include_usage) write(render_usage_chunk(kind, meta, g->usage()));
+    write(render_done());
+    finish_metrics(kind, *choices, start, "ok");
+    sink.done();
     return true;
-  };
-  auto usage_of = [choices, prompts_n = prompts.size(), n = r->n] {
-    usage_info u;
-    std::vector<uint32_t> cached(prompts_n, 0);
-    for (const auto& c : *choices) {
-      u.completion_tokens += c.n_tokens;
-      if (c.index % n == 0) u.prompt_tokens += c.prompt_tokens;
-      cached[static_cast<size_t>(c.prompt_index)] =
-          std::max(cached[static_cast<size_t>(c.prompt_index)], c.cached_tokens);
-    }
-    for (auto x : cached) u.cached_tokens += x;
-    return u;
-  };
+  });
+}
 
-  if (r->stream) {
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, r, kind, channel, choices, meta, with_lp, all_done, usage_of,
-                              abort_all, start, deadline](size_t, httplib::DataSink& sink) {
-          auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
-          while (true) {
-            for (auto& c : *choices) {
-              const bool news =
-                  !c.pending_delta.empty() || !c.pending_lps.empty() || (c.done && !c.final_sent);
-              if (!news) continue;
-              bool ok = true;
-              if (c.done && !c.final_sent && !c.err.ok()) {
-                ok = write(render_error_event(api_error_for(c.err)));
-              } else {
-                choice_result d;
-                d.index = c.index;
-                d.text = std::move(c.pending_delta);
-                d.logprobs = std::move(c.pending_lps);
-                d.finish_reason = c.done ? c.finish_reason : "";
-                ok = write(render_chunk(kind, meta, d, !c.first_sent, with_lp, r->include_usage));
-                c.first_sent = true;
-              }
-              c.pending_delta.clear();
-              c.pending_lps.clear();
-              if (c.done) c.final_sent = true;
-              if (!ok) {
-                if (metrics) metrics->inc("weft_client_disconnects_total");
-                abort_all("client disconnected");
-                finish_metrics(kind, *choices, start, "disconnected");
-                return false;
-              }
-            }
-            if (all_done()) break;
-            auto e = channel->pop(std::chrono::milliseconds(500));
-            if (!e) {
-              if (clock_type::now() > deadline || stopping) {
-                abort_all("timeout");
-                write(render_error_event(
-                    api_error_for(make_error(errc::timeout, "request timed out"))));
-                break;
-              }
-              // Probe the connection: an SSE comment line is ignored by clients.
-              if (!write(": keep-alive\n\n")) {
-                if (metrics) metrics->inc("weft_client_disconnects_total");
-                abort_all("client disconnected");
-                finish_metrics(kind, *choices, start, "disconnected");
-                return false;
-              }
-              continue;
-            }
-            if (e->ack) continue;
-            absorb(*r, (*choices)[static_cast<size_t>(e->choice)], *e);
-          }
-          if (r->include_usage) write(render_usage_chunk(kind, meta, usage_of()));
-          write(render_done());
-          finish_metrics(kind, *choices, start, "ok");
-          sink.done();
-          return true;
-        });
-    return;
-  }
-
+void api_server::impl::respond_json(const std::shared_ptr<generation>& g, httplib::Response& res) {
+  const auto& r = g->r;
+  const auto kind = g->kind;
+  auto& choices = g->choices;
+  auto& channel = g->channel;
+  const auto start = g->start;
+  const auto deadline = g->deadline;
   // Non-streaming: wait until every choice has its first token or finished, so that errors found
   // before then get a proper status code; then stream the (whitespace-padded) JSON body, which lets
   // a disconnect be noticed while generation continues.
@@ -651,51 +732,59 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
   };
   while (!started()) {
     if (!wait_event(std::chrono::milliseconds(200)) && (clock_type::now() > deadline || stopping)) {
-      abort_all("timeout");
+      abort_all(*g, "timeout");
       send_error(res, api_error_for(make_error(errc::timeout, "request timed out")));
       return;
     }
   }
   for (const auto& c : *choices) {
     if (c.finish_reason == "error") {
-      abort_all("error");
+      abort_all(*g, "error");
       finish_metrics(kind, *choices, start, "error");
       send_error(res, api_error_for(c.err));
       return;
     }
   }
-  auto render_final = [this, kind, choices, meta, with_lp, usage_of, prompt_texts, r] {
+  auto render_final = [g] {
+    const auto& r = g->r;
+    const auto kind = g->kind;
+    auto& choices = g->choices;
     std::vector<choice_result> out;
     for (auto& c : *choices) {
       choice_result cr;
       cr.index = c.index;
       cr.text = c.full;
       if (r->echo && kind == endpoint::completions)
-        cr.text = prompt_texts[static_cast<size_t>(c.prompt_index)] + cr.text;
+        cr.text = g->prompt_texts[static_cast<size_t>(c.prompt_index)] + cr.text;
       cr.logprobs = std::move(c.pending_lps);
       cr.finish_reason = c.finish_reason;
       out.push_back(std::move(cr));
     }
-    return render_response(kind, meta, out, usage_of(), with_lp);
+    return render_response(kind, g->meta, out, g->usage(), r->want_logprobs);
   };
-  if (all_done()) {
+  if (g->all_done()) {
     res.set_content(render_final(), "application/json");
     finish_metrics(kind, *choices, start, "ok");
     return;
   }
   res.set_chunked_content_provider(
-      "application/json", [this, kind, channel, choices, r, all_done, render_final, abort_all,
-                           start, deadline](size_t, httplib::DataSink& sink) {
+      "application/json", [this, g, render_final](size_t, httplib::DataSink& sink) {
+        const auto& r = g->r;
+        const auto kind = g->kind;
+        auto& choices = g->choices;
+        auto& channel = g->channel;
+        const auto start = g->start;
+        const auto deadline = g->deadline;
         // JSON allows leading whitespace: a space every probe interval checks that the client is
         // still there, whether or not tokens are arriving (a closed peer fails the second write
         // after it hung up), so an abandoned request is aborted and its KV freed within ~0.5 s.
         constexpr auto probe_every = std::chrono::milliseconds(250);
         auto last_probe = clock_type::now();
-        while (!all_done()) {
+        while (!g->all_done()) {
           auto e = channel->pop(probe_every);
           const auto now = clock_type::now();
           if (!e && (now > deadline || stopping)) {
-            abort_all("timeout");
+            abort_all(*g, "timeout");
             const std::string body =
                 render_error(api_error_for(make_error(errc::timeout, "request timed out")));
             sink.write(body.data(), body.size());
@@ -706,7 +795,7 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
             last_probe = now;
             if (!sink.write(" ", 1)) {
               if (metrics) metrics->inc("weft_client_disconnects_total");
-              abort_all("client disconnected");
+              abort_all(*g, "client disconnected");
               finish_metrics(kind, *choices, start, "disconnected");
               return false;
             }
