@@ -25,6 +25,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def stop(p):
+    """SIGTERM, then SIGKILL if it does not end within 30 s."""
+    p.terminate()
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
 def run_to_exit(weft, args, timeout=60):
     p = subprocess.run([weft, "serve"] + args, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout + p.stderr
@@ -44,12 +54,7 @@ def serve_url(weft, args, timeout=240):
                 return m.group(1)
         return None
     finally:
-        p.terminate()
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop(p)
 
 
 def raw_request(port, body, stream):
@@ -95,11 +100,7 @@ def check_http_queue(weft, check):
               % served[:40])
         waiter.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def main():
