@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -66,6 +67,25 @@ def raw_request(port, body, stream):
     return s
 
 
+def read_response(sock):
+    """One whole HTTP response with a Content-Length (headers and body) from `sock`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data.decode(errors="replace")
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    m = re.search(rb"Content-Length: (\d+)", head)
+    want = int(m.group(1)) if m else 0
+    while len(body) < want:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode(errors="replace")
+
+
 def check_http_queue(weft, check):
     """--http-threads 1 --http-queue 1: one stream holds the thread, one connection waits, the next
     one is answered 503 with Retry-After at once; the waiting one is served afterwards."""
@@ -88,19 +108,40 @@ def check_http_queue(weft, check):
         t0 = time.time()
         refused = raw_request(p, dict(body, max_tokens=2), stream=False)
         refused.settimeout(10)
-        answer = refused.recv(65536).decode(errors="replace")
+        answer = read_response(refused)
         quick = time.time() - t0 < 5
         check(answer.startswith("HTTP/1.1 503") and "Retry-After: 1" in answer and "server_busy" in answer
               and quick, "a connection beyond --http-queue gets 503 with Retry-After at once (%r)" % answer[:60])
         refused.close()
         holder.close()
         waiter.settimeout(120)
-        served = waiter.recv(65536).decode(errors="replace")
+        served = read_response(waiter)
         check(served.startswith("HTTP/1.1 200"), "the waiting connection is served once the thread is free (%r)"
               % served[:40])
         waiter.close()
     finally:
         stop(proc)
+
+
+def check_clean_stop(weft, check):
+    """Ctrl-C of a healthy server is not a failure: nothing is restarted or migrated on the way
+    down, and the process exits 0."""
+    proc = subprocess.Popen([weft, "serve", "--port", "0", "--workers", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("weft-serve-ready") or (not line and proc.poll() is not None):
+            break
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    noisy = [l for l in err.splitlines() if "restarting" in l or "migrating" in l or " lost (" in l]
+    check(proc.returncode == 0 and not noisy,
+          "a clean stop exits 0 and restarts or migrates nothing (rc %s, %s)" % (proc.returncode, noisy[:2]))
 
 
 def main():
@@ -155,6 +196,7 @@ def main():
         check(rc == 2 and "exclude each other" in out, "workers + prefill/decode from a file are refused (rc %d)" % rc)
 
     check_http_queue(args.weft, check)
+    check_clean_stop(args.weft, check)
 
     rc, out = run_to_exit(args.weft, ["--workers", "2", "--prefill", "1", "--decode", "1"])
     check(rc == 2 and "exclude each other" in out, "--workers with --prefill/--decode is refused (rc %d)" % rc)
