@@ -357,7 +357,7 @@ void add_cluster_command(CLI::App& app, const global_options&) {
       "Show a running `weft serve` instead: its URL (nodes and engine workers with their load)");
   st_cmd->add_option("--api-key", status->api_key, "With --serve: the server's API key")
       ->envname("WEFT_API_KEY");
-  status->cluster.add_to(st_cmd);
+  status->cluster.add_credentials_to(st_cmd);
   st_cmd->callback([status] { std::exit(run_status(*status)); });
 
   auto spawn = std::make_shared<client_cli>();
@@ -367,7 +367,7 @@ void add_cluster_command(CLI::App& app, const global_options&) {
   sp_cmd->add_option("--role", spawn->role, "Role to spawn (e.g. echo)")->required();
   sp_cmd->add_option("--name", spawn->name, "Cluster-unique name of the actor")->required();
   sp_cmd->add_option("--config", spawn->config_json, "Role settings as JSON");
-  spawn->cluster.add_to(sp_cmd);
+  spawn->cluster.add_credentials_to(sp_cmd);
   sp_cmd->callback([spawn] { std::exit(run_spawn(*spawn)); });
 }
 

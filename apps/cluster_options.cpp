@@ -5,10 +5,20 @@
 
 namespace weft::apps {
 
-void cluster_cli::add_to(CLI::App* cmd) {
+void cluster_cli::add_credentials_to(CLI::App* cmd) {
   cmd->add_option("--secret", secret, "Cluster secret (or WEFT_CLUSTER_SECRET, or --secret-file)");
   cmd->add_option("--secret-file", secret_file, "File holding the cluster secret")
       ->default_str(default_secret_file());
+  // Every connection is mutual TLS; without these three the identity is derived from the secret.
+  cmd->add_option("--tls-cert", tls_cert,
+                  "PEM certificate of this node, signed by --tls-ca (default: derived from the "
+                  "cluster secret)");
+  cmd->add_option("--tls-key", tls_key, "PEM private key of this node (with --tls-cert)");
+  cmd->add_option("--tls-ca", tls_ca, "PEM CA file that signed every node (with --tls-cert)");
+}
+
+void cluster_cli::add_to(CLI::App* cmd) {
+  add_credentials_to(cmd);
   cmd->add_option("--heartbeat-ms", heartbeat_ms, "Heartbeat interval (node->head and CAF BASP)")
       ->capture_default_str();
   cmd->add_option("--connection-timeout-ms", connection_timeout_ms,
@@ -19,12 +29,6 @@ void cluster_cli::add_to(CLI::App* cmd) {
          "--decode-threads", decode_threads,
          "Threads decoding incoming actor messages (0 = the network thread, lowest latency)")
       ->capture_default_str();
-  // Every connection is mutual TLS; without these three the identity is derived from the secret.
-  cmd->add_option("--tls-cert", tls_cert,
-                  "PEM certificate of this node, signed by --tls-ca (default: derived from the "
-                  "cluster secret)");
-  cmd->add_option("--tls-key", tls_key, "PEM private key of this node (with --tls-cert)");
-  cmd->add_option("--tls-ca", tls_ca, "PEM CA file that signed every node (with --tls-cert)");
 }
 
 result<actors::cluster_secret> cluster_cli::load_secret() const {

@@ -23,7 +23,10 @@ struct cluster_cli {
   uint32_t decode_threads = 0;
   std::string tls_cert, tls_key, tls_ca;
 
+  /// Every option: the credentials and the node's timings and threads (`weft node`, `cluster up`).
   void add_to(CLI::App* cmd);
+  /// Only what a client needs to reach a cluster: the secret and the TLS files.
+  void add_credentials_to(CLI::App* cmd);
   result<actors::cluster_secret> load_secret() const;
   /// Timings and threads, without a TLS identity (see secure_runtime).
   actors::runtime_options runtime() const;

@@ -62,6 +62,12 @@ TEST(cluster, status_cli_names_a_wrong_secret_or_a_missing_head) {
   EXPECT_TRUE(WIFEXITED(st2) && WEXITSTATUS(st2) == 1) << st2 << out2;
   EXPECT_NE(out2.find("no weft head at 127.0.0.1:"), std::string::npos) << out2;
   EXPECT_EQ(out2.find("system_error("), std::string::npos) << out2;
+  // A client lists only the options it uses: the credentials, not a node's timings.
+  auto [st3, help] = run({WEFT_BIN, "cluster", "status", "--help"}, "");
+  EXPECT_TRUE(WIFEXITED(st3) && WEXITSTATUS(st3) == 0) << st3;
+  EXPECT_NE(help.find("--secret"), std::string::npos) << help;
+  EXPECT_EQ(help.find("--heartbeat-ms"), std::string::npos) << help;
+  EXPECT_EQ(help.find("--decode-threads"), std::string::npos) << help;
 }
 
 /// Join challenges are a table fed by whoever asks: it is bounded (1024 outstanding), and beyond
