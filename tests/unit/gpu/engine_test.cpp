@@ -353,3 +353,47 @@ TEST(engine, requests_arriving_together_share_one_prefill_of_their_prefix) {
 }
 
 }  // namespace
+
+namespace {
+
+/// Logits of a prefill of `p` and 6 greedy decode steps, on a CPU device with `threads` threads.
+std::vector<float> logits_with_threads(const tiny_model_config& cfg, int threads,
+                                       const std::vector<int32_t>& p) {
+  auto l = load_tiny(cfg, threads);
+  kv_cache_config kc;
+  kc.layout = l.m->kv_layout_for(8);
+  kc.n_blocks = 32;
+  auto kv = kv_cache::create(*l.dev, kc);
+  const seq_id s = (*kv)->create_sequence();
+  forward_batch b;
+  forward_output out;
+  b.add(s, p, true);
+  std::vector<float> all;
+  for (int step = 0; step < 7; ++step) {
+    EXPECT_TRUE(l.m->forward(b, **kv, out).ok());
+    all.insert(all.end(), out.logits.begin(), out.logits.begin() + out.n_vocab);
+    const auto t = static_cast<int32_t>(
+        std::max_element(out.logits.begin(), out.logits.begin() + out.n_vocab) -
+        out.logits.begin());
+    b.clear();
+    b.add(s, std::span<const int32_t>(&t, 1), true);
+  }
+  return all;
+}
+
+}  // namespace
+
+// Workers of one server may run with different --threads (and a migrated sequence continues on
+// another worker): the numerics must not depend on the thread count. Bit for bit.
+TEST(model, logits_do_not_depend_on_the_thread_count) {
+  for (const auto& cfg : {dense_q(ggml_type::q4_1), dense_q(ggml_type::q8_0), moe_q()}) {
+    const auto p = prompt_of(23, 5);
+    const auto one = logits_with_threads(cfg, 1, p);
+    for (int threads : {2, 3}) {
+      const auto many = logits_with_threads(cfg, threads, p);
+      ASSERT_EQ(one.size(), many.size());
+      EXPECT_TRUE(std::equal(one.begin(), one.end(), many.begin()))
+          << threads << " threads give other logits than 1";
+    }
+  }
+}
