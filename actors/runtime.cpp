@@ -166,25 +166,35 @@ result<caf::strong_actor_ptr> connect_actor(caf::actor_system& sys,
                                             const std::string& host, uint16_t port) {
   std::string where = host + ":" + std::to_string(port);
   if (!has_tls(sys)) return make_error(errc::unauthorized, "cannot reach " + where + ": " + no_tls);
-  auto h = caf::openssl::remote_actor(sys, signatures, host, port);
-  if (!h) {
-    std::string why;
+  // A refused certificate is final; anything else (a handshake that lost a race with a busy or
+  // just-flooded acceptor, a timeout) is tried again twice, with a short pause.
+  const char* refused =
+      "the TLS handshake failed (the peer refused our certificate, or is not a weft node of this "
+      "cluster: check the cluster secret)";
+  std::string why;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
+    auto h = caf::openssl::remote_actor(sys, signatures, host, port);
+    if (h) return *h;
     if (h.error() == caf::sec::disconnect_during_handshake) {
-      why =
-          "the TLS handshake failed (the peer refused our certificate, or is not a weft node of "
-          "this cluster: check the cluster secret)";
-    } else if (h.error() == caf::sec::cannot_connect_to_node) {
-      // CAF reports a TLS handshake refused early the same way as a closed port: tell them apart.
-      why = tcp_port_open(host, port)
-                ? "the TLS handshake failed (the peer refused our certificate, or is not a weft "
-                  "node of this cluster: check the cluster secret)"
-                : "nothing accepts connections there";
-    } else {
-      why = sys.render(h.error());
+      why = refused;
+      break;
     }
-    return make_error(errc::unavailable, "cannot reach " + where + ": " + why);
+    if (h.error() == caf::sec::cannot_connect_to_node) {
+      // CAF reports a TLS handshake refused early the same way as a closed port: tell them apart.
+      if (!tcp_port_open(host, port)) {
+        why = "nothing accepts connections there";
+        break;
+      }
+      why = refused;
+      continue;
+    }
+    why = sys.render(h.error()) +
+          (tcp_port_open(host, port)
+               ? " (something listens there: if it is a weft node, check the cluster secret)"
+               : "");
   }
-  return *h;
+  return make_error(errc::unavailable, "cannot reach " + where + ": " + why);
 }
 
 }  // namespace weft::actors

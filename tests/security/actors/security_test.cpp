@@ -14,11 +14,14 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include <atomic>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "actors/cluster_client.hpp"
 #include "actors/cluster_tls.hpp"
@@ -185,6 +188,56 @@ TEST_F(security, the_product_binary_has_no_test_roles) {
     EXPECT_NE(a.error().message.find("no live node accepts role"), std::string::npos)
         << a.error().message;
   }
+}
+
+/// Inside the boundary the receivers still check who sends what changes state: a member cannot
+/// keep a stopped node alive with heartbeats in its name, write `actor_failed` events, redirect a
+/// node's heartbeats, or start timer chains with ticks (docs/security.md, "Inside the boundary").
+TEST(security_members, state_changes_are_checked_at_the_receiver) {
+  local_cluster cluster({.nodes = 2, .secret = "security-members-secret-01234"});
+  ASSERT_TRUE(eventually([&] { return cluster.node_state("node-1") == "alive"; }, 5000));
+  auto& sys = cluster.system();
+  caf::scoped_actor self{sys};
+  auto head = cluster.head();
+
+  // A fake actor_failed event (as a supervisor would report it) is not recorded.
+  auto fake_status = schema::envelope::build<schema::wire::ActorStatus>([](auto b) {
+    b.setName("forged-sup");
+    b.setRole("supervisor");
+    b.setState(schema::wire::ActorState::FAILED);
+  });
+  self->send(head, actors::status_atom::value, fake_status);
+  // Ticks from outside start no timer chain (and change nothing visible).
+  for (int i = 0; i < 1000; ++i) self->send(head, actors::tick_atom::value);
+
+  // Pointing node-0's heartbeats at an actor of ours is ignored: it hears nothing.
+  auto heard = std::make_shared<std::atomic<int>>(0);
+  auto sink = sys.spawn([heard]() -> caf::behavior {
+    return {[heard](actors::heartbeat_atom, const schema::envelope&) { ++*heard; }};
+  });
+  auto agent = actors::connect_node_agent(sys, "127.0.0.1", agent_port_of(cluster, "node-0"));
+  ASSERT_TRUE(agent.ok()) << agent.error().to_string();
+  self->send(*agent, actors::join_atom::value, sink);
+
+  // Heartbeats in node-1's name do not keep it alive once it stops.
+  cluster.process(1).signal(SIGSTOP);
+  auto hb = schema::envelope::build<schema::wire::Heartbeat>([](auto b) { b.setNodeId("node-1"); });
+  bool dead = false;
+  for (int i = 0; i < 60 && !dead; ++i) {
+    self->send(head, actors::heartbeat_atom::value, hb);
+    caf::anon_send(head, actors::heartbeat_atom::value, hb);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    dead = cluster.node_state("node-1") == "dead";
+  }
+  cluster.process(1).signal(SIGCONT);
+  EXPECT_TRUE(dead) << "forged heartbeats kept a stopped node alive";
+  EXPECT_EQ(heard->load(), 0) << "a member redirected node-0's heartbeats";
+  EXPECT_EQ(cluster.node_state("node-0"), "alive");
+  auto env = cluster.status();
+  for (auto e : env.read<schema::wire::ClusterStatus>()->get().getEvents()) {
+    EXPECT_STRNE(e.getSubject().cStr(), "forged-sup") << e.getKind().cStr();
+  }
+  caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
 }
 
 TEST(security_tls, derived_identity_is_deterministic_and_secret_bound) {
