@@ -150,9 +150,8 @@ envelope cluster_status(head_ptr self) {
       }
       for (auto& [name, c] : st.supervised) {
         if (c.state == wire::ActorState::RUNNING || st.registry.count(name) > 0) continue;
-        const bool here =
-            c.node_id == id || (c.node_id.empty() && id == st.cfg.head_id) ||
-            (!c.node_id.empty() && st.nodes.count(c.node_id) == 0 && id == st.cfg.head_id);
+        // On its last node if the head knows that node, else on the head's own node.
+        const bool here = st.nodes.count(c.node_id) > 0 ? c.node_id == id : id == st.cfg.head_id;
         if (here) mine.push_back({name, c.role, c.state, c.restarts});
       }
       auto actors = ns.initActors(static_cast<unsigned>(mine.size()));
@@ -172,6 +171,13 @@ envelope cluster_status(head_ptr self) {
       events[k].setDetail(st.events[k].detail);
     }
   });
+}
+
+/// Drops the join challenges older than their time to live.
+void expire_nonces(head_state& st, uint64_t now) {
+  for (auto it = st.nonces.begin(); it != st.nonces.end();) {
+    it = it->second + nonce_ttl_ms < now ? st.nonces.erase(it) : std::next(it);
+  }
 }
 
 /// True when the message being handled comes from one of the supervisors this head runs.
@@ -217,12 +223,7 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
   return {
       [self](challenge_atom) -> envelope {
         auto& nonces = self->state.nonces;
-        if (nonces.size() >= max_pending_nonces) {
-          uint64_t now = now_ms();
-          for (auto it = nonces.begin(); it != nonces.end();) {
-            it = it->second + nonce_ttl_ms < now ? nonces.erase(it) : std::next(it);
-          }
-        }
+        if (nonces.size() >= max_pending_nonces) expire_nonces(self->state, now_ms());
         if (nonces.size() >= max_pending_nonces) {
           return make_error_envelope(make_error(
               errc::overloaded, std::to_string(max_pending_nonces) +
@@ -446,9 +447,7 @@ head_actor::behavior_type head(head_ptr self, head_config cfg) {
             record(self, "node_suspect", id, "no heartbeat for " + std::to_string(silent) + " ms");
           }
         }
-        for (auto it = st.nonces.begin(); it != st.nonces.end();) {
-          it = it->second + nonce_ttl_ms < now ? st.nonces.erase(it) : std::next(it);
-        }
+        expire_nonces(st, now);
         self->delayed_send(
             self, std::chrono::milliseconds(std::max(20u, st.cfg.heartbeat_interval_ms / 2)),
             tick_atom::value);

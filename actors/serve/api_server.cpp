@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "actors/auth.hpp"
+#include "actors/serve/http_queue.hpp"
 #include "actors/serve/serve_atoms.hpp"
 #include "actors/serve/stream_hub.hpp"
 #include "actors/serve/wire_convert.hpp"
@@ -148,47 +149,6 @@ struct choice_state {
 };
 
 }  // namespace
-
-/// httplib's thread pool with a bounded wait queue. A connection that finds `max_waiting` others
-/// already waiting is served by a single overflow thread instead, where the pre-routing handler
-/// answers every request with 503: the server says "busy" rather than queueing without limit.
-class bounded_task_queue : public httplib::TaskQueue {
- public:
-  bounded_task_queue(size_t threads, size_t max_waiting)
-      : pool_(threads), overflow_(1), max_waiting_(max_waiting) {}
-
-  void enqueue(std::function<void()> fn) override {
-    if (waiting_.fetch_add(1) >= max_waiting_) {
-      --waiting_;
-      overflow_.enqueue([fn = std::move(fn)] {
-        overloaded = true;
-        fn();
-        overloaded = false;
-      });
-      return;
-    }
-    pool_.enqueue([this, fn = std::move(fn)] {
-      --waiting_;
-      fn();
-    });
-  }
-
-  void shutdown() override {
-    pool_.shutdown();
-    overflow_.shutdown();
-  }
-
-  /// True on the overflow thread while it serves a connection.
-  static thread_local bool overloaded;
-
- private:
-  httplib::ThreadPool pool_;
-  httplib::ThreadPool overflow_;
-  const size_t max_waiting_;
-  std::atomic<size_t> waiting_{0};
-};
-
-thread_local bool bounded_task_queue::overloaded = false;
 
 // -- the server
 // -------------------------------------------------------------------------------------
