@@ -229,4 +229,23 @@ status gguf_writer::write_file(const std::filesystem::path& path) const {
   return {};
 }
 
+uint32_t llama_file_type(ggml_type t) {
+  switch (t) {
+    case ggml_type::f32:
+      return 0;
+    case ggml_type::f16:
+      return 1;
+    case ggml_type::q4_0:
+      return 2;
+    case ggml_type::q4_1:
+      return 3;
+    case ggml_type::q8_0:
+      return 7;
+    case ggml_type::bf16:
+      return 32;
+    default:
+      return 0;
+  }
+}
+
 }  // namespace weft::gpu

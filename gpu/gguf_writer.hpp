@@ -15,6 +15,9 @@
 
 namespace weft::gpu {
 
+/// llama.cpp's general.file_type for a file whose matrices are mostly of type `t` (0 = all f32).
+uint32_t llama_file_type(ggml_type t);
+
 /// Options of gguf_writer.
 struct gguf_writer_config {
   /// Alignment of the data section and of every tensor (power of two). When it differs from 32 the

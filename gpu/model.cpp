@@ -72,11 +72,8 @@ model::~model() {
   dev_.release(ints_);
 }
 
-result<std::unique_ptr<model>> model::load(gguf_file file, device& dev,
-                                           const model_load_config& config) {
-  std::unique_ptr<model> m{new model(std::move(file), dev, config)};
-  const gguf_file& f = m->file_;
-  model_hparams& hp = m->hp_;
+result<model_hparams> read_model_hparams(const gguf_file& f) {
+  model_hparams hp;
   hp.architecture = std::string{f.architecture()};
   if (hp.architecture != "llama") {
     return status{status_code::unsupported,
@@ -134,10 +131,20 @@ result<std::unique_ptr<model>> model::load(gguf_file file, device& dev,
   const gguf_tensor* embd = f.find_tensor("token_embd.weight");
   if (embd == nullptr) return status{status_code::bad_model, "tensor 'token_embd.weight' missing"};
   hp.n_vocab = embd->ne[1];
+  hp.tied_output = f.find_tensor("output.weight") == nullptr;
+  return hp;
+}
+
+result<std::unique_ptr<model>> model::load(gguf_file file, device& dev,
+                                           const model_load_config& config) {
+  std::unique_ptr<model> m{new model(std::move(file), dev, config)};
+  auto hp = read_model_hparams(m->file_);
+  if (!hp) return hp.error();
+  m->hp_ = *hp;
   if (auto st = m->bind_weights(); !st) return st;
   spdlog::info("model: {} layers, embd {}, heads {}/{}, ff {}, vocab {}, experts {}/{}, {} on {}",
-               hp.n_layers, hp.n_embd, hp.n_heads, hp.n_kv_heads, hp.n_ff, hp.n_vocab,
-               hp.n_experts_used, hp.n_experts, type_name(m->layers_[0].wq.type),
+               hp->n_layers, hp->n_embd, hp->n_heads, hp->n_kv_heads, hp->n_ff, hp->n_vocab,
+               hp->n_experts_used, hp->n_experts, type_name(m->layers_[0].wq.type),
                dev.capabilities().name);
   return m;
 }
@@ -203,7 +210,6 @@ status model::bind_weights() {
   if (file_.find_tensor("output.weight") != nullptr) {
     if (auto st = matrix(output_, "output.weight", hp.n_embd, hp.n_vocab); !st) return st;
   } else {
-    hp_.tied_output = true;
     output_ = tok_embd_;
   }
   if (file_.find_tensor("rope_freqs.weight") != nullptr) {

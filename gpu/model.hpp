@@ -40,6 +40,9 @@ struct model_hparams {
   bool tied_output = false;  ///< output.weight absent: token_embd is reused.
 };
 
+/// Reads the hyper-parameters of a llama-family GGUF (an error names the missing or bad key).
+result<model_hparams> read_model_hparams(const gguf_file& f);
+
 /// Weights of one transformer block.
 struct layer_weights {
   tensor_view attn_norm, wq, wk, wv, wo;

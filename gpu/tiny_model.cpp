@@ -128,25 +128,6 @@ status invalid(const std::string& what) {
   return status{status_code::invalid_argument, "tiny_model: " + what};
 }
 
-uint32_t llama_file_type(ggml_type t) {
-  switch (t) {
-    case ggml_type::f32:
-      return 0;
-    case ggml_type::f16:
-      return 1;
-    case ggml_type::q4_0:
-      return 2;
-    case ggml_type::q4_1:
-      return 3;
-    case ggml_type::q8_0:
-      return 7;
-    case ggml_type::bf16:
-      return 32;
-    default:
-      return 0;
-  }
-}
-
 }  // namespace
 
 std::string_view tiny_chat_template() {

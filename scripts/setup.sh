@@ -3,7 +3,8 @@
 # the default model. Idempotent: a second run installs nothing and takes a few seconds.
 #
 #   scripts/setup.sh            build + runtime dependencies and the default model
-#   scripts/setup.sh --test     also the packages the test tiers need (llama-cpp-python, openai)
+#   scripts/setup.sh --test     also the packages the test tiers need (llama-cpp-python, openai,
+#                               torch + transformers for the trainer oracle)
 #   scripts/setup.sh --bench    also the benchmark baselines (ray, matplotlib)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -60,11 +61,44 @@ fi
 
 pip_want=()
 py_has() { $PY -c "import $1" >/dev/null 2>&1; }
+
+# llama.cpp (the engine oracle's reference) is built for the ISA whose numerics weft reproduces
+# (docs/engine.md, "The host's vector width matters"). On an AVX-512 host that is AVX-512 with
+# VNNI/BF16/VBMI but without AMX: -march=native on a host with AMX routes ggml's quantized matmuls
+# through its AMX kernels, whose rounding weft does not model (seen: 3/18 identical greedy
+# continuations, 47 % teacher-forced top-1 agreement). AVX2-only hosts build native.
+has_cpu_flag() { grep -m1 "^flags" /proc/cpuinfo | grep -w "$1" >/dev/null; }
+llama_cmake_args=""
+if has_cpu_flag avx512f && has_cpu_flag avx512dq; then
+  llama_cmake_args="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+  llama_cmake_args+=" -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  has_cpu_flag avx512_vnni && llama_cmake_args+=" -DGGML_AVX512_VNNI=ON"
+  has_cpu_flag avx512_bf16 && llama_cmake_args+=" -DGGML_AVX512_BF16=ON"
+  has_cpu_flag avx512vbmi && llama_cmake_args+=" -DGGML_AVX512_VBMI=ON"
+fi
+# An installed llama.cpp built with AMX kernels is rebuilt (an earlier native build on this host).
+llama_has_amx() {
+  local lib
+  lib="$($PY -c 'import llama_cpp,os;print(os.path.join(os.path.dirname(llama_cpp.__file__),"lib","libggml-cpu.so"))' 2>/dev/null)" || return 1
+  [ -f "$lib" ] && nm -D "$lib" 2>/dev/null | grep ggml_backend_amx_mul_mat >/dev/null
+}
+if [ "$want_test" = 1 ] && py_has llama_cpp && llama_has_amx; then
+  echo "[setup] rebuilding llama-cpp-python without AMX kernels (the oracle's numerics)"
+  CMAKE_ARGS="$llama_cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" $PY -m pip install \
+    "${pip_flags[@]}" --force-reinstall --no-deps --no-cache-dir "llama-cpp-python==0.3.16"
+fi
 py_has numpy || pip_want+=(numpy)
 if [ "$want_test" = 1 ]; then
   # llama-cpp-python compiles llama.cpp from source (~10 min on 2 cores, once).
   py_has llama_cpp || pip_want+=("llama-cpp-python==0.3.16")
   py_has openai || pip_want+=(openai)
+  # The trainer's oracle: PyTorch autograd on the GGUF as Hugging Face transformers loads it
+  # (tests/oracle/gpu/train_oracle.py). torch from PyPI brings its CUDA wheels (~3 GB, once).
+  py_has torch || pip_want+=("torch==2.5.1")
+  py_has transformers || pip_want+=("transformers==4.46.3")
+  py_has gguf || pip_want+=("gguf==0.19.0")
+  py_has accelerate || pip_want+=("accelerate==1.15.0")
+  py_has sentencepiece || pip_want+=("sentencepiece==0.2.3")
 fi
 if [ "$want_bench" = 1 ]; then
   py_has matplotlib || pip_want+=(matplotlib)
@@ -75,7 +109,8 @@ if [ "$want_bench" = 1 ]; then
 fi
 if [ "${#pip_want[@]}" -gt 0 ]; then
   echo "[setup] installing Python packages: ${pip_want[*]}"
-  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" $PY -m pip install "${pip_flags[@]}" "${pip_want[@]}"
+  CMAKE_ARGS="$llama_cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    $PY -m pip install "${pip_flags[@]}" --no-cache-dir "${pip_want[@]}"
 else
   echo "[setup] Python packages: all present"
 fi

@@ -1,0 +1,278 @@
+#include "gpu/train/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+namespace weft::gpu::train {
+
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr char kMagic[8] = {'W', 'E', 'F', 'T', 'C', 'K', 'P', 'T'};
+constexpr uint32_t kVersion = 1;
+
+/// A file written through a running checksum.
+class hashed_writer {
+ public:
+  explicit hashed_writer(int fd) : fd_(fd), hash_(XXH64_createState()) { XXH64_reset(hash_, 0); }
+  ~hashed_writer() { XXH64_freeState(hash_); }
+  hashed_writer(const hashed_writer&) = delete;
+  hashed_writer& operator=(const hashed_writer&) = delete;
+
+  bool put(const void* data, size_t n, bool hashed = true) {
+    if (hashed) XXH64_update(hash_, data, n);
+    const auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return false;
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+    return true;
+  }
+  uint64_t digest() const { return XXH64_digest(hash_); }
+
+ private:
+  int fd_;
+  XXH64_state_t* hash_;
+};
+
+json header_of(const checkpoint_state& s) {
+  json h;
+  h["step"] = s.step;
+  h["epoch"] = s.cursor.epoch;
+  h["index"] = s.cursor.index;
+  h["seed"] = s.seed;
+  h["adam_steps"] = s.adam_steps;
+  h["schedule"] = {{"peak", s.schedule.peak},
+                   {"warmup_steps", s.schedule.warmup_steps},
+                   {"total_steps", s.schedule.total_steps},
+                   {"cosine", s.schedule.decay == lr_schedule::shape::cosine},
+                   {"min_ratio", s.schedule.min_ratio}};
+  json tensors = json::array();
+  for (size_t i = 0; i < s.names.size(); ++i) {
+    tensors.push_back({{"name", s.names[i]}, {"size", s.values[i].size()}});
+  }
+  h["tensors"] = tensors;
+  json hist = json::array();
+  for (const auto& r : s.history) {
+    hist.push_back({r.step, r.loss, r.lr, r.grad_norm, r.tokens});
+  }
+  h["history"] = hist;
+  return h;
+}
+
+status io_error(const std::string& what, const fs::path& p) {
+  return {status_code::internal, what + " " + p.string() + ": " + std::strerror(errno)};
+}
+
+}  // namespace
+
+fs::path checkpoint_path(const fs::path& dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld.ckpt", static_cast<long long>(step));
+  return dir / name;
+}
+
+status write_checkpoint(const fs::path& dir, const checkpoint_state& s) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return {status_code::internal, "cannot create " + dir.string() + ": " + ec.message()};
+  const fs::path final_path = checkpoint_path(dir, s.step);
+  const fs::path tmp = final_path.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("cannot create", tmp);
+  hashed_writer w(fd);
+  const std::string header = header_of(s).dump();
+  const uint64_t header_len = header.size();
+  bool ok = w.put(kMagic, sizeof kMagic) && w.put(&kVersion, sizeof kVersion) &&
+            w.put(&header_len, sizeof header_len) && w.put(header.data(), header.size());
+  for (size_t i = 0; ok && i < s.values.size(); ++i) {
+    for (const auto* t : {&s.values[i], &s.m[i], &s.v[i]}) {
+      ok = ok && w.put(t->data(), t->size() * sizeof(float));
+    }
+  }
+  const uint64_t digest = w.digest();
+  ok = ok && w.put(&digest, sizeof digest, false);
+  if (!ok || ::fsync(fd) != 0) {
+    const status st = io_error("cannot write", tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) return io_error("cannot rename", tmp);
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return {};
+}
+
+result<checkpoint_state> read_checkpoint(const fs::path& file) {
+  auto bad = [&](const std::string& why) {
+    return status{status_code::bad_model, "checkpoint " + file.string() + " is unusable: " + why};
+  };
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return status{status_code::not_found, "cannot read checkpoint " + file.string()};
+  XXH64_state_t* hash = XXH64_createState();
+  XXH64_reset(hash, 0);
+  struct free_hash {
+    XXH64_state_t* h;
+    ~free_hash() { XXH64_freeState(h); }
+  } guard{hash};
+  auto get = [&](void* dst, size_t n) {
+    if (!in.read(static_cast<char*>(dst), static_cast<std::streamsize>(n))) return false;
+    XXH64_update(hash, dst, n);
+    return true;
+  };
+  char magic[8];
+  uint32_t version = 0;
+  uint64_t header_len = 0;
+  if (!get(magic, sizeof magic) || std::memcmp(magic, kMagic, sizeof magic) != 0)
+    return bad("not a weft checkpoint (bad magic)");
+  if (!get(&version, sizeof version) || version != kVersion)
+    return bad("unsupported version " + std::to_string(version));
+  if (!get(&header_len, sizeof header_len) || header_len > (64u << 20))
+    return bad("truncated header");
+  std::string header(header_len, '\0');
+  if (!get(header.data(), header.size())) return bad("truncated header");
+  const json h = json::parse(header, nullptr, false);
+  if (h.is_discarded() || !h.is_object()) return bad("header is not JSON");
+  checkpoint_state s;
+  try {
+    s.step = h.at("step").get<int64_t>();
+    s.cursor.epoch = h.at("epoch").get<int64_t>();
+    s.cursor.index = h.at("index").get<int64_t>();
+    s.seed = h.at("seed").get<uint64_t>();
+    s.adam_steps = h.at("adam_steps").get<int64_t>();
+    const auto& sc = h.at("schedule");
+    s.schedule.peak = sc.at("peak").get<double>();
+    s.schedule.warmup_steps = sc.at("warmup_steps").get<int64_t>();
+    s.schedule.total_steps = sc.at("total_steps").get<int64_t>();
+    s.schedule.decay =
+        sc.at("cosine").get<bool>() ? lr_schedule::shape::cosine : lr_schedule::shape::constant;
+    s.schedule.min_ratio = sc.at("min_ratio").get<double>();
+    for (const auto& r : h.at("history")) {
+      s.history.push_back({r.at(0).get<int64_t>(), r.at(1).get<double>(), r.at(2).get<double>(),
+                           r.at(3).get<double>(), r.at(4).get<int64_t>()});
+    }
+    const auto file_size = fs::file_size(file);
+    for (const auto& t : h.at("tensors")) {
+      const auto size = t.at("size").get<uint64_t>();
+      if (size > file_size / sizeof(float)) return bad("tensor size past the end of the file");
+      s.names.push_back(t.at("name").get<std::string>());
+      for (auto* dst : {&s.values, &s.m, &s.v}) {
+        dst->emplace_back(size);
+        if (!get(dst->back().data(), size * sizeof(float))) return bad("truncated tensor data");
+      }
+    }
+  } catch (const json::exception& e) {
+    return bad(std::string{"malformed header: "} + e.what());
+  }
+  uint64_t digest = 0;
+  if (!in.read(reinterpret_cast<char*>(&digest), sizeof digest))
+    return bad("truncated (no checksum)");
+  if (digest != XXH64_digest(hash)) return bad("checksum mismatch (corrupt)");
+  if (in.peek() != std::char_traits<char>::eof()) return bad("trailing bytes after the checksum");
+  return s;
+}
+
+namespace {
+
+std::vector<fs::path> checkpoints_newest_first(const fs::path& dir) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("step-") && name.ends_with(".ckpt")) files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
+    return a.filename().string() > b.filename().string();
+  });
+  return files;
+}
+
+}  // namespace
+
+result<checkpoint_state> load_latest_checkpoint(const fs::path& dir,
+                                                std::vector<std::string>* skipped) {
+  for (const auto& f : checkpoints_newest_first(dir)) {
+    auto s = read_checkpoint(f);
+    if (s) return s;
+    if (skipped != nullptr) skipped->push_back(s.error().message());
+  }
+  return status{status_code::not_found, "no usable checkpoint in " + dir.string()};
+}
+
+void prune_checkpoints(const fs::path& dir, int keep) {
+  const auto files = checkpoints_newest_first(dir);
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < files.size(); ++i) {
+    std::error_code ec;
+    fs::remove(files[i], ec);
+  }
+}
+
+async_checkpointer::async_checkpointer(fs::path dir, int keep)
+    : dir_(std::move(dir)), keep_(keep), thread_([this] { run(); }) {}
+
+async_checkpointer::~async_checkpointer() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+status async_checkpointer::save(checkpoint_state state) {
+  status previous = wait();
+  {
+    std::lock_guard lk(mu_);
+    pending_ = std::move(state);
+    busy_ = true;
+  }
+  cv_.notify_all();
+  return previous;
+}
+
+status async_checkpointer::wait() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [this] { return !busy_; });
+  status st = last_;
+  last_ = {};
+  return st;
+}
+
+void async_checkpointer::run() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [this] { return stop_ || pending_.has_value(); });
+    if (!pending_) return;  // stop_ with nothing pending
+    checkpoint_state s = std::move(*pending_);
+    pending_.reset();
+    lk.unlock();
+    status st = write_checkpoint(dir_, s);
+    if (st) prune_checkpoints(dir_, keep_);
+    lk.lock();
+    last_ = st;
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace weft::gpu::train

@@ -1,0 +1,90 @@
+#pragma once
+/// Exact training checkpoints (docs/training.md): parameters, AdamW moments, step, data cursor,
+/// seed and the loss history, in one checksummed file per step, written atomically (temporary
+/// file, fsync, rename) and — through async_checkpointer — in the background from a host snapshot
+/// (MegaScale's two-stage checkpoint). A corrupt or truncated file is refused with a message naming
+/// it; load_latest_checkpoint then falls back to the previous good one.
+
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu/status.hpp"
+#include "gpu/train/optimizer.hpp"
+#include "gpu/train/sft_data.hpp"
+
+namespace weft::gpu::train {
+
+/// One row of the loss curve.
+struct step_record {
+  int64_t step = 0;  ///< 1-based update number.
+  double loss = 0.0;
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  int64_t tokens = 0;
+  bool operator==(const step_record&) const = default;
+};
+
+/// Everything a run needs to continue bit for bit.
+struct checkpoint_state {
+  int64_t step = 0;  ///< Updates done.
+  data_cursor cursor;
+  uint64_t seed = 0;
+  int64_t adam_steps = 0;
+  lr_schedule schedule;  ///< The schedule the run had (a resume with another one is told).
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> values, m, v;
+  std::vector<step_record> history;
+};
+
+/// `dir`/step-00000042.ckpt
+std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t step);
+
+/// Writes the state atomically (a reader sees the old file set or the new file, never a part).
+status write_checkpoint(const std::filesystem::path& dir, const checkpoint_state& state);
+
+/// Reads and verifies one checkpoint file (magic, version, sizes, checksum).
+result<checkpoint_state> read_checkpoint(const std::filesystem::path& file);
+
+/// The newest checkpoint in `dir` that verifies; every newer one that does not is named in
+/// `skipped` (file: reason). not_found when the directory has no usable checkpoint.
+result<checkpoint_state> load_latest_checkpoint(const std::filesystem::path& dir,
+                                                std::vector<std::string>* skipped = nullptr);
+
+/// Removes all but the newest `keep` checkpoints of `dir`.
+void prune_checkpoints(const std::filesystem::path& dir, int keep);
+
+/// Writes checkpoints on a background thread: `save` takes the snapshot (a copy in host memory)
+/// and returns at once; the previous write, if still running, is waited for first.
+class async_checkpointer {
+ public:
+  async_checkpointer(std::filesystem::path dir, int keep);
+  ~async_checkpointer();
+  async_checkpointer(const async_checkpointer&) = delete;
+  async_checkpointer& operator=(const async_checkpointer&) = delete;
+
+  /// Queues `state` for writing; returns the error of the previous write, if it failed.
+  status save(checkpoint_state state);
+  /// Waits for the pending write; returns its outcome.
+  status wait();
+
+ private:
+  void run();
+
+  std::filesystem::path dir_;
+  int keep_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<checkpoint_state> pending_;
+  bool busy_ = false;
+  bool stop_ = false;
+  status last_;
+  std::thread thread_;
+};
+
+}  // namespace weft::gpu::train

@@ -1,0 +1,93 @@
+#include "gpu/train/optimizer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace weft::gpu::train {
+
+void adamw::init(std::span<const int64_t> sizes) {
+  step_ = 0;
+  m_.clear();
+  v_.clear();
+  for (int64_t s : sizes) {
+    m_.emplace_back(static_cast<size_t>(s), 0.0f);
+    v_.emplace_back(static_cast<size_t>(s), 0.0f);
+  }
+}
+
+void adamw::step(std::span<const std::span<float>> values,
+                 std::span<const std::span<const float>> grads, std::span<const uint8_t> decay,
+                 double lr) {
+  ++step_;
+  const double b1 = config_.beta1;
+  const double b2 = config_.beta2;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step_));
+  // PyTorch's AdamW: p *= 1 - lr·wd; m = b1·m + (1-b1)·g; v = b2·v + (1-b2)·g²;
+  // p -= (lr / bc1) · m / (√v / √bc2 + eps).
+  const auto step_size = static_cast<float>(lr / bc1);
+  const auto sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  const auto eps = static_cast<float>(config_.eps);
+  for (size_t i = 0; i < values.size(); ++i) {
+    float* p = values[i].data();
+    const float* g = grads[i].data();
+    float* m = m_[i].data();
+    float* v = v_[i].data();
+    const bool wd = i < decay.size() ? decay[i] != 0 : true;
+    const auto keep = static_cast<float>(1.0 - lr * config_.weight_decay);
+    const auto fb1 = static_cast<float>(b1);
+    const auto fb2 = static_cast<float>(b2);
+    for (size_t j = 0; j < values[i].size(); ++j) {
+      if (wd) p[j] *= keep;
+      m[j] = fb1 * m[j] + (1.0f - fb1) * g[j];
+      v[j] = fb2 * v[j] + (1.0f - fb2) * g[j] * g[j];
+      p[j] -= step_size * m[j] / (std::sqrt(v[j]) / sqrt_bc2 + eps);
+    }
+  }
+}
+
+double global_grad_norm(std::span<const std::span<const float>> grads) {
+  double ss = 0.0;
+  for (const auto& g : grads) {
+    for (float x : g) ss += static_cast<double>(x) * x;
+  }
+  return std::sqrt(ss);
+}
+
+double clip_grad_norm(std::span<const std::span<float>> grads, double max_norm) {
+  std::vector<std::span<const float>> view(grads.begin(), grads.end());
+  const double norm = global_grad_norm(view);
+  if (max_norm > 0.0 && norm > max_norm) {
+    const auto coef = static_cast<float>(max_norm / (norm + 1e-6));
+    for (const auto& g : grads) {
+      for (float& x : g) x *= coef;
+    }
+  }
+  return norm;
+}
+
+double lr_schedule::at(int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps) {
+    return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  }
+  if (decay == shape::constant) return peak;
+  const int64_t span = std::max<int64_t>(1, total_steps - warmup_steps);
+  const double progress =
+      std::clamp(static_cast<double>(step - warmup_steps) / static_cast<double>(span), 0.0, 1.0);
+  const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+  return peak * (min_ratio + (1.0 - min_ratio) * cosine);
+}
+
+bool parse_lr_shape(const std::string& name, lr_schedule::shape& out) {
+  if (name == "cosine") {
+    out = lr_schedule::shape::cosine;
+  } else if (name == "constant") {
+    out = lr_schedule::shape::constant;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace weft::gpu::train

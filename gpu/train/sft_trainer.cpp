@@ -1,0 +1,123 @@
+#include "gpu/train/sft_trainer.hpp"
+
+#include <cmath>
+
+namespace weft::gpu::train {
+
+sft_trainer::sft_trainer(trainable_model<float>& model, const sft_dataset& data,
+                         const sft_config& config, gradient_reducer reduce, int rank, int world)
+    : model_(model),
+      config_(config),
+      sampler_(data, config.seed, config.step_tokens, config.micro_batch_tokens),
+      reduce_(std::move(reduce)),
+      rank_(rank),
+      world_(world),
+      opt_(config.adamw) {
+  std::vector<int64_t> sizes;
+  for (const auto& p : model_.parameters()) {
+    sizes.push_back(p.size());
+    // Weight decay on matrices only, not on norm weights (the usual convention).
+    decay_.push_back(p.ne[1] > 1 ? 1 : 0);
+  }
+  opt_.init(sizes);
+}
+
+result<step_record> sft_trainer::step() {
+  const auto micro = sampler_.next_step();
+  model_.zero_grad();
+  double loss_sum = 0.0;
+  int64_t loss_tokens = 0;
+  int64_t tokens = 0;
+  for (size_t i = static_cast<size_t>(rank_); i < micro.size(); i += static_cast<size_t>(world_)) {
+    auto l = model_.forward_backward(micro[i]);
+    if (!l) return l.error();
+    loss_sum += l->sum;
+    loss_tokens += l->tokens;
+  }
+  for (const auto& b : micro) tokens += b.n_tokens();
+  auto& params = model_.parameters();
+  std::vector<std::span<float>> grads, values;
+  std::vector<std::span<const float>> cgrads;
+  for (auto& p : params) {
+    grads.emplace_back(p.grad);
+    values.emplace_back(p.value);
+  }
+  if (reduce_) {
+    if (auto st = reduce_(grads, loss_sum, loss_tokens); !st) return st;
+  }
+  // Gradient of the mean token loss over the whole step.
+  const float inv = loss_tokens > 0 ? 1.0f / static_cast<float>(loss_tokens) : 0.0f;
+  for (auto& g : grads) {
+    for (float& x : g) x *= inv;
+  }
+  const double norm = clip_grad_norm(grads, config_.max_grad_norm);
+  if (!std::isfinite(norm)) {
+    return status{status_code::internal, "gradient norm is not finite at step " +
+                                             std::to_string(step_ + 1) +
+                                             " (lower --lr or check the data)"};
+  }
+  for (auto& g : grads) cgrads.emplace_back(g.data(), g.size());
+  const double lr = config_.schedule.at(step_);
+  opt_.step(values, cgrads, decay_, lr);
+  ++step_;
+  step_record r;
+  r.step = step_;
+  r.loss = loss_tokens > 0 ? loss_sum / static_cast<double>(loss_tokens) : 0.0;
+  r.lr = lr;
+  r.grad_norm = norm;
+  r.tokens = tokens;
+  history_.push_back(r);
+  return r;
+}
+
+checkpoint_state sft_trainer::snapshot() const {
+  checkpoint_state s;
+  s.step = step_;
+  s.cursor = sampler_.cursor();
+  s.seed = config_.seed;
+  s.adam_steps = opt_.steps();
+  s.schedule = config_.schedule;
+  s.history = history_;
+  for (size_t i = 0; i < model_.parameters().size(); ++i) {
+    const auto& p = model_.parameters()[i];
+    s.names.push_back(p.name);
+    s.values.push_back(p.value);
+    s.m.push_back(opt_.m(i));
+    s.v.push_back(opt_.v(i));
+  }
+  return s;
+}
+
+status sft_trainer::restore(const checkpoint_state& s) {
+  auto& params = model_.parameters();
+  if (s.names.size() != params.size()) {
+    return {status_code::invalid_argument, "checkpoint has " + std::to_string(s.names.size()) +
+                                               " tensors, the model " +
+                                               std::to_string(params.size())};
+  }
+  if (s.seed != config_.seed) {
+    return {status_code::invalid_argument,
+            "checkpoint was made with seed " + std::to_string(s.seed) + ", this run has " +
+                std::to_string(config_.seed) + " (the data order would differ)"};
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (s.names[i] != params[i].name || s.values[i].size() != params[i].value.size() ||
+        s.m[i].size() != params[i].value.size() || s.v[i].size() != params[i].value.size()) {
+      return {status_code::invalid_argument, "checkpoint tensor '" + s.names[i] +
+                                                 "' does not match the model's '" + params[i].name +
+                                                 "'"};
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].value = s.values[i];
+    opt_.m(i) = s.m[i];
+    opt_.v(i) = s.v[i];
+  }
+  opt_.set_steps(s.adam_steps);
+  sampler_.set_cursor(s.cursor);
+  step_ = s.step;
+  history_ = s.history;
+  return {};
+}
+
+}  // namespace weft::gpu::train

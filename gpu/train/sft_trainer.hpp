@@ -1,0 +1,64 @@
+#pragma once
+/// The supervised fine-tuning loop of one trainer rank (docs/training.md): deal a step's
+/// micro-batches, accumulate gradients, sum them over the ranks (a hook the trainer actors fill
+/// with an all-reduce; identity for a single process), normalise by the step's loss tokens, clip,
+/// AdamW with the schedule; exact snapshots for checkpoints. Plain class: no CAF.
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "gpu/status.hpp"
+#include "gpu/train/checkpoint.hpp"
+#include "gpu/train/optimizer.hpp"
+#include "gpu/train/sft_data.hpp"
+#include "gpu/train/trainable_model.hpp"
+
+namespace weft::gpu::train {
+
+struct sft_config {
+  uint64_t seed = 0;
+  int64_t step_tokens = 4096;         ///< Tokens per optimizer update (all ranks together).
+  int64_t micro_batch_tokens = 1024;  ///< Tokens per forward/backward.
+  lr_schedule schedule;
+  adamw_config adamw;
+  double max_grad_norm = 1.0;  ///< <= 0: no clipping.
+};
+
+/// Sums the ranks' gradients (every tensor, in place) and their loss sums and token counts; every
+/// rank must get the same result in the same order. Null: a single rank.
+using gradient_reducer = std::function<status(std::span<const std::span<float>> grads,
+                                              double& loss_sum, int64_t& loss_tokens)>;
+
+class sft_trainer {
+ public:
+  /// `rank` of `world` ranks takes micro-batches rank, rank + world, ... of every step.
+  sft_trainer(trainable_model<float>& model, const sft_dataset& data, const sft_config& config,
+              gradient_reducer reduce = nullptr, int rank = 0, int world = 1);
+
+  /// One optimizer update; its record (mean loss over the step's loss tokens, lr, norm).
+  result<step_record> step();
+
+  /// Updates done.
+  int64_t steps_done() const { return step_; }
+  const std::vector<step_record>& history() const { return history_; }
+
+  /// A copy of everything needed to continue exactly.
+  checkpoint_state snapshot() const;
+  /// Continues from a snapshot of the same model and data (names and sizes are checked).
+  status restore(const checkpoint_state& s);
+
+ private:
+  trainable_model<float>& model_;
+  sft_config config_;
+  sft_sampler sampler_;
+  gradient_reducer reduce_;
+  int rank_, world_;
+  adamw opt_;
+  int64_t step_ = 0;
+  std::vector<step_record> history_;
+  std::vector<uint8_t> decay_;
+};
+
+}  // namespace weft::gpu::train

@@ -1,0 +1,279 @@
+#include "gpu/train/train_ops.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+namespace weft::gpu::train {
+
+namespace {
+
+/// Row-major GEMM C = alpha·op(A)·op(B) + beta·C for float or double.
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
+  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
+  }
+}
+
+template <class T>
+T sigmoid(T v) {
+  return T(1) / (T(1) + std::exp(-v));
+}
+
+}  // namespace
+
+template <class T>
+void linear_forward(const T* x, const T* w, int64_t n, int64_t in, int64_t out, T* y) {
+  if (n == 0) return;
+  gemm<T>(false, true, n, out, in, T(1), x, in, w, in, T(0), y, out);
+}
+
+template <class T>
+void linear_backward(const T* x, const T* w, const T* dy, int64_t n, int64_t in, int64_t out, T* dx,
+                     T* dw, bool add_dx) {
+  if (n == 0) return;
+  if (dx != nullptr)
+    gemm<T>(false, false, n, in, out, T(1), dy, out, w, in, add_dx ? T(1) : T(0), dx, in);
+  if (dw != nullptr) gemm<T>(true, false, out, in, n, T(1), dy, out, x, in, T(1), dw, in);
+}
+
+template <class T>
+void rms_norm_forward(const T* x, const T* g, int64_t n, int64_t d, T eps, T* y, T* rstd) {
+  for (int64_t t = 0; t < n; ++t) {
+    const T* xr = x + t * d;
+    double ss = 0.0;
+    for (int64_t i = 0; i < d; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const T r = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
+    rstd[t] = r;
+    for (int64_t i = 0; i < d; ++i) y[t * d + i] = xr[i] * r * g[i];
+  }
+}
+
+template <class T>
+void rms_norm_backward(const T* x, const T* g, const T* rstd, const T* dy, int64_t n, int64_t d,
+                       T* dx, T* dg) {
+  // y_i = x_i·r·g_i with r = (mean(x²) + eps)^−½; ∂r/∂x_j = −r³·x_j / d.
+  for (int64_t t = 0; t < n; ++t) {
+    const T* xr = x + t * d;
+    const T* dyr = dy + t * d;
+    const T r = rstd[t];
+    double dot = 0.0;  // Σ_i dy_i·g_i·x_i
+    for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(dyr[i]) * g[i] * xr[i];
+    const T c = static_cast<T>(dot * r * r * r / static_cast<double>(d));
+    for (int64_t i = 0; i < d; ++i) {
+      dx[t * d + i] += dyr[i] * g[i] * r - xr[i] * c;
+      dg[i] += dyr[i] * xr[i] * r;
+    }
+  }
+}
+
+rope_table make_rope_table(std::span<const int32_t> positions, const rope_config& config) {
+  rope_table t;
+  t.n_dims = config.n_dims;
+  const int64_t half = config.n_dims / 2;
+  t.cos.resize(positions.size() * static_cast<size_t>(half));
+  t.sin.resize(t.cos.size());
+  for (size_t p = 0; p < positions.size(); ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double inv_freq =
+          std::pow(static_cast<double>(config.freq_base),
+                   -2.0 * static_cast<double>(i) / static_cast<double>(config.n_dims));
+      double theta = static_cast<double>(positions[p]) * inv_freq;
+      if (config.freq_factors != nullptr) theta /= config.freq_factors[i];
+      theta *= config.freq_scale;
+      t.cos[p * static_cast<size_t>(half) + static_cast<size_t>(i)] = std::cos(theta);
+      t.sin[p * static_cast<size_t>(half) + static_cast<size_t>(i)] = std::sin(theta);
+    }
+  }
+  return t;
+}
+
+template <class T>
+void rope_apply(T* x, int64_t n, int64_t heads, int64_t head_dim, const rope_table& table,
+                rope_style style, bool inverse) {
+  const int64_t half = table.n_dims / 2;
+  for (int64_t t = 0; t < n; ++t) {
+    const double* cs = table.cos.data() + t * half;
+    const double* sn = table.sin.data() + t * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      T* v = x + (t * heads + h) * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const T c = static_cast<T>(cs[i]);
+        const T s = static_cast<T>(inverse ? -sn[i] : sn[i]);
+        const int64_t a = style == rope_style::normal ? 2 * i : i;
+        const int64_t b = style == rope_style::normal ? 2 * i + 1 : i + table.n_dims / 2;
+        const T x0 = v[a];
+        const T x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+      }
+    }
+  }
+}
+
+template <class T>
+void attention_forward(const T* q, const T* k, const T* v, const packed_sequences& seqs,
+                       const attention_shape& shape, T* out, T* lse) {
+  const int64_t hd = shape.head_dim;
+  const int64_t qd = shape.n_heads * hd;
+  const int64_t kvd = shape.n_kv_heads * hd;
+  const int64_t group = shape.n_heads / shape.n_kv_heads;
+  std::vector<T> s;
+  for (int64_t si = 0; si < seqs.n_seqs(); ++si) {
+    const int64_t start = seqs.starts[static_cast<size_t>(si)];
+    const int64_t len = seqs.starts[static_cast<size_t>(si) + 1] - start;
+    if (len == 0) continue;
+    s.resize(static_cast<size_t>(len * len));
+    for (int64_t h = 0; h < shape.n_heads; ++h) {
+      const int64_t g = h / group;
+      const T* qh = q + start * qd + h * hd;
+      const T* kg = k + start * kvd + g * hd;
+      const T* vg = v + start * kvd + g * hd;
+      gemm<T>(false, true, len, len, hd, static_cast<T>(shape.scale), qh, qd, kg, kvd, T(0),
+              s.data(), len);
+      for (int64_t i = 0; i < len; ++i) {
+        T* row = s.data() + i * len;
+        T mx = row[0];
+        for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+        double sum = 0.0;
+        for (int64_t j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        const T inv = static_cast<T>(1.0 / sum);
+        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+        std::fill(row + i + 1, row + len, T(0));
+        lse[(start + i) * shape.n_heads + h] = mx + static_cast<T>(std::log(sum));
+      }
+      gemm<T>(false, false, len, hd, len, T(1), s.data(), len, vg, kvd, T(0),
+              out + start * qd + h * hd, qd);
+    }
+  }
+}
+
+template <class T>
+void attention_backward(const T* q, const T* k, const T* v, const T* out, const T* lse,
+                        const T* dout, const packed_sequences& seqs, const attention_shape& shape,
+                        T* dq, T* dk, T* dv) {
+  const int64_t hd = shape.head_dim;
+  const int64_t qd = shape.n_heads * hd;
+  const int64_t kvd = shape.n_kv_heads * hd;
+  const int64_t group = shape.n_heads / shape.n_kv_heads;
+  const T scale = static_cast<T>(shape.scale);
+  std::fill(dk, dk + seqs.n_tokens() * kvd, T(0));
+  std::fill(dv, dv + seqs.n_tokens() * kvd, T(0));
+  std::vector<T> p, dp;
+  for (int64_t si = 0; si < seqs.n_seqs(); ++si) {
+    const int64_t start = seqs.starts[static_cast<size_t>(si)];
+    const int64_t len = seqs.starts[static_cast<size_t>(si) + 1] - start;
+    if (len == 0) continue;
+    p.resize(static_cast<size_t>(len * len));
+    dp.resize(p.size());
+    for (int64_t h = 0; h < shape.n_heads; ++h) {
+      const int64_t g = h / group;
+      const T* qh = q + start * qd + h * hd;
+      const T* kg = k + start * kvd + g * hd;
+      const T* vg = v + start * kvd + g * hd;
+      const T* oh = out + start * qd + h * hd;
+      const T* doh = dout + start * qd + h * hd;
+      // P recomputed from the scores and the forward's log-sum-exp.
+      gemm<T>(false, true, len, len, hd, scale, qh, qd, kg, kvd, T(0), p.data(), len);
+      for (int64_t i = 0; i < len; ++i) {
+        T* row = p.data() + i * len;
+        const T l = lse[(start + i) * shape.n_heads + h];
+        for (int64_t j = 0; j <= i; ++j) row[j] = std::exp(row[j] - l);
+        std::fill(row + i + 1, row + len, T(0));
+      }
+      // dV += Pᵀ·dO ; dP = dO·Vᵀ.
+      gemm<T>(true, false, len, hd, len, T(1), p.data(), len, doh, qd, T(1),
+              dv + start * kvd + g * hd, kvd);
+      gemm<T>(false, true, len, len, hd, T(1), doh, qd, vg, kvd, T(0), dp.data(), len);
+      // dS = P ∘ (dP − rowsum(dO ∘ O)).
+      for (int64_t i = 0; i < len; ++i) {
+        double di = 0.0;
+        for (int64_t c = 0; c < hd; ++c)
+          di += static_cast<double>(doh[i * qd + c]) * oh[i * qd + c];
+        T* prow = p.data() + i * len;
+        const T* dprow = dp.data() + i * len;
+        for (int64_t j = 0; j <= i; ++j) prow[j] *= dprow[j] - static_cast<T>(di);
+      }
+      // dQ = scale·dS·K ; dK += scale·dSᵀ·Q.
+      gemm<T>(false, false, len, hd, len, scale, p.data(), len, kg, kvd, T(0),
+              dq + start * qd + h * hd, qd);
+      gemm<T>(true, false, len, hd, len, scale, p.data(), len, qh, qd, T(1),
+              dk + start * kvd + g * hd, kvd);
+    }
+  }
+}
+
+template <class T>
+void swiglu_forward(const T* gate, const T* up, int64_t n, T* h) {
+  for (int64_t i = 0; i < n; ++i) h[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+
+template <class T>
+void swiglu_backward(const T* gate, const T* up, const T* dh, int64_t n, T* dgate, T* dup) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T s = sigmoid(gate[i]);
+    const T silu = gate[i] * s;
+    dup[i] = dh[i] * silu;
+    dgate[i] = dh[i] * up[i] * s * (T(1) + gate[i] * (T(1) - s));
+  }
+}
+
+template <class T>
+double cross_entropy(const T* logits, const int32_t* targets, int64_t n, int64_t vocab,
+                     T grad_scale, T* dlogits, T* logp) {
+  double total = 0.0;
+  for (int64_t t = 0; t < n; ++t) {
+    const T* row = logits + t * vocab;
+    const T mx = *std::max_element(row, row + vocab);
+    double sum = 0.0;
+    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+    const double log_z = static_cast<double>(mx) + std::log(sum);
+    const double lp = static_cast<double>(row[targets[t]]) - log_z;
+    total -= lp;
+    if (logp != nullptr) logp[t] = static_cast<T>(lp);
+    if (dlogits != nullptr) {
+      T* drow = dlogits + t * vocab;
+      for (int64_t j = 0; j < vocab; ++j) {
+        drow[j] = grad_scale * static_cast<T>(std::exp(static_cast<double>(row[j]) - log_z));
+      }
+      drow[targets[t]] -= grad_scale;
+    }
+  }
+  return total;
+}
+
+#define WEFT_TRAIN_OPS(T)                                                                          \
+  template void linear_forward<T>(const T*, const T*, int64_t, int64_t, int64_t, T*);              \
+  template void linear_backward<T>(const T*, const T*, const T*, int64_t, int64_t, int64_t, T*,    \
+                                   T*, bool);                                                      \
+  template void rms_norm_forward<T>(const T*, const T*, int64_t, int64_t, T, T*, T*);              \
+  template void rms_norm_backward<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, T*, \
+                                     T*);                                                          \
+  template void rope_apply<T>(T*, int64_t, int64_t, int64_t, const rope_table&, rope_style, bool); \
+  template void attention_forward<T>(const T*, const T*, const T*, const packed_sequences&,        \
+                                     const attention_shape&, T*, T*);                              \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, const T*,  \
+                                      const packed_sequences&, const attention_shape&, T*, T*,     \
+                                      T*);                                                         \
+  template void swiglu_forward<T>(const T*, const T*, int64_t, T*);                                \
+  template void swiglu_backward<T>(const T*, const T*, const T*, int64_t, T*, T*);                 \
+  template double cross_entropy<T>(const T*, const int32_t*, int64_t, int64_t, T, T*, T*);
+
+WEFT_TRAIN_OPS(float)
+WEFT_TRAIN_OPS(double)
+#undef WEFT_TRAIN_OPS
+
+}  // namespace weft::gpu::train

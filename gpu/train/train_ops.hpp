@@ -1,0 +1,99 @@
+#pragma once
+/// Forward and backward of every op of the Llama-family block, on host memory, for training
+/// (docs/training.md). The reference CPU backend of the trainer: plain loops and BLAS GEMMs, no
+/// CAF, no device. Templated on the scalar: `float` for training (f32 master weights, f32 math)
+/// and `double` for the gradient checks against central finite differences.
+///
+/// Layouts are row-major: activations [n_tokens][width]; a weight matrix W is [out][in] as GGUF
+/// stores it (ne[0] = in), so a linear layer computes y = x·Wᵀ. Backward functions *add* into the
+/// weight gradients (gradient accumulation over micro-batches) and say for each input gradient
+/// whether they overwrite or add.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "gpu/compute_ops.hpp"
+
+namespace weft::gpu::train {
+
+/// y[n][out] = x[n][in]·Wᵀ.
+template <class T>
+void linear_forward(const T* x, const T* w, int64_t n, int64_t in, int64_t out, T* y);
+
+/// dx[n][in] (+)= dy·W (added when `add_dx`, else overwritten); dw[out][in] += dyᵀ·x.
+/// `dx` or `dw` may be null to skip it.
+template <class T>
+void linear_backward(const T* x, const T* w, const T* dy, int64_t n, int64_t in, int64_t out, T* dx,
+                     T* dw, bool add_dx = false);
+
+/// y = x / rms(x) * g per row; rstd[n] keeps 1 / rms for the backward.
+template <class T>
+void rms_norm_forward(const T* x, const T* g, int64_t n, int64_t d, T eps, T* y, T* rstd);
+
+/// dx += ∂/∂x, dg += ∂/∂g for upstream dy.
+template <class T>
+void rms_norm_backward(const T* x, const T* g, const T* rstd, const T* dy, int64_t n, int64_t d,
+                       T* dx, T* dg);
+
+/// The cos/sin of every (position, pair) the batch needs, computed in double.
+struct rope_table {
+  int64_t n_dims = 0;
+  std::vector<double> cos, sin;  ///< [n_tokens][n_dims / 2]
+};
+
+/// Builds the table for the tokens' positions (`config.freq_factors`, when set, is host memory).
+rope_table make_rope_table(std::span<const int32_t> positions, const rope_config& config);
+
+/// Rotates every head of x[n][heads * head_dim] in place, as the engine does (ggml's "normal"
+/// adjacent-pair or "neox" half-split style). `inverse` rotates by −θ: the backward of the
+/// rotation.
+template <class T>
+void rope_apply(T* x, int64_t n, int64_t heads, int64_t head_dim, const rope_table& table,
+                rope_style style, bool inverse);
+
+/// Sequences packed back to back in one batch: sequence s holds tokens [starts[s], starts[s+1]).
+/// Tokens attend causally within their own sequence only (no padding).
+struct packed_sequences {
+  std::vector<int64_t> starts{0};
+  int64_t n_tokens() const { return starts.back(); }
+  int64_t n_seqs() const { return static_cast<int64_t>(starts.size()) - 1; }
+};
+
+/// Shape of grouped-query attention.
+struct attention_shape {
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  double scale = 0.0;  ///< Usually 1 / sqrt(head_dim).
+};
+
+/// Causal grouped-query attention over packed sequences: out[n][heads * hd] from
+/// q[n][heads * hd], k/v[n][kv_heads * hd]. lse[n][heads] keeps each row's log-sum-exp so the
+/// backward recomputes the probabilities instead of storing them.
+template <class T>
+void attention_forward(const T* q, const T* k, const T* v, const packed_sequences& seqs,
+                       const attention_shape& shape, T* out, T* lse);
+
+/// Overwrites dq, dk, dv.
+template <class T>
+void attention_backward(const T* q, const T* k, const T* v, const T* out, const T* lse,
+                        const T* dout, const packed_sequences& seqs, const attention_shape& shape,
+                        T* dq, T* dk, T* dv);
+
+/// h = silu(gate) · up, elementwise over n values.
+template <class T>
+void swiglu_forward(const T* gate, const T* up, int64_t n, T* h);
+
+/// Overwrites dgate and dup.
+template <class T>
+void swiglu_backward(const T* gate, const T* up, const T* dh, int64_t n, T* dgate, T* dup);
+
+/// Cross-entropy of rows of logits[n][vocab] against targets[n]. Returns the summed −log p of the
+/// targets; logp[i] (when non-null) gets each row's log-probability of its target. When `dlogits`
+/// is non-null it is overwritten with grad_scale · (softmax − onehot).
+template <class T>
+double cross_entropy(const T* logits, const int32_t* targets, int64_t n, int64_t vocab,
+                     T grad_scale, T* dlogits, T* logp);
+
+}  // namespace weft::gpu::train

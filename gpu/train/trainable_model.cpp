@@ -1,0 +1,379 @@
+#include "gpu/train/trainable_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "gpu/ggml_types.hpp"
+
+namespace weft::gpu::train {
+
+void train_batch::add(std::span<const int32_t> toks, std::span<const uint8_t> in_loss) {
+  const size_t n = toks.size();
+  for (size_t i = 0; i < n; ++i) {
+    tokens.push_back(toks[i]);
+    const bool has_target = i + 1 < n && i + 1 < in_loss.size() && in_loss[i + 1] != 0;
+    targets.push_back(has_target ? toks[i + 1] : -1);
+  }
+  seqs.starts.push_back(seqs.starts.back() + static_cast<int64_t>(n));
+}
+
+int64_t train_batch::n_loss_tokens() const {
+  return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
+}
+
+/// Indices into params_ of one block's weights.
+template <class T>
+struct trainable_model<T>::layer_params {
+  int attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
+};
+
+/// What one block's backward needs from its forward.
+template <class T>
+struct trainable_model<T>::layer_acts {
+  std::vector<T> x_in, xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate, up, h;
+};
+
+/// One forward pass: the batch's geometry and every layer's saved activations.
+template <class T>
+struct trainable_model<T>::forward_state {
+  int64_t n = 0;
+  const train_batch* batch = nullptr;
+  rope_table rope;
+  attention_shape shape;
+  std::vector<layer_acts> layers;  ///< All of them, or (recompute) only x_in of each.
+  std::vector<T> x_final, xn_final, rstd_final;
+};
+
+template <class T>
+trainable_model<T>::trainable_model(const model_hparams& hp, const trainable_config& config)
+    : hp_(hp), config_(config) {}
+
+template <class T>
+trainable_model<T>::~trainable_model() = default;
+
+template <class T>
+result<std::unique_ptr<trainable_model<T>>> trainable_model<T>::load(
+    const gguf_file& file, const trainable_config& config) {
+  auto hp = read_model_hparams(file);
+  if (!hp) return hp.error();
+  if (hp->n_experts > 0) {
+    return status{status_code::unsupported,
+                  "training mixture-of-experts models is not supported yet (dense llama only)"};
+  }
+  std::unique_ptr<trainable_model> m{new trainable_model(*hp, config)};
+  const int64_t d = hp->n_embd;
+  const int64_t qd = hp->n_heads * hp->head_dim;
+  const int64_t kvd = hp->n_kv_heads * hp->head_dim;
+  auto& params = m->params_;
+  params.reserve(static_cast<size_t>(3 + 9 * hp->n_layers));
+  auto add = [&](const std::string& name, int64_t cols, int64_t rows) -> result<int> {
+    const gguf_tensor* t = file.find_tensor(name);
+    if (t == nullptr) return status{status_code::bad_model, "tensor '" + name + "' missing"};
+    if (t->ne[0] != cols || t->n_elements != cols * rows) {
+      return status{status_code::bad_model,
+                    "tensor '" + name + "' has " + std::to_string(t->n_elements) +
+                        " elements in rows of " + std::to_string(t->ne[0]) + ", expected [" +
+                        std::to_string(rows) + "][" + std::to_string(cols) + "]"};
+    }
+    parameter<T> p;
+    p.name = name;
+    p.ne = {cols, rows};
+    p.value.resize(static_cast<size_t>(cols * rows));
+    p.grad.assign(p.value.size(), T(0));
+    std::vector<float> row(static_cast<size_t>(cols));
+    const size_t row_bytes = t->row_size_bytes();
+    for (int64_t r = 0; r < rows; ++r) {
+      if (dequantize_row(t->type, t->data + static_cast<size_t>(r) * row_bytes, row.data(), cols) !=
+          row_status::ok) {
+        return status{status_code::unsupported, "tensor '" + name + "' has type " +
+                                                    std::string{type_name(t->type)} +
+                                                    ", which the trainer cannot dequantize"};
+      }
+      std::copy(row.begin(), row.end(), p.value.begin() + r * cols);
+    }
+    params.push_back(std::move(p));
+    return static_cast<int>(params.size() - 1);
+  };
+#define WEFT_TAKE(dst, name, cols, rows) \
+  do {                                   \
+    auto i_ = add(name, cols, rows);     \
+    if (!i_) return i_.error();          \
+    dst = *i_;                           \
+  } while (0)
+  WEFT_TAKE(m->embd_, "token_embd.weight", d, hp->n_vocab);
+  WEFT_TAKE(m->out_norm_, "output_norm.weight", d, 1);
+  if (hp->tied_output) {
+    m->output_ = m->embd_;
+  } else {
+    WEFT_TAKE(m->output_, "output.weight", d, hp->n_vocab);
+  }
+  for (int64_t il = 0; il < hp->n_layers; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    layer_params l{};
+    WEFT_TAKE(l.attn_norm, p + "attn_norm.weight", d, 1);
+    WEFT_TAKE(l.wq, p + "attn_q.weight", d, qd);
+    WEFT_TAKE(l.wk, p + "attn_k.weight", d, kvd);
+    WEFT_TAKE(l.wv, p + "attn_v.weight", d, kvd);
+    WEFT_TAKE(l.wo, p + "attn_output.weight", qd, d);
+    WEFT_TAKE(l.ffn_norm, p + "ffn_norm.weight", d, 1);
+    WEFT_TAKE(l.gate, p + "ffn_gate.weight", d, hp->n_ff);
+    WEFT_TAKE(l.up, p + "ffn_up.weight", d, hp->n_ff);
+    WEFT_TAKE(l.down, p + "ffn_down.weight", hp->n_ff, d);
+    m->layers_.push_back(l);
+  }
+#undef WEFT_TAKE
+  if (const gguf_tensor* rf = file.find_tensor("rope_freqs.weight"); rf != nullptr) {
+    if (rf->type != ggml_type::f32 || rf->n_elements != hp->rope.n_dims / 2) {
+      return status{status_code::bad_model, "rope_freqs.weight must be f32 [rope dims / 2]"};
+    }
+    const auto* f = reinterpret_cast<const float*>(rf->data);
+    m->rope_freqs_.assign(f, f + rf->n_elements);
+  }
+  m->hp_.rope.freq_factors = nullptr;
+  return m;
+}
+
+template <class T>
+parameter<T>* trainable_model<T>::find(std::string_view name) {
+  for (auto& p : params_) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+template <class T>
+int64_t trainable_model<T>::n_parameters() const {
+  int64_t total = 0;
+  for (const auto& p : params_) total += p.size();
+  return total;
+}
+
+template <class T>
+void trainable_model<T>::zero_grad() {
+  for (auto& p : params_) std::fill(p.grad.begin(), p.grad.end(), T(0));
+}
+
+template <class T>
+status trainable_model<T>::check(const train_batch& b) const {
+  const auto n = static_cast<int64_t>(b.tokens.size());
+  if (n == 0) return {status_code::invalid_argument, "train batch is empty"};
+  if (b.targets.size() != b.tokens.size() || b.seqs.n_tokens() != n || b.seqs.starts.front() != 0) {
+    return {status_code::invalid_argument, "train batch: tokens, targets and sequences disagree"};
+  }
+  for (size_t s = 1; s < b.seqs.starts.size(); ++s) {
+    if (b.seqs.starts[s] < b.seqs.starts[s - 1])
+      return {status_code::invalid_argument, "train batch: sequence starts must not decrease"};
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = b.tokens[static_cast<size_t>(i)];
+    const int32_t y = b.targets[static_cast<size_t>(i)];
+    if (t < 0 || t >= hp_.n_vocab || y < -1 || y >= hp_.n_vocab) {
+      return {status_code::invalid_argument,
+              "train batch: token id out of range at position " + std::to_string(i)};
+    }
+  }
+  return {};
+}
+
+template <class T>
+void trainable_model<T>::layer_forward(int64_t il, const forward_state& fs, const T* x_in,
+                                       layer_acts& a, T* x_out) {
+  const layer_params& l = layers_[static_cast<size_t>(il)];
+  const int64_t n = fs.n;
+  const int64_t d = hp_.n_embd;
+  const int64_t qd = hp_.n_heads * hp_.head_dim;
+  const int64_t kvd = hp_.n_kv_heads * hp_.head_dim;
+  const int64_t ff = hp_.n_ff;
+  const T eps = static_cast<T>(hp_.rms_eps);
+  auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
+  auto sized = [](std::vector<T>& v, int64_t count) {
+    v.resize(static_cast<size_t>(count));
+    return v.data();
+  };
+  sized(a.xn1, n * d);
+  sized(a.rstd1, n);
+  rms_norm_forward(x_in, w(l.attn_norm), n, d, eps, a.xn1.data(), a.rstd1.data());
+  linear_forward(a.xn1.data(), w(l.wq), n, d, qd, sized(a.q, n * qd));
+  linear_forward(a.xn1.data(), w(l.wk), n, d, kvd, sized(a.k, n * kvd));
+  linear_forward(a.xn1.data(), w(l.wv), n, d, kvd, sized(a.v, n * kvd));
+  rope_apply(a.q.data(), n, hp_.n_heads, hp_.head_dim, fs.rope, hp_.rope.style, false);
+  rope_apply(a.k.data(), n, hp_.n_kv_heads, hp_.head_dim, fs.rope, hp_.rope.style, false);
+  attention_forward(a.q.data(), a.k.data(), a.v.data(), fs.batch->seqs, fs.shape,
+                    sized(a.att, n * qd), sized(a.lse, n * hp_.n_heads));
+  T* x_mid = sized(a.x_mid, n * d);
+  linear_forward(a.att.data(), w(l.wo), n, qd, d, x_mid);
+  for (int64_t i = 0; i < n * d; ++i) x_mid[i] += x_in[i];
+  sized(a.xn2, n * d);
+  sized(a.rstd2, n);
+  rms_norm_forward(x_mid, w(l.ffn_norm), n, d, eps, a.xn2.data(), a.rstd2.data());
+  linear_forward(a.xn2.data(), w(l.gate), n, d, ff, sized(a.gate, n * ff));
+  linear_forward(a.xn2.data(), w(l.up), n, d, ff, sized(a.up, n * ff));
+  swiglu_forward(a.gate.data(), a.up.data(), n * ff, sized(a.h, n * ff));
+  linear_forward(a.h.data(), w(l.down), n, ff, d, x_out);
+  for (int64_t i = 0; i < n * d; ++i) x_out[i] += x_mid[i];
+}
+
+template <class T>
+void trainable_model<T>::forward(const train_batch& b, forward_state& fs) {
+  const int64_t n = b.n_tokens();
+  const int64_t d = hp_.n_embd;
+  fs.n = n;
+  fs.batch = &b;
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t s = 0; s < b.seqs.n_seqs(); ++s) {
+    for (int64_t i = b.seqs.starts[static_cast<size_t>(s)];
+         i < b.seqs.starts[static_cast<size_t>(s) + 1]; ++i) {
+      pos[static_cast<size_t>(i)] = static_cast<int32_t>(i - b.seqs.starts[static_cast<size_t>(s)]);
+    }
+  }
+  rope_config rc = hp_.rope;
+  rc.freq_factors = rope_freqs_.empty() ? nullptr : rope_freqs_.data();
+  fs.rope = make_rope_table(pos, rc);
+  fs.shape = {hp_.n_heads, hp_.n_kv_heads, hp_.head_dim,
+              1.0 / std::sqrt(static_cast<double>(hp_.head_dim))};
+  fs.layers.assign(static_cast<size_t>(hp_.n_layers), layer_acts{});
+  const auto& embd = params_[static_cast<size_t>(embd_)].value;
+  std::vector<T> x(static_cast<size_t>(n * d));
+  for (int64_t t = 0; t < n; ++t) {
+    const auto* row = embd.data() + static_cast<int64_t>(b.tokens[static_cast<size_t>(t)]) * d;
+    std::copy(row, row + d, x.begin() + t * d);
+  }
+  layer_acts scratch;
+  for (int64_t il = 0; il < hp_.n_layers; ++il) {
+    layer_acts& a = fs.layers[static_cast<size_t>(il)];
+    a.x_in = x;
+    layer_forward(il, fs, a.x_in.data(), config_.recompute ? scratch : a, x.data());
+  }
+  fs.xn_final.resize(static_cast<size_t>(n * d));
+  fs.rstd_final.resize(static_cast<size_t>(n));
+  rms_norm_forward(x.data(), params_[static_cast<size_t>(out_norm_)].value.data(), n, d,
+                   static_cast<T>(hp_.rms_eps), fs.xn_final.data(), fs.rstd_final.data());
+  fs.x_final = std::move(x);
+}
+
+template <class T>
+void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, layer_acts& a, T* dx) {
+  const layer_params& l = layers_[static_cast<size_t>(il)];
+  const int64_t n = fs.n;
+  const int64_t d = hp_.n_embd;
+  const int64_t qd = hp_.n_heads * hp_.head_dim;
+  const int64_t kvd = hp_.n_kv_heads * hp_.head_dim;
+  const int64_t ff = hp_.n_ff;
+  auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
+  auto g = [&](int i) { return params_[static_cast<size_t>(i)].grad.data(); };
+  // dx holds ∂L/∂x_out. Feed-forward half: x_out = x_mid + down(swiglu(gate(xn2), up(xn2))).
+  std::vector<T> dh(static_cast<size_t>(n * ff)), dgate(dh.size()), dup(dh.size());
+  std::vector<T> dxn(static_cast<size_t>(n * d));
+  linear_backward(a.h.data(), w(l.down), dx, n, ff, d, dh.data(), g(l.down));
+  swiglu_backward(a.gate.data(), a.up.data(), dh.data(), n * ff, dgate.data(), dup.data());
+  linear_backward(a.xn2.data(), w(l.gate), dgate.data(), n, d, ff, dxn.data(), g(l.gate));
+  linear_backward(a.xn2.data(), w(l.up), dup.data(), n, d, ff, dxn.data(), g(l.up), true);
+  rms_norm_backward(a.x_mid.data(), w(l.ffn_norm), a.rstd2.data(), dxn.data(), n, d, dx,
+                    g(l.ffn_norm));
+  // dx holds ∂L/∂x_mid. Attention half: x_mid = x_in + wo(attention(rope(q), rope(k), v)).
+  std::vector<T> datt(static_cast<size_t>(n * qd)), dq(datt.size());
+  std::vector<T> dk(static_cast<size_t>(n * kvd)), dv(dk.size());
+  linear_backward(a.att.data(), w(l.wo), dx, n, qd, d, datt.data(), g(l.wo));
+  attention_backward(a.q.data(), a.k.data(), a.v.data(), a.att.data(), a.lse.data(), datt.data(),
+                     fs.batch->seqs, fs.shape, dq.data(), dk.data(), dv.data());
+  rope_apply(dq.data(), n, hp_.n_heads, hp_.head_dim, fs.rope, hp_.rope.style, true);
+  rope_apply(dk.data(), n, hp_.n_kv_heads, hp_.head_dim, fs.rope, hp_.rope.style, true);
+  linear_backward(a.xn1.data(), w(l.wq), dq.data(), n, d, qd, dxn.data(), g(l.wq));
+  linear_backward(a.xn1.data(), w(l.wk), dk.data(), n, d, kvd, dxn.data(), g(l.wk), true);
+  linear_backward(a.xn1.data(), w(l.wv), dv.data(), n, d, kvd, dxn.data(), g(l.wv), true);
+  rms_norm_backward(a.x_in.data(), w(l.attn_norm), a.rstd1.data(), dxn.data(), n, d, dx,
+                    g(l.attn_norm));
+}
+
+template <class T>
+result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b) {
+  if (auto st = check(b); !st) return st;
+  forward_state fs;
+  forward(b, fs);
+  const int64_t n = fs.n;
+  const int64_t d = hp_.n_embd;
+  const int64_t vocab = hp_.n_vocab;
+  auto& out_w = params_[static_cast<size_t>(output_)];
+  // Output head and loss, a chunk of loss rows at a time; ∂L/∂xn_final is scattered back.
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < n; ++i) {
+    if (b.targets[static_cast<size_t>(i)] >= 0) rows.push_back(i);
+  }
+  loss_sum loss;
+  loss.tokens = static_cast<int64_t>(rows.size());
+  std::vector<T> dxn(static_cast<size_t>(n * d), T(0));
+  const int64_t chunk = std::max<int64_t>(1, config_.head_chunk_rows);
+  std::vector<T> xc, logits, dlogits, dxc;
+  std::vector<int32_t> targets;
+  for (size_t r0 = 0; r0 < rows.size(); r0 += static_cast<size_t>(chunk)) {
+    const int64_t m = std::min<int64_t>(chunk, static_cast<int64_t>(rows.size() - r0));
+    xc.resize(static_cast<size_t>(m * d));
+    targets.resize(static_cast<size_t>(m));
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t row = rows[r0 + static_cast<size_t>(j)];
+      std::copy_n(fs.xn_final.begin() + row * d, d, xc.begin() + j * d);
+      targets[static_cast<size_t>(j)] = b.targets[static_cast<size_t>(row)];
+    }
+    logits.resize(static_cast<size_t>(m * vocab));
+    dlogits.resize(logits.size());
+    dxc.resize(xc.size());
+    linear_forward(xc.data(), out_w.value.data(), m, d, vocab, logits.data());
+    loss.sum += cross_entropy(logits.data(), targets.data(), m, vocab, T(1), dlogits.data(),
+                              static_cast<T*>(nullptr));
+    linear_backward(xc.data(), out_w.value.data(), dlogits.data(), m, d, vocab, dxc.data(),
+                    out_w.grad.data());
+    for (int64_t j = 0; j < m; ++j) {
+      std::copy_n(dxc.begin() + j * d, d, dxn.begin() + rows[r0 + static_cast<size_t>(j)] * d);
+    }
+  }
+  std::vector<T> dx(static_cast<size_t>(n * d), T(0));
+  auto& onorm = params_[static_cast<size_t>(out_norm_)];
+  rms_norm_backward(fs.x_final.data(), onorm.value.data(), fs.rstd_final.data(), dxn.data(), n, d,
+                    dx.data(), onorm.grad.data());
+  std::vector<T> x_out(static_cast<size_t>(n * d));
+  for (int64_t il = hp_.n_layers - 1; il >= 0; --il) {
+    layer_acts& a = fs.layers[static_cast<size_t>(il)];
+    if (config_.recompute) layer_forward(il, fs, a.x_in.data(), a, x_out.data());
+    layer_backward(il, fs, a, dx.data());
+    if (config_.recompute) a = layer_acts{};  // Frees the recomputed activations at once.
+  }
+  auto& embd = params_[static_cast<size_t>(embd_)];
+  for (int64_t t = 0; t < n; ++t) {
+    T* row = embd.grad.data() + static_cast<int64_t>(b.tokens[static_cast<size_t>(t)]) * d;
+    for (int64_t i = 0; i < d; ++i) row[i] += dx[static_cast<size_t>(t * d + i)];
+  }
+  return loss;
+}
+
+template <class T>
+result<std::vector<T>> trainable_model<T>::logits(const train_batch& b) {
+  if (auto st = check(b); !st) return st;
+  forward_state fs;
+  forward(b, fs);
+  std::vector<T> out(static_cast<size_t>(fs.n * hp_.n_vocab));
+  linear_forward(fs.xn_final.data(), params_[static_cast<size_t>(output_)].value.data(), fs.n,
+                 hp_.n_embd, hp_.n_vocab, out.data());
+  return out;
+}
+
+template <class T>
+result<std::vector<T>> trainable_model<T>::target_logprobs(const train_batch& b) {
+  auto all = logits(b);
+  if (!all) return all.error();
+  std::vector<T> out;
+  for (int64_t i = 0; i < b.n_tokens(); ++i) {
+    const int32_t y = b.targets[static_cast<size_t>(i)];
+    if (y < 0) continue;
+    T lp{};
+    cross_entropy(all->data() + i * hp_.n_vocab, &y, 1, hp_.n_vocab, T(0), static_cast<T*>(nullptr),
+                  &lp);
+    out.push_back(lp);
+  }
+  return out;
+}
+
+template class trainable_model<float>;
+template class trainable_model<double>;
+
+}  // namespace weft::gpu::train

@@ -1,0 +1,119 @@
+#pragma once
+/// The Llama-family model as the trainer sees it (docs/training.md): every weight dequantized to
+/// a dense T (f32 master weights for training, f64 for gradient checks), a forward pass over packed
+/// variable-length sequences that keeps what the backward needs, and the backward pass. Plain
+/// class: no CAF, no device; the trainer actors drive it.
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpu/gguf.hpp"
+#include "gpu/model.hpp"
+#include "gpu/status.hpp"
+#include "gpu/train/train_ops.hpp"
+
+namespace weft::gpu::train {
+
+/// One trainable tensor under its GGUF name. `ne` as in GGUF: ne[0] is the row length, so a
+/// weight matrix [out][in] has ne = {in, out}; a norm weight has ne = {d, 1}.
+template <class T>
+struct parameter {
+  std::string name;
+  std::array<int64_t, 2> ne{0, 1};
+  std::vector<T> value;
+  std::vector<T> grad;
+  int64_t size() const { return ne[0] * ne[1]; }
+};
+
+/// A micro-batch of sequences packed back to back. targets[i] is the token the model should
+/// predict after tokens[i], or −1 when position i is not in the loss (prompt tokens, the last
+/// token of a sequence).
+struct train_batch {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> targets;
+  packed_sequences seqs;
+
+  /// Appends one sequence. `in_loss[i]` (same length as `toks`) says whether toks[i] is a token
+  /// the model is trained to produce (an assistant or completion token); toks[0] never is.
+  void add(std::span<const int32_t> toks, std::span<const uint8_t> in_loss);
+  /// Positions with a target.
+  int64_t n_loss_tokens() const;
+  int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+/// Sum of the per-token losses (−log p of each target) and how many there were.
+struct loss_sum {
+  double sum = 0.0;
+  int64_t tokens = 0;
+};
+
+/// Options of the trainable model.
+struct trainable_config {
+  /// Per-layer activation checkpointing: keep only each layer's input and recompute the rest in
+  /// the backward (about one extra forward of compute for a fraction of the memory).
+  bool recompute = false;
+  /// Rows of the output head computed at once (bounds the [rows][vocab] logits buffer).
+  int64_t head_chunk_rows = 256;
+};
+
+template <class T>
+class trainable_model {
+ public:
+  /// Dequantizes every weight of `file` into T. Dense llama-family models only (an MoE file is an
+  /// `unsupported` error that says so).
+  static result<std::unique_ptr<trainable_model>> load(const gguf_file& file,
+                                                       const trainable_config& config = {});
+  ~trainable_model();
+  trainable_model(const trainable_model&) = delete;
+  trainable_model& operator=(const trainable_model&) = delete;
+
+  const model_hparams& hparams() const { return hp_; }
+  const trainable_config& config() const { return config_; }
+  std::vector<parameter<T>>& parameters() { return params_; }
+  const std::vector<parameter<T>>& parameters() const { return params_; }
+  /// The parameter called `name`, or null.
+  parameter<T>* find(std::string_view name);
+  int64_t n_parameters() const;
+
+  /// Sets every gradient to zero.
+  void zero_grad();
+
+  /// Forward and backward of `batch`: adds ∂(Σ token losses)/∂θ into every parameter's gradient
+  /// (unnormalised, so micro-batches and data-parallel ranks sum exactly; the trainer divides by
+  /// the total token count) and returns the summed loss.
+  result<loss_sum> forward_backward(const train_batch& batch);
+
+  /// Forward only: log p(target) at every position with a target, in batch order.
+  result<std::vector<T>> target_logprobs(const train_batch& batch);
+
+  /// Forward only: the logits of every position, [n_tokens][n_vocab].
+  result<std::vector<T>> logits(const train_batch& batch);
+
+ private:
+  struct layer_params;
+  struct layer_acts;
+  struct forward_state;
+
+  trainable_model(const model_hparams& hp, const trainable_config& config);
+  status check(const train_batch& batch) const;
+  void forward(const train_batch& batch, forward_state& fs);
+  void layer_forward(int64_t il, const forward_state& fs, const T* x_in, layer_acts& a, T* x_out);
+  void layer_backward(int64_t il, const forward_state& fs, layer_acts& a, T* dx);
+
+  model_hparams hp_;
+  trainable_config config_;
+  std::vector<parameter<T>> params_;
+  std::vector<layer_params> layers_;
+  std::vector<float> rope_freqs_;  ///< rope_freqs.weight when the file has it (not trained).
+  int embd_ = 0, out_norm_ = 0, output_ = 0;  ///< Indices into params_ (output_ == embd_ if tied).
+};
+
+extern template class trainable_model<float>;
+extern template class trainable_model<double>;
+
+}  // namespace weft::gpu::train

@@ -1,0 +1,38 @@
+// Writes a tiny generated Llama-family GGUF (gpu/tiny_model.hpp) for tests that drive the `weft`
+// binary: make_tiny_model PATH [--layers N] [--embd N] [--type f32|f16|q8_0|q4_0|q4_1]
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "gpu/tiny_model.hpp"
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s PATH [--layers N] [--embd N] [--type T]\n", argv[0]);
+    return 2;
+  }
+  weft::gpu::tiny_model_config c;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--layers") {
+      c.n_layers = static_cast<uint32_t>(std::atoi(argv[i + 1]));
+    } else if (k == "--embd") {
+      c.n_embd = static_cast<uint32_t>(std::atoi(argv[i + 1]));
+    } else if (k == "--type") {
+      auto t = weft::gpu::parse_type_name(argv[i + 1]);
+      if (!t) {
+        std::fprintf(stderr, "unknown type %s\n", argv[i + 1]);
+        return 2;
+      }
+      c.weight_type = *t;
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (auto st = weft::gpu::write_tiny_model(c, argv[1]); !st) {
+    std::fprintf(stderr, "%s\n", st.to_string().c_str());
+    return 1;
+  }
+  return 0;
+}

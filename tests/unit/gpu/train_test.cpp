@@ -1,0 +1,438 @@
+// The trainer's backward pass (gpu/train/): every op's gradient against central finite differences
+// in f64, the whole model's gradient on tiny generated models (tied and separate output heads),
+// packing and recomputation invariance, AdamW / clipping / schedule against hand-computed values,
+// and the trainer's forward against the serving engine's on the same weights.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "gpu/gguf.hpp"
+#include "gpu/kv_cache.hpp"
+#include "gpu/model.hpp"
+#include "gpu/tiny_model.hpp"
+#include "gpu/train/optimizer.hpp"
+#include "gpu/train/train_ops.hpp"
+#include "gpu/train/trainable_model.hpp"
+
+namespace {
+
+using namespace weft::gpu;
+using namespace weft::gpu::train;
+
+std::vector<double> randn(size_t n, uint32_t seed, double scale = 1.0) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> dist(0.0, scale);
+  std::vector<double> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+/// Central difference of f with respect to x (changed in place and restored).
+double numeric(const std::function<double()>& f, double& x, double h = 1e-6) {
+  const double old = x;
+  x = old + h;
+  const double a = f();
+  x = old - h;
+  const double b = f();
+  x = old;
+  return (a - b) / (2 * h);
+}
+
+/// Checks every element of `analytic` (the gradient of f w.r.t. `xs`) against finite differences.
+void expect_gradient(const std::function<double()>& f, std::vector<double>& xs,
+                     const std::vector<double>& analytic, const char* what, double tol = 1e-6) {
+  ASSERT_EQ(xs.size(), analytic.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double num = numeric(f, xs[i]);
+    EXPECT_NEAR(analytic[i], num, tol * std::max(1.0, std::abs(num))) << what << "[" << i << "]";
+  }
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+TEST(train_ops, linear_gradients_match_finite_differences) {
+  const int64_t n = 3, in = 5, out = 4;
+  auto x = randn(n * in, 1), w = randn(out * in, 2), r = randn(n * out, 3);
+  std::vector<double> y(n * out);
+  auto f = [&] {
+    linear_forward(x.data(), w.data(), n, in, out, y.data());
+    return dot(y, r);
+  };
+  std::vector<double> dx(x.size(), 7.0), dw(w.size(), 0.0);
+  linear_backward(x.data(), w.data(), r.data(), n, in, out, dx.data(), dw.data());
+  expect_gradient(f, x, dx, "dx");
+  expect_gradient(f, w, dw, "dw");
+  // add_dx adds; dw always accumulates.
+  std::vector<double> dx2(x.size(), 1.0), dw2 = dw;
+  linear_backward(x.data(), w.data(), r.data(), n, in, out, dx2.data(), dw2.data(), true);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(dx2[i], dx[i] + 1.0, 1e-12);
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(dw2[i], 2 * dw[i], 1e-12);
+}
+
+TEST(train_ops, rms_norm_gradients_match_finite_differences) {
+  const int64_t n = 3, d = 8;
+  auto x = randn(n * d, 4), g = randn(d, 5), r = randn(n * d, 6);
+  std::vector<double> y(n * d), rstd(n);
+  auto f = [&] {
+    rms_norm_forward(x.data(), g.data(), n, d, 1e-5, y.data(), rstd.data());
+    return dot(y, r);
+  };
+  f();
+  std::vector<double> dx(x.size(), 0.0), dg(g.size(), 0.0);
+  rms_norm_backward(x.data(), g.data(), rstd.data(), r.data(), n, d, dx.data(), dg.data());
+  expect_gradient(f, x, dx, "dx");
+  expect_gradient(f, g, dg, "dg");
+}
+
+TEST(train_ops, rope_inverse_is_the_backward_for_both_styles) {
+  for (auto style : {rope_style::normal, rope_style::neox}) {
+    const int64_t n = 4, heads = 2, hd = 8;
+    std::vector<int32_t> pos = {0, 1, 2, 7};
+    rope_config rc;
+    rc.n_dims = hd;
+    rc.freq_base = 10000.0f;
+    rc.style = style;
+    const auto table = make_rope_table(pos, rc);
+    auto x = randn(n * heads * hd, 7), r = randn(n * heads * hd, 8);
+    auto f = [&] {
+      auto y = x;
+      rope_apply(y.data(), n, heads, hd, table, style, false);
+      return dot(y, r);
+    };
+    auto dx = r;
+    rope_apply(dx.data(), n, heads, hd, table, style, true);
+    expect_gradient(f, x, dx, "dx");
+    // Position 0 is the identity; inverse undoes the rotation.
+    auto y = x;
+    rope_apply(y.data(), n, heads, hd, table, style, false);
+    for (int64_t i = 0; i < heads * hd; ++i) EXPECT_DOUBLE_EQ(y[i], x[i]);
+    rope_apply(y.data(), n, heads, hd, table, style, true);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], x[i], 1e-12);
+  }
+}
+
+TEST(train_ops, attention_gradients_match_finite_differences_over_packed_sequences) {
+  packed_sequences seqs;
+  seqs.starts = {0, 5, 8};
+  const attention_shape shape{4, 2, 4, 0.5};
+  const int64_t n = 8, qd = 16, kvd = 8;
+  auto q = randn(n * qd, 9), k = randn(n * kvd, 10), v = randn(n * kvd, 11);
+  auto r = randn(n * qd, 12);
+  std::vector<double> out(n * qd), lse(n * 4);
+  auto f = [&] {
+    attention_forward(q.data(), k.data(), v.data(), seqs, shape, out.data(), lse.data());
+    return dot(out, r);
+  };
+  f();
+  std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+  attention_backward(q.data(), k.data(), v.data(), out.data(), lse.data(), r.data(), seqs, shape,
+                     dq.data(), dk.data(), dv.data());
+  expect_gradient(f, q, dq, "dq");
+  expect_gradient(f, k, dk, "dk");
+  expect_gradient(f, v, dv, "dv");
+  // Causal and per-sequence: changing the last token of sequence 0 changes nothing before it
+  // and nothing in sequence 1.
+  f();
+  const auto before = out;
+  for (int64_t c = 0; c < kvd; ++c) {
+    k[4 * kvd + c] += 1.0;
+    v[4 * kvd + c] -= 1.0;
+  }
+  f();
+  for (int64_t t = 0; t < n; ++t) {
+    if (t == 4) continue;
+    for (int64_t c = 0; c < qd; ++c) EXPECT_DOUBLE_EQ(out[t * qd + c], before[t * qd + c]) << t;
+  }
+}
+
+TEST(train_ops, swiglu_and_cross_entropy_gradients_match_finite_differences) {
+  const int64_t n = 12;
+  auto gate = randn(n, 13), up = randn(n, 14), r = randn(n, 15);
+  std::vector<double> h(n);
+  auto f = [&] {
+    swiglu_forward(gate.data(), up.data(), n, h.data());
+    return dot(h, r);
+  };
+  std::vector<double> dg(n), du(n);
+  swiglu_backward(gate.data(), up.data(), r.data(), n, dg.data(), du.data());
+  expect_gradient(f, gate, dg, "dgate");
+  expect_gradient(f, up, du, "dup");
+
+  const int64_t rows = 3, vocab = 7;
+  auto logits = randn(rows * vocab, 16, 3.0);
+  const std::vector<int32_t> targets = {2, 0, 6};
+  std::vector<double> dl(logits.size()), logp(rows);
+  const double loss =
+      cross_entropy(logits.data(), targets.data(), rows, vocab, 0.5, dl.data(), logp.data());
+  EXPECT_NEAR(loss, -(logp[0] + logp[1] + logp[2]), 1e-12);
+  auto ce = [&] {
+    return 0.5 * cross_entropy(logits.data(), targets.data(), rows, vocab, 0.0,
+                               static_cast<double*>(nullptr), static_cast<double*>(nullptr));
+  };
+  expect_gradient(ce, logits, dl, "dlogits");
+}
+
+// -- the whole model
+// -------------------------------------------------------------------------------
+
+tiny_model_config tiny(output_weight out, ggml_type type = ggml_type::f32) {
+  tiny_model_config c;
+  c.n_layers = 2;
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.n_ff = 64;
+  c.n_vocab = 300;
+  c.output = out;
+  c.weight_type = type;
+  return c;
+}
+
+gguf_file tiny_file(const tiny_model_config& c) {
+  auto img = make_tiny_model(c);
+  EXPECT_TRUE(img.ok());
+  auto f = gguf_file::parse(*img);
+  EXPECT_TRUE(f.ok()) << (f.ok() ? "" : f.error().to_string());
+  return std::move(f.value());
+}
+
+template <class T>
+std::unique_ptr<trainable_model<T>> load_trainable(const tiny_model_config& c,
+                                                   trainable_config tc = {}) {
+  auto f = tiny_file(c);
+  auto m = trainable_model<T>::load(f, tc);
+  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().to_string());
+  return std::move(m.value());
+}
+
+std::vector<int32_t> tokens_of(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(3 + rng() % 290);
+  return t;
+}
+
+/// Two sequences: the first with its first 3 tokens masked out of the loss (a prompt).
+train_batch two_sequences() {
+  train_batch b;
+  const auto a = tokens_of(9, 1), c = tokens_of(6, 2);
+  std::vector<uint8_t> ma(a.size(), 1), mc(c.size(), 1);
+  ma[1] = ma[2] = 0;
+  b.add(a, ma);
+  b.add(c, mc);
+  return b;
+}
+
+void check_model_gradient(output_weight out) {
+  auto m = load_trainable<double>(tiny(out));
+  const auto batch = two_sequences();
+  m->zero_grad();
+  auto loss = m->forward_backward(batch);
+  ASSERT_TRUE(loss.ok());
+  EXPECT_EQ(loss->tokens, batch.n_loss_tokens());
+  EXPECT_EQ(loss->tokens, 8 - 2 + 5);
+  auto f = [&] {
+    auto lp = m->target_logprobs(batch);
+    double s = 0;
+    for (double x : *lp) s -= x;
+    return s;
+  };
+  EXPECT_NEAR(f(), loss->sum, 1e-9);
+  std::mt19937 rng(3);
+  for (auto& p : m->parameters()) {
+    // A handful of entries of every tensor, and the largest gradient entry.
+    std::vector<size_t> idx;
+    for (int i = 0; i < 4; ++i) idx.push_back(rng() % p.value.size());
+    size_t big = 0;
+    for (size_t i = 0; i < p.grad.size(); ++i) {
+      if (std::abs(p.grad[i]) > std::abs(p.grad[big])) big = i;
+    }
+    idx.push_back(big);
+    for (size_t i : idx) {
+      const double num = numeric(f, p.value[i], 1e-5);
+      EXPECT_NEAR(p.grad[i], num, 1e-6 * std::max(1.0, std::abs(num))) << p.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(trainable_model, gradients_match_finite_differences_tied_head) {
+  check_model_gradient(output_weight::tied);
+}
+
+TEST(trainable_model, gradients_match_finite_differences_separate_head) {
+  check_model_gradient(output_weight::separate);
+}
+
+TEST(trainable_model, packing_sums_sequences_and_masks_prompts) {
+  auto m = load_trainable<double>(tiny(output_weight::separate));
+  const auto packed = two_sequences();
+  m->zero_grad();
+  auto both = m->forward_backward(packed);
+  ASSERT_TRUE(both.ok());
+  std::vector<std::vector<double>> g_both;
+  for (auto& p : m->parameters()) g_both.push_back(p.grad);
+  // The same two sequences one at a time.
+  m->zero_grad();
+  double sum = 0;
+  for (int s = 0; s < 2; ++s) {
+    train_batch one;
+    const auto b = static_cast<size_t>(packed.seqs.starts[s]);
+    const auto e = static_cast<size_t>(packed.seqs.starts[s + 1]);
+    one.tokens.assign(packed.tokens.begin() + b, packed.tokens.begin() + e);
+    one.targets.assign(packed.targets.begin() + b, packed.targets.begin() + e);
+    one.seqs.starts = {0, static_cast<int64_t>(e - b)};
+    auto l = m->forward_backward(one);
+    ASSERT_TRUE(l.ok());
+    sum += l->sum;
+  }
+  EXPECT_NEAR(both->sum, sum, 1e-10);
+  for (size_t i = 0; i < g_both.size(); ++i) {
+    const auto& g = m->parameters()[i].grad;
+    for (size_t j = 0; j < g.size(); ++j) ASSERT_NEAR(g[j], g_both[i][j], 1e-10) << i;
+  }
+  // Masked positions: the first sequence's targets at 0 and 1 are prompt tokens.
+  EXPECT_EQ(packed.targets[0], -1);
+  EXPECT_EQ(packed.targets[1], -1);
+  EXPECT_EQ(packed.targets[2], packed.tokens[3]);
+  EXPECT_EQ(packed.targets[8], -1);  // last token of the sequence
+}
+
+TEST(trainable_model, recomputation_gives_bit_identical_gradients) {
+  auto plain = load_trainable<float>(tiny(output_weight::tied));
+  trainable_config tc;
+  tc.recompute = true;
+  tc.head_chunk_rows = 3;  // several head chunks too
+  auto rec = load_trainable<float>(tiny(output_weight::tied), tc);
+  const auto batch = two_sequences();
+  auto a = plain->forward_backward(batch);
+  auto b = rec->forward_backward(batch);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NEAR(a->sum, b->sum, 1e-4);
+  for (size_t i = 0; i < plain->parameters().size(); ++i) {
+    const auto& ga = plain->parameters()[i].grad;
+    const auto& gb = rec->parameters()[i].grad;
+    double mx = 0, diff = 0;
+    for (size_t j = 0; j < ga.size(); ++j) {
+      mx = std::max(mx, static_cast<double>(std::abs(ga[j])));
+      diff = std::max(diff, static_cast<double>(std::abs(ga[j] - gb[j])));
+    }
+    EXPECT_LE(diff, 1e-5 * std::max(mx, 1e-3)) << plain->parameters()[i].name;
+  }
+}
+
+TEST(trainable_model, loads_quantized_weights_and_refuses_moe_and_bad_batches) {
+  auto q = load_trainable<float>(tiny(output_weight::tied, ggml_type::q4_1));
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->parameters().size(), 2u + 9u * 2u);
+  auto moe = tiny(output_weight::tied, ggml_type::q8_0);
+  moe.n_expert = 4;
+  moe.n_expert_used = 2;
+  auto f = tiny_file(moe);
+  auto m = trainable_model<float>::load(f);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().code(), weft::gpu::status_code::unsupported);
+  EXPECT_NE(m.error().message().find("mixture-of-experts"), std::string::npos);
+  train_batch bad;
+  EXPECT_FALSE(q->forward_backward(bad).ok());
+  bad.add(std::vector<int32_t>{5, 6, 9999}, std::vector<uint8_t>{1, 1, 1});
+  auto r = q->forward_backward(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("out of range"), std::string::npos);
+}
+
+TEST(trainable_model, forward_agrees_with_the_serving_engine) {
+  // Same f32 weights: the trainer's logits against the engine's (whose KV cache is fp16, so
+  // agreement is to that precision, not bit for bit).
+  const auto cfg = tiny(output_weight::tied);
+  auto tm = load_trainable<float>(cfg);
+  auto dev = device_registry::instance().create("cpu", device_config{1, 0});
+  ASSERT_TRUE(dev.ok());
+  auto em = model::load(tiny_file(cfg), **dev);
+  ASSERT_TRUE(em.ok());
+  kv_cache_config kc;
+  kc.layout = (*em)->kv_layout_for(4);
+  kc.n_blocks = 16;
+  auto kv = kv_cache::create(**dev, kc);
+  ASSERT_TRUE(kv.ok());
+  const auto toks = tokens_of(12, 5);
+  train_batch b;
+  b.add(toks, std::vector<uint8_t>(toks.size(), 1));
+  auto tl = tm->logits(b);
+  ASSERT_TRUE(tl.ok());
+  const int64_t vocab = tm->hparams().n_vocab;
+  const seq_id s = (*kv)->create_sequence();
+  double max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < toks.size(); ++i) {
+    forward_batch fb;
+    fb.add(s, std::span<const int32_t>(&toks[i], 1), true);
+    forward_output out;
+    ASSERT_TRUE((*em)->forward(fb, **kv, out).ok());
+    for (int64_t j = 0; j < vocab; ++j) {
+      const double e = out.logits[static_cast<size_t>(j)];
+      max_abs = std::max(max_abs, std::abs(e));
+      max_diff = std::max(max_diff, std::abs(e - (*tl)[i * vocab + j]));
+    }
+  }
+  EXPECT_GT(max_abs, 0.01);
+  EXPECT_LE(max_diff, 2e-3 * std::max(1.0, max_abs)) << "max |logit| " << max_abs;
+}
+
+// -- optimizer
+// --------------------------------------------------------------------------------------
+
+TEST(optimizer, adamw_matches_hand_computed_steps) {
+  adamw_config c;
+  c.weight_decay = 0.01;
+  adamw opt(c);
+  const std::vector<int64_t> sizes = {1, 1};
+  opt.init(sizes);
+  std::vector<float> p = {1.0f}, q = {1.0f}, g = {0.5f}, gq = {0.5f};
+  const std::vector<uint8_t> decay = {1, 0};
+  auto step = [&](float gv) {
+    g[0] = gq[0] = gv;
+    const std::vector<std::span<float>> vals = {p, q};
+    const std::vector<std::span<const float>> grads = {g, gq};
+    opt.step(vals, grads, decay, 0.1);
+  };
+  step(0.5f);
+  // p ← p·(1 − lr·wd) − lr/(1−β1) · m / (√(v/(1−β2)) + eps) with m = 0.05, v = 0.00025.
+  EXPECT_NEAR(p[0], 0.899000002, 1e-6);
+  EXPECT_NEAR(q[0], 0.9, 1e-6);  // no decay
+  step(-0.25f);
+  EXPECT_NEAR(p[0], 0.8714672987058463, 1e-6);
+  EXPECT_EQ(opt.steps(), 2);
+}
+
+TEST(optimizer, clipping_and_schedule) {
+  std::vector<float> a = {3.0f}, b = {4.0f};
+  const std::vector<std::span<float>> gs = {a, b};
+  EXPECT_NEAR(clip_grad_norm(gs, 10.0), 5.0, 1e-12);
+  EXPECT_FLOAT_EQ(a[0], 3.0f);  // under the limit: untouched
+  EXPECT_NEAR(clip_grad_norm(gs, 1.0), 5.0, 1e-12);
+  EXPECT_NEAR(a[0], 3.0 / (5.0 + 1e-6), 1e-7);
+  EXPECT_NEAR(b[0], 4.0 / (5.0 + 1e-6), 1e-7);
+
+  lr_schedule s;
+  s.peak = 1.0;
+  s.warmup_steps = 10;
+  s.total_steps = 110;
+  s.min_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(s.at(0), 0.1);
+  EXPECT_DOUBLE_EQ(s.at(9), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(10), 1.0);
+  EXPECT_NEAR(s.at(60), 0.55, 1e-12);  // half way down the cosine
+  EXPECT_NEAR(s.at(110), 0.1, 1e-12);
+  EXPECT_NEAR(s.at(500), 0.1, 1e-12);
+  s.decay = lr_schedule::shape::constant;
+  EXPECT_DOUBLE_EQ(s.at(60), 1.0);
+}
+
+}  // namespace
