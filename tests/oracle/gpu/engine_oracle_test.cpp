@@ -19,22 +19,14 @@
 #include "gpu/gguf.hpp"
 #include "gpu/kv_cache.hpp"
 #include "gpu/model.hpp"
+#include "tests/support/oracle_env.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
+using weft::testing::in_ci;
+const auto model_path = weft::testing::default_model_path;
 using namespace weft::gpu;
-
-std::string model_path() {
-  if (const char* m = std::getenv("WEFT_MODEL")) return m;
-  std::string base;
-  if (const char* c = std::getenv("WEFT_CACHE_DIR")) {
-    base = c;
-  } else if (const char* h = std::getenv("HOME")) {
-    base = std::string{h} + "/.cache/weft";
-  }
-  return base + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
 
 const char* const prompts[] = {
     "The capital of France is",
@@ -63,12 +55,6 @@ struct fixture_data {
   std::string skip_reason;  ///< a reference that is legitimately absent here (never under CI)
   std::string failure;      ///< the reference crashed or produced nothing: a failure, never a skip
 };
-
-/// Under CI=true the oracle tier must really run: a missing reference is a failure there.
-bool in_ci() {
-  const char* ci = std::getenv("CI");
-  return ci != nullptr && *ci != '\0' && std::string(ci) != "false" && std::string(ci) != "0";
-}
 
 /// Ends the current test as skipped (locally) or failed (CI, or a broken reference).
 #define WEFT_REQUIRE_REFERENCE(r)                                                      \

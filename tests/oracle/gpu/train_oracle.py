@@ -4,7 +4,8 @@
 Hugging Face transformers loads the same GGUF the weft trainer loaded (it dequantizes it and undoes
 llama.cpp's Q/K row permutation). On the batch weft used, this script computes with PyTorch autograd:
 the mean token loss and every parameter's gradient, ten AdamW steps, and the logits of the GGUF weft
-exported after its own ten steps; it compares them with weft's numbers (written by the C++ test) and
+exported after its own ten steps (loaded by transformers, and by llama.cpp); it compares them with
+weft's numbers (written by the C++ test) and
 prints one JSON object of measurements. The C++ test asserts the thresholds.
 
 usage: train_oracle.py MODEL.gguf WORK_DIR
@@ -153,6 +154,19 @@ def main():
     mine = mine.reshape(theirs.shape)
     out["export_logits_max_err"] = float(np.max(np.abs(theirs - mine)))
     out["export_logits_max_abs"] = float(np.max(np.abs(theirs)))
+
+    # 4. llama.cpp loads the same export (its KV cache is f16: agreement to that precision).
+    import llama_cpp
+    llm = llama_cpp.Llama(model_path=os.path.join(work, "exported.gguf"), n_ctx=256,
+                          n_threads=2, logits_all=True, verbose=False)
+    toks, starts = batch["tokens"], batch["starts"]
+    rows = []
+    for s in range(len(starts) - 1):
+        llm.reset()
+        llm.eval(toks[starts[s]:starts[s + 1]])
+        rows.append(np.asarray(llm.scores[:starts[s + 1] - starts[s]], dtype=np.float64))
+    llama = np.concatenate(rows)
+    out["llama_cpp_logits_max_err"] = float(np.max(np.abs(llama - mine)))
     print(json.dumps(out))
 
 

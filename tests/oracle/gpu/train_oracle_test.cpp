@@ -5,7 +5,9 @@
 //    <= 1e-3 x that tensor's max |gradient| (so one SGD step lands within 1e-3 of the update's
 //    size: the starting weights are checked identical too);
 //  - ten AdamW steps track PyTorch's loss within 1e-4 relative;
-//  - the GGUF weft exports after those steps, loaded by transformers, gives weft's logits.
+//  - the GGUF weft exports after those steps, loaded by transformers, gives weft's logits;
+//  llama.cpp
+//    loads it too and agrees to its f16 KV cache's precision.
 // On a tiny generated model and on SmolLM2-135M-Instruct (Q4_1).
 
 #include <gtest/gtest.h>
@@ -27,29 +29,16 @@
 #include "gpu/train/export.hpp"
 #include "gpu/train/optimizer.hpp"
 #include "gpu/train/trainable_model.hpp"
+#include "tests/support/oracle_env.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
+using weft::testing::default_model_path;
+using weft::testing::in_ci;
 using json = nlohmann::json;
 using namespace weft::gpu;
 using namespace weft::gpu::train;
-
-std::string default_model_path() {
-  if (const char* m = std::getenv("WEFT_MODEL")) return m;
-  std::string base;
-  if (const char* c = std::getenv("WEFT_CACHE_DIR")) {
-    base = c;
-  } else if (const char* h = std::getenv("HOME")) {
-    base = std::string{h} + "/.cache/weft";
-  }
-  return base + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
-bool in_ci() {
-  const char* ci = std::getenv("CI");
-  return ci != nullptr && *ci != '\0' && std::string(ci) != "false" && std::string(ci) != "0";
-}
 
 struct oracle_run {
   json m;               ///< The script's measurements.
@@ -227,6 +216,11 @@ void check(const oracle_run& r, const std::string& label) {
       << "weft " << m["adam_losses_weft"] << " torch " << m["adam_losses_torch"];
   EXPECT_LE(m["export_logits_max_err"].get<double>(),
             1e-3 * std::max(1.0, m["export_logits_max_abs"].get<double>()));
+  // llama.cpp keeps K/V in f16: its logits of the export agree to that precision.
+  std::cout << "[train oracle] " << label << ": llama.cpp logits of the export, max error "
+            << m["llama_cpp_logits_max_err"] << "\n";
+  EXPECT_LE(m["llama_cpp_logits_max_err"].get<double>(),
+            1e-2 * std::max(1.0, m["export_logits_max_abs"].get<double>()));
 }
 
 TEST(train_oracle, tiny_model_matches_pytorch) {

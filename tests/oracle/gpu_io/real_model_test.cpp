@@ -14,15 +14,13 @@
 #include "gpu/ggml_types.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/tokenizer.hpp"
+#include "tests/support/oracle_env.hpp"
 #include "tests/unit/gpu_io/gguf_test_util.hpp"
 
 namespace weft::gpu {
 namespace {
 
-bool in_ci() {
-  const char* ci = std::getenv("CI");
-  return ci != nullptr && *ci != '\0' && std::string(ci) != "false" && std::string(ci) != "0";
-}
+using weft::testing::in_ci;
 
 #define WEFT_REQUIRE_MODEL(path)                                                            \
   do {                                                                                      \

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Training step throughput: weft's trainer vs PyTorch eager on the CPU, same run, same model
+(transformers loads the same GGUF, f32), same batch, same thread count, same optimizer (AdamW).
+
+    bench/e2e/train_vs_pytorch.py --bench build/release/bench/micro/gpu/gpu_train_bench \
+        [--model M.gguf] [--threads 2] [--seqs 4] [--seq-tokens 256] [--steps 5] [--repeat 3] \
+        [--out bench/results/train-vs-pytorch.json] [--png ...png]
+
+Prints tokens/s of both and their ratio per repeat (median over repeats), weft's share of this host's
+SGEMM ceiling, and the checkpoint save time and async stall (docs/training.md).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def torch_step_rate(model_path, batch, threads, steps):
+    import torch
+    from transformers import AutoModelForCausalLM
+    import gguf
+    torch.set_num_threads(threads)
+    tied = all(t.name != "output.weight" for t in gguf.GGUFReader(model_path).tensors)
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(os.path.abspath(model_path)), gguf_file=os.path.basename(model_path),
+        torch_dtype=torch.float32, tie_word_embeddings=tied)
+    model.train()
+    decay = [p for p in model.parameters() if p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.dim() <= 1]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.0},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=1e-5)
+    ids = [torch.tensor([seq]) for seq in batch]
+    n_tokens = sum(len(s) for s in batch)
+    times = []
+    for i in range(steps + 1):  # the first step warms up
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        total = 0
+        for x in ids:  # one sequence at a time: no padding, like weft's packing
+            logits = model(input_ids=x).logits[0, :-1]
+            total = total + torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum")
+        (total / n_tokens).backward()
+        opt.step()
+        if i > 0:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    return n_tokens / times[len(times) // 2], times
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bench", required=True, help="path of gpu_train_bench")
+    ap.add_argument("--model", default=os.path.expanduser(
+        "~/.cache/weft/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--seqs", type=int, default=4)
+    ap.add_argument("--seq-tokens", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", default="bench/results/train-vs-pytorch.json")
+    ap.add_argument("--png", default="")
+    a = ap.parse_args()
+
+    runs = []
+    for r in range(a.repeat):
+        with tempfile.TemporaryDirectory() as tmp:
+            j = os.path.join(tmp, "weft.json")
+            subprocess.run([a.bench, "--model", a.model, "--threads", str(a.threads), "--seqs",
+                            str(a.seqs), "--seq-tokens", str(a.seq_tokens), "--steps",
+                            str(a.steps), "--json", j], check=True)
+            weft = json.load(open(j))
+        rate, times = torch_step_rate(a.model, weft.pop("batch"), a.threads, a.steps)
+        runs.append({"weft": weft, "torch_tokens_per_s": rate, "torch_step_s": times,
+                     "ratio": weft["tokens_per_s"] / rate})
+        print(f"repeat {r + 1}: weft {weft['tokens_per_s']:.0f} tok/s, PyTorch eager {rate:.0f} "
+              f"tok/s, ratio {weft['tokens_per_s'] / rate:.2f}x; weft at "
+              f"{100 * weft['ceiling_share']:.1f}% of the SGEMM peak", flush=True)
+    ratios = sorted(x["ratio"] for x in runs)
+    shares = sorted(x["weft"]["ceiling_share"] for x in runs)
+    summary = {
+        "model": a.model, "threads": a.threads, "seqs": a.seqs, "seq_tokens": a.seq_tokens,
+        "steps": a.steps, "repeat": a.repeat,
+        "ratio_median": ratios[len(ratios) // 2],
+        "weft_tokens_per_s_median": sorted(x["weft"]["tokens_per_s"] for x in runs)[len(runs) // 2],
+        "torch_tokens_per_s_median": sorted(x["torch_tokens_per_s"] for x in runs)[len(runs) // 2],
+        "ceiling_share_median": shares[len(shares) // 2],
+        "checkpoint_sync_s": runs[-1]["weft"]["checkpoint_sync_s"],
+        "checkpoint_async_stall_s": runs[-1]["weft"]["checkpoint_async_stall_s"],
+        "runs": runs,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    json.dump(summary, open(a.out, "w"), indent=1)
+    print(f"median ratio weft / PyTorch eager: {summary['ratio_median']:.2f}x; weft at "
+          f"{100 * summary['ceiling_share_median']:.1f}% of the SGEMM ceiling; checkpoint "
+          f"{summary['checkpoint_sync_s']:.2f} s sync, async stall "
+          f"{summary['checkpoint_async_stall_s']:.3f} s -> {a.out}")
+    if a.png:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+        ax[0].bar(["weft", "PyTorch eager"],
+                  [summary["weft_tokens_per_s_median"], summary["torch_tokens_per_s_median"]])
+        ax[0].set_ylabel("training tokens/s (median)")
+        ax[0].set_title(f"one AdamW step, {a.seqs}x{a.seq_tokens} tokens, {a.threads} threads")
+        ax[1].bar(["weft step", "checkpoint sync", "async stall"],
+                  [runs[-1]["weft"]["step_s_median"], summary["checkpoint_sync_s"],
+                   summary["checkpoint_async_stall_s"]])
+        ax[1].set_ylabel("seconds")
+        ax[1].set_title("step time vs checkpoint cost")
+        fig.tight_layout()
+        fig.savefig(a.png, dpi=100)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+// Trainer benchmark (docs/training.md): tokens/s of one training step (forward, backward, AdamW)
+// on a GGUF model with a fixed packed batch, the share of the compute ceiling (this host's measured
+// SGEMM peak; a step costs ~6 FLOPs per parameter per token plus attention), and the checkpoint
+// save time and the stall an asynchronous save causes. The PyTorch baseline of the same batch runs
+// in bench/e2e/train_vs_pytorch.py, which calls this binary in the same run.
+//
+//   train_bench --model M.gguf [--seq-tokens 256] [--seqs 4] [--steps 5] [--threads T] [--json F]
+#include <cblas.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/gguf.hpp"
+#include "gpu/train/checkpoint.hpp"
+#include "gpu/train/optimizer.hpp"
+#include "gpu/train/trainable_model.hpp"
+
+namespace {
+
+using namespace weft::gpu;
+using namespace weft::gpu::train;
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+/// Best of three 1024³ SGEMMs, in FLOP/s.
+double sgemm_peak() {
+  const int n = 1024;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = clock_type::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+    best = std::max(best, 2.0 * n * n * n / seconds_since(t0));
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path, json_path;
+  int64_t seq_tokens = 256, seqs = 4, steps = 5;
+  int threads = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const char* v = argv[i + 1];
+    if (k == "--model")
+      model_path = v;
+    else if (k == "--seq-tokens")
+      seq_tokens = std::atoll(v);
+    else if (k == "--seqs")
+      seqs = std::atoll(v);
+    else if (k == "--steps")
+      steps = std::atoll(v);
+    else if (k == "--threads")
+      threads = std::atoi(v);
+    else if (k == "--json")
+      json_path = v;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (model_path.empty()) {
+    std::fprintf(stderr,
+                 "usage: train_bench --model M.gguf [--seq-tokens N] [--seqs S] [--steps K] "
+                 "[--threads T] [--json F]\n");
+    return 2;
+  }
+  if (threads > 0) openblas_set_num_threads(threads);
+  auto file = gguf_file::open(model_path);
+  if (!file) {
+    std::fprintf(stderr, "%s\n", file.error().to_string().c_str());
+    return 1;
+  }
+  auto model = trainable_model<float>::load(*file);
+  if (!model) {
+    std::fprintf(stderr, "%s\n", model.error().to_string().c_str());
+    return 1;
+  }
+  auto& m = **model;
+  // The batch: `seqs` sequences of random tokens, every position in the loss (seed 1; the PyTorch
+  // script draws the same ids from the same generator output, written to the JSON).
+  std::mt19937 rng(1);
+  train_batch batch;
+  std::vector<std::vector<int32_t>> all;
+  for (int64_t s = 0; s < seqs; ++s) {
+    std::vector<int32_t> ids(static_cast<size_t>(seq_tokens));
+    for (auto& t : ids)
+      t = static_cast<int32_t>(rng() % static_cast<uint32_t>(m.hparams().n_vocab));
+    batch.add(ids, std::vector<uint8_t>(ids.size(), 1));
+    all.push_back(ids);
+  }
+  adamw opt;
+  std::vector<int64_t> sizes;
+  std::vector<uint8_t> decay;
+  for (const auto& p : m.parameters()) {
+    sizes.push_back(p.size());
+    decay.push_back(p.ne[1] > 1 ? 1 : 0);
+  }
+  opt.init(sizes);
+  std::vector<double> step_s;
+  for (int64_t i = 0; i < steps + 1; ++i) {  // the first step warms up and is not counted
+    const auto t0 = clock_type::now();
+    m.zero_grad();
+    auto l = m.forward_backward(batch);
+    if (!l) {
+      std::fprintf(stderr, "%s\n", l.error().to_string().c_str());
+      return 1;
+    }
+    std::vector<std::span<float>> values;
+    std::vector<std::span<const float>> grads;
+    for (auto& p : m.parameters()) {
+      for (float& g : p.grad) g /= static_cast<float>(l->tokens);
+      values.emplace_back(p.value);
+      grads.emplace_back(p.grad.data(), p.grad.size());
+    }
+    opt.step(values, grads, decay, 1e-5);
+    if (i > 0) step_s.push_back(seconds_since(t0));
+  }
+  std::sort(step_s.begin(), step_s.end());
+  const double median = step_s[step_s.size() / 2];
+  const double tokens = static_cast<double>(batch.n_tokens());
+  const auto& hp = m.hparams();
+  // FLOPs of a step: 6 per matmul weight per token (forward 2, backward 4) — the embedding is a
+  // lookup, the head a matmul (the same tensor when tied) — plus causal attention (QKᵀ and PV:
+  // 2·2·L²/2·d per layer forward, ×3 with the backward).
+  const double matmul_params = static_cast<double>(m.n_parameters()) -
+                               (hp.tied_output ? 0.0 : static_cast<double>(hp.n_vocab * hp.n_embd));
+  const double attn = 3.0 * 2.0 * static_cast<double>(hp.n_layers) *
+                      static_cast<double>(seqs * seq_tokens * seq_tokens) *
+                      static_cast<double>(hp.n_heads * hp.head_dim);
+  const double flops = 6.0 * matmul_params * tokens + attn;
+  const double peak = sgemm_peak();
+
+  // Checkpoint: a synchronous save, and the stall of an asynchronous one (snapshot only).
+  const auto dir = std::filesystem::temp_directory_path() / "weft_train_bench_ckpt";
+  std::filesystem::remove_all(dir);
+  checkpoint_state st;
+  st.step = 1;
+  for (size_t i = 0; i < m.parameters().size(); ++i) {
+    st.names.push_back(m.parameters()[i].name);
+    st.values.push_back(m.parameters()[i].value);
+    st.m.push_back(opt.m(i));
+    st.v.push_back(opt.v(i));
+  }
+  auto t0 = clock_type::now();
+  if (auto s = write_checkpoint(dir, st); !s) {
+    std::fprintf(stderr, "%s\n", s.to_string().c_str());
+    return 1;
+  }
+  const double sync_save = seconds_since(t0);
+  double async_stall = 0, async_total = 0;
+  {
+    async_checkpointer w(dir, 1);
+    t0 = clock_type::now();
+    checkpoint_state copy = st;  // the snapshot the trainer takes (sft_trainer::snapshot)
+    copy.step = 2;
+    (void)w.save(std::move(copy));
+    async_stall = seconds_since(t0);
+    (void)w.wait();
+    async_total = seconds_since(t0);
+  }
+  std::filesystem::remove_all(dir);
+
+  nlohmann::json out{{"model", model_path},
+                     {"parameters", m.n_parameters()},
+                     {"threads", threads},
+                     {"batch_tokens", batch.n_tokens()},
+                     {"seqs", seqs},
+                     {"seq_tokens", seq_tokens},
+                     {"step_s_median", median},
+                     {"step_s", step_s},
+                     {"tokens_per_s", tokens / median},
+                     {"step_gflop", flops / 1e9},
+                     {"sgemm_peak_gflops", peak / 1e9},
+                     {"ceiling_share", flops / median / peak},
+                     {"checkpoint_bytes", static_cast<double>(m.n_parameters()) * 12.0},
+                     {"checkpoint_sync_s", sync_save},
+                     {"checkpoint_async_stall_s", async_stall},
+                     {"checkpoint_async_total_s", async_total},
+                     {"batch", all}};
+  std::printf(
+      "weft train step: %.0f tok/s (median of %lld steps, %.3f s/step), %.1f GFLOP/step, "
+      "%.1f%% of the %.1f GFLOP/s SGEMM peak; checkpoint sync %.2f s, async stall %.3f s\n",
+      tokens / median, static_cast<long long>(steps), median, flops / 1e9,
+      100.0 * flops / median / peak, peak / 1e9, sync_save, async_stall);
+  if (!json_path.empty()) std::ofstream(json_path) << out.dump(1);
+  return 0;
+}
