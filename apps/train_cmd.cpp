@@ -269,7 +269,7 @@ int run_train(const train_options& o) {
   if (!o.checkpoint_dir.empty()) ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
   auto checkpoint_now = [&](bool wait) -> bool {
     if (!ckpt) return true;
-    if (auto st = ckpt->save(trainer.snapshot()); !st) {
+    if (auto st = ckpt->save([&](checkpoint_state& s) { trainer.snapshot_into(s); }); !st) {
       spdlog::error("checkpoint failed: {}", st.message());
       return false;
     }

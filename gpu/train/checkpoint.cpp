@@ -239,15 +239,20 @@ async_checkpointer::~async_checkpointer() {
   thread_.join();
 }
 
-status async_checkpointer::save(checkpoint_state state) {
-  status previous = wait();
+status async_checkpointer::save(const std::function<void(checkpoint_state&)>& fill) {
+  status previous = wait();  // The writer is idle from here: staging_ is ours.
+  fill(staging_);
   {
     std::lock_guard lk(mu_);
-    pending_ = std::move(state);
+    pending_ = true;
     busy_ = true;
   }
   cv_.notify_all();
   return previous;
+}
+
+status async_checkpointer::save(checkpoint_state state) {
+  return save([&state](checkpoint_state& s) { s = std::move(state); });
 }
 
 status async_checkpointer::wait() {
@@ -261,12 +266,11 @@ status async_checkpointer::wait() {
 void async_checkpointer::run() {
   std::unique_lock lk(mu_);
   for (;;) {
-    cv_.wait(lk, [this] { return stop_ || pending_.has_value(); });
+    cv_.wait(lk, [this] { return stop_ || pending_; });
     if (!pending_) return;  // stop_ with nothing pending
-    checkpoint_state s = std::move(*pending_);
-    pending_.reset();
+    pending_ = false;
     lk.unlock();
-    status st = write_checkpoint(dir_, s);
+    status st = write_checkpoint(dir_, staging_);
     if (st) prune_checkpoints(dir_, keep_);
     lk.lock();
     last_ = st;

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -59,8 +60,10 @@ result<checkpoint_state> load_latest_checkpoint(const std::filesystem::path& dir
 /// Removes all but the newest `keep` checkpoints of `dir`.
 void prune_checkpoints(const std::filesystem::path& dir, int keep);
 
-/// Writes checkpoints on a background thread: `save` takes the snapshot (a copy in host memory)
-/// and returns at once; the previous write, if still running, is waited for first.
+/// Writes checkpoints on a background thread from a staging copy in host memory (MegaScale's
+/// two-stage checkpoint): `save` waits for the previous write, has `fill` copy the state into the
+/// staging buffer — reused from save to save, so after the first no memory is allocated or faulted
+/// in — and returns while the file is written.
 class async_checkpointer {
  public:
   async_checkpointer(std::filesystem::path dir, int keep);
@@ -68,7 +71,10 @@ class async_checkpointer {
   async_checkpointer(const async_checkpointer&) = delete;
   async_checkpointer& operator=(const async_checkpointer&) = delete;
 
-  /// Queues `state` for writing; returns the error of the previous write, if it failed.
+  /// Copies the state in through `fill` and starts writing it; returns the error of the previous
+  /// write, if it failed.
+  status save(const std::function<void(checkpoint_state&)>& fill);
+  /// The same with a state already made.
   status save(checkpoint_state state);
   /// Waits for the pending write; returns its outcome.
   status wait();
@@ -80,7 +86,8 @@ class async_checkpointer {
   int keep_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::optional<checkpoint_state> pending_;
+  checkpoint_state staging_;
+  bool pending_ = false;
   bool busy_ = false;
   bool stop_ = false;
   status last_;

@@ -72,20 +72,28 @@ result<step_record> sft_trainer::step() {
 
 checkpoint_state sft_trainer::snapshot() const {
   checkpoint_state s;
+  snapshot_into(s);
+  return s;
+}
+
+void sft_trainer::snapshot_into(checkpoint_state& s) const {
   s.step = step_;
   s.cursor = sampler_.cursor();
   s.seed = config_.seed;
   s.adam_steps = opt_.steps();
   s.schedule = config_.schedule;
   s.history = history_;
-  for (size_t i = 0; i < model_.parameters().size(); ++i) {
-    const auto& p = model_.parameters()[i];
-    s.names.push_back(p.name);
-    s.values.push_back(p.value);
-    s.m.push_back(opt_.m(i));
-    s.v.push_back(opt_.v(i));
+  const auto& params = model_.parameters();
+  s.names.resize(params.size());
+  s.values.resize(params.size());
+  s.m.resize(params.size());
+  s.v.resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    s.names[i] = params[i].name;
+    s.values[i].assign(params[i].value.begin(), params[i].value.end());
+    s.m[i].assign(opt_.m(i).begin(), opt_.m(i).end());
+    s.v[i].assign(opt_.v(i).begin(), opt_.v(i).end());
   }
-  return s;
 }
 
 status sft_trainer::restore(const checkpoint_state& s) {

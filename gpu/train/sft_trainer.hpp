@@ -46,6 +46,8 @@ class sft_trainer {
 
   /// A copy of everything needed to continue exactly.
   checkpoint_state snapshot() const;
+  /// The same copy into `s`, reusing its buffers (async_checkpointer's staging copy).
+  void snapshot_into(checkpoint_state& s) const;
   /// Continues from a snapshot of the same model and data (names and sizes are checked).
   status restore(const checkpoint_state& s);
 

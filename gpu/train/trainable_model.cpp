@@ -42,12 +42,24 @@ struct trainable_model<T>::forward_state {
   rope_table rope;
   attention_shape shape;
   std::vector<layer_acts> layers;  ///< All of them, or (recompute) only x_in of each.
+  layer_acts scratch;              ///< The layer being recomputed (recompute).
   std::vector<T> x_final, xn_final, rstd_final;
+};
+
+/// Buffers of the backward, kept between calls (no page faults on every step).
+template <class T>
+struct trainable_model<T>::backward_scratch {
+  std::vector<T> dh, dgate, dup, dxn, datt, dq, dk, dv;  ///< One layer's.
+  std::vector<T> dx, dxn_final, x_out;                   ///< The whole batch's.
+  std::vector<T> xc, logits, dlogits, dxc;               ///< One output-head chunk's.
 };
 
 template <class T>
 trainable_model<T>::trainable_model(const model_hparams& hp, const trainable_config& config)
-    : hp_(hp), config_(config) {}
+    : hp_(hp),
+      config_(config),
+      fs_(std::make_unique<forward_state>()),
+      bs_(std::make_unique<backward_scratch>()) {}
 
 template <class T>
 trainable_model<T>::~trainable_model() = default;
@@ -232,24 +244,23 @@ void trainable_model<T>::forward(const train_batch& b, forward_state& fs) {
   fs.rope = make_rope_table(pos, rc);
   fs.shape = {hp_.n_heads, hp_.n_kv_heads, hp_.head_dim,
               1.0 / std::sqrt(static_cast<double>(hp_.head_dim))};
-  fs.layers.assign(static_cast<size_t>(hp_.n_layers), layer_acts{});
+  fs.layers.resize(static_cast<size_t>(hp_.n_layers));
   const auto& embd = params_[static_cast<size_t>(embd_)].value;
-  std::vector<T> x(static_cast<size_t>(n * d));
+  std::vector<T>& x = fs.x_final;
+  x.resize(static_cast<size_t>(n * d));
   for (int64_t t = 0; t < n; ++t) {
     const auto* row = embd.data() + static_cast<int64_t>(b.tokens[static_cast<size_t>(t)]) * d;
     std::copy(row, row + d, x.begin() + t * d);
   }
-  layer_acts scratch;
   for (int64_t il = 0; il < hp_.n_layers; ++il) {
     layer_acts& a = fs.layers[static_cast<size_t>(il)];
-    a.x_in = x;
-    layer_forward(il, fs, a.x_in.data(), config_.recompute ? scratch : a, x.data());
+    a.x_in.assign(x.begin(), x.end());
+    layer_forward(il, fs, a.x_in.data(), config_.recompute ? fs.scratch : a, x.data());
   }
   fs.xn_final.resize(static_cast<size_t>(n * d));
   fs.rstd_final.resize(static_cast<size_t>(n));
   rms_norm_forward(x.data(), params_[static_cast<size_t>(out_norm_)].value.data(), n, d,
                    static_cast<T>(hp_.rms_eps), fs.xn_final.data(), fs.rstd_final.data());
-  fs.x_final = std::move(x);
 }
 
 template <class T>
@@ -263,37 +274,45 @@ void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, lay
   auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
   auto g = [&](int i) { return params_[static_cast<size_t>(i)].grad.data(); };
   // dx holds ∂L/∂x_out. Feed-forward half: x_out = x_mid + down(swiglu(gate(xn2), up(xn2))).
-  std::vector<T> dh(static_cast<size_t>(n * ff)), dgate(dh.size()), dup(dh.size());
-  std::vector<T> dxn(static_cast<size_t>(n * d));
-  linear_backward(a.h.data(), w(l.down), dx, n, ff, d, dh.data(), g(l.down));
-  swiglu_backward(a.gate.data(), a.up.data(), dh.data(), n * ff, dgate.data(), dup.data());
-  linear_backward(a.xn2.data(), w(l.gate), dgate.data(), n, d, ff, dxn.data(), g(l.gate));
-  linear_backward(a.xn2.data(), w(l.up), dup.data(), n, d, ff, dxn.data(), g(l.up), true);
-  rms_norm_backward(a.x_mid.data(), w(l.ffn_norm), a.rstd2.data(), dxn.data(), n, d, dx,
-                    g(l.ffn_norm));
+  backward_scratch& b = *bs_;
+  auto sized = [](std::vector<T>& v, int64_t count) {
+    v.resize(static_cast<size_t>(count));
+    return v.data();
+  };
+  T* dh = sized(b.dh, n * ff);
+  T* dgate = sized(b.dgate, n * ff);
+  T* dup = sized(b.dup, n * ff);
+  T* dxn = sized(b.dxn, n * d);
+  linear_backward(a.h.data(), w(l.down), dx, n, ff, d, dh, g(l.down));
+  swiglu_backward(a.gate.data(), a.up.data(), dh, n * ff, dgate, dup);
+  linear_backward(a.xn2.data(), w(l.gate), dgate, n, d, ff, dxn, g(l.gate));
+  linear_backward(a.xn2.data(), w(l.up), dup, n, d, ff, dxn, g(l.up), true);
+  rms_norm_backward(a.x_mid.data(), w(l.ffn_norm), a.rstd2.data(), dxn, n, d, dx, g(l.ffn_norm));
   // dx holds ∂L/∂x_mid. Attention half: x_mid = x_in + wo(attention(rope(q), rope(k), v)).
-  std::vector<T> datt(static_cast<size_t>(n * qd)), dq(datt.size());
-  std::vector<T> dk(static_cast<size_t>(n * kvd)), dv(dk.size());
-  linear_backward(a.att.data(), w(l.wo), dx, n, qd, d, datt.data(), g(l.wo));
-  attention_backward(a.q.data(), a.k.data(), a.v.data(), a.att.data(), a.lse.data(), datt.data(),
-                     fs.batch->seqs, fs.shape, dq.data(), dk.data(), dv.data());
-  rope_apply(dq.data(), n, hp_.n_heads, hp_.head_dim, fs.rope, hp_.rope.style, true);
-  rope_apply(dk.data(), n, hp_.n_kv_heads, hp_.head_dim, fs.rope, hp_.rope.style, true);
-  linear_backward(a.xn1.data(), w(l.wq), dq.data(), n, d, qd, dxn.data(), g(l.wq));
-  linear_backward(a.xn1.data(), w(l.wk), dk.data(), n, d, kvd, dxn.data(), g(l.wk), true);
-  linear_backward(a.xn1.data(), w(l.wv), dv.data(), n, d, kvd, dxn.data(), g(l.wv), true);
-  rms_norm_backward(a.x_in.data(), w(l.attn_norm), a.rstd1.data(), dxn.data(), n, d, dx,
-                    g(l.attn_norm));
+  T* datt = sized(b.datt, n * qd);
+  T* dq = sized(b.dq, n * qd);
+  T* dk = sized(b.dk, n * kvd);
+  T* dv = sized(b.dv, n * kvd);
+  linear_backward(a.att.data(), w(l.wo), dx, n, qd, d, datt, g(l.wo));
+  attention_backward(a.q.data(), a.k.data(), a.v.data(), a.att.data(), a.lse.data(), datt,
+                     fs.batch->seqs, fs.shape, dq, dk, dv);
+  rope_apply(dq, n, hp_.n_heads, hp_.head_dim, fs.rope, hp_.rope.style, true);
+  rope_apply(dk, n, hp_.n_kv_heads, hp_.head_dim, fs.rope, hp_.rope.style, true);
+  linear_backward(a.xn1.data(), w(l.wq), dq, n, d, qd, dxn, g(l.wq));
+  linear_backward(a.xn1.data(), w(l.wk), dk, n, d, kvd, dxn, g(l.wk), true);
+  linear_backward(a.xn1.data(), w(l.wv), dv, n, d, kvd, dxn, g(l.wv), true);
+  rms_norm_backward(a.x_in.data(), w(l.attn_norm), a.rstd1.data(), dxn, n, d, dx, g(l.attn_norm));
 }
 
 template <class T>
 result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b) {
   if (auto st = check(b); !st) return st;
-  forward_state fs;
+  forward_state& fs = *fs_;
   forward(b, fs);
   const int64_t n = fs.n;
   const int64_t d = hp_.n_embd;
   const int64_t vocab = hp_.n_vocab;
+  backward_scratch& sc = *bs_;
   auto& out_w = params_[static_cast<size_t>(output_)];
   // Output head and loss, a chunk of loss rows at a time; ∂L/∂xn_final is scattered back.
   std::vector<int64_t> rows;
@@ -302,9 +321,10 @@ result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b) {
   }
   loss_sum loss;
   loss.tokens = static_cast<int64_t>(rows.size());
-  std::vector<T> dxn(static_cast<size_t>(n * d), T(0));
+  std::vector<T>& dxn = sc.dxn_final;
+  dxn.assign(static_cast<size_t>(n * d), T(0));
   const int64_t chunk = std::max<int64_t>(1, config_.head_chunk_rows);
-  std::vector<T> xc, logits, dlogits, dxc;
+  std::vector<T>&xc = sc.xc, &logits = sc.logits, &dlogits = sc.dlogits, &dxc = sc.dxc;
   std::vector<int32_t> targets;
   for (size_t r0 = 0; r0 < rows.size(); r0 += static_cast<size_t>(chunk)) {
     const int64_t m = std::min<int64_t>(chunk, static_cast<int64_t>(rows.size() - r0));
@@ -327,16 +347,24 @@ result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b) {
       std::copy_n(dxc.begin() + j * d, d, dxn.begin() + rows[r0 + static_cast<size_t>(j)] * d);
     }
   }
-  std::vector<T> dx(static_cast<size_t>(n * d), T(0));
+  std::vector<T>& dx = sc.dx;
+  dx.assign(static_cast<size_t>(n * d), T(0));
   auto& onorm = params_[static_cast<size_t>(out_norm_)];
   rms_norm_backward(fs.x_final.data(), onorm.value.data(), fs.rstd_final.data(), dxn.data(), n, d,
                     dx.data(), onorm.grad.data());
-  std::vector<T> x_out(static_cast<size_t>(n * d));
+  std::vector<T>& x_out = sc.x_out;
+  x_out.resize(static_cast<size_t>(n * d));
   for (int64_t il = hp_.n_layers - 1; il >= 0; --il) {
     layer_acts& a = fs.layers[static_cast<size_t>(il)];
-    if (config_.recompute) layer_forward(il, fs, a.x_in.data(), a, x_out.data());
-    layer_backward(il, fs, a, dx.data());
-    if (config_.recompute) a = layer_acts{};  // Frees the recomputed activations at once.
+    if (config_.recompute) {
+      // The layer again, into the one scratch set, from its saved input.
+      layer_forward(il, fs, a.x_in.data(), fs.scratch, x_out.data());
+      std::swap(fs.scratch.x_in, a.x_in);
+      layer_backward(il, fs, fs.scratch, dx.data());
+      std::swap(fs.scratch.x_in, a.x_in);
+    } else {
+      layer_backward(il, fs, a, dx.data());
+    }
   }
   auto& embd = params_[static_cast<size_t>(embd_)];
   for (int64_t t = 0; t < n; ++t) {
@@ -349,7 +377,7 @@ result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b) {
 template <class T>
 result<std::vector<T>> trainable_model<T>::logits(const train_batch& b) {
   if (auto st = check(b); !st) return st;
-  forward_state fs;
+  forward_state& fs = *fs_;
   forward(b, fs);
   std::vector<T> out(static_cast<size_t>(fs.n * hp_.n_vocab));
   linear_forward(fs.xn_final.data(), params_[static_cast<size_t>(output_)].value.data(), fs.n,

@@ -98,6 +98,7 @@ class trainable_model {
   struct layer_params;
   struct layer_acts;
   struct forward_state;
+  struct backward_scratch;
 
   trainable_model(const model_hparams& hp, const trainable_config& config);
   status check(const train_batch& batch) const;
@@ -111,6 +112,8 @@ class trainable_model {
   std::vector<layer_params> layers_;
   std::vector<float> rope_freqs_;  ///< rope_freqs.weight when the file has it (not trained).
   int embd_ = 0, out_norm_ = 0, output_ = 0;  ///< Indices into params_ (output_ == embd_ if tied).
+  std::unique_ptr<forward_state> fs_;         ///< Activations, reused from call to call.
+  std::unique_ptr<backward_scratch> bs_;      ///< Gradient buffers, reused from call to call.
 };
 
 extern template class trainable_model<float>;
