@@ -81,6 +81,13 @@ class device {
   /// spinning in between. Nestable; no-op on devices that do not need it.
   virtual void begin_burst() {}
   virtual void end_burst() {}
+
+  /// CPU: use `n` compute threads from the next op on (clamped to [1, max_compute_threads()]);
+  /// results do not depend on the count (docs/engine.md). A survivor of a worker's death borrows
+  /// the dead worker's cores this way while it rebuilds migrated requests. No-op on GPUs.
+  virtual void set_compute_threads(int /*n*/) {}
+  /// The most threads set_compute_threads can give (CPU: at least the machine's cores).
+  virtual int max_compute_threads() const { return capabilities().n_compute_threads; }
 };
 
 /// Creates devices by name ("cpu", "cuda").

@@ -469,10 +469,35 @@ void drop_import(worker_ptr self, uint64_t request_id) {
   st.import_of.erase(f);
 }
 
+/// While this worker rebuilds requests migrated from a dead (or hung) worker, it computes with
+/// every core of the machine — the dead worker's included, idle until its replacement has loaded —
+/// and goes back to its own threads once each has its first new token (docs/serving.md,
+/// "Recovery"). The logits do not depend on the thread count, so the tokens are the same.
+void update_borrowed_cores(worker_ptr self) {
+  auto& st = self->state;
+  if (!st.host || !st.host->dev) return;
+  auto& dev = *st.host->dev;
+  const int own = dev.capabilities().n_compute_threads;
+  if (dev.max_compute_threads() <= own) return;
+  size_t rebuilding = 0;
+  for (const auto& [id, r] : st.requests) rebuilding += r.rebuilding ? 1 : 0;
+  if (rebuilding > 0 && !st.borrowing_cores) {
+    dev.set_compute_threads(dev.max_compute_threads());
+    st.borrowing_cores = true;
+    spdlog::info("worker {}: rebuilding {} migrated request(s) on {} threads (own: {})",
+                 st.worker_name, rebuilding, dev.max_compute_threads(), own);
+  } else if (rebuilding == 0 && st.borrowing_cores) {
+    dev.set_compute_threads(own);
+    st.borrowing_cores = false;
+    spdlog::info("worker {}: migrated requests rebuilt; back to {} thread(s)", st.worker_name, own);
+  }
+}
+
 void run_step(worker_ptr self) {
   auto& st = self->state;
   if (!st.engine->has_work()) {
     st.stepping = false;
+    update_borrowed_cores(self);
     return;
   }
   auto outs = st.engine->step();
@@ -493,6 +518,7 @@ void run_step(worker_ptr self) {
       auto& r = it->second;
       const uint32_t position = r.next_position;
       r.started = true;
+      if (!out.new_tokens.empty()) r.rebuilding = false;
       r.next_position += static_cast<uint32_t>(out.new_tokens.size());
       self->send(st.router, chunk_atom::value,
                  make_chunk(st.worker_name, out.id, r, out, position));
@@ -507,6 +533,7 @@ void run_step(worker_ptr self) {
       }
     }
   }
+  update_borrowed_cores(self);
   // Yield to the mailbox between steps: new requests and aborts join the next iteration.
   self->send(self, step_atom::value);
 }
@@ -591,7 +618,9 @@ void admit(worker_ptr self, generate_spec d, gpu::seq_id prefilled) {
   rr.want_logprobs = d.want_logprobs;
   rr.handoff = d.handoff;
   rr.trace_id = d.trace_id;
+  rr.rebuilding = n_resumed > 0;
   st.requests[id] = std::move(rr);
+  if (n_resumed > 0) update_borrowed_cores(self);
   spdlog::debug("worker {}: request {} ({}) attempt {}: {} prompt + {} resumed tokens",
                 st.worker_name, id, d.trace_id, d.attempt, d.prompt.size(), n_resumed);
   kick(self);

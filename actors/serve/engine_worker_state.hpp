@@ -33,8 +33,10 @@ struct running_request {
   uint32_t n_prefill = 0;  ///< prompt + resumed tokens to compute before the first new token
   bool started = false;    ///< produced its first token here
   bool want_logprobs = false;
-  bool handoff = false;         ///< disaggregated prefill: offer the KV after the first new token
-  bool publish = false;         ///< publish the prompt's segments to the pool after its prefill
+  bool handoff = false;  ///< disaggregated prefill: offer the KV after the first new token
+  bool publish = false;  ///< publish the prompt's segments to the pool after its prefill
+  /// A migrated request being rebuilt here (prompt + resumed tokens) until its first new token.
+  bool rebuilding = false;
   std::vector<int32_t> prompt;  ///< kept only when publishing
   /// Home shard of each leading segment (the router directory's plan), for the publish.
   std::vector<pool_segment> pool_plan;
@@ -101,6 +103,8 @@ struct worker_state {
   std::deque<uint64_t> published_order;
   uint64_t pool_hit_tokens = 0, prompt_tokens = 0, pool_bytes_in = 0;
   bool stepping = false;
+  /// Compute threads borrowed beyond the configured ones while migrated requests are rebuilt.
+  bool borrowing_cores = false;
   // load accounting
   uint64_t last_prefill = 0, last_decode = 0;
   std::chrono::steady_clock::time_point last_load_at = std::chrono::steady_clock::now();

@@ -160,7 +160,9 @@ class cpu_ops final : public compute_ops {
 
 class cpu_device final : public device {
  public:
-  explicit cpu_device(int n_threads) : pool_(n_threads), ops_(pool_) {
+  /// `n_threads` compute threads; the pool holds up to `max_threads` (idle ones block) so that
+  /// set_compute_threads can lend the worker more cores for a while.
+  cpu_device(int n_threads, int max_threads) : pool_(max_threads, n_threads), ops_(pool_) {
     caps_.kind = device_kind::cpu;
     caps_.name = std::string{"cpu ("} + quant_kernel_path() + ", ggml " +
                  ggml_simd_name(ggml_simd_layout()) + " numerics, " + std::to_string(n_threads) +
@@ -172,6 +174,9 @@ class cpu_device final : public device {
   }
 
   const device_capabilities& capabilities() const override { return caps_; }
+
+  void set_compute_threads(int n) override { pool_.request_active(n); }
+  int max_compute_threads() const override { return pool_.size(); }
 
   result<device_buffer> allocate(size_t size_bytes) override {
     const size_t rounded = (std::max<size_t>(size_bytes, 1) + 63) / 64 * 64;
@@ -234,7 +239,8 @@ result<std::unique_ptr<device>> make_cpu_device(const device_config& config) {
   openblas_set_num_threads(1);
   spdlog::debug("cpu device: {} threads, {} kernels, ggml {} numerics", n, quant_kernel_path(),
                 ggml_simd_name(ggml_simd_layout()));
-  return std::unique_ptr<device>(new cpu_device(n));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::unique_ptr<device>(new cpu_device(n, std::max(n, cores)));
 }
 
 }  // namespace weft::gpu::cpu

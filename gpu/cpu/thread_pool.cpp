@@ -19,7 +19,11 @@ constexpr int spin_pause_iterations = 2000;
 constexpr int idle_yield_iterations = 64;
 }  // namespace
 
-thread_pool::thread_pool(int n_threads) : n_threads_(std::max(1, n_threads)) {
+thread_pool::thread_pool(int n_threads, int active)
+    : n_threads_(std::max(1, n_threads)),
+      active_(active <= 0 ? n_threads_ : std::clamp(active, 1, n_threads_)) {
+  requested_.store(active_);
+  active_for_workers_.store(active_);
   workers_.reserve(n_threads_ - 1);
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
@@ -28,27 +32,40 @@ thread_pool::~thread_pool() {
   {
     std::lock_guard lock{mutex_};
     stop_.store(true);
-    generation_.fetch_add(1);
+    job_word_.fetch_add(uint64_t{1} << 16);
   }
   cv_.notify_all();
+  inactive_cv_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
 void thread_pool::run(job_fn fn, void* ctx) {
-  if (n_threads_ == 1) {
+  const int want = std::clamp(requested_.load(std::memory_order_relaxed), 1, n_threads_);
+  if (want != active_) {
+    {
+      std::lock_guard lock{mutex_};
+      if (want > active_) reactivated_at_ = job_word_.load() >> 16;
+      active_ = want;
+      active_for_workers_.store(want);
+    }
+    inactive_cv_.notify_all();
+    cv_.notify_all();  // threads no longer wanted leave their idle wait for the inactive one
+  }
+  if (active_ == 1) {
     fn(ctx, 0, 1);
     return;
   }
   fn_ = fn;
   ctx_ = ctx;
-  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  pending_.store(active_ - 1, std::memory_order_relaxed);
   {
     // The lock orders the publication against a worker about to block on the condition variable.
     std::lock_guard lock{mutex_};
-    generation_.fetch_add(1, std::memory_order_release);
+    const uint64_t gen = (job_word_.load(std::memory_order_relaxed) >> 16) + 1;
+    job_word_.store(gen << 16 | static_cast<uint64_t>(active_), std::memory_order_release);
   }
   cv_.notify_all();
-  fn(ctx, 0, n_threads_);
+  fn(ctx, 0, active_);
   int spins = 0;
   while (pending_.load(std::memory_order_acquire) != 0) {
     if (++spins < spin_pause_iterations) {
@@ -59,13 +76,29 @@ void thread_pool::run(job_fn fn, void* ctx) {
   }
 }
 
+bool thread_pool::wait_until_active(int index, uint64_t& seen) {
+  std::unique_lock lock{mutex_};
+  inactive_cv_.wait(lock, [&] { return stop_.load() || active_for_workers_.load() > index; });
+  if (stop_.load()) return false;
+  // Re-activated for the job after reactivated_at_: take part from that one on.
+  seen = reactivated_at_;
+  return true;
+}
+
 void thread_pool::worker_loop(int index) {
-  uint64_t seen = 0;
+  uint64_t seen = 0;  // the generation at construction: a job published before this thread first
+                      // runs is still this thread's to do
   for (;;) {
     int spins = 0;
     int yields = 0;
-    uint64_t gen;
-    while ((gen = generation_.load(std::memory_order_acquire)) == seen) {
+    uint64_t word;
+    while (((word = job_word_.load(std::memory_order_acquire)) >> 16) == seen) {
+      if (stop_.load()) return;
+      if (active_for_workers_.load(std::memory_order_relaxed) <= index) {
+        // Not wanted: block, never spin on the cores the active threads use.
+        if (!wait_until_active(index, seen)) return;
+        continue;
+      }
       if (++spins < spin_pause_iterations) {
         WEFT_CPU_RELAX();
         continue;
@@ -75,11 +108,15 @@ void thread_pool::worker_loop(int index) {
         continue;
       }
       std::unique_lock lock{mutex_};
-      cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      cv_.wait(lock, [&] {
+        return (job_word_.load(std::memory_order_acquire) >> 16) != seen ||
+               active_for_workers_.load() <= index || stop_.load();
+      });
     }
-    seen = gen;
+    seen = word >> 16;
     if (stop_.load()) return;
-    fn_(ctx_, index, n_threads_);
+    if (index >= static_cast<int>(word & 0xffff)) continue;  // a job without this thread
+    fn_(ctx_, index, static_cast<int>(word & 0xffff));
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }

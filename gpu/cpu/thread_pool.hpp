@@ -22,12 +22,19 @@ class thread_pool {
   /// A job: called once per thread with (thread index, thread count).
   using job_fn = void (*)(void* ctx, int thread_index, int n_threads);
 
-  explicit thread_pool(int n_threads);
+  /// `active` threads (0: all) take part in each job; the others block until request_active asks
+  /// for them. Results must not depend on the count (jobs split rows, never reductions).
+  explicit thread_pool(int n_threads, int active = 0);
   ~thread_pool();
   thread_pool(const thread_pool&) = delete;
   thread_pool& operator=(const thread_pool&) = delete;
 
   int size() const { return n_threads_; }
+  /// Threads that took part in the last job (the owner's view).
+  int active() const { return active_; }
+  /// Asks for `n` threads (clamped to [1, size()]) from the next job on. Thread-safe; the owner
+  /// applies it in `run`.
+  void request_active(int n) { requested_.store(n, std::memory_order_relaxed); }
 
   /// Runs `fn(ctx, i, n)` for i in [0, n) — i = 0 on the caller — and returns when all are done.
   void run(job_fn fn, void* ctx);
@@ -52,10 +59,18 @@ class thread_pool {
 
  private:
   void worker_loop(int index);
+  /// Blocks an inactive worker until it is asked for again; false when the pool stops.
+  bool wait_until_active(int index, uint64_t& seen);
 
   int n_threads_;
+  int active_;                     ///< Threads of the current / last job (owner side).
+  std::atomic<int> requested_{0};  ///< request_active's value, applied by run().
+  std::atomic<int> active_for_workers_{0};
+  uint64_t reactivated_at_ = 0;  ///< Generation before the job that re-activated threads (mutex_).
   std::vector<std::thread> workers_;
-  std::atomic<uint64_t> generation_{0};
+  /// The job's generation (high 48 bits) and thread count (low 16 bits): one load gives a worker
+  /// both, consistently.
+  std::atomic<uint64_t> job_word_{0};
   std::atomic<int> pending_{0};
   std::atomic<int> spinning_{0};
   std::atomic<bool> stop_{false};
@@ -63,6 +78,7 @@ class thread_pool {
   void* ctx_ = nullptr;
   std::mutex mutex_;
   std::condition_variable cv_;
+  std::condition_variable inactive_cv_;
 };
 
 /// Splits [0, n) into `parts` near-equal chunks; returns chunk `index` as [begin, end).

@@ -385,6 +385,36 @@ std::vector<float> logits_with_threads(const tiny_model_config& cfg, int threads
 
 // Workers of one server may run with different --threads (and a migrated sequence continues on
 // another worker): the numerics must not depend on the thread count. Bit for bit.
+// A worker that borrows cores changes its thread count between forward passes (and may between
+// ops): the logits stay bit-identical to a fixed count.
+TEST(model, logits_do_not_change_when_the_thread_count_changes_mid_run) {
+  const auto cfg = dense_q(ggml_type::q4_1);
+  const auto p = prompt_of(23, 5);
+  const auto fixed = logits_with_threads(cfg, 1, p);
+  auto l = load_tiny(cfg, 1);
+  ASSERT_GE(l.dev->max_compute_threads(), 1);
+  kv_cache_config kc;
+  kc.layout = l.m->kv_layout_for(8);
+  kc.n_blocks = 32;
+  auto kv = kv_cache::create(*l.dev, kc);
+  const seq_id s = (*kv)->create_sequence();
+  forward_batch b;
+  forward_output out;
+  b.add(s, p, true);
+  std::vector<float> all;
+  for (int step = 0; step < 7; ++step) {
+    l.dev->set_compute_threads(step % 2 == 0 ? l.dev->max_compute_threads() : 1);
+    ASSERT_TRUE(l.m->forward(b, **kv, out).ok());
+    all.insert(all.end(), out.logits.begin(), out.logits.begin() + out.n_vocab);
+    const auto t = static_cast<int32_t>(
+        std::max_element(out.logits.begin(), out.logits.begin() + out.n_vocab) -
+        out.logits.begin());
+    b.clear();
+    b.add(s, std::span<const int32_t>(&t, 1), true);
+  }
+  EXPECT_TRUE(all == fixed);
+}
+
 TEST(model, logits_do_not_depend_on_the_thread_count) {
   for (const auto& cfg : {dense_q(ggml_type::q4_1), dense_q(ggml_type::q8_0), moe_q()}) {
     const auto p = prompt_of(23, 5);

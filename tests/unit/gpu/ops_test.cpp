@@ -492,6 +492,33 @@ TEST(thread_pool, runs_every_index_once_and_spins_safely) {
   EXPECT_EQ(e, 10);
 }
 
+TEST(thread_pool, active_count_changes_between_jobs_and_idle_threads_do_no_work) {
+  thread_pool pool(3, 1);
+  EXPECT_EQ(pool.size(), 3);
+  std::vector<std::atomic<int>> hits(3);
+  // 1 thread, then 3, then 2, then 3 again, many times over (a survivor borrowing cores and
+  // giving them back): every job runs on exactly the requested threads, each index once.
+  const int pattern[] = {1, 3, 2, 3, 1};
+  int expected[3] = {0, 0, 0};
+  for (int round = 0; round < 400; ++round) {
+    const int want = pattern[round % 5];
+    pool.request_active(want);
+    thread_pool::spin_scope spin(pool);
+    for (int job = 0; job < 3; ++job) {
+      pool.parallel([&](int i, int n) {
+        EXPECT_EQ(n, want);
+        EXPECT_LT(i, want);
+        hits[static_cast<size_t>(i)].fetch_add(1);
+      });
+      for (int i = 0; i < want; ++i) ++expected[i];
+    }
+    EXPECT_EQ(pool.active(), want);
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(hits[static_cast<size_t>(i)].load(), expected[i]) << i;
+  pool.request_active(99);  // clamped
+  pool.parallel([&](int, int n) { EXPECT_EQ(n, 3); });
+}
+
 TEST(device_registry, cpu_is_always_there) {
   auto& reg = device_registry::instance();
   auto d = reg.create("cpu", device_config{1, 0});
