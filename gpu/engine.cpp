@@ -426,6 +426,12 @@ result<std::vector<request_output>> engine::step() {
     batch.clear();
     in_batch.clear();
     int64_t budget = config_.max_batch_tokens;
+    if (config_.rebuild_batch_tokens > budget) {
+      for (request_id id : selected) {
+        const request& r = *requests_.at(id);
+        if (r.ph == phase::prefill && r.n_replay > 0) budget = config_.rebuild_batch_tokens;
+      }
+    }
     for (request_id id : selected) {
       request& r = *requests_.at(id);
       if (r.ph != phase::decode || budget < 1) continue;

@@ -47,8 +47,12 @@ struct engine_config {
   int64_t kv_blocks = 1024;        ///< KV cache size in blocks.
   int64_t block_size = 16;         ///< Tokens per KV block.
   int64_t max_batch_tokens = 256;  ///< Token budget of one forward pass.
-  int64_t max_running = 32;        ///< Requests decoding concurrently.
-  bool prefix_cache = true;        ///< Reuse cached full blocks of earlier prompts.
+  /// Token budget of a pass in which a migrated request is being rebuilt (its prompt and replayed
+  /// tokens): larger, so that every migrated sequence gets its next token soon after its worker
+  /// died (docs/serving.md, "Recovery"). 0 or less than max_batch_tokens: max_batch_tokens.
+  int64_t rebuild_batch_tokens = 0;
+  int64_t max_running = 32;  ///< Requests decoding concurrently.
+  bool prefix_cache = true;  ///< Reuse cached full blocks of earlier prompts.
   /// Text of a token, for stop strings and text deltas (optional: without it, stop strings are
   /// ignored and text_delta stays empty).
   std::function<std::string(int32_t)> detokenize;
