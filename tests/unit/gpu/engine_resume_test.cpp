@@ -145,31 +145,38 @@ TEST_P(EngineResume, ContinuesExactlyLikeAnUndisturbedRun) {
     ASSERT_EQ(ref.back().tokens.size(), static_cast<size_t>(total));
   }
   // Resume each after k generated tokens, all in one batch on a fresh engine ("the new worker"),
-  // next to an unrelated request.
-  for (int k : {1, 5, 23}) {
-    auto e = engine::create(*l.m, ec);
-    ASSERT_TRUE(e.ok());
-    ASSERT_TRUE((*e)->add_request(99, prompt_of(12, 999), params_for(sampled, 10, 5)).ok());
-    for (size_t i = 0; i < prompt_lengths.size(); ++i) {
-      auto tokens = prompt_of(prompt_lengths[i], 7 + i);
-      tokens.insert(tokens.end(), ref[i].tokens.begin(), ref[i].tokens.begin() + k);
-      ASSERT_TRUE((*e)->add_resumed_request(static_cast<request_id>(i + 1), tokens, k,
-                                            params_for(sampled, total - k, 40 + i))
-                      .ok());
+  // next to an unrelated request: with the default budget, and with small passes (16 tokens) whose
+  // rebuild passes may take 128 (engine_config::rebuild_batch_tokens, as a serving worker sets it).
+  for (int k : {1, 5, 23})
+    for (const bool small_passes : {false, true}) {
+      engine_config rc = ec;
+      if (small_passes) {
+        rc.max_batch_tokens = 16;
+        rc.rebuild_batch_tokens = 128;
+      }
+      auto e = engine::create(*l.m, rc);
+      ASSERT_TRUE(e.ok());
+      ASSERT_TRUE((*e)->add_request(99, prompt_of(12, 999), params_for(sampled, 10, 5)).ok());
+      for (size_t i = 0; i < prompt_lengths.size(); ++i) {
+        auto tokens = prompt_of(prompt_lengths[i], 7 + i);
+        tokens.insert(tokens.end(), ref[i].tokens.begin(), ref[i].tokens.begin() + k);
+        ASSERT_TRUE((*e)->add_resumed_request(static_cast<request_id>(i + 1), tokens, k,
+                                              params_for(sampled, total - k, 40 + i))
+                        .ok());
+      }
+      auto got = drain(**e);
+      for (size_t i = 0; i < prompt_lengths.size(); ++i) {
+        const auto& g = got[static_cast<request_id>(i + 1)];
+        const std::vector<int32_t> want(ref[i].tokens.begin() + k, ref[i].tokens.end());
+        EXPECT_EQ(g.tokens, want) << "prompt " << prompt_lengths[i] << ", resumed after " << k;
+        const size_t per_token = ref[i].logprobs.size() / ref[i].tokens.size();
+        const std::vector<float> want_lp(
+            ref[i].logprobs.begin() + static_cast<std::ptrdiff_t>(k * per_token),
+            ref[i].logprobs.end());
+        EXPECT_EQ(g.logprobs, want_lp) << "prompt " << prompt_lengths[i] << ", resumed after " << k;
+      }
+      EXPECT_EQ((*e)->stats().kv.n_blocks_used, 0);
     }
-    auto got = drain(**e);
-    for (size_t i = 0; i < prompt_lengths.size(); ++i) {
-      const auto& g = got[static_cast<request_id>(i + 1)];
-      const std::vector<int32_t> want(ref[i].tokens.begin() + k, ref[i].tokens.end());
-      EXPECT_EQ(g.tokens, want) << "prompt " << prompt_lengths[i] << ", resumed after " << k;
-      const size_t per_token = ref[i].logprobs.size() / ref[i].tokens.size();
-      const std::vector<float> want_lp(
-          ref[i].logprobs.begin() + static_cast<std::ptrdiff_t>(k * per_token),
-          ref[i].logprobs.end());
-      EXPECT_EQ(g.logprobs, want_lp) << "prompt " << prompt_lengths[i] << ", resumed after " << k;
-    }
-    EXPECT_EQ((*e)->stats().kv.n_blocks_used, 0);
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(GreedyAndSeeded, EngineResume, ::testing::Values(false, true));
