@@ -149,13 +149,110 @@ std::optional<fs::path> plot_script() {
   return std::nullopt;
 }
 
+/// The loop's configuration from the options.
+sft_config config_of(const train_options& o, lr_schedule::shape shape) {
+  sft_config sc;
+  sc.seed = o.seed;
+  sc.step_tokens = o.batch_tokens;
+  sc.micro_batch_tokens = o.micro_batch_tokens;
+  sc.schedule.peak = o.lr;
+  sc.schedule.warmup_steps = o.warmup_steps;
+  sc.schedule.total_steps = o.steps;
+  sc.schedule.decay = shape;
+  sc.schedule.min_ratio = o.min_lr_ratio;
+  sc.adamw = {o.beta1, o.beta2, o.adam_eps, o.weight_decay};
+  sc.max_grad_norm = o.max_grad_norm;
+  return sc;
+}
+
+/// --resume: continues from the newest checkpoint that verifies (none: step 0, said so). False when
+/// the checkpoint does not fit this run.
+bool resume_from_checkpoint(const train_options& o, sft_trainer& trainer, const sft_config& sc) {
+  std::vector<std::string> skipped;
+  auto s = load_latest_checkpoint(o.checkpoint_dir, &skipped);
+  for (const auto& why : skipped) spdlog::warn("{}; trying an older one", why);
+  if (!s) {
+    spdlog::warn("--resume: no checkpoint in {}; starting at step 0", o.checkpoint_dir);
+    return true;
+  }
+  if (auto st = trainer.restore(*s); !st) {
+    spdlog::error("cannot resume: {}", st.message());
+    return false;
+  }
+  if (!(s->schedule == sc.schedule)) {
+    spdlog::warn(
+        "the checkpoint's run had another learning-rate schedule (lr {}, warmup {}, {} steps); "
+        "this one (lr {}, warmup {}, {} steps) applies from step {}",
+        s->schedule.peak, s->schedule.warmup_steps, s->schedule.total_steps, o.lr, o.warmup_steps,
+        o.steps, s->step + 1);
+  }
+  spdlog::info("resumed from {} (step {}, epoch {}, example {} of the epoch)",
+               checkpoint_path(o.checkpoint_dir, s->step).string(), s->step, s->cursor.epoch,
+               s->cursor.index);
+  return true;
+}
+
+/// --metrics-port: serves `prom` on 127.0.0.1 while it lives.
+class metrics_server {
+ public:
+  explicit metrics_server(const train_metrics& prom) : prom_(prom) {}
+  ~metrics_server() {
+    if (thread_.joinable()) {
+      http_.stop();
+      thread_.join();
+    }
+  }
+  metrics_server(const metrics_server&) = delete;
+  metrics_server& operator=(const metrics_server&) = delete;
+
+  bool start(int port) {
+    http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(prom_.text(), "text/plain; version=0.0.4");
+    });
+    if (!http_.bind_to_port("127.0.0.1", port)) return false;
+    thread_ = std::thread([this] { http_.listen_after_bind(); });
+    return true;
+  }
+
+ private:
+  const train_metrics& prom_;
+  httplib::Server http_;
+  std::thread thread_;
+};
+
+/// --save and --plot, after training.
+int save_and_plot(const train_options& o, const gpu::gguf_file& file,
+                  const trainable_model<float>& model, const fs::path& metrics_path) {
+  if (!o.save_path.empty()) {
+    if (auto st = export_gguf(file, model, *gpu::parse_type_name(o.save_type), o.save_path); !st) {
+      spdlog::error("--save {}: {}", o.save_path, st.message());
+      return 1;
+    }
+    spdlog::info("saved {} ({})", o.save_path, o.save_type);
+  }
+  if (!o.plot_path.empty()) {
+    const auto script = plot_script();
+    if (!script) {
+      spdlog::error("--plot: scripts/plot_train.py not found (set WEFT_PLOT_TRAIN)");
+      return 1;
+    }
+    const std::string cmd =
+        "python3 '" + script->string() + "' '" + metrics_path.string() + "' '" + o.plot_path + "'";
+    if (std::system(cmd.c_str()) != 0) {
+      spdlog::error("--plot: {} failed (it needs matplotlib)", script->string());
+      return 1;
+    }
+    spdlog::info("loss curve {}", o.plot_path);
+  }
+  return 0;
+}
+
 int run_train(const train_options& o) {
   lr_schedule::shape shape{};
   if (!parse_lr_shape(o.lr_schedule, shape)) {
     spdlog::error("--lr-schedule must be cosine or constant");
     return 2;
   }
-  const auto save_type = gpu::parse_type_name(o.save_type);
   if (o.resume && o.checkpoint_dir.empty()) {
     spdlog::error("--resume needs --checkpoint-dir");
     return 2;
@@ -195,41 +292,9 @@ int run_train(const train_options& o) {
       "model: {} parameters in f32 ({:.1f} MiB; with gradients and AdamW moments {:.1f} MiB)",
       (*model)->n_parameters(), (*model)->n_parameters() * 4.0 / (1 << 20),
       (*model)->n_parameters() * 16.0 / (1 << 20));
-  sft_config sc;
-  sc.seed = o.seed;
-  sc.step_tokens = o.batch_tokens;
-  sc.micro_batch_tokens = o.micro_batch_tokens;
-  sc.schedule.peak = o.lr;
-  sc.schedule.warmup_steps = o.warmup_steps;
-  sc.schedule.total_steps = o.steps;
-  sc.schedule.decay = shape;
-  sc.schedule.min_ratio = o.min_lr_ratio;
-  sc.adamw = {o.beta1, o.beta2, o.adam_eps, o.weight_decay};
-  sc.max_grad_norm = o.max_grad_norm;
+  const sft_config sc = config_of(o, shape);
   sft_trainer trainer(**model, *data, sc);
-  if (o.resume) {
-    std::vector<std::string> skipped;
-    auto s = load_latest_checkpoint(o.checkpoint_dir, &skipped);
-    for (const auto& why : skipped) spdlog::warn("{}; trying an older one", why);
-    if (s) {
-      if (auto st = trainer.restore(*s); !st) {
-        spdlog::error("cannot resume: {}", st.message());
-        return 2;
-      }
-      if (!(s->schedule == sc.schedule)) {
-        spdlog::warn(
-            "the checkpoint's run had another learning-rate schedule (lr {}, warmup {}, {} steps); "
-            "this one (lr {}, warmup {}, {} steps) applies from step {}",
-            s->schedule.peak, s->schedule.warmup_steps, s->schedule.total_steps, o.lr,
-            o.warmup_steps, o.steps, s->step + 1);
-      }
-      spdlog::info("resumed from {} (step {}, epoch {}, example {} of the epoch)",
-                   checkpoint_path(o.checkpoint_dir, s->step).string(), s->step, s->cursor.epoch,
-                   s->cursor.index);
-    } else {
-      spdlog::warn("--resume: no checkpoint in {}; starting at step 0", o.checkpoint_dir);
-    }
-  }
+  if (o.resume && !resume_from_checkpoint(o, trainer, sc)) return 2;
   const fs::path metrics_path =
       !o.metrics_path.empty()
           ? fs::path{o.metrics_path}
@@ -241,27 +306,15 @@ int run_train(const train_options& o) {
   for (const auto& r : trainer.history()) write_metrics_line(metrics_out, r, 0.0);
 
   train_metrics prom;
-  std::unique_ptr<httplib::Server> http;
-  std::thread http_thread;
+  std::optional<metrics_server> http;
   if (o.metrics_port > 0) {
-    http = std::make_unique<httplib::Server>();
-    http->Get("/metrics", [&prom](const httplib::Request&, httplib::Response& res) {
-      res.set_content(prom.text(), "text/plain; version=0.0.4");
-    });
-    if (!http->bind_to_port("127.0.0.1", o.metrics_port)) {
+    http.emplace(prom);
+    if (!http->start(o.metrics_port)) {
       spdlog::error("--metrics-port {}: cannot listen on 127.0.0.1", o.metrics_port);
       return 2;
     }
-    http_thread = std::thread([&http] { http->listen_after_bind(); });
     spdlog::info("metrics on http://127.0.0.1:{}/metrics", o.metrics_port);
   }
-  auto stop_http = [&] {
-    if (http) {
-      http->stop();
-      http_thread.join();
-      http.reset();
-    }
-  };
 
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
@@ -296,15 +349,12 @@ int run_train(const train_options& o) {
     if (const int sig = g_stop_signal.load(); sig != 0) {
       spdlog::warn("{} at step {}: writing a checkpoint and stopping (continue with --resume)",
                    sig == SIGTERM ? "SIGTERM" : "SIGINT", trainer.steps_done());
-      const bool ok = checkpoint_now(true);
-      stop_http();
-      return ok ? 128 + sig : 1;
+      return checkpoint_now(true) ? 128 + sig : 1;
     }
     const auto t0 = std::chrono::steady_clock::now();
     auto r = trainer.step();
     if (!r) {
       spdlog::error("step {}: {}", trainer.steps_done() + 1, r.error().message());
-      stop_http();
       return 1;
     }
     const auto now = std::chrono::steady_clock::now();
@@ -320,16 +370,12 @@ int run_train(const train_options& o) {
     write_metrics_line(metrics_out, *r, tps);
     prom.update(*r, tps);
     if (ckpt && (r->step % std::max<int64_t>(1, o.checkpoint_every) == 0 || r->step == o.steps)) {
-      if (!checkpoint_now(r->step == o.steps)) {
-        stop_http();
-        return 1;
-      }
+      if (!checkpoint_now(r->step == o.steps)) return 1;
     }
   }
   if (ckpt) {
     if (auto st = ckpt->wait(); !st) {
       spdlog::error("checkpoint failed: {}", st.message());
-      stop_http();
       return 1;
     }
   }
@@ -341,29 +387,8 @@ int run_train(const train_options& o) {
                  static_cast<double>(tokens_done) / std::max(total_s, 1e-9),
                  trainer.history().back().loss);
   }
-  stop_http();
-  if (!o.save_path.empty()) {
-    if (auto st = export_gguf(*file, **model, *save_type, o.save_path); !st) {
-      spdlog::error("--save {}: {}", o.save_path, st.message());
-      return 1;
-    }
-    spdlog::info("saved {} ({})", o.save_path, o.save_type);
-  }
-  if (!o.plot_path.empty()) {
-    const auto script = plot_script();
-    if (!script) {
-      spdlog::error("--plot: scripts/plot_train.py not found (set WEFT_PLOT_TRAIN)");
-      return 1;
-    }
-    const std::string cmd =
-        "python3 '" + script->string() + "' '" + metrics_path.string() + "' '" + o.plot_path + "'";
-    if (std::system(cmd.c_str()) != 0) {
-      spdlog::error("--plot: {} failed (it needs matplotlib)", script->string());
-      return 1;
-    }
-    spdlog::info("loss curve {}", o.plot_path);
-  }
-  return 0;
+  http.reset();
+  return save_and_plot(o, *file, **model, metrics_path);
 }
 
 }  // namespace
