@@ -45,7 +45,12 @@ result<child_process> child_process::start(const std::vector<std::string>& argv,
   sigemptyset(&defaults);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&defaults, sig);
   posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  // Its own process group: a terminal's Ctrl-C reaches only this process, which stops its
+  // children in order (a trainer group checkpoints first); a dying parent still takes them along
+  // (WEFT_EXIT_WITH_PARENT).
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
   pid_t pid = -1;
   int rc = posix_spawn(&pid, argv[0].c_str(), &actions, &attr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);

@@ -9,6 +9,7 @@
 #include "actors/cache/cache_shard.hpp"
 #include "actors/node.hpp"
 #include "actors/serve/engine_worker.hpp"
+#include "actors/train/trainer.hpp"
 #include "apps/cluster_options.hpp"
 #include "apps/commands.hpp"
 #include "apps/process_control.hpp"
@@ -81,6 +82,7 @@ int run_node(const node_cli& cli) {
   actors::add_builtin_roles(*roles);
   serve::add_serve_roles(*roles);
   cache::add_cache_roles(*roles);
+  train::add_train_roles(*roles);
   add_extra_roles(*roles);
   auto node = actors::node::start(opts, roles);
   if (!node) {

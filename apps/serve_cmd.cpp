@@ -26,6 +26,7 @@
 #include "apps/child_process.hpp"
 #include "apps/commands.hpp"
 #include "apps/config_file.hpp"
+#include "apps/local_nodes.hpp"
 #include "apps/process_control.hpp"
 #include "apps/version.hpp"
 
@@ -72,121 +73,13 @@ struct serve_cli {
   bool relaunch_nodes = true;
 };
 
-/// Reads lines of a child until one starts with `prefix`.
-bool wait_for_line(child_process& c, const std::string& prefix, int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto line = c.read_line(timeout_ms);
-    if (!line) return false;
-    if (line->rfind(prefix, 0) == 0) return true;
-  }
-  return false;
-}
-
-/// The worker node processes; relaunches one that dies (its worker is re-placed by the supervisor
-/// at once; the new process adds capacity back once it joined).
-class worker_nodes {
- public:
-  worker_nodes(std::string secret_hex, uint16_t head_port, const serve_cli& cli, int n_engine_nodes)
-      : secret_hex_(std::move(secret_hex)),
-        head_port_(head_port),
-        cli_(cli),
-        n_engine_(n_engine_nodes) {}
-
-  /// Node i < n_engine_nodes hosts an engine worker ("worker-node-i"); the others a cache shard.
-  status launch(int i) {
-    const bool engine = i < n_engine_;
-    const std::string node_id =
-        engine ? "worker-node-" + std::to_string(i) : "cache-node-" + std::to_string(i - n_engine_);
-    std::vector<std::string> argv = {self_exe(),
-                                     "node",
-                                     "--join",
-                                     "127.0.0.1:" + std::to_string(head_port_),
-                                     "--node-id",
-                                     node_id,
-                                     "--roles",
-                                     engine ? "engine_worker" : "cache_shard",
-                                     "--heartbeat-ms",
-                                     std::to_string(cli_.heartbeat_ms),
-                                     "--connection-timeout-ms",
-                                     std::to_string(cli_.connection_timeout_ms)};
-    auto c = child_process::start(argv, {"WEFT_CLUSTER_SECRET=" + secret_hex_});
-    if (!c) return c.error();
-    if (!wait_for_line(*c, "weft-node-ready", 20'000)) {
-      return make_error(errc::unavailable, node_id + " did not start");
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (static_cast<size_t>(i) >= nodes_.size()) nodes_.resize(static_cast<size_t>(i) + 1);
-    nodes_[static_cast<size_t>(i)] = std::move(*c);
-    return {};
-  }
-
-  /// Called periodically: reports dead node processes and relaunches them (bounded).
-  void watch() {
-    for (size_t i = 0; i < size(); ++i) {
-      int st = 0;
-      bool dead = false;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        dead = nodes_[i] && nodes_[i]->exited(&st);
-        if (dead) nodes_[i].reset();
-      }
-      if (!dead) continue;
-      spdlog::warn("worker-node-{} exited (status {}); its requests migrate to the other workers",
-                   i, st);
-      if (!cli_.relaunch_nodes || relaunches_ >= cli_.max_restarts) continue;
-      ++relaunches_;
-      if (auto s = launch(static_cast<int>(i)); !s.ok()) {
-        spdlog::error("relaunching worker-node-{}: {}", i, s.to_string());
-      } else {
-        spdlog::info("worker-node-{} relaunched", i);
-      }
-    }
-  }
-
-  size_t size() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return nodes_.size();
-  }
-
-  /// SIGKILLs the node process with `pid` if it is one of ours (a hung worker); watch() then
-  /// relaunches it. Returns false for a pid that is not a live child.
-  bool kill(uint32_t pid) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& n : nodes_) {
-      if (n && static_cast<uint32_t>(n->pid()) == pid) {
-        n->signal(SIGKILL);
-        return true;
-      }
-    }
-    return false;
-  }
-
-  void stop_all() {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& n : nodes_) {
-      if (n) n->stop();
-    }
-    nodes_.clear();
-  }
-
- private:
-  std::string secret_hex_;
-  uint16_t head_port_;
-  const serve_cli& cli_;
-  std::mutex mu_;
-  std::vector<std::optional<child_process>> nodes_;
-  int relaunches_ = 0;
-  int n_engine_ = 0;
-};
-
 /// Where the router's hung-worker callback finds the node processes (null once they are gone).
 struct hung_hook {
   std::mutex mu;
-  worker_nodes* nodes = nullptr;
+  local_nodes* nodes = nullptr;
 };
 struct hung_hook_guard {
-  hung_hook_guard(std::shared_ptr<hung_hook> h, worker_nodes* n) : hook(std::move(h)) {
+  hung_hook_guard(std::shared_ptr<hung_hook> h, local_nodes* n) : hook(std::move(h)) {
     std::lock_guard<std::mutex> lock(hook->mu);
     hook->nodes = n;
   }
@@ -303,7 +196,18 @@ int run_serve(const serve_cli& cli) {
   }
 
   const int n_shards = cli.cache_shards;
-  worker_nodes nodes(secret_hex, (*node)->head_port(), cli, n_workers);
+  // Nodes i < n_workers host an engine worker, the others a cache shard. A dead one is relaunched:
+  // its worker is re-placed by the supervisor at once; the new process adds capacity back once
+  // it joined.
+  local_nodes nodes(
+      secret_hex, (*node)->head_port(),
+      [n_workers](int i) -> local_node_spec {
+        if (i < n_workers) return {"worker-node-" + std::to_string(i), {"engine_worker"}};
+        return {"cache-node-" + std::to_string(i - n_workers), {"cache_shard"}};
+      },
+      {"--heartbeat-ms", std::to_string(cli.heartbeat_ms), "--connection-timeout-ms",
+       std::to_string(cli.connection_timeout_ms)},
+      cli.relaunch_nodes, cli.max_restarts);
   hung_hook_guard hook_guard(hook, &nodes);
   for (int i = 0; i < n_workers + n_shards; ++i) {
     if (auto s = nodes.launch(i); !s.ok()) {

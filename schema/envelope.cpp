@@ -186,6 +186,16 @@ capnp::StructSchema schema_of(kind k) {
       return capnp::Schema::from<wire::CachePublishDone>();
     case kind::cache_shard_load:
       return capnp::Schema::from<wire::CacheShardLoad>();
+    case kind::trainer_hello:
+      return capnp::Schema::from<wire::TrainerHello>();
+    case kind::trainer_group:
+      return capnp::Schema::from<wire::TrainerGroup>();
+    case kind::trainer_step:
+      return capnp::Schema::from<wire::TrainerStep>();
+    case kind::trainer_done:
+      return capnp::Schema::from<wire::TrainerDone>();
+    case kind::trainer_started:
+      return capnp::Schema::from<wire::TrainerStarted>();
     case kind::none:
     case kind::oversize:
       break;
@@ -196,7 +206,7 @@ capnp::StructSchema schema_of(kind k) {
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
   return v >= static_cast<uint16_t>(kind::error) &&
-         v <= static_cast<uint16_t>(kind::cache_shard_load);
+         v <= static_cast<uint16_t>(kind::trainer_started);
 }
 
 }  // namespace
@@ -321,6 +331,16 @@ const char* to_string(kind k) {
       return "CachePublishDone";
     case kind::cache_shard_load:
       return "CacheShardLoad";
+    case kind::trainer_hello:
+      return "TrainerHello";
+    case kind::trainer_group:
+      return "TrainerGroup";
+    case kind::trainer_step:
+      return "TrainerStep";
+    case kind::trainer_done:
+      return "TrainerDone";
+    case kind::trainer_started:
+      return "TrainerStarted";
     case kind::oversize:
       return "oversize";
   }

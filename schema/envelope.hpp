@@ -19,6 +19,7 @@
 #include "schema/control.capnp.h"
 #include "schema/serve.capnp.h"
 #include "schema/status.hpp"
+#include "schema/train.capnp.h"
 
 namespace weft::schema {
 
@@ -57,6 +58,11 @@ enum class kind : uint16_t {
   cache_publish = 30,
   cache_publish_done = 31,
   cache_shard_load = 32,
+  trainer_hello = 33,
+  trainer_group = 34,
+  trainer_step = 35,
+  trainer_done = 36,
+  trainer_started = 37,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -102,6 +108,11 @@ WEFT_SCHEMA_KIND(CacheRelease, cache_release)
 WEFT_SCHEMA_KIND(CachePublish, cache_publish)
 WEFT_SCHEMA_KIND(CachePublishDone, cache_publish_done)
 WEFT_SCHEMA_KIND(CacheShardLoad, cache_shard_load)
+WEFT_SCHEMA_KIND(TrainerHello, trainer_hello)
+WEFT_SCHEMA_KIND(TrainerGroup, trainer_group)
+WEFT_SCHEMA_KIND(TrainerStep, trainer_step)
+WEFT_SCHEMA_KIND(TrainerDone, trainer_done)
+WEFT_SCHEMA_KIND(TrainerStarted, trainer_started)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults

@@ -24,10 +24,10 @@ result<std::unique_ptr<peer_group>> peer_group::connect(engine& e, int rank,
                                                         const std::vector<bytes>& addresses,
                                                         group_options options) {
   const int n = static_cast<int>(addresses.size());
-  if (n < 1 || rank < 0 || rank >= n || n > 4095) {
-    return make_status(status_code::invalid_argument,
-                       "peer group: rank " + std::to_string(rank) + " of " + std::to_string(n) +
-                           " members (1..4095)");
+  if (n < 1 || rank < 0 || rank >= n || n > 2047) {
+    return make_status(status_code::invalid_argument, "peer group: rank " + std::to_string(rank) +
+                                                          " of " + std::to_string(n) +
+                                                          " members (1..2047)");
   }
   if (n > 1 && !e.caps().tagged) {
     return make_status(status_code::unsupported,
@@ -61,9 +61,12 @@ void peer_group::abort() {
   for (const auto& t : in_flight_) (void)engine_.cancel(t);
 }
 
-tag_t peer_group::tag(uint32_t phase, int src) const {
-  return (tag_t{options_.generation} << 48) | (tag_t{seq_} << 16) | (tag_t{phase & 0xF} << 12) |
-         static_cast<tag_t>(src & 0xFFF);
+tag_t peer_group::tag(uint32_t phase, int src, int dst) const {
+  // generation:16 | sequence:24 | phase:2 | source rank:11 | destination rank:11. The destination
+  // keeps apart two members that share one engine (two ranks in one process).
+  return (tag_t{options_.generation} << 48) | (tag_t{seq_ & 0xFFFFFF} << 24) |
+         (tag_t{phase & 0x3} << 22) | (static_cast<tag_t>(src & 0x7FF) << 11) |
+         static_cast<tag_t>(dst & 0x7FF);
 }
 
 status peer_group::ensure_scratch(size_t bytes) {
@@ -139,16 +142,24 @@ status peer_group::reduce(std::span<T> data) {
   // Phase 1 (reduce-scatter): my pieces of every chunk to its owner; the pieces of mine to slots.
   for (int r = 0; r < k; ++r) {
     if (r == rank_ || my_n == 0) continue;
-    recv_request rq{tag(1, r), ~tag_t{0}, peers_[static_cast<size_t>(r)], scratch_,
-                    work_bytes + static_cast<size_t>(r) * max_chunk * sizeof(T), my_n * sizeof(T),
+    recv_request rq{tag(1, r, rank_),
+                    ~tag_t{0},
+                    peers_[static_cast<size_t>(r)],
+                    scratch_,
+                    work_bytes + static_cast<size_t>(r) * max_chunk * sizeof(T),
+                    my_n * sizeof(T),
                     to};
     if (auto s = start(engine_.recv(rq, nullptr)); !s.ok()) return fail_started(s);
   }
   for (int r = 0; r < k; ++r) {
     const auto [lo, hi] = chunk(n, k, r);
     if (r == rank_ || hi == lo) continue;
-    send_request sq{peers_[static_cast<size_t>(r)], tag(1, rank_), scratch_, lo * sizeof(T),
-                    (hi - lo) * sizeof(T), to};
+    send_request sq{peers_[static_cast<size_t>(r)],
+                    tag(1, rank_, r),
+                    scratch_,
+                    lo * sizeof(T),
+                    (hi - lo) * sizeof(T),
+                    to};
     if (auto s = start(engine_.send(sq, nullptr)); !s.ok()) return fail_started(s);
   }
   if (auto s = run(started); !s.ok()) return s;
@@ -168,14 +179,19 @@ status peer_group::reduce(std::span<T> data) {
   for (int r = 0; r < k; ++r) {
     const auto [lo, hi] = chunk(n, k, r);
     if (r == rank_ || hi == lo) continue;
-    recv_request rq{tag(2, r),      ~tag_t{0}, peers_[static_cast<size_t>(r)], scratch_,
-                    lo * sizeof(T), (hi - lo) * sizeof(T), to};
+    recv_request rq{
+        tag(2, r, rank_),      ~tag_t{0}, peers_[static_cast<size_t>(r)], scratch_, lo * sizeof(T),
+        (hi - lo) * sizeof(T), to};
     if (auto s = start(engine_.recv(rq, nullptr)); !s.ok()) return fail_started(s);
   }
   for (int r = 0; r < k; ++r) {
     if (r == rank_ || my_n == 0) continue;
-    send_request sq{peers_[static_cast<size_t>(r)], tag(2, rank_), scratch_, my_lo * sizeof(T),
-                    my_n * sizeof(T), to};
+    send_request sq{peers_[static_cast<size_t>(r)],
+                    tag(2, rank_, r),
+                    scratch_,
+                    my_lo * sizeof(T),
+                    my_n * sizeof(T),
+                    to};
     if (auto s = start(engine_.send(sq, nullptr)); !s.ok()) return fail_started(s);
   }
   if (auto s = run(started); !s.ok()) return s;

@@ -9,11 +9,11 @@
 /// everyone (a reduce-scatter and an all-gather: 2 (size-1)/size of the vector sent per member,
 /// like a ring, in size-1 steps less latency for the small groups of a CPU cluster).
 ///
-/// Every message carries a tag of (generation, sequence number, phase, sender rank): the group's
-/// calls must be made in the same order on every member, and a message of an older incarnation of
-/// the group (another `generation`) never matches. Every transfer has the group's deadline, so a
-/// member that died makes the call fail (timeout or peer_unreachable) instead of hanging; abort()
-/// makes it fail at once.
+/// Every message carries a tag of (generation, sequence number, phase, sender and receiver rank):
+/// the group's calls must be made in the same order on every member, and a message of an older
+/// incarnation of the group (another `generation`) never matches. Every transfer has the group's
+/// deadline, so a member that died makes the call fail (timeout or peer_unreachable) instead of
+/// hanging; abort() makes it fail at once.
 ///
 /// Thread safety: one thread makes the calls; abort() may come from any thread.
 
@@ -61,7 +61,7 @@ class peer_group {
   status reduce(std::span<T> data);
   status ensure_scratch(size_t bytes);
   status run(std::vector<transfer>& started);
-  tag_t tag(uint32_t phase, int src) const;
+  tag_t tag(uint32_t phase, int src, int dst) const;
 
   engine& engine_;
   int rank_;

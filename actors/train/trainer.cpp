@@ -1,0 +1,431 @@
+#include "actors/train/trainer.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "actors/private_messages.hpp"
+#include "actors/roles.hpp"
+#include "actors/runtime.hpp"
+#include "actors/train/train_atoms.hpp"
+#include "gpu/ggml_types.hpp"
+#include "gpu/train/checkpoint.hpp"
+#include "gpu/train/export.hpp"
+#include "schema/caf_bridge.hpp"
+#include "transport/engine.hpp"
+#include "transport/peer_group.hpp"
+
+namespace weft::train {
+
+using schema::envelope;
+namespace wire = schema::wire;
+using namespace gpu::train;
+
+std::string trainer_config::to_json() const {
+  return nlohmann::json{{"run", gpu::train::to_json(run)},
+                        {"rank", rank},
+                        {"world", world},
+                        {"coordinator_host", coordinator_host},
+                        {"coordinator_port", coordinator_port},
+                        {"allreduce_timeout_ms", allreduce_timeout_ms}}
+      .dump();
+}
+
+result<trainer_config> trainer_config::from_json(const std::string& json) {
+  auto j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("run")) {
+    return make_error(errc::invalid_argument, "trainer: config is not a JSON object with 'run'");
+  }
+  trainer_config c;
+  auto run = sft_run_options_from_json(j["run"]);
+  if (!run) return make_error(errc::invalid_argument, "trainer: " + run.error().message());
+  c.run = std::move(*run);
+  try {
+    c.rank = j.value("rank", c.rank);
+    c.world = j.value("world", c.world);
+    c.coordinator_host = j.value("coordinator_host", c.coordinator_host);
+    c.coordinator_port = j.value("coordinator_port", c.coordinator_port);
+    c.allreduce_timeout_ms = j.value("allreduce_timeout_ms", c.allreduce_timeout_ms);
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(errc::invalid_argument, std::string{"trainer: "} + e.what());
+  }
+  if (c.world < 1 || c.world > 2047 || c.rank < 0 || c.rank >= c.world || c.coordinator_port == 0 ||
+      c.allreduce_timeout_ms < 100) {
+    return make_error(errc::invalid_argument, "trainer: rank " + std::to_string(c.rank) + " of " +
+                                                  std::to_string(c.world) + ", coordinator port " +
+                                                  std::to_string(c.coordinator_port) +
+                                                  " out of range");
+  }
+  return c;
+}
+
+namespace {
+
+/// What the actor and its training thread share.
+struct rank_shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<envelope> group;  ///< the coordinator's TrainerGroup
+  bool abort = false;
+  std::atomic<bool> stop_requested{false};
+  transport::peer_group* peers = nullptr;  ///< while connected; abort() cancels its transfers
+};
+
+/// The training thread of one rank.
+class rank_loop {
+ public:
+  rank_loop(trainer_config cfg, std::string name, std::shared_ptr<transport::engine> engine,
+            std::shared_ptr<rank_shared> shared, caf::actor self, caf::actor coordinator)
+      : cfg_(std::move(cfg)),
+        name_(std::move(name)),
+        engine_(std::move(engine)),
+        shared_(std::move(shared)),
+        self_(std::move(self)),
+        coordinator_(std::move(coordinator)) {}
+
+  ~rank_loop() {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->peers = nullptr;
+  }
+  rank_loop(const rank_loop&) = delete;
+  rank_loop& operator=(const rank_loop&) = delete;
+
+  void run() {
+    auto st = train();
+    if (aborted()) return;
+    if (!st.ok()) fail(st.message, fatal_);
+  }
+
+ private:
+  bool aborted() {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    return shared_->abort;
+  }
+
+  /// Tells the coordinator; a non-fatal failure also ends the actor abnormally (gang restart).
+  void fail(const std::string& why, bool fatal) {
+    spdlog::error("trainer {}: {}{}", name_, why, fatal ? " (fatal: the run stops)" : "");
+    caf::send_as(self_, coordinator_, t_done_atom::value,
+                 envelope::build<wire::TrainerDone>([&](wire::TrainerDone::Builder b) {
+                   b.setGeneration(generation_);
+                   b.setRank(static_cast<uint32_t>(cfg_.rank));
+                   b.setStep(trainer_ ? trainer_->steps_done() : 0);
+                   b.setError(why);
+                   b.setFatal(fatal);
+                   b.setFirstStep(first_step_);
+                 }));
+    if (!fatal) caf::send_as(self_, self_, t_failed_atom::value, why);
+  }
+
+  error fatal(std::string why) {
+    fatal_ = true;
+    return make_error(errc::invalid_argument, std::move(why));
+  }
+
+  status train() {
+    set_blas_threads(cfg_.run.threads);
+    auto loaded = load_sft_run(cfg_.run);
+    if (!loaded) return fatal(loaded.error().message());
+    run_ = std::move(*loaded);
+    auto sc = make_sft_config(cfg_.run);
+    if (!sc) return fatal(sc.error().message());
+    auto address = engine_->local_address();
+    if (!address) return make_error(errc::unavailable, "transport: " + address.error().message);
+    caf::send_as(self_, coordinator_, t_hello_atom::value,
+                 envelope::build<wire::TrainerHello>([&](wire::TrainerHello::Builder b) {
+                   b.setRank(static_cast<uint32_t>(cfg_.rank));
+                   b.setWorld(static_cast<uint32_t>(cfg_.world));
+                   b.setAddress(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(address->data()),
+                                             address->size()));
+                   b.setPid(static_cast<uint32_t>(::getpid()));
+                 }));
+    spdlog::info("trainer {}: rank {} of {} loaded; waiting for the group", name_, cfg_.rank,
+                 cfg_.world);
+    envelope group_env;
+    {
+      std::unique_lock<std::mutex> lock(shared_->mu);
+      shared_->cv.wait(lock, [&] { return shared_->abort || shared_->group.has_value(); });
+      if (shared_->abort) return {};
+      group_env = *shared_->group;
+    }
+    auto g = group_env.read<wire::TrainerGroup>();
+    if (!g) return g.error();
+    generation_ = g->get().getGeneration();
+    std::vector<transport::bytes> addresses;
+    for (auto a : g->get().getAddresses()) {
+      const auto* p = reinterpret_cast<const std::byte*>(a.begin());
+      addresses.emplace_back(p, p + a.size());
+    }
+    if (addresses.size() != static_cast<size_t>(cfg_.world)) {
+      return make_error(errc::malformed, "the group has " + std::to_string(addresses.size()) +
+                                             " members, this run " + std::to_string(cfg_.world));
+    }
+    transport::group_options go;
+    go.timeout_ms = cfg_.allreduce_timeout_ms;
+    go.generation = generation_;
+    auto peers = transport::peer_group::connect(*engine_, cfg_.rank, addresses, go);
+    if (!peers) return make_error(errc::unavailable, peers.error().to_string());
+    peers_ = std::move(*peers);
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      if (shared_->abort) return {};
+      shared_->peers = peers_.get();
+    }
+    trainer_ = std::make_unique<sft_trainer>(
+        *run_->model, run_->data, *sc,
+        [this](std::span<const std::span<float>> grads, double& loss_sum, int64_t& loss_tokens) {
+          return reduce(grads, loss_sum, loss_tokens);
+        },
+        cfg_.rank, cfg_.world);
+    if (auto s = start_point(g->get().getResume()); !s.ok()) return s;
+    return loop();
+  }
+
+  /// The gradient reducer: every tensor summed over the group, then the loss sums and the stop
+  /// votes (so that every rank stops after the same step).
+  gpu::status reduce(std::span<const std::span<float>> grads, double& loss_sum,
+                     int64_t& loss_tokens) {
+    size_t n = 0;
+    for (const auto& g : grads) n += g.size();
+    flat_.resize(n);
+    size_t at = 0;
+    for (const auto& g : grads) {
+      std::copy(g.begin(), g.end(), flat_.begin() + static_cast<std::ptrdiff_t>(at));
+      at += g.size();
+    }
+    if (auto s = peers_->all_reduce_sum(std::span<float>(flat_)); !s.ok()) {
+      return {gpu::status_code::internal, "gradient all-reduce: " + s.to_string()};
+    }
+    at = 0;
+    for (const auto& g : grads) {
+      std::copy(flat_.begin() + static_cast<std::ptrdiff_t>(at),
+                flat_.begin() + static_cast<std::ptrdiff_t>(at + g.size()), g.begin());
+      at += g.size();
+    }
+    double scalars[3] = {loss_sum, static_cast<double>(loss_tokens),
+                         shared_->stop_requested.load() ? 1.0 : 0.0};
+    if (auto s = peers_->all_reduce_sum(std::span<double>(scalars, 3)); !s.ok()) {
+      return {gpu::status_code::internal, "loss all-reduce: " + s.to_string()};
+    }
+    loss_sum = scalars[0];
+    loss_tokens = static_cast<int64_t>(scalars[1]);
+    stop_votes_ = scalars[2];
+    return {};
+  }
+
+  /// Agrees on the checkpoint to continue from: rank 0's newest valid one (when resuming). Every
+  /// rank then loads that very file, whatever a dying earlier incarnation may still write.
+  status start_point(bool resume) {
+    const std::string& dir = cfg_.run.checkpoint_dir;
+    double step[1] = {0.0};
+    std::optional<checkpoint_state> state;
+    if (resume && !dir.empty() && cfg_.rank == 0) {
+      std::vector<std::string> skipped;
+      auto s = load_latest_checkpoint(dir, &skipped);
+      for (const auto& why : skipped)
+        spdlog::warn("trainer {}: {}; trying an older one", name_, why);
+      if (s) {
+        step[0] = static_cast<double>(s->step);
+        state = std::move(*s);
+      } else {
+        spdlog::warn("trainer {}: no checkpoint in {}; starting at step 0", name_, dir);
+      }
+    }
+    if (auto s = peers_->all_reduce_sum(std::span<double>(step, 1)); !s.ok()) {
+      return make_error(errc::unavailable, "agreeing on the checkpoint: " + s.to_string());
+    }
+    first_step_ = static_cast<int64_t>(step[0]);
+    if (first_step_ > 0) {
+      if (!state) {
+        auto s = read_checkpoint(checkpoint_path(dir, first_step_));
+        if (!s) {
+          return make_error(errc::unavailable, "rank 0 resumes from step " +
+                                                   std::to_string(first_step_) + ": " +
+                                                   s.error().message());
+        }
+        state = std::move(*s);
+      }
+      if (auto st = trainer_->restore(*state); !st) return fatal("cannot resume: " + st.message());
+      spdlog::info("trainer {}: resumed from {} (step {})", name_,
+                   checkpoint_path(dir, first_step_).string(), first_step_);
+    }
+    if (cfg_.rank == 0) {
+      caf::send_as(self_, coordinator_, t_started_atom::value,
+                   envelope::build<wire::TrainerStarted>([&](wire::TrainerStarted::Builder b) {
+                     b.setGeneration(generation_);
+                     b.setFirstStep(first_step_);
+                   }));
+    }
+    return {};
+  }
+
+  status loop() {
+    const auto& o = cfg_.run;
+    std::optional<async_checkpointer> ckpt;
+    if (cfg_.rank == 0 && !o.checkpoint_dir.empty())
+      ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
+    bool stopped = false;
+    while (trainer_->steps_done() < o.steps && !aborted()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = trainer_->step();
+      if (!r) {
+        // A failed all-reduce is a lost peer (restartable); anything else is the step's own.
+        const bool transport = r.error().message().find("all-reduce") != std::string::npos;
+        if (transport) return make_error(errc::unavailable, r.error().message());
+        return fatal("step " + std::to_string(trainer_->steps_done() + 1) + ": " +
+                     r.error().message());
+      }
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      stopped = stop_votes_ > 0.0;
+      const bool last = r->step == o.steps || stopped;
+      bool checkpointed = false;
+      if (ckpt && (r->step % o.checkpoint_every == 0 || last)) {
+        if (auto st = ckpt->save([&](checkpoint_state& s) { trainer_->snapshot_into(s); }); !st) {
+          return fatal("checkpoint: " + st.message());
+        }
+        checkpointed = true;
+        if (last) {
+          if (auto st = ckpt->wait(); !st) return fatal("checkpoint: " + st.message());
+        }
+      }
+      if (cfg_.rank == 0) {
+        caf::send_as(self_, coordinator_, t_step_atom::value,
+                     envelope::build<wire::TrainerStep>([&](wire::TrainerStep::Builder b) {
+                       b.setGeneration(generation_);
+                       b.setStep(r->step);
+                       b.setLoss(r->loss);
+                       b.setLr(r->lr);
+                       b.setGradNorm(r->grad_norm);
+                       b.setTokens(r->tokens);
+                       b.setSeconds(seconds);
+                       b.setCheckpointed(checkpointed);
+                     }));
+      }
+      if (stopped) break;
+    }
+    if (aborted()) return {};
+    if (ckpt) {
+      if (auto st = ckpt->wait(); !st) return fatal("checkpoint: " + st.message());
+    }
+    if (cfg_.rank == 0 && !stopped && !o.save_path.empty()) {
+      if (auto st = export_gguf(run_->file, *run_->model, *gpu::parse_type_name(o.save_type),
+                                o.save_path);
+          !st) {
+        return fatal("--save " + o.save_path + ": " + st.message());
+      }
+      spdlog::info("trainer {}: saved {} ({})", name_, o.save_path, o.save_type);
+    }
+    caf::send_as(self_, coordinator_, t_done_atom::value,
+                 envelope::build<wire::TrainerDone>([&](wire::TrainerDone::Builder b) {
+                   b.setGeneration(generation_);
+                   b.setRank(static_cast<uint32_t>(cfg_.rank));
+                   b.setStep(trainer_->steps_done());
+                   b.setStopped(stopped);
+                   b.setFirstStep(first_step_);
+                 }));
+    return {};
+  }
+
+  trainer_config cfg_;
+  std::string name_;
+  std::shared_ptr<transport::engine> engine_;
+  std::shared_ptr<rank_shared> shared_;
+  caf::actor self_;
+  caf::actor coordinator_;
+  std::optional<sft_run> run_;
+  std::unique_ptr<transport::peer_group> peers_;
+  std::unique_ptr<sft_trainer> trainer_;
+  std::vector<float> flat_;
+  double stop_votes_ = 0.0;
+  uint16_t generation_ = 0;
+  int64_t first_step_ = 0;
+  bool fatal_ = false;
+};
+
+caf::behavior trainer_actor(caf::event_based_actor* self, std::string name, trainer_config cfg,
+                            std::shared_ptr<transport::engine> engine) {
+  // Detached: connecting blocks only this actor's own thread.
+  result<caf::actor> coordinator = make_error(errc::unavailable, "not tried");
+  for (int i = 0; i < 50; ++i) {
+    coordinator = actors::connect_actor(self->system(), cfg.coordinator_host, cfg.coordinator_port);
+    if (coordinator) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!coordinator) {
+    spdlog::error("trainer {}: the coordinator: {}", name, coordinator.error().message);
+    self->quit(caf::make_error(caf::sec::runtime_error, coordinator.error().message));
+    return {};
+  }
+  caf::actor coord = *coordinator;
+  self->monitor(coord);
+  auto shared = std::make_shared<rank_shared>();
+  auto loop = std::make_shared<rank_loop>(cfg, name, std::move(engine), shared,
+                                          caf::actor_cast<caf::actor>(self), coord);
+  auto thread = std::make_shared<std::thread>([loop] { loop->run(); });
+  // On any exit (the supervisor's, the coordinator gone, a failed step): stop the loop — cancel
+  // its transfers — and wait for it, so no step of this incarnation outlives the actor.
+  self->attach_functor([shared, thread](const caf::error&) {
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      shared->abort = true;
+      if (shared->peers != nullptr) shared->peers->abort();
+    }
+    shared->cv.notify_all();
+    if (thread->joinable()) thread->join();
+  });
+  self->set_down_handler([self, name, coord](const caf::down_msg& dm) {
+    if (dm.source == coord.address()) {
+      spdlog::warn("trainer {}: the coordinator is gone; stopping", name);
+      self->quit(caf::exit_reason::user_shutdown);
+    }
+  });
+  const auto from_coordinator = [self, coord] {
+    const auto& s = self->current_sender();
+    return s && s->address() == coord.address();
+  };
+  return {
+      [shared, from_coordinator](t_group_atom, const envelope& env) {
+        if (!from_coordinator()) return;
+        if (!env.read<wire::TrainerGroup>()) return;
+        {
+          std::lock_guard<std::mutex> lock(shared->mu);
+          if (shared->group) return;  // one group per incarnation
+          shared->group = env;
+        }
+        shared->cv.notify_all();
+      },
+      [shared, from_coordinator](t_stop_atom) {
+        if (from_coordinator()) shared->stop_requested.store(true);
+      },
+      [self](t_failed_atom, const std::string& why) {
+        if (!actors::from_self(self)) return;
+        self->quit(caf::make_error(caf::sec::runtime_error, why));
+      },
+  };
+}
+
+}  // namespace
+
+void add_train_roles(actors::role_registry& roles) {
+  roles.add("trainer",
+            [](caf::actor_system& sys, const actors::role_context& ctx) -> result<caf::actor> {
+              auto cfg = trainer_config::from_json(ctx.config_json);
+              if (!cfg) return cfg.error();
+              if (ctx.engine == nullptr || (cfg->world > 1 && !ctx.engine->caps().tagged)) {
+                return make_error(errc::invalid_argument,
+                                  "trainer: the gradient all-reduce needs the node's transport "
+                                  "with tagged messages (start the node with --transport ucx)");
+              }
+              return sys.spawn<caf::detached>(trainer_actor, ctx.name, std::move(cfg.value()),
+                                              ctx.engine);
+            });
+}
+
+}  // namespace weft::train

@@ -1,0 +1,101 @@
+#include "apps/local_nodes.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <csignal>
+
+namespace weft::apps {
+
+bool wait_for_line(child_process& c, const std::string& prefix, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto line = c.read_line(timeout_ms);
+    if (!line) return false;
+    if (line->rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+local_nodes::local_nodes(std::string secret_hex, uint16_t head_port,
+                         std::function<local_node_spec(int)> spec_of,
+                         std::vector<std::string> extra_args, bool relaunch, int max_relaunches)
+    : secret_hex_(std::move(secret_hex)),
+      head_port_(head_port),
+      spec_of_(std::move(spec_of)),
+      extra_args_(std::move(extra_args)),
+      relaunch_(relaunch),
+      max_relaunches_(max_relaunches) {}
+
+status local_nodes::launch(int i) {
+  const local_node_spec spec = spec_of_(i);
+  std::string roles;
+  for (const auto& r : spec.roles) roles += (roles.empty() ? "" : ",") + r;
+  std::vector<std::string> argv = {
+      self_exe(),  "node",       "--join",  "127.0.0.1:" + std::to_string(head_port_),
+      "--node-id", spec.node_id, "--roles", roles};
+  argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
+  auto c = child_process::start(argv, {"WEFT_CLUSTER_SECRET=" + secret_hex_});
+  if (!c) return c.error();
+  if (!wait_for_line(*c, "weft-node-ready", 20'000)) {
+    return make_error(errc::unavailable, spec.node_id + " did not start");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (static_cast<size_t>(i) >= nodes_.size()) nodes_.resize(static_cast<size_t>(i) + 1);
+  nodes_[static_cast<size_t>(i)] = std::move(*c);
+  return {};
+}
+
+void local_nodes::watch() {
+  for (size_t i = 0; i < size(); ++i) {
+    int st = 0;
+    bool dead = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      dead = nodes_[i] && nodes_[i]->exited(&st);
+      if (dead) nodes_[i].reset();
+    }
+    if (!dead) continue;
+    const std::string id = spec_of_(static_cast<int>(i)).node_id;
+    spdlog::warn("{} exited (status {})", id, st);
+    if (!relaunch_ || relaunches_ >= max_relaunches_) continue;
+    ++relaunches_;
+    if (auto s = launch(static_cast<int>(i)); !s.ok()) {
+      spdlog::error("relaunching {}: {}", id, s.to_string());
+    } else {
+      spdlog::info("{} relaunched", id);
+    }
+  }
+}
+
+size_t local_nodes::size() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return nodes_.size();
+}
+
+bool local_nodes::kill(uint32_t pid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& n : nodes_) {
+    if (n && static_cast<uint32_t>(n->pid()) == pid) {
+      n->signal(SIGKILL);
+      return true;
+    }
+  }
+  return false;
+}
+
+uint32_t local_nodes::pid(int i) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto k = static_cast<size_t>(i);
+  return k < nodes_.size() && nodes_[k] ? static_cast<uint32_t>(nodes_[k]->pid()) : 0;
+}
+
+void local_nodes::stop_all() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& n : nodes_) {
+    if (n) n->stop();
+  }
+  nodes_.clear();
+}
+
+}  // namespace weft::apps

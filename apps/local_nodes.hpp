@@ -1,0 +1,56 @@
+#pragma once
+// The `weft node` processes of a local cluster that one `weft` command runs (`weft serve`,
+// `weft train --trainers K`): started, watched, relaunched when they die (bounded), stopped.
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/child_process.hpp"
+#include "schema/status.hpp"
+
+namespace weft::apps {
+
+/// Reads lines of a child until one starts with `prefix`.
+bool wait_for_line(child_process& c, const std::string& prefix, int timeout_ms);
+
+struct local_node_spec {
+  std::string node_id;
+  std::vector<std::string> roles;
+};
+
+class local_nodes {
+ public:
+  /// Node i is `spec_of(i)`, joined to the head on 127.0.0.1:head_port with the cluster secret;
+  /// `extra_args` go to every `weft node` command line.
+  local_nodes(std::string secret_hex, uint16_t head_port,
+              std::function<local_node_spec(int)> spec_of, std::vector<std::string> extra_args,
+              bool relaunch, int max_relaunches);
+
+  /// Starts node i and waits until it is ready.
+  status launch(int i);
+  /// Called periodically: logs node processes that died and relaunches them (bounded).
+  void watch();
+  size_t size();
+  /// SIGKILLs the node process with `pid` if it is one of ours; false otherwise.
+  bool kill(uint32_t pid);
+  /// The pid of node i (0 when it is not running).
+  uint32_t pid(int i);
+  void stop_all();
+
+ private:
+  std::string secret_hex_;
+  uint16_t head_port_;
+  std::function<local_node_spec(int)> spec_of_;
+  std::vector<std::string> extra_args_;
+  bool relaunch_;
+  int max_relaunches_;
+  std::mutex mu_;
+  std::vector<std::optional<child_process>> nodes_;
+  int relaunches_ = 0;
+};
+
+}  // namespace weft::apps

@@ -1,0 +1,282 @@
+// `weft train --trainers K`: a data-parallel trainer group on a local cluster. This process runs
+// the head, the run's coordinator and the progress output; each rank runs in its own `weft node`
+// process, placed and restarted (all together, one-for-all) by a supervisor (docs/training.md).
+
+#include <spdlog/spdlog.h>
+#include <caf/actor_system.hpp>
+#include <caf/after.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/system_messages.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "actors/cluster_client.hpp"
+#include "actors/node.hpp"
+#include "actors/train/coordinator.hpp"
+#include "actors/train/train_atoms.hpp"
+#include "actors/train/trainer.hpp"
+#include "apps/local_nodes.hpp"
+#include "apps/train_options.hpp"
+#include "apps/train_report.hpp"
+#include "apps/version.hpp"
+
+namespace weft::apps {
+
+namespace {
+
+namespace fs = std::filesystem;
+using gpu::train::step_record;
+
+/// What the coordinator's events tell the main thread.
+struct group_progress {
+  std::mutex mu;
+  std::optional<train::rank_done> finished;  ///< rank 0 done (finished or stopped)
+  std::optional<train::rank_done> failed;    ///< a fatal error
+  int groups = 0;
+};
+
+/// The run's progress output, fed by the coordinator (on its thread).
+class group_reporter {
+ public:
+  group_reporter(const train_options& o, std::vector<step_record> earlier)
+      : report_(metrics_path_of(o.metrics_path, o.run.checkpoint_dir), o.run.steps),
+        known_(std::move(earlier)) {}
+
+  void started(int64_t first) {
+    std::vector<step_record> before;
+    for (const auto& r : known_) {
+      if (r.step <= first) before.push_back(r);
+    }
+    known_ = before;
+    report_.start_at(first, before);
+    if (first > 0) spdlog::info("the group continues after step {}", first);
+  }
+  void step(const step_record& r, double seconds, bool checkpointed) {
+    known_.push_back(r);
+    report_.report(r, seconds);
+    if (checkpointed) report_.prom().add_checkpoint();
+  }
+  step_reporter& report() { return report_; }
+
+ private:
+  step_reporter report_;
+  std::vector<step_record> known_;
+};
+
+struct head_and_secret {
+  std::unique_ptr<actors::node> node;
+  std::string secret_hex;
+  actors::cluster_secret secret;
+};
+
+result<head_and_secret> start_head(const train_options& o) {
+  head_and_secret h;
+  h.secret_hex = actors::generate_secret_hex();
+  auto secret = actors::load_secret(h.secret_hex, "");
+  if (!secret) return secret.error();
+  h.secret = *secret;
+  actors::node_options no;
+  no.node_id = "train-head";
+  no.is_head = true;
+  no.head_port = 0;
+  no.roles = {"echo"};  // the ranks go to the trainer node processes
+  no.secret = h.secret;
+  no.runtime.heartbeat_interval_ms = o.heartbeat_ms;
+  no.runtime.connection_timeout_ms = o.connection_timeout_ms;
+  no.build_version = version_string();
+  no.transport = "none";
+  auto roles = std::make_shared<actors::role_registry>();
+  actors::add_builtin_roles(*roles);
+  auto node = actors::node::start(no, roles);
+  if (!node) return node.error();
+  h.node = std::move(*node);
+  return h;
+}
+
+/// The supervisor's children: rank i as "trainer-i".
+std::vector<actors::child_spec> rank_specs(const train_options& o, uint16_t coordinator_port) {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  train::trainer_config tc;
+  tc.run = o.run;
+  tc.run.threads = o.run.threads > 0 ? o.run.threads : std::max(1, cores / o.trainers);
+  tc.world = o.trainers;
+  tc.coordinator_port = coordinator_port;
+  tc.allreduce_timeout_ms = o.allreduce_timeout_ms;
+  std::vector<actors::child_spec> children;
+  for (int r = 0; r < o.trainers; ++r) {
+    tc.rank = r;
+    // transient: a rank that finished is not restarted; one that failed restarts the group.
+    children.push_back(
+        {"trainer-" + std::to_string(r), "trainer", tc.to_json(), actors::restart_type::transient});
+  }
+  return children;
+}
+
+/// Waits for the end: rank 0 done, a fatal error, the supervisor gone, or (after a stop signal
+/// was relayed) a stopped group. Relaunches dead node processes meanwhile.
+int wait_for_end(caf::actor_system& sys, group_progress& progress, local_nodes& nodes,
+                 const caf::actor& sup, const caf::actor& coordinator) {
+  caf::scoped_actor self{sys};
+  self->monitor(sup);
+  bool supervisor_down = false;
+  int signal_seen = 0;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(progress.mu);
+      if (progress.failed) {
+        spdlog::error("rank {} failed: {}", progress.failed->rank, progress.failed->error);
+        return 1;
+      }
+      if (progress.finished) {
+        if (progress.finished->stopped) {
+          spdlog::warn("stopped after step {} with a checkpoint (continue with --resume)",
+                       progress.finished->step);
+          return signal_seen != 0 ? 128 + signal_seen : 1;
+        }
+        return 0;
+      }
+    }
+    if (supervisor_down) {
+      spdlog::error("the trainer group failed too often (--max-restarts); stopping");
+      return 1;
+    }
+    if (const int sig = stop_signal(); sig != 0 && signal_seen == 0) {
+      signal_seen = sig;
+      spdlog::warn("{}: the group checkpoints after its current step and stops",
+                   sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      caf::anon_send(coordinator, train::t_stop_atom::value);
+    }
+    nodes.watch();
+    self->receive([&](const caf::down_msg&) { supervisor_down = true; },
+                  caf::after(std::chrono::milliseconds(100)) >> [] {});
+  }
+}
+
+}  // namespace
+
+int run_train_group(const train_options& opts) {
+  catch_stop_signals();
+  const auto& o = opts.run;
+  // Check the data here, before any process starts: a bad line is reported once, by line.
+  if (auto check = gpu::train::load_sft_run(o, /*with_model=*/false); !check) {
+    spdlog::error("{}", check.error().message());
+    return 2;
+  }
+  auto head = start_head(opts);
+  if (!head) {
+    spdlog::error("cannot start the head: {}", head.error().to_string());
+    return 1;
+  }
+  auto& sys = head->node->system();
+  const fs::path metrics = metrics_path_of(opts.metrics_path, o.checkpoint_dir);
+  group_reporter reporter(opts,
+                          opts.resume ? read_metrics_file(metrics) : std::vector<step_record>{});
+  std::optional<metrics_server> http;
+  if (opts.metrics_port > 0) {
+    http.emplace(reporter.report().prom());
+    if (!http->start(opts.metrics_port)) {
+      spdlog::error("--metrics-port {}: cannot listen on 127.0.0.1", opts.metrics_port);
+      return 2;
+    }
+  }
+  group_progress progress;
+  train::coordinator_config cc;
+  cc.world = opts.trainers;
+  cc.resume = opts.resume;
+  cc.events.on_group = [&](uint16_t generation) {
+    std::lock_guard<std::mutex> lock(progress.mu);
+    if (++progress.groups > 1) reporter.report().prom().add_group_restart();
+    (void)generation;
+  };
+  cc.events.on_started = [&](int64_t first) { reporter.started(first); };
+  cc.events.on_step = [&](const step_record& r, double s, bool ck) { reporter.step(r, s, ck); };
+  cc.events.on_done = [&](const train::rank_done& d) {
+    std::lock_guard<std::mutex> lock(progress.mu);
+    if (d.fatal) {
+      progress.failed = d;
+    } else if (d.error.empty() && d.rank == 0) {
+      progress.finished = d;
+    }
+  };
+  auto coordinator = train::spawn_train_coordinator(sys, std::move(cc));
+  auto port = actors::publish_actor(sys, coordinator, 0, "127.0.0.1");
+  if (!port) {
+    spdlog::error("cannot publish the coordinator: {}", port.error().to_string());
+    return 1;
+  }
+  std::vector<std::string> node_args = {"--heartbeat-ms",
+                                        std::to_string(opts.heartbeat_ms),
+                                        "--connection-timeout-ms",
+                                        std::to_string(opts.connection_timeout_ms),
+                                        "--transport",
+                                        opts.transport};
+  if (!opts.ucx_tls.empty()) {
+    node_args.push_back("--ucx-tls");
+    node_args.push_back(opts.ucx_tls);
+  }
+  local_nodes nodes(
+      head->secret_hex, head->node->head_port(),
+      [](int i) -> local_node_spec {
+        return {"trainer-node-" + std::to_string(i), {"trainer"}};
+      },
+      node_args, true, opts.max_restarts);
+  auto stop_everything = [&](const std::optional<caf::actor>& sup) {
+    caf::scoped_actor s{sys};
+    std::vector<caf::actor> actors_to_stop;
+    if (sup) actors_to_stop.push_back(*sup);
+    actors_to_stop.push_back(coordinator);
+    for (const auto& a : actors_to_stop) {
+      s->monitor(a);
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      s->receive([](const caf::down_msg&) {},
+                 caf::after(std::chrono::seconds(5)) >>
+                     [] { spdlog::warn("stopping: an actor did not stop within 5 s"); });
+    }
+    nodes.stop_all();
+  };
+  for (int i = 0; i < opts.trainers; ++i) {
+    if (auto s = nodes.launch(i); !s.ok()) {
+      spdlog::error("{}", s.to_string());
+      stop_everything(std::nullopt);
+      return 1;
+    }
+    spdlog::info("trainer-node-{} started (pid {})", i, nodes.pid(i));
+  }
+  actors::restart_intensity intensity{static_cast<uint32_t>(opts.max_restarts), 60'000};
+  actors::backoff_policy backoff{500, 5000, 2.0, 30000};
+  // The group restarts once a killed node process had time to be relaunched, so that the ranks
+  // are spread over the processes again.
+  backoff.first_delay_ms = 1500;
+  auto sup = actors::supervise_on_cluster(sys, head->node->head(), head->secret, "trainer-group",
+                                          actors::restart_strategy::one_for_all, intensity, backoff,
+                                          rank_specs(opts, *port), 60'000);
+  if (!sup) {
+    spdlog::error("cannot start the trainer ranks: {}", sup.error().to_string());
+    stop_everything(std::nullopt);
+    return 1;
+  }
+  spdlog::info("{} trainer ranks started; gradients all-reduced over {}", opts.trainers,
+               opts.transport);
+  const int code = wait_for_end(sys, progress, nodes, *sup, coordinator);
+  stop_everything(*sup);
+  http.reset();
+  auto& report = reporter.report();
+  if (code == 0) {
+    const double total_s = report.seconds_since_start();
+    spdlog::info("trained to step {} in {} ({:.0f} tok/s); final loss {:.4f}", report.last_step(),
+                 format_duration(total_s),
+                 static_cast<double>(report.tokens_since_start()) / std::max(total_s, 1e-9),
+                 report.last_loss());
+    if (!o.save_path.empty()) spdlog::info("saved {} ({})", o.save_path, o.save_type);
+    if (!opts.plot_path.empty() && !plot_training(report.path(), opts.plot_path)) return 1;
+  }
+  return code;
+}
+
+}  // namespace weft::apps

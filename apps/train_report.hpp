@@ -1,0 +1,106 @@
+#pragma once
+// What `weft train` shows while it runs, for one process or a trainer group alike: the progress
+// line per step, the metrics JSON lines, Prometheus metrics on --metrics-port, the loss plot.
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu/train/checkpoint.hpp"
+
+namespace weft::apps {
+
+/// SIGTERM and SIGINT are remembered (not fatal): the training loop checkpoints and stops.
+void catch_stop_signals();
+/// The signal caught, 0 if none.
+int stop_signal();
+
+/// "3m07s", "1h02m".
+std::string format_duration(double seconds);
+
+/// Prometheus text of the run's state.
+class train_metrics {
+ public:
+  void update(const gpu::train::step_record& r, double tokens_per_s);
+  void add_checkpoint();
+  void add_group_restart();
+  std::string text() const;
+
+ private:
+  mutable std::mutex mu_;
+  gpu::train::step_record last_;
+  int64_t tokens_total_ = 0;
+  int64_t checkpoints_ = 0;
+  int64_t restarts_ = 0;
+  double tokens_per_s_ = 0.0;
+};
+
+/// --metrics-port: serves `prom` on 127.0.0.1 while it lives.
+class metrics_server {
+ public:
+  explicit metrics_server(const train_metrics& prom) : prom_(prom) {}
+  ~metrics_server();
+  metrics_server(const metrics_server&) = delete;
+  metrics_server& operator=(const metrics_server&) = delete;
+  bool start(int port);
+
+ private:
+  const train_metrics& prom_;
+  httplib::Server http_;
+  std::thread thread_;
+};
+
+/// The progress line on stderr, the metrics file and the Prometheus gauges, step by step. The
+/// metrics file is the run's loss curve: the steps a resumed run starts from, then one line per
+/// new step; after a trainer group restarts from an older checkpoint it is rewound to it, so a
+/// step never appears twice.
+class step_reporter {
+ public:
+  /// Truncates (creates) `metrics_path`.
+  step_reporter(std::filesystem::path metrics_path, int64_t total_steps);
+
+  /// The run starts (again) after step `first`, whose history is `before` (from a checkpoint).
+  void start_at(int64_t first, const std::vector<gpu::train::step_record>& before);
+  /// One finished step that took `seconds`.
+  void report(const gpu::train::step_record& r, double seconds);
+
+  train_metrics& prom() { return prom_; }
+  const std::filesystem::path& path() const { return path_; }
+  int64_t last_step() const { return records_.empty() ? 0 : records_.back().first.step; }
+  int64_t first_step() const { return first_; }
+  int64_t tokens_since_start() const { return tokens_since_start_; }
+  double seconds_since_start() const;
+  double last_loss() const { return records_.empty() ? 0.0 : records_.back().first.loss; }
+
+ private:
+  void rewrite();
+  void append(const gpu::train::step_record& r, double tokens_per_s);
+
+  std::filesystem::path path_;
+  int64_t total_;
+  std::ofstream out_;
+  std::vector<std::pair<gpu::train::step_record, double>> records_;  // record, tokens/s
+  train_metrics prom_;
+  int64_t first_ = 0;
+  int64_t tokens_since_start_ = 0;
+  std::chrono::steady_clock::time_point t_start_ = std::chrono::steady_clock::now();
+};
+
+/// --metrics, defaulting to CHECKPOINT_DIR/metrics.jsonl, else ./train-metrics.jsonl.
+std::filesystem::path metrics_path_of(const std::string& metrics, const std::string& ckpt_dir);
+
+/// The records of a metrics file written by an earlier run (for a resumed trainer group); lines
+/// that do not parse are skipped.
+std::vector<gpu::train::step_record> read_metrics_file(const std::filesystem::path& path);
+
+/// --plot: draws `metrics` to `png` with scripts/plot_train.py. False (logged) on failure.
+bool plot_training(const std::filesystem::path& metrics, const std::string& png);
+
+}  // namespace weft::apps

@@ -1,0 +1,153 @@
+#include "gpu/train/sft_run.hpp"
+
+#include <cblas.h>
+#include <spdlog/spdlog.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu/chat_template.hpp"
+#include "gpu/ggml_types.hpp"
+#include "gpu/tokenizer.hpp"
+
+namespace weft::gpu::train {
+
+namespace {
+
+status bad(const std::string& what) {
+  return {status_code::invalid_argument, "trainer options: " + what};
+}
+
+}  // namespace
+
+nlohmann::json to_json(const sft_run_options& o) {
+  return {{"model", o.model_path},
+          {"data", o.data_path},
+          {"steps", o.steps},
+          {"batch_tokens", o.batch_tokens},
+          {"micro_batch_tokens", o.micro_batch_tokens},
+          {"max_seq_tokens", o.max_seq_tokens},
+          {"lr", o.lr},
+          {"warmup_steps", o.warmup_steps},
+          {"lr_schedule", o.lr_schedule},
+          {"min_lr_ratio", o.min_lr_ratio},
+          {"weight_decay", o.weight_decay},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"adam_eps", o.adam_eps},
+          {"max_grad_norm", o.max_grad_norm},
+          {"seed", o.seed},
+          {"threads", o.threads},
+          {"recompute", o.recompute},
+          {"checkpoint_dir", o.checkpoint_dir},
+          {"checkpoint_every", o.checkpoint_every},
+          {"keep_checkpoints", o.keep_checkpoints},
+          {"save", o.save_path},
+          {"save_type", o.save_type}};
+}
+
+result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) return bad("expected a JSON object");
+  const nlohmann::json defaults = to_json(sft_run_options{});
+  for (const auto& [key, value] : j.items()) {
+    if (!defaults.contains(key)) return bad("unknown key '" + key + "'");
+    const auto& d = defaults[key];
+    const bool same_type = (d.is_string() && value.is_string()) ||
+                           (d.is_boolean() && value.is_boolean()) ||
+                           (d.is_number() && value.is_number());
+    if (!same_type) return bad("'" + key + "' has the wrong type");
+  }
+  sft_run_options o;
+  try {
+    o.model_path = j.value("model", o.model_path);
+    o.data_path = j.value("data", o.data_path);
+    o.steps = j.value("steps", o.steps);
+    o.batch_tokens = j.value("batch_tokens", o.batch_tokens);
+    o.micro_batch_tokens = j.value("micro_batch_tokens", o.micro_batch_tokens);
+    o.max_seq_tokens = j.value("max_seq_tokens", o.max_seq_tokens);
+    o.lr = j.value("lr", o.lr);
+    o.warmup_steps = j.value("warmup_steps", o.warmup_steps);
+    o.lr_schedule = j.value("lr_schedule", o.lr_schedule);
+    o.min_lr_ratio = j.value("min_lr_ratio", o.min_lr_ratio);
+    o.weight_decay = j.value("weight_decay", o.weight_decay);
+    o.beta1 = j.value("beta1", o.beta1);
+    o.beta2 = j.value("beta2", o.beta2);
+    o.adam_eps = j.value("adam_eps", o.adam_eps);
+    o.max_grad_norm = j.value("max_grad_norm", o.max_grad_norm);
+    o.seed = j.value("seed", o.seed);
+    o.threads = j.value("threads", o.threads);
+    o.recompute = j.value("recompute", o.recompute);
+    o.checkpoint_dir = j.value("checkpoint_dir", o.checkpoint_dir);
+    o.checkpoint_every = j.value("checkpoint_every", o.checkpoint_every);
+    o.keep_checkpoints = j.value("keep_checkpoints", o.keep_checkpoints);
+    o.save_path = j.value("save", o.save_path);
+    o.save_type = j.value("save_type", o.save_type);
+  } catch (const nlohmann::json::exception& e) {
+    return bad(e.what());
+  }
+  if (o.data_path.empty() || o.model_path.empty()) return bad("'model' and 'data' are required");
+  if (o.steps < 1 || o.batch_tokens < 1 || o.micro_batch_tokens < 1 || o.max_seq_tokens < 2 ||
+      o.warmup_steps < 0 || o.checkpoint_every < 1 || o.keep_checkpoints < 1 || o.threads < 0) {
+    return bad("counts out of range");
+  }
+  if (!(o.lr > 0) || !(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1) || !(o.weight_decay >= 0) ||
+      !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.adam_eps > 0) ||
+      !(o.max_grad_norm >= 0)) {
+    return bad("hyperparameters out of range");
+  }
+  if (!parse_type_name(o.save_type)) return bad("unknown save_type '" + o.save_type + "'");
+  return o;
+}
+
+result<sft_config> make_sft_config(const sft_run_options& o) {
+  lr_schedule::shape shape{};
+  if (!parse_lr_shape(o.lr_schedule, shape)) return bad("lr_schedule must be cosine or constant");
+  sft_config sc;
+  sc.seed = o.seed;
+  sc.step_tokens = o.batch_tokens;
+  sc.micro_batch_tokens = o.micro_batch_tokens;
+  sc.schedule.peak = o.lr;
+  sc.schedule.warmup_steps = o.warmup_steps;
+  sc.schedule.total_steps = o.steps;
+  sc.schedule.decay = shape;
+  sc.schedule.min_ratio = o.min_lr_ratio;
+  sc.adamw = {o.beta1, o.beta2, o.adam_eps, o.weight_decay};
+  sc.max_grad_norm = o.max_grad_norm;
+  return sc;
+}
+
+result<sft_run> load_sft_run(const sft_run_options& o, bool with_model) {
+  auto file = gguf_file::open(o.model_path);
+  if (!file) {
+    return status{file.error().code(),
+                  "cannot open " + o.model_path + ": " + file.error().message()};
+  }
+  auto tok = tokenizer::from_gguf(*file);
+  if (!tok) return status{tok.error().code(), o.model_path + ": " + tok.error().message()};
+  auto chat = chat_template::from_gguf(*file);
+  sft_data_config dc;
+  dc.max_seq_tokens = o.max_seq_tokens;
+  auto data = load_sft_jsonl(o.data_path, *tok, chat ? &*chat : nullptr, dc);
+  if (!data) return data.error();
+  spdlog::info("data: {} examples, {} tokens, {} in the loss, {} cut to {} tokens",
+               data->examples.size(), data->tokens, data->loss_tokens, data->truncated,
+               o.max_seq_tokens);
+  std::unique_ptr<trainable_model<float>> model;
+  if (with_model) {
+    trainable_config tc;
+    tc.recompute = o.recompute;
+    auto m = trainable_model<float>::load(*file, tc);
+    if (!m) return status{m.error().code(), o.model_path + ": " + m.error().message()};
+    model = std::move(*m);
+    spdlog::info(
+        "model: {} parameters in f32 ({:.1f} MiB; with gradients and AdamW moments {:.1f} MiB)",
+        model->n_parameters(), model->n_parameters() * 4.0 / (1 << 20),
+        model->n_parameters() * 16.0 / (1 << 20));
+  }
+  return sft_run{std::move(*file), std::move(*data), std::move(model)};
+}
+
+void set_blas_threads(int n) {
+  if (n > 0) openblas_set_num_threads(n);
+}
+
+}  // namespace weft::gpu::train

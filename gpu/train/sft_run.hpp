@@ -1,0 +1,68 @@
+#pragma once
+/// What one supervised fine-tuning run needs, shared by `weft train` in one process and by every
+/// rank of a data-parallel trainer group (actors/train/): the options (with their JSON form, which
+/// travels to the ranks in a spawn request), the loop's configuration made from them, and loading
+/// the model file, the data and the trainable weights. Plain code: no CAF.
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "gpu/gguf.hpp"
+#include "gpu/status.hpp"
+#include "gpu/train/sft_data.hpp"
+#include "gpu/train/sft_trainer.hpp"
+#include "gpu/train/trainable_model.hpp"
+
+namespace weft::gpu::train {
+
+/// The options of a run (the flags of `weft train`, docs/training.md).
+struct sft_run_options {
+  std::string model_path;  ///< resolved by the caller (the default model is an app decision)
+  std::string data_path;
+  int64_t steps = 100;
+  int64_t batch_tokens = 4096;
+  int64_t micro_batch_tokens = 1024;
+  int64_t max_seq_tokens = 1024;
+  double lr = 5e-5;
+  int64_t warmup_steps = 0;
+  std::string lr_schedule = "cosine";
+  double min_lr_ratio = 0.1;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8;
+  double max_grad_norm = 1.0;
+  uint64_t seed = 0;
+  int threads = 0;  ///< BLAS threads; 0 = the library's default
+  bool recompute = false;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 50;
+  int keep_checkpoints = 2;
+  std::string save_path;
+  std::string save_type = "f16";
+};
+
+nlohmann::json to_json(const sft_run_options& o);
+/// Reads and range-checks options (every field optional; unknown keys are refused by name).
+result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j);
+
+/// The loop's configuration; invalid_argument for an unknown schedule name.
+result<sft_config> make_sft_config(const sft_run_options& o);
+
+/// The model file, the encoded data and (unless `with_model` is false) the f32 trainable weights.
+struct sft_run {
+  gguf_file file;
+  sft_dataset data;
+  std::unique_ptr<trainable_model<float>> model;
+};
+
+/// Opens the model, encodes the data (a bad line is an error naming file:line) and loads the
+/// weights, logging what it loaded. Errors name the file.
+result<sft_run> load_sft_run(const sft_run_options& o, bool with_model = true);
+
+/// The BLAS threads of this process (the trainer's GEMMs); n <= 0 leaves the library's default.
+void set_blas_threads(int n);
+
+}  // namespace weft::gpu::train

@@ -1,0 +1,56 @@
+# weft training messages: the data-parallel trainer group (actors/train/) and the coordinator of a
+# `weft train --trainers K` run. Bodies of CAF messages in a weft::schema::envelope.
+# Evolution follows Cap'n Proto's rules: add fields at the end with new ordinals, never renumber.
+@0x89ada8d503741a58;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("weft::schema::wire");
+
+# Rank -> coordinator, once its model and data are loaded: where its data-plane engine listens.
+struct TrainerHello {
+  rank @0 :UInt32;
+  world @1 :UInt32;
+  address @2 :Data;        # the engine's local_address() (UCX worker address)
+  nodeId @3 :Text;
+  pid @4 :UInt32;
+}
+
+# Coordinator -> every rank of a complete group: go. A group is formed from ranks that were never
+# part of an earlier group, so the members of a broken group cannot mix with their successors.
+struct TrainerGroup {
+  generation @0 :UInt16;   # incarnation of the group; tags its all-reduce messages
+  addresses @1 :List(Data);  # by rank
+  resume @2 :Bool;         # continue from the newest valid checkpoint (a gang restart or --resume)
+}
+
+# Rank 0 -> coordinator after every optimizer update.
+struct TrainerStep {
+  generation @0 :UInt16;
+  step @1 :Int64;
+  loss @2 :Float64;
+  lr @3 :Float64;
+  gradNorm @4 :Float64;
+  tokens @5 :Int64;        # tokens of the whole step (all ranks)
+  seconds @6 :Float64;     # wall time of the step
+  checkpointed @7 :Bool;   # a checkpoint of this step was started
+}
+
+# Rank -> coordinator at the end: finished (`step` = the last update), stopped on request (with a
+# checkpoint), or failed. A failure that a restart cannot fix (bad data, a model that does not
+# load) is `fatal`: the run ends instead of restarting the group again and again.
+struct TrainerDone {
+  generation @0 :UInt16;
+  rank @1 :UInt32;
+  step @2 :Int64;
+  stopped @3 :Bool;
+  error @4 :Text;          # empty: no error
+  fatal @5 :Bool;
+  firstStep @6 :Int64;     # the step the group started from (resumed checkpoint, or 0)
+}
+
+# Rank 0 -> coordinator once the group agreed where to start: the step it continues after (0: a
+# fresh run), so the driver can rewind its loss curve to it.
+struct TrainerStarted {
+  generation @0 :UInt16;
+  firstStep @1 :Int64;
+}
