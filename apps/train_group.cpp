@@ -57,9 +57,9 @@ class group_reporter {
     report_.start_at(first, before);
     if (first > 0) spdlog::info("the group continues after step {}", first);
   }
-  void step(const step_record& r, double seconds, bool checkpointed) {
+  void step(const step_record& r, double seconds, double reduce_seconds, bool checkpointed) {
     known_.push_back(r);
-    report_.report(r, seconds);
+    report_.report(r, seconds, reduce_seconds);
     if (checkpointed) report_.prom().add_checkpoint();
   }
   step_reporter& report() { return report_; }
@@ -195,7 +195,9 @@ int run_train_group(const train_options& opts) {
     (void)generation;
   };
   cc.events.on_started = [&](int64_t first) { reporter.started(first); };
-  cc.events.on_step = [&](const step_record& r, double s, bool ck) { reporter.step(r, s, ck); };
+  cc.events.on_step = [&](const step_record& r, double s, double reduce_s, bool ck) {
+    reporter.step(r, s, reduce_s, ck);
+  };
   cc.events.on_done = [&](const train::rank_done& d) {
     std::lock_guard<std::mutex> lock(progress.mu);
     if (d.fatal) {

@@ -116,53 +116,55 @@ void step_reporter::start_at(int64_t first, const std::vector<step_record>& befo
   t_start_ = std::chrono::steady_clock::now();
   const bool rewind = !records_.empty();
   // Steps this reporter already shows keep their measured throughput.
-  std::vector<std::pair<step_record, double>> kept;
+  std::vector<shown> kept;
   for (const auto& r : before) {
     if (r.step > first) break;
-    double tps = 0.0;
-    for (const auto& [old, t] : records_) {
-      if (old.step == r.step) tps = t;
+    shown s{r, 0.0, -1.0};
+    for (const auto& old : records_) {
+      if (old.r.step == r.step) s = old;
     }
-    kept.emplace_back(r, tps);
+    kept.push_back(s);
   }
   records_ = std::move(kept);
   if (rewind) {
     rewrite();
   } else {
-    for (const auto& [r, tps] : records_) append(r, tps);
+    for (const auto& s : records_) append(s);
   }
 }
 
-void step_reporter::append(const step_record& r, double tokens_per_s) {
-  out_ << nlohmann::json{{"step", r.step},     {"loss", r.loss},
-                         {"lr", r.lr},         {"grad_norm", r.grad_norm},
-                         {"tokens", r.tokens}, {"tokens_per_s", tokens_per_s}}
-              .dump()
-       << "\n";
+void step_reporter::append(const shown& s) {
+  nlohmann::json j{{"step", s.r.step},     {"loss", s.r.loss},
+                   {"lr", s.r.lr},         {"grad_norm", s.r.grad_norm},
+                   {"tokens", s.r.tokens}, {"tokens_per_s", s.tokens_per_s}};
+  if (s.reduce_seconds >= 0) j["allreduce_s"] = s.reduce_seconds;
+  out_ << j.dump() << "\n";
   out_.flush();
 }
 
 void step_reporter::rewrite() {
   out_.close();
   out_.open(path_, std::ios::trunc);
-  for (const auto& [r, tps] : records_) append(r, tps);
+  for (const auto& s : records_) append(s);
 }
 
 double step_reporter::seconds_since_start() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
 }
 
-void step_reporter::report(const step_record& r, double seconds) {
+void step_reporter::report(const step_record& r, double seconds, double reduce_seconds) {
   tokens_since_start_ += r.tokens;
   const double tps = static_cast<double>(r.tokens) / std::max(seconds, 1e-9);
   const double elapsed = seconds_since_start();
   const double eta = elapsed / static_cast<double>(std::max<int64_t>(1, r.step - first_)) *
                      static_cast<double>(total_ - r.step);
-  std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  eta %s\n",
+  char comm[48] = "";
+  if (reduce_seconds >= 0) std::snprintf(comm, sizeof comm, "  all-reduce %.2fs", reduce_seconds);
+  std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s%s  eta %s\n",
                static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, r.lr,
-               r.grad_norm, tps, format_duration(eta).c_str());
-  records_.emplace_back(r, tps);
-  append(r, tps);
+               r.grad_norm, tps, comm, format_duration(eta).c_str());
+  records_.push_back({r, tps, reduce_seconds});
+  append(records_.back());
   prom_.update(r, tps);
 }
 

@@ -68,25 +68,31 @@ class step_reporter {
 
   /// The run starts (again) after step `first`, whose history is `before` (from a checkpoint).
   void start_at(int64_t first, const std::vector<gpu::train::step_record>& before);
-  /// One finished step that took `seconds`.
-  void report(const gpu::train::step_record& r, double seconds);
+  /// One finished step that took `seconds`; `reduce_seconds` >= 0 (a trainer group) is the part
+  /// spent in the gradient all-reduce, shown and written as "allreduce_s".
+  void report(const gpu::train::step_record& r, double seconds, double reduce_seconds = -1.0);
 
   train_metrics& prom() { return prom_; }
   const std::filesystem::path& path() const { return path_; }
-  int64_t last_step() const { return records_.empty() ? 0 : records_.back().first.step; }
+  int64_t last_step() const { return records_.empty() ? 0 : records_.back().r.step; }
   int64_t first_step() const { return first_; }
   int64_t tokens_since_start() const { return tokens_since_start_; }
   double seconds_since_start() const;
-  double last_loss() const { return records_.empty() ? 0.0 : records_.back().first.loss; }
+  double last_loss() const { return records_.empty() ? 0.0 : records_.back().r.loss; }
 
  private:
   void rewrite();
-  void append(const gpu::train::step_record& r, double tokens_per_s);
+  struct shown {
+    gpu::train::step_record r;
+    double tokens_per_s = 0.0;
+    double reduce_seconds = -1.0;
+  };
+  void append(const shown& s);
 
   std::filesystem::path path_;
   int64_t total_;
   std::ofstream out_;
-  std::vector<std::pair<gpu::train::step_record, double>> records_;  // record, tokens/s
+  std::vector<shown> records_;
   train_metrics prom_;
   int64_t first_ = 0;
   int64_t tokens_since_start_ = 0;

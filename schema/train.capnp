@@ -33,6 +33,7 @@ struct TrainerStep {
   tokens @5 :Int64;        # tokens of the whole step (all ranks)
   seconds @6 :Float64;     # wall time of the step
   checkpointed @7 :Bool;   # a checkpoint of this step was started
+  reduceSeconds @8 :Float64;  # of `seconds`, the gradient all-reduce (waiting for peers included)
 }
 
 # Rank -> coordinator at the end: finished (`step` = the last update), stopped on request (with a

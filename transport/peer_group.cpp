@@ -101,12 +101,13 @@ status peer_group::run(std::vector<transfer>& started) {
 }
 
 template <class T>
-status peer_group::reduce(std::span<T> data) {
+status peer_group::reduce(std::span<const std::span<T>> pieces) {
   if (aborted_.load()) return make_status(status_code::canceled, "peer group: aborted");
   const int k = size();
   if (k == 1) return ok_status();
   ++seq_;
-  const size_t n = data.size();
+  size_t n = 0;
+  for (const auto& p : pieces) n += p.size();
   const size_t max_chunk = (n + static_cast<size_t>(k) - 1) / static_cast<size_t>(k);
   // scratch: [ the vector | one slot of max_chunk per rank for the pieces of my chunk ]
   const size_t work_bytes = n * sizeof(T);
@@ -116,7 +117,11 @@ status peer_group::reduce(std::span<T> data) {
   }
   T* work = reinterpret_cast<T*>(scratch_.data);
   T* slots = reinterpret_cast<T*>(scratch_.data + work_bytes);
-  std::memcpy(work, data.data(), work_bytes);
+  size_t at = 0;
+  for (const auto& p : pieces) {
+    if (!p.empty()) std::memcpy(work + at, p.data(), p.size() * sizeof(T));
+    at += p.size();
+  }
   const auto [my_lo, my_hi] = chunk(n, k, rank_);
   const size_t my_n = my_hi - my_lo;
   transfer_options to{options_.timeout_ms};
@@ -195,16 +200,26 @@ status peer_group::reduce(std::span<T> data) {
     if (auto s = start(engine_.send(sq, nullptr)); !s.ok()) return fail_started(s);
   }
   if (auto s = run(started); !s.ok()) return s;
-  std::memcpy(data.data(), work, work_bytes);
+  at = 0;
+  for (const auto& p : pieces) {
+    if (!p.empty()) std::memcpy(p.data(), work + at, p.size() * sizeof(T));
+    at += p.size();
+  }
   return ok_status();
 }
 
 status peer_group::all_reduce_sum(std::span<float> data) {
-  return reduce(data);
+  const std::span<float> one[1] = {data};
+  return reduce(std::span<const std::span<float>>(one));
 }
 
 status peer_group::all_reduce_sum(std::span<double> data) {
-  return reduce(data);
+  const std::span<double> one[1] = {data};
+  return reduce(std::span<const std::span<double>>(one));
+}
+
+status peer_group::all_reduce_sum(std::span<const std::span<float>> pieces) {
+  return reduce(pieces);
 }
 
 }  // namespace weft::transport

@@ -50,6 +50,9 @@ class peer_group {
   /// Replaces `data` on every member by the element-wise sum over the group (rank order).
   status all_reduce_sum(std::span<float> data);
   status all_reduce_sum(std::span<double> data);
+  /// The same over the concatenation of `pieces` (e.g. every gradient tensor of a model), copied
+  /// straight into and out of the group's registered buffer.
+  status all_reduce_sum(std::span<const std::span<float>> pieces);
 
   /// Cancels what is in flight; this call and every later one fail with canceled.
   void abort();
@@ -58,7 +61,7 @@ class peer_group {
  private:
   peer_group(engine& e, int rank, group_options options);
   template <class T>
-  status reduce(std::span<T> data);
+  status reduce(std::span<const std::span<T>> pieces);
   status ensure_scratch(size_t bytes);
   status run(std::vector<transfer>& started);
   tag_t tag(uint32_t phase, int src, int dst) const;

@@ -138,7 +138,8 @@ caf::behavior coordinator(coord_ptr self, coordinator_config cfg) {
         r.grad_norm = s->get().getGradNorm();
         r.tokens = s->get().getTokens();
         if (self->state.cfg.events.on_step) {
-          self->state.cfg.events.on_step(r, s->get().getSeconds(), s->get().getCheckpointed());
+          self->state.cfg.events.on_step(r, s->get().getSeconds(), s->get().getReduceSeconds(),
+                                         s->get().getCheckpointed());
         }
       },
       [self](t_done_atom, const envelope& env) {

@@ -36,8 +36,10 @@ struct coordinator_events {
   std::function<void(uint16_t generation)> on_group;
   /// The group agreed to continue after `first_step`.
   std::function<void(int64_t first_step)> on_started;
-  /// Rank 0 finished an update.
-  std::function<void(const gpu::train::step_record& r, double seconds, bool checkpointed)> on_step;
+  /// Rank 0 finished an update in `seconds`, `reduce_seconds` of them in the gradient all-reduce.
+  std::function<void(const gpu::train::step_record& r, double seconds, double reduce_seconds,
+                     bool checkpointed)>
+      on_step;
   /// A rank of the current group finished, stopped or failed.
   std::function<void(const rank_done& d)> on_done;
   /// A member of the current group went down (its process died or it exited).

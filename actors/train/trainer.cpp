@@ -191,22 +191,9 @@ class rank_loop {
   /// votes (so that every rank stops after the same step).
   gpu::status reduce(std::span<const std::span<float>> grads, double& loss_sum,
                      int64_t& loss_tokens) {
-    size_t n = 0;
-    for (const auto& g : grads) n += g.size();
-    flat_.resize(n);
-    size_t at = 0;
-    for (const auto& g : grads) {
-      std::copy(g.begin(), g.end(), flat_.begin() + static_cast<std::ptrdiff_t>(at));
-      at += g.size();
-    }
-    if (auto s = peers_->all_reduce_sum(std::span<float>(flat_)); !s.ok()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (auto s = peers_->all_reduce_sum(grads); !s.ok()) {
       return {gpu::status_code::internal, "gradient all-reduce: " + s.to_string()};
-    }
-    at = 0;
-    for (const auto& g : grads) {
-      std::copy(flat_.begin() + static_cast<std::ptrdiff_t>(at),
-                flat_.begin() + static_cast<std::ptrdiff_t>(at + g.size()), g.begin());
-      at += g.size();
     }
     double scalars[3] = {loss_sum, static_cast<double>(loss_tokens),
                          shared_->stop_requested.load() ? 1.0 : 0.0};
@@ -216,6 +203,8 @@ class rank_loop {
     loss_sum = scalars[0];
     loss_tokens = static_cast<int64_t>(scalars[1]);
     stop_votes_ = scalars[2];
+    reduce_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return {};
   }
 
@@ -306,6 +295,7 @@ class rank_loop {
                        b.setTokens(r->tokens);
                        b.setSeconds(seconds);
                        b.setCheckpointed(checkpointed);
+                       b.setReduceSeconds(reduce_seconds_);
                      }));
       }
       if (stopped) break;
@@ -342,7 +332,7 @@ class rank_loop {
   std::optional<sft_run> run_;
   std::unique_ptr<transport::peer_group> peers_;
   std::unique_ptr<sft_trainer> trainer_;
-  std::vector<float> flat_;
+  double reduce_seconds_ = 0.0;
   double stop_votes_ = 0.0;
   uint16_t generation_ = 0;
   int64_t first_step_ = 0;
