@@ -1,11 +1,43 @@
 #include "apps/local_nodes.hpp"
 
+#include "actors/node.hpp"
+#include "apps/version.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <csignal>
 
 namespace weft::apps {
+
+private_head::private_head() = default;
+private_head::private_head(private_head&&) noexcept = default;
+private_head::~private_head() = default;
+
+result<private_head> start_private_head(const std::string& node_id, uint32_t heartbeat_ms,
+                                        uint32_t connection_timeout_ms) {
+  private_head h;
+  h.secret_hex = actors::generate_secret_hex();
+  auto secret = actors::load_secret(h.secret_hex, "");
+  if (!secret) return secret.error();
+  h.secret = *secret;
+  actors::node_options no;
+  no.node_id = node_id;
+  no.is_head = true;
+  no.head_port = 0;
+  no.roles = {"echo"};
+  no.secret = h.secret;
+  no.runtime.heartbeat_interval_ms = heartbeat_ms;
+  no.runtime.connection_timeout_ms = connection_timeout_ms;
+  no.build_version = version_string();
+  no.transport = "none";
+  auto roles = std::make_shared<actors::role_registry>();
+  actors::add_builtin_roles(*roles);
+  auto node = actors::node::start(no, roles);
+  if (!node) return node.error();
+  h.node = std::move(*node);
+  return h;
+}
 
 bool wait_for_line(child_process& c, const std::string& prefix, int timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);

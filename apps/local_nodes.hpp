@@ -4,15 +4,34 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "actors/auth.hpp"
 #include "apps/child_process.hpp"
 #include "schema/status.hpp"
 
+namespace weft::actors {
+class node;
+}
+
 namespace weft::apps {
+
+/// The head of a private local cluster run by one command: a fresh secret, the head in this
+/// process (roles "echo" only: the work goes to the node processes), no data-plane engine.
+struct private_head {
+  std::unique_ptr<actors::node> node;
+  std::string secret_hex;
+  actors::cluster_secret secret;
+  private_head();
+  private_head(private_head&&) noexcept;
+  ~private_head();
+};
+result<private_head> start_private_head(const std::string& node_id, uint32_t heartbeat_ms,
+                                        uint32_t connection_timeout_ms);
 
 /// Reads lines of a child until one starts with `prefix`.
 bool wait_for_line(child_process& c, const std::string& prefix, int timeout_ms);

@@ -118,30 +118,17 @@ int run_serve(const serve_cli& cli) {
   }
   const std::string model_path = std::filesystem::absolute(mo.path).string();
 
-  // This process: the head of a private cluster (fresh secret), the router and the api.
-  const std::string secret_hex = actors::generate_secret_hex();
-  auto secret = actors::load_secret(secret_hex, "");
-  if (!secret) {
-    spdlog::error("{}", secret.error().message);
+  // This process: the head of a private cluster (fresh secret), the router and the api; engine
+  // workers go to the worker node processes.
+  auto private_cluster =
+      start_private_head("serve-head", cli.heartbeat_ms, cli.connection_timeout_ms);
+  if (!private_cluster) {
+    spdlog::error("cannot start the head: {}", private_cluster.error().to_string());
     return 1;
   }
-  actors::node_options no;
-  no.node_id = "serve-head";
-  no.is_head = true;
-  no.head_port = 0;
-  no.roles = {"echo"};  // engine workers go to the worker node processes
-  no.secret = *secret;
-  no.runtime.heartbeat_interval_ms = cli.heartbeat_ms;
-  no.runtime.connection_timeout_ms = cli.connection_timeout_ms;
-  no.build_version = version_string();
-  no.transport = "none";
-  auto roles = std::make_shared<actors::role_registry>();
-  actors::add_builtin_roles(*roles);
-  auto node = actors::node::start(no, roles);
-  if (!node) {
-    spdlog::error("cannot start the head: {}", node.error().to_string());
-    return 1;
-  }
+  const std::string& secret_hex = private_cluster->secret_hex;
+  const actors::cluster_secret* secret = &private_cluster->secret;
+  auto* node = &private_cluster->node;
   auto& sys = (*node)->system();
   auto metrics = std::make_shared<serve::metrics_registry>();
   serve::router_config rc;

@@ -24,7 +24,6 @@
 #include "apps/local_nodes.hpp"
 #include "apps/train_options.hpp"
 #include "apps/train_report.hpp"
-#include "apps/version.hpp"
 
 namespace weft::apps {
 
@@ -68,36 +67,6 @@ class group_reporter {
   step_reporter report_;
   std::vector<step_record> known_;
 };
-
-struct head_and_secret {
-  std::unique_ptr<actors::node> node;
-  std::string secret_hex;
-  actors::cluster_secret secret;
-};
-
-result<head_and_secret> start_head(const train_options& o) {
-  head_and_secret h;
-  h.secret_hex = actors::generate_secret_hex();
-  auto secret = actors::load_secret(h.secret_hex, "");
-  if (!secret) return secret.error();
-  h.secret = *secret;
-  actors::node_options no;
-  no.node_id = "train-head";
-  no.is_head = true;
-  no.head_port = 0;
-  no.roles = {"echo"};  // the ranks go to the trainer node processes
-  no.secret = h.secret;
-  no.runtime.heartbeat_interval_ms = o.heartbeat_ms;
-  no.runtime.connection_timeout_ms = o.connection_timeout_ms;
-  no.build_version = version_string();
-  no.transport = "none";
-  auto roles = std::make_shared<actors::role_registry>();
-  actors::add_builtin_roles(*roles);
-  auto node = actors::node::start(no, roles);
-  if (!node) return node.error();
-  h.node = std::move(*node);
-  return h;
-}
 
 /// The supervisor's children: rank i as "trainer-i".
 std::vector<actors::child_spec> rank_specs(const train_options& o, uint16_t coordinator_port) {
@@ -168,7 +137,7 @@ int run_train_group(const train_options& opts) {
     spdlog::error("{}", check.error().message());
     return 2;
   }
-  auto head = start_head(opts);
+  auto head = start_private_head("train-head", opts.heartbeat_ms, opts.connection_timeout_ms);
   if (!head) {
     spdlog::error("cannot start the head: {}", head.error().to_string());
     return 1;
@@ -212,6 +181,9 @@ int run_train_group(const train_options& opts) {
     spdlog::error("cannot publish the coordinator: {}", port.error().to_string());
     return 1;
   }
+  spdlog::info(
+      "train coordinator published on 127.0.0.1:{} (mutual TLS, keyed by this run's secret)",
+      *port);
   std::vector<std::string> node_args = {"--heartbeat-ms",
                                         std::to_string(opts.heartbeat_ms),
                                         "--connection-timeout-ms",

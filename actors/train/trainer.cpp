@@ -203,8 +203,7 @@ class rank_loop {
     loss_sum = scalars[0];
     loss_tokens = static_cast<int64_t>(scalars[1]);
     stop_votes_ = scalars[2];
-    reduce_seconds_ =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    reduce_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return {};
   }
 

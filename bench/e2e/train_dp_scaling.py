@@ -128,10 +128,9 @@ def main():
                   f"{rep['group_step_s_median']:.2f} s per step)", flush=True)
         if a.recovery:
             steps = max(a.steps, 6)
-            args = [x if prev != "--steps" else str(steps)
+            args = [str(steps) if prev == "--steps" else "1" if prev == "--checkpoint-every" else x
                     for prev, x in zip([""] + base, base)]
-            _, _, rec = run_train(a.weft, args + ["--trainers", str(a.trainers),
-                                                  "--checkpoint-every", "1"],
+            _, _, rec = run_train(a.weft, args + ["--trainers", str(a.trainers)],
                                   os.path.join(tmp, "recovery"), kill_after_step=2)
             res["recovery_s"] = rec
             print(f"SIGKILL of a trainer node -> training again after {rec:.1f} s", flush=True)

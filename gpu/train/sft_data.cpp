@@ -161,6 +161,10 @@ std::vector<int64_t> sft_sampler::permutation(int64_t epoch) const {
 }
 
 std::vector<train_batch> sft_sampler::next_step() {
+  return next_step(0, 1, nullptr);
+}
+
+std::vector<train_batch> sft_sampler::next_step(int rank, int world, int64_t* step_tokens) {
   const auto n = static_cast<int64_t>(data_->examples.size());
   std::vector<const sft_example*> chosen;
   int64_t used = 0;
@@ -181,6 +185,28 @@ std::vector<train_batch> sft_sampler::next_step() {
     chosen.push_back(&ex);
     used += size;
     ++cursor_.index;
+  }
+  if (step_tokens != nullptr) *step_tokens = used;
+  if (world > 1) {
+    // Balance the ranks' tokens: longest example first to the least-loaded rank (ties: the lower
+    // rank), every rank computing the same split; each keeps its examples in step order.
+    std::vector<size_t> order(chosen.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return chosen[a]->tokens.size() > chosen[b]->tokens.size();
+    });
+    std::vector<int64_t> load(static_cast<size_t>(world), 0);
+    std::vector<int> owner(chosen.size(), 0);
+    for (size_t i : order) {
+      const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      owner[i] = static_cast<int>(r);
+      load[r] += static_cast<int64_t>(chosen[i]->tokens.size());
+    }
+    std::vector<const sft_example*> mine;
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      if (owner[i] == rank) mine.push_back(chosen[i]);
+    }
+    chosen = std::move(mine);
   }
   std::vector<train_batch> micro;
   for (const sft_example* ex : chosen) {

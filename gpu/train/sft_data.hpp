@@ -67,6 +67,11 @@ class sft_sampler {
 
   /// The micro-batches of the next step; advances the cursor.
   std::vector<train_batch> next_step();
+  /// Rank `rank` of `world` data-parallel ranks: the micro-batches of its share of the next step
+  /// (the step's examples split so that the ranks' token counts are balanced — longest first to
+  /// the least-loaded rank — the same split on every rank); the whole step's token count in
+  /// `step_tokens`. Advances the cursor like next_step().
+  std::vector<train_batch> next_step(int rank, int world, int64_t* step_tokens);
 
   const data_cursor& cursor() const { return cursor_; }
   void set_cursor(const data_cursor& c) { cursor_ = c; }

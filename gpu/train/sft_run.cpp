@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/chat_template.hpp"
-#include "gpu/ggml_types.hpp"
 #include "gpu/tokenizer.hpp"
 
 namespace weft::gpu::train {
@@ -94,7 +93,10 @@ result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j) {
       !(o.max_grad_norm >= 0)) {
     return bad("hyperparameters out of range");
   }
-  if (!parse_type_name(o.save_type)) return bad("unknown save_type '" + o.save_type + "'");
+  if (o.save_type != "f32" && o.save_type != "f16" && o.save_type != "bf16" &&
+      o.save_type != "q8_0") {
+    return bad("save_type must be f32, f16, bf16 or q8_0, not '" + o.save_type + "'");
+  }
   return o;
 }
 

@@ -23,18 +23,17 @@ sft_trainer::sft_trainer(trainable_model<float>& model, const sft_dataset& data,
 }
 
 result<step_record> sft_trainer::step() {
-  const auto micro = sampler_.next_step();
+  int64_t tokens = 0;
+  const auto micro = sampler_.next_step(rank_, world_, &tokens);
   model_.zero_grad();
   double loss_sum = 0.0;
   int64_t loss_tokens = 0;
-  int64_t tokens = 0;
-  for (size_t i = static_cast<size_t>(rank_); i < micro.size(); i += static_cast<size_t>(world_)) {
-    auto l = model_.forward_backward(micro[i]);
+  for (const auto& b : micro) {
+    auto l = model_.forward_backward(b);
     if (!l) return l.error();
     loss_sum += l->sum;
     loss_tokens += l->tokens;
   }
-  for (const auto& b : micro) tokens += b.n_tokens();
   auto& params = model_.parameters();
   std::vector<std::span<float>> grads, values;
   std::vector<std::span<const float>> cgrads;

@@ -1,8 +1,9 @@
 #pragma once
-/// The supervised fine-tuning loop of one trainer rank (docs/training.md): deal a step's
-/// micro-batches, accumulate gradients, sum them over the ranks (a hook the trainer actors fill
-/// with an all-reduce; identity for a single process), normalise by the step's loss tokens, clip,
-/// AdamW with the schedule; exact snapshots for checkpoints. Plain class: no CAF.
+/// The supervised fine-tuning loop of one trainer rank (docs/training.md): take the rank's share of
+/// a step's examples in micro-batches, accumulate gradients, sum them over the ranks (a hook the
+/// trainer actors fill with an all-reduce; identity for a single process), normalise by the step's
+/// loss tokens, clip, AdamW with the schedule; exact snapshots for checkpoints. Plain class: no
+/// CAF.
 
 #include <cstdint>
 #include <functional>
@@ -33,7 +34,8 @@ using gradient_reducer = std::function<status(std::span<const std::span<float>> 
 
 class sft_trainer {
  public:
-  /// `rank` of `world` ranks takes micro-batches rank, rank + world, ... of every step.
+  /// `rank` of `world` ranks trains on its share of every step's examples (sft_sampler::next_step
+  /// balances the ranks' tokens).
   sft_trainer(trainable_model<float>& model, const sft_dataset& data, const sft_config& config,
               gradient_reducer reduce = nullptr, int rank = 0, int world = 1);
 

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -27,6 +28,7 @@
 #include "actors/cluster_tls.hpp"
 #include "actors/runtime.hpp"
 #include "apps/child_process.hpp"
+#include "gpu/tiny_model.hpp"
 #include "tests/support/local_cluster.hpp"
 
 namespace weft::testing {
@@ -360,6 +362,80 @@ TEST(security_serve, router_and_agent_refuse_strangers) {
   ASSERT_TRUE(health) << "the server stopped answering HTTP";
   EXPECT_EQ(health->status, 200);
   srv->stop(10'000);
+}
+
+/// `weft train --trainers 2` publishes its coordinator (and the head's doors) on loopback: a local
+/// process without the run's secret gets in neither with plain TCP nor with another secret's TLS
+/// nor with raw bytes, and the group keeps training (then stops cleanly on SIGTERM).
+TEST(security_train, coordinator_refuses_strangers) {
+  const fs::path dir = fs::temp_directory_path() / ("weft-sec-train-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  gpu::tiny_model_config tc;
+  ASSERT_TRUE(gpu::write_tiny_model(tc, dir / "tiny.gguf").ok());
+  {
+    std::ofstream data(dir / "train.jsonl");
+    for (int i = 0; i < 64; ++i) {
+      data << R"({"prompt": ")" << i << R"(+1=", "completion": ")" << i + 1 << "\"}\n";
+    }
+  }
+  auto run = apps::child_process::start({"/bin/sh",
+                                         "-c",
+                                         "exec \"$0\" \"$@\" 2>&1",
+                                         WEFT_BIN,
+                                         "train",
+                                         "--model",
+                                         (dir / "tiny.gguf").string(),
+                                         "--data",
+                                         (dir / "train.jsonl").string(),
+                                         "--trainers",
+                                         "2",
+                                         "--threads",
+                                         "1",
+                                         "--steps",
+                                         "1000000",
+                                         "--batch-tokens",
+                                         "64",
+                                         "--checkpoint-dir",
+                                         (dir / "ckpt").string(),
+                                         "--checkpoint-every",
+                                         "1000000"});
+  ASSERT_TRUE(run.ok());
+  std::regex coord_re(R"(train coordinator published on 127\.0\.0\.1:(\d+))");
+  uint16_t port = 0;
+  bool training = false;
+  for (int i = 0; i < 2000 && !training; ++i) {
+    auto line = run->read_line(60'000);
+    if (!line) break;
+    std::smatch m;
+    if (std::regex_search(*line, m, coord_re)) port = static_cast<uint16_t>(std::stoi(m[1]));
+    training = line->rfind("step ", 0) == 0;
+  }
+  ASSERT_NE(port, 0);
+  ASSERT_TRUE(training) << "the group did not start training";
+  plain_peer peer;
+  auto rt = actors::secure_runtime({}, actors::cluster_secret{"a-guess-at-the-train-secret-00"});
+  ASSERT_TRUE(rt.ok());
+  actors::runtime_config other_cfg{*rt};
+  caf::actor_system other{other_cfg};
+  EXPECT_FALSE(peer.sys->middleman().remote_actor("127.0.0.1", port));
+  EXPECT_FALSE(actors::connect_actor(other, "127.0.0.1", port).ok());
+  EXPECT_TRUE(peer_closes_after(port, std::string(512, '\x17')));
+  // Still training: new steps after the attempts.
+  int more = 0;
+  for (int i = 0; i < 5000 && more < 3; ++i) {
+    auto line = run->read_line(30'000);
+    if (!line) break;
+    if (line->rfind("step ", 0) == 0) ++more;
+  }
+  EXPECT_EQ(more, 3) << "the group stopped training after the attempts";
+  run->signal(SIGTERM);
+  int st = 0;
+  // Drain its output while it stops (a full pipe would block its progress lines).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!run->exited(&st) && std::chrono::steady_clock::now() < deadline)
+    (void)run->read_line(100);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 143) << "status " << st;
+  fs::remove_all(dir);
 }
 
 /// `weft cluster up` creates the secret file 0600 and never replaces an existing one, even when

@@ -1,0 +1,46 @@
+// The trainer role's configuration (the spawn request's config_json): round trip and refusals.
+
+#include <gtest/gtest.h>
+
+#include "actors/train/trainer.hpp"
+
+namespace weft::train {
+namespace {
+
+trainer_config sample() {
+  trainer_config c;
+  c.run.model_path = "/m.gguf";
+  c.run.data_path = "/d.jsonl";
+  c.rank = 1;
+  c.world = 3;
+  c.coordinator_port = 4242;
+  c.allreduce_timeout_ms = 5000;
+  return c;
+}
+
+TEST(trainer_config, survives_the_json_round_trip) {
+  auto back = trainer_config::from_json(sample().to_json());
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->to_json(), sample().to_json());
+}
+
+TEST(trainer_config, refuses_ranks_outside_the_group_and_bad_runs) {
+  auto refused = [](trainer_config c) { return !trainer_config::from_json(c.to_json()).ok(); };
+  auto c = sample();
+  c.rank = 3;
+  EXPECT_TRUE(refused(c));
+  c = sample();
+  c.rank = -1;
+  EXPECT_TRUE(refused(c));
+  c = sample();
+  c.coordinator_port = 0;
+  EXPECT_TRUE(refused(c));
+  c = sample();
+  c.run.steps = 0;
+  EXPECT_TRUE(refused(c));
+  EXPECT_FALSE(trainer_config::from_json("not json").ok());
+  EXPECT_FALSE(trainer_config::from_json(R"({"rank": 0})").ok());
+}
+
+}  // namespace
+}  // namespace weft::train
