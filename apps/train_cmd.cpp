@@ -261,10 +261,6 @@ void add_train_command(CLI::App& app, const global_options&) {
                   "--trainers > 1: group restarts (and node relaunches) allowed per minute")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
-  cmd->add_option("--transport", opts->transport,
-                  "--trainers > 1: data-plane engine of the all-reduce (ucx; fault:ucx injects "
-                  "faults)")
-      ->capture_default_str();
   cmd->add_option("--ucx-tls", opts->ucx_tls,
                   "--trainers > 1: UCX transports of the all-reduce (e.g. shm, tcp; default: UCX's "
                   "choice)");

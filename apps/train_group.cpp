@@ -189,7 +189,7 @@ int run_train_group(const train_options& opts) {
                                         "--connection-timeout-ms",
                                         std::to_string(opts.connection_timeout_ms),
                                         "--transport",
-                                        opts.transport};
+                                        "ucx"};
   if (!opts.ucx_tls.empty()) {
     node_args.push_back("--ucx-tls");
     node_args.push_back(opts.ucx_tls);
@@ -235,8 +235,8 @@ int run_train_group(const train_options& opts) {
     stop_everything(std::nullopt);
     return 1;
   }
-  spdlog::info("{} trainer ranks started; gradients all-reduced over {}", opts.trainers,
-               opts.transport);
+  spdlog::info("{} trainer ranks started; gradients all-reduced over UCX{}", opts.trainers,
+               opts.ucx_tls.empty() ? "" : " (" + opts.ucx_tls + ")");
   const int code = wait_for_end(sys, progress, nodes, *sup, coordinator);
   stop_everything(*sup);
   http.reset();

@@ -22,7 +22,6 @@ struct train_options {
   int max_restarts = 5;
   uint32_t heartbeat_ms = 200;
   uint32_t connection_timeout_ms = 2000;
-  std::string transport = "ucx";
   std::string ucx_tls;
 };
 
