@@ -74,7 +74,10 @@ int run_train(const train_options& opts) {
     return 2;
   }
   if (opts.trainers > 1) return run_train_group(opts);
-  set_blas_threads(o.threads);
+  use_threads(o);
+  const thread_plan plan = plan_threads(o.threads);
+  spdlog::info("{} thread(s): {} share(s) of each update in parallel, {} BLAS thread(s) each",
+               o.threads, plan.shares, plan.blas);
   spdlog::info("loading {}", o.model_path);
   auto run = load_sft_run(o);
   if (!run) {
@@ -171,6 +174,7 @@ int run_train(const train_options& opts) {
 void add_train_command(CLI::App& app, const global_options&) {
   auto opts = std::make_shared<train_options>();
   auto* o = &opts->run;
+  o->threads = 0;  // all cores (divided among --trainers), resolved when the command runs
   auto* cmd = app.add_subcommand(
       "train", "Fine-tune a GGUF model on JSON-lines chat or prompt/completion data (SFT)");
   cmd->add_option("--config", opts->config_file,
@@ -226,8 +230,10 @@ void add_train_command(CLI::App& app, const global_options&) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", o->seed, "Seed of the data order")->capture_default_str();
   cmd->add_option("--threads", o->threads,
-                  "BLAS threads of each trainer (default: all cores, divided among --trainers)")
-      ->check(CLI::NonNegativeNumber);
+                  "Cores each trainer uses (default: all cores, divided among --trainers); up to 4 "
+                  "shares of each update run in parallel, the rest are BLAS threads. Exact resume "
+                  "needs the same value")
+      ->check(CLI::Range(0, 1024));
   cmd->add_flag("--recompute", o->recompute,
                 "Recompute each layer's activations in the backward (less memory, ~1/3 more "
                 "compute)");
@@ -286,6 +292,10 @@ void add_train_command(CLI::App& app, const global_options&) {
       std::exit(2);
     }
     if (o->model_path.empty()) o->model_path = serve::default_model_path().string();
+    if (o->threads == 0) {
+      const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+      o->threads = std::max(1, cores / std::max(1, opts->trainers));
+    }
     std::exit(run_train(*opts));
   });
 }

@@ -70,10 +70,8 @@ class group_reporter {
 
 /// The supervisor's children: rank i as "trainer-i".
 std::vector<actors::child_spec> rank_specs(const train_options& o, uint16_t coordinator_port) {
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   train::trainer_config tc;
-  tc.run = o.run;
-  tc.run.threads = o.run.threads > 0 ? o.run.threads : std::max(1, cores / o.trainers);
+  tc.run = o.run;  // --threads is resolved per trainer by the command line
   tc.world = o.trainers;
   tc.coordinator_port = coordinator_port;
   tc.allreduce_timeout_ms = o.allreduce_timeout_ms;

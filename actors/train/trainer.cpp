@@ -129,7 +129,7 @@ class rank_loop {
   }
 
   status train() {
-    set_blas_threads(cfg_.run.threads);
+    use_threads(cfg_.run);
     auto loaded = load_sft_run(cfg_.run);
     if (!loaded) return fatal(loaded.error().message());
     run_ = std::move(*loaded);

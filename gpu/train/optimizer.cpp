@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "gpu/train/train_ops.hpp"
+
 namespace weft::gpu::train {
 
 void adamw::init(std::span<const int64_t> sizes) {
@@ -29,22 +31,35 @@ void adamw::step(std::span<const std::span<float>> values,
   const auto step_size = static_cast<float>(lr / bc1);
   const auto sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
   const auto eps = static_cast<float>(config_.eps);
-  for (size_t i = 0; i < values.size(); ++i) {
+  const auto keep = static_cast<float>(1.0 - lr * config_.weight_decay);
+  const auto fb1 = static_cast<float>(b1);
+  const auto fb2 = static_cast<float>(b2);
+  // Elements [lo, hi) of tensor i.
+  auto update = [&](size_t i, size_t lo, size_t hi) {
     float* p = values[i].data();
     const float* g = grads[i].data();
     float* m = m_[i].data();
     float* v = v_[i].data();
     const bool wd = i < decay.size() ? decay[i] != 0 : true;
-    const auto keep = static_cast<float>(1.0 - lr * config_.weight_decay);
-    const auto fb1 = static_cast<float>(b1);
-    const auto fb2 = static_cast<float>(b2);
-    for (size_t j = 0; j < values[i].size(); ++j) {
+    for (size_t j = lo; j < hi; ++j) {
       if (wd) p[j] *= keep;
       m[j] = fb1 * m[j] + (1.0f - fb1) * g[j];
       v[j] = fb2 * v[j] + (1.0f - fb2) * g[j] * g[j];
       p[j] -= step_size * m[j] / (std::sqrt(v[j]) / sqrt_bc2 + eps);
     }
-  }
+  };
+  // All tensors as one range of elements, cut among the threads.
+  std::vector<int64_t> starts{0};
+  for (const auto& t : values) starts.push_back(starts.back() + static_cast<int64_t>(t.size()));
+  parallel_ranges(starts.back(), config_.threads, [&](int64_t lo, int64_t hi) {
+    auto i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), lo) -
+                                 starts.begin() - 1);
+    for (; i < values.size() && starts[i] < hi; ++i) {
+      const int64_t a = std::max(lo, starts[i]) - starts[i];
+      const int64_t b = std::min(hi, starts[i + 1]) - starts[i];
+      if (b > a) update(i, static_cast<size_t>(a), static_cast<size_t>(b));
+    }
+  });
 }
 
 double global_grad_norm(std::span<const std::span<const float>> grads) {

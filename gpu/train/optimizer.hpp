@@ -17,6 +17,7 @@ struct adamw_config {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  int threads = 1;  ///< Threads of the update (element-wise: the bits do not depend on it).
 };
 
 /// State and update of AdamW over a list of parameter tensors (each a flat span).

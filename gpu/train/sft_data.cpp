@@ -165,6 +165,11 @@ std::vector<train_batch> sft_sampler::next_step() {
 }
 
 std::vector<train_batch> sft_sampler::next_step(int rank, int world, int64_t* step_tokens) {
+  return std::move(next_step_shares(rank, 1, world, step_tokens).front());
+}
+
+std::vector<std::vector<train_batch>> sft_sampler::next_step_shares(int first, int count, int total,
+                                                                    int64_t* step_tokens) {
   const auto n = static_cast<int64_t>(data_->examples.size());
   std::vector<const sft_example*> chosen;
   int64_t used = 0;
@@ -187,36 +192,33 @@ std::vector<train_batch> sft_sampler::next_step(int rank, int world, int64_t* st
     ++cursor_.index;
   }
   if (step_tokens != nullptr) *step_tokens = used;
-  if (world > 1) {
-    // Balance the ranks' tokens: longest example first to the least-loaded rank (ties: the lower
-    // rank), every rank computing the same split; each keeps its examples in step order.
-    std::vector<size_t> order(chosen.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return chosen[a]->tokens.size() > chosen[b]->tokens.size();
-    });
-    std::vector<int64_t> load(static_cast<size_t>(world), 0);
-    std::vector<int> owner(chosen.size(), 0);
-    for (size_t i : order) {
-      const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-      owner[i] = static_cast<int>(r);
-      load[r] += static_cast<int64_t>(chosen[i]->tokens.size());
-    }
-    std::vector<const sft_example*> mine;
-    for (size_t i = 0; i < chosen.size(); ++i) {
-      if (owner[i] == rank) mine.push_back(chosen[i]);
-    }
-    chosen = std::move(mine);
+  // Balance the shares' tokens: longest example first to the least-loaded share (ties: the lower
+  // share), every rank computing the same split; each share keeps its examples in step order.
+  std::vector<size_t> order(chosen.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return chosen[a]->tokens.size() > chosen[b]->tokens.size();
+  });
+  std::vector<int64_t> load(static_cast<size_t>(std::max(total, 1)), 0);
+  std::vector<int> owner(chosen.size(), 0);
+  for (size_t i : order) {
+    const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = static_cast<int>(r);
+    load[r] += static_cast<int64_t>(chosen[i]->tokens.size());
   }
-  std::vector<train_batch> micro;
-  for (const sft_example* ex : chosen) {
+  std::vector<std::vector<train_batch>> shares(static_cast<size_t>(std::max(count, 0)));
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const int share = owner[i] - first;
+    if (share < 0 || share >= count) continue;
+    auto& micro = shares[static_cast<size_t>(share)];
+    const sft_example* ex = chosen[i];
     if (micro.empty() ||
         micro.back().n_tokens() + static_cast<int64_t>(ex->tokens.size()) > micro_tokens_) {
       micro.emplace_back();
     }
     micro.back().add(ex->tokens, ex->in_loss);
   }
-  return micro;
+  return shares;
 }
 
 }  // namespace weft::gpu::train

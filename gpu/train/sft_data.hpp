@@ -72,6 +72,10 @@ class sft_sampler {
   /// the least-loaded rank — the same split on every rank); the whole step's token count in
   /// `step_tokens`. Advances the cursor like next_step().
   std::vector<train_batch> next_step(int rank, int world, int64_t* step_tokens);
+  /// The step split into `total` balanced shares (the same split as above with world = total);
+  /// returns shares first .. first + count - 1, each packed into micro-batches.
+  std::vector<std::vector<train_batch>> next_step_shares(int first, int count, int total,
+                                                         int64_t* step_tokens);
 
   const data_cursor& cursor() const { return cursor_; }
   void set_cursor(const data_cursor& c) { cursor_ = c; }

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "gpu/chat_template.hpp"
 #include "gpu/tokenizer.hpp"
 
@@ -85,7 +87,8 @@ result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j) {
   }
   if (o.data_path.empty() || o.model_path.empty()) return bad("'model' and 'data' are required");
   if (o.steps < 1 || o.batch_tokens < 1 || o.micro_batch_tokens < 1 || o.max_seq_tokens < 2 ||
-      o.warmup_steps < 0 || o.checkpoint_every < 1 || o.keep_checkpoints < 1 || o.threads < 0) {
+      o.warmup_steps < 0 || o.checkpoint_every < 1 || o.keep_checkpoints < 1 || o.threads < 1 ||
+      o.threads > 1024) {
     return bad("counts out of range");
   }
   if (!(o.lr > 0) || !(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1) || !(o.weight_decay >= 0) ||
@@ -114,6 +117,7 @@ result<sft_config> make_sft_config(const sft_run_options& o) {
   sc.schedule.min_ratio = o.min_lr_ratio;
   sc.adamw = {o.beta1, o.beta2, o.adam_eps, o.weight_decay};
   sc.max_grad_norm = o.max_grad_norm;
+  sc.parallel = plan_threads(o.threads).shares;
   return sc;
 }
 
@@ -148,8 +152,16 @@ result<sft_run> load_sft_run(const sft_run_options& o, bool with_model) {
   return sft_run{std::move(*file), std::move(*data), std::move(model)};
 }
 
-void set_blas_threads(int n) {
-  if (n > 0) openblas_set_num_threads(n);
+thread_plan plan_threads(int threads) {
+  thread_plan p;
+  threads = std::max(1, threads);
+  p.shares = std::min(threads, 4);
+  p.blas = std::max(1, threads / p.shares);
+  return p;
+}
+
+void use_threads(const sft_run_options& o) {
+  openblas_set_num_threads(plan_threads(o.threads).blas);
 }
 
 }  // namespace weft::gpu::train

@@ -35,7 +35,7 @@ struct sft_run_options {
   double beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8;
   double max_grad_norm = 1.0;
   uint64_t seed = 0;
-  int threads = 0;  ///< BLAS threads; 0 = the library's default
+  int threads = 1;  ///< cores to use (plan_threads); the caller resolves "all cores"
   bool recompute = false;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 50;
@@ -62,7 +62,18 @@ struct sft_run {
 /// weights, logging what it loaded. Errors name the file.
 result<sft_run> load_sft_run(const sft_run_options& o, bool with_model = true);
 
-/// The BLAS threads of this process (the trainer's GEMMs); n <= 0 leaves the library's default.
-void set_blas_threads(int n);
+/// How a run uses `threads` cores: up to 4 shares of each update computed in parallel (one thread
+/// each, trainable_model's parallel forward_backward), and the rest as BLAS threads inside each
+/// share. Measured on a 2-vCPU host: 2 shares of 1 BLAS thread train ~1.5x faster than 1 share of
+/// 2 BLAS threads (docs/training.md). More shares cost a copy of the activations and gradients
+/// each, hence the cap.
+struct thread_plan {
+  int shares = 1;
+  int blas = 1;
+};
+thread_plan plan_threads(int threads);
+
+/// Sets this process's BLAS threads to plan_threads(o.threads).blas.
+void use_threads(const sft_run_options& o);
 
 }  // namespace weft::gpu::train

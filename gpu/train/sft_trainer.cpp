@@ -1,5 +1,6 @@
 #include "gpu/train/sft_trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace weft::gpu::train {
@@ -12,7 +13,11 @@ sft_trainer::sft_trainer(trainable_model<float>& model, const sft_dataset& data,
       reduce_(std::move(reduce)),
       rank_(rank),
       world_(world),
-      opt_(config.adamw) {
+      opt_([&config] {
+        adamw_config c = config.adamw;
+        c.threads = std::max(1, config.parallel);
+        return c;
+      }()) {
   std::vector<int64_t> sizes;
   for (const auto& p : model_.parameters()) {
     sizes.push_back(p.size());
@@ -24,15 +29,23 @@ sft_trainer::sft_trainer(trainable_model<float>& model, const sft_dataset& data,
 
 result<step_record> sft_trainer::step() {
   int64_t tokens = 0;
-  const auto micro = sampler_.next_step(rank_, world_, &tokens);
+  const int p = std::max(1, config_.parallel);
+  const auto shares = sampler_.next_step_shares(rank_ * p, p, world_ * p, &tokens);
   model_.zero_grad();
   double loss_sum = 0.0;
   int64_t loss_tokens = 0;
-  for (const auto& b : micro) {
-    auto l = model_.forward_backward(b);
+  if (p == 1) {
+    for (const auto& b : shares.front()) {
+      auto l = model_.forward_backward(b);
+      if (!l) return l.error();
+      loss_sum += l->sum;
+      loss_tokens += l->tokens;
+    }
+  } else {
+    auto l = model_.forward_backward(std::span<const std::vector<train_batch>>(shares));
     if (!l) return l.error();
-    loss_sum += l->sum;
-    loss_tokens += l->tokens;
+    loss_sum = l->sum;
+    loss_tokens = l->tokens;
   }
   auto& params = model_.parameters();
   std::vector<std::span<float>> grads, values;

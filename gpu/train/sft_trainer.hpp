@@ -25,6 +25,10 @@ struct sft_config {
   lr_schedule schedule;
   adamw_config adamw;
   double max_grad_norm = 1.0;  ///< <= 0: no clipping.
+  /// Shares of each rank's examples computed at once, one thread each (trainable_model's parallel
+  /// forward_backward; run BLAS single-threaded then). The bits depend on it (the shares' gradients
+  /// are added in share order), so an exact resume needs the same value.
+  int parallel = 1;
 };
 
 /// Sums the ranks' gradients (every tensor, in place) and their loss sums and token counts; every

@@ -5,9 +5,23 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <thread>
 #include <type_traits>
 
 namespace weft::gpu::train {
+
+void parallel_ranges(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& f) {
+  const int64_t k = std::max<int64_t>(1, std::min<int64_t>(threads, n));
+  if (k == 1) {
+    if (n > 0) f(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < k; ++t)
+    pool.emplace_back([&f, n, k, t] { f(n * t / k, n * (t + 1) / k); });
+  f(0, n / k);
+  for (auto& th : pool) th.join();
+}
 
 namespace {
 

@@ -10,12 +10,17 @@
 /// whether they overwrite or add.
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
 #include "gpu/compute_ops.hpp"
 
 namespace weft::gpu::train {
+
+/// Runs f(begin, end) over [0, n) cut into `threads` contiguous ranges, one thread each (the
+/// caller's thread takes the first). For element-wise passes, whose results do not depend on it.
+void parallel_ranges(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& f);
 
 /// y[n][out] = x[n][in]·Wᵀ.
 template <class T>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "gpu/ggml_types.hpp"
 
@@ -52,6 +53,14 @@ struct trainable_model<T>::backward_scratch {
   std::vector<T> dh, dgate, dup, dxn, datt, dq, dk, dv;  ///< One layer's.
   std::vector<T> dx, dxn_final, x_out;                   ///< The whole batch's.
   std::vector<T> xc, logits, dlogits, dxc;               ///< One output-head chunk's.
+};
+
+/// Share j >= 1 of a parallel forward_backward: its own activations, scratch and gradients.
+template <class T>
+struct trainable_model<T>::replica {
+  forward_state fs;
+  backward_scratch bs;
+  std::vector<std::vector<T>> grads;
 };
 
 template <class T>
@@ -264,7 +273,8 @@ void trainable_model<T>::forward(const train_batch& b, forward_state& fs) {
 }
 
 template <class T>
-void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, layer_acts& a, T* dx) {
+void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, backward_scratch& b,
+                                        const std::vector<T*>& grads, layer_acts& a, T* dx) {
   const layer_params& l = layers_[static_cast<size_t>(il)];
   const int64_t n = fs.n;
   const int64_t d = hp_.n_embd;
@@ -272,9 +282,8 @@ void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, lay
   const int64_t kvd = hp_.n_kv_heads * hp_.head_dim;
   const int64_t ff = hp_.n_ff;
   auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
-  auto g = [&](int i) { return params_[static_cast<size_t>(i)].grad.data(); };
+  auto g = [&](int i) { return grads[static_cast<size_t>(i)]; };
   // dx holds ∂L/∂x_out. Feed-forward half: x_out = x_mid + down(swiglu(gate(xn2), up(xn2))).
-  backward_scratch& b = *bs_;
   auto sized = [](std::vector<T>& v, int64_t count) {
     v.resize(static_cast<size_t>(count));
     return v.data();
@@ -307,12 +316,77 @@ void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, lay
 template <class T>
 result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b) {
   if (auto st = check(b); !st) return st;
-  forward_state& fs = *fs_;
+  std::vector<T*> grads;
+  for (auto& p : params_) grads.push_back(p.grad.data());
+  return accumulate(b, *fs_, *bs_, grads);
+}
+
+template <class T>
+result<loss_sum> trainable_model<T>::forward_backward(
+    std::span<const std::vector<train_batch>> shares) {
+  for (const auto& share : shares) {
+    for (const auto& b : share) {
+      if (auto st = check(b); !st) return st;
+    }
+  }
+  std::vector<T*> own;
+  for (auto& p : params_) own.push_back(p.grad.data());
+  auto run_share = [this](const std::vector<train_batch>& share, forward_state& fs,
+                          backward_scratch& bs, const std::vector<T*>& grads) {
+    loss_sum total;
+    for (const auto& b : share) {
+      const loss_sum l = accumulate(b, fs, bs, grads);
+      total.sum += l.sum;
+      total.tokens += l.tokens;
+    }
+    return total;
+  };
+  if (shares.empty()) return loss_sum{};
+  const size_t extra = shares.size() - 1;
+  while (replicas_.size() < extra) replicas_.push_back(std::make_unique<replica>());
+  std::vector<std::vector<T*>> replica_grads(extra);
+  for (size_t j = 0; j < extra; ++j) {
+    auto& r = *replicas_[j];
+    r.grads.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      r.grads[i].assign(params_[i].grad.size(), T(0));
+      replica_grads[j].push_back(r.grads[i].data());
+    }
+  }
+  std::vector<loss_sum> losses(shares.size());
+  std::vector<std::thread> threads;
+  for (size_t j = 1; j < shares.size(); ++j) {
+    threads.emplace_back([&, j] {
+      auto& r = *replicas_[j - 1];
+      losses[j] = run_share(shares[j], r.fs, r.bs, replica_grads[j - 1]);
+    });
+  }
+  losses[0] = run_share(shares[0], *fs_, *bs_, own);
+  for (auto& t : threads) t.join();
+  loss_sum total = losses[0];
+  for (size_t j = 1; j < shares.size(); ++j) {
+    total.sum += losses[j].sum;
+    total.tokens += losses[j].tokens;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      T* dst = params_[i].grad.data();
+      const T* src = replica_grads[j - 1][i];
+      const auto n = static_cast<int64_t>(params_[i].grad.size());
+      parallel_ranges(n, n >= (1 << 20) ? static_cast<int>(shares.size()) : 1,
+                      [dst, src](int64_t lo, int64_t hi) {
+                        for (int64_t k = lo; k < hi; ++k) dst[k] += src[k];
+                      });
+    }
+  }
+  return total;
+}
+
+template <class T>
+loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
+                                        backward_scratch& sc, const std::vector<T*>& grads) {
   forward(b, fs);
   const int64_t n = fs.n;
   const int64_t d = hp_.n_embd;
   const int64_t vocab = hp_.n_vocab;
-  backward_scratch& sc = *bs_;
   auto& out_w = params_[static_cast<size_t>(output_)];
   // Output head and loss, a chunk of loss rows at a time; ∂L/∂xn_final is scattered back.
   std::vector<int64_t> rows;
@@ -342,7 +416,7 @@ result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b) {
     loss.sum += cross_entropy(logits.data(), targets.data(), m, vocab, T(1), dlogits.data(),
                               static_cast<T*>(nullptr));
     linear_backward(xc.data(), out_w.value.data(), dlogits.data(), m, d, vocab, dxc.data(),
-                    out_w.grad.data());
+                    grads[static_cast<size_t>(output_)]);
     for (int64_t j = 0; j < m; ++j) {
       std::copy_n(dxc.begin() + j * d, d, dxn.begin() + rows[r0 + static_cast<size_t>(j)] * d);
     }
@@ -351,7 +425,7 @@ result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b) {
   dx.assign(static_cast<size_t>(n * d), T(0));
   auto& onorm = params_[static_cast<size_t>(out_norm_)];
   rms_norm_backward(fs.x_final.data(), onorm.value.data(), fs.rstd_final.data(), dxn.data(), n, d,
-                    dx.data(), onorm.grad.data());
+                    dx.data(), grads[static_cast<size_t>(out_norm_)]);
   std::vector<T>& x_out = sc.x_out;
   x_out.resize(static_cast<size_t>(n * d));
   for (int64_t il = hp_.n_layers - 1; il >= 0; --il) {
@@ -360,15 +434,15 @@ result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b) {
       // The layer again, into the one scratch set, from its saved input.
       layer_forward(il, fs, a.x_in.data(), fs.scratch, x_out.data());
       std::swap(fs.scratch.x_in, a.x_in);
-      layer_backward(il, fs, fs.scratch, dx.data());
+      layer_backward(il, fs, sc, grads, fs.scratch, dx.data());
       std::swap(fs.scratch.x_in, a.x_in);
     } else {
-      layer_backward(il, fs, a, dx.data());
+      layer_backward(il, fs, sc, grads, a, dx.data());
     }
   }
-  auto& embd = params_[static_cast<size_t>(embd_)];
+  T* embd_grad = grads[static_cast<size_t>(embd_)];
   for (int64_t t = 0; t < n; ++t) {
-    T* row = embd.grad.data() + static_cast<int64_t>(b.tokens[static_cast<size_t>(t)]) * d;
+    T* row = embd_grad + static_cast<int64_t>(b.tokens[static_cast<size_t>(t)]) * d;
     for (int64_t i = 0; i < d; ++i) row[i] += dx[static_cast<size_t>(t * d + i)];
   }
   return loss;

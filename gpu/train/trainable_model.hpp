@@ -87,6 +87,11 @@ class trainable_model {
   /// (unnormalised, so micro-batches and data-parallel ranks sum exactly; the trainer divides by
   /// the total token count) and returns the summed loss.
   result<loss_sum> forward_backward(const train_batch& batch);
+  /// The same for several shares of micro-batches at once, share j on thread j (each with its own
+  /// activations and gradient buffers; BLAS should then run one thread per share): the shares'
+  /// gradients are added into the parameters' in share order, so the result depends on the number
+  /// of shares but never on timing. One share is forward_backward of each batch in turn.
+  result<loss_sum> forward_backward(std::span<const std::vector<train_batch>> shares);
 
   /// Forward only: log p(target) at every position with a target, in batch order.
   result<std::vector<T>> target_logprobs(const train_batch& batch);
@@ -99,12 +104,17 @@ class trainable_model {
   struct layer_acts;
   struct forward_state;
   struct backward_scratch;
+  struct replica;
 
   trainable_model(const model_hparams& hp, const trainable_config& config);
   status check(const train_batch& batch) const;
   void forward(const train_batch& batch, forward_state& fs);
   void layer_forward(int64_t il, const forward_state& fs, const T* x_in, layer_acts& a, T* x_out);
-  void layer_backward(int64_t il, const forward_state& fs, layer_acts& a, T* dx);
+  void layer_backward(int64_t il, const forward_state& fs, backward_scratch& bs,
+                      const std::vector<T*>& grads, layer_acts& a, T* dx);
+  /// Forward and backward of one checked batch into `grads` (one pointer per parameter).
+  loss_sum accumulate(const train_batch& b, forward_state& fs, backward_scratch& bs,
+                      const std::vector<T*>& grads);
 
   model_hparams hp_;
   trainable_config config_;
@@ -114,6 +124,7 @@ class trainable_model {
   int embd_ = 0, out_norm_ = 0, output_ = 0;  ///< Indices into params_ (output_ == embd_ if tied).
   std::unique_ptr<forward_state> fs_;         ///< Activations, reused from call to call.
   std::unique_ptr<backward_scratch> bs_;      ///< Gradient buffers, reused from call to call.
+  std::vector<std::unique_ptr<replica>> replicas_;  ///< Shares 1.. of a parallel call.
 };
 
 extern template class trainable_model<float>;

@@ -17,11 +17,13 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu/gguf.hpp"
 #include "gpu/train/checkpoint.hpp"
 #include "gpu/train/optimizer.hpp"
+#include "gpu/train/sft_run.hpp"
 #include "gpu/train/trainable_model.hpp"
 
 namespace {
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
   std::string model_path, json_path;
   int64_t seq_tokens = 256, seqs = 4, steps = 5;
   int threads = 0;
+  std::string mode = "plan";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -69,6 +72,8 @@ int main(int argc, char** argv) {
       threads = std::atoi(v);
     else if (k == "--json")
       json_path = v;
+    else if (k == "--mode")
+      mode = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -77,10 +82,15 @@ int main(int argc, char** argv) {
   if (model_path.empty()) {
     std::fprintf(stderr,
                  "usage: train_bench --model M.gguf [--seq-tokens N] [--seqs S] [--steps K] "
-                 "[--threads T] [--json F]\n");
+                 "[--threads T] [--mode plan|blas] [--json F]\n");
     return 2;
   }
-  if (threads > 0) openblas_set_num_threads(threads);
+  // plan: as `weft train --threads T` runs (plan_threads: shares of the batch in parallel, one
+  // thread each, the rest BLAS threads); blas: one share, T BLAS threads.
+  if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  thread_plan plan = plan_threads(threads);
+  if (mode == "blas") plan = {1, threads};
+  openblas_set_num_threads(plan.blas);
   auto file = gguf_file::open(model_path);
   if (!file) {
     std::fprintf(stderr, "%s\n", file.error().to_string().c_str());
@@ -96,15 +106,20 @@ int main(int argc, char** argv) {
   // script draws the same ids from the same generator output, written to the JSON).
   std::mt19937 rng(1);
   train_batch batch;
+  std::vector<std::vector<train_batch>> shares(static_cast<size_t>(plan.shares),
+                                               std::vector<train_batch>(1));
   std::vector<std::vector<int32_t>> all;
   for (int64_t s = 0; s < seqs; ++s) {
     std::vector<int32_t> ids(static_cast<size_t>(seq_tokens));
     for (auto& t : ids)
       t = static_cast<int32_t>(rng() % static_cast<uint32_t>(m.hparams().n_vocab));
     batch.add(ids, std::vector<uint8_t>(ids.size(), 1));
+    shares[static_cast<size_t>(s % plan.shares)][0].add(ids, std::vector<uint8_t>(ids.size(), 1));
     all.push_back(ids);
   }
-  adamw opt;
+  adamw_config ac;
+  ac.threads = plan.shares;  // as sft_trainer runs it
+  adamw opt(ac);
   std::vector<int64_t> sizes;
   std::vector<uint8_t> decay;
   for (const auto& p : m.parameters()) {
@@ -116,7 +131,9 @@ int main(int argc, char** argv) {
   for (int64_t i = 0; i < steps + 1; ++i) {  // the first step warms up and is not counted
     const auto t0 = clock_type::now();
     m.zero_grad();
-    auto l = m.forward_backward(batch);
+    auto l = plan.shares == 1
+                 ? m.forward_backward(batch)
+                 : m.forward_backward(std::span<const std::vector<train_batch>>(shares));
     if (!l) {
       std::fprintf(stderr, "%s\n", l.error().to_string().c_str());
       return 1;
@@ -144,7 +161,10 @@ int main(int argc, char** argv) {
                       static_cast<double>(seqs * seq_tokens * seq_tokens) *
                       static_cast<double>(hp.n_heads * hp.head_dim);
   const double flops = 6.0 * matmul_params * tokens + attn;
+  // The ceiling is this host's SGEMM peak on all `threads` cores, whatever the plan.
+  openblas_set_num_threads(threads);
   const double peak = sgemm_peak();
+  openblas_set_num_threads(plan.blas);
 
   // Checkpoint: a synchronous save, and the stall of an asynchronous one (snapshot only).
   const auto dir = std::filesystem::temp_directory_path() / "weft_train_bench_ckpt";
@@ -193,6 +213,9 @@ int main(int argc, char** argv) {
   nlohmann::json out{{"model", model_path},
                      {"parameters", m.n_parameters()},
                      {"threads", threads},
+                     {"mode", mode},
+                     {"shares", plan.shares},
+                     {"blas_threads", plan.blas},
                      {"batch_tokens", batch.n_tokens()},
                      {"seqs", seqs},
                      {"seq_tokens", seq_tokens},

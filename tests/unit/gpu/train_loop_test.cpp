@@ -268,11 +268,12 @@ std::unique_ptr<trainable_model<float>> fresh_model(const gguf_file& f) {
 
 /// Runs `total` steps straight, and again with a stop after `cut` steps, a checkpoint written and
 /// read back, a new model and trainer; weights and loss curves must be bit-identical.
-void expect_exact_resume(int64_t cut, int64_t total, int n_examples) {
+void expect_exact_resume(int64_t cut, int64_t total, int n_examples, int parallel = 1) {
   fixture fx;
   const auto data = arithmetic(fx, n_examples);
   const auto size = static_cast<int64_t>(data.examples[0].tokens.size());
-  const auto cfg = small_run(4 * size);
+  auto cfg = small_run(4 * size);
+  cfg.parallel = parallel;
   auto straight = fresh_model(fx.file);
   sft_trainer a(*straight, data, cfg);
   for (int64_t i = 0; i < total; ++i) ASSERT_TRUE(a.step().ok());
@@ -307,6 +308,38 @@ TEST(sft_trainer, resume_mid_epoch_is_bit_identical) {
 TEST(sft_trainer, resume_at_an_epoch_boundary_is_bit_identical) {
   // 8 examples, 4 per step: step 2 ends the first epoch exactly.
   expect_exact_resume(2, 5, 8);
+}
+
+TEST(sft_trainer, resume_with_parallel_shares_is_bit_identical) {
+  expect_exact_resume(3, 6, 10, /*parallel=*/3);
+}
+
+/// Shares of a step computed on threads: the same bits on every run, and the same training as one
+/// thread up to float summation order.
+TEST(sft_trainer, parallel_shares_repeat_bit_for_bit_and_track_one_thread) {
+  fixture fx;
+  const auto data = arithmetic(fx, 24);
+  const auto size = static_cast<int64_t>(data.examples[0].tokens.size());
+  auto run = [&](int parallel) {
+    auto m = fresh_model(fx.file);
+    auto cfg = small_run(8 * size);
+    cfg.parallel = parallel;
+    sft_trainer t(*m, data, cfg);
+    for (int i = 0; i < 5; ++i) EXPECT_TRUE(t.step().ok());
+    std::vector<std::vector<float>> w;
+    for (const auto& p : m->parameters()) w.push_back(p.value);
+    return std::make_pair(t.history(), w);
+  };
+  const auto one = run(1);
+  const auto two = run(2);
+  const auto again = run(2);
+  EXPECT_EQ(two.first, again.first);
+  EXPECT_EQ(two.second, again.second);
+  ASSERT_EQ(one.first.size(), two.first.size());
+  for (size_t i = 0; i < one.first.size(); ++i) {
+    EXPECT_NEAR(one.first[i].loss, two.first[i].loss, 1e-4 * std::abs(one.first[i].loss)) << i;
+    EXPECT_EQ(one.first[i].tokens, two.first[i].tokens);
+  }
 }
 
 TEST(sft_trainer, resume_refuses_another_seed) {
