@@ -88,11 +88,12 @@ std::vector<actors::child_spec> rank_specs(const train_options& o, uint16_t coor
 /// Waits for the end: rank 0 done, a fatal error, the supervisor gone, or (after a stop signal
 /// was relayed) a stopped group. Relaunches dead node processes meanwhile.
 int wait_for_end(caf::actor_system& sys, group_progress& progress, local_nodes& nodes,
-                 const caf::actor& sup, const caf::actor& coordinator) {
+                 const caf::actor& sup, const caf::actor& coordinator, uint32_t stop_grace_ms) {
   caf::scoped_actor self{sys};
   self->monitor(sup);
   bool supervisor_down = false;
   int signal_seen = 0;
+  std::chrono::steady_clock::time_point stop_deadline;
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(progress.mu);
@@ -113,8 +114,16 @@ int wait_for_end(caf::actor_system& sys, group_progress& progress, local_nodes& 
       spdlog::error("the trainer group failed too often (--max-restarts); stopping");
       return 1;
     }
+    if (signal_seen != 0 && std::chrono::steady_clock::now() > stop_deadline) {
+      spdlog::error(
+          "the group did not stop within {} s of the signal; stopping without a new "
+          "checkpoint",
+          stop_grace_ms / 1000);
+      return 128 + signal_seen;
+    }
     if (const int sig = stop_signal(); sig != 0 && signal_seen == 0) {
       signal_seen = sig;
+      stop_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(stop_grace_ms);
       spdlog::warn("{}: the group checkpoints after its current step and stops",
                    sig == SIGTERM ? "SIGTERM" : "SIGINT");
       caf::anon_send(coordinator, train::t_stop_atom::value);
@@ -235,7 +244,10 @@ int run_train_group(const train_options& opts) {
   }
   spdlog::info("{} trainer ranks started; gradients all-reduced over UCX{}", opts.trainers,
                opts.ucx_tls.empty() ? "" : " (" + opts.ucx_tls + ")");
-  const int code = wait_for_end(sys, progress, nodes, *sup, coordinator);
+  // After a stop signal the group finishes its step and checkpoints: give it an all-reduce
+  // deadline and a minute for the step and the write.
+  const int code =
+      wait_for_end(sys, progress, nodes, *sup, coordinator, opts.allreduce_timeout_ms + 60'000);
   stop_everything(*sup);
   http.reset();
   auto& report = reporter.report();

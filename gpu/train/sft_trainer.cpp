@@ -31,7 +31,7 @@ result<step_record> sft_trainer::step() {
   int64_t tokens = 0;
   const int p = std::max(1, config_.parallel);
   const auto shares = sampler_.next_step_shares(rank_ * p, p, world_ * p, &tokens);
-  model_.zero_grad();
+  model_.zero_grad(p);
   double loss_sum = 0.0;
   int64_t loss_tokens = 0;
   if (p == 1) {
@@ -60,7 +60,11 @@ result<step_record> sft_trainer::step() {
   // Gradient of the mean token loss over the whole step.
   const float inv = loss_tokens > 0 ? 1.0f / static_cast<float>(loss_tokens) : 0.0f;
   for (auto& g : grads) {
-    for (float& x : g) x *= inv;
+    float* x = g.data();
+    const auto n = static_cast<int64_t>(g.size());
+    parallel_ranges(n, n >= (1 << 20) ? p : 1, [x, inv](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) x[i] *= inv;
+    });
   }
   const double norm = clip_grad_norm(grads, config_.max_grad_norm);
   if (!std::isfinite(norm)) {

@@ -171,8 +171,13 @@ int64_t trainable_model<T>::n_parameters() const {
 }
 
 template <class T>
-void trainable_model<T>::zero_grad() {
-  for (auto& p : params_) std::fill(p.grad.begin(), p.grad.end(), T(0));
+void trainable_model<T>::zero_grad(int threads) {
+  for (auto& p : params_) {
+    T* g = p.grad.data();
+    const auto n = static_cast<int64_t>(p.grad.size());
+    parallel_ranges(n, n >= (1 << 20) ? threads : 1,
+                    [g](int64_t lo, int64_t hi) { std::fill(g + lo, g + hi, T(0)); });
+  }
 }
 
 template <class T>
@@ -349,8 +354,12 @@ result<loss_sum> trainable_model<T>::forward_backward(
     auto& r = *replicas_[j];
     r.grads.resize(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) {
-      r.grads[i].assign(params_[i].grad.size(), T(0));
-      replica_grads[j].push_back(r.grads[i].data());
+      r.grads[i].resize(params_[i].grad.size());
+      T* g = r.grads[i].data();
+      const auto n = static_cast<int64_t>(r.grads[i].size());
+      parallel_ranges(n, n >= (1 << 20) ? static_cast<int>(shares.size()) : 1,
+                      [g](int64_t lo, int64_t hi) { std::fill(g + lo, g + hi, T(0)); });
+      replica_grads[j].push_back(g);
     }
   }
   std::vector<loss_sum> losses(shares.size());

@@ -80,8 +80,8 @@ class trainable_model {
   parameter<T>* find(std::string_view name);
   int64_t n_parameters() const;
 
-  /// Sets every gradient to zero.
-  void zero_grad();
+  /// Sets every gradient to zero (on `threads` threads).
+  void zero_grad(int threads = 1);
 
   /// Forward and backward of `batch`: adds ∂(Σ token losses)/∂θ into every parameter's gradient
   /// (unnormalised, so micro-batches and data-parallel ranks sum exactly; the trainer divides by

@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   std::vector<double> step_s;
   for (int64_t i = 0; i < steps + 1; ++i) {  // the first step warms up and is not counted
     const auto t0 = clock_type::now();
-    m.zero_grad();
+    m.zero_grad(plan.shares);
     auto l = plan.shares == 1
                  ? m.forward_backward(batch)
                  : m.forward_backward(std::span<const std::vector<train_batch>>(shares));
@@ -141,7 +141,12 @@ int main(int argc, char** argv) {
     std::vector<std::span<float>> values;
     std::vector<std::span<const float>> grads;
     for (auto& p : m.parameters()) {
-      for (float& g : p.grad) g /= static_cast<float>(l->tokens);
+      float* g = p.grad.data();
+      const auto n = static_cast<int64_t>(p.grad.size());
+      const auto inv = 1.0f / static_cast<float>(l->tokens);
+      parallel_ranges(n, n >= (1 << 20) ? plan.shares : 1, [g, inv](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) g[i] *= inv;
+      });
       values.emplace_back(p.value);
       grads.emplace_back(p.grad.data(), p.grad.size());
     }
