@@ -64,9 +64,9 @@ result<sft_run> load_sft_run(const sft_run_options& o, bool with_model = true);
 
 /// How a run uses `threads` cores: up to 4 shares of each update computed in parallel (one thread
 /// each, trainable_model's parallel forward_backward), and the rest as BLAS threads inside each
-/// share. Measured on a 2-vCPU host: 2 shares of 1 BLAS thread train ~1.5x faster than 1 share of
-/// 2 BLAS threads (docs/training.md). More shares cost a copy of the activations and gradients
-/// each, hence the cap.
+/// share. Measured on a 2-vCPU host (gpu_train_bench, SmolLM2): 2 shares of 1 BLAS thread train
+/// ~13 % faster than 1 share of 2 BLAS threads (docs/training.md). More shares cost a copy of the
+/// activations and gradients each, hence the cap.
 struct thread_plan {
   int shares = 1;
   int blas = 1;
