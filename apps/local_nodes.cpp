@@ -1,5 +1,10 @@
 #include "apps/local_nodes.hpp"
 
+#include <caf/after.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/system_messages.hpp>
+
 #include "actors/node.hpp"
 #include "apps/version.hpp"
 
@@ -37,6 +42,17 @@ result<private_head> start_private_head(const std::string& node_id, uint32_t hea
   if (!node) return node.error();
   h.node = std::move(*node);
   return h;
+}
+
+void stop_in_order(caf::actor_system& sys, const std::vector<caf::actor>& actors) {
+  caf::scoped_actor s{sys};
+  for (const auto& a : actors) {
+    s->monitor(a);
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    s->receive([](const caf::down_msg&) {},
+               caf::after(std::chrono::seconds(5)) >>
+                   [] { spdlog::warn("stopping: an actor did not stop within 5 s"); });
+  }
 }
 
 bool wait_for_line(child_process& c, const std::string& prefix, int timeout_ms) {

@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
 #include "actors/auth.hpp"
 #include "apps/child_process.hpp"
 #include "schema/status.hpp"
@@ -32,6 +35,10 @@ struct private_head {
 };
 result<private_head> start_private_head(const std::string& node_id, uint32_t heartbeat_ms,
                                         uint32_t connection_timeout_ms);
+
+/// Stops `actors` one after the other (exit user_shutdown), waiting up to 5 s for each to end: a
+/// supervisor first, so that nothing restarts what is stopped after it.
+void stop_in_order(caf::actor_system& sys, const std::vector<caf::actor>& actors);
 
 /// Reads lines of a child until one starts with `prefix`.
 bool wait_for_line(child_process& c, const std::string& prefix, int timeout_ms);

@@ -310,16 +310,7 @@ int run_serve(const serve_cli& cli) {
   (*api)->stop();
   // A clean stop is not a failure: the supervisor and the router go first (and are waited for),
   // so that neither restarts nor migrates anything when the worker processes then end.
-  {
-    caf::scoped_actor s{sys};
-    for (const caf::actor& a : {*sup, router}) {
-      s->monitor(a);
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-      s->receive([](const caf::down_msg&) {},
-                 caf::after(std::chrono::seconds(5)) >>
-                     [] { spdlog::warn("stopping: an actor did not stop within 5 s"); });
-    }
-  }
+  stop_in_order(sys, {*sup, router});
   nodes.stop_all();
   return code;
 }

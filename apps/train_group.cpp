@@ -208,17 +208,10 @@ int run_train_group(const train_options& opts) {
       },
       node_args, true, opts.max_restarts);
   auto stop_everything = [&](const std::optional<caf::actor>& sup) {
-    caf::scoped_actor s{sys};
     std::vector<caf::actor> actors_to_stop;
     if (sup) actors_to_stop.push_back(*sup);
     actors_to_stop.push_back(coordinator);
-    for (const auto& a : actors_to_stop) {
-      s->monitor(a);
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-      s->receive([](const caf::down_msg&) {},
-                 caf::after(std::chrono::seconds(5)) >>
-                     [] { spdlog::warn("stopping: an actor did not stop within 5 s"); });
-    }
+    stop_in_order(sys, actors_to_stop);
     nodes.stop_all();
   };
   for (int i = 0; i < opts.trainers; ++i) {
