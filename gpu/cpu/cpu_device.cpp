@@ -169,8 +169,8 @@ class cpu_device final : public device {
                  " threads)";
     caps_.memory = memory_visibility::host_visible;
     caps_.n_compute_threads = n_threads;
-    caps_.weight_types = {ggml_type::f32, ggml_type::f16, ggml_type::q8_0, ggml_type::q4_0,
-                          ggml_type::q4_1};
+    caps_.weight_types = {ggml_type::f32,  ggml_type::f16,  ggml_type::bf16,
+                          ggml_type::q8_0, ggml_type::q4_0, ggml_type::q4_1};
   }
 
   const device_capabilities& capabilities() const override { return caps_; }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "gpu/cpu/half_dot.hpp"
 #include "gpu/cpu/quant_dot.hpp"
@@ -14,6 +15,7 @@ bool matmul_supports(ggml_type type) {
   switch (type) {
     case ggml_type::f32:
     case ggml_type::f16:
+    case ggml_type::bf16:
     case ggml_type::q8_0:
     case ggml_type::q4_0:
     case ggml_type::q4_1:
@@ -144,6 +146,25 @@ void rows_f16(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_to
   }
 }
 
+// bf16 weights (trainer exports, RL weight versions) with f32 activations: each row widened to f32
+// once (a bf16 is the top half of an f32), then dotted with every token — the same dot for one
+// token or many, so batches are bit-identical to single tokens.
+void rows_bf16(const tensor_view& w, const float* x, int64_t n_tokens, float* y, int64_t r_begin,
+               int64_t r_end) {
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(w.n_cols));
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    const auto* b = static_cast<const uint16_t*>(w.row(r));
+    for (int64_t c = 0; c < w.n_cols; ++c) {
+      const uint32_t bits = static_cast<uint32_t>(b[c]) << 16;
+      std::memcpy(&row[static_cast<size_t>(c)], &bits, sizeof bits);
+    }
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      y[t * w.n_rows + r] = dot_f32(row.data(), x + t * w.n_cols, w.n_cols);
+    }
+  }
+}
+
 void rows_f32(const tensor_view& w, const float* x, int64_t n_tokens, float* y, int64_t r_begin,
               int64_t r_end) {
   if (r_end <= r_begin) return;
@@ -185,6 +206,9 @@ void rows_dispatch(const tensor_view& w, const float* x, const uint8_t* a, size_
     case ggml_type::f32:
       rows_f32(w, x, n_tokens, y, r_begin, r_end);
       break;
+    case ggml_type::bf16:
+      rows_bf16(w, x, n_tokens, y, r_begin, r_end);
+      break;
     default:
       break;
   }
@@ -198,7 +222,8 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
     return {status_code::unsupported,
             std::string{"matmul: weight type "} + std::string{type_name(w.type)}};
   }
-  if (w.type != ggml_type::f32 && w.type != ggml_type::f16 && w.n_cols % 32 != 0) {
+  if (w.type != ggml_type::f32 && w.type != ggml_type::f16 && w.type != ggml_type::bf16 &&
+      w.n_cols % 32 != 0) {
     return {status_code::invalid_argument, "matmul: quantized row length not a multiple of 32"};
   }
   if (n_tokens <= 0) return {};

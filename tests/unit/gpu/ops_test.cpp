@@ -324,8 +324,8 @@ TEST_P(matmul_types, matches_reference_and_is_batch_invariant) {
 }
 
 INSTANTIATE_TEST_SUITE_P(types, matmul_types,
-                         ::testing::Values(ggml_type::f32, ggml_type::f16, ggml_type::q8_0,
-                                           ggml_type::q4_0, ggml_type::q4_1));
+                         ::testing::Values(ggml_type::f32, ggml_type::f16, ggml_type::bf16,
+                                           ggml_type::q8_0, ggml_type::q4_0, ggml_type::q4_1));
 
 TEST(matmul, multi_is_bit_identical_to_separate_calls) {
   thread_pool pool(2);

@@ -400,36 +400,45 @@ TEST(export_gguf, the_engine_serves_what_the_trainer_trained) {
       }
     }
   }
-  // The engine serves the f32 export with the trained model's logits.
-  auto dev = device_registry::instance().create("cpu", device_config{1, 0});
-  auto f = gguf_file::open(dir / "f32.gguf");
-  auto em = model::load(std::move(*f), **dev);
-  ASSERT_TRUE(em.ok()) << em.error().to_string();
-  kv_cache_config kc;
-  kc.layout = (*em)->kv_layout_for(4);
-  kc.n_blocks = 16;
-  auto kv = kv_cache::create(**dev, kc);
-  const std::vector<int32_t> toks = {5, 77, 120, 9};
-  forward_batch fb;
-  fb.add((*kv)->create_sequence(), toks, true);
-  forward_output out;
-  ASSERT_TRUE((*em)->forward(fb, **kv, out).ok());
-  train_batch tb;
-  tb.add(toks, std::vector<uint8_t>(toks.size(), 1));
-  auto tl = m->logits(tb);
-  ASSERT_TRUE(tl.ok());
-  // The engine keeps K/V in fp16: agreement to that precision, relative to the logits' scale.
-  const int64_t vocab = m->hparams().n_vocab;
-  double max_abs = 0, max_diff = 0;
-  for (int64_t j = 0; j < vocab; ++j) {
-    const double e = out.logits[static_cast<size_t>(j)];
-    max_abs = std::max(max_abs, std::abs(e));
-    max_diff = std::max(max_diff, std::abs(e - (*tl)[3 * vocab + j]));
+  // The engine serves the f32 and the bf16 export with the logits of the trainer holding the
+  // same weights (the bf16 ones exactly as the file has them).
+  for (const char* name : {"f32", "bf16"}) {
+    SCOPED_TRACE(name);
+    auto dev = device_registry::instance().create("cpu", device_config{1, 0});
+    const auto path = dir / (std::string{name} + ".gguf");
+    auto tf = gguf_file::open(path);
+    ASSERT_TRUE(tf.ok());
+    auto ref = trainable_model<float>::load(*tf);
+    ASSERT_TRUE(ref.ok());
+    auto f = gguf_file::open(path);
+    auto em = model::load(std::move(*f), **dev);
+    ASSERT_TRUE(em.ok()) << em.error().to_string();
+    kv_cache_config kc;
+    kc.layout = (*em)->kv_layout_for(4);
+    kc.n_blocks = 16;
+    auto kv = kv_cache::create(**dev, kc);
+    const std::vector<int32_t> toks = {5, 77, 120, 9};
+    forward_batch fb;
+    fb.add((*kv)->create_sequence(), toks, true);
+    forward_output out;
+    ASSERT_TRUE((*em)->forward(fb, **kv, out).ok());
+    train_batch tb;
+    tb.add(toks, std::vector<uint8_t>(toks.size(), 1));
+    auto tl = (*ref)->logits(tb);
+    ASSERT_TRUE(tl.ok());
+    // The engine keeps K/V in fp16: agreement to that precision, relative to the logits' scale.
+    const int64_t vocab = m->hparams().n_vocab;
+    double max_abs = 0, max_diff = 0;
+    for (int64_t j = 0; j < vocab; ++j) {
+      const double e = out.logits[static_cast<size_t>(j)];
+      max_abs = std::max(max_abs, std::abs(e));
+      max_diff = std::max(max_diff, std::abs(e - (*tl)[3 * vocab + j]));
+    }
+    std::cout << "[trainer vs engine, " << name << "] max |logit| " << max_abs
+              << ", max difference " << max_diff << "\n";
+    EXPECT_GT(max_abs, 0.1);
+    EXPECT_LE(max_diff, 2e-3 * std::max(1.0, max_abs));
   }
-  std::cout << "[trainer vs engine] max |logit| " << max_abs << ", max difference " << max_diff
-            << "\n";
-  EXPECT_GT(max_abs, 0.1);
-  EXPECT_LE(max_diff, 2e-3 * std::max(1.0, max_abs));
   fs::remove_all(dir);
 }
 
