@@ -292,6 +292,14 @@ void add_train_command(CLI::App& app, const global_options&) {
       std::exit(2);
     }
     if (o->model_path.empty()) o->model_path = serve::default_model_path().string();
+    if (opts->trainers == 1) {
+      // The group's options do nothing for one process: say so rather than drop them silently.
+      for (const char* name : {"--allreduce-timeout-ms", "--max-restarts", "--ucx-tls"}) {
+        if (cmd->get_option(name)->count() > 0) {
+          spdlog::warn("{} applies to trainer groups only (--trainers > 1); ignored", name);
+        }
+      }
+    }
     if (o->threads == 0) {
       const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
       o->threads = std::max(1, cores / std::max(1, opts->trainers));
