@@ -528,6 +528,7 @@ result<std::vector<request_output>> engine::step() {
     const auto& p = r.smp.params();
     if (std::find(p.stop_tokens.begin(), p.stop_tokens.end(), s.token) != p.stop_tokens.end()) {
       out.finish = finish_reason::stop_token;
+      out.stop_sample = std::move(s);
     } else {
       r.tokens.push_back(s.token);
       out.new_tokens.push_back(s.token);

@@ -67,6 +67,9 @@ struct request_output {
   std::vector<int32_t> new_tokens;
   std::string text_delta;              ///< New text, holding back a possible stop-string prefix.
   std::vector<sample_result> samples;  ///< Per new token (log-probs when requested).
+  /// finish == stop_token: the stop token that was sampled (not in new_tokens), with its
+  /// log-probability (RL trains on it: the policy learns when to stop).
+  sample_result stop_sample;
   finish_reason finish = finish_reason::none;
   int64_t cached_prompt_tokens = 0;  ///< Prompt tokens served from the prefix cache.
   std::string error;                 ///< Set when finish == error.

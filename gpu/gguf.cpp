@@ -554,6 +554,12 @@ std::span<const std::byte> gguf_file::bytes() const {
   return {map_->image.data(), map_->image.size()};
 }
 
+std::byte* gguf_file::mutable_tensor_data(const gguf_tensor& t) {
+  std::byte* base = map_->image.owned_data();
+  if (base == nullptr || t.data == nullptr) return nullptr;
+  return base + (t.data - map_->image.data());
+}
+
 const gguf_value* gguf_file::find(std::string_view key) const {
   const auto it = metadata_index_.find(key);
   return it == metadata_index_.end() ? nullptr : &metadata_[it->second].second;

@@ -178,6 +178,10 @@ class gguf_file {
   size_t size_bytes() const;
   /// Whole file image (e.g. for hashing).
   std::span<const std::byte> bytes() const;
+  /// Writable pointer to tensor `t`'s data when the image is an owned copy (a file made by parse);
+  /// null when it maps a file read-only. Whoever writes must keep readers out meanwhile (the
+  /// model's weights are updated between forward passes, docs/rl.md).
+  std::byte* mutable_tensor_data(const gguf_tensor& t);
 
   // -- metadata ---------------------------------------------------------------------------------
 

@@ -119,7 +119,9 @@ status kv_cache::copy_block(int32_t dst, int32_t src) {
 
 seq_id kv_cache::create_sequence() {
   const seq_id id = next_seq_++;
-  seqs_.emplace(id, sequence{});
+  sequence s;
+  s.root = namespace_;
+  seqs_.emplace(id, std::move(s));
   return id;
 }
 
@@ -149,7 +151,7 @@ result<int64_t> kv_cache::attach_prefix(seq_id seq, std::span<const int32_t> tok
   if (!s->tokens.empty() || s->swapped)
     return status{status_code::invalid_argument, "attach_prefix: sequence not empty"};
   const int64_t bs = config_.layout.block_size;
-  uint64_t prev = 0;
+  uint64_t prev = s->root;
   int64_t matched = 0;
   while ((matched + bs) < static_cast<int64_t>(tokens.size())) {
     const auto chunk = tokens.subspan(static_cast<size_t>(matched), static_cast<size_t>(bs));
@@ -174,7 +176,7 @@ result<int64_t> kv_cache::attach_prefix(seq_id seq, std::span<const int32_t> tok
 
 int64_t kv_cache::match_prefix(std::span<const int32_t> tokens) const {
   const int64_t bs = config_.layout.block_size;
-  uint64_t prev = 0;
+  uint64_t prev = namespace_;
   int64_t matched = 0;
   while ((matched + bs) < static_cast<int64_t>(tokens.size())) {
     const uint64_t h =
@@ -243,7 +245,7 @@ status kv_cache::commit(seq_id seq, std::span<const int32_t> tokens) {
   const int64_t n_full = static_cast<int64_t>(s->tokens.size()) / bs;
   while (static_cast<int64_t>(s->block_hashes.size()) < n_full) {
     const size_t i = s->block_hashes.size();
-    const uint64_t prev = i == 0 ? 0 : s->block_hashes[i - 1];
+    const uint64_t prev = i == 0 ? s->root : s->block_hashes[i - 1];
     const uint64_t h = chain_hash(prev, std::span<const int32_t>(s->tokens).subspan(i * bs, bs));
     s->block_hashes.push_back(h);
     const int32_t b = s->blocks[i];
@@ -264,6 +266,7 @@ result<seq_id> kv_cache::fork(seq_id seq) {
   copy.blocks = s->blocks;
   copy.tokens = s->tokens;
   copy.block_hashes = s->block_hashes;
+  copy.root = s->root;
   for (int32_t b : copy.blocks) ++refcount_[b];
   const seq_id id = next_seq_++;
   seqs_.emplace(id, std::move(copy));

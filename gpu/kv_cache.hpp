@@ -86,6 +86,12 @@ class kv_cache {
   result<int64_t> attach_prefix(seq_id seq, std::span<const int32_t> tokens);
   /// What attach_prefix would match for `tokens` (tokens), without attaching or counting a hit.
   int64_t match_prefix(std::span<const int32_t> tokens) const;
+  /// Starts a new prefix namespace (e.g. a model weight version, docs/rl.md): blocks cached under
+  /// another namespace are never matched again (they age out as free blocks); sequences keep the
+  /// namespace they were created in, so KV computed with old weights is never published under the
+  /// new one. 0 is the default namespace.
+  void set_prefix_namespace(uint64_t ns) { namespace_ = ns; }
+  uint64_t prefix_namespace() const { return namespace_; }
   /// Ensures room for `n_new` more tokens (allocating blocks; copying a shared last block first).
   status reserve(seq_id seq, int64_t n_new);
   /// Cache slots (block * block_size + offset) of positions [pos, pos + n); must be reserved.
@@ -140,11 +146,13 @@ class kv_cache {
     std::vector<int32_t> blocks;
     std::vector<int32_t> tokens;
     std::vector<uint64_t> block_hashes;  ///< Chained hash of each full block.
+    uint64_t root = 0;                   ///< Prefix namespace when the sequence was created.
     bool swapped = false;
     std::vector<uint8_t> host_copy;  ///< Swapped data: per block, per layer, K then V.
   };
 
   kv_cache(device& dev, const kv_cache_config& config);
+  uint64_t namespace_ = 0;
   result<int32_t> allocate_block();
   void release_block(int32_t block);
   status copy_block(int32_t dst, int32_t src);

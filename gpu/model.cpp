@@ -175,10 +175,55 @@ result<tensor_view> model::weight(const std::string& name, int64_t n_cols, int64
     auto b = dev_.allocate(t->size_bytes);
     if (!b) return b.error();
     uploaded_.push_back(*b);
+    uploaded_names_.emplace_back(name, b->data);
     if (auto st = dev_.copy_to_device(b->data, t->data, t->size_bytes); !st) return st;
     v.data = b->data;
   }
   return v;
+}
+
+status model::set_weight(std::string_view name, std::span<const float> values) {
+  const gguf_tensor* t = file_.find_tensor(name);
+  if (t == nullptr)
+    return {status_code::not_found, "set_weight: no tensor '" + std::string(name) + "'"};
+  if (static_cast<int64_t>(values.size()) != t->n_elements) {
+    return {status_code::invalid_argument, "set_weight: tensor '" + std::string(name) + "' has " +
+                                               std::to_string(t->n_elements) + " values, got " +
+                                               std::to_string(values.size())};
+  }
+  void* device_copy = nullptr;
+  for (const auto& [n, p] : uploaded_names_) {
+    if (n == name) device_copy = p;
+  }
+  std::byte* dst = nullptr;
+  if (device_copy != nullptr) {
+    staging_.resize(t->size_bytes);
+    dst = staging_.data();
+  } else {
+    dst = file_.mutable_tensor_data(*t);
+    if (dst == nullptr) {
+      return {status_code::unsupported,
+              "set_weight: the model's weights are a read-only file mapping; load the model from "
+              "an in-memory image (gguf_file::parse) to update them"};
+    }
+  }
+  const int64_t cols = t->ne[0];
+  const size_t row_bytes = t->row_size_bytes();
+  for (int64_t r = 0; r < t->n_rows(); ++r) {
+    const row_status rs = quantize_row(t->type, values.data() + r * cols,
+                                       dst + static_cast<size_t>(r) * row_bytes, cols);
+    if (rs != row_status::ok) {
+      return {status_code::unsupported, "set_weight: cannot convert to the type of tensor '" +
+                                            std::string(name) + "' (" +
+                                            std::string(type_name(t->type)) + ")"};
+    }
+  }
+  if (device_copy != nullptr) {
+    if (auto st = dev_.copy_to_device(device_copy, staging_.data(), staging_.size()); !st)
+      return st;
+    return dev_.synchronize();
+  }
+  return {};
 }
 
 status model::bind_weights() {

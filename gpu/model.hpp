@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpu/compute_ops.hpp"
@@ -108,6 +109,14 @@ class model {
   /// requested logits. Reserves cache blocks itself; out_of_memory leaves the cache consistent.
   status forward(const forward_batch& batch, kv_cache& kv, forward_output& out);
 
+  /// Replaces the weights of tensor `name` with `values` (n_elements floats, GGUF layout),
+  /// converted to the tensor's stored type (f32/f16/bf16 exactly as rounding allows, quantized
+  /// types through the reference quantizer). For in-place weight updates between forward passes (RL
+  /// rollout agents, docs/rl.md): not while a forward runs. On a host-visible device the model must
+  /// have been loaded from an in-memory image (gguf_file::parse); a read-only file mapping is an
+  /// `unsupported` error. Device-only devices get the converted tensor uploaded.
+  status set_weight(std::string_view name, std::span<const float> values);
+
  private:
   model(gguf_file file, device& dev, const model_load_config& config);
   status bind_weights();
@@ -126,8 +135,10 @@ class model {
   tensor_view tok_embd_, output_norm_, output_;
   std::vector<layer_weights> layers_;
   std::vector<device_buffer> uploaded_;  ///< Weight copies on device-only devices.
-  std::vector<device_buffer> bufs_;      ///< Activations (see model.cpp for the index names).
-  device_buffer ints_{};                 ///< Token ids, positions, slots, block tables.
+  std::vector<std::pair<std::string, void*>> uploaded_names_;  ///< Tensor name of each copy.
+  std::vector<std::byte> staging_;   ///< set_weight's converted tensor (device-only devices).
+  std::vector<device_buffer> bufs_;  ///< Activations (see model.cpp for the index names).
+  device_buffer ints_{};             ///< Token ids, positions, slots, block tables.
   int64_t buf_tokens_ = 0;
   size_t ints_capacity_ = 0;
   int32_t* moe_ids_ = nullptr;  ///< Scratch index lists of the MoE FFN (inside ints_).

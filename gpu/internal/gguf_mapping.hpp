@@ -31,6 +31,8 @@ class gguf_image {
   ~gguf_image();
 
   const std::byte* data() const { return data_; }
+  /// The bytes, writable, when they are an owned heap copy (copy_from); null for mappings.
+  std::byte* owned_data() { return owned_; }
   size_t size() const { return size_; }
 
  private:

@@ -8,12 +8,14 @@
 
 namespace weft::gpu::train {
 
-status export_gguf(const gguf_file& source, const trainable_model<float>& model, ggml_type type,
-                   const std::filesystem::path& path) {
+namespace {
+
+result<gguf_writer> export_writer(const gguf_file& source, const trainable_model<float>& model,
+                                  ggml_type type) {
   if (type != ggml_type::f32 && type != ggml_type::f16 && type != ggml_type::bf16 &&
       type != ggml_type::q8_0) {
-    return {status_code::unsupported,
-            "export type must be f32, f16, bf16 or q8_0, not " + std::string{type_name(type)}};
+    return status{status_code::unsupported, "export type must be f32, f16, bf16 or q8_0, not " +
+                                                std::string{type_name(type)}};
   }
   std::unordered_map<std::string_view, const parameter<float>*> trained;
   for (const auto& p : model.parameters()) trained[p.name] = &p;
@@ -37,7 +39,24 @@ status export_gguf(const gguf_file& source, const trainable_model<float>& model,
     }
     if (!st) return st;
   }
-  return w.write_file(path);
+  return w;
+}
+
+}  // namespace
+
+status export_gguf(const gguf_file& source, const trainable_model<float>& model, ggml_type type,
+                   const std::filesystem::path& path) {
+  auto w = export_writer(source, model, type);
+  if (!w) return w.error();
+  return w->write_file(path);
+}
+
+result<std::vector<std::byte>> export_gguf_bytes(const gguf_file& source,
+                                                 const trainable_model<float>& model,
+                                                 ggml_type type) {
+  auto w = export_writer(source, model, type);
+  if (!w) return w.error();
+  return w->to_bytes();
 }
 
 }  // namespace weft::gpu::train

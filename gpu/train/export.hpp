@@ -3,7 +3,9 @@
 /// trained weights in the chosen type, every other tensor copied as it was. Loadable by
 /// `weft serve`, llama.cpp and Hugging Face transformers.
 
+#include <cstddef>
 #include <filesystem>
+#include <vector>
 
 #include "gpu/ggml_types.hpp"
 #include "gpu/gguf.hpp"
@@ -18,5 +20,11 @@ namespace weft::gpu::train {
 /// quantizer does) and logged.
 status export_gguf(const gguf_file& source, const trainable_model<float>& model, ggml_type type,
                    const std::filesystem::path& path);
+
+/// The same file image in memory (e.g. for an engine that serves the trainer's weights: parse it
+/// with gguf_file::parse, then update it in place with model::set_weight).
+result<std::vector<std::byte>> export_gguf_bytes(const gguf_file& source,
+                                                 const trainable_model<float>& model,
+                                                 ggml_type type);
 
 }  // namespace weft::gpu::train

@@ -19,6 +19,15 @@ void train_batch::add(std::span<const int32_t> toks, std::span<const uint8_t> in
   seqs.starts.push_back(seqs.starts.back() + static_cast<int64_t>(n));
 }
 
+void train_batch::add(std::span<const int32_t> toks, std::span<const uint8_t> in_loss,
+                      std::span<const policy_token> info) {
+  policy.resize(tokens.size());
+  add(toks, in_loss);
+  for (size_t i = 0; i < toks.size(); ++i) {
+    policy.push_back(i + 1 < toks.size() && i + 1 < info.size() ? info[i + 1] : policy_token{});
+  }
+}
+
 int64_t train_batch::n_loss_tokens() const {
   return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
 }
@@ -187,6 +196,9 @@ status trainable_model<T>::check(const train_batch& b) const {
   if (b.targets.size() != b.tokens.size() || b.seqs.n_tokens() != n || b.seqs.starts.front() != 0) {
     return {status_code::invalid_argument, "train batch: tokens, targets and sequences disagree"};
   }
+  if (!b.policy.empty() && b.policy.size() != b.tokens.size()) {
+    return {status_code::invalid_argument, "train batch: policy inputs and tokens disagree"};
+  }
   for (size_t s = 1; s < b.seqs.starts.size(); ++s) {
     if (b.seqs.starts[s] < b.seqs.starts[s - 1])
       return {status_code::invalid_argument, "train batch: sequence starts must not decrease"};
@@ -323,12 +335,33 @@ result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b) {
   if (auto st = check(b); !st) return st;
   std::vector<T*> grads;
   for (auto& p : params_) grads.push_back(p.grad.data());
-  return accumulate(b, *fs_, *bs_, grads);
+  return accumulate(b, *fs_, *bs_, grads, nullptr);
+}
+
+template <class T>
+result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b,
+                                                      const token_objective<T>& objective) {
+  if (auto st = check(b); !st) return st;
+  std::vector<T*> grads;
+  for (auto& p : params_) grads.push_back(p.grad.data());
+  return accumulate(b, *fs_, *bs_, grads, &objective);
 }
 
 template <class T>
 result<loss_sum> trainable_model<T>::forward_backward(
     std::span<const std::vector<train_batch>> shares) {
+  return run_shares(shares, nullptr);
+}
+
+template <class T>
+result<loss_sum> trainable_model<T>::forward_backward(
+    std::span<const std::vector<train_batch>> shares, const token_objective<T>& objective) {
+  return run_shares(shares, &objective);
+}
+
+template <class T>
+result<loss_sum> trainable_model<T>::run_shares(std::span<const std::vector<train_batch>> shares,
+                                                const token_objective<T>* objective) {
   for (const auto& share : shares) {
     for (const auto& b : share) {
       if (auto st = check(b); !st) return st;
@@ -336,11 +369,11 @@ result<loss_sum> trainable_model<T>::forward_backward(
   }
   std::vector<T*> own;
   for (auto& p : params_) own.push_back(p.grad.data());
-  auto run_share = [this](const std::vector<train_batch>& share, forward_state& fs,
-                          backward_scratch& bs, const std::vector<T*>& grads) {
+  auto run_share = [this, objective](const std::vector<train_batch>& share, forward_state& fs,
+                                     backward_scratch& bs, const std::vector<T*>& grads) {
     loss_sum total;
     for (const auto& b : share) {
-      const loss_sum l = accumulate(b, fs, bs, grads);
+      const loss_sum l = accumulate(b, fs, bs, grads, objective);
       total.sum += l.sum;
       total.tokens += l.tokens;
     }
@@ -391,7 +424,8 @@ result<loss_sum> trainable_model<T>::forward_backward(
 
 template <class T>
 loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
-                                        backward_scratch& sc, const std::vector<T*>& grads) {
+                                        backward_scratch& sc, const std::vector<T*>& grads,
+                                        const token_objective<T>* objective) {
   forward(b, fs);
   const int64_t n = fs.n;
   const int64_t d = hp_.n_embd;
@@ -409,6 +443,7 @@ loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
   const int64_t chunk = std::max<int64_t>(1, config_.head_chunk_rows);
   std::vector<T>&xc = sc.xc, &logits = sc.logits, &dlogits = sc.dlogits, &dxc = sc.dxc;
   std::vector<int32_t> targets;
+  std::vector<T> logp, dlogp;
   for (size_t r0 = 0; r0 < rows.size(); r0 += static_cast<size_t>(chunk)) {
     const int64_t m = std::min<int64_t>(chunk, static_cast<int64_t>(rows.size() - r0));
     xc.resize(static_cast<size_t>(m * d));
@@ -422,8 +457,22 @@ loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
     dlogits.resize(logits.size());
     dxc.resize(xc.size());
     linear_forward(xc.data(), out_w.value.data(), m, d, vocab, logits.data());
-    loss.sum += cross_entropy(logits.data(), targets.data(), m, vocab, T(1), dlogits.data(),
-                              static_cast<T*>(nullptr));
+    if (objective == nullptr) {
+      loss.sum += cross_entropy(logits.data(), targets.data(), m, vocab, T(1), dlogits.data(),
+                                static_cast<T*>(nullptr));
+    } else {
+      // dlogits = softmax − onehot = −∂logp/∂logits, so ∂ℓ/∂logits = −(dℓ/dlogp) · dlogits.
+      logp.resize(static_cast<size_t>(m));
+      dlogp.assign(static_cast<size_t>(m), T(0));
+      cross_entropy(logits.data(), targets.data(), m, vocab, T(1), dlogits.data(), logp.data());
+      loss.sum += (*objective)(
+          b, std::span<const int64_t>(rows).subspan(r0, static_cast<size_t>(m)), logp, dlogp);
+      for (int64_t j = 0; j < m; ++j) {
+        const T scale = -dlogp[static_cast<size_t>(j)];
+        T* row = dlogits.data() + j * vocab;
+        for (int64_t v = 0; v < vocab; ++v) row[v] *= scale;
+      }
+    }
     linear_backward(xc.data(), out_w.value.data(), dlogits.data(), m, d, vocab, dxc.data(),
                     grads[static_cast<size_t>(output_)]);
     for (int64_t j = 0; j < m; ++j) {

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -30,6 +31,14 @@ struct parameter {
   int64_t size() const { return ne[0] * ne[1]; }
 };
 
+/// Per-token inputs of a policy-gradient objective (RL post-training, docs/rl.md).
+struct policy_token {
+  float behaviour_logp = 0.0f;  ///< log p of the token under the policy that sampled it.
+  float advantage = 0.0f;
+  float weight = 0.0f;  ///< The token's weight in the loss (the aggregation's normaliser).
+  int32_t sample = -1;  ///< Index of the sample the token belongs to (the caller's numbering).
+};
+
 /// A micro-batch of sequences packed back to back. targets[i] is the token the model should
 /// predict after tokens[i], or −1 when position i is not in the loss (prompt tokens, the last
 /// token of a sequence).
@@ -41,8 +50,15 @@ struct train_batch {
   /// Appends one sequence. `in_loss[i]` (same length as `toks`) says whether toks[i] is a token
   /// the model is trained to produce (an assistant or completion token); toks[0] never is.
   void add(std::span<const int32_t> toks, std::span<const uint8_t> in_loss);
+  /// The same, with policy-gradient inputs: info[i] (same length as `toks`) describes toks[i]
+  /// and is stored in `policy` at the position that predicts it.
+  void add(std::span<const int32_t> toks, std::span<const uint8_t> in_loss,
+           std::span<const policy_token> info);
   /// Positions with a target.
   int64_t n_loss_tokens() const;
+  /// Per position (empty unless sequences were added with policy inputs): the inputs of the
+  /// token that position predicts.
+  std::vector<policy_token> policy;
   int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
 };
 
@@ -60,6 +76,15 @@ struct trainable_config {
   /// Rows of the output head computed at once (bounds the [rows][vocab] logits buffer).
   int64_t head_chunk_rows = 256;
 };
+
+/// A per-token objective for policy-gradient training: given log p(target) at `positions` of
+/// `batch` (one chunk of its loss positions), returns the summed loss Σ ℓ_i(logp_i) and writes
+/// dℓ_i/dlogp_i into `dloss_dlogp`. Cross-entropy is ℓ = −logp. Called from the shares' threads:
+/// it must be a pure function of its arguments.
+template <class T>
+using token_objective =
+    std::function<double(const train_batch& batch, std::span<const int64_t> positions,
+                         std::span<const T> logp, std::span<T> dloss_dlogp)>;
 
 template <class T>
 class trainable_model {
@@ -93,6 +118,13 @@ class trainable_model {
   /// of shares but never on timing. One share is forward_backward of each batch in turn.
   result<loss_sum> forward_backward(std::span<const std::vector<train_batch>> shares);
 
+  /// Forward and backward of a per-token objective instead of cross-entropy (RL): adds ∂(Σ ℓ)/∂θ
+  /// into the gradients and returns Σ ℓ with the number of loss positions.
+  result<loss_sum> forward_backward(const train_batch& batch, const token_objective<T>& objective);
+  /// The same over parallel shares (as the cross-entropy overload above).
+  result<loss_sum> forward_backward(std::span<const std::vector<train_batch>> shares,
+                                    const token_objective<T>& objective);
+
   /// Forward only: log p(target) at every position with a target, in batch order.
   result<std::vector<T>> target_logprobs(const train_batch& batch);
 
@@ -114,7 +146,9 @@ class trainable_model {
                       const std::vector<T*>& grads, layer_acts& a, T* dx);
   /// Forward and backward of one checked batch into `grads` (one pointer per parameter).
   loss_sum accumulate(const train_batch& b, forward_state& fs, backward_scratch& bs,
-                      const std::vector<T*>& grads);
+                      const std::vector<T*>& grads, const token_objective<T>* objective);
+  result<loss_sum> run_shares(std::span<const std::vector<train_batch>> shares,
+                              const token_objective<T>* objective);
 
   model_hparams hp_;
   trainable_config config_;

@@ -1,0 +1,319 @@
+#include "gpu/rl/grpo_loop.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <unordered_map>
+
+#include "gpu/train/export.hpp"
+
+namespace weft::gpu::rl {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+uint64_t sample_seed(uint64_t base, int64_t group, int64_t j) {
+  uint64_t z = base + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(group * 4096 + j + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+grpo_loop::grpo_loop(std::unique_ptr<train::trainable_model<float>> model, const rl_task& task,
+                     const grpo_loop_config& config)
+    : model_(std::move(model)),
+      task_(task),
+      config_(config),
+      prompts_(task, config.seed, config.eval_prompts),
+      opt_([&config] {
+        train::adamw_config c = config.adamw;
+        c.threads = std::max(1, config.shares);
+        return c;
+      }()) {}
+
+grpo_loop::~grpo_loop() = default;
+
+result<std::unique_ptr<grpo_loop>> grpo_loop::create(
+    const gguf_file& source, std::unique_ptr<train::trainable_model<float>> model,
+    const rl_task& task, const grpo_loop_config& config) {
+  if (config.prompts_per_step < 1 || config.group_size < 2 || config.max_new_tokens < 1) {
+    return status{status_code::invalid_argument,
+                  "GRPO needs at least 1 prompt per step, a group of at least 2 samples and at "
+                  "least 1 new token"};
+  }
+  if (config.rollout_type != ggml_type::f32 && config.rollout_type != ggml_type::bf16 &&
+      config.rollout_type != ggml_type::f16) {
+    return status{status_code::invalid_argument,
+                  "the rollout weight type must be f32, bf16 or f16"};
+  }
+  std::unique_ptr<grpo_loop> loop(new grpo_loop(std::move(model), task, config));
+  auto tok = tokenizer::from_gguf(source);
+  if (!tok) return tok.error();
+  loop->tok_ = std::make_unique<tokenizer>(std::move(*tok));
+  auto chat = chat_template::from_gguf(source);
+  if (!chat) return status{chat.error().code(), "chat template: " + chat.error().message()};
+  loop->chat_ = std::make_unique<chat_template>(std::move(*chat));
+  // The rollout engine serves an in-memory image of the trainer's weights, updated in place.
+  auto image = train::export_gguf_bytes(source, *loop->model_, config.rollout_type);
+  if (!image) return image.error();
+  auto file = gguf_file::parse(*image);
+  if (!file) return file.error();
+  image->clear();
+  image->shrink_to_fit();
+  auto dev = device_registry::instance().create("cpu", device_config{config.engine_threads, 0});
+  if (!dev) return dev.error();
+  loop->dev_ = std::move(*dev);
+  model_load_config mc;
+  mc.max_batch_tokens = 512;
+  auto m = gpu::model::load(std::move(*file), *loop->dev_, mc);
+  if (!m) return m.error();
+  loop->engine_model_ = std::move(*m);
+  engine_config ec;
+  const int64_t samples =
+      std::max(config.prompts_per_step * config.group_size, config.eval_prompts);
+  ec.max_running = samples;
+  ec.max_batch_tokens = 512;
+  ec.block_size = 16;
+  // Every sample resident at once: its prompt (a few hundred tokens at most) and completion.
+  ec.kv_blocks = samples * ((512 + config.max_new_tokens) / ec.block_size + 2);
+  const tokenizer* tk = loop->tok_.get();
+  ec.detokenize = [tk](int32_t id) { return tk->token_to_piece(id); };
+  auto e = engine::create(*loop->engine_model_, ec);
+  if (!e) return e.error();
+  loop->engine_ = std::move(*e);
+  std::vector<int64_t> sizes;
+  for (const auto& p : loop->model_->parameters()) {
+    sizes.push_back(p.size());
+    loop->decay_.push_back(p.ne[1] > 1 ? 1 : 0);
+  }
+  loop->opt_.init(sizes);
+  return loop;
+}
+
+result<std::vector<rollout_sample>> grpo_loop::generate(const std::vector<rl_prompt>& prompts,
+                                                        int64_t group_size, uint64_t seed_base,
+                                                        bool greedy) {
+  std::vector<rollout_sample> out;
+  std::unordered_map<request_id, size_t> index;
+  const auto eog = tok_->end_of_generation_ids();
+  for (size_t g = 0; g < prompts.size(); ++g) {
+    const chat_message msg{"user", prompts[g].text};
+    auto text = chat_->apply(std::span(&msg, 1), generation_prompt::add);
+    if (!text) return text.error();
+    std::vector<int32_t> ids = tok_->encode(*text, add_special::yes, parse_special::yes);
+    if (static_cast<int64_t>(ids.size()) > 512) {
+      return status{status_code::invalid_argument, "prompt '" + prompts[g].key.substr(0, 60) +
+                                                       "' is " + std::to_string(ids.size()) +
+                                                       " tokens; the limit is 512"};
+    }
+    for (int64_t j = 0; j < group_size; ++j) {
+      sampling_params sp;
+      sp.temperature = greedy ? 0.0f : 1.0f;
+      sp.seed = sample_seed(seed_base, static_cast<int64_t>(g), j);
+      sp.max_tokens = config_.max_new_tokens;
+      sp.stop_tokens.assign(eog.begin(), eog.end());
+      const request_id id = next_request_++;
+      if (auto st = engine_->add_request(id, ids, sp); !st) return st;
+      rollout_sample s;
+      s.group = static_cast<int64_t>(g);
+      s.prompt = ids;
+      index[id] = out.size();
+      out.push_back(std::move(s));
+    }
+  }
+  size_t finished = 0;
+  while (finished < out.size()) {
+    auto outputs = engine_->step();
+    if (!outputs) return outputs.error();
+    for (auto& o : *outputs) {
+      rollout_sample& s = out[index.at(o.id)];
+      for (size_t i = 0; i < o.new_tokens.size(); ++i) {
+        s.completion.push_back(o.new_tokens[i]);
+        s.logp.push_back(o.samples[i].logprob);
+        s.version.push_back(version_);
+      }
+      s.text += o.text_delta;
+      if (o.finish == finish_reason::error) {
+        return status{status_code::internal, "rollout failed: " + o.error};
+      }
+      if (o.finish == finish_reason::stop_token) {
+        s.completion.push_back(o.stop_sample.token);
+        s.logp.push_back(o.stop_sample.logprob);
+        s.version.push_back(version_);
+        s.stopped = true;
+      }
+      if (o.finish != finish_reason::none) ++finished;
+    }
+  }
+  return out;
+}
+
+status grpo_loop::push_weights() {
+  for (const auto& p : model_->parameters()) {
+    if (auto st = engine_model_->set_weight(p.name, p.value); !st) return st;
+  }
+  ++version_;
+  // Cached prefixes were computed with the old weights: never match them again.
+  engine_->kv().set_prefix_namespace(static_cast<uint64_t>(version_));
+  return {};
+}
+
+result<rl_step_record> grpo_loop::step() {
+  rl_step_record rec;
+  rec.step = step_ + 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<rl_prompt> prompts;
+  for (int64_t i = 0; i < config_.prompts_per_step; ++i) prompts.push_back(prompts_.next());
+  auto samples =
+      generate(prompts, config_.group_size,
+               config_.seed ^ (0xA5A5ull + static_cast<uint64_t>(step_) * 0x100000001B3ull), false);
+  if (!samples) return samples.error();
+  rec.rollout_s = seconds_since(t0);
+
+  // Rewards and advantages.
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<double> rewards;
+  std::vector<int64_t> lengths;
+  for (auto& s : *samples) {
+    s.reward = task_.reward(prompts[static_cast<size_t>(s.group)], s.text);
+    rewards.push_back(s.reward);
+    lengths.push_back(static_cast<int64_t>(s.completion.size()));
+    rec.completion_tokens += lengths.back();
+    rec.stopped_fraction += s.stopped ? 1.0 : 0.0;
+  }
+  const auto n = static_cast<double>(samples->size());
+  rec.samples = static_cast<int64_t>(samples->size());
+  rec.reward_mean = std::accumulate(rewards.begin(), rewards.end(), 0.0) / n;
+  double var = 0.0;
+  for (double r : rewards) var += (r - rec.reward_mean) * (r - rec.reward_mean);
+  rec.reward_std = std::sqrt(var / n);
+  rec.completion_len = static_cast<double>(rec.completion_tokens) / n;
+  rec.stopped_fraction /= n;
+  const auto adv = group_advantages(rewards, config_.group_size, config_.grpo.scale_rewards);
+  const auto flat = zero_variance_groups(rewards, config_.group_size);
+  std::vector<uint8_t> keep(samples->size(), 1);
+  for (size_t s = 0; s < samples->size(); ++s) {
+    const bool flat_group = flat[static_cast<size_t>((*samples)[s].group)] != 0;
+    if (flat_group && config_.grpo.drop_zero_variance) keep[s] = 0;
+  }
+  for (uint8_t f : flat) rec.zero_variance_groups += f;
+  const auto weights = sample_token_weights(
+      lengths, keep, config_.grpo.aggregation,
+      config_.grpo.max_new_tokens > 0 ? config_.grpo.max_new_tokens : config_.max_new_tokens);
+
+  // Shares of samples balanced by tokens (longest first to the lightest share), each packed into
+  // micro-batches; the order is a pure function of the samples, so the bits repeat.
+  const int shares = std::max(1, config_.shares);
+  std::vector<size_t> order;
+  for (size_t s = 0; s < samples->size(); ++s) {
+    if (keep[s] != 0 && !(*samples)[s].completion.empty()) order.push_back(s);
+  }
+  auto total_len = [&](size_t s) {
+    return (*samples)[s].prompt.size() + (*samples)[s].completion.size();
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return total_len(a) > total_len(b); });
+  std::vector<std::vector<size_t>> share_samples(static_cast<size_t>(shares));
+  std::vector<size_t> share_tokens(static_cast<size_t>(shares), 0);
+  for (size_t s : order) {
+    const size_t j = static_cast<size_t>(
+        std::min_element(share_tokens.begin(), share_tokens.end()) - share_tokens.begin());
+    share_samples[j].push_back(s);
+    share_tokens[j] += total_len(s);
+  }
+  std::vector<std::vector<train::train_batch>> batches(static_cast<size_t>(shares));
+  for (size_t j = 0; j < share_samples.size(); ++j) {
+    std::sort(share_samples[j].begin(), share_samples[j].end());
+    for (size_t s : share_samples[j]) {
+      const rollout_sample& x = (*samples)[s];
+      std::vector<int32_t> toks = x.prompt;
+      toks.insert(toks.end(), x.completion.begin(), x.completion.end());
+      std::vector<uint8_t> in_loss(toks.size(), 0);
+      std::vector<train::policy_token> info(toks.size());
+      for (size_t i = 0; i < x.completion.size(); ++i) {
+        const size_t at = x.prompt.size() + i;
+        in_loss[at] = 1;
+        info[at].behaviour_logp = x.logp[i];
+        info[at].advantage = static_cast<float>(adv[s]);
+        info[at].weight = static_cast<float>(weights[s]);
+        info[at].sample = static_cast<int32_t>(s);
+      }
+      auto& list = batches[j];
+      if (list.empty() ||
+          list.back().n_tokens() + static_cast<int64_t>(toks.size()) > config_.micro_batch_tokens) {
+        list.emplace_back();
+      }
+      list.back().add(toks, in_loss, info);
+    }
+  }
+  while (!batches.empty() && batches.back().empty()) batches.pop_back();
+
+  model_->zero_grad(shares);
+  ppo_stats stats;
+  const auto objective = ppo_objective(config_.grpo, &stats);
+  double loss = 0.0;
+  if (!batches.empty()) {
+    auto l = model_->forward_backward(std::span<const std::vector<train::train_batch>>(batches),
+                                      objective);
+    if (!l) return l.error();
+    loss = l->sum;
+  }
+  std::vector<std::span<float>> grads, values;
+  std::vector<std::span<const float>> cgrads;
+  for (auto& p : model_->parameters()) {
+    grads.emplace_back(p.grad);
+    values.emplace_back(p.value);
+  }
+  const double norm = train::clip_grad_norm(grads, config_.max_grad_norm);
+  if (!std::isfinite(norm)) {
+    return status{status_code::internal, "gradient norm is not finite at step " +
+                                             std::to_string(step_ + 1) + " (lower --lr)"};
+  }
+  for (auto& g : grads) cgrads.emplace_back(g.data(), g.size());
+  const double lr = config_.schedule.at(step_);
+  opt_.step(values, cgrads, decay_, lr);
+  rec.train_s = seconds_since(t1);
+
+  const auto t2 = std::chrono::steady_clock::now();
+  if (auto st = push_weights(); !st) return st;
+  rec.sync_s = seconds_since(t2);
+  ++step_;
+  rec.version = version_;
+  rec.loss = loss;
+  rec.grad_norm = norm;
+  rec.lr = lr;
+  rec.clip_fraction = stats.clip_fraction();
+  rec.ratio_deviation = stats.mean_abs_ratio_deviation();
+  history_.push_back(rec);
+  return rec;
+}
+
+result<rl_eval_record> grpo_loop::evaluate() {
+  rl_eval_record rec;
+  rec.step = step_;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto& set = prompts_.eval_set();
+  if (set.empty()) return rec;
+  auto samples = generate(set, 1, config_.seed, true);
+  if (!samples) return samples.error();
+  double solved = 0.0, len = 0.0;
+  for (const auto& s : *samples) {
+    solved += task_.reward(set[static_cast<size_t>(s.group)], s.text);
+    len += static_cast<double>(s.completion.size());
+  }
+  rec.prompts = static_cast<int64_t>(samples->size());
+  rec.pass_at_1 = solved / static_cast<double>(rec.prompts);
+  rec.completion_len = len / static_cast<double>(rec.prompts);
+  rec.seconds = seconds_since(t0);
+  return rec;
+}
+
+}  // namespace weft::gpu::rl

@@ -1,0 +1,135 @@
+#pragma once
+/// Synchronous GRPO in one process (docs/rl.md, `weft rl --mode sync`): each step draws prompts,
+/// generates a group of samples per prompt with the rollout engine (which serves the trainer's
+/// current weights and records every token's log-probability and weight version), scores them,
+/// computes group-relative advantages, takes one optimizer step on the PPO-clip objective and
+/// copies the new weights into the engine in place (a new weight version; the engine's prefix
+/// cache starts a new namespace). Deterministic: the same seed gives the same weights bit for bit.
+/// Plain class, no CAF: the RL actors reuse its pieces.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/chat_template.hpp"
+#include "gpu/device.hpp"
+#include "gpu/engine.hpp"
+#include "gpu/gguf.hpp"
+#include "gpu/model.hpp"
+#include "gpu/rl/grpo.hpp"
+#include "gpu/rl/tasks.hpp"
+#include "gpu/status.hpp"
+#include "gpu/tokenizer.hpp"
+#include "gpu/train/optimizer.hpp"
+#include "gpu/train/trainable_model.hpp"
+
+namespace weft::gpu::rl {
+
+struct grpo_loop_config {
+  uint64_t seed = 0;
+  int64_t prompts_per_step = 4;
+  int64_t group_size = 8;
+  int32_t max_new_tokens = 32;
+  int64_t eval_prompts = 32;  ///< Held-out problems for pass@1 (greedy).
+  grpo_config grpo;
+  train::lr_schedule schedule;
+  train::adamw_config adamw;
+  double max_grad_norm = 1.0;
+  int64_t micro_batch_tokens = 1024;
+  int shares = 1;          ///< Parallel shares of the backward (one thread each).
+  int engine_threads = 1;  ///< Compute threads of the rollout engine.
+  /// Type the rollout engine stores the weights in (f32, bf16 or f16). f32 keeps the behaviour
+  /// policy closest to the trainer's.
+  ggml_type rollout_type = ggml_type::f32;
+};
+
+/// One generated sample.
+struct rollout_sample {
+  int64_t group = 0;                ///< Index of its prompt within the step.
+  std::vector<int32_t> prompt;      ///< Prompt tokens (chat template applied).
+  std::vector<int32_t> completion;  ///< Generated tokens, the stop token included when it stopped.
+  std::vector<float> logp;          ///< Behaviour log-probability of each completion token.
+  std::vector<int64_t> version;     ///< Weight version each completion token was sampled with.
+  bool stopped = false;             ///< Ended with an end-of-generation token (not the length cap).
+  std::string text;                 ///< Completion text (stop token excluded).
+  double reward = 0.0;
+};
+
+/// What one step did.
+struct rl_step_record {
+  int64_t step = 0;     ///< 1-based.
+  int64_t version = 0;  ///< Weight version after the step.
+  int64_t samples = 0;
+  double reward_mean = 0.0;
+  double reward_std = 0.0;
+  int64_t zero_variance_groups = 0;
+  double completion_len = 0.0;  ///< Mean completion tokens per sample.
+  double stopped_fraction = 0.0;
+  double loss = 0.0;
+  double grad_norm = 0.0;
+  double lr = 0.0;
+  double clip_fraction = 0.0;
+  double ratio_deviation = 0.0;  ///< Mean |π_trainer/π_behaviour − 1| over the step's tokens.
+  int64_t completion_tokens = 0;
+  double rollout_s = 0.0, train_s = 0.0, sync_s = 0.0;
+};
+
+/// Held-out evaluation: greedy pass@1.
+struct rl_eval_record {
+  int64_t step = 0;
+  int64_t prompts = 0;
+  double pass_at_1 = 0.0;
+  double completion_len = 0.0;
+  double seconds = 0.0;
+};
+
+class grpo_loop {
+ public:
+  /// `source` is the model file the weights came from (metadata and tokenizer of the rollout
+  /// engine's image); `model` the trainable weights (moved in); `task` must outlive the loop.
+  static result<std::unique_ptr<grpo_loop>> create(
+      const gguf_file& source, std::unique_ptr<train::trainable_model<float>> model,
+      const rl_task& task, const grpo_loop_config& config);
+  ~grpo_loop();
+
+  /// One GRPO step: rollouts, rewards, advantages, update, weight sync.
+  result<rl_step_record> step();
+  /// Greedy pass@1 on the held-out problems with the current weights.
+  result<rl_eval_record> evaluate();
+  /// Generates `group_size` samples (temperature 1) for each prompt with the current weights;
+  /// `seed_base` seeds them. Public for tests and benchmarks.
+  result<std::vector<rollout_sample>> generate(const std::vector<rl_prompt>& prompts,
+                                               int64_t group_size, uint64_t seed_base, bool greedy);
+
+  int64_t steps_done() const { return step_; }
+  int64_t version() const { return version_; }
+  train::trainable_model<float>& model() { return *model_; }
+  const std::vector<rl_step_record>& history() const { return history_; }
+  const prompt_source& prompts() const { return prompts_; }
+  /// The rollout engine's model (its weights are the trainer's at version()).
+  gpu::model& rollout_model() { return *engine_model_; }
+
+ private:
+  grpo_loop(std::unique_ptr<train::trainable_model<float>> model, const rl_task& task,
+            const grpo_loop_config& config);
+  status push_weights();
+
+  std::unique_ptr<train::trainable_model<float>> model_;
+  const rl_task& task_;
+  grpo_loop_config config_;
+  prompt_source prompts_;
+  std::unique_ptr<tokenizer> tok_;
+  std::unique_ptr<chat_template> chat_;
+  std::unique_ptr<device> dev_;
+  std::unique_ptr<gpu::model> engine_model_;
+  std::unique_ptr<engine> engine_;
+  train::adamw opt_;
+  std::vector<uint8_t> decay_;
+  int64_t step_ = 0;
+  int64_t version_ = 0;
+  request_id next_request_ = 1;
+  std::vector<rl_step_record> history_;
+};
+
+}  // namespace weft::gpu::rl

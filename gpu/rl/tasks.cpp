@@ -1,0 +1,304 @@
+#include "gpu/rl/tasks.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+
+namespace weft::gpu::rl {
+
+namespace {
+
+/// A stateless 64-bit mix (splitmix64's finaliser) of (seed, stream, index): every problem is a
+/// pure function of its coordinates, the same on every platform.
+uint64_t mix(uint64_t seed, uint64_t stream, uint64_t index) {
+  uint64_t z = seed ^ (stream * 0xD1B54A32D192ED03ull) ^ (index * 0x9E3779B97F4A7C15ull);
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+std::string_view first_line(std::string_view s) {
+  s = trim(s);
+  const size_t nl = s.find('\n');
+  return trim(nl == std::string_view::npos ? s : s.substr(0, nl));
+}
+
+class arithmetic_task final : public rl_task {
+ public:
+  arithmetic_task(int digits, std::string ops) : digits_(digits), ops_(std::move(ops)) {
+    lo_ = 1;
+    for (int i = 1; i < digits_; ++i) lo_ *= 10;
+    hi_ = lo_ * 10 - 1;
+    if (digits_ == 1) lo_ = 0;
+  }
+  std::string name() const override { return std::to_string(digits_) + "-digit arithmetic"; }
+  int64_t size() const override { return 0; }
+  rl_prompt problem(uint64_t seed, int64_t index) const override {
+    const uint64_t r = mix(seed, 1, static_cast<uint64_t>(index));
+    const auto span = static_cast<uint64_t>(hi_ - lo_ + 1);
+    const long long a = lo_ + static_cast<long long>(r % span);
+    const long long b = lo_ + static_cast<long long>((r / span) % span);
+    const char op = ops_[static_cast<size_t>((r >> 48) % ops_.size())];
+    const long long value = op == '+' ? a + b : op == '-' ? a - b : a * b;
+    rl_prompt p;
+    p.key = std::to_string(a) + op + std::to_string(b);
+    p.text = "What is " + std::to_string(a) + " " + op + " " + std::to_string(b) +
+             "? Answer with the number only.";
+    p.answer = std::to_string(value);
+    return p;
+  }
+  double reward(const rl_prompt& p, std::string_view completion) const override {
+    long long got = 0;
+    return first_integer(completion, got) && std::to_string(got) == p.answer ? 1.0 : 0.0;
+  }
+
+ private:
+  int digits_;
+  std::string ops_;
+  long long lo_ = 0, hi_ = 0;
+};
+
+class reverse_task final : public rl_task {
+ public:
+  explicit reverse_task(int length) : length_(length) {}
+  std::string name() const override { return "reverse " + std::to_string(length_) + " letters"; }
+  int64_t size() const override { return 0; }
+  rl_prompt problem(uint64_t seed, int64_t index) const override {
+    std::string word;
+    for (int i = 0; i < length_; ++i) {
+      word.push_back(static_cast<char>(
+          'a' + mix(seed, 2 + static_cast<uint64_t>(i), static_cast<uint64_t>(index)) % 26));
+    }
+    rl_prompt p;
+    p.key = word;
+    p.text = "Reverse the string \"" + word + "\". Answer with the reversed string only.";
+    p.answer.assign(word.rbegin(), word.rend());
+    return p;
+  }
+  double reward(const rl_prompt& p, std::string_view completion) const override {
+    std::string got;
+    for (char c : first_line(completion)) {
+      if (c != '"' && c != '\'' && c != '`' && !std::isspace(static_cast<unsigned char>(c))) {
+        got.push_back(c);
+      }
+    }
+    return got == p.answer ? 1.0 : 0.0;
+  }
+
+ private:
+  int length_;
+};
+
+/// The first decimal number (optional sign, digits, optional fraction) in `text`.
+bool first_number(std::string_view text, double& out) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) continue;
+    size_t start = i > 0 && text[i - 1] == '-' ? i - 1 : i;
+    size_t end = i;
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    if (end + 1 < text.size() && text[end] == '.' &&
+        std::isdigit(static_cast<unsigned char>(text[end + 1]))) {
+      ++end;
+      while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    }
+    out = std::stod(std::string(text.substr(start, end - start)));
+    return true;
+  }
+  return false;
+}
+
+class dataset_task final : public rl_task {
+ public:
+  dataset_task(std::string name, std::vector<rl_prompt> lines, answer_match match)
+      : name_(std::move(name)), lines_(std::move(lines)), match_(match) {}
+  std::string name() const override { return name_; }
+  int64_t size() const override { return static_cast<int64_t>(lines_.size()); }
+  rl_prompt problem(uint64_t, int64_t index) const override {
+    return lines_[static_cast<size_t>(index)];
+  }
+  double reward(const rl_prompt& p, std::string_view completion) const override {
+    switch (match_) {
+      case answer_match::number: {
+        double got = 0, want = 0;
+        if (!first_number(completion, got) || !first_number(p.answer, want)) return 0.0;
+        return std::fabs(got - want) <= 1e-9 * std::max(1.0, std::fabs(want)) ? 1.0 : 0.0;
+      }
+      case answer_match::exact:
+        return first_line(completion) == trim(p.answer) ? 1.0 : 0.0;
+      case answer_match::contains:
+        return completion.find(trim(p.answer)) != std::string_view::npos ? 1.0 : 0.0;
+    }
+    return 0.0;
+  }
+
+ private:
+  std::string name_;
+  std::vector<rl_prompt> lines_;
+  answer_match match_;
+};
+
+}  // namespace
+
+bool first_integer(std::string_view text, long long& out) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) continue;
+    const bool neg = i > 0 && text[i - 1] == '-';
+    long long v = 0;
+    size_t j = i;
+    for (; j < text.size() && std::isdigit(static_cast<unsigned char>(text[j])); ++j) {
+      if (v > 100'000'000'000'000'000LL) return false;  // absurdly long: no answer
+      v = v * 10 + (text[j] - '0');
+    }
+    out = neg ? -v : v;
+    return true;
+  }
+  return false;
+}
+
+std::unique_ptr<rl_task> make_arithmetic_task(int digits, std::string ops) {
+  digits = std::clamp(digits, 1, 9);
+  if (ops.empty()) ops = "+";
+  return std::make_unique<arithmetic_task>(digits, std::move(ops));
+}
+
+std::unique_ptr<rl_task> make_reverse_task(int length) {
+  return std::make_unique<reverse_task>(std::clamp(length, 1, 64));
+}
+
+bool parse_answer_match(const std::string& name, answer_match& out) {
+  if (name == "number") {
+    out = answer_match::number;
+  } else if (name == "exact") {
+    out = answer_match::exact;
+  } else if (name == "contains") {
+    out = answer_match::contains;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+result<std::unique_ptr<rl_task>> load_prompt_dataset(const std::filesystem::path& path,
+                                                     answer_match match) {
+  std::ifstream in(path);
+  if (!in) return status{status_code::not_found, "cannot read " + path.string()};
+  std::vector<rl_prompt> lines;
+  std::vector<std::string> bad;
+  int64_t bad_count = 0;
+  std::string line;
+  for (int64_t no = 1; std::getline(in, line); ++no) {
+    if (trim(line).empty()) continue;
+    auto fail = [&](const std::string& why) {
+      if (++bad_count <= 20) bad.push_back(path.string() + ":" + std::to_string(no) + ": " + why);
+    };
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      fail("not a JSON object");
+      continue;
+    }
+    if (!j.contains("prompt") || !j["prompt"].is_string() ||
+        j["prompt"].get<std::string>().empty()) {
+      fail("needs \"prompt\": a non-empty string");
+      continue;
+    }
+    rl_prompt p;
+    p.text = j["prompt"].get<std::string>();
+    if (j.contains("answer") && j["answer"].is_string()) {
+      p.answer = j["answer"].get<std::string>();
+    } else if (j.contains("answer") && j["answer"].is_number()) {
+      p.answer = j["answer"].dump();
+    } else {
+      fail("needs \"answer\": a string or a number");
+      continue;
+    }
+    double unused = 0;
+    if (match == answer_match::number && !first_number(p.answer, unused)) {
+      fail("\"answer\" has no number (--match number)");
+      continue;
+    }
+    p.key = p.text;
+    lines.push_back(std::move(p));
+  }
+  if (bad_count > 0) {
+    std::string msg = std::to_string(bad_count) + " bad line(s) in " + path.string() + ":";
+    for (const auto& b : bad) msg += "\n  " + b;
+    return status{status_code::invalid_argument, msg};
+  }
+  if (lines.empty())
+    return status{status_code::invalid_argument, path.string() + " has no prompts"};
+  return std::unique_ptr<rl_task>(
+      std::make_unique<dataset_task>(path.filename().string(), std::move(lines), match));
+}
+
+prompt_source::prompt_source(const rl_task& task, uint64_t seed, int64_t eval_size)
+    : task_(&task), seed_(seed) {
+  const int64_t n = task.size();
+  if (n > 0) {
+    // A dataset: the last eval_size lines are held out (at least one line stays for training).
+    const int64_t held = std::clamp<int64_t>(eval_size, 0, n - 1);
+    for (int64_t i = n - held; i < n; ++i) {
+      eval_.push_back(task.problem(seed, i));
+      held_out_.insert(eval_.back().key);
+    }
+    for (int64_t i = 0; i < n - held; ++i) train_lines_.push_back(i);
+    return;
+  }
+  // Procedural: distinct problems of the evaluation seed (a bounded number of draws, so a task
+  // with fewer distinct problems than eval_size does not loop forever).
+  const uint64_t eval_seed = mix(seed, 0xE7A1, 0);
+  for (int64_t i = 0; static_cast<int64_t>(eval_.size()) < eval_size && i < eval_size * 64; ++i) {
+    rl_prompt p = task.problem(eval_seed, i);
+    if (held_out_.insert(p.key).second) eval_.push_back(std::move(p));
+  }
+}
+
+rl_prompt prompt_source::at(int64_t n) {
+  const auto lines = static_cast<int64_t>(train_lines_.size());
+  const int64_t epoch = n / lines;
+  if (epoch != perm_epoch_) {
+    perm_ = train_lines_;
+    for (int64_t i = lines - 1; i > 0; --i) {
+      const auto j = static_cast<int64_t>(
+          mix(seed_, 0xE90C + static_cast<uint64_t>(epoch), static_cast<uint64_t>(i)) %
+          static_cast<uint64_t>(i + 1));
+      std::swap(perm_[static_cast<size_t>(i)], perm_[static_cast<size_t>(j)]);
+    }
+    perm_epoch_ = epoch;
+  }
+  return task_->problem(seed_, perm_[static_cast<size_t>(n % lines)]);
+}
+
+rl_prompt prompt_source::next() {
+  if (task_->size() > 0) return at(cursor_++);
+  // Procedural: skip held-out problems (a task whose every problem is held out would loop: the
+  // evaluation set is bounded by construction, so after enough draws an unseen one comes).
+  for (;;) {
+    rl_prompt p = task_->problem(seed_, draw_++);
+    if (held_out_.count(p.key) == 0 || draw_ > (cursor_ + 1) * 1024) {
+      ++cursor_;
+      return p;
+    }
+  }
+}
+
+void prompt_source::set_cursor(int64_t c) {
+  if (task_->size() > 0) {
+    cursor_ = c;
+    return;
+  }
+  cursor_ = 0;
+  draw_ = 0;
+  while (cursor_ < c) next();
+}
+
+}  // namespace weft::gpu::rl

@@ -1,0 +1,95 @@
+#pragma once
+/// RL prompts and their verifiers (docs/rl.md): built-in procedural tasks (k-digit arithmetic,
+/// string reversal) and JSON-lines datasets of {"prompt", "answer"}; a deterministic stream of
+/// training prompts from a seed and a held-out evaluation set that training never draws from.
+/// Plain classes, no CAF.
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "gpu/status.hpp"
+
+namespace weft::gpu::rl {
+
+/// One problem: the user message, the reference answer, and a key that identifies the problem
+/// (two prompts with one key are the same problem).
+struct rl_prompt {
+  std::string key;
+  std::string text;
+  std::string answer;
+};
+
+/// A task: where problems come from and how a completion is scored.
+class rl_task {
+ public:
+  virtual ~rl_task() = default;
+  virtual std::string name() const = 0;
+  /// Problems in the task: 0 for an unbounded procedural generator.
+  virtual int64_t size() const = 0;
+  /// Problem `index`: for a procedural task drawn from (seed, index); for a dataset, line `index`.
+  virtual rl_prompt problem(uint64_t seed, int64_t index) const = 0;
+  /// The reward of `completion` (the generated text, end marker excluded), in [0, 1].
+  virtual double reward(const rl_prompt& p, std::string_view completion) const = 0;
+};
+
+/// "What is 47 + 38? Answer with the number only.": operands of `digits` digits, `ops` a subset
+/// of "+-*". Reward 1 when the first integer in the completion is the answer.
+std::unique_ptr<rl_task> make_arithmetic_task(int digits, std::string ops = "+");
+
+/// "Reverse the string "kqzfa". Answer with the reversed string only.": `length` lowercase
+/// letters. Reward 1 when the completion's first line, without spaces and quotes, is the reverse.
+std::unique_ptr<rl_task> make_reverse_task(int length);
+
+/// How a dataset answer is checked.
+enum class answer_match {
+  number,    ///< The first number in the completion equals the answer's (as a number).
+  exact,     ///< The completion's first line, trimmed, equals the answer.
+  contains,  ///< The completion contains the answer.
+};
+bool parse_answer_match(const std::string& name, answer_match& out);
+
+/// JSON lines {"prompt": string, "answer": string or number}. A bad line is an error naming
+/// file:line (the first 20).
+result<std::unique_ptr<rl_task>> load_prompt_dataset(const std::filesystem::path& path,
+                                                     answer_match match);
+
+/// The first integer in `text` (an optional minus sign, digits), if any.
+bool first_integer(std::string_view text, long long& out);
+
+/// Training prompts in a deterministic order and a held-out evaluation set.
+///
+/// Evaluation: the first `eval_size` distinct problems of the evaluation stream (a procedural
+/// task: drawn from another seed; a dataset: the last `eval_size` lines). Training: a procedural
+/// task draws problem after problem from the training seed, skipping held-out keys; a dataset
+/// visits its other lines once per epoch in a permutation drawn from (seed, epoch).
+class prompt_source {
+ public:
+  prompt_source(const rl_task& task, uint64_t seed, int64_t eval_size);
+
+  /// The next training problem; advances the cursor.
+  rl_prompt next();
+  const std::vector<rl_prompt>& eval_set() const { return eval_; }
+  /// Problems handed out so far (the cursor; with the seed it determines all to come).
+  int64_t cursor() const { return cursor_; }
+  void set_cursor(int64_t c);
+
+ private:
+  rl_prompt at(int64_t n);  ///< Training problem number n.
+
+  const rl_task* task_;
+  uint64_t seed_;
+  std::vector<rl_prompt> eval_;
+  std::unordered_set<std::string> held_out_;
+  std::vector<int64_t> train_lines_;  ///< A dataset's lines not held out.
+  int64_t cursor_ = 0;
+  int64_t draw_ = 0;  ///< Procedural: the generator index the next problem is drawn from.
+  int64_t perm_epoch_ = -1;
+  std::vector<int64_t> perm_;
+};
+
+}  // namespace weft::gpu::rl
