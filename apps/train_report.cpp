@@ -97,7 +97,7 @@ metrics_server::~metrics_server() {
 
 bool metrics_server::start(int port) {
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(prom_.text(), "text/plain; version=0.0.4");
+    res.set_content(text_(), "text/plain; version=0.0.4");
   });
   if (!http_.bind_to_port("127.0.0.1", port)) return false;
   thread_ = std::thread([this] { http_.listen_after_bind(); });
@@ -194,23 +194,26 @@ std::vector<step_record> read_metrics_file(const fs::path& path) {
 namespace {
 
 /// scripts/plot_train.py above the binary (the source tree), or $WEFT_PLOT_TRAIN.
-std::optional<fs::path> plot_script() {
-  if (const char* p = std::getenv("WEFT_PLOT_TRAIN"); p != nullptr) return fs::path{p};
+std::optional<fs::path> find_script(const std::string& name) {
+  if (name == "plot_train.py") {
+    if (const char* p = std::getenv("WEFT_PLOT_TRAIN"); p != nullptr) return fs::path{p};
+  }
+  if (const char* d = std::getenv("WEFT_SCRIPTS"); d != nullptr) return fs::path{d} / name;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path();
        dir = dir.parent_path()) {
-    if (fs::exists(dir / "scripts" / "plot_train.py")) return dir / "scripts" / "plot_train.py";
+    if (fs::exists(dir / "scripts" / name)) return dir / "scripts" / name;
   }
   return std::nullopt;
 }
 
 }  // namespace
 
-bool plot_training(const fs::path& metrics, const std::string& png) {
-  const auto script = plot_script();
+bool run_plot_script(const std::string& name, const fs::path& metrics, const std::string& png) {
+  const auto script = find_script(name);
   if (!script) {
-    spdlog::error("--plot: scripts/plot_train.py not found (set WEFT_PLOT_TRAIN)");
+    spdlog::error("--plot: scripts/{} not found (set WEFT_SCRIPTS to the scripts folder)", name);
     return false;
   }
   const std::string cmd =
@@ -219,8 +222,12 @@ bool plot_training(const fs::path& metrics, const std::string& png) {
     spdlog::error("--plot: {} failed (it needs matplotlib)", script->string());
     return false;
   }
-  spdlog::info("loss curve {}", png);
+  spdlog::info("plot {}", png);
   return true;
+}
+
+bool plot_training(const fs::path& metrics, const std::string& png) {
+  return run_plot_script("plot_train.py", metrics, png);
 }
 
 }  // namespace weft::apps

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -42,17 +43,19 @@ class train_metrics {
   double tokens_per_s_ = 0.0;
 };
 
-/// --metrics-port: serves `prom` on 127.0.0.1 while it lives.
+/// --metrics-port: serves Prometheus text on 127.0.0.1 while it lives.
 class metrics_server {
  public:
-  explicit metrics_server(const train_metrics& prom) : prom_(prom) {}
+  explicit metrics_server(const train_metrics& prom) : text_([&prom] { return prom.text(); }) {}
+  /// Serves whatever `text` returns (called from the server's thread).
+  explicit metrics_server(std::function<std::string()> text) : text_(std::move(text)) {}
   ~metrics_server();
   metrics_server(const metrics_server&) = delete;
   metrics_server& operator=(const metrics_server&) = delete;
   bool start(int port);
 
  private:
-  const train_metrics& prom_;
+  std::function<std::string()> text_;
   httplib::Server http_;
   std::thread thread_;
 };
@@ -108,5 +111,10 @@ std::vector<gpu::train::step_record> read_metrics_file(const std::filesystem::pa
 
 /// --plot: draws `metrics` to `png` with scripts/plot_train.py. False (logged) on failure.
 bool plot_training(const std::filesystem::path& metrics, const std::string& png);
+
+/// Runs scripts/`script` METRICS PNG (found beside the binary's tree, or at $WEFT_SCRIPTS/script).
+/// False (logged) on failure.
+bool run_plot_script(const std::string& script, const std::filesystem::path& metrics,
+                     const std::string& png);
 
 }  // namespace weft::apps

@@ -209,12 +209,14 @@ result<rl_step_record> grpo_loop::step() {
       lengths, keep, config_.grpo.aggregation,
       config_.grpo.max_new_tokens > 0 ? config_.grpo.max_new_tokens : config_.max_new_tokens);
 
-  // Shares of samples balanced by tokens (longest first to the lightest share), each packed into
-  // micro-batches; the order is a pure function of the samples, so the bits repeat.
+  // Samples with a zero advantage add exactly nothing to the gradient (their PPO term is 0·r):
+  // they count in the loss's normaliser (the weights above) but skip the forward and backward.
+  // Shares of the others balanced by tokens (longest first to the lightest share), each packed
+  // into micro-batches; the order is a pure function of the samples, so the bits repeat.
   const int shares = std::max(1, config_.shares);
   std::vector<size_t> order;
   for (size_t s = 0; s < samples->size(); ++s) {
-    if (keep[s] != 0 && !(*samples)[s].completion.empty()) order.push_back(s);
+    if (keep[s] != 0 && adv[s] != 0.0 && !(*samples)[s].completion.empty()) order.push_back(s);
   }
   auto total_len = [&](size_t s) {
     return (*samples)[s].prompt.size() + (*samples)[s].completion.size();
@@ -294,6 +296,44 @@ result<rl_step_record> grpo_loop::step() {
   rec.ratio_deviation = stats.mean_abs_ratio_deviation();
   history_.push_back(rec);
   return rec;
+}
+
+void grpo_loop::snapshot_into(train::checkpoint_state& s) const {
+  s.step = step_;
+  s.cursor = train::data_cursor{0, prompts_.cursor()};
+  s.seed = config_.seed;
+  s.schedule = config_.schedule;
+  s.history.clear();
+  for (const auto& r : history_) {
+    s.history.push_back(train::step_record{r.step, r.loss, r.lr, r.grad_norm, r.completion_tokens});
+  }
+  train::snapshot_parameters(model_->parameters(), opt_, s);
+}
+
+status grpo_loop::restore(const train::checkpoint_state& s) {
+  if (s.seed != config_.seed) {
+    return {status_code::invalid_argument,
+            "checkpoint was made with seed " + std::to_string(s.seed) + ", this run has " +
+                std::to_string(config_.seed) + " (prompts and samples would differ)"};
+  }
+  if (auto st = train::restore_parameters(s, model_->parameters(), opt_); !st) return st;
+  prompts_.set_cursor(s.cursor.index);
+  step_ = s.step;
+  history_.clear();
+  for (const auto& r : s.history) {
+    rl_step_record x;
+    x.step = r.step;
+    x.version = r.step;
+    x.loss = r.loss;
+    x.lr = r.lr;
+    x.grad_norm = r.grad_norm;
+    x.completion_tokens = r.tokens;
+    history_.push_back(x);
+  }
+  if (auto st = push_weights(); !st) return st;
+  version_ = step_;  // one version per step, as in an uninterrupted run
+  engine_->kv().set_prefix_namespace(static_cast<uint64_t>(version_));
+  return {};
 }
 
 result<rl_eval_record> grpo_loop::evaluate() {

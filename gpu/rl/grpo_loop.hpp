@@ -21,6 +21,7 @@
 #include "gpu/rl/tasks.hpp"
 #include "gpu/status.hpp"
 #include "gpu/tokenizer.hpp"
+#include "gpu/train/checkpoint.hpp"
 #include "gpu/train/optimizer.hpp"
 #include "gpu/train/trainable_model.hpp"
 
@@ -101,6 +102,14 @@ class grpo_loop {
   /// `seed_base` seeds them. Public for tests and benchmarks.
   result<std::vector<rollout_sample>> generate(const std::vector<rl_prompt>& prompts,
                                                int64_t group_size, uint64_t seed_base, bool greedy);
+
+  /// Everything the next step depends on, as a training checkpoint (docs/rl.md): weights, AdamW
+  /// moments, the step (= weight version), the prompt cursor (checkpoint_state::cursor.index),
+  /// the seed and the schedule; history holds loss, lr, grad norm and completion tokens per step.
+  void snapshot_into(train::checkpoint_state& s) const;
+  /// Continues from a snapshot of the same model and seed, and pushes the weights to the engine:
+  /// the run then goes on bit for bit as if it had never stopped.
+  status restore(const train::checkpoint_state& s);
 
   int64_t steps_done() const { return step_; }
   int64_t version() const { return version_; }

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <fstream>
+#include <regex>
 
 namespace weft::gpu::rl {
 
@@ -59,7 +60,7 @@ class arithmetic_task final : public rl_task {
   }
   double reward(const rl_prompt& p, std::string_view completion) const override {
     long long got = 0;
-    return first_integer(completion, got) && std::to_string(got) == p.answer ? 1.0 : 0.0;
+    return last_integer(completion, got) && std::to_string(got) == p.answer ? 1.0 : 0.0;
   }
 
  private:
@@ -99,22 +100,17 @@ class reverse_task final : public rl_task {
   int length_;
 };
 
-/// The first decimal number (optional sign, digits, optional fraction) in `text`.
-bool first_number(std::string_view text, double& out) {
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(text[i]))) continue;
-    size_t start = i > 0 && text[i - 1] == '-' ? i - 1 : i;
-    size_t end = i;
-    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
-    if (end + 1 < text.size() && text[end] == '.' &&
-        std::isdigit(static_cast<unsigned char>(text[end + 1]))) {
-      ++end;
-      while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
-    }
-    out = std::stod(std::string(text.substr(start, end - start)));
-    return true;
+/// The decimal numbers in `text` (an optional minus sign, digits, an optional fraction), in order.
+std::vector<double> numbers_in(std::string_view text) {
+  static const std::regex number(R"((^|[^0-9])(-?[0-9]+(\.[0-9]+)?))");
+  std::vector<double> out;
+  const std::string s(text);
+  for (auto it = std::sregex_iterator(s.begin(), s.end(), number); it != std::sregex_iterator();
+       ++it) {
+    if ((*it)[2].length() > 30) continue;
+    out.push_back(std::stod((*it)[2].str()));
   }
-  return false;
+  return out;
 }
 
 class dataset_task final : public rl_task {
@@ -129,8 +125,9 @@ class dataset_task final : public rl_task {
   double reward(const rl_prompt& p, std::string_view completion) const override {
     switch (match_) {
       case answer_match::number: {
-        double got = 0, want = 0;
-        if (!first_number(completion, got) || !first_number(p.answer, want)) return 0.0;
+        const auto got_all = numbers_in(completion), want_all = numbers_in(p.answer);
+        if (got_all.empty() || want_all.empty()) return 0.0;
+        const double got = got_all.back(), want = want_all.front();
         return std::fabs(got - want) <= 1e-9 * std::max(1.0, std::fabs(want)) ? 1.0 : 0.0;
       }
       case answer_match::exact:
@@ -149,20 +146,19 @@ class dataset_task final : public rl_task {
 
 }  // namespace
 
-bool first_integer(std::string_view text, long long& out) {
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(text[i]))) continue;
-    const bool neg = i > 0 && text[i - 1] == '-';
-    long long v = 0;
-    size_t j = i;
-    for (; j < text.size() && std::isdigit(static_cast<unsigned char>(text[j])); ++j) {
-      if (v > 100'000'000'000'000'000LL) return false;  // absurdly long: no answer
-      v = v * 10 + (text[j] - '0');
-    }
-    out = neg ? -v : v;
-    return true;
-  }
-  return false;
+bool last_integer(std::string_view text, long long& out) {
+  size_t end = text.size();
+  while (end > 0 && !std::isdigit(static_cast<unsigned char>(text[end - 1]))) --end;
+  if (end == 0) return false;
+  size_t start = end;
+  while (start > 0 && std::isdigit(static_cast<unsigned char>(text[start - 1]))) --start;
+  if (end - start > 18) return false;  // absurdly long: no answer
+  long long v = 0;
+  for (size_t j = start; j < end; ++j) v = v * 10 + (text[j] - '0');
+  const bool neg = start > 0 && text[start - 1] == '-' &&
+                   (start == 1 || !std::isdigit(static_cast<unsigned char>(text[start - 2])));
+  out = neg ? -v : v;
+  return true;
 }
 
 std::unique_ptr<rl_task> make_arithmetic_task(int digits, std::string ops) {
@@ -221,8 +217,7 @@ result<std::unique_ptr<rl_task>> load_prompt_dataset(const std::filesystem::path
       fail("needs \"answer\": a string or a number");
       continue;
     }
-    double unused = 0;
-    if (match == answer_match::number && !first_number(p.answer, unused)) {
+    if (match == answer_match::number && numbers_in(p.answer).empty()) {
       fail("\"answer\" has no number (--match number)");
       continue;
     }

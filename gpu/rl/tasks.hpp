@@ -38,7 +38,8 @@ class rl_task {
 };
 
 /// "What is 47 + 38? Answer with the number only.": operands of `digits` digits, `ops` a subset
-/// of "+-*". Reward 1 when the first integer in the completion is the answer.
+/// of "+-*". Reward 1 when the last integer in the completion is the answer (GSM8K-style: "47 +
+/// 38 = 85" counts).
 std::unique_ptr<rl_task> make_arithmetic_task(int digits, std::string ops = "+");
 
 /// "Reverse the string "kqzfa". Answer with the reversed string only.": `length` lowercase
@@ -47,7 +48,7 @@ std::unique_ptr<rl_task> make_reverse_task(int length);
 
 /// How a dataset answer is checked.
 enum class answer_match {
-  number,    ///< The first number in the completion equals the answer's (as a number).
+  number,    ///< The last number in the completion equals the answer's (as a number).
   exact,     ///< The completion's first line, trimmed, equals the answer.
   contains,  ///< The completion contains the answer.
 };
@@ -58,8 +59,9 @@ bool parse_answer_match(const std::string& name, answer_match& out);
 result<std::unique_ptr<rl_task>> load_prompt_dataset(const std::filesystem::path& path,
                                                      answer_match match);
 
-/// The first integer in `text` (an optional minus sign, digits), if any.
-bool first_integer(std::string_view text, long long& out);
+/// The last integer in `text` (digits, with a minus sign when one directly precedes them and is
+/// not itself preceded by a digit: "3-8" ends in 8, "= -5" in −5), if any.
+bool last_integer(std::string_view text, long long& out);
 
 /// Training prompts in a deterministic order and a held-out evaluation set.
 ///

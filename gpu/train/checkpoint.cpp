@@ -279,4 +279,43 @@ void async_checkpointer::run() {
   }
 }
 
+void snapshot_parameters(const std::vector<parameter<float>>& params, const adamw& opt,
+                         checkpoint_state& s) {
+  s.adam_steps = opt.steps();
+  s.names.resize(params.size());
+  s.values.resize(params.size());
+  s.m.resize(params.size());
+  s.v.resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    s.names[i] = params[i].name;
+    s.values[i].assign(params[i].value.begin(), params[i].value.end());
+    s.m[i].assign(opt.m(i).begin(), opt.m(i).end());
+    s.v[i].assign(opt.v(i).begin(), opt.v(i).end());
+  }
+}
+
+status restore_parameters(const checkpoint_state& s, std::vector<parameter<float>>& params,
+                          adamw& opt) {
+  if (s.names.size() != params.size()) {
+    return {status_code::invalid_argument, "checkpoint has " + std::to_string(s.names.size()) +
+                                               " tensors, the model " +
+                                               std::to_string(params.size())};
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (s.names[i] != params[i].name || s.values[i].size() != params[i].value.size() ||
+        s.m[i].size() != params[i].value.size() || s.v[i].size() != params[i].value.size()) {
+      return {status_code::invalid_argument, "checkpoint tensor '" + s.names[i] +
+                                                 "' does not match the model's '" + params[i].name +
+                                                 "'"};
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].value = s.values[i];
+    opt.m(i) = s.m[i];
+    opt.v(i) = s.v[i];
+  }
+  opt.set_steps(s.adam_steps);
+  return {};
+}
+
 }  // namespace weft::gpu::train

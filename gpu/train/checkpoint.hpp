@@ -43,6 +43,14 @@ struct checkpoint_state {
   std::vector<step_record> history;
 };
 
+/// Copies the parameters' values and the optimizer's moments and step count into `s` (names,
+/// values, m, v, adam_steps), reusing its buffers.
+void snapshot_parameters(const std::vector<parameter<float>>& params, const adamw& opt,
+                         checkpoint_state& s);
+/// The reverse, after checking that the checkpoint's tensors are the model's (names and sizes).
+status restore_parameters(const checkpoint_state& s, std::vector<parameter<float>>& params,
+                          adamw& opt);
+
 /// `dir`/step-00000042.ckpt
 std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t step);
 

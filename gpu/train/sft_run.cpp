@@ -161,7 +161,11 @@ thread_plan plan_threads(int threads) {
 }
 
 void use_threads(const sft_run_options& o) {
-  openblas_set_num_threads(plan_threads(o.threads).blas);
+  use_threads(o.threads);
+}
+
+void use_threads(int threads) {
+  openblas_set_num_threads(plan_threads(threads).blas);
 }
 
 }  // namespace weft::gpu::train

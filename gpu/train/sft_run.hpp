@@ -75,5 +75,7 @@ thread_plan plan_threads(int threads);
 
 /// Sets this process's BLAS threads to plan_threads(o.threads).blas.
 void use_threads(const sft_run_options& o);
+/// Sets OpenBLAS to plan_threads(threads).blas threads.
+void use_threads(int threads);
 
 }  // namespace weft::gpu::train

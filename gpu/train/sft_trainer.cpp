@@ -96,48 +96,18 @@ void sft_trainer::snapshot_into(checkpoint_state& s) const {
   s.step = step_;
   s.cursor = sampler_.cursor();
   s.seed = config_.seed;
-  s.adam_steps = opt_.steps();
   s.schedule = config_.schedule;
   s.history = history_;
-  const auto& params = model_.parameters();
-  s.names.resize(params.size());
-  s.values.resize(params.size());
-  s.m.resize(params.size());
-  s.v.resize(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    s.names[i] = params[i].name;
-    s.values[i].assign(params[i].value.begin(), params[i].value.end());
-    s.m[i].assign(opt_.m(i).begin(), opt_.m(i).end());
-    s.v[i].assign(opt_.v(i).begin(), opt_.v(i).end());
-  }
+  snapshot_parameters(model_.parameters(), opt_, s);
 }
 
 status sft_trainer::restore(const checkpoint_state& s) {
-  auto& params = model_.parameters();
-  if (s.names.size() != params.size()) {
-    return {status_code::invalid_argument, "checkpoint has " + std::to_string(s.names.size()) +
-                                               " tensors, the model " +
-                                               std::to_string(params.size())};
-  }
   if (s.seed != config_.seed) {
     return {status_code::invalid_argument,
             "checkpoint was made with seed " + std::to_string(s.seed) + ", this run has " +
                 std::to_string(config_.seed) + " (the data order would differ)"};
   }
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (s.names[i] != params[i].name || s.values[i].size() != params[i].value.size() ||
-        s.m[i].size() != params[i].value.size() || s.v[i].size() != params[i].value.size()) {
-      return {status_code::invalid_argument, "checkpoint tensor '" + s.names[i] +
-                                                 "' does not match the model's '" + params[i].name +
-                                                 "'"};
-    }
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    params[i].value = s.values[i];
-    opt_.m(i) = s.m[i];
-    opt_.v(i) = s.v[i];
-  }
-  opt_.set_steps(s.adam_steps);
+  if (auto st = restore_parameters(s, model_.parameters(), opt_); !st) return st;
   sampler_.set_cursor(s.cursor);
   step_ = s.step;
   history_ = s.history;

@@ -261,6 +261,14 @@ TEST(tasks, arithmetic_and_reverse_prompts_and_verifiers) {
   EXPECT_EQ(p.answer, std::to_string(a + b));
   EXPECT_EQ(add->reward(p, " The answer is " + p.answer + "."), 1.0);
   EXPECT_EQ(add->reward(p, std::to_string(a + b + 1)), 0.0);
+  EXPECT_EQ(add->reward(p, p.key + " = " + p.answer), 1.0);  // restating the sum is fine
+  EXPECT_EQ(add->reward(p, p.answer + " or " + std::to_string(a + b + 1)), 0.0);
+  long long v = 0;
+  ASSERT_TRUE(last_integer("3-8", v));
+  EXPECT_EQ(v, 8);
+  ASSERT_TRUE(last_integer("so = -5.", v));
+  EXPECT_EQ(v, -5);
+  EXPECT_FALSE(last_integer("none", v));
   EXPECT_EQ(add->reward(p, "I don't know"), 0.0);
   auto sub = make_arithmetic_task(1, "-");
   rl_prompt neg{"3-8", "", "-5"};
@@ -389,6 +397,35 @@ TEST(grpo_loop, sync_runs_repeat_bit_for_bit_and_the_engine_serves_the_trainers_
   // The first step trained on rollouts of version 0, so its ratios were ~1 (engine vs trainer
   // numerics only: the engine's fp16 KV cache).
   EXPECT_LT(a->history().front().ratio_deviation, 0.02);
+}
+
+TEST(grpo_loop, a_resumed_run_is_bit_identical_to_an_uninterrupted_one) {
+  const auto file = tiny_file();
+  digits_task task;
+  auto whole = make_loop(file, task, loop_cfg());
+  for (int s = 0; s < 4; ++s) ASSERT_TRUE(whole->step().ok());
+  auto first = make_loop(file, task, loop_cfg());
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(first->step().ok());
+  train::checkpoint_state ckpt;
+  first->snapshot_into(ckpt);
+  first.reset();
+  auto second = make_loop(file, task, loop_cfg());
+  ASSERT_TRUE(second->restore(ckpt).ok());
+  EXPECT_EQ(second->version(), 2);
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(second->step().ok());
+  for (size_t i = 0; i < whole->model().parameters().size(); ++i) {
+    ASSERT_EQ(whole->model().parameters()[i].value, second->model().parameters()[i].value)
+        << whole->model().parameters()[i].name;
+  }
+  ASSERT_EQ(whole->history().size(), second->history().size());
+  for (size_t i = 0; i < whole->history().size(); ++i) {
+    EXPECT_EQ(whole->history()[i].loss, second->history()[i].loss) << "step " << i + 1;
+  }
+  // Another seed's checkpoint is refused.
+  auto other_cfg = loop_cfg();
+  other_cfg.seed = 12;
+  auto other = make_loop(file, task, other_cfg);
+  EXPECT_EQ(other->restore(ckpt).code(), status_code::invalid_argument);
 }
 
 TEST(grpo_loop, a_tiny_model_learns_a_graded_reward) {

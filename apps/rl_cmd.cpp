@@ -1,0 +1,428 @@
+// `weft rl`: GRPO post-training of a GGUF model on a procedural task or a prompt/answer dataset
+// (docs/rl.md). --mode sync: in this process, a rollout engine that serves the trainer's current
+// weights (updated in place after every step), rewards from built-in verifiers, one PPO-clip
+// update per step, exact checkpoints and --resume, held-out pass@1, metrics, plots, export.
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "actors/serve/model_host.hpp"
+#include "apps/commands.hpp"
+#include "apps/config_file.hpp"
+#include "apps/rl_report.hpp"
+#include "apps/train_report.hpp"
+#include "gpu/ggml_types.hpp"
+#include "gpu/gguf.hpp"
+#include "gpu/rl/grpo_loop.hpp"
+#include "gpu/rl/tasks.hpp"
+#include "gpu/train/checkpoint.hpp"
+#include "gpu/train/export.hpp"
+#include "gpu/train/sft_run.hpp"
+
+namespace weft::apps {
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace gpu::rl;
+
+struct rl_options {
+  std::string config_file;
+  std::string model_path;
+  std::string task = "arithmetic";
+  int digits = 1;
+  std::string ops = "+";
+  int length = 5;
+  std::string data_path;
+  std::string match = "number";
+  std::string mode = "sync";
+  int64_t steps = 100;
+  int64_t prompts_per_step = 4;
+  int64_t group_size = 8;
+  int32_t max_new_tokens = 32;
+  double lr = 1e-6;
+  int64_t warmup_steps = 0;
+  std::string lr_schedule = "constant";
+  double min_lr_ratio = 0.1;
+  double weight_decay = 0.0;
+  double max_grad_norm = 1.0;
+  double clip_low = 0.2;
+  double clip_high = 0.2;
+  std::string loss_agg = "token";
+  bool no_scale_rewards = false;
+  bool drop_zero_variance = false;
+  int64_t eval_every = 10;
+  int64_t eval_prompts = 32;
+  uint64_t seed = 0;
+  int threads = 0;
+  int64_t micro_batch_tokens = 1024;
+  std::string rollout_type = "f32";
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 10;
+  int keep_checkpoints = 2;
+  bool resume = false;
+  std::string save_path;
+  std::string save_type = "f16";
+  std::string metrics_path;
+  int metrics_port = 0;
+  std::string plot_path;
+};
+
+/// The task of the run: a dataset when --data is given, else a built-in procedural task.
+std::unique_ptr<rl_task> make_task(const rl_options& o) {
+  if (!o.data_path.empty()) {
+    answer_match m{};
+    parse_answer_match(o.match, m);
+    auto t = load_prompt_dataset(o.data_path, m);
+    if (!t) {
+      spdlog::error("--data: {}", t.error().message());
+      return nullptr;
+    }
+    return std::move(*t);
+  }
+  if (o.task == "arithmetic") return make_arithmetic_task(o.digits, o.ops);
+  return make_reverse_task(o.length);
+}
+
+gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
+  grpo_loop_config c;
+  c.seed = o.seed;
+  c.prompts_per_step = o.prompts_per_step;
+  c.group_size = o.group_size;
+  c.max_new_tokens = o.max_new_tokens;
+  c.eval_prompts = o.eval_prompts;
+  c.grpo.clip_low = o.clip_low;
+  c.grpo.clip_high = o.clip_high;
+  c.grpo.scale_rewards = !o.no_scale_rewards;
+  c.grpo.drop_zero_variance = o.drop_zero_variance;
+  c.grpo.max_new_tokens = o.max_new_tokens;
+  if (!parse_loss_aggregation(o.loss_agg, c.grpo.aggregation)) {
+    return gpu::status{gpu::status_code::invalid_argument, "--loss-agg " + o.loss_agg};
+  }
+  c.schedule.peak = o.lr;
+  c.schedule.warmup_steps = o.warmup_steps;
+  c.schedule.total_steps = o.steps;
+  c.schedule.min_ratio = o.min_lr_ratio;
+  if (!gpu::train::parse_lr_shape(o.lr_schedule, c.schedule.decay)) {
+    return gpu::status{gpu::status_code::invalid_argument, "--lr-schedule " + o.lr_schedule};
+  }
+  c.adamw.weight_decay = o.weight_decay;
+  c.max_grad_norm = o.max_grad_norm;
+  c.micro_batch_tokens = o.micro_batch_tokens;
+  c.shares = gpu::train::plan_threads(o.threads).shares;
+  c.engine_threads = o.threads;
+  c.rollout_type = *gpu::parse_type_name(o.rollout_type);
+  return c;
+}
+
+int run_rl(const rl_options& o) {
+  if (o.mode != "sync") {
+    spdlog::error(
+        "--mode {}: not built yet; this version runs --mode sync only (docs/rl.md, \"Not yet\")",
+        o.mode);
+    return 2;
+  }
+  if (o.resume && o.checkpoint_dir.empty()) {
+    spdlog::error("--resume needs --checkpoint-dir");
+    return 2;
+  }
+  auto cfg = make_loop_config(o);
+  if (!cfg) {
+    spdlog::error("{}", cfg.error().message());
+    return 2;
+  }
+  auto task = make_task(o);
+  if (!task) return 2;
+  gpu::train::use_threads(o.threads);
+  spdlog::info("task: {}; {} prompts x {} samples per step, up to {} new tokens", task->name(),
+               o.prompts_per_step, o.group_size, o.max_new_tokens);
+  spdlog::info("loading {}", o.model_path);
+  auto file = gpu::gguf_file::open(o.model_path);
+  if (!file) {
+    spdlog::error("cannot open {}: {}", o.model_path, file.error().message());
+    return 1;
+  }
+  auto weights = gpu::train::trainable_model<float>::load(*file);
+  if (!weights) {
+    spdlog::error("{}: {}", o.model_path, weights.error().message());
+    return 1;
+  }
+  spdlog::info("{} trainable parameters (f32); rollout engine weights {}, {} thread(s)",
+               (*weights)->n_parameters(), o.rollout_type, o.threads);
+  auto made = grpo_loop::create(*file, std::move(*weights), *task, *cfg);
+  if (!made) {
+    spdlog::error("{}", made.error().message());
+    return made.error().code() == gpu::status_code::invalid_argument ? 2 : 1;
+  }
+  grpo_loop& loop = **made;
+  if (o.resume) {
+    std::vector<std::string> skipped;
+    auto s = gpu::train::load_latest_checkpoint(o.checkpoint_dir, &skipped);
+    for (const auto& why : skipped) spdlog::warn("{}; trying an older one", why);
+    if (!s) {
+      spdlog::warn("--resume: no checkpoint in {}; starting at step 0", o.checkpoint_dir);
+    } else if (auto st = loop.restore(*s); !st) {
+      spdlog::error("cannot resume: {}", st.message());
+      return 2;
+    } else {
+      spdlog::info("resumed from {} (step {}, {} prompts drawn)",
+                   gpu::train::checkpoint_path(o.checkpoint_dir, s->step).string(), s->step,
+                   s->cursor.index);
+    }
+  }
+  const fs::path metrics = !o.metrics_path.empty() ? fs::path(o.metrics_path)
+                           : !o.checkpoint_dir.empty()
+                               ? fs::path(o.checkpoint_dir) / "metrics.jsonl"
+                               : fs::path("rl-metrics.jsonl");
+  rl_reporter report(metrics, o.steps, loop.steps_done());
+  std::optional<metrics_server> http;
+  if (o.metrics_port > 0) {
+    http.emplace([&report] { return report.prometheus(); });
+    if (!http->start(o.metrics_port)) {
+      spdlog::error("--metrics-port {}: cannot listen on 127.0.0.1", o.metrics_port);
+      return 2;
+    }
+    spdlog::info("metrics on http://127.0.0.1:{}/metrics", o.metrics_port);
+  }
+  catch_stop_signals();
+  std::optional<gpu::train::async_checkpointer> ckpt;
+  if (!o.checkpoint_dir.empty()) ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
+  auto checkpoint_now = [&](bool wait) -> bool {
+    if (!ckpt) return true;
+    if (auto st = ckpt->save([&](gpu::train::checkpoint_state& s) { loop.snapshot_into(s); });
+        !st) {
+      spdlog::error("checkpoint failed: {}", st.message());
+      return false;
+    }
+    report.add_checkpoint();
+    if (wait) {
+      if (auto st = ckpt->wait(); !st) {
+        spdlog::error("checkpoint failed: {}", st.message());
+        return false;
+      }
+      spdlog::info("checkpoint {}",
+                   gpu::train::checkpoint_path(o.checkpoint_dir, loop.steps_done()).string());
+    }
+    return true;
+  };
+  auto evaluate = [&]() -> bool {
+    if (o.eval_prompts <= 0) return true;
+    auto e = loop.evaluate();
+    if (!e) {
+      spdlog::error("evaluation: {}", e.error().message());
+      return false;
+    }
+    report.report_eval(*e);
+    return true;
+  };
+  const int64_t first = loop.steps_done();
+  if (first == 0 && o.eval_every > 0 && !evaluate()) return 1;
+  while (loop.steps_done() < o.steps) {
+    if (const int sig = stop_signal(); sig != 0) {
+      spdlog::warn("{} at step {}: writing a checkpoint and stopping (continue with --resume)",
+                   sig == SIGTERM ? "SIGTERM" : "SIGINT", loop.steps_done());
+      return checkpoint_now(true) ? 128 + sig : 1;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = loop.step();
+    if (!r) {
+      spdlog::error("step {}: {}", loop.steps_done() + 1, r.error().message());
+      return 1;
+    }
+    report.report(*r, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const bool last = r->step == o.steps;
+    if (ckpt && (r->step % o.checkpoint_every == 0 || last) && !checkpoint_now(last)) return 1;
+    if (o.eval_every > 0 && (r->step % o.eval_every == 0 || last) && !evaluate()) return 1;
+  }
+  if (ckpt) {
+    if (auto st = ckpt->wait(); !st) {
+      spdlog::error("checkpoint failed: {}", st.message());
+      return 1;
+    }
+  }
+  if (loop.steps_done() > first) {
+    const double secs = report.seconds_since_start();
+    spdlog::info("trained steps {}..{} in {} ({:.2f} samples/s)", first + 1, loop.steps_done(),
+                 format_duration(secs),
+                 static_cast<double>(report.samples_since_start()) / std::max(secs, 1e-9));
+  } else {
+    spdlog::info("the checkpoint is at step {} and --steps is {}: no step left to train", first,
+                 o.steps);
+  }
+  http.reset();
+  if (!o.save_path.empty()) {
+    if (auto st = gpu::train::export_gguf(*file, loop.model(), *gpu::parse_type_name(o.save_type),
+                                          o.save_path);
+        !st) {
+      spdlog::error("--save {}: {}", o.save_path, st.message());
+      return 1;
+    }
+    spdlog::info("saved {} ({})", o.save_path, o.save_type);
+  }
+  if (!o.plot_path.empty() && !run_plot_script("plot_rl.py", report.path(), o.plot_path)) return 1;
+  return 0;
+}
+
+}  // namespace
+
+void add_rl_command(CLI::App& app, const global_options&) {
+  auto opts = std::make_shared<rl_options>();
+  auto* o = opts.get();
+  auto* cmd = app.add_subcommand(
+      "rl", "Post-train a GGUF model with GRPO on a procedural task or a prompt/answer dataset");
+  cmd->add_option("--config", o->config_file,
+                  "TOML/INI file with any of these options, e.g. `group-size = 8`, at the top "
+                  "level or under [rl] (command-line flags win)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--model,-m", o->model_path,
+                  "GGUF model to start from (default: $WEFT_MODEL, else the default model " +
+                      std::string{serve::default_model_file} + ")");
+  cmd->add_option("--task", o->task,
+                  "Built-in task: arithmetic (\"What is 4 + 7?\") or reverse (a string of "
+                  "letters); ignored when --data is given")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"arithmetic", "reverse"}));
+  cmd->add_option("--digits", o->digits, "arithmetic: digits of each operand")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 9));
+  cmd->add_option("--ops", o->ops, "arithmetic: operators to draw from, a subset of +-*")
+      ->capture_default_str();
+  cmd->add_option("--length", o->length, "reverse: letters in the string")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--data", o->data_path,
+                  "JSON lines {\"prompt\": ..., \"answer\": ...} instead of a built-in task (the "
+                  "last --eval-prompts lines are held out)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--match", o->match,
+                  "--data: how an answer is checked: number (the last number in the reply), "
+                  "exact (the first line) or contains")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"number", "exact", "contains"}));
+  cmd->add_option("--mode", o->mode,
+                  "sync (generate, score, train, sync weights; the only mode built so far)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sync", "stream", "async"}));
+  cmd->add_option("--steps", o->steps, "GRPO steps (one optimizer update each)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--prompts-per-step", o->prompts_per_step, "Prompts drawn per step")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  cmd->add_option("--group-size", o->group_size,
+                  "Samples per prompt (advantages are relative to the group)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1024}));
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "Longest completion")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--lr", o->lr, "Peak learning rate")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup-steps", o->warmup_steps, "Linear warmup over this many steps")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--lr-schedule", o->lr_schedule, "After warmup: constant or cosine")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cosine", "constant"}));
+  cmd->add_option("--min-lr-ratio", o->min_lr_ratio, "Cosine decays to lr x this at the last step")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--weight-decay", o->weight_decay, "AdamW decoupled weight decay (matrices)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-grad-norm", o->max_grad_norm, "Clip the global gradient norm (0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--clip-low", o->clip_low, "PPO ratio floor is 1 - this")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--clip-high", o->clip_high,
+                  "PPO ratio ceiling is 1 + this (DAPO's clip-higher: 0.28)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 10.0));
+  cmd->add_option("--loss-agg", o->loss_agg,
+                  "token (mean over all tokens of the step), sequence (mean of per-sample means, "
+                  "the GRPO paper) or constant (sum / (samples x max new tokens), Dr. GRPO)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"token", "sequence", "constant"}));
+  cmd->add_flag("--no-scale-rewards", o->no_scale_rewards,
+                "Do not divide advantages by the group's reward std (Dr. GRPO)");
+  cmd->add_flag("--drop-zero-variance", o->drop_zero_variance,
+                "Leave groups whose rewards are all equal out of the loss and its normaliser");
+  cmd->add_option("--eval-every", o->eval_every,
+                  "Greedy pass@1 on the held-out prompts before training, every this many steps "
+                  "and at the end (0: never)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--eval-prompts", o->eval_prompts, "Held-out prompts (never trained on)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{100000}));
+  cmd->add_option("--seed", o->seed, "Seed of prompts and samples")->capture_default_str();
+  cmd->add_option("--threads", o->threads,
+                  "Cores to use (default: all): the rollout engine's threads, and up to 4 "
+                  "parallel shares of the backward. Exact resume needs the same value")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--micro-batch-tokens", o->micro_batch_tokens,
+                  "Tokens per forward/backward pass of the update")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--rollout-type", o->rollout_type,
+                  "Weight type of the rollout engine: f32 (closest to the trainer), bf16 or f16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  cmd->add_option("--checkpoint-dir", o->checkpoint_dir,
+                  "Write exact checkpoints here (and metrics.jsonl)");
+  cmd->add_option("--checkpoint-every", o->checkpoint_every,
+                  "Checkpoint every this many steps (and at the end, and on SIGTERM)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--keep-checkpoints", o->keep_checkpoints, "How many checkpoints to keep")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  cmd->add_flag("--resume", o->resume,
+                "Continue from the newest valid checkpoint in --checkpoint-dir (if there is one)");
+  cmd->add_option("--save", o->save_path, "Write the trained model here as GGUF");
+  cmd->add_option("--save-type", o->save_type, "Weight type of --save: f32, f16, bf16 or q8_0")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+  cmd->add_option("--metrics", o->metrics_path,
+                  "JSON lines of per-step and evaluation metrics (default: "
+                  "CHECKPOINT_DIR/metrics.jsonl, else ./rl-metrics.jsonl)");
+  cmd->add_option("--metrics-port", o->metrics_port,
+                  "Serve Prometheus metrics on 127.0.0.1:PORT/metrics while training")
+      ->check(CLI::Range(1, 65535));
+  cmd->add_option("--plot", o->plot_path,
+                  "At the end, draw reward, pass@1, lengths and time per stage to this PNG "
+                  "(needs matplotlib)");
+  cmd->callback([opts, cmd] {
+    auto* o = opts.get();
+    if (!o->config_file.empty()) {
+      if (auto st = apply_config_file(cmd, o->config_file); !st.ok()) {
+        spdlog::error("--config: {}", st.message);
+        std::exit(2);
+      }
+    }
+    if (o->ops.empty() || o->ops.find_first_not_of("+-*") != std::string::npos) {
+      spdlog::error("--ops must be a non-empty subset of +-* (got '{}')", o->ops);
+      std::exit(2);
+    }
+    if (!o->data_path.empty() && cmd->get_option("--task")->count() > 0) {
+      spdlog::warn("--task is ignored: --data {} gives the prompts", o->data_path);
+    }
+    if (o->model_path.empty()) o->model_path = serve::default_model_path().string();
+    if (o->threads == 0)
+      o->threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    std::exit(run_rl(*o));
+  });
+}
+
+}  // namespace weft::apps

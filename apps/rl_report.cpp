@@ -1,0 +1,132 @@
+#include "apps/rl_report.hpp"
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+
+#include "apps/train_report.hpp"
+
+namespace weft::apps {
+
+namespace fs = std::filesystem;
+
+rl_reporter::rl_reporter(fs::path metrics_path, int64_t total_steps, int64_t resume_step)
+    : path_(std::move(metrics_path)), total_(total_steps) {
+  if (path_.has_parent_path()) fs::create_directories(path_.parent_path());
+  std::vector<std::string> kept;
+  if (resume_step > 0) {
+    std::ifstream in(path_);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+      if (j["step"].get<int64_t>() <= resume_step) kept.push_back(line);
+    }
+  }
+  out_.open(path_, std::ios::trunc);
+  for (const auto& l : kept) out_ << l << '\n';
+  out_.flush();
+}
+
+void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) {
+  {
+    std::lock_guard lock(mu_);
+    last_ = r;
+    ++steps_;
+    samples_ += r.samples;
+    tokens_ += r.completion_tokens;
+    seconds_ += step_seconds;
+    rollout_s_ += r.rollout_s;
+    train_s_ += r.train_s;
+    sync_s_ += r.sync_s;
+  }
+  const double sps = static_cast<double>(r.samples) / std::max(step_seconds, 1e-9);
+  const double eta = static_cast<double>(total_ - r.step) * seconds_ / static_cast<double>(steps_);
+  spdlog::info(
+      "step {}/{}  reward {:.3f} ±{:.2f}  len {:.1f}  stop {:.0f}%  loss {:+.4f}  |g| {:.3f}  "
+      "clip {:.1f}%  gen {:.2f}s train {:.2f}s sync {:.3f}s  {:.2f} samples/s  eta {}",
+      r.step, total_, r.reward_mean, r.reward_std, r.completion_len, 100.0 * r.stopped_fraction,
+      r.loss, r.grad_norm, 100.0 * r.clip_fraction, r.rollout_s, r.train_s, r.sync_s, sps,
+      format_duration(eta));
+  nlohmann::json j = {{"kind", "step"},
+                      {"step", r.step},
+                      {"version", r.version},
+                      {"samples", r.samples},
+                      {"reward", r.reward_mean},
+                      {"reward_std", r.reward_std},
+                      {"zero_variance_groups", r.zero_variance_groups},
+                      {"completion_len", r.completion_len},
+                      {"completion_tokens", r.completion_tokens},
+                      {"stopped_fraction", r.stopped_fraction},
+                      {"loss", r.loss},
+                      {"grad_norm", r.grad_norm},
+                      {"lr", r.lr},
+                      {"clip_fraction", r.clip_fraction},
+                      {"ratio_deviation", r.ratio_deviation},
+                      {"rollout_s", r.rollout_s},
+                      {"train_s", r.train_s},
+                      {"sync_s", r.sync_s},
+                      {"step_s", step_seconds},
+                      {"samples_per_s", sps}};
+  out_ << j.dump() << '\n';
+  out_.flush();
+}
+
+void rl_reporter::report_eval(const gpu::rl::rl_eval_record& e) {
+  {
+    std::lock_guard lock(mu_);
+    last_eval_ = e;
+    has_eval_ = true;
+  }
+  spdlog::info(
+      "eval at step {}: pass@1 {:.3f} on {} held-out prompts (greedy), len {:.1f}, {:.1f}s", e.step,
+      e.pass_at_1, e.prompts, e.completion_len, e.seconds);
+  nlohmann::json j = {{"kind", "eval"},
+                      {"step", e.step},
+                      {"pass_at_1", e.pass_at_1},
+                      {"prompts", e.prompts},
+                      {"completion_len", e.completion_len},
+                      {"eval_s", e.seconds}};
+  out_ << j.dump() << '\n';
+  out_.flush();
+}
+
+void rl_reporter::add_checkpoint() {
+  std::lock_guard lock(mu_);
+  ++checkpoints_;
+}
+
+std::string rl_reporter::prometheus() const {
+  std::lock_guard lock(mu_);
+  std::ostringstream o;
+  auto metric = [&o](const char* name, const char* type, const char* help, double value) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
+      << name << ' ' << value << '\n';
+  };
+  metric("weft_rl_steps_total", "counter", "GRPO steps done by this process",
+         static_cast<double>(steps_));
+  metric("weft_rl_samples_total", "counter", "Samples generated and trained on",
+         static_cast<double>(samples_));
+  metric("weft_rl_completion_tokens_total", "counter", "Generated tokens trained on",
+         static_cast<double>(tokens_));
+  metric("weft_rl_checkpoints_total", "counter", "Checkpoints written",
+         static_cast<double>(checkpoints_));
+  metric("weft_rl_weight_version", "gauge", "Weight version the rollout engine serves",
+         static_cast<double>(last_.version));
+  metric("weft_rl_reward_mean", "gauge", "Mean reward of the last step's samples",
+         last_.reward_mean);
+  metric("weft_rl_clip_fraction", "gauge", "Fraction of the last step's tokens clipped",
+         last_.clip_fraction);
+  metric("weft_rl_rollout_seconds_total", "counter", "Time spent generating", rollout_s_);
+  metric("weft_rl_train_seconds_total", "counter", "Time spent scoring and training", train_s_);
+  metric("weft_rl_sync_seconds_total", "counter", "Time spent copying weights to the engine",
+         sync_s_);
+  if (has_eval_) {
+    metric("weft_rl_eval_pass_at_1", "gauge", "Held-out greedy pass@1 at the last evaluation",
+           last_eval_.pass_at_1);
+  }
+  return o.str();
+}
+
+}  // namespace weft::apps
