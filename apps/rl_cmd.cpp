@@ -4,11 +4,13 @@
 // update per step, exact checkpoints and --resume, held-out pass@1, metrics, plots, export.
 
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,6 +76,9 @@ struct rl_options {
   std::string metrics_path;
   int metrics_port = 0;
   std::string plot_path;
+  std::string prompt_format = "chat";
+  std::string write_sft_path;
+  int64_t sft_examples = 1000;
 };
 
 /// The task of the run: a dataset when --data is given, else a built-in procedural task.
@@ -99,6 +104,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.group_size = o.group_size;
   c.max_new_tokens = o.max_new_tokens;
   c.eval_prompts = o.eval_prompts;
+  c.chat = o.prompt_format == "chat";
   c.grpo.clip_low = o.clip_low;
   c.grpo.clip_high = o.clip_high;
   c.grpo.scale_rewards = !o.no_scale_rewards;
@@ -123,6 +129,32 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   return c;
 }
 
+/// --write-sft-data: problems of the training stream (never a held-out one) with their reference
+/// answers, as {"prompt", "completion"} or {"messages"} lines for `weft train` (a warm start).
+int write_sft_data(const rl_options& o, const rl_task& task) {
+  prompt_source src(task, o.seed, o.eval_prompts);
+  std::ofstream out(o.write_sft_path, std::ios::trunc);
+  if (!out) {
+    spdlog::error("--write-sft-data: cannot write {}", o.write_sft_path);
+    return 2;
+  }
+  for (int64_t i = 0; i < o.sft_examples; ++i) {
+    const rl_prompt p = src.next();
+    nlohmann::json j;
+    if (o.prompt_format == "chat") {
+      j["messages"] = {{{"role", "user"}, {"content", p.text}},
+                       {{"role", "assistant"}, {"content", p.answer}}};
+    } else {
+      j["prompt"] = p.text;
+      j["completion"] = " " + p.answer;
+    }
+    out << j.dump() << '\n';
+  }
+  spdlog::info("wrote {} examples of {} to {} (held-out problems excluded)", o.sft_examples,
+               task.name(), o.write_sft_path);
+  return 0;
+}
+
 int run_rl(const rl_options& o) {
   if (o.mode != "sync") {
     spdlog::error(
@@ -141,6 +173,7 @@ int run_rl(const rl_options& o) {
   }
   auto task = make_task(o);
   if (!task) return 2;
+  if (!o.write_sft_path.empty()) return write_sft_data(o, *task);
   gpu::train::use_threads(o.threads);
   spdlog::info("task: {}; {} prompts x {} samples per step, up to {} new tokens", task->name(),
                o.prompts_per_step, o.group_size, o.max_new_tokens);
@@ -307,6 +340,17 @@ void add_rl_command(CLI::App& app, const global_options&) {
                   "exact (the first line) or contains")
       ->capture_default_str()
       ->check(CLI::IsMember({"number", "exact", "contains"}));
+  cmd->add_option("--prompt-format", o->prompt_format,
+                  "chat (each prompt is a user message in the model's chat template) or raw (the "
+                  "prompt text as is)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"chat", "raw"}));
+  cmd->add_option("--write-sft-data", o->write_sft_path,
+                  "Instead of training: write --sft-examples solved problems of the task (never "
+                  "held-out ones) as JSON lines for `weft train` (an SFT warm start), then exit");
+  cmd->add_option("--sft-examples", o->sft_examples, "Examples --write-sft-data writes")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
   cmd->add_option("--mode", o->mode,
                   "sync (generate, score, train, sync weights; the only mode built so far)")
       ->capture_default_str()

@@ -52,6 +52,29 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
   int32_t chosen = 0;
   if (params_.temperature <= 0.0f) {
     chosen = static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+  } else if ((params_.top_k <= 0 || params_.top_k >= n) && params_.top_p >= 1.0f &&
+             params_.min_p <= 0.0f) {
+    // Nothing is truncated: sample the tempered softmax in id order. (Ordering the whole
+    // vocabulary first, as the truncating path below must, cost more than everything else the
+    // sampler does: ~8 % of an RL step on a 49k vocabulary.)
+    const double inv_t = 1.0 / params_.temperature;
+    const float top = *std::max_element(work_.begin(), work_.end());
+    probs_.resize(static_cast<size_t>(n));
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      total += (probs_[static_cast<size_t>(i)] =
+                    std::exp(static_cast<double>(work_[static_cast<size_t>(i)] - top) * inv_t));
+    }
+    const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+    double acc = 0.0;
+    chosen = static_cast<int32_t>(n - 1);
+    for (int64_t i = 0; i < n; ++i) {
+      acc += probs_[static_cast<size_t>(i)];
+      if (u < acc) {
+        chosen = static_cast<int32_t>(i);
+        break;
+      }
+    }
   } else {
     ids_.resize(static_cast<size_t>(n));
     std::iota(ids_.begin(), ids_.end(), 0);

@@ -65,6 +65,7 @@ class sampler {
   std::mt19937_64 rng_;
   std::vector<float> work_;
   std::vector<int32_t> ids_;
+  std::vector<double> probs_;
 };
 
 }  // namespace weft::gpu

@@ -58,9 +58,14 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
   auto tok = tokenizer::from_gguf(source);
   if (!tok) return tok.error();
   loop->tok_ = std::make_unique<tokenizer>(std::move(*tok));
-  auto chat = chat_template::from_gguf(source);
-  if (!chat) return status{chat.error().code(), "chat template: " + chat.error().message()};
-  loop->chat_ = std::make_unique<chat_template>(std::move(*chat));
+  if (config.chat) {
+    auto chat = chat_template::from_gguf(source);
+    if (!chat) {
+      return status{chat.error().code(),
+                    "chat template: " + chat.error().message() + " (raw prompts need no template)"};
+    }
+    loop->chat_ = std::make_unique<chat_template>(std::move(*chat));
+  }
   // The rollout engine serves an in-memory image of the trainer's weights, updated in place.
   auto image = train::export_gguf_bytes(source, *loop->model_, config.rollout_type);
   if (!image) return image.error();
@@ -105,10 +110,15 @@ result<std::vector<rollout_sample>> grpo_loop::generate(const std::vector<rl_pro
   std::unordered_map<request_id, size_t> index;
   const auto eog = tok_->end_of_generation_ids();
   for (size_t g = 0; g < prompts.size(); ++g) {
-    const chat_message msg{"user", prompts[g].text};
-    auto text = chat_->apply(std::span(&msg, 1), generation_prompt::add);
-    if (!text) return text.error();
-    std::vector<int32_t> ids = tok_->encode(*text, add_special::yes, parse_special::yes);
+    std::vector<int32_t> ids;
+    if (chat_) {
+      const chat_message msg{"user", prompts[g].text};
+      auto text = chat_->apply(std::span(&msg, 1), generation_prompt::add);
+      if (!text) return text.error();
+      ids = tok_->encode(*text, add_special::yes, parse_special::yes);
+    } else {
+      ids = tok_->encode(prompts[g].text, add_special::yes, parse_special::no);
+    }
     if (static_cast<int64_t>(ids.size()) > 512) {
       return status{status_code::invalid_argument, "prompt '" + prompts[g].key.substr(0, 60) +
                                                        "' is " + std::to_string(ids.size()) +

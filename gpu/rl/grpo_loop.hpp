@@ -33,6 +33,9 @@ struct grpo_loop_config {
   int64_t group_size = 8;
   int32_t max_new_tokens = 32;
   int64_t eval_prompts = 32;  ///< Held-out problems for pass@1 (greedy).
+  /// true: each prompt is a user message rendered with the model's chat template; false: the
+  /// prompt text is tokenized as is (a base model, or one fine-tuned on raw prompts).
+  bool chat = true;
   grpo_config grpo;
   train::lr_schedule schedule;
   train::adamw_config adamw;

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""`weft rl` as a new user runs it, on a tiny generated model: --help, bad options and data refused
+with a message, a run with checkpoints / metrics / export, a stopped-and-resumed run bit-identical
+to a straight one, SIGTERM writing a checkpoint that --resume continues from, --write-sft-data,
+--config.
+
+The random tiny model answers anything with two to four dots and then noise; the reward is
+whether the reply contains "..." (--match contains), which it gets about half the time, so the
+groups have a reward spread and the weights really change step to step (a resume check on
+weights that never move would prove nothing).
+
+Usage: test_rl_cli.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+FAILURES = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILURES.append(what)
+
+
+def rl(weft, args, timeout=300):
+    p = subprocess.run([weft, "rl"] + args, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def metrics(path):
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weft", required=True)
+    ap.add_argument("--make-model", required=True)
+    a = ap.parse_args()
+    weft = a.weft
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "tiny.gguf")
+        subprocess.run([a.make_model, model], check=True)
+        data = os.path.join(tmp, "prompts.jsonl")
+        with open(data, "w") as f:
+            for i in range(40):
+                f.write(json.dumps({"prompt": f"Say three dots ({i}).", "answer": "..."}) + "\n")
+        base = ["--model", model, "--data", data, "--match", "contains", "--prompt-format", "raw",
+                "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "8",
+                "--eval-prompts", "8", "--lr", "1e-3", "--seed", "5", "--threads", "2"]
+
+        rc, out = rl(weft, ["--help"])
+        check(rc == 0 and all(o in out for o in ["--task", "--data", "--group-size", "--steps",
+                                                 "--resume", "--clip-high", "--loss-agg",
+                                                 "--checkpoint-dir", "--save", "--mode"]),
+              "--help lists the options")
+        rc, out = rl(weft, base + ["--mode", "async"])
+        check(rc == 2 and "not built yet" in out, "--mode async: exit 2, said not built yet")
+        rc, out = rl(weft, base + ["--ops", "+/"])
+        check(rc == 2 and "--ops" in out, "a bad --ops is refused")
+        bad = os.path.join(tmp, "bad.jsonl")
+        with open(bad, "w") as f:
+            f.write('{"prompt": "a", "answer": "1"}\n{oops\n{"prompt": "b"}\n')
+        rc, out = rl(weft, ["--model", model, "--data", bad])
+        check(rc == 2 and "bad.jsonl:2" in out and "bad.jsonl:3" in out,
+              "bad dataset lines are named: " + out[-300:])
+        rc, out = rl(weft, base + ["--resume"])
+        check(rc == 2 and "--resume needs --checkpoint-dir" in out, "--resume without a directory")
+
+        # A straight run: progress lines, evaluations, checkpoints, metrics, plot and export.
+        straight = os.path.join(tmp, "straight")
+        rc, out = rl(weft, base + ["--steps", "6", "--eval-every", "3", "--checkpoint-dir",
+                                   straight, "--checkpoint-every", "2", "--keep-checkpoints", "2",
+                                   "--save", os.path.join(straight, "out.gguf"),
+                                   "--save-type", "f32", "--plot",
+                                   os.path.join(straight, "rl.png")])
+        check(rc == 0, f"straight run exits 0 (rc {rc}): {out[-500:]}")
+        check("step 6/6" in out and "reward" in out and "samples/s" in out and "eta" in out,
+              "a progress line per step")
+        m = metrics(os.path.join(straight, "metrics.jsonl"))
+        steps = [r for r in m if r["kind"] == "step"]
+        evals = [r for r in m if r["kind"] == "eval"]
+        check([r["step"] for r in steps] == list(range(1, 7)), "metrics.jsonl has steps 1..6")
+        check([e["step"] for e in evals] == [0, 3, 6], "evaluations before, every 3 and at the end")
+        check(all(r["samples"] == 16 for r in steps), "16 samples per step")
+        check(any(r["reward_std"] > 0 for r in steps) and any(r["grad_norm"] > 0 for r in steps),
+              "rewards vary and gradients flow")
+        ckpts = sorted(f for f in os.listdir(straight) if f.endswith(".ckpt"))
+        check(ckpts == ["step-00000004.ckpt", "step-00000006.ckpt"],
+              f"checkpoints every 2 steps, newest 2 kept: {ckpts}")
+        check(os.path.getsize(os.path.join(straight, "rl.png")) > 10000, "the plot is drawn")
+
+        # Stopped after 3 steps, resumed to 6: the same rewards and losses, the same weights.
+        split = os.path.join(tmp, "split")
+        rc, _ = rl(weft, base + ["--steps", "3", "--eval-every", "0", "--checkpoint-dir", split])
+        check(rc == 0, "first half exits 0")
+        rc, out = rl(weft, base + ["--steps", "6", "--eval-every", "3", "--checkpoint-dir", split,
+                                   "--resume", "--save", os.path.join(split, "out.gguf"),
+                                   "--save-type", "f32"])
+        check(rc == 0 and "resumed from" in out and "step 4/6" in out and "step 3/6" not in out,
+              "the resumed run starts at step 4")
+        ms = [r for r in metrics(os.path.join(split, "metrics.jsonl")) if r["kind"] == "step"]
+        check([(r["reward"], r["loss"]) for r in ms] == [(r["reward"], r["loss"]) for r in steps],
+              "resumed rewards and losses equal the straight run's, bit for bit")
+        same = open(os.path.join(split, "out.gguf"), "rb").read() == \
+            open(os.path.join(straight, "out.gguf"), "rb").read()
+        check(same, "resumed weights equal the straight run's (identical f32 export)")
+        changed = open(os.path.join(straight, "out.gguf"), "rb").read() != open(model, "rb").read()
+        check(changed, "training changed the weights")
+
+        # SIGTERM: a checkpoint at the step reached, exit 143; --resume continues from it.
+        sig = os.path.join(tmp, "sig")
+        p = subprocess.Popen([weft, "rl"] + base + ["--steps", "100000", "--eval-every", "0",
+                                                    "--checkpoint-dir", sig,
+                                                    "--checkpoint-every", "100000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen = ""
+        deadline = time.time() + 120
+        while time.time() < deadline and "step 3/" not in seen:
+            line = p.stdout.readline()
+            if not line:
+                break
+            seen += line
+        p.send_signal(signal.SIGTERM)
+        rest, _ = p.communicate(timeout=60)
+        check(p.returncode == 143 and "SIGTERM" in rest, f"SIGTERM: exit 143 (rc {p.returncode})")
+        files = [f for f in os.listdir(sig) if f.endswith(".ckpt")]
+        check(len(files) == 1, f"SIGTERM wrote one checkpoint: {files}")
+        if files:
+            at = int(files[0][5:13])
+            rc, out = rl(weft, base + ["--steps", str(at + 1), "--eval-every", "0",
+                                       "--checkpoint-dir", sig, "--resume"])
+            check(rc == 0 and f"step {at + 1}/{at + 1}" in out, "resume after SIGTERM continues")
+        # Another seed's checkpoint is refused.
+        rc, out = rl(weft, [x if x != "5" else "6" for x in base] +
+                     ["--steps", "9", "--checkpoint-dir", straight, "--resume"])
+        check(rc == 2 and "seed" in out, "a checkpoint of another seed is refused")
+
+        # --write-sft-data: solved training problems, never a held-out one.
+        sft = os.path.join(tmp, "sft.jsonl")
+        rc, out = rl(weft, ["--model", model, "--task", "arithmetic", "--digits", "1",
+                            "--eval-prompts", "30", "--write-sft-data", sft, "--sft-examples",
+                            "300"])
+        lines = [json.loads(x) for x in open(sft)] if rc == 0 else []
+        check(len(lines) == 300 and all(len(x["messages"]) == 2 for x in lines),
+              "--write-sft-data writes chat examples")
+        ok = True
+        for x in lines:
+            q = x["messages"][0]["content"]
+            a_, b_ = q[len("What is "):q.index("?")].split(" + ")
+            ok = ok and int(x["messages"][1]["content"]) == int(a_) + int(b_)
+        check(ok, "every SFT answer is right")
+
+        # --config: options from a TOML file, flags win.
+        cfg = os.path.join(tmp, "rl.toml")
+        with open(cfg, "w") as f:
+            f.write("[rl]\nsteps = 2\ngroup_size = 3\n")
+        i = base.index("--group-size")
+        no_group = base[:i] + base[i + 2:]
+        rc, out = rl(weft, ["--config", cfg] + no_group + ["--group-size", "2", "--eval-every", "0",
+                                                           "--metrics", os.path.join(tmp, "c.jsonl")])
+        cm = metrics(os.path.join(tmp, "c.jsonl")) if rc == 0 else [{}]
+        check(rc == 0 and "step 2/2" in out and cm[0].get("samples") == 8,
+              "--config sets --steps; the command line's --group-size wins")
+
+    if FAILURES:
+        print(f"{len(FAILURES)} check(s) failed")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
