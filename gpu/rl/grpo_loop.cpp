@@ -221,49 +221,71 @@ result<rl_step_record> grpo_loop::step() {
 
   // Samples with a zero advantage add exactly nothing to the gradient (their PPO term is 0·r):
   // they count in the loss's normaliser (the weights above) but skip the forward and backward.
-  // Shares of the others balanced by tokens (longest first to the lightest share), each packed
-  // into micro-batches; the order is a pure function of the samples, so the bits repeat.
+  // The others train in units of one prompt: the prompt (all but its last token) is packed once
+  // as a shared prefix and every sample continues it with [last prompt token, completion] — the
+  // same gradient as packing prompt + completion per sample, for a fraction of the tokens. Units
+  // go to the shares balanced by tokens (largest first to the lightest share), in a fixed order,
+  // so the bits repeat.
   const int shares = std::max(1, config_.shares);
-  std::vector<size_t> order;
-  for (size_t s = 0; s < samples->size(); ++s) {
-    if (keep[s] != 0 && adv[s] != 0.0 && !(*samples)[s].completion.empty()) order.push_back(s);
-  }
-  auto total_len = [&](size_t s) {
-    return (*samples)[s].prompt.size() + (*samples)[s].completion.size();
+  struct unit {
+    int64_t group = 0;
+    std::vector<size_t> samples;
+    size_t tokens = 0;
   };
+  std::vector<unit> units;
+  for (size_t s = 0; s < samples->size(); ++s) {
+    const rollout_sample& x = (*samples)[s];
+    if (keep[s] == 0 || adv[s] == 0.0 || x.completion.empty()) continue;
+    if (units.empty() || units.back().group != x.group) {
+      units.push_back(unit{x.group, {}, x.prompt.size() > 1 ? x.prompt.size() - 1 : 0});
+    }
+    units.back().samples.push_back(s);
+    units.back().tokens += x.completion.size() + (x.prompt.size() > 1 ? 1 : x.prompt.size());
+  }
+  std::vector<size_t> order(units.size());
+  std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return total_len(a) > total_len(b); });
-  std::vector<std::vector<size_t>> share_samples(static_cast<size_t>(shares));
+                   [&](size_t a, size_t b) { return units[a].tokens > units[b].tokens; });
+  std::vector<std::vector<size_t>> share_units(static_cast<size_t>(shares));
   std::vector<size_t> share_tokens(static_cast<size_t>(shares), 0);
-  for (size_t s : order) {
-    const size_t j = static_cast<size_t>(
-        std::min_element(share_tokens.begin(), share_tokens.end()) - share_tokens.begin());
-    share_samples[j].push_back(s);
-    share_tokens[j] += total_len(s);
+  for (size_t u : order) {
+    const auto j = static_cast<size_t>(std::min_element(share_tokens.begin(), share_tokens.end()) -
+                                       share_tokens.begin());
+    share_units[j].push_back(u);
+    share_tokens[j] += units[u].tokens;
   }
   std::vector<std::vector<train::train_batch>> batches(static_cast<size_t>(shares));
-  for (size_t j = 0; j < share_samples.size(); ++j) {
-    std::sort(share_samples[j].begin(), share_samples[j].end());
-    for (size_t s : share_samples[j]) {
-      const rollout_sample& x = (*samples)[s];
-      std::vector<int32_t> toks = x.prompt;
-      toks.insert(toks.end(), x.completion.begin(), x.completion.end());
-      std::vector<uint8_t> in_loss(toks.size(), 0);
-      std::vector<train::policy_token> info(toks.size());
-      for (size_t i = 0; i < x.completion.size(); ++i) {
-        const size_t at = x.prompt.size() + i;
-        in_loss[at] = 1;
-        info[at].behaviour_logp = x.logp[i];
-        info[at].advantage = static_cast<float>(adv[s]);
-        info[at].weight = static_cast<float>(weights[s]);
-        info[at].sample = static_cast<int32_t>(s);
-      }
-      auto& list = batches[j];
-      if (list.empty() ||
-          list.back().n_tokens() + static_cast<int64_t>(toks.size()) > config_.micro_batch_tokens) {
+  for (size_t j = 0; j < share_units.size(); ++j) {
+    std::sort(share_units[j].begin(), share_units[j].end());
+    auto& list = batches[j];
+    for (size_t u : share_units[j]) {
+      const std::vector<int32_t>& prompt = (*samples)[units[u].samples.front()].prompt;
+      if (list.empty() || list.back().n_tokens() + static_cast<int64_t>(units[u].tokens) >
+                              config_.micro_batch_tokens) {
         list.emplace_back();
       }
-      list.back().add(toks, in_loss, info);
+      train::train_batch& b = list.back();
+      const bool shared = prompt.size() > 1;
+      const int64_t prefix =
+          shared ? b.add_prefix(std::span<const int32_t>(prompt).first(prompt.size() - 1)) : -1;
+      for (size_t s : units[u].samples) {
+        const rollout_sample& x = (*samples)[s];
+        // [last prompt token, completion...] after the shared prefix, or the whole sequence.
+        const size_t lead = shared ? 1 : prompt.size();
+        std::vector<int32_t> toks(prompt.end() - static_cast<std::ptrdiff_t>(lead), prompt.end());
+        toks.insert(toks.end(), x.completion.begin(), x.completion.end());
+        std::vector<uint8_t> in_loss(toks.size(), 0);
+        std::vector<train::policy_token> info(toks.size());
+        for (size_t i = 0; i < x.completion.size(); ++i) {
+          const size_t at = lead + i;
+          in_loss[at] = 1;
+          info[at].behaviour_logp = x.logp[i];
+          info[at].advantage = static_cast<float>(adv[s]);
+          info[at].weight = static_cast<float>(weights[s]);
+          info[at].sample = static_cast<int32_t>(s);
+        }
+        b.add(toks, in_loss, info, prefix);
+      }
     }
   }
   while (!batches.empty() && batches.back().empty()) batches.pop_back();

@@ -138,6 +138,49 @@ void rope_apply(T* x, int64_t n, int64_t heads, int64_t head_dim, const rope_tab
   }
 }
 
+namespace {
+
+/// The keys and values one sequence attends to: its prefix's rows (if any) then its own, gathered
+/// into contiguous buffers when there is a prefix, else pointed to in place.
+template <class T>
+struct attention_span {
+  const T* k = nullptr;
+  const T* v = nullptr;
+  int64_t stride = 0;  ///< Row stride of k and v.
+  int64_t prefix = 0;  ///< Rows of the prefix (the causal mask is offset by it).
+  int64_t keys = 0;    ///< prefix + own rows.
+  std::vector<T> kbuf, vbuf;
+
+  void gather(const T* k_all, const T* v_all, int64_t kvd, const packed_sequences& seqs,
+              int64_t si) {
+    const int64_t start = seqs.starts[static_cast<size_t>(si)];
+    const int64_t len = seqs.length(si);
+    const int64_t p = seqs.prefix_of(si);
+    if (p < 0) {
+      k = k_all + start * kvd;
+      v = v_all + start * kvd;
+      stride = kvd;
+      prefix = 0;
+      keys = len;
+      return;
+    }
+    const int64_t pstart = seqs.starts[static_cast<size_t>(p)];
+    prefix = seqs.length(p);
+    keys = prefix + len;
+    kbuf.resize(static_cast<size_t>(keys * kvd));
+    vbuf.resize(kbuf.size());
+    std::copy(k_all + pstart * kvd, k_all + (pstart + prefix) * kvd, kbuf.begin());
+    std::copy(k_all + start * kvd, k_all + (start + len) * kvd, kbuf.begin() + prefix * kvd);
+    std::copy(v_all + pstart * kvd, v_all + (pstart + prefix) * kvd, vbuf.begin());
+    std::copy(v_all + start * kvd, v_all + (start + len) * kvd, vbuf.begin() + prefix * kvd);
+    k = kbuf.data();
+    v = vbuf.data();
+    stride = kvd;
+  }
+};
+
+}  // namespace
+
 template <class T>
 void attention_forward(const T* q, const T* k, const T* v, const packed_sequences& seqs,
                        const attention_shape& shape, T* out, T* lse) {
@@ -146,30 +189,34 @@ void attention_forward(const T* q, const T* k, const T* v, const packed_sequence
   const int64_t kvd = shape.n_kv_heads * hd;
   const int64_t group = shape.n_heads / shape.n_kv_heads;
   std::vector<T> s;
+  attention_span<T> span;
   for (int64_t si = 0; si < seqs.n_seqs(); ++si) {
     const int64_t start = seqs.starts[static_cast<size_t>(si)];
-    const int64_t len = seqs.starts[static_cast<size_t>(si) + 1] - start;
+    const int64_t len = seqs.length(si);
     if (len == 0) continue;
-    s.resize(static_cast<size_t>(len * len));
+    span.gather(k, v, kvd, seqs, si);
+    const int64_t keys = span.keys, off = span.prefix;
+    s.resize(static_cast<size_t>(len * keys));
     for (int64_t h = 0; h < shape.n_heads; ++h) {
       const int64_t g = h / group;
       const T* qh = q + start * qd + h * hd;
-      const T* kg = k + start * kvd + g * hd;
-      const T* vg = v + start * kvd + g * hd;
-      gemm<T>(false, true, len, len, hd, static_cast<T>(shape.scale), qh, qd, kg, kvd, T(0),
-              s.data(), len);
+      const T* kg = span.k + g * hd;
+      const T* vg = span.v + g * hd;
+      gemm<T>(false, true, len, keys, hd, static_cast<T>(shape.scale), qh, qd, kg, span.stride,
+              T(0), s.data(), keys);
       for (int64_t i = 0; i < len; ++i) {
-        T* row = s.data() + i * len;
+        T* row = s.data() + i * keys;
+        const int64_t last = off + i;  // the last key query i sees
         T mx = row[0];
-        for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+        for (int64_t j = 1; j <= last; ++j) mx = std::max(mx, row[j]);
         double sum = 0.0;
-        for (int64_t j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        for (int64_t j = 0; j <= last; ++j) sum += (row[j] = std::exp(row[j] - mx));
         const T inv = static_cast<T>(1.0 / sum);
-        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-        std::fill(row + i + 1, row + len, T(0));
+        for (int64_t j = 0; j <= last; ++j) row[j] *= inv;
+        std::fill(row + last + 1, row + keys, T(0));
         lse[(start + i) * shape.n_heads + h] = mx + static_cast<T>(std::log(sum));
       }
-      gemm<T>(false, false, len, hd, len, T(1), s.data(), len, vg, kvd, T(0),
+      gemm<T>(false, false, len, hd, keys, T(1), s.data(), keys, vg, span.stride, T(0),
               out + start * qd + h * hd, qd);
     }
   }
@@ -186,46 +233,71 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
   const T scale = static_cast<T>(shape.scale);
   std::fill(dk, dk + seqs.n_tokens() * kvd, T(0));
   std::fill(dv, dv + seqs.n_tokens() * kvd, T(0));
-  std::vector<T> p, dp;
+  std::vector<T> p, dp, dkbuf, dvbuf;
+  attention_span<T> span;
   for (int64_t si = 0; si < seqs.n_seqs(); ++si) {
     const int64_t start = seqs.starts[static_cast<size_t>(si)];
-    const int64_t len = seqs.starts[static_cast<size_t>(si) + 1] - start;
+    const int64_t len = seqs.length(si);
     if (len == 0) continue;
-    p.resize(static_cast<size_t>(len * len));
+    span.gather(k, v, kvd, seqs, si);
+    const int64_t keys = span.keys, off = span.prefix;
+    // dK and dV of the keys: in place for a sequence without a prefix, else in buffers that are
+    // added to the prefix's rows and the sequence's own afterwards.
+    T* dks = dk + start * kvd;
+    T* dvs = dv + start * kvd;
+    if (off > 0) {
+      dkbuf.assign(static_cast<size_t>(keys * kvd), T(0));
+      dvbuf.assign(dkbuf.size(), T(0));
+      dks = dkbuf.data();
+      dvs = dvbuf.data();
+    }
+    p.resize(static_cast<size_t>(len * keys));
     dp.resize(p.size());
     for (int64_t h = 0; h < shape.n_heads; ++h) {
       const int64_t g = h / group;
       const T* qh = q + start * qd + h * hd;
-      const T* kg = k + start * kvd + g * hd;
-      const T* vg = v + start * kvd + g * hd;
+      const T* kg = span.k + g * hd;
+      const T* vg = span.v + g * hd;
       const T* oh = out + start * qd + h * hd;
       const T* doh = dout + start * qd + h * hd;
       // P recomputed from the scores and the forward's log-sum-exp.
-      gemm<T>(false, true, len, len, hd, scale, qh, qd, kg, kvd, T(0), p.data(), len);
+      gemm<T>(false, true, len, keys, hd, scale, qh, qd, kg, span.stride, T(0), p.data(), keys);
       for (int64_t i = 0; i < len; ++i) {
-        T* row = p.data() + i * len;
+        T* row = p.data() + i * keys;
         const T l = lse[(start + i) * shape.n_heads + h];
-        for (int64_t j = 0; j <= i; ++j) row[j] = std::exp(row[j] - l);
-        std::fill(row + i + 1, row + len, T(0));
+        for (int64_t j = 0; j <= off + i; ++j) row[j] = std::exp(row[j] - l);
+        std::fill(row + off + i + 1, row + keys, T(0));
       }
       // dV += Pᵀ·dO ; dP = dO·Vᵀ.
-      gemm<T>(true, false, len, hd, len, T(1), p.data(), len, doh, qd, T(1),
-              dv + start * kvd + g * hd, kvd);
-      gemm<T>(false, true, len, len, hd, T(1), doh, qd, vg, kvd, T(0), dp.data(), len);
+      gemm<T>(true, false, keys, hd, len, T(1), p.data(), keys, doh, qd, T(1), dvs + g * hd, kvd);
+      gemm<T>(false, true, len, keys, hd, T(1), doh, qd, vg, span.stride, T(0), dp.data(), keys);
       // dS = P ∘ (dP − rowsum(dO ∘ O)).
       for (int64_t i = 0; i < len; ++i) {
         double di = 0.0;
         for (int64_t c = 0; c < hd; ++c)
           di += static_cast<double>(doh[i * qd + c]) * oh[i * qd + c];
-        T* prow = p.data() + i * len;
-        const T* dprow = dp.data() + i * len;
-        for (int64_t j = 0; j <= i; ++j) prow[j] *= dprow[j] - static_cast<T>(di);
+        T* prow = p.data() + i * keys;
+        const T* dprow = dp.data() + i * keys;
+        for (int64_t j = 0; j <= off + i; ++j) prow[j] *= dprow[j] - static_cast<T>(di);
       }
       // dQ = scale·dS·K ; dK += scale·dSᵀ·Q.
-      gemm<T>(false, false, len, hd, len, scale, p.data(), len, kg, kvd, T(0),
+      gemm<T>(false, false, len, hd, keys, scale, p.data(), keys, kg, span.stride, T(0),
               dq + start * qd + h * hd, qd);
-      gemm<T>(true, false, len, hd, len, scale, p.data(), len, qh, qd, T(1),
-              dk + start * kvd + g * hd, kvd);
+      gemm<T>(true, false, keys, hd, len, scale, p.data(), keys, qh, qd, T(1), dks + g * hd, kvd);
+    }
+    if (off > 0) {
+      const int64_t pstart = seqs.starts[static_cast<size_t>(seqs.prefix_of(si))];
+      for (int64_t r = 0; r < keys; ++r) {
+        const int64_t row = r < off ? pstart + r : start + (r - off);
+        T* dkr = dk + row * kvd;
+        T* dvr = dv + row * kvd;
+        const T* sk = dkbuf.data() + r * kvd;
+        const T* sv = dvbuf.data() + r * kvd;
+        for (int64_t c = 0; c < kvd; ++c) {
+          dkr[c] += sk[c];
+          dvr[c] += sv[c];
+        }
+      }
     }
   }
 }

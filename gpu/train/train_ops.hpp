@@ -59,10 +59,28 @@ void rope_apply(T* x, int64_t n, int64_t heads, int64_t head_dim, const rope_tab
 
 /// Sequences packed back to back in one batch: sequence s holds tokens [starts[s], starts[s+1]).
 /// Tokens attend causally within their own sequence only (no padding).
+///
+/// Shared prefixes: when `prefix` is not empty, prefix[s] >= 0 names an earlier sequence whose
+/// tokens sequence s sees in front of its own (its positions continue after them), as if each
+/// such s were that prefix followed by s, computed once: the samples of a GRPO group share their
+/// prompt. A prefix sequence has no prefix of its own.
 struct packed_sequences {
   std::vector<int64_t> starts{0};
+  std::vector<int64_t> prefix;  ///< Empty, or one entry per sequence (−1: none).
   int64_t n_tokens() const { return starts.back(); }
   int64_t n_seqs() const { return static_cast<int64_t>(starts.size()) - 1; }
+  int64_t length(int64_t s) const {
+    return starts[static_cast<size_t>(s) + 1] - starts[static_cast<size_t>(s)];
+  }
+  /// The sequence sequence s continues, or −1.
+  int64_t prefix_of(int64_t s) const {
+    return prefix.empty() ? -1 : prefix[static_cast<size_t>(s)];
+  }
+  /// Position of sequence s's first token (the length of its prefix).
+  int64_t first_position(int64_t s) const {
+    const int64_t p = prefix_of(s);
+    return p < 0 ? 0 : length(p);
+  }
 };
 
 /// Shape of grouped-query attention.

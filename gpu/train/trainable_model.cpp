@@ -17,15 +17,28 @@ void train_batch::add(std::span<const int32_t> toks, std::span<const uint8_t> in
     targets.push_back(has_target ? toks[i + 1] : -1);
   }
   seqs.starts.push_back(seqs.starts.back() + static_cast<int64_t>(n));
+  if (!seqs.prefix.empty() && static_cast<int64_t>(seqs.prefix.size()) < seqs.n_seqs()) {
+    seqs.prefix.push_back(-1);
+  }
 }
 
 void train_batch::add(std::span<const int32_t> toks, std::span<const uint8_t> in_loss,
-                      std::span<const policy_token> info) {
+                      std::span<const policy_token> info, int64_t prefix) {
   policy.resize(tokens.size());
-  add(toks, in_loss);
+  if (prefix >= 0 && seqs.prefix.empty())
+    seqs.prefix.assign(static_cast<size_t>(seqs.n_seqs()), -1);
+  add(toks, in_loss);  // appends −1 to a non-empty prefix list
+  if (!seqs.prefix.empty()) seqs.prefix.back() = prefix;
   for (size_t i = 0; i < toks.size(); ++i) {
     policy.push_back(i + 1 < toks.size() && i + 1 < info.size() ? info[i + 1] : policy_token{});
   }
+}
+
+int64_t train_batch::add_prefix(std::span<const int32_t> toks) {
+  const std::vector<uint8_t> none(toks.size(), 0);
+  const int64_t index = seqs.n_seqs();
+  add(toks, none, std::span<const policy_token>{}, -1);
+  return index;
 }
 
 int64_t train_batch::n_loss_tokens() const {
@@ -196,6 +209,19 @@ status trainable_model<T>::check(const train_batch& b) const {
   if (b.targets.size() != b.tokens.size() || b.seqs.n_tokens() != n || b.seqs.starts.front() != 0) {
     return {status_code::invalid_argument, "train batch: tokens, targets and sequences disagree"};
   }
+  if (!b.seqs.prefix.empty()) {
+    if (static_cast<int64_t>(b.seqs.prefix.size()) != b.seqs.n_seqs()) {
+      return {status_code::invalid_argument, "train batch: one prefix entry per sequence needed"};
+    }
+    for (int64_t s = 0; s < b.seqs.n_seqs(); ++s) {
+      const int64_t p = b.seqs.prefix[static_cast<size_t>(s)];
+      if (p >= s || (p >= 0 && b.seqs.prefix[static_cast<size_t>(p)] >= 0) || p < -1) {
+        return {status_code::invalid_argument,
+                "train batch: sequence " + std::to_string(s) +
+                    "'s prefix must be an earlier sequence without a prefix of its own"};
+      }
+    }
+  }
   if (!b.policy.empty() && b.policy.size() != b.tokens.size()) {
     return {status_code::invalid_argument, "train batch: policy inputs and tokens disagree"};
   }
@@ -262,7 +288,8 @@ void trainable_model<T>::forward(const train_batch& b, forward_state& fs) {
   for (int64_t s = 0; s < b.seqs.n_seqs(); ++s) {
     for (int64_t i = b.seqs.starts[static_cast<size_t>(s)];
          i < b.seqs.starts[static_cast<size_t>(s) + 1]; ++i) {
-      pos[static_cast<size_t>(i)] = static_cast<int32_t>(i - b.seqs.starts[static_cast<size_t>(s)]);
+      pos[static_cast<size_t>(i)] = static_cast<int32_t>(i - b.seqs.starts[static_cast<size_t>(s)] +
+                                                         b.seqs.first_position(s));
     }
   }
   rope_config rc = hp_.rope;

@@ -51,9 +51,15 @@ struct train_batch {
   /// the model is trained to produce (an assistant or completion token); toks[0] never is.
   void add(std::span<const int32_t> toks, std::span<const uint8_t> in_loss);
   /// The same, with policy-gradient inputs: info[i] (same length as `toks`) describes toks[i]
-  /// and is stored in `policy` at the position that predicts it.
+  /// and is stored in `policy` at the position that predicts it. `prefix` >= 0: the sequence
+  /// continues the shared prefix of that index (add_prefix): toks[0] is at position
+  /// length(prefix) and attends to the prefix; toks[0] itself is never in the loss.
   void add(std::span<const int32_t> toks, std::span<const uint8_t> in_loss,
-           std::span<const policy_token> info);
+           std::span<const policy_token> info, int64_t prefix = -1);
+  /// Adds tokens that later sequences share as their prefix (none of them in the loss); returns
+  /// the prefix's sequence index. The result equals packing each such sequence as prefix +
+  /// sequence, with the prefix computed once (GRPO's samples share their prompt).
+  int64_t add_prefix(std::span<const int32_t> toks);
   /// Positions with a target.
   int64_t n_loss_tokens() const;
   /// Per position (empty unless sequences were added with policy inputs): the inputs of the

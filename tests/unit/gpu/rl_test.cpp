@@ -184,6 +184,109 @@ TEST(grpo, policy_objective_gradient_is_advantage_weighted_cross_entropy) {
   }
 }
 
+/// A shared prefix (a GRPO group's prompt, computed once) gives the loss and gradients of packing
+/// prefix + sequence separately for each sequence: exactly (to f64 rounding) in double, and with
+/// the PPO objective in float.
+TEST(shared_prefix, equals_packing_the_prefix_with_every_sequence) {
+  auto file = tiny_file();
+  const std::vector<int32_t> prompt = {1, 17, 90, 5, 200, 33, 71};  // last token leads each sample
+  const std::vector<std::vector<int32_t>> completions = {{9, 40, 2}, {12, 7, 300, 8, 2}, {5}};
+  auto expanded = [&](bool policy, float adv_sign) {
+    train_batch b;
+    b.add(std::vector<int32_t>{3, 4, 5, 6}, std::vector<uint8_t>{0, 1, 1, 1});  // an unrelated one
+    for (size_t c = 0; c < completions.size(); ++c) {
+      std::vector<int32_t> t = prompt;
+      t.insert(t.end(), completions[c].begin(), completions[c].end());
+      std::vector<uint8_t> l(t.size(), 0);
+      std::vector<policy_token> info(t.size());
+      for (size_t i = prompt.size(); i < t.size(); ++i) {
+        l[i] = 1;
+        info[i] = policy_token{-3.0f, adv_sign * (0.5f + static_cast<float>(c)), 0.1f, 0};
+      }
+      if (policy) {
+        b.add(t, l, info);
+      } else {
+        b.add(t, l);
+      }
+    }
+    return b;
+  };
+  auto shared = [&](float adv_sign) {
+    train_batch b;
+    b.add(std::vector<int32_t>{3, 4, 5, 6}, std::vector<uint8_t>{0, 1, 1, 1});
+    const int64_t p = b.add_prefix(std::span<const int32_t>(prompt).first(prompt.size() - 1));
+    for (size_t c = 0; c < completions.size(); ++c) {
+      std::vector<int32_t> t = {prompt.back()};
+      t.insert(t.end(), completions[c].begin(), completions[c].end());
+      std::vector<uint8_t> l(t.size(), 1);
+      l[0] = 0;
+      std::vector<policy_token> info(t.size());
+      for (size_t i = 1; i < t.size(); ++i) {
+        info[i] = policy_token{-3.0f, adv_sign * (0.5f + static_cast<float>(c)), 0.1f, 0};
+      }
+      b.add(t, l, info, p);
+    }
+    return b;
+  };
+  {  // f64, cross-entropy: the same loss and gradients to rounding.
+    auto m = trainable_model<double>::load(file);
+    ASSERT_TRUE(m.ok());
+    auto run = [&](const train_batch& b) {
+      (*m)->zero_grad();
+      auto l = (*m)->forward_backward(b);
+      EXPECT_TRUE(l.ok()) << l.error().message();
+      std::vector<std::vector<double>> g;
+      for (auto& p : (*m)->parameters()) g.push_back(p.grad);
+      return std::make_pair(*l, g);
+    };
+    train_batch sb = shared(1.0f);
+    sb.policy.clear();
+    const auto [la, ga] = run(expanded(false, 1.0f));
+    const auto [lb, gb] = run(sb);
+    EXPECT_EQ(la.tokens, lb.tokens);
+    EXPECT_NEAR(la.sum, lb.sum, 1e-10 * std::fabs(la.sum));
+    for (size_t i = 0; i < ga.size(); ++i) {
+      double mx = 0, err = 0;
+      for (size_t j = 0; j < ga[i].size(); ++j) {
+        mx = std::max(mx, std::fabs(ga[i][j]));
+        err = std::max(err, std::fabs(ga[i][j] - gb[i][j]));
+      }
+      EXPECT_LE(err, 1e-10 * mx) << (*m)->parameters()[i].name;
+    }
+  }
+  {  // f32, the PPO objective, parallel shares of one batch each.
+    auto m = trainable_model<float>::load(file);
+    ASSERT_TRUE(m.ok());
+    grpo_config cfg;
+    auto run = [&](const train_batch& b) {
+      (*m)->zero_grad();
+      ppo_stats st;
+      auto l = (*m)->forward_backward(b, ppo_objective(cfg, &st));
+      EXPECT_TRUE(l.ok()) << l.error().message();
+      std::vector<std::vector<float>> g;
+      for (auto& p : (*m)->parameters()) g.push_back(p.grad);
+      return std::make_pair(*l, g);
+    };
+    const auto [la, ga] = run(expanded(true, -1.0f));
+    const auto [lb, gb] = run(shared(-1.0f));
+    EXPECT_EQ(la.tokens, lb.tokens);
+    EXPECT_NEAR(la.sum, lb.sum, 1e-5 * std::fabs(la.sum));
+    for (size_t i = 0; i < ga.size(); ++i) {
+      float mx = 0, err = 0;
+      for (size_t j = 0; j < ga[i].size(); ++j) {
+        mx = std::max(mx, std::fabs(ga[i][j]));
+        err = std::max(err, std::fabs(ga[i][j] - gb[i][j]));
+      }
+      EXPECT_LE(err, 1e-4f * mx) << (*m)->parameters()[i].name;
+    }
+  }
+  // A prefix must be an earlier sequence without a prefix of its own.
+  train_batch bad = shared(1.0f);
+  bad.seqs.prefix[1] = 2;
+  auto m = trainable_model<float>::load(file);
+  EXPECT_EQ((*m)->forward_backward(bad).error().code(), status_code::invalid_argument);
+}
+
 TEST(rollout_weights, set_weight_makes_the_engine_serve_the_new_weights) {
   auto dev = device_registry::instance().create("cpu", device_config{1, 0});
   ASSERT_TRUE(dev.ok());
