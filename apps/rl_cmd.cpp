@@ -24,6 +24,7 @@
 #include "gpu/ggml_types.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/rl/grpo_loop.hpp"
+#include "gpu/rl/reward_process.hpp"
 #include "gpu/rl/tasks.hpp"
 #include "gpu/train/checkpoint.hpp"
 #include "gpu/train/export.hpp"
@@ -77,6 +78,9 @@ struct rl_options {
   int metrics_port = 0;
   std::string plot_path;
   std::string prompt_format = "chat";
+  std::string reward_cmd;
+  double reward_timeout_s = 60.0;
+  int reward_restarts = 3;
   std::string write_sft_path;
   int64_t sft_examples = 1000;
 };
@@ -86,7 +90,7 @@ std::unique_ptr<rl_task> make_task(const rl_options& o) {
   if (!o.data_path.empty()) {
     answer_match m{};
     parse_answer_match(o.match, m);
-    auto t = load_prompt_dataset(o.data_path, m);
+    auto t = load_prompt_dataset(o.data_path, m, o.reward_cmd.empty());
     if (!t) {
       spdlog::error("--data: {}", t.error().message());
       return nullptr;
@@ -196,6 +200,21 @@ int run_rl(const rl_options& o) {
     return made.error().code() == gpu::status_code::invalid_argument ? 2 : 1;
   }
   grpo_loop& loop = **made;
+  std::optional<reward_process> rewards;
+  if (!o.reward_cmd.empty()) {
+    rewards.emplace(reward_process_config{o.reward_cmd, o.reward_timeout_s, o.reward_restarts});
+    loop.set_reward([&rewards](const std::vector<rl_prompt>& prompts,
+                               const std::vector<rollout_sample>& samples) {
+      std::vector<reward_request> req;
+      req.reserve(samples.size());
+      for (const auto& s : samples) {
+        const rl_prompt& p = prompts[static_cast<size_t>(s.group)];
+        req.push_back(reward_request{p.text, s.text, p.answer});
+      }
+      return rewards->score(req);
+    });
+    spdlog::info("rewards from `{}` (JSON lines on stdin/stdout)", o.reward_cmd);
+  }
   if (o.resume) {
     std::vector<std::string> skipped;
     auto s = gpu::train::load_latest_checkpoint(o.checkpoint_dir, &skipped);
@@ -340,6 +359,20 @@ void add_rl_command(CLI::App& app, const global_options&) {
                   "exact (the first line) or contains")
       ->capture_default_str()
       ->check(CLI::IsMember({"number", "exact", "contains"}));
+  cmd->add_option("--reward-cmd", o->reward_cmd,
+                  "Score samples with this command instead of the task's verifier: it reads "
+                  "{\"id\", \"prompt\", \"completion\", \"answer\"} JSON lines on stdin and "
+                  "writes {\"id\", \"reward\"} lines (run with /bin/sh -c; docs/rl.md)");
+  cmd->add_option("--reward-timeout-s", o->reward_timeout_s,
+                  "--reward-cmd: a batch not fully answered within this many seconds restarts the "
+                  "process")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--reward-restarts", o->reward_restarts,
+                  "--reward-cmd: restarts allowed per batch (crash or timeout) before the run "
+                  "fails")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100));
   cmd->add_option("--prompt-format", o->prompt_format,
                   "chat (each prompt is a user message in the model's chat template) or raw (the "
                   "prompt text as is)")
@@ -458,6 +491,9 @@ void add_rl_command(CLI::App& app, const global_options&) {
     if (o->ops.empty() || o->ops.find_first_not_of("+-*") != std::string::npos) {
       spdlog::error("--ops must be a non-empty subset of +-* (got '{}')", o->ops);
       std::exit(2);
+    }
+    if (!o->reward_cmd.empty() && cmd->get_option("--match")->count() > 0) {
+      spdlog::warn("--match is ignored: --reward-cmd scores the samples");
     }
     if (!o->data_path.empty() && cmd->get_option("--task")->count() > 0) {
       spdlog::warn("--task is ignored: --data {} gives the prompts", o->data_path);

@@ -166,6 +166,24 @@ result<std::vector<rollout_sample>> grpo_loop::generate(const std::vector<rl_pro
   return out;
 }
 
+result<std::vector<double>> grpo_loop::score(const std::vector<rl_prompt>& prompts,
+                                             const std::vector<rollout_sample>& samples) {
+  if (reward_) {
+    auto r = reward_(prompts, samples);
+    if (r && r->size() != samples.size()) {
+      return status{status_code::internal, "the reward gave " + std::to_string(r->size()) +
+                                               " rewards for " + std::to_string(samples.size()) +
+                                               " samples"};
+    }
+    return r;
+  }
+  std::vector<double> out;
+  for (const auto& s : samples) {
+    out.push_back(task_.reward(prompts[static_cast<size_t>(s.group)], s.text));
+  }
+  return out;
+}
+
 status grpo_loop::push_weights() {
   for (const auto& p : model_->parameters()) {
     if (auto st = engine_model_->set_weight(p.name, p.value); !st) return st;
@@ -190,10 +208,13 @@ result<rl_step_record> grpo_loop::step() {
 
   // Rewards and advantages.
   const auto t1 = std::chrono::steady_clock::now();
+  auto scored = score(prompts, *samples);
+  if (!scored) return scored.error();
   std::vector<double> rewards;
   std::vector<int64_t> lengths;
-  for (auto& s : *samples) {
-    s.reward = task_.reward(prompts[static_cast<size_t>(s.group)], s.text);
+  for (size_t i = 0; i < samples->size(); ++i) {
+    auto& s = (*samples)[i];
+    s.reward = (*scored)[i];
     rewards.push_back(s.reward);
     lengths.push_back(static_cast<int64_t>(s.completion.size()));
     rec.completion_tokens += lengths.back();
@@ -376,10 +397,12 @@ result<rl_eval_record> grpo_loop::evaluate() {
   if (set.empty()) return rec;
   auto samples = generate(set, 1, config_.seed, true);
   if (!samples) return samples.error();
+  auto scored = score(set, *samples);
+  if (!scored) return scored.error();
   double solved = 0.0, len = 0.0;
-  for (const auto& s : *samples) {
-    solved += task_.reward(set[static_cast<size_t>(s.group)], s.text);
-    len += static_cast<double>(s.completion.size());
+  for (size_t i = 0; i < samples->size(); ++i) {
+    solved += (*scored)[i];
+    len += static_cast<double>((*samples)[i].completion.size());
   }
   rec.prompts = static_cast<int64_t>(samples->size());
   rec.pass_at_1 = solved / static_cast<double>(rec.prompts);

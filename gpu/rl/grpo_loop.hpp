@@ -8,6 +8,7 @@
 /// Plain class, no CAF: the RL actors reuse its pieces.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,6 +89,11 @@ struct rl_eval_record {
   double seconds = 0.0;
 };
 
+/// Scores a batch of samples (sample s answers prompts[s.group]); one reward per sample, in order.
+/// Replaces the task's own verifier (e.g. an external reward process).
+using batch_reward = std::function<result<std::vector<double>>(
+    const std::vector<rl_prompt>& prompts, const std::vector<rollout_sample>& samples)>;
+
 class grpo_loop {
  public:
   /// `source` is the model file the weights came from (metadata and tokenizer of the rollout
@@ -96,6 +102,9 @@ class grpo_loop {
       const gguf_file& source, std::unique_ptr<train::trainable_model<float>> model,
       const rl_task& task, const grpo_loop_config& config);
   ~grpo_loop();
+
+  /// Scores samples with `reward` instead of the task's verifier (training and evaluation).
+  void set_reward(batch_reward reward) { reward_ = std::move(reward); }
 
   /// One GRPO step: rollouts, rewards, advantages, update, weight sync.
   result<rl_step_record> step();
@@ -126,6 +135,8 @@ class grpo_loop {
   grpo_loop(std::unique_ptr<train::trainable_model<float>> model, const rl_task& task,
             const grpo_loop_config& config);
   status push_weights();
+  result<std::vector<double>> score(const std::vector<rl_prompt>& prompts,
+                                    const std::vector<rollout_sample>& samples);
 
   std::unique_ptr<train::trainable_model<float>> model_;
   const rl_task& task_;
@@ -142,6 +153,7 @@ class grpo_loop {
   int64_t version_ = 0;
   request_id next_request_ = 1;
   std::vector<rl_step_record> history_;
+  batch_reward reward_;
 };
 
 }  // namespace weft::gpu::rl

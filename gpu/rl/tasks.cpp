@@ -185,7 +185,7 @@ bool parse_answer_match(const std::string& name, answer_match& out) {
 }
 
 result<std::unique_ptr<rl_task>> load_prompt_dataset(const std::filesystem::path& path,
-                                                     answer_match match) {
+                                                     answer_match match, bool need_answer) {
   std::ifstream in(path);
   if (!in) return status{status_code::not_found, "cannot read " + path.string()};
   std::vector<rl_prompt> lines;
@@ -213,11 +213,12 @@ result<std::unique_ptr<rl_task>> load_prompt_dataset(const std::filesystem::path
       p.answer = j["answer"].get<std::string>();
     } else if (j.contains("answer") && j["answer"].is_number()) {
       p.answer = j["answer"].dump();
-    } else {
-      fail("needs \"answer\": a string or a number");
+    } else if (need_answer || j.contains("answer")) {
+      fail(need_answer ? "needs \"answer\": a string or a number"
+                       : "\"answer\" must be a string or a number");
       continue;
     }
-    if (match == answer_match::number && numbers_in(p.answer).empty()) {
+    if (need_answer && match == answer_match::number && numbers_in(p.answer).empty()) {
       fail("\"answer\" has no number (--match number)");
       continue;
     }

@@ -55,9 +55,10 @@ enum class answer_match {
 bool parse_answer_match(const std::string& name, answer_match& out);
 
 /// JSON lines {"prompt": string, "answer": string or number}. A bad line is an error naming
-/// file:line (the first 20).
+/// file:line (the first 20). `need_answer` false (an external reward scores the samples): the
+/// answer is optional and passed on as it is.
 result<std::unique_ptr<rl_task>> load_prompt_dataset(const std::filesystem::path& path,
-                                                     answer_match match);
+                                                     answer_match match, bool need_answer = true);
 
 /// The last integer in `text` (digits, with a minus sign when one directly precedes them and is
 /// not itself preceded by a digit: "3-8" ends in 8, "= -5" in −5), if any.

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`weft rl` as a new user runs it, on a tiny generated model: --help, bad options and data refused
 with a message, a run with checkpoints / metrics / export, a stopped-and-resumed run bit-identical
-to a straight one, SIGTERM writing a checkpoint that --resume continues from, --write-sft-data,
---config.
+to a straight one, SIGTERM writing a checkpoint that --resume continues from, SIGKILL then
+--resume ending with the weights of an unkilled run, --reward-cmd (a Python reward process; garbage
+ends the run), --write-sft-data, --config.
 
 The random tiny model answers anything with two to four dots and then noise; the reward is
 whether the reply contains "..." (--match contains), which it gets about half the time, so the
@@ -141,6 +142,59 @@ def main():
         rc, out = rl(weft, [x if x != "5" else "6" for x in base] +
                      ["--steps", "9", "--checkpoint-dir", straight, "--resume"])
         check(rc == 2 and "seed" in out, "a checkpoint of another seed is refused")
+
+        # SIGKILL (no chance to checkpoint): --resume continues from the newest complete
+        # checkpoint and ends with the weights of a run that was never killed.
+        kill = os.path.join(tmp, "kill")
+        p = subprocess.Popen([weft, "rl"] + base + ["--steps", "100000", "--eval-every", "0",
+                                                    "--checkpoint-dir", kill,
+                                                    "--checkpoint-every", "2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen = ""
+        while "step 7/" not in seen:
+            line = p.stdout.readline()
+            if not line:
+                break
+            seen += line
+        p.kill()
+        p.communicate(timeout=60)
+        done = sorted(int(f[5:13]) for f in os.listdir(kill) if f.endswith(".ckpt"))
+        check(len(done) > 0, f"checkpoints before the SIGKILL: {done}")
+        if done:
+            end = done[-1] + 3
+            rc, out = rl(weft, base + ["--steps", str(end), "--eval-every", "0",
+                                       "--checkpoint-dir", kill, "--resume", "--save",
+                                       os.path.join(kill, "out.gguf"), "--save-type", "f32"])
+            check(rc == 0 and f"step {done[-1] + 1}/{end}" in out, "resume after SIGKILL continues")
+            ref = os.path.join(tmp, "ref")
+            rc, _ = rl(weft, base + ["--steps", str(end), "--eval-every", "0", "--save",
+                                     os.path.join(tmp, "ref.gguf"), "--save-type", "f32",
+                                     "--metrics", os.path.join(tmp, "ref.jsonl")])
+            same = rc == 0 and open(os.path.join(kill, "out.gguf"), "rb").read() == \
+                open(os.path.join(tmp, "ref.gguf"), "rb").read()
+            check(same, "killed + resumed weights equal an unkilled run's")
+
+        # --reward-cmd: a Python reward process scores the samples; garbage ends the run by name.
+        script = os.path.join(tmp, "reward.py")
+        with open(script, "w") as f:
+            f.write("import json, sys\n"
+                    "for line in sys.stdin:\n"
+                    "    r = json.loads(line)\n"
+                    "    print(json.dumps({'id': r['id'], "
+                    "'reward': float('...' in r['completion'])}), flush=True)\n")
+        rc, out = rl(weft, base + ["--steps", "3", "--eval-every", "3", "--reward-cmd",
+                                   f"python3 {script}", "--metrics",
+                                   os.path.join(tmp, "rc.jsonl")])
+        rows = metrics(os.path.join(tmp, "rc.jsonl")) if rc == 0 else []
+        check(rc == 0 and "rewards from" in out and
+              any(r.get("reward_std", 0) > 0 for r in rows if r["kind"] == "step"),
+              f"--reward-cmd scores the samples (rc {rc}) {out[-300:]}")
+        garbage = os.path.join(tmp, "garbage.py")
+        with open(garbage, "w") as f:
+            f.write("import sys\nfor line in sys.stdin:\n    print('so good', flush=True)\n")
+        rc, out = rl(weft, base + ["--steps", "3", "--eval-every", "0", "--reward-cmd",
+                                   f"python3 {garbage}"])
+        check(rc == 1 and "'so good'" in out, "a reward process that answers garbage ends the run")
 
         # --write-sft-data: solved training problems, never a held-out one.
         sft = os.path.join(tmp, "sft.jsonl")

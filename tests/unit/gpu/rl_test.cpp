@@ -19,6 +19,7 @@
 #include "gpu/model.hpp"
 #include "gpu/rl/grpo.hpp"
 #include "gpu/rl/grpo_loop.hpp"
+#include "gpu/rl/reward_process.hpp"
 #include "gpu/rl/tasks.hpp"
 #include "gpu/tiny_model.hpp"
 #include "gpu/train/trainable_model.hpp"
@@ -429,6 +430,93 @@ TEST(tasks, datasets_hold_out_their_tail_and_name_bad_lines) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message().find("bad.jsonl:2"), std::string::npos) << bad.error().message();
   EXPECT_NE(bad.error().message().find("bad.jsonl:3"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+/// Writes a Python reward script; `first_run` is code run only by the first process started in
+/// `dir` (a marker file tells), to make that one crash or hang.
+std::string reward_script(const fs::path& dir, const std::string& name,
+                          const std::string& first_run, const std::string& answer) {
+  const fs::path script = dir / (name + ".py");
+  std::ofstream f(script);
+  f << "import json, os, sys, time\n"
+    << "marker = "
+    << "'" << (dir / (name + ".started")).string() << "'\n"
+    << "first = not os.path.exists(marker)\n"
+    << "open(marker, 'w').close()\n"
+    << "reqs = []\n"
+    << "for line in sys.stdin:\n"
+    << "    r = json.loads(line)\n"
+    << "    reqs.append(r)\n"
+    << "    if first:\n"
+    << "        " << (first_run.empty() ? "pass" : first_run) << "\n"
+    << "    " << answer << "\n"
+    << "    sys.stdout.flush()\n";
+  return "python3 " + script.string();
+}
+
+TEST(reward_process, scores_restarts_after_crashes_and_hangs_and_names_bad_answers) {
+  const auto dir = fs::temp_directory_path() / ("weft-reward-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::vector<reward_request> items;
+  for (int i = 0; i < 6; ++i) {
+    items.push_back(reward_request{"p" + std::to_string(i),
+                                   std::string(static_cast<size_t>(i), 'x'), std::to_string(i)});
+  }
+  const std::string good =
+      "print(json.dumps({'id': r['id'], 'reward': len(r['completion']) / 10 + "
+      "float(r['answer'] == str(r['id']))}))";
+  auto expect_scores = [&](const std::vector<double>& got) {
+    ASSERT_EQ(got.size(), items.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_DOUBLE_EQ(got[i], i / 10.0 + 1.0) << i;
+  };
+  {  // A well-behaved process, started once and reused across batches.
+    reward_process rp({reward_script(dir, "good", "", good), 10.0, 3});
+    auto a = rp.score(items);
+    ASSERT_TRUE(a.ok()) << a.error().message();
+    expect_scores(*a);
+    auto b = rp.score(items);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(rp.starts(), 1);
+    EXPECT_EQ(rp.restarts(), 0);
+  }
+  {  // The first process dies after two answers: restarted, the rest re-sent and scored.
+    reward_process rp(
+        {reward_script(dir, "crash", "os._exit(3) if len(reqs) == 3 else None", good), 10.0, 3});
+    auto a = rp.score(items);
+    ASSERT_TRUE(a.ok()) << a.error().message();
+    expect_scores(*a);
+    EXPECT_EQ(rp.restarts(), 1);
+  }
+  {  // The first process hangs: killed after the timeout, restarted, scored.
+    reward_process rp({reward_script(dir, "hang", "time.sleep(3600)", good), 1.0, 3});
+    auto a = rp.score(items);
+    ASSERT_TRUE(a.ok()) << a.error().message();
+    expect_scores(*a);
+    EXPECT_EQ(rp.restarts(), 1);
+  }
+  {  // Garbage is an error, never a silent 0.
+    reward_process rp({reward_script(dir, "garbage", "", "print('hello')"), 10.0, 3});
+    auto a = rp.score(items);
+    ASSERT_FALSE(a.ok());
+    EXPECT_NE(a.error().message().find("'hello'"), std::string::npos) << a.error().message();
+    reward_process nan(
+        {reward_script(dir, "nan", "", "print(json.dumps({'id': r['id'], 'reward': 'high'}))"),
+         10.0, 3});
+    auto b = nan.score(items);
+    ASSERT_FALSE(b.ok());
+    EXPECT_NE(b.error().message().find("sample 0"), std::string::npos) << b.error().message();
+  }
+  {  // A process that always dies: the batch fails after the allowed restarts, saying why.
+    reward_process rp({"exit 7", 10.0, 2});
+    auto a = rp.score(items);
+    ASSERT_FALSE(a.ok());
+    EXPECT_NE(a.error().message().find("failed 3 time(s)"), std::string::npos)
+        << a.error().message();
+    EXPECT_NE(a.error().message().find("exited with status 7"), std::string::npos)
+        << a.error().message();
+  }
   fs::remove_all(dir);
 }
 
