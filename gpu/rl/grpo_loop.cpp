@@ -87,8 +87,15 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
   ec.max_running = samples;
   ec.max_batch_tokens = 512;
   ec.block_size = 16;
-  // Every sample resident at once: its prompt (a few hundred tokens at most) and completion.
-  ec.kv_blocks = samples * ((512 + config.max_new_tokens) / ec.block_size + 2);
+  // Room for every sample at once (a prompt of ~128 tokens and the completion; the group's
+  // samples share their prompt's full blocks), within 1 GiB of KV; beyond that the engine queues
+  // or swaps samples. Never less than the longest single request (a 512-token prompt).
+  const kv_layout layout = loop->engine_model_->kv_layout_for(ec.block_size);
+  const int64_t block_bytes = static_cast<int64_t>(layout.block_bytes()) * layout.n_layers * 2;
+  const int64_t per_sample = (128 + config.max_new_tokens) / ec.block_size + 2;
+  const int64_t longest = (512 + config.max_new_tokens) / ec.block_size + 2;
+  ec.kv_blocks = std::max(longest, std::min(samples * per_sample,
+                                            (int64_t{1} << 30) / std::max<int64_t>(1, block_bytes)));
   const tokenizer* tk = loop->tok_.get();
   ec.detokenize = [tk](int32_t id) { return tk->token_to_piece(id); };
   auto e = engine::create(*loop->engine_model_, ec);

@@ -21,22 +21,13 @@ import sys
 import tempfile
 import time
 
-FAILURES = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "support"))
+from cli_checks import check, finish, read_jsonl as metrics, run_weft  # noqa: E402
 
 
 def rl(weft, args, timeout=300):
-    p = subprocess.run([weft, "rl"] + args, capture_output=True, text=True, timeout=timeout)
-    return p.returncode, p.stdout + p.stderr
-
-
-def metrics(path):
-    return [json.loads(line) for line in open(path) if line.strip()]
+    return run_weft(weft, "rl", args, timeout)
 
 
 def main():
@@ -223,11 +214,7 @@ def main():
         check(rc == 0 and "step 2/2" in out and cm[0].get("samples") == 8,
               "--config sets --steps; the command line's --group-size wins")
 
-    if FAILURES:
-        print(f"{len(FAILURES)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":
