@@ -44,6 +44,7 @@ struct rl_options {
   int digits = 1;
   std::string ops = "+";
   int length = 5;
+  int numbers = 3;
   std::string data_path;
   std::string match = "number";
   std::string mode = "sync";
@@ -98,6 +99,7 @@ std::unique_ptr<rl_task> make_task(const rl_options& o) {
     return std::move(*t);
   }
   if (o.task == "arithmetic") return make_arithmetic_task(o.digits, o.ops);
+  if (o.task == "countdown") return make_countdown_task(o.numbers);
   return make_reverse_task(o.length);
 }
 
@@ -338,15 +340,19 @@ void add_rl_command(CLI::App& app, const global_options&) {
                   "GGUF model to start from (default: $WEFT_MODEL, else the default model " +
                       std::string{serve::default_model_file} + ")");
   cmd->add_option("--task", o->task,
-                  "Built-in task: arithmetic (\"What is 4 + 7?\") or reverse (a string of "
-                  "letters); ignored when --data is given")
+                  "Built-in task: arithmetic (\"What is 4 + 7?\"), reverse (a string of "
+                  "letters) or countdown (reach a target from given numbers); ignored when --data "
+                  "is given")
       ->capture_default_str()
-      ->check(CLI::IsMember({"arithmetic", "reverse"}));
+      ->check(CLI::IsMember({"arithmetic", "reverse", "countdown"}));
   cmd->add_option("--digits", o->digits, "arithmetic: digits of each operand")
       ->capture_default_str()
       ->check(CLI::Range(1, 9));
   cmd->add_option("--ops", o->ops, "arithmetic: operators to draw from, a subset of +-*")
       ->capture_default_str();
+  cmd->add_option("--numbers", o->numbers, "countdown: numbers given (each from 1 to 25)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 6));
   cmd->add_option("--length", o->length, "reverse: letters in the string")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));

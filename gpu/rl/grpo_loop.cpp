@@ -94,8 +94,9 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
   const int64_t block_bytes = static_cast<int64_t>(layout.block_bytes()) * layout.n_layers * 2;
   const int64_t per_sample = (128 + config.max_new_tokens) / ec.block_size + 2;
   const int64_t longest = (512 + config.max_new_tokens) / ec.block_size + 2;
-  ec.kv_blocks = std::max(longest, std::min(samples * per_sample,
-                                            (int64_t{1} << 30) / std::max<int64_t>(1, block_bytes)));
+  ec.kv_blocks = std::max(
+      longest,
+      std::min(samples * per_sample, (int64_t{1} << 30) / std::max<int64_t>(1, block_bytes)));
   const tokenizer* tk = loop->tok_.get();
   ec.detokenize = [tk](int32_t id) { return tk->token_to_piece(id); };
   auto e = engine::create(*loop->engine_model_, ec);

@@ -100,6 +100,164 @@ class reverse_task final : public rl_task {
   int length_;
 };
 
+/// Recursive descent over + - * / and parentheses (unary minus allowed).
+class expression_parser {
+ public:
+  explicit expression_parser(std::string_view t) : t_(t) {}
+  bool parse(double& value, std::vector<long long>& numbers) {
+    numbers_ = &numbers;
+    if (!sum(value)) return false;
+    skip();
+    return i_ == t_.size();
+  }
+
+ private:
+  void skip() {
+    while (i_ < t_.size() && std::isspace(static_cast<unsigned char>(t_[i_]))) ++i_;
+  }
+  bool sum(double& v) {
+    if (!product(v)) return false;
+    for (;;) {
+      skip();
+      if (i_ >= t_.size() || (t_[i_] != '+' && t_[i_] != '-')) return true;
+      const char op = t_[i_++];
+      double r = 0;
+      if (!product(r)) return false;
+      v = op == '+' ? v + r : v - r;
+    }
+  }
+  bool product(double& v) {
+    if (!factor(v)) return false;
+    for (;;) {
+      skip();
+      if (i_ >= t_.size() || (t_[i_] != '*' && t_[i_] != '/')) return true;
+      const char op = t_[i_++];
+      double r = 0;
+      if (!factor(r)) return false;
+      if (op == '/' && r == 0) return false;
+      v = op == '*' ? v * r : v / r;
+    }
+  }
+  bool factor(double& v) {
+    if (++depth_ > 64) return false;
+    skip();
+    bool ok = false;
+    if (i_ < t_.size() && t_[i_] == '-') {
+      ++i_;
+      ok = factor(v);
+      v = -v;
+    } else if (i_ < t_.size() && t_[i_] == '(') {
+      ++i_;
+      ok = sum(v);
+      skip();
+      ok = ok && i_ < t_.size() && t_[i_++] == ')';
+    } else {
+      size_t j = i_;
+      long long n = 0;
+      while (j < t_.size() && std::isdigit(static_cast<unsigned char>(t_[j])) && j - i_ < 12) {
+        n = n * 10 + (t_[j++] - '0');
+      }
+      ok = j > i_ && (j >= t_.size() || !std::isdigit(static_cast<unsigned char>(t_[j])));
+      if (ok) {
+        numbers_->push_back(n);
+        v = static_cast<double>(n);
+        i_ = j;
+      }
+    }
+    --depth_;
+    return ok;
+  }
+
+  std::string_view t_;
+  size_t i_ = 0;
+  int depth_ = 0;
+  std::vector<long long>* numbers_ = nullptr;
+};
+
+class countdown_task final : public rl_task {
+ public:
+  explicit countdown_task(int count) : count_(count) {}
+  std::string name() const override {
+    return "countdown with " + std::to_string(count_) + " numbers";
+  }
+  int64_t size() const override { return 0; }
+  rl_prompt problem(uint64_t seed, int64_t index) const override {
+    // Numbers, then a random left-to-right expression over all of them (exact division only);
+    // its value is the target when it lies in 1..999, else the next attempt.
+    for (uint64_t attempt = 0;; ++attempt) {
+      const uint64_t base = static_cast<uint64_t>(index) * 64 + attempt;
+      std::vector<long long> nums;
+      for (int i = 0; i < count_; ++i) {
+        nums.push_back(1 +
+                       static_cast<long long>(mix(seed, 40 + static_cast<uint64_t>(i), base) % 25));
+      }
+      long long value = nums[0];
+      bool ok = true;
+      for (int i = 1; i < count_ && ok; ++i) {
+        const uint64_t r = mix(seed, 80 + static_cast<uint64_t>(i), base) % 4;
+        const long long n = nums[static_cast<size_t>(i)];
+        if (r == 0) value += n;
+        if (r == 1) value -= n;
+        if (r == 2) value *= n;
+        if (r == 3) {
+          if (value % n != 0)
+            value += n;  // keep it exact
+          else
+            value /= n;
+        }
+        ok = std::llabs(value) < 100000;
+      }
+      if (!ok || value < 1 || value > 999) {
+        if (attempt < 63) continue;
+        value = nums[0] + nums[1];  // always reachable
+      }
+      std::string list;
+      for (size_t i = 0; i < nums.size(); ++i) list += (i ? ", " : "") + std::to_string(nums[i]);
+      rl_prompt p;
+      p.key = list + "->" + std::to_string(value);
+      p.text = "Using the numbers " + list + ", make " + std::to_string(value) +
+               ". Use each number at most once, with + - * / and parentheses. Answer with the "
+               "expression only.";
+      p.answer = std::to_string(value);
+      p.numbers = nums;
+      return p;
+    }
+  }
+  double reward(const rl_prompt& p, std::string_view completion) const override {
+    // The last run of expression characters that holds an operator (an "= target" after it is
+    // cut off).
+    std::string best;
+    std::string cur;
+    auto consider = [&] {
+      std::string_view c = trim(cur);
+      if (c.find_first_of("+-*/") != std::string_view::npos) best.assign(c);
+      cur.clear();
+    };
+    for (char ch : completion) {
+      if (std::isdigit(static_cast<unsigned char>(ch)) ||
+          std::string_view("+-*/() ").find(ch) != std::string_view::npos) {
+        cur.push_back(ch);
+      } else {
+        consider();
+      }
+    }
+    consider();
+    double value = 0;
+    std::vector<long long> used;
+    if (best.empty() || !eval_expression(best, value, used)) return 0.0;
+    std::vector<long long> left = p.numbers;
+    for (long long n : used) {
+      auto it = std::find(left.begin(), left.end(), n);
+      if (it == left.end()) return 0.0;
+      left.erase(it);
+    }
+    return std::fabs(value - std::stod(p.answer)) < 1e-9 ? 1.0 : 0.0;
+  }
+
+ private:
+  int count_;
+};
+
 /// The decimal numbers in `text` (an optional minus sign, digits, an optional fraction), in order.
 std::vector<double> numbers_in(std::string_view text) {
   static const std::regex number(R"((^|[^0-9])(-?[0-9]+(\.[0-9]+)?))");
@@ -165,6 +323,15 @@ std::unique_ptr<rl_task> make_arithmetic_task(int digits, std::string ops) {
   digits = std::clamp(digits, 1, 9);
   if (ops.empty()) ops = "+";
   return std::make_unique<arithmetic_task>(digits, std::move(ops));
+}
+
+bool eval_expression(std::string_view text, double& value, std::vector<long long>& numbers) {
+  numbers.clear();
+  return expression_parser(text).parse(value, numbers) && std::isfinite(value);
+}
+
+std::unique_ptr<rl_task> make_countdown_task(int count) {
+  return std::make_unique<countdown_task>(std::clamp(count, 2, 6));
 }
 
 std::unique_ptr<rl_task> make_reverse_task(int length) {

@@ -22,6 +22,7 @@ struct rl_prompt {
   std::string key;
   std::string text;
   std::string answer;
+  std::vector<long long> numbers;  ///< Countdown: the numbers the answer may use.
 };
 
 /// A task: where problems come from and how a completion is scored.
@@ -45,6 +46,16 @@ std::unique_ptr<rl_task> make_arithmetic_task(int digits, std::string ops = "+")
 /// "Reverse the string "kqzfa". Answer with the reversed string only.": `length` lowercase
 /// letters. Reward 1 when the completion's first line, without spaces and quotes, is the reverse.
 std::unique_ptr<rl_task> make_reverse_task(int length);
+
+/// Countdown (TinyZero's task): "Using the numbers 3, 7, 25, make 46 ..." with `count` numbers
+/// from 1 to 25 and a target from 1 to 999 that some expression over them reaches. Reward 1 when
+/// the last arithmetic expression in the completion (digits, + - * /, parentheses; an "= 46" after
+/// it is allowed) uses each given number at most once, no other number, and equals the target.
+std::unique_ptr<rl_task> make_countdown_task(int count);
+
+/// The value of an arithmetic expression over integers with + - * / and parentheses (division
+/// exact in doubles), and the integers it uses; false if it does not parse or divides by zero.
+bool eval_expression(std::string_view text, double& value, std::vector<long long>& numbers);
 
 /// How a dataset answer is checked.
 enum class answer_match {

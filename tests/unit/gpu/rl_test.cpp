@@ -375,7 +375,7 @@ TEST(tasks, arithmetic_and_reverse_prompts_and_verifiers) {
   EXPECT_FALSE(last_integer("none", v));
   EXPECT_EQ(add->reward(p, "I don't know"), 0.0);
   auto sub = make_arithmetic_task(1, "-");
-  rl_prompt neg{"3-8", "", "-5"};
+  rl_prompt neg{"3-8", "", "-5", {}};
   EXPECT_EQ(sub->reward(neg, "-5"), 1.0);
   EXPECT_EQ(sub->reward(neg, "5"), 0.0);
   auto rev = make_reverse_task(5);
@@ -383,6 +383,38 @@ TEST(tasks, arithmetic_and_reverse_prompts_and_verifiers) {
   EXPECT_EQ(r.answer, std::string(r.key.rbegin(), r.key.rend()));
   EXPECT_EQ(rev->reward(r, " \"" + r.answer + "\"\nmore"), 1.0);
   EXPECT_EQ(rev->reward(r, r.key == r.answer ? "zzzzz" : r.key), 0.0);
+}
+
+TEST(tasks, countdown_problems_and_expressions) {
+  double v = 0;
+  std::vector<long long> used;
+  ASSERT_TRUE(eval_expression("(25 - 3) * 2 / 4", v, used));
+  EXPECT_DOUBLE_EQ(v, 11.0);
+  EXPECT_EQ(used, (std::vector<long long>{25, 3, 2, 4}));
+  ASSERT_TRUE(eval_expression("-3 + 10", v, used));
+  EXPECT_DOUBLE_EQ(v, 7.0);
+  EXPECT_FALSE(eval_expression("3 / (2 - 2)", v, used));
+  EXPECT_FALSE(eval_expression("(3 + 4", v, used));
+  EXPECT_FALSE(eval_expression("3 +", v, used));
+  EXPECT_FALSE(eval_expression(std::string(200, '('), v, used));  // bounded nesting
+  auto cd = make_countdown_task(3);
+  rl_prompt p{"", "", "46", {3, 7, 25}};
+  EXPECT_EQ(cd->reward(p, "25 + 3 * 7"), 1.0);
+  EXPECT_EQ(cd->reward(p, "I think (3*7)+25 = 46."), 1.0);
+  EXPECT_EQ(cd->reward(p, "25 + 21"), 0.0);         // 21 is not given
+  EXPECT_EQ(cd->reward(p, "25 + 7 + 7 + 7"), 0.0);  // 7 used three times
+  EXPECT_EQ(cd->reward(p, "25 + 3 + 7"), 0.0);      // 35
+  EXPECT_EQ(cd->reward(p, "46"), 0.0);              // no expression
+  for (int i = 0; i < 50; ++i) {
+    const rl_prompt q = cd->problem(9, i);
+    ASSERT_EQ(q.numbers.size(), 3u);
+    const long long target = std::stoll(q.answer);
+    EXPECT_GE(target, 1);
+    EXPECT_LE(target, 999);
+    for (long long n : q.numbers) EXPECT_TRUE(n >= 1 && n <= 25);
+    EXPECT_EQ(cd->problem(9, i).key, q.key);
+    EXPECT_NE(q.text.find("make " + q.answer), std::string::npos) << q.text;
+  }
 }
 
 TEST(tasks, training_never_draws_a_held_out_problem) {
@@ -528,7 +560,7 @@ class digits_task final : public rl_task {
   int64_t size() const override { return 0; }
   rl_prompt problem(uint64_t seed, int64_t index) const override {
     const std::string k = std::to_string((seed * 131 + static_cast<uint64_t>(index)) % 997);
-    return rl_prompt{k, "Say some digits after " + k, ""};
+    return rl_prompt{k, "Say some digits after " + k, "", {}};
   }
   double reward(const rl_prompt&, std::string_view c) const override {
     if (c.empty()) return 0.0;
