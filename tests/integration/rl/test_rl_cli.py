@@ -187,6 +187,60 @@ def main():
                                    f"python3 {garbage}"])
         check(rc == 1 and "'so good'" in out, "a reward process that answers garbage ends the run")
 
+        # Options of the update, on the same run. The tiny model never stops early, so every
+        # completion has --max-new-tokens tokens and the three aggregations coincide (the unit
+        # tests check where they differ); scaling the advantages changes the loss.
+        def losses(extra):
+            path = os.path.join(tmp, "opt.jsonl")
+            rc, out = rl(weft, base + ["--steps", "3", "--eval-every", "0", "--metrics", path] +
+                         extra)
+            rows = metrics(path) if rc == 0 else []
+            return rc, [r["loss"] for r in rows if r["kind"] == "step"], rows
+        _, plain, _ = losses([])
+        for agg in ("sequence", "constant"):
+            rc, got, _ = losses(["--loss-agg", agg])
+            check(rc == 0 and len(got) == 3 and
+                  all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for a, b in zip(got, plain)),
+                  f"--loss-agg {agg} equals token aggregation when all lengths are equal")
+        rc, got, _ = losses(["--no-scale-rewards"])
+        check(rc == 0 and len(got) == 3 and got != plain, "--no-scale-rewards changes the loss")
+        # bf16 rollout weights: the behaviour log-probs differ a little from the trainer's f32 ones;
+        # a clip range narrower than that difference clips tokens.
+        rc, _, rows = losses(["--rollout-type", "bf16"])
+        dev = [r["ratio_deviation"] for r in rows if r["kind"] == "step"]
+        check(rc == 0 and len(dev) == 3 and 0 < dev[0] < 0.05,
+              f"--rollout-type bf16: trainer/engine ratio deviation small but not 0: {dev}")
+        rc, _, rows = losses(["--rollout-type", "bf16", "--clip-low", "0.0001", "--clip-high",
+                              "0.0001"])
+        clip = [r["clip_fraction"] for r in rows if r["kind"] == "step"]
+        check(rc == 0 and len(clip) == 3 and clip[0] > 0, f"a narrow clip range clips: {clip}")
+
+        # --metrics-port: Prometheus text while the run goes on.
+        import socket
+        import urllib.request
+        with socket.socket() as s_:
+            s_.bind(("127.0.0.1", 0))
+            port = s_.getsockname()[1]
+        p = subprocess.Popen([weft, "rl"] + base + ["--steps", "100000", "--eval-every", "0",
+                                                    "--metrics-port", str(port), "--metrics",
+                                                    os.path.join(tmp, "prom.jsonl")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen = ""
+        while "step 2/" not in seen:
+            line = p.stdout.readline()
+            if not line:
+                break
+            seen += line
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+            text = text.decode()
+        except OSError as e:
+            text = str(e)
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)
+        check("weft_rl_steps_total" in text and "weft_rl_reward_mean" in text and
+              "weft_rl_weight_version" in text, "--metrics-port serves Prometheus metrics")
+
         # --write-sft-data: solved training problems, never a held-out one.
         sft = os.path.join(tmp, "sft.jsonl")
         rc, out = rl(weft, ["--model", model, "--task", "arithmetic", "--digits", "1",
