@@ -161,6 +161,43 @@ int write_sft_data(const rl_options& o, const rl_task& task) {
   return 0;
 }
 
+/// --reward-cmd: the loop's rewards come from `rewards`, started here.
+void use_reward_process(const rl_options& o, grpo_loop& loop,
+                        std::optional<reward_process>& rewards) {
+  rewards.emplace(reward_process_config{o.reward_cmd, o.reward_timeout_s, o.reward_restarts});
+  loop.set_reward([&rewards](const std::vector<rl_prompt>& prompts,
+                             const std::vector<rollout_sample>& samples) {
+    std::vector<reward_request> req;
+    req.reserve(samples.size());
+    for (const auto& s : samples) {
+      const rl_prompt& p = prompts[static_cast<size_t>(s.group)];
+      req.push_back(reward_request{p.text, s.text, p.answer});
+    }
+    return rewards->score(req);
+  });
+  spdlog::info("rewards from `{}` (JSON lines on stdin/stdout)", o.reward_cmd);
+}
+
+/// --resume: continues from the newest checkpoint that verifies (none: step 0, said so). False
+/// when the checkpoint does not fit this run.
+bool resume_rl(const rl_options& o, grpo_loop& loop) {
+  std::vector<std::string> skipped;
+  auto s = gpu::train::load_latest_checkpoint(o.checkpoint_dir, &skipped);
+  for (const auto& why : skipped) spdlog::warn("{}; trying an older one", why);
+  if (!s) {
+    spdlog::warn("--resume: no checkpoint in {}; starting at step 0", o.checkpoint_dir);
+    return true;
+  }
+  if (auto st = loop.restore(*s); !st) {
+    spdlog::error("cannot resume: {}", st.message());
+    return false;
+  }
+  spdlog::info("resumed from {} (step {}, {} prompts drawn)",
+               gpu::train::checkpoint_path(o.checkpoint_dir, s->step).string(), s->step,
+               s->cursor.index);
+  return true;
+}
+
 int run_rl(const rl_options& o) {
   if (o.mode != "sync") {
     spdlog::error(
@@ -203,35 +240,8 @@ int run_rl(const rl_options& o) {
   }
   grpo_loop& loop = **made;
   std::optional<reward_process> rewards;
-  if (!o.reward_cmd.empty()) {
-    rewards.emplace(reward_process_config{o.reward_cmd, o.reward_timeout_s, o.reward_restarts});
-    loop.set_reward([&rewards](const std::vector<rl_prompt>& prompts,
-                               const std::vector<rollout_sample>& samples) {
-      std::vector<reward_request> req;
-      req.reserve(samples.size());
-      for (const auto& s : samples) {
-        const rl_prompt& p = prompts[static_cast<size_t>(s.group)];
-        req.push_back(reward_request{p.text, s.text, p.answer});
-      }
-      return rewards->score(req);
-    });
-    spdlog::info("rewards from `{}` (JSON lines on stdin/stdout)", o.reward_cmd);
-  }
-  if (o.resume) {
-    std::vector<std::string> skipped;
-    auto s = gpu::train::load_latest_checkpoint(o.checkpoint_dir, &skipped);
-    for (const auto& why : skipped) spdlog::warn("{}; trying an older one", why);
-    if (!s) {
-      spdlog::warn("--resume: no checkpoint in {}; starting at step 0", o.checkpoint_dir);
-    } else if (auto st = loop.restore(*s); !st) {
-      spdlog::error("cannot resume: {}", st.message());
-      return 2;
-    } else {
-      spdlog::info("resumed from {} (step {}, {} prompts drawn)",
-                   gpu::train::checkpoint_path(o.checkpoint_dir, s->step).string(), s->step,
-                   s->cursor.index);
-    }
-  }
+  if (!o.reward_cmd.empty()) use_reward_process(o, loop, rewards);
+  if (o.resume && !resume_rl(o, loop)) return 2;
   const fs::path metrics = !o.metrics_path.empty() ? fs::path(o.metrics_path)
                            : !o.checkpoint_dir.empty()
                                ? fs::path(o.checkpoint_dir) / "metrics.jsonl"
@@ -325,20 +335,8 @@ int run_rl(const rl_options& o) {
   return 0;
 }
 
-}  // namespace
-
-void add_rl_command(CLI::App& app, const global_options&) {
-  auto opts = std::make_shared<rl_options>();
-  auto* o = opts.get();
-  auto* cmd = app.add_subcommand(
-      "rl", "Post-train a GGUF model with GRPO on a procedural task or a prompt/answer dataset");
-  cmd->add_option("--config", o->config_file,
-                  "TOML/INI file with any of these options, e.g. `group-size = 8`, at the top "
-                  "level or under [rl] (command-line flags win)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--model,-m", o->model_path,
-                  "GGUF model to start from (default: $WEFT_MODEL, else the default model " +
-                      std::string{serve::default_model_file} + ")");
+/// Where prompts and rewards come from.
+void add_task_options(CLI::App* cmd, rl_options* o) {
   cmd->add_option("--task", o->task,
                   "Built-in task: arithmetic (\"What is 4 + 7?\"), reverse (a string of "
                   "letters) or countdown (reach a target from given numbers); ignored when --data "
@@ -390,6 +388,10 @@ void add_rl_command(CLI::App& app, const global_options&) {
   cmd->add_option("--sft-examples", o->sft_examples, "Examples --write-sft-data writes")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
+}
+
+/// The mode, the batch and the update.
+void add_update_options(CLI::App* cmd, rl_options* o) {
   cmd->add_option("--mode", o->mode,
                   "sync (generate, score, train, sync weights; the only mode built so far)")
       ->capture_default_str()
@@ -462,6 +464,10 @@ void add_rl_command(CLI::App& app, const global_options&) {
                   "Weight type of the rollout engine: f32 (closest to the trainer), bf16 or f16")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+}
+
+/// Checkpoints, export and what the run shows.
+void add_run_options(CLI::App* cmd, rl_options* o) {
   cmd->add_option("--checkpoint-dir", o->checkpoint_dir,
                   "Write exact checkpoints here (and metrics.jsonl)");
   cmd->add_option("--checkpoint-every", o->checkpoint_every,
@@ -486,6 +492,25 @@ void add_rl_command(CLI::App& app, const global_options&) {
   cmd->add_option("--plot", o->plot_path,
                   "At the end, draw reward, pass@1, lengths and time per stage to this PNG "
                   "(needs matplotlib)");
+}
+
+}  // namespace
+
+void add_rl_command(CLI::App& app, const global_options&) {
+  auto opts = std::make_shared<rl_options>();
+  auto* o = opts.get();
+  auto* cmd = app.add_subcommand(
+      "rl", "Post-train a GGUF model with GRPO on a procedural task or a prompt/answer dataset");
+  cmd->add_option("--config", o->config_file,
+                  "TOML/INI file with any of these options, e.g. `group-size = 8`, at the top "
+                  "level or under [rl] (command-line flags win)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--model,-m", o->model_path,
+                  "GGUF model to start from (default: $WEFT_MODEL, else the default model " +
+                      std::string{serve::default_model_file} + ")");
+  add_task_options(cmd, o);
+  add_update_options(cmd, o);
+  add_run_options(cmd, o);
   cmd->callback([opts, cmd] {
     auto* o = opts.get();
     if (!o->config_file.empty()) {

@@ -3,7 +3,11 @@
 training reward per step with the held-out greedy pass@1, the completion length, the time per
 step split into generation / training / weight sync, and the PPO clip fraction."""
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plot_train import moving_average  # noqa: E402
 
 
 def main():
@@ -20,9 +24,7 @@ def main():
 
     x = [r["step"] for r in steps]
     reward = [r["reward"] for r in steps]
-    window = max(1, len(reward) // 20)
-    smooth = [sum(reward[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1))
-              for i in range(len(reward))]
+    window, smooth = moving_average(reward)
     fig, axes = plt.subplots(4, 1, figsize=(8, 11), sharex=True)
     axes[0].plot(x, reward, alpha=0.35, label="training reward (mean of the step's samples)")
     axes[0].plot(x, smooth, label=f"moving average ({window} steps)")

@@ -5,6 +5,13 @@ import json
 import sys
 
 
+def moving_average(values):
+    """A trailing moving average over about a twentieth of the values: (window, averages)."""
+    window = max(1, len(values) // 20)
+    return window, [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1))
+                    for i in range(len(values))]
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: plot_train.py METRICS.jsonl OUT.png")
@@ -17,9 +24,7 @@ def main():
 
     steps = [r["step"] for r in rows]
     loss = [r["loss"] for r in rows]
-    window = max(1, len(loss) // 20)
-    smooth = [sum(loss[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1))
-              for i in range(len(loss))]
+    window, smooth = moving_average(loss)
     fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
     axes[0].plot(steps, loss, alpha=0.35, label="step loss")
     axes[0].plot(steps, smooth, label=f"moving average ({window} steps)")

@@ -214,42 +214,63 @@ result<rl_step_record> grpo_loop::step() {
   if (!samples) return samples.error();
   rec.rollout_s = seconds_since(t0);
 
-  // Rewards and advantages.
   const auto t1 = std::chrono::steady_clock::now();
-  auto scored = score(prompts, *samples);
+  auto scored = score_step(prompts, *samples, rec);
+  if (!scored) return scored.error();
+  if (auto st = update(pack_update(*samples, *scored), rec); !st) return st;
+  rec.train_s = seconds_since(t1);
+
+  const auto t2 = std::chrono::steady_clock::now();
+  if (auto st = push_weights(); !st) return st;
+  rec.sync_s = seconds_since(t2);
+  ++step_;
+  rec.version = version_;
+  history_.push_back(rec);
+  return rec;
+}
+
+result<grpo_loop::scored_step> grpo_loop::score_step(const std::vector<rl_prompt>& prompts,
+                                                     std::vector<rollout_sample>& samples,
+                                                     rl_step_record& rec) {
+  auto scored = score(prompts, samples);
   if (!scored) return scored.error();
   std::vector<double> rewards;
   std::vector<int64_t> lengths;
-  for (size_t i = 0; i < samples->size(); ++i) {
-    auto& s = (*samples)[i];
+  for (size_t i = 0; i < samples.size(); ++i) {
+    auto& s = samples[i];
     s.reward = (*scored)[i];
     rewards.push_back(s.reward);
     lengths.push_back(static_cast<int64_t>(s.completion.size()));
     rec.completion_tokens += lengths.back();
     rec.stopped_fraction += s.stopped ? 1.0 : 0.0;
   }
-  const auto n = static_cast<double>(samples->size());
-  rec.samples = static_cast<int64_t>(samples->size());
+  const auto n = static_cast<double>(samples.size());
+  rec.samples = static_cast<int64_t>(samples.size());
   rec.reward_mean = std::accumulate(rewards.begin(), rewards.end(), 0.0) / n;
   double var = 0.0;
   for (double r : rewards) var += (r - rec.reward_mean) * (r - rec.reward_mean);
   rec.reward_std = std::sqrt(var / n);
   rec.completion_len = static_cast<double>(rec.completion_tokens) / n;
   rec.stopped_fraction /= n;
-  const auto adv = group_advantages(rewards, config_.group_size, config_.grpo.scale_rewards);
+  scored_step out;
+  out.adv = group_advantages(rewards, config_.group_size, config_.grpo.scale_rewards);
   const auto flat = zero_variance_groups(rewards, config_.group_size);
-  std::vector<uint8_t> keep(samples->size(), 1);
-  for (size_t s = 0; s < samples->size(); ++s) {
-    const bool flat_group = flat[static_cast<size_t>((*samples)[s].group)] != 0;
-    if (flat_group && config_.grpo.drop_zero_variance) keep[s] = 0;
+  out.keep.assign(samples.size(), 1);
+  for (size_t s = 0; s < samples.size(); ++s) {
+    const bool flat_group = flat[static_cast<size_t>(samples[s].group)] != 0;
+    if (flat_group && config_.grpo.drop_zero_variance) out.keep[s] = 0;
   }
   for (uint8_t f : flat) rec.zero_variance_groups += f;
-  const auto weights = sample_token_weights(
-      lengths, keep, config_.grpo.aggregation,
+  out.weights = sample_token_weights(
+      lengths, out.keep, config_.grpo.aggregation,
       config_.grpo.max_new_tokens > 0 ? config_.grpo.max_new_tokens : config_.max_new_tokens);
+  return out;
+}
 
+std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
+    const std::vector<rollout_sample>& samples, const scored_step& sc) const {
   // Samples with a zero advantage add exactly nothing to the gradient (their PPO term is 0·r):
-  // they count in the loss's normaliser (the weights above) but skip the forward and backward.
+  // they count in the loss's normaliser (the weights) but skip the forward and backward.
   // The others train in units of one prompt: the prompt (all but its last token) is packed once
   // as a shared prefix and every sample continues it with [last prompt token, completion] — the
   // same gradient as packing prompt + completion per sample, for a fraction of the tokens. Units
@@ -262,9 +283,9 @@ result<rl_step_record> grpo_loop::step() {
     size_t tokens = 0;
   };
   std::vector<unit> units;
-  for (size_t s = 0; s < samples->size(); ++s) {
-    const rollout_sample& x = (*samples)[s];
-    if (keep[s] == 0 || adv[s] == 0.0 || x.completion.empty()) continue;
+  for (size_t s = 0; s < samples.size(); ++s) {
+    const rollout_sample& x = samples[s];
+    if (sc.keep[s] == 0 || sc.adv[s] == 0.0 || x.completion.empty()) continue;
     if (units.empty() || units.back().group != x.group) {
       units.push_back(unit{x.group, {}, x.prompt.size() > 1 ? x.prompt.size() - 1 : 0});
     }
@@ -288,7 +309,7 @@ result<rl_step_record> grpo_loop::step() {
     std::sort(share_units[j].begin(), share_units[j].end());
     auto& list = batches[j];
     for (size_t u : share_units[j]) {
-      const std::vector<int32_t>& prompt = (*samples)[units[u].samples.front()].prompt;
+      const std::vector<int32_t>& prompt = samples[units[u].samples.front()].prompt;
       if (list.empty() || list.back().n_tokens() + static_cast<int64_t>(units[u].tokens) >
                               config_.micro_batch_tokens) {
         list.emplace_back();
@@ -298,7 +319,7 @@ result<rl_step_record> grpo_loop::step() {
       const int64_t prefix =
           shared ? b.add_prefix(std::span<const int32_t>(prompt).first(prompt.size() - 1)) : -1;
       for (size_t s : units[u].samples) {
-        const rollout_sample& x = (*samples)[s];
+        const rollout_sample& x = samples[s];
         // [last prompt token, completion...] after the shared prefix, or the whole sequence.
         const size_t lead = shared ? 1 : prompt.size();
         std::vector<int32_t> toks(prompt.end() - static_cast<std::ptrdiff_t>(lead), prompt.end());
@@ -309,8 +330,8 @@ result<rl_step_record> grpo_loop::step() {
           const size_t at = lead + i;
           in_loss[at] = 1;
           info[at].behaviour_logp = x.logp[i];
-          info[at].advantage = static_cast<float>(adv[s]);
-          info[at].weight = static_cast<float>(weights[s]);
+          info[at].advantage = static_cast<float>(sc.adv[s]);
+          info[at].weight = static_cast<float>(sc.weights[s]);
           info[at].sample = static_cast<int32_t>(s);
         }
         b.add(toks, in_loss, info, prefix);
@@ -318,8 +339,12 @@ result<rl_step_record> grpo_loop::step() {
     }
   }
   while (!batches.empty() && batches.back().empty()) batches.pop_back();
+  return batches;
+}
 
-  model_->zero_grad(shares);
+status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& batches,
+                         rl_step_record& rec) {
+  model_->zero_grad(std::max(1, config_.shares));
   ppo_stats stats;
   const auto objective = ppo_objective(config_.grpo, &stats);
   double loss = 0.0;
@@ -330,33 +355,20 @@ result<rl_step_record> grpo_loop::step() {
     loss = l->sum;
   }
   std::vector<std::span<float>> grads, values;
-  std::vector<std::span<const float>> cgrads;
   for (auto& p : model_->parameters()) {
     grads.emplace_back(p.grad);
     values.emplace_back(p.value);
   }
-  const double norm = train::clip_grad_norm(grads, config_.max_grad_norm);
-  if (!std::isfinite(norm)) {
-    return status{status_code::internal, "gradient norm is not finite at step " +
-                                             std::to_string(step_ + 1) + " (lower --lr)"};
-  }
-  for (auto& g : grads) cgrads.emplace_back(g.data(), g.size());
   const double lr = config_.schedule.at(step_);
-  opt_.step(values, cgrads, decay_, lr);
-  rec.train_s = seconds_since(t1);
-
-  const auto t2 = std::chrono::steady_clock::now();
-  if (auto st = push_weights(); !st) return st;
-  rec.sync_s = seconds_since(t2);
-  ++step_;
-  rec.version = version_;
+  auto norm =
+      train::clip_and_update(opt_, values, grads, decay_, config_.max_grad_norm, lr, step_ + 1);
+  if (!norm) return norm.error();
   rec.loss = loss;
-  rec.grad_norm = norm;
+  rec.grad_norm = *norm;
   rec.lr = lr;
   rec.clip_fraction = stats.clip_fraction();
   rec.ratio_deviation = stats.mean_abs_ratio_deviation();
-  history_.push_back(rec);
-  return rec;
+  return {};
 }
 
 void grpo_loop::snapshot_into(train::checkpoint_state& s) const {

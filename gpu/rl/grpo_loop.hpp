@@ -135,6 +135,21 @@ class grpo_loop {
   grpo_loop(std::unique_ptr<train::trainable_model<float>> model, const rl_task& task,
             const grpo_loop_config& config);
   status push_weights();
+  /// A step's rewards turned into what the update needs: each sample's advantage, whether it is
+  /// kept in the loss, and its per-token loss weight.
+  struct scored_step {
+    std::vector<double> adv, weights;
+    std::vector<uint8_t> keep;
+  };
+  /// Scores the samples and fills the step's reward and length statistics into `rec`.
+  result<scored_step> score_step(const std::vector<rl_prompt>& prompts,
+                                 std::vector<rollout_sample>& samples, rl_step_record& rec);
+  /// The update's micro-batches, one list per parallel share.
+  std::vector<std::vector<train::train_batch>> pack_update(
+      const std::vector<rollout_sample>& samples, const scored_step& scored) const;
+  /// Forward/backward of the PPO-clip objective, clipping, AdamW; fills loss, norm, lr and the
+  /// clip statistics into `rec`.
+  status update(const std::vector<std::vector<train::train_batch>>& batches, rl_step_record& rec);
   result<std::vector<double>> score(const std::vector<rl_prompt>& prompts,
                                     const std::vector<rollout_sample>& samples);
 

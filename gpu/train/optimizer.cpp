@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <string>
 
 #include "gpu/train/train_ops.hpp"
 
@@ -68,6 +69,22 @@ double global_grad_norm(std::span<const std::span<const float>> grads) {
     for (float x : g) ss += static_cast<double>(x) * x;
   }
   return std::sqrt(ss);
+}
+
+result<double> clip_and_update(adamw& opt, std::span<const std::span<float>> values,
+                               std::span<const std::span<float>> grads,
+                               std::span<const uint8_t> decay, double max_norm, double lr,
+                               int64_t step) {
+  const double norm = clip_grad_norm(grads, max_norm);
+  if (!std::isfinite(norm)) {
+    return status{status_code::internal, "gradient norm is not finite at step " +
+                                             std::to_string(step) +
+                                             " (lower --lr or check the data)"};
+  }
+  std::vector<std::span<const float>> cgrads;
+  for (const auto& g : grads) cgrads.emplace_back(g.data(), g.size());
+  opt.step(values, cgrads, decay, lr);
+  return norm;
 }
 
 double clip_grad_norm(std::span<const std::span<float>> grads, double max_norm) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu/status.hpp"
+
 namespace weft::gpu::train {
 
 /// Hyper-parameters of AdamW.
@@ -55,6 +57,14 @@ double global_grad_norm(std::span<const std::span<const float>> grads);
 /// Scales every gradient by max_norm / norm when norm > max_norm (PyTorch's clip_grad_norm_ with
 /// its 1e-6 guard); returns the norm before clipping. max_norm <= 0 disables clipping.
 double clip_grad_norm(std::span<const std::span<float>> grads, double max_norm);
+
+/// One update of an optimizer step: clips the gradients to `max_norm` (clip_grad_norm), then
+/// AdamW at `lr`. Returns the norm before clipping, or an error naming update `step` (1-based)
+/// when it is not finite (nothing is updated then).
+result<double> clip_and_update(adamw& opt, std::span<const std::span<float>> values,
+                               std::span<const std::span<float>> grads,
+                               std::span<const uint8_t> decay, double max_norm, double lr,
+                               int64_t step);
 
 /// Learning rate at a step.
 struct lr_schedule {

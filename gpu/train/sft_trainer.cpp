@@ -49,7 +49,6 @@ result<step_record> sft_trainer::step() {
   }
   auto& params = model_.parameters();
   std::vector<std::span<float>> grads, values;
-  std::vector<std::span<const float>> cgrads;
   for (auto& p : params) {
     grads.emplace_back(p.grad);
     values.emplace_back(p.value);
@@ -66,21 +65,15 @@ result<step_record> sft_trainer::step() {
       for (int64_t i = lo; i < hi; ++i) x[i] *= inv;
     });
   }
-  const double norm = clip_grad_norm(grads, config_.max_grad_norm);
-  if (!std::isfinite(norm)) {
-    return status{status_code::internal, "gradient norm is not finite at step " +
-                                             std::to_string(step_ + 1) +
-                                             " (lower --lr or check the data)"};
-  }
-  for (auto& g : grads) cgrads.emplace_back(g.data(), g.size());
   const double lr = config_.schedule.at(step_);
-  opt_.step(values, cgrads, decay_, lr);
+  auto norm = clip_and_update(opt_, values, grads, decay_, config_.max_grad_norm, lr, step_ + 1);
+  if (!norm) return norm.error();
   ++step_;
   step_record r;
   r.step = step_;
   r.loss = loss_tokens > 0 ? loss_sum / static_cast<double>(loss_tokens) : 0.0;
   r.lr = lr;
-  r.grad_norm = norm;
+  r.grad_norm = *norm;
   r.tokens = tokens;
   history_.push_back(r);
   return r;

@@ -33,6 +33,15 @@ def run_weft(weft, subcommand, args, timeout=300):
     return p.returncode, p.stdout + p.stderr
 
 
+def run_or_exit(cmd, timeout=600):
+    """Runs `cmd`; on failure prints its output and exits the test. Returns stdout + stderr."""
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        print(p.stdout + p.stderr)
+        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}")
+    return p.stdout + p.stderr
+
+
 def read_jsonl(path):
     """The objects of a JSON-lines file (blank lines skipped)."""
     return [json.loads(line) for line in open(path) if line.strip()]

@@ -11,19 +11,13 @@ other CPUs' float rounding.
 Usage: test_rl_learning.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
-
-def run(cmd, timeout=600):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        print(p.stdout + p.stderr)
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}")
-    return p.stdout + p.stderr
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "support"))
+from cli_checks import read_jsonl, run_or_exit as run  # noqa: E402
 
 
 def main():
@@ -47,7 +41,7 @@ def main():
             ["--steps", "300", "--prompts-per-step", "16", "--group-size", "8",
              "--max-new-tokens", "8", "--lr", "5e-5", "--no-scale-rewards", "--eval-every", "100",
              "--threads", "2", "--metrics", metrics])
-        rows = [json.loads(x) for x in open(metrics) if x.strip()]
+        rows = read_jsonl(metrics)
         reward = [r["reward"] for r in rows if r["kind"] == "step"]
         evals = [r["pass_at_1"] for r in rows if r["kind"] == "eval"]
         first, last = sum(reward[:50]) / 50, sum(reward[-50:]) / 50
