@@ -1,7 +1,9 @@
 // `weft rl`: GRPO post-training of a GGUF model on a procedural task or a prompt/answer dataset
-// (docs/rl.md). --mode sync: in this process, a rollout engine that serves the trainer's current
-// weights (updated in place after every step), rewards from built-in verifiers, one PPO-clip
-// update per step, exact checkpoints and --resume, held-out pass@1, metrics, plots, export.
+// (docs/rl.md). In this process: a rollout engine that serves the trainer's current weights
+// (updated in place after every step), rewards from built-in verifiers or an external process,
+// one policy-gradient update per step (--mode sync, or --mode async with rollouts of the next K
+// steps overlapping the update), exact checkpoints and --resume, held-out pass@1, metrics,
+// plots, export.
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -48,6 +50,9 @@ struct rl_options {
   std::string data_path;
   std::string match = "number";
   std::string mode = "sync";
+  int64_t max_staleness = 1;
+  std::string off_policy = "ppo-clip";
+  double is_cap = 2.0;
   int64_t steps = 100;
   int64_t prompts_per_step = 4;
   int64_t group_size = 8;
@@ -116,6 +121,10 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.grpo.scale_rewards = !o.no_scale_rewards;
   c.grpo.drop_zero_variance = o.drop_zero_variance;
   c.grpo.max_new_tokens = o.max_new_tokens;
+  parse_off_policy_correction(o.off_policy, c.grpo.correction);
+  c.grpo.is_cap = o.is_cap;
+  c.max_staleness = o.mode == "async" ? o.max_staleness : 0;
+  c.total_steps = o.steps;
   if (!parse_loss_aggregation(o.loss_agg, c.grpo.aggregation)) {
     return gpu::status{gpu::status_code::invalid_argument, "--loss-agg " + o.loss_agg};
   }
@@ -199,10 +208,10 @@ bool resume_rl(const rl_options& o, grpo_loop& loop) {
 }
 
 int run_rl(const rl_options& o) {
-  if (o.mode != "sync") {
+  if (o.mode == "stream") {
     spdlog::error(
-        "--mode {}: not built yet; this version runs --mode sync only (docs/rl.md, \"Not yet\")",
-        o.mode);
+        "--mode stream: not built yet; it needs the trainer on resources of its own (the RL "
+        "actors). Use --mode async (docs/rl.md, \"Modes\")");
     return 2;
   }
   if (o.resume && o.checkpoint_dir.empty()) {
@@ -220,6 +229,12 @@ int run_rl(const rl_options& o) {
   gpu::train::use_threads(o.threads);
   spdlog::info("task: {}; {} prompts x {} samples per step, up to {} new tokens", task->name(),
                o.prompts_per_step, o.group_size, o.max_new_tokens);
+  if (o.mode == "async") {
+    spdlog::info(
+        "--mode async: the next {} step(s) generate while a step trains; off-policy "
+        "correction {}",
+        o.max_staleness, o.off_policy);
+  }
   spdlog::info("loading {}", o.model_path);
   auto file = gpu::gguf_file::open(o.model_path);
   if (!file) {
@@ -393,9 +408,26 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
 /// The mode, the batch and the update.
 void add_update_options(CLI::App* cmd, rl_options* o) {
   cmd->add_option("--mode", o->mode,
-                  "sync (generate, score, train, sync weights; the only mode built so far)")
+                  "sync (generate a step's samples, score, train, sync weights) or async (the "
+                  "rollouts of the next --max-staleness steps keep generating while a step "
+                  "trains; stream is not built yet)")
       ->capture_default_str()
       ->check(CLI::IsMember({"sync", "stream", "async"}));
+  cmd->add_option("--max-staleness", o->max_staleness,
+                  "--mode async: K, how many weight versions a trained sample may lag (its "
+                  "oldest token); rollouts of steps n+1..n+K overlap the training of step n")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
+  cmd->add_option("--off-policy", o->off_policy,
+                  "ppo-clip (PPO-clip on the ratio to the behaviour policy) or decoupled "
+                  "(importance weight min(ratio, --is-cap) on each token's gradient, AReaL's "
+                  "decoupled objective with one update per batch)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ppo-clip", "decoupled"}));
+  cmd->add_option("--is-cap", o->is_cap,
+                  "--off-policy decoupled: the truncated importance weight's cap")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1000.0));
   cmd->add_option("--steps", o->steps, "GRPO steps (one optimizer update each)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
@@ -525,6 +557,23 @@ void add_rl_command(CLI::App& app, const global_options&) {
     }
     if (!o->reward_cmd.empty() && cmd->get_option("--match")->count() > 0) {
       spdlog::warn("--match is ignored: --reward-cmd scores the samples");
+    }
+    if (o->mode != "async" && cmd->get_option("--max-staleness")->count() > 0) {
+      spdlog::error(
+          "--max-staleness needs --mode async (sync trains every sample on the "
+          "weights that generated it)");
+      std::exit(2);
+    }
+    if (o->off_policy != "decoupled" && cmd->get_option("--is-cap")->count() > 0) {
+      spdlog::error("--is-cap needs --off-policy decoupled");
+      std::exit(2);
+    }
+    if (o->off_policy == "decoupled" && (cmd->get_option("--clip-low")->count() > 0 ||
+                                         cmd->get_option("--clip-high")->count() > 0)) {
+      spdlog::error(
+          "--clip-low/--clip-high shape --off-policy ppo-clip; decoupled caps the "
+          "importance weight with --is-cap instead");
+      std::exit(2);
     }
     if (!o->data_path.empty() && cmd->get_option("--task")->count() > 0) {
       spdlog::warn("--task is ignored: --data {} gives the prompts", o->data_path);

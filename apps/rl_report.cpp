@@ -49,6 +49,10 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
       r.step, total_, r.reward_mean, r.reward_std, r.completion_len, 100.0 * r.stopped_fraction,
       r.loss, r.grad_norm, 100.0 * r.clip_fraction, r.rollout_s, r.train_s, r.sync_s, sps,
       format_duration(eta));
+  if (r.staleness_max > 0 || r.in_flight > 0) {
+    spdlog::info("  staleness {:.2f} (max {}), {} samples of mixed versions, {} in flight",
+                 r.staleness_mean, r.staleness_max, r.mixed_version_samples, r.in_flight);
+  }
   nlohmann::json j = {{"kind", "step"},
                       {"step", r.step},
                       {"version", r.version},
@@ -57,6 +61,7 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"reward_std", r.reward_std},
                       {"zero_variance_groups", r.zero_variance_groups},
                       {"completion_len", r.completion_len},
+                      {"completion_len_max", r.completion_len_max},
                       {"completion_tokens", r.completion_tokens},
                       {"stopped_fraction", r.stopped_fraction},
                       {"loss", r.loss},
@@ -64,6 +69,10 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"lr", r.lr},
                       {"clip_fraction", r.clip_fraction},
                       {"ratio_deviation", r.ratio_deviation},
+                      {"staleness_mean", r.staleness_mean},
+                      {"staleness_max", r.staleness_max},
+                      {"mixed_version_samples", r.mixed_version_samples},
+                      {"in_flight", r.in_flight},
                       {"rollout_s", r.rollout_s},
                       {"train_s", r.train_s},
                       {"sync_s", r.sync_s},
@@ -116,6 +125,12 @@ std::string rl_reporter::prometheus() const {
          static_cast<double>(last_.version));
   metric("weft_rl_reward_mean", "gauge", "Mean reward of the last step's samples",
          last_.reward_mean);
+  metric("weft_rl_staleness_mean", "gauge",
+         "Mean versions between the trainer and the last step's samples' oldest tokens",
+         last_.staleness_mean);
+  metric("weft_rl_in_flight_samples", "gauge",
+         "Samples of later steps generating when the last step trained",
+         static_cast<double>(last_.in_flight));
   metric("weft_rl_clip_fraction", "gauge", "Fraction of the last step's tokens clipped",
          last_.clip_fraction);
   metric("weft_rl_rollout_seconds_total", "counter", "Time spent generating", rollout_s_);

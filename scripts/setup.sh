@@ -4,7 +4,7 @@
 #
 #   scripts/setup.sh            build + runtime dependencies and the default model
 #   scripts/setup.sh --test     also the packages the test tiers need (llama-cpp-python, openai,
-#                               torch + transformers for the trainer oracle)
+#                               torch + transformers for the trainer oracle, matplotlib)
 #   scripts/setup.sh --bench    also the benchmark baselines (ray, matplotlib)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -92,6 +92,8 @@ if [ "$want_test" = 1 ]; then
   # llama-cpp-python compiles llama.cpp from source (~10 min on 2 cores, once).
   py_has llama_cpp || pip_want+=("llama-cpp-python==0.3.16")
   py_has openai || pip_want+=(openai)
+  # `weft train/rl --plot` draw with matplotlib; their CLI tests check the PNG.
+  py_has matplotlib || pip_want+=(matplotlib)
   # The trainer's oracle: PyTorch autograd on the GGUF as Hugging Face transformers loads it
   # (tests/oracle/gpu/train_oracle.py). torch from PyPI brings its CUDA wheels (~3 GB, once).
   py_has torch || pip_want+=("torch==2.5.1")

@@ -30,6 +30,21 @@ const char* loss_aggregation_name(loss_aggregation a) {
   return "?";
 }
 
+bool parse_off_policy_correction(const std::string& name, off_policy_correction& out) {
+  if (name == "ppo-clip") {
+    out = off_policy_correction::ppo_clip;
+  } else if (name == "decoupled") {
+    out = off_policy_correction::decoupled;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* off_policy_correction_name(off_policy_correction c) {
+  return c == off_policy_correction::decoupled ? "decoupled" : "ppo-clip";
+}
+
 std::vector<double> group_advantages(std::span<const double> rewards, int64_t group_size,
                                      bool scale) {
   std::vector<double> adv(rewards.size(), 0.0);
@@ -81,6 +96,16 @@ ppo_term ppo_clip(double logp, double behaviour_logp, double advantage, double c
   return t;
 }
 
+ppo_term decoupled_is(double logp, double behaviour_logp, double advantage, double cap) {
+  ppo_term t;
+  t.ratio = std::exp(logp - behaviour_logp);
+  const double w = std::min(t.ratio, cap);
+  t.clipped = t.ratio > cap;
+  t.loss = -w * advantage;
+  t.dloss_dlogp = -w * advantage;
+  return t;
+}
+
 std::vector<double> sample_token_weights(std::span<const int64_t> lengths,
                                          std::span<const uint8_t> keep, loss_aggregation agg,
                                          int64_t max_new_tokens) {
@@ -125,15 +150,18 @@ double ppo_stats::mean_abs_ratio_deviation() const {
 }
 
 train::token_objective<float> ppo_objective(const grpo_config& config, ppo_stats* stats) {
-  const double lo = config.clip_low, hi = config.clip_high;
-  return [lo, hi, stats](const train::train_batch& b, std::span<const int64_t> positions,
-                         std::span<const float> logp, std::span<float> dlogp) -> double {
+  const double lo = config.clip_low, hi = config.clip_high, cap = config.is_cap;
+  const bool decoupled = config.correction == off_policy_correction::decoupled;
+  return [lo, hi, cap, decoupled, stats](
+             const train::train_batch& b, std::span<const int64_t> positions,
+             std::span<const float> logp, std::span<float> dlogp) -> double {
     double total = 0.0;
     int64_t clipped = 0, dev = 0;
     for (size_t j = 0; j < positions.size(); ++j) {
       const auto pos = static_cast<size_t>(positions[j]);
       const train::policy_token& p = b.policy.empty() ? train::policy_token{} : b.policy[pos];
-      const ppo_term t = ppo_clip(logp[j], p.behaviour_logp, p.advantage, lo, hi);
+      const ppo_term t = decoupled ? decoupled_is(logp[j], p.behaviour_logp, p.advantage, cap)
+                                   : ppo_clip(logp[j], p.behaviour_logp, p.advantage, lo, hi);
       total += static_cast<double>(p.weight) * t.loss;
       dlogp[j] = static_cast<float>(static_cast<double>(p.weight) * t.dloss_dlogp);
       clipped += t.clipped ? 1 : 0;

@@ -23,6 +23,19 @@ enum class loss_aggregation {
   constant,  ///< Σ ℓ / (sequences × max new tokens) (Dr. GRPO: no length bias).
 };
 
+/// How tokens sampled by older weights (a stale behaviour policy) are corrected.
+enum class off_policy_correction {
+  /// PPO-clip on the ratio π_θ/π_behaviour: a token whose ratio leaves the clip range in the
+  /// direction its advantage pushes stops contributing.
+  ppo_clip,
+  /// The decoupled objective (AReaL) with one update per batch: the proximal policy is the
+  /// trainer's current one, so the clipped ratio is 1 and each token's gradient is
+  /// −A·min(π_θ/π_behaviour, is_cap)·∇log π_θ (truncated importance weight, detached).
+  decoupled,
+};
+bool parse_off_policy_correction(const std::string& name, off_policy_correction& out);
+const char* off_policy_correction_name(off_policy_correction c);
+
 /// "token", "sequence", "constant"; false for anything else.
 bool parse_loss_aggregation(const std::string& name, loss_aggregation& out);
 const char* loss_aggregation_name(loss_aggregation a);
@@ -38,6 +51,8 @@ struct grpo_config {
   /// its normaliser (DAPO's dynamic-sampling filter, without the resampling).
   bool drop_zero_variance = false;
   int64_t max_new_tokens = 0;  ///< The constant of loss_aggregation::constant.
+  off_policy_correction correction = off_policy_correction::ppo_clip;
+  double is_cap = 2.0;  ///< off_policy_correction::decoupled: the importance weight's cap.
 };
 
 /// Group-relative advantages of rewards laid out group after group (group g holds
@@ -61,6 +76,10 @@ struct ppo_term {
 ppo_term ppo_clip(double logp, double behaviour_logp, double advantage, double clip_low,
                   double clip_high);
 
+/// One token's decoupled term (off_policy_correction::decoupled): w = min(exp(logp −
+/// behaviour_logp), cap), ℓ = −w·A, dℓ/dlogp = −w·A; `clipped` when the weight was truncated.
+ppo_term decoupled_is(double logp, double behaviour_logp, double advantage, double cap);
+
 /// The loss weight of every token of sample s (completion length lengths[s]; `keep[s]` false:
 /// weight 0) so that Σ weight·ℓ is the chosen aggregation over the kept samples.
 std::vector<double> sample_token_weights(std::span<const int64_t> lengths,
@@ -77,8 +96,9 @@ struct ppo_stats {
   double mean_abs_ratio_deviation() const;
 };
 
-/// The PPO-clip token objective over train_batch::policy (behaviour log-p, advantage, weight):
-/// ℓ_i = weight_i · ppo_clip(...). `stats` may be null.
+/// The policy-gradient token objective over train_batch::policy (behaviour log-p, advantage,
+/// weight): ℓ_i = weight_i · ppo_clip(...) or weight_i · decoupled_is(...), as config.correction
+/// says. `stats` may be null.
 train::token_objective<float> ppo_objective(const grpo_config& config, ppo_stats* stats);
 
 }  // namespace weft::gpu::rl

@@ -37,7 +37,9 @@ grpo_loop::grpo_loop(std::unique_ptr<train::trainable_model<float>> model, const
         train::adamw_config c = config.adamw;
         c.threads = std::max(1, config.shares);
         return c;
-      }()) {}
+      }()),
+      sched_(scheduler_config{config.prompts_per_step, config.group_size, config.max_staleness,
+                              config.total_steps > 0 ? config.total_steps : -1}) {}
 
 grpo_loop::~grpo_loop() = default;
 
@@ -48,6 +50,9 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
     return status{status_code::invalid_argument,
                   "GRPO needs at least 1 prompt per step, a group of at least 2 samples and at "
                   "least 1 new token"};
+  }
+  if (config.max_staleness < 0 || config.max_staleness > 64) {
+    return status{status_code::invalid_argument, "the staleness bound must be within 0..64"};
   }
   if (config.rollout_type != ggml_type::f32 && config.rollout_type != ggml_type::bf16 &&
       config.rollout_type != ggml_type::f16) {
@@ -82,8 +87,9 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
   if (!m) return m.error();
   loop->engine_model_ = std::move(*m);
   engine_config ec;
-  const int64_t samples =
-      std::max(config.prompts_per_step * config.group_size, config.eval_prompts);
+  // Every step that may be generating at once, and an evaluation beside them.
+  const int64_t samples = config.prompts_per_step * config.group_size * (1 + config.max_staleness) +
+                          config.eval_prompts;
   ec.max_running = samples;
   ec.max_batch_tokens = 512;
   ec.block_size = 16;
@@ -111,67 +117,183 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
   return loop;
 }
 
+std::vector<int32_t> grpo_loop::encode_prompt(const rl_prompt& p, status& st) const {
+  std::vector<int32_t> ids;
+  if (chat_) {
+    const chat_message msg{"user", p.text};
+    auto text = chat_->apply(std::span(&msg, 1), generation_prompt::add);
+    if (!text) {
+      st = text.error();
+      return ids;
+    }
+    ids = tok_->encode(*text, add_special::yes, parse_special::yes);
+  } else {
+    ids = tok_->encode(p.text, add_special::yes, parse_special::no);
+  }
+  if (static_cast<int64_t>(ids.size()) > 512) {
+    st = status{status_code::invalid_argument, "prompt '" + p.key.substr(0, 60) + "' is " +
+                                                   std::to_string(ids.size()) +
+                                                   " tokens; the limit is 512"};
+  }
+  return ids;
+}
+
+namespace {
+
+sampling_params rollout_params(uint64_t seed, int32_t max_tokens, bool greedy,
+                               const std::vector<int32_t>& eog) {
+  sampling_params sp;
+  sp.temperature = greedy ? 0.0f : 1.0f;
+  sp.seed = seed;
+  sp.max_tokens = max_tokens;
+  sp.stop_tokens = eog;
+  return sp;
+}
+
+/// Appends an engine output to its sample; true when the sample is complete.
+result<bool> append_output(rollout_sample& s, const request_output& o, int64_t version) {
+  if (o.finish == finish_reason::error) {
+    return status{status_code::internal, "rollout failed: " + o.error};
+  }
+  for (size_t i = 0; i < o.new_tokens.size(); ++i) {
+    s.completion.push_back(o.new_tokens[i]);
+    s.logp.push_back(o.samples[i].logprob);
+    s.version.push_back(version);
+  }
+  s.text += o.text_delta;
+  if (o.finish == finish_reason::stop_token) {
+    s.completion.push_back(o.stop_sample.token);
+    s.logp.push_back(o.stop_sample.logprob);
+    s.version.push_back(version);
+    s.stopped = true;
+  }
+  return o.finish != finish_reason::none;
+}
+
+uint64_t step_seed(uint64_t seed, int64_t step) {
+  return seed ^ (0xA5A5ull + static_cast<uint64_t>(step) * 0x100000001B3ull);
+}
+
+}  // namespace
+
 result<std::vector<rollout_sample>> grpo_loop::generate(const std::vector<rl_prompt>& prompts,
                                                         int64_t group_size, uint64_t seed_base,
                                                         bool greedy) {
   std::vector<rollout_sample> out;
-  std::unordered_map<request_id, size_t> index;
   const auto eog = tok_->end_of_generation_ids();
+  const std::vector<int32_t> stops(eog.begin(), eog.end());
+  direct_.clear();
   for (size_t g = 0; g < prompts.size(); ++g) {
-    std::vector<int32_t> ids;
-    if (chat_) {
-      const chat_message msg{"user", prompts[g].text};
-      auto text = chat_->apply(std::span(&msg, 1), generation_prompt::add);
-      if (!text) return text.error();
-      ids = tok_->encode(*text, add_special::yes, parse_special::yes);
-    } else {
-      ids = tok_->encode(prompts[g].text, add_special::yes, parse_special::no);
-    }
-    if (static_cast<int64_t>(ids.size()) > 512) {
-      return status{status_code::invalid_argument, "prompt '" + prompts[g].key.substr(0, 60) +
-                                                       "' is " + std::to_string(ids.size()) +
-                                                       " tokens; the limit is 512"};
-    }
+    status st;
+    auto ids = encode_prompt(prompts[g], st);
+    if (!st) return st;
     for (int64_t j = 0; j < group_size; ++j) {
-      sampling_params sp;
-      sp.temperature = greedy ? 0.0f : 1.0f;
-      sp.seed = sample_seed(seed_base, static_cast<int64_t>(g), j);
-      sp.max_tokens = config_.max_new_tokens;
-      sp.stop_tokens.assign(eog.begin(), eog.end());
       const request_id id = next_request_++;
-      if (auto st = engine_->add_request(id, ids, sp); !st) return st;
+      if (auto a = engine_->add_request(
+              id, ids,
+              rollout_params(sample_seed(seed_base, static_cast<int64_t>(g), j),
+                             config_.max_new_tokens, greedy, stops));
+          !a) {
+        return a;
+      }
       rollout_sample s;
       s.group = static_cast<int64_t>(g);
       s.prompt = ids;
-      index[id] = out.size();
+      direct_[id] = out.size();
       out.push_back(std::move(s));
     }
   }
+  direct_out_ = &out;
   size_t finished = 0;
-  while (finished < out.size()) {
-    auto outputs = engine_->step();
-    if (!outputs) return outputs.error();
-    for (auto& o : *outputs) {
-      rollout_sample& s = out[index.at(o.id)];
-      for (size_t i = 0; i < o.new_tokens.size(); ++i) {
-        s.completion.push_back(o.new_tokens[i]);
-        s.logp.push_back(o.samples[i].logprob);
-        s.version.push_back(version_);
+  status st;
+  while (st && finished < out.size()) st = pump(finished);
+  direct_out_ = nullptr;
+  direct_.clear();
+  if (!st) return st;
+  return out;
+}
+
+status grpo_loop::start_step(int64_t m) {
+  pending_step p;
+  p.cursor = prompts_.cursor();
+  const auto eog = tok_->end_of_generation_ids();
+  const std::vector<int32_t> stops(eog.begin(), eog.end());
+  const uint64_t base = step_seed(config_.seed, m);
+  for (int64_t g = 0; g < config_.prompts_per_step; ++g) {
+    p.prompts.push_back(prompts_.next());
+    status st;
+    auto ids = encode_prompt(p.prompts.back(), st);
+    if (!st) return st;
+    for (int64_t j = 0; j < config_.group_size; ++j) {
+      const request_id id = next_request_++;
+      if (auto a = engine_->add_request(
+              id, ids,
+              rollout_params(sample_seed(base, g, j), config_.max_new_tokens, false, stops));
+          !a) {
+        return a;
       }
-      s.text += o.text_delta;
-      if (o.finish == finish_reason::error) {
-        return status{status_code::internal, "rollout failed: " + o.error};
-      }
-      if (o.finish == finish_reason::stop_token) {
-        s.completion.push_back(o.stop_sample.token);
-        s.logp.push_back(o.stop_sample.logprob);
-        s.version.push_back(version_);
-        s.stopped = true;
-      }
-      if (o.finish != finish_reason::none) ++finished;
+      rollout_sample s;
+      s.group = g;
+      s.prompt = ids;
+      slots_[id] = slot{m, p.samples.size()};
+      p.samples.push_back(std::move(s));
     }
   }
-  return out;
+  p.group_finished.assign(static_cast<size_t>(config_.prompts_per_step), 0);
+  pending_.emplace(m, std::move(p));
+  return {};
+}
+
+status grpo_loop::pump(size_t& direct_finished) {
+  auto outputs = engine_->step();
+  if (!outputs) return outputs.error();
+  for (auto& o : *outputs) {
+    if (auto d = direct_.find(o.id); d != direct_.end()) {
+      auto done = append_output((*direct_out_)[d->second], o, version_);
+      if (!done) return done.error();
+      if (*done) ++direct_finished;
+      continue;
+    }
+    auto it = slots_.find(o.id);
+    if (it == slots_.end()) {
+      return status{status_code::internal, "output for unknown rollout " + std::to_string(o.id)};
+    }
+    const slot where = it->second;
+    if (o.finish == finish_reason::aborted) {  // restore() drops the rollouts in flight
+      slots_.erase(it);
+      continue;
+    }
+    auto done = append_output(pending_.at(where.step).samples[where.index], o, version_);
+    if (!done) return done.error();
+    if (*done) {
+      slots_.erase(it);
+      if (auto st = sample_finished(where.step, where.index); !st) return st;
+    }
+  }
+  return {};
+}
+
+status grpo_loop::sample_finished(int64_t step, size_t index) {
+  pending_step& p = pending_.at(step);
+  rollout_sample& s = p.samples[index];
+  const auto g = static_cast<size_t>(s.group);
+  const auto j = static_cast<int64_t>(index) - s.group * config_.group_size;
+  const int64_t oldest =
+      s.version.empty() ? version_ : *std::min_element(s.version.begin(), s.version.end());
+  const int64_t newest =
+      s.version.empty() ? version_ : *std::max_element(s.version.begin(), s.version.end());
+  if (auto st = sched_.finish(sample_key{step, s.group, j}, oldest, newest); !st) return st;
+  if (++p.group_finished[g] < config_.group_size) return {};
+  // The group is complete: score it now, while the other groups still generate.
+  const auto first = static_cast<std::ptrdiff_t>(g * static_cast<size_t>(config_.group_size));
+  std::vector<rollout_sample> group(p.samples.begin() + first,
+                                    p.samples.begin() + first + config_.group_size);
+  auto rewards = score(p.prompts, group);
+  if (!rewards) return rewards.error();
+  for (int64_t k = 0; k < config_.group_size; ++k) {
+    p.samples[static_cast<size_t>(first + k)].reward = (*rewards)[static_cast<size_t>(k)];
+  }
+  return {};
 }
 
 result<std::vector<double>> grpo_loop::score(const std::vector<rl_prompt>& prompts,
@@ -206,18 +328,39 @@ result<rl_step_record> grpo_loop::step() {
   rl_step_record rec;
   rec.step = step_ + 1;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<rl_prompt> prompts;
-  for (int64_t i = 0; i < config_.prompts_per_step; ++i) prompts.push_back(prompts_.next());
-  auto samples =
-      generate(prompts, config_.group_size,
-               config_.seed ^ (0xA5A5ull + static_cast<uint64_t>(step_) * 0x100000001B3ull), false);
-  if (!samples) return samples.error();
+  size_t none = 0;
+  for (;;) {
+    for (int64_t m : sched_.admit()) {
+      if (auto st = start_step(m); !st) return st;
+    }
+    if (sched_.ready()) break;
+    if (!engine_->has_work()) {
+      return status{status_code::internal, "step " + std::to_string(step_ + 1) +
+                                               ": the engine is idle but the rollouts of the "
+                                               "step are not complete"};
+    }
+    if (auto st = pump(none); !st) return st;
+  }
   rec.rollout_s = seconds_since(t0);
 
   const auto t1 = std::chrono::steady_clock::now();
-  auto scored = score_step(prompts, *samples, rec);
-  if (!scored) return scored.error();
-  if (auto st = update(pack_update(*samples, *scored), rec); !st) return st;
+  auto trained = sched_.train();
+  if (!trained) return trained.error();
+  pending_step p = std::move(pending_.at(step_));
+  pending_.erase(step_);
+  rec.in_flight = sched_.in_flight();
+  for (size_t i = 0; i < trained->staleness.size(); ++i) {
+    rec.staleness_mean += static_cast<double>(trained->staleness[i]);
+    rec.staleness_max = std::max(rec.staleness_max, trained->staleness[i]);
+    const auto& v = p.samples[i].version;
+    if (!v.empty() &&
+        *std::min_element(v.begin(), v.end()) != *std::max_element(v.begin(), v.end())) {
+      ++rec.mixed_version_samples;
+    }
+  }
+  rec.staleness_mean /= static_cast<double>(std::max<size_t>(1, trained->staleness.size()));
+  const scored_step scored = score_step(p.samples, rec);
+  if (auto st = update(pack_update(p.samples, scored), rec); !st) return st;
   rec.train_s = seconds_since(t1);
 
   const auto t2 = std::chrono::steady_clock::now();
@@ -229,19 +372,15 @@ result<rl_step_record> grpo_loop::step() {
   return rec;
 }
 
-result<grpo_loop::scored_step> grpo_loop::score_step(const std::vector<rl_prompt>& prompts,
-                                                     std::vector<rollout_sample>& samples,
-                                                     rl_step_record& rec) {
-  auto scored = score(prompts, samples);
-  if (!scored) return scored.error();
+grpo_loop::scored_step grpo_loop::score_step(const std::vector<rollout_sample>& samples,
+                                             rl_step_record& rec) const {
   std::vector<double> rewards;
   std::vector<int64_t> lengths;
-  for (size_t i = 0; i < samples.size(); ++i) {
-    auto& s = samples[i];
-    s.reward = (*scored)[i];
+  for (const auto& s : samples) {
     rewards.push_back(s.reward);
     lengths.push_back(static_cast<int64_t>(s.completion.size()));
     rec.completion_tokens += lengths.back();
+    rec.completion_len_max = std::max(rec.completion_len_max, lengths.back());
     rec.stopped_fraction += s.stopped ? 1.0 : 0.0;
   }
   const auto n = static_cast<double>(samples.size());
@@ -373,7 +512,10 @@ status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& bat
 
 void grpo_loop::snapshot_into(train::checkpoint_state& s) const {
   s.step = step_;
-  s.cursor = train::data_cursor{0, prompts_.cursor()};
+  // Steps already generating start again from their prompts after a resume.
+  auto next = pending_.find(step_);
+  s.cursor =
+      train::data_cursor{0, next != pending_.end() ? next->second.cursor : prompts_.cursor()};
   s.seed = config_.seed;
   s.schedule = config_.schedule;
   s.history.clear();
@@ -390,8 +532,18 @@ status grpo_loop::restore(const train::checkpoint_state& s) {
                 std::to_string(config_.seed) + " (prompts and samples would differ)"};
   }
   if (auto st = train::restore_parameters(s, model_->parameters(), opt_); !st) return st;
+  for (const auto& [id, where] : slots_) {
+    if (auto st = engine_->abort(id); !st) return st;
+  }
+  size_t none = 0;
+  while (engine_->has_work()) {
+    if (auto st = pump(none); !st) return st;
+  }
+  slots_.clear();
+  pending_.clear();
   prompts_.set_cursor(s.cursor.index);
   step_ = s.step;
+  sched_ = rollout_scheduler(sched_.config(), step_);
   history_.clear();
   for (const auto& r : s.history) {
     rl_step_record x;

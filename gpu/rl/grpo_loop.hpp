@@ -1,16 +1,22 @@
 #pragma once
-/// Synchronous GRPO in one process (docs/rl.md, `weft rl --mode sync`): each step draws prompts,
+/// GRPO in one process (docs/rl.md, `weft rl --mode sync|async`): each step draws prompts,
 /// generates a group of samples per prompt with the rollout engine (which serves the trainer's
-/// current weights and records every token's log-probability and weight version), scores them,
-/// computes group-relative advantages, takes one optimizer step on the PPO-clip objective and
-/// copies the new weights into the engine in place (a new weight version; the engine's prefix
-/// cache starts a new namespace). Deterministic: the same seed gives the same weights bit for bit.
+/// current weights and records every token's log-probability and weight version), scores each
+/// group as soon as it finishes, computes group-relative advantages, takes one optimizer step on
+/// the policy objective and copies the new weights into the engine in place (a new weight
+/// version; the engine's prefix cache starts a new namespace). With max_staleness K > 0 the
+/// rollouts of the next K steps keep the engine busy while a step trains; in-flight samples
+/// continue with the new weights between engine steps (every token records its version) and a
+/// rollout_scheduler proves that no sample is trained twice, lost, or older than K versions.
+/// Deterministic in every mode: the same seed gives the same weights bit for bit.
 /// Plain class, no CAF: the RL actors reuse its pieces.
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "gpu/chat_template.hpp"
@@ -19,6 +25,7 @@
 #include "gpu/gguf.hpp"
 #include "gpu/model.hpp"
 #include "gpu/rl/grpo.hpp"
+#include "gpu/rl/rollout_scheduler.hpp"
 #include "gpu/rl/tasks.hpp"
 #include "gpu/status.hpp"
 #include "gpu/tokenizer.hpp"
@@ -47,6 +54,10 @@ struct grpo_loop_config {
   /// Type the rollout engine stores the weights in (f32, bf16 or f16). f32 keeps the behaviour
   /// policy closest to the trainer's.
   ggml_type rollout_type = ggml_type::f32;
+  /// K: the rollouts of steps m + 1 .. m + K may run while step m trains (0: `--mode sync`).
+  int64_t max_staleness = 0;
+  /// Steps of the run: no rollout starts for a step at or past it (0: no end).
+  int64_t total_steps = 0;
 };
 
 /// One generated sample.
@@ -70,12 +81,17 @@ struct rl_step_record {
   double reward_std = 0.0;
   int64_t zero_variance_groups = 0;
   double completion_len = 0.0;  ///< Mean completion tokens per sample.
+  int64_t completion_len_max = 0;
   double stopped_fraction = 0.0;
   double loss = 0.0;
   double grad_norm = 0.0;
   double lr = 0.0;
   double clip_fraction = 0.0;
   double ratio_deviation = 0.0;  ///< Mean |π_trainer/π_behaviour − 1| over the step's tokens.
+  double staleness_mean = 0.0;   ///< Versions between the trainer and a sample's oldest token.
+  int64_t staleness_max = 0;
+  int64_t mixed_version_samples = 0;  ///< Samples whose tokens span more than one version.
+  int64_t in_flight = 0;              ///< Samples of later steps generating when this step trained.
   int64_t completion_tokens = 0;
   double rollout_s = 0.0, train_s = 0.0, sync_s = 0.0;
 };
@@ -106,12 +122,14 @@ class grpo_loop {
   /// Scores samples with `reward` instead of the task's verifier (training and evaluation).
   void set_reward(batch_reward reward) { reward_ = std::move(reward); }
 
-  /// One GRPO step: rollouts, rewards, advantages, update, weight sync.
+  /// One GRPO step: rollouts (until every sample of the step has finished; with K > 0 the next
+  /// steps' rollouts start too), rewards, advantages, update, weight sync.
   result<rl_step_record> step();
   /// Greedy pass@1 on the held-out problems with the current weights.
   result<rl_eval_record> evaluate();
   /// Generates `group_size` samples (temperature 1) for each prompt with the current weights;
-  /// `seed_base` seeds them. Public for tests and benchmarks.
+  /// `seed_base` seeds them. Rollouts of later steps in flight (K > 0) advance meanwhile.
+  /// Public for tests and benchmarks.
   result<std::vector<rollout_sample>> generate(const std::vector<rl_prompt>& prompts,
                                                int64_t group_size, uint64_t seed_base, bool greedy);
 
@@ -120,7 +138,9 @@ class grpo_loop {
   /// the seed and the schedule; history holds loss, lr, grad norm and completion tokens per step.
   void snapshot_into(train::checkpoint_state& s) const;
   /// Continues from a snapshot of the same model and seed, and pushes the weights to the engine:
-  /// the run then goes on bit for bit as if it had never stopped.
+  /// with K = 0 the run then goes on bit for bit as if it had never stopped; with K > 0 the
+  /// rollouts that were in flight start again from their prompts (same prompts and seeds, none
+  /// lost or trained twice, but sampled with the restored weights).
   status restore(const train::checkpoint_state& s);
 
   int64_t steps_done() const { return step_; }
@@ -128,6 +148,7 @@ class grpo_loop {
   train::trainable_model<float>& model() { return *model_; }
   const std::vector<rl_step_record>& history() const { return history_; }
   const prompt_source& prompts() const { return prompts_; }
+  const rollout_scheduler& scheduler() const { return sched_; }
   /// The rollout engine's model (its weights are the trainer's at version()).
   gpu::model& rollout_model() { return *engine_model_; }
 
@@ -135,15 +156,22 @@ class grpo_loop {
   grpo_loop(std::unique_ptr<train::trainable_model<float>> model, const rl_task& task,
             const grpo_loop_config& config);
   status push_weights();
+  /// Draws step m's prompts and puts its samples into the engine.
+  status start_step(int64_t m);
+  std::vector<int32_t> encode_prompt(const rl_prompt& p, status& st) const;
+  /// One engine step; tokens go to their samples; finished groups of a step are scored.
+  /// `direct_finished` counts finished samples of the generate() call in progress.
+  status pump(size_t& direct_finished);
+  status sample_finished(int64_t step, size_t index);
   /// A step's rewards turned into what the update needs: each sample's advantage, whether it is
   /// kept in the loss, and its per-token loss weight.
   struct scored_step {
     std::vector<double> adv, weights;
     std::vector<uint8_t> keep;
   };
-  /// Scores the samples and fills the step's reward and length statistics into `rec`.
-  result<scored_step> score_step(const std::vector<rl_prompt>& prompts,
-                                 std::vector<rollout_sample>& samples, rl_step_record& rec);
+  /// Fills the step's reward and length statistics into `rec` (the samples are scored) and
+  /// turns the rewards into advantages and loss weights.
+  scored_step score_step(const std::vector<rollout_sample>& samples, rl_step_record& rec) const;
   /// The update's micro-batches, one list per parallel share.
   std::vector<std::vector<train::train_batch>> pack_update(
       const std::vector<rollout_sample>& samples, const scored_step& scored) const;
@@ -167,6 +195,22 @@ class grpo_loop {
   int64_t step_ = 0;
   int64_t version_ = 0;
   request_id next_request_ = 1;
+  rollout_scheduler sched_;
+  /// A step whose rollouts have started and which is not trained yet.
+  struct pending_step {
+    std::vector<rl_prompt> prompts;
+    std::vector<rollout_sample> samples;  ///< Group after group.
+    std::vector<int64_t> group_finished;  ///< Finished samples per group.
+    int64_t cursor = 0;                   ///< Prompt cursor before its prompts were drawn.
+  };
+  std::map<int64_t, pending_step> pending_;
+  struct slot {
+    int64_t step = 0;
+    size_t index = 0;
+  };
+  std::unordered_map<request_id, slot> slots_;     ///< Requests of pending steps.
+  std::unordered_map<request_id, size_t> direct_;  ///< Requests of the generate() in progress.
+  std::vector<rollout_sample>* direct_out_ = nullptr;
   std::vector<rl_step_record> history_;
   batch_reward reward_;
 };

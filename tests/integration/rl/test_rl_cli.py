@@ -52,8 +52,16 @@ def main():
                                                  "--resume", "--clip-high", "--loss-agg",
                                                  "--checkpoint-dir", "--save", "--mode"]),
               "--help lists the options")
-        rc, out = rl(weft, base + ["--mode", "async"])
-        check(rc == 2 and "not built yet" in out, "--mode async: exit 2, said not built yet")
+        rc, out = rl(weft, base + ["--mode", "stream"])
+        check(rc == 2 and "not built yet" in out, "--mode stream: exit 2, said not built yet")
+        rc, out = rl(weft, base + ["--max-staleness", "2"])
+        check(rc == 2 and "--max-staleness needs --mode async" in out,
+              "--max-staleness without --mode async is refused, not ignored")
+        rc, out = rl(weft, base + ["--is-cap", "3"])
+        check(rc == 2 and "--is-cap needs --off-policy decoupled" in out,
+              "--is-cap without --off-policy decoupled is refused")
+        rc, out = rl(weft, base + ["--off-policy", "decoupled", "--clip-high", "0.28"])
+        check(rc == 2 and "--is-cap instead" in out, "--clip-high with decoupled is refused")
         rc, out = rl(weft, base + ["--ops", "+/"])
         check(rc == 2 and "--ops" in out, "a bad --ops is refused")
         bad = os.path.join(tmp, "bad.jsonl")
@@ -214,6 +222,31 @@ def main():
                               "0.0001"])
         clip = [r["clip_fraction"] for r in rows if r["kind"] == "step"]
         check(rc == 0 and len(clip) == 3 and clip[0] > 0, f"a narrow clip range clips: {clip}")
+
+        # --mode async: later steps generate while a step trains; staleness within the bound,
+        # recorded per step; two runs with one seed are identical; decoupled correction runs.
+        def async_run(extra):
+            path = os.path.join(tmp, "async.jsonl")
+            rc, out = rl(weft, base + ["--steps", "5", "--eval-every", "0", "--metrics", path,
+                                       "--mode", "async", "--max-staleness", "2"] + extra)
+            rows = [r for r in metrics(path) if r["kind"] == "step"] if rc == 0 else []
+            return rc, out, rows
+        rc, out, rows = async_run([])
+        check(rc == 0 and [r["step"] for r in rows] == list(range(1, 6)) and
+              all(r["samples"] == 16 for r in rows), f"--mode async trains 5 steps: {out[-300:]}")
+        check(all(0 <= r["staleness_max"] <= 2 for r in rows) and
+              any(r["staleness_max"] > 0 for r in rows),
+              f"async staleness recorded and within K=2: {[r['staleness_max'] for r in rows]}")
+        check("next 2 step(s) generate while a step trains" in out and "staleness" in out,
+              "async says what it does and reports staleness")
+        _, _, again = async_run([])
+        check([(r["reward"], r["loss"]) for r in rows] == [(r["reward"], r["loss"]) for r in again],
+              "two async runs with one seed are identical")
+        check([r["loss"] for r in rows[:3]] != plain,
+              "async trains on other rollouts than sync (same seed)")
+        rc, _, dec = async_run(["--off-policy", "decoupled", "--is-cap", "1.5"])
+        check(rc == 0 and len(dec) == 5 and [r["loss"] for r in dec] != [r["loss"] for r in rows],
+              "--off-policy decoupled runs and changes the update")
 
         # --metrics-port: Prometheus text while the run goes on.
         import socket

@@ -1,8 +1,9 @@
 // RL post-training's plain parts (gpu/rl/, docs/rl.md): GRPO advantages, PPO-clip and the loss
 // aggregations against hand-computed values; the policy objective's gradient against weighted
 // cross-entropy; in-place weight updates of the serving model and version namespaces of the prefix
-// cache; tasks, verifiers and the held-out split; the synchronous loop's determinism, its weight
-// sync, and learning on a tiny model.
+// cache; tasks, verifiers and the held-out split; the rollout scheduler's invariants under random
+// timings; the sync and async loops' determinism, weight sync, resume, and learning on a tiny
+// model.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -11,7 +12,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
 #include <set>
+#include <tuple>
 
 #include "gpu/device.hpp"
 #include "gpu/gguf.hpp"
@@ -89,6 +94,132 @@ TEST(grpo, ppo_clip_takes_the_pessimistic_branch) {
   EXPECT_FALSE(t.clipped);
   EXPECT_NEAR(t.loss, 1.5, 1e-12);
   EXPECT_NEAR(t.dloss_dlogp, 1.5, 1e-12);
+}
+
+TEST(grpo, decoupled_importance_weight_is_truncated_and_detached) {
+  // ratio e^0.5 ≈ 1.6487 under the cap: ℓ = −w·A, dℓ/dlogp = −w·A.
+  auto t = decoupled_is(-1.0, -1.5, 2.0, 2.0);
+  EXPECT_NEAR(t.ratio, std::exp(0.5), 1e-12);
+  EXPECT_NEAR(t.loss, -2.0 * std::exp(0.5), 1e-12);
+  EXPECT_NEAR(t.dloss_dlogp, -2.0 * std::exp(0.5), 1e-12);
+  EXPECT_FALSE(t.clipped);
+  // ratio e^1 over the cap 2: the weight is 2, still a gradient (PPO-clip would give none).
+  t = decoupled_is(0.0, -1.0, 1.0, 2.0);
+  EXPECT_TRUE(t.clipped);
+  EXPECT_DOUBLE_EQ(t.dloss_dlogp, -2.0);
+  EXPECT_DOUBLE_EQ(ppo_clip(0.0, -1.0, 1.0, 0.2, 0.2).dloss_dlogp, 0.0);
+  // Negative advantages push the log-probability down with the same weight.
+  t = decoupled_is(-2.0, -2.0, -0.5, 2.0);
+  EXPECT_DOUBLE_EQ(t.dloss_dlogp, 0.5);
+  off_policy_correction c{};
+  EXPECT_TRUE(parse_off_policy_correction("decoupled", c));
+  EXPECT_EQ(c, off_policy_correction::decoupled);
+  EXPECT_FALSE(parse_off_policy_correction("tis", c));
+}
+
+TEST(rollout_scheduler, sync_admits_one_step_at_a_time) {
+  rollout_scheduler s(scheduler_config{2, 2, 0, 3});
+  EXPECT_EQ(s.admit(), std::vector<int64_t>{0});
+  EXPECT_TRUE(s.admit().empty());
+  EXPECT_FALSE(s.ready());
+  EXPECT_FALSE(s.train().ok());
+  for (int64_t g = 0; g < 2; ++g) {
+    for (int64_t j = 0; j < 2; ++j) ASSERT_TRUE(s.finish({0, g, j}, 0, 0).ok());
+  }
+  EXPECT_EQ(s.finish({0, 1, 1}, 0, 0).code(), status_code::invalid_argument);  // twice
+  EXPECT_EQ(s.finish({1, 0, 0}, 0, 0).code(), status_code::invalid_argument);  // not admitted
+  EXPECT_EQ(s.finish({0, 2, 0}, 0, 0).code(), status_code::invalid_argument);  // no such group
+  ASSERT_TRUE(s.ready());
+  auto t = s.train();
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->staleness, std::vector<int64_t>(4, 0));
+  EXPECT_EQ(s.version(), 1);
+  EXPECT_EQ(s.finish({0, 0, 0}, 0, 0).code(), status_code::invalid_argument);  // trained
+  EXPECT_EQ(s.admit(), std::vector<int64_t>{1});
+  // Versions a sample cannot have: newer than the trainer's, older than its admission.
+  EXPECT_EQ(s.finish({1, 0, 0}, 1, 2).code(), status_code::invalid_argument);
+  EXPECT_EQ(s.finish({1, 0, 0}, 0, 1).code(), status_code::invalid_argument);
+}
+
+TEST(rollout_scheduler, async_admits_k_steps_ahead_and_stops_at_the_last_step) {
+  rollout_scheduler s(scheduler_config{1, 2, 2, 4});
+  EXPECT_EQ(s.admit(), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(s.in_flight(), 6);
+  for (int64_t j = 0; j < 2; ++j) ASSERT_TRUE(s.finish({2, 0, j}, 0, 0).ok());  // out of order
+  EXPECT_FALSE(s.ready());
+  for (int64_t j = 0; j < 2; ++j) ASSERT_TRUE(s.finish({0, 0, j}, 0, 0).ok());
+  ASSERT_TRUE(s.train().ok());
+  EXPECT_EQ(s.admit(), std::vector<int64_t>{3});
+  ASSERT_TRUE(s.finish({1, 0, 0}, 0, 1).ok());
+  ASSERT_TRUE(s.finish({1, 0, 1}, 0, 0).ok());
+  auto t = s.train();
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->staleness, (std::vector<int64_t>{1, 1}));
+  ASSERT_TRUE(s.train().ok());     // step 2 finished long ago: 2 versions old, within K
+  EXPECT_TRUE(s.admit().empty());  // step 4 is past the end
+  EXPECT_EQ(s.staleness_histogram(), (std::vector<int64_t>{2, 2, 2}));
+}
+
+/// Property test: random rollout lengths, random trainer delays, random token versions; for every
+/// K, every sample is trained exactly once, none is lost and none is older than K versions.
+TEST(rollout_scheduler, random_timings_never_lose_repeat_or_overage_a_sample) {
+  std::mt19937_64 rng(2026);
+  for (int64_t K = 0; K <= 3; ++K) {
+    for (int trial = 0; trial < 20; ++trial) {
+      const int64_t P = 1 + static_cast<int64_t>(rng() % 3),
+                    G = 2 + static_cast<int64_t>(rng() % 3);
+      const int64_t steps = 6 + static_cast<int64_t>(rng() % 6);
+      rollout_scheduler s(scheduler_config{P, G, K, steps});
+      struct running {
+        sample_key key;
+        int64_t left = 0, oldest = -1, newest = -1;
+      };
+      std::vector<running> live;
+      std::map<std::tuple<int64_t, int64_t, int64_t>, int> finished;
+      int64_t trainer_busy = 0;
+      while (s.version() < steps) {
+        for (int64_t m : s.admit()) {
+          for (int64_t g = 0; g < P; ++g) {
+            for (int64_t j = 0; j < G; ++j) {
+              live.push_back({{m, g, j}, 1 + static_cast<int64_t>(rng() % 40), -1, -1});
+            }
+          }
+        }
+        // One engine step: every live sample makes a token with the current version.
+        for (auto& r : live) {
+          if (r.oldest < 0) r.oldest = s.version();
+          r.newest = s.version();
+          --r.left;
+        }
+        for (size_t i = 0; i < live.size();) {
+          if (live[i].left <= 0) {
+            ASSERT_TRUE(s.finish(live[i].key, live[i].oldest, live[i].newest).ok());
+            ++finished[{live[i].key.step, live[i].key.group, live[i].key.index}];
+            live[i] = live.back();
+            live.pop_back();
+          } else {
+            ++i;
+          }
+        }
+        if (trainer_busy > 0) {
+          --trainer_busy;
+        } else if (s.ready()) {
+          auto t = s.train();
+          ASSERT_TRUE(t.ok()) << t.error().message();
+          for (int64_t lag : t->staleness) ASSERT_LE(lag, K);
+          trainer_busy = static_cast<int64_t>(rng() % 10);
+        }
+        ASSERT_EQ(s.in_flight(), static_cast<int64_t>(live.size()));
+      }
+      EXPECT_TRUE(live.empty());
+      EXPECT_EQ(s.trained_samples(), steps * P * G);
+      EXPECT_EQ(static_cast<int64_t>(finished.size()), steps * P * G);
+      for (const auto& [k, n] : finished) ASSERT_EQ(n, 1);
+      const auto& h = s.staleness_histogram();
+      EXPECT_LE(static_cast<int64_t>(h.size()), K + 1);
+      EXPECT_EQ(std::accumulate(h.begin(), h.end(), int64_t{0}), steps * P * G);
+    }
+  }
 }
 
 TEST(grpo, loss_aggregations_weight_tokens_as_documented) {
@@ -649,6 +780,72 @@ TEST(grpo_loop, a_resumed_run_is_bit_identical_to_an_uninterrupted_one) {
   other_cfg.seed = 12;
   auto other = make_loop(file, task, other_cfg);
   EXPECT_EQ(other->restore(ckpt).code(), status_code::invalid_argument);
+}
+
+TEST(grpo_loop, async_runs_repeat_bit_for_bit_within_the_staleness_bound) {
+  const auto file = tiny_file();
+  digits_task task;
+  auto cfg = loop_cfg();
+  cfg.max_staleness = 2;
+  cfg.total_steps = 5;
+  auto a = make_loop(file, task, cfg);
+  auto b = make_loop(file, task, cfg);
+  int64_t mixed = 0, stale = 0;
+  for (int s = 0; s < 5; ++s) {
+    auto ra = a->step();
+    auto rb = b->step();
+    ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message() : ra.error().message());
+    EXPECT_EQ(ra->loss, rb->loss);
+    EXPECT_EQ(ra->samples, 24);
+    EXPECT_EQ(ra->version, s + 1);
+    EXPECT_LE(ra->staleness_max, 2);
+    mixed += ra->mixed_version_samples;
+    stale += ra->staleness_max;
+    // An evaluation between steps shares the engine with the rollouts in flight.
+    if (s == 1) {
+      ASSERT_TRUE(a->evaluate().ok() && b->evaluate().ok());
+    }
+  }
+  EXPECT_GT(stale, 0);  // later steps did generate while earlier ones trained
+  std::printf("async K=2: %lld samples of mixed versions\n", static_cast<long long>(mixed));
+  for (size_t i = 0; i < a->model().parameters().size(); ++i) {
+    ASSERT_EQ(a->model().parameters()[i].value, b->model().parameters()[i].value);
+  }
+  EXPECT_EQ(a->scheduler().trained_samples(), 5 * 24);
+  EXPECT_EQ(a->scheduler().in_flight(), 0);  // nothing started past the last step
+  // A different bound trains on other rollouts: the mode is not a no-op.
+  auto sync = make_loop(file, task, loop_cfg());
+  for (int s = 0; s < 5; ++s) ASSERT_TRUE(sync->step().ok());
+  bool differs = false;
+  for (size_t i = 0; i < a->model().parameters().size(); ++i) {
+    differs = differs || a->model().parameters()[i].value != sync->model().parameters()[i].value;
+  }
+  EXPECT_TRUE(differs);
+}
+
+TEST(grpo_loop, an_async_resume_trains_every_step_once) {
+  const auto file = tiny_file();
+  digits_task task;
+  auto cfg = loop_cfg();
+  cfg.max_staleness = 1;
+  cfg.total_steps = 4;
+  auto first = make_loop(file, task, cfg);
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(first->step().ok());
+  EXPECT_GT(first->scheduler().in_flight(), 0);  // step 3's rollouts were running
+  train::checkpoint_state ckpt;
+  first->snapshot_into(ckpt);
+  EXPECT_EQ(ckpt.cursor.index, 2 * cfg.prompts_per_step);  // step 3's prompts are drawn again
+  first.reset();
+  auto second = make_loop(file, task, cfg);
+  ASSERT_TRUE(second->restore(ckpt).ok());
+  for (int s = 0; s < 2; ++s) {
+    auto r = second->step();
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    EXPECT_EQ(r->step, 3 + s);
+    EXPECT_EQ(r->samples, 24);
+  }
+  EXPECT_EQ(second->scheduler().trained_samples(), 2 * 24);
+  EXPECT_EQ(second->prompts().cursor(), 4 * cfg.prompts_per_step);
 }
 
 TEST(grpo_loop, a_tiny_model_learns_a_graded_reward) {

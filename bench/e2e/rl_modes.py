@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""GRPO samples/s of `weft rl --mode sync` against `--mode async --max-staleness K` (K = 1, 2) on the
+same model, task, seed, prompts, group size and number of samples, in one run; the modes alternate
+(sync, async 1, async 2, sync, ...) so the machine's drift hits all alike.
+
+The task must have heavy-tailed output lengths, where sync mode pays for its long tail: the batch
+drains to the few samples still generating while the rest of the step waits. By default that is
+SmolLM2-135M-Instruct (the default model; rollouts in f32) on 2-digit arithmetic in its chat
+template with up to 96 new tokens: most replies are a short sentence, some explain at length.
+
+Samples/s counts the training steps (model loading excluded). Rewards are each step's mean reward:
+async trains on samples up to K versions old and must stay within noise of sync.
+
+Writes JSON and PNG named rl-modes-<date>.* into --out.
+Usage: rl_modes.py --weft build/release/apps/weft [--steps 8] [--repeat 2] [--out docs]
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+MODES = [("sync", []), ("async K=1", ["--mode", "async", "--max-staleness", "1"]),
+         ("async K=2", ["--mode", "async", "--max-staleness", "2"])]
+
+
+def run_weft(a, extra, metrics):
+    cmd = [a.weft, "rl", "--model", a.model, "--task", "arithmetic", "--digits", str(a.digits),
+           "--ops", a.ops, "--prompts-per-step", str(a.prompts), "--group-size", str(a.group),
+           "--max-new-tokens", str(a.max_new), "--steps", str(a.steps), "--lr", str(a.lr),
+           "--threads", str(a.threads), "--seed", str(a.seed), "--eval-every", "0",
+           "--metrics", metrics] + extra
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
+    if p.returncode != 0:
+        sys.exit(f"weft rl {' '.join(extra)} failed:\n" + p.stderr[-3000:])
+    steps = [json.loads(x) for x in open(metrics) if x.strip()]
+    steps = [r for r in steps if r["kind"] == "step"]
+    return {"seconds": sum(r["step_s"] for r in steps),
+            "rewards": [r["reward"] for r in steps],
+            "lengths": [r["completion_len"] for r in steps],
+            "max_lengths": [r.get("completion_len_max", 0) for r in steps],
+            "staleness": [r.get("staleness_mean", 0.0) for r in steps],
+            "mixed_version_samples": sum(r.get("mixed_version_samples", 0) for r in steps),
+            "stage_seconds": {k: sum(r[k] for r in steps)
+                              for k in ["rollout_s", "train_s", "sync_s"]}}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--weft", required=True)
+    ap.add_argument("--model", default=os.environ.get("WEFT_MODEL", os.path.expanduser(
+        "~/.cache/weft/models/SmolLM2-135M-Instruct.Q4_1.gguf")))
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--max-new", type=int, default=96)
+    ap.add_argument("--digits", type=int, default=2)
+    ap.add_argument("--ops", default="+-")
+    ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="bench/results")
+    a = ap.parse_args()
+    samples = a.steps * a.prompts * a.group
+    runs = {name: [] for name, _ in MODES}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(a.repeat):
+            for name, extra in MODES:
+                r = run_weft(a, extra, os.path.join(tmp, f"m-{i}.jsonl"))
+                runs[name].append(r)
+                print(f"{name:10s} run {i + 1}: {r['seconds']:.1f} s, "
+                      f"{samples / r['seconds']:.2f} samples/s, mean reward "
+                      f"{statistics.mean(r['rewards']):.3f}, mean length "
+                      f"{statistics.mean(r['lengths']):.1f}", flush=True)
+    sps = {n: [samples / r["seconds"] for r in rs] for n, rs in runs.items()}
+    base = statistics.median(sps["sync"])
+    out = {
+        "benchmark": "rl_modes", "date": datetime.date.today().isoformat(),
+        "model": os.path.basename(a.model),
+        "task": f"{a.digits}-digit arithmetic ({a.ops}), chat template",
+        "steps": a.steps, "prompts_per_step": a.prompts, "group_size": a.group,
+        "max_new_tokens": a.max_new, "lr": a.lr, "threads": a.threads, "seed": a.seed,
+        "samples_per_run": samples,
+        "modes": {n: {"samples_per_s": sps[n], "runs": runs[n],
+                      "ratio_to_sync": statistics.median(sps[n]) / base,
+                      "mean_reward": statistics.mean(x for r in runs[n] for x in r["rewards"])}
+                  for n in runs},
+    }
+    os.makedirs(a.out, exist_ok=True)
+    stem = os.path.join(a.out, f"rl-modes-{datetime.date.today().strftime('%Y%m%d')}")
+    with open(stem + ".json", "w") as f:
+        json.dump(out, f, indent=1)
+    for n in runs:
+        m = out["modes"][n]
+        print(f"{n:10s} {statistics.median(sps[n]):.2f} samples/s = {m['ratio_to_sync']:.2f}x "
+              f"sync; mean reward {m['mean_reward']:.3f}")
+    print(f"wrote {stem}.json")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+        names = list(runs)
+        ax[0].bar(names, [statistics.median(sps[n]) for n in names], color=["C0", "C1", "C2"])
+        ax[0].set_ylabel("samples / s (median of runs)")
+        ax[0].set_title(f"GRPO on {os.path.basename(a.model)}, {a.threads} threads")
+        for k, n in enumerate(names):
+            for r in runs[n]:
+                ax[1].plot(range(1, len(r["rewards"]) + 1), r["rewards"], f"C{k}", alpha=0.6)
+            ax[1].plot([], [], f"C{k}", label=n)
+        ax[1].set_xlabel("step")
+        ax[1].set_ylabel("mean reward of the step's samples")
+        ax[1].legend()
+        stages = ["rollout_s", "train_s", "sync_s"]
+        bottom = [0.0] * len(names)
+        for k, st in enumerate(stages):
+            vals = [statistics.median(r["stage_seconds"][st] for r in runs[n]) for n in names]
+            ax[2].bar(names, vals, bottom=bottom, label=st[:-2], color=f"C{k + 3}")
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax[2].set_ylabel("seconds per run (median)")
+        ax[2].set_title("where the time goes")
+        ax[2].legend()
+        fig.tight_layout()
+        fig.savefig(stem + ".png", dpi=110)
+    except ImportError:
+        print("matplotlib missing: no PNG")
+
+
+if __name__ == "__main__":
+    main()

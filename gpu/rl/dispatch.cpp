@@ -1,0 +1,71 @@
+#include "gpu/rl/dispatch.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <numeric>
+
+namespace weft::gpu::rl {
+
+size_t length_ranker::bucket(int64_t prompt_tokens) {
+  const auto n = static_cast<uint64_t>(std::max<int64_t>(1, prompt_tokens));
+  return std::min<size_t>(static_cast<size_t>(std::bit_width(n)), 23);
+}
+
+double length_ranker::predict(uint64_t prompt_key, int64_t prompt_tokens) const {
+  if (auto it = by_prompt_.find(prompt_key); it != by_prompt_.end()) return it->second.value();
+  const size_t b = bucket(prompt_tokens);
+  if (by_bucket_[b].n > 0) return by_bucket_[b].value();
+  // The nearest bucket with history, shorter prompts first.
+  for (size_t d = 1; d < by_bucket_.size(); ++d) {
+    if (b >= d && by_bucket_[b - d].n > 0) return by_bucket_[b - d].value();
+    if (b + d < by_bucket_.size() && by_bucket_[b + d].n > 0) return by_bucket_[b + d].value();
+  }
+  return prior_;
+}
+
+void length_ranker::observe(uint64_t prompt_key, int64_t prompt_tokens, int64_t output_tokens) {
+  const auto len = static_cast<double>(output_tokens);
+  auto it = by_prompt_.find(prompt_key);
+  if (it == by_prompt_.end() && static_cast<int64_t>(by_prompt_.size()) < max_prompts_) {
+    it = by_prompt_.emplace(prompt_key, mean{}).first;
+  }
+  if (it != by_prompt_.end()) {
+    it->second.sum += len;
+    ++it->second.n;
+  }
+  mean& b = by_bucket_[bucket(prompt_tokens)];
+  b.sum += len;
+  ++b.n;
+}
+
+std::vector<size_t> longest_first_order(std::span<const dispatch_item> items) {
+  std::vector<size_t> order(items.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (items[a].predicted != items[b].predicted) return items[a].predicted > items[b].predicted;
+    return items[a].id < items[b].id;
+  });
+  return order;
+}
+
+std::vector<int> place_longest_first(std::span<const dispatch_item> items, std::span<double> load) {
+  std::vector<int> agent(items.size(), 0);
+  if (load.empty()) return agent;
+  for (size_t i : longest_first_order(items)) {
+    const auto j = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    agent[i] = static_cast<int>(j);
+    load[j] += items[i].predicted;
+  }
+  return agent;
+}
+
+std::vector<int> place_round_robin(size_t items, int agents, int start) {
+  std::vector<int> agent(items, 0);
+  if (agents <= 0) return agent;
+  for (size_t i = 0; i < items; ++i) {
+    agent[i] = static_cast<int>((static_cast<size_t>(start) + i) % static_cast<size_t>(agents));
+  }
+  return agent;
+}
+
+}  // namespace weft::gpu::rl

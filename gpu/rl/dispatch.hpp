@@ -1,0 +1,61 @@
+#pragma once
+/// Skewness-aware dispatch of rollouts (docs/rl.md, "Length-aware dispatch"; StreamRL's output-
+/// length ranker): an online predictor of each prompt's output length, and the assignment of a
+/// step's groups to rollout agents that starts the predicted-long ones first and spreads them so
+/// that no agent is left with the whole tail. Plain classes, no CAF and no engine: the cluster
+/// simulator (bench/sim/rl) runs them today, the RL controller's agents will.
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace weft::gpu::rl {
+
+/// Predicts a prompt's output length (tokens) from what its earlier samples did; a prompt never
+/// seen is predicted from prompts of similar length (log2 buckets of the prompt's tokens), and
+/// with no history at all from the prior.
+class length_ranker {
+ public:
+  explicit length_ranker(double prior = 64.0, int64_t max_prompts = 1 << 20)
+      : prior_(prior), max_prompts_(max_prompts) {}
+
+  double predict(uint64_t prompt_key, int64_t prompt_tokens) const;
+  /// One finished sample of the prompt. Beyond `max_prompts` distinct prompts, new prompts only
+  /// feed their bucket (the table stays bounded).
+  void observe(uint64_t prompt_key, int64_t prompt_tokens, int64_t output_tokens);
+  int64_t prompts_known() const { return static_cast<int64_t>(by_prompt_.size()); }
+
+ private:
+  struct mean {
+    double sum = 0.0;
+    int64_t n = 0;
+    double value() const { return sum / static_cast<double>(n); }
+  };
+  static size_t bucket(int64_t prompt_tokens);
+  double prior_;
+  int64_t max_prompts_;
+  std::unordered_map<uint64_t, mean> by_prompt_;
+  std::array<mean, 24> by_bucket_{};
+};
+
+/// A unit of work to place (a group of samples of one prompt) and its predicted cost.
+struct dispatch_item {
+  int64_t id = 0;
+  double predicted = 0.0;  ///< e.g. predicted output tokens × samples
+};
+
+/// Longest-processing-time-first placement: items in decreasing predicted cost (ties by id), each
+/// onto the agent whose load (its current `load` plus what was placed) is least (ties: the lowest
+/// index). Returns the agent of each item, in the order of `items`; `load` gets the placed costs.
+/// Deterministic.
+std::vector<int> place_longest_first(std::span<const dispatch_item> items, std::span<double> load);
+
+/// Round-robin placement (the baseline): item i onto agent (start + i) mod agents.
+std::vector<int> place_round_robin(size_t items, int agents, int start = 0);
+
+/// The order in which to start items on one agent: predicted-longest first (ties by id).
+std::vector<size_t> longest_first_order(std::span<const dispatch_item> items);
+
+}  // namespace weft::gpu::rl
