@@ -5,8 +5,8 @@ same model, task, seed, prompts, group size and number of samples, in one run; t
 
 The task must have heavy-tailed output lengths, where sync mode pays for its long tail: the batch
 drains to the few samples still generating while the rest of the step waits. By default that is
-SmolLM2-135M-Instruct (the default model; rollouts in f32) on 2-digit arithmetic in its chat
-template with up to 96 new tokens: most replies are a short sentence, some explain at length.
+SmolLM2-135M-Instruct (the default model; rollouts in f32) on 1-digit addition (at the edge of its
+competence) in its chat template with up to 96 new tokens: most replies are a short sentence, some explain at length.
 
 Samples/s counts the training steps (model loading excluded). Rewards are each step's mean reward:
 async trains on samples up to K versions old and must stay within noise of sync.
@@ -57,8 +57,8 @@ def main():
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max-new", type=int, default=96)
-    ap.add_argument("--digits", type=int, default=2)
-    ap.add_argument("--ops", default="+-")
+    ap.add_argument("--digits", type=int, default=1)
+    ap.add_argument("--ops", default="+")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)

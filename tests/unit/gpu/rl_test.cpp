@@ -22,6 +22,7 @@
 #include "gpu/gguf.hpp"
 #include "gpu/kv_cache.hpp"
 #include "gpu/model.hpp"
+#include "gpu/rl/dispatch.hpp"
 #include "gpu/rl/grpo.hpp"
 #include "gpu/rl/grpo_loop.hpp"
 #include "gpu/rl/reward_process.hpp"
@@ -220,6 +221,42 @@ TEST(rollout_scheduler, random_timings_never_lose_repeat_or_overage_a_sample) {
       EXPECT_EQ(std::accumulate(h.begin(), h.end(), int64_t{0}), steps * P * G);
     }
   }
+}
+
+TEST(dispatch, the_ranker_learns_prompts_then_similar_prompts_then_falls_back_to_the_prior) {
+  length_ranker r(64.0);
+  EXPECT_EQ(r.predict(1, 100), 64.0);
+  r.observe(1, 100, 300);
+  r.observe(1, 100, 500);
+  EXPECT_EQ(r.predict(1, 100), 400.0);  // its own history
+  EXPECT_EQ(r.predict(2, 120), 400.0);  // a new prompt of similar length: the bucket's mean
+  r.observe(3, 10, 20);
+  EXPECT_EQ(r.predict(4, 9), 20.0);   // the short-prompt bucket
+  EXPECT_EQ(r.predict(5, 30), 20.0);  // nearest bucket with history, shorter first
+  length_ranker bounded(64.0, 1);
+  bounded.observe(1, 100, 10);
+  bounded.observe(2, 100, 30);  // table full: feeds only its bucket
+  EXPECT_EQ(bounded.prompts_known(), 1);
+  EXPECT_EQ(bounded.predict(2, 100), 20.0);
+}
+
+TEST(dispatch, longest_first_placement_beats_round_robin_on_makespan) {
+  const std::vector<dispatch_item> items{{0, 7}, {1, 5}, {2, 4}, {3, 3}, {4, 3}, {5, 2}};
+  std::vector<double> load(2, 0.0);
+  const auto lpt = place_longest_first(items, load);
+  EXPECT_EQ(lpt, (std::vector<int>{0, 1, 1, 0, 1, 0}));
+  EXPECT_EQ(*std::max_element(load.begin(), load.end()), 12.0);
+  const auto rr = place_round_robin(items.size(), 2);
+  std::vector<double> rr_load(2, 0.0);
+  for (size_t i = 0; i < items.size(); ++i)
+    rr_load[static_cast<size_t>(rr[i])] += items[i].predicted;
+  EXPECT_EQ(*std::max_element(rr_load.begin(), rr_load.end()), 14.0);
+  // Existing load counts: everything goes to the idle agent until it catches up.
+  std::vector<double> busy{10.0, 0.0};
+  EXPECT_EQ(place_longest_first(std::vector<dispatch_item>{{0, 4}, {1, 4}}, busy),
+            (std::vector<int>{1, 1}));
+  EXPECT_EQ(longest_first_order(items).front(), 0u);
+  EXPECT_EQ(place_round_robin(3, 2, 1), (std::vector<int>{1, 0, 1}));
 }
 
 TEST(grpo, loss_aggregations_weight_tokens_as_documented) {
