@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -82,7 +84,17 @@ int run_generate(const generate_options& o) {
     spdlog::error("tokenizer: {}", tok.error().to_string());
     return 1;
   }
-  std::string prompt_text = o.prompt;
+  std::string prompt = o.prompt;
+  if (prompt == "-") {  // `-p -`: the prompt is stdin, whole
+    std::ostringstream in;
+    in << std::cin.rdbuf();
+    prompt = in.str();
+    if (prompt.empty()) {
+      spdlog::error("--prompt -: stdin was empty");
+      return 2;
+    }
+  }
+  std::string prompt_text = prompt;
   if (o.chat) {
     auto tmpl = gpu::chat_template::from_gguf(*file);
     if (!tmpl) {
@@ -91,7 +103,7 @@ int run_generate(const generate_options& o) {
     }
     std::vector<gpu::chat_message> messages;
     if (!o.system_prompt.empty()) messages.push_back({"system", o.system_prompt});
-    messages.push_back({"user", o.prompt});
+    messages.push_back({"user", prompt});
     auto rendered = tmpl->apply(messages, gpu::generation_prompt::add);
     if (!rendered) {
       spdlog::error("chat template: {}", rendered.error().to_string());
@@ -184,26 +196,33 @@ void add_generate_command(CLI::App& app, const global_options& /*globals*/) {
       "--model,-m", opts->model_path,
       "GGUF model (default: $WEFT_MODEL, else $WEFT_CACHE_DIR or ~/.cache/weft: models/" +
           std::string{default_model_name} + ")");
-  cmd->add_option("--prompt,-p", opts->prompt, "Prompt text")->required();
+  cmd->add_option("--prompt,-p", opts->prompt, "Prompt text; - reads it from stdin")->required();
   cmd->add_flag("--chat", opts->chat, "Wrap the prompt in the model's chat template");
   cmd->add_option("--system", opts->system_prompt, "System message (with --chat)");
   cmd->add_option("--max-tokens,-n", opts->max_tokens, "Tokens to generate at most")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--temperature,-t", opts->temperature, "Sampling temperature (0 = greedy)")
+      ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-k", opts->top_k, "Keep the k most likely tokens (0 = off)")
+      ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", opts->top_p, "Nucleus sampling mass (1 = off)")
+      ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--min-p", opts->min_p, "Drop tokens below min-p x the best (0 = off)")
+      ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--repeat-penalty", opts->repeat_penalty, "Repetition penalty (1 = off)");
-  cmd->add_option("--seed", opts->seed, "Sampling seed");
+  cmd->add_option("--repeat-penalty", opts->repeat_penalty, "Repetition penalty (1 = off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--threads", opts->threads, "Compute threads (0 = all cores)")
+      ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   add_weights_memory_option(cmd, opts->weights_memory);
   cmd->add_option("--stop", opts->stop, "Stop string (repeatable)");
-  cmd->add_option("--device", opts->device, "Device backend: cpu or cuda");
+  cmd->add_option("--device", opts->device, "Device backend: cpu or cuda")->capture_default_str();
   cmd->callback([opts] {
     const int rc = run_generate(*opts);
     if (rc != 0) throw CLI::RuntimeError(rc);

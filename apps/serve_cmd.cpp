@@ -63,6 +63,7 @@ struct serve_cli {
   bool no_prefix_cache = false;
   std::string api_key;
   std::string served_model_name;
+  std::vector<std::string> allowed_origins;
   uint32_t ttft_slo_ms = 0;
   size_t max_outstanding = 1024;
   uint32_t queue_timeout_ms = 30'000;
@@ -172,6 +173,7 @@ int run_serve(const serve_cli& cli) {
   ac.http_threads = cli.http_threads;
   ac.http_queue = cli.http_queue;
   ac.served_model_name = cli.served_model_name;
+  ac.allowed_origins = cli.allowed_origins;
   ac.cluster_json = [&sys, head = (*node)->head()]() -> std::string {
     auto st = actors::cluster_status(sys, head, 2000);
     return st ? actors::cluster_status_json(*st) : std::string{"null"};
@@ -289,14 +291,15 @@ int run_serve(const serve_cli& cli) {
     return stop_latch::instance().wait();
   }
   const std::string url = "http://" + cli.host + ":" + std::to_string((*api)->port());
-  std::printf("weft-serve-ready url=%s model=%s workers=%d\n", url.c_str(), (**host).id.c_str(),
+  const std::string served = cli.served_model_name.empty() ? (**host).id : cli.served_model_name;
+  std::printf("weft-serve-ready url=%s model=%s workers=%d\n", url.c_str(), served.c_str(),
               n_workers);
   std::fflush(stdout);
   spdlog::info(
       "serving {} at {} with {} engine worker(s) ({} thread(s) each, policy {}) in {:.1f} s — try: "
       "curl {}/v1/completions "
       "-H 'Content-Type: application/json' -d '{{\"prompt\": \"Hello\", \"max_tokens\": 16}}'",
-      (**host).id, url, n_workers, threads, cli.policy,
+      served, url, n_workers, threads, cli.policy,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), url);
   std::thread watcher([&nodes] {
     while (!stop_latch::instance().requested()) {
@@ -413,10 +416,15 @@ void add_serve_command(CLI::App& app, const global_options&) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--api-key", cli->api_key,
-                  "Require 'Authorization: Bearer KEY' on /v1/* (or WEFT_API_KEY)")
+                  "Require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize and "
+                  "/admin/* (or WEFT_API_KEY)")
       ->envname("WEFT_API_KEY");
   cmd->add_option("--served-model-name", cli->served_model_name,
                   "Model id clients use (default: the file name)");
+  cmd->add_option("--allowed-origins", cli->allowed_origins,
+                  "Browser origins allowed to call the API (CORS), comma-separated, e.g. "
+                  "http://localhost:3000, or * for any (default: none, no CORS headers)")
+      ->delimiter(',');
   cmd->add_option(
       "--ttft-slo-ms", cli->ttft_slo_ms,
       "Refuse (HTTP 429) requests whose predicted time to first token exceeds this (0 = off)");

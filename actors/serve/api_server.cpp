@@ -172,6 +172,8 @@ struct api_server::impl {
   void declare_metrics();
   void routes();
   bool authorized(const httplib::Request& req, httplib::Response& res);
+  /// CORS for the origins in cfg.allowed_origins (none: no CORS headers at all).
+  void cors();
   void send_error(httplib::Response& res, const api_error& e);
   /// One generation request on its way through the api: what it asked for, its sequences (one
   /// per prompt and choice) and the channel their tokens arrive on.
@@ -214,8 +216,18 @@ struct api_server::impl {
 
 void api_server::impl::declare_metrics() {
   if (!metrics) return;
-  metrics->declare_counter("weft_http_requests_total", "HTTP requests by endpoint and status code");
-  metrics->declare_counter("weft_requests_total", "Generation requests by endpoint and outcome");
+  metrics->declare_counter("weft_http_requests_total", "HTTP requests by endpoint and status code",
+                           {});
+  metrics->declare_counter("weft_requests_total", "Generation requests by endpoint and outcome",
+                           [] {
+                             std::vector<metric_labels> zero;
+                             for (const char* ep : {"completions", "chat_completions"}) {
+                               for (const char* o : {"ok", "error", "disconnected"}) {
+                                 zero.push_back({{"endpoint", ep}, {"outcome", o}});
+                               }
+                             }
+                             return zero;
+                           }());
   metrics->declare_counter("weft_prompt_tokens_total", "Prompt tokens of finished sequences");
   metrics->declare_counter("weft_cached_prompt_tokens_total",
                            "Prompt tokens served from a prefix cache");
@@ -779,6 +791,39 @@ void api_server::impl::respond_json(const std::shared_ptr<generation>& g, httpli
       });
 }
 
+void api_server::impl::cors() {
+  if (cfg.allowed_origins.empty()) return;
+  auto allowed = [this](const std::string& origin) -> std::string {
+    for (const auto& o : cfg.allowed_origins) {
+      if (o == "*") return "*";
+      if (o == origin) return origin;
+    }
+    return {};
+  };
+  // Every answer to an allowed origin carries the header (streams included: the post-routing
+  // handler runs before the headers are written).
+  http.set_post_routing_handler([allowed](const httplib::Request& req, httplib::Response& res) {
+    const auto origin = req.get_header_value("Origin");
+    if (origin.empty()) return;
+    const auto a = allowed(origin);
+    if (a.empty()) return;
+    res.set_header("Access-Control-Allow-Origin", a);
+    if (a != "*") res.set_header("Vary", "Origin");
+  });
+  http.Options(R"(.*)", [this, allowed](const httplib::Request& req, httplib::Response& res) {
+    const auto origin = req.get_header_value("Origin");
+    if (allowed(origin).empty()) {
+      send_error(res, api_error{403, "invalid_request_error",
+                                "origin '" + origin + "' is not in --allowed-origins", "", ""});
+      return;
+    }
+    res.status = 204;
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+    res.set_header("Access-Control-Max-Age", "600");
+  });
+}
+
 void api_server::impl::routes() {
   http.new_task_queue = [n = cfg.http_threads, q = cfg.http_queue] {
     return new bounded_task_queue(static_cast<size_t>(std::max(1, n)),
@@ -828,6 +873,33 @@ void api_server::impl::routes() {
         render_models({cfg.served_model_name}, static_cast<int64_t>(actors::now_ms() / 1000)),
         "application/json");
   });
+  http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    const std::string id = req.matches[1];
+    if (id != cfg.served_model_name) {
+      send_error(res, api_error{404, "invalid_request_error",
+                                "the model '" + id + "' does not exist; this server serves '" +
+                                    cfg.served_model_name + "'",
+                                "model", "model_not_found"});
+      return;
+    }
+    res.set_content(render_model(id, static_cast<int64_t>(actors::now_ms() / 1000), host->n_ctx),
+                    "application/json");
+  });
+  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    const auto r =
+        tokenize_request(req.body, host->tok, host->tmpl ? &*host->tmpl : nullptr, host->n_ctx);
+    res.status = r.status;
+    res.set_content(r.body, "application/json");
+  });
+  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    const auto r = detokenize_request(req.body, host->tok);
+    res.status = r.status;
+    res.set_content(r.body, "application/json");
+  });
+  cors();
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     auto st = router_status(2000);
     bool healthy = false;

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/serve/metrics.hpp"
 #include "actors/serve/model_host.hpp"
@@ -28,7 +29,10 @@ struct api_config {
   uint16_t port = 8000;           ///< 0 = any free port (see api_server::port())
   std::string api_key;            ///< when set, /v1/* requires "Authorization: Bearer <key>"
   std::string served_model_name;  ///< model id clients use (default: the GGUF file name)
-  int http_threads = 128;         ///< concurrent HTTP requests (streams hold one each)
+  /// Browser origins allowed to call the API (CORS), e.g. "http://localhost:3000"; "*" allows
+  /// any. Empty: no CORS headers (browsers then refuse cross-origin calls).
+  std::vector<std::string> allowed_origins;
+  int http_threads = 128;  ///< concurrent HTTP requests (streams hold one each)
   /// Connections that may wait for a free HTTP thread; beyond them a connection is answered 503
   /// (with Retry-After) by one overflow thread, so the wait queue never grows without bound.
   int http_queue = 256;

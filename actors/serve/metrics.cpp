@@ -125,7 +125,8 @@ std::string_view kind_name(metrics_registry::kind k) {
 
 }  // namespace
 
-void metrics_registry::declare_counter(std::string_view name, std::string_view help) {
+void metrics_registry::declare_counter(std::string_view name, std::string_view help,
+                                       const std::vector<metric_labels>& zero_series) {
   if (!valid_metric_name(name)) {
     spdlog::error("metrics: invalid metric name '{}'", name);
     return;
@@ -140,6 +141,9 @@ void metrics_registry::declare_counter(std::string_view name, std::string_view h
   family f;
   f.k = kind::counter;
   f.help = std::string(help);
+  for (const auto& labels : zero_series) {
+    if (valid_labels(labels)) f.by_labels[labels].value = 0.0;
+  }
   families_.emplace(std::string(name), std::move(f));
 }
 
@@ -220,6 +224,20 @@ void metrics_registry::set(std::string_view name, const metric_labels& labels, d
   auto it = families_.find(name);
   if (it == families_.end() || it->second.k != kind::gauge) {
     spdlog::debug("metrics: set on undeclared gauge '{}'; ignored", name);
+    return;
+  }
+  it->second.by_labels[labels].value = v;
+}
+
+void metrics_registry::set_total(std::string_view name, const metric_labels& labels, double v) {
+  if (!(v >= 0.0) || !valid_labels(labels)) {
+    spdlog::debug("metrics: bad value or label on counter '{}'; ignored", name);
+    return;
+  }
+  std::lock_guard lock(mu_);
+  auto it = families_.find(name);
+  if (it == families_.end() || it->second.k != kind::counter) {
+    spdlog::debug("metrics: set_total on undeclared counter '{}'; ignored", name);
     return;
   }
   it->second.by_labels[labels].value = v;

@@ -20,7 +20,11 @@ class metrics_registry {
 
   /// Declares a family. Names follow Prometheus rules ([a-zA-Z_:][a-zA-Z0-9_:]*); a counter's
   /// name should end in _total. Declaring the same name twice with the same kind is a no-op.
-  void declare_counter(std::string_view name, std::string_view help);
+  /// A counter's `zero_series` are shown at 0 from the start (a scraper then sees the first
+  /// increment as one); by default the unlabelled series — pass the known label sets of a labelled
+  /// family, or none when they are open-ended.
+  void declare_counter(std::string_view name, std::string_view help,
+                       const std::vector<metric_labels>& zero_series = {metric_labels{}});
   void declare_gauge(std::string_view name, std::string_view help);
   /// `upper_bounds` ascending; +Inf is implicit.
   void declare_histogram(std::string_view name, std::string_view help,
@@ -28,6 +32,9 @@ class metrics_registry {
 
   /// Counter += v (v >= 0). Undeclared names are ignored with a debug log.
   void inc(std::string_view name, const metric_labels& labels = {}, double v = 1.0);
+  /// Counter = v, for a count kept elsewhere and mirrored here (a worker's own counter): it only
+  /// drops when that source restarted, which Prometheus's rate() reads as a counter reset.
+  void set_total(std::string_view name, const metric_labels& labels, double v);
   /// Gauge = v.
   void set(std::string_view name, const metric_labels& labels, double v);
   void set(std::string_view name, double v) { set(name, {}, v); }

@@ -12,6 +12,7 @@
 
 #include "gpu/chat_template.hpp"
 #include "gpu/sampler.hpp"
+#include "gpu/tokenizer.hpp"
 
 namespace weft::serve {
 
@@ -130,5 +131,25 @@ std::string render_error_event(const api_error& e);
 std::string render_error(const api_error& e);
 /// GET /v1/models body listing `model_ids` (owned_by "weft").
 std::string render_models(const std::vector<std::string>& model_ids, int64_t created);
+/// GET /v1/models/{id} body: one model object (with its context length as max_model_len).
+std::string render_model(const std::string& model_id, int64_t created, int64_t max_model_len);
+
+/// An HTTP answer computed without the cluster (status and JSON body).
+struct http_reply {
+  int status = 200;
+  std::string body;
+};
+
+/// POST /tokenize, in llama-server's form ({"content": TEXT, "add_special": bool,
+/// "with_pieces": bool}) and vLLM's ({"prompt": TEXT, "add_special_tokens": bool} or
+/// {"messages": [...], "add_generation_prompt": bool}, rendered with the chat template). Answers
+/// {"tokens": [...], "count": N, "max_model_len": M}; with_pieces: tokens as {"id", "piece"}.
+/// Special tokens written in the text are parsed as such for messages (as generation does) and
+/// with "parse_special": true. `tmpl` may be null (then messages are a 400).
+http_reply tokenize_request(std::string_view body, const gpu::tokenizer& tok,
+                            const gpu::chat_template* tmpl, int64_t max_model_len);
+/// POST /detokenize {"tokens": [ids]} -> {"content": TEXT, "prompt": TEXT} (llama-server's and
+/// vLLM's field names); an id outside the vocabulary is a 400 naming it.
+http_reply detokenize_request(std::string_view body, const gpu::tokenizer& tok);
 
 }  // namespace weft::serve

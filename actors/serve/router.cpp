@@ -172,16 +172,16 @@ void set_worker_gauges(metrics_registry& m, const worker_info& w) {
   const metric_labels l = {{"worker", w.name}};
   m.set("weft_kv_blocks_used", l, w.kv_used);
   m.set("weft_kv_blocks_free", l, w.kv_free);
-  m.set("weft_worker_preemptions", l, static_cast<double>(w.preemptions));
+  m.set_total("weft_worker_preemptions_total", l, static_cast<double>(w.preemptions));
   m.set("weft_worker_swapped", l, w.n_swapped);
-  m.set("weft_worker_steps", l, static_cast<double>(w.steps));
-  m.set("weft_worker_prompt_tokens", l, static_cast<double>(w.prompt_tokens));
-  m.set("weft_cache_hit_tokens", {{"worker", w.name}, {"source", "local"}},
-        static_cast<double>(w.prefix_hits));
-  m.set("weft_cache_hit_tokens", {{"worker", w.name}, {"source", "pool"}},
-        static_cast<double>(w.pool_hit_tokens));
-  m.set("weft_cache_pool_bytes_in", l, static_cast<double>(w.pool_bytes_in));
-  m.set("weft_cache_prefix_waits", l, static_cast<double>(w.prefix_waits));
+  m.set_total("weft_worker_steps_total", l, static_cast<double>(w.steps));
+  m.set_total("weft_worker_prompt_tokens_total", l, static_cast<double>(w.prompt_tokens));
+  m.set_total("weft_cache_hit_tokens_total", {{"worker", w.name}, {"source", "local"}},
+              static_cast<double>(w.prefix_hits));
+  m.set_total("weft_cache_hit_tokens_total", {{"worker", w.name}, {"source", "pool"}},
+              static_cast<double>(w.pool_hit_tokens));
+  m.set_total("weft_cache_pool_bytes_in_total", l, static_cast<double>(w.pool_bytes_in));
+  m.set_total("weft_cache_prefix_waits_total", l, static_cast<double>(w.prefix_waits));
 }
 
 void on_worker_lost(router_ptr self, const std::string& name, const std::string& why) {

@@ -5,8 +5,20 @@
 
 namespace weft::serve {
 
+namespace {
+
+/// The series of a counter labelled by outcome, shown at 0 from the start.
+std::vector<metric_labels> outcomes(std::initializer_list<const char*> names) {
+  std::vector<metric_labels> out;
+  for (const char* n : names) out.push_back({{"outcome", n}});
+  return out;
+}
+
+}  // namespace
+
 void declare_router_metrics(metrics_registry& m) {
-  m.declare_counter("weft_router_requests_total", "Sequences submitted to the router, by outcome");
+  m.declare_counter("weft_router_requests_total", "Sequences submitted to the router, by outcome",
+                    outcomes({"ok", "rejected", "aborted", "error"}));
   m.declare_counter("weft_router_migrations_total",
                     "Sequences re-dispatched after their worker died");
   m.declare_counter("weft_router_worker_deaths_total",
@@ -21,31 +33,35 @@ void declare_router_metrics(metrics_registry& m) {
       "Live sequences per scheduling level, summed over workers (level 0 = highest priority)");
   m.declare_gauge("weft_kv_blocks_used", "KV blocks in use, per worker");
   m.declare_gauge("weft_kv_blocks_free", "KV blocks free, per worker");
-  m.declare_gauge("weft_worker_preemptions",
-                  "Preemptions so far, per worker (current incarnation)");
+  m.declare_counter("weft_worker_preemptions_total",
+                    "Preemptions so far, per worker (current incarnation)", {});
   m.declare_gauge("weft_worker_swapped", "Sequences swapped to host memory, per worker");
-  m.declare_gauge("weft_worker_steps", "Forward passes so far, per worker (current incarnation)");
+  m.declare_counter("weft_worker_steps_total",
+                    "Forward passes so far, per worker (current incarnation)", {});
   m.declare_gauge("weft_cache_segments", "Segments held, per prefix-cache shard");
-  m.declare_gauge("weft_worker_prompt_tokens",
-                  "Prompt tokens admitted, per worker (current incarnation)");
-  m.declare_gauge(
-      "weft_cache_hit_tokens",
-      "Prompt tokens served from a prefix cache, per worker and source (local blocks or the pool)");
-  m.declare_gauge("weft_cache_pool_bytes_in",
-                  "Segment bytes a worker pulled from the pool (current incarnation)");
-  m.declare_gauge("weft_cache_prefix_waits",
-                  "Requests that waited for another request's in-flight prefill of their prefix, "
-                  "per worker (current incarnation)");
+  m.declare_counter("weft_worker_prompt_tokens_total",
+                    "Prompt tokens admitted, per worker (current incarnation)", {});
+  m.declare_counter(
+      "weft_cache_hit_tokens_total",
+      "Prompt tokens served from a prefix cache, per worker and source (local blocks or the pool)",
+      {});
+  m.declare_counter("weft_cache_pool_bytes_in_total",
+                    "Segment bytes a worker pulled from the pool (current incarnation)", {});
+  m.declare_counter("weft_cache_prefix_waits_total",
+                    "Requests that waited for another request's in-flight prefill of their prefix, "
+                    "per worker (current incarnation)",
+                    {});
   m.declare_gauge("weft_cache_bytes_used", "Segment bytes held, per prefix-cache shard");
-  m.declare_gauge("weft_cache_shard_lookups",
-                  "Keys looked up so far, per shard (current incarnation)");
-  m.declare_gauge("weft_cache_shard_hits", "Keys found so far, per shard (current incarnation)");
-  m.declare_gauge("weft_cache_shard_bytes_in",
-                  "Segment bytes published into the shard (current incarnation)");
-  m.declare_gauge("weft_cache_shard_bytes_out",
-                  "Segment bytes served by the shard (current incarnation)");
-  m.declare_gauge("weft_cache_shard_evictions",
-                  "Segments evicted so far, per shard (current incarnation)");
+  m.declare_counter("weft_cache_shard_lookups_total",
+                    "Keys looked up so far, per shard (current incarnation)", {});
+  m.declare_counter("weft_cache_shard_hits_total",
+                    "Keys found so far, per shard (current incarnation)", {});
+  m.declare_counter("weft_cache_shard_bytes_in_total",
+                    "Segment bytes published into the shard (current incarnation)", {});
+  m.declare_counter("weft_cache_shard_bytes_out_total",
+                    "Segment bytes served by the shard (current incarnation)", {});
+  m.declare_counter("weft_cache_shard_evictions_total",
+                    "Segments evicted so far, per shard (current incarnation)", {});
   m.declare_gauge("weft_cache_shard_imbalance", "Segments on the fullest shard / mean over shards");
   m.declare_counter("weft_cache_shard_deaths_total", "Prefix-cache shards lost");
   m.declare_gauge("weft_cache_replica_segments",
@@ -54,10 +70,12 @@ void declare_router_metrics(metrics_registry& m) {
   m.declare_gauge("weft_cache_hot_segments", "Pool segments the access-rate sketch counts as hot");
   m.declare_gauge("weft_cache_directory_load",
                   "Segments homed on a shard plus replicas it holds, per the directory");
-  m.declare_counter("weft_cache_replications_total", "Hot-segment copies ordered, by outcome");
+  m.declare_counter("weft_cache_replications_total", "Hot-segment copies ordered, by outcome",
+                    outcomes({"copied", "failed"}));
   m.declare_counter("weft_cache_key_moves_total",
                     "Segments copied to the shard that became their home (a shard joined, or a "
-                    "rebalance), by outcome");
+                    "rebalance), by outcome",
+                    outcomes({"copied", "failed"}));
   m.declare_gauge("weft_cache_pending_moves",
                   "Segments whose home moved (a shard joined, or a rebalance) and are not copied "
                   "there yet");
@@ -66,7 +84,8 @@ void declare_router_metrics(metrics_registry& m) {
   m.declare_counter("weft_router_colocated_fallback_total",
                     "Sequences a prefill worker decoded itself because no decode worker was alive");
   m.declare_counter("weft_kv_handoffs_total",
-                    "Disaggregated KV handoffs (prefill -> decode worker), by outcome");
+                    "Disaggregated KV handoffs (prefill -> decode worker), by outcome",
+                    outcomes({"ok", "failed"}));
   m.declare_counter("weft_kv_transfer_bytes_total", "KV bytes pulled by decode workers");
   m.declare_counter("weft_kv_leases_expired_total",
                     "Offered KV leases nobody released before their deadline");

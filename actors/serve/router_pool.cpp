@@ -187,11 +187,11 @@ void on_shard_load(router_ptr self, const envelope& env) {
   const metric_labels lb = {{"shard", s.name}};
   m->set("weft_cache_segments", lb, static_cast<double>(s.n_segments));
   m->set("weft_cache_bytes_used", lb, static_cast<double>(s.bytes_used));
-  m->set("weft_cache_shard_lookups", lb, static_cast<double>(s.lookups));
-  m->set("weft_cache_shard_hits", lb, static_cast<double>(s.hits));
-  m->set("weft_cache_shard_bytes_in", lb, static_cast<double>(s.bytes_in));
-  m->set("weft_cache_shard_bytes_out", lb, static_cast<double>(s.bytes_out));
-  m->set("weft_cache_shard_evictions", lb, static_cast<double>(s.evictions));
+  m->set_total("weft_cache_shard_lookups_total", lb, static_cast<double>(s.lookups));
+  m->set_total("weft_cache_shard_hits_total", lb, static_cast<double>(s.hits));
+  m->set_total("weft_cache_shard_bytes_in_total", lb, static_cast<double>(s.bytes_in));
+  m->set_total("weft_cache_shard_bytes_out_total", lb, static_cast<double>(s.bytes_out));
+  m->set_total("weft_cache_shard_evictions_total", lb, static_cast<double>(s.evictions));
   double max_seg = 0, sum_seg = 0;
   for (const auto& [n, o] : st.shards) {
     max_seg = std::max(max_seg, static_cast<double>(o.n_segments));

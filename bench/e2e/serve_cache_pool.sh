@@ -77,8 +77,8 @@ for label in configs.split():
     imb = max(segs) / (sum(segs) / len(segs)) if segs and sum(segs) > 0 else float("nan")
     rows[label] = dict(ttft50=s["ttft_ms"]["p50"], ttft99=s["ttft_ms"]["p99"], tput=s["output_throughput_tps"],
                        hit=s["total_cached_tokens"] / max(1, s["total_prompt_tokens"]),
-                       local=total("weft_cache_hit_tokens", source="local"),
-                       pool=total("weft_cache_hit_tokens", source="pool"), imb=imb)
+                       local=total("weft_cache_hit_tokens_total", source="local"),
+                       pool=total("weft_cache_hit_tokens_total", source="pool"), imb=imb)
 print("%-6s %10s %10s %9s %8s %12s %12s %9s" % ("config", "TTFT p50", "TTFT p99", "out tok/s", "hit", "local hits", "pool hits", "imbalance"))
 for k, r in rows.items():
     print("%-6s %8.0fms %8.0fms %9.1f %7.1f%% %12.0f %12.0f %9.2f" % (k, r["ttft50"], r["ttft99"], r["tput"], 100 * r["hit"], r["local"], r["pool"], r["imb"]))

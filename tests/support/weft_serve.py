@@ -34,6 +34,7 @@ class WeftServer:
         self.env = dict(os.environ, **(env or {}))
         self.proc = None
         self.url = None
+        self.ready_line = None
         self.log_lines = []
 
     def __enter__(self):
@@ -57,6 +58,7 @@ class WeftServer:
             m = re.match(r"weft-serve-ready url=(\S+)", line)
             if m:
                 self.url = m.group(1)
+                self.ready_line = line.strip()
                 return
         self.stop()
         raise RuntimeError("weft serve was not ready within %d s:\n%s" % (self.ready_timeout_s, "".join(self.log_lines[-40:])))

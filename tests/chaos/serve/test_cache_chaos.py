@@ -34,7 +34,7 @@ def completion(url, prompt):
 
 
 def pool_hits(srv):
-    return sum(v for (n, l), v in srv.metrics().items() if n == "weft_cache_hit_tokens" and ("source", "pool") in l)
+    return sum(v for (n, l), v in srv.metrics().items() if n == "weft_cache_hit_tokens_total" and ("source", "pool") in l)
 
 
 def main():

@@ -119,12 +119,12 @@ def main():
                 return stream_completion(srv.url, p, MAX_TOKENS)
 
             # Progress = generated tokens so far, read from the server's metrics.
-            gen_before = srv.metric_sum("weft_worker_steps")
+            gen_before = srv.metric_sum("weft_worker_steps_total")
             migrations_before = srv.metric_sum("weft_router_migrations_total")
             with concurrent.futures.ThreadPoolExecutor(N_REQUESTS + 1) as pool:
                 futures = [pool.submit(counting, i, p) for i, p in enumerate(prompts)]
                 victim, killed_at = kill_busy_worker(
-                    srv, 3, lambda: srv.metric_sum("weft_worker_steps") - gen_before, role, sig)
+                    srv, 3, lambda: srv.metric_sum("weft_worker_steps_total") - gen_before, role, sig)
                 results = [f.result() for f in futures]
             done_at = time.time()
             print("round %d: killed %s (%s, pid %d, %d in flight); load finished %.1f s after the kill" %

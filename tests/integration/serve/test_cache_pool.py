@@ -38,7 +38,7 @@ def completion(srv, body):
 
 
 def pool_hits(srv):
-    return sum(v for (n, l), v in srv.metrics().items() if n == "weft_cache_hit_tokens" and ("source", "pool") in l)
+    return sum(v for (n, l), v in srv.metrics().items() if n == "weft_cache_hit_tokens_total" and ("source", "pool") in l)
 
 
 def wait_segments(srv, at_least, timeout_s=20):
@@ -80,8 +80,8 @@ class CachePoolTest(unittest.TestCase):
         completion(SERVER, BODIES["greedy_a"])
         m = SERVER.metrics()
         names = {n for n, _ in m}
-        for n in ("weft_cache_segments", "weft_cache_bytes_used", "weft_cache_hit_tokens", "weft_cache_shard_imbalance",
-                  "weft_cache_shard_lookups", "weft_cache_pool_bytes_in"):
+        for n in ("weft_cache_segments", "weft_cache_bytes_used", "weft_cache_hit_tokens_total", "weft_cache_shard_imbalance",
+                  "weft_cache_shard_lookups_total", "weft_cache_pool_bytes_in_total"):
             self.assertIn(n, names)
         shards = SERVER.admin()["router"]["shards"]
         self.assertTrue(all(s["capacity_bytes"] > 0 for s in shards))

@@ -105,15 +105,15 @@ class OpenAIClientTest(unittest.TestCase):
         # One sequence per choice: those on one worker wait for the first one's prefill of the
         # shared prompt and reuse its blocks (in-flight prefix sharing), whatever their seeds.
         c = client()
-        before = SERVER.metric_sum("weft_cache_prefix_waits")
+        before = SERVER.metric_sum("weft_cache_prefix_waits_total")
         prompt = " ".join("Line %d of a long shared prompt about rivers and mountains." % i for i in range(20))
         r = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=4, temperature=1.0, n=4, seed=7)
         self.assertEqual(len(r.choices), 4)
         # Two workers, four choices: at least two share a worker. Load reports come every 200 ms.
         deadline = time.time() + 5
-        while SERVER.metric_sum("weft_cache_prefix_waits") <= before and time.time() < deadline:
+        while SERVER.metric_sum("weft_cache_prefix_waits_total") <= before and time.time() < deadline:
             time.sleep(0.1)
-        self.assertGreater(SERVER.metric_sum("weft_cache_prefix_waits"), before)
+        self.assertGreater(SERVER.metric_sum("weft_cache_prefix_waits_total"), before)
         self.assertGreater(r.usage.prompt_tokens_details.cached_tokens, 0)
 
     def test_logprobs(self):

@@ -12,7 +12,7 @@ namespace {
 
 TEST(metrics, counter_renders_help_type_and_series) {
   metrics_registry m;
-  m.declare_counter("weft_requests_total", "Requests served");
+  m.declare_counter("weft_requests_total", "Requests served", {});
   m.inc("weft_requests_total", {{"endpoint", "chat"}, {"code", "200"}});
   m.inc("weft_requests_total", {{"endpoint", "chat"}, {"code", "200"}}, 2);
   m.inc("weft_requests_total", {{"endpoint", "completions"}, {"code", "400"}}, 0.5);
@@ -39,10 +39,32 @@ TEST(metrics, unlabeled_series_and_families_sorted_by_name) {
             "zeta 7\n");
 }
 
-TEST(metrics, family_without_series_renders_only_its_header) {
+TEST(metrics, counters_start_at_zero_and_open_ended_families_render_only_their_header) {
   metrics_registry m;
   m.declare_counter("idle_total", "never touched");
-  EXPECT_EQ(m.render(), "# HELP idle_total never touched\n# TYPE idle_total counter\n");
+  m.declare_counter("by_code_total", "open-ended labels", {});
+  m.declare_counter("by_outcome_total", "known labels",
+                    {{{"outcome", "ok"}}, {{"outcome", "error"}}});
+  EXPECT_EQ(m.render(),
+            "# HELP by_code_total open-ended labels\n# TYPE by_code_total counter\n"
+            "# HELP by_outcome_total known labels\n# TYPE by_outcome_total counter\n"
+            "by_outcome_total{outcome=\"error\"} 0\nby_outcome_total{outcome=\"ok\"} 0\n"
+            "# HELP idle_total never touched\n# TYPE idle_total counter\nidle_total 0\n");
+}
+
+TEST(metrics, a_mirrored_counter_takes_the_sources_value_and_gauges_refuse_it) {
+  metrics_registry m;
+  m.declare_counter("steps_total", "a worker's own count", {});
+  m.declare_gauge("level", "a gauge");
+  m.set_total("steps_total", {{"worker", "w1"}}, 40);
+  m.set_total("steps_total", {{"worker", "w1"}}, 3);  // the worker restarted: a counter reset
+  EXPECT_EQ(m.value("steps_total", {{"worker", "w1"}}), 3.0);
+  m.set_total("steps_total", {{"worker", "w1"}}, -1);  // never negative
+  EXPECT_EQ(m.value("steps_total", {{"worker", "w1"}}), 3.0);
+  m.set_total("level", {}, 5);  // not a counter: ignored
+  EXPECT_EQ(m.value("level"), 0.0);
+  m.set("steps_total", {{"worker", "w1"}}, 9);  // set() is for gauges only
+  EXPECT_EQ(m.value("steps_total", {{"worker", "w1"}}), 3.0);
 }
 
 TEST(metrics, gauge_set_overwrites_and_inc_adds) {
@@ -105,7 +127,7 @@ TEST(metrics, histogram_bounds_are_sorted_and_deduplicated) {
 
 TEST(metrics, label_values_and_help_are_escaped) {
   metrics_registry m;
-  m.declare_counter("esc_total", "a \\ help\nwith \"quotes\"");
+  m.declare_counter("esc_total", "a \\ help\nwith \"quotes\"", {});
   m.inc("esc_total", {{"path", "a\\b\"c\nd"}});
   EXPECT_EQ(m.render(),
             "# HELP esc_total a \\\\ help\\nwith \"quotes\"\n"
@@ -160,6 +182,7 @@ TEST(metrics, misuse_is_ignored_not_fatal) {
   EXPECT_EQ(m.render(),
             "# HELP c_total c\n"
             "# TYPE c_total counter\n"
+            "c_total 0\n"
             "# HELP h h\n"
             "# TYPE h histogram\n");
 }
@@ -212,7 +235,7 @@ TEST(metrics, latency_buckets_are_ascending_and_cover_ms_to_minutes) {
 // `name{labels} value` with a known family name prefix and a parseable value.
 TEST(metrics, every_line_follows_the_text_format) {
   metrics_registry m;
-  m.declare_counter("a_total", "a");
+  m.declare_counter("a_total", "a", {});
   m.declare_gauge("b", "b");
   m.declare_histogram("c_seconds", "c", {0.5});
   m.inc("a_total", {{"x", "q\"uote"}});
