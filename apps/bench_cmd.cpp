@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -158,9 +159,7 @@ class serve_bench {
     doc["finished_at"] = lg::utc_timestamp();
     if (fatal) doc["aborted"] = true;
 
-    const std::string out =
-        o_.out_path.empty() ? fmt::format("bench/results/serve-{}-{}.json", label_, lg::utc_date())
-                            : o_.out_path;
+    const std::string out = o_.out_path.empty() ? default_out_path() : o_.out_path;
     if (auto w = lg::write_json_file(out, doc); !w) {
       spdlog::error("{}", w.error());
       return 1;
@@ -283,7 +282,32 @@ class serve_bench {
       }
     }
     server_models_ = info->model_ids;
+    if (client_.request.api == lg::api_kind::chat) {
+      // The chat template wraps every prompt: shorten the words by what it adds, so the model
+      // sees --prompt-tokens.
+      auto overhead = lg::chat_template_overhead(client_);
+      if (overhead) {
+        wl_.prompt_overhead_tokens = overhead.value();
+        spdlog::info(
+            "--api chat: the chat template adds {} tokens to each prompt (POST "
+            "/tokenize); prompt words shortened by as many",
+            overhead.value());
+      } else {
+        spdlog::warn(
+            "--api chat: cannot measure the chat template's tokens ({}); prompts carry "
+            "them on top of the target lengths",
+            overhead.error());
+      }
+    }
     return true;
+  }
+
+  /// bench/results/serve-LABEL-DATE.json, or -2, -3 ... when an earlier run of the day wrote it.
+  std::string default_out_path() const {
+    const std::string stem = fmt::format("bench/results/serve-{}-{}", label_, lg::utc_date());
+    std::string path = stem + ".json";
+    for (int i = 2; std::filesystem::exists(path); ++i) path = fmt::format("{}-{}.json", stem, i);
+    return path;
   }
 
   nlohmann::json header() const {
@@ -298,7 +322,8 @@ class serve_bench {
          {{"url", o_.url},
           {"endpoint", lg::endpoint_path(client_.request.api)},
           {"model", client_.request.model},
-          {"models_listed", server_models_}}},
+          {"models_listed", server_models_},
+          {"chat_template_tokens_subtracted", wl_.prompt_overhead_tokens}}},
         {"request",
          {{"temperature", client_.request.temperature},
           {"ignore_eos", client_.request.eos == lg::eos_mode::ignore},
@@ -551,8 +576,10 @@ void add_serve_bench(CLI::App& bench) {
   const auto* g_out = "Output";
   cmd->add_option("--label", o->label, "Name of this series (default: arrival kind or 'trace')")
       ->group(g_out);
-  cmd->add_option("--out", o->out_path,
-                  "JSON output (default bench/results/serve-<label>-<date>.json)")
+  cmd->add_option(
+         "--out", o->out_path,
+         "JSON output (default bench/results/serve-<label>-<date>.json, then -2, -3 ... so "
+         "an earlier run of the day is kept)")
       ->group(g_out);
   cmd->add_option("--plot", o->plot_path,
                   "Also write a PNG: attainment vs rate, TTFT and E2E CDFs (needs matplotlib)")

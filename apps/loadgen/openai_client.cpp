@@ -133,4 +133,30 @@ result<server_info> probe_server(const client_config& config) {
   return info;
 }
 
+result<int64_t> chat_template_overhead(const client_config& config) {
+  httplib::Client cli{config.server.scheme_host_port};
+  client_config c = config;
+  c.timeout_s = std::min(config.timeout_s, 30.0);
+  set_timeouts(cli, c);
+  httplib::Headers headers;
+  if (!config.api_key.empty()) headers.emplace("Authorization", "Bearer " + config.api_key);
+  const std::string path = config.server.path_prefix + "/tokenize";
+  auto count = [&](const nlohmann::json& body) -> result<int64_t> {
+    auto res = cli.Post(path, headers, body.dump(), "application/json");
+    if (!res) return result<int64_t>::failure(httplib::to_string(res.error()));
+    const auto j = nlohmann::json::parse(res->body, nullptr, false);
+    if (res->status != 200 || j.is_discarded() || !j.is_object() || !j.contains("tokens") ||
+        !j["tokens"].is_array()) {
+      return result<int64_t>::failure("POST " + path + " answered " + std::to_string(res->status));
+    }
+    return static_cast<int64_t>(j["tokens"].size());
+  };
+  const std::string text = " the";
+  auto chat = count({{"messages", {{{"role", "user"}, {"content", text}}}}});
+  if (!chat) return chat;
+  auto plain = count({{"prompt", text}, {"add_special_tokens", false}});
+  if (!plain) return plain;
+  return std::max<int64_t>(0, chat.value() - plain.value());
+}
+
 }  // namespace weft::apps::loadgen

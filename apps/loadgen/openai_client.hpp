@@ -45,4 +45,9 @@ struct server_info {
 /// a non-200 status is returned, not an error (not every server lists models).
 result<server_info> probe_server(const client_config& config);
 
+/// Tokens a chat request adds around a user message (the chat template), measured with the
+/// server's POST /tokenize (vLLM's and weft's {"messages"} form): count(messages) − count(text).
+/// An error when the server has no such endpoint (llama-server tokenizes text only).
+result<int64_t> chat_template_overhead(const client_config& config);
+
 }  // namespace weft::apps::loadgen

@@ -54,7 +54,10 @@ result<workload> build_synthetic(const workload_config& config, double rate_rps)
     r.index = i;
     r.send_time_s = times[i];
     r.prompt = prefix;
-    append_words(r.prompt, mix_seed(config.seed, 1000 + i), prompt_lens[i]);
+    const int64_t own = s.shared_prefix_tokens > 0
+                            ? std::max<int64_t>(0, prompt_lens[i] - config.prompt_overhead_tokens)
+                            : std::max<int64_t>(1, prompt_lens[i] - config.prompt_overhead_tokens);
+    append_words(r.prompt, mix_seed(config.seed, 1000 + i), own);
     r.prompt_tokens_target = s.shared_prefix_tokens + prompt_lens[i];
     r.max_tokens = output_lens[i];
     w.requests.push_back(std::move(r));
@@ -103,7 +106,8 @@ result<workload> build_from_trace(const workload_config& config, double rate_rps
             mix_seed(config.seed, static_cast<uint64_t>(s.hash_ids[b]) + (uint64_t{1} << 40)), len);
       }
     } else {
-      append_words(r.prompt, mix_seed(config.seed, 1000 + i), s.prompt_tokens);
+      append_words(r.prompt, mix_seed(config.seed, 1000 + i),
+                   std::max<int64_t>(1, s.prompt_tokens - config.prompt_overhead_tokens));
     }
     w.requests.push_back(std::move(r));
   }

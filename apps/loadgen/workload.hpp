@@ -41,6 +41,10 @@ struct workload_config {
   synthetic_config synthetic;
   const trace* source_trace = nullptr;  ///< replay this trace instead of synthetic (not owned)
   trace_scaling_config scaling;
+  /// Tokens the server adds around every prompt (the chat template of --api chat): the words of
+  /// each prompt are that many fewer, so the prompt the model sees has the target length. Not
+  /// applied to hash-id traces (their block texts must stay shared).
+  int64_t prompt_overhead_tokens = 0;
 };
 
 /// A built workload and a JSON description of it (kind, parameters, scaling applied, target

@@ -8,12 +8,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
 #include "apps/loadgen/openai_client.hpp"
 #include "apps/loadgen/runner.hpp"
 #include "apps/loadgen/stats.hpp"
+#include "apps/loadgen/workload.hpp"
 
 namespace lg = weft::apps::loadgen;
 using namespace std::chrono_literals;
@@ -68,6 +70,13 @@ class fake_server {
         sink.done();
         return true;
       });
+    });
+    // vLLM's /tokenize: a chat message costs 7 tokens of template around its text (1 token here).
+    server_.Post("/tokenize", [](const httplib::Request& req, httplib::Response& res) {
+      const auto body = nlohmann::json::parse(req.body, nullptr, false);
+      const size_t n = body.contains("messages") ? 8 : 1;
+      res.set_content(nlohmann::json{{"tokens", std::vector<int>(n, 3)}}.dump(),
+                      "application/json");
     });
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread{[this] { server_.listen_after_bind(); }};
@@ -180,6 +189,30 @@ TEST(e2e, http_errors_and_unreachable_servers) {
   auto r2 = lg::send_request(dead.client, {0, 0.0, " the", 1, 3}, lg::steady_clock::now());
   EXPECT_EQ(r2.status, lg::request_status::connection_error);
   EXPECT_NE(r2.error.find("/v1/completions"), std::string::npos) << r2.error;
+}
+
+TEST(e2e, chat_prompts_are_shortened_by_what_the_template_adds) {
+  fake_server srv;
+  auto rc = config_for(srv.port());
+  auto overhead = lg::chat_template_overhead(rc.client);
+  ASSERT_TRUE(overhead) << overhead.error();
+  EXPECT_EQ(overhead.value(), 7);
+  lg::workload_config wc;
+  wc.num_requests = 3;
+  wc.synthetic.prompt = {lg::length_dist::fixed, 20, 1, 20, 1.5, 0.5};
+  wc.synthetic.output = {lg::length_dist::fixed, 4, 1, 4, 1.5, 0.5};
+  auto plain = lg::build_workload(wc, 1.0);
+  wc.prompt_overhead_tokens = overhead.value();
+  auto chat = lg::build_workload(wc, 1.0);
+  ASSERT_TRUE(plain && chat);
+  auto words = [](const std::string& s) { return std::count(s.begin(), s.end(), ' '); };
+  EXPECT_EQ(words(plain->requests[0].prompt), 20);
+  EXPECT_EQ(words(chat->requests[0].prompt), 13);
+  EXPECT_EQ(chat->requests[0].prompt_tokens_target, 20);  // the target is what the model sees
+  // A server without /tokenize: an error, so the bench can say so.
+  auto none = config_for(1);
+  none.client.timeout_s = 2;
+  EXPECT_FALSE(lg::chat_template_overhead(none.client));
 }
 
 TEST(e2e, base_url_parsing) {
