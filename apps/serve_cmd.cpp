@@ -64,6 +64,7 @@ struct serve_cli {
   std::string api_key;
   std::string served_model_name;
   std::vector<std::string> allowed_origins;
+  int64_t ctx_size = 0;
   uint32_t ttft_slo_ms = 0;
   size_t max_outstanding = 1024;
   uint32_t queue_timeout_ms = 30'000;
@@ -118,6 +119,11 @@ int run_serve(const serve_cli& cli) {
     return 2;
   }
   const std::string model_path = std::filesystem::absolute(mo.path).string();
+  if (cli.ctx_size > 0 && (**host).n_ctx > 0 && cli.ctx_size > (**host).n_ctx) {
+    spdlog::error("--ctx-size {} is beyond the model's context of {} tokens", cli.ctx_size,
+                  (**host).n_ctx);
+    return 2;
+  }
 
   // This process: the head of a private cluster (fresh secret), the router and the api; engine
   // workers go to the worker node processes.
@@ -174,6 +180,7 @@ int run_serve(const serve_cli& cli) {
   ac.http_queue = cli.http_queue;
   ac.served_model_name = cli.served_model_name;
   ac.allowed_origins = cli.allowed_origins;
+  ac.ctx_size = cli.ctx_size;
   ac.cluster_json = [&sys, head = (*node)->head()]() -> std::string {
     auto st = actors::cluster_status(sys, head, 2000);
     return st ? actors::cluster_status_json(*st) : std::string{"null"};
@@ -421,6 +428,11 @@ void add_serve_command(CLI::App& app, const global_options&) {
       ->envname("WEFT_API_KEY");
   cmd->add_option("--served-model-name", cli->served_model_name,
                   "Model id clients use (default: the file name)");
+  cmd->add_option("--ctx-size,-c", cli->ctx_size,
+                  "Context per sequence in tokens (prompt + completion), at most the model's; 0: "
+                  "the model's own (SmolLM2: 8192)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd->add_option("--allowed-origins", cli->allowed_origins,
                   "Browser origins allowed to call the API (CORS), comma-separated, e.g. "
                   "http://localhost:3000, or * for any (default: none, no CORS headers)")

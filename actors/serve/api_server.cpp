@@ -172,6 +172,10 @@ struct api_server::impl {
   void declare_metrics();
   void routes();
   bool authorized(const httplib::Request& req, httplib::Response& res);
+  /// Tokens per sequence: --ctx-size, else the model's context (2048 when the file names none).
+  int64_t context_length() const {
+    return cfg.ctx_size > 0 ? cfg.ctx_size : host->n_ctx > 0 ? host->n_ctx : 2048;
+  }
   /// CORS for the origins in cfg.allowed_origins (none: no CORS headers at all).
   void cors();
   void send_error(httplib::Response& res, const api_error& e);
@@ -517,7 +521,7 @@ bool api_server::impl::fit_context(generation& g, httplib::Response& res) {
   const auto kind = g.kind;
   const auto& prompts = g.prompts;
   auto& max_tokens = g.max_tokens;
-  const int64_t n_ctx = host->n_ctx > 0 ? host->n_ctx : 2048;
+  const int64_t n_ctx = context_length();
   max_tokens.assign(prompts.size(), 0);
   for (size_t p = 0; p < prompts.size(); ++p) {
     const auto len = static_cast<int64_t>(prompts[p].size());
@@ -883,13 +887,14 @@ void api_server::impl::routes() {
                                 "model", "model_not_found"});
       return;
     }
-    res.set_content(render_model(id, static_cast<int64_t>(actors::now_ms() / 1000), host->n_ctx),
-                    "application/json");
+    res.set_content(
+        render_model(id, static_cast<int64_t>(actors::now_ms() / 1000), context_length()),
+        "application/json");
   });
   http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
-    const auto r =
-        tokenize_request(req.body, host->tok, host->tmpl ? &*host->tmpl : nullptr, host->n_ctx);
+    const auto r = tokenize_request(req.body, host->tok, host->tmpl ? &*host->tmpl : nullptr,
+                                    context_length());
     res.status = r.status;
     res.set_content(r.body, "application/json");
   });

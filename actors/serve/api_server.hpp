@@ -32,6 +32,9 @@ struct api_config {
   /// Browser origins allowed to call the API (CORS), e.g. "http://localhost:3000"; "*" allows
   /// any. Empty: no CORS headers (browsers then refuse cross-origin calls).
   std::vector<std::string> allowed_origins;
+  /// Context per sequence (prompt + completion); 0: the model's. Longer requests get 400
+  /// context_length_exceeded, and chat's default max_tokens fills up to it.
+  int64_t ctx_size = 0;
   int http_threads = 128;  ///< concurrent HTTP requests (streams hold one each)
   /// Connections that may wait for a free HTTP thread; beyond them a connection is answered 503
   /// (with Retry-After) by one overflow thread, so the wait queue never grows without bound.

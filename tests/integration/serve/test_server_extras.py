@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a user of vLLM or llama-server reaches for beside completions, against `weft serve` on the
 default model: POST /tokenize and /detokenize in both servers' forms (token ids checked against
-llama.cpp's own tokenizer on the same GGUF), GET /v1/models/{id}, CORS for --allowed-origins, the
+llama.cpp's own tokenizer on the same GGUF), GET /v1/models/{id}, --ctx-size, CORS for --allowed-origins, the
 ready line naming --served-model-name, Prometheus counters present at 0 before any request (and
 cumulative values typed as counters), and `weft generate -p -` reading the prompt from stdin.
 
@@ -56,8 +56,12 @@ def main():
         check(os.environ.get("CI", "") in ("", "0", "false"),
               "llama-cpp-python is installed (scripts/setup.sh --test)")
 
-    with WeftServer(a.weft, ["--served-model-name", "smol", "--allowed-origins",
-                             "http://app.example,http://other.example"]) as srv:
+    p = subprocess.run([a.weft, "serve", "--ctx-size", "100000"], capture_output=True, text=True,
+                       timeout=120)
+    check(p.returncode == 2 and "beyond the model's context of 8192" in p.stderr,
+          "--ctx-size beyond the model's context is refused")
+    with WeftServer(a.weft, ["--served-model-name", "smol", "--ctx-size", "256",
+                             "--allowed-origins", "http://app.example,http://other.example"]) as srv:
         check("model=smol" in (srv.ready_line or ""),
               f"the ready line names --served-model-name: {srv.ready_line}")
 
@@ -90,8 +94,15 @@ def main():
         # vLLM's form: prompt, add_special_tokens (default true), count and max_model_len.
         st, _, body = raw(srv, "POST", "/tokenize", {"model": "smol", "prompt": "Hello world"})
         j = json.loads(body)
-        check(st == 200 and j["count"] == len(j["tokens"]) and j["max_model_len"] == 8192,
-              f"vLLM form: count and max_model_len ({body[:120]})")
+        check(st == 200 and j["count"] == len(j["tokens"]) and j["max_model_len"] == 256,
+              f"vLLM form: count and max_model_len = --ctx-size ({body[:120]})")
+        # --ctx-size bounds prompt + completion.
+        st, _, body = raw(srv, "POST", "/v1/completions",
+                          {"prompt": " the" * 200, "max_tokens": 100})
+        check(st == 400 and "context_length_exceeded" in body and " 256 " in body,
+              f"--ctx-size 256: 200 + 100 tokens is a 400 context_length_exceeded ({body[:160]})")
+        st, _, body = raw(srv, "POST", "/v1/completions", {"prompt": " the" * 200, "max_tokens": 50})
+        check(st == 200, f"--ctx-size 256: 200 + 50 tokens is served ({st})")
         # messages: the same tokens the chat endpoint counts as its prompt.
         msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
         st, _, body = raw(srv, "POST", "/tokenize", {"messages": msgs})
@@ -114,7 +125,8 @@ def main():
 
         # GET /v1/models/{id}
         st, _, body = raw(srv, "GET", "/v1/models/smol")
-        check(st == 200 and json.loads(body)["id"] == "smol", "GET /v1/models/smol")
+        check(st == 200 and json.loads(body)["id"] == "smol" and
+              json.loads(body)["max_model_len"] == 256, "GET /v1/models/smol")
         st, _, body = raw(srv, "GET", "/v1/models/gpt-4")
         check(st == 404 and json.loads(body)["error"]["code"] == "model_not_found",
               "GET /v1/models/<unknown> is a 404 model_not_found")
