@@ -4,7 +4,8 @@
 #
 #   scripts/setup.sh            build + runtime dependencies and the default model
 #   scripts/setup.sh --test     also the packages the test tiers need (llama-cpp-python, openai,
-#                               torch + transformers for the trainer oracle, matplotlib)
+#                               torch + transformers for the trainer oracle, matplotlib,
+#                               chromium + websocket-client for the chat page's browser test)
 #   scripts/setup.sh --bench    also the benchmark baselines (ray, matplotlib)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,7 +31,8 @@ apt_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev iproute2 procps curl
 )
 if [ "$want_test" = 1 ]; then
-  apt_packages+=(clang libclang-rt-14-dev clang-format)
+  # chromium: the chat page's browser test (tests/integration/serve/test_chat_page.py).
+  apt_packages+=(clang libclang-rt-14-dev clang-format chromium)
 fi
 
 missing=()
@@ -94,6 +96,7 @@ if [ "$want_test" = 1 ]; then
   py_has openai || pip_want+=(openai)
   # `weft train/rl --plot` draw with matplotlib; their CLI tests check the PNG.
   py_has matplotlib || pip_want+=(matplotlib)
+  py_has websocket || pip_want+=(websocket-client)  # drives Chromium over DevTools
   # The trainer's oracle: PyTorch autograd on the GGUF as Hugging Face transformers loads it
   # (tests/oracle/gpu/train_oracle.py). torch from PyPI brings its CUDA wheels (~3 GB, once).
   py_has torch || pip_want+=("torch==2.5.1")

@@ -1,6 +1,7 @@
 // The OpenAI-compatible HTTP front of `weft serve` and the api actor between it and the router.
 
 #include "actors/serve/api_server.hpp"
+#include "actors/serve/chat_page.hpp"
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
@@ -876,6 +877,10 @@ void api_server::impl::routes() {
     res.set_content(
         render_models({cfg.served_model_name}, static_cast<int64_t>(actors::now_ms() / 1000)),
         "application/json");
+  });
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    const auto page = chat_page_html();
+    res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
   });
   http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
