@@ -53,6 +53,7 @@ struct rl_options {
   int64_t max_staleness = 1;
   std::string off_policy = "ppo-clip";
   double is_cap = 2.0;
+  double kl_coef = 0.0;
   int64_t steps = 100;
   int64_t prompts_per_step = 4;
   int64_t group_size = 8;
@@ -123,6 +124,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.grpo.max_new_tokens = o.max_new_tokens;
   parse_off_policy_correction(o.off_policy, c.grpo.correction);
   c.grpo.is_cap = o.is_cap;
+  c.grpo.kl_coef = o.kl_coef;
   c.max_staleness = o.mode == "async" ? o.max_staleness : 0;
   c.total_steps = o.steps;
   if (!parse_loss_aggregation(o.loss_agg, c.grpo.aggregation)) {
@@ -424,6 +426,11 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
                   "decoupled objective with one update per batch)")
       ->capture_default_str()
       ->check(CLI::IsMember({"ppo-clip", "decoupled"}));
+  cmd->add_option("--kl-coef", o->kl_coef,
+                  "Weight of a KL penalty to the starting model (TRL's beta): each token adds "
+                  "beta x k3(ref, policy); 0 keeps no reference model in memory")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--is-cap", o->is_cap,
                   "--off-policy decoupled: the truncated importance weight's cap")
       ->capture_default_str()

@@ -49,6 +49,7 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
       r.step, total_, r.reward_mean, r.reward_std, r.completion_len, 100.0 * r.stopped_fraction,
       r.loss, r.grad_norm, 100.0 * r.clip_fraction, r.rollout_s, r.train_s, r.sync_s, sps,
       format_duration(eta));
+  if (r.kl > 0.0) spdlog::info("  KL to the reference {:.5f} per token", r.kl);
   if (r.staleness_max > 0 || r.in_flight > 0) {
     spdlog::info("  staleness {:.2f} (max {}), {} samples of mixed versions, {} in flight",
                  r.staleness_mean, r.staleness_max, r.mixed_version_samples, r.in_flight);
@@ -69,6 +70,7 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"lr", r.lr},
                       {"clip_fraction", r.clip_fraction},
                       {"ratio_deviation", r.ratio_deviation},
+                      {"kl", r.kl},
                       {"staleness_mean", r.staleness_mean},
                       {"staleness_max", r.staleness_max},
                       {"mixed_version_samples", r.mixed_version_samples},
@@ -125,6 +127,8 @@ std::string rl_reporter::prometheus() const {
          static_cast<double>(last_.version));
   metric("weft_rl_reward_mean", "gauge", "Mean reward of the last step's samples",
          last_.reward_mean);
+  metric("weft_rl_kl", "gauge",
+         "Mean KL estimate (k3) to the reference over the last step's tokens", last_.kl);
   metric("weft_rl_staleness_mean", "gauge",
          "Mean versions between the trainer and the last step's samples' oldest tokens",
          last_.staleness_mean);

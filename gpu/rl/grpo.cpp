@@ -106,6 +106,12 @@ ppo_term decoupled_is(double logp, double behaviour_logp, double advantage, doub
   return t;
 }
 
+kl_term kl_k3(double logp, double ref_logp) {
+  const double d = ref_logp - logp;
+  const double e = std::exp(d);
+  return kl_term{e - d - 1.0, 1.0 - e};
+}
+
 std::vector<double> sample_token_weights(std::span<const int64_t> lengths,
                                          std::span<const uint8_t> keep, loss_aggregation agg,
                                          int64_t max_new_tokens) {
@@ -143,6 +149,11 @@ double ppo_stats::clip_fraction() const {
   return n > 0 ? static_cast<double>(clipped.load()) / static_cast<double>(n) : 0.0;
 }
 
+double ppo_stats::mean_kl() const {
+  const int64_t n = tokens.load();
+  return n > 0 ? static_cast<double>(kl_nano.load()) * 1e-9 / static_cast<double>(n) : 0.0;
+}
+
 double ppo_stats::mean_abs_ratio_deviation() const {
   const int64_t n = tokens.load();
   return n > 0 ? static_cast<double>(abs_ratio_dev_nano.load()) * 1e-9 / static_cast<double>(n)
@@ -151,19 +162,27 @@ double ppo_stats::mean_abs_ratio_deviation() const {
 
 train::token_objective<float> ppo_objective(const grpo_config& config, ppo_stats* stats) {
   const double lo = config.clip_low, hi = config.clip_high, cap = config.is_cap;
+  const double beta = config.kl_coef;
   const bool decoupled = config.correction == off_policy_correction::decoupled;
-  return [lo, hi, cap, decoupled, stats](
+  return [lo, hi, cap, beta, decoupled, stats](
              const train::train_batch& b, std::span<const int64_t> positions,
              std::span<const float> logp, std::span<float> dlogp) -> double {
     double total = 0.0;
-    int64_t clipped = 0, dev = 0;
+    int64_t clipped = 0, dev = 0, kl_nano = 0;
     for (size_t j = 0; j < positions.size(); ++j) {
       const auto pos = static_cast<size_t>(positions[j]);
       const train::policy_token& p = b.policy.empty() ? train::policy_token{} : b.policy[pos];
       const ppo_term t = decoupled ? decoupled_is(logp[j], p.behaviour_logp, p.advantage, cap)
                                    : ppo_clip(logp[j], p.behaviour_logp, p.advantage, lo, hi);
-      total += static_cast<double>(p.weight) * t.loss;
-      dlogp[j] = static_cast<float>(static_cast<double>(p.weight) * t.dloss_dlogp);
+      double loss = t.loss, grad = t.dloss_dlogp;
+      if (beta > 0.0) {
+        const kl_term k = kl_k3(logp[j], p.ref_logp);
+        loss += beta * k.kl;
+        grad += beta * k.dkl_dlogp;
+        kl_nano += static_cast<int64_t>(std::llround(k.kl * 1e9));
+      }
+      total += static_cast<double>(p.weight) * loss;
+      dlogp[j] = static_cast<float>(static_cast<double>(p.weight) * grad);
       clipped += t.clipped ? 1 : 0;
       dev += static_cast<int64_t>(std::llround(std::fabs(t.ratio - 1.0) * 1e9));
     }
@@ -171,6 +190,7 @@ train::token_objective<float> ppo_objective(const grpo_config& config, ppo_stats
       stats->tokens += static_cast<int64_t>(positions.size());
       stats->clipped += clipped;
       stats->abs_ratio_dev_nano += dev;
+      stats->kl_nano += kl_nano;
     }
     return total;
   };

@@ -53,7 +53,18 @@ struct grpo_config {
   int64_t max_new_tokens = 0;  ///< The constant of loss_aggregation::constant.
   off_policy_correction correction = off_policy_correction::ppo_clip;
   double is_cap = 2.0;  ///< off_policy_correction::decoupled: the importance weight's cap.
+  /// β of the KL penalty to the reference policy (TRL's `beta`; 0: none). Each token adds
+  /// β·k3 with k3 = exp(ref − logp) − (ref − logp) − 1 (Schulman's estimator, as TRL and verl's
+  /// "low_var_kl"), weighted like its policy term.
+  double kl_coef = 0.0;
 };
+
+/// The k3 estimate of KL(π_θ ‖ π_ref) at one token and its derivative in log π_θ.
+struct kl_term {
+  double kl = 0.0;
+  double dkl_dlogp = 0.0;
+};
+kl_term kl_k3(double logp, double ref_logp);
 
 /// Group-relative advantages of rewards laid out group after group (group g holds
 /// rewards[g·size .. g·size + size − 1]): r − mean(group), divided by (std(group) + 1e-4) when
@@ -92,8 +103,11 @@ struct ppo_stats {
   std::atomic<int64_t> clipped{0};
   /// Σ |r − 1| over the tokens, in units of 1e-9 (atomics of integers stay deterministic).
   std::atomic<int64_t> abs_ratio_dev_nano{0};
+  /// Σ k3 over the tokens, in units of 1e-9 (only with a KL term).
+  std::atomic<int64_t> kl_nano{0};
   double clip_fraction() const;
   double mean_abs_ratio_deviation() const;
+  double mean_kl() const;
 };
 
 /// The policy-gradient token objective over train_batch::policy (behaviour log-p, advantage,

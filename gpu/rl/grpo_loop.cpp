@@ -108,6 +108,11 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
   auto e = engine::create(*loop->engine_model_, ec);
   if (!e) return e.error();
   loop->engine_ = std::move(*e);
+  if (config.grpo.kl_coef > 0.0) {
+    auto ref = train::trainable_model<float>::load(source);
+    if (!ref) return ref.error();
+    loop->ref_ = std::move(*ref);
+  }
   std::vector<int64_t> sizes;
   for (const auto& p : loop->model_->parameters()) {
     sizes.push_back(p.size());
@@ -360,7 +365,11 @@ result<rl_step_record> grpo_loop::step() {
   }
   rec.staleness_mean /= static_cast<double>(std::max<size_t>(1, trained->staleness.size()));
   const scored_step scored = score_step(p.samples, rec);
-  if (auto st = update(pack_update(p.samples, scored), rec); !st) return st;
+  auto batches = pack_update(p.samples, scored);
+  if (ref_) {
+    if (auto st = add_reference_logprobs(batches); !st) return st;
+  }
+  if (auto st = update(batches, rec); !st) return st;
   rec.train_s = seconds_since(t1);
 
   const auto t2 = std::chrono::steady_clock::now();
@@ -408,8 +417,9 @@ grpo_loop::scored_step grpo_loop::score_step(const std::vector<rollout_sample>& 
 
 std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
     const std::vector<rollout_sample>& samples, const scored_step& sc) const {
-  // Samples with a zero advantage add exactly nothing to the gradient (their PPO term is 0·r):
-  // they count in the loss's normaliser (the weights) but skip the forward and backward.
+  // Samples with a zero advantage add exactly nothing to the gradient (their PPO term is 0·r)
+  // unless a KL term pulls them: they count in the loss's normaliser (the weights) but skip the
+  // forward and backward.
   // The others train in units of one prompt: the prompt (all but its last token) is packed once
   // as a shared prefix and every sample continues it with [last prompt token, completion] — the
   // same gradient as packing prompt + completion per sample, for a fraction of the tokens. Units
@@ -424,7 +434,9 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
   std::vector<unit> units;
   for (size_t s = 0; s < samples.size(); ++s) {
     const rollout_sample& x = samples[s];
-    if (sc.keep[s] == 0 || sc.adv[s] == 0.0 || x.completion.empty()) continue;
+    // With a KL term a zero-advantage sample still has a gradient (β·∇k3): it trains.
+    const bool no_gradient = sc.adv[s] == 0.0 && config_.grpo.kl_coef == 0.0;
+    if (sc.keep[s] == 0 || no_gradient || x.completion.empty()) continue;
     if (units.empty() || units.back().group != x.group) {
       units.push_back(unit{x.group, {}, x.prompt.size() > 1 ? x.prompt.size() - 1 : 0});
     }
@@ -481,6 +493,20 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
   return batches;
 }
 
+status grpo_loop::add_reference_logprobs(std::vector<std::vector<train::train_batch>>& batches) {
+  for (auto& share : batches) {
+    for (auto& b : share) {
+      auto lp = ref_->target_logprobs(b);
+      if (!lp) return lp.error();
+      size_t k = 0;
+      for (size_t i = 0; i < b.targets.size() && i < b.policy.size(); ++i) {
+        if (b.targets[i] >= 0 && k < lp->size()) b.policy[i].ref_logp = (*lp)[k++];
+      }
+    }
+  }
+  return {};
+}
+
 status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& batches,
                          rl_step_record& rec) {
   model_->zero_grad(std::max(1, config_.shares));
@@ -507,6 +533,7 @@ status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& bat
   rec.lr = lr;
   rec.clip_fraction = stats.clip_fraction();
   rec.ratio_deviation = stats.mean_abs_ratio_deviation();
+  rec.kl = stats.mean_kl();
   return {};
 }
 

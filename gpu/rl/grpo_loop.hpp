@@ -88,7 +88,8 @@ struct rl_step_record {
   double lr = 0.0;
   double clip_fraction = 0.0;
   double ratio_deviation = 0.0;  ///< Mean |π_trainer/π_behaviour − 1| over the step's tokens.
-  double staleness_mean = 0.0;   ///< Versions between the trainer and a sample's oldest token.
+  double kl = 0.0;  ///< Mean k3 estimate of KL(π_θ ‖ π_ref) per token (with a KL term).
+  double staleness_mean = 0.0;  ///< Versions between the trainer and a sample's oldest token.
   int64_t staleness_max = 0;
   int64_t mixed_version_samples = 0;  ///< Samples whose tokens span more than one version.
   int64_t in_flight = 0;              ///< Samples of later steps generating when this step trained.
@@ -175,6 +176,8 @@ class grpo_loop {
   /// The update's micro-batches, one list per parallel share.
   std::vector<std::vector<train::train_batch>> pack_update(
       const std::vector<rollout_sample>& samples, const scored_step& scored) const;
+  /// Fills every loss token's reference log-probability (the frozen starting weights).
+  status add_reference_logprobs(std::vector<std::vector<train::train_batch>>& batches);
   /// Forward/backward of the PPO-clip objective, clipping, AdamW; fills loss, norm, lr and the
   /// clip statistics into `rec`.
   status update(const std::vector<std::vector<train::train_batch>>& batches, rl_step_record& rec);
@@ -182,6 +185,8 @@ class grpo_loop {
                                     const std::vector<rollout_sample>& samples);
 
   std::unique_ptr<train::trainable_model<float>> model_;
+  /// The reference policy of the KL term: the starting weights, frozen (only with kl_coef > 0).
+  std::unique_ptr<train::trainable_model<float>> ref_;
   const rl_task& task_;
   grpo_loop_config config_;
   prompt_source prompts_;

@@ -35,8 +35,9 @@ struct parameter {
 struct policy_token {
   float behaviour_logp = 0.0f;  ///< log p of the token under the policy that sampled it.
   float advantage = 0.0f;
-  float weight = 0.0f;  ///< The token's weight in the loss (the aggregation's normaliser).
-  int32_t sample = -1;  ///< Index of the sample the token belongs to (the caller's numbering).
+  float weight = 0.0f;    ///< The token's weight in the loss (the aggregation's normaliser).
+  int32_t sample = -1;    ///< Index of the sample the token belongs to (the caller's numbering).
+  float ref_logp = 0.0f;  ///< log p of the token under the reference policy (the KL term).
 };
 
 /// A micro-batch of sequences packed back to back. targets[i] is the token the model should

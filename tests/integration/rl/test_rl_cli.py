@@ -248,6 +248,12 @@ def main():
         check(rc == 0 and len(dec) == 5 and [r["loss"] for r in dec] != [r["loss"] for r in rows],
               "--off-policy decoupled runs and changes the update")
 
+        # --kl-coef: a reference model; KL 0 at step 1 (the policy is the reference), then > 0.
+        rc, got, rows = losses(["--kl-coef", "0.5"])
+        kl = [r["kl"] for r in rows if r["kind"] == "step"]
+        check(rc == 0 and len(kl) == 3 and kl[0] < 1e-6 and any(k > 0 for k in kl[1:]) and
+              got != plain, f"--kl-coef: KL 0 at step 1, then > 0, and the loss changes: {kl}")
+
         # --metrics-port: Prometheus text while the run goes on.
         import socket
         import urllib.request

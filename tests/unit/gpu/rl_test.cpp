@@ -118,6 +118,18 @@ TEST(grpo, decoupled_importance_weight_is_truncated_and_detached) {
   EXPECT_FALSE(parse_off_policy_correction("tis", c));
 }
 
+TEST(grpo, kl_k3_and_its_gradient_by_hand) {
+  auto k = kl_k3(-1.5, -1.5);
+  EXPECT_DOUBLE_EQ(k.kl, 0.0);
+  EXPECT_DOUBLE_EQ(k.dkl_dlogp, 0.0);
+  k = kl_k3(-1.0, -2.0);  // d = ref − logp = −1
+  EXPECT_NEAR(k.kl, std::exp(-1.0) + 1.0 - 1.0, 1e-12);
+  EXPECT_NEAR(k.dkl_dlogp, 1.0 - std::exp(-1.0), 1e-12);  // > 0: pushes logp back down
+  k = kl_k3(-3.0, -2.0);
+  EXPECT_NEAR(k.kl, std::exp(1.0) - 2.0, 1e-12);
+  EXPECT_LT(k.dkl_dlogp, 0.0);  // pushes logp back up
+}
+
 TEST(rollout_scheduler, sync_admits_one_step_at_a_time) {
   rollout_scheduler s(scheduler_config{2, 2, 0, 3});
   EXPECT_EQ(s.admit(), std::vector<int64_t>{0});
@@ -883,6 +895,36 @@ TEST(grpo_loop, an_async_resume_trains_every_step_once) {
   }
   EXPECT_EQ(second->scheduler().trained_samples(), 2 * 24);
   EXPECT_EQ(second->prompts().cursor(), 4 * cfg.prompts_per_step);
+}
+
+TEST(grpo_loop, the_kl_term_starts_at_zero_and_holds_the_policy_near_the_reference) {
+  const auto file = tiny_file();
+  digits_task task;
+  auto final_kl = [&](double beta) {
+    auto cfg = loop_cfg();
+    cfg.grpo.kl_coef = beta;
+    auto loop = make_loop(file, task, cfg);
+    std::vector<double> kl;
+    for (int s = 0; s < 10; ++s) {
+      auto r = loop->step();
+      EXPECT_TRUE(r.ok()) << r.error().message();
+      if (!r.ok()) return kl;
+      kl.push_back(r->kl);
+    }
+    return kl;
+  };
+  const auto weak = final_kl(0.01);
+  const auto strong = final_kl(5.0);
+  ASSERT_EQ(weak.size(), 10u);
+  ASSERT_EQ(strong.size(), 10u);
+  // Step 1 trains the starting weights: the policy is the reference.
+  EXPECT_LT(weak.front(), 1e-6);
+  // Every sample trains with a KL term (zero advantages too), so every later step measures it.
+  const double w = std::accumulate(weak.begin() + 5, weak.end(), 0.0) / 5;
+  const double k = std::accumulate(strong.begin() + 5, strong.end(), 0.0) / 5;
+  std::printf("mean KL over steps 6-10: beta 0.01 -> %.4g, beta 5 -> %.4g\n", w, k);
+  EXPECT_GT(w, 1e-3);  // the policy moved
+  EXPECT_LT(k, 0.5 * w);
 }
 
 TEST(grpo_loop, a_tiny_model_learns_a_graded_reward) {
