@@ -54,6 +54,7 @@ struct rl_options {
   std::string off_policy = "ppo-clip";
   double is_cap = 2.0;
   double kl_coef = 0.0;
+  int64_t updates_per_step = 1;
   int64_t steps = 100;
   int64_t prompts_per_step = 4;
   int64_t group_size = 8;
@@ -125,6 +126,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   parse_off_policy_correction(o.off_policy, c.grpo.correction);
   c.grpo.is_cap = o.is_cap;
   c.grpo.kl_coef = o.kl_coef;
+  c.updates_per_step = o.updates_per_step;
   c.max_staleness = o.mode == "async" ? o.max_staleness : 0;
   c.total_steps = o.steps;
   if (!parse_loss_aggregation(o.loss_agg, c.grpo.aggregation)) {
@@ -426,6 +428,12 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
                   "decoupled objective with one update per batch)")
       ->capture_default_str()
       ->check(CLI::IsMember({"ppo-clip", "decoupled"}));
+  cmd->add_option("--updates-per-step", o->updates_per_step,
+                  "Optimizer steps on each step's rollouts (TRL's num_iterations): after the "
+                  "first, the PPO ratio leaves 1 and the clip range bounds the move. Exact resume "
+                  "needs the same value")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
   cmd->add_option("--kl-coef", o->kl_coef,
                   "Weight of a KL penalty to the starting model (TRL's beta): each token adds "
                   "beta x k3(ref, policy); 0 keeps no reference model in memory")
@@ -569,6 +577,13 @@ void add_rl_command(CLI::App& app, const global_options&) {
       spdlog::error(
           "--max-staleness needs --mode async (sync trains every sample on the "
           "weights that generated it)");
+      std::exit(2);
+    }
+    if (o->off_policy == "decoupled" && o->updates_per_step > 1) {
+      spdlog::error(
+          "--off-policy decoupled takes one update per batch; --updates-per-step {} "
+          "needs ppo-clip",
+          o->updates_per_step);
       std::exit(2);
     }
     if (o->off_policy != "decoupled" && cmd->get_option("--is-cap")->count() > 0) {

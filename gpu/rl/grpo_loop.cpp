@@ -51,6 +51,14 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
                   "GRPO needs at least 1 prompt per step, a group of at least 2 samples and at "
                   "least 1 new token"};
   }
+  if (config.updates_per_step < 1 || config.updates_per_step > 64) {
+    return status{status_code::invalid_argument, "updates per step must be within 1..64"};
+  }
+  if (config.updates_per_step > 1 && config.grpo.correction == off_policy_correction::decoupled) {
+    return status{status_code::invalid_argument,
+                  "the decoupled correction takes one update per batch (its proximal policy is "
+                  "the trainer's current one); use ppo-clip with several updates per step"};
+  }
   if (config.max_staleness < 0 || config.max_staleness > 64) {
     return status{status_code::invalid_argument, "the staleness bound must be within 0..64"};
   }
@@ -509,27 +517,33 @@ status grpo_loop::add_reference_logprobs(std::vector<std::vector<train::train_ba
 
 status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& batches,
                          rl_step_record& rec) {
-  model_->zero_grad(std::max(1, config_.shares));
+  // updates_per_step optimizer steps on the same rollouts (TRL's num_iterations): the ratio to the
+  // behaviour policy leaves 1 after the first, and clipping bounds how far the policy moves.
+  const int64_t n = std::max<int64_t>(1, config_.updates_per_step);
   ppo_stats stats;
   const auto objective = ppo_objective(config_.grpo, &stats);
-  double loss = 0.0;
-  if (!batches.empty()) {
-    auto l = model_->forward_backward(std::span<const std::vector<train::train_batch>>(batches),
-                                      objective);
-    if (!l) return l.error();
-    loss = l->sum;
-  }
   std::vector<std::span<float>> grads, values;
   for (auto& p : model_->parameters()) {
     grads.emplace_back(p.grad);
     values.emplace_back(p.value);
   }
   const double lr = config_.schedule.at(step_);
-  auto norm =
-      train::clip_and_update(opt_, values, grads, decay_, config_.max_grad_norm, lr, step_ + 1);
-  if (!norm) return norm.error();
-  rec.loss = loss;
-  rec.grad_norm = *norm;
+  double loss = 0.0, norm_sum = 0.0;
+  for (int64_t it = 0; it < n; ++it) {
+    model_->zero_grad(std::max(1, config_.shares));
+    if (!batches.empty()) {
+      auto l = model_->forward_backward(std::span<const std::vector<train::train_batch>>(batches),
+                                        objective);
+      if (!l) return l.error();
+      loss += l->sum;
+    }
+    auto norm = train::clip_and_update(opt_, values, grads, decay_, config_.max_grad_norm, lr,
+                                       step_ * n + it + 1);
+    if (!norm) return norm.error();
+    norm_sum += *norm;
+  }
+  rec.loss = loss / static_cast<double>(n);
+  rec.grad_norm = norm_sum / static_cast<double>(n);
   rec.lr = lr;
   rec.clip_fraction = stats.clip_fraction();
   rec.ratio_deviation = stats.mean_abs_ratio_deviation();

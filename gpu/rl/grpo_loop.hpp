@@ -58,6 +58,8 @@ struct grpo_loop_config {
   int64_t max_staleness = 0;
   /// Steps of the run: no rollout starts for a step at or past it (0: no end).
   int64_t total_steps = 0;
+  /// Optimizer steps on each step's rollouts (TRL's num_iterations, the GRPO paper's μ).
+  int64_t updates_per_step = 1;
 };
 
 /// One generated sample.
@@ -83,8 +85,8 @@ struct rl_step_record {
   double completion_len = 0.0;  ///< Mean completion tokens per sample.
   int64_t completion_len_max = 0;
   double stopped_fraction = 0.0;
-  double loss = 0.0;
-  double grad_norm = 0.0;
+  double loss = 0.0;       ///< Mean over the step's updates.
+  double grad_norm = 0.0;  ///< Mean over the step's updates (before clipping).
   double lr = 0.0;
   double clip_fraction = 0.0;
   double ratio_deviation = 0.0;  ///< Mean |π_trainer/π_behaviour − 1| over the step's tokens.

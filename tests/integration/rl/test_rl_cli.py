@@ -254,6 +254,17 @@ def main():
         check(rc == 0 and len(kl) == 3 and kl[0] < 1e-6 and any(k > 0 for k in kl[1:]) and
               got != plain, f"--kl-coef: KL 0 at step 1, then > 0, and the loss changes: {kl}")
 
+        # --updates-per-step: later updates see a ratio away from 1.
+        rc, got, rows = losses(["--updates-per-step", "3"])
+        dev3 = [r["ratio_deviation"] for r in rows if r["kind"] == "step"]
+        _, _, rows1 = losses([])
+        dev1 = [r["ratio_deviation"] for r in rows1 if r["kind"] == "step"]
+        check(rc == 0 and len(dev3) == 3 and dev3[0] > 5 * dev1[0] and got != plain,
+              f"--updates-per-step 3: the ratio moves off 1 ({dev1[0]:.2e} -> {dev3[0]:.2e})")
+        rc, out = rl(weft, base + ["--updates-per-step", "2", "--off-policy", "decoupled"])
+        check(rc == 2 and "one update per batch" in out,
+              "--updates-per-step with --off-policy decoupled is refused")
+
         # --metrics-port: Prometheus text while the run goes on.
         import socket
         import urllib.request

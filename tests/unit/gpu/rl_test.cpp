@@ -927,6 +927,33 @@ TEST(grpo_loop, the_kl_term_starts_at_zero_and_holds_the_policy_near_the_referen
   EXPECT_LT(k, 0.5 * w);
 }
 
+TEST(grpo_loop, several_updates_per_step_move_the_ratio_within_the_clip_range) {
+  const auto file = tiny_file();
+  digits_task task;
+  auto cfg = loop_cfg();
+  auto one = make_loop(file, task, cfg);
+  cfg.updates_per_step = 3;
+  auto three = make_loop(file, task, cfg);
+  auto again = make_loop(file, task, cfg);
+  auto r1 = one->step();
+  auto r3 = three->step();
+  auto r3b = again->step();
+  ASSERT_TRUE(r1.ok() && r3.ok() && r3b.ok());
+  // Update 1 sees ratio ~1; updates 2 and 3 see the policy the earlier ones made.
+  EXPECT_GT(r3->ratio_deviation, 10 * r1->ratio_deviation);
+  EXPECT_GT(r3->clip_fraction, 0.0);
+  EXPECT_EQ(r3->loss, r3b->loss);  // deterministic
+  for (size_t i = 0; i < three->model().parameters().size(); ++i) {
+    ASSERT_EQ(three->model().parameters()[i].value, again->model().parameters()[i].value);
+  }
+  EXPECT_EQ(three->version(), 1);  // one weight version per step, whatever the updates
+  cfg.grpo.correction = off_policy_correction::decoupled;
+  auto m = trainable_model<float>::load(file);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(grpo_loop::create(file, std::move(*m), task, cfg).error().code(),
+            status_code::invalid_argument);
+}
+
 TEST(grpo_loop, a_tiny_model_learns_a_graded_reward) {
   const auto file = tiny_file();
   digits_task task;
