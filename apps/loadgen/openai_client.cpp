@@ -16,6 +16,18 @@ void set_timeouts(httplib::Client& cli, const client_config& c) {
   cli.set_write_timeout(usec(c.timeout_s) / 1000000, usec(c.timeout_s) % 1000000);
 }
 
+/// A client for a short control request (at most 30 s) and its authorization header.
+struct control_client {
+  explicit control_client(const client_config& config) : cli{config.server.scheme_host_port} {
+    client_config c = config;
+    c.timeout_s = std::min(config.timeout_s, 30.0);
+    set_timeouts(cli, c);
+    if (!config.api_key.empty()) headers.emplace("Authorization", "Bearer " + config.api_key);
+  }
+  httplib::Client cli;
+  httplib::Headers headers;
+};
+
 }  // namespace
 
 result<server_endpoint> parse_base_url(const std::string& url) {
@@ -106,14 +118,9 @@ request_record send_request(const client_config& config, const request_spec& spe
 }
 
 result<server_info> probe_server(const client_config& config) {
-  httplib::Client cli{config.server.scheme_host_port};
-  client_config c = config;
-  c.timeout_s = std::min(config.timeout_s, 30.0);
-  set_timeouts(cli, c);
-  httplib::Headers headers;
-  if (!config.api_key.empty()) headers.emplace("Authorization", "Bearer " + config.api_key);
+  control_client client(config);
   const std::string path = config.server.path_prefix + "/v1/models";
-  auto res = cli.Get(path, headers);
+  auto res = client.cli.Get(path, client.headers);
   if (!res) {
     return result<server_info>::failure("cannot reach the server at " +
                                         config.server.url("/v1/models") + ": " +
@@ -134,15 +141,10 @@ result<server_info> probe_server(const client_config& config) {
 }
 
 result<int64_t> chat_template_overhead(const client_config& config) {
-  httplib::Client cli{config.server.scheme_host_port};
-  client_config c = config;
-  c.timeout_s = std::min(config.timeout_s, 30.0);
-  set_timeouts(cli, c);
-  httplib::Headers headers;
-  if (!config.api_key.empty()) headers.emplace("Authorization", "Bearer " + config.api_key);
+  control_client client(config);
   const std::string path = config.server.path_prefix + "/tokenize";
   auto count = [&](const nlohmann::json& body) -> result<int64_t> {
-    auto res = cli.Post(path, headers, body.dump(), "application/json");
+    auto res = client.cli.Post(path, client.headers, body.dump(), "application/json");
     if (!res) return result<int64_t>::failure(httplib::to_string(res.error()));
     const auto j = nlohmann::json::parse(res->body, nullptr, false);
     if (res->status != 200 || j.is_discarded() || !j.is_object() || !j.contains("tokens") ||
