@@ -21,6 +21,7 @@
 #include "actors/serve/model_host.hpp"
 #include "apps/commands.hpp"
 #include "apps/config_file.hpp"
+#include "apps/reward_http.hpp"
 #include "apps/rl_report.hpp"
 #include "apps/train_report.hpp"
 #include "gpu/ggml_types.hpp"
@@ -87,6 +88,8 @@ struct rl_options {
   std::string plot_path;
   std::string prompt_format = "chat";
   std::string reward_cmd;
+  std::string reward_url;
+  std::string reward_key;
   double reward_timeout_s = 60.0;
   int reward_restarts = 3;
   std::string write_sft_path;
@@ -98,7 +101,7 @@ std::unique_ptr<rl_task> make_task(const rl_options& o) {
   if (!o.data_path.empty()) {
     answer_match m{};
     parse_answer_match(o.match, m);
-    auto t = load_prompt_dataset(o.data_path, m, o.reward_cmd.empty());
+    auto t = load_prompt_dataset(o.data_path, m, o.reward_cmd.empty() && o.reward_url.empty());
     if (!t) {
       spdlog::error("--data: {}", t.error().message());
       return nullptr;
@@ -191,6 +194,30 @@ void use_reward_process(const rl_options& o, grpo_loop& loop,
   spdlog::info("rewards from `{}` (JSON lines on stdin/stdout)", o.reward_cmd);
 }
 
+/// --reward-url: the loop's rewards come from an HTTP endpoint.
+bool use_reward_endpoint(const rl_options& o, grpo_loop& loop,
+                         std::optional<reward_http>& rewards) {
+  auto r = reward_http::create(
+      reward_http_config{o.reward_url, o.reward_timeout_s, o.reward_restarts, o.reward_key});
+  if (!r) {
+    spdlog::error("{}", r.error().message());
+    return false;
+  }
+  rewards.emplace(std::move(*r));
+  loop.set_reward([&rewards](const std::vector<rl_prompt>& prompts,
+                             const std::vector<rollout_sample>& samples) {
+    std::vector<reward_request> req;
+    req.reserve(samples.size());
+    for (const auto& s : samples) {
+      const rl_prompt& p = prompts[static_cast<size_t>(s.group)];
+      req.push_back(reward_request{p.text, s.text, p.answer});
+    }
+    return rewards->score(req);
+  });
+  spdlog::info("rewards from {} (POST {{\"samples\": [...]}})", o.reward_url);
+  return true;
+}
+
 /// --resume: continues from the newest checkpoint that verifies (none: step 0, said so). False
 /// when the checkpoint does not fit this run.
 bool resume_rl(const rl_options& o, grpo_loop& loop) {
@@ -260,6 +287,8 @@ int run_rl(const rl_options& o) {
   grpo_loop& loop = **made;
   std::optional<reward_process> rewards;
   if (!o.reward_cmd.empty()) use_reward_process(o, loop, rewards);
+  std::optional<reward_http> endpoint;
+  if (!o.reward_url.empty() && !use_reward_endpoint(o, loop, endpoint)) return 2;
   if (o.resume && !resume_rl(o, loop)) return 2;
   const fs::path metrics = !o.metrics_path.empty() ? fs::path(o.metrics_path)
                            : !o.checkpoint_dir.empty()
@@ -386,14 +415,22 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "Score samples with this command instead of the task's verifier: it reads "
                   "{\"id\", \"prompt\", \"completion\", \"answer\"} JSON lines on stdin and "
                   "writes {\"id\", \"reward\"} lines (run with /bin/sh -c; docs/rl.md)");
+  cmd->add_option("--reward-url", o->reward_url,
+                  "Score samples by POSTing {\"samples\": [{\"id\", \"prompt\", \"completion\", "
+                  "\"answer\"}]} to this http:// URL, which answers {\"rewards\": [...]} in order "
+                  "(docs/rl.md)")
+      ->excludes("--reward-cmd");
+  cmd->add_option("--reward-key", o->reward_key,
+                  "--reward-url: sent as 'Authorization: Bearer KEY' (or WEFT_REWARD_KEY)")
+      ->envname("WEFT_REWARD_KEY");
   cmd->add_option("--reward-timeout-s", o->reward_timeout_s,
                   "--reward-cmd: a batch not fully answered within this many seconds restarts the "
-                  "process")
+                  "process; --reward-url: the request's timeout")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--reward-restarts", o->reward_restarts,
                   "--reward-cmd: restarts allowed per batch (crash or timeout) before the run "
-                  "fails")
+                  "fails; --reward-url: retries of a failed request (no answer, 5xx, 429)")
       ->capture_default_str()
       ->check(CLI::Range(0, 100));
   cmd->add_option("--prompt-format", o->prompt_format,
@@ -570,8 +607,14 @@ void add_rl_command(CLI::App& app, const global_options&) {
       spdlog::error("--ops must be a non-empty subset of +-* (got '{}')", o->ops);
       std::exit(2);
     }
-    if (!o->reward_cmd.empty() && cmd->get_option("--match")->count() > 0) {
-      spdlog::warn("--match is ignored: --reward-cmd scores the samples");
+    if ((!o->reward_cmd.empty() || !o->reward_url.empty()) &&
+        cmd->get_option("--match")->count() > 0) {
+      spdlog::warn("--match is ignored: {} scores the samples",
+                   o->reward_url.empty() ? "--reward-cmd" : "--reward-url");
+    }
+    if (o->reward_url.empty() && cmd->get_option("--reward-key")->count() > 0) {
+      spdlog::error("--reward-key needs --reward-url");
+      std::exit(2);
     }
     if (o->mode != "async" && cmd->get_option("--max-staleness")->count() > 0) {
       spdlog::error(

@@ -195,6 +195,56 @@ def main():
                                    f"python3 {garbage}"])
         check(rc == 1 and "'so good'" in out, "a reward process that answers garbage ends the run")
 
+        # --reward-url: an HTTP endpoint scores the samples (the same rewards as the process);
+        # a 503 is retried; a wrong count ends the run by name.
+        import http.server
+        import threading
+        seen = {"posts": 0, "fail_first": True, "mode": "ok"}
+
+        class Reward(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                seen["posts"] += 1
+                seen["auth"] = self.headers.get("Authorization")
+                if seen["fail_first"]:
+                    seen["fail_first"] = False
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                rewards = [float("..." in x["completion"]) for x in body["samples"]]
+                if seen["mode"] == "short":
+                    rewards = rewards[:-1]
+                out = json.dumps({"rewards": rewards}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Reward)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/score"
+        url_metrics = os.path.join(tmp, "url.jsonl")
+        reward_metrics = os.path.join(tmp, "rc.jsonl")
+        rc, out = rl(weft, base + ["--steps", "3", "--eval-every", "0", "--reward-url", url,
+                                   "--reward-key", "s3cret", "--metrics", url_metrics])
+        check(rc == 0 and "sending the" in out and seen["posts"] >= 4 and
+              seen.get("auth") == "Bearer s3cret",
+              f"--reward-url scores through HTTP, retries a 503, sends the key (rc {rc}) {out[-300:]}")
+        if rc == 0 and os.path.exists(reward_metrics):
+            by_url = [(r["reward"], r["loss"]) for r in metrics(url_metrics) if r["kind"] == "step"]
+            by_cmd = [(r["reward"], r["loss"]) for r in metrics(reward_metrics)
+                      if r["kind"] == "step"]
+            check(by_url == by_cmd, "the endpoint's rewards equal the reward process's")
+        seen["mode"] = "short"
+        rc, out = rl(weft, base + ["--steps", "2", "--eval-every", "0", "--reward-url", url])
+        check(rc == 1 and "rewards for" in out, f"a wrong reward count ends the run: {out[-200:]}")
+        httpd.shutdown()
+        rc, out = rl(weft, base + ["--reward-url", "ftp://x", "--steps", "1"])
+        check(rc == 2 and "expected http://" in out, "a bad --reward-url is refused")
+
         # Options of the update, on the same run. The tiny model never stops early, so every
         # completion has --max-new-tokens tokens and the three aggregations coincide (the unit
         # tests check where they differ); scaling the advantages changes the loss.
