@@ -34,9 +34,8 @@ gpu::result<std::vector<double>> reward_http::score(
                        {"completion", items[i].completion},
                        {"answer", items[i].answer}});
   }
-  const std::string body =
-      nlohmann::json{{"samples", samples}}.dump(-1, ' ', false,
-                                                nlohmann::json::error_handler_t::replace);
+  const std::string body = nlohmann::json{{"samples", samples}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
   httplib::Client cli(host_port_);
   const auto secs = static_cast<time_t>(config_.timeout_s);
   const auto usecs = static_cast<time_t>((config_.timeout_s - static_cast<double>(secs)) * 1e6);
@@ -49,8 +48,8 @@ gpu::result<std::vector<double>> reward_http::score(
   for (int attempt = 0; attempt <= config_.max_retries; ++attempt) {
     if (attempt > 0) {
       ++retries_;
-      spdlog::warn("reward endpoint {}: {}; sending the {} sample(s) again ({} of {})",
-                   config_.url, why, items.size(), attempt, config_.max_retries);
+      spdlog::warn("reward endpoint {}: {}; sending the {} sample(s) again ({} of {})", config_.url,
+                   why, items.size(), attempt, config_.max_retries);
       std::this_thread::sleep_for(std::chrono::milliseconds(200 << std::min(attempt, 5)));
     }
     auto res = cli.Post(path_, headers, body, "application/json");
@@ -69,9 +68,10 @@ gpu::result<std::vector<double>> reward_http::score(
     }
     const auto j = nlohmann::json::parse(res->body, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("rewards") || !j["rewards"].is_array()) {
-      return gpu::status{gpu::status_code::invalid_argument,
-                         "reward endpoint " + config_.url +
-                             ": the answer is not {\"rewards\": [...]}: " + res->body.substr(0, 200)};
+      return gpu::status{
+          gpu::status_code::invalid_argument,
+          "reward endpoint " + config_.url +
+              ": the answer is not {\"rewards\": [...]}: " + res->body.substr(0, 200)};
     }
     const auto& r = j["rewards"];
     if (r.size() != items.size()) {
