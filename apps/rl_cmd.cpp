@@ -50,6 +50,8 @@ struct rl_options {
   int numbers = 3;
   std::string data_path;
   std::string match = "number";
+  std::string answer_format = "none";
+  double format_weight = 0.1;
   std::string mode = "sync";
   int64_t max_staleness = 1;
   std::string off_policy = "ppo-clip";
@@ -97,7 +99,7 @@ struct rl_options {
 };
 
 /// The task of the run: a dataset when --data is given, else a built-in procedural task.
-std::unique_ptr<rl_task> make_task(const rl_options& o) {
+std::unique_ptr<rl_task> make_base_task(const rl_options& o) {
   if (!o.data_path.empty()) {
     answer_match m{};
     parse_answer_match(o.match, m);
@@ -111,6 +113,13 @@ std::unique_ptr<rl_task> make_task(const rl_options& o) {
   if (o.task == "arithmetic") return make_arithmetic_task(o.digits, o.ops);
   if (o.task == "countdown") return make_countdown_task(o.numbers);
   return make_reverse_task(o.length);
+}
+
+/// The task, with --answer-format applied.
+std::unique_ptr<rl_task> make_task(const rl_options& o) {
+  auto t = make_base_task(o);
+  if (t && o.answer_format == "tags") return make_answer_format_task(std::move(t), o.format_weight);
+  return t;
 }
 
 gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
@@ -165,10 +174,10 @@ int write_sft_data(const rl_options& o, const rl_task& task) {
     nlohmann::json j;
     if (o.prompt_format == "chat") {
       j["messages"] = {{{"role", "user"}, {"content", p.text}},
-                       {{"role", "assistant"}, {"content", p.answer}}};
+                       {{"role", "assistant"}, {"content", task.reference_completion(p)}}};
     } else {
       j["prompt"] = p.text;
-      j["completion"] = " " + p.answer;
+      j["completion"] = " " + task.reference_completion(p);
     }
     out << j.dump() << '\n';
   }
@@ -402,6 +411,16 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
   cmd->add_option("--length", o->length, "reverse: letters in the string")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--answer-format", o->answer_format,
+                  "none, or tags: the prompt asks for the final answer inside <answer></answer> "
+                  "and the reward is --format-weight for that format plus the rest for a right "
+                  "answer inside it (DeepSeek-R1's format reward)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "tags"}));
+  cmd->add_option("--format-weight", o->format_weight,
+                  "--answer-format tags: the reward of the format alone")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--data", o->data_path,
                   "JSON lines {\"prompt\": ..., \"answer\": ...} instead of a built-in task (the "
                   "last --eval-prompts lines are held out)")
@@ -611,6 +630,15 @@ void add_rl_command(CLI::App& app, const global_options&) {
         cmd->get_option("--match")->count() > 0) {
       spdlog::warn("--match is ignored: {} scores the samples",
                    o->reward_url.empty() ? "--reward-cmd" : "--reward-url");
+    }
+    if (o->answer_format == "tags" && (!o->reward_cmd.empty() || !o->reward_url.empty())) {
+      spdlog::warn(
+          "--answer-format tags: the prompts ask for <answer> tags, but your reward "
+          "scores the samples (the format reward is not added)");
+    }
+    if (o->answer_format == "none" && cmd->get_option("--format-weight")->count() > 0) {
+      spdlog::error("--format-weight needs --answer-format tags");
+      std::exit(2);
     }
     if (o->reward_url.empty() && cmd->get_option("--reward-key")->count() > 0) {
       spdlog::error("--reward-key needs --reward-url");

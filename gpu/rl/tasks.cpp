@@ -325,6 +325,46 @@ std::unique_ptr<rl_task> make_arithmetic_task(int digits, std::string ops) {
   return std::make_unique<arithmetic_task>(digits, std::move(ops));
 }
 
+namespace {
+
+class answer_format_task final : public rl_task {
+ public:
+  answer_format_task(std::unique_ptr<rl_task> inner, double format_weight)
+      : inner_(std::move(inner)), format_weight_(format_weight) {}
+  std::string name() const override { return inner_->name() + ", <answer> format"; }
+  int64_t size() const override { return inner_->size(); }
+  rl_prompt problem(uint64_t seed, int64_t index) const override {
+    rl_prompt p = inner_->problem(seed, index);
+    if (const auto at = p.text.rfind(" Answer with"); at != std::string::npos) p.text.resize(at);
+    p.text += " Think it through, then give the final answer inside <answer></answer> tags.";
+    return p;
+  }
+  double reward(const rl_prompt& p, std::string_view completion) const override {
+    const auto close = completion.rfind("</answer>");
+    if (close == std::string_view::npos) return 0.0;
+    const auto tail = completion.substr(close + 9);
+    if (tail.find_first_not_of(" \t\r\n") != std::string_view::npos) return 0.0;
+    const auto open = completion.rfind("<answer>", close);
+    if (open == std::string_view::npos) return 0.0;
+    const auto inside = completion.substr(open + 8, close - open - 8);
+    return format_weight_ + (1.0 - format_weight_) * inner_->reward(p, inside);
+  }
+  std::string reference_completion(const rl_prompt& p) const override {
+    return "<answer>" + inner_->reference_completion(p) + "</answer>";
+  }
+
+ private:
+  std::unique_ptr<rl_task> inner_;
+  double format_weight_;
+};
+
+}  // namespace
+
+std::unique_ptr<rl_task> make_answer_format_task(std::unique_ptr<rl_task> inner,
+                                                 double format_weight) {
+  return std::make_unique<answer_format_task>(std::move(inner), format_weight);
+}
+
 bool eval_expression(std::string_view text, double& value, std::vector<long long>& numbers) {
   numbers.clear();
   return expression_parser(text).parse(value, numbers) && std::isfinite(value);

@@ -36,6 +36,8 @@ class rl_task {
   virtual rl_prompt problem(uint64_t seed, int64_t index) const = 0;
   /// The reward of `completion` (the generated text, end marker excluded), in [0, 1].
   virtual double reward(const rl_prompt& p, std::string_view completion) const = 0;
+  /// A completion that earns the full reward (what `weft rl --write-sft-data` writes).
+  virtual std::string reference_completion(const rl_prompt& p) const { return p.answer; }
 };
 
 /// "What is 47 + 38? Answer with the number only.": operands of `digits` digits, `ops` a subset
@@ -52,6 +54,14 @@ std::unique_ptr<rl_task> make_reverse_task(int length);
 /// the last arithmetic expression in the completion (digits, + - * /, parentheses; an "= 46" after
 /// it is allowed) uses each given number at most once, no other number, and equals the target.
 std::unique_ptr<rl_task> make_countdown_task(int count);
+
+/// `inner` with an answer format (DeepSeek-R1's format reward): the prompt asks for reasoning and
+/// then the final answer inside <answer></answer> (a trailing "Answer with ..." sentence of the
+/// inner prompt is replaced), and the reward is format_weight when the completion ends with one
+/// <answer>...</answer> (only whitespace after it) plus (1 − format_weight) × the inner task's
+/// reward of the text inside the tags; a completion without the format earns 0.
+std::unique_ptr<rl_task> make_answer_format_task(std::unique_ptr<rl_task> inner,
+                                                 double format_weight = 0.1);
 
 /// The value of an arithmetic expression over integers with + - * / and parentheses (division
 /// exact in doubles), and the integers it uses; false if it does not parse or divides by zero.

@@ -355,6 +355,22 @@ def main():
             a_, b_ = q[len("What is "):q.index("?")].split(" + ")
             ok = ok and int(x["messages"][1]["content"]) == int(a_) + int(b_)
         check(ok, "every SFT answer is right")
+        rc, out = rl(weft, ["--model", model, "--task", "arithmetic", "--digits", "1",
+                            "--answer-format", "tags", "--eval-prompts", "30", "--write-sft-data",
+                            sft, "--sft-examples", "20"])
+        lines = [json.loads(x) for x in open(sft)] if rc == 0 else []
+        check(len(lines) == 20 and all(
+            "<answer></answer>" in x["messages"][0]["content"] and
+            x["messages"][1]["content"].startswith("<answer>") for x in lines),
+            "--answer-format tags: prompts ask for the tags, SFT answers carry them")
+        rc, out = rl(weft, base + ["--format-weight", "0.2", "--steps", "1"])
+        check(rc == 2 and "--answer-format tags" in out, "--format-weight without the format is refused")
+        rc, out = rl(weft, ["--model", model, "--task", "arithmetic", "--answer-format", "tags",
+                            "--prompt-format", "raw", "--steps", "2", "--eval-every", "0",
+                            "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens",
+                            "4", "--eval-prompts", "4", "--threads", "2",
+                            "--metrics", os.path.join(tmp, "fmt.jsonl")])
+        check(rc == 0 and "<answer> format" in out, f"a run with --answer-format tags: {out[-200:]}")
 
         # --config: options from a TOML file, flags win.
         cfg = os.path.join(tmp, "rl.toml")

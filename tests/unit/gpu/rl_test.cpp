@@ -565,6 +565,24 @@ TEST(tasks, arithmetic_and_reverse_prompts_and_verifiers) {
   EXPECT_EQ(rev->reward(r, r.key == r.answer ? "zzzzz" : r.key), 0.0);
 }
 
+TEST(tasks, the_answer_format_rewards_the_tags_and_the_answer_inside_them) {
+  auto t = make_answer_format_task(make_arithmetic_task(1, "+"), 0.1);
+  const rl_prompt p = t->problem(5, 3);
+  EXPECT_EQ(p.text.find("Answer with"), std::string::npos);
+  EXPECT_NE(p.text.find("<answer></answer>"), std::string::npos);
+  const std::string a = p.answer;
+  EXPECT_DOUBLE_EQ(t->reward(p, "It is " + a + ".\n<answer>" + a + "</answer>\n"), 1.0);
+  EXPECT_DOUBLE_EQ(t->reward(p, "<answer>" + std::to_string(std::stoi(a) + 1) + "</answer>"),
+                   0.1);                   // formatted, wrong
+  EXPECT_DOUBLE_EQ(t->reward(p, a), 0.0);  // right, not formatted
+  EXPECT_DOUBLE_EQ(t->reward(p, "<answer>" + a + "</answer> and more"), 0.0);  // text after it
+  EXPECT_DOUBLE_EQ(t->reward(p, "<answer>" + a), 0.0);                         // never closed
+  EXPECT_DOUBLE_EQ(t->reward(p, "<answer>1</answer><answer>" + a + "</answer>"), 1.0);  // last
+  EXPECT_EQ(t->reference_completion(p), "<answer>" + a + "</answer>");
+  EXPECT_DOUBLE_EQ(t->reward(p, t->reference_completion(p)), 1.0);
+  EXPECT_NE(t->name().find("<answer>"), std::string::npos);
+}
+
 TEST(tasks, countdown_problems_and_expressions) {
   double v = 0;
   std::vector<long long> used;
