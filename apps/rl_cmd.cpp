@@ -186,19 +186,25 @@ int write_sft_data(const rl_options& o, const rl_task& task) {
   return 0;
 }
 
+/// A batch's samples as what an external reward is sent (sample s answers prompts[s.group]).
+std::vector<reward_request> reward_requests(const std::vector<rl_prompt>& prompts,
+                                            const std::vector<rollout_sample>& samples) {
+  std::vector<reward_request> req;
+  req.reserve(samples.size());
+  for (const auto& s : samples) {
+    const rl_prompt& p = prompts[static_cast<size_t>(s.group)];
+    req.push_back(reward_request{p.text, s.text, p.answer});
+  }
+  return req;
+}
+
 /// --reward-cmd: the loop's rewards come from `rewards`, started here.
 void use_reward_process(const rl_options& o, grpo_loop& loop,
                         std::optional<reward_process>& rewards) {
   rewards.emplace(reward_process_config{o.reward_cmd, o.reward_timeout_s, o.reward_restarts});
   loop.set_reward([&rewards](const std::vector<rl_prompt>& prompts,
                              const std::vector<rollout_sample>& samples) {
-    std::vector<reward_request> req;
-    req.reserve(samples.size());
-    for (const auto& s : samples) {
-      const rl_prompt& p = prompts[static_cast<size_t>(s.group)];
-      req.push_back(reward_request{p.text, s.text, p.answer});
-    }
-    return rewards->score(req);
+    return rewards->score(reward_requests(prompts, samples));
   });
   spdlog::info("rewards from `{}` (JSON lines on stdin/stdout)", o.reward_cmd);
 }
@@ -215,13 +221,7 @@ bool use_reward_endpoint(const rl_options& o, grpo_loop& loop,
   rewards.emplace(std::move(*r));
   loop.set_reward([&rewards](const std::vector<rl_prompt>& prompts,
                              const std::vector<rollout_sample>& samples) {
-    std::vector<reward_request> req;
-    req.reserve(samples.size());
-    for (const auto& s : samples) {
-      const rl_prompt& p = prompts[static_cast<size_t>(s.group)];
-      req.push_back(reward_request{p.text, s.text, p.answer});
-    }
-    return rewards->score(req);
+    return rewards->score(reward_requests(prompts, samples));
   });
   spdlog::info("rewards from {} (POST {{\"samples\": [...]}})", o.reward_url);
   return true;
@@ -245,6 +245,36 @@ bool resume_rl(const rl_options& o, grpo_loop& loop) {
                gpu::train::checkpoint_path(o.checkpoint_dir, s->step).string(), s->step,
                s->cursor.index);
   return true;
+}
+
+/// Opens the model (into `file`, which the export at the end reads again), loads its weights for
+/// training and builds the loop; null with the exit status in `rc` when that fails.
+std::unique_ptr<grpo_loop> open_loop(const rl_options& o, const rl_task& task,
+                                     const grpo_loop_config& cfg,
+                                     std::optional<gpu::gguf_file>& file, int& rc) {
+  spdlog::info("loading {}", o.model_path);
+  auto opened = gpu::gguf_file::open(o.model_path);
+  if (!opened) {
+    spdlog::error("cannot open {}: {}", o.model_path, opened.error().message());
+    rc = 1;
+    return nullptr;
+  }
+  file.emplace(std::move(*opened));
+  auto weights = gpu::train::trainable_model<float>::load(*file);
+  if (!weights) {
+    spdlog::error("{}: {}", o.model_path, weights.error().message());
+    rc = 1;
+    return nullptr;
+  }
+  spdlog::info("{} trainable parameters (f32); rollout engine weights {}, {} thread(s)",
+               (*weights)->n_parameters(), o.rollout_type, o.threads);
+  auto made = grpo_loop::create(*file, std::move(*weights), task, cfg);
+  if (!made) {
+    spdlog::error("{}", made.error().message());
+    rc = made.error().code() == gpu::status_code::invalid_argument ? 2 : 1;
+    return nullptr;
+  }
+  return std::move(*made);
 }
 
 int run_rl(const rl_options& o) {
@@ -275,25 +305,11 @@ int run_rl(const rl_options& o) {
         "correction {}",
         o.max_staleness, o.off_policy);
   }
-  spdlog::info("loading {}", o.model_path);
-  auto file = gpu::gguf_file::open(o.model_path);
-  if (!file) {
-    spdlog::error("cannot open {}: {}", o.model_path, file.error().message());
-    return 1;
-  }
-  auto weights = gpu::train::trainable_model<float>::load(*file);
-  if (!weights) {
-    spdlog::error("{}: {}", o.model_path, weights.error().message());
-    return 1;
-  }
-  spdlog::info("{} trainable parameters (f32); rollout engine weights {}, {} thread(s)",
-               (*weights)->n_parameters(), o.rollout_type, o.threads);
-  auto made = grpo_loop::create(*file, std::move(*weights), *task, *cfg);
-  if (!made) {
-    spdlog::error("{}", made.error().message());
-    return made.error().code() == gpu::status_code::invalid_argument ? 2 : 1;
-  }
-  grpo_loop& loop = **made;
+  std::optional<gpu::gguf_file> file;
+  int rc = 0;
+  auto made = open_loop(o, *task, *cfg, file, rc);
+  if (!made) return rc;
+  grpo_loop& loop = *made;
   std::optional<reward_process> rewards;
   if (!o.reward_cmd.empty()) use_reward_process(o, loop, rewards);
   std::optional<reward_http> endpoint;

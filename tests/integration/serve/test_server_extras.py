@@ -164,7 +164,7 @@ def main():
     p = subprocess.run([a.weft, "generate", "--help"], capture_output=True, text=True)
     line = next((x for x in p.stdout.splitlines() if "--max-tokens" in x), "")
     tline = next((x for x in p.stdout.splitlines() if "--temperature" in x), "")
-    check("128" in line and "0" in tline.split("INT")[-1] + tline.split("FLOAT")[-1],
+    check(line.split()[1].endswith("=128") and tline.split()[1].endswith("=0"),
           f"generate --help shows the defaults: {line.strip()} / {tline.strip()}")
     return finish()
 

@@ -1,9 +1,8 @@
 // RL post-training's plain parts (gpu/rl/, docs/rl.md): GRPO advantages, PPO-clip and the loss
 // aggregations against hand-computed values; the policy objective's gradient against weighted
 // cross-entropy; in-place weight updates of the serving model and version namespaces of the prefix
-// cache; tasks, verifiers and the held-out split; the rollout scheduler's invariants under random
-// timings; the sync and async loops' determinism, weight sync, resume, and learning on a tiny
-// model.
+// cache; tasks, verifiers and the held-out split; the reward process. (The GRPO loop:
+// rl_loop_test.cpp; the rollout scheduler and dispatch classes: rl_schedule_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -22,13 +21,13 @@
 #include "gpu/gguf.hpp"
 #include "gpu/kv_cache.hpp"
 #include "gpu/model.hpp"
-#include "gpu/rl/dispatch.hpp"
 #include "gpu/rl/grpo.hpp"
 #include "gpu/rl/grpo_loop.hpp"
 #include "gpu/rl/reward_process.hpp"
 #include "gpu/rl/tasks.hpp"
 #include "gpu/tiny_model.hpp"
 #include "gpu/train/trainable_model.hpp"
+#include "tests/unit/gpu/rl_test_support.hpp"
 
 namespace {
 
@@ -38,26 +37,8 @@ using weft::gpu::train::policy_token;
 using weft::gpu::train::train_batch;
 using weft::gpu::train::trainable_model;
 namespace fs = std::filesystem;
-
-tiny_model_config tiny_cfg(uint64_t seed = 42) {
-  tiny_model_config c;
-  c.n_layers = 2;
-  c.n_embd = 32;
-  c.n_head = 4;
-  c.n_head_kv = 2;
-  c.n_ff = 64;
-  c.n_vocab = 384;
-  c.seed = seed;
-  return c;
-}
-
-gguf_file tiny_file(uint64_t seed = 42) {
-  auto img = make_tiny_model(tiny_cfg(seed));
-  EXPECT_TRUE(img.ok());
-  auto f = gguf_file::parse(*img);
-  EXPECT_TRUE(f.ok());
-  return std::move(f.value());
-}
+using weft::gpu::rl_test::tiny_cfg;
+using weft::gpu::rl_test::tiny_file;
 
 TEST(grpo, group_advantages_match_hand_computed_values) {
   const std::vector<double> r = {1, 0, 0, 1, 0.5, 0.5, 0.5, 0.5};
@@ -128,147 +109,6 @@ TEST(grpo, kl_k3_and_its_gradient_by_hand) {
   k = kl_k3(-3.0, -2.0);
   EXPECT_NEAR(k.kl, std::exp(1.0) - 2.0, 1e-12);
   EXPECT_LT(k.dkl_dlogp, 0.0);  // pushes logp back up
-}
-
-TEST(rollout_scheduler, sync_admits_one_step_at_a_time) {
-  rollout_scheduler s(scheduler_config{2, 2, 0, 3});
-  EXPECT_EQ(s.admit(), std::vector<int64_t>{0});
-  EXPECT_TRUE(s.admit().empty());
-  EXPECT_FALSE(s.ready());
-  EXPECT_FALSE(s.train().ok());
-  for (int64_t g = 0; g < 2; ++g) {
-    for (int64_t j = 0; j < 2; ++j) ASSERT_TRUE(s.finish({0, g, j}, 0, 0).ok());
-  }
-  EXPECT_EQ(s.finish({0, 1, 1}, 0, 0).code(), status_code::invalid_argument);  // twice
-  EXPECT_EQ(s.finish({1, 0, 0}, 0, 0).code(), status_code::invalid_argument);  // not admitted
-  EXPECT_EQ(s.finish({0, 2, 0}, 0, 0).code(), status_code::invalid_argument);  // no such group
-  ASSERT_TRUE(s.ready());
-  auto t = s.train();
-  ASSERT_TRUE(t.ok());
-  EXPECT_EQ(t->staleness, std::vector<int64_t>(4, 0));
-  EXPECT_EQ(s.version(), 1);
-  EXPECT_EQ(s.finish({0, 0, 0}, 0, 0).code(), status_code::invalid_argument);  // trained
-  EXPECT_EQ(s.admit(), std::vector<int64_t>{1});
-  // Versions a sample cannot have: newer than the trainer's, older than its admission.
-  EXPECT_EQ(s.finish({1, 0, 0}, 1, 2).code(), status_code::invalid_argument);
-  EXPECT_EQ(s.finish({1, 0, 0}, 0, 1).code(), status_code::invalid_argument);
-}
-
-TEST(rollout_scheduler, async_admits_k_steps_ahead_and_stops_at_the_last_step) {
-  rollout_scheduler s(scheduler_config{1, 2, 2, 4});
-  EXPECT_EQ(s.admit(), (std::vector<int64_t>{0, 1, 2}));
-  EXPECT_EQ(s.in_flight(), 6);
-  for (int64_t j = 0; j < 2; ++j) ASSERT_TRUE(s.finish({2, 0, j}, 0, 0).ok());  // out of order
-  EXPECT_FALSE(s.ready());
-  for (int64_t j = 0; j < 2; ++j) ASSERT_TRUE(s.finish({0, 0, j}, 0, 0).ok());
-  ASSERT_TRUE(s.train().ok());
-  EXPECT_EQ(s.admit(), std::vector<int64_t>{3});
-  ASSERT_TRUE(s.finish({1, 0, 0}, 0, 1).ok());
-  ASSERT_TRUE(s.finish({1, 0, 1}, 0, 0).ok());
-  auto t = s.train();
-  ASSERT_TRUE(t.ok());
-  EXPECT_EQ(t->staleness, (std::vector<int64_t>{1, 1}));
-  ASSERT_TRUE(s.train().ok());     // step 2 finished long ago: 2 versions old, within K
-  EXPECT_TRUE(s.admit().empty());  // step 4 is past the end
-  EXPECT_EQ(s.staleness_histogram(), (std::vector<int64_t>{2, 2, 2}));
-}
-
-/// Property test: random rollout lengths, random trainer delays, random token versions; for every
-/// K, every sample is trained exactly once, none is lost and none is older than K versions.
-TEST(rollout_scheduler, random_timings_never_lose_repeat_or_overage_a_sample) {
-  std::mt19937_64 rng(2026);
-  for (int64_t K = 0; K <= 3; ++K) {
-    for (int trial = 0; trial < 20; ++trial) {
-      const int64_t P = 1 + static_cast<int64_t>(rng() % 3),
-                    G = 2 + static_cast<int64_t>(rng() % 3);
-      const int64_t steps = 6 + static_cast<int64_t>(rng() % 6);
-      rollout_scheduler s(scheduler_config{P, G, K, steps});
-      struct running {
-        sample_key key;
-        int64_t left = 0, oldest = -1, newest = -1;
-      };
-      std::vector<running> live;
-      std::map<std::tuple<int64_t, int64_t, int64_t>, int> finished;
-      int64_t trainer_busy = 0;
-      while (s.version() < steps) {
-        for (int64_t m : s.admit()) {
-          for (int64_t g = 0; g < P; ++g) {
-            for (int64_t j = 0; j < G; ++j) {
-              live.push_back({{m, g, j}, 1 + static_cast<int64_t>(rng() % 40), -1, -1});
-            }
-          }
-        }
-        // One engine step: every live sample makes a token with the current version.
-        for (auto& r : live) {
-          if (r.oldest < 0) r.oldest = s.version();
-          r.newest = s.version();
-          --r.left;
-        }
-        for (size_t i = 0; i < live.size();) {
-          if (live[i].left <= 0) {
-            ASSERT_TRUE(s.finish(live[i].key, live[i].oldest, live[i].newest).ok());
-            ++finished[{live[i].key.step, live[i].key.group, live[i].key.index}];
-            live[i] = live.back();
-            live.pop_back();
-          } else {
-            ++i;
-          }
-        }
-        if (trainer_busy > 0) {
-          --trainer_busy;
-        } else if (s.ready()) {
-          auto t = s.train();
-          ASSERT_TRUE(t.ok()) << t.error().message();
-          for (int64_t lag : t->staleness) ASSERT_LE(lag, K);
-          trainer_busy = static_cast<int64_t>(rng() % 10);
-        }
-        ASSERT_EQ(s.in_flight(), static_cast<int64_t>(live.size()));
-      }
-      EXPECT_TRUE(live.empty());
-      EXPECT_EQ(s.trained_samples(), steps * P * G);
-      EXPECT_EQ(static_cast<int64_t>(finished.size()), steps * P * G);
-      for (const auto& [k, n] : finished) ASSERT_EQ(n, 1);
-      const auto& h = s.staleness_histogram();
-      EXPECT_LE(static_cast<int64_t>(h.size()), K + 1);
-      EXPECT_EQ(std::accumulate(h.begin(), h.end(), int64_t{0}), steps * P * G);
-    }
-  }
-}
-
-TEST(dispatch, the_ranker_learns_prompts_then_similar_prompts_then_falls_back_to_the_prior) {
-  length_ranker r(64.0);
-  EXPECT_EQ(r.predict(1, 100), 64.0);
-  r.observe(1, 100, 300);
-  r.observe(1, 100, 500);
-  EXPECT_EQ(r.predict(1, 100), 400.0);  // its own history
-  EXPECT_EQ(r.predict(2, 120), 400.0);  // a new prompt of similar length: the bucket's mean
-  r.observe(3, 10, 20);
-  EXPECT_EQ(r.predict(4, 9), 20.0);   // the short-prompt bucket
-  EXPECT_EQ(r.predict(5, 30), 20.0);  // nearest bucket with history, shorter first
-  length_ranker bounded(64.0, 1);
-  bounded.observe(1, 100, 10);
-  bounded.observe(2, 100, 30);  // table full: feeds only its bucket
-  EXPECT_EQ(bounded.prompts_known(), 1);
-  EXPECT_EQ(bounded.predict(2, 100), 20.0);
-}
-
-TEST(dispatch, longest_first_placement_beats_round_robin_on_makespan) {
-  const std::vector<dispatch_item> items{{0, 7}, {1, 5}, {2, 4}, {3, 3}, {4, 3}, {5, 2}};
-  std::vector<double> load(2, 0.0);
-  const auto lpt = place_longest_first(items, load);
-  EXPECT_EQ(lpt, (std::vector<int>{0, 1, 1, 0, 1, 0}));
-  EXPECT_EQ(*std::max_element(load.begin(), load.end()), 12.0);
-  const auto rr = place_round_robin(items.size(), 2);
-  std::vector<double> rr_load(2, 0.0);
-  for (size_t i = 0; i < items.size(); ++i)
-    rr_load[static_cast<size_t>(rr[i])] += items[i].predicted;
-  EXPECT_EQ(*std::max_element(rr_load.begin(), rr_load.end()), 14.0);
-  // Existing load counts: everything goes to the idle agent until it catches up.
-  std::vector<double> busy{10.0, 0.0};
-  EXPECT_EQ(place_longest_first(std::vector<dispatch_item>{{0, 4}, {1, 4}}, busy),
-            (std::vector<int>{1, 1}));
-  EXPECT_EQ(longest_first_order(items).front(), 0u);
-  EXPECT_EQ(place_round_robin(3, 2, 1), (std::vector<int>{1, 0, 1}));
 }
 
 TEST(grpo, loss_aggregations_weight_tokens_as_documented) {
@@ -748,250 +588,6 @@ TEST(reward_process, scores_restarts_after_crashes_and_hangs_and_names_bad_answe
         << a.error().message();
   }
   fs::remove_all(dir);
-}
-
-/// A test task with a graded reward a random tiny model gets partly right: the fraction of the
-/// completion's characters that are digits.
-class digits_task final : public rl_task {
- public:
-  std::string name() const override { return "digits"; }
-  int64_t size() const override { return 0; }
-  rl_prompt problem(uint64_t seed, int64_t index) const override {
-    const std::string k = std::to_string((seed * 131 + static_cast<uint64_t>(index)) % 997);
-    return rl_prompt{k, "Say some digits after " + k, "", {}};
-  }
-  double reward(const rl_prompt&, std::string_view c) const override {
-    if (c.empty()) return 0.0;
-    double d = 0;
-    for (char ch : c) d += std::isdigit(static_cast<unsigned char>(ch)) ? 1 : 0;
-    return d / static_cast<double>(c.size());
-  }
-};
-
-grpo_loop_config loop_cfg() {
-  grpo_loop_config c;
-  c.seed = 11;
-  c.prompts_per_step = 4;
-  c.group_size = 6;
-  c.max_new_tokens = 12;
-  c.eval_prompts = 8;
-  c.schedule.peak = 3e-3;
-  c.schedule.total_steps = 100;
-  c.schedule.decay = train::lr_schedule::shape::constant;
-  c.shares = 2;
-  return c;
-}
-
-std::unique_ptr<grpo_loop> make_loop(const gguf_file& file, const rl_task& task,
-                                     const grpo_loop_config& c) {
-  auto m = trainable_model<float>::load(file);
-  EXPECT_TRUE(m.ok());
-  auto loop = grpo_loop::create(file, std::move(*m), task, c);
-  EXPECT_TRUE(loop.ok()) << loop.error().message();
-  return std::move(*loop);
-}
-
-TEST(grpo_loop, sync_runs_repeat_bit_for_bit_and_the_engine_serves_the_trainers_weights) {
-  const auto file = tiny_file();
-  digits_task task;
-  auto a = make_loop(file, task, loop_cfg());
-  auto b = make_loop(file, task, loop_cfg());
-  for (int s = 0; s < 3; ++s) {
-    auto ra = a->step();
-    auto rb = b->step();
-    ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message() : ra.error().message());
-    EXPECT_EQ(ra->reward_mean, rb->reward_mean);
-    EXPECT_EQ(ra->loss, rb->loss);
-    EXPECT_EQ(ra->version, s + 1);
-    EXPECT_EQ(ra->samples, 24);
-    EXPECT_GT(ra->completion_tokens, 0);
-  }
-  for (size_t i = 0; i < a->model().parameters().size(); ++i) {
-    const auto& pa = a->model().parameters()[i];
-    const auto& pb = b->model().parameters()[i];
-    ASSERT_EQ(pa.value, pb.value) << pa.name;
-    // The rollout engine's f32 copy is the trainer's, bit for bit.
-    const gguf_tensor* t = a->rollout_model().file().find_tensor(pa.name);
-    ASSERT_NE(t, nullptr);
-    ASSERT_EQ(std::memcmp(t->data, pa.value.data(), pa.value.size() * sizeof(float)), 0) << pa.name;
-  }
-  // The first step trained on rollouts of version 0, so its ratios were ~1 (engine vs trainer
-  // numerics only: the engine's fp16 KV cache).
-  EXPECT_LT(a->history().front().ratio_deviation, 0.02);
-}
-
-TEST(grpo_loop, a_resumed_run_is_bit_identical_to_an_uninterrupted_one) {
-  const auto file = tiny_file();
-  digits_task task;
-  auto whole = make_loop(file, task, loop_cfg());
-  for (int s = 0; s < 4; ++s) ASSERT_TRUE(whole->step().ok());
-  auto first = make_loop(file, task, loop_cfg());
-  for (int s = 0; s < 2; ++s) ASSERT_TRUE(first->step().ok());
-  train::checkpoint_state ckpt;
-  first->snapshot_into(ckpt);
-  first.reset();
-  auto second = make_loop(file, task, loop_cfg());
-  ASSERT_TRUE(second->restore(ckpt).ok());
-  EXPECT_EQ(second->version(), 2);
-  for (int s = 0; s < 2; ++s) ASSERT_TRUE(second->step().ok());
-  for (size_t i = 0; i < whole->model().parameters().size(); ++i) {
-    ASSERT_EQ(whole->model().parameters()[i].value, second->model().parameters()[i].value)
-        << whole->model().parameters()[i].name;
-  }
-  ASSERT_EQ(whole->history().size(), second->history().size());
-  for (size_t i = 0; i < whole->history().size(); ++i) {
-    EXPECT_EQ(whole->history()[i].loss, second->history()[i].loss) << "step " << i + 1;
-  }
-  // Another seed's checkpoint is refused.
-  auto other_cfg = loop_cfg();
-  other_cfg.seed = 12;
-  auto other = make_loop(file, task, other_cfg);
-  EXPECT_EQ(other->restore(ckpt).code(), status_code::invalid_argument);
-}
-
-TEST(grpo_loop, async_runs_repeat_bit_for_bit_within_the_staleness_bound) {
-  const auto file = tiny_file();
-  digits_task task;
-  auto cfg = loop_cfg();
-  cfg.max_staleness = 2;
-  cfg.total_steps = 5;
-  auto a = make_loop(file, task, cfg);
-  auto b = make_loop(file, task, cfg);
-  int64_t mixed = 0, stale = 0;
-  for (int s = 0; s < 5; ++s) {
-    auto ra = a->step();
-    auto rb = b->step();
-    ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message() : ra.error().message());
-    EXPECT_EQ(ra->loss, rb->loss);
-    EXPECT_EQ(ra->samples, 24);
-    EXPECT_EQ(ra->version, s + 1);
-    EXPECT_LE(ra->staleness_max, 2);
-    mixed += ra->mixed_version_samples;
-    stale += ra->staleness_max;
-    // An evaluation between steps shares the engine with the rollouts in flight.
-    if (s == 1) {
-      ASSERT_TRUE(a->evaluate().ok() && b->evaluate().ok());
-    }
-  }
-  EXPECT_GT(stale, 0);  // later steps did generate while earlier ones trained
-  std::printf("async K=2: %lld samples of mixed versions\n", static_cast<long long>(mixed));
-  for (size_t i = 0; i < a->model().parameters().size(); ++i) {
-    ASSERT_EQ(a->model().parameters()[i].value, b->model().parameters()[i].value);
-  }
-  EXPECT_EQ(a->scheduler().trained_samples(), 5 * 24);
-  EXPECT_EQ(a->scheduler().in_flight(), 0);  // nothing started past the last step
-  // A different bound trains on other rollouts: the mode is not a no-op.
-  auto sync = make_loop(file, task, loop_cfg());
-  for (int s = 0; s < 5; ++s) ASSERT_TRUE(sync->step().ok());
-  bool differs = false;
-  for (size_t i = 0; i < a->model().parameters().size(); ++i) {
-    differs = differs || a->model().parameters()[i].value != sync->model().parameters()[i].value;
-  }
-  EXPECT_TRUE(differs);
-}
-
-TEST(grpo_loop, an_async_resume_trains_every_step_once) {
-  const auto file = tiny_file();
-  digits_task task;
-  auto cfg = loop_cfg();
-  cfg.max_staleness = 1;
-  cfg.total_steps = 4;
-  auto first = make_loop(file, task, cfg);
-  for (int s = 0; s < 2; ++s) ASSERT_TRUE(first->step().ok());
-  EXPECT_GT(first->scheduler().in_flight(), 0);  // step 3's rollouts were running
-  train::checkpoint_state ckpt;
-  first->snapshot_into(ckpt);
-  EXPECT_EQ(ckpt.cursor.index, 2 * cfg.prompts_per_step);  // step 3's prompts are drawn again
-  first.reset();
-  auto second = make_loop(file, task, cfg);
-  ASSERT_TRUE(second->restore(ckpt).ok());
-  for (int s = 0; s < 2; ++s) {
-    auto r = second->step();
-    ASSERT_TRUE(r.ok()) << r.error().message();
-    EXPECT_EQ(r->step, 3 + s);
-    EXPECT_EQ(r->samples, 24);
-  }
-  EXPECT_EQ(second->scheduler().trained_samples(), 2 * 24);
-  EXPECT_EQ(second->prompts().cursor(), 4 * cfg.prompts_per_step);
-}
-
-TEST(grpo_loop, the_kl_term_starts_at_zero_and_holds_the_policy_near_the_reference) {
-  const auto file = tiny_file();
-  digits_task task;
-  auto final_kl = [&](double beta) {
-    auto cfg = loop_cfg();
-    cfg.grpo.kl_coef = beta;
-    auto loop = make_loop(file, task, cfg);
-    std::vector<double> kl;
-    for (int s = 0; s < 10; ++s) {
-      auto r = loop->step();
-      EXPECT_TRUE(r.ok()) << r.error().message();
-      if (!r.ok()) return kl;
-      kl.push_back(r->kl);
-    }
-    return kl;
-  };
-  const auto weak = final_kl(0.01);
-  const auto strong = final_kl(5.0);
-  ASSERT_EQ(weak.size(), 10u);
-  ASSERT_EQ(strong.size(), 10u);
-  // Step 1 trains the starting weights: the policy is the reference.
-  EXPECT_LT(weak.front(), 1e-6);
-  // Every sample trains with a KL term (zero advantages too), so every later step measures it.
-  const double w = std::accumulate(weak.begin() + 5, weak.end(), 0.0) / 5;
-  const double k = std::accumulate(strong.begin() + 5, strong.end(), 0.0) / 5;
-  std::printf("mean KL over steps 6-10: beta 0.01 -> %.4g, beta 5 -> %.4g\n", w, k);
-  EXPECT_GT(w, 1e-3);  // the policy moved
-  EXPECT_LT(k, 0.5 * w);
-}
-
-TEST(grpo_loop, several_updates_per_step_move_the_ratio_within_the_clip_range) {
-  const auto file = tiny_file();
-  digits_task task;
-  auto cfg = loop_cfg();
-  auto one = make_loop(file, task, cfg);
-  cfg.updates_per_step = 3;
-  auto three = make_loop(file, task, cfg);
-  auto again = make_loop(file, task, cfg);
-  auto r1 = one->step();
-  auto r3 = three->step();
-  auto r3b = again->step();
-  ASSERT_TRUE(r1.ok() && r3.ok() && r3b.ok());
-  // Update 1 sees ratio ~1; updates 2 and 3 see the policy the earlier ones made.
-  EXPECT_GT(r3->ratio_deviation, 10 * r1->ratio_deviation);
-  EXPECT_GT(r3->clip_fraction, 0.0);
-  EXPECT_EQ(r3->loss, r3b->loss);  // deterministic
-  for (size_t i = 0; i < three->model().parameters().size(); ++i) {
-    ASSERT_EQ(three->model().parameters()[i].value, again->model().parameters()[i].value);
-  }
-  EXPECT_EQ(three->version(), 1);  // one weight version per step, whatever the updates
-  cfg.grpo.correction = off_policy_correction::decoupled;
-  auto m = trainable_model<float>::load(file);
-  ASSERT_TRUE(m.ok());
-  EXPECT_EQ(grpo_loop::create(file, std::move(*m), task, cfg).error().code(),
-            status_code::invalid_argument);
-}
-
-TEST(grpo_loop, a_tiny_model_learns_a_graded_reward) {
-  const auto file = tiny_file();
-  digits_task task;
-  auto loop = make_loop(file, task, loop_cfg());
-  auto before = loop->evaluate();
-  ASSERT_TRUE(before.ok());
-  std::vector<double> rewards;
-  for (int s = 0; s < 30; ++s) {
-    auto r = loop->step();
-    ASSERT_TRUE(r.ok()) << r.error().message();
-    rewards.push_back(r->reward_mean);
-  }
-  auto after = loop->evaluate();
-  ASSERT_TRUE(after.ok());
-  const double first = (rewards[0] + rewards[1] + rewards[2]) / 3;
-  const double last = (rewards[27] + rewards[28] + rewards[29]) / 3;
-  std::printf("digits reward: first 3 steps %.3f, last 3 %.3f; held-out greedy %.3f -> %.3f\n",
-              first, last, before->pass_at_1, after->pass_at_1);
-  EXPECT_GT(last, first + 0.3);
-  EXPECT_GT(after->pass_at_1, before->pass_at_1 + 0.3);
 }
 
 }  // namespace
