@@ -36,9 +36,15 @@ endfunction()
 function(weft_component name)
   cmake_parse_arguments(C "" "" "SOURCES;PUBLIC_LIBS;PRIVATE_LIBS" ${ARGN})
   add_library(weft_${name} STATIC ${C_SOURCES})
-  target_include_directories(weft_${name} PUBLIC ${WEFT_ROOT} ${CMAKE_BINARY_DIR}/generated)
+  # Installed headers keep their folders under include/weft (cmake/install.cmake): programs include
+  # <weft/actors/node.hpp>, weft's own headers include "schema/..." relative to include/weft.
+  target_include_directories(weft_${name} PUBLIC
+    $<BUILD_INTERFACE:${WEFT_ROOT}> $<BUILD_INTERFACE:${CMAKE_BINARY_DIR}/generated>
+    $<INSTALL_INTERFACE:include> $<INSTALL_INTERFACE:include/weft>)
   target_link_libraries(weft_${name} PUBLIC ${C_PUBLIC_LIBS} PRIVATE ${C_PRIVATE_LIBS})
   add_library(weft::${name} ALIAS weft_${name})
+  # Installed as weft::<name> (lib/libweft_<name>.a).
+  set_target_properties(weft_${name} PROPERTIES EXPORT_NAME ${name})
 endfunction()
 
 # weft_add_fuzzer(NAME name SOURCES ... LIBS ... [SEEDS_DIR dir] [SECONDS s])

@@ -230,3 +230,13 @@ struct Ping {
   sentAtNs @1 :UInt64;
   payload @2 :Data;
 }
+
+# -- messages of an embedder's own schema ------------------------------------------------------
+
+# A struct from a schema weft does not know (an embedder's own .capnp file), carried in an envelope
+# like any weft message. `typeId` is the struct's Cap'n Proto type id; the receiver names the type
+# it expects (envelope::read_user<T>) and the body is validated against that type's schema.
+struct UserMessage {
+  typeId @0 :UInt64;
+  body @1 :AnyPointer;
+}

@@ -196,6 +196,8 @@ capnp::StructSchema schema_of(kind k) {
       return capnp::Schema::from<wire::TrainerDone>();
     case kind::trainer_started:
       return capnp::Schema::from<wire::TrainerStarted>();
+    case kind::user:
+      return capnp::Schema::from<wire::UserMessage>();
     case kind::none:
     case kind::oversize:
       break;
@@ -205,8 +207,7 @@ capnp::StructSchema schema_of(kind k) {
 
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
-  return v >= static_cast<uint16_t>(kind::error) &&
-         v <= static_cast<uint16_t>(kind::trainer_started);
+  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::user);
 }
 
 }  // namespace
@@ -221,8 +222,34 @@ status validate_root(capnp::MessageReader& reader, kind k, const decode_limits& 
   auto root_any = reader.getRoot<capnp::AnyPointer>();
   if (root_any.isNull()) return make_error(errc::malformed, "message has no root");
   (void)root_any.targetSize();
+  if (k == kind::user) {
+    // The body's type is known only to the reader (validate_user_body); here: a struct or null.
+    auto body = reader.getRoot<wire::UserMessage>().getBody();
+    if (!body.isNull() && !body.isStruct()) {
+      return make_error(errc::malformed, "UserMessage.body: not a struct");
+    }
+    return {};
+  }
   auto root = reader.getRoot<capnp::DynamicStruct>(schema);
   return validate_struct(root, limits, to_string(k), 0);
+}
+
+status validate_user_body(capnp::MessageReader& reader, capnp::StructSchema type, uint64_t type_id,
+                          const decode_limits& limits) {
+  try {
+    auto root = reader.getRoot<wire::UserMessage>();
+    if (root.getTypeId() != type_id) {
+      return make_error(errc::malformed, "user message of type id " +
+                                             std::to_string(root.getTypeId()) + ", expected " +
+                                             std::string(type.getShortDisplayName().cStr()) + " (" +
+                                             std::to_string(type_id) + ")");
+    }
+    auto body = root.getBody().getAs<capnp::DynamicStruct>(type);
+    return validate_struct(body, limits, std::string(type.getShortDisplayName().cStr()), 0);
+  } catch (const kj::Exception& e) {
+    return make_error(errc::malformed,
+                      std::string{"undecodable user message: "} + e.getDescription().cStr());
+  }
 }
 
 result<std::shared_ptr<capnp::MessageReader>> open_reader(
@@ -341,6 +368,8 @@ const char* to_string(kind k) {
       return "TrainerDone";
     case kind::trainer_started:
       return "TrainerStarted";
+    case kind::user:
+      return "UserMessage";
     case kind::oversize:
       return "oversize";
   }
@@ -377,6 +406,13 @@ envelope envelope::oversize(uint64_t size_bytes) {
   env.kind_ = kind::oversize;
   env.oversize_bytes_ = size_bytes;
   return env;
+}
+
+uint64_t envelope::user_type_id() const {
+  if (kind_ != kind::user) return 0;
+  auto reader = internal::open_reader(storage_, kind_, {});
+  if (!reader) return 0;
+  return (*reader)->getRoot<wire::UserMessage>().getTypeId();
 }
 
 size_t envelope::size_bytes() const {

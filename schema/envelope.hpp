@@ -8,6 +8,7 @@
 /// malformed envelope yields an error, never a crash.
 
 #include <capnp/message.h>
+#include <capnp/schema.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -63,6 +64,8 @@ enum class kind : uint16_t {
   trainer_step = 35,
   trainer_done = 36,
   trainer_started = 37,
+  /// A struct of an embedder's own schema (wire::UserMessage; envelope::build_user/read_user).
+  user = 38,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -113,6 +116,7 @@ WEFT_SCHEMA_KIND(TrainerGroup, trainer_group)
 WEFT_SCHEMA_KIND(TrainerStep, trainer_step)
 WEFT_SCHEMA_KIND(TrainerDone, trainer_done)
 WEFT_SCHEMA_KIND(TrainerStarted, trainer_started)
+WEFT_SCHEMA_KIND(UserMessage, user)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults
@@ -132,7 +136,12 @@ struct envelope_storage;
 result<std::shared_ptr<capnp::MessageReader>> open_reader(
     const std::shared_ptr<const envelope_storage>& storage, kind k, const decode_limits& limits);
 /// Validates the root of `reader` as kind `k` (every field, enum ranges, text and list sizes).
+/// For kind::user only the wrapper is checked here; its body by validate_user_body.
 status validate_root(capnp::MessageReader& reader, kind k, const decode_limits& limits);
+/// Checks that a UserMessage's type id is `type_id` and validates its body as a `type` struct
+/// (every field, as validate_root does for weft's own kinds).
+status validate_user_body(capnp::MessageReader& reader, capnp::StructSchema type, uint64_t type_id,
+                          const decode_limits& limits);
 }  // namespace internal
 
 /// A typed, validated view of an envelope's root struct. Keeps the bytes alive.
@@ -142,6 +151,10 @@ class view {
   view(std::shared_ptr<const internal::envelope_storage> storage,
        std::shared_ptr<capnp::MessageReader> reader)
       : storage_(std::move(storage)), reader_(std::move(reader)), root_(reader_->getRoot<T>()) {}
+  /// A view whose root is `root`, a struct inside `reader`'s message (a user message's body).
+  view(std::shared_ptr<const internal::envelope_storage> storage,
+       std::shared_ptr<capnp::MessageReader> reader, typename T::Reader root)
+      : storage_(std::move(storage)), reader_(std::move(reader)), root_(root) {}
   typename T::Reader get() const { return root_; }
   const typename T::Reader* operator->() const { return &root_; }
 
@@ -162,6 +175,17 @@ class envelope {
     auto builder = std::make_unique<capnp::MallocMessageBuilder>(256);
     fill(builder->initRoot<T>());
     return from_builder(kind_of<T>::value, std::move(builder));
+  }
+
+  /// Builds an envelope carrying a struct T of your own Cap'n Proto schema (kind::user), filled in
+  /// by `fill(T::Builder)`. The receiver reads it with read_user<T>().
+  template <class T, class F>
+  static envelope build_user(F&& fill) {
+    auto builder = std::make_unique<capnp::MallocMessageBuilder>(256);
+    auto root = builder->initRoot<wire::UserMessage>();
+    root.setTypeId(capnp::typeId<T>());
+    fill(root.getBody().template initAs<T>());
+    return from_builder(kind::user, std::move(builder));
   }
 
   /// Adopts a finished builder (advanced use: building in several steps).
@@ -194,6 +218,28 @@ class envelope {
     if (!reader) return reader.error();
     return view<T>(storage_, std::move(reader.value()));
   }
+
+  /// Decodes a message of your own schema sent with build_user<T>(). Errors (malformed): not a
+  /// user message, a user message of another type, or a body that fails validation against T's
+  /// schema (bounds, nesting, text/list limits, enum ranges; as for weft's own messages).
+  template <class T>
+  result<view<T>> read_user(const decode_limits& limits = {}) const {
+    if (kind_ != kind::user) {
+      return make_error(errc::malformed,
+                        std::string{"expected a user message, got "} + to_string(kind_));
+    }
+    auto reader = internal::open_reader(storage_, kind_, limits);
+    if (!reader) return reader.error();
+    auto st = internal::validate_user_body(**reader, capnp::Schema::from<T>(), capnp::typeId<T>(),
+                                           limits);
+    if (!st.ok()) return st;
+    auto root = (*reader)->template getRoot<wire::UserMessage>().getBody().template getAs<T>();
+    return view<T>(storage_, std::move(reader.value()), root);
+  }
+
+  /// The Cap'n Proto type id of a user message's body (0 when this is no user message or its
+  /// bytes do not decode): lets one actor accept several of your types.
+  uint64_t user_type_id() const;
 
  private:
   kind kind_ = kind::none;

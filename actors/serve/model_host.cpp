@@ -97,4 +97,18 @@ result<std::unique_ptr<model_host>> load_model_host(const model_host_options& o)
   return host;
 }
 
+weft::result<std::vector<int32_t>> encode_user_turn(const model_host& host,
+                                                    const std::string& user_text) {
+  std::string text = user_text;
+  if (host.tmpl) {
+    std::vector<gpu::chat_message> messages{{"user", user_text}};
+    auto rendered = host.tmpl->apply(messages, gpu::generation_prompt::add);
+    if (!rendered) return make_error(errc::invalid_argument, rendered.error().to_string());
+    text = std::move(*rendered);
+  }
+  auto ids = host.tok.encode(text, gpu::add_special::yes,
+                             host.tmpl ? gpu::parse_special::yes : gpu::parse_special::no);
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
 }  // namespace weft::serve

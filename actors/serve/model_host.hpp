@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gpu/chat_template.hpp"
 #include "gpu/device.hpp"
@@ -51,5 +52,10 @@ struct model_host {
 
 /// Opens and (optionally) loads. Errors name the file and the step.
 weft::result<std::unique_ptr<model_host>> load_model_host(const model_host_options& options);
+
+/// Token ids of `user_text` as one user turn through the model's chat template, ready for the
+/// assistant's answer (the raw text when the model has no template).
+weft::result<std::vector<int32_t>> encode_user_turn(const model_host& host,
+                                                    const std::string& user_text);
 
 }  // namespace weft::serve
