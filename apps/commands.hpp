@@ -29,6 +29,7 @@ void add_serve_command(CLI::App& app, const global_options& globals);
 void add_bench_command(CLI::App& app, const global_options& globals);
 void add_train_command(CLI::App& app, const global_options& globals);
 void add_rl_command(CLI::App& app, const global_options& globals);
+void add_chaos_command(CLI::App& app, const global_options& globals);
 
 }  // namespace weft::apps
 

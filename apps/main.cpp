@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   weft::apps::add_bench_command(app, globals);
   weft::apps::add_train_command(app, globals);
   weft::apps::add_rl_command(app, globals);
+  weft::apps::add_chaos_command(app, globals);
 
   try {
     app.parse(argc, argv);

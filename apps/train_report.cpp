@@ -193,7 +193,8 @@ std::vector<step_record> read_metrics_file(const fs::path& path) {
 
 namespace {
 
-/// scripts/plot_train.py above the binary (the source tree), or $WEFT_PLOT_TRAIN.
+/// $WEFT_PLOT_TRAIN (plot_train.py), $WEFT_SCRIPTS/name, scripts/name above the binary (the
+/// source tree), or share/weft/scripts/name of an installed weft (cmake/install.cmake).
 std::optional<fs::path> find_script(const std::string& name) {
   if (name == "plot_train.py") {
     if (const char* p = std::getenv("WEFT_PLOT_TRAIN"); p != nullptr) return fs::path{p};
@@ -205,6 +206,8 @@ std::optional<fs::path> find_script(const std::string& name) {
        dir = dir.parent_path()) {
     if (fs::exists(dir / "scripts" / name)) return dir / "scripts" / name;
   }
+  const fs::path installed = exe.parent_path().parent_path() / "share/weft/scripts" / name;
+  if (fs::exists(installed)) return installed;
   return std::nullopt;
 }
 

@@ -12,6 +12,10 @@ install(TARGETS weft_schema weft_gpu weft_transport weft_actors weft
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(EXPORT weftTargets NAMESPACE weft:: DESTINATION ${WEFT_INSTALL_CMAKEDIR})
 
+# The plot scripts that `weft train/rl/chaos --plot` run (found beside an installed binary).
+install(FILES ${WEFT_ROOT}/scripts/plot_train.py ${WEFT_ROOT}/scripts/plot_rl.py
+  ${WEFT_ROOT}/scripts/plot_chaos.py DESTINATION ${CMAKE_INSTALL_DATADIR}/weft/scripts)
+
 # Headers keep their folders: include/weft/actors/node.hpp is <weft/actors/node.hpp>. Left out:
 # headers that include a dependency's header which only weft's own sources may see (httplib with
 # its defines, UCX's internals, CUDA kernels).

@@ -11,6 +11,7 @@
 
 #include <caf/fwd.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -54,5 +55,13 @@ void declare_router_metrics(metrics_registry& m);
 
 /// Spawns the router.
 caf::actor spawn_router(caf::actor_system& sys, router_config cfg);
+
+namespace test_hooks {
+/// A deliberately broken router, for showing that chaos checks catch a broken build: when set,
+/// the first token a migrated request produces on its new worker is never sent to the client.
+/// The `weft` binary never sets it; the test binary `weft_test` sets it when
+/// $WEFT_TEST_DROP_TOKEN_ON_MIGRATION is 1 (tests/chaos/serve/test_weft_chaos.py).
+extern std::atomic<bool> drop_token_on_migration;
+}  // namespace test_hooks
 
 }  // namespace weft::serve

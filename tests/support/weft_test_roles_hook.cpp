@@ -3,7 +3,23 @@
 #include "apps/commands.hpp"
 #include "tests/support/test_roles.hpp"
 
+#include <cstdlib>
+#include <cstring>
+
+#include "actors/serve/router.hpp"
+
 namespace weft::apps {
+
+namespace {
+// The deliberately broken build of the chaos test: $WEFT_TEST_DROP_TOKEN_ON_MIGRATION=1 makes this
+// binary's router drop a token of every migrated stream (actors/serve/router.hpp).
+const bool broken_router = [] {
+  const char* v = std::getenv("WEFT_TEST_DROP_TOKEN_ON_MIGRATION");
+  const bool on = v != nullptr && std::strcmp(v, "1") == 0;
+  if (on) serve::test_hooks::drop_token_on_migration = true;
+  return on;
+}();
+}  // namespace
 
 void add_extra_roles(actors::role_registry& roles) {
   testing::add_test_roles(roles);
