@@ -18,14 +18,17 @@
 #include <optional>
 #include <thread>
 
+#include "actors/child_process.hpp"
 #include "actors/cluster_client.hpp"
-#include "apps/child_process.hpp"
 #include "apps/cluster_options.hpp"
 #include "apps/commands.hpp"
 #include "apps/netns.hpp"
 #include "apps/process_control.hpp"
 
 namespace weft::apps {
+
+using actors::child_process;
+using actors::self_exe;
 
 namespace {
 

@@ -14,7 +14,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/auth.hpp"
-#include "apps/child_process.hpp"
+#include "actors/child_process.hpp"
 #include "schema/status.hpp"
 
 namespace weft::actors {
@@ -22,6 +22,9 @@ class node;
 }
 
 namespace weft::apps {
+
+using actors::child_process;
+using actors::self_exe;
 
 /// The head of a private local cluster run by one command: a fresh secret, the head in this
 /// process (roles "echo" only: the work goes to the node processes), no data-plane engine.

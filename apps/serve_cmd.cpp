@@ -17,13 +17,13 @@
 #include <thread>
 
 #include "actors/cache/cache_shard.hpp"
+#include "actors/child_process.hpp"
 #include "actors/cluster_client.hpp"
 #include "actors/node.hpp"
 #include "actors/serve/api_server.hpp"
 #include "actors/serve/engine_worker.hpp"
 #include "actors/serve/router.hpp"
 #include "actors/serve/serve_atoms.hpp"
-#include "apps/child_process.hpp"
 #include "apps/commands.hpp"
 #include "apps/config_file.hpp"
 #include "apps/local_nodes.hpp"

@@ -5,6 +5,8 @@ find_package(CLI11 CONFIG REQUIRED)               # the weft binary only
 
 if(WEFT_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)           # GTest::gtest_main, GTest::gmock
+else()
+  find_package(GTest CONFIG QUIET)              # weft::testing is built when GoogleTest is there
 endif()
 if(WEFT_BUILD_BENCH)
   find_package(benchmark CONFIG REQUIRED)       # benchmark::benchmark

@@ -11,6 +11,16 @@ install(TARGETS weft_schema weft_gpu weft_transport weft_actors weft
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(EXPORT weftTargets NAMESPACE weft:: DESTINATION ${WEFT_INSTALL_CMAKEDIR})
+# weft::testing (GoogleTest helpers for users' own tests): a component of its own,
+# find_package(weft COMPONENTS testing), so that programs without tests need no GoogleTest.
+set(WEFT_HAS_TESTING OFF)
+if(TARGET weft_testing)
+  set(WEFT_HAS_TESTING ON)
+  install(TARGETS weft_testing EXPORT weftTestingTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(EXPORT weftTestingTargets NAMESPACE weft:: DESTINATION ${WEFT_INSTALL_CMAKEDIR})
+  install(DIRECTORY ${WEFT_ROOT}/testing/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/weft/testing
+    FILES_MATCHING PATTERN "*.hpp")
+endif()
 
 # The plot scripts that `weft train/rl/chaos --plot` run (found beside an installed binary).
 install(FILES ${WEFT_ROOT}/scripts/plot_train.py ${WEFT_ROOT}/scripts/plot_rl.py
@@ -61,5 +71,8 @@ set(CPACK_DEBIAN_PACKAGE_SECTION devel)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS
   "libcaf-dev (>= 0.17.6), libcapnp-dev (>= 0.9), capnproto, libucx-dev, libspdlog-dev, nlohmann-json3-dev, libopenblas-dev, libxxhash-dev, libssl-dev, libcpp-httplib-dev, zlib1g-dev, libbrotli-dev, cmake (>= 3.25), pkg-config")
+if(WEFT_HAS_TESTING)
+  string(APPEND CPACK_DEBIAN_PACKAGE_DEPENDS ", libgtest-dev")
+endif()
 set(CPACK_OUTPUT_FILE_PREFIX ${CMAKE_BINARY_DIR}/packages)
 include(CPack)

@@ -15,7 +15,7 @@ for f in ./usr/bin/weft ./usr/include/weft/actors/node.hpp ./usr/include/weft/sc
          ./usr/lib/x86_64-linux-gnu/pkgconfig/weft.pc; do
   grep -qxF "$f" <<<"$files" || fail "$f missing from the package"
 done
-for lib in schema gpu transport actors; do
+for lib in schema gpu transport actors testing; do
   grep -qxF "./usr/lib/x86_64-linux-gnu/libweft_$lib.a" <<<"$files" || fail "libweft_$lib.a missing"
 done
 if grep -q '\.cuh$\|http_queue.hpp' <<<"$files"; then fail "internal headers in the package"; fi
@@ -24,7 +24,7 @@ echo "check_deb: $(wc -l <<<"$files") paths, every expected one present"
 depends="$(dpkg-deb -f "$deb" Depends)"
 echo "check_deb: Depends: $depends"
 for dep in libcaf-dev libcapnp-dev libucx-dev libspdlog-dev nlohmann-json3-dev libopenblas-dev \
-           libxxhash-dev libssl-dev libcpp-httplib-dev libc6 libstdc++6; do
+           libxxhash-dev libssl-dev libcpp-httplib-dev libgtest-dev libc6 libstdc++6; do
   grep -q "\\b$dep\\b" <<<"$depends" || fail "Depends lacks $dep"
 done
 # apt resolves every dependency (a dry run; nothing is installed).

@@ -16,8 +16,8 @@ TEST(chaos, a_cut_link_is_detected) {
   }
   uint16_t port = free_port();
   auto up =
-      apps::child_process::start({WEFT_BIN, "cluster", "up", "--netns", "-n", "3", "--port",
-                                  std::to_string(port), "--secret", "netns-test-secret-0123456"});
+      actors::child_process::start({WEFT_BIN, "cluster", "up", "--netns", "-n", "3", "--port",
+                                    std::to_string(port), "--secret", "netns-test-secret-0123456"});
   ASSERT_TRUE(up.ok());
   std::string head;
   for (int i = 0; i < 20 && head.empty(); ++i) {

@@ -11,10 +11,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-int node_index(const std::string& id) {
-  return std::stoi(id.substr(id.find('-') + 1));
-}
-
 bool has_event(local_cluster& c, const std::string& kind, const std::string& subject) {
   auto env = c.status();
   auto v = env.read<schema::wire::ClusterStatus>();
@@ -46,7 +42,7 @@ TEST(chaos, sigkill_of_a_node_restarts_its_actors_on_a_survivor) {
   }
   ASSERT_FALSE(victim.empty());
   auto t0 = clock_type::now();
-  cluster.process(node_index(victim)).signal(SIGKILL);
+  cluster.process(local_cluster::index_of(victim)).signal(SIGKILL);
   ASSERT_TRUE(eventually([&] { return cluster.node_state(victim) == "dead"; }, 5000));
   auto detected_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0).count();
@@ -117,10 +113,10 @@ TEST(chaos, crash_looping_child_stops_at_the_intensity_limit) {
 TEST(chaos, a_node_with_the_wrong_secret_is_refused) {
   local_cluster cluster({.nodes = 1});
   // stderr (where the refusal is logged) joins stdout.
-  auto c = apps::child_process::start({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", WEFT_BIN, "node",
-                                       "--join", "127.0.0.1:" + std::to_string(cluster.port()),
-                                       "--node-id", "intruder", "--secret",
-                                       "not-the-cluster-secret-123"});
+  auto c = actors::child_process::start({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", WEFT_BIN,
+                                         "node", "--join",
+                                         "127.0.0.1:" + std::to_string(cluster.port()), "--node-id",
+                                         "intruder", "--secret", "not-the-cluster-secret-123"});
   ASSERT_TRUE(c.ok());
   std::string out;
   while (auto line = c->read_line(10'000)) out += *line + "\n";

@@ -26,9 +26,9 @@ TEST(cluster, nodes_join_and_report_status) {
   EXPECT_EQ(pids.size(), 3u) << "three distinct processes";
   EXPECT_EQ(pids.count(static_cast<uint32_t>(cluster.process(1).pid())), 1u);
   // The CLI shows the same, as JSON.
-  auto cli = apps::child_process::start({WEFT_BIN, "cluster", "status", "--json", "--head",
-                                         "127.0.0.1:" + std::to_string(cluster.port())},
-                                        {"WEFT_CLUSTER_SECRET=" + cluster.secret().bytes});
+  auto cli = actors::child_process::start({WEFT_BIN, "cluster", "status", "--json", "--head",
+                                           "127.0.0.1:" + std::to_string(cluster.port())},
+                                          {"WEFT_CLUSTER_SECRET=" + cluster.secret().bytes});
   ASSERT_TRUE(cli.ok());
   std::string out;
   while (auto line = cli->read_line(5000)) out += *line + "\n";
@@ -43,7 +43,7 @@ TEST(cluster, status_cli_names_a_wrong_secret_or_a_missing_head) {
   auto run = [](std::vector<std::string> argv, const std::string& secret) {
     // stderr (where the error is logged) joins stdout.
     argv.insert(argv.begin(), {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1"});
-    auto c = apps::child_process::start(argv, {"WEFT_CLUSTER_SECRET=" + secret});
+    auto c = actors::child_process::start(argv, {"WEFT_CLUSTER_SECRET=" + secret});
     std::string out;
     while (auto line = c->read_line(10000)) out += *line + "\n";
     int status = 0;

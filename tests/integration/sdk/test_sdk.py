@@ -10,7 +10,8 @@
 4. Each example runs: the judge pipeline (a worker killed mid-run, every question judged, the
    worker restarted), batch inference (killed mid-run, resumed without redoing a finished line,
    results in input order), the tensor receiver (bytes pulled over UCX between two processes,
-   checksums equal).
+   checksums equal), the user's own chaos tests with weft::testing (a node killed under a
+   supervised actor; `weft chaos` invariants against a `weft serve` the fixture started).
 """
 import argparse
 import json
@@ -42,7 +43,9 @@ def install(build, prefix):
                 "lib/libweft_actors.a", "lib/cmake/weft/weftConfig.cmake",
                 "lib/cmake/weft/weftConfigVersion.cmake", "lib/cmake/weft/weftTargets.cmake",
                 "lib/pkgconfig/weft.pc", "include/weft/schema/control.capnp.h",
-                "include/weft/schema/control.capnp", "include/weft/actors/node.hpp"]:
+                "include/weft/schema/control.capnp", "include/weft/actors/node.hpp",
+                "lib/libweft_testing.a", "lib/cmake/weft/weftTestingTargets.cmake",
+                "include/weft/testing/chaos.hpp", "share/weft/scripts/plot_chaos.py"]:
         check((prefix / rel).exists(), f"installed {rel}")
     # Headers that include what only weft's own sources may see are not installed.
     check(not (prefix / "include/weft/actors/serve/http_queue.hpp").exists(),
@@ -65,9 +68,9 @@ def headers_compile_alone(source, prefix, work):
         names.append(tu.name)
     (proj / "CMakeLists.txt").write_text(
         "cmake_minimum_required(VERSION 3.25)\nproject(headers LANGUAGES C CXX)\n"
-        "set(CMAKE_CXX_STANDARD 20)\nfind_package(weft REQUIRED)\n"
+        "set(CMAKE_CXX_STANDARD 20)\nfind_package(weft REQUIRED COMPONENTS testing)\n"
         f"add_library(headers OBJECT {' '.join(names)})\n"
-        "target_link_libraries(headers PRIVATE weft::actors)\n")
+        "target_link_libraries(headers PRIVATE weft::testing)\n")
     run(["cmake", "-S", str(proj), "-B", str(proj / "build"), "-G", "Ninja",
          f"-DCMAKE_PREFIX_PATH={prefix}"], stdout=subprocess.DEVNULL)
     run(["cmake", "--build", str(proj / "build"), "-j2"], stdout=subprocess.DEVNULL)
@@ -164,6 +167,16 @@ def tensor_receiver(build):
     check("4/4 tensors received, checksums equal" in p.stdout, "every tensor arrived intact")
 
 
+def chaos_gtest(build, prefix, model):
+    """Example 4: the user's own GoogleTest chaos tests with weft::testing."""
+    env = dict(os.environ, WEFT_BINARY=str(prefix / "bin/weft"), WEFT_MODEL=str(model))
+    p = subprocess.run([str(build / "chaos_gtest/chaos_gtest")], capture_output=True, text=True,
+                       timeout=600, env=env)
+    print(p.stdout[-3000:])
+    check(p.returncode == 0, f"chaos_gtest passes (stderr tail: {p.stderr[-1500:]})")
+    check("[  PASSED  ] 2 tests" in p.stdout, "both of its tests ran and passed")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True, type=pathlib.Path)
@@ -184,6 +197,7 @@ def main():
         judge_pipeline(build, model)
         batch_jsonl(build, model, work)
         tensor_receiver(build)
+        chaos_gtest(build, prefix, model)
     print("sdk: all checks passed")
     return 0
 

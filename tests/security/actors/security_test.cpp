@@ -24,10 +24,10 @@
 #include <sstream>
 #include <thread>
 
+#include "actors/child_process.hpp"
 #include "actors/cluster_client.hpp"
 #include "actors/cluster_tls.hpp"
 #include "actors/runtime.hpp"
-#include "apps/child_process.hpp"
 #include "gpu/tiny_model.hpp"
 #include "tests/support/local_cluster.hpp"
 
@@ -325,8 +325,8 @@ TEST(security_serve, router_and_agent_refuse_strangers) {
       FAIL() << "CI=true and no default model";
     GTEST_SKIP() << "default model not found (scripts/fetch_model.sh)";
   }
-  auto srv = apps::child_process::start({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", WEFT_BIN,
-                                         "serve", "--port", "0", "--workers", "1"});
+  auto srv = actors::child_process::start({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", WEFT_BIN,
+                                           "serve", "--port", "0", "--workers", "1"});
   ASSERT_TRUE(srv.ok());
   std::regex router_re(R"(router published on 127\.0\.0\.1:(\d+))");
   std::regex agent_re(R"(agent on 127\.0\.0\.1:(\d+))");
@@ -378,27 +378,27 @@ TEST(security_train, coordinator_refuses_strangers) {
       data << R"({"prompt": ")" << i << R"(+1=", "completion": ")" << i + 1 << "\"}\n";
     }
   }
-  auto run = apps::child_process::start({"/bin/sh",
-                                         "-c",
-                                         "exec \"$0\" \"$@\" 2>&1",
-                                         WEFT_BIN,
-                                         "train",
-                                         "--model",
-                                         (dir / "tiny.gguf").string(),
-                                         "--data",
-                                         (dir / "train.jsonl").string(),
-                                         "--trainers",
-                                         "2",
-                                         "--threads",
-                                         "1",
-                                         "--steps",
-                                         "1000000",
-                                         "--batch-tokens",
-                                         "64",
-                                         "--checkpoint-dir",
-                                         (dir / "ckpt").string(),
-                                         "--checkpoint-every",
-                                         "1000000"});
+  auto run = actors::child_process::start({"/bin/sh",
+                                           "-c",
+                                           "exec \"$0\" \"$@\" 2>&1",
+                                           WEFT_BIN,
+                                           "train",
+                                           "--model",
+                                           (dir / "tiny.gguf").string(),
+                                           "--data",
+                                           (dir / "train.jsonl").string(),
+                                           "--trainers",
+                                           "2",
+                                           "--threads",
+                                           "1",
+                                           "--steps",
+                                           "1000000",
+                                           "--batch-tokens",
+                                           "64",
+                                           "--checkpoint-dir",
+                                           (dir / "ckpt").string(),
+                                           "--checkpoint-every",
+                                           "1000000"});
   ASSERT_TRUE(run.ok());
   std::regex coord_re(R"(train coordinator published on 127\.0\.0\.1:(\d+))");
   uint16_t port = 0;
@@ -446,9 +446,9 @@ TEST(security_secret_file, created_private_and_never_replaced) {
   std::string file = dir + "/cluster.secret";
   { std::ofstream(file) << "users-own-secret-please-keep-0001\n"; }
   auto short_run =
-      apps::child_process::start({WEFT_BIN, "cluster", "up", "-n", "1", "--secret", "short",
-                                  "--secret-file", file, "--port", std::to_string(free_port())},
-                                 {"WEFT_CLUSTER_SECRET="});
+      actors::child_process::start({WEFT_BIN, "cluster", "up", "-n", "1", "--secret", "short",
+                                    "--secret-file", file, "--port", std::to_string(free_port())},
+                                   {"WEFT_CLUSTER_SECRET="});
   ASSERT_TRUE(short_run.ok());
   int status = 0;
   ASSERT_TRUE(eventually([&] { return short_run->exited(&status); }, 10000));
@@ -460,9 +460,9 @@ TEST(security_secret_file, created_private_and_never_replaced) {
 
   // A fresh file: created 0600 (a cluster of one node starts, then is stopped).
   std::string fresh = dir + "/fresh/cluster.secret";
-  auto up = apps::child_process::start({WEFT_BIN, "cluster", "up", "-n", "1", "--secret-file",
-                                        fresh, "--port", std::to_string(free_port())},
-                                       {"WEFT_CLUSTER_SECRET="});
+  auto up = actors::child_process::start({WEFT_BIN, "cluster", "up", "-n", "1", "--secret-file",
+                                          fresh, "--port", std::to_string(free_port())},
+                                         {"WEFT_CLUSTER_SECRET="});
   ASSERT_TRUE(up.ok());
   bool ready = false;
   for (int i = 0; i < 20 && !ready; ++i) {

@@ -1,4 +1,4 @@
-#include "apps/child_process.hpp"
+#include "actors/child_process.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,7 +13,7 @@
 
 extern char** environ;
 
-namespace weft::apps {
+namespace weft::actors {
 
 result<child_process> child_process::start(const std::vector<std::string>& argv,
                                            const std::vector<std::string>& env) {
@@ -141,4 +141,4 @@ std::string self_exe() {
   return buf;
 }
 
-}  // namespace weft::apps
+}  // namespace weft::actors

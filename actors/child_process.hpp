@@ -1,5 +1,6 @@
 #pragma once
-/// Starting and watching child processes of `weft` (local clusters, benchmarks).
+/// Starting and watching child processes: `weft node` processes of a local cluster, benchmarks,
+/// tests (weft::testing).
 
 #include <sys/types.h>
 
@@ -9,7 +10,7 @@
 
 #include "schema/status.hpp"
 
-namespace weft::apps {
+namespace weft::actors {
 
 /// A child process whose stdout is a pipe the parent reads line by line.
 class child_process {
@@ -43,4 +44,4 @@ class child_process {
 /// Path of the running executable.
 std::string self_exe();
 
-}  // namespace weft::apps
+}  // namespace weft::actors
