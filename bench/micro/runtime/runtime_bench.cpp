@@ -26,10 +26,10 @@
 #include <fstream>
 #include <thread>
 
+#include "actors/child_process.hpp"
 #include "actors/cluster_client.hpp"
 #include "actors/roles.hpp"
 #include "actors/runtime.hpp"
-#include "apps/child_process.hpp"
 
 using namespace weft;
 using nlohmann::json;
@@ -116,7 +116,7 @@ json cross_process(uint32_t decode_threads, int n, bool tls = true) {
   caf::actor_system sys{cfg};
   uint16_t port =
       static_cast<uint16_t>(30000 + (::getpid() + decode_threads * 13 + (tls ? 0 : 7)) % 20000);
-  std::vector<std::string> argv = {apps::self_exe(),
+  std::vector<std::string> argv = {actors::self_exe(),
                                    "--serve",
                                    std::to_string(port),
                                    "--decode-threads",
@@ -124,7 +124,7 @@ json cross_process(uint32_t decode_threads, int n, bool tls = true) {
                                    "--worker-threads",
                                    std::to_string(g_worker_threads)};
   if (!tls) argv.push_back("--plain-tcp");
-  auto server = apps::child_process::start(argv);
+  auto server = actors::child_process::start(argv);
   if (!server || !server->read_line(10000)) return {{"error", "echo server did not start"}};
   caf::actor remote;
   if (tls) {
@@ -241,7 +241,7 @@ json detection(int sig, int repeats) {
   for (int r = 0; r < repeats; ++r) {
     uint16_t port = static_cast<uint16_t>(20000 + (::getpid() + r * 7) % 20000);
     std::string secret = "bench-secret-0123456789";
-    std::vector<apps::child_process> nodes;
+    std::vector<actors::child_process> nodes;
     for (int i = 0; i < 3; ++i) {
       std::vector<std::string> argv = {
           WEFT_BIN,   "node", "--node-id",   "node-" + std::to_string(i),
@@ -251,7 +251,7 @@ json detection(int sig, int repeats) {
       } else {
         argv.insert(argv.end(), {"--join", "127.0.0.1:" + std::to_string(port)});
       }
-      auto c = apps::child_process::start(argv);
+      auto c = actors::child_process::start(argv);
       if (!c || !c->read_line(15000)) return {{"error", "cluster did not start"}};
       nodes.push_back(std::move(*c));
     }
@@ -367,7 +367,7 @@ int main(int argc, char** argv) {
   result["cross_process_caf_default_decoding"] = cross_process(1, n);
   result["cross_process_plain_tcp"] = cross_process(0, n, false);
   if (!skip_ray) {
-    auto ray = apps::child_process::start(
+    auto ray = actors::child_process::start(
         {"/usr/bin/env", "python3", WEFT_RAY_SCRIPT, std::to_string(std::min(n, 2000))});
     std::string last;
     if (ray) {
