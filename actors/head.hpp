@@ -18,7 +18,7 @@
 namespace weft::actors {
 
 struct head_config {
-  std::string head_id = "head";
+  std::string head_id = "head";  ///< node::start names it after the head's node
   cluster_secret secret;
   uint32_t heartbeat_interval_ms = 200;
   uint32_t suspect_after_ms = 600;

@@ -77,6 +77,9 @@ result<std::unique_ptr<node>> node::start(node_options opts,
 
   if (opts.is_head) {
     auto hcfg = opts.head;
+    // The head is named after its node: ClusterStatus.headId then says which node is the head
+    // (`weft chaos --head` spares it; unplaced supervised children are listed on it).
+    if (hcfg.head_id == head_config{}.head_id) hcfg.head_id = opts.node_id;
     hcfg.secret = opts.secret;
     hcfg.heartbeat_interval_ms = opts.runtime.heartbeat_interval_ms;
     n->impl_->head = spawn_head(sys, hcfg);

@@ -1,11 +1,15 @@
-// `weft chaos`: a fault runner for users' own deployments (docs/chaos.md). Against a running
-// `weft serve` it drives an open-loop load (the generator of `weft bench serve`), fires faults at
-// the worker processes by role — SIGKILL, or SIGSTOP for a while then SIGCONT — on a schedule or at
-// random from a seed, watches the router through GET /admin/cluster, and at the end checks
-// invariants: every accepted request completed or got an explicit error, every completed stream
-// carries exactly the tokens it asked for (none missing, none repeated), no KV block stays
-// referenced, every fault was detected and recovered from within a bound. It writes a JSON report
-// and a PNG timeline; the exit status is 1 when an invariant breaks.
+// `weft chaos`: a fault runner for users' own deployments (docs/chaos.md). Faults — SIGKILL, or
+// SIGSTOP for a while then SIGCONT — hit processes by role on a schedule or at random from a seed
+// while a workload runs; afterwards invariants are checked, a JSON report and a PNG timeline are
+// written, and the exit status is 1 when an invariant breaks. Two targets:
+// - a running `weft serve` (--url): the workload is an open-loop load (the generator of `weft
+//   bench serve`), the processes are its engine workers and cache shards (GET /admin/cluster);
+//   invariants: every accepted request completed or got an explicit error, every completed stream
+//   carries exactly the tokens it asked for, no KV block stays referenced, recovery within a bound;
+// - a cluster (--head HOST:PORT + its secret): the processes are nodes chosen by the roles of the
+//   actors they run (the head's ClusterStatus), the workload is the user's command (--workload);
+//   invariants: every killed node detected, its actors running again elsewhere within the bound,
+//   the workload's exit status 0.
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -13,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <atomic>
@@ -23,6 +28,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -31,6 +37,8 @@
 #include <thread>
 #include <vector>
 
+#include "actors/child_process.hpp"
+#include "apps/cluster_options.hpp"
 #include "apps/commands.hpp"
 #include "apps/loadgen/openai_client.hpp"
 #include "apps/loadgen/runner.hpp"
@@ -47,7 +55,11 @@ using json = nlohmann::json;
 using clock_type = std::chrono::steady_clock;
 
 struct chaos_options {
+  // The target: a weft serve (--url), or a cluster (--head and its credentials).
   std::string url = "http://127.0.0.1:8000";
+  std::string head;
+  cluster_cli cluster;
+  std::string workload;
   std::string api_key;
   double duration_s = 30.0;
   double rate_rps = 2.0;
@@ -75,13 +87,16 @@ struct fault_spec {
   double hold_s = 0.0;  ///< stop: how long the process stays stopped
 };
 
-/// "kill:ROLE@T" or "stop:ROLE@T+HOLD" (T and HOLD in seconds).
-weft::result<fault_spec> parse_fault(const std::string& s, double default_hold_s) {
+/// "kill:ROLE@T" or "stop:ROLE@T+HOLD" (T and HOLD in seconds). ROLE: for a weft serve one of
+/// any, both, prefill, decode, cache_shard; for a cluster any actor role (or any).
+weft::result<fault_spec> parse_fault(const std::string& s, double default_hold_s, bool cluster) {
   const auto bad = [&](const std::string& why) {
-    return make_error(errc::invalid_argument,
-                      "--fault '" + s + "': " + why +
-                          " (expected kill:ROLE@SECONDS or stop:ROLE@SECONDS[+HOLD_SECONDS], ROLE "
-                          "one of any, both, prefill, decode, cache_shard)");
+    return make_error(
+        errc::invalid_argument,
+        "--fault '" + s + "': " + why +
+            " (expected kill:ROLE@SECONDS or stop:ROLE@SECONDS[+HOLD_SECONDS], ROLE " +
+            (cluster ? "an actor role or any" : "one of any, both, prefill, decode, cache_shard") +
+            ")");
   };
   const auto colon = s.find(':');
   const auto at = s.find('@');
@@ -90,10 +105,12 @@ weft::result<fault_spec> parse_fault(const std::string& s, double default_hold_s
   f.kind = s.substr(0, colon);
   f.role = s.substr(colon + 1, at - colon - 1);
   if (f.kind != "kill" && f.kind != "stop") return bad("unknown fault kind '" + f.kind + "'");
-  if (f.role != "any" && f.role != "both" && f.role != "prefill" && f.role != "decode" &&
-      f.role != "cache_shard") {
-    return bad("unknown role '" + f.role + "'");
-  }
+  const bool serve_role = f.role == "any" || f.role == "both" || f.role == "prefill" ||
+                          f.role == "decode" || f.role == "cache_shard";
+  const bool role_name = !f.role.empty() && f.role.find_first_not_of(
+                                                "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU"
+                                                "VWXYZ0123456789_-.") == std::string::npos;
+  if (cluster ? !role_name : !serve_role) return bad("unknown role '" + f.role + "'");
   std::string when = s.substr(at + 1);
   f.hold_s = default_hold_s;
   if (auto plus = when.find('+'); plus != std::string::npos) {
@@ -140,15 +157,20 @@ struct fault_event {
   double detected_s = -1.0;   ///< the router stopped counting it as serving (dead or stalled)
   double recovered_s = -1.0;  ///< serving again (a new process, or the same one resumed)
   std::string error;
+  std::vector<std::string> actors;  ///< cluster: the actors the node ran when it was hit
 };
 
-/// A member (worker or shard) as the router lists it.
+/// A process a fault can hit: an engine worker or shard as the router lists it (serve), or a
+/// node as the head lists it (cluster).
 struct member {
   std::string name, role, state;
   int pid = 0;
   size_t inflight = 0;
   int64_t kv_used = 0;
   int64_t last_report_ms_ago = 0;
+  bool up = false;                       ///< serving (serve) / alive (cluster)
+  std::vector<std::string> actors;       ///< cluster: its running actors
+  std::vector<std::string> actor_roles;  ///< cluster: their roles
 };
 
 /// Reads GET /admin/cluster.
@@ -168,13 +190,25 @@ class admin_client {
     if (j.is_discarded() || !j.contains("router") || !j["router"].is_object()) return std::nullopt;
     std::vector<member> out;
     for (const auto& w : j["router"].value("workers", json::array())) {
-      out.push_back({w.value("name", ""), w.value("role", ""), w.value("state", ""),
-                     w.value("pid", 0), w.value("inflight", size_t{0}),
-                     w.value("kv_blocks_used", int64_t{0}),
-                     w.value("last_report_ms_ago", int64_t{0})});
+      member m;
+      m.name = w.value("name", "");
+      m.role = w.value("role", "");
+      m.state = w.value("state", "");
+      m.pid = w.value("pid", 0);
+      m.inflight = w.value("inflight", size_t{0});
+      m.kv_used = w.value("kv_blocks_used", int64_t{0});
+      m.last_report_ms_ago = w.value("last_report_ms_ago", int64_t{0});
+      m.up = m.state == "idle" || m.state == "busy";
+      out.push_back(std::move(m));
     }
     for (const auto& s : j["router"].value("shards", json::array())) {
-      out.push_back({s.value("name", ""), "cache_shard", "idle", s.value("pid", 0), 0, 0, 0});
+      member m;
+      m.name = s.value("name", "");
+      m.role = "cache_shard";
+      m.state = "idle";
+      m.pid = s.value("pid", 0);
+      m.up = true;
+      out.push_back(std::move(m));
     }
     return out;
   }
@@ -184,26 +218,158 @@ class admin_client {
   std::string prefix_, key_;
 };
 
-bool serving(const member& m) {
-  return m.state == "idle" || m.state == "busy";
-}
+// -- targets --------------------------------------------------------------------------------------
 
-bool role_matches(const std::string& want, const member& m) {
-  if (want == "any") return m.role != "cache_shard";
-  return m.role == want;
-}
+/// What a fault runner needs of the system under test: its processes, which of them a fault of a
+/// role may hit (and which first), and when a fault counts as detected and recovered from.
+class chaos_target {
+ public:
+  virtual ~chaos_target() = default;
+  /// The current processes; nullopt when the system cannot be asked right now.
+  virtual std::optional<std::vector<member>> members() = 0;
+  virtual bool matches(const std::string& role, const member& m) const = 0;
+  /// Among matching processes the one with the highest weight is hit.
+  virtual size_t weight(const std::string& role, const member& m) const = 0;
+  /// Whether `m` has enough going on to be worth hitting now (else wait up to 10 s).
+  virtual bool busy_enough(const member& m) const = 0;
+  /// Updates detection and recovery of `e` from one sample of the members at time `t`.
+  virtual void update(fault_event& e, const std::vector<member>& ms, double t) const = 0;
+};
 
-/// Samples of the router's view over time (for the timeline and the fault bookkeeping).
+/// A running `weft serve`: its engine workers and cache shards, as the router sees them.
+class serve_target : public chaos_target {
+ public:
+  serve_target(const lg::server_endpoint& ep, const std::string& api_key, int min_inflight)
+      : admin_(ep, api_key), min_inflight_(min_inflight) {}
+  std::optional<std::vector<member>> members() override { return admin_.members(); }
+  bool matches(const std::string& role, const member& m) const override {
+    if (role == "any") return m.role != "cache_shard";
+    return m.role == role;
+  }
+  size_t weight(const std::string&, const member& m) const override { return m.inflight; }
+  bool busy_enough(const member& m) const override {
+    return m.role == "cache_shard" || m.inflight >= static_cast<size_t>(min_inflight_);
+  }
+  // Detection: the router no longer counts the victim as serving under its pid (gone from the
+  // list, or stalled / unresponsive). Recovery after a kill: its name serves again under a new
+  // pid (the supervisor restarted it). After a stop: once SIGCONT was sent, the same process
+  // reports again (a load report younger than a second) — whether or not the router noticed the
+  // pause (a stop shorter than the router's stall bound goes undetected).
+  void update(fault_event& e, const std::vector<member>& ms, double t) const override {
+    const member* same_name = nullptr;
+    for (const auto& m : ms) {
+      if (m.name == e.target) same_name = &m;
+    }
+    const bool victim_serving = same_name != nullptr && same_name->pid == e.pid && same_name->up;
+    if (e.detected_s < 0 && !victim_serving) e.detected_s = t - e.fired_s;
+    if (same_name == nullptr || !same_name->up) return;
+    if (e.spec.kind == "kill" && e.detected_s >= 0 && same_name->pid != e.pid) {
+      e.recovered_s = t - e.fired_s;
+    } else if (e.spec.kind == "stop" && e.resumed_s >= 0 && t > e.resumed_s &&
+               same_name->last_report_ms_ago < 1000 &&
+               t - e.resumed_s > same_name->last_report_ms_ago / 1e3) {
+      e.recovered_s = t - e.fired_s;
+    }
+  }
+  /// KV blocks still referenced on the workers (-1: unknown).
+  int64_t kv_used() {
+    auto ms = admin_.members();
+    if (!ms) return -1;
+    int64_t used = 0;
+    for (const auto& m : *ms) used += m.kv_used;
+    return used;
+  }
+
+ private:
+  admin_client admin_;
+  int min_inflight_;
+};
+
+/// A cluster reached through its head: the nodes and the actors they run.
+class cluster_target : public chaos_target {
+ public:
+  cluster_target(caf::actor_system& sys, actors::head_actor head) : sys_(sys), head_(head) {}
+  std::optional<std::vector<member>> members() override {
+    auto st = actors::cluster_status(sys_, head_, 2000);
+    if (!st) return std::nullopt;
+    auto v = st->read<schema::wire::ClusterStatus>();
+    if (!v) return std::nullopt;
+    head_id_ = v->get().getHeadId().cStr();
+    std::vector<member> out;
+    for (auto n : v->get().getNodes()) {
+      member m;
+      m.name = n.getNode().getNodeId().cStr();
+      m.pid = static_cast<int>(n.getNode().getPid());
+      m.up = n.getState() == schema::wire::NodeState::ALIVE;
+      m.state = m.up ? "alive" : "down";
+      for (auto a : n.getActors()) {
+        if (a.getState() != schema::wire::ActorState::RUNNING) continue;
+        m.actors.push_back(a.getName().cStr());
+        m.actor_roles.push_back(a.getRole().cStr());
+      }
+      m.inflight = m.actors.size();
+      out.push_back(std::move(m));
+    }
+    return out;
+  }
+  // ROLE "any": any node but the head's; otherwise nodes running an actor of that role.
+  bool matches(const std::string& role, const member& m) const override {
+    if (m.name == head_id_) return false;  // the head is the cluster: a target of its own
+    if (role == "any") return true;
+    return std::find(m.actor_roles.begin(), m.actor_roles.end(), role) != m.actor_roles.end();
+  }
+  size_t weight(const std::string& role, const member& m) const override {
+    if (role == "any") return m.actors.size();
+    return static_cast<size_t>(std::count(m.actor_roles.begin(), m.actor_roles.end(), role));
+  }
+  bool busy_enough(const member&) const override { return true; }
+  // Detection: the head no longer lists the node as alive (after a stop: only if the pause
+  // outlasted its heartbeat timeout). Recovery: every actor the node ran when it was hit runs
+  // again on a live node — restarted elsewhere by its supervisor, or on the same node once a
+  // stopped one is back.
+  void update(fault_event& e, const std::vector<member>& ms, double t) const override {
+    const member* victim = nullptr;
+    for (const auto& m : ms) {
+      if (m.name == e.target) victim = &m;
+    }
+    if (e.detected_s < 0 && (victim == nullptr || !victim->up || victim->pid != e.pid)) {
+      e.detected_s = t - e.fired_s;
+    }
+    if (e.spec.kind == "kill" && e.detected_s < 0) return;
+    if (e.spec.kind == "stop" && e.resumed_s < 0) return;
+    for (const auto& a : e.actors) {
+      bool running = false;
+      for (const auto& m : ms) {
+        if (!m.up || (e.spec.kind == "kill" && m.name == e.target)) continue;
+        running = running || std::find(m.actors.begin(), m.actors.end(), a) != m.actors.end();
+      }
+      if (!running) return;
+    }
+    if (e.spec.kind == "stop" && e.actors.empty() && (victim == nullptr || !victim->up)) return;
+    e.recovered_s = t - e.fired_s;
+  }
+
+ private:
+  caf::actor_system& sys_;
+  actors::head_actor head_;
+  std::string head_id_;
+};
+
+/// Samples of the target's view over time (for the timeline and the fault bookkeeping).
 struct sample {
   double t_s;
   int serving;
   int members;
 };
 
+// -- the run --------------------------------------------------------------------------------------
+
+/// Fires the planned faults at `target` while `workload` runs (it returns when the load is over),
+/// and keeps the bookkeeping that the report is made of.
 class chaos_run {
  public:
-  chaos_run(const chaos_options& o, const lg::server_endpoint& ep, std::vector<fault_spec> plan)
-      : o_(o), admin_(ep, o.api_key) {
+  chaos_run(const chaos_options& o, chaos_target& target, std::vector<fault_spec> plan)
+      : o_(o), target_(target) {
     for (auto& f : plan) {
       fault_event e;
       e.spec = f;
@@ -211,58 +377,70 @@ class chaos_run {
     }
   }
 
-  int run(const lg::run_config& rc, const std::vector<lg::request_spec>& requests) {
+  void run(const std::function<void()>& workload) {
     start_ = clock_type::now();
     std::thread monitor([this] { monitor_loop(); });
     std::thread faults([this] { fault_loop(); });
-    auto records = lg::run_open_loop(rc, requests);
+    workload();
     load_done_ = true;
     faults.join();
     wait_recoveries();
-    const int64_t kv_after = wait_kv_free();
     stop_ = true;
     monitor.join();
-    return report(records, kv_after);
+  }
+
+  double now_s() const { return std::chrono::duration<double>(clock_type::now() - start_).count(); }
+
+  /// The faults as the report lists them, and whether each fired and recovered.
+  json faults_json(size_t& unfired, size_t& unrecovered) {
+    std::lock_guard<std::mutex> lock(mu_);
+    json faults = json::array();
+    unfired = unrecovered = 0;
+    for (const auto& e : events_) {
+      if (e.target.empty())
+        ++unfired;
+      else if (e.recovered_s < 0)
+        ++unrecovered;
+      json f = {{"kind", e.spec.kind},
+                {"role", e.spec.role},
+                {"planned_s", e.spec.at_s},
+                {"hold_s", e.spec.kind == "stop" ? e.spec.hold_s : 0.0},
+                {"target", e.target},
+                {"pid", e.pid},
+                {"inflight", e.inflight},
+                {"fired_s", e.fired_s},
+                {"detected_after_s", e.detected_s >= 0 ? json(e.detected_s) : json()},
+                {"recovered_after_s", e.recovered_s >= 0 ? json(e.recovered_s) : json()},
+                {"error", e.error}};
+      if (!e.actors.empty()) f["actors"] = e.actors;
+      faults.push_back(std::move(f));
+    }
+    return faults;
+  }
+
+  json timeline_json() {
+    std::lock_guard<std::mutex> lock(mu_);
+    json timeline = json::array();
+    for (const auto& s : samples_) {
+      timeline.push_back({{"t_s", s.t_s}, {"serving", s.serving}, {"members", s.members}});
+    }
+    return timeline;
   }
 
  private:
-  double now_s() const { return std::chrono::duration<double>(clock_type::now() - start_).count(); }
-
   void monitor_loop() {
     while (!stop_) {
-      if (auto ms = admin_.members()) {
+      if (auto ms = target_.members()) {
         std::lock_guard<std::mutex> lock(mu_);
         const double t = now_s();
-        int n_serving = 0;
-        for (const auto& m : *ms) n_serving += serving(m) ? 1 : 0;
-        samples_.push_back({t, n_serving, static_cast<int>(ms->size())});
-        for (auto& e : events_) update(e, *ms, t);
+        int n_up = 0;
+        for (const auto& m : *ms) n_up += m.up ? 1 : 0;
+        samples_.push_back({t, n_up, static_cast<int>(ms->size())});
+        for (auto& e : events_) {
+          if (e.fired_s >= 0 && !e.target.empty() && e.recovered_s < 0) target_.update(e, *ms, t);
+        }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  }
-
-  // Detection: the router no longer counts the victim as serving under its pid (gone from the
-  // list, or stalled / unresponsive). Recovery after a kill: its name serves again under a new pid
-  // (the supervisor restarted it). After a stop: once SIGCONT was sent, the same process reports
-  // again (a load report younger than a second) — whether or not the router noticed the pause (a
-  // stop shorter than the router's stall bound goes undetected: detected_after_s stays null).
-  static void update(fault_event& e, const std::vector<member>& ms, double t) {
-    if (e.fired_s < 0 || e.target.empty() || e.recovered_s >= 0) return;
-    const member* same_name = nullptr;
-    for (const auto& m : ms) {
-      if (m.name == e.target) same_name = &m;
-    }
-    const bool victim_serving =
-        same_name != nullptr && same_name->pid == e.pid && serving(*same_name);
-    if (e.detected_s < 0 && !victim_serving) e.detected_s = t - e.fired_s;
-    if (same_name == nullptr || !serving(*same_name)) return;
-    if (e.spec.kind == "kill" && e.detected_s >= 0 && same_name->pid != e.pid) {
-      e.recovered_s = t - e.fired_s;
-    } else if (e.spec.kind == "stop" && e.resumed_s >= 0 && t > e.resumed_s &&
-               same_name->last_report_ms_ago < 1000 &&
-               t - e.resumed_s > same_name->last_report_ms_ago / 1e3) {
-      e.recovered_s = t - e.fired_s;
     }
   }
 
@@ -278,49 +456,50 @@ class chaos_run {
       }
       if (load_done_) {
         std::lock_guard<std::mutex> lock(mu_);
-        events_[i].error = "the load ended before this fault's time";
+        events_[i].error = "the workload ended before this fault's time";
         continue;
       }
       fire(i, spec);
     }
   }
 
-  // The busiest serving process of the fault's role; waits up to 10 s for one with at least
-  // --min-inflight requests in flight (a fault that hits an idle process tests little).
+  // The matching process with the highest weight; waits up to 10 s for one that is busy enough
+  // (a fault that hits an idle process tests little).
   void fire(size_t i, const fault_spec& spec) {
     std::optional<std::vector<member>> ms;
     std::optional<member> victim;
     const auto patience = clock_type::now() + std::chrono::seconds(10);
     for (;;) {
-      ms = admin_.members();
+      ms = target_.members();
       victim.reset();
       if (ms) {
         for (const auto& m : *ms) {
-          if (!role_matches(spec.role, m) || !serving(m) || m.pid <= 0) continue;
-          if (!victim || m.inflight > victim->inflight) victim = m;
+          if (!target_.matches(spec.role, m) || !m.up || m.pid <= 0) continue;
+          if (!victim || target_.weight(spec.role, m) > target_.weight(spec.role, *victim)) {
+            victim = m;
+          }
         }
       }
-      const bool busy_enough = victim && (victim->role == "cache_shard" ||
-                                          victim->inflight >= static_cast<size_t>(o_.min_inflight));
-      if (busy_enough || load_done_ || clock_type::now() > patience) break;
+      const bool ready = victim && target_.busy_enough(*victim);
+      if (ready || load_done_ || clock_type::now() > patience) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     std::unique_lock<std::mutex> lock(mu_);
     auto& e = events_[i];
     if (!victim) {
-      e.error = ms ? "no serving process with role " + spec.role : "GET /admin/cluster failed";
+      e.error = ms ? "no live process with role " + spec.role : "the target did not answer";
       spdlog::warn("chaos: {} {}: {}", spec.kind, spec.role, e.error);
       return;
     }
     e.target = victim->name;
     e.pid = victim->pid;
     e.inflight = victim->inflight;
+    e.actors = victim->actors;
     e.fired_s = now_s();
     const int sig = spec.kind == "kill" ? SIGKILL : SIGSTOP;
     if (::kill(victim->pid, sig) != 0) {
       e.error = fmt::format(
-          "cannot signal pid {}: {} (weft chaos must run on the server's host, "
-          "as its user)",
+          "cannot signal pid {}: {} (weft chaos must run on the target's host, as its user)",
           victim->pid, std::strerror(errno));
       e.target.clear();
       spdlog::error("chaos: {}", e.error);
@@ -356,164 +535,8 @@ class chaos_run {
     }
   }
 
-  // KV blocks still referenced once the load is over (0 expected), waiting up to settle_s.
-  int64_t wait_kv_free() {
-    const auto deadline = clock_type::now() + std::chrono::duration<double>(o_.settle_s);
-    int64_t used = -1;
-    while (clock_type::now() < deadline) {
-      if (auto ms = admin_.members()) {
-        used = 0;
-        for (const auto& m : *ms) used += m.kv_used;
-        if (used == 0) return 0;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    }
-    return used;
-  }
-
-  static bool explicit_error(const lg::request_record& r) {
-    return r.status == lg::request_status::http_error ||
-           (r.status == lg::request_status::stream_error &&
-            r.error.rfind("server error in stream", 0) == 0);
-  }
-
-  int report(const std::vector<lg::request_record>& records, int64_t kv_after) {
-    size_t ok = 0, errors = 0, lost = 0, not_sent = 0, wrong_tokens = 0;
-    json reqs = json::array();
-    double end_s = 0.0;
-    for (const auto& r : records) {
-      std::string outcome;
-      if (r.ok()) {
-        ++ok;
-        outcome = "completed";
-        if (r.completion_tokens != r.max_tokens) {
-          ++wrong_tokens;
-          outcome = "wrong_tokens";
-        }
-      } else if (r.status == lg::request_status::client_overload) {
-        ++not_sent;
-        outcome = "not_sent";
-      } else if (explicit_error(r)) {
-        ++errors;
-        outcome = "error";
-      } else {
-        ++lost;
-        outcome = "lost";
-      }
-      const double done_s = r.sent_s + std::max(0.0, r.e2e_ms) / 1e3;
-      end_s = std::max(end_s, done_s);
-      reqs.push_back({{"index", r.index},
-                      {"sent_s", r.sent_s},
-                      {"done_s", done_s},
-                      {"outcome", outcome},
-                      {"status", lg::to_string(r.status)},
-                      {"http_status", r.http_status},
-                      {"error", r.error},
-                      {"e2e_ms", r.e2e_ms},
-                      {"completion_tokens", r.completion_tokens},
-                      {"max_tokens", r.max_tokens}});
-    }
-    json faults = json::array();
-    size_t unrecovered = 0, unfired = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& e : events_) {
-        if (e.target.empty())
-          ++unfired;
-        else if (e.recovered_s < 0)
-          ++unrecovered;
-        faults.push_back({{"kind", e.spec.kind},
-                          {"role", e.spec.role},
-                          {"planned_s", e.spec.at_s},
-                          {"hold_s", e.spec.kind == "stop" ? e.spec.hold_s : 0.0},
-                          {"target", e.target},
-                          {"pid", e.pid},
-                          {"inflight", e.inflight},
-                          {"fired_s", e.fired_s},
-                          {"detected_after_s", e.detected_s >= 0 ? json(e.detected_s) : json()},
-                          {"recovered_after_s", e.recovered_s >= 0 ? json(e.recovered_s) : json()},
-                          {"error", e.error}});
-      }
-    }
-    json timeline = json::array();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& s : samples_) {
-        timeline.push_back({{"t_s", s.t_s}, {"serving", s.serving}, {"members", s.members}});
-      }
-    }
-    json inv = {
-        {"every_request_answered", {{"ok", lost == 0}, {"lost", lost}}},
-        {"exact_tokens", {{"ok", wrong_tokens == 0}, {"wrong", wrong_tokens}}},
-        {"no_leaked_kv", {{"ok", kv_after == 0}, {"kv_blocks_used_after", kv_after}}},
-        {"faults_fired", {{"ok", unfired == 0}, {"unfired", unfired}}},
-        {"recovered_in_time",
-         {{"ok", unrecovered == 0}, {"unrecovered", unrecovered}, {"bound_s", o_.max_recovery_s}}},
-    };
-    bool all_ok = true;
-    for (const auto& [name, v] : inv.items()) all_ok = all_ok && v["ok"].get<bool>();
-    char day[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", std::localtime(&now));
-    json out = {{"tool", "weft chaos"},
-                {"finished_at", day},
-                {"url", o_.url},
-                {"load",
-                 {{"rate_rps", o_.rate_rps},
-                  {"duration_s", o_.duration_s},
-                  {"requests", records.size()},
-                  {"prompt_tokens", o_.prompt_tokens},
-                  {"max_tokens", o_.max_tokens},
-                  {"seed", o_.seed}}},
-                {"counts",
-                 {{"completed", ok},
-                  {"explicit_errors", errors},
-                  {"lost", lost},
-                  {"not_sent", not_sent},
-                  {"wrong_token_count", wrong_tokens}}},
-                {"faults", faults},
-                {"invariants", inv},
-                {"passed", all_ok},
-                {"timeline", timeline},
-                {"requests", reqs}};
-    std::string path = o_.report;
-    if (path.empty()) path = "chaos-report.json";
-    std::ofstream(path) << out.dump(2) << "\n";
-    spdlog::info("chaos: report {}", path);
-    if (!o_.plot.empty()) run_plot_script("plot_chaos.py", path, o_.plot);
-
-    std::printf(
-        "weft chaos: %zu requests at %.2f req/s over %.0f s: %zu completed, %zu explicit "
-        "errors, %zu lost, %zu with a wrong token count, %zu not sent\n",
-        records.size(), o_.rate_rps, o_.duration_s, ok, errors, lost, wrong_tokens, not_sent);
-    for (const auto& f : faults) {
-      std::printf(
-          "  %s %s at %.1f s: %s\n", f["kind"].get<std::string>().c_str(),
-          f["target"].get<std::string>().empty() ? f["role"].get<std::string>().c_str()
-                                                 : f["target"].get<std::string>().c_str(),
-          f["fired_s"].get<double>(),
-          !f["error"].get<std::string>().empty()
-              ? f["error"].get<std::string>().c_str()
-              : fmt::format("detected after {}, recovered after {}",
-                            f["detected_after_s"].is_null()
-                                ? std::string("-")
-                                : fmt::format("{:.2f} s", f["detected_after_s"].get<double>()),
-                            f["recovered_after_s"].is_null()
-                                ? std::string("never")
-                                : fmt::format("{:.2f} s", f["recovered_after_s"].get<double>()))
-                    .c_str());
-    }
-    for (const auto& [name, v] : inv.items()) {
-      std::printf("  invariant %-24s %s\n", name.c_str(), v["ok"].get<bool>() ? "holds" : "BROKEN");
-    }
-    std::printf("weft chaos: %s (report %s)\n", all_ok ? "all invariants hold" : "INVARIANT BROKEN",
-                path.c_str());
-    std::fflush(stdout);
-    return all_ok ? 0 : 1;
-  }
-
   const chaos_options& o_;
-  admin_client admin_;
+  chaos_target& target_;
   clock_type::time_point start_;
   std::mutex mu_;
   std::vector<fault_event> events_;
@@ -521,6 +544,132 @@ class chaos_run {
   std::atomic<bool> load_done_{false};
   std::atomic<bool> stop_{false};
 };
+
+// -- the report -----------------------------------------------------------------------------------
+
+/// Writes the report (and the plot), prints the summary; returns the exit status.
+int finish_report(const chaos_options& o, json out, const json& faults, json inv,
+                  const std::string& headline) {
+  bool all_ok = true;
+  for (const auto& [name, v] : inv.items()) all_ok = all_ok && v["ok"].get<bool>();
+  char day[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", std::localtime(&now));
+  out["tool"] = "weft chaos";
+  out["finished_at"] = day;
+  out["faults"] = faults;
+  out["invariants"] = inv;
+  out["passed"] = all_ok;
+  const std::string path = o.report.empty() ? "chaos-report.json" : o.report;
+  std::ofstream(path) << out.dump(2) << "\n";
+  spdlog::info("chaos: report {}", path);
+  if (!o.plot.empty()) run_plot_script("plot_chaos.py", path, o.plot);
+
+  std::printf("weft chaos: %s\n", headline.c_str());
+  const auto secs = [](const json& v, const char* none) {
+    return v.is_null() ? std::string(none) : fmt::format("{:.2f} s", v.get<double>());
+  };
+  for (const auto& f : faults) {
+    const std::string who = f["target"].get<std::string>().empty() ? f["role"].get<std::string>()
+                                                                   : f["target"].get<std::string>();
+    const std::string what = !f["error"].get<std::string>().empty()
+                                 ? f["error"].get<std::string>()
+                                 : "detected after " + secs(f["detected_after_s"], "-") +
+                                       ", recovered after " + secs(f["recovered_after_s"], "never");
+    std::printf("  %s %s at %.1f s: %s\n", f["kind"].get<std::string>().c_str(), who.c_str(),
+                f["fired_s"].get<double>(), what.c_str());
+  }
+  for (const auto& [name, v] : inv.items()) {
+    std::printf("  invariant %-24s %s\n", name.c_str(), v["ok"].get<bool>() ? "holds" : "BROKEN");
+  }
+  std::printf("weft chaos: %s (report %s)\n", all_ok ? "all invariants hold" : "INVARIANT BROKEN",
+              path.c_str());
+  std::fflush(stdout);
+  return all_ok ? 0 : 1;
+}
+
+bool explicit_error(const lg::request_record& r) {
+  return r.status == lg::request_status::http_error ||
+         (r.status == lg::request_status::stream_error &&
+          r.error.rfind("server error in stream", 0) == 0);
+}
+
+/// The serve target's report: requests, KV, faults.
+int serve_report(const chaos_options& o, chaos_run& run, serve_target& target,
+                 const std::vector<lg::request_record>& records) {
+  // KV blocks still referenced once the load is over (0 expected), waiting up to --settle.
+  const auto deadline = clock_type::now() + std::chrono::duration<double>(o.settle_s);
+  int64_t kv_after = target.kv_used();
+  while (kv_after != 0 && clock_type::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    kv_after = target.kv_used();
+  }
+  size_t ok = 0, errors = 0, lost = 0, not_sent = 0, wrong_tokens = 0;
+  json reqs = json::array();
+  for (const auto& r : records) {
+    std::string outcome;
+    if (r.ok()) {
+      ++ok;
+      outcome = "completed";
+      if (r.completion_tokens != r.max_tokens) {
+        ++wrong_tokens;
+        outcome = "wrong_tokens";
+      }
+    } else if (r.status == lg::request_status::client_overload) {
+      ++not_sent;
+      outcome = "not_sent";
+    } else if (explicit_error(r)) {
+      ++errors;
+      outcome = "error";
+    } else {
+      ++lost;
+      outcome = "lost";
+    }
+    reqs.push_back({{"index", r.index},
+                    {"sent_s", r.sent_s},
+                    {"done_s", r.sent_s + std::max(0.0, r.e2e_ms) / 1e3},
+                    {"outcome", outcome},
+                    {"status", lg::to_string(r.status)},
+                    {"http_status", r.http_status},
+                    {"error", r.error},
+                    {"e2e_ms", r.e2e_ms},
+                    {"completion_tokens", r.completion_tokens},
+                    {"max_tokens", r.max_tokens}});
+  }
+  size_t unfired = 0, unrecovered = 0;
+  json faults = run.faults_json(unfired, unrecovered);
+  json inv = {
+      {"every_request_answered", {{"ok", lost == 0}, {"lost", lost}}},
+      {"exact_tokens", {{"ok", wrong_tokens == 0}, {"wrong", wrong_tokens}}},
+      {"no_leaked_kv", {{"ok", kv_after == 0}, {"kv_blocks_used_after", kv_after}}},
+      {"faults_fired", {{"ok", unfired == 0}, {"unfired", unfired}}},
+      {"recovered_in_time",
+       {{"ok", unrecovered == 0}, {"unrecovered", unrecovered}, {"bound_s", o.max_recovery_s}}},
+  };
+  json out = {{"target", "serve"},
+              {"url", o.url},
+              {"load",
+               {{"rate_rps", o.rate_rps},
+                {"duration_s", o.duration_s},
+                {"requests", records.size()},
+                {"prompt_tokens", o.prompt_tokens},
+                {"max_tokens", o.max_tokens},
+                {"seed", o.seed}}},
+              {"counts",
+               {{"completed", ok},
+                {"explicit_errors", errors},
+                {"lost", lost},
+                {"not_sent", not_sent},
+                {"wrong_token_count", wrong_tokens}}},
+              {"timeline", run.timeline_json()},
+              {"requests", reqs}};
+  return finish_report(o, std::move(out), faults, std::move(inv),
+                       fmt::format("{} requests at {:.2f} req/s over {:.0f} s: {} completed, {} "
+                                   "explicit errors, {} lost, {} with a wrong token count, {} not "
+                                   "sent",
+                                   records.size(), o.rate_rps, o.duration_s, ok, errors, lost,
+                                   wrong_tokens, not_sent));
+}
 
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
@@ -534,7 +683,40 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
-int run_chaos(const chaos_options& o) {
+/// The fault plan from --fault and --random; errors name the option.
+weft::result<std::vector<fault_spec>> plan_faults(const chaos_options& o, bool cluster) {
+  std::vector<fault_spec> plan;
+  for (const auto& s : o.faults) {
+    auto f = parse_fault(s, o.stop_s, cluster);
+    if (!f) return f.error();
+    if (f->at_s >= o.duration_s) {
+      return make_error(errc::invalid_argument,
+                        fmt::format("--fault '{}': at {} s, after the load ends (--duration {})", s,
+                                    f->at_s, o.duration_s));
+    }
+    plan.push_back(*f);
+  }
+  if (o.random_faults > 0) {
+    auto kinds = split_commas(o.random_kinds);
+    if (kinds.empty()) return make_error(errc::invalid_argument, "--random-kinds is empty");
+    for (const auto& k : kinds) {
+      if (k != "kill" && k != "stop") {
+        return make_error(errc::invalid_argument,
+                          "--random-kinds: unknown kind '" + k + "' (kill, stop)");
+      }
+    }
+    auto f = parse_fault("kill:" + o.random_role + "@0", o.stop_s, cluster);
+    if (!f) return make_error(errc::invalid_argument, "--random-role: " + f.error().message);
+    auto r = random_faults(o.random_faults, kinds, o.random_role, o.duration_s, o.stop_s, o.seed);
+    plan.insert(plan.end(), r.begin(), r.end());
+  }
+  std::sort(plan.begin(), plan.end(),
+            [](const fault_spec& a, const fault_spec& b) { return a.at_s < b.at_s; });
+  if (plan.empty()) spdlog::warn("chaos: no faults planned (--fault or --random): workload only");
+  return plan;
+}
+
+int run_serve_chaos(const chaos_options& o, std::vector<fault_spec> plan) {
   auto ep = lg::parse_base_url(o.url);
   if (!ep) {
     spdlog::error("--url: {}", ep.error());
@@ -551,44 +733,6 @@ int run_chaos(const chaos_options& o) {
         o.url);
     return 2;
   }
-  std::vector<fault_spec> plan;
-  for (const auto& s : o.faults) {
-    auto f = parse_fault(s, o.stop_s);
-    if (!f) {
-      spdlog::error("{}", f.error().message);
-      return 2;
-    }
-    if (f->at_s >= o.duration_s) {
-      spdlog::error("--fault '{}': at {} s, after the load ends (--duration {})", s, f->at_s,
-                    o.duration_s);
-      return 2;
-    }
-    plan.push_back(*f);
-  }
-  if (o.random_faults > 0) {
-    auto kinds = split_commas(o.random_kinds);
-    for (const auto& k : kinds) {
-      if (k != "kill" && k != "stop") {
-        spdlog::error("--random-kinds: unknown kind '{}' (kill, stop)", k);
-        return 2;
-      }
-    }
-    if (kinds.empty()) {
-      spdlog::error("--random-kinds is empty");
-      return 2;
-    }
-    auto f = parse_fault("kill:" + o.random_role + "@0", o.stop_s);
-    if (!f) {
-      spdlog::error("--random-role: {}", f.error().message);
-      return 2;
-    }
-    auto r = random_faults(o.random_faults, kinds, o.random_role, o.duration_s, o.stop_s, o.seed);
-    plan.insert(plan.end(), r.begin(), r.end());
-  }
-  std::sort(plan.begin(), plan.end(),
-            [](const fault_spec& a, const fault_spec& b) { return a.at_s < b.at_s; });
-  if (plan.empty()) spdlog::warn("chaos: no faults planned (--fault or --random): load only");
-
   lg::client_config client;
   client.server = ep.value();
   client.api_key = o.api_key;
@@ -599,15 +743,14 @@ int run_chaos(const chaos_options& o) {
     return 1;
   }
   if (!info->model_ids.empty()) client.request.model = info->model_ids.front();
-  admin_client probe(ep.value(), o.api_key);
-  if (!probe.members()) {
+  serve_target target(ep.value(), o.api_key, o.min_inflight);
+  if (!target.members()) {
     spdlog::error(
         "GET {}/admin/cluster failed: weft chaos needs a weft serve (and --api-key when "
         "it has one)",
         o.url);
     return 1;
   }
-
   lg::workload_config wc;
   wc.num_requests = std::max<size_t>(1, static_cast<size_t>(std::ceil(o.rate_rps * o.duration_s)));
   wc.seed = o.seed;
@@ -625,8 +768,96 @@ int run_chaos(const chaos_options& o) {
   rc.progress_label = "chaos";
   spdlog::info("chaos: {} requests at {:.2f} req/s against {}, {} fault(s) planned",
                w->requests.size(), o.rate_rps, o.url, plan.size());
-  chaos_run run(o, ep.value(), std::move(plan));
-  return run.run(rc, w->requests);
+  chaos_run run(o, target, std::move(plan));
+  std::vector<lg::request_record> records;
+  run.run([&] { records = lg::run_open_loop(rc, w->requests); });
+  return serve_report(o, run, target, records);
+}
+
+int run_cluster_chaos(const chaos_options& o, std::vector<fault_spec> plan) {
+  return with_head(o.head, o.cluster, [&](caf::actor_system& sys, const actors::head_actor& head) {
+    cluster_target target(sys, head);
+    if (!target.members()) {
+      spdlog::error("the head at {} does not answer its status", o.head);
+      return 1;
+    }
+    spdlog::info("chaos: cluster at {}, {} fault(s) planned{}", o.head, plan.size(),
+                 o.workload.empty() ? "" : ", workload: " + o.workload);
+    chaos_run run(o, target, std::move(plan));
+    int workload_status = 0;
+    std::string workload_tail;
+    run.run([&] {
+      if (o.workload.empty()) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(o.duration_s));
+        return;
+      }
+      // The user's workload, its output passed through; the faults' window is --duration.
+      auto c = actors::child_process::start({"/bin/sh", "-c", o.workload + " 2>&1"});
+      if (!c) {
+        workload_status = -1;
+        workload_tail = c.error().to_string();
+        return;
+      }
+      int st = 0;
+      for (;;) {
+        if (auto line = c->read_line(200)) {
+          std::printf("workload: %s\n", line->c_str());
+          workload_tail = (workload_tail + *line + "\n");
+          if (workload_tail.size() > 4000) workload_tail.erase(0, workload_tail.size() - 4000);
+          continue;
+        }
+        if (c->exited(&st)) break;
+      }
+      workload_status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    });
+    size_t unfired = 0, unrecovered = 0;
+    json faults = run.faults_json(unfired, unrecovered);
+    size_t undetected = 0;
+    for (const auto& f : faults) {
+      if (f["kind"] == "kill" && !f["target"].get<std::string>().empty() &&
+          f["detected_after_s"].is_null())
+        ++undetected;
+    }
+    json inv = {
+        {"faults_fired", {{"ok", unfired == 0}, {"unfired", unfired}}},
+        {"kills_detected", {{"ok", undetected == 0}, {"undetected", undetected}}},
+        {"recovered_in_time",
+         {{"ok", unrecovered == 0}, {"unrecovered", unrecovered}, {"bound_s", o.max_recovery_s}}},
+    };
+    if (!o.workload.empty()) {
+      inv["workload_succeeded"] = {{"ok", workload_status == 0}, {"exit_status", workload_status}};
+    }
+    json out = {{"target", "cluster"},
+                {"url", o.head},
+                {"load",
+                 {{"workload", o.workload},
+                  {"duration_s", o.duration_s},
+                  {"rate_rps", 0.0},
+                  {"seed", o.seed},
+                  {"workload_exit_status", workload_status},
+                  {"workload_output_tail", workload_tail}}},
+                {"timeline", run.timeline_json()},
+                {"requests", json::array()}};
+    return finish_report(o, std::move(out), faults, std::move(inv),
+                         o.workload.empty()
+                             ? fmt::format("cluster at {}: {} fault(s) over {:.0f} s", o.head,
+                                           faults.size(), o.duration_s)
+                             : fmt::format("cluster at {}: {} fault(s); workload exited {}", o.head,
+                                           faults.size(), workload_status));
+  });
+}
+
+int run_chaos(const chaos_options& o) {
+  const bool cluster = !o.head.empty();
+  auto plan = plan_faults(o, cluster);
+  if (!plan) {
+    spdlog::error("{}", plan.error().message);
+    return 2;
+  }
+  if (cluster && !o.workload.empty() && o.faults.empty() && o.random_faults == 0) {
+    spdlog::warn("chaos: a workload without faults");
+  }
+  return cluster ? run_cluster_chaos(o, std::move(*plan)) : run_serve_chaos(o, std::move(*plan));
 }
 
 }  // namespace
@@ -635,12 +866,23 @@ void add_chaos_command(CLI::App& app, const global_options&) {
   auto o = std::make_shared<chaos_options>();
   auto* cmd = app.add_subcommand(
       "chaos",
-      "Fault runner: SIGKILL/SIGSTOP a running weft serve's worker processes by role, on a "
-      "schedule or at random, under load; then check invariants (docs/chaos.md)");
-  cmd->add_option("--url", o->url, "Base URL of the weft serve to test (on this host)")
-      ->capture_default_str();
+      "Fault runner: SIGKILL/SIGSTOP the processes of a running weft serve (or of a cluster) by "
+      "role, on a schedule or at random, under load; then check invariants (docs/chaos.md)");
+  auto* url =
+      cmd->add_option("--url", o->url, "Target: the base URL of a weft serve (on this host)")
+          ->capture_default_str();
+  cmd->add_option("--head", o->head,
+                  "Target: a cluster, by its head's HOST:PORT (with --secret/--secret-file): "
+                  "faults hit nodes by the roles of the actors they run")
+      ->excludes(url);
+  o->cluster.add_credentials_to(cmd);
+  cmd->add_option("--workload", o->workload,
+                  "With --head: a shell command run while the faults fire; its exit status 0 is "
+                  "an invariant");
   cmd->add_option("--api-key", o->api_key, "The server's --api-key, if it has one");
-  cmd->add_option("--duration", o->duration_s, "Seconds of load (requests = rate x duration)")
+  cmd->add_option("--duration", o->duration_s,
+                  "Seconds of load (requests = rate x duration); with --head the window in which "
+                  "faults fire (and the run's length without --workload)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--rate", o->rate_rps, "Offered load, requests/s (Poisson arrivals)")
@@ -658,7 +900,8 @@ void add_chaos_command(CLI::App& app, const global_options&) {
       ->capture_default_str();
   cmd->add_option("--fault", o->faults,
                   "A fault: kill:ROLE@SECONDS or stop:ROLE@SECONDS[+HOLD]; ROLE any, both, "
-                  "prefill, decode or cache_shard; the busiest matching process is hit (repeat)");
+                  "prefill, decode or cache_shard (with --head: an actor role, or any); the "
+                  "busiest matching process is hit (repeat)");
   cmd->add_option("--random", o->random_faults, "This many faults at random times (from --seed)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

@@ -47,6 +47,7 @@ struct client_cli {
   std::string serve_url;  ///< status of a `weft serve` instance (its GET /admin/cluster)
   std::string api_key;
   std::string role, name, config_json;
+  bool supervised = false;
 };
 
 /// Makes sure a secret exists for a local cluster: uses the configured one, or creates a fresh
@@ -203,37 +204,6 @@ int run_up(up_cli cli) {
   return code;
 }
 
-/// Runs `fn(system, head)` against the head named by the client options.
-template <class F>
-int with_head(client_cli& cli, F fn) {
-  auto hp = parse_host_port(cli.head);
-  if (!hp) {
-    spdlog::error("--head: {}", hp.error().message);
-    return 2;
-  }
-  // The secret is the credential: the TLS identity derived from it (or the user's certificates)
-  // is what lets this client through the head's door.
-  auto secret = cli.cluster.load_secret();
-  if (!secret) {
-    spdlog::error("{}", secret.error().message);
-    return 2;
-  }
-  auto rt = cli.cluster.secure_runtime(*secret);
-  if (!rt) {
-    spdlog::error("{}", rt.error().message);
-    return 2;
-  }
-  actors::runtime_config cfg(*rt);
-  caf::actor_system sys{cfg};
-  auto head = actors::connect_head(sys, hp->first, hp->second);
-  if (!head) {
-    spdlog::error("no weft head at {}:{} for this cluster secret: {}", hp->first, hp->second,
-                  head.error().message);
-    return 1;
-  }
-  return fn(sys, *head);
-}
-
 /// `weft cluster status --serve URL`: the nodes and engine workers of a running `weft serve`, from
 /// its GET /admin/cluster (the same JSON; --json prints it as is).
 int run_serve_status(const client_cli& cli) {
@@ -298,17 +268,18 @@ int run_serve_status(const client_cli& cli) {
 
 int run_status(client_cli& cli) {
   if (!cli.serve_url.empty()) return run_serve_status(cli);
-  return with_head(cli, [&](caf::actor_system& sys, const actors::head_actor& head) {
-    auto st = actors::cluster_status(sys, head);
-    if (!st) {
-      spdlog::error("{}", st.error().to_string());
-      return 1;
-    }
-    std::string out =
-        cli.json ? actors::cluster_status_json(*st) + "\n" : actors::cluster_status_table(*st);
-    std::fwrite(out.data(), 1, out.size(), stdout);
-    return 0;
-  });
+  return with_head(
+      cli.head, cli.cluster, [&](caf::actor_system& sys, const actors::head_actor& head) {
+        auto st = actors::cluster_status(sys, head);
+        if (!st) {
+          spdlog::error("{}", st.error().to_string());
+          return 1;
+        }
+        std::string out =
+            cli.json ? actors::cluster_status_json(*st) + "\n" : actors::cluster_status_table(*st);
+        std::fwrite(out.data(), 1, out.size(), stdout);
+        return 0;
+      });
 }
 
 int run_spawn(client_cli& cli) {
@@ -317,15 +288,31 @@ int run_spawn(client_cli& cli) {
     spdlog::error("{}", secret.error().message);
     return 2;
   }
-  return with_head(cli, [&](caf::actor_system& sys, const actors::head_actor& head) {
-    auto a = actors::spawn_on_cluster(sys, head, *secret, cli.role, cli.name, cli.config_json);
-    if (!a) {
-      spdlog::error("spawn failed: {}", a.error().to_string());
-      return 1;
-    }
-    std::printf("spawned %s (role %s)\n", cli.name.c_str(), cli.role.c_str());
-    return 0;
-  });
+  return with_head(
+      cli.head, cli.cluster, [&](caf::actor_system& sys, const actors::head_actor& head) {
+        if (cli.supervised) {
+          // A one-for-one supervisor of its own on the head ("<name>-sup"): the actor is restarted
+          // on a live node whenever it (or its node) dies, at most 5 times a minute.
+          auto sup = actors::supervise_on_cluster(
+              sys, head, *secret, cli.name + "-sup", actors::restart_strategy::one_for_one,
+              {5, 60'000}, {100, 2'000, 2.0, 30'000},
+              {{cli.name, cli.role, cli.config_json, actors::restart_type::permanent}});
+          if (!sup) {
+            spdlog::error("spawn failed: {}", sup.error().to_string());
+            return 1;
+          }
+          std::printf("spawned %s (role %s) under supervisor %s-sup\n", cli.name.c_str(),
+                      cli.role.c_str(), cli.name.c_str());
+          return 0;
+        }
+        auto a = actors::spawn_on_cluster(sys, head, *secret, cli.role, cli.name, cli.config_json);
+        if (!a) {
+          spdlog::error("spawn failed: {}", a.error().to_string());
+          return 1;
+        }
+        std::printf("spawned %s (role %s)\n", cli.name.c_str(), cli.role.c_str());
+        return 0;
+      });
 }
 
 }  // namespace
@@ -370,6 +357,9 @@ void add_cluster_command(CLI::App& app, const global_options&) {
   sp_cmd->add_option("--role", spawn->role, "Role to spawn (e.g. echo)")->required();
   sp_cmd->add_option("--name", spawn->name, "Cluster-unique name of the actor")->required();
   sp_cmd->add_option("--config", spawn->config_json, "Role settings as JSON");
+  sp_cmd->add_flag("--supervised", spawn->supervised,
+                   "Under a supervisor of its own on the head: restarted on a live node when it or "
+                   "its node dies");
   spawn->cluster.add_credentials_to(sp_cmd);
   sp_cmd->callback([spawn] { std::exit(run_spawn(*spawn)); });
 }

@@ -1,12 +1,15 @@
 #pragma once
 /// Options every cluster-facing subcommand shares (secret, timings, TLS) and small parsing helpers.
 
+#include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
+#include <caf/actor_system.hpp>
 
 #include <string>
 #include <utility>
 
 #include "actors/auth.hpp"
+#include "actors/cluster_client.hpp"
 #include "actors/host_port.hpp"
 #include "actors/node.hpp"
 #include "actors/roles.hpp"
@@ -37,6 +40,39 @@ struct cluster_cli {
 };
 
 using actors::parse_host_port;
+
+/// Runs `fn(system, head)` against the head at `head_address` ("HOST:PORT") of the cluster that
+/// `cluster`'s credentials name (`weft cluster status/spawn`, `weft chaos --head`). Returns fn's
+/// result, 2 for bad credentials or address, 1 when the head cannot be reached.
+template <class F>
+int with_head(const std::string& head_address, const cluster_cli& cluster, F fn) {
+  auto hp = parse_host_port(head_address);
+  if (!hp) {
+    spdlog::error("--head: {}", hp.error().message);
+    return 2;
+  }
+  // The secret is the credential: the TLS identity derived from it (or the user's certificates)
+  // is what lets this client through the head's door.
+  auto secret = cluster.load_secret();
+  if (!secret) {
+    spdlog::error("{}", secret.error().message);
+    return 2;
+  }
+  auto rt = cluster.secure_runtime(*secret);
+  if (!rt) {
+    spdlog::error("{}", rt.error().message);
+    return 2;
+  }
+  actors::runtime_config cfg(*rt);
+  caf::actor_system sys{cfg};
+  auto head = actors::connect_head(sys, hp->first, hp->second);
+  if (!head) {
+    spdlog::error("no weft head at {}:{} for this cluster secret: {}", hp->first, hp->second,
+                  head.error().message);
+    return 1;
+  }
+  return fn(sys, *head);
+}
 
 /// The default secret file of local clusters: $WEFT_CACHE_DIR or ~/.cache/weft, /cluster.secret.
 std::string default_secret_file();

@@ -29,7 +29,8 @@ def main():
                     tokens[b] += per_s * overlap
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True,
                                   gridspec_kw={"height_ratios": [3, 1]})
-    ax.step(range(bins), tokens, where="post", label="tokens/s of completed requests")
+    if reqs:
+        ax.step(range(bins), tokens, where="post", label="tokens/s of completed requests")
     top = max(tokens + [1.0])
     marks = {"error": ("explicit error", "orange", "x"), "lost": ("lost", "red", "X"),
              "wrong_tokens": ("wrong token count", "purple", "d")}
@@ -51,13 +52,19 @@ def main():
     ax.set_ylim(0, top * 1.35)
     inv = rep["invariants"]
     broken = [k for k, v in inv.items() if not v["ok"]]
-    ax.set_title("weft chaos: %s, %.1f req/s — %s" % (
-        rep["url"], rep["load"]["rate_rps"],
-        "all invariants hold" if not broken else "BROKEN: " + ", ".join(broken)))
-    ax.legend(loc="upper right", fontsize=8)
+    verdict = "all invariants hold" if not broken else "BROKEN: " + ", ".join(broken)
+    if rep.get("target") == "cluster":
+        ax.set_title("weft chaos: cluster at %s — %s" % (rep["url"], verdict))
+        ax.text(0.5, 0.5, "workload: %s (exit %s)" % (rep["load"].get("workload") or "none",
+                                                     rep["load"].get("workload_exit_status")),
+                transform=ax.transAxes, ha="center", fontsize=9)
+    else:
+        ax.set_title("weft chaos: %s, %.1f req/s — %s" % (rep["url"], rep["load"]["rate_rps"], verdict))
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper right", fontsize=8)
     ts = [s["t_s"] for s in rep["timeline"]]
     ax2.step(ts, [s["serving"] for s in rep["timeline"]], where="post", color="green")
-    ax2.set_ylabel("serving")
+    ax2.set_ylabel("live nodes" if rep.get("target") == "cluster" else "serving")
     ax2.set_xlabel("seconds since the load started (dashed: fault; shaded: until recovered)")
     fig.tight_layout()
     fig.savefig(sys.argv[2], dpi=100)
