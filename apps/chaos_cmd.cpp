@@ -87,8 +87,9 @@ struct fault_spec {
   double hold_s = 0.0;  ///< stop: how long the process stays stopped
 };
 
-/// "kill:ROLE@T" or "stop:ROLE@T+HOLD" (T and HOLD in seconds). ROLE: for a weft serve one of
-/// any, both, prefill, decode, cache_shard; for a cluster any actor role (or any).
+/// "kill:ROLE@T", "stop:ROLE@T+HOLD" or (cluster only) "cut:ROLE@T+HOLD" (seconds). ROLE: for a
+/// weft serve one of any, both, prefill, decode, cache_shard; for a cluster any actor role (or
+/// any).
 weft::result<fault_spec> parse_fault(const std::string& s, double default_hold_s, bool cluster) {
   const auto bad = [&](const std::string& why) {
     return make_error(
@@ -104,7 +105,10 @@ weft::result<fault_spec> parse_fault(const std::string& s, double default_hold_s
   fault_spec f;
   f.kind = s.substr(0, colon);
   f.role = s.substr(colon + 1, at - colon - 1);
-  if (f.kind != "kill" && f.kind != "stop") return bad("unknown fault kind '" + f.kind + "'");
+  if (f.kind != "kill" && f.kind != "stop" && f.kind != "cut") {
+    return bad("unknown fault kind '" + f.kind + "'");
+  }
+  if (f.kind == "cut" && !cluster) return bad("cut needs a cluster target (--head)");
   const bool serve_role = f.role == "any" || f.role == "both" || f.role == "prefill" ||
                           f.role == "decode" || f.role == "cache_shard";
   const bool role_name = !f.role.empty() && f.role.find_first_not_of(
@@ -114,7 +118,7 @@ weft::result<fault_spec> parse_fault(const std::string& s, double default_hold_s
   std::string when = s.substr(at + 1);
   f.hold_s = default_hold_s;
   if (auto plus = when.find('+'); plus != std::string::npos) {
-    if (f.kind != "stop") return bad("only stop takes +HOLD");
+    if (f.kind == "kill") return bad("kill takes no +HOLD");
     try {
       f.hold_s = std::stod(when.substr(plus + 1));
     } catch (const std::exception&) {
@@ -217,6 +221,52 @@ class admin_client {
   httplib::Client cli_;
   std::string prefix_, key_;
 };
+
+/// Brings every network interface of process `pid`'s network namespace but loopback down (a cut
+/// link) or up again. The process must live in a namespace of its own (weft cluster up --netns);
+/// needs root (nsenter, iproute2).
+weft::status set_node_links(int pid, bool up) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto theirs = fs::read_symlink("/proc/" + std::to_string(pid) + "/ns/net", ec);
+  const auto ours = fs::read_symlink("/proc/self/ns/net", ec);
+  if (ec || theirs.empty()) {
+    return make_error(errc::unavailable,
+                      "cannot read the network namespace of pid " + std::to_string(pid));
+  }
+  if (theirs == ours) {
+    return make_error(errc::invalid_argument,
+                      "pid " + std::to_string(pid) +
+                          " shares this host's network namespace: a link cut needs a cluster in "
+                          "network namespaces (weft cluster up --netns)");
+  }
+  const std::string enter = "nsenter --net=/proc/" + std::to_string(pid) + "/ns/net ";
+  std::FILE* p = ::popen((enter + "ip -o link show 2>/dev/null").c_str(), "r");
+  if (p == nullptr) return make_error(errc::unavailable, "cannot run nsenter");
+  std::vector<std::string> links;
+  char line[512];
+  while (std::fgets(line, sizeof line, p) != nullptr) {
+    // "2: eth0@if7: <...>": the name ends at '@' or ':'.
+    std::string l = line;
+    const auto a = l.find(": ");
+    if (a == std::string::npos) continue;
+    const auto b = l.find_first_of("@:", a + 2);
+    std::string name = l.substr(a + 2, b - a - 2);
+    if (name != "lo" && !name.empty()) links.push_back(name);
+  }
+  const int rc = ::pclose(p);
+  if (rc != 0 || links.empty()) {
+    return make_error(errc::unavailable, "cannot list the links of pid " + std::to_string(pid) +
+                                             " (link cuts need root, nsenter and iproute2)");
+  }
+  for (const auto& l : links) {
+    const std::string cmd = enter + "ip link set " + l + (up ? " up" : " down");
+    if (std::system(cmd.c_str()) != 0) {
+      return make_error(errc::unavailable, "'" + cmd + "' failed");
+    }
+  }
+  return {};
+}
 
 // -- targets --------------------------------------------------------------------------------------
 
@@ -336,7 +386,7 @@ class cluster_target : public chaos_target {
       e.detected_s = t - e.fired_s;
     }
     if (e.spec.kind == "kill" && e.detected_s < 0) return;
-    if (e.spec.kind == "stop" && e.resumed_s < 0) return;
+    if (e.spec.kind != "kill" && e.resumed_s < 0) return;  // stop, cut: not before the end
     for (const auto& a : e.actors) {
       bool running = false;
       for (const auto& m : ms) {
@@ -345,7 +395,7 @@ class cluster_target : public chaos_target {
       }
       if (!running) return;
     }
-    if (e.spec.kind == "stop" && e.actors.empty() && (victim == nullptr || !victim->up)) return;
+    if (e.spec.kind != "kill" && e.actors.empty() && (victim == nullptr || !victim->up)) return;
     e.recovered_s = t - e.fired_s;
   }
 
@@ -496,6 +546,24 @@ class chaos_run {
     e.inflight = victim->inflight;
     e.actors = victim->actors;
     e.fired_s = now_s();
+    if (spec.kind == "cut") {
+      const int pid = victim->pid;
+      if (auto st = set_node_links(pid, false); !st.ok()) {
+        e.error = st.message;
+        e.target.clear();
+        spdlog::error("chaos: {}", e.error);
+        return;
+      }
+      spdlog::info("chaos: cut the links of {} (pid {}) at {:.1f} s", victim->name, pid, e.fired_s);
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::duration<double>(spec.hold_s));
+      auto restored = set_node_links(pid, true);
+      std::lock_guard<std::mutex> relock(mu_);
+      events_[i].resumed_s = now_s();
+      if (!restored.ok()) events_[i].error = "restoring the link: " + restored.message;
+      spdlog::info("chaos: restored the links of {} after {:.1f} s", victim->name, spec.hold_s);
+      return;
+    }
     const int sig = spec.kind == "kill" ? SIGKILL : SIGSTOP;
     if (::kill(victim->pid, sig) != 0) {
       e.error = fmt::format(
@@ -700,9 +768,9 @@ weft::result<std::vector<fault_spec>> plan_faults(const chaos_options& o, bool c
     auto kinds = split_commas(o.random_kinds);
     if (kinds.empty()) return make_error(errc::invalid_argument, "--random-kinds is empty");
     for (const auto& k : kinds) {
-      if (k != "kill" && k != "stop") {
+      if (k != "kill" && k != "stop" && !(cluster && k == "cut")) {
         return make_error(errc::invalid_argument,
-                          "--random-kinds: unknown kind '" + k + "' (kill, stop)");
+                          "--random-kinds: unknown kind '" + k + "' (kill, stop; cut with --head)");
       }
     }
     auto f = parse_fault("kill:" + o.random_role + "@0", o.stop_s, cluster);
@@ -814,13 +882,13 @@ int run_cluster_chaos(const chaos_options& o, std::vector<fault_spec> plan) {
     json faults = run.faults_json(unfired, unrecovered);
     size_t undetected = 0;
     for (const auto& f : faults) {
-      if (f["kind"] == "kill" && !f["target"].get<std::string>().empty() &&
+      if (f["kind"] != "stop" && !f["target"].get<std::string>().empty() &&
           f["detected_after_s"].is_null())
         ++undetected;
     }
     json inv = {
         {"faults_fired", {{"ok", unfired == 0}, {"unfired", unfired}}},
-        {"kills_detected", {{"ok", undetected == 0}, {"undetected", undetected}}},
+        {"losses_detected", {{"ok", undetected == 0}, {"undetected", undetected}}},
         {"recovered_in_time",
          {{"ok", unrecovered == 0}, {"unrecovered", unrecovered}, {"bound_s", o.max_recovery_s}}},
     };
@@ -899,17 +967,20 @@ void add_chaos_command(CLI::App& app, const global_options&) {
   cmd->add_option("--seed", o->seed, "Seed of the load and of --random faults")
       ->capture_default_str();
   cmd->add_option("--fault", o->faults,
-                  "A fault: kill:ROLE@SECONDS or stop:ROLE@SECONDS[+HOLD]; ROLE any, both, "
-                  "prefill, decode or cache_shard (with --head: an actor role, or any); the "
-                  "busiest matching process is hit (repeat)");
+                  "A fault: kill:ROLE@SECONDS, stop:ROLE@SECONDS[+HOLD], with --head also "
+                  "cut:ROLE@SECONDS[+HOLD] (the node's network links down: a cluster in network "
+                  "namespaces); ROLE any, both, prefill, decode or cache_shard (with --head: an "
+                  "actor role, or any); the busiest matching process is hit (repeat)");
   cmd->add_option("--random", o->random_faults, "This many faults at random times (from --seed)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--random-kinds", o->random_kinds, "Kinds of --random faults: kill, stop")
+  cmd->add_option("--random-kinds", o->random_kinds,
+                  "Kinds of --random faults: kill, stop (and cut with --head)")
       ->capture_default_str();
   cmd->add_option("--random-role", o->random_role, "Role --random faults hit")
       ->capture_default_str();
-  cmd->add_option("--stop-seconds", o->stop_s, "How long a stop fault keeps a process stopped")
+  cmd->add_option("--stop-seconds", o->stop_s,
+                  "How long a stop (or cut) fault lasts when it names no +HOLD")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--min-inflight", o->min_inflight,
