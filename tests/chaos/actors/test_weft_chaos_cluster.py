@@ -27,6 +27,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+def stop(proc):
+    """Ends `weft cluster up` (SIGTERM: it stops its nodes and removes its namespaces)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def netns_cut(weft, check):
     """4. A cluster in network namespaces (`weft cluster up --netns`, root only): a cut of the
     links of a node running echo actors is detected, and its supervised actors run again."""
@@ -65,11 +74,7 @@ def netns_cut(weft, check):
                   % (cut["detected_after_s"], cut["recovered_after_s"]))
         # Without namespaces a cut is refused before anything happens: checked in main().
     finally:
-        up.terminate()
-        try:
-            up.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop(up)
 
 
 def main():
@@ -166,11 +171,7 @@ def main():
                                  capture_output=True, text=True, timeout=60)
             check(bad.returncode == 2 and "unknown role" in bad.stderr, "a bad role is refused")
     finally:
-        up.terminate()
-        try:
-            up.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop(up)
     netns_cut(weft, check)
     print("PASS" if not failures else "FAILED")
     return 0 if not failures else 1
