@@ -22,5 +22,6 @@ using transfer_atom = caf::atom_constant<caf::atom("w_xfer")>;
 using node_down_atom = caf::atom_constant<caf::atom("w_nodedown")>;
 using sentinel_atom = caf::atom_constant<caf::atom("w_sentin")>;
 using shutdown_atom = caf::atom_constant<caf::atom("w_shutdown")>;
+using fault_atom = caf::atom_constant<caf::atom("w_fault")>;
 
 }  // namespace weft::actors

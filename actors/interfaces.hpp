@@ -25,6 +25,9 @@ using node_agent_actor = caf::typed_actor<
     caf::replies_to<stop_atom, envelope>::with<envelope>,
     // -> NodeStatus.
     caf::replies_to<status_atom>::with<envelope>,
+    // TransportFaults (signed) -> the applied TransportFaults, or Error (the node's transport is
+    // not the fault-injecting decorator).
+    caf::replies_to<fault_atom, envelope>::with<envelope>,
     // Ping -> Ping (echo; round-trip measurement).
     caf::replies_to<ping_atom, envelope>::with<envelope>,
     // The head handle after a successful join (sent by the app; the agent starts heartbeats).

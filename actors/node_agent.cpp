@@ -7,6 +7,8 @@
 
 #include <map>
 
+#include "transport/fault_injection.hpp"
+
 namespace weft::actors {
 
 namespace {
@@ -151,6 +153,39 @@ node_agent_actor::behavior_type node_agent(agent_ptr self, node_agent_config cfg
         self->send_exit(it->second.handle, caf::exit_reason::user_shutdown);
         self->state.children.erase(it);
         return spawn_reply(r.getRequestId(), name, self->state.cfg.node_id);
+      },
+      [self](fault_atom, const envelope& env) -> envelope {
+        auto req = env.read<wire::TransportFaults>();
+        if (!req) return make_error_envelope(req.error());
+        auto r = req->get();
+        if (auto st = verify_transport_faults(self->state.cfg.secret, r); !st.ok()) {
+          spdlog::warn("node {}: refused transport faults: {}", self->state.cfg.node_id,
+                       st.to_string());
+          return make_error_envelope(st);
+        }
+        auto* faulty =
+            dynamic_cast<transport::fault_injecting_engine*>(self->state.cfg.engine.get());
+        if (faulty == nullptr) {
+          return make_error_envelope(make_error(
+              errc::invalid_argument,
+              "node " + self->state.cfg.node_id + "'s transport is " +
+                  (self->state.cfg.engine ? self->state.cfg.engine->caps().name
+                                          : std::string{"none"}) +
+                  ", not the fault-injecting decorator (start it with --transport fault:ucx)"));
+        }
+        transport::fault_policy policy;
+        policy.drop_probability = r.getDropProbability();
+        policy.delay_ms = r.getDelayMs();
+        policy.corrupt_probability = r.getCorruptProbability();
+        policy.fail_after_n = r.getFailAfterN();
+        policy.seed = r.getSeed();
+        if (auto st = faulty->set_policy(policy); !st.ok()) {
+          return make_error_envelope(make_error(errc::invalid_argument, st.message));
+        }
+        spdlog::warn("node {}: transport faults now drop {} delay {} ms corrupt {} fail-after {}",
+                     self->state.cfg.node_id, policy.drop_probability, policy.delay_ms,
+                     policy.corrupt_probability, policy.fail_after_n);
+        return env;  // the policy it applied
       },
       [self](status_atom) -> envelope {
         const auto& st = self->state;

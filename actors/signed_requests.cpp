@@ -114,4 +114,22 @@ status verify_supervisor_spec(const cluster_secret& secret,
   return verify<wire::SupervisorSpec>(secret, "supervise", spec);
 }
 
+envelope make_transport_faults(const cluster_secret& secret, const transport_faults& f,
+                               uint64_t timeout_ms) {
+  auto mb = std::make_unique<capnp::MallocMessageBuilder>(128);
+  auto b = mb->initRoot<wire::TransportFaults>();
+  b.setDropProbability(f.drop_probability);
+  b.setDelayMs(f.delay_ms);
+  b.setCorruptProbability(f.corrupt_probability);
+  b.setFailAfterN(f.fail_after_n);
+  b.setSeed(f.seed);
+  b.setDeadlineMs(deadline_after(timeout_ms));
+  return sign<wire::TransportFaults>(secret, "weft.node.faults", std::move(mb));
+}
+
+status verify_transport_faults(const cluster_secret& secret,
+                               const wire::TransportFaults::Reader& req) {
+  return verify<wire::TransportFaults>(secret, "weft.node.faults", req);
+}
+
 }  // namespace weft::actors

@@ -37,6 +37,20 @@ schema::envelope make_supervisor_spec(const cluster_secret& secret, const std::s
                                       backoff_policy backoff,
                                       const std::vector<child_spec>& children, uint64_t timeout_ms);
 
+/// What a TransportFaults request asks for (transport/fault_injection.hpp's policy, without the
+/// CAF-free transport header here).
+struct transport_faults {
+  double drop_probability = 0.0;
+  uint32_t delay_ms = 0;
+  double corrupt_probability = 0.0;
+  int64_t fail_after_n = -1;
+  uint64_t seed = 1;
+};
+
+/// Builds and signs a TransportFaults envelope (valid for `timeout_ms`).
+schema::envelope make_transport_faults(const cluster_secret& secret, const transport_faults& f,
+                                       uint64_t timeout_ms);
+
 /// Verify a request's token. Return the error to answer with, or ok.
 status verify_spawn_request(const cluster_secret& secret,
                             const schema::wire::SpawnRequest::Reader& req);
@@ -44,5 +58,7 @@ status verify_stop_request(const cluster_secret& secret,
                            const schema::wire::StopRequest::Reader& req);
 status verify_supervisor_spec(const cluster_secret& secret,
                               const schema::wire::SupervisorSpec::Reader& spec);
+status verify_transport_faults(const cluster_secret& secret,
+                               const schema::wire::TransportFaults::Reader& req);
 
 }  // namespace weft::actors

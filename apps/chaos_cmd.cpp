@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <httplib.h>
 #include <spdlog/spdlog.h>
+#include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
 #include <signal.h>
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "actors/child_process.hpp"
+#include "actors/signed_requests.hpp"
 #include "apps/cluster_options.hpp"
 #include "apps/commands.hpp"
 #include "apps/loadgen/openai_client.hpp"
@@ -72,6 +74,7 @@ struct chaos_options {
   std::string random_role = "any";
   double stop_s = 3.0;
   int min_inflight = 1;
+  actors::transport_faults xfer;  ///< what an xfer fault injects
   double max_recovery_s = 60.0;
   double settle_s = 30.0;
   double request_timeout_s = 300.0;
@@ -87,7 +90,8 @@ struct fault_spec {
   double hold_s = 0.0;  ///< stop: how long the process stays stopped
 };
 
-/// "kill:ROLE@T", "stop:ROLE@T+HOLD" or (cluster only) "cut:ROLE@T+HOLD" (seconds). ROLE: for a
+/// "kill:ROLE@T", "stop:ROLE@T+HOLD" or (cluster only) "cut:ROLE@T+HOLD", "xfer:ROLE@T+HOLD"
+/// (seconds). ROLE: for a
 /// weft serve one of any, both, prefill, decode, cache_shard; for a cluster any actor role (or
 /// any).
 weft::result<fault_spec> parse_fault(const std::string& s, double default_hold_s, bool cluster) {
@@ -105,10 +109,12 @@ weft::result<fault_spec> parse_fault(const std::string& s, double default_hold_s
   fault_spec f;
   f.kind = s.substr(0, colon);
   f.role = s.substr(colon + 1, at - colon - 1);
-  if (f.kind != "kill" && f.kind != "stop" && f.kind != "cut") {
+  if (f.kind != "kill" && f.kind != "stop" && f.kind != "cut" && f.kind != "xfer") {
     return bad("unknown fault kind '" + f.kind + "'");
   }
-  if (f.kind == "cut" && !cluster) return bad("cut needs a cluster target (--head)");
+  if ((f.kind == "cut" || f.kind == "xfer") && !cluster) {
+    return bad(f.kind + " needs a cluster target (--head)");
+  }
   const bool serve_role = f.role == "any" || f.role == "both" || f.role == "prefill" ||
                           f.role == "decode" || f.role == "cache_shard";
   const bool role_name = !f.role.empty() && f.role.find_first_not_of(
@@ -175,6 +181,8 @@ struct member {
   bool up = false;                       ///< serving (serve) / alive (cluster)
   std::vector<std::string> actors;       ///< cluster: its running actors
   std::vector<std::string> actor_roles;  ///< cluster: their roles
+  std::string host;                      ///< cluster: where its node agent is published
+  uint16_t port = 0;
 };
 
 /// Reads GET /admin/cluster.
@@ -284,6 +292,10 @@ class chaos_target {
   virtual bool busy_enough(const member& m) const = 0;
   /// Updates detection and recovery of `e` from one sample of the members at time `t`.
   virtual void update(fault_event& e, const std::vector<member>& ms, double t) const = 0;
+  /// Sets the transport faults of `m`'s node (xfer faults; all zero heals).
+  virtual weft::status set_transport_faults(const member&, const actors::transport_faults&) {
+    return make_error(errc::invalid_argument, "transport faults need a cluster target (--head)");
+  }
 };
 
 /// A running `weft serve`: its engine workers and cache shards, as the router sees them.
@@ -338,7 +350,8 @@ class serve_target : public chaos_target {
 /// A cluster reached through its head: the nodes and the actors they run.
 class cluster_target : public chaos_target {
  public:
-  cluster_target(caf::actor_system& sys, actors::head_actor head) : sys_(sys), head_(head) {}
+  cluster_target(caf::actor_system& sys, actors::head_actor head, actors::cluster_secret secret)
+      : sys_(sys), head_(head), secret_(std::move(secret)) {}
   std::optional<std::vector<member>> members() override {
     auto st = actors::cluster_status(sys_, head_, 2000);
     if (!st) return std::nullopt;
@@ -352,6 +365,8 @@ class cluster_target : public chaos_target {
       m.pid = static_cast<int>(n.getNode().getPid());
       m.up = n.getState() == schema::wire::NodeState::ALIVE;
       m.state = m.up ? "alive" : "down";
+      m.host = n.getNode().getHost().cStr();
+      m.port = n.getNode().getPort();
       for (auto a : n.getActors()) {
         if (a.getState() != schema::wire::ActorState::RUNNING) continue;
         m.actors.push_back(a.getName().cStr());
@@ -373,6 +388,22 @@ class cluster_target : public chaos_target {
     return static_cast<size_t>(std::count(m.actor_roles.begin(), m.actor_roles.end(), role));
   }
   bool busy_enough(const member&) const override { return true; }
+  weft::status set_transport_faults(const member& m, const actors::transport_faults& f) override {
+    auto agent = actors::connect_node_agent(sys_, m.host, m.port);
+    if (!agent) {
+      return make_error(agent.error().code, "node " + m.name + ": " + agent.error().message);
+    }
+    weft::status out = make_error(errc::timeout, "node " + m.name + " did not answer in 5 s");
+    caf::scoped_actor self{sys_};
+    self->request(*agent, std::chrono::seconds(5), actors::fault_atom::value,
+                  actors::make_transport_faults(secret_, f, 5'000))
+        .receive([&](const schema::envelope& reply) { out = schema::error_from(reply); },
+                 [&](caf::error& err) {
+                   out =
+                       make_error(errc::unavailable, "node " + m.name + ": " + caf::to_string(err));
+                 });
+    return out;
+  }
   // Detection: the head no longer lists the node as alive (after a stop: only if the pause
   // outlasted its heartbeat timeout). Recovery: every actor the node ran when it was hit runs
   // again on a live node — restarted elsewhere by its supervisor, or on the same node once a
@@ -402,6 +433,7 @@ class cluster_target : public chaos_target {
  private:
   caf::actor_system& sys_;
   actors::head_actor head_;
+  actors::cluster_secret secret_;
   std::string head_id_;
 };
 
@@ -546,6 +578,24 @@ class chaos_run {
     e.inflight = victim->inflight;
     e.actors = victim->actors;
     e.fired_s = now_s();
+    if (spec.kind == "xfer") {
+      const member node = *victim;
+      if (auto st = target_.set_transport_faults(node, o_.xfer); !st.ok()) {
+        e.error = st.message;
+        e.target.clear();
+        spdlog::error("chaos: {}", e.error);
+        return;
+      }
+      spdlog::info("chaos: transport faults on {} at {:.1f} s", node.name, e.fired_s);
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::duration<double>(spec.hold_s));
+      auto healed = target_.set_transport_faults(node, actors::transport_faults{});
+      std::lock_guard<std::mutex> relock(mu_);
+      events_[i].resumed_s = now_s();
+      if (!healed.ok()) events_[i].error = "healing the transport: " + healed.message;
+      spdlog::info("chaos: healed the transport of {} after {:.1f} s", node.name, spec.hold_s);
+      return;
+    }
     if (spec.kind == "cut") {
       const int pid = victim->pid;
       if (auto st = set_node_links(pid, false); !st.ok()) {
@@ -768,9 +818,9 @@ weft::result<std::vector<fault_spec>> plan_faults(const chaos_options& o, bool c
     auto kinds = split_commas(o.random_kinds);
     if (kinds.empty()) return make_error(errc::invalid_argument, "--random-kinds is empty");
     for (const auto& k : kinds) {
-      if (k != "kill" && k != "stop" && !(cluster && k == "cut")) {
-        return make_error(errc::invalid_argument,
-                          "--random-kinds: unknown kind '" + k + "' (kill, stop; cut with --head)");
+      if (k != "kill" && k != "stop" && !(cluster && (k == "cut" || k == "xfer"))) {
+        return make_error(errc::invalid_argument, "--random-kinds: unknown kind '" + k +
+                                                      "' (kill, stop; cut, xfer with --head)");
       }
     }
     auto f = parse_fault("kill:" + o.random_role + "@0", o.stop_s, cluster);
@@ -844,7 +894,12 @@ int run_serve_chaos(const chaos_options& o, std::vector<fault_spec> plan) {
 
 int run_cluster_chaos(const chaos_options& o, std::vector<fault_spec> plan) {
   return with_head(o.head, o.cluster, [&](caf::actor_system& sys, const actors::head_actor& head) {
-    cluster_target target(sys, head);
+    auto secret = o.cluster.load_secret();
+    if (!secret) {
+      spdlog::error("{}", secret.error().message);
+      return 2;
+    }
+    cluster_target target(sys, head, *secret);
     if (!target.members()) {
       spdlog::error("the head at {} does not answer its status", o.head);
       return 1;
@@ -882,7 +937,7 @@ int run_cluster_chaos(const chaos_options& o, std::vector<fault_spec> plan) {
     json faults = run.faults_json(unfired, unrecovered);
     size_t undetected = 0;
     for (const auto& f : faults) {
-      if (f["kind"] != "stop" && !f["target"].get<std::string>().empty() &&
+      if ((f["kind"] == "kill" || f["kind"] == "cut") && !f["target"].get<std::string>().empty() &&
           f["detected_after_s"].is_null())
         ++undetected;
     }
@@ -969,7 +1024,9 @@ void add_chaos_command(CLI::App& app, const global_options&) {
   cmd->add_option("--fault", o->faults,
                   "A fault: kill:ROLE@SECONDS, stop:ROLE@SECONDS[+HOLD], with --head also "
                   "cut:ROLE@SECONDS[+HOLD] (the node's network links down: a cluster in network "
-                  "namespaces); ROLE any, both, prefill, decode or cache_shard (with --head: an "
+                  "namespaces) and xfer:ROLE@SECONDS[+HOLD] (the node's data plane drops, delays, "
+                  "corrupts or fails transfers as --xfer-* say: nodes with --transport fault:ucx); "
+                  "ROLE any, both, prefill, decode or cache_shard (with --head: an "
                   "actor role, or any); the busiest matching process is hit (repeat)");
   cmd->add_option("--random", o->random_faults, "This many faults at random times (from --seed)")
       ->capture_default_str()
@@ -978,6 +1035,19 @@ void add_chaos_command(CLI::App& app, const global_options&) {
                   "Kinds of --random faults: kill, stop (and cut with --head)")
       ->capture_default_str();
   cmd->add_option("--random-role", o->random_role, "Role --random faults hit")
+      ->capture_default_str();
+  cmd->add_option("--xfer-drop", o->xfer.drop_probability,
+                  "xfer faults: probability that a transfer is dropped (ends at its deadline)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--xfer-delay-ms", o->xfer.delay_ms, "xfer faults: delay added to every transfer")
+      ->capture_default_str();
+  cmd->add_option("--xfer-corrupt", o->xfer.corrupt_probability,
+                  "xfer faults: probability that a transfer's bytes are corrupted")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--xfer-fail-after", o->xfer.fail_after_n,
+                  "xfer faults: transfers after the first N fail (-1: never)")
       ->capture_default_str();
   cmd->add_option("--stop-seconds", o->stop_s,
                   "How long a stop (or cut) fault lasts when it names no +HOLD")

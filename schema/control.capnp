@@ -240,3 +240,19 @@ struct UserMessage {
   typeId @0 :UInt64;
   body @1 :AnyPointer;
 }
+
+# -- transport faults ----------------------------------------------------------------------------
+
+# Sets the faults the data plane of a node injects from now on (`weft chaos --fault xfer:...`);
+# the node's transport must be the fault-injecting decorator (`weft node --transport fault:ucx`).
+# All zero (and failAfterN -1) heals it. Signed like a spawn request. The node answers with the
+# policy it applied, or an Error.
+struct TransportFaults {
+  dropProbability @0 :Float64;
+  delayMs @1 :UInt32;
+  corruptProbability @2 :Float64;
+  failAfterN @3 :Int64 = -1;
+  seed @4 :UInt64;
+  deadlineMs @5 :UInt64;
+  sessionToken @6 :Data;
+}

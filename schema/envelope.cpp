@@ -198,6 +198,8 @@ capnp::StructSchema schema_of(kind k) {
       return capnp::Schema::from<wire::TrainerStarted>();
     case kind::user:
       return capnp::Schema::from<wire::UserMessage>();
+    case kind::transport_faults:
+      return capnp::Schema::from<wire::TransportFaults>();
     case kind::none:
     case kind::oversize:
       break;
@@ -207,7 +209,8 @@ capnp::StructSchema schema_of(kind k) {
 
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
-  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::user);
+  return v >= static_cast<uint16_t>(kind::error) &&
+         v <= static_cast<uint16_t>(kind::transport_faults);
 }
 
 }  // namespace
@@ -370,6 +373,8 @@ const char* to_string(kind k) {
       return "TrainerStarted";
     case kind::user:
       return "UserMessage";
+    case kind::transport_faults:
+      return "TransportFaults";
     case kind::oversize:
       return "oversize";
   }

@@ -66,6 +66,7 @@ enum class kind : uint16_t {
   trainer_started = 37,
   /// A struct of an embedder's own schema (wire::UserMessage; envelope::build_user/read_user).
   user = 38,
+  transport_faults = 39,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -117,6 +118,7 @@ WEFT_SCHEMA_KIND(TrainerStep, trainer_step)
 WEFT_SCHEMA_KIND(TrainerDone, trainer_done)
 WEFT_SCHEMA_KIND(TrainerStarted, trainer_started)
 WEFT_SCHEMA_KIND(UserMessage, user)
+WEFT_SCHEMA_KIND(TransportFaults, transport_faults)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults

@@ -77,6 +77,61 @@ def netns_cut(weft, check):
         stop(up)
 
 
+def transport_faults(weft, check):
+    """5. Nodes started with --transport fault:ucx: an xfer fault switches the node's injected
+    faults on for its hold and heals them after (the node logs both), every invariant holds."""
+    port = free_port()
+    base = [weft, "node", "--secret", SECRET, "--log-level", "warn"]
+    procs = []
+
+    def start(args):
+        procs.append(subprocess.Popen(base + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        deadline = time.time() + 30
+        line = ""
+        while time.time() < deadline and not line.startswith("weft-node-ready"):
+            line = procs[-1].stdout.readline()
+            if not line and procs[-1].poll() is not None:
+                break
+        check(line.startswith("weft-node-ready"), "node %s is ready" % args[args.index("--node-id") + 1])
+
+    try:
+        # The head first: a joining node needs it listening.
+        start(["--head", "--port", str(port), "--node-id", "node-0", "--roles", "none"])
+        start(["--join", f"127.0.0.1:{port}", "--node-id", "node-1", "--transport", "fault:ucx"])
+        creds = ["--head", f"127.0.0.1:{port}", "--secret", SECRET]
+        for _ in range(20):  # until the head places it (the node may still be joining)
+            p = subprocess.run([weft, "cluster", "spawn", "--supervised", "--role", "echo", "--name", "x1"]
+                               + creds, capture_output=True, text=True, timeout=60)
+            if p.returncode == 0:
+                break
+            time.sleep(0.5)
+        check(p.returncode == 0, "an echo actor on the fault:ucx node (%s)" % p.stderr[-500:])
+        with tempfile.TemporaryDirectory() as tmp:
+            report = os.path.join(tmp, "xfer.json")
+            p = subprocess.run([weft, "chaos"] + creds + ["--duration", "3", "--fault", "xfer:echo@0.5+1",
+                                                          "--xfer-drop", "0.5", "--xfer-delay-ms", "20",
+                                                          "--report", report],
+                               capture_output=True, text=True, timeout=120)
+            print(p.stdout)
+            rep = json.load(open(report))
+            f = rep["faults"][0]
+            check(p.returncode == 0 and rep["passed"] and f["target"] == "node-1",
+                  "an xfer fault on the fault:ucx node: every invariant holds (%s)" % f.get("error"))
+            check(f["recovered_after_s"] is not None, "the transport was healed after the hold")
+        procs[1].terminate()
+        log = procs[1].communicate(timeout=20)[1]
+        check("transport faults now drop 0.5 delay 20 ms" in log and "transport faults now drop 0 delay 0 ms" in log,
+              "the node applied the faults and then healed them")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weft", required=True)
@@ -136,6 +191,13 @@ def main():
             rep = json.load(open(report))
             check(p.returncode == 1 and "network namespaces" in rep["faults"][0]["error"],
                   "a cut outside network namespaces is refused by name")
+            # Transport faults on nodes whose data plane is plain UCX: refused by name.
+            p = subprocess.run([weft, "chaos"] + creds + ["--duration", "2", "--fault", "xfer:any@0.5+1",
+                                                          "--xfer-drop", "0.5", "--report", report],
+                               capture_output=True, text=True, timeout=120)
+            rep = json.load(open(report))
+            check(p.returncode == 1 and "fault-injecting decorator" in rep["faults"][0]["error"],
+                  "transport faults on a plain UCX node are refused by name")
 
             # 2. No supervisor: the actor does not come back. (Node-1 is dead by now: the loners
             # spread over the head and node-2, the only node a fault may hit.)
@@ -173,6 +235,7 @@ def main():
     finally:
         stop(up)
     netns_cut(weft, check)
+    transport_faults(weft, check)
     print("PASS" if not failures else "FAILED")
     return 0 if not failures else 1
 
