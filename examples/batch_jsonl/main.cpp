@@ -195,9 +195,9 @@ int main(int argc, char** argv) {
 
   std::FILE* journal = std::fopen(journal_path.c_str(), "a");
   if (journal == nullptr) return usage_error("cannot write " + journal_path);
-  std::vector<size_t> todo;
+  std::vector<size_t> pending;
   for (size_t i = 0; i < rows->size(); ++i) {
-    if (done.count(i) == 0) todo.push_back(i);
+    if (done.count(i) == 0) pending.push_back(i);
   }
   std::mutex mu;  // guards done, journal, bar, failures
   std::atomic<size_t> next{0};
@@ -207,8 +207,8 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   for (int t = 0; t < o.concurrency; ++t) {
     threads.emplace_back([&] {
-      for (size_t k = next++; k < todo.size(); k = next++) {
-        const size_t i = todo[k];
+      for (size_t k = next++; k < pending.size(); k = next++) {
+        const size_t i = pending[k];
         const json& row = (*rows)[i];
         weft::gpu::sampling_params params;  // greedy
         params.max_tokens = row.value("max_tokens", o.max_tokens);
@@ -254,6 +254,6 @@ int main(int argc, char** argv) {
   std::filesystem::rename(tmp, o.output);
   std::filesystem::remove(journal_path);
   std::fprintf(stderr, "batch_jsonl: %zu lines (%zu resumed, %zu generated) -> %s\n", rows->size(),
-               resumed, todo.size(), o.output.c_str());
+               resumed, pending.size(), o.output.c_str());
   return 0;
 }
