@@ -1,5 +1,7 @@
 // Writes a tiny generated Llama-family GGUF (gpu/tiny_model.hpp) for tests that drive the `weft`
-// binary: make_tiny_model PATH [--layers N] [--embd N] [--type f32|f16|q8_0|q4_0|q4_1]
+// binary (and for benchmarks: any Llama shape with random weights):
+//   make_tiny_model PATH [--layers N] [--embd N] [--heads N] [--kv-heads N] [--ff N] [--vocab N]
+//                   [--context N] [--experts N --experts-used K] [--type f32|f16|q8_0|q4_0|q4_1]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -8,7 +10,10 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s PATH [--layers N] [--embd N] [--type T]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s PATH [--layers N] [--embd N] [--heads N] [--kv-heads N] [--ff N]\n"
+                 "       [--vocab N] [--context N] [--experts N --experts-used K] [--type T]\n",
+                 argv[0]);
     return 2;
   }
   weft::gpu::tiny_model_config c;
@@ -18,6 +23,20 @@ int main(int argc, char** argv) {
       c.n_layers = static_cast<uint32_t>(std::atoi(argv[i + 1]));
     } else if (k == "--embd") {
       c.n_embd = static_cast<uint32_t>(std::atoi(argv[i + 1]));
+    } else if (k == "--heads") {
+      c.n_head = static_cast<uint32_t>(std::atoi(argv[i + 1]));
+    } else if (k == "--kv-heads") {
+      c.n_head_kv = static_cast<uint32_t>(std::atoi(argv[i + 1]));
+    } else if (k == "--ff") {
+      c.n_ff = static_cast<uint32_t>(std::atoi(argv[i + 1]));
+    } else if (k == "--vocab") {
+      c.n_vocab = static_cast<uint32_t>(std::atoi(argv[i + 1]));
+    } else if (k == "--context") {
+      c.context_length = static_cast<uint32_t>(std::atoi(argv[i + 1]));
+    } else if (k == "--experts") {
+      c.n_expert = static_cast<uint32_t>(std::atoi(argv[i + 1]));
+    } else if (k == "--experts-used") {
+      c.n_expert_used = static_cast<uint32_t>(std::atoi(argv[i + 1]));
     } else if (k == "--type") {
       auto t = weft::gpu::parse_type_name(argv[i + 1]);
       if (!t) {

@@ -205,6 +205,7 @@ int main(int argc, char** argv) {
   std::string batches_arg = "1,8,32", out_dir = std::string{WEFT_SOURCE_DIR} + "/bench/results";
   bool with_llama = true;
   std::string weights_memory = "huge-pages";
+  std::string device_name = "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string{argv[++i]} : std::string{}; };
@@ -226,6 +227,8 @@ int main(int argc, char** argv) {
       weights_memory = next();
     else if (a == "--no-llama")
       with_llama = false;
+    else if (a == "--device")
+      device_name = next();
     else if (a == "--help" || a == "-h") {
       std::printf(
           "gpu_engine_bench: weft's CPU engine vs llama.cpp (llama-cpp-python) on one GGUF, same\n"
@@ -240,7 +243,9 @@ int main(int argc, char** argv) {
           "                      (default 1)\n"
           "  --out DIR           where the JSON goes (default bench/results)\n"
           "  --weights-memory M  huge-pages (default, as weft serve) or mmap\n"
-          "  --no-llama          weft only (no baseline; ratios are not printed)\n");
+          "  --no-llama          weft only (no baseline; ratios are not printed)\n"
+          "  --device NAME       weft's backend: cpu (default) or cuda (where a GPU exists;\n"
+          "                      the llama.cpp baseline stays on the CPU)\n");
       return 0;
     } else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
@@ -258,7 +263,11 @@ int main(int argc, char** argv) {
   std::stringstream ss(batches_arg);
   for (std::string x; std::getline(ss, x, ',');) batches.push_back(std::atoi(x.c_str()));
 
-  auto dev = device_registry::instance().create("cpu", device_config{threads, 0});
+  auto dev = device_registry::instance().create(device_name, device_config{threads, 0});
+  if (!dev) {
+    std::fprintf(stderr, "--device %s: %s\n", device_name.c_str(), dev.error().to_string().c_str());
+    return 1;
+  }
   const auto memory = parse_gguf_memory(weights_memory);
   if (!memory) {
     std::fprintf(stderr, "--weights-memory: huge-pages or mmap, not %s\n", weights_memory.c_str());
@@ -285,7 +294,8 @@ int main(int argc, char** argv) {
   j["commit"] = shell("git -C " + std::string{WEFT_SOURCE_DIR} +
                       " rev-parse --short HEAD 2>/dev/null | tr -d '\\n'");
   j["model"] = model_path;
-  j["workload"] = {{"threads", threads},
+  j["workload"] = {{"device", device_name},
+                   {"threads", threads},
                    {"weights_memory", weights_memory},
                    {"prompt_len", plen},
                    {"decode_steps", steps},
@@ -301,6 +311,8 @@ int main(int argc, char** argv) {
   // The compute ceiling of the issue: matmul FLOPs per token (2 x MACs; attention excluded, a few
   // percent at these contexts) against the machine's measured GEMM peak.
   const double compute_ceiling = gemm_peak / (2.0 * macs_tok);
+  if (device_name != "cpu")
+    j["ceilings_note"] = "the host CPU's ceilings; the weft figures ran on --device " + device_name;
   j["ceilings"] = {{"copy_bandwidth_gb_s_read_plus_write", bw / 1e9},
                    {"weight_bytes_per_decode_step", wbytes},
                    {"decode_batch1_tok_s_bandwidth_limit", bw / wbytes},
@@ -391,20 +403,27 @@ int main(int argc, char** argv) {
                     stat, w.prefill_tok_s);
     }
     lines.emplace_back(line);
+    // The ceilings are the host CPU's: on another device they say nothing about the figures.
+    const bool on_cpu = device_name == "cpu";
     std::string ceiling =
-        (bsz == 1 ? ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / (bw / wbytes))) +
-                        "% of the bandwidth ceiling"
-                  : "") +
-        ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / compute_ceiling)) +
-        "% of the compute ceiling";
+        !on_cpu
+            ? std::string{}
+            : (bsz == 1
+                   ? ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / (bw / wbytes))) +
+                         "% of the bandwidth ceiling"
+                   : "") +
+                  ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / compute_ceiling)) +
+                  "% of the compute ceiling";
     if (bsz != 1 && batch1_decode > 0) {
       char x[64];
       std::snprintf(x, sizeof x, ", %.2fx weft's batch 1", w.decode_tok_s / batch1_decode);
       ceiling += x;
       r["weft_decode_over_batch1"] = w.decode_tok_s / batch1_decode;
     }
-    r["weft_decode_share_of_compute_ceiling"] = w.decode_tok_s / compute_ceiling;
-    r["weft_prefill_share_of_compute_ceiling"] = w.prefill_tok_s / compute_ceiling;
+    if (on_cpu) {
+      r["weft_decode_share_of_compute_ceiling"] = w.decode_tok_s / compute_ceiling;
+      r["weft_prefill_share_of_compute_ceiling"] = w.prefill_tok_s / compute_ceiling;
+    }
     if (ld > 0) {
       std::snprintf(line, sizeof line,
                     "batch %2d decode%s:  weft %.1f tok/s, llama.cpp %.1f tok/s, ratio %.2f%s", bsz,
