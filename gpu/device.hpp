@@ -47,6 +47,10 @@ struct device_config {
   int device_index = 0;  ///< GPU ordinal.
 };
 
+namespace train {
+class train_kernels;
+}
+
 /// A compute device. Not thread-safe: one owner drives it.
 class device {
  public:
@@ -76,6 +80,9 @@ class device {
 
   /// The kernels of this device (valid as long as the device lives).
   virtual compute_ops& ops() = 0;
+  /// The trainer's ops on this device (gpu/train/train_kernels.hpp), or null where the backend has
+  /// none. Valid as long as the device lives.
+  virtual train::train_kernels* training() { return nullptr; }
 
   /// Marks the start/end of a burst of ops (one forward pass): a CPU device keeps its workers
   /// spinning in between. Nestable; no-op on devices that do not need it.

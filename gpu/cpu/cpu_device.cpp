@@ -15,6 +15,7 @@
 #include "gpu/cpu/matmul.hpp"
 #include "gpu/cpu/quant_dot.hpp"
 #include "gpu/cpu/thread_pool.hpp"
+#include "gpu/train/train_kernels.hpp"
 
 namespace weft::gpu::cpu {
 
@@ -206,6 +207,7 @@ class cpu_device final : public device {
   }
 
   compute_ops& ops() override { return ops_; }
+  train::train_kernels* training() override { return &train_; }
 
   void begin_burst() override {
     if (burst_depth_++ == 0) spin_ = std::make_unique<thread_pool::spin_scope>(pool_);
@@ -225,6 +227,7 @@ class cpu_device final : public device {
   device_capabilities caps_;
   thread_pool pool_;
   cpu_ops ops_;
+  train::cpu_train_kernels train_;
   stream_id next_stream_ = 1;
   int burst_depth_ = 0;
   std::unique_ptr<thread_pool::spin_scope> spin_;

@@ -12,6 +12,8 @@
 #include "gpu/cuda/rope.cuh"
 #include "gpu/cuda/rows.cuh"
 #include "gpu/cuda/runtime.cuh"
+#include "gpu/cuda/train_ops.cuh"
+#include "gpu/train/train_kernels.hpp"
 
 namespace weft::gpu::cuda {
 
@@ -135,10 +137,120 @@ class cuda_ops final : public compute_ops {
   size_t scratch_bytes_ = 0;
 };
 
+/// The trainer's ops on the compute stream (gpu/cuda/train_ops.cu).
+class cuda_train_kernels final : public train::train_kernels {
+ public:
+  cuda_train_kernels(stream_handle s, blas_handle blas) : s_(s), blas_(blas) {}
+  ~cuda_train_kernels() override {
+    if (scratch_ != nullptr) free_memory(scratch_);
+  }
+  cuda_train_kernels(const cuda_train_kernels&) = delete;
+  cuda_train_kernels& operator=(const cuda_train_kernels&) = delete;
+
+  status linear_forward(const float* x, const float* w, int64_t n, int64_t in, int64_t out,
+                        float* y) override {
+    return check(launch_linear_forward(x, w, n, in, out, y, blas_), "cuda linear_forward");
+  }
+  status linear_backward(const float* x, const float* w, const float* dy, int64_t n, int64_t in,
+                         int64_t out, float* dx, float* dw, bool add_dx) override {
+    return check(launch_linear_backward(x, w, dy, n, in, out, dx, dw, add_dx, blas_),
+                 "cuda linear_backward");
+  }
+  status rms_norm_forward(const float* x, const float* g, int64_t n, int64_t d, float eps, float* y,
+                          float* rstd) override {
+    return check(launch_rms_norm_forward(x, g, n, d, eps, y, rstd, s_), "cuda rms_norm_forward");
+  }
+  status rms_norm_backward(const float* x, const float* g, const float* rstd, const float* dy,
+                           int64_t n, int64_t d, float* dx, float* dg) override {
+    return check(launch_rms_norm_backward(x, g, rstd, dy, n, d, dx, dg, s_),
+                 "cuda rms_norm_backward");
+  }
+  status rope_apply(float* x, int64_t n, int64_t heads, int64_t head_dim, const double* cos,
+                    const double* sin, int64_t n_dims, rope_style style, bool inverse) override {
+    if (n_dims <= 0 || n_dims > head_dim || n_dims % 2 != 0)
+      return {status_code::invalid_argument, "rope: n_dims " + std::to_string(n_dims)};
+    return check(launch_train_rope(x, n, heads, head_dim, cos, sin, n_dims,
+                                   style == rope_style::normal ? 0 : 1, inverse, s_),
+                 "cuda rope");
+  }
+  status attention_forward(const float* q, const float* k, const float* v,
+                           const train::device_sequences& seqs, const train::attention_shape& shape,
+                           float* out, float* lse) override {
+    train_attention_args a;
+    if (auto st = args(q, k, v, seqs, shape, a); !st) return st;
+    return check(launch_train_attention_forward(a, out, lse, nullptr, s_),
+                 "cuda attention_forward");
+  }
+  status attention_backward(const float* q, const float* k, const float* v, const float* out,
+                            const float* lse, const float* dout,
+                            const train::device_sequences& seqs,
+                            const train::attention_shape& shape, float* dq, float* dk,
+                            float* dv) override {
+    train_attention_args a;
+    if (auto st = args(q, k, v, seqs, shape, a); !st) return st;
+    a.out = out;
+    a.lse = lse;
+    a.dout = dout;
+    const size_t need = static_cast<size_t>(seqs.n_tokens * shape.n_heads) * sizeof(float);
+    if (need > scratch_bytes_) {
+      if (scratch_ != nullptr) free_memory(scratch_);
+      scratch_ = nullptr;
+      scratch_bytes_ = 0;
+      if (const int e = malloc_zeroed(&scratch_, need); e != 0)
+        return {status_code::out_of_memory, "cuda attention_backward scratch: " + error_string(e)};
+      scratch_bytes_ = need;
+    }
+    return check(launch_train_attention_backward(a, dq, dk, dv, static_cast<float*>(scratch_), s_),
+                 "cuda attention_backward");
+  }
+  status swiglu_forward(const float* gate, const float* up, int64_t n, float* h) override {
+    return check(launch_swiglu_forward(gate, up, n, h, s_), "cuda swiglu_forward");
+  }
+  status swiglu_backward(const float* gate, const float* up, const float* dh, int64_t n,
+                         float* dgate, float* dup) override {
+    return check(launch_swiglu_backward(gate, up, dh, n, dgate, dup, s_), "cuda swiglu_backward");
+  }
+  /// An out-of-range target (not checked on the host: targets are device memory) gives NaN.
+  status cross_entropy(const float* logits, const int32_t* targets, int64_t n, int64_t vocab,
+                       float grad_scale, float* dlogits, double* logp) override {
+    return check(launch_cross_entropy(logits, targets, n, vocab, grad_scale, dlogits, logp, s_),
+                 "cuda cross_entropy");
+  }
+
+ private:
+  static status args(const float* q, const float* k, const float* v,
+                     const train::device_sequences& seqs, const train::attention_shape& shape,
+                     train_attention_args& a) {
+    if (shape.n_heads <= 0 || shape.n_kv_heads <= 0 || shape.n_heads % shape.n_kv_heads != 0 ||
+        shape.head_dim <= 0 || shape.head_dim > 256)
+      return {status_code::invalid_argument, "cuda attention: heads " +
+                                                 std::to_string(shape.n_heads) + " / kv heads " +
+                                                 std::to_string(shape.n_kv_heads) + " / head_dim " +
+                                                 std::to_string(shape.head_dim) + " (at most 256)"};
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.starts = seqs.starts;
+    a.prefix = seqs.prefix;
+    a.n_seqs = seqs.n_seqs;
+    a.n_tokens = seqs.n_tokens;
+    a.n_heads = shape.n_heads;
+    a.n_kv_heads = shape.n_kv_heads;
+    a.head_dim = shape.head_dim;
+    a.scale = static_cast<float>(shape.scale);
+    return {};
+  }
+
+  stream_handle s_;
+  blas_handle blas_;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
 class cuda_device final : public device {
  public:
   cuda_device(int index, stream_handle compute, blas_handle blas)
-      : ops_(compute, blas), blas_(blas) {
+      : ops_(compute, blas), train_(compute, blas), blas_(blas) {
     streams_.push_back(compute);
     caps_.kind = device_kind::cuda;
     caps_.name = "cuda:" + std::to_string(index) + " (" + device_name(index) + ")";
@@ -185,6 +297,7 @@ class cuda_device final : public device {
     return copy(dst, src, n, 2, s);
   }
   compute_ops& ops() override { return ops_; }
+  train::train_kernels* training() override { return &train_; }
 
  private:
   status copy(void* dst, const void* src, size_t n, int kind, stream_id s) {
@@ -197,6 +310,7 @@ class cuda_device final : public device {
 
   device_capabilities caps_;
   cuda_ops ops_;
+  cuda_train_kernels train_;
   blas_handle blas_;
   std::vector<stream_handle> streams_;
 };

@@ -1,0 +1,204 @@
+// The trainer's ops on the CUDA device against the CPU device (train_ops<float>, the reference that
+// the gradient oracle checks against PyTorch): the same random inputs through each op of
+// gpu/train/train_kernels.hpp on both devices. Skipped (never passed) where no GPU can be opened.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "device_pair.hpp"
+#include "gpu/train/train_kernels.hpp"
+#include "gpu/train/train_ops.hpp"
+
+namespace {
+
+using namespace weft::gpu;
+using namespace weft::gpu::testing;
+using weft::gpu::train::attention_shape;
+using weft::gpu::train::device_sequences;
+using weft::gpu::train::packed_sequences;
+
+#define WEFT_BOTH_TRAINERS                       \
+  WEFT_BOTH_DEVICES;                             \
+  ASSERT_NE(cpu.d->training(), nullptr);         \
+  ASSERT_NE(gpu.d->training(), nullptr);         \
+  train::train_kernels& tc = *cpu.d->training(); \
+  train::train_kernels& tg = *gpu.d->training()
+
+TEST(cuda_vs_cpu_train, linear_forward_and_backward) {
+  WEFT_BOTH_TRAINERS;
+  const int64_t n = 37, in = 96, out = 160;
+  const auto x = randn(static_cast<size_t>(n * in), 1), w = randn(static_cast<size_t>(out * in), 2),
+             dy = randn(static_cast<size_t>(n * out), 3),
+             dx0 = randn(static_cast<size_t>(n * in), 4),
+             dw0 = randn(static_cast<size_t>(out * in), 5);
+  struct outs {
+    std::vector<float> y, dx, dw;
+  };
+  auto run = [&](dev_ctx& c, train::train_kernels& k) {
+    float* y = c.zeros(static_cast<size_t>(n * out));
+    float* dx = c.up(dx0);
+    float* dw = c.up(dw0);
+    EXPECT_TRUE(k.linear_forward(c.up(x), c.up(w), n, in, out, y).ok());
+    EXPECT_TRUE(k.linear_backward(c.up(x), c.up(w), c.up(dy), n, in, out, dx, dw, true).ok());
+    return outs{c.down(y, static_cast<size_t>(n * out)), c.down(dx, dx0.size()),
+                c.down(dw, dw0.size())};
+  };
+  const outs a = run(cpu, tc), b = run(gpu, tg);
+  expect_close("linear forward", a.y, b.y, 1e-5);
+  expect_close("linear dx (added)", a.dx, b.dx, 1e-5);
+  expect_close("linear dw (accumulated)", a.dw, b.dw, 1e-5);
+}
+
+TEST(cuda_vs_cpu_train, rms_norm_swiglu_rope_forward_and_backward) {
+  WEFT_BOTH_TRAINERS;
+  const int64_t n = 9, d = 192, heads = 3, hd = 64;
+  const size_t sz = static_cast<size_t>(n * d);
+  const auto x = randn(sz, 6, 2.0f), g = randn(static_cast<size_t>(d), 7), dy = randn(sz, 8),
+             u = randn(sz, 9), dx0 = randn(sz, 10), dg0 = randn(static_cast<size_t>(d), 11);
+  {
+    auto run = [&](dev_ctx& c, train::train_kernels& k) {
+      float* y = c.zeros(sz);
+      float* rstd = c.zeros(static_cast<size_t>(n));
+      float* dx = c.up(dx0);
+      float* dg = c.up(dg0);
+      EXPECT_TRUE(k.rms_norm_forward(c.up(x), c.up(g), n, d, 1e-5f, y, rstd).ok());
+      EXPECT_TRUE(k.rms_norm_backward(c.up(x), c.up(g), rstd, c.up(dy), n, d, dx, dg).ok());
+      return std::vector<std::vector<float>>{c.down(y, sz), c.down(rstd, static_cast<size_t>(n)),
+                                             c.down(dx, sz), c.down(dg, dg0.size())};
+    };
+    const auto a = run(cpu, tc), b = run(gpu, tg);
+    expect_close("rms_norm forward", a[0], b[0], 1e-6);
+    expect_close("rms_norm rstd", a[1], b[1], 1e-6);
+    expect_close("rms_norm dx (added)", a[2], b[2], 1e-5);
+    expect_close("rms_norm dg (accumulated)", a[3], b[3], 1e-5);
+  }
+  {
+    auto run = [&](dev_ctx& c, train::train_kernels& k) {
+      float* h = c.zeros(sz);
+      float* dgate = c.zeros(sz);
+      float* dup = c.zeros(sz);
+      EXPECT_TRUE(k.swiglu_forward(c.up(x), c.up(u), static_cast<int64_t>(sz), h).ok());
+      EXPECT_TRUE(
+          k.swiglu_backward(c.up(x), c.up(u), c.up(dy), static_cast<int64_t>(sz), dgate, dup).ok());
+      return std::vector<std::vector<float>>{c.down(h, sz), c.down(dgate, sz), c.down(dup, sz)};
+    };
+    const auto a = run(cpu, tc), b = run(gpu, tg);
+    expect_close("swiglu forward", a[0], b[0], 1e-6);
+    expect_close("swiglu dgate", a[1], b[1], 1e-6);
+    expect_close("swiglu dup", a[2], b[2], 1e-6);
+  }
+  for (rope_style style : {rope_style::normal, rope_style::neox}) {
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i * 211);
+    rope_config rc;
+    rc.style = style;
+    rc.n_dims = hd;
+    rc.freq_base = 10000.0f;
+    const auto table = train::make_rope_table(pos, rc);
+    for (bool inverse : {false, true}) {
+      auto run = [&](dev_ctx& c, train::train_kernels& k) {
+        float* v = c.up(x);
+        EXPECT_TRUE(
+            k.rope_apply(v, n, heads, hd, c.up(table.cos), c.up(table.sin), hd, style, inverse)
+                .ok());
+        return c.down(v, sz);
+      };
+      const std::string what = std::string{"rope "} +
+                               (style == rope_style::normal ? "normal" : "neox") +
+                               (inverse ? " inverse" : "");
+      expect_close(what.c_str(), run(cpu, tc), run(gpu, tg), 1e-6);
+    }
+  }
+}
+
+TEST(cuda_vs_cpu_train, attention_packed_sequences_with_shared_prefix) {
+  WEFT_BOTH_TRAINERS;
+  // Four sequences: 0 (7 tokens) is the shared prompt of 1 and 2 (GRPO samples: 5 and 9 tokens);
+  // 3 (12 tokens) stands alone. GQA: 6 heads over 2 KV heads, head_dim 64.
+  packed_sequences ps;
+  ps.starts = {0, 7, 12, 21, 33};
+  ps.prefix = {-1, 0, 0, -1};
+  const attention_shape shape{6, 2, 64, 1.0 / 8.0};
+  const int64_t nt = ps.n_tokens(), qd = shape.n_heads * shape.head_dim,
+                kvd = shape.n_kv_heads * shape.head_dim;
+  const auto q = randn(static_cast<size_t>(nt * qd), 12),
+             k = randn(static_cast<size_t>(nt * kvd), 13),
+             v = randn(static_cast<size_t>(nt * kvd), 14),
+             dout = randn(static_cast<size_t>(nt * qd), 15);
+  auto run = [&](dev_ctx& c, train::train_kernels& kern) {
+    device_sequences ds;
+    ds.starts = c.up(ps.starts);
+    ds.prefix = c.up(ps.prefix);
+    ds.n_seqs = ps.n_seqs();
+    ds.n_tokens = nt;
+    float* out = c.zeros(q.size());
+    float* lse = c.zeros(static_cast<size_t>(nt * shape.n_heads));
+    float *dq = c.zeros(q.size()), *dk = c.zeros(k.size()), *dv = c.zeros(v.size());
+    const float *qp = c.up(q), *kp = c.up(k), *vp = c.up(v);
+    EXPECT_TRUE(kern.attention_forward(qp, kp, vp, ds, shape, out, lse).ok());
+    EXPECT_TRUE(
+        kern.attention_backward(qp, kp, vp, out, lse, c.up(dout), ds, shape, dq, dk, dv).ok());
+    return std::vector<std::vector<float>>{
+        c.down(out, q.size()), c.down(lse, static_cast<size_t>(nt * shape.n_heads)),
+        c.down(dq, q.size()), c.down(dk, k.size()), c.down(dv, v.size())};
+  };
+  const auto a = run(cpu, tc), b = run(gpu, tg);
+  expect_close("attention out", a[0], b[0], 1e-5);
+  expect_close("attention lse", a[1], b[1], 1e-5);
+  expect_close("attention dq", a[2], b[2], 1e-4);
+  expect_close("attention dk", a[3], b[3], 1e-4);
+  expect_close("attention dv", a[4], b[4], 1e-4);
+}
+
+TEST(cuda_vs_cpu_train, cross_entropy_logprobs_and_gradient) {
+  WEFT_BOTH_TRAINERS;
+  const int64_t n = 5, vocab = 49152;
+  const auto logits = randn(static_cast<size_t>(n * vocab), 16, 3.0f);
+  const std::vector<int32_t> targets = {0, 17, 49151, 1234, 17};
+  auto run = [&](dev_ctx& c, train::train_kernels& k) {
+    float* dl = c.zeros(logits.size());
+    auto* logp = static_cast<double*>(c.alloc(static_cast<size_t>(n) * sizeof(double)));
+    EXPECT_TRUE(k.cross_entropy(c.up(logits), c.up(targets), n, vocab, 0.25f, dl, logp).ok());
+    const auto lp = c.down(logp, static_cast<size_t>(n));
+    return std::make_pair(c.down(dl, logits.size()), std::vector<float>(lp.begin(), lp.end()));
+  };
+  const auto a = run(cpu, tc), b = run(gpu, tg);
+  expect_close("cross_entropy logp", a.second, b.second, 1e-6);
+  expect_close("cross_entropy dlogits", a.first, b.first, 1e-6);
+}
+
+TEST(cuda_vs_cpu_train, results_do_not_depend_on_the_run) {
+  // No atomics: two runs of the attention backward give the same bits (data-parallel exactness).
+  WEFT_BOTH_TRAINERS;
+  packed_sequences ps;
+  ps.starts = {0, 40, 95};
+  const attention_shape shape{4, 2, 64, 0.125};
+  const int64_t nt = ps.n_tokens(), qd = 256, kvd = 128;
+  const auto q = randn(static_cast<size_t>(nt * qd), 17),
+             k = randn(static_cast<size_t>(nt * kvd), 18),
+             v = randn(static_cast<size_t>(nt * kvd), 19),
+             dout = randn(static_cast<size_t>(nt * qd), 20);
+  device_sequences ds;
+  ds.starts = gpu.up(ps.starts);
+  ds.n_seqs = ps.n_seqs();
+  ds.n_tokens = nt;
+  const float *qp = gpu.up(q), *kp = gpu.up(k), *vp = gpu.up(v), *dop = gpu.up(dout);
+  std::vector<std::vector<float>> runs;
+  for (int r = 0; r < 2; ++r) {
+    float* out = gpu.zeros(q.size());
+    float* lse = gpu.zeros(static_cast<size_t>(nt * 4));
+    float *dq = gpu.zeros(q.size()), *dk = gpu.zeros(k.size()), *dv = gpu.zeros(v.size());
+    ASSERT_TRUE(tg.attention_forward(qp, kp, vp, ds, shape, out, lse).ok());
+    ASSERT_TRUE(tg.attention_backward(qp, kp, vp, out, lse, dop, ds, shape, dq, dk, dv).ok());
+    auto all = gpu.down(dq, q.size());
+    const auto dkh = gpu.down(dk, k.size());
+    all.insert(all.end(), dkh.begin(), dkh.end());
+    runs.push_back(all);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  (void)tc;
+}
+
+}  // namespace
