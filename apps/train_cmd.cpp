@@ -234,6 +234,10 @@ void add_train_command(CLI::App& app, const global_options&) {
                   "shares of each update run in parallel, the rest are BLAS threads. Exact resume "
                   "needs the same value")
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--device", o->device,
+                  "Where forward and backward run: cpu, or cuda / cuda:N (the parameters and "
+                  "AdamW stay on the host; every trainer of --trainers uses this device)")
+      ->capture_default_str();
   cmd->add_flag("--recompute", o->recompute,
                 "Recompute each layer's activations in the backward (less memory, ~1/3 more "
                 "compute)");

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Training step throughput: weft's trainer vs PyTorch eager on the CPU, same run, same model
-(transformers loads the same GGUF, f32), same batch, same thread count, same optimizer (AdamW).
+"""Training step throughput: weft's trainer vs PyTorch eager, same run, same model (transformers
+loads the same GGUF, f32), same batch, same thread count, same optimizer (AdamW). --device cuda runs
+both on the GPU (weft: forward/backward on the GPU, AdamW on the host; PyTorch: all on the GPU,
+f32 without TF32).
 
     bench/e2e/train_vs_pytorch.py --bench build/release/bench/micro/gpu/gpu_train_bench \
         [--model M.gguf] [--threads 2] [--seqs 4] [--seq-tokens 256] [--steps 5] [--repeat 3] \
-        [--out bench/results/train-vs-pytorch.json] [--png ...png]
+        [--out bench/results/train-vs-pytorch.json] [--png ...png] [--device cpu|cuda]
 
 Prints tokens/s of both and their ratio per repeat (median over repeats), weft's share of this host's
 SGEMM ceiling, and the checkpoint save time and async stall (docs/training.md).
@@ -18,7 +20,7 @@ import tempfile
 import time
 
 
-def torch_step_rate(model_path, batch, threads, steps):
+def torch_step_rate(model_path, batch, threads, steps, device="cpu"):
     import torch
     from transformers import AutoModelForCausalLM
     import gguf
@@ -27,12 +29,17 @@ def torch_step_rate(model_path, batch, threads, steps):
     model = AutoModelForCausalLM.from_pretrained(
         os.path.dirname(os.path.abspath(model_path)), gguf_file=os.path.basename(model_path),
         torch_dtype=torch.float32, tie_word_embeddings=tied)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False  # f32 GEMMs, as weft's cuBLAS SGEMMs
+        torch.backends.cudnn.allow_tf32 = False
+        model = model.to(device)
     model.train()
     decay = [p for p in model.parameters() if p.dim() > 1]
     no_decay = [p for p in model.parameters() if p.dim() <= 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.0},
                              {"params": no_decay, "weight_decay": 0.0}], lr=1e-5)
-    ids = [torch.tensor([seq]) for seq in batch]
+    ids = [torch.tensor([seq], device=device if cuda else "cpu") for seq in batch]
     n_tokens = sum(len(s) for s in batch)
     times = []
     for i in range(steps + 1):  # the first step warms up
@@ -44,6 +51,8 @@ def torch_step_rate(model_path, batch, threads, steps):
             total = total + torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum")
         (total / n_tokens).backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         if i > 0:
             times.append(time.perf_counter() - t0)
     times.sort()
@@ -62,6 +71,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default="bench/results/train-vs-pytorch.json")
     ap.add_argument("--png", default="")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for both trainers")
     a = ap.parse_args()
 
     runs = []
@@ -70,18 +80,19 @@ def main():
             j = os.path.join(tmp, "weft.json")
             subprocess.run([a.bench, "--model", a.model, "--threads", str(a.threads), "--seqs",
                             str(a.seqs), "--seq-tokens", str(a.seq_tokens), "--steps",
-                            str(a.steps), "--json", j], check=True)
+                            str(a.steps), "--json", j, "--device", a.device], check=True)
             weft = json.load(open(j))
-        rate, times = torch_step_rate(a.model, weft.pop("batch"), a.threads, a.steps)
+        rate, times = torch_step_rate(a.model, weft.pop("batch"), a.threads, a.steps, a.device)
         runs.append({"weft": weft, "torch_tokens_per_s": rate, "torch_step_s": times,
                      "ratio": weft["tokens_per_s"] / rate})
+        where = (f"weft at {100 * weft['ceiling_share']:.1f}% of the SGEMM peak"
+                 if a.device == "cpu" else f"on {weft['device']}")
         print(f"repeat {r + 1}: weft {weft['tokens_per_s']:.0f} tok/s, PyTorch eager {rate:.0f} "
-              f"tok/s, ratio {weft['tokens_per_s'] / rate:.2f}x; weft at "
-              f"{100 * weft['ceiling_share']:.1f}% of the SGEMM peak", flush=True)
+              f"tok/s, ratio {weft['tokens_per_s'] / rate:.2f}x; {where}", flush=True)
     ratios = sorted(x["ratio"] for x in runs)
     shares = sorted(x["weft"]["ceiling_share"] for x in runs)
     summary = {
-        "model": a.model, "threads": a.threads, "seqs": a.seqs, "seq_tokens": a.seq_tokens,
+        "model": a.model, "device": a.device, "threads": a.threads, "seqs": a.seqs, "seq_tokens": a.seq_tokens,
         "steps": a.steps, "repeat": a.repeat,
         "ratio_median": ratios[len(ratios) // 2],
         "weft_tokens_per_s_median": sorted(x["weft"]["tokens_per_s"] for x in runs)[len(runs) // 2],
@@ -93,8 +104,9 @@ def main():
     }
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     json.dump(summary, open(a.out, "w"), indent=1)
-    print(f"median ratio weft / PyTorch eager: {summary['ratio_median']:.2f}x; weft at "
-          f"{100 * summary['ceiling_share_median']:.1f}% of the SGEMM ceiling; checkpoint "
+    where = (f"weft at {100 * summary['ceiling_share_median']:.1f}% of the SGEMM ceiling"
+             if a.device == "cpu" else f"both on {a.device}")
+    print(f"median ratio weft / PyTorch eager: {summary['ratio_median']:.2f}x; {where}; checkpoint "
           f"{summary['checkpoint_sync_s']:.2f} s sync, async stall "
           f"{summary['checkpoint_async_stall_s']:.3f} s -> {a.out}")
     if a.png:

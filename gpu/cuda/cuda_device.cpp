@@ -216,6 +216,16 @@ class cuda_train_kernels final : public train::train_kernels {
     return check(launch_cross_entropy(logits, targets, n, vocab, grad_scale, dlogits, logp, s_),
                  "cuda cross_entropy");
   }
+  status fill(float* x, int64_t n, float value) override {
+    return check(launch_fill(x, n, value, s_), "cuda fill");
+  }
+  status embedding_backward(const float* dx, const int32_t* tokens, int64_t n, int64_t d,
+                            float* dembd) override {
+    return check(launch_embedding_backward(dx, tokens, n, d, dembd, s_), "cuda embedding_backward");
+  }
+  status scale_rows(float* x, const float* scales, int64_t rows, int64_t width) override {
+    return check(launch_scale_rows(x, scales, rows, width, s_), "cuda scale_rows");
+  }
 
  private:
   static status args(const float* q, const float* k, const float* v,

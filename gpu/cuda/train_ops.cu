@@ -310,6 +310,23 @@ __global__ void cross_entropy_rows(const float* logits, const int32_t* targets, 
   if (threadIdx.x == 0 && valid) drow[target] -= grad_scale;
 }
 
+__global__ void fill_values(float* x, int64_t n, float value) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = value;
+}
+
+__global__ void embedding_bwd(const float* dx, const int32_t* tokens, int64_t n, int64_t d,
+                              float* dembd) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= d) return;
+  for (int64_t t = 0; t < n; ++t) dembd[static_cast<int64_t>(tokens[t]) * d + i] += dx[t * d + i];
+}
+
+__global__ void scale_rows_kernel(float* x, const float* scales, int64_t rows, int64_t width) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * width) x[i] *= scales[i / width];
+}
+
 int last_error() {
   return static_cast<int>(cudaGetLastError());
 }
@@ -422,6 +439,27 @@ int launch_cross_entropy(const float* logits, const int32_t* targets, int64_t n,
   if (n == 0) return 0;
   cross_entropy_rows<<<static_cast<unsigned>(n), kBlock, 0, static_cast<cudaStream_t>(s)>>>(
       logits, targets, vocab, grad_scale, dlogits, logp);
+  return last_error();
+}
+
+int launch_fill(float* x, int64_t n, float value, stream_handle s) {
+  if (n == 0) return 0;
+  fill_values<<<grid_for(n, kBlock), kBlock, 0, static_cast<cudaStream_t>(s)>>>(x, n, value);
+  return last_error();
+}
+
+int launch_embedding_backward(const float* dx, const int32_t* tokens, int64_t n, int64_t d,
+                              float* dembd, stream_handle s) {
+  if (n == 0 || d == 0) return 0;
+  embedding_bwd<<<grid_for(d, 128), 128, 0, static_cast<cudaStream_t>(s)>>>(dx, tokens, n, d,
+                                                                            dembd);
+  return last_error();
+}
+
+int launch_scale_rows(float* x, const float* scales, int64_t rows, int64_t width, stream_handle s) {
+  if (rows * width == 0) return 0;
+  scale_rows_kernel<<<grid_for(rows * width, kBlock), kBlock, 0, static_cast<cudaStream_t>(s)>>>(
+      x, scales, rows, width);
   return last_error();
 }
 

@@ -48,4 +48,10 @@ int launch_swiglu_backward(const float* gate, const float* up, const float* dh, 
 int launch_cross_entropy(const float* logits, const int32_t* targets, int64_t n, int64_t vocab,
                          float grad_scale, float* dlogits, double* logp, stream_handle s);
 
+int launch_fill(float* x, int64_t n, float value, stream_handle s);
+/// dembd[tokens[t]] += dx[t], tokens in order (one thread per column: no atomics).
+int launch_embedding_backward(const float* dx, const int32_t* tokens, int64_t n, int64_t d,
+                              float* dembd, stream_handle s);
+int launch_scale_rows(float* x, const float* scales, int64_t rows, int64_t width, stream_handle s);
+
 }  // namespace weft::gpu::cuda

@@ -39,6 +39,7 @@ nlohmann::json to_json(const sft_run_options& o) {
           {"seed", o.seed},
           {"threads", o.threads},
           {"recompute", o.recompute},
+          {"device", o.device},
           {"checkpoint_dir", o.checkpoint_dir},
           {"checkpoint_every", o.checkpoint_every},
           {"keep_checkpoints", o.keep_checkpoints},
@@ -77,6 +78,7 @@ result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j) {
     o.seed = j.value("seed", o.seed);
     o.threads = j.value("threads", o.threads);
     o.recompute = j.value("recompute", o.recompute);
+    o.device = j.value("device", o.device);
     o.checkpoint_dir = j.value("checkpoint_dir", o.checkpoint_dir);
     o.checkpoint_every = j.value("checkpoint_every", o.checkpoint_every);
     o.keep_checkpoints = j.value("keep_checkpoints", o.keep_checkpoints);
@@ -118,6 +120,13 @@ result<sft_config> make_sft_config(const sft_run_options& o) {
   sc.adamw = {o.beta1, o.beta2, o.adam_eps, o.weight_decay};
   sc.max_grad_norm = o.max_grad_norm;
   sc.parallel = plan_threads(o.threads).shares;
+  sc.adamw.threads = sc.parallel;
+  if (o.device != "cpu") {
+    // Forward and backward run on the device (one share); the host's cores all go to the
+    // element-wise work that stays there: the gradient scaling and AdamW.
+    sc.parallel = 1;
+    sc.adamw.threads = std::max(1, o.threads);
+  }
   return sc;
 }
 
@@ -138,7 +147,11 @@ result<sft_run> load_sft_run(const sft_run_options& o, bool with_model) {
                data->examples.size(), data->tokens, data->loss_tokens, data->truncated,
                o.max_seq_tokens);
   std::unique_ptr<trainable_model<float>> model;
+  std::unique_ptr<device> dev;
   if (with_model) {
+    auto d = open_training_device(o.device);
+    if (!d) return d.error();
+    dev = std::move(*d);
     trainable_config tc;
     tc.recompute = o.recompute;
     auto m = trainable_model<float>::load(*file, tc);
@@ -148,8 +161,36 @@ result<sft_run> load_sft_run(const sft_run_options& o, bool with_model) {
         "model: {} parameters in f32 ({:.1f} MiB; with gradients and AdamW moments {:.1f} MiB)",
         model->n_parameters(), model->n_parameters() * 4.0 / (1 << 20),
         model->n_parameters() * 16.0 / (1 << 20));
+    if (dev) {
+      if (auto st = model->use_device(dev.get()); !st)
+        return status{st.code(), "--device " + o.device + ": " + st.message()};
+      spdlog::info("forward and backward on {}; parameters and AdamW on the host",
+                   dev->capabilities().name);
+    }
   }
-  return sft_run{std::move(*file), std::move(*data), std::move(model)};
+  return sft_run{std::move(*file), std::move(*data), std::move(dev), std::move(model)};
+}
+
+result<std::unique_ptr<device>> open_training_device(const std::string& name) {
+  if (name == "cpu") return std::unique_ptr<device>{};
+  std::string backend = name;
+  int index = 0;
+  if (const auto colon = name.find(':'); colon != std::string::npos) {
+    backend = name.substr(0, colon);
+    const std::string num = name.substr(colon + 1);
+    if (num.empty() || num.size() > 4 ||
+        !std::all_of(num.begin(), num.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return status{status_code::invalid_argument,
+                    "--device " + name + ": expected BACKEND or BACKEND:INDEX (cpu, cuda, cuda:1)"};
+    index = std::stoi(num);
+  }
+  auto d = device_registry::instance().create(backend, device_config{0, index});
+  if (!d) {
+    return status{d.error().code() == status_code::not_found ? status_code::invalid_argument
+                                                             : d.error().code(),
+                  "--device " + name + ": " + d.error().message()};
+  }
+  return std::move(*d);
 }
 
 thread_plan plan_threads(int threads) {

@@ -37,6 +37,9 @@ struct sft_run_options {
   uint64_t seed = 0;
   int threads = 1;  ///< cores to use (plan_threads); the caller resolves "all cores"
   bool recompute = false;
+  /// Where forward and backward run: "cpu" (the host, default), or a device backend such as
+  /// "cuda" / "cuda:N" (trainable_model::use_device: the optimizer stays on the host).
+  std::string device = "cpu";
   std::string checkpoint_dir;
   int64_t checkpoint_every = 50;
   int keep_checkpoints = 2;
@@ -55,8 +58,13 @@ result<sft_config> make_sft_config(const sft_run_options& o);
 struct sft_run {
   gguf_file file;
   sft_dataset data;
+  std::unique_ptr<device> dev;  ///< The device of --device other than cpu (outlives model).
   std::unique_ptr<trainable_model<float>> model;
 };
+
+/// Opens the device a run's `device` option names ("cuda", "cuda:1"); null for "cpu". Errors
+/// name the option and the backend's reason (no GPU, no such index).
+result<std::unique_ptr<device>> open_training_device(const std::string& name);
 
 /// Opens the model, encodes the data (a bad line is an error naming file:line) and loads the
 /// weights, logging what it loaded. Errors name the file.

@@ -15,7 +15,7 @@ sft_trainer::sft_trainer(trainable_model<float>& model, const sft_dataset& data,
       world_(world),
       opt_([&config] {
         adamw_config c = config.adamw;
-        c.threads = std::max(1, config.parallel);
+        c.threads = std::max({1, config.parallel, config.adamw.threads});
         return c;
       }()) {
   std::vector<int64_t> sizes;
@@ -31,7 +31,7 @@ result<step_record> sft_trainer::step() {
   int64_t tokens = 0;
   const int p = std::max(1, config_.parallel);
   const auto shares = sampler_.next_step_shares(rank_ * p, p, world_ * p, &tokens);
-  model_.zero_grad(p);
+  model_.zero_grad(std::max(p, opt_.config().threads));
   double loss_sum = 0.0;
   int64_t loss_tokens = 0;
   if (p == 1) {
@@ -58,10 +58,11 @@ result<step_record> sft_trainer::step() {
   }
   // Gradient of the mean token loss over the whole step.
   const float inv = loss_tokens > 0 ? 1.0f / static_cast<float>(loss_tokens) : 0.0f;
+  const int host_threads = opt_.config().threads;
   for (auto& g : grads) {
     float* x = g.data();
     const auto n = static_cast<int64_t>(g.size());
-    parallel_ranges(n, n >= (1 << 20) ? p : 1, [x, inv](int64_t lo, int64_t hi) {
+    parallel_ranges(n, n >= (1 << 20) ? host_threads : 1, [x, inv](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) x[i] *= inv;
     });
   }

@@ -1,6 +1,7 @@
 // The CPU device's trainer ops: train_ops<float> on host memory (gpu/train/train_kernels.hpp).
 #include "gpu/train/train_kernels.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace weft::gpu::train {
@@ -107,6 +108,28 @@ status cpu_train_kernels::cross_entropy(const float* logits, const int32_t* targ
     logp[t] =
         -train::cross_entropy<float>(logits + t * vocab, targets + t, 1, vocab, grad_scale,
                                      dlogits != nullptr ? dlogits + t * vocab : nullptr, nullptr);
+  }
+  return {};
+}
+
+status cpu_train_kernels::fill(float* x, int64_t n, float value) {
+  std::fill(x, x + n, value);
+  return {};
+}
+
+status cpu_train_kernels::embedding_backward(const float* dx, const int32_t* tokens, int64_t n,
+                                             int64_t d, float* dembd) {
+  for (int64_t t = 0; t < n; ++t) {
+    float* row = dembd + static_cast<int64_t>(tokens[t]) * d;
+    for (int64_t i = 0; i < d; ++i) row[i] += dx[t * d + i];
+  }
+  return {};
+}
+
+status cpu_train_kernels::scale_rows(float* x, const float* scales, int64_t rows, int64_t width) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * width;
+    for (int64_t j = 0; j < width; ++j) row[j] *= scales[r];
   }
   return {};
 }

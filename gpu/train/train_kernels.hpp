@@ -59,6 +59,13 @@ class train_kernels {
   /// grad_scale · (softmax − onehot). The loss is −Σ logp (summed by the caller, in double).
   virtual status cross_entropy(const float* logits, const int32_t* targets, int64_t n,
                                int64_t vocab, float grad_scale, float* dlogits, double* logp) = 0;
+  /// x[i] = value for i < n.
+  virtual status fill(float* x, int64_t n, float value) = 0;
+  /// The token embedding's backward: dembd[tokens[t]] += dx[t] for t in order (rows of d).
+  virtual status embedding_backward(const float* dx, const int32_t* tokens, int64_t n, int64_t d,
+                                    float* dembd) = 0;
+  /// x[r][j] *= scales[r] for rows of `width`.
+  virtual status scale_rows(float* x, const float* scales, int64_t rows, int64_t width) = 0;
 };
 
 /// The CPU implementation (host memory): train_ops<float>.
@@ -85,6 +92,10 @@ class cpu_train_kernels final : public train_kernels {
                          float* dgate, float* dup) override;
   status cross_entropy(const float* logits, const int32_t* targets, int64_t n, int64_t vocab,
                        float grad_scale, float* dlogits, double* logp) override;
+  status fill(float* x, int64_t n, float value) override;
+  status embedding_backward(const float* dx, const int32_t* tokens, int64_t n, int64_t d,
+                            float* dembd) override;
+  status scale_rows(float* x, const float* scales, int64_t rows, int64_t width) override;
 };
 
 }  // namespace weft::gpu::train

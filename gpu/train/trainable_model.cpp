@@ -4,8 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <thread>
+#include <type_traits>
 
 #include "gpu/ggml_types.hpp"
+#include "gpu/train/device_trainer.hpp"
 
 namespace weft::gpu::train {
 
@@ -179,6 +181,7 @@ result<std::unique_ptr<trainable_model<T>>> trainable_model<T>::load(
 
 template <class T>
 parameter<T>* trainable_model<T>::find(std::string_view name) {
+  params_changed_ = true;
   for (auto& p : params_) {
     if (p.name == name) return &p;
   }
@@ -190,6 +193,37 @@ int64_t trainable_model<T>::n_parameters() const {
   int64_t total = 0;
   for (const auto& p : params_) total += p.size();
   return total;
+}
+
+template <class T>
+status trainable_model<T>::use_device(device* dev) {
+  if (dev == nullptr) {
+    device_.reset();
+    return {};
+  }
+  if constexpr (!std::is_same_v<T, float>) {
+    return {status_code::unsupported, "a device runs the f32 trainer only"};
+  } else {
+    if (dev->training() == nullptr)
+      return {status_code::unsupported,
+              dev->capabilities().name + " has no trainer ops (device::training)"};
+    trainable_layout layout;
+    for (const layer_params& l : layers_)
+      layout.layers.push_back(
+          {l.attn_norm, l.wq, l.wk, l.wv, l.wo, l.ffn_norm, l.gate, l.up, l.down});
+    layout.embd = embd_;
+    layout.out_norm = out_norm_;
+    layout.output = output_;
+    layout.rope_freqs = rope_freqs_;
+    device_ = std::make_unique<device_trainer>(*dev, hp_, config_, std::move(layout));
+    params_changed_ = true;
+    return {};
+  }
+}
+
+template <class T>
+device* trainable_model<T>::compute_device() const {
+  return device_ ? &device_->dev() : nullptr;
 }
 
 template <class T>
@@ -360,6 +394,7 @@ void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, bac
 template <class T>
 result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b) {
   if (auto st = check(b); !st) return st;
+  if (device_) return on_device({&b}, nullptr);
   std::vector<T*> grads;
   for (auto& p : params_) grads.push_back(p.grad.data());
   return accumulate(b, *fs_, *bs_, grads, nullptr);
@@ -369,6 +404,7 @@ template <class T>
 result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b,
                                                       const token_objective<T>& objective) {
   if (auto st = check(b); !st) return st;
+  if (device_) return on_device({&b}, &objective);
   std::vector<T*> grads;
   for (auto& p : params_) grads.push_back(p.grad.data());
   return accumulate(b, *fs_, *bs_, grads, &objective);
@@ -393,6 +429,13 @@ result<loss_sum> trainable_model<T>::run_shares(std::span<const std::vector<trai
     for (const auto& b : share) {
       if (auto st = check(b); !st) return st;
     }
+  }
+  if (device_) {
+    // One device: the shares' batches in share order, summed into one set of gradients.
+    std::vector<const train_batch*> all;
+    for (const auto& share : shares)
+      for (const auto& b : share) all.push_back(&b);
+    return on_device(all, objective);
   }
   std::vector<T*> own;
   for (auto& p : params_) own.push_back(p.grad.data());
@@ -534,8 +577,28 @@ loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
 }
 
 template <class T>
+result<loss_sum> trainable_model<T>::on_device(std::vector<const train_batch*> batches,
+                                               const token_objective<T>* objective) {
+  if constexpr (!std::is_same_v<T, float>) {
+    return status{status_code::unsupported, "a device runs the f32 trainer only"};
+  } else {
+    const bool upload = params_changed_;
+    auto r = device_->forward_backward(batches, objective, params_, upload);
+    if (r) params_changed_ = false;
+    return r;
+  }
+}
+
+template <class T>
 result<std::vector<T>> trainable_model<T>::logits(const train_batch& b) {
   if (auto st = check(b); !st) return st;
+  if constexpr (std::is_same_v<T, float>) {
+    if (device_) {
+      auto r = device_->logits(b, params_, params_changed_);
+      if (r) params_changed_ = false;
+      return r;
+    }
+  }
   forward_state& fs = *fs_;
   forward(b, fs);
   std::vector<T> out(static_cast<size_t>(fs.n * hp_.n_vocab));

@@ -93,6 +93,8 @@ using token_objective =
     std::function<double(const train_batch& batch, std::span<const int64_t> positions,
                          std::span<const T> logp, std::span<T> dloss_dlogp)>;
 
+class device_trainer;
+
 template <class T>
 class trainable_model {
  public:
@@ -106,12 +108,27 @@ class trainable_model {
 
   const model_hparams& hparams() const { return hp_; }
   const trainable_config& config() const { return config_; }
-  std::vector<parameter<T>>& parameters() { return params_; }
+  /// The parameters (host memory, the master copy). Mutable access marks them changed: with a
+  /// device attached, the next forward uploads them again.
+  std::vector<parameter<T>>& parameters() {
+    params_changed_ = true;
+    return params_;
+  }
   const std::vector<parameter<T>>& parameters() const { return params_; }
   /// The parameter called `name`, or null.
   parameter<T>* find(std::string_view name);
   int64_t n_parameters() const;
 
+  /// Runs forward and backward passes on `dev` from now on (null: back to the host), through its
+  /// device::training() ops; f32 models only. The parameters stay on the host as the master copy
+  /// (uploaded when changed), gradients are computed on the device and added into the host
+  /// gradients before each forward_backward returns, and the optimizer runs on the host — the
+  /// split of DeepSpeed's ZeRO-Offload. The device's results agree with the host's within
+  /// rounding (docs/training.md), and are deterministic: the same calls give the same bits.
+  /// `dev` must outlive the model, or be detached first (use_device(nullptr)).
+  status use_device(device* dev);
+  /// The device forward/backward run on, or null (the host).
+  device* compute_device() const;
   /// Sets every gradient to zero (on `threads` threads).
   void zero_grad(int threads = 1);
 
@@ -156,6 +173,9 @@ class trainable_model {
                       const std::vector<T*>& grads, const token_objective<T>* objective);
   result<loss_sum> run_shares(std::span<const std::vector<train_batch>> shares,
                               const token_objective<T>* objective);
+  /// Forward and backward of checked batches on device_.
+  result<loss_sum> on_device(std::vector<const train_batch*> batches,
+                             const token_objective<T>* objective);
 
   model_hparams hp_;
   trainable_config config_;
@@ -166,6 +186,8 @@ class trainable_model {
   std::unique_ptr<forward_state> fs_;         ///< Activations, reused from call to call.
   std::unique_ptr<backward_scratch> bs_;      ///< Gradient buffers, reused from call to call.
   std::vector<std::unique_ptr<replica>> replicas_;  ///< Shares 1.. of a parallel call.
+  std::unique_ptr<device_trainer> device_;          ///< use_device's, or null.
+  bool params_changed_ = true;
 };
 
 extern template class trainable_model<float>;

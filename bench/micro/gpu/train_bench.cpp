@@ -5,6 +5,11 @@
 // in bench/e2e/train_vs_pytorch.py, which calls this binary in the same run.
 //
 //   train_bench --model M.gguf [--seq-tokens 256] [--seqs 4] [--steps 5] [--threads T] [--json F]
+//               [--device cpu|cuda|cuda:N]
+//
+// --device: forward and backward on that device (trainable_model::use_device; the parameters and
+// AdamW stay on the host, as `weft train --device` runs). The SGEMM ceiling is the host's and is
+// only reported for the CPU.
 #include <cblas.h>
 
 #include <nlohmann/json.hpp>
@@ -57,6 +62,7 @@ int main(int argc, char** argv) {
   int64_t seq_tokens = 256, seqs = 4, steps = 5;
   int threads = 0;
   std::string mode = "plan";
+  std::string device_name = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -74,6 +80,8 @@ int main(int argc, char** argv) {
       json_path = v;
     else if (k == "--mode")
       mode = v;
+    else if (k == "--device")
+      device_name = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -82,7 +90,7 @@ int main(int argc, char** argv) {
   if (model_path.empty()) {
     std::fprintf(stderr,
                  "usage: train_bench --model M.gguf [--seq-tokens N] [--seqs S] [--steps K] "
-                 "[--threads T] [--mode plan|blas] [--json F]\n");
+                 "[--threads T] [--mode plan|blas] [--json F] [--device cpu|cuda]\n");
     return 2;
   }
   // plan: as `weft train --threads T` runs (plan_threads: shares of the batch in parallel, one
@@ -91,6 +99,12 @@ int main(int argc, char** argv) {
   thread_plan plan = plan_threads(threads);
   if (mode == "blas") plan = {1, threads};
   openblas_set_num_threads(plan.blas);
+  // The device first: it must outlive the model, which releases its buffers on it.
+  auto dev = open_training_device(device_name);
+  if (!dev) {
+    std::fprintf(stderr, "%s\n", dev.error().to_string().c_str());
+    return 1;
+  }
   auto file = gguf_file::open(model_path);
   if (!file) {
     std::fprintf(stderr, "%s\n", file.error().to_string().c_str());
@@ -102,6 +116,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto& m = **model;
+  const bool on_cpu = *dev == nullptr;
+  if (!on_cpu) {
+    if (auto st = m.use_device(dev->get()); !st) {
+      std::fprintf(stderr, "%s\n", st.to_string().c_str());
+      return 1;
+    }
+    plan.shares = 1;  // one device: the shares would run one after the other anyway
+  }
   // The batch: `seqs` sequences of random tokens, every position in the loss (seed 1; the PyTorch
   // script draws the same ids from the same generator output, written to the JSON).
   std::mt19937 rng(1);
@@ -118,7 +140,7 @@ int main(int argc, char** argv) {
     all.push_back(ids);
   }
   adamw_config ac;
-  ac.threads = plan.shares;  // as sft_trainer runs it
+  ac.threads = on_cpu ? plan.shares : threads;  // as sft_trainer runs it (make_sft_config)
   adamw opt(ac);
   std::vector<int64_t> sizes;
   std::vector<uint8_t> decay;
@@ -130,7 +152,7 @@ int main(int argc, char** argv) {
   std::vector<double> step_s;
   for (int64_t i = 0; i < steps + 1; ++i) {  // the first step warms up and is not counted
     const auto t0 = clock_type::now();
-    m.zero_grad(plan.shares);
+    m.zero_grad(ac.threads);
     auto l = plan.shares == 1
                  ? m.forward_backward(batch)
                  : m.forward_backward(std::span<const std::vector<train_batch>>(shares));
@@ -144,7 +166,7 @@ int main(int argc, char** argv) {
       float* g = p.grad.data();
       const auto n = static_cast<int64_t>(p.grad.size());
       const auto inv = 1.0f / static_cast<float>(l->tokens);
-      parallel_ranges(n, n >= (1 << 20) ? plan.shares : 1, [g, inv](int64_t lo, int64_t hi) {
+      parallel_ranges(n, n >= (1 << 20) ? ac.threads : 1, [g, inv](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) g[i] *= inv;
       });
       values.emplace_back(p.value);
@@ -228,18 +250,28 @@ int main(int argc, char** argv) {
                      {"step_s", step_s},
                      {"tokens_per_s", tokens / median},
                      {"step_gflop", flops / 1e9},
+                     {"device", on_cpu ? std::string{"cpu"} : (*dev)->capabilities().name},
                      {"sgemm_peak_gflops", peak / 1e9},
-                     {"ceiling_share", flops / median / peak},
+                     {"ceiling_share", on_cpu ? flops / median / peak : 0.0},
+                     {"achieved_gflops", flops / median / 1e9},
                      {"checkpoint_bytes", static_cast<double>(m.n_parameters()) * 12.0},
                      {"checkpoint_sync_s", sync_save},
                      {"checkpoint_async_stall_s", async_stall},
                      {"checkpoint_async_total_s", async_total},
                      {"batch", all}};
-  std::printf(
-      "weft train step: %.0f tok/s (median of %lld steps, %.3f s/step), %.1f GFLOP/step, "
-      "%.1f%% of the %.1f GFLOP/s SGEMM peak; checkpoint sync %.2f s, async stall %.3f s\n",
-      tokens / median, static_cast<long long>(steps), median, flops / 1e9,
-      100.0 * flops / median / peak, peak / 1e9, sync_save, async_stall);
+  if (on_cpu) {
+    std::printf(
+        "weft train step: %.0f tok/s (median of %lld steps, %.3f s/step), %.1f GFLOP/step, "
+        "%.1f%% of the %.1f GFLOP/s SGEMM peak; checkpoint sync %.2f s, async stall %.3f s\n",
+        tokens / median, static_cast<long long>(steps), median, flops / 1e9,
+        100.0 * flops / median / peak, peak / 1e9, sync_save, async_stall);
+  } else {
+    std::printf(
+        "weft train step on %s: %.0f tok/s (median of %lld steps, %.3f s/step), %.1f GFLOP/step "
+        "= %.0f GFLOP/s; checkpoint sync %.2f s, async stall %.3f s\n",
+        (*dev)->capabilities().name.c_str(), tokens / median, static_cast<long long>(steps), median,
+        flops / 1e9, flops / median / 1e9, sync_save, async_stall);
+  }
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(1);
   return 0;
 }

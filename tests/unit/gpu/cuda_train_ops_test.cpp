@@ -10,6 +10,7 @@
 #include "device_pair.hpp"
 #include "gpu/train/train_kernels.hpp"
 #include "gpu/train/train_ops.hpp"
+#include "train_device_check.hpp"
 
 namespace {
 
@@ -199,6 +200,24 @@ TEST(cuda_vs_cpu_train, results_do_not_depend_on_the_run) {
   }
   EXPECT_EQ(runs[0], runs[1]);
   (void)tc;
+}
+
+TEST(cuda_vs_cpu_train, trainable_model_on_cuda_matches_the_host) {
+  // The whole model's forward and backward on the GPU (trainable_model::use_device) against the
+  // host path: masked prompts, a shared prefix, a per-token objective, SGD steps between.
+  dev_ctx gpu("cuda");
+  if (!gpu.d) GTEST_SKIP() << "no CUDA device can be opened here (the CUDA backend did not run)";
+  for (bool recompute : {false, true}) {
+    for (bool tied : {false, true}) {
+      const auto a = compare_device_training(*gpu.d, recompute, tied);
+      const auto b = compare_device_training(*gpu.d, recompute, tied);
+      EXPECT_LE(a.loss_rel, 1e-5);
+      EXPECT_LE(a.grad_rel, 1e-4);
+      // The same calls give the same bits on the device: two runs differ from the host equally.
+      EXPECT_EQ(a.loss_rel, b.loss_rel);
+      EXPECT_EQ(a.grad_rel, b.grad_rel);
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,407 @@
+#include "gpu/train/device_trainer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "gpu/train/train_kernels.hpp"
+
+namespace weft::gpu::train {
+
+namespace {
+
+/// A device buffer that grows on demand (contents are not kept across growth).
+struct dbuf {
+  device_buffer b;
+  template <class U>
+  result<U*> need(device& d, int64_t count) {
+    const size_t bytes = std::max<size_t>(static_cast<size_t>(count) * sizeof(U), 64);
+    if (b.size_bytes < bytes) {
+      d.release(b);
+      b = {};
+      auto r = d.allocate(bytes);
+      if (!r) return r.error();
+      b = *r;
+    }
+    return static_cast<U*>(b.data);
+  }
+  template <class U>
+  U* get() const {
+    return static_cast<U*>(b.data);
+  }
+};
+
+#define WEFT_TRY(expr)             \
+  do {                             \
+    if (auto st_ = (expr); !st_) { \
+      return st_;                  \
+    }                              \
+  } while (0)
+
+#define WEFT_NEED(ptr, buf, type, count)                \
+  do {                                                  \
+    auto r_ = (buf).template need<type>(dev_, (count)); \
+    if (!r_) return r_.error();                         \
+    ptr = *r_;                                          \
+  } while (0)
+
+}  // namespace
+
+/// One block's saved activations.
+struct layer_bufs {
+  dbuf x_in, xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate, up, h;
+};
+
+struct device_trainer::state {
+  std::vector<dbuf> value, grad;   ///< Per parameter.
+  std::vector<layer_bufs> layers;  ///< n_layers of them, plus the recompute scratch at the end.
+  dbuf x, xn_final, rstd_final, x_out;
+  dbuf dh, dgate, dup, dxn, datt, dq, dk, dv, dx, dxn_final;
+  dbuf xc, logits, dlogits, dxc, logp, scales;
+  dbuf tokens, rows, targets, starts, prefix, rope_cos, rope_sin;
+  int64_t n = 0;  ///< Tokens of the batch in flight.
+  device_sequences seqs;
+  attention_shape shape;
+  std::vector<float> staging;  ///< Host copy of one gradient tensor.
+  std::vector<device_buffer*> all() {
+    std::vector<device_buffer*> out;
+    for (auto& b : value) out.push_back(&b.b);
+    for (auto& b : grad) out.push_back(&b.b);
+    for (auto& l : layers) {
+      for (dbuf* p : {&l.x_in, &l.xn1, &l.rstd1, &l.q, &l.k, &l.v, &l.att, &l.lse, &l.x_mid, &l.xn2,
+                      &l.rstd2, &l.gate, &l.up, &l.h})
+        out.push_back(&p->b);
+    }
+    for (dbuf* p : {&x,    &xn_final, &rstd_final, &x_out,  &dh,       &dgate,   &dup,
+                    &dxn,  &datt,     &dq,         &dk,     &dv,       &dx,      &dxn_final,
+                    &xc,   &logits,   &dlogits,    &dxc,    &logp,     &scales,  &tokens,
+                    &rows, &targets,  &starts,     &prefix, &rope_cos, &rope_sin})
+      out.push_back(&p->b);
+    return out;
+  }
+};
+
+device_trainer::device_trainer(device& dev, const model_hparams& hp, const trainable_config& config,
+                               trainable_layout layout)
+    : dev_(dev),
+      hp_(hp),
+      recompute_(config.recompute),
+      head_chunk_rows_(std::max<int64_t>(1, config.head_chunk_rows)),
+      layout_(std::move(layout)),
+      s_(std::make_unique<state>()) {
+  s_->layers.resize(static_cast<size_t>(hp_.n_layers) + 1);
+}
+
+device_trainer::~device_trainer() {
+  for (device_buffer* b : s_->all()) dev_.release(*b);
+}
+
+status device_trainer::upload(const std::vector<parameter<float>>& params) {
+  s_->value.resize(params.size());
+  s_->grad.resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    float* v = nullptr;
+    WEFT_NEED(v, s_->value[i], float, params[i].size());
+    WEFT_TRY(
+        dev_.copy_to_device(v, params[i].value.data(), params[i].value.size() * sizeof(float)));
+    float* g = nullptr;
+    WEFT_NEED(g, s_->grad[i], float, params[i].size());
+  }
+  return dev_.synchronize();
+}
+
+status device_trainer::forward(const train_batch& b) {
+  state& s = *s_;
+  const int64_t n = b.n_tokens();
+  const int64_t d = hp_.n_embd;
+  s.n = n;
+  // Positions (a shared prefix shifts its continuations) and the RoPE table, on the host.
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t q = 0; q < b.seqs.n_seqs(); ++q) {
+    for (int64_t i = b.seqs.starts[static_cast<size_t>(q)];
+         i < b.seqs.starts[static_cast<size_t>(q) + 1]; ++i) {
+      pos[static_cast<size_t>(i)] = static_cast<int32_t>(i - b.seqs.starts[static_cast<size_t>(q)] +
+                                                         b.seqs.first_position(q));
+    }
+  }
+  rope_config rc = hp_.rope;
+  rc.freq_factors = layout_.rope_freqs.empty() ? nullptr : layout_.rope_freqs.data();
+  const rope_table table = make_rope_table(pos, rc);
+  double *cs = nullptr, *sn = nullptr;
+  WEFT_NEED(cs, s.rope_cos, double, static_cast<int64_t>(table.cos.size()));
+  WEFT_NEED(sn, s.rope_sin, double, static_cast<int64_t>(table.sin.size()));
+  WEFT_TRY(dev_.copy_to_device(cs, table.cos.data(), table.cos.size() * sizeof(double)));
+  WEFT_TRY(dev_.copy_to_device(sn, table.sin.data(), table.sin.size() * sizeof(double)));
+  int32_t* tok = nullptr;
+  WEFT_NEED(tok, s.tokens, int32_t, n);
+  WEFT_TRY(dev_.copy_to_device(tok, b.tokens.data(), b.tokens.size() * sizeof(int32_t)));
+  int64_t* st = nullptr;
+  WEFT_NEED(st, s.starts, int64_t, static_cast<int64_t>(b.seqs.starts.size()));
+  WEFT_TRY(dev_.copy_to_device(st, b.seqs.starts.data(), b.seqs.starts.size() * sizeof(int64_t)));
+  s.seqs = {st, nullptr, b.seqs.n_seqs(), n};
+  if (!b.seqs.prefix.empty()) {
+    int64_t* pr = nullptr;
+    WEFT_NEED(pr, s.prefix, int64_t, static_cast<int64_t>(b.seqs.prefix.size()));
+    WEFT_TRY(dev_.copy_to_device(pr, b.seqs.prefix.data(), b.seqs.prefix.size() * sizeof(int64_t)));
+    s.seqs.prefix = pr;
+  }
+  s.shape = {hp_.n_heads, hp_.n_kv_heads, hp_.head_dim,
+             1.0 / std::sqrt(static_cast<double>(hp_.head_dim))};
+  // The embedding rows.
+  float* x = nullptr;
+  WEFT_NEED(x, s.x, float, n* d);
+  tensor_view embd;
+  embd.type = ggml_type::f32;
+  embd.data = s.value[static_cast<size_t>(layout_.embd)].get<float>();
+  embd.n_cols = d;
+  embd.n_rows = hp_.n_vocab;
+  embd.row_bytes = static_cast<size_t>(d) * sizeof(float);
+  embd.mat_bytes = embd.row_bytes * static_cast<size_t>(hp_.n_vocab);
+  WEFT_TRY(dev_.ops().get_rows(embd, tok, n, x));
+  for (int64_t il = 0; il < hp_.n_layers; ++il) {
+    float* x_in = nullptr;
+    WEFT_NEED(x_in, s.layers[static_cast<size_t>(il)].x_in, float, n* d);
+    WEFT_TRY(dev_.copy_on_device(x_in, x, static_cast<size_t>(n * d) * sizeof(float)));
+    WEFT_TRY(layer_forward(il, x_in,
+                           recompute_ ? static_cast<int>(hp_.n_layers) : static_cast<int>(il), x));
+  }
+  float *xn = nullptr, *rstd = nullptr;
+  WEFT_NEED(xn, s.xn_final, float, n* d);
+  WEFT_NEED(rstd, s.rstd_final, float, n);
+  return dev_.training()->rms_norm_forward(
+      x, s.value[static_cast<size_t>(layout_.out_norm)].get<float>(), n, d, hp_.rms_eps, xn, rstd);
+}
+
+status device_trainer::layer_forward(int64_t il, const float* x_in, int acts, float* x_out) {
+  state& s = *s_;
+  train_kernels& k = *dev_.training();
+  const auto& l = layout_.layers[static_cast<size_t>(il)];
+  layer_bufs& a = s.layers[static_cast<size_t>(acts)];
+  const int64_t n = s.n, d = hp_.n_embd, qd = hp_.n_heads * hp_.head_dim,
+                kvd = hp_.n_kv_heads * hp_.head_dim, ff = hp_.n_ff;
+  auto w = [&](int i) {
+    return s.value[static_cast<size_t>(l[static_cast<size_t>(i)])].get<float>();
+  };
+  float *xn1, *rstd1, *q, *kk, *v, *att, *lse, *x_mid, *xn2, *rstd2, *gate, *up, *h;
+  WEFT_NEED(xn1, a.xn1, float, n* d);
+  WEFT_NEED(rstd1, a.rstd1, float, n);
+  WEFT_NEED(q, a.q, float, n* qd);
+  WEFT_NEED(kk, a.k, float, n* kvd);
+  WEFT_NEED(v, a.v, float, n* kvd);
+  WEFT_NEED(att, a.att, float, n* qd);
+  WEFT_NEED(lse, a.lse, float, n* hp_.n_heads);
+  WEFT_NEED(x_mid, a.x_mid, float, n* d);
+  WEFT_NEED(xn2, a.xn2, float, n* d);
+  WEFT_NEED(rstd2, a.rstd2, float, n);
+  WEFT_NEED(gate, a.gate, float, n* ff);
+  WEFT_NEED(up, a.up, float, n* ff);
+  WEFT_NEED(h, a.h, float, n* ff);
+  const double* cs = s.rope_cos.get<double>();
+  const double* sn = s.rope_sin.get<double>();
+  const int64_t rd = hp_.rope.n_dims;
+  WEFT_TRY(k.rms_norm_forward(x_in, w(0), n, d, hp_.rms_eps, xn1, rstd1));
+  WEFT_TRY(k.linear_forward(xn1, w(1), n, d, qd, q));
+  WEFT_TRY(k.linear_forward(xn1, w(2), n, d, kvd, kk));
+  WEFT_TRY(k.linear_forward(xn1, w(3), n, d, kvd, v));
+  WEFT_TRY(k.rope_apply(q, n, hp_.n_heads, hp_.head_dim, cs, sn, rd, hp_.rope.style, false));
+  WEFT_TRY(k.rope_apply(kk, n, hp_.n_kv_heads, hp_.head_dim, cs, sn, rd, hp_.rope.style, false));
+  WEFT_TRY(k.attention_forward(q, kk, v, s.seqs, s.shape, att, lse));
+  WEFT_TRY(k.linear_forward(att, w(4), n, qd, d, x_mid));
+  WEFT_TRY(dev_.ops().add(x_mid, x_in, x_mid, n * d));
+  WEFT_TRY(k.rms_norm_forward(x_mid, w(5), n, d, hp_.rms_eps, xn2, rstd2));
+  WEFT_TRY(k.linear_forward(xn2, w(6), n, d, ff, gate));
+  WEFT_TRY(k.linear_forward(xn2, w(7), n, d, ff, up));
+  WEFT_TRY(k.swiglu_forward(gate, up, n * ff, h));
+  WEFT_TRY(k.linear_forward(h, w(8), n, ff, d, x_out));
+  return dev_.ops().add(x_out, x_mid, x_out, n * d);
+}
+
+status device_trainer::layer_backward(int64_t il, int acts, const float* x_in, float* dx) {
+  state& s = *s_;
+  train_kernels& k = *dev_.training();
+  const auto& l = layout_.layers[static_cast<size_t>(il)];
+  layer_bufs& a = s.layers[static_cast<size_t>(acts)];
+  const int64_t n = s.n, d = hp_.n_embd, qd = hp_.n_heads * hp_.head_dim,
+                kvd = hp_.n_kv_heads * hp_.head_dim, ff = hp_.n_ff;
+  auto idx = [&](int i) { return static_cast<size_t>(l[static_cast<size_t>(i)]); };
+  auto w = [&](int i) { return s.value[idx(i)].get<float>(); };
+  auto g = [&](int i) { return s.grad[idx(i)].get<float>(); };
+  float *dh, *dgate, *dup, *dxn, *datt, *dq, *dk, *dv;
+  WEFT_NEED(dh, s.dh, float, n* ff);
+  WEFT_NEED(dgate, s.dgate, float, n* ff);
+  WEFT_NEED(dup, s.dup, float, n* ff);
+  WEFT_NEED(dxn, s.dxn, float, n* d);
+  WEFT_NEED(datt, s.datt, float, n* qd);
+  WEFT_NEED(dq, s.dq, float, n* qd);
+  WEFT_NEED(dk, s.dk, float, n* kvd);
+  WEFT_NEED(dv, s.dv, float, n* kvd);
+  const double* cs = s.rope_cos.get<double>();
+  const double* sn = s.rope_sin.get<double>();
+  const int64_t rd = hp_.rope.n_dims;
+  // dx holds ∂L/∂x_out; the feed-forward half, then the attention half (as trainable_model).
+  WEFT_TRY(k.linear_backward(a.h.get<float>(), w(8), dx, n, ff, d, dh, g(8), false));
+  WEFT_TRY(k.swiglu_backward(a.gate.get<float>(), a.up.get<float>(), dh, n * ff, dgate, dup));
+  WEFT_TRY(k.linear_backward(a.xn2.get<float>(), w(6), dgate, n, d, ff, dxn, g(6), false));
+  WEFT_TRY(k.linear_backward(a.xn2.get<float>(), w(7), dup, n, d, ff, dxn, g(7), true));
+  WEFT_TRY(
+      k.rms_norm_backward(a.x_mid.get<float>(), w(5), a.rstd2.get<float>(), dxn, n, d, dx, g(5)));
+  WEFT_TRY(k.linear_backward(a.att.get<float>(), w(4), dx, n, qd, d, datt, g(4), false));
+  WEFT_TRY(k.attention_backward(a.q.get<float>(), a.k.get<float>(), a.v.get<float>(),
+                                a.att.get<float>(), a.lse.get<float>(), datt, s.seqs, s.shape, dq,
+                                dk, dv));
+  WEFT_TRY(k.rope_apply(dq, n, hp_.n_heads, hp_.head_dim, cs, sn, rd, hp_.rope.style, true));
+  WEFT_TRY(k.rope_apply(dk, n, hp_.n_kv_heads, hp_.head_dim, cs, sn, rd, hp_.rope.style, true));
+  WEFT_TRY(k.linear_backward(a.xn1.get<float>(), w(1), dq, n, d, qd, dxn, g(1), false));
+  WEFT_TRY(k.linear_backward(a.xn1.get<float>(), w(2), dk, n, d, kvd, dxn, g(2), true));
+  WEFT_TRY(k.linear_backward(a.xn1.get<float>(), w(3), dv, n, d, kvd, dxn, g(3), true));
+  return k.rms_norm_backward(x_in, w(0), a.rstd1.get<float>(), dxn, n, d, dx, g(0));
+}
+
+status device_trainer::accumulate(const train_batch& b, const token_objective<float>* objective,
+                                  loss_sum& loss) {
+  WEFT_TRY(forward(b));
+  state& s = *s_;
+  train_kernels& k = *dev_.training();
+  const int64_t n = s.n, d = hp_.n_embd, vocab = hp_.n_vocab;
+  float* out_w = s.value[static_cast<size_t>(layout_.output)].get<float>();
+  float* out_g = s.grad[static_cast<size_t>(layout_.output)].get<float>();
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < n; ++i) {
+    if (b.targets[static_cast<size_t>(i)] >= 0) rows.push_back(i);
+  }
+  loss.tokens += static_cast<int64_t>(rows.size());
+  float* dxn = nullptr;
+  WEFT_NEED(dxn, s.dxn_final, float, n* d);
+  WEFT_TRY(k.fill(dxn, n * d, 0.0f));
+  const int64_t chunk = head_chunk_rows_;
+  std::vector<int32_t> ids, targets;
+  std::vector<double> logp;
+  std::vector<float> logp_f, dlogp, scales;
+  for (size_t r0 = 0; r0 < rows.size(); r0 += static_cast<size_t>(chunk)) {
+    const int64_t m = std::min<int64_t>(chunk, static_cast<int64_t>(rows.size() - r0));
+    ids.resize(static_cast<size_t>(m));
+    targets.resize(static_cast<size_t>(m));
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t row = rows[r0 + static_cast<size_t>(j)];
+      ids[static_cast<size_t>(j)] = static_cast<int32_t>(row);
+      targets[static_cast<size_t>(j)] = b.targets[static_cast<size_t>(row)];
+    }
+    int32_t *rid, *tgt;
+    float *xc, *logits, *dlogits, *dxc;
+    double* lp;
+    WEFT_NEED(rid, s.rows, int32_t, m);
+    WEFT_NEED(tgt, s.targets, int32_t, m);
+    WEFT_NEED(xc, s.xc, float, m* d);
+    WEFT_NEED(logits, s.logits, float, m* vocab);
+    WEFT_NEED(dlogits, s.dlogits, float, m* vocab);
+    WEFT_NEED(dxc, s.dxc, float, m* d);
+    WEFT_NEED(lp, s.logp, double, m);
+    WEFT_TRY(dev_.copy_to_device(rid, ids.data(), ids.size() * sizeof(int32_t)));
+    WEFT_TRY(dev_.copy_to_device(tgt, targets.data(), targets.size() * sizeof(int32_t)));
+    WEFT_TRY(dev_.ops().gather_rows(s.xn_final.get<float>(), rid, m, d, xc));
+    WEFT_TRY(k.linear_forward(xc, out_w, m, d, vocab, logits));
+    WEFT_TRY(k.cross_entropy(logits, tgt, m, vocab, 1.0f, dlogits, lp));
+    logp.resize(static_cast<size_t>(m));
+    WEFT_TRY(dev_.copy_to_host(logp.data(), lp, logp.size() * sizeof(double)));
+    WEFT_TRY(dev_.synchronize());
+    if (objective == nullptr) {
+      double total = 0.0;
+      for (double v : logp) total -= v;
+      loss.sum += total;
+    } else {
+      // dlogits = softmax − onehot = −∂logp/∂logits, so ∂ℓ/∂logits = −(dℓ/dlogp) · dlogits.
+      logp_f.assign(logp.begin(), logp.end());
+      dlogp.assign(static_cast<size_t>(m), 0.0f);
+      loss.sum += (*objective)(
+          b, std::span<const int64_t>(rows).subspan(r0, static_cast<size_t>(m)), logp_f, dlogp);
+      scales.resize(static_cast<size_t>(m));
+      for (int64_t j = 0; j < m; ++j)
+        scales[static_cast<size_t>(j)] = -dlogp[static_cast<size_t>(j)];
+      float* sc = nullptr;
+      WEFT_NEED(sc, s.scales, float, m);
+      WEFT_TRY(dev_.copy_to_device(sc, scales.data(), scales.size() * sizeof(float)));
+      WEFT_TRY(k.scale_rows(dlogits, sc, m, vocab));
+    }
+    WEFT_TRY(k.linear_backward(xc, out_w, dlogits, m, d, vocab, dxc, out_g, false));
+    WEFT_TRY(dev_.ops().scatter_rows(dxc, rid, m, d, dxn));
+    // The ids and targets buffers are reused by the next chunk: wait for this one's kernels.
+    WEFT_TRY(dev_.synchronize());
+  }
+  float* dx = nullptr;
+  WEFT_NEED(dx, s.dx, float, n* d);
+  WEFT_TRY(k.fill(dx, n * d, 0.0f));
+  WEFT_TRY(k.rms_norm_backward(s.x.get<float>(),
+                               s.value[static_cast<size_t>(layout_.out_norm)].get<float>(),
+                               s.rstd_final.get<float>(), dxn, n, d, dx,
+                               s.grad[static_cast<size_t>(layout_.out_norm)].get<float>()));
+  float* x_out = nullptr;
+  WEFT_NEED(x_out, s.x_out, float, n* d);
+  const int scratch = static_cast<int>(hp_.n_layers);
+  for (int64_t il = hp_.n_layers - 1; il >= 0; --il) {
+    const float* x_in = s.layers[static_cast<size_t>(il)].x_in.get<float>();
+    if (recompute_) {
+      WEFT_TRY(layer_forward(il, x_in, scratch, x_out));
+      WEFT_TRY(layer_backward(il, scratch, x_in, dx));
+    } else {
+      WEFT_TRY(layer_backward(il, static_cast<int>(il), x_in, dx));
+    }
+  }
+  return k.embedding_backward(dx, s.tokens.get<int32_t>(), n, d,
+                              s.grad[static_cast<size_t>(layout_.embd)].get<float>());
+}
+
+result<loss_sum> device_trainer::forward_backward(std::span<const train_batch* const> batches,
+                                                  const token_objective<float>* objective,
+                                                  std::vector<parameter<float>>& params,
+                                                  bool upload_params) {
+  if (dev_.training() == nullptr)
+    return status{status_code::unsupported,
+                  dev_.capabilities().name + " has no trainer ops (device::training)"};
+  if (upload_params || s_->value.size() != params.size()) WEFT_TRY(upload(params));
+  for (size_t i = 0; i < params.size(); ++i)
+    WEFT_TRY(dev_.training()->fill(s_->grad[i].get<float>(), params[i].size(), 0.0f));
+  loss_sum loss;
+  for (const train_batch* b : batches) WEFT_TRY(accumulate(*b, objective, loss));
+  // The device's gradients into the host's (added: micro-batches accumulate).
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& p = params[i];
+    s_->staging.resize(p.grad.size());
+    WEFT_TRY(dev_.copy_to_host(s_->staging.data(), s_->grad[i].get<float>(),
+                               p.grad.size() * sizeof(float)));
+    WEFT_TRY(dev_.synchronize());
+    const float* src = s_->staging.data();
+    float* dst = p.grad.data();
+    const auto cnt = static_cast<int64_t>(p.grad.size());
+    const int threads =
+        cnt >= (1 << 20) ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) : 1;
+    parallel_ranges(cnt, threads, [src, dst](int64_t lo, int64_t hi) {
+      for (int64_t j = lo; j < hi; ++j) dst[j] += src[j];
+    });
+  }
+  return loss;
+}
+
+result<std::vector<float>> device_trainer::logits(const train_batch& b,
+                                                  const std::vector<parameter<float>>& params,
+                                                  bool upload_params) {
+  if (dev_.training() == nullptr)
+    return status{status_code::unsupported,
+                  dev_.capabilities().name + " has no trainer ops (device::training)"};
+  if (upload_params || s_->value.size() != params.size()) WEFT_TRY(upload(params));
+  WEFT_TRY(forward(b));
+  const int64_t n = s_->n, vocab = hp_.n_vocab;
+  float* lg = nullptr;
+  WEFT_NEED(lg, s_->logits, float, n* vocab);
+  WEFT_TRY(dev_.training()->linear_forward(
+      s_->xn_final.get<float>(), s_->value[static_cast<size_t>(layout_.output)].get<float>(), n,
+      hp_.n_embd, vocab, lg));
+  std::vector<float> out(static_cast<size_t>(n * vocab));
+  WEFT_TRY(dev_.copy_to_host(out.data(), lg, out.size() * sizeof(float)));
+  WEFT_TRY(dev_.synchronize());
+  return out;
+}
+
+#undef WEFT_NEED
+#undef WEFT_TRY
+
+}  // namespace weft::gpu::train

@@ -1,0 +1,167 @@
+#pragma once
+// The trainable model on a device (trainable_model::use_device) against the same model on the
+// host: a few SGD steps over batches with a masked prompt, a shared prefix and a per-token
+// objective; each step's loss and every gradient compared. Used by the CPU-device test (CI) and
+// the CUDA one.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "gpu/gguf.hpp"
+#include "gpu/tiny_model.hpp"
+#include "gpu/train/trainable_model.hpp"
+
+namespace weft::gpu::testing {
+
+struct device_training_diff {
+  double loss_rel = 0;  ///< Largest |host − device| loss relative to the host's.
+  double grad_rel = 0;  ///< Largest per-tensor max |host − device| relative to its max |host|.
+  bool bitwise = true;  ///< Every loss and gradient bit-identical.
+};
+
+inline device_training_diff compare_device_training(device& dev, bool recompute, bool tied = false,
+                                                    int steps = 3) {
+  using namespace weft::gpu::train;
+  tiny_model_config c;
+  c.n_layers = 2;
+  c.n_embd = 64;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.n_ff = 128;
+  c.n_vocab = 300;
+  c.output = tied ? output_weight::tied : output_weight::separate;
+  auto img = make_tiny_model(c);
+  EXPECT_TRUE(img.ok());
+  trainable_config tc;
+  tc.recompute = recompute;
+  tc.head_chunk_rows = 5;  // several output-head chunks
+  auto load = [&] {
+    auto f = gguf_file::parse(*img);
+    EXPECT_TRUE(f.ok());
+    auto m = trainable_model<float>::load(*f, tc);
+    EXPECT_TRUE(m.ok());
+    return std::move(m.value());
+  };
+  auto host = load();
+  auto on_dev = load();
+  EXPECT_TRUE(on_dev->use_device(&dev).ok());
+  EXPECT_EQ(on_dev->compute_device(), &dev);
+  std::mt19937 rng(5);
+  auto toks = [&](int n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = static_cast<int32_t>(3 + rng() % 290);
+    return t;
+  };
+  // Batch 1: two sequences, the first with a 3-token prompt out of the loss.
+  train_batch plain;
+  {
+    const auto a = toks(11), b = toks(7);
+    std::vector<uint8_t> ma(a.size(), 1), mb(b.size(), 1);
+    ma[1] = ma[2] = 0;
+    plain.add(a, ma);
+    plain.add(b, mb);
+  }
+  // Batch 2: a shared 6-token prompt and two samples continuing it, with policy inputs.
+  train_batch grouped;
+  {
+    const int64_t p = grouped.add_prefix(toks(6));
+    for (int s = 0; s < 2; ++s) {
+      const auto t = toks(5 + 3 * s);
+      std::vector<uint8_t> m(t.size(), 1);
+      std::vector<policy_token> info(t.size());
+      for (auto& x : info) {
+        x.advantage = s == 0 ? 1.0f : -0.5f;
+        x.weight = 0.1f;
+      }
+      grouped.add(t, m, info, p);
+    }
+  }
+  // A policy-gradient-like objective: ℓ = −advantage·weight·logp.
+  const token_objective<float> objective = [](const train_batch& b, std::span<const int64_t> pos,
+                                              std::span<const float> logp, std::span<float> dlogp) {
+    double sum = 0;
+    for (size_t i = 0; i < pos.size(); ++i) {
+      const auto& pt = b.policy[static_cast<size_t>(pos[i])];
+      const float k = -pt.advantage * pt.weight;
+      sum += double(k) * logp[i];
+      dlogp[i] = k;
+    }
+    return sum;
+  };
+  device_training_diff diff;
+  auto compare_grads = [&] {
+    auto& ph = host->parameters();
+    auto& pd = on_dev->parameters();
+    for (size_t i = 0; i < ph.size(); ++i) {
+      double mx = 0, d = 0;
+      for (size_t j = 0; j < ph[i].grad.size(); ++j) {
+        mx = std::max(mx, double(std::fabs(ph[i].grad[j])));
+        d = std::max(d, double(std::fabs(ph[i].grad[j] - pd[i].grad[j])));
+      }
+      diff.grad_rel = std::max(diff.grad_rel, d / std::max(mx, 1e-12));
+      diff.bitwise = diff.bitwise && ph[i].grad == pd[i].grad;
+    }
+  };
+  auto compare_loss = [&](const loss_sum& a, const loss_sum& b) {
+    EXPECT_EQ(a.tokens, b.tokens);
+    diff.loss_rel =
+        std::max(diff.loss_rel, std::fabs(a.sum - b.sum) / std::max(std::fabs(a.sum), 1e-12));
+    diff.bitwise = diff.bitwise && a.sum == b.sum;
+  };
+  for (int step = 0; step < steps; ++step) {
+    // Each call from zeroed gradients (accumulating into non-zero ones rounds differently on the
+    // host, where BLAS adds into the existing gradient block by block).
+    host->zero_grad();
+    on_dev->zero_grad();
+    auto oh = host->forward_backward(grouped, objective);
+    auto od = on_dev->forward_backward(grouped, objective);
+    EXPECT_TRUE(oh.ok() && od.ok()) << (od.ok() ? "" : od.error().to_string());
+    if (!oh.ok() || !od.ok()) return diff;
+    compare_loss(*oh, *od);
+    compare_grads();
+    host->zero_grad();
+    on_dev->zero_grad();
+    auto lh = host->forward_backward(plain);
+    auto ld = on_dev->forward_backward(plain);
+    EXPECT_TRUE(lh.ok() && ld.ok()) << (ld.ok() ? "" : ld.error().to_string());
+    if (!lh.ok() || !ld.ok()) return diff;
+    compare_loss(*lh, *ld);
+    compare_grads();
+    auto& ph = host->parameters();
+    auto& pd = on_dev->parameters();
+    // An SGD step on both (parameters() marks them changed: the device uploads them again).
+    for (size_t i = 0; i < ph.size(); ++i) {
+      for (size_t j = 0; j < ph[i].value.size(); ++j) {
+        ph[i].value[j] -= 0.05f * ph[i].grad[j];
+        pd[i].value[j] = ph[i].value[j];
+      }
+    }
+  }
+  // Logits after the updates.
+  auto gh = host->logits(plain);
+  auto gd = on_dev->logits(plain);
+  EXPECT_TRUE(gh.ok() && gd.ok());
+  if (gh.ok() && gd.ok()) {
+    double mx = 0, d = 0;
+    for (size_t j = 0; j < gh->size(); ++j) {
+      mx = std::max(mx, double(std::fabs((*gh)[j])));
+      d = std::max(d, double(std::fabs((*gh)[j] - (*gd)[j])));
+    }
+    diff.grad_rel = std::max(diff.grad_rel, d / std::max(mx, 1e-12));
+    diff.bitwise = diff.bitwise && *gh == *gd;
+  }
+  std::printf("[train] %s%s%s: loss relative %.3g, gradients/logits relative %.3g, %s\n",
+              dev.capabilities().name.c_str(), recompute ? " (recompute)" : "",
+              tied ? " (tied head)" : "", diff.loss_rel, diff.grad_rel,
+              diff.bitwise ? "bit-identical" : "not bit-identical");
+  return diff;
+}
+
+}  // namespace weft::gpu::testing
