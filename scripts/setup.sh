@@ -94,6 +94,8 @@ if [ "$want_test" = 1 ]; then
   # llama-cpp-python compiles llama.cpp from source (~10 min on 2 cores, once).
   py_has llama_cpp || pip_want+=("llama-cpp-python==0.3.16")
   py_has openai || pip_want+=(openai)
+  # Structured outputs are validated by an independent JSON Schema validator.
+  py_has jsonschema || pip_want+=(jsonschema)
   # `weft train/rl --plot` draw with matplotlib; their CLI tests check the PNG.
   py_has matplotlib || pip_want+=(matplotlib)
   py_has websocket || pip_want+=(websocket-client)  # drives Chromium over DevTools
