@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <unordered_set>
 
 namespace weft::gpu {
@@ -68,6 +69,28 @@ engine::engine(model& m, std::unique_ptr<kv_cache> kv, const engine_config& conf
 
 engine::~engine() = default;
 
+status engine::attach_grammar(request& r, std::span<const int32_t> generated) {
+  const std::string& text = r.smp.params().grammar;
+  if (text.empty()) return {};
+  if (!config_.vocab)
+    return {status_code::unsupported,
+            "engine: structured outputs need the vocabulary (engine_config::vocab)"};
+  auto it = grammars_.find(text);
+  if (it == grammars_.end()) {
+    auto g = grammar::grammar::parse(text);
+    if (!g) return g.error();
+    if (grammars_.size() >= 16) grammars_.clear();  // live requests keep theirs
+    it = grammars_.emplace(text, std::make_shared<grammar::mask_cache>(*g, config_.vocab)).first;
+  }
+  r.cons = std::make_unique<grammar::constraint>(it->second, r.smp.params().stop_tokens);
+  for (int32_t t : generated) {
+    if (!r.cons->accept(config_.vocab->piece(t)))
+      return {status_code::invalid_argument, "engine: generated token " + std::to_string(t) +
+                                                 " does not match the request's grammar"};
+  }
+  return {};
+}
+
 status engine::add_request(request_id id, std::vector<int32_t> prompt, sampling_params params) {
   return add_resumed_request(id, std::move(prompt), 0, std::move(params));
 }
@@ -91,6 +114,10 @@ status engine::add_resumed_request(request_id id, std::vector<int32_t> prompt, i
   auto r = std::make_unique<request>(id, std::move(prompt), std::move(params));
   r->n_prompt = static_cast<int64_t>(r->tokens.size());
   r->n_replay = n_replay;
+  if (auto st = attach_grammar(*r, std::span<const int32_t>(r->tokens).subspan(
+                                       r->tokens.size() - static_cast<size_t>(n_replay)));
+      !st)
+    return st;
   // Each replayed token consumed one random draw when it was sampled (none when greedy).
   if (n_replay > 0) r->smp.skip_draws(n_replay);
   enqueue(std::move(r));
@@ -119,6 +146,10 @@ status engine::add_imported_request(request_id id, seq_id seq, std::vector<int32
   }
   if (params.max_tokens < 1) return refuse("max_tokens must be >= 1");
   auto r = std::make_unique<request>(id, std::move(tokens), std::move(params));
+  if (auto st = attach_grammar(*r, std::span<const int32_t>(r->tokens).subspan(
+                                       r->tokens.size() - static_cast<size_t>(n_generated)));
+      !st)
+    return refuse(st.message());
   r->n_prompt = static_cast<int64_t>(r->tokens.size()) - n_generated;
   r->n_computed = static_cast<int64_t>(r->tokens.size()) - 1;
   r->seq = seq;
@@ -149,6 +180,7 @@ status engine::add_prefilled_request(request_id id, seq_id seq, std::vector<int3
   }
   if (params.max_tokens < 1) return refuse("max_tokens must be >= 1");
   auto r = std::make_unique<request>(id, std::move(prompt), std::move(params));
+  if (auto st = attach_grammar(*r, {}); !st) return refuse(st.message());
   r->n_prompt = static_cast<int64_t>(r->tokens.size());
   r->n_computed = r->n_cached = n_cached;
   r->seq = seq;
@@ -517,8 +549,45 @@ result<std::vector<request_output>> engine::step() {
   for (size_t row = 0; row < fout.token_index.size(); ++row) {
     const int32_t si = batch.seq_index[static_cast<size_t>(fout.token_index[row])];
     request& r = *requests_.at(in_batch[static_cast<size_t>(si)]);
-    const std::span<const float> logits(fout.logits.data() + row * fout.n_vocab,
-                                        static_cast<size_t>(fout.n_vocab));
+    std::span<const float> logits(fout.logits.data() + row * fout.n_vocab,
+                                  static_cast<size_t>(fout.n_vocab));
+    if (r.cons) {
+      // Structured outputs: only tokens that keep the text a valid prefix of the grammar.
+      const auto& bits = r.cons->bits();
+      const size_t n_bits = bits.size() * 64;
+      r.masked.assign(logits.begin(), logits.end());
+      bool any = false;
+      constexpr float kNever = -std::numeric_limits<float>::infinity();
+      for (size_t i = 0; i < r.masked.size(); ++i) {
+        if (i < n_bits && ((bits[i >> 6] >> (i & 63)) & 1u) != 0) {
+          any = true;
+        } else {
+          r.masked[i] = kNever;
+        }
+      }
+      if (r.cons->can_end()) {
+        for (int32_t e : r.cons->end_tokens()) {
+          if (e >= 0 && static_cast<size_t>(e) < r.masked.size()) {
+            r.masked[static_cast<size_t>(e)] = logits[static_cast<size_t>(e)];
+            any = true;
+          }
+        }
+      } else {
+        for (int32_t e : r.cons->end_tokens()) {
+          if (e >= 0 && static_cast<size_t>(e) < r.masked.size())
+            r.masked[static_cast<size_t>(e)] = kNever;
+        }
+      }
+      if (!any) {
+        fail(r.id,
+             r.cons->state().accepting()
+                 ? "grammar: the output is complete, but the request has no stop token to end it"
+                 : "grammar: no token of the vocabulary continues the output",
+             outputs);
+        continue;
+      }
+      logits = r.masked;
+    }
     sample_result s = r.smp.sample(logits, r.tokens);
     request_output out;
     out.id = r.id;
@@ -530,6 +599,10 @@ result<std::vector<request_output>> engine::step() {
       out.finish = finish_reason::stop_token;
       out.stop_sample = std::move(s);
     } else {
+      if (r.cons && !r.cons->accept(config_.vocab->piece(s.token))) {
+        fail(r.id, "grammar: sampled token " + std::to_string(s.token) + " was refused", outputs);
+        continue;
+      }
       r.tokens.push_back(s.token);
       out.new_tokens.push_back(s.token);
       out.samples.push_back(std::move(s));

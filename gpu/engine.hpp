@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gpu/grammar.hpp"
 #include "gpu/kv_cache.hpp"
 #include "gpu/model.hpp"
 #include "gpu/sampler.hpp"
@@ -59,6 +60,9 @@ struct engine_config {
   /// Ranks live requests every step (shared so the owner can inspect it; one instance per engine:
   /// policies keep per-request state). Null = fcfs_policy.
   std::shared_ptr<schedule_policy> policy;
+  /// Structured outputs (sampling_params::grammar): the vocabulary's bytes as a trie, built once
+  /// from the tokenizer. Without it a request with a grammar is refused.
+  std::shared_ptr<const grammar::token_trie> vocab;
 };
 
 /// What one step produced for one request.
@@ -170,8 +174,10 @@ class engine {
     size_t text_emitted = 0;
     int64_t n_generated = 0;
     uint64_t arrival = 0;
-    bool scheduled = false;          ///< Had tokens in the last forward pass.
-    bool waited_for_prefix = false;  ///< Counted in n_prefix_waits.
+    bool scheduled = false;                     ///< Had tokens in the last forward pass.
+    bool waited_for_prefix = false;             ///< Counted in n_prefix_waits.
+    std::unique_ptr<grammar::constraint> cons;  ///< Structured outputs, or null.
+    std::vector<float> masked;                  ///< This step's logits under the grammar.
 
     bool resident() const { return ph == phase::prefill || ph == phase::decode; }
   };
@@ -193,11 +199,17 @@ class engine {
   void remove(request_id id);
   void release(request& r);
   void finish_text(request& r, request_output& out, bool final);
+  /// Compiles (or finds) the request's grammar and feeds it the tokens generated before it came
+  /// here (`generated`: a resumed or imported request's).
+  status attach_grammar(request& r, std::span<const int32_t> generated);
 
   model& model_;
   std::unique_ptr<kv_cache> kv_;
   engine_config config_;
   std::unordered_map<request_id, std::unique_ptr<request>> requests_;
+  /// Compiled grammars by text with their mask caches, shared by the requests that use them
+  /// (bounded: cleared past 16).
+  std::unordered_map<std::string, std::shared_ptr<grammar::mask_cache>> grammars_;
   std::vector<request_id> live_;  ///< Arrival order.
   uint64_t arrival_counter_ = 0;
   int64_t iteration_ = 0;  ///< step() calls.

@@ -7,6 +7,8 @@
 #include <map>
 #include <set>
 
+#include "gpu/tokenizer.hpp"
+
 namespace weft::gpu::grammar {
 
 namespace {
@@ -507,7 +509,20 @@ uint64_t matcher::state_hash() const {
   return h;
 }
 
-token_trie::token_trie(const std::vector<std::string>& pieces) : n_tokens_(pieces.size()) {
+const std::string& token_trie::piece(int32_t id) const {
+  static const std::string none;
+  return id >= 0 && static_cast<size_t>(id) < pieces_.size() ? pieces_[static_cast<size_t>(id)]
+                                                             : none;
+}
+
+std::shared_ptr<const token_trie> token_trie::of(const tokenizer& tok) {
+  std::vector<std::string> pieces(tok.n_vocab());
+  for (size_t i = 0; i < pieces.size(); ++i)
+    pieces[i] = tok.token_to_piece(static_cast<token_id>(i));
+  return std::make_shared<const token_trie>(pieces);
+}
+
+token_trie::token_trie(const std::vector<std::string>& pieces) : pieces_(pieces) {
   nodes_.emplace_back();
   for (size_t t = 0; t < pieces.size(); ++t) {
     const std::string& p = pieces[t];
@@ -529,53 +544,70 @@ token_trie::token_trie(const std::vector<std::string>& pieces) : n_tokens_(piece
       }
     }
     nodes_[static_cast<size_t>(n)].tokens.push_back(static_cast<int32_t>(t));
+    max_depth_ = std::max(max_depth_, p.size());
   }
 }
 
 void token_trie::mask(const matcher& m, std::vector<uint8_t>& allowed) const {
-  allowed.assign(n_tokens_, 0);
+  allowed.assign(pieces_.size(), 0);
   const grammar& g = m.rules();
-  // Depth-first over the trie, one stack set per level (reused buffers).
-  std::vector<std::vector<matcher::stack>> level(64);
-  std::function<void(int32_t, const std::vector<matcher::stack>&, size_t)> walk =
-      [&](int32_t node, const std::vector<matcher::stack>& st, size_t depth) {
-        if (depth + 1 >= level.size()) level.resize(level.size() * 2);
-        for (const auto& [b, child] : nodes_[static_cast<size_t>(node)].children) {
-          auto& next = level[depth + 1];
-          matcher::step(g, st, b, next);
-          if (next.empty()) continue;
-          for (int32_t t : nodes_[static_cast<size_t>(child)].tokens)
-            allowed[static_cast<size_t>(t)] = 1;
-          const std::vector<matcher::stack> copy = next;  // the next level reuses the buffer
-          walk(child, copy, depth + 1);
-        }
-      };
-  walk(0, m.stacks(), 0);
+  // Depth-first over the trie with one stack set per depth: a level's buffer is only rewritten by
+  // the next sibling at that depth, after the walk below it has returned.
+  std::vector<std::vector<matcher::stack>> level(max_depth_ + 2);
+  level[0] = m.stacks();
+  std::function<void(int32_t, size_t)> walk = [&](int32_t node, size_t depth) {
+    for (const auto& [b, child] : nodes_[static_cast<size_t>(node)].children) {
+      auto& next = level[depth + 1];
+      matcher::step(g, level[depth], b, next);
+      if (next.empty()) continue;
+      for (int32_t t : nodes_[static_cast<size_t>(child)].tokens)
+        allowed[static_cast<size_t>(t)] = 1;
+      walk(child, depth + 1);
+    }
+  };
+  walk(0, 0);
 }
 
+mask_cache::mask_cache(std::shared_ptr<const grammar> g, std::shared_ptr<const token_trie> trie)
+    : g_(std::move(g)), trie_(std::move(trie)) {}
+
+const std::vector<uint64_t>& mask_cache::bits(const matcher& m) {
+  const uint64_t key = m.state_hash();
+  auto it = entries_.find(key);
+  if (it != entries_.end() && it->second.stacks == m.stacks()) return it->second.bits;
+  if (entries_.size() >= 1024) entries_.clear();
+  entry e;
+  e.stacks = m.stacks();
+  e.bits.assign((trie_->n_tokens() + 63) / 64, 0);
+  if (!m.finished()) {
+    trie_->mask(m, scratch_);
+    for (size_t i = 0; i < scratch_.size(); ++i) {
+      if (scratch_[i] != 0) e.bits[i >> 6] |= uint64_t{1} << (i & 63);
+    }
+  }
+  auto& slot = entries_[key];  // a collision replaces the other state's entry
+  slot = std::move(e);
+  return slot.bits;
+}
+
+constraint::constraint(std::shared_ptr<mask_cache> cache, std::vector<int32_t> end_tokens)
+    : cache_(std::move(cache)), m_(cache_->rules()), end_(std::move(end_tokens)) {}
+
 constraint::constraint(std::shared_ptr<const grammar> g, std::shared_ptr<const token_trie> trie,
-                       std::vector<int32_t> eos_tokens)
-    : m_(std::move(g)), trie_(std::move(trie)), eos_(std::move(eos_tokens)) {}
+                       std::vector<int32_t> end_tokens)
+    : constraint(std::make_shared<mask_cache>(std::move(g), std::move(trie)),
+                 std::move(end_tokens)) {}
 
 const std::vector<uint8_t>& constraint::allowed() {
-  const uint64_t key = m_.state_hash();
-  auto it = cache_.find(key);
-  if (it == cache_.end()) {
-    if (cache_.size() >= 4096) cache_.clear();
-    std::vector<uint8_t> mask;
-    if (m_.finished()) {
-      mask.assign(trie_->n_tokens(), 0);
-    } else {
-      trie_->mask(m_, mask);
-    }
-    const bool can_end = m_.accepting();
-    for (int32_t e : eos_) {
-      if (e >= 0 && static_cast<size_t>(e) < mask.size())
-        mask[static_cast<size_t>(e)] = can_end ? 1 : 0;
-    }
-    it = cache_.emplace(key, std::move(mask)).first;
+  const auto& b = bits();
+  allowed_.assign(cache_->vocab().n_tokens(), 0);
+  for (size_t i = 0; i < allowed_.size(); ++i) allowed_[i] = (b[i >> 6] >> (i & 63)) & 1u;
+  const bool end = can_end();
+  for (int32_t e : end_) {
+    if (e >= 0 && static_cast<size_t>(e) < allowed_.size())
+      allowed_[static_cast<size_t>(e)] = end ? 1 : 0;
   }
-  return it->second;
+  return allowed_;
 }
 
 bool constraint::accept(std::string_view piece) {
@@ -620,9 +652,11 @@ std::string literal(const std::string& bytes) {
   return out + "\"";
 }
 
+using ojson = nlohmann::ordered_json;
+
 class schema_compiler {
  public:
-  explicit schema_compiler(const nlohmann::json& root) : root_(root) {}
+  explicit schema_compiler(const ojson& root) : root_(root) {}
 
   result<std::string> run() {
     auto r = visit(root_, "root-value", "#");
@@ -654,8 +688,7 @@ class schema_compiler {
     return name;
   }
 
-  result<std::string> visit(const nlohmann::json& s, const std::string& hint,
-                            const std::string& path) {
+  result<std::string> visit(const ojson& s, const std::string& hint, const std::string& path) {
     if (++depth_ > 64) return bad(path, "nested deeper than 64 levels");
     struct guard {
       int& d;
@@ -748,7 +781,7 @@ class schema_compiler {
         return visit(s["allOf"][0], hint, path + "/allOf/0");
       return bad(path, "unsupported JSON Schema keyword 'allOf' with more than one schema");
     }
-    nlohmann::json type = s.value("type", nlohmann::json());
+    ojson type = s.value("type", ojson());
     if (type.is_null()) {
       if (s.contains("properties"))
         type = "object";
@@ -760,7 +793,7 @@ class schema_compiler {
     if (type.is_array()) {
       std::string body;
       for (const auto& t : type) {
-        nlohmann::json sub = s;
+        ojson sub = s;
         sub["type"] = t;
         auto r = visit(sub, hint + "-" + t.get<std::string>(), path);
         if (!r) return r.error();
@@ -788,8 +821,7 @@ class schema_compiler {
     return bad(path, "unknown type '" + t + "'");
   }
 
-  result<std::string> array(const nlohmann::json& s, const std::string& hint,
-                            const std::string& path) {
+  result<std::string> array(const ojson& s, const std::string& hint, const std::string& path) {
     std::vector<std::string> prefix;
     if (s.contains("prefixItems")) {
       size_t i = 0;
@@ -841,9 +873,8 @@ class schema_compiler {
     return add(hint + "-array", body);
   }
 
-  result<std::string> object(const nlohmann::json& s, const std::string& hint,
-                             const std::string& path) {
-    const auto& props = s.value("properties", nlohmann::json::object());
+  result<std::string> object(const ojson& s, const std::string& hint, const std::string& path) {
+    const auto props = s.value("properties", ojson::object());
     if (!props.is_object()) return bad(path, "properties must be an object");
     if (s.contains("additionalProperties")) {
       const auto& ap = s["additionalProperties"];
@@ -866,7 +897,7 @@ class schema_compiler {
     for (const auto& [key, sub] : props.items()) {
       auto r = visit(sub, hint + "-" + key, path + "/properties/" + key);
       if (!r) return r.error();
-      const std::string kv = literal(nlohmann::json(key).dump()) + " ws \":\" ws " + *r;
+      const std::string kv = literal(ojson(key).dump()) + " ws \":\" ws " + *r;
       (required.count(key) != 0 ? req : opt).push_back(kv);
     }
     std::string body = "\"{\" ws ";
@@ -887,7 +918,7 @@ class schema_compiler {
     return add(hint + "-object", body);
   }
 
-  const nlohmann::json& root_;
+  const ojson& root_;
   std::vector<std::pair<std::string, std::string>> rules_;
   std::set<std::string> used_{"root",   "value",   "object",  "array", "string", "char",
                               "number", "integer", "boolean", "null",  "ws"};
@@ -898,9 +929,9 @@ class schema_compiler {
 }  // namespace
 
 result<std::string> json_schema_to_gbnf(const std::string& schema_json) {
-  nlohmann::json s;
+  ojson s;
   try {
-    s = nlohmann::json::parse(schema_json);
+    s = ojson::parse(schema_json);
   } catch (const std::exception& e) {
     return status{status_code::invalid_argument,
                   std::string{"json_schema is not JSON: "} + e.what()};

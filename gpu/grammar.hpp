@@ -19,6 +19,10 @@
 
 #include "gpu/status.hpp"
 
+namespace weft::gpu {
+class tokenizer;
+}
+
 namespace weft::gpu::grammar {
 
 /// One element of a compiled alternative.
@@ -93,10 +97,14 @@ class token_trie {
   /// `pieces[i]` = the bytes of token i; empty pieces (control tokens) are never allowed by the
   /// grammar (the caller decides about end-of-text tokens).
   explicit token_trie(const std::vector<std::string>& pieces);
+  /// The trie of a tokenizer's vocabulary (control tokens have no bytes: never allowed).
+  static std::shared_ptr<const token_trie> of(const tokenizer& tok);
 
   /// allowed[i] = 1 for every token whose bytes the state admits in full. O(trie nodes visited).
   void mask(const matcher& m, std::vector<uint8_t>& allowed) const;
-  size_t n_tokens() const { return n_tokens_; }
+  size_t n_tokens() const { return pieces_.size(); }
+  /// The bytes of token `id` ("" out of range).
+  const std::string& piece(int32_t id) const;
 
  private:
   struct node {
@@ -104,27 +112,57 @@ class token_trie {
     std::vector<int32_t> tokens;                        ///< tokens ending here
   };
   std::vector<node> nodes_;
-  size_t n_tokens_ = 0;
+  std::vector<std::string> pieces_;
+  size_t max_depth_ = 0;
 };
 
-/// A matcher with a bounded cache of masks by state (a sequence's decode repeats states, e.g.
-/// inside a string). `eos` tokens are allowed exactly when the state is accepting.
+/// The masks of one grammar over one vocabulary, by recogniser state: shared by every sequence
+/// decoding under that grammar (an engine keeps one per grammar), so a state is computed once for
+/// all of them. Bounded (cleared past 1024 states); a hit is checked against the stored state, so a
+/// hash collision cannot return another state's mask. Not thread-safe.
+class mask_cache {
+ public:
+  mask_cache(std::shared_ptr<const grammar> g, std::shared_ptr<const token_trie> trie);
+  /// One bit per token (bit i of word i / 64): the tokens whose bytes the state admits in full.
+  const std::vector<uint64_t>& bits(const matcher& m);
+  const std::shared_ptr<const grammar>& rules() const { return g_; }
+  const token_trie& vocab() const { return *trie_; }
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct entry {
+    std::vector<matcher::stack> stacks;
+    std::vector<uint64_t> bits;
+  };
+  std::shared_ptr<const grammar> g_;
+  std::shared_ptr<const token_trie> trie_;
+  std::unordered_map<uint64_t, entry> entries_;
+  std::vector<uint8_t> scratch_;
+};
+
+/// One sequence's constraint: its recogniser state and the (shared) mask cache. The `end` tokens
+/// (the request's stop tokens) are allowed exactly when the text is a complete sentence.
 class constraint {
  public:
+  constraint(std::shared_ptr<mask_cache> cache, std::vector<int32_t> end_tokens);
+  /// With a cache of its own (tests, tools).
   constraint(std::shared_ptr<const grammar> g, std::shared_ptr<const token_trie> trie,
-             std::vector<int32_t> eos_tokens);
-  /// allowed[i] for every token (size n_tokens).
+             std::vector<int32_t> end_tokens);
+  /// The grammar's bits for the current state (end tokens not included: see can_end).
+  const std::vector<uint64_t>& bits() { return cache_->bits(m_); }
+  bool can_end() const { return m_.accepting(); }
+  const std::vector<int32_t>& end_tokens() const { return end_; }
+  /// allowed[i] for every token, end tokens included (a convenience over bits()).
   const std::vector<uint8_t>& allowed();
   /// Feeds a sampled token's bytes (an end token: nothing). False if the grammar refuses them.
   bool accept(std::string_view piece);
   const matcher& state() const { return m_; }
 
  private:
+  std::shared_ptr<mask_cache> cache_;
   matcher m_;
-  std::shared_ptr<const token_trie> trie_;
-  std::vector<int32_t> eos_;
-  std::unordered_map<uint64_t, std::vector<uint8_t>> cache_;
-  std::vector<uint8_t> current_;
+  std::vector<int32_t> end_;
+  std::vector<uint8_t> allowed_;
 };
 
 /// GBNF for a JSON Schema (draft 2020-12 subset: type incl. arrays of types, properties/required,

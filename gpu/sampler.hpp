@@ -31,6 +31,10 @@ struct sampling_params {
   std::vector<std::string>
       stop_strings;        ///< Finish when the text contains one (text cut before it).
   int32_t n_logprobs = 0;  ///< Top-n log-probabilities to return per token (0: none).
+  /// Structured outputs: GBNF the generated text must match (gpu/grammar.hpp; empty: none). The
+  /// engine masks every step's logits to the tokens that keep the text a valid prefix; the stop
+  /// tokens are allowed exactly when it is a complete sentence.
+  std::string grammar;
 };
 
 /// A token with its log-probability under the model (log-softmax of the raw logits).

@@ -22,6 +22,7 @@ struct SamplingParams {
   stopStrings @10 :List(Text);
   nLogprobs @11 :Int32;             # top-n alternatives per token (0: none)
   wantLogprobs @12 :Bool;           # report each token's log-probability (with nLogprobs alternatives)
+  grammar @13 :Text;                # structured outputs: GBNF the output must match (empty: none)
 }
 
 # Router -> worker: run one sequence. A migrated request carries the tokens already generated

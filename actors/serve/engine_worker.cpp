@@ -1,8 +1,10 @@
 // The engine worker role: an engine on its own thread (a detached actor), fed by the router.
 
 #include "actors/serve/engine_worker.hpp"
+
 #include "actors/private_messages.hpp"
 #include "actors/serve/engine_worker_state.hpp"
+#include "gpu/grammar.hpp"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -569,6 +571,7 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
   ec.prefix_cache = st.cfg.prefix_cache;
   const gpu::tokenizer* tk = &st.host->tok;
   ec.detokenize = [tk](int32_t id) { return tk->token_to_piece(id); };
+  ec.vocab = gpu::grammar::token_trie::of(*tk);  // structured outputs' token masks
   mlfq_config mq;
   mq.prefill_cost_per_token = st.cfg.mlfq_prefill_cost;
   mq.starvation_steps = st.cfg.mlfq_starvation_steps;

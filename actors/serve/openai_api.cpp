@@ -1,5 +1,7 @@
 #include "actors/serve/openai_api.hpp"
 
+#include "gpu/grammar.hpp"
+
 #include <charconv>
 #include <cmath>
 #include <exception>
@@ -325,16 +327,93 @@ void refuse_unsupported(field_reader& rd, const openai_request& r) {
         }
       }
     }
-    if (const json* f = rd.get("response_format")) {
-      auto type = f->is_object() ? f->find("type") : f->end();
-      if (!f->is_object() || type == f->end() || !type->is_string()) {
-        rd.fail("response_format", "'response_format' must be an object with a string 'type'");
-      } else if (type->get<std::string>() != "text") {
-        rd.fail("response_format",
-                "'response_format' of type " + shown(*type) + " is not supported");
+  }
+}
+
+// Structured outputs (docs/serving.md): OpenAI's response_format (json_object, json_schema),
+// llama.cpp's `grammar` (GBNF) and `json_schema`, vLLM's `guided_json` and `guided_grammar`. At
+// most one; the grammar text is compiled here so a bad schema or grammar is a 400 naming what is
+// wrong, and travels with the request to the worker.
+void read_structured(field_reader& rd, openai_request& r, std::string_view body) {
+  std::string source, text;
+  auto take = [&](const char* field, gpu::result<std::string> g) {
+    if (!source.empty()) {
+      rd.fail(field, std::string("'") + field + "' cannot be combined with '" + source + "'");
+      return;
+    }
+    if (!g) {
+      rd.fail(field, g.error().message());
+      return;
+    }
+    source = field;
+    text = std::move(*g);
+  };
+  // The schema again from the body, in its declared key order (nlohmann::json sorts keys): the
+  // properties are generated in the order the schema lists them, as OpenAI does.
+  const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  auto schema_text = [&](const json& v,
+                         const std::vector<std::string>& path) -> gpu::result<std::string> {
+    if (v.is_string()) return gpu::grammar::json_schema_to_gbnf(v.get<std::string>());
+    if (!v.is_object() && !v.is_boolean())
+      return gpu::status{gpu::status_code::invalid_argument, "a JSON Schema must be an object"};
+    const nlohmann::ordered_json* o = &ordered;
+    for (const auto& k : path) {
+      if (o == nullptr || !o->is_object() || !o->contains(k)) {
+        o = nullptr;
+        break;
       }
+      o = &(*o)[k];
+    }
+    return gpu::grammar::json_schema_to_gbnf(o != nullptr ? o->dump() : v.dump());
+  };
+  if (const json* f = rd.get("response_format")) {
+    auto type = f->is_object() ? f->find("type") : f->end();
+    if (!f->is_object() || type == f->end() || !type->is_string()) {
+      rd.fail("response_format", "'response_format' must be an object with a string 'type'");
+      return;
+    }
+    const std::string t = type->get<std::string>();
+    if (t == "json_object") {
+      take("response_format", gpu::grammar::json_object_gbnf());
+    } else if (t == "json_schema") {
+      auto js = f->find("json_schema");
+      if (js == f->end() || !js->is_object() || !js->contains("schema")) {
+        rd.fail("response_format",
+                "'response_format' of type json_schema needs 'json_schema': {\"name\": ..., "
+                "\"schema\": {...}}");
+        return;
+      }
+      take("response_format",
+           schema_text((*js)["schema"], {"response_format", "json_schema", "schema"}));
+    } else if (t != "text") {
+      rd.fail("response_format", "'response_format' of type " + shown(*type) +
+                                     " is not supported (text, json_object, json_schema)");
+      return;
     }
   }
+  for (const char* field : {"json_schema", "guided_json"}) {
+    if (const json* v = rd.get(field)) take(field, schema_text(*v, {field}));
+  }
+  for (const char* field : {"grammar", "guided_grammar"}) {
+    if (const json* v = rd.get(field)) {
+      if (!v->is_string()) {
+        rd.fail(field, std::string("'") + field + "' must be a GBNF string, got " + shown(*v));
+        return;
+      }
+      take(field, v->get<std::string>());
+    }
+  }
+  if (rd.failed() || source.empty()) return;
+  if (auto g = gpu::grammar::grammar::parse(text); !g) {
+    rd.fail(source, g.error().message());
+    return;
+  }
+  if (r.ignore_eos) {
+    rd.fail("ignore_eos", "'ignore_eos' cannot be combined with '" + source +
+                              "': a structured output ends with the end-of-text token");
+    return;
+  }
+  r.sampling.grammar = std::move(text);
 }
 
 void read_sampling(field_reader& rd, openai_request& r, const api_limits& limits) {
@@ -418,7 +497,8 @@ void read_sampling(field_reader& rd, openai_request& r, const api_limits& limits
   s.n_logprobs = r.want_logprobs ? r.top_logprobs : 0;
 }
 
-parse_result parse_object(endpoint kind, const json& body, const api_limits& limits) {
+parse_result parse_object(endpoint kind, const json& body, std::string_view raw,
+                          const api_limits& limits) {
   openai_request r;
   r.kind = kind;
   field_reader rd(body);
@@ -442,6 +522,7 @@ parse_result parse_object(endpoint kind, const json& body, const api_limits& lim
   r.user = rd.string("user").value_or("");
   read_sampling(rd, r, limits);
   refuse_unsupported(rd, r);
+  if (!rd.failed()) read_structured(rd, r, raw);
   if (rd.failed()) return {std::nullopt, rd.error()};
 
   if (kind == endpoint::completions) {
@@ -594,7 +675,7 @@ parse_result parse_request(endpoint kind, std::string_view body, const api_limit
       return {std::nullopt, invalid("", "the request body must be a JSON object, got a " +
                                             std::string(parsed.type_name()))};
     }
-    return parse_object(kind, parsed, limits);
+    return parse_object(kind, parsed, body, limits);
   } catch (const std::exception& e) {
     // Only allocation failures can get here (every access above checks types first).
     return {std::nullopt,

@@ -6,6 +6,10 @@ namespace weft::serve {
 
 namespace wire = schema::wire;
 
+namespace {
+constexpr size_t kMaxGrammarBytes = 256 * 1024;
+}  // namespace
+
 schema::envelope to_wire(const generate_spec& s) {
   return schema::envelope::build<wire::GenerateRequest>([&](wire::GenerateRequest::Builder b) {
     b.setRequestId(s.request_id);
@@ -32,6 +36,7 @@ schema::envelope to_wire(const generate_spec& s) {
       ss.set(static_cast<unsigned>(i), s.params.stop_strings[i]);
     p.setNLogprobs(s.params.n_logprobs);
     p.setWantLogprobs(s.want_logprobs);
+    if (!s.params.grammar.empty()) p.setGrammar(s.params.grammar);
     b.setDeadlineMs(s.deadline_ms);
     b.setAttempt(s.attempt);
     b.setHandoff(s.handoff);
@@ -86,6 +91,8 @@ result<generate_spec> from_wire(wire::GenerateRequest::Reader r) {
   for (int32_t t : p.getStopTokens()) s.params.stop_tokens.push_back(t);
   for (auto t : p.getStopStrings()) s.params.stop_strings.emplace_back(t.cStr());
   s.params.n_logprobs = p.getNLogprobs();
+  if (p.getGrammar().size() > kMaxGrammarBytes) return bad("grammar longer than 256 KiB");
+  s.params.grammar = p.getGrammar().cStr();
   s.want_logprobs = p.getWantLogprobs();
   s.deadline_ms = r.getDeadlineMs();
   s.attempt = r.getAttempt();
