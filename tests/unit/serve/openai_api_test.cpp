@@ -478,12 +478,44 @@ TEST(openai_parse, unsupported_features_are_refused_not_ignored) {
   expect_400(chat, "{" + msgs + R"(,"tools":[{"type":"function","function":{"name":"f"}}]})",
              "tools");
   expect_400(chat, "{" + msgs + R"(,"functions":[{"name":"f"}]})", "functions");
-  expect_400(chat, "{" + msgs + R"(,"response_format":{"type":"json_object"}})", "response_format");
+  expect_400(chat, "{" + msgs + R"(,"response_format":{"type":"xml"}})", "response_format");
   expect_400(chat, "{" + msgs + R"(,"response_format":"json"})", "response_format");
   // Their neutral values are fine.
   ok_completion(R"({"prompt":"x","logit_bias":{},"suffix":"","best_of":2,"n":2})");
   ok_chat("{" + msgs +
           R"(,"tools":[],"logit_bias":{},"response_format":{"type":"text"},"tool_choice":"none"})");
+}
+
+TEST(openai_parse, structured_outputs_compile_to_a_grammar_or_a_400) {
+  const auto c = endpoint::completions;
+  const auto chat = endpoint::chat_completions;
+  const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+  auto grammar_of = [](endpoint k, const std::string& body) {
+    auto r = parse_request(k, body);
+    EXPECT_TRUE(r.request.has_value()) << body << ": " << r.error.message;
+    return r.request ? r.request->sampling.grammar : std::string{};
+  };
+  EXPECT_NE(grammar_of(chat, "{" + msgs + R"(,"response_format":{"type":"json_object"}})")
+                .find("root ::= object"),
+            std::string::npos);
+  // The schema's properties keep their declared order (z before a).
+  const auto g = grammar_of(chat, "{" + msgs +
+                                      R"(,"response_format":{"type":"json_schema","json_schema":
+      {"name":"s","schema":{"type":"object","properties":{"z":{"type":"integer"},
+       "a":{"type":"boolean"}},"required":["z","a"]}}}})");
+  ASSERT_NE(g.find(R"(\"z\")"), std::string::npos) << g;
+  EXPECT_LT(g.find(R"(\"z\")"), g.find(R"(\"a\")")) << g;
+  EXPECT_FALSE(grammar_of(c, R"({"prompt":"x","grammar":"root ::= \"y\""})").empty());
+  EXPECT_FALSE(grammar_of(c, R"({"prompt":"x","json_schema":{"type":"integer"}})").empty());
+  EXPECT_FALSE(grammar_of(c, R"({"prompt":"x","guided_json":{"type":"string"}})").empty());
+  EXPECT_TRUE(grammar_of(chat, "{" + msgs + R"(,"response_format":{"type":"text"}})").empty());
+  expect_400(c, R"({"prompt":"x","grammar":"root ::= nope"})", "grammar");
+  expect_400(c, R"({"prompt":"x","grammar":7})", "grammar");
+  expect_400(c, R"({"prompt":"x","json_schema":{"type":"string","pattern":"a"}})", "json_schema");
+  expect_400(c, R"({"prompt":"x","grammar":"root ::= \"y\"","guided_json":{}})", "grammar");
+  expect_400(chat, "{" + msgs + R"(,"response_format":{"type":"json_schema"}})", "response_format");
+  expect_400(chat, "{" + msgs + R"(,"response_format":{"type":"json_object"},"ignore_eos":true})",
+             "ignore_eos");
 }
 
 TEST(openai_parse, error_message_quotes_the_value_briefly) {
