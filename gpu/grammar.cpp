@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <map>
 #include <set>
@@ -551,21 +552,55 @@ token_trie::token_trie(const std::vector<std::string>& pieces) : pieces_(pieces)
 void token_trie::mask(const matcher& m, std::vector<uint8_t>& allowed) const {
   allowed.assign(pieces_.size(), 0);
   const grammar& g = m.rules();
-  // Depth-first over the trie with one stack set per depth: a level's buffer is only rewritten by
-  // the next sibling at that depth, after the walk below it has returned.
-  std::vector<std::vector<matcher::stack>> level(max_depth_ + 2);
-  level[0] = m.stacks();
-  std::function<void(int32_t, size_t)> walk = [&](int32_t node, size_t depth) {
+  // Depth-first over the trie. Many nodes see the same state (inside a string every character
+  // leads back to it), so each (state, byte) step is computed once per walk and the states are
+  // shared: a node's children are stepped from its state by lookup.
+  struct state_entry {
+    std::vector<matcher::stack> stacks;
+    uint64_t hash = 0;
+    std::array<const state_entry*, 256> next{};  ///< Filled as bytes are stepped.
+    std::array<bool, 256> known{};
+  };
+  std::unordered_map<uint64_t, std::vector<std::unique_ptr<state_entry>>> states;
+  auto hash_of = [](const std::vector<matcher::stack>& st) {
+    uint64_t h = 1469598103934665603ull;
+    for (const auto& s : st) {
+      h = (h ^ s.size()) * 1099511628211ull;
+      for (int32_t x : s) h = (h ^ static_cast<uint32_t>(x)) * 1099511628211ull;
+    }
+    return h;
+  };
+  auto intern = [&](std::vector<matcher::stack>&& st) -> const state_entry* {
+    const uint64_t h = hash_of(st);
+    auto& bucket = states[h];
+    for (const auto& e : bucket) {
+      if (e->stacks == st) return e.get();
+    }
+    auto e = std::make_unique<state_entry>();
+    e->stacks = std::move(st);
+    e->hash = h;
+    bucket.push_back(std::move(e));
+    return bucket.back().get();
+  };
+  std::vector<matcher::stack> scratch;
+  std::function<void(int32_t, const state_entry*)> walk = [&](int32_t node, const state_entry* st) {
     for (const auto& [b, child] : nodes_[static_cast<size_t>(node)].children) {
-      auto& next = level[depth + 1];
-      matcher::step(g, level[depth], b, next);
-      if (next.empty()) continue;
+      auto* se = const_cast<state_entry*>(st);
+      if (!se->known[b]) {
+        matcher::step(g, se->stacks, b, scratch);
+        se->next[b] = scratch.empty() ? nullptr : intern(std::move(scratch));
+        se->known[b] = true;
+        scratch.clear();
+      }
+      const state_entry* next = se->next[b];
+      if (next == nullptr) continue;
       for (int32_t t : nodes_[static_cast<size_t>(child)].tokens)
         allowed[static_cast<size_t>(t)] = 1;
-      walk(child, depth + 1);
+      walk(child, next);
     }
   };
-  walk(0, 0);
+  std::vector<matcher::stack> start = m.stacks();
+  walk(0, intern(std::move(start)));
 }
 
 mask_cache::mask_cache(std::shared_ptr<const grammar> g, std::shared_ptr<const token_trie> trie)

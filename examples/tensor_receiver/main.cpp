@@ -173,6 +173,12 @@ int run_sender(const char* self_exe, const options& opt) {
   }
   auto stop_child = [child] {
     kill(child, SIGTERM);
+    // A receiver that does not stop within 5 s is killed: the sender never waits on it forever.
+    for (int i = 0; i < 50; ++i) {
+      if (waitpid(child, nullptr, WNOHANG) == child) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    kill(child, SIGKILL);
     waitpid(child, nullptr, 0);
   };
   // The head places the sink on a node that accepts its role, once the receiver has joined.

@@ -160,8 +160,16 @@ def tensor_receiver(build):
     exe = build / "tensor_receiver/tensor_receiver"
     if not exe.exists():
         return
-    p = subprocess.run([str(exe), "--tensors", "4", "--mib", "8"], capture_output=True, text=True,
-                       timeout=300)
+    try:
+        p = subprocess.run([str(exe), "--tensors", "4", "--mib", "8"], capture_output=True,
+                           text=True, timeout=180)
+    except subprocess.TimeoutExpired as e:
+        # Say how far it got: the transfers, or the shutdown after them.
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        check(False, f"tensor_receiver finishes within 180 s (stdout: {out[-1500:]!r}; "
+                     f"stderr: {err[-1500:]!r})")
+        return
     print(p.stdout[-2000:])
     check(p.returncode == 0, f"tensor_receiver exits 0 (stderr tail: {p.stderr[-1500:]})")
     check("4/4 tensors received, checksums equal" in p.stdout, "every tensor arrived intact")
