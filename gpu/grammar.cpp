@@ -545,7 +545,6 @@ token_trie::token_trie(const std::vector<std::string>& pieces) : pieces_(pieces)
       }
     }
     nodes_[static_cast<size_t>(n)].tokens.push_back(static_cast<int32_t>(t));
-    max_depth_ = std::max(max_depth_, p.size());
   }
 }
 
@@ -768,12 +767,7 @@ class schema_compiler {
     }
     if (s.contains("$ref")) {
       const std::string ref = s["$ref"].get<std::string>();
-      std::string key;
-      for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
-        if (ref.rfind(prefix, 0) == 0)
-          key = std::string{prefix} + "|" + ref.substr(std::string{prefix}.size());
-      }
-      if (key.empty())
+      if (ref.rfind("#/$defs/", 0) != 0 && ref.rfind("#/definitions/", 0) != 0)
         return bad(path, "$ref '" + ref + "': only #/$defs/NAME and #/definitions/NAME");
       auto it = refs_.find(ref);
       if (it != refs_.end()) return it->second;

@@ -113,7 +113,6 @@ class token_trie {
   };
   std::vector<node> nodes_;
   std::vector<std::string> pieces_;
-  size_t max_depth_ = 0;
 };
 
 /// The masks of one grammar over one vocabulary, by recogniser state: shared by every sequence
