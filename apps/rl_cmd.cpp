@@ -334,7 +334,10 @@ int run_rl(const rl_options& o) {
   if (!o.checkpoint_dir.empty()) ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
   auto checkpoint_now = [&](bool wait) -> bool {
     if (!ckpt) return true;
-    if (auto st = ckpt->save([&](gpu::train::checkpoint_state& s) { loop.snapshot_into(s); });
+    if (auto st = ckpt->save([&](gpu::train::checkpoint_state& s) {
+          loop.snapshot_into(s);
+          return gpu::status{};
+        });
         !st) {
       spdlog::error("checkpoint failed: {}", st.message());
       return false;

@@ -104,7 +104,7 @@ int run_train(const train_options& opts) {
   if (!o.checkpoint_dir.empty()) ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
   auto checkpoint_now = [&](bool wait) -> bool {
     if (!ckpt) return true;
-    if (auto st = ckpt->save([&](checkpoint_state& s) { trainer.snapshot_into(s); }); !st) {
+    if (auto st = ckpt->save([&](checkpoint_state& s) { return trainer.snapshot_into(s); }); !st) {
       spdlog::error("checkpoint failed: {}", st.message());
       return false;
     }
@@ -157,6 +157,10 @@ int run_train(const train_options& opts) {
   }
   http.reset();
   if (!o.save_path.empty()) {
+    if (auto st = trainer.sync_host(); !st) {
+      spdlog::error("--save {}: {}", o.save_path, st.message());
+      return 1;
+    }
     if (auto st =
             export_gguf(run->file, *run->model, *gpu::parse_type_name(o.save_type), o.save_path);
         !st) {
@@ -235,9 +239,12 @@ void add_train_command(CLI::App& app, const global_options&) {
                   "needs the same value")
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--device", o->device,
-                  "Where forward and backward run: cpu, or cuda / cuda:N (the parameters and "
-                  "AdamW stay on the host; every trainer of --trainers uses this device)")
+                  "Where training runs: cpu, or cuda / cuda:N (weights, gradients and AdamW in "
+                  "device memory; every trainer of --trainers uses this device)")
       ->capture_default_str();
+  cmd->add_flag("--offload-optimizer", o->offload_optimizer,
+                "With --device: keep the master weights and AdamW on the host (less device "
+                "memory, more host-device traffic; DeepSpeed's ZeRO-Offload)");
   cmd->add_flag("--recompute", o->recompute,
                 "Recompute each layer's activations in the backward (less memory, ~1/3 more "
                 "compute)");

@@ -275,7 +275,8 @@ class rank_loop {
       const bool last = r->step == o.steps || stopped;
       bool checkpointed = false;
       if (ckpt && (r->step % o.checkpoint_every == 0 || last)) {
-        if (auto st = ckpt->save([&](checkpoint_state& s) { trainer_->snapshot_into(s); }); !st) {
+        if (auto st = ckpt->save([&](checkpoint_state& s) { return trainer_->snapshot_into(s); });
+            !st) {
           return fatal("checkpoint: " + st.message());
         }
         checkpointed = true;
@@ -304,6 +305,7 @@ class rank_loop {
       if (auto st = ckpt->wait(); !st) return fatal("checkpoint: " + st.message());
     }
     if (cfg_.rank == 0 && !stopped && !o.save_path.empty()) {
+      if (auto st = trainer_->sync_host(); !st) return fatal("--save: " + st.message());
       if (auto st = export_gguf(run_->file, *run_->model, *gpu::parse_type_name(o.save_type),
                                 o.save_path);
           !st) {

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Training step throughput: weft's trainer vs PyTorch eager, same run, same model (transformers
 loads the same GGUF, f32), same batch, same thread count, same optimizer (AdamW). --device cuda runs
-both on the GPU (weft: forward/backward on the GPU, AdamW on the host; PyTorch: all on the GPU,
-f32 without TF32).
+both on the GPU (weft: the whole step in device memory, or with --offload-optimizer AdamW and the
+weights on the host; PyTorch: all on the GPU, f32 without TF32).
 
     bench/e2e/train_vs_pytorch.py --bench build/release/bench/micro/gpu/gpu_train_bench \
         [--model M.gguf] [--threads 2] [--seqs 4] [--seq-tokens 256] [--steps 5] [--repeat 3] \
-        [--out bench/results/train-vs-pytorch.json] [--png ...png] [--device cpu|cuda]
+        [--out bench/results/train-vs-pytorch.json] [--png ...png] [--device cpu|cuda] [--offload-optimizer]
 
 Prints tokens/s of both and their ratio per repeat (median over repeats), weft's share of this host's
 SGEMM ceiling, and the checkpoint save time and async stall (docs/training.md).
@@ -72,6 +72,8 @@ def main():
     ap.add_argument("--out", default="bench/results/train-vs-pytorch.json")
     ap.add_argument("--png", default="")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for both trainers")
+    ap.add_argument("--offload-optimizer", action="store_true",
+                    help="with --device: weft keeps the weights and AdamW on the host (ZeRO-Offload)")
     a = ap.parse_args()
 
     runs = []
@@ -80,7 +82,8 @@ def main():
             j = os.path.join(tmp, "weft.json")
             subprocess.run([a.bench, "--model", a.model, "--threads", str(a.threads), "--seqs",
                             str(a.seqs), "--seq-tokens", str(a.seq_tokens), "--steps",
-                            str(a.steps), "--json", j, "--device", a.device], check=True)
+                            str(a.steps), "--json", j, "--device", a.device,
+                            "--offload-optimizer", "1" if a.offload_optimizer else "0"], check=True)
             weft = json.load(open(j))
         rate, times = torch_step_rate(a.model, weft.pop("batch"), a.threads, a.steps, a.device)
         runs.append({"weft": weft, "torch_tokens_per_s": rate, "torch_step_s": times,
@@ -92,7 +95,8 @@ def main():
     ratios = sorted(x["ratio"] for x in runs)
     shares = sorted(x["weft"]["ceiling_share"] for x in runs)
     summary = {
-        "model": a.model, "device": a.device, "threads": a.threads, "seqs": a.seqs, "seq_tokens": a.seq_tokens,
+        "model": a.model, "device": a.device, "offload_optimizer": a.offload_optimizer,
+        "threads": a.threads, "seqs": a.seqs, "seq_tokens": a.seq_tokens,
         "steps": a.steps, "repeat": a.repeat,
         "ratio_median": ratios[len(ratios) // 2],
         "weft_tokens_per_s_median": sorted(x["weft"]["tokens_per_s"] for x in runs)[len(runs) // 2],

@@ -14,7 +14,8 @@ __device__ inline uint16_t float_to_half_bits(float f) {
   return __half_as_ushort(__float2half_rn(f));
 }
 
-__device__ inline float warp_sum(float v) {
+template <class T>
+__device__ inline T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
@@ -28,13 +29,15 @@ __device__ inline int warp_sum_int(int v) {
 }
 
 // Block-wide reductions for blockDim.x a multiple of 32 (<= 1024).
-__device__ inline float block_sum(float v, float* shared32) {
+// In a fixed order (lanes, then warps): the same inputs give the same bits.
+template <class T>
+__device__ inline T block_sum(T v, T* shared32) {
   v = warp_sum(v);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (lane == 0) shared32[warp] = v;
   __syncthreads();
   const int n_warps = (blockDim.x + 31) / 32;
-  v = threadIdx.x < n_warps ? shared32[threadIdx.x] : 0.0f;
+  v = threadIdx.x < n_warps ? shared32[threadIdx.x] : T(0);
   if (warp == 0) v = warp_sum(v);
   if (threadIdx.x == 0) shared32[0] = v;
   __syncthreads();

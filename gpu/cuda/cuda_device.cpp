@@ -143,6 +143,7 @@ class cuda_train_kernels final : public train::train_kernels {
   cuda_train_kernels(stream_handle s, blas_handle blas) : s_(s), blas_(blas) {}
   ~cuda_train_kernels() override {
     if (scratch_ != nullptr) free_memory(scratch_);
+    if (partial_ != nullptr) free_memory(partial_);
   }
   cuda_train_kernels(const cuda_train_kernels&) = delete;
   cuda_train_kernels& operator=(const cuda_train_kernels&) = delete;
@@ -226,6 +227,22 @@ class cuda_train_kernels final : public train::train_kernels {
   status scale_rows(float* x, const float* scales, int64_t rows, int64_t width) override {
     return check(launch_scale_rows(x, scales, rows, width, s_), "cuda scale_rows");
   }
+  status scale(float* x, int64_t n, float factor) override {
+    return check(launch_scale(x, n, factor, s_), "cuda scale");
+  }
+  status sum_squares(const float* x, int64_t n, double* acc) override {
+    if (partial_ == nullptr) {
+      if (const int e = malloc_zeroed(&partial_, kSumSquaresBlocks * sizeof(double)); e != 0)
+        return {status_code::out_of_memory, "cuda sum_squares scratch: " + error_string(e)};
+    }
+    return check(launch_sum_squares(x, n, acc, static_cast<double*>(partial_), s_),
+                 "cuda sum_squares");
+  }
+  status adamw_update(float* p, const float* g, float* m, float* v, int64_t n, bool decay,
+                      const train::adamw_scalars& s) override {
+    const adamw_args a{s.step_size, s.sqrt_bc2, s.eps, s.keep, s.beta1, s.beta2};
+    return check(launch_adamw(p, g, m, v, n, decay, a, s_), "cuda adamw");
+  }
 
  private:
   static status args(const float* q, const float* k, const float* v,
@@ -255,6 +272,7 @@ class cuda_train_kernels final : public train::train_kernels {
   blas_handle blas_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  void* partial_ = nullptr;  ///< kSumSquaresBlocks doubles (sum_squares).
 };
 
 class cuda_device final : public device {

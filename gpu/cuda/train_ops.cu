@@ -1,5 +1,6 @@
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "gpu/cuda/common.cuh"
@@ -14,27 +15,6 @@ namespace {
 constexpr unsigned kBlock = 256;
 constexpr int kMaxPerLane = 8;  // head_dim <= 32 * 8
 
-__device__ inline double warp_sum_d(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Block-wide sum in double, in a fixed order (lanes, then warps).
-__device__ inline double block_sum_d(double v, double* shared32) {
-  v = warp_sum_d(v);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) shared32[warp] = v;
-  __syncthreads();
-  const int n_warps = (blockDim.x + 31) / 32;
-  v = threadIdx.x < n_warps ? shared32[threadIdx.x] : 0.0;
-  if (warp == 0) v = warp_sum_d(v);
-  if (threadIdx.x == 0) shared32[0] = v;
-  __syncthreads();
-  v = shared32[0];
-  __syncthreads();
-  return v;
-}
-
 __device__ inline float sigmoidf(float v) {
   return 1.0f / (1.0f + expf(-v));
 }
@@ -47,7 +27,7 @@ __global__ void rms_forward(const float* x, const float* g, int64_t d, float eps
   const float* xr = x + blockIdx.x * d;
   double ss = 0.0;
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) ss += double(xr[i]) * xr[i];
-  ss = block_sum_d(ss, sh);
+  ss = block_sum(ss, sh);
   const float r = static_cast<float>(1.0 / sqrt(ss / double(d) + double(eps)));
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[blockIdx.x * d + i] = xr[i] * r * g[i];
@@ -62,7 +42,7 @@ __global__ void rms_backward_dx(const float* x, const float* g, const float* rst
   const float r = rstd[t];
   double dot = 0.0;
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) dot += double(dyr[i]) * g[i] * xr[i];
-  dot = block_sum_d(dot, sh);
+  dot = block_sum(dot, sh);
   const float c = static_cast<float>(dot * r * r * r / double(d));
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
     dx[t * d + i] += dyr[i] * g[i] * r - xr[i] * c;
@@ -185,7 +165,7 @@ __global__ void attention_bwd_rowdot(train_attention_args a, float* d) {
   const int64_t hd = a.head_dim, off = t * a.n_heads * hd + h * hd;
   double s = 0.0;
   for (int64_t c = lane; c < hd; c += 32) s += double(a.dout[off + c]) * a.out[off + c];
-  s = warp_sum_d(s);
+  s = warp_sum(s);
   if (lane == 0) d[w] = static_cast<float>(s);
 }
 
@@ -298,7 +278,7 @@ __global__ void cross_entropy_rows(const float* logits, const int32_t* targets, 
   mx = block_max(mx, shf);
   double sum = 0.0;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += exp(double(row[j] - mx));
-  sum = block_sum_d(sum, shd);
+  sum = block_sum(sum, shd);
   const double log_z = double(mx) + log(sum);
   const bool valid = target >= 0 && target < vocab;
   if (threadIdx.x == 0) logp[t] = valid ? double(row[target]) - log_z : nan("");
@@ -325,6 +305,45 @@ __global__ void embedding_bwd(const float* dx, const int32_t* tokens, int64_t n,
 __global__ void scale_rows_kernel(float* x, const float* scales, int64_t rows, int64_t width) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < rows * width) x[i] *= scales[i / width];
+}
+
+// ---- The optimizer
+
+__global__ void scale_kernel(float* x, int64_t n, float factor) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= factor;
+}
+
+// Block b sums the squares of elements b, b + blocks·256, ... (grid-stride) into partial[b].
+__global__ void sum_squares_partial(const float* x, int64_t n, double* partial) {
+  __shared__ double sh[32];
+  double ss = 0.0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    ss += double(x[i]) * x[i];
+  ss = block_sum(ss, sh);
+  if (threadIdx.x == 0) partial[blockIdx.x] = ss;
+}
+
+// *acc += the partial sums, in order (one thread).
+__global__ void sum_squares_finish(const double* partial, int blocks, double* acc) {
+  double ss = *acc;
+  for (int b = 0; b < blocks; ++b) ss += partial[b];
+  *acc = ss;
+}
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, bool decay,
+                             adamw_args s) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  float pj = p[j];
+  const float gj = g[j];
+  if (decay) pj *= s.keep;
+  const float mj = s.beta1 * m[j] + (1.0f - s.beta1) * gj;
+  const float vj = s.beta2 * v[j] + (1.0f - s.beta2) * gj * gj;
+  m[j] = mj;
+  v[j] = vj;
+  p[j] = pj - s.step_size * mj / (sqrtf(vj) / s.sqrt_bc2 + s.eps);
 }
 
 int last_error() {
@@ -460,6 +479,29 @@ int launch_scale_rows(float* x, const float* scales, int64_t rows, int64_t width
   if (rows * width == 0) return 0;
   scale_rows_kernel<<<grid_for(rows * width, kBlock), kBlock, 0, static_cast<cudaStream_t>(s)>>>(
       x, scales, rows, width);
+  return last_error();
+}
+
+int launch_scale(float* x, int64_t n, float factor, stream_handle s) {
+  if (n == 0) return 0;
+  scale_kernel<<<grid_for(n, kBlock), kBlock, 0, static_cast<cudaStream_t>(s)>>>(x, n, factor);
+  return last_error();
+}
+
+int launch_sum_squares(const float* x, int64_t n, double* acc, double* partial, stream_handle s) {
+  if (n == 0) return 0;
+  const auto blocks = static_cast<int>(
+      std::min<int64_t>(kSumSquaresBlocks, (n + kBlock - 1) / static_cast<int64_t>(kBlock)));
+  sum_squares_partial<<<blocks, kBlock, 0, static_cast<cudaStream_t>(s)>>>(x, n, partial);
+  sum_squares_finish<<<1, 1, 0, static_cast<cudaStream_t>(s)>>>(partial, blocks, acc);
+  return last_error();
+}
+
+int launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, bool decay,
+                 const adamw_args& a, stream_handle s) {
+  if (n == 0) return 0;
+  adamw_kernel<<<grid_for(n, kBlock), kBlock, 0, static_cast<cudaStream_t>(s)>>>(p, g, m, v, n,
+                                                                                 decay, a);
   return last_error();
 }
 

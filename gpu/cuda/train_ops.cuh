@@ -54,4 +54,18 @@ int launch_embedding_backward(const float* dx, const int32_t* tokens, int64_t n,
                               float* dembd, stream_handle s);
 int launch_scale_rows(float* x, const float* scales, int64_t rows, int64_t width, stream_handle s);
 
+/// x[i] *= factor.
+int launch_scale(float* x, int64_t n, float factor, stream_handle s);
+/// Blocks of the first pass of launch_sum_squares: `partial` holds this many doubles.
+inline constexpr int kSumSquaresBlocks = 1024;
+/// *acc += Σ x[i]² in double: per-block sums into `partial`, then one thread adds them in order.
+int launch_sum_squares(const float* x, int64_t n, double* acc, double* partial, stream_handle s);
+/// AdamW's constants (gpu/train/optimizer.hpp's adamw_scalars).
+struct adamw_args {
+  float step_size = 0, sqrt_bc2 = 1, eps = 0, keep = 1, beta1 = 0, beta2 = 0;
+};
+/// AdamW's element update over one tensor (adamw_update_range).
+int launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, bool decay,
+                 const adamw_args& a, stream_handle s);
+
 }  // namespace weft::gpu::cuda

@@ -239,9 +239,9 @@ async_checkpointer::~async_checkpointer() {
   thread_.join();
 }
 
-status async_checkpointer::save(const std::function<void(checkpoint_state&)>& fill) {
+status async_checkpointer::save(const std::function<status(checkpoint_state&)>& fill) {
   status previous = wait();  // The writer is idle from here: staging_ is ours.
-  fill(staging_);
+  if (auto st = fill(staging_); !st) return st;
   {
     std::lock_guard lk(mu_);
     pending_ = true;
@@ -252,7 +252,10 @@ status async_checkpointer::save(const std::function<void(checkpoint_state&)>& fi
 }
 
 status async_checkpointer::save(checkpoint_state state) {
-  return save([&state](checkpoint_state& s) { s = std::move(state); });
+  return save([&state](checkpoint_state& s) {
+    s = std::move(state);
+    return status{};
+  });
 }
 
 status async_checkpointer::wait() {

@@ -79,9 +79,9 @@ class async_checkpointer {
   async_checkpointer(const async_checkpointer&) = delete;
   async_checkpointer& operator=(const async_checkpointer&) = delete;
 
-  /// Copies the state in through `fill` and starts writing it; returns the error of the previous
-  /// write, if it failed.
-  status save(const std::function<void(checkpoint_state&)>& fill);
+  /// Copies the state in through `fill` and starts writing it; returns `fill`'s error (nothing is
+  /// written then) or the error of the previous write, if it failed.
+  status save(const std::function<status(checkpoint_state&)>& fill);
   /// The same with a state already made.
   status save(checkpoint_state state);
   /// Waits for the pending write; returns its outcome.

@@ -54,6 +54,8 @@ struct layer_bufs {
 
 struct device_trainer::state {
   std::vector<dbuf> value, grad;   ///< Per parameter.
+  std::vector<dbuf> m, v;          ///< AdamW's moments per parameter (resident mode).
+  dbuf norm_acc;                   ///< One double: the squared gradient norm.
   std::vector<layer_bufs> layers;  ///< n_layers of them, plus the recompute scratch at the end.
   dbuf x, xn_final, rstd_final, x_out;
   dbuf dh, dgate, dup, dxn, datt, dq, dk, dv, dx, dxn_final;
@@ -67,6 +69,9 @@ struct device_trainer::state {
     std::vector<device_buffer*> out;
     for (auto& b : value) out.push_back(&b.b);
     for (auto& b : grad) out.push_back(&b.b);
+    for (auto& b : m) out.push_back(&b.b);
+    for (auto& b : v) out.push_back(&b.b);
+    out.push_back(&norm_acc.b);
     for (auto& l : layers) {
       for (dbuf* p : {&l.x_in, &l.xn1, &l.rstd1, &l.q, &l.k, &l.v, &l.att, &l.lse, &l.x_mid, &l.xn2,
                       &l.rstd2, &l.gate, &l.up, &l.h})
@@ -97,6 +102,10 @@ device_trainer::~device_trainer() {
 }
 
 status device_trainer::upload(const std::vector<parameter<float>>& params) {
+  if (values_newer_)
+    return {status_code::internal,
+            "the parameters were changed on the host while the device held newer ones (bring "
+            "the host copy up to date with trainable_model::pull_to_host first)"};
   s_->value.resize(params.size());
   s_->grad.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -104,8 +113,7 @@ status device_trainer::upload(const std::vector<parameter<float>>& params) {
     WEFT_NEED(v, s_->value[i], float, params[i].size());
     WEFT_TRY(
         dev_.copy_to_device(v, params[i].value.data(), params[i].value.size() * sizeof(float)));
-    float* g = nullptr;
-    WEFT_NEED(g, s_->grad[i], float, params[i].size());
+    if (auto g = s_->grad[i].need<float>(dev_, params[i].size()); !g) return g.error();
   }
   return dev_.synchronize();
 }
@@ -358,10 +366,14 @@ result<loss_sum> device_trainer::forward_backward(std::span<const train_batch* c
     return status{status_code::unsupported,
                   dev_.capabilities().name + " has no trainer ops (device::training)"};
   if (upload_params || s_->value.size() != params.size()) WEFT_TRY(upload(params));
-  for (size_t i = 0; i < params.size(); ++i)
-    WEFT_TRY(dev_.training()->fill(s_->grad[i].get<float>(), params[i].size(), 0.0f));
+  if (!resident_ || zero_pending_) {
+    for (size_t i = 0; i < params.size(); ++i)
+      WEFT_TRY(dev_.training()->fill(s_->grad[i].get<float>(), params[i].size(), 0.0f));
+    zero_pending_ = false;
+  }
   loss_sum loss;
   for (const train_batch* b : batches) WEFT_TRY(accumulate(*b, objective, loss));
+  if (resident_) return loss;
   // The device's gradients into the host's (added: micro-batches accumulate).
   for (size_t i = 0; i < params.size(); ++i) {
     auto& p = params[i];
@@ -399,6 +411,98 @@ result<std::vector<float>> device_trainer::logits(const train_batch& b,
   WEFT_TRY(dev_.copy_to_host(out.data(), lg, out.size() * sizeof(float)));
   WEFT_TRY(dev_.synchronize());
   return out;
+}
+
+status device_trainer::pull_gradients(std::vector<parameter<float>>& params) {
+  if (s_->grad.size() != params.size())
+    return {status_code::internal, "no gradients on the device yet"};
+  for (size_t i = 0; i < params.size(); ++i)
+    WEFT_TRY(dev_.copy_to_host(params[i].grad.data(), s_->grad[i].get<float>(),
+                               params[i].grad.size() * sizeof(float)));
+  return dev_.synchronize();
+}
+
+status device_trainer::push_gradients(const std::vector<parameter<float>>& params) {
+  if (s_->grad.size() != params.size())
+    return {status_code::internal, "no gradients on the device yet"};
+  for (size_t i = 0; i < params.size(); ++i)
+    WEFT_TRY(dev_.copy_to_device(s_->grad[i].get<float>(), params[i].grad.data(),
+                                 params[i].grad.size() * sizeof(float)));
+  zero_pending_ = false;
+  return dev_.synchronize();
+}
+
+result<double> device_trainer::optimizer_step(adamw& opt, std::span<const uint8_t> decay,
+                                              float grad_scale, double max_norm, double lr,
+                                              int64_t step) {
+  state& s = *s_;
+  train_kernels* k = dev_.training();
+  const size_t n = s.value.size();
+  if (!resident_ || n == 0 || s.grad.size() != n || opt.n_tensors() != n)
+    return status{status_code::internal,
+                  "optimizer_step needs resident mode, a forward_backward first and one moment "
+                  "pair per parameter"};
+  std::vector<int64_t> sizes(n);
+  for (size_t i = 0; i < n; ++i) sizes[i] = static_cast<int64_t>(opt.m(i).size());
+  if (!moments_on_device_) {
+    s.m.resize(n);
+    s.v.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      float *m = nullptr, *v = nullptr;
+      WEFT_NEED(m, s.m[i], float, sizes[i]);
+      WEFT_NEED(v, s.v[i], float, sizes[i]);
+      WEFT_TRY(dev_.copy_to_device(m, opt.m(i).data(), opt.m(i).size() * sizeof(float)));
+      WEFT_TRY(dev_.copy_to_device(v, opt.v(i).data(), opt.v(i).size() * sizeof(float)));
+    }
+    moments_on_device_ = true;
+  }
+  // The host path's order: scale to the mean, the norm (double, tensors in order), clip, AdamW.
+  for (size_t i = 0; i < n; ++i) WEFT_TRY(k->scale(s.grad[i].get<float>(), sizes[i], grad_scale));
+  double* acc = nullptr;
+  WEFT_NEED(acc, s.norm_acc, double, 1);
+  double ss = 0.0;
+  WEFT_TRY(dev_.copy_to_device(acc, &ss, sizeof ss));
+  for (size_t i = 0; i < n; ++i) WEFT_TRY(k->sum_squares(s.grad[i].get<float>(), sizes[i], acc));
+  WEFT_TRY(dev_.copy_to_host(&ss, acc, sizeof ss));
+  WEFT_TRY(dev_.synchronize());
+  const double norm = std::sqrt(ss);
+  if (!std::isfinite(norm)) return non_finite_norm(step);
+  if (const float coef = clip_factor(norm, max_norm); coef != 1.0f) {
+    for (size_t i = 0; i < n; ++i) WEFT_TRY(k->scale(s.grad[i].get<float>(), sizes[i], coef));
+  }
+  const adamw_scalars sc = opt.scalars(opt.steps() + 1, lr);
+  for (size_t i = 0; i < n; ++i) {
+    const bool wd = i < decay.size() ? decay[i] != 0 : true;
+    WEFT_TRY(k->adamw_update(s.value[i].get<float>(), s.grad[i].get<float>(), s.m[i].get<float>(),
+                             s.v[i].get<float>(), sizes[i], wd, sc));
+  }
+  opt.set_steps(opt.steps() + 1);
+  values_newer_ = true;
+  moments_newer_ = true;
+  return norm;
+}
+
+status device_trainer::pull_values(std::vector<parameter<float>>& params) {
+  if (!values_newer_) return {};
+  for (size_t i = 0; i < params.size(); ++i)
+    WEFT_TRY(dev_.copy_to_host(params[i].value.data(), s_->value[i].get<float>(),
+                               params[i].value.size() * sizeof(float)));
+  WEFT_TRY(dev_.synchronize());
+  values_newer_ = false;
+  return {};
+}
+
+status device_trainer::pull_moments(adamw& opt) {
+  if (!moments_newer_) return {};
+  for (size_t i = 0; i < opt.n_tensors(); ++i) {
+    WEFT_TRY(
+        dev_.copy_to_host(opt.m(i).data(), s_->m[i].get<float>(), opt.m(i).size() * sizeof(float)));
+    WEFT_TRY(
+        dev_.copy_to_host(opt.v(i).data(), s_->v[i].get<float>(), opt.v(i).size() * sizeof(float)));
+  }
+  WEFT_TRY(dev_.synchronize());
+  moments_newer_ = false;
+  return {};
 }
 
 #undef WEFT_NEED

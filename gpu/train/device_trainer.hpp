@@ -3,7 +3,9 @@
 /// trainable_model::use_device and docs/training.md). The host keeps the master parameters and the
 /// optimizer (as DeepSpeed's ZeRO-Offload): parameters are uploaded when they changed, every op of
 /// the forward and backward runs on the device through device::training() and device::ops(), and
-/// the gradients are added into the host gradients when a call returns. f32 only.
+/// the gradients are added into the host gradients when a call returns. f32 only. In resident mode
+/// the gradients stay on the device and the optimizer update runs there too (optimizer_step),
+/// with its moments in device memory; the host copies are brought up to date when asked.
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -13,6 +15,7 @@
 #include "gpu/device.hpp"
 #include "gpu/model.hpp"
 #include "gpu/status.hpp"
+#include "gpu/train/optimizer.hpp"
 #include "gpu/train/train_ops.hpp"
 #include "gpu/train/trainable_model.hpp"
 
@@ -45,6 +48,32 @@ class device_trainer {
   result<std::vector<float>> logits(const train_batch& batch,
                                     const std::vector<parameter<float>>& params, bool upload);
 
+  // Device-resident training (trainable_model::set_device_resident).
+  /// On: forward_backward leaves the gradients on the device, added to what is there since the
+  /// last zero_grads.
+  void set_resident(bool on) { resident_ = on; }
+  bool resident() const { return resident_; }
+  /// The next forward_backward starts from zero gradients.
+  void zero_grads() { zero_pending_ = true; }
+  /// Overwrites the host gradients with the device's, or the device's with the host's.
+  status pull_gradients(std::vector<parameter<float>>& params);
+  status push_gradients(const std::vector<parameter<float>>& params);
+  /// One optimizer update on the device (trainable_model::device_step).
+  result<double> optimizer_step(adamw& opt, std::span<const uint8_t> decay, float grad_scale,
+                                double max_norm, double lr, int64_t step);
+  /// Whether the device's parameters (moments) are newer than the host's.
+  bool values_newer() const { return values_newer_; }
+  bool moments_newer() const { return moments_newer_; }
+  status pull_values(std::vector<parameter<float>>& params);
+  status pull_moments(adamw& opt);
+  /// The host's parameters and moments replaced the device's (a restored checkpoint): the device
+  /// copies are uploaded again before their next use.
+  void host_replaced() {
+    values_newer_ = false;
+    moments_newer_ = false;
+    moments_on_device_ = false;
+  }
+
  private:
   struct state;
   status upload(const std::vector<parameter<float>>& params);
@@ -59,6 +88,11 @@ class device_trainer {
   int64_t head_chunk_rows_ = 256;
   trainable_layout layout_;
   std::unique_ptr<state> s_;
+  bool resident_ = false;
+  bool zero_pending_ = true;
+  bool values_newer_ = false;       ///< An update ran on the device since the last pull_values.
+  bool moments_newer_ = false;      ///< ... since the last pull_moments.
+  bool moments_on_device_ = false;  ///< The device holds the optimizer's moments.
 };
 
 }  // namespace weft::gpu::train

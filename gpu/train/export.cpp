@@ -17,6 +17,9 @@ result<gguf_writer> export_writer(const gguf_file& source, const trainable_model
     return status{status_code::unsupported, "export type must be f32, f16, bf16 or q8_0, not " +
                                                 std::string{type_name(type)}};
   }
+  if (!model.host_current())
+    return status{status_code::internal,
+                  "the device holds newer weights than the host copy (pull_to_host first)"};
   std::unordered_map<std::string_view, const parameter<float>*> trained;
   for (const auto& p : model.parameters()) trained[p.name] = &p;
   gguf_writer w;

@@ -19,35 +19,31 @@ void adamw::init(std::span<const int64_t> sizes) {
   }
 }
 
+adamw_scalars adamw::scalars(int64_t step, double lr) const {
+  const double b1 = config_.beta1;
+  const double b2 = config_.beta2;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
+  adamw_scalars s;
+  s.step_size = static_cast<float>(lr / bc1);
+  s.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  s.eps = static_cast<float>(config_.eps);
+  s.keep = static_cast<float>(1.0 - lr * config_.weight_decay);
+  s.beta1 = static_cast<float>(b1);
+  s.beta2 = static_cast<float>(b2);
+  return s;
+}
+
 void adamw::step(std::span<const std::span<float>> values,
                  std::span<const std::span<const float>> grads, std::span<const uint8_t> decay,
                  double lr) {
   ++step_;
-  const double b1 = config_.beta1;
-  const double b2 = config_.beta2;
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step_));
-  // PyTorch's AdamW: p *= 1 - lr·wd; m = b1·m + (1-b1)·g; v = b2·v + (1-b2)·g²;
-  // p -= (lr / bc1) · m / (√v / √bc2 + eps).
-  const auto step_size = static_cast<float>(lr / bc1);
-  const auto sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
-  const auto eps = static_cast<float>(config_.eps);
-  const auto keep = static_cast<float>(1.0 - lr * config_.weight_decay);
-  const auto fb1 = static_cast<float>(b1);
-  const auto fb2 = static_cast<float>(b2);
+  const adamw_scalars sc = scalars(step_, lr);
   // Elements [lo, hi) of tensor i.
   auto update = [&](size_t i, size_t lo, size_t hi) {
-    float* p = values[i].data();
-    const float* g = grads[i].data();
-    float* m = m_[i].data();
-    float* v = v_[i].data();
     const bool wd = i < decay.size() ? decay[i] != 0 : true;
-    for (size_t j = lo; j < hi; ++j) {
-      if (wd) p[j] *= keep;
-      m[j] = fb1 * m[j] + (1.0f - fb1) * g[j];
-      v[j] = fb2 * v[j] + (1.0f - fb2) * g[j] * g[j];
-      p[j] -= step_size * m[j] / (std::sqrt(v[j]) / sqrt_bc2 + eps);
-    }
+    adamw_update_range(values[i].data(), grads[i].data(), m_[i].data(), v_[i].data(),
+                       static_cast<int64_t>(lo), static_cast<int64_t>(hi), wd, sc);
   };
   // All tensors as one range of elements, cut among the threads.
   std::vector<int64_t> starts{0};
@@ -76,11 +72,7 @@ result<double> clip_and_update(adamw& opt, std::span<const std::span<float>> val
                                std::span<const uint8_t> decay, double max_norm, double lr,
                                int64_t step) {
   const double norm = clip_grad_norm(grads, max_norm);
-  if (!std::isfinite(norm)) {
-    return status{status_code::internal, "gradient norm is not finite at step " +
-                                             std::to_string(step) +
-                                             " (lower --lr or check the data)"};
-  }
+  if (!std::isfinite(norm)) return non_finite_norm(step);
   std::vector<std::span<const float>> cgrads;
   for (const auto& g : grads) cgrads.emplace_back(g.data(), g.size());
   opt.step(values, cgrads, decay, lr);
@@ -90,13 +82,22 @@ result<double> clip_and_update(adamw& opt, std::span<const std::span<float>> val
 double clip_grad_norm(std::span<const std::span<float>> grads, double max_norm) {
   std::vector<std::span<const float>> view(grads.begin(), grads.end());
   const double norm = global_grad_norm(view);
-  if (max_norm > 0.0 && norm > max_norm) {
-    const auto coef = static_cast<float>(max_norm / (norm + 1e-6));
+  if (const float coef = clip_factor(norm, max_norm); coef != 1.0f) {
     for (const auto& g : grads) {
       for (float& x : g) x *= coef;
     }
   }
   return norm;
+}
+
+float clip_factor(double norm, double max_norm) {
+  if (max_norm > 0.0 && norm > max_norm) return static_cast<float>(max_norm / (norm + 1e-6));
+  return 1.0f;
+}
+
+status non_finite_norm(int64_t step) {
+  return {status_code::internal, "gradient norm is not finite at step " + std::to_string(step) +
+                                     " (lower --lr or check the data)"};
 }
 
 double lr_schedule::at(int64_t step) const {

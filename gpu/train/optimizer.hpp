@@ -4,6 +4,7 @@
 /// `clip_grad_norm_` and the usual warmup schedules, so a run can be checked against PyTorch step
 /// by step (docs/training.md). Plain classes: no CAF, no device.
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -22,6 +23,29 @@ struct adamw_config {
   int threads = 1;  ///< Threads of the update (element-wise: the bits do not depend on it).
 };
 
+/// The per-update constants of AdamW, made on the host in double and rounded once, so every
+/// implementation of the element update (host threads, a device) uses the same numbers.
+struct adamw_scalars {
+  float step_size = 0;  ///< lr / (1 − β1^t)
+  float sqrt_bc2 = 1;   ///< √(1 − β2^t)
+  float eps = 0;
+  float keep = 1;  ///< 1 − lr · weight_decay
+  float beta1 = 0, beta2 = 0;
+};
+
+/// The element update of AdamW on [lo, hi) (PyTorch's: p *= keep when `decay`; m = β1·m + (1−β1)·g;
+/// v = β2·v + (1−β2)·g²; p −= step_size · m / (√v / √bc2 + eps)). Shared by adamw::step and the CPU
+/// device's kernel, so the two give the same bits.
+inline void adamw_update_range(float* p, const float* g, float* m, float* v, int64_t lo, int64_t hi,
+                               bool decay, const adamw_scalars& s) {
+  for (int64_t j = lo; j < hi; ++j) {
+    if (decay) p[j] *= s.keep;
+    m[j] = s.beta1 * m[j] + (1.0f - s.beta1) * g[j];
+    v[j] = s.beta2 * v[j] + (1.0f - s.beta2) * g[j] * g[j];
+    p[j] -= s.step_size * m[j] / (std::sqrt(v[j]) / s.sqrt_bc2 + s.eps);
+  }
+}
+
 /// State and update of AdamW over a list of parameter tensors (each a flat span).
 class adamw {
  public:
@@ -34,6 +58,9 @@ class adamw {
   /// skipped for tensors where `decay[i]` is false (norm weights, by convention).
   void step(std::span<const std::span<float>> values, std::span<const std::span<const float>> grads,
             std::span<const uint8_t> decay, double lr);
+
+  /// The constants of update number `step` (1-based) at rate `lr`.
+  adamw_scalars scalars(int64_t step, double lr) const;
 
   int64_t steps() const { return step_; }
   const adamw_config& config() const { return config_; }
@@ -53,6 +80,12 @@ class adamw {
 
 /// The global L2 norm of all gradients, computed in double in a fixed order.
 double global_grad_norm(std::span<const std::span<const float>> grads);
+
+/// The factor clip_grad_norm scales the gradients by at this norm (1 when it does not clip).
+float clip_factor(double norm, double max_norm);
+
+/// The error of an update whose gradient norm is not finite (update `step`, 1-based).
+status non_finite_norm(int64_t step);
 
 /// Scales every gradient by max_norm / norm when norm > max_norm (PyTorch's clip_grad_norm_ with
 /// its 1e-6 guard); returns the norm before clipping. max_norm <= 0 disables clipping.

@@ -40,6 +40,7 @@ nlohmann::json to_json(const sft_run_options& o) {
           {"threads", o.threads},
           {"recompute", o.recompute},
           {"device", o.device},
+          {"offload_optimizer", o.offload_optimizer},
           {"checkpoint_dir", o.checkpoint_dir},
           {"checkpoint_every", o.checkpoint_every},
           {"keep_checkpoints", o.keep_checkpoints},
@@ -79,6 +80,7 @@ result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j) {
     o.threads = j.value("threads", o.threads);
     o.recompute = j.value("recompute", o.recompute);
     o.device = j.value("device", o.device);
+    o.offload_optimizer = j.value("offload_optimizer", o.offload_optimizer);
     o.checkpoint_dir = j.value("checkpoint_dir", o.checkpoint_dir);
     o.checkpoint_every = j.value("checkpoint_every", o.checkpoint_every);
     o.keep_checkpoints = j.value("keep_checkpoints", o.keep_checkpoints);
@@ -121,11 +123,16 @@ result<sft_config> make_sft_config(const sft_run_options& o) {
   sc.max_grad_norm = o.max_grad_norm;
   sc.parallel = plan_threads(o.threads).shares;
   sc.adamw.threads = sc.parallel;
+  if (o.offload_optimizer && o.device == "cpu")
+    return bad(
+        "offload_optimizer needs a device (--device cuda): without one the optimizer runs "
+        "on the host already");
   if (o.device != "cpu") {
-    // Forward and backward run on the device (one share); the host's cores all go to the
-    // element-wise work that stays there: the gradient scaling and AdamW.
+    // Forward and backward run on the device (one share); with the optimizer offloaded the host's
+    // cores all go to the element-wise work that stays there: the gradient scaling and AdamW.
     sc.parallel = 1;
     sc.adamw.threads = std::max(1, o.threads);
+    sc.offload_optimizer = o.offload_optimizer;
   }
   return sc;
 }
@@ -164,8 +171,14 @@ result<sft_run> load_sft_run(const sft_run_options& o, bool with_model) {
     if (dev) {
       if (auto st = model->use_device(dev.get()); !st)
         return status{st.code(), "--device " + o.device + ": " + st.message()};
-      spdlog::info("forward and backward on {}; parameters and AdamW on the host",
-                   dev->capabilities().name);
+      if (o.offload_optimizer)
+        spdlog::info(
+            "forward and backward on {}; master weights and AdamW on the host "
+            "(--offload-optimizer)",
+            dev->capabilities().name);
+      else
+        spdlog::info("training on {}: weights, gradients and AdamW in device memory",
+                     dev->capabilities().name);
     }
   }
   return sft_run{std::move(*file), std::move(*data), std::move(dev), std::move(model)};

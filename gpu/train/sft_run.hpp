@@ -37,9 +37,12 @@ struct sft_run_options {
   uint64_t seed = 0;
   int threads = 1;  ///< cores to use (plan_threads); the caller resolves "all cores"
   bool recompute = false;
-  /// Where forward and backward run: "cpu" (the host, default), or a device backend such as
-  /// "cuda" / "cuda:N" (trainable_model::use_device: the optimizer stays on the host).
+  /// Where training runs: "cpu" (the host, default), or a device backend such as "cuda" /
+  /// "cuda:N" (trainable_model::use_device; the whole step on the device unless
+  /// offload_optimizer).
   std::string device = "cpu";
+  /// With a device: master weights and AdamW on the host (sft_config::offload_optimizer).
+  bool offload_optimizer = false;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 50;
   int keep_checkpoints = 2;

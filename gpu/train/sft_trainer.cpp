@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace weft::gpu::train {
 
@@ -18,8 +19,12 @@ sft_trainer::sft_trainer(trainable_model<float>& model, const sft_dataset& data,
         c.threads = std::max({1, config.parallel, config.adamw.threads});
         return c;
       }()) {
+  if (model_.compute_device() != nullptr && !config.offload_optimizer) {
+    // Cannot fail with a device attached.
+    (void)model_.set_device_resident(true);
+  }
   std::vector<int64_t> sizes;
-  for (const auto& p : model_.parameters()) {
+  for (const auto& p : std::as_const(model_).parameters()) {
     sizes.push_back(p.size());
     // Weight decay on matrices only, not on norm weights (the usual convention).
     decay_.push_back(p.ne[1] > 1 ? 1 : 0);
@@ -47,6 +52,33 @@ result<step_record> sft_trainer::step() {
     loss_sum = l->sum;
     loss_tokens = l->tokens;
   }
+  const double lr = config_.schedule.at(step_);
+  result<double> norm = 0.0;
+  if (model_.device_resident()) {
+    if (reduce_) {
+      if (auto st = model_.pull_gradients(); !st) return st;
+      if (auto st = reduce_(model_.gradients(), loss_sum, loss_tokens); !st) return st;
+      if (auto st = model_.push_gradients(); !st) return st;
+    }
+    // Gradient of the mean token loss over the whole step (all ranks').
+    const float mean = loss_tokens > 0 ? 1.0f / static_cast<float>(loss_tokens) : 0.0f;
+    norm = model_.device_step(opt_, decay_, mean, config_.max_grad_norm, lr, step_ + 1);
+  } else {
+    norm = host_update(loss_sum, loss_tokens, lr);
+  }
+  if (!norm) return norm.error();
+  ++step_;
+  step_record r;
+  r.step = step_;
+  r.loss = loss_tokens > 0 ? loss_sum / static_cast<double>(loss_tokens) : 0.0;
+  r.lr = lr;
+  r.grad_norm = *norm;
+  r.tokens = tokens;
+  history_.push_back(r);
+  return r;
+}
+
+result<double> sft_trainer::host_update(double& loss_sum, int64_t& loss_tokens, double lr) {
   auto& params = model_.parameters();
   std::vector<std::span<float>> grads, values;
   for (auto& p : params) {
@@ -66,33 +98,28 @@ result<step_record> sft_trainer::step() {
       for (int64_t i = lo; i < hi; ++i) x[i] *= inv;
     });
   }
-  const double lr = config_.schedule.at(step_);
-  auto norm = clip_and_update(opt_, values, grads, decay_, config_.max_grad_norm, lr, step_ + 1);
-  if (!norm) return norm.error();
-  ++step_;
-  step_record r;
-  r.step = step_;
-  r.loss = loss_tokens > 0 ? loss_sum / static_cast<double>(loss_tokens) : 0.0;
-  r.lr = lr;
-  r.grad_norm = *norm;
-  r.tokens = tokens;
-  history_.push_back(r);
-  return r;
+  return clip_and_update(opt_, values, grads, decay_, config_.max_grad_norm, lr, step_ + 1);
 }
 
-checkpoint_state sft_trainer::snapshot() const {
+result<checkpoint_state> sft_trainer::snapshot() {
   checkpoint_state s;
-  snapshot_into(s);
+  if (auto st = snapshot_into(s); !st) return st;
   return s;
 }
 
-void sft_trainer::snapshot_into(checkpoint_state& s) const {
+status sft_trainer::sync_host() {
+  return model_.pull_to_host(&opt_);
+}
+
+status sft_trainer::snapshot_into(checkpoint_state& s) {
+  if (auto st = sync_host(); !st) return st;
   s.step = step_;
   s.cursor = sampler_.cursor();
   s.seed = config_.seed;
   s.schedule = config_.schedule;
   s.history = history_;
-  snapshot_parameters(model_.parameters(), opt_, s);
+  snapshot_parameters(std::as_const(model_).parameters(), opt_, s);
+  return {};
 }
 
 status sft_trainer::restore(const checkpoint_state& s) {
@@ -102,6 +129,7 @@ status sft_trainer::restore(const checkpoint_state& s) {
                 std::to_string(config_.seed) + " (the data order would differ)"};
   }
   if (auto st = restore_parameters(s, model_.parameters(), opt_); !st) return st;
+  model_.host_replaced();
   sampler_.set_cursor(s.cursor);
   step_ = s.step;
   history_ = s.history;

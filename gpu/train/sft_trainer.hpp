@@ -29,6 +29,11 @@ struct sft_config {
   /// forward_backward; run BLAS single-threaded then). The bits depend on it (the shares' gradients
   /// are added in share order), so an exact resume needs the same value.
   int parallel = 1;
+  /// With the model on a device: keep AdamW and the master weights on the host (DeepSpeed's
+  /// ZeRO-Offload: gradients come back after every micro-batch, weights go up after every update)
+  /// instead of the default device-resident step (trainable_model::set_device_resident), which
+  /// keeps everything on the device and copies to the host only for checkpoints and export.
+  bool offload_optimizer = false;
 };
 
 /// Sums the ranks' gradients (every tensor, in place) and their loss sums and token counts; every
@@ -50,14 +55,21 @@ class sft_trainer {
   int64_t steps_done() const { return step_; }
   const std::vector<step_record>& history() const { return history_; }
 
-  /// A copy of everything needed to continue exactly.
-  checkpoint_state snapshot() const;
+  /// A copy of everything needed to continue exactly (brings the host copy of a device-resident
+  /// model up to date first).
+  result<checkpoint_state> snapshot();
   /// The same copy into `s`, reusing its buffers (async_checkpointer's staging copy).
-  void snapshot_into(checkpoint_state& s) const;
+  status snapshot_into(checkpoint_state& s);
+  /// Brings the model's host parameters (and the optimizer's moments) up to date with the device
+  /// after device-resident steps (before an export; snapshot_into does it itself).
+  status sync_host();
   /// Continues from a snapshot of the same model and data (names and sizes are checked).
   status restore(const checkpoint_state& s);
 
  private:
+  /// Reduce, scale, clip and AdamW on the host copy (the model is not device-resident).
+  result<double> host_update(double& loss_sum, int64_t& loss_tokens, double lr);
+
   trainable_model<float>& model_;
   sft_config config_;
   sft_sampler sampler_;

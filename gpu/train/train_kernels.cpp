@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <string>
+#include <thread>
 
 namespace weft::gpu::train {
 
@@ -131,6 +132,35 @@ status cpu_train_kernels::scale_rows(float* x, const float* scales, int64_t rows
     float* row = x + r * width;
     for (int64_t j = 0; j < width; ++j) row[j] *= scales[r];
   }
+  return {};
+}
+
+namespace {
+/// Threads for an element-wise pass over n elements (the bits do not depend on it).
+int element_threads(int64_t n) {
+  return n >= (1 << 20) ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) : 1;
+}
+}  // namespace
+
+status cpu_train_kernels::scale(float* x, int64_t n, float factor) {
+  parallel_ranges(n, element_threads(n), [x, factor](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) x[i] *= factor;
+  });
+  return {};
+}
+
+status cpu_train_kernels::sum_squares(const float* x, int64_t n, double* acc) {
+  double ss = *acc;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  *acc = ss;
+  return {};
+}
+
+status cpu_train_kernels::adamw_update(float* p, const float* g, float* m, float* v, int64_t n,
+                                       bool decay, const adamw_scalars& s) {
+  parallel_ranges(n, element_threads(n), [&](int64_t lo, int64_t hi) {
+    adamw_update_range(p, g, m, v, lo, hi, decay, s);
+  });
   return {};
 }
 

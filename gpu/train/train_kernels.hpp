@@ -12,6 +12,7 @@
 
 #include "gpu/compute_ops.hpp"
 #include "gpu/status.hpp"
+#include "gpu/train/optimizer.hpp"
 #include "gpu/train/train_ops.hpp"
 
 namespace weft::gpu::train {
@@ -66,6 +67,16 @@ class train_kernels {
                                     float* dembd) = 0;
   /// x[r][j] *= scales[r] for rows of `width`.
   virtual status scale_rows(float* x, const float* scales, int64_t rows, int64_t width) = 0;
+
+  // The optimizer's ops (a device-resident update: trainable_model::set_device_resident).
+  /// x[i] *= factor.
+  virtual status scale(float* x, int64_t n, float factor) = 0;
+  /// *acc += Σ x[i]² in double (acc: one double of device memory). The CPU implementation adds
+  /// the squares one by one in order, as global_grad_norm does, so it gives that function's bits.
+  virtual status sum_squares(const float* x, int64_t n, double* acc) = 0;
+  /// AdamW's element update (adamw_update_range) over n elements of one tensor.
+  virtual status adamw_update(float* p, const float* g, float* m, float* v, int64_t n, bool decay,
+                              const adamw_scalars& s) = 0;
 };
 
 /// The CPU implementation (host memory): train_ops<float>.
@@ -96,6 +107,10 @@ class cpu_train_kernels final : public train_kernels {
   status embedding_backward(const float* dx, const int32_t* tokens, int64_t n, int64_t d,
                             float* dembd) override;
   status scale_rows(float* x, const float* scales, int64_t rows, int64_t width) override;
+  status scale(float* x, int64_t n, float factor) override;
+  status sum_squares(const float* x, int64_t n, double* acc) override;
+  status adamw_update(float* p, const float* g, float* m, float* v, int64_t n, bool decay,
+                      const adamw_scalars& s) override;
 };
 
 }  // namespace weft::gpu::train

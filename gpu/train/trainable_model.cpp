@@ -197,6 +197,9 @@ int64_t trainable_model<T>::n_parameters() const {
 
 template <class T>
 status trainable_model<T>::use_device(device* dev) {
+  if (!host_current())
+    return {status_code::internal,
+            "the device holds newer weights than the host: pull_to_host before detaching it"};
   if (dev == nullptr) {
     device_.reset();
     return {};
@@ -227,7 +230,86 @@ device* trainable_model<T>::compute_device() const {
 }
 
 template <class T>
+status trainable_model<T>::set_device_resident(bool on) {
+  if (!device_) {
+    if (!on) return {};
+    return {status_code::invalid_argument, "device-resident training needs a device (use_device)"};
+  }
+  if (!on && (device_->values_newer() || device_->moments_newer()))
+    return {status_code::internal,
+            "leaving device-resident training with newer weights on the device (pull_to_host)"};
+  device_->set_resident(on);
+  return {};
+}
+
+template <class T>
+bool trainable_model<T>::device_resident() const {
+  return device_ && device_->resident();
+}
+
+template <class T>
+result<double> trainable_model<T>::device_step(adamw& opt, std::span<const uint8_t> decay,
+                                               float grad_scale, double max_norm, double lr,
+                                               int64_t step) {
+  if constexpr (!std::is_same_v<T, float>) {
+    return status{status_code::unsupported, "a device runs the f32 trainer only"};
+  } else {
+    if (!device_resident())
+      return status{status_code::internal, "device_step needs device-resident training"};
+    return device_->optimizer_step(opt, decay, grad_scale, max_norm, lr, step);
+  }
+}
+
+template <class T>
+status trainable_model<T>::pull_gradients() {
+  if constexpr (std::is_same_v<T, float>) {
+    if (device_resident()) return device_->pull_gradients(params_);
+  }
+  return {status_code::internal, "pull_gradients needs device-resident training"};
+}
+
+template <class T>
+status trainable_model<T>::push_gradients() {
+  if constexpr (std::is_same_v<T, float>) {
+    if (device_resident()) return device_->push_gradients(params_);
+  }
+  return {status_code::internal, "push_gradients needs device-resident training"};
+}
+
+template <class T>
+status trainable_model<T>::pull_to_host(adamw* opt) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!device_) return {};
+    if (auto st = device_->pull_values(params_); !st) return st;
+    if (opt != nullptr) return device_->pull_moments(*opt);
+  }
+  return {};
+}
+
+template <class T>
+bool trainable_model<T>::host_current() const {
+  return !device_ || !device_->values_newer();
+}
+
+template <class T>
+void trainable_model<T>::host_replaced() {
+  params_changed_ = true;
+  if (device_) device_->host_replaced();
+}
+
+template <class T>
+std::vector<std::span<T>> trainable_model<T>::gradients() {
+  std::vector<std::span<T>> out;
+  for (auto& p : params_) out.emplace_back(p.grad);
+  return out;
+}
+
+template <class T>
 void trainable_model<T>::zero_grad(int threads) {
+  if (device_resident()) {
+    device_->zero_grads();
+    return;
+  }
   for (auto& p : params_) {
     T* g = p.grad.data();
     const auto n = static_cast<int64_t>(p.grad.size());

@@ -16,6 +16,7 @@
 #include "gpu/gguf.hpp"
 #include "gpu/model.hpp"
 #include "gpu/status.hpp"
+#include "gpu/train/optimizer.hpp"
 #include "gpu/train/train_ops.hpp"
 
 namespace weft::gpu::train {
@@ -129,6 +130,37 @@ class trainable_model {
   status use_device(device* dev);
   /// The device forward/backward run on, or null (the host).
   device* compute_device() const;
+
+  /// Device-resident training (a device attached, f32): the gradients stay on the device between
+  /// forward_backward calls (zero_grad clears them there; the host gradients are not touched),
+  /// device_step runs the optimizer update there with AdamW's moments in device memory, and the
+  /// host copies of the parameters and moments are brought up to date only by pull_to_host —
+  /// nothing crosses the bus during a step. Off (the default): the ZeRO-Offload split above.
+  status set_device_resident(bool on);
+  bool device_resident() const;
+  /// Resident mode: one update on the device — gradients × grad_scale, their global norm (double,
+  /// tensors in order), clipping to max_norm (<= 0: none), then `opt`'s AdamW at `lr` with the
+  /// weight decay where decay[i] is set; `opt`'s step count advances. The same order and element
+  /// formulas as sft_trainer's host path (on the CPU device, the same bits). Returns the norm
+  /// before clipping; a non-finite norm is an error naming update `step` and nothing is updated.
+  result<double> device_step(adamw& opt, std::span<const uint8_t> decay, float grad_scale,
+                             double max_norm, double lr, int64_t step);
+  /// Resident mode: copies the device's gradients over the host's (the data-parallel reduction
+  /// runs on the host), and back.
+  status pull_gradients();
+  status push_gradients();
+  /// Brings the host parameters (and `opt`'s moments, when given) up to date with the device's; a
+  /// no-op when they are. Needed before reading the parameters after device_step (checkpoints,
+  /// export: export_gguf refuses a stale copy).
+  status pull_to_host(adamw* opt);
+  /// Whether the host parameters are current (false after device_step until pull_to_host).
+  bool host_current() const;
+  /// The host parameters and `opt`'s moments were replaced (a restored checkpoint): the device's
+  /// copies are uploaded again before their next use.
+  void host_replaced();
+  /// Every parameter's host gradient, writable without marking the parameters changed.
+  std::vector<std::span<T>> gradients();
+
   /// Sets every gradient to zero (on `threads` threads).
   void zero_grad(int threads = 1);
 

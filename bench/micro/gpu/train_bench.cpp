@@ -5,11 +5,12 @@
 // in bench/e2e/train_vs_pytorch.py, which calls this binary in the same run.
 //
 //   train_bench --model M.gguf [--seq-tokens 256] [--seqs 4] [--steps 5] [--threads T] [--json F]
-//               [--device cpu|cuda|cuda:N]
+//               [--device cpu|cuda|cuda:N] [--offload-optimizer 0|1]
 //
-// --device: forward and backward on that device (trainable_model::use_device; the parameters and
-// AdamW stay on the host, as `weft train --device` runs). The SGEMM ceiling is the host's and is
-// only reported for the CPU.
+// --device: the step on that device, as `weft train --device` runs it: forward, backward, the
+// gradient scaling and AdamW in device memory (trainable_model::set_device_resident), or with
+// --offload-optimizer 1 the weights and AdamW on the host (ZeRO-Offload). The SGEMM ceiling is the
+// host's and is only reported for the CPU.
 #include <cblas.h>
 
 #include <nlohmann/json.hpp>
@@ -23,6 +24,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpu/gguf.hpp"
@@ -63,6 +65,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   std::string mode = "plan";
   std::string device_name = "cpu";
+  bool offload = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -82,6 +85,8 @@ int main(int argc, char** argv) {
       mode = v;
     else if (k == "--device")
       device_name = v;
+    else if (k == "--offload-optimizer")
+      offload = std::atoi(v) != 0;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -90,7 +95,8 @@ int main(int argc, char** argv) {
   if (model_path.empty()) {
     std::fprintf(stderr,
                  "usage: train_bench --model M.gguf [--seq-tokens N] [--seqs S] [--steps K] "
-                 "[--threads T] [--mode plan|blas] [--json F] [--device cpu|cuda]\n");
+                 "[--threads T] [--mode plan|blas] [--json F] [--device cpu|cuda] "
+                 "[--offload-optimizer 0|1]\n");
     return 2;
   }
   // plan: as `weft train --threads T` runs (plan_threads: shares of the batch in parallel, one
@@ -123,7 +129,12 @@ int main(int argc, char** argv) {
       return 1;
     }
     plan.shares = 1;  // one device: the shares would run one after the other anyway
+    if (auto st = m.set_device_resident(!offload); !st) {
+      std::fprintf(stderr, "%s\n", st.to_string().c_str());
+      return 1;
+    }
   }
+  const bool resident = m.device_resident();
   // The batch: `seqs` sequences of random tokens, every position in the loss (seed 1; the PyTorch
   // script draws the same ids from the same generator output, written to the JSON).
   std::mt19937 rng(1);
@@ -144,7 +155,7 @@ int main(int argc, char** argv) {
   adamw opt(ac);
   std::vector<int64_t> sizes;
   std::vector<uint8_t> decay;
-  for (const auto& p : m.parameters()) {
+  for (const auto& p : std::as_const(m).parameters()) {
     sizes.push_back(p.size());
     decay.push_back(p.ne[1] > 1 ? 1 : 0);
   }
@@ -159,6 +170,16 @@ int main(int argc, char** argv) {
     if (!l) {
       std::fprintf(stderr, "%s\n", l.error().to_string().c_str());
       return 1;
+    }
+    if (resident) {
+      // As sft_trainer's device-resident step (no clipping here, as on the host path below).
+      auto norm = m.device_step(opt, decay, 1.0f / static_cast<float>(l->tokens), 0.0, 1e-5, i + 1);
+      if (auto st = norm ? (*dev)->synchronize() : norm.error(); !st) {
+        std::fprintf(stderr, "%s\n", st.to_string().c_str());
+        return 1;
+      }
+      if (i > 0) step_s.push_back(seconds_since(t0));
+      continue;
     }
     std::vector<std::span<float>> values;
     std::vector<std::span<const float>> grads;
@@ -194,6 +215,15 @@ int main(int argc, char** argv) {
   openblas_set_num_threads(plan.blas);
 
   // Checkpoint: a synchronous save, and the stall of an asynchronous one (snapshot only).
+  double pull_s = 0;  // Device-resident: bringing the host copy up to date first.
+  if (resident) {
+    const auto tp = clock_type::now();
+    if (auto s = m.pull_to_host(&opt); !s) {
+      std::fprintf(stderr, "%s\n", s.to_string().c_str());
+      return 1;
+    }
+    pull_s = seconds_since(tp);
+  }
   const auto dir = std::filesystem::temp_directory_path() / "weft_train_bench_ckpt";
   std::filesystem::remove_all(dir);
   checkpoint_state st;
@@ -226,6 +256,7 @@ int main(int argc, char** argv) {
         s.m[i].assign(st.m[i].begin(), st.m[i].end());
         s.v[i].assign(st.v[i].begin(), st.v[i].end());
       }
+      return status{};
     };
     (void)w.save(fill);
     (void)w.wait();
@@ -251,6 +282,8 @@ int main(int argc, char** argv) {
                      {"tokens_per_s", tokens / median},
                      {"step_gflop", flops / 1e9},
                      {"device", on_cpu ? std::string{"cpu"} : (*dev)->capabilities().name},
+                     {"optimizer", on_cpu ? "host" : (resident ? "device" : "host (offloaded)")},
+                     {"pull_to_host_s", pull_s},
                      {"sgemm_peak_gflops", peak / 1e9},
                      {"ceiling_share", on_cpu ? flops / median / peak : 0.0},
                      {"achieved_gflops", flops / median / 1e9},
@@ -267,10 +300,12 @@ int main(int argc, char** argv) {
         100.0 * flops / median / peak, peak / 1e9, sync_save, async_stall);
   } else {
     std::printf(
-        "weft train step on %s: %.0f tok/s (median of %lld steps, %.3f s/step), %.1f GFLOP/step "
-        "= %.0f GFLOP/s; checkpoint sync %.2f s, async stall %.3f s\n",
-        (*dev)->capabilities().name.c_str(), tokens / median, static_cast<long long>(steps), median,
-        flops / 1e9, flops / median / 1e9, sync_save, async_stall);
+        "weft train step on %s (AdamW %s): %.0f tok/s (median of %lld steps, %.3f s/step), %.1f "
+        "GFLOP/step = %.0f GFLOP/s; pull to host %.2f s, checkpoint sync %.2f s, async stall "
+        "%.3f s\n",
+        (*dev)->capabilities().name.c_str(), resident ? "on the device" : "on the host",
+        tokens / median, static_cast<long long>(steps), median, flops / 1e9, flops / median / 1e9,
+        pull_s, sync_save, async_stall);
   }
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(1);
   return 0;

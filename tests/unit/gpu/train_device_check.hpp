@@ -16,6 +16,8 @@
 #include "gpu/device.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/tiny_model.hpp"
+#include "gpu/train/export.hpp"
+#include "gpu/train/sft_trainer.hpp"
 #include "gpu/train/trainable_model.hpp"
 
 namespace weft::gpu::testing {
@@ -161,6 +163,131 @@ inline device_training_diff compare_device_training(device& dev, bool recompute,
               dev.capabilities().name.c_str(), recompute ? " (recompute)" : "",
               tied ? " (tied head)" : "", diff.loss_rel, diff.grad_rel,
               diff.bitwise ? "bit-identical" : "not bit-identical");
+  return diff;
+}
+
+struct resident_training_diff {
+  double loss_rel = 0;       ///< Largest step-loss difference relative to the host's.
+  double norm_rel = 0;       ///< Largest gradient-norm difference relative to the host's.
+  double weight_rel = 0;     ///< Largest per-tensor weight difference relative to its max |host|.
+  double moment_rel = 0;     ///< The same over AdamW's first and second moments.
+  bool bitwise = true;       ///< Losses, norms, weights and moments bit-identical.
+  bool resume_exact = true;  ///< A device run resumed from its checkpoint matched its straight run.
+};
+
+/// sft_trainer on the host against the same loop on `dev` — device-resident (AdamW on the device)
+/// or with the optimizer offloaded — over `steps` updates of micro-batches with weight decay,
+/// warmup and clipping that engages; then a device run cut at step 2, snapshotted, restored into a
+/// fresh model and continued, against the straight device run (bit-identical on any device).
+inline resident_training_diff compare_resident_training(device& dev, bool offload, int steps = 4) {
+  using namespace weft::gpu::train;
+  tiny_model_config c;
+  c.n_layers = 2;
+  c.n_embd = 64;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.n_ff = 128;
+  c.n_vocab = 300;
+  auto img = make_tiny_model(c);
+  EXPECT_TRUE(img.ok());
+  auto load = [&](device* d) {
+    auto f = gguf_file::parse(*img);
+    EXPECT_TRUE(f.ok());
+    auto m = trainable_model<float>::load(*f);
+    EXPECT_TRUE(m.ok());
+    if (d != nullptr) {
+      EXPECT_TRUE((*m)->use_device(d).ok());
+    }
+    return std::move(m.value());
+  };
+  std::mt19937 rng(11);
+  sft_dataset data;
+  for (int e = 0; e < 12; ++e) {
+    sft_example ex;
+    const int n = 6 + static_cast<int>(rng() % 14);
+    for (int i = 0; i < n; ++i) {
+      ex.tokens.push_back(static_cast<int32_t>(3 + rng() % 290));
+      ex.in_loss.push_back(i >= 3 ? 1 : 0);
+    }
+    data.tokens += n;
+    data.loss_tokens += n - 3;
+    data.examples.push_back(std::move(ex));
+  }
+  sft_config sc;
+  sc.seed = 3;
+  sc.step_tokens = 48;
+  sc.micro_batch_tokens = 20;  // two or three micro-batches per step
+  sc.schedule.peak = 2e-3;
+  sc.schedule.warmup_steps = 1;
+  sc.schedule.total_steps = steps;
+  sc.adamw.weight_decay = 0.1;
+  sc.max_grad_norm = 0.5;  // below the tiny model's norms: clipping engages
+  sc.offload_optimizer = offload;
+  resident_training_diff diff;
+  auto rel = [](double a, double b) { return std::fabs(a - b) / std::max(std::fabs(a), 1e-12); };
+  auto max_rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double mx = 0, d = 0;
+    for (size_t j = 0; j < a.size(); ++j) {
+      mx = std::max(mx, double(std::fabs(a[j])));
+      d = std::max(d, double(std::fabs(a[j] - b[j])));
+    }
+    return d / std::max(mx, 1e-12);
+  };
+  auto host = load(nullptr);
+  auto on_dev = load(&dev);
+  sft_trainer th(*host, data, sc);
+  sft_trainer td(*on_dev, data, sc);
+  EXPECT_EQ(on_dev->device_resident(), !offload);
+  for (int i = 0; i < steps; ++i) {
+    auto rh = th.step();
+    auto rd = td.step();
+    EXPECT_TRUE(rh.ok() && rd.ok()) << (rd.ok() ? "" : rd.error().to_string());
+    if (!rh.ok() || !rd.ok()) return diff;
+    diff.loss_rel = std::max(diff.loss_rel, rel(rh->loss, rd->loss));
+    diff.norm_rel = std::max(diff.norm_rel, rel(rh->grad_norm, rd->grad_norm));
+    diff.bitwise = diff.bitwise && rh->loss == rd->loss && rh->grad_norm == rd->grad_norm;
+  }
+  // After device steps the host copy is stale until brought up to date: export says so.
+  if (!offload) {
+    EXPECT_FALSE(on_dev->host_current());
+    auto f = gguf_file::parse(*img);
+    EXPECT_FALSE(export_gguf(*f, *on_dev, ggml_type::f32, "/nonexistent/never-written.gguf").ok());
+  }
+  auto sh = th.snapshot();
+  auto sd = td.snapshot();
+  EXPECT_TRUE(sh.ok() && sd.ok());
+  if (!sh.ok() || !sd.ok()) return diff;
+  EXPECT_TRUE(on_dev->host_current());
+  for (size_t i = 0; i < sh->values.size(); ++i) {
+    diff.weight_rel = std::max(diff.weight_rel, max_rel(sh->values[i], sd->values[i]));
+    diff.moment_rel =
+        std::max({diff.moment_rel, max_rel(sh->m[i], sd->m[i]), max_rel(sh->v[i], sd->v[i])});
+    diff.bitwise = diff.bitwise && sh->values[i] == sd->values[i] && sh->m[i] == sd->m[i] &&
+                   sh->v[i] == sd->v[i];
+  }
+  // Resume on the device from a snapshot at step 2.
+  auto first = load(&dev);
+  sft_trainer a(*first, data, sc);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(a.step().ok());
+  auto cut = a.snapshot();
+  EXPECT_TRUE(cut.ok());
+  if (!cut.ok()) return diff;
+  auto second = load(&dev);
+  sft_trainer b(*second, data, sc);
+  EXPECT_TRUE(b.restore(*cut).ok());
+  for (int i = 2; i < steps; ++i) EXPECT_TRUE(b.step().ok());
+  auto sb = b.snapshot();
+  EXPECT_TRUE(sb.ok());
+  if (!sb.ok()) return diff;
+  diff.resume_exact = b.history() == td.history() && sb->values == sd->values && sb->m == sd->m &&
+                      sb->v == sd->v && sb->step == sd->step;
+  std::printf(
+      "[train] sft on %s (%s): loss %.3g, norm %.3g, weights %.3g, moments %.3g relative, %s; "
+      "resume %s\n",
+      dev.capabilities().name.c_str(), offload ? "optimizer offloaded" : "device-resident",
+      diff.loss_rel, diff.norm_rel, diff.weight_rel, diff.moment_rel,
+      diff.bitwise ? "bit-identical" : "not bit-identical",
+      diff.resume_exact ? "exact" : "NOT exact");
   return diff;
 }
 

@@ -283,7 +283,9 @@ void expect_exact_resume(int64_t cut, int64_t total, int n_examples, int paralle
     auto first = fresh_model(fx.file);
     sft_trainer b(*first, data, cfg);
     for (int64_t i = 0; i < cut; ++i) ASSERT_TRUE(b.step().ok());
-    ASSERT_TRUE(write_checkpoint(dir, b.snapshot()).ok());
+    auto snap = b.snapshot();
+    ASSERT_TRUE(snap.ok());
+    ASSERT_TRUE(write_checkpoint(dir, *snap).ok());
   }
   auto second = fresh_model(fx.file);
   sft_trainer c(*second, data, cfg);
@@ -350,9 +352,10 @@ TEST(sft_trainer, resume_refuses_another_seed) {
   sft_trainer a(*m, data, cfg);
   ASSERT_TRUE(a.step().ok());
   auto snap = a.snapshot();
+  ASSERT_TRUE(snap.ok());
   cfg.seed = 6;
   sft_trainer b(*m, data, cfg);
-  auto st = b.restore(snap);
+  auto st = b.restore(*snap);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("seed"), std::string::npos);
 }
