@@ -32,7 +32,12 @@ int set_device(int index) {
 int malloc_zeroed(void** ptr, size_t size_bytes) {
   cudaError_t e = cudaMalloc(ptr, size_bytes);
   if (e != cudaSuccess) return static_cast<int>(e);
-  return static_cast<int>(cudaMemset(*ptr, 0, size_bytes));
+  // cudaMemset runs on the legacy default stream, asynchronously, and the device's streams are
+  // non-blocking (no implicit ordering with it): without waiting here a copy enqueued right after
+  // the allocation on a compute stream can land first and be zeroed afterwards.
+  e = cudaMemset(*ptr, 0, size_bytes);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  return static_cast<int>(cudaDeviceSynchronize());
 }
 
 int free_memory(void* ptr) {
