@@ -71,6 +71,17 @@ TEST(sft_run_options, refuse_what_a_run_cannot_use) {
   auto o = sample();
   o.lr_schedule = "linear";
   EXPECT_FALSE(make_sft_config(o).ok());
+  // --offload-optimizer without a device would do nothing: refused, not ignored.
+  o = sample();
+  o.offload_optimizer = true;
+  auto off = make_sft_config(o);
+  ASSERT_FALSE(off.ok());
+  EXPECT_NE(off.error().message().find("offload_optimizer needs a device"), std::string::npos);
+  o.device = "cuda";
+  auto on = make_sft_config(o);
+  ASSERT_TRUE(on.ok());
+  EXPECT_TRUE(on->offload_optimizer);
+  EXPECT_EQ(on->parallel, 1);
 }
 
 TEST(sft_run, a_missing_model_file_is_named) {
