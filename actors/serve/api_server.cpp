@@ -137,6 +137,8 @@ struct choice_state {
   std::string full;           ///< text so far (assembled from tokens)
   size_t emitted = 0;         ///< bytes of `full` already handed to the client
   std::string pending_delta;  ///< text released but not yet written (non-streaming: everything)
+  std::unique_ptr<tool_call_parser> tools;  ///< chat with tools: splits the text into calls
+  std::vector<tool_call> pending_calls;     ///< calls parsed but not yet written
   std::vector<logprob_entry> pending_lps;
   int64_t n_tokens = 0;
   uint32_t prompt_tokens = 0;
@@ -198,6 +200,12 @@ struct api_server::impl {
     bool all_done() const;
     usage_info usage() const;
   };
+  /// Ids of choice `index`'s tool calls: "call_<response id>_<choice>_<call>".
+  static std::string tool_call_id_prefix(const generation& g, int index) {
+    const auto dash = g.meta.id.find('-');
+    return "call_" + (dash == std::string::npos ? g.meta.id : g.meta.id.substr(dash + 1)) + "_" +
+           std::to_string(index) + "_";
+  }
 
   /// POST /v1/completions and /v1/chat/completions, in named steps: prepare (parse, tokenize,
   /// fit the context), submit (one sequence per prompt and choice), admit (every sequence
@@ -371,8 +379,22 @@ void api_server::impl::absorb(const openai_request& r, choice_state& c, choice_e
     }
   }
   if (release_to > c.emitted) {
-    c.pending_delta += c.full.substr(c.emitted, release_to - c.emitted);
+    const std::string_view piece =
+        std::string_view(c.full).substr(c.emitted, release_to - c.emitted);
+    if (c.tools) {
+      auto o = c.tools->feed(piece);
+      c.pending_delta += o.content;
+      for (auto& call : o.calls) c.pending_calls.push_back(std::move(call));
+    } else {
+      c.pending_delta += piece;
+    }
     c.emitted = release_to;
+  }
+  if (c.done && c.tools) {
+    auto o = c.tools->finish();
+    c.pending_delta += o.content;
+    for (auto& call : o.calls) c.pending_calls.push_back(std::move(call));
+    if (c.tools->calls() > 0 && c.finish_reason == "stop") c.finish_reason = "tool_calls";
   }
   if (c.done) hub->remove(c.seq_id);
 }
@@ -561,6 +583,9 @@ void api_server::impl::submit(generation& g) {
       c.prompt_index = static_cast<int>(p);
       c.seq_id = next_seq++;
       c.detok = std::make_unique<gpu::detokenizer_stream>(host->tok);
+      if (g.kind == endpoint::chat_completions && r->tools.active()) {
+        c.tools = std::make_unique<tool_call_parser>(r->tools, tool_call_id_prefix(g, c.index));
+      }
       c.prompt_tokens = static_cast<uint32_t>(g.prompts[p].size());
       choices->push_back(std::move(c));
     }
@@ -632,8 +657,8 @@ void api_server::impl::respond_streaming(const std::shared_ptr<generation>& g,
     auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
     while (true) {
       for (auto& c : *choices) {
-        const bool news =
-            !c.pending_delta.empty() || !c.pending_lps.empty() || (c.done && !c.final_sent);
+        const bool news = !c.pending_delta.empty() || !c.pending_lps.empty() ||
+                          !c.pending_calls.empty() || (c.done && !c.final_sent);
         if (!news) continue;
         bool ok = true;
         if (c.done && !c.final_sent && !c.err.ok()) {
@@ -643,12 +668,14 @@ void api_server::impl::respond_streaming(const std::shared_ptr<generation>& g,
           d.index = c.index;
           d.text = std::move(c.pending_delta);
           d.logprobs = std::move(c.pending_lps);
+          d.tool_calls = std::move(c.pending_calls);
           d.finish_reason = c.done ? c.finish_reason : "";
           ok = write(render_chunk(kind, meta, d, !c.first_sent, with_lp, r->include_usage));
           c.first_sent = true;
         }
         c.pending_delta.clear();
         c.pending_lps.clear();
+        c.pending_calls.clear();
         if (c.done) c.final_sent = true;
         if (!ok) {
           if (metrics) metrics->inc("weft_client_disconnects_total");
@@ -735,6 +762,12 @@ void api_server::impl::respond_json(const std::shared_ptr<generation>& g, httpli
         cr.text = g->prompt_texts[static_cast<size_t>(c.prompt_index)] + cr.text;
       cr.logprobs = std::move(c.pending_lps);
       cr.finish_reason = c.finish_reason;
+      if (c.tools) {
+        // The same split the stream would have shown (the same parser over the whole text).
+        auto o = parse_tool_output(c.full, r->tools, tool_call_id_prefix(*g, c.index));
+        cr.text = std::move(o.content);
+        cr.tool_calls = std::move(o.calls);
+      }
       out.push_back(std::move(cr));
     }
     return render_response(kind, g->meta, out, g->usage(), r->want_logprobs);

@@ -248,12 +248,13 @@ void read_messages(field_reader& rd, openai_request& r) {
     }
     out.role = role->get<std::string>();
     if (out.role == "developer") out.role = "system";
-    if (out.role != "system" && out.role != "user" && out.role != "assistant") {
-      rd.fail(
-          at + ".role",
-          "'" + at + ".role' must be one of 'system', 'developer', 'user', 'assistant', got " +
-              shown(*role) +
-              (out.role == "tool" || out.role == "function" ? " (tools are not supported)" : ""));
+    if (out.role != "system" && out.role != "user" && out.role != "assistant" &&
+        out.role != "tool") {
+      rd.fail(at + ".role",
+              "'" + at +
+                  ".role' must be one of 'system', 'developer', 'user', 'assistant', 'tool', got " +
+                  shown(*role) +
+                  (out.role == "function" ? " (use 'tool': 'function' messages are legacy)" : ""));
       return;
     }
     const std::string cp = at + ".content";
@@ -292,6 +293,24 @@ void read_messages(field_reader& rd, openai_request& r) {
       rd.fail(cp, "'" + cp + "' must be a string or a list of text parts, got " + shown(*content));
       return;
     }
+    if (out.role == "tool") {
+      // A tool's result, as the model reads it (tool_calls.hpp): in a user turn.
+      out.role = "user";
+      out.content = tool_response_text(out.content);
+    }
+    if (auto calls = msg.find("tool_calls"); calls != msg.end() && !calls->is_null()) {
+      if (out.role != "assistant") {
+        rd.fail(at + ".tool_calls", "only assistant messages carry 'tool_calls'");
+        return;
+      }
+      std::string text;
+      if (auto e =
+              read_message_tool_calls(nlohmann::ordered_json::parse(calls->dump()), at, text)) {
+        rd.fail(e->param, e->message);
+        return;
+      }
+      out.content += (out.content.empty() ? "" : "\n") + text;
+    }
     r.messages.push_back(std::move(out));
   }
 }
@@ -318,16 +337,41 @@ void refuse_unsupported(field_reader& rd, const openai_request& r) {
       if (*best_of != r.n) rd.fail("best_of", "'best_of' other than n is not supported");
     }
   } else {
-    for (const char* name : {"tools", "functions"}) {
-      if (const json* t = rd.get(name)) {
-        if (!t->is_array()) {
-          rd.fail(name, std::string("'") + name + "' must be a list, got " + shown(*t));
-        } else if (!t->empty()) {
-          rd.fail(name, std::string("'") + name + "' is not supported");
-        }
+    if (const json* t = rd.get("functions")) {
+      if (!t->is_array()) {
+        rd.fail("functions", "'functions' must be a list, got " + shown(*t));
+      } else if (!t->empty()) {
+        rd.fail("functions", "'functions' (legacy) is not supported: use 'tools'");
       }
     }
   }
+}
+
+// Tool calling (tool_calls.hpp): the tools go into the system turn; a required or named call is
+// enforced by a grammar, which cannot be combined with another structured output.
+void read_tools(field_reader& rd, openai_request& r, std::string_view body) {
+  const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (ordered.is_discarded()) return;  // the body parsed as JSON already; cannot happen
+  if (auto e = read_tool_config(ordered, r.tools)) {
+    rd.fail(e->param, e->message);
+    return;
+  }
+  auto g = tool_call_grammar(r.tools);
+  if (!g) {
+    rd.fail("tools", g.error().message());
+    return;
+  }
+  if (!g->has_value()) return;
+  if (!r.sampling.grammar.empty()) {
+    rd.fail("tool_choice",
+            "a required tool call cannot be combined with response_format or a grammar");
+    return;
+  }
+  if (r.ignore_eos) {
+    rd.fail("ignore_eos", "'ignore_eos' cannot be combined with a required tool call");
+    return;
+  }
+  r.sampling.grammar = std::move(**g);
 }
 
 // Structured outputs (docs/serving.md): OpenAI's response_format (json_object, json_schema),
@@ -523,12 +567,14 @@ parse_result parse_object(endpoint kind, const json& body, std::string_view raw,
   read_sampling(rd, r, limits);
   refuse_unsupported(rd, r);
   if (!rd.failed()) read_structured(rd, r, raw);
+  if (!rd.failed() && kind == endpoint::chat_completions) read_tools(rd, r, raw);
   if (rd.failed()) return {std::nullopt, rd.error()};
 
   if (kind == endpoint::completions) {
     read_prompt(rd, r, limits);
   } else {
     read_messages(rd, r);
+    if (!rd.failed()) add_tools_to_messages(r.tools, r.messages);
   }
   if (rd.failed()) return {std::nullopt, rd.error()};
   return {std::move(r), {}};
@@ -624,6 +670,20 @@ ojson logprobs_json(endpoint kind, const choice_result& c, bool with_logprobs) {
   return kind == endpoint::completions ? completion_logprobs(c) : chat_logprobs(c);
 }
 
+// OpenAI's tool_calls entries (a streamed delta also carries each call's index).
+ojson tool_calls_json(const std::vector<tool_call>& calls, bool with_index) {
+  ojson out = ojson::array();
+  for (const auto& c : calls) {
+    ojson x = ojson::object();
+    if (with_index) x["index"] = c.index;
+    x["id"] = c.id;
+    x["type"] = "function";
+    x["function"] = ojson{{"name", c.name}, {"arguments", c.arguments}};
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
 ojson usage_json(const usage_info& u) {
   ojson j = ojson::object();
   j["prompt_tokens"] = u.prompt_tokens;
@@ -694,7 +754,12 @@ std::string render_response(endpoint kind, const response_meta& meta,
     ojson x = ojson::object();
     x["index"] = c.index;
     if (chat) {
-      x["message"] = ojson{{"role", "assistant"}, {"content", c.text}};
+      ojson m{{"role", "assistant"}, {"content", c.text}};
+      if (!c.tool_calls.empty()) {
+        if (c.text.empty()) m["content"] = nullptr;
+        m["tool_calls"] = tool_calls_json(c.tool_calls, false);
+      }
+      x["message"] = std::move(m);
     } else {
       x["text"] = c.text;
     }
@@ -718,6 +783,7 @@ std::string render_chunk(endpoint kind, const response_meta& meta, const choice_
     ojson d = ojson::object();
     if (first) d["role"] = "assistant";
     if (first || !delta.text.empty()) d["content"] = delta.text;
+    if (!delta.tool_calls.empty()) d["tool_calls"] = tool_calls_json(delta.tool_calls, true);
     x["delta"] = std::move(d);
   } else {
     x["text"] = delta.text;

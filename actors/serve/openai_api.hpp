@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "actors/serve/tool_calls.hpp"
 #include "gpu/chat_template.hpp"
 #include "gpu/sampler.hpp"
 #include "gpu/tokenizer.hpp"
@@ -52,6 +53,9 @@ struct openai_request {
   int32_t top_logprobs = 0;
   bool ignore_eos = false;  ///< weft/vLLM extension
   std::string user;
+  /// chat: tools, tool_choice, parallel_tool_calls (already written into `messages` and, for a
+  /// required call, into sampling.grammar).
+  tool_config tools;
 };
 
 /// Limits the server applies while validating.
@@ -91,7 +95,8 @@ struct choice_result {
   int32_t index = 0;
   std::string text;                     ///< text (or text delta, for a chunk)
   std::vector<logprob_entry> logprobs;  ///< per token (or per new token, for a chunk)
-  std::string finish_reason;            ///< "stop", "length", "abort", "error" or "" (running)
+  std::string finish_reason;  ///< "stop", "length", "tool_calls", "abort", "error" or "" (running)
+  std::vector<tool_call> tool_calls;  ///< chat: calls parsed from the text (or new in a chunk)
 };
 
 struct usage_info {

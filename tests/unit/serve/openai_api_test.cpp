@@ -169,8 +169,9 @@ TEST(openai_parse, chat_message_errors) {
   expect_400(chat, R"({"messages":[{"role":"user","content":"a"},{"role":7,"content":"b"}]})",
              "messages[1].role");
   expect_400(chat, R"({"messages":[{"role":"wizard","content":"hi"}]})", "messages[0].role");
-  expect_400(chat, R"({"messages":[{"role":"tool","content":"42","tool_call_id":"x"}]})",
+  expect_400(chat, R"({"messages":[{"role":"function","content":"42","name":"x"}]})",
              "messages[0].role");
+  expect_400(chat, R"({"messages":[{"role":"tool","tool_call_id":"x"}]})", "messages[0].content");
   expect_400(chat, R"({"messages":[{"role":"user"}]})", "messages[0].content");
   expect_400(chat, R"({"messages":[{"role":"user","content":null}]})", "messages[0].content");
   expect_400(chat, R"({"messages":[{"role":"user","content":5}]})", "messages[0].content");
@@ -475,8 +476,10 @@ TEST(openai_parse, unsupported_features_are_refused_not_ignored) {
   expect_400(c, R"({"prompt":"x","logit_bias":[1]})", "logit_bias");
   expect_400(c, R"({"prompt":"x","suffix":"tail"})", "suffix");
   expect_400(c, R"({"prompt":"x","best_of":3})", "best_of");
-  expect_400(chat, "{" + msgs + R"(,"tools":[{"type":"function","function":{"name":"f"}}]})",
-             "tools");
+  expect_400(chat,
+             "{" + msgs +
+                 R"(,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"maybe"})",
+             "tool_choice");
   expect_400(chat, "{" + msgs + R"(,"functions":[{"name":"f"}]})", "functions");
   expect_400(chat, "{" + msgs + R"(,"response_format":{"type":"xml"}})", "response_format");
   expect_400(chat, "{" + msgs + R"(,"response_format":"json"})", "response_format");
