@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <fstream>
+#include <iterator>
 #include "actors/serve/model_host.hpp"
 #include "apps/commands.hpp"
 #include "gpu/chat_template.hpp"
@@ -37,6 +39,7 @@ struct generate_options {
   std::string prompt;
   std::string system_prompt;
   bool chat = false;
+  std::string chat_template;  ///< a Jinja file instead of the model's template (implies --chat)
   int max_tokens = 128;
   float temperature = 0.0f;
   int top_k = 0;
@@ -95,8 +98,16 @@ int run_generate(const generate_options& o) {
     }
   }
   std::string prompt_text = prompt;
-  if (o.chat) {
-    auto tmpl = gpu::chat_template::from_gguf(*file);
+  if (o.chat || !o.chat_template.empty()) {
+    auto tmpl = [&]() -> gpu::result<gpu::chat_template> {
+      if (o.chat_template.empty()) return gpu::chat_template::from_gguf(*file);
+      std::ifstream in(o.chat_template, std::ios::binary);
+      if (!in)
+        return gpu::status{gpu::status_code::invalid_argument,
+                           "--chat-template " + o.chat_template + ": cannot read it"};
+      const std::string src((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      return gpu::chat_template::from_jinja(src, &*file);
+    }();
     if (!tmpl) {
       spdlog::error("chat template: {}", tmpl.error().to_string());
       return 1;
@@ -198,6 +209,9 @@ void add_generate_command(CLI::App& app, const global_options& /*globals*/) {
           std::string{default_model_name} + ")");
   cmd->add_option("--prompt,-p", opts->prompt, "Prompt text; - reads it from stdin")->required();
   cmd->add_flag("--chat", opts->chat, "Wrap the prompt in the model's chat template");
+  cmd->add_option("--chat-template", opts->chat_template,
+                  "Jinja chat template file to wrap the prompt in instead of the model's "
+                  "(implies --chat)");
   cmd->add_option("--system", opts->system_prompt, "System message (with --chat)");
   cmd->add_option("--max-tokens,-n", opts->max_tokens, "Tokens to generate at most")
       ->capture_default_str()

@@ -65,6 +65,7 @@ struct serve_cli {
   std::string served_model_name;
   std::vector<std::string> allowed_origins;
   int64_t ctx_size = 0;
+  std::string chat_template;
   uint32_t ttft_slo_ms = 0;
   size_t max_outstanding = 1024;
   uint32_t queue_timeout_ms = 30'000;
@@ -113,6 +114,7 @@ int run_serve(const serve_cli& cli) {
   serve::model_host_options mo;
   mo.path = cli.model.empty() ? serve::default_model_path() : std::filesystem::path{cli.model};
   mo.load_weights = false;
+  mo.chat_template_file = cli.chat_template;
   auto host = serve::load_model_host(mo);
   if (!host) {
     spdlog::error("{}", host.error().message);
@@ -433,6 +435,9 @@ void add_serve_command(CLI::App& app, const global_options&) {
                   "the model's own (SmolLM2: 8192)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  cmd->add_option("--chat-template", cli->chat_template,
+                  "Jinja chat template file to use instead of the model's own "
+                  "tokenizer.chat_template (Hugging Face's syntax)");
   cmd->add_option("--allowed-origins", cli->allowed_origins,
                   "Browser origins allowed to call the API (CORS), comma-separated, e.g. "
                   "http://localhost:3000, or * for any (default: none, no CORS headers)")

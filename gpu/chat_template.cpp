@@ -1,6 +1,10 @@
 #include "gpu/chat_template.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include "gpu/gguf.hpp"
+#include "gpu/jinja.hpp"
+#include "gpu/tokenizer.hpp"
 
 namespace weft::gpu {
 
@@ -109,6 +113,30 @@ result<chat_template> chat_template::detect(std::string_view src) {
       "(chatml, llama3, llama2, mistral, zephyr); choose one explicitly"};
 }
 
+result<chat_template> chat_template::from_jinja(std::string_view source, const gguf_file* file) {
+  auto parsed = jinja::template_text::parse(source);
+  if (!parsed) return parsed.error();
+  auto t = detect(source);
+  chat_template out = t ? std::move(*t) : chat_template(chat_format::chatml);
+  out.jinja_ = std::make_shared<const jinja::template_text>(std::move(*parsed));
+  if (file != nullptr) {
+    if (auto tok = tokenizer::from_gguf(*file); tok.ok()) {
+      if (auto b = tok->bos()) out.bos_text_ = std::string(tok->token_text(*b));
+      if (auto e = tok->eos()) out.eos_text_ = std::string(tok->token_text(*e));
+      out.drop_leading_bos_ = tok->adds_bos();
+    }
+  }
+  // A probe conversation: a template that cannot render it is not usable.
+  const std::vector<chat_message> probe{{"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}};
+  if (auto r = out.apply(probe); !r)
+    return status{r.error().code(), r.error().message() + " (rendering a probe conversation)"};
+  return out;
+}
+
+std::string chat_template::describe() const {
+  return jinja_ ? std::string("jinja") : std::string(chat_format_name(format_));
+}
+
 result<chat_template> chat_template::from_gguf(const gguf_file& file,
                                                std::optional<std::string_view> override_name) {
   if (override_name) return from_name(*override_name);
@@ -118,8 +146,18 @@ result<chat_template> chat_template::from_gguf(const gguf_file& file,
         status_code::not_found,
         "chat template: the model has no tokenizer.chat_template; choose a format explicitly"};
   }
+  auto j = from_jinja(*src, &file);
+  if (j) return j;
   auto t = detect(*src);
-  if (!t.ok()) return t;
+  if (!t.ok()) {
+    return status{t.error().code(), t.error().message() + "; its Jinja cannot run here either: " +
+                                        j.error().message()};
+  }
+  t->fallback_reason_ = j.error().message();
+  spdlog::warn(
+      "the model's chat template does not run on weft's Jinja engine ({}); rendering it as "
+      "the {} format it resembles",
+      t->fallback_reason_, chat_format_name(t->format_));
   if (t->format_ == chat_format::zephyr && t->end_of_turn_ == "</s>") {
     // Templates that write {{ eos_token }} end turns with the model's EOS text.
     auto tokens = file.get_string_array("tokenizer.ggml.tokens");
@@ -136,6 +174,20 @@ result<std::string> chat_template::apply(std::span<const chat_message> messages,
       return status{status_code::invalid_argument, "chat template: a message has an empty role"};
   }
   const bool add_prompt = prompt == generation_prompt::add;
+  if (jinja_) {
+    jinja::value msgs = jinja::value::array();
+    for (const auto& m : messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
+    jinja::value ctx{{"messages", std::move(msgs)},
+                     {"add_generation_prompt", add_prompt},
+                     {"bos_token", bos_text_},
+                     {"eos_token", eos_text_}};
+    auto r = jinja_->render(ctx);
+    if (!r) return r.error();
+    // The tokenizer adds BOS itself: a BOS the template writes first would be doubled.
+    if (drop_leading_bos_ && !bos_text_.empty() && r->starts_with(bos_text_))
+      r->erase(0, bos_text_.size());
+    return r;
+  }
   std::string out;
   switch (format_) {
     case chat_format::chatml:

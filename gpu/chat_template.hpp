@@ -1,11 +1,15 @@
 #pragma once
 /// Chat prompt formats: turns a list of messages into the prompt text a model was trained on.
 ///
-/// weft does not run Jinja: it recognises the format of tokenizer.chat_template (or takes an
-/// explicit name) and renders it with native code. Supported: ChatML (incl. a default system
-/// prompt written in the template, as SmolLM2's), Llama 3, Llama 2 ([INST] with <<SYS>>),
-/// Mistral ([INST] without a system block) and Zephyr. Immutable; const calls are thread-safe.
+/// The model's own tokenizer.chat_template runs on weft's Jinja engine (gpu/jinja.hpp), as Hugging
+/// Face's apply_chat_template runs it; a template file can replace it (from_jinja, `--chat-template
+/// FILE`). A template the engine cannot run falls back, with the reason kept, to a format
+/// recognised in it and rendered natively: ChatML (incl. a default system prompt written in the
+/// template, as SmolLM2's), Llama 3, Llama 2 ([INST] with <<SYS>>), Mistral ([INST] without a
+/// system block) and Zephyr — which is also what an explicit format name selects. Immutable; const
+/// calls are thread-safe.
 
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -16,6 +20,9 @@
 namespace weft::gpu {
 
 class gguf_file;
+namespace jinja {
+class template_text;
+}
 
 /// One chat message. Roles: "system", "user", "assistant" (ChatML and Llama 3 accept any role).
 struct chat_message {
@@ -45,6 +52,11 @@ class chat_template {
   /// Recognises the format of a Jinja template source.
   static result<chat_template> detect(std::string_view jinja_source);
 
+  /// Runs `jinja_source` with weft's Jinja engine; `file` (may be null) gives bos_token and
+  /// eos_token and whether the tokenizer adds BOS itself (then a BOS the template writes first is
+  /// dropped, not doubled). The template must parse and render a probe conversation.
+  static result<chat_template> from_jinja(std::string_view jinja_source, const gguf_file* file);
+
   /// A format by name, without model-specific details.
   static result<chat_template> from_name(std::string_view name);
 
@@ -57,7 +69,15 @@ class chat_template {
   /// Text that ends a turn in the Zephyr format ("</s>" unless the template says otherwise).
   std::string_view end_of_turn() const { return end_of_turn_; }
 
-  /// Renders the prompt. Fails (invalid_argument) on an empty role.
+  /// Whether the prompt comes from the Jinja template (else from the native format).
+  bool runs_jinja() const { return jinja_ != nullptr; }
+  /// Why the model's Jinja template is not used (empty when it is, or when a format was named).
+  const std::string& jinja_fallback_reason() const { return fallback_reason_; }
+  /// "jinja" or the native format's name.
+  std::string describe() const;
+
+  /// Renders the prompt. Fails (invalid_argument) on an empty role, and with the template's own
+  /// message when it raises (e.g. roles that do not alternate).
   result<std::string> apply(std::span<const chat_message> messages,
                             generation_prompt prompt = generation_prompt::add) const;
 
@@ -65,6 +85,10 @@ class chat_template {
   chat_format format_;
   std::optional<std::string> default_system_;
   std::string end_of_turn_ = "</s>";
+  std::shared_ptr<const jinja::template_text> jinja_;
+  std::string bos_text_, eos_text_;  ///< bos_token and eos_token of the template's context
+  bool drop_leading_bos_ = false;    ///< the tokenizer adds BOS itself
+  std::string fallback_reason_;
 };
 
 }  // namespace weft::gpu

@@ -347,6 +347,10 @@ token_type tokenizer::type_of(token_id id) const {
 std::optional<token_id> tokenizer::find_token(std::string_view text) const {
   return impl_->lookup(text);
 }
+bool tokenizer::adds_bos() const {
+  return impl_->v.add_bos && impl_->v.bos.has_value();
+}
+
 std::optional<token_id> tokenizer::bos() const {
   return impl_->v.bos;
 }

@@ -109,6 +109,8 @@ class tokenizer {
 
   std::optional<token_id> bos() const;
   std::optional<token_id> eos() const;
+  /// Whether encode(add_special::yes) puts BOS first.
+  bool adds_bos() const;
   /// True for tokens that end a generation: EOS, EOT and the usual end-of-turn control tokens
   /// (<|im_end|>, <|eot_id|>, <|endoftext|>, <|end|>, <end_of_turn>, ...).
   bool is_end_of_generation(token_id id) const;

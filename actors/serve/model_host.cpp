@@ -1,5 +1,8 @@
 #include "actors/serve/model_host.hpp"
 
+#include <fstream>
+#include <iterator>
+
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
@@ -60,8 +63,25 @@ result<std::unique_ptr<model_host>> load_model_host(const model_host_options& o)
   if (!tok) return fail("tokenizer", tok.error().to_string());
   auto host = std::make_unique<model_host>(
       model_host{model_id_for(o.path), std::move(tok.value()), std::nullopt, nullptr, nullptr, 0});
-  if (auto t = gpu::chat_template::from_gguf(*file)) {
+  if (!o.chat_template_file.empty()) {
+    std::ifstream in(o.chat_template_file, std::ios::binary);
+    if (!in) {
+      return make_error(errc::invalid_argument,
+                        "--chat-template " + o.chat_template_file.string() + ": cannot read it");
+    }
+    const std::string src((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto t = gpu::chat_template::from_jinja(src, &*file);
+    if (!t) {
+      return make_error(errc::invalid_argument, "--chat-template " + o.chat_template_file.string() +
+                                                    ": " + t.error().message());
+    }
     host->tmpl = std::move(t.value());
+    spdlog::info("model {}: chat template from {}", host->id, o.chat_template_file.string());
+  } else if (auto t = gpu::chat_template::from_gguf(*file)) {
+    host->tmpl = std::move(t.value());
+    spdlog::info("model {}: chat template: {}", host->id,
+                 host->tmpl->runs_jinja() ? "the model's own (Jinja)"
+                                          : "native " + host->tmpl->describe() + " format");
   } else {
     spdlog::warn("model {}: no usable chat template ({}); /v1/chat/completions is disabled",
                  host->id, t.error().to_string());

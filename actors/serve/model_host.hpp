@@ -35,6 +35,9 @@ struct model_host_options {
   bool preload = true;  ///< read every page first, logging progress
   /// Where the weights live (huge pages: faster decode on CPU, private memory per process).
   gpu::gguf_memory weights_memory = gpu::gguf_memory::huge_pages;
+  /// A Jinja chat template file to use instead of the model's (`--chat-template FILE`); one that
+  /// cannot be read, parsed or rendered is an error.
+  std::filesystem::path chat_template_file;
 };
 
 /// A loaded model. The tokenizer and template borrow nothing from the file once built.

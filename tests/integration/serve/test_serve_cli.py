@@ -144,6 +144,50 @@ def check_clean_stop(weft, check):
           "a clean stop exits 0 and restarts or migrates nothing (rc %s, %s)" % (proc.returncode, noisy[:2]))
 
 
+def post_json(url, path, body):
+    import urllib.request
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read().decode())
+
+
+def check_chat_template(weft, d, check):
+    """--chat-template FILE replaces the model's template (a Jinja file, run as Hugging Face runs
+    it); a missing or broken file is refused at start, naming the problem."""
+    rc, out = run_to_exit(weft, ["--chat-template", "/nope.jinja"])
+    check(rc == 2 and "/nope.jinja" in out, "a missing --chat-template file is refused (rc %d)" % rc)
+    broken = os.path.join(d, "broken.jinja")
+    with open(broken, "w") as f:
+        f.write("{% for m in messages %}{{ m.content }}")
+    rc, out = run_to_exit(weft, ["--chat-template", broken])
+    check(rc == 2 and "endfor" in out, "a template without its endfor is refused naming it (rc %d)" % rc)
+    good = os.path.join(d, "mine.jinja")
+    with open(good, "w") as f:
+        f.write("{%- for m in messages %}\n[{{ m.role | upper }}] {{ m.content | trim }}\n"
+                "{%- endfor %}{% if add_generation_prompt %}\n[ASSISTANT]{% endif %}\n")
+    p = subprocess.Popen([weft, "serve", "--port", "0", "--chat-template", good],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = None
+        deadline = time.time() + 240
+        while time.time() < deadline and url is None:
+            line = p.stdout.readline()
+            if not line and p.poll() is not None:
+                break
+            m = re.match(r"weft-serve-ready url=(\S+)", line or "")
+            url = m.group(1) if m else None
+        check(url is not None, "serves with --chat-template")
+        if url:
+            toks = post_json(url, "/tokenize", {"messages": [{"role": "user", "content": " hi "}],
+                                                "add_generation_prompt": True})["tokens"]
+            text = post_json(url, "/detokenize", {"tokens": toks})["content"]
+            check(text == "[USER] hi[ASSISTANT]",  # trim_blocks and the dashes eat the newlines
+                  "the file's template renders the prompt: %r" % text)
+    finally:
+        stop(p)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weft", required=True)
@@ -194,6 +238,8 @@ def main():
             f.write("workers = 2\nprefill = 1\ndecode = 1\n")
         rc, out = run_to_exit(args.weft, ["--config", bad])
         check(rc == 2 and "exclude each other" in out, "workers + prefill/decode from a file are refused (rc %d)" % rc)
+
+        check_chat_template(args.weft, d, check)
 
     check_http_queue(args.weft, check)
     check_clean_stop(args.weft, check)
