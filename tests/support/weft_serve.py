@@ -17,6 +17,17 @@ import urllib.error
 import urllib.request
 
 
+def post_json(url, path, body, timeout=300):
+    """POSTs a JSON body; (HTTP status, parsed JSON reply), error statuses included."""
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read().decode())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read().decode() or "{}")
+
+
 def default_model_path():
     if os.environ.get("WEFT_MODEL"):
         return os.environ["WEFT_MODEL"]

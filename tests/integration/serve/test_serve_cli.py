@@ -17,7 +17,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
-from weft_serve import default_model_path  # noqa: E402
+from weft_serve import default_model_path, post_json  # noqa: E402
 
 
 def free_port():
@@ -144,14 +144,6 @@ def check_clean_stop(weft, check):
           "a clean stop exits 0 and restarts or migrates nothing (rc %s, %s)" % (proc.returncode, noisy[:2]))
 
 
-def post_json(url, path, body):
-    import urllib.request
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read().decode())
-
-
 def check_chat_template(weft, d, check):
     """--chat-template FILE replaces the model's template (a Jinja file, run as Hugging Face runs
     it); a missing or broken file is refused at start, naming the problem."""
@@ -180,8 +172,8 @@ def check_chat_template(weft, d, check):
         check(url is not None, "serves with --chat-template")
         if url:
             toks = post_json(url, "/tokenize", {"messages": [{"role": "user", "content": " hi "}],
-                                                "add_generation_prompt": True})["tokens"]
-            text = post_json(url, "/detokenize", {"tokens": toks})["content"]
+                                                "add_generation_prompt": True})[1]["tokens"]
+            text = post_json(url, "/detokenize", {"tokens": toks})[1]["content"]
             check(text == "[USER] hi[ASSISTANT]",  # trim_blocks and the dashes eat the newlines
                   "the file's template renders the prompt: %r" % text)
     finally:

@@ -13,12 +13,10 @@ import json
 import os
 import signal
 import sys
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
 from cli_checks import check, finish  # noqa: E402
-from weft_serve import WeftServer, default_model_path  # noqa: E402
+from weft_serve import WeftServer, default_model_path, post_json as post  # noqa: E402
 
 MODEL_ID = "SmolLM2-135M-Instruct.Q4_1"
 
@@ -36,16 +34,6 @@ ORDER = {"$defs": {"item": {"type": "object", "properties": {
         "items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 2},
         "express": {"type": "boolean"}, "note": {"type": ["string", "null"], "maxLength": 12}},
     "required": ["items", "express"]}
-
-
-def post(url, path, body):
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status, json.loads(r.read().decode())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read().decode() or "{}")
 
 
 def main():

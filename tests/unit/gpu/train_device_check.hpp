@@ -28,9 +28,8 @@ struct device_training_diff {
   bool bitwise = true;  ///< Every loss and gradient bit-identical.
 };
 
-inline device_training_diff compare_device_training(device& dev, bool recompute, bool tied = false,
-                                                    int steps = 3) {
-  using namespace weft::gpu::train;
+/// The small model both checks train: 2 layers, GQA (4 heads over 2), a 300-token vocabulary.
+inline tiny_model_config training_model_config(bool tied) {
   tiny_model_config c;
   c.n_layers = 2;
   c.n_embd = 64;
@@ -39,7 +38,13 @@ inline device_training_diff compare_device_training(device& dev, bool recompute,
   c.n_ff = 128;
   c.n_vocab = 300;
   c.output = tied ? output_weight::tied : output_weight::separate;
-  auto img = make_tiny_model(c);
+  return c;
+}
+
+inline device_training_diff compare_device_training(device& dev, bool recompute, bool tied = false,
+                                                    int steps = 3) {
+  using namespace weft::gpu::train;
+  auto img = make_tiny_model(training_model_config(tied));
   EXPECT_TRUE(img.ok());
   trainable_config tc;
   tc.recompute = recompute;
@@ -181,14 +186,7 @@ struct resident_training_diff {
 /// fresh model and continued, against the straight device run (bit-identical on any device).
 inline resident_training_diff compare_resident_training(device& dev, bool offload, int steps = 4) {
   using namespace weft::gpu::train;
-  tiny_model_config c;
-  c.n_layers = 2;
-  c.n_embd = 64;
-  c.n_head = 4;
-  c.n_head_kv = 2;
-  c.n_ff = 128;
-  c.n_vocab = 300;
-  auto img = make_tiny_model(c);
+  auto img = make_tiny_model(training_model_config(true));
   EXPECT_TRUE(img.ok());
   auto load = [&](device* d) {
     auto f = gguf_file::parse(*img);
