@@ -77,6 +77,7 @@ struct rl_options {
   int64_t eval_prompts = 32;
   uint64_t seed = 0;
   int threads = 0;
+  std::string device = "cpu";  ///< the trainer's (--device)
   int64_t micro_batch_tokens = 1024;
   std::string rollout_type = "f32";
   std::string checkpoint_dir;
@@ -156,6 +157,8 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.micro_batch_tokens = o.micro_batch_tokens;
   c.shares = gpu::train::plan_threads(o.threads).shares;
   c.engine_threads = o.threads;
+  c.train_device = o.device;
+  if (o.device != "cpu") c.shares = 1;  // one device: shares would run one after the other
   c.rollout_type = *gpu::parse_type_name(o.rollout_type);
   return c;
 }
@@ -334,10 +337,8 @@ int run_rl(const rl_options& o) {
   if (!o.checkpoint_dir.empty()) ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
   auto checkpoint_now = [&](bool wait) -> bool {
     if (!ckpt) return true;
-    if (auto st = ckpt->save([&](gpu::train::checkpoint_state& s) {
-          loop.snapshot_into(s);
-          return gpu::status{};
-        });
+    if (auto st =
+            ckpt->save([&](gpu::train::checkpoint_state& s) { return loop.snapshot_into(s); });
         !st) {
       spdlog::error("checkpoint failed: {}", st.message());
       return false;
@@ -399,6 +400,10 @@ int run_rl(const rl_options& o) {
   }
   http.reset();
   if (!o.save_path.empty()) {
+    if (auto st = loop.model().pull_to_host(nullptr); !st) {
+      spdlog::error("--save {}: {}", o.save_path, st.message());
+      return 1;
+    }
     if (auto st = gpu::train::export_gguf(*file, loop.model(), *gpu::parse_type_name(o.save_type),
                                           o.save_path);
         !st) {
@@ -578,6 +583,10 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
                   "Cores to use (default: all): the rollout engine's threads, and up to 4 "
                   "parallel shares of the backward. Exact resume needs the same value")
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--device", o->device,
+                  "Where the trainer runs: cpu, or cuda / cuda:N (forward, backward and AdamW in "
+                  "device memory; the rollout engine stays on the CPU)")
+      ->capture_default_str();
   cmd->add_option("--micro-batch-tokens", o->micro_batch_tokens,
                   "Tokens per forward/backward pass of the update")
       ->capture_default_str()

@@ -1,5 +1,9 @@
 #include "gpu/rl/grpo_loop.hpp"
 
+#include <utility>
+
+#include "gpu/train/sft_run.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -122,11 +126,18 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
     loop->ref_ = std::move(*ref);
   }
   std::vector<int64_t> sizes;
-  for (const auto& p : loop->model_->parameters()) {
+  for (const auto& p : std::as_const(*loop->model_).parameters()) {
     sizes.push_back(p.size());
     loop->decay_.push_back(p.ne[1] > 1 ? 1 : 0);
   }
   loop->opt_.init(sizes);
+  auto train_dev = train::open_training_device(config.train_device);
+  if (!train_dev) return train_dev.error();
+  if (*train_dev) {
+    loop->train_dev_ = std::move(*train_dev);
+    if (auto st = loop->model_->use_device(loop->train_dev_.get()); !st) return st;
+    if (auto st = loop->model_->set_device_resident(true); !st) return st;
+  }
   return loop;
 }
 
@@ -328,7 +339,8 @@ result<std::vector<double>> grpo_loop::score(const std::vector<rl_prompt>& promp
 }
 
 status grpo_loop::push_weights() {
-  for (const auto& p : model_->parameters()) {
+  if (auto st = model_->pull_to_host(nullptr); !st) return st;
+  for (const auto& p : std::as_const(*model_).parameters()) {
     if (auto st = engine_model_->set_weight(p.name, p.value); !st) return st;
   }
   ++version_;
@@ -522,10 +534,13 @@ status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& bat
   const int64_t n = std::max<int64_t>(1, config_.updates_per_step);
   ppo_stats stats;
   const auto objective = ppo_objective(config_.grpo, &stats);
+  const bool resident = model_->device_resident();
   std::vector<std::span<float>> grads, values;
-  for (auto& p : model_->parameters()) {
-    grads.emplace_back(p.grad);
-    values.emplace_back(p.value);
+  if (!resident) {
+    for (auto& p : model_->parameters()) {
+      grads.emplace_back(p.grad);
+      values.emplace_back(p.value);
+    }
   }
   const double lr = config_.schedule.at(step_);
   double loss = 0.0, norm_sum = 0.0;
@@ -537,8 +552,11 @@ status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& bat
       if (!l) return l.error();
       loss += l->sum;
     }
-    auto norm = train::clip_and_update(opt_, values, grads, decay_, config_.max_grad_norm, lr,
-                                       step_ * n + it + 1);
+    // The objective's token weights already normalise the loss: no scaling here.
+    auto norm = resident ? model_->device_step(opt_, decay_, 1.0f, config_.max_grad_norm, lr,
+                                               step_ * n + it + 1)
+                         : train::clip_and_update(opt_, values, grads, decay_,
+                                                  config_.max_grad_norm, lr, step_ * n + it + 1);
     if (!norm) return norm.error();
     norm_sum += *norm;
   }
@@ -551,7 +569,8 @@ status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& bat
   return {};
 }
 
-void grpo_loop::snapshot_into(train::checkpoint_state& s) const {
+status grpo_loop::snapshot_into(train::checkpoint_state& s) {
+  if (auto st = model_->pull_to_host(&opt_); !st) return st;
   s.step = step_;
   // Steps already generating start again from their prompts after a resume.
   auto next = pending_.find(step_);
@@ -563,7 +582,8 @@ void grpo_loop::snapshot_into(train::checkpoint_state& s) const {
   for (const auto& r : history_) {
     s.history.push_back(train::step_record{r.step, r.loss, r.lr, r.grad_norm, r.completion_tokens});
   }
-  train::snapshot_parameters(model_->parameters(), opt_, s);
+  train::snapshot_parameters(std::as_const(*model_).parameters(), opt_, s);
+  return {};
 }
 
 status grpo_loop::restore(const train::checkpoint_state& s) {
@@ -573,6 +593,7 @@ status grpo_loop::restore(const train::checkpoint_state& s) {
                 std::to_string(config_.seed) + " (prompts and samples would differ)"};
   }
   if (auto st = train::restore_parameters(s, model_->parameters(), opt_); !st) return st;
+  model_->host_replaced();
   for (const auto& [id, where] : slots_) {
     if (auto st = engine_->abort(id); !st) return st;
   }

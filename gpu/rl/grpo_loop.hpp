@@ -51,6 +51,10 @@ struct grpo_loop_config {
   int64_t micro_batch_tokens = 1024;
   int shares = 1;          ///< Parallel shares of the backward (one thread each).
   int engine_threads = 1;  ///< Compute threads of the rollout engine.
+  /// Where the trainer's forward, backward and AdamW run: "cpu" (the host), or a device such as
+  /// "cuda" / "cuda:N" (device-resident, as `weft train --device`; the rollout engine and the KL
+  /// reference stay on the host, the weights go to the engine through host memory each step).
+  std::string train_device = "cpu";
   /// Type the rollout engine stores the weights in (f32, bf16 or f16). f32 keeps the behaviour
   /// policy closest to the trainer's.
   ggml_type rollout_type = ggml_type::f32;
@@ -139,7 +143,8 @@ class grpo_loop {
   /// Everything the next step depends on, as a training checkpoint (docs/rl.md): weights, AdamW
   /// moments, the step (= weight version), the prompt cursor (checkpoint_state::cursor.index),
   /// the seed and the schedule; history holds loss, lr, grad norm and completion tokens per step.
-  void snapshot_into(train::checkpoint_state& s) const;
+  /// Brings a device-resident trainer's host copy up to date first.
+  status snapshot_into(train::checkpoint_state& s);
   /// Continues from a snapshot of the same model and seed, and pushes the weights to the engine:
   /// with K = 0 the run then goes on bit for bit as if it had never stopped; with K > 0 the
   /// rollouts that were in flight start again from their prompts (same prompts and seeds, none
@@ -186,6 +191,7 @@ class grpo_loop {
   result<std::vector<double>> score(const std::vector<rl_prompt>& prompts,
                                     const std::vector<rollout_sample>& samples);
 
+  std::unique_ptr<device> train_dev_;  ///< config.train_device's (outlives model_)
   std::unique_ptr<train::trainable_model<float>> model_;
   /// The reference policy of the KL term: the starting weights, frozen (only with kl_coef > 0).
   std::unique_ptr<train::trainable_model<float>> ref_;

@@ -9,8 +9,10 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "gpu/device.hpp"
 #include "gpu/rl/grpo_loop.hpp"
 #include "gpu/rl/tasks.hpp"
 #include "gpu/train/checkpoint.hpp"
@@ -94,6 +96,38 @@ TEST(grpo_loop, sync_runs_repeat_bit_for_bit_and_the_engine_serves_the_trainers_
   EXPECT_LT(a->history().front().ratio_deviation, 0.02);
 }
 
+TEST(grpo_loop, a_device_resident_trainer_gives_the_host_trainers_bits) {
+  // The trainer on the CPU device, device-resident (forward, backward and AdamW through
+  // device::training(), as `weft rl --device cuda` runs them on a GPU) against the host trainer:
+  // the same rewards, losses and weights, and the engine serves the device's weights.
+  const auto file = tiny_file();
+  digits_task task;
+  auto cfg = loop_cfg();
+  cfg.shares = 1;  // a device runs one share; the host the same, for the same bits
+  auto host = make_loop(file, task, cfg);
+  auto on_dev = make_loop(file, task, cfg);
+  auto dev = device_registry::instance().create("cpu", device_config{2, 0});
+  ASSERT_TRUE(dev.ok());
+  ASSERT_TRUE(on_dev->model().use_device(dev->get()).ok());
+  ASSERT_TRUE(on_dev->model().set_device_resident(true).ok());
+  for (int s = 0; s < 3; ++s) {
+    auto ra = host->step();
+    auto rb = on_dev->step();
+    ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message() : ra.error().message());
+    EXPECT_EQ(ra->reward_mean, rb->reward_mean);
+    EXPECT_EQ(ra->loss, rb->loss);
+    EXPECT_EQ(ra->grad_norm, rb->grad_norm);
+  }
+  EXPECT_TRUE(on_dev->model().host_current());  // the weight push brought the host copy up
+  const auto& ph = std::as_const(host->model()).parameters();
+  const auto& pd = std::as_const(on_dev->model()).parameters();
+  for (size_t i = 0; i < ph.size(); ++i) ASSERT_EQ(ph[i].value, pd[i].value) << ph[i].name;
+  train::checkpoint_state ckpt;
+  ASSERT_TRUE(on_dev->snapshot_into(ckpt).ok());
+  EXPECT_EQ(ckpt.step, 3);
+  ASSERT_TRUE(on_dev->model().use_device(nullptr).ok());  // host current: detaching is allowed
+}
+
 TEST(grpo_loop, a_resumed_run_is_bit_identical_to_an_uninterrupted_one) {
   const auto file = tiny_file();
   digits_task task;
@@ -102,7 +136,7 @@ TEST(grpo_loop, a_resumed_run_is_bit_identical_to_an_uninterrupted_one) {
   auto first = make_loop(file, task, loop_cfg());
   for (int s = 0; s < 2; ++s) ASSERT_TRUE(first->step().ok());
   train::checkpoint_state ckpt;
-  first->snapshot_into(ckpt);
+  ASSERT_TRUE(first->snapshot_into(ckpt).ok());
   first.reset();
   auto second = make_loop(file, task, loop_cfg());
   ASSERT_TRUE(second->restore(ckpt).ok());
@@ -174,7 +208,7 @@ TEST(grpo_loop, an_async_resume_trains_every_step_once) {
   for (int s = 0; s < 2; ++s) ASSERT_TRUE(first->step().ok());
   EXPECT_GT(first->scheduler().in_flight(), 0);  // step 3's rollouts were running
   train::checkpoint_state ckpt;
-  first->snapshot_into(ckpt);
+  ASSERT_TRUE(first->snapshot_into(ckpt).ok());
   EXPECT_EQ(ckpt.cursor.index, 2 * cfg.prompts_per_step);  // step 3's prompts are drawn again
   first.reset();
   auto second = make_loop(file, task, cfg);
