@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <ctime>
 #include <functional>
 #include <map>
@@ -901,6 +903,13 @@ class stmt_parser {
   }
   // Parses nodes until a statement whose keyword is in `stops` (left unconsumed).
   node_ptr parse_block(const std::vector<std::string>& stops) {
+    struct depth_guard {
+      int& d;
+      explicit depth_guard(int& dd) : d(dd) {
+        if (++d > 100) fail("statements nested deeper than 100 levels");
+      }
+      ~depth_guard() { --d; }
+    } dg(depth_);
     auto blk = std::make_shared<node>();
     blk->kind = node::block;
     while (i_ < s_.size()) {
@@ -1043,6 +1052,7 @@ class stmt_parser {
 
   std::vector<segment> s_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 // ---- rendering
@@ -1252,7 +1262,8 @@ class renderer {
         for (const auto& x : r) out.push_back(x);
         return out;
       }
-      if (both_int(l, r)) return as_int(l) + as_int(r);
+      if (int64_t z = 0; both_int(l, r) && !__builtin_add_overflow(as_int(l), as_int(r), &z))
+        return z;
       if ((l.is_number() || l.is_boolean()) && (r.is_number() || r.is_boolean()))
         return num(l, "+") + num(r, "+");
       fail("cannot add " + py_repr(l) + " and " + py_repr(r));
@@ -1263,21 +1274,34 @@ class renderer {
         out += l.get<std::string>();
       return out;
     }
-    if (both_int(l, r) && op != "/" && op != "**") {
+    if (both_int(l, r) && op != "/") {
+      // Python integers do not overflow; here an overflowing result becomes a float.
       const int64_t x = as_int(l), y = as_int(r);
-      if (op == "-") return x - y;
-      if (op == "*") return x * y;
-      if (y == 0) fail("division by zero");
-      if (op == "//")
-        return static_cast<int64_t>(std::floor(static_cast<double>(x) / static_cast<double>(y)));
-      if (op == "%") return ((x % y) + y) % y;
+      int64_t z = 0;
+      if (op == "-" && !__builtin_sub_overflow(x, y, &z)) return z;
+      if (op == "*" && !__builtin_mul_overflow(x, y, &z)) return z;
+      if (op == "**" && y >= 0) {
+        const double p = std::pow(static_cast<double>(x), static_cast<double>(y));
+        if (std::fabs(p) < 9.0e18) return static_cast<int64_t>(p);
+        return p;
+      }
+      if ((op == "//" || op == "%") && y == 0) fail("division by zero");
+      if (op == "//" && !(x == INT64_MIN && y == -1)) {
+        int64_t q = x / y;
+        if (x % y != 0 && ((x < 0) != (y < 0))) --q;
+        return q;
+      }
+      if (op == "%") {
+        if (y == -1) return int64_t{0};
+        int64_t m = x % y;
+        if (m != 0 && ((m < 0) != (y < 0))) m += y;
+        return m;
+      }
     }
     const double x = num(l, op.c_str()), y = num(r, op.c_str());
     if (op == "-") return x - y;
     if (op == "*") return x * y;
-    if (op == "**")
-      return both_int(l, r) && y >= 0 ? value(static_cast<int64_t>(std::pow(x, y)))
-                                      : value(std::pow(x, y));
+    if (op == "**") return std::pow(x, y);
     if (y == 0) fail("division by zero");
     if (op == "/") return x / y;
     if (op == "//") return std::floor(x / y);
@@ -1683,7 +1707,12 @@ class renderer {
     if (f == "string") return py_str(v);
     if (f == "safe") return v;
     if (f == "int") {
-      if (v.is_number()) return static_cast<int64_t>(v.get<double>());
+      if (v.is_number_integer()) return v;
+      if (v.is_number()) {
+        const double d = v.get<double>();
+        if (!(std::fabs(d) < 9.0e18)) fail("int(): " + py_float(d) + " is out of range");
+        return static_cast<int64_t>(d);
+      }
       if (v.is_string()) {
         try {
           return static_cast<int64_t>(std::stoll(v.get<std::string>()));
@@ -1705,8 +1734,9 @@ class renderer {
       return 0.0;
     }
     if (f == "abs")
-      return v.is_number_integer() ? value(std::llabs(v.get<int64_t>()))
-                                   : value(std::fabs(num(v, "abs")));
+      return v.is_number_integer() && v.get<int64_t>() != INT64_MIN
+                 ? value(std::llabs(v.get<int64_t>()))
+                 : value(std::fabs(num(v, "abs")));
     if (f == "list") return items_of(v);
     if (f == "items") return method(v.is_object() ? v : value::object(), "items", {});
     if (f == "reverse") {
@@ -1859,7 +1889,8 @@ class renderer {
         const value v = eval(*e.a);
         if (e.id == "not") return !truthy(v);
         if (e.id == "-")
-          return v.is_number_integer() ? value(-v.get<int64_t>()) : value(-num(v, "-"));
+          return v.is_number_integer() && v.get<int64_t>() != INT64_MIN ? value(-v.get<int64_t>())
+                                                                        : value(-num(v, "-"));
         return v;
       }
       case expr::binary:
