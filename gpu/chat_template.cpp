@@ -119,6 +119,7 @@ result<chat_template> chat_template::from_jinja(std::string_view source, const g
   auto t = detect(source);
   chat_template out = t ? std::move(*t) : chat_template(chat_format::chatml);
   out.jinja_ = std::make_shared<const jinja::template_text>(std::move(*parsed));
+  out.renders_tools_ = source.find("tools") != std::string_view::npos;
   if (file != nullptr) {
     if (auto tok = tokenizer::from_gguf(*file); tok.ok()) {
       if (auto b = tok->bos()) out.bos_text_ = std::string(tok->token_text(*b));
@@ -168,19 +169,41 @@ result<chat_template> chat_template::from_gguf(const gguf_file& file,
 }
 
 result<std::string> chat_template::apply(std::span<const chat_message> messages,
-                                         generation_prompt prompt) const {
+                                         generation_prompt prompt,
+                                         std::string_view tools_json) const {
   for (const auto& m : messages) {
     if (m.role.empty())
       return status{status_code::invalid_argument, "chat template: a message has an empty role"};
   }
   const bool add_prompt = prompt == generation_prompt::add;
   if (jinja_) {
+    auto parse_json = [](std::string_view text, const char* what) -> result<jinja::value> {
+      auto v = jinja::value::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (v.is_discarded())
+        return status{status_code::invalid_argument,
+                      std::string("chat template: ") + what + " is not JSON"};
+      return v;
+    };
     jinja::value msgs = jinja::value::array();
-    for (const auto& m : messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
+    for (const auto& m : messages) {
+      jinja::value x{{"role", m.role}, {"content", m.content}};
+      if (!m.tool_calls.empty()) {
+        auto calls = parse_json(m.tool_calls, "a message's tool_calls");
+        if (!calls) return calls.error();
+        x["tool_calls"] = std::move(*calls);
+      }
+      if (!m.tool_call_id.empty()) x["tool_call_id"] = m.tool_call_id;
+      msgs.push_back(std::move(x));
+    }
     jinja::value ctx{{"messages", std::move(msgs)},
                      {"add_generation_prompt", add_prompt},
                      {"bos_token", bos_text_},
                      {"eos_token", eos_text_}};
+    if (!tools_json.empty() && renders_tools_) {
+      auto tools = parse_json(tools_json, "tools");
+      if (!tools) return tools.error();
+      ctx["tools"] = std::move(*tools);
+    }
     auto r = jinja_->render(ctx);
     if (!r) return r.error();
     // The tokenizer adds BOS itself: a BOS the template writes first would be doubled.

@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "gpu/status.hpp"
 
@@ -24,10 +25,22 @@ namespace jinja {
 class template_text;
 }
 
-/// One chat message. Roles: "system", "user", "assistant" (ChatML and Llama 3 accept any role).
+/// One chat message. Roles: "system", "user", "assistant" (ChatML and Llama 3 accept any role);
+/// "tool" for a tool's result when the template renders tools (chat_template::renders_tools).
 struct chat_message {
   std::string role;
   std::string content;
+  /// An assistant message's calls: a JSON array of OpenAI tool_calls entries ({"id", "type",
+  /// "function": {"name", "arguments"}}), or empty. Given to a Jinja template as `tool_calls`.
+  std::string tool_calls;
+  std::string tool_call_id;  ///< a tool message's call id (`tool_call_id`), or empty
+
+  chat_message() = default;
+  chat_message(std::string r, std::string c, std::string calls = {}, std::string id = {})
+      : role(std::move(r)),
+        content(std::move(c)),
+        tool_calls(std::move(calls)),
+        tool_call_id(std::move(id)) {}
 };
 
 /// The prompt formats weft can render.
@@ -71,6 +84,9 @@ class chat_template {
 
   /// Whether the prompt comes from the Jinja template (else from the native format).
   bool runs_jinja() const { return jinja_ != nullptr; }
+  /// Whether the Jinja template renders tools itself (it reads a `tools` variable): then
+  /// apply's `tools_json`, assistant tool_calls and tool messages go to it as they are.
+  bool renders_tools() const { return jinja_ != nullptr && renders_tools_; }
   /// Why the model's Jinja template is not used (empty when it is, or when a format was named).
   const std::string& jinja_fallback_reason() const { return fallback_reason_; }
   /// "jinja" or the native format's name.
@@ -78,8 +94,11 @@ class chat_template {
 
   /// Renders the prompt. Fails (invalid_argument) on an empty role, and with the template's own
   /// message when it raises (e.g. roles that do not alternate).
+  /// `tools_json`: a JSON array of OpenAI tool definitions, given to a template that renders
+  /// tools as `tools` (ignored otherwise; empty: none).
   result<std::string> apply(std::span<const chat_message> messages,
-                            generation_prompt prompt = generation_prompt::add) const;
+                            generation_prompt prompt = generation_prompt::add,
+                            std::string_view tools_json = {}) const;
 
  private:
   chat_format format_;
@@ -88,6 +107,7 @@ class chat_template {
   std::shared_ptr<const jinja::template_text> jinja_;
   std::string bos_text_, eos_text_;  ///< bos_token and eos_token of the template's context
   bool drop_leading_bos_ = false;    ///< the tokenizer adds BOS itself
+  bool renders_tools_ = false;       ///< the template reads `tools`
   std::string fallback_reason_;
 };
 

@@ -6,7 +6,7 @@
 #   scripts/setup.sh --test     also the packages the test tiers need (llama-cpp-python, openai,
 #                               torch + transformers for the trainer oracle, matplotlib,
 #                               chromium + websocket-client for the chat page's browser test)
-#   scripts/setup.sh --bench    also the benchmark baselines (ray, matplotlib)
+#   scripts/setup.sh --bench    also the benchmark baselines (ray, matplotlib, llama-server)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -123,3 +123,8 @@ else
 fi
 
 "$here/fetch_model.sh"
+# llama.cpp's own llama-server (parallel slots): the serving baseline of
+# bench/e2e/serve_vs_llama_server.py, built once from the pinned sdist's llama.cpp source.
+if [ "$want_bench" = 1 ]; then
+  "$here/build_llama_server.sh"
+fi

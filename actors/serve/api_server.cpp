@@ -508,7 +508,7 @@ bool api_server::impl::tokenize_prompts(generation& g, httplib::Response& res) {
                            "this model has no chat template; use /v1/completions", "messages", ""});
       return false;
     }
-    auto text = host->tmpl->apply(r->messages, gpu::generation_prompt::add);
+    auto text = render_chat_prompt(*host->tmpl, *r, gpu::generation_prompt::add);
     if (!text) {
       send_error(res,
                  api_error{400, "invalid_request_error", text.error().to_string(), "messages", ""});

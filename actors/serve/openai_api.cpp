@@ -294,22 +294,20 @@ void read_messages(field_reader& rd, openai_request& r) {
       return;
     }
     if (out.role == "tool") {
-      // A tool's result, as the model reads it (tool_calls.hpp): in a user turn.
-      out.role = "user";
-      out.content = tool_response_text(out.content);
+      // A tool's result: how the model reads it depends on the template (prepare_chat_messages).
+      if (auto id = msg.find("tool_call_id"); id != msg.end() && id->is_string())
+        out.tool_call_id = id->get<std::string>();
     }
     if (auto calls = msg.find("tool_calls"); calls != msg.end() && !calls->is_null()) {
       if (out.role != "assistant") {
         rd.fail(at + ".tool_calls", "only assistant messages carry 'tool_calls'");
         return;
       }
-      std::string text;
-      if (auto e =
-              read_message_tool_calls(nlohmann::ordered_json::parse(calls->dump()), at, text)) {
+      if (auto e = read_message_tool_calls(nlohmann::ordered_json::parse(calls->dump()), at,
+                                           out.tool_calls)) {
         rd.fail(e->param, e->message);
         return;
       }
-      out.content += (out.content.empty() ? "" : "\n") + text;
     }
     r.messages.push_back(std::move(out));
   }
@@ -574,7 +572,6 @@ parse_result parse_object(endpoint kind, const json& body, std::string_view raw,
     read_prompt(rd, r, limits);
   } else {
     read_messages(rd, r);
-    if (!rd.failed()) add_tools_to_messages(r.tools, r.messages);
   }
   if (rd.failed()) return {std::nullopt, rd.error()};
   return {std::move(r), {}};
@@ -744,6 +741,14 @@ parse_result parse_request(endpoint kind, std::string_view body, const api_limit
   }
 }
 
+gpu::result<std::string> render_chat_prompt(const gpu::chat_template& tmpl, const openai_request& r,
+                                            gpu::generation_prompt p) {
+  std::vector<gpu::chat_message> messages = r.messages;
+  const bool native = tmpl.renders_tools();
+  prepare_chat_messages(r.tools, messages, native);
+  return tmpl.apply(messages, p, native ? tools_json(r.tools) : std::string());
+}
+
 std::string render_response(endpoint kind, const response_meta& meta,
                             const std::vector<choice_result>& choices, const usage_info& usage,
                             bool with_logprobs) {
@@ -866,9 +871,9 @@ http_reply tokenize_request(std::string_view body, const gpu::tokenizer& tok,
     if (!parsed.request) {
       return http_reply{parsed.error.http_status, render_error(parsed.error)};
     }
-    auto text = tmpl->apply(parsed.request->messages, *add_generation_prompt
-                                                          ? gpu::generation_prompt::add
-                                                          : gpu::generation_prompt::omit);
+    auto text = render_chat_prompt(
+        *tmpl, *parsed.request,
+        *add_generation_prompt ? gpu::generation_prompt::add : gpu::generation_prompt::omit);
     if (!text) return bad_request(text.error().to_string(), "messages");
     ids = tok.encode(*text, gpu::add_special::yes, gpu::parse_special::yes);
   } else {

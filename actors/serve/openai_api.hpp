@@ -113,6 +113,12 @@ struct response_meta {
   std::string system_fingerprint = "weft";
 };
 
+/// The prompt of a chat request: its messages (and tools) through the chat template — given to a
+/// template that renders tools as they are, otherwise in weft's tagged tool format
+/// (prepare_chat_messages).
+gpu::result<std::string> render_chat_prompt(const gpu::chat_template& tmpl, const openai_request& r,
+                                            gpu::generation_prompt p);
+
 /// Non-streaming body: object "text_completion" or "chat.completion", with choices, logprobs
 /// (completions: {tokens, token_logprobs, top_logprobs, text_offset}; chat: {content: [{token,
 /// logprob, bytes, top_logprobs}]}) when asked, and usage.

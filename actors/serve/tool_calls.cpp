@@ -155,7 +155,8 @@ std::optional<tool_error> read_tool_config(const ojson& body, tool_config& out) 
 }
 
 std::optional<tool_error> read_message_tool_calls(const ojson& calls, const std::string& at,
-                                                  std::string& text) {
+                                                  std::string& calls_json) {
+  ojson out = ojson::array();
   const std::string p = at + ".tool_calls";
   if (!calls.is_array()) return tool_error{p, "'" + p + "' must be a list"};
   for (size_t i = 0; i < calls.size(); ++i) {
@@ -179,10 +180,52 @@ std::optional<tool_error> read_message_tool_calls(const ojson& calls, const std:
                           "'" + ci + ".function.arguments' is not valid JSON"};
       args_text = parsed.dump();
     }
-    if (!text.empty()) text += '\n';
-    text += tool_call_text(name->get<std::string>(), args_text);
+    std::string id = "call_" + std::to_string(i);
+    if (auto v = c.find("id"); v != c.end() && v->is_string()) id = v->get<std::string>();
+    out.push_back(
+        ojson{{"id", id},
+              {"type", "function"},
+              {"function", {{"name", name->get<std::string>()}, {"arguments", args_text}}}});
   }
+  calls_json = out.dump();
   return std::nullopt;
+}
+
+void prepare_chat_messages(const tool_config& tools, std::vector<gpu::chat_message>& messages,
+                           bool template_renders_tools) {
+  if (template_renders_tools) return;
+  for (auto& m : messages) {
+    if (m.role == "tool") {
+      m.role = "user";
+      m.content = tool_response_text(m.content);
+      m.tool_call_id.clear();
+    }
+    if (!m.tool_calls.empty()) {
+      // Validated when the request was read.
+      const auto calls = ojson::parse(m.tool_calls, nullptr, false);
+      std::string text;
+      for (const auto& c : calls.is_array() ? calls : ojson::array()) {
+        if (!text.empty()) text += '\n';
+        text += tool_call_text(c["function"]["name"].get<std::string>(),
+                               c["function"]["arguments"].get<std::string>());
+      }
+      m.content += (m.content.empty() ? "" : "\n") + text;
+      m.tool_calls.clear();
+    }
+  }
+  add_tools_to_messages(tools, messages);
+}
+
+std::string tools_json(const tool_config& tools) {
+  if (!tools.active()) return {};
+  ojson out = ojson::array();
+  for (const auto& t : tools.tools) {
+    ojson fn{{"name", t.name}};
+    if (!t.description.empty()) fn["description"] = t.description;
+    fn["parameters"] = t.parameters;
+    out.push_back(ojson{{"type", "function"}, {"function", std::move(fn)}});
+  }
+  return out.dump();
 }
 
 std::string tool_call_text(std::string_view name, std::string_view arguments_json) {

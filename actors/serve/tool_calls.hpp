@@ -61,10 +61,20 @@ struct tool_error {
 /// named twice, a named choice that is not among the tools are errors naming the field.
 std::optional<tool_error> read_tool_config(const nlohmann::ordered_json& body, tool_config& out);
 
-/// Reads one assistant message's `tool_calls` (at = "messages[i]") into the text the model wrote
-/// for them (tool_call_text of each).
+/// Reads one assistant message's `tool_calls` (at = "messages[i]") into `calls_json`: a JSON array
+/// of {"id", "type": "function", "function": {"name", "arguments"}} with each arguments string
+/// checked and normalised (chat_message::tool_calls).
 std::optional<tool_error> read_message_tool_calls(const nlohmann::ordered_json& calls,
-                                                  const std::string& at, std::string& text);
+                                                  const std::string& at, std::string& calls_json);
+
+/// Readies a conversation for the chat template. A template that renders tools itself gets the
+/// messages as they are (and tools_json); otherwise tool results become user turns
+/// (tool_response_text), past calls the text the model writes (tool_call_text), and the tool
+/// definitions go into the system turn (add_tools_to_messages).
+void prepare_chat_messages(const tool_config& tools, std::vector<gpu::chat_message>& messages,
+                           bool template_renders_tools);
+/// The tools as the JSON array a template's `tools` variable holds; empty when inactive.
+std::string tools_json(const tool_config& tools);
 
 /// One call as the model writes it: <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>.
 std::string tool_call_text(std::string_view name, std::string_view arguments_json);

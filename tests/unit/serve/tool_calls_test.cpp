@@ -231,15 +231,41 @@ TEST(tool_calls, chat_requests_carry_tools_history_and_the_grammar) {
                            kTools + "}";
   auto r = parse_request(endpoint::chat_completions, body, {});
   ASSERT_TRUE(r.request.has_value()) << r.error.message;
-  const auto& m = r.request->messages;
-  ASSERT_EQ(m.size(), 4u);
-  EXPECT_EQ(m[0].role, "system");
-  EXPECT_EQ(m[2].role, "assistant");
-  EXPECT_EQ(m[2].content, tool_call_text("get_weather", R"({"city":"Paris"})"));
-  EXPECT_EQ(m[3].role, "user");
-  EXPECT_EQ(m[3].content, "<tool_response>\n18 C\n</tool_response>");
   EXPECT_FALSE(r.request->sampling.grammar.empty());
   EXPECT_TRUE(r.request->tools.active());
+  const auto& m = r.request->messages;
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_EQ(
+      m[1].tool_calls,
+      R"([{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}])");
+  EXPECT_EQ(m[2].role, "tool");
+  EXPECT_EQ(m[2].tool_call_id, "call_1");
+  // A template without tools of its own: weft's tagged format, tools in the system turn.
+  auto chatml = gpu::chat_template::from_name("chatml");
+  ASSERT_TRUE(chatml.ok());
+  auto text = render_chat_prompt(*chatml, *r.request, gpu::generation_prompt::add);
+  ASSERT_TRUE(text.ok()) << text.error().message();
+  EXPECT_TRUE(text->starts_with("<|im_start|>system\nYou can call functions"));
+  EXPECT_NE(text->find("<|im_start|>assistant\n" +
+                       tool_call_text("get_weather", R"({"city":"Paris"})") + "<|im_end|>"),
+            std::string::npos)
+      << *text;
+  EXPECT_NE(text->find("<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>"),
+            std::string::npos);
+  // A template that renders tools itself gets them, and the calls and results, as they are.
+  auto own = gpu::chat_template::from_jinja(
+      "{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% for m in messages %}"
+      "<{{ m.role }}>{{ m.content }}{% for c in m.tool_calls or [] %}call {{ c.function.name }} "
+      "{{ c.function.arguments }}{% endfor %}{% if m.tool_call_id %} for {{ m.tool_call_id }}"
+      "{% endif %}{% endfor %}",
+      nullptr);
+  ASSERT_TRUE(own.ok()) << own.error().message();
+  EXPECT_TRUE(own->renders_tools());
+  auto native = render_chat_prompt(*own, *r.request, gpu::generation_prompt::add);
+  ASSERT_TRUE(native.ok()) << native.error().message();
+  EXPECT_EQ(
+      *native,
+      R"([get_weather][add]<user>Weather in Paris?<assistant>call get_weather {"city":"Paris"}<tool>18 C for call_1)");
   // A required call and another structured output cannot both hold.
   auto both = parse_request(endpoint::chat_completions,
                             std::string(R"({"messages": [{"role": "user", "content": "x"}],
