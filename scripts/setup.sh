@@ -96,6 +96,8 @@ if [ "$want_test" = 1 ]; then
   py_has openai || pip_want+=(openai)
   # Structured outputs are validated by an independent JSON Schema validator.
   py_has jsonschema || pip_want+=(jsonschema)
+  # Chat templates are checked against jinja2 (tests/oracle/gpu/test_jinja.py, the tokenizer oracle).
+  py_has jinja2 || pip_want+=(jinja2)
   # `weft train/rl --plot` draw with matplotlib; their CLI tests check the PNG.
   py_has matplotlib || pip_want+=(matplotlib)
   py_has websocket || pip_want+=(websocket-client)  # drives Chromium over DevTools
