@@ -113,6 +113,10 @@ struct response_meta {
   std::string system_fingerprint = "weft";
 };
 
+/// JSON text of a response body; invalid UTF-8 (a token piece cut mid-character) is replaced
+/// instead of failing.
+std::string json_text(const nlohmann::ordered_json& j);
+
 /// The prompt of a chat request: its messages (and tools) through the chat template — given to a
 /// template that renders tools as they are, otherwise in weft's tagged tool format
 /// (prepare_chat_messages).
