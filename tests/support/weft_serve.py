@@ -28,6 +28,23 @@ def post_json(url, path, body, timeout=300):
         return e.code, json.loads(e.read().decode() or "{}")
 
 
+def missing_requirements(*modules):
+    """Exit code when the default model or a Python module is missing: 77 (CTest: skipped), or 1
+    under CI=true where every tier must run; None when everything is there."""
+    import importlib
+    ci = os.environ.get("CI", "") not in ("", "0", "false")
+    if not os.path.exists(default_model_path()):
+        print("FAIL: CI=true and the default model is missing" if ci else "SKIP: no default model")
+        return 1 if ci else 77
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            print(f"{'FAIL' if ci else 'SKIP'}: {e} (scripts/setup.sh --test)")
+            return 1 if ci else 77
+    return None
+
+
 def default_model_path():
     if os.environ.get("WEFT_MODEL"):
         return os.environ["WEFT_MODEL"]

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
 from cli_checks import check, finish  # noqa: E402
-from weft_serve import WeftServer, default_model_path, post_json as post  # noqa: E402
+from weft_serve import WeftServer, missing_requirements, post_json as post  # noqa: E402
 
 MODEL_ID = "SmolLM2-135M-Instruct.Q4_1"
 
@@ -40,16 +40,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weft", required=True)
     a = ap.parse_args()
-    ci = os.environ.get("CI", "") not in ("", "0", "false")
-    if not os.path.exists(default_model_path()):
-        print("FAIL: CI=true and the default model is missing" if ci else "SKIP: no default model")
-        return 1 if ci else 77
-    try:
-        import jsonschema
-        import openai
-    except ImportError as e:
-        print(f"{'FAIL' if ci else 'SKIP'}: {e} (scripts/setup.sh --test)")
-        return 1 if ci else 77
+    if (rc := missing_requirements("jsonschema", "openai")) is not None:
+        return rc
+    import jsonschema
+    import openai
 
     with WeftServer(a.weft, ["--workers", "2"]) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
