@@ -122,7 +122,7 @@ int run_generate(const generate_options& o) {
     }
     prompt_text = *rendered;
   }
-  auto dev = gpu::device_registry::instance().create(o.device, gpu::device_config{o.threads, 0});
+  auto dev = gpu::device_registry::instance().open(o.device, o.threads);
   if (!dev) {
     spdlog::error("device '{}': {}", o.device, dev.error().to_string());
     return 1;
@@ -236,7 +236,7 @@ void add_generate_command(CLI::App& app, const global_options& /*globals*/) {
       ->check(CLI::NonNegativeNumber);
   add_weights_memory_option(cmd, opts->weights_memory);
   cmd->add_option("--stop", opts->stop, "Stop string (repeatable)");
-  cmd->add_option("--device", opts->device, "Device backend: cpu or cuda")->capture_default_str();
+  cmd->add_option("--device", opts->device, "Device: cpu, cuda or cuda:N")->capture_default_str();
   cmd->callback([opts] {
     const int rc = run_generate(*opts);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -78,6 +78,7 @@ struct rl_options {
   uint64_t seed = 0;
   int threads = 0;
   std::string device = "cpu";  ///< the trainer's (--device)
+  std::string rollout_device;  ///< the rollout engine's (--rollout-device; empty: --device)
   int64_t micro_batch_tokens = 1024;
   std::string rollout_type = "f32";
   std::string checkpoint_dir;
@@ -158,6 +159,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.shares = gpu::train::plan_threads(o.threads).shares;
   c.engine_threads = o.threads;
   c.train_device = o.device;
+  c.rollout_device = o.rollout_device.empty() ? o.device : o.rollout_device;
   if (o.device != "cpu") c.shares = 1;  // one device: shares would run one after the other
   c.rollout_type = *gpu::parse_type_name(o.rollout_type);
   return c;
@@ -269,8 +271,8 @@ std::unique_ptr<grpo_loop> open_loop(const rl_options& o, const rl_task& task,
     rc = 1;
     return nullptr;
   }
-  spdlog::info("{} trainable parameters (f32); rollout engine weights {}, {} thread(s)",
-               (*weights)->n_parameters(), o.rollout_type, o.threads);
+  spdlog::info("{} trainable parameters (f32) trained on {}; rollout engine on {} with {} weights",
+               (*weights)->n_parameters(), cfg.train_device, cfg.rollout_device, o.rollout_type);
   auto made = grpo_loop::create(*file, std::move(*weights), task, cfg);
   if (!made) {
     spdlog::error("{}", made.error().message());
@@ -585,8 +587,11 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--device", o->device,
                   "Where the trainer runs: cpu, or cuda / cuda:N (forward, backward and AdamW in "
-                  "device memory; the rollout engine stays on the CPU)")
+                  "device memory; the KL reference runs there too)")
       ->capture_default_str();
+  cmd->add_option("--rollout-device", o->rollout_device,
+                  "Where the rollout engine generates: cpu, cuda or cuda:N (default: --device). "
+                  "On a GPU, --rollout-type must be f32 or f16");
   cmd->add_option("--micro-batch-tokens", o->micro_batch_tokens,
                   "Tokens per forward/backward pass of the update")
       ->capture_default_str()

@@ -29,6 +29,7 @@
 #include "apps/local_nodes.hpp"
 #include "apps/process_control.hpp"
 #include "apps/version.hpp"
+#include "gpu/device.hpp"
 
 namespace weft::apps {
 
@@ -55,6 +56,7 @@ struct serve_cli {
   double mlfq_prefill_cost = 0.4;
   int64_t mlfq_starvation_steps = 1024;
   int threads = 0;
+  std::string device = "cpu";
   std::string weights_memory = "huge-pages";
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
@@ -109,6 +111,20 @@ int run_serve(const serve_cli& cli) {
         "(--prefill P --decode D), got --prefill {} --decode {}",
         cli.prefill, cli.decode);
     return 2;
+  }
+  if (cli.device != "cpu") {
+    if (disaggregated || cli.cache_shards > 0) {
+      // KV blocks leave a worker over UCX from host memory; moving them from GPU memory is not
+      // built (docs/serving.md).
+      spdlog::error("--device {}: disaggregated serving and cache shards run on the CPU only",
+                    cli.device);
+      return 2;
+    }
+    // Fail here with the device's own message rather than in every worker.
+    if (auto d = gpu::device_registry::instance().open(cli.device, 1); !d) {
+      spdlog::error("{}", d.error().message());
+      return 2;
+    }
   }
   const auto t0 = std::chrono::steady_clock::now();
   serve::model_host_options mo;
@@ -219,6 +235,7 @@ int run_serve(const serve_cli& cli) {
   wc.router_host = "127.0.0.1";
   wc.router_port = *router_port;
   wc.threads = threads;
+  wc.device = cli.device;
   wc.weights_memory = cli.weights_memory;
   wc.kv_blocks = cli.kv_blocks;
   wc.block_size = cli.block_size;
@@ -399,6 +416,11 @@ void add_serve_command(CLI::App& app, const global_options&) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", cli->threads, "Compute threads per worker (0 = cores / workers)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device", cli->device,
+                  "Where the workers compute: cpu, cuda or cuda:N (every worker on that device, "
+                  "each with its own weights and KV cache; colocated serving without cache "
+                  "shards)")
+      ->capture_default_str();
   add_weights_memory_option(cmd, cli->weights_memory);
   cmd->add_option("--kv-blocks", cli->kv_blocks, "KV cache blocks per worker")
       ->capture_default_str()

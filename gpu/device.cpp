@@ -1,5 +1,6 @@
 #include "gpu/device.hpp"
 
+#include <algorithm>
 #include <mutex>
 
 #include "gpu/cpu/cpu_device.hpp"
@@ -52,6 +53,29 @@ result<std::unique_ptr<device>> device_registry::create(const std::string& name,
   }
   if (!factory) return status{status_code::not_found, "no device backend named '" + name + "'"};
   return factory(config);
+}
+
+result<std::unique_ptr<device>> device_registry::open(const std::string& spec, int threads) const {
+  std::string backend = spec;
+  int index = 0;
+  if (const auto colon = spec.find(':'); colon != std::string::npos) {
+    backend = spec.substr(0, colon);
+    const std::string num = spec.substr(colon + 1);
+    if (num.empty() || num.size() > 4 ||
+        !std::all_of(num.begin(), num.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return status{status_code::invalid_argument,
+                    "device '" + spec + "': expected BACKEND or BACKEND:INDEX (cpu, cuda, cuda:1)"};
+    }
+    index = std::stoi(num);
+  }
+  auto d = create(backend, device_config{threads, index});
+  if (!d && d.error().code() == status_code::not_found) {
+    std::string known;
+    for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+    return status{status_code::invalid_argument, "device '" + spec + "': no backend '" + backend +
+                                                     "' in this build (built: " + known + ")"};
+  }
+  return d;
 }
 
 std::vector<std::string> device_registry::names() const {

@@ -113,6 +113,10 @@ class device_registry {
                                          const device_config& config = {}) const;
   /// Names of the registered backends.
   std::vector<std::string> names() const;
+  /// Creates the device a user names: BACKEND or BACKEND:INDEX ("cpu", "cuda", "cuda:1");
+  /// `threads` is the CPU backend's thread count (0: all cores). An unknown backend or a
+  /// malformed name is invalid_argument naming the backends there are.
+  result<std::unique_ptr<device>> open(const std::string& spec, int threads = 0) const;
 
  private:
   device_registry() = default;

@@ -105,7 +105,7 @@ result<std::unique_ptr<model_host>> load_model_host(const model_host_options& o)
       host->n_ctx = *ctx;
     return host;
   }
-  auto dev = gpu::device_registry::instance().create(o.device, gpu::device_config{o.threads, 0});
+  auto dev = gpu::device_registry::instance().open(o.device, o.threads);
   if (!dev) return fail("device " + o.device, dev.error().to_string());
   host->dev = std::move(dev.value());
   gpu::model_load_config mc;

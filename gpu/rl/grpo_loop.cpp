@@ -90,13 +90,17 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
   if (!file) return file.error();
   image->clear();
   image->shrink_to_fit();
-  auto dev = device_registry::instance().create("cpu", device_config{config.engine_threads, 0});
-  if (!dev) return dev.error();
+  auto dev = device_registry::instance().open(config.rollout_device, config.engine_threads);
+  if (!dev) return status{dev.error().code(), "rollout engine: " + dev.error().message()};
   loop->dev_ = std::move(*dev);
   model_load_config mc;
   mc.max_batch_tokens = 512;
   auto m = gpu::model::load(std::move(*file), *loop->dev_, mc);
-  if (!m) return m.error();
+  if (!m) {
+    return status{m.error().code(), "rollout engine on " + config.rollout_device + " with " +
+                                        std::string(type_name(config.rollout_type)) +
+                                        " weights: " + m.error().message()};
+  }
   loop->engine_model_ = std::move(*m);
   engine_config ec;
   // Every step that may be generating at once, and an evaluation beside them.
@@ -137,6 +141,9 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
     loop->train_dev_ = std::move(*train_dev);
     if (auto st = loop->model_->use_device(loop->train_dev_.get()); !st) return st;
     if (auto st = loop->model_->set_device_resident(true); !st) return st;
+    if (loop->ref_) {
+      if (auto st = loop->ref_->use_device(loop->train_dev_.get()); !st) return st;
+    }
   }
   return loop;
 }

@@ -52,9 +52,13 @@ struct grpo_loop_config {
   int shares = 1;          ///< Parallel shares of the backward (one thread each).
   int engine_threads = 1;  ///< Compute threads of the rollout engine.
   /// Where the trainer's forward, backward and AdamW run: "cpu" (the host), or a device such as
-  /// "cuda" / "cuda:N" (device-resident, as `weft train --device`; the rollout engine and the KL
-  /// reference stay on the host, the weights go to the engine through host memory each step).
+  /// "cuda" / "cuda:N" (device-resident, as `weft train --device`). The KL reference runs its
+  /// forward there too.
   std::string train_device = "cpu";
+  /// Where the rollout engine runs: "cpu" (engine_threads threads) or a device such as "cuda:N".
+  /// Each weight sync goes through host memory (the trainer's weights are pulled, converted to
+  /// rollout_type and uploaded).
+  std::string rollout_device = "cpu";
   /// Type the rollout engine stores the weights in (f32, bf16 or f16). f32 keeps the behaviour
   /// policy closest to the trainer's.
   ggml_type rollout_type = ggml_type::f32;

@@ -362,15 +362,7 @@ result<loss_sum> device_trainer::forward_backward(std::span<const train_batch* c
                                                   const token_objective<float>* objective,
                                                   std::vector<parameter<float>>& params,
                                                   bool upload_params) {
-  if (dev_.training() == nullptr)
-    return status{status_code::unsupported,
-                  dev_.capabilities().name + " has no trainer ops (device::training)"};
-  if (upload_params || s_->value.size() != params.size()) WEFT_TRY(upload(params));
-  if (!resident_ || zero_pending_) {
-    for (size_t i = 0; i < params.size(); ++i)
-      WEFT_TRY(dev_.training()->fill(s_->grad[i].get<float>(), params[i].size(), 0.0f));
-    zero_pending_ = false;
-  }
+  WEFT_TRY(prepare(params, upload_params));
   loss_sum loss;
   for (const train_batch* b : batches) WEFT_TRY(accumulate(*b, objective, loss));
   if (resident_) return loss;
@@ -391,6 +383,19 @@ result<loss_sum> device_trainer::forward_backward(std::span<const train_batch* c
     });
   }
   return loss;
+}
+
+status device_trainer::prepare(std::vector<parameter<float>>& params, bool upload_params) {
+  if (dev_.training() == nullptr)
+    return status{status_code::unsupported,
+                  dev_.capabilities().name + " has no trainer ops (device::training)"};
+  if (upload_params || s_->value.size() != params.size()) WEFT_TRY(upload(params));
+  if (!resident_ || zero_pending_) {
+    for (size_t i = 0; i < params.size(); ++i)
+      WEFT_TRY(dev_.training()->fill(s_->grad[i].get<float>(), params[i].size(), 0.0f));
+    zero_pending_ = false;
+  }
+  return {};
 }
 
 result<std::vector<float>> device_trainer::logits(const train_batch& b,

@@ -58,6 +58,11 @@ class device_trainer {
   /// Overwrites the host gradients with the device's, or the device's with the host's.
   status pull_gradients(std::vector<parameter<float>>& params);
   status push_gradients(const std::vector<parameter<float>>& params);
+  /// Brings the device's state to where a forward_backward starts: `params` uploaded when
+  /// `upload` is set or nothing is there yet, the gradients zeroed when a zero_grads (or the
+  /// offloaded split) asks for it. An update without any forward_backward since zero_grads (RL: a
+  /// step where no sample is in the loss) then steps with zero gradients, as the host does.
+  status prepare(std::vector<parameter<float>>& params, bool upload);
   /// One optimizer update on the device (trainable_model::device_step).
   result<double> optimizer_step(adamw& opt, std::span<const uint8_t> decay, float grad_scale,
                                 double max_norm, double lr, int64_t step);

@@ -186,23 +186,8 @@ result<sft_run> load_sft_run(const sft_run_options& o, bool with_model) {
 
 result<std::unique_ptr<device>> open_training_device(const std::string& name) {
   if (name == "cpu") return std::unique_ptr<device>{};
-  std::string backend = name;
-  int index = 0;
-  if (const auto colon = name.find(':'); colon != std::string::npos) {
-    backend = name.substr(0, colon);
-    const std::string num = name.substr(colon + 1);
-    if (num.empty() || num.size() > 4 ||
-        !std::all_of(num.begin(), num.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      return status{status_code::invalid_argument,
-                    "--device " + name + ": expected BACKEND or BACKEND:INDEX (cpu, cuda, cuda:1)"};
-    index = std::stoi(num);
-  }
-  auto d = device_registry::instance().create(backend, device_config{0, index});
-  if (!d) {
-    return status{d.error().code() == status_code::not_found ? status_code::invalid_argument
-                                                             : d.error().code(),
-                  "--device " + name + ": " + d.error().message()};
-  }
+  auto d = device_registry::instance().open(name);
+  if (!d) return status{d.error().code(), "--device " + name + ": " + d.error().message()};
   return std::move(*d);
 }
 

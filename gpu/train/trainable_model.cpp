@@ -256,6 +256,8 @@ result<double> trainable_model<T>::device_step(adamw& opt, std::span<const uint8
   } else {
     if (!device_resident())
       return status{status_code::internal, "device_step needs device-resident training"};
+    if (auto st = device_->prepare(params_, params_changed_); !st) return st;
+    params_changed_ = false;
     return device_->optimizer_step(opt, decay, grad_scale, max_norm, lr, step);
   }
 }

@@ -240,6 +240,13 @@ def main():
     check(rc == 2 and "exclude each other" in out, "--workers with --prefill/--decode is refused (rc %d)" % rc)
     rc, out = run_to_exit(args.weft, ["--prefill", "0", "--decode", "1"])
     check(rc != 0 and "--prefill" in out, "--prefill 0 is refused (rc %d)" % rc)
+    rc, out = run_to_exit(args.weft, ["--device", "tpu"])
+    check(rc == 2 and "no backend 'tpu'" in out, "an unknown --device is refused naming it (rc %d)" % rc)
+    rc, out = run_to_exit(args.weft, ["--device", "cuda:x"])
+    check(rc == 2 and "BACKEND:INDEX" in out, "a malformed --device is refused (rc %d)" % rc)
+    rc, out = run_to_exit(args.weft, ["--device", "cuda", "--cache-shards", "1"])
+    check(rc == 2 and "cache shards run on the CPU only" in out,
+          "--device cuda with cache shards is refused (rc %d)" % rc)
     rc, out = run_to_exit(args.weft, ["--help"])
     bounds = {m.group(1): m.group(2) for m in re.finditer(r"--(prefill|decode) INT:INT in \[(\d+) - ", out)}
     check(rc == 0 and bounds == {"prefill": "1", "decode": "1"},

@@ -23,26 +23,9 @@ namespace {
 
 using namespace weft::gpu;
 using namespace weft::gpu::rl;
+using weft::gpu::rl_test::digits_task;
 using weft::gpu::rl_test::tiny_file;
 using weft::gpu::train::trainable_model;
-
-/// A test task with a graded reward a random tiny model gets partly right: the fraction of the
-/// completion's characters that are digits.
-class digits_task final : public rl_task {
- public:
-  std::string name() const override { return "digits"; }
-  int64_t size() const override { return 0; }
-  rl_prompt problem(uint64_t seed, int64_t index) const override {
-    const std::string k = std::to_string((seed * 131 + static_cast<uint64_t>(index)) % 997);
-    return rl_prompt{k, "Say some digits after " + k, "", {}};
-  }
-  double reward(const rl_prompt&, std::string_view c) const override {
-    if (c.empty()) return 0.0;
-    double d = 0;
-    for (char ch : c) d += std::isdigit(static_cast<unsigned char>(ch)) ? 1 : 0;
-    return d / static_cast<double>(c.size());
-  }
-};
 
 grpo_loop_config loop_cfg() {
   grpo_loop_config c;
@@ -126,6 +109,93 @@ TEST(grpo_loop, a_device_resident_trainer_gives_the_host_trainers_bits) {
   ASSERT_TRUE(on_dev->snapshot_into(ckpt).ok());
   EXPECT_EQ(ckpt.step, 3);
   ASSERT_TRUE(on_dev->model().use_device(nullptr).ok());  // host current: detaching is allowed
+}
+
+TEST(grpo_loop, named_devices_run_the_trainer_the_kl_reference_and_the_rollout_engine) {
+  // train_device / rollout_device by name ("cpu:0" is the CPU *device*, as "cuda:0" a GPU): the
+  // trainer device-resident, the KL reference's forward and the rollout engine there give the
+  // host loop's bits.
+  const auto file = tiny_file();
+  digits_task task;
+  auto cfg = loop_cfg();
+  cfg.shares = 1;
+  cfg.grpo.kl_coef = 0.05;
+  auto host = make_loop(file, task, cfg);
+  cfg.train_device = "cpu:0";
+  cfg.rollout_device = "cpu:0";
+  auto on_dev = make_loop(file, task, cfg);
+  ASSERT_NE(on_dev->model().compute_device(), nullptr);
+  EXPECT_TRUE(on_dev->model().device_resident());
+  for (int s = 0; s < 3; ++s) {
+    auto ra = host->step();
+    auto rb = on_dev->step();
+    ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message() : ra.error().message());
+    EXPECT_EQ(ra->reward_mean, rb->reward_mean);
+    EXPECT_EQ(ra->loss, rb->loss);
+    EXPECT_EQ(ra->kl, rb->kl);
+    if (s > 0) {
+      EXPECT_GT(rb->kl, 0.0);
+    }
+  }
+}
+
+/// Every completion scores 0: every group has zero variance, no sample enters the loss.
+class zero_task final : public rl_task {
+ public:
+  std::string name() const override { return "zero"; }
+  int64_t size() const override { return 0; }
+  rl_prompt problem(uint64_t, int64_t index) const override {
+    return rl_prompt{std::to_string(index), "Say anything", "", {}};
+  }
+  double reward(const rl_prompt&, std::string_view) const override { return 0.0; }
+};
+
+TEST(grpo_loop, a_step_with_no_sample_in_the_loss_updates_on_a_device_as_on_the_host) {
+  // No forward/backward runs in such a step; AdamW still steps (zero gradients, weight decay).
+  // The device-resident trainer once refused it (no gradients on the device yet).
+  const auto file = tiny_file();
+  zero_task task;
+  auto cfg = loop_cfg();
+  cfg.shares = 1;
+  cfg.adamw.weight_decay = 0.1;
+  auto host = make_loop(file, task, cfg);
+  cfg.train_device = "cpu:0";
+  auto on_dev = make_loop(file, task, cfg);
+  for (int s = 0; s < 2; ++s) {
+    auto ra = host->step();
+    auto rb = on_dev->step();
+    ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message() : ra.error().message());
+    EXPECT_EQ(ra->zero_variance_groups, cfg.prompts_per_step);
+    EXPECT_EQ(rb->grad_norm, 0.0);
+  }
+  ASSERT_TRUE(on_dev->model().pull_to_host(nullptr).ok());
+  const auto& ph = std::as_const(host->model()).parameters();
+  const auto& pd = std::as_const(on_dev->model()).parameters();
+  bool moved = false;
+  for (size_t i = 0; i < ph.size(); ++i) {
+    ASSERT_EQ(ph[i].value, pd[i].value) << ph[i].name;
+  }
+  auto fresh = trainable_model<float>::load(file);
+  ASSERT_TRUE(fresh.ok());
+  for (size_t i = 0; i < ph.size(); ++i) moved |= ph[i].value != (*fresh)->parameters()[i].value;
+  EXPECT_TRUE(moved);  // weight decay moved the matrices
+}
+
+TEST(grpo_loop, an_unknown_or_malformed_device_is_a_clear_error) {
+  const auto file = tiny_file();
+  digits_task task;
+  for (const char* name : {"tpu", "cuda:x", "cpu:"}) {
+    for (bool rollout : {false, true}) {
+      auto cfg = loop_cfg();
+      (rollout ? cfg.rollout_device : cfg.train_device) = name;
+      auto m = trainable_model<float>::load(file);
+      ASSERT_TRUE(m.ok());
+      auto loop = grpo_loop::create(file, std::move(*m), task, cfg);
+      ASSERT_FALSE(loop.ok()) << name;
+      EXPECT_EQ(loop.error().code(), status_code::invalid_argument) << loop.error().message();
+      EXPECT_NE(loop.error().message().find(name), std::string::npos) << loop.error().message();
+    }
+  }
 }
 
 TEST(grpo_loop, a_resumed_run_is_bit_identical_to_an_uninterrupted_one) {

@@ -3,10 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "gpu/gguf.hpp"
+#include "gpu/rl/tasks.hpp"
 #include "gpu/tiny_model.hpp"
 
 namespace weft::gpu::rl_test {
@@ -30,5 +34,23 @@ inline gguf_file tiny_file(uint64_t seed = 42) {
   EXPECT_TRUE(f.ok());
   return std::move(f.value());
 }
+
+/// A test task with a graded reward a random tiny model gets partly right: the fraction of the
+/// completion's characters that are digits.
+class digits_task final : public rl::rl_task {
+ public:
+  std::string name() const override { return "digits"; }
+  int64_t size() const override { return 0; }
+  rl::rl_prompt problem(uint64_t seed, int64_t index) const override {
+    const std::string k = std::to_string((seed * 131 + static_cast<uint64_t>(index)) % 997);
+    return rl::rl_prompt{k, "Say some digits after " + k, "", {}};
+  }
+  double reward(const rl::rl_prompt&, std::string_view c) const override {
+    if (c.empty()) return 0.0;
+    double d = 0;
+    for (char ch : c) d += std::isdigit(static_cast<unsigned char>(ch)) ? 1 : 0;
+    return d / static_cast<double>(c.size());
+  }
+};
 
 }  // namespace weft::gpu::rl_test
