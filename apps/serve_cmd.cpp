@@ -22,6 +22,7 @@
 #include "actors/node.hpp"
 #include "actors/serve/api_server.hpp"
 #include "actors/serve/engine_worker.hpp"
+#include "actors/serve/openai_embeddings.hpp"
 #include "actors/serve/router.hpp"
 #include "actors/serve/serve_atoms.hpp"
 #include "apps/commands.hpp"
@@ -57,6 +58,7 @@ struct serve_cli {
   int64_t mlfq_starvation_steps = 1024;
   int threads = 0;
   std::string device = "cpu";
+  std::string pooling = "mean";
   std::string weights_memory = "huge-pages";
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
@@ -199,6 +201,7 @@ int run_serve(const serve_cli& cli) {
   ac.served_model_name = cli.served_model_name;
   ac.allowed_origins = cli.allowed_origins;
   ac.ctx_size = cli.ctx_size;
+  ac.pooling = *serve::parse_pooling(cli.pooling);
   ac.cluster_json = [&sys, head = (*node)->head()]() -> std::string {
     auto st = actors::cluster_status(sys, head, 2000);
     return st ? actors::cluster_status_json(*st) : std::string{"null"};
@@ -416,6 +419,11 @@ void add_serve_command(CLI::App& app, const global_options&) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", cli->threads, "Compute threads per worker (0 = cores / workers)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--pooling", cli->pooling,
+                  "/v1/embeddings: pool the prompt's final hidden states by their mean or take "
+                  "the last token's")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mean", "last"}));
   cmd->add_option("--device", cli->device,
                   "Where the workers compute: cpu, cuda or cuda:N (every worker on that device, "
                   "each with its own weights and KV cache; colocated serving without cache "

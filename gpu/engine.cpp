@@ -109,6 +109,13 @@ status engine::add_resumed_request(request_id id, std::vector<int32_t> prompt, i
               "engine: prompt token " + std::to_string(t) + " out of range"};
     }
   }
+  if (params.pooling != pooling_type::none) {
+    // An embedding: the prompt only (a migrated one starts again; nothing was generated).
+    if (n_replay != 0 || !params.grammar.empty())
+      return {status_code::invalid_argument,
+              "engine: an embedding request has no generated tokens and no grammar"};
+    params.max_tokens = 1;
+  }
   if (params.max_tokens < 1)
     return {status_code::invalid_argument, "engine: max_tokens must be >= 1"};
   auto r = std::make_unique<request>(id, std::move(prompt), std::move(params));
@@ -145,6 +152,7 @@ status engine::add_imported_request(request_id id, seq_id seq, std::vector<int32
       return refuse("token " + std::to_string(t) + " out of range");
   }
   if (params.max_tokens < 1) return refuse("max_tokens must be >= 1");
+  if (params.pooling != pooling_type::none) return refuse("an embedding has no generated tokens");
   auto r = std::make_unique<request>(id, std::move(tokens), std::move(params));
   if (auto st = attach_grammar(*r, std::span<const int32_t>(r->tokens).subspan(
                                        r->tokens.size() - static_cast<size_t>(n_generated)));
@@ -170,6 +178,7 @@ status engine::add_prefilled_request(request_id id, seq_id seq, std::vector<int3
             "engine: prefilled request " + std::to_string(id) + ": " + why};
   };
   if (requests_.count(id) != 0) return refuse("duplicate request id");
+  if (params.pooling == pooling_type::mean) return refuse("mean pooling needs every prompt token");
   if (n_cached < 1 || n_cached > static_cast<int64_t>(prompt.size()) - 2) {
     return refuse(std::to_string(n_cached) + " cached tokens for a prompt of " +
                   std::to_string(prompt.size()));
@@ -179,6 +188,7 @@ status engine::add_prefilled_request(request_id id, seq_id seq, std::vector<int3
       return refuse("token " + std::to_string(t) + " out of range");
   }
   if (params.max_tokens < 1) return refuse("max_tokens must be >= 1");
+  if (params.pooling != pooling_type::none) return refuse("an embedding has no generated tokens");
   auto r = std::make_unique<request>(id, std::move(prompt), std::move(params));
   if (auto st = attach_grammar(*r, {}); !st) return refuse(st.message());
   r->n_prompt = static_cast<int64_t>(r->tokens.size());
@@ -343,7 +353,8 @@ bool engine::prefix_in_flight(const request& r) const {
 void engine::admit(request& r) {
   r.seq = kv_->create_sequence();
   r.has_seq = true;
-  if (config_.prefix_cache) {
+  // Mean pooling needs every prompt token's hidden state: nothing is taken from the cache.
+  if (config_.prefix_cache && r.smp.params().pooling != pooling_type::mean) {
     // Leave at least two prompt tokens to compute, so the last chunk keeps prefill numerics; never
     // match into replayed tokens (their blocks must be rebuilt with decode numerics).
     const int64_t n_true = r.n_prompt - r.n_replay;
@@ -371,7 +382,8 @@ std::vector<request_id> engine::select(const std::vector<request_id>& order,
     }
     if (!admitting) continue;
     const bool waiting = r.ph == phase::waiting;
-    if (waiting && config_.prefix_cache && prefix_in_flight(r)) {
+    if (waiting && config_.prefix_cache && r.smp.params().pooling != pooling_type::mean &&
+        prefix_in_flight(r)) {
       // Admitted once the other request's blocks are in the cache (a later step); requests
       // ranked below may go ahead meanwhile.
       if (!r.waited_for_prefix) ++counters_.n_prefix_waits;
@@ -440,6 +452,46 @@ void engine::finish_text(request& r, request_output& out, bool final) {
   }
 }
 
+void engine::mark_hidden(forward_batch& batch, const request& r, int64_t chunk, bool last_chunk) {
+  batch.want_hidden.resize(batch.tokens.size(), 0);
+  const size_t end = batch.tokens.size();
+  if (r.smp.params().pooling == pooling_type::mean) {
+    std::fill(batch.want_hidden.end() - chunk, batch.want_hidden.end(), uint8_t{1});
+  } else if (last_chunk) {
+    batch.want_hidden[end - 1] = 1;
+  }
+}
+
+void engine::pool_hidden(const forward_batch& batch, const forward_output& fout,
+                         const std::vector<request_id>& in_batch,
+                         std::vector<request_output>& outputs, std::vector<request_id>& finished) {
+  const int64_t d = model_.hparams().n_embd;
+  for (size_t row = 0; row < fout.hidden_index.size(); ++row) {
+    const int32_t si = batch.seq_index[static_cast<size_t>(fout.hidden_index[row])];
+    request& r = *requests_.at(in_batch[static_cast<size_t>(si)]);
+    const float* h = fout.hidden.data() + static_cast<int64_t>(row) * d;
+    if (r.pooled.empty() || r.smp.params().pooling == pooling_type::last)
+      r.pooled.assign(static_cast<size_t>(d), 0.0);
+    for (int64_t i = 0; i < d; ++i) r.pooled[static_cast<size_t>(i)] += h[i];
+  }
+  for (request_id id : in_batch) {
+    request& r = *requests_.at(id);
+    if (!r.embeds() || r.n_computed < r.n_prompt) continue;
+    request_output out;
+    out.id = r.id;
+    out.cached_prompt_tokens = r.n_cached;
+    out.finish = finish_reason::length;
+    // Mean over every prompt token (none came from the cache), accumulated in double.
+    const double n =
+        r.smp.params().pooling == pooling_type::mean ? static_cast<double>(r.n_prompt) : 1.0;
+    out.embedding.resize(r.pooled.size());
+    for (size_t i = 0; i < r.pooled.size(); ++i)
+      out.embedding[i] = static_cast<float>(r.pooled[i] / n);
+    finished.push_back(r.id);
+    outputs.push_back(std::move(out));
+  }
+}
+
 result<std::vector<request_output>> engine::step() {
   ++iteration_;
   std::vector<request_output> outputs = std::move(pending_);
@@ -498,7 +550,8 @@ result<std::vector<request_output>> engine::step() {
       batch.add(
           r.seq,
           std::span<const int32_t>(r.tokens.data() + r.n_computed, static_cast<size_t>(chunk)),
-          chunk == remaining && r.n_replay == 0);
+          chunk == remaining && r.n_replay == 0 && !r.embeds());
+      if (r.embeds()) mark_hidden(batch, r, chunk, chunk == remaining);
       in_batch.push_back(id);
       budget -= chunk;
     }
@@ -506,6 +559,7 @@ result<std::vector<request_output>> engine::step() {
       note_scheduled(in_batch);
       return outputs;
     }
+    if (!batch.want_hidden.empty()) batch.want_hidden.resize(batch.tokens.size(), 0);
     const status st = model_.forward(batch, *kv_, fout);
     if (st.ok()) break;
     if (st.code() == status_code::out_of_memory) {
@@ -546,6 +600,7 @@ result<std::vector<request_output>> engine::step() {
     }
   }
   std::vector<request_id> finished;
+  pool_hidden(batch, fout, in_batch, outputs, finished);
   for (size_t row = 0; row < fout.token_index.size(); ++row) {
     const int32_t si = batch.seq_index[static_cast<size_t>(fout.token_index[row])];
     request& r = *requests_.at(in_batch[static_cast<size_t>(si)]);

@@ -77,6 +77,9 @@ struct request_output {
   finish_reason finish = finish_reason::none;
   int64_t cached_prompt_tokens = 0;  ///< Prompt tokens served from the prefix cache.
   std::string error;                 ///< Set when finish == error.
+  /// An embedding request (sampling_params::pooling): the pooled final hidden state, [n_embd],
+  /// with finish == length; nothing else.
+  std::vector<float> embedding;
 };
 
 /// Engine counters.
@@ -178,6 +181,8 @@ class engine {
     bool waited_for_prefix = false;             ///< Counted in n_prefix_waits.
     std::unique_ptr<grammar::constraint> cons;  ///< Structured outputs, or null.
     std::vector<float> masked;                  ///< This step's logits under the grammar.
+    std::vector<double> pooled;  ///< Embedding requests: the sum (mean) or last hidden state.
+    bool embeds() const { return smp.params().pooling != pooling_type::none; }
 
     bool resident() const { return ph == phase::prefill || ph == phase::decode; }
   };
@@ -196,6 +201,13 @@ class engine {
   status swap_out(request& r);
   void note_scheduled(const std::vector<request_id>& in_batch);
   void fail(request_id id, std::string message, std::vector<request_output>& outputs);
+  /// Embedding requests: asks for the hidden states of the `chunk` tokens of `r` just added to
+  /// `batch` (mean: all of them; last: the prompt's last token, in its last chunk).
+  static void mark_hidden(forward_batch& batch, const request& r, int64_t chunk, bool last_chunk);
+  /// Folds the pass's hidden states into their requests and finishes those whose prompt is done.
+  void pool_hidden(const forward_batch& batch, const forward_output& fout,
+                   const std::vector<request_id>& in_batch, std::vector<request_output>& outputs,
+                   std::vector<request_id>& finished);
   void remove(request_id id);
   void release(request& r);
   void finish_text(request& r, request_output& out, bool final);

@@ -61,6 +61,7 @@ void forward_batch::clear() {
   seq_index.clear();
   want_logits.clear();
   decode_numerics.clear();
+  want_hidden.clear();
 }
 
 model::model(gguf_file file, device& dev, const model_load_config& config)
@@ -457,7 +458,8 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
   const auto n = static_cast<int64_t>(batch.tokens.size());
   if (n == 0) return {status_code::invalid_argument, "forward: empty batch"};
   if (batch.seq_index.size() != batch.tokens.size() ||
-      batch.want_logits.size() != batch.tokens.size()) {
+      batch.want_logits.size() != batch.tokens.size() ||
+      (!batch.want_hidden.empty() && batch.want_hidden.size() != batch.tokens.size())) {
     return {status_code::invalid_argument, "forward: batch arrays differ in length"};
   }
   if (!(kv.layout() == kv_layout_for(kv.layout().block_size))) {
@@ -483,7 +485,7 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
   }
   // Host-side int arrays, then one upload.
   std::vector<int32_t> pos(static_cast<size_t>(n)), slots, table,
-      offsets(static_cast<size_t>(n_seqs)), logit_rows;
+      offsets(static_cast<size_t>(n_seqs)), logit_rows, hidden_rows;
   std::vector<int64_t> next(static_cast<size_t>(n_seqs));
   for (int64_t s = 0; s < n_seqs; ++s) {
     next[static_cast<size_t>(s)] = kv.length(batch.seqs[s]);
@@ -498,8 +500,17 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
     max_pos = std::max(max_pos, next[s]);
     if (auto st = kv.slots(batch.seqs[s], next[s], 1, slots); !st) return st;
     ++next[s];
-    if (batch.want_logits[static_cast<size_t>(t)]) logit_rows.push_back(static_cast<int32_t>(t));
+    if (!batch.want_hidden.empty() && batch.want_hidden[static_cast<size_t>(t)]) {
+      hidden_rows.push_back(static_cast<int32_t>(t));
+    } else if (batch.want_logits[static_cast<size_t>(t)]) {
+      logit_rows.push_back(static_cast<int32_t>(t));
+    }
   }
+  // One index list on the device: the logit rows, then the hidden rows.
+  const auto n_logit_rows = static_cast<int64_t>(logit_rows.size());
+  const auto n_hidden = static_cast<int64_t>(hidden_rows.size());
+  std::vector<int32_t> out_rows = logit_rows;
+  out_rows.insert(out_rows.end(), hidden_rows.begin(), hidden_rows.end());
   if (auto st = ensure_buffers(std::max(n, std::min<int64_t>(config_.max_batch_tokens, 64))); !st)
     return st;
   const int64_t k = std::max<int64_t>(1, hp_.n_experts_used);
@@ -533,7 +544,7 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
   if (auto st = up(d_slots, slots); !st) return st;
   if (auto st = up(d_offsets, offsets); !st) return st;
   if (auto st = up(d_table, table); !st) return st;
-  if (auto st = up(d_logit_rows, logit_rows); !st) return st;
+  if (auto st = up(d_logit_rows, out_rows); !st) return st;
   // The MoE index lists use 2 * n * k ints after the batch's own (see ffn_moe).
   std::vector<int32_t> seq_n(count.begin(), count.end());
   // The attention kernel picks GEMM (>= 2) or GEMV (1) numerics from this count.
@@ -602,10 +613,27 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
     }
     if (auto st = ops_.add(buf(b_tmp), buf(b_x), buf(b_x), n * hp_.n_embd); !st) return st;
   }
-  const auto n_out = static_cast<int64_t>(logit_rows.size());
+  const int64_t n_out = n_logit_rows;
   out.n_vocab = hp_.n_vocab;
   out.token_index = logit_rows;
   out.logits.resize(static_cast<size_t>(n_out * hp_.n_vocab));
+  out.hidden_index = hidden_rows;
+  out.hidden.resize(static_cast<size_t>(n_hidden * hp_.n_embd));
+  if (n_hidden > 0) {
+    // The output head's input: the final norm of the residual stream.
+    if (auto st = ops_.gather_rows(buf(b_x), d_logit_rows + n_logit_rows, n_hidden, hp_.n_embd,
+                                   buf(b_xl));
+        !st)
+      return st;
+    if (auto st = ops_.rms_norm(buf(b_xl), static_cast<const float*>(output_norm_.data), buf(b_xn),
+                                n_hidden, hp_.n_embd, hp_.rms_eps);
+        !st)
+      return st;
+    if (auto st =
+            dev_.copy_to_host(out.hidden.data(), buf(b_xn), out.hidden.size() * sizeof(float));
+        !st)
+      return st;
+  }
   if (n_out > 0) {
     if (auto st = ops_.gather_rows(buf(b_x), d_logit_rows, n_out, hp_.n_embd, buf(b_xl)); !st)
       return st;

@@ -63,6 +63,10 @@ struct forward_batch {
   /// each had been decoded alone. Replaying generated tokens this way rebuilds exactly the KV and
   /// logits the original decode steps produced (request migration, docs/engine.md).
   std::vector<uint8_t> decode_numerics;
+  /// Per token (empty: none): 1 to return its final hidden state (after the output norm, the
+  /// input of the output head) in forward_output::hidden instead of logits — embeddings. A token
+  /// asks for logits or its hidden state, not both (want_hidden wins).
+  std::vector<uint8_t> want_hidden;
 
   /// Appends `tokens` of sequence `seq`; logits are requested for the last one when `logits_last`.
   /// `as_decode`: see decode_numerics (applies to all of the sequence's tokens in this batch).
@@ -77,6 +81,8 @@ struct forward_output {
   std::vector<float> logits;         ///< [token_index.size()][n_vocab], host memory.
   std::vector<std::vector<int32_t>>
       expert_ids;  ///< MoE: per layer, [n_tokens][n_experts_used] routed experts.
+  std::vector<int32_t> hidden_index;  ///< Batch index of each hidden row (want_hidden).
+  std::vector<float> hidden;          ///< [hidden_index.size()][n_embd], host memory.
 };
 
 /// How a model is loaded.

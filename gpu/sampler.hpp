@@ -14,6 +14,9 @@
 namespace weft::gpu {
 
 /// What a request asks of the sampler (OpenAI-style fields).
+/// How an embedding request pools the prompt's hidden states.
+enum class pooling_type : uint8_t { none = 0, mean = 1, last = 2 };
+
 struct sampling_params {
   float temperature = 0.0f;  ///< <= 0: greedy (argmax).
   int32_t top_k = 0;         ///< 0: off.
@@ -35,6 +38,10 @@ struct sampling_params {
   /// engine masks every step's logits to the tokens that keep the text a valid prefix; the stop
   /// tokens are allowed exactly when it is a complete sentence.
   std::string grammar;
+  /// Embeddings instead of text (`/v1/embeddings`): the engine computes the prompt and returns the
+  /// final hidden states pooled — the mean over the prompt's tokens, or the last token's — in
+  /// request_output::embedding, then finishes (max_tokens is not used; nothing is sampled).
+  pooling_type pooling = pooling_type::none;
 };
 
 /// A token with its log-probability under the model (log-softmax of the raw logits).

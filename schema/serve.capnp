@@ -23,6 +23,7 @@ struct SamplingParams {
   nLogprobs @11 :Int32;             # top-n alternatives per token (0: none)
   wantLogprobs @12 :Bool;           # report each token's log-probability (with nLogprobs alternatives)
   grammar @13 :Text;                # structured outputs: GBNF the output must match (empty: none)
+  pooling @14 :UInt8;               # embeddings: 0 none (generate), 1 mean, 2 last token
 }
 
 # Router -> worker: run one sequence. A migrated request carries the tokens already generated
@@ -83,6 +84,7 @@ struct TokenChunk {
   cachedTokens @7 :UInt32;          # prompt tokens served from the prefix cache
   error @8 :Control.Error;          # set when finish == error
   worker @9 :Text;
+  embedding @10 :List(Float32);     # pooled hidden state of an embedding request (with its finish)
 }
 
 struct AbortRequest {

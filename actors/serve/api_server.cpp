@@ -20,6 +20,7 @@
 
 #include "actors/auth.hpp"
 #include "actors/serve/http_queue.hpp"
+#include "actors/serve/openai_embeddings.hpp"
 #include "actors/serve/serve_atoms.hpp"
 #include "actors/serve/stream_hub.hpp"
 #include "actors/serve/wire_convert.hpp"
@@ -78,6 +79,7 @@ caf::behavior api_actor(caf::stateful_actor<api_actor_state>* self, caf::actor r
           e.logprobs.push_back(std::move(s));
         }
         e.finish = chunk.getFinish();
+        for (float x : chunk.getEmbedding()) e.embedding.push_back(x);
         e.prompt_tokens = chunk.getPromptTokens();
         e.cached_tokens = chunk.getCachedTokens();
         if (chunk.hasError()) {
@@ -147,6 +149,7 @@ struct choice_state {
   bool first_sent = false;
   bool final_sent = false;
   std::string finish_reason;
+  std::vector<float> embedding;  ///< /v1/embeddings: the pooled vector
   error err;
   std::optional<clock_type::time_point> first_token_at, last_token_at;
 };
@@ -211,6 +214,8 @@ struct api_server::impl {
   /// fit the context), submit (one sequence per prompt and choice), admit (every sequence
   /// accepted by the router), then respond (SSE stream or one JSON body).
   void handle_generate(endpoint kind, const httplib::Request& req, httplib::Response& res);
+  /// POST /v1/embeddings: one sequence per input, pooled by the workers, answered in one body.
+  void handle_embeddings(const httplib::Request& req, httplib::Response& res);
   std::shared_ptr<generation> prepare(endpoint kind, const httplib::Request& req,
                                       httplib::Response& res, clock_type::time_point start);
   bool tokenize_prompts(generation& g, httplib::Response& res);
@@ -231,16 +236,16 @@ void api_server::impl::declare_metrics() {
   if (!metrics) return;
   metrics->declare_counter("weft_http_requests_total", "HTTP requests by endpoint and status code",
                            {});
-  metrics->declare_counter("weft_requests_total", "Generation requests by endpoint and outcome",
-                           [] {
-                             std::vector<metric_labels> zero;
-                             for (const char* ep : {"completions", "chat_completions"}) {
-                               for (const char* o : {"ok", "error", "disconnected"}) {
-                                 zero.push_back({{"endpoint", ep}, {"outcome", o}});
-                               }
-                             }
-                             return zero;
-                           }());
+  metrics->declare_counter(
+      "weft_requests_total", "Generation requests by endpoint and outcome", [] {
+        std::vector<metric_labels> zero;
+        for (const char* ep : {"completions", "chat_completions", "embeddings"}) {
+          for (const char* o : {"ok", "error", "disconnected"}) {
+            zero.push_back({{"endpoint", ep}, {"outcome", o}});
+          }
+        }
+        return zero;
+      }());
   metrics->declare_counter("weft_prompt_tokens_total", "Prompt tokens of finished sequences");
   metrics->declare_counter("weft_cached_prompt_tokens_total",
                            "Prompt tokens served from a prefix cache");
@@ -314,6 +319,7 @@ void api_server::impl::absorb(const openai_request& r, choice_state& c, choice_e
   }
   c.prompt_tokens = std::max(c.prompt_tokens, e.prompt_tokens);
   c.cached_tokens = std::max(c.cached_tokens, e.cached_tokens);
+  if (!e.embedding.empty()) c.embedding = std::move(e.embedding);
   size_t lp_index = 0;
   for (int32_t t : e.tokens) {
     if (c.done) break;
@@ -402,7 +408,9 @@ void api_server::impl::absorb(const openai_request& r, choice_state& c, choice_e
 void api_server::impl::finish_metrics(endpoint kind, const std::vector<choice_state>& choices,
                                       clock_type::time_point start, const std::string& status) {
   if (!metrics) return;
-  const std::string ep = kind == endpoint::completions ? "completions" : "chat_completions";
+  const std::string ep = kind == endpoint::completions        ? "completions"
+                         : kind == endpoint::chat_completions ? "chat_completions"
+                                                              : "embeddings";
   metrics->inc("weft_requests_total", {{"endpoint", ep}, {"outcome", status}});
   metrics->observe("weft_e2e_seconds",
                    std::chrono::duration<double>(clock_type::now() - start).count());
@@ -436,6 +444,75 @@ void api_server::impl::handle_generate(endpoint kind, const httplib::Request& re
   } else {
     respond_json(g, res);
   }
+}
+
+void api_server::impl::handle_embeddings(const httplib::Request& req, httplib::Response& res) {
+  const auto start = clock_type::now();
+  if (!authorized(req, res)) return;
+  embeddings_limits lim;
+  lim.max_tokens = context_length();
+  lim.n_embd = host->n_embd;
+  auto parsed = parse_embeddings_request(req.body, host->tok, lim);
+  if (!parsed.request) {
+    send_error(res, parsed.error);
+    return;
+  }
+  const auto& er = *parsed.request;
+  if (!er.model.empty() && er.model != cfg.served_model_name) {
+    send_error(res, api_error{404, "invalid_request_error",
+                              "The model '" + er.model + "' does not exist; this server serves '" +
+                                  cfg.served_model_name + "'",
+                              "model", "model_not_found"});
+    return;
+  }
+  // One sequence per input through the same path as generation (router, workers, migration):
+  // the workers pool the prompt's final hidden states and finish without sampling.
+  auto g = std::make_shared<generation>();
+  g->kind = endpoint::embeddings;
+  g->start = start;
+  g->deadline = start + std::chrono::milliseconds(cfg.request_timeout_ms);
+  g->r = std::make_shared<openai_request>();
+  g->r->kind = endpoint::embeddings;
+  g->r->sampling.pooling = cfg.pooling;
+  g->r->ignore_eos = true;
+  g->prompts = er.inputs;
+  g->max_tokens.assign(g->prompts.size(), 1);
+  g->trace = "embd-" + std::to_string(actors::now_ms()) + "-" + std::to_string(next_response++);
+  submit(*g);
+  if (!admit(*g, res)) return;
+  while (!g->all_done()) {
+    auto e = g->channel->pop(std::chrono::milliseconds(200));
+    if (e) {
+      if (!e->ack) absorb(*g->r, (*g->choices)[static_cast<size_t>(e->choice)], *e);
+      continue;
+    }
+    if (clock_type::now() > g->deadline || stopping) {
+      abort_all(*g, "timeout");
+      finish_metrics(g->kind, *g->choices, start, "error");
+      send_error(res, api_error_for(make_error(errc::timeout, "request timed out")));
+      return;
+    }
+  }
+  std::vector<std::vector<float>> vecs;
+  int64_t prompt_tokens = 0;
+  for (auto& c : *g->choices) {
+    const bool failed = c.finish_reason == "error" || c.embedding.empty();
+    if (failed) {
+      abort_all(*g, "error");
+      finish_metrics(g->kind, *g->choices, start, "error");
+      send_error(res, api_error_for(c.err.ok() ? make_error(errc::internal,
+                                                            "input " + std::to_string(c.index) +
+                                                                " returned no embedding")
+                                               : c.err));
+      return;
+    }
+    if (er.normalize) l2_normalize(c.embedding);
+    vecs.push_back(std::move(c.embedding));
+    prompt_tokens += c.prompt_tokens;
+  }
+  finish_metrics(g->kind, *g->choices, start, "ok");
+  res.set_content(render_embeddings(cfg.served_model_name, vecs, er.base64, prompt_tokens),
+                  "application/json");
 }
 
 bool api_server::impl::generation::all_done() const {
@@ -904,6 +981,9 @@ void api_server::impl::routes() {
   });
   http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generate(endpoint::chat_completions, req, res);
+  });
+  http.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_embeddings(req, res);
   });
   http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;

@@ -41,6 +41,8 @@ struct api_config {
   int http_queue = 256;
   uint32_t request_timeout_ms = 600'000;
   api_limits limits;
+  /// /v1/embeddings: how the prompt's final hidden states are pooled (mean or last token).
+  gpu::pooling_type pooling = gpu::pooling_type::mean;
   /// Extra JSON for GET /admin/cluster (the head's node table); may be empty.
   std::function<std::string()> cluster_json;
 };

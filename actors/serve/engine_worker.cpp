@@ -79,6 +79,11 @@ envelope make_chunk(const std::string& worker, uint64_t id, const running_reques
       }
     }
     b.setFinish(to_wire_finish(out.finish));
+    if (!out.embedding.empty()) {
+      auto e = b.initEmbedding(static_cast<unsigned>(out.embedding.size()));
+      for (size_t i = 0; i < out.embedding.size(); ++i)
+        e.set(static_cast<unsigned>(i), out.embedding[i]);
+    }
     b.setPromptTokens(r.n_prompt);
     b.setCachedTokens(static_cast<uint32_t>(out.cached_prompt_tokens));
     if (out.finish == gpu::finish_reason::error) {
@@ -467,6 +472,12 @@ void on_generate(worker_ptr self, const envelope& env) {
     return;
   }
   auto& d = *decoded;
+  if (d.params.pooling != gpu::pooling_type::none) {
+    // An embedding is computed here from its whole prompt: no KV handoff, no prefix from the pool
+    // (mean pooling needs every token's state).
+    d.handoff = false;
+    d.pool_plan.clear();
+  }
   if (st.requests.count(id) != 0) {
     // A duplicate dispatch (e.g. a router retry): the newer attempt wins.
     (void)st.engine->abort(id);

@@ -58,6 +58,7 @@ status generation_collector::add(const envelope& env) {
                                           std::to_string(chunk.getPosition()));
   }
   for (int32_t t : chunk.getTokens()) out_.tokens.push_back(t);
+  for (float x : chunk.getEmbedding()) out_.embedding.push_back(x);
   std::string worker = chunk.getWorker().cStr();
   if (!worker.empty()) {
     if (!out_.worker.empty() && worker != out_.worker) ++out_.attempts;

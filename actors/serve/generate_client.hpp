@@ -36,6 +36,8 @@ struct generation {
   uint32_t cached_tokens = 0;  ///< prompt tokens served from a prefix cache
   uint32_t attempts = 1;       ///< 1 + migrations to another worker (a worker died)
   std::string worker;          ///< the worker that finished it
+  /// An embedding request (params.pooling): the pooled final hidden state, not normalized.
+  std::vector<float> embedding;
 };
 
 /// A fresh request id (random, never 0): ids must be unique among the router's outstanding

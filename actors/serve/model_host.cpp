@@ -99,6 +99,7 @@ result<std::unique_ptr<model_host>> load_model_host(const model_host_options& o)
     const int64_t head_dim =
         u32("attention.key_length", static_cast<uint32_t>(n_head > 0 ? n_embd / n_head : 0));
     host->kv_bytes_per_token = n_layer * n_head_kv * head_dim * 2 /*K,V*/ * 2 /*f16*/;
+    host->n_embd = n_embd;
   }
   if (!o.load_weights) {
     if (auto ctx = file->get_u32(std::string{file->architecture()} + ".context_length"))

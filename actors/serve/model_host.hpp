@@ -51,6 +51,7 @@ struct model_host {
   /// Bytes of one token's K and V over every layer in the (f16) KV cache, from the file's
   /// metadata (sizes prefix-cache segments without loading weights).
   int64_t kv_bytes_per_token = 0;
+  int64_t n_embd = 0;  ///< width of the hidden state (the embeddings' dimensions)
 };
 
 /// Opens and (optionally) loads. Errors name the file and the step.

@@ -18,7 +18,7 @@
 namespace weft::serve {
 
 /// Which endpoint a request came in on.
-enum class endpoint { completions, chat_completions };
+enum class endpoint { completions, chat_completions, embeddings };
 
 /// An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with an HTTP status.
 struct api_error {

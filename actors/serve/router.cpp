@@ -37,7 +37,7 @@ envelope make_client_chunk(
     uint64_t id, uint32_t position, std::span<const int32_t> tokens,
     const std::vector<std::tuple<int32_t, float, std::vector<std::pair<int32_t, float>>>>& lps,
     wire::FinishReason finish, uint32_t prompt_tokens, uint32_t cached, const error& err,
-    const std::string& worker) {
+    const std::string& worker, capnp::List<float>::Reader embedding = {}) {
   return envelope::build<wire::TokenChunk>([&](wire::TokenChunk::Builder b) {
     b.setRequestId(id);
     b.setPosition(position);
@@ -65,6 +65,7 @@ envelope make_client_chunk(
       b.getError().setMessage(err.message);
     }
     b.setWorker(worker);
+    if (embedding.size() > 0) b.setEmbedding(embedding);
   });
 }
 
@@ -517,7 +518,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
         self->send(
             r.client, chunk_atom::value,
             make_client_chunk(id, have, to_client, fresh_lps, finish, chunk.getPromptTokens(),
-                              chunk.getCachedTokens(), err, r.worker));
+                              chunk.getCachedTokens(), err, r.worker, chunk.getEmbedding()));
         if (finish != wire::FinishReason::NONE) {
           if (auto w = st.workers.find(r.worker); w != st.workers.end())
             w->second.inflight.erase(id);

@@ -31,6 +31,7 @@ struct choice_event {
   wire::FinishReason finish = wire::FinishReason::NONE;
   uint32_t prompt_tokens = 0;
   uint32_t cached_tokens = 0;
+  std::vector<float> embedding;  ///< an embedding request's vector (with its finish)
 };
 
 class stream_channel {

@@ -37,6 +37,7 @@ schema::envelope to_wire(const generate_spec& s) {
     p.setNLogprobs(s.params.n_logprobs);
     p.setWantLogprobs(s.want_logprobs);
     if (!s.params.grammar.empty()) p.setGrammar(s.params.grammar);
+    p.setPooling(static_cast<uint8_t>(s.params.pooling));
     b.setDeadlineMs(s.deadline_ms);
     b.setAttempt(s.attempt);
     b.setHandoff(s.handoff);
@@ -93,6 +94,11 @@ result<generate_spec> from_wire(wire::GenerateRequest::Reader r) {
   s.params.n_logprobs = p.getNLogprobs();
   if (p.getGrammar().size() > kMaxGrammarBytes) return bad("grammar longer than 256 KiB");
   s.params.grammar = p.getGrammar().cStr();
+  if (p.getPooling() > static_cast<uint8_t>(gpu::pooling_type::last))
+    return bad("pooling " + std::to_string(p.getPooling()) + " is not 0, 1 or 2");
+  s.params.pooling = static_cast<gpu::pooling_type>(p.getPooling());
+  if (s.params.pooling != gpu::pooling_type::none && !s.params.grammar.empty())
+    return bad("an embedding request has no grammar");
   s.want_logprobs = p.getWantLogprobs();
   s.deadline_ms = r.getDeadlineMs();
   s.attempt = r.getAttempt();
