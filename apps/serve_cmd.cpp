@@ -59,6 +59,7 @@ struct serve_cli {
   int threads = 0;
   std::string device = "cpu";
   std::string pooling = "mean";
+  std::string tool_call_parser = "auto";
   std::string weights_memory = "huge-pages";
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
@@ -202,6 +203,14 @@ int run_serve(const serve_cli& cli) {
   ac.allowed_origins = cli.allowed_origins;
   ac.ctx_size = cli.ctx_size;
   ac.pooling = *serve::parse_pooling(cli.pooling);
+  if (cli.tool_call_parser == "auto") {
+    ac.limits.tool_calls_format =
+        (*host)->tmpl ? serve::tool_format_of(*(*host)->tmpl) : serve::tool_format::tagged;
+  } else {
+    ac.limits.tool_calls_format = *serve::parse_tool_format(cli.tool_call_parser);
+  }
+  spdlog::info("tool calls: {} format{}", serve::tool_format_name(ac.limits.tool_calls_format),
+               cli.tool_call_parser == "auto" ? " (from the chat template)" : "");
   ac.cluster_json = [&sys, head = (*node)->head()]() -> std::string {
     auto st = actors::cluster_status(sys, head, 2000);
     return st ? actors::cluster_status_json(*st) : std::string{"null"};
@@ -419,6 +428,12 @@ void add_serve_command(CLI::App& app, const global_options&) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", cli->threads, "Compute threads per worker (0 = cores / workers)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--tool-call-parser", cli->tool_call_parser,
+                  "How the model writes tool calls: auto (from its chat template), hermes "
+                  "(<tool_call> blocks), llama3_json (bare JSON, Llama 3.1), mistral "
+                  "([TOOL_CALLS] arrays)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "mistral"}));
   cmd->add_option("--pooling", cli->pooling,
                   "/v1/embeddings: pool the prompt's final hidden states by their mean or take "
                   "the last token's")

@@ -120,6 +120,14 @@ result<chat_template> chat_template::from_jinja(std::string_view source, const g
   chat_template out = t ? std::move(*t) : chat_template(chat_format::chatml);
   out.jinja_ = std::make_shared<const jinja::template_text>(std::move(*parsed));
   out.renders_tools_ = source.find("tools") != std::string_view::npos;
+  const auto has = [&](std::string_view s) { return source.find(s) != std::string_view::npos; };
+  if (out.renders_tools_) {
+    if (has("[TOOL_CALLS]")) {
+      out.tool_call_style_ = "mistral";
+    } else if (has("<|python_tag|>") || (has("<|start_header_id|>") && !has("<tool_call>"))) {
+      out.tool_call_style_ = "llama3_json";
+    }
+  }
   if (file != nullptr) {
     if (auto tok = tokenizer::from_gguf(*file); tok.ok()) {
       if (auto b = tok->bos()) out.bos_text_ = std::string(tok->token_text(*b));

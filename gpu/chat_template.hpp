@@ -87,6 +87,11 @@ class chat_template {
   /// Whether the Jinja template renders tools itself (it reads a `tools` variable): then
   /// apply's `tools_json`, assistant tool_calls and tool messages go to it as they are.
   bool renders_tools() const { return jinja_ != nullptr && renders_tools_; }
+  /// How the template's model family writes tool calls, from markers in its source: "mistral"
+  /// ([TOOL_CALLS]), "llama3_json" (<|python_tag|>, or Llama 3 headers without <tool_call>), else
+  /// "tagged" (Hermes/Qwen's <tool_call> blocks, also what weft asks of models whose template
+  /// does not render tools).
+  const std::string& tool_call_style() const { return tool_call_style_; }
   /// Why the model's Jinja template is not used (empty when it is, or when a format was named).
   const std::string& jinja_fallback_reason() const { return fallback_reason_; }
   /// "jinja" or the native format's name.
@@ -108,6 +113,7 @@ class chat_template {
   std::string bos_text_, eos_text_;  ///< bos_token and eos_token of the template's context
   bool drop_leading_bos_ = false;    ///< the tokenizer adds BOS itself
   bool renders_tools_ = false;       ///< the template reads `tools`
+  std::string tool_call_style_ = "tagged";
   std::string fallback_reason_;
 };
 

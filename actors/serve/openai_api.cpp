@@ -565,6 +565,7 @@ parse_result parse_object(endpoint kind, const json& body, std::string_view raw,
   read_sampling(rd, r, limits);
   refuse_unsupported(rd, r);
   if (!rd.failed()) read_structured(rd, r, raw);
+  r.tools.format = limits.tool_calls_format;
   if (!rd.failed() && kind == endpoint::chat_completions) read_tools(rd, r, raw);
   if (rd.failed()) return {std::nullopt, rd.error()};
 

@@ -66,6 +66,8 @@ struct api_limits {
   int32_t max_stop_strings = 4;
   int64_t max_tokens_limit = 1 << 20;  ///< absurd max_tokens beyond this are refused
   size_t max_body_bytes = 8u << 20;
+  /// How the model writes tool calls (the server's --tool-call-parser, or its template's family).
+  tool_format tool_calls_format = tool_format::tagged;
 };
 
 /// Parses and validates a body. Malformed JSON, wrong types, out-of-range values, unknown `role`,

@@ -87,7 +87,9 @@ const tool_function* tool_config::find(std::string_view name) const {
 }
 
 std::optional<tool_error> read_tool_config(const ojson& body, tool_config& out) {
+  const tool_format format = out.format;
   out = {};
+  out.format = format;
   bool strict = false;
   if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
     if (!t->is_array()) return tool_error{"tools", "'tools' must be a list, got " + kind_of(*t)};
@@ -267,10 +269,12 @@ void add_tools_to_messages(const tool_config& tools, std::vector<gpu::chat_messa
 gpu::result<std::optional<std::string>> tool_call_grammar(const tool_config& tools) {
   if (tools.choice != tool_choice::required && tools.choice != tool_choice::named)
     return std::optional<std::string>{};
-  auto one = [](const tool_function& f) {
+  // Llama 3.1 names the arguments "parameters".
+  const char* args_key = tools.format == tool_format::llama3_json ? "parameters" : "arguments";
+  auto one = [args_key](const tool_function& f) {
     return ojson{{"type", "object"},
-                 {"properties", {{"name", {{"const", f.name}}}, {"arguments", f.parameters}}},
-                 {"required", {"name", "arguments"}}};
+                 {"properties", {{"name", {{"const", f.name}}}, {args_key, f.parameters}}},
+                 {"required", {"name", args_key}}};
   };
   ojson schema;
   if (tools.choice == tool_choice::named) {
@@ -287,8 +291,20 @@ gpu::result<std::optional<std::string>> tool_call_grammar(const tool_config& too
   constexpr std::string_view root = "root ::= ";
   std::string body = g->substr(root.size());  // json_schema_to_gbnf starts with the root rule
   const bool many = tools.choice == tool_choice::required && tools.parallel;
-  std::string out = many ? "root ::= tc-block (\"\\n\" tc-block)*\n" : "root ::= tc-block\n";
-  out += "tc-block ::= \"<tool_call>\\n\" tc-call \"\\n</tool_call>\"\n";
+  std::string out;
+  switch (tools.format) {
+    case tool_format::tagged:
+      out = many ? "root ::= tc-block (\"\\n\" tc-block)*\n" : "root ::= tc-block\n";
+      out += "tc-block ::= \"<tool_call>\\n\" tc-call \"\\n</tool_call>\"\n";
+      break;
+    case tool_format::llama3_json:
+      out = many ? "root ::= tc-call (\"; \" tc-call)*\n" : "root ::= tc-call\n";
+      break;
+    case tool_format::mistral:
+      out = many ? "root ::= \"[\" tc-call (\", \" tc-call)* \"]\"\n"
+                 : "root ::= \"[\" tc-call \"]\"\n";
+      break;
+  }
   out += "tc-call ::= " + body;
   return std::optional<std::string>{std::move(out)};
 }
@@ -310,32 +326,36 @@ void tool_call_parser::emit_content(std::string_view text, output& out) {
   pending_ws_.append(text.substr(last));
 }
 
-void tool_call_parser::close_block(std::string_view body, output& out) {
-  const auto j = ojson::parse(trim(body), nullptr, false);
-  const tool_function* f = nullptr;
-  ojson args;
-  if (j.is_object() && j.contains("name") && j["name"].is_string()) {
-    f = tools_.find(j["name"].get<std::string>());
-    const char* key = j.contains("arguments") ? "arguments" : "parameters";
-    if (j.contains(key)) {
-      args = j[key];
-      if (args.is_string()) args = ojson::parse(args.get<std::string>(), nullptr, false);
-    } else {
-      args = ojson::object();
-    }
+std::optional<tool_call> tool_call_parser::call_of(const ojson& j) const {
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
+  const tool_function* f = tools_.find(j["name"].get<std::string>());
+  if (f == nullptr) return std::nullopt;
+  ojson args = ojson::object();
+  const char* key = j.contains("arguments") ? "arguments" : "parameters";
+  if (j.contains(key)) {
+    args = j[key];
+    if (args.is_string()) args = ojson::parse(args.get<std::string>(), nullptr, false);
   }
-  if (f == nullptr || !args.is_object()) {
+  if (!args.is_object()) return std::nullopt;
+  return tool_call{0, "", f->name, args.dump()};
+}
+
+void tool_call_parser::close_block(std::string_view body, output& out) {
+  auto call = call_of(ojson::parse(trim(body), nullptr, false));
+  if (!call) {
     // Not a call of a listed tool: the text stays, as the model wrote it.
     emit_content(std::string(kOpen) + std::string(body) + std::string(kClose), out);
     return;
   }
   pending_ws_.clear();
-  out.calls.push_back(
-      tool_call{n_calls_, id_prefix_ + std::to_string(n_calls_), f->name, args.dump()});
+  call->index = n_calls_;
+  call->id = id_prefix_ + std::to_string(n_calls_);
+  out.calls.push_back(std::move(*call));
   ++n_calls_;
 }
 
 tool_call_parser::output tool_call_parser::feed(std::string_view text) {
+  if (tools_.format != tool_format::tagged) return feed_whole(text);
   output out;
   buf_.append(text);
   while (true) {
@@ -370,6 +390,7 @@ tool_call_parser::output tool_call_parser::feed(std::string_view text) {
 }
 
 tool_call_parser::output tool_call_parser::finish() {
+  if (tools_.format != tool_format::tagged) return finish_whole();
   output out;
   if (in_block_) {
     emit_content(std::string(kOpen) + buf_, out);

@@ -5,11 +5,12 @@
 /// function, built on the structured-output machinery); and the parser that turns the model's
 /// output back into OpenAI `tool_calls`, whole or as a stream. Plain code: no CAF.
 ///
-/// The format the model sees is the tagged one of Hermes/Qwen-style function-calling models: the
-/// tool definitions as JSON lines inside <tools></tools> in the system turn, each call a JSON
-/// object {"name", "arguments"} inside <tool_call></tool_call>, each result inside
-/// <tool_response></tool_response> in a user turn. The model's chat template is not asked to
-/// render tools (weft recognises templates rather than running Jinja).
+/// Calls are written in one of three formats (tool_format): the tagged one of Hermes/Qwen-style
+/// models (each call a JSON object {"name", "arguments"} inside <tool_call></tool_call>), Llama
+/// 3.1's (the whole answer a JSON object {"name", "parameters"}, optionally after <|python_tag|>,
+/// several separated by ';') and Mistral's ([TOOL_CALLS] then a JSON array of {"name",
+/// "arguments"}). A template that renders tools shows them to the model itself; otherwise weft
+/// writes them into the system turn in the tagged format.
 
 #include <cstdint>
 #include <optional>
@@ -32,11 +33,20 @@ struct tool_function {
 
 enum class tool_choice { none, automatic, required, named };
 
+/// How the model writes its calls (docs/serving.md, "Tool calling").
+enum class tool_format { tagged, llama3_json, mistral };
+/// "hermes" (or "tagged"), "llama3_json", "mistral"; nullopt otherwise.
+std::optional<tool_format> parse_tool_format(std::string_view name);
+const char* tool_format_name(tool_format f);
+/// The format a chat template's family writes calls in (chat_template::tool_call_style()).
+tool_format tool_format_of(const gpu::chat_template& tmpl);
+
 struct tool_config {
   std::vector<tool_function> tools;
   tool_choice choice = tool_choice::automatic;
   std::string named;     ///< the function of tool_choice {"type": "function", ...}
   bool parallel = true;  ///< parallel_tool_calls: several calls in one answer
+  tool_format format = tool_format::tagged;  ///< the server's (kept by read_tool_config)
   /// Whether the tools are shown to the model and its output parsed for calls.
   bool active() const { return !tools.empty() && choice != tool_choice::none; }
   const tool_function* find(std::string_view name) const;
@@ -85,14 +95,21 @@ std::string tool_response_text(std::string_view content);
 /// the first system message, or a new one first).
 void add_tools_to_messages(const tool_config& tools, std::vector<gpu::chat_message>& messages);
 
-/// GBNF that admits only calls: tool_choice "required" — one or more calls (one without
-/// parallel_tool_calls) of any tool, arguments per its schema; a named function — one call of it.
-/// Null for "auto"/"none". A schema keyword the grammar cannot enforce is an error naming it.
+/// GBNF that admits only calls, in tools.format: tool_choice "required" — one or more calls (one
+/// without parallel_tool_calls) of any tool, arguments per its schema; a named function — one
+/// call of it. Null for "auto"/"none". A schema keyword the grammar cannot enforce is an error
+/// naming it. (Mistral's forced calls are the JSON array without the [TOOL_CALLS] marker, which
+/// is a control token in Mistral's vocabularies; the parser accepts both.)
 gpu::result<std::optional<std::string>> tool_call_grammar(const tool_config& tools);
 
-/// Splits the model's output into content and calls as it arrives. A <tool_call> block whose JSON
-/// is not an object {"name": a listed tool, "arguments": object (or a JSON string of one)} stays in
-/// the content as written: nothing the model wrote is lost. Whitespace between calls is dropped.
+/// Splits the model's output into content and calls as it arrives, in tools.format. Tagged: a
+/// <tool_call> block whose JSON is not an object {"name": a listed tool, "arguments": object (or a
+/// JSON string of one)} stays in the content as written; whitespace between calls is dropped.
+/// Llama 3.1: an answer that starts with '{' or <|python_tag|> is held to the end and becomes
+/// calls if it is nothing but calls, else it is content as written. Mistral: content streams until
+/// [TOOL_CALLS] (or an answer that starts with "[{"); what follows is held to the end and becomes
+/// calls if it is a JSON array (or object) of calls, else content. Nothing the model wrote is
+/// lost.
 class tool_call_parser {
  public:
   /// `tools` must outlive the parser; call ids are id_prefix + index.
@@ -112,6 +129,15 @@ class tool_call_parser {
  private:
   void emit_content(std::string_view text, output& out);
   void close_block(std::string_view body, output& out);
+  /// The call `j` stands for, when it is {"name": a listed tool, "arguments"|"parameters":
+  /// object or a JSON string of one}.
+  std::optional<tool_call> call_of(const nlohmann::ordered_json& j) const;
+  // Llama 3.1 and Mistral (tool_call_formats.cpp): the answer is content or ends in calls.
+  output feed_whole(std::string_view text);
+  output finish_whole();
+  /// Held text that opens calls: the calls, or nullopt when it is not all calls.
+  std::optional<std::vector<tool_call>> parse_held(std::string_view held) const;
+  enum class mode { undecided, content, calls };
 
   const tool_config& tools_;
   std::string id_prefix_;
@@ -119,6 +145,7 @@ class tool_call_parser {
   std::string pending_ws_;  ///< whitespace held until content or a call follows
   bool in_block_ = false;
   int n_calls_ = 0;
+  mode mode_ = mode::undecided;
 };
 
 /// The whole output at once (tool_call_parser over all of it).

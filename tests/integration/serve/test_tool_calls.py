@@ -185,6 +185,51 @@ def main():
                 self.function = type("fn", (), {"name": s["name"], "arguments": s["arguments"]})
         valid_calls([_F(i, calls[i]) for i in sorted(calls)], "across a migration")
 
+    # Other families' formats: a chat template that renders tools in Llama 3.1's or Mistral's way
+    # makes the server parse calls in that format (--tool-call-parser auto); required and named
+    # calls are forced in it, whole and streamed, and a conversation with a call and its result
+    # goes back in.
+    here = os.path.dirname(os.path.abspath(__file__))
+    for tmpl, fmt in (("llama31_tools.jinja", "llama3_json"), ("mistral_tools.jinja", "mistral")):
+        with WeftServer(a.weft, ["--chat-template", os.path.join(here, "templates", tmpl)]) as srv:
+            check(any(f"tool calls: {fmt} format (from the chat template)" in line
+                      for line in srv.log_lines), f"{tmpl}: the server parses {fmt} calls")
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
+            msgs = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+            r = client.chat.completions.create(model=MODEL_ID, messages=msgs, tools=TOOLS,
+                                               tool_choice="required", temperature=0,
+                                               max_tokens=96)
+            c = r.choices[0]
+            check(c.finish_reason == "tool_calls", f"{fmt}: required call ({c.finish_reason}, "
+                                                   f"{c.message.content!r})")
+            valid_calls(c.message.tool_calls, f"{fmt} required")
+            named = {"type": "function", "function": {"name": "get_time"}}
+            whole = client.chat.completions.create(model=MODEL_ID, messages=msgs, tools=TOOLS,
+                                                   tool_choice=named, temperature=0, max_tokens=64)
+            streamed = {}
+            for chunk in client.chat.completions.create(model=MODEL_ID, messages=msgs,
+                                                        tools=TOOLS, tool_choice=named,
+                                                        temperature=0, max_tokens=64,
+                                                        stream=True):
+                for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                    e = streamed.setdefault(d.index, {"name": "", "arguments": ""})
+                    e["name"] += d.function.name or ""
+                    e["arguments"] += d.function.arguments or ""
+            wc = whole.choices[0].message.tool_calls or []
+            check(len(wc) == 1 and wc[0].function.name == "get_time", f"{fmt}: named call")
+            check([(e["name"], e["arguments"]) for _, e in sorted(streamed.items())] ==
+                  [(x.function.name, x.function.arguments) for x in wc],
+                  f"{fmt}: streamed named call = whole ({streamed})")
+            if wc:
+                history = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+                    {"id": wc[0].id, "type": "function", "function": {
+                        "name": wc[0].function.name, "arguments": wc[0].function.arguments}}]},
+                    {"role": "tool", "tool_call_id": wc[0].id, "content": "12:00 UTC"}]
+                r = client.chat.completions.create(model=MODEL_ID, messages=history, tools=TOOLS,
+                                                   temperature=0, max_tokens=16)
+                check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"),
+                      f"{fmt}: a call and its result go back in ({r.choices[0].finish_reason})")
+
     return finish()
 
 

@@ -221,6 +221,148 @@ TEST(tool_calls, required_and_named_calls_are_enforced_by_a_grammar) {
   EXPECT_NE(refused.error().message().find("format"), std::string::npos);
 }
 
+tool_config config_in(tool_format f, const std::string& extra = "") {
+  tool_config t;
+  t.format = f;
+  const auto body = ojson::parse(std::string(R"({"tools": )") + kTools + extra + "}");
+  EXPECT_FALSE(read_tool_config(body, t).has_value());
+  EXPECT_EQ(t.format, f);  // read_tool_config keeps the server's format
+  return t;
+}
+
+/// The output fed in pieces of every size gives what it gives whole.
+tool_call_parser::output parse_in_pieces_of_every_size(const std::string& text,
+                                                       const tool_config& t) {
+  const auto whole = parse_tool_output(text, t, "id");
+  for (size_t step = 1; step <= text.size(); ++step) {
+    tool_call_parser p(t, "id");
+    tool_call_parser::output all;
+    for (size_t i = 0; i < text.size(); i += step) {
+      auto o = p.feed(std::string_view(text).substr(i, step));
+      all.content += o.content;
+      for (auto& c : o.calls) all.calls.push_back(c);
+    }
+    auto f = p.finish();
+    all.content += f.content;
+    for (auto& c : f.calls) all.calls.push_back(c);
+    EXPECT_EQ(all.content, whole.content) << "piece size " << step;
+    EXPECT_EQ(all.calls.size(), whole.calls.size()) << "piece size " << step;
+    for (size_t i = 0; i < all.calls.size() && i < whole.calls.size(); ++i) {
+      EXPECT_EQ(all.calls[i].name, whole.calls[i].name);
+      EXPECT_EQ(all.calls[i].arguments, whole.calls[i].arguments);
+      EXPECT_EQ(all.calls[i].id, whole.calls[i].id);
+    }
+  }
+  return whole;
+}
+
+TEST(tool_calls, llama3_json_calls_parse_whole_and_streamed) {
+  const auto t = config_in(tool_format::llama3_json);
+  auto one = parse_in_pieces_of_every_size(R"({"name": "add", "parameters": {"a": 2, "b": 3}})", t);
+  ASSERT_EQ(one.calls.size(), 1u);
+  EXPECT_EQ(one.calls[0].name, "add");
+  EXPECT_EQ(one.calls[0].arguments, R"({"a":2,"b":3})");
+  EXPECT_EQ(one.content, "");
+  auto two = parse_in_pieces_of_every_size(
+      "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"a;b}\"}}; "
+      "{\"name\": \"add\", \"arguments\": \"{\\\"a\\\": 1, \\\"b\\\": 2}\"}",
+      t);
+  ASSERT_EQ(two.calls.size(), 2u);
+  EXPECT_EQ(two.calls[0].arguments, R"({"city":"a;b}"})");  // ';' and '}' inside a string
+  EXPECT_EQ(two.calls[1].arguments, R"({"a":1,"b":2})");
+  EXPECT_EQ(two.calls[1].id, "id1");
+  // Anything else is content, exactly as written.
+  for (const std::string& text :
+       {std::string("The answer is {\"name\": \"add\"}."),
+        std::string("{\"name\": \"rm\", \"parameters\": {}}"),
+        std::string("{\"name\": \"add\", \"parameters\": {\"a\": 1}} and more"),
+        std::string("{\"name\": \"add\", \"parameters\": {\"a\": 1"), std::string("<|pyth"),
+        std::string("  plain text\n")}) {
+    auto o = parse_in_pieces_of_every_size(text, t);
+    EXPECT_TRUE(o.calls.empty()) << text;
+    EXPECT_EQ(o.content, text) << text;
+  }
+}
+
+TEST(tool_calls, mistral_calls_parse_whole_and_streamed) {
+  const auto t = config_in(tool_format::mistral);
+  auto o = parse_in_pieces_of_every_size(
+      R"(Let me check. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}, )"
+      R"("id": "abc123XYZ"}, {"name": "add", "arguments": {"a": 1, "b": 2}}])",
+      t);
+  ASSERT_EQ(o.calls.size(), 2u);
+  EXPECT_EQ(o.content, "Let me check.");
+  EXPECT_EQ(o.calls[0].arguments, R"({"city":"Oslo"})");
+  EXPECT_EQ(o.calls[1].name, "add");
+  // The forced form (grammar): the array without the marker.
+  auto forced =
+      parse_in_pieces_of_every_size(R"([{"name": "add", "arguments": {"a": 5, "b": 6}}])", t);
+  ASSERT_EQ(forced.calls.size(), 1u);
+  EXPECT_EQ(forced.calls[0].arguments, R"({"a":5,"b":6})");
+  for (const std::string& text :
+       {std::string("[TOOL_CALLS][{\"name\": \"nope\", \"arguments\": {}}]"),
+        std::string("[1, 2, 3] are numbers"), std::string("text [TOOL_CALL"),
+        std::string("[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 1}")}) {
+    auto c = parse_in_pieces_of_every_size(text, t);
+    EXPECT_TRUE(c.calls.empty()) << text;
+    EXPECT_EQ(c.content, text) << text;
+  }
+}
+
+TEST(tool_calls, each_format_forces_calls_it_parses_back) {
+  struct example {
+    tool_format format;
+    std::string one, two;
+  };
+  const std::vector<example> examples = {
+      {tool_format::llama3_json, R"({"name": "add", "parameters": {"a": 1, "b": 2}})",
+       R"({"name": "get_weather", "parameters": {"city": "Rome"}}; {"name": "add", "parameters": {"a": 1, "b": 2}})"},
+      {tool_format::mistral, R"([{"name": "add", "arguments": {"a": 1, "b": 2}}])",
+       R"([{"name": "get_weather", "arguments": {"city": "Rome"}}, {"name": "add", "arguments": {"a": 1, "b": 2}}])"},
+  };
+  for (const auto& e : examples) {
+    auto req = tool_call_grammar(config_in(e.format, R"(, "tool_choice": "required")"));
+    ASSERT_TRUE(req.ok() && req->has_value()) << tool_format_name(e.format);
+    EXPECT_TRUE(accepts(**req, e.one)) << tool_format_name(e.format);
+    EXPECT_TRUE(accepts(**req, e.two)) << tool_format_name(e.format);
+    EXPECT_FALSE(accepts(**req, "Hello")) << tool_format_name(e.format);
+    EXPECT_FALSE(accepts(**req, tool_call_text("add", R"({"a": 1, "b": 2})")));
+    auto single = tool_call_grammar(
+        config_in(e.format, R"(, "tool_choice": "required", "parallel_tool_calls": false)"));
+    EXPECT_FALSE(accepts(**single, e.two)) << tool_format_name(e.format);
+    const auto t = config_in(e.format);
+    EXPECT_EQ(parse_tool_output(e.one, t, "c").calls.size(), 1u) << tool_format_name(e.format);
+    EXPECT_EQ(parse_tool_output(e.two, t, "c").calls.size(), 2u) << tool_format_name(e.format);
+  }
+  EXPECT_EQ(parse_tool_format("hermes"), tool_format::tagged);
+  EXPECT_EQ(parse_tool_format("llama3_json"), tool_format::llama3_json);
+  EXPECT_EQ(parse_tool_format("mistral"), tool_format::mistral);
+  EXPECT_FALSE(parse_tool_format("pythonic").has_value());
+}
+
+TEST(tool_calls, the_format_follows_the_templates_family) {
+  auto style = [](const char* src) {
+    auto t = gpu::chat_template::from_jinja(src, nullptr);
+    EXPECT_TRUE(t.ok()) << t.error().message();
+    return tool_format_of(*t);
+  };
+  EXPECT_EQ(
+      style("{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>{{ "
+            "m.content }}<|eot_id|>{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"),
+      tool_format::llama3_json);
+  EXPECT_EQ(style("{% for m in messages %}[INST] {{ m.content }}[/INST]{% endfor %}"
+                  "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+                  "{% if false %}[TOOL_CALLS]{% endif %}"),
+            tool_format::mistral);
+  EXPECT_EQ(
+      style("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% "
+            "endfor %}{% if tools %}<tools>{{ tools | tojson }}</tools> <tool_call>{% endif %}"),
+      tool_format::tagged);
+  // A template that does not render tools: weft asks for the tagged format.
+  EXPECT_EQ(style("{% for m in messages %}<|start_header_id|>{{ m.content }}{% endfor %}"),
+            tool_format::tagged);
+}
+
 TEST(tool_calls, chat_requests_carry_tools_history_and_the_grammar) {
   const std::string body = std::string(R"({"messages": [
       {"role": "user", "content": "Weather in Paris?"},
