@@ -252,14 +252,9 @@ TEST(cuda_vs_cpu_train, grpo_with_trainer_reference_and_rollout_engine_on_cuda_m
   if (!gpu.d) GTEST_SKIP() << "no CUDA device can be opened here (the CUDA backend did not run)";
   const auto file = weft::gpu::rl_test::tiny_file();
   weft::gpu::rl_test::digits_task task;
-  rl::grpo_loop_config cfg;
-  cfg.seed = 11;
-  cfg.prompts_per_step = 4;
-  cfg.group_size = 6;
-  cfg.max_new_tokens = 12;
-  cfg.eval_prompts = 8;
+  auto cfg = weft::gpu::rl_test::tiny_loop_config();
   cfg.schedule.peak = 1e-4;
-  cfg.schedule.total_steps = 100;
+  cfg.schedule.decay = train::lr_schedule::shape::cosine;  // as run on the H100
   cfg.grpo.kl_coef = 0.05;
   auto make = [&](const char* dev) {
     cfg.train_device = dev;

@@ -376,6 +376,46 @@ TEST(cuda_vs_cpu, moe_logits_and_greedy_tokens) {
   compare_tiny(c, quantized_tolerance);
 }
 
+TEST(cuda_vs_cpu, hidden_states_for_embeddings) {
+  // /v1/embeddings on a GPU: every token's final hidden state (forward_batch::want_hidden) and
+  // logits for the last, beside it in the same batch, against the CPU.
+  auto c = dense();
+  c.weight_type = ggml_type::f32;
+  c.embedding_type = ggml_type::f32;
+  auto image = make_tiny_model(c);
+  ASSERT_TRUE(image.ok());
+  side gpu = load("cuda", gguf_file::parse(*image));
+  if (!gpu.dev) GTEST_SKIP() << "no CUDA device can be opened here (the CUDA backend did not run)";
+  side cpu = load("cpu", gguf_file::parse(*image));
+  ASSERT_TRUE(cpu.m && gpu.m);
+  std::mt19937 rng(3);
+  std::vector<int32_t> a(19), b(7);
+  for (auto& t : a) t = static_cast<int32_t>(3 + rng() % 300);
+  for (auto& t : b) t = static_cast<int32_t>(3 + rng() % 300);
+  forward_output out[2];
+  side* sides[2] = {&cpu, &gpu};
+  for (int k = 0; k < 2; ++k) {
+    forward_batch fb;
+    fb.add(sides[k]->kv->create_sequence(), a, false);
+    fb.add(sides[k]->kv->create_sequence(), b, true);
+    fb.want_hidden.assign(fb.tokens.size(), 0);
+    std::fill(fb.want_hidden.begin(), fb.want_hidden.begin() + static_cast<long>(a.size()), 1);
+    ASSERT_TRUE(sides[k]->m->forward(fb, *sides[k]->kv, out[k]).ok());
+  }
+  ASSERT_EQ(out[0].hidden_index, out[1].hidden_index);
+  ASSERT_EQ(out[0].hidden.size(), a.size() * static_cast<size_t>(c.n_embd));
+  ASSERT_EQ(out[1].hidden.size(), out[0].hidden.size());
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < out[0].hidden.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(out[0].hidden[i]) - out[1].hidden[i]));
+    scale = std::max(scale, std::fabs(double(out[0].hidden[i])));
+  }
+  std::printf("[hidden] %zu states, max|cpu-gpu| %.3g of scale %.3g\n", a.size(), worst, scale);
+  EXPECT_LE(worst, 1e-3 * scale);
+  ASSERT_EQ(out[1].token_index.size(), 1u);  // the other sequence's logits came back too
+  EXPECT_EQ(out[1].token_index, out[0].token_index);
+}
+
 // The default model (SmolLM2-135M-Instruct, Q4_1) when present: $WEFT_CUDA_VS_CPU_MODEL, else
 // ~/.cache/weft/models/. Three prompts, 48 greedy tokens each; the texts are printed.
 std::string default_model_path() {

@@ -14,15 +14,14 @@
 #include "gpu/gguf.hpp"
 #include "gpu/model.hpp"
 #include "gpu/tiny_model.hpp"
+#include "tests/unit/gpu/tiny_engine_support.hpp"
 
 namespace {
 
 using namespace weft::gpu;
-
-struct loaded {
-  std::unique_ptr<device> dev;
-  std::unique_ptr<model> m;
-};
+using weft::gpu::engine_test::load_tiny_model;
+using weft::gpu::engine_test::loaded;
+using weft::gpu::engine_test::prompt_of;
 
 tiny_model_config f32_model() {
   tiny_model_config c;
@@ -33,26 +32,6 @@ tiny_model_config f32_model() {
   c.n_ff = 128;
   c.output = output_weight::separate;
   return c;
-}
-
-loaded load(const tiny_model_config& cfg) {
-  loaded l;
-  auto img = make_tiny_model(cfg);
-  EXPECT_TRUE(img.ok());
-  auto f = gguf_file::parse(*img);
-  EXPECT_TRUE(f.ok());
-  l.dev = std::move(device_registry::instance().create("cpu", device_config{2, 0}).value());
-  auto m = model::load(std::move(f.value()), *l.dev);
-  EXPECT_TRUE(m.ok());
-  l.m = std::move(m.value());
-  return l;
-}
-
-std::vector<int32_t> prompt_of(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (auto& t : p) t = static_cast<int32_t>(3 + rng() % 300);
-  return p;
 }
 
 std::unique_ptr<kv_cache> cache(loaded& l) {
@@ -89,7 +68,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(model_hidden, the_output_head_applied_to_the_hidden_state_gives_the_logits) {
-  auto l = load(f32_model());
+  auto l = load_tiny_model(f32_model());
   const auto p = prompt_of(13, 3);
   forward_output with_logits, with_hidden;
   for (bool hidden : {false, true}) {
@@ -121,7 +100,7 @@ TEST(model_hidden, the_output_head_applied_to_the_hidden_state_gives_the_logits)
 }
 
 TEST(engine_embeddings, mean_pooling_is_the_mean_of_every_prompt_tokens_state) {
-  auto l = load(f32_model());
+  auto l = load_tiny_model(f32_model());
   const auto p = prompt_of(23, 5);
   // Reference: every token's state from one forward pass, averaged here.
   std::vector<double> mean(static_cast<size_t>(l.m->hparams().n_embd), 0.0);
@@ -167,7 +146,7 @@ TEST(engine_embeddings, mean_pooling_is_the_mean_of_every_prompt_tokens_state) {
 }
 
 TEST(engine_embeddings, last_pooling_is_the_last_tokens_state_and_bad_requests_are_refused) {
-  auto l = load(f32_model());
+  auto l = load_tiny_model(f32_model());
   const auto p = prompt_of(17, 8);
   std::vector<float> expect;
   {

@@ -16,15 +16,14 @@
 #include "gpu/model.hpp"
 #include "gpu/schedule_policy.hpp"
 #include "gpu/tiny_model.hpp"
+#include "tests/unit/gpu/tiny_engine_support.hpp"
 
 namespace {
 
 using namespace weft::gpu;
-
-struct loaded {
-  std::unique_ptr<device> dev;
-  std::unique_ptr<model> m;
-};
+using weft::gpu::engine_test::load_tiny_model;
+using weft::gpu::engine_test::loaded;
+using weft::gpu::engine_test::prompt_of;
 
 loaded load_tiny(ggml_type weights) {
   tiny_model_config c;
@@ -33,24 +32,7 @@ loaded load_tiny(ggml_type weights) {
   // A separate LM head: with tied embeddings the random model tends to repeat its input token,
   // which would make a wrong resume token invisible in the outputs.
   c.output = output_weight::separate;
-  loaded l;
-  auto img = make_tiny_model(c);
-  EXPECT_TRUE(img.ok());
-  auto f = gguf_file::parse(*img);
-  EXPECT_TRUE(f.ok());
-  auto d = device_registry::instance().create("cpu", device_config{2, 0});
-  l.dev = std::move(d.value());
-  auto m = model::load(std::move(f.value()), *l.dev);
-  EXPECT_TRUE(m.ok());
-  l.m = std::move(m.value());
-  return l;
-}
-
-std::vector<int32_t> prompt_of(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (auto& t : p) t = static_cast<int32_t>(3 + rng() % 300);
-  return p;
+  return load_tiny_model(c);
 }
 
 // Round robin: the ranking rotates by one request every `period` steps, so every request is

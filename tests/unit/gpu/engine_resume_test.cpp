@@ -15,15 +15,14 @@
 #include "gpu/gguf.hpp"
 #include "gpu/model.hpp"
 #include "gpu/tiny_model.hpp"
+#include "tests/unit/gpu/tiny_engine_support.hpp"
 
 namespace {
 
 using namespace weft::gpu;
-
-struct loaded {
-  std::unique_ptr<device> dev;
-  std::unique_ptr<model> m;
-};
+using weft::gpu::engine_test::load_tiny_model;
+using weft::gpu::engine_test::loaded;
+using weft::gpu::engine_test::prompt_of;
 
 #ifdef WEFT_RESUME_REAL_MODEL
 // The oracle-tier build of this test runs on the real default model (SmolLM2-135M, head_dim 64),
@@ -66,23 +65,7 @@ loaded load_tiny() {
   c.n_head = 4;
   c.n_head_kv = 2;
   c.n_ff = 256;
-  loaded l;
-  auto img = make_tiny_model(c);
-  EXPECT_TRUE(img.ok());
-  auto f = gguf_file::parse(*img);
-  EXPECT_TRUE(f.ok());
-  l.dev = std::move(device_registry::instance().create("cpu", device_config{2, 0}).value());
-  auto m = model::load(std::move(f.value()), *l.dev);
-  EXPECT_TRUE(m.ok());
-  l.m = std::move(m.value());
-  return l;
-}
-
-std::vector<int32_t> prompt_of(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (auto& t : p) t = static_cast<int32_t>(3 + rng() % 300);  // valid ids in both vocabularies
-  return p;
+  return load_tiny_model(c);
 }
 
 struct token_trace {

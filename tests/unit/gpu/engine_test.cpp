@@ -14,28 +14,17 @@
 #include "gpu/gguf.hpp"
 #include "gpu/model.hpp"
 #include "gpu/tiny_model.hpp"
+#include "tests/unit/gpu/tiny_engine_support.hpp"
 
 namespace {
 
 using namespace weft::gpu;
-
-struct loaded {
-  std::unique_ptr<device> dev;
-  std::unique_ptr<model> m;
-};
+using weft::gpu::engine_test::load_tiny_model;
+using weft::gpu::engine_test::loaded;
+using weft::gpu::engine_test::prompt_of;
 
 loaded load_tiny(const tiny_model_config& cfg, int threads = 2) {
-  loaded l;
-  auto img = make_tiny_model(cfg);
-  EXPECT_TRUE(img.ok()) << (img.ok() ? "" : img.error().to_string());
-  auto f = gguf_file::parse(*img);
-  EXPECT_TRUE(f.ok()) << (f.ok() ? "" : f.error().to_string());
-  auto d = device_registry::instance().create("cpu", device_config{threads, 0});
-  l.dev = std::move(d.value());
-  auto m = model::load(std::move(f.value()), *l.dev);
-  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().to_string());
-  l.m = std::move(m.value());
-  return l;
+  return load_tiny_model(cfg, threads);
 }
 
 tiny_model_config dense_q(ggml_type t) {
@@ -55,13 +44,6 @@ tiny_model_config moe_q() {
   c.n_expert = 4;
   c.n_expert_used = 2;
   return c;
-}
-
-std::vector<int32_t> prompt_of(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (auto& t : p) t = static_cast<int32_t>(3 + rng() % 300);
-  return p;
 }
 
 // Runs requests to completion; returns generated tokens per id.

@@ -28,15 +28,7 @@ using weft::gpu::rl_test::tiny_file;
 using weft::gpu::train::trainable_model;
 
 grpo_loop_config loop_cfg() {
-  grpo_loop_config c;
-  c.seed = 11;
-  c.prompts_per_step = 4;
-  c.group_size = 6;
-  c.max_new_tokens = 12;
-  c.eval_prompts = 8;
-  c.schedule.peak = 3e-3;
-  c.schedule.total_steps = 100;
-  c.schedule.decay = train::lr_schedule::shape::constant;
+  auto c = weft::gpu::rl_test::tiny_loop_config();
   c.shares = 2;
   return c;
 }

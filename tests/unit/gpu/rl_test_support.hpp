@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "gpu/gguf.hpp"
+#include "gpu/rl/grpo_loop.hpp"
 #include "gpu/rl/tasks.hpp"
 #include "gpu/tiny_model.hpp"
 
@@ -33,6 +34,21 @@ inline gguf_file tiny_file(uint64_t seed = 42) {
   auto f = gguf_file::parse(*img);
   EXPECT_TRUE(f.ok());
   return std::move(f.value());
+}
+
+/// The GRPO loop's settings of the tests on the tiny model: 4 prompts x 6 samples, 12 new
+/// tokens, a constant learning rate of 3e-3.
+inline rl::grpo_loop_config tiny_loop_config() {
+  rl::grpo_loop_config c;
+  c.seed = 11;
+  c.prompts_per_step = 4;
+  c.group_size = 6;
+  c.max_new_tokens = 12;
+  c.eval_prompts = 8;
+  c.schedule.peak = 3e-3;
+  c.schedule.total_steps = 100;
+  c.schedule.decay = train::lr_schedule::shape::constant;
+  return c;
 }
 
 /// A test task with a graded reward a random tiny model gets partly right: the fraction of the
