@@ -42,6 +42,29 @@ std::unique_ptr<grpo_loop> make_loop(const gguf_file& file, const rl_task& task,
   return std::move(*loop);
 }
 
+/// Steps `a` and `b` side by side `n` times; each step's pair of records (empty on a failure,
+/// which is reported).
+std::vector<std::pair<rl_step_record, rl_step_record>> step_both(grpo_loop& a, grpo_loop& b,
+                                                                 int n) {
+  std::vector<std::pair<rl_step_record, rl_step_record>> out;
+  for (int s = 0; s < n; ++s) {
+    auto ra = a.step();
+    auto rb = b.step();
+    EXPECT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message() : ra.error().message());
+    if (!ra.ok() || !rb.ok()) return {};
+    out.emplace_back(*ra, *rb);
+  }
+  return out;
+}
+
+/// Both loops' host parameters are the same bits.
+void expect_same_weights(grpo_loop& a, grpo_loop& b) {
+  const auto& va = std::as_const(a.model()).parameters();
+  const auto& vb = std::as_const(b.model()).parameters();
+  ASSERT_EQ(va.size(), vb.size());
+  for (size_t i = 0; i < va.size(); ++i) ASSERT_EQ(va[i].value, vb[i].value) << va[i].name;
+}
+
 TEST(grpo_loop, sync_runs_repeat_bit_for_bit_and_the_engine_serves_the_trainers_weights) {
   const auto file = tiny_file();
   digits_task task;
@@ -85,18 +108,15 @@ TEST(grpo_loop, a_device_resident_trainer_gives_the_host_trainers_bits) {
   ASSERT_TRUE(dev.ok());
   ASSERT_TRUE(on_dev->model().use_device(dev->get()).ok());
   ASSERT_TRUE(on_dev->model().set_device_resident(true).ok());
-  for (int s = 0; s < 3; ++s) {
-    auto ra = host->step();
-    auto rb = on_dev->step();
-    ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message() : ra.error().message());
-    EXPECT_EQ(ra->reward_mean, rb->reward_mean);
-    EXPECT_EQ(ra->loss, rb->loss);
-    EXPECT_EQ(ra->grad_norm, rb->grad_norm);
+  const auto steps = step_both(*host, *on_dev, 3);
+  ASSERT_EQ(steps.size(), 3u);
+  for (const auto& [a, b] : steps) {
+    EXPECT_EQ(a.reward_mean, b.reward_mean);
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.grad_norm, b.grad_norm);
   }
   EXPECT_TRUE(on_dev->model().host_current());  // the weight push brought the host copy up
-  const auto& ph = std::as_const(host->model()).parameters();
-  const auto& pd = std::as_const(on_dev->model()).parameters();
-  for (size_t i = 0; i < ph.size(); ++i) ASSERT_EQ(ph[i].value, pd[i].value) << ph[i].name;
+  expect_same_weights(*host, *on_dev);
   train::checkpoint_state ckpt;
   ASSERT_TRUE(on_dev->snapshot_into(ckpt).ok());
   EXPECT_EQ(ckpt.step, 3);
@@ -118,15 +138,15 @@ TEST(grpo_loop, named_devices_run_the_trainer_the_kl_reference_and_the_rollout_e
   auto on_dev = make_loop(file, task, cfg);
   ASSERT_NE(on_dev->model().compute_device(), nullptr);
   EXPECT_TRUE(on_dev->model().device_resident());
-  for (int s = 0; s < 3; ++s) {
-    auto ra = host->step();
-    auto rb = on_dev->step();
-    ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message() : ra.error().message());
-    EXPECT_EQ(ra->reward_mean, rb->reward_mean);
-    EXPECT_EQ(ra->loss, rb->loss);
-    EXPECT_EQ(ra->kl, rb->kl);
+  const auto steps = step_both(*host, *on_dev, 3);
+  ASSERT_EQ(steps.size(), 3u);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const auto& [a, b] = steps[s];
+    EXPECT_EQ(a.reward_mean, b.reward_mean);
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.kl, b.kl);
     if (s > 0) {
-      EXPECT_GT(rb->kl, 0.0);
+      EXPECT_GT(b.kl, 0.0);
     }
   }
 }
@@ -153,22 +173,18 @@ TEST(grpo_loop, a_step_with_no_sample_in_the_loss_updates_on_a_device_as_on_the_
   auto host = make_loop(file, task, cfg);
   cfg.train_device = "cpu:0";
   auto on_dev = make_loop(file, task, cfg);
-  for (int s = 0; s < 2; ++s) {
-    auto ra = host->step();
-    auto rb = on_dev->step();
-    ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message() : ra.error().message());
-    EXPECT_EQ(ra->zero_variance_groups, cfg.prompts_per_step);
-    EXPECT_EQ(rb->grad_norm, 0.0);
+  const auto steps = step_both(*host, *on_dev, 2);
+  ASSERT_EQ(steps.size(), 2u);
+  for (const auto& [a, b] : steps) {
+    EXPECT_EQ(a.zero_variance_groups, cfg.prompts_per_step);
+    EXPECT_EQ(b.grad_norm, 0.0);
   }
   ASSERT_TRUE(on_dev->model().pull_to_host(nullptr).ok());
+  expect_same_weights(*host, *on_dev);
   const auto& ph = std::as_const(host->model()).parameters();
-  const auto& pd = std::as_const(on_dev->model()).parameters();
-  bool moved = false;
-  for (size_t i = 0; i < ph.size(); ++i) {
-    ASSERT_EQ(ph[i].value, pd[i].value) << ph[i].name;
-  }
   auto fresh = trainable_model<float>::load(file);
   ASSERT_TRUE(fresh.ok());
+  bool moved = false;
   for (size_t i = 0; i < ph.size(); ++i) moved |= ph[i].value != (*fresh)->parameters()[i].value;
   EXPECT_TRUE(moved);  // weight decay moved the matrices
 }
