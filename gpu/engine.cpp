@@ -287,7 +287,42 @@ result<std::vector<request_id>> engine::rank_live() {
     }
     order.push_back(s.id);
   }
+  if (n_expedited_live() > 0) order = with_expedited_first(std::move(order));
   return order;
+}
+
+size_t engine::n_expedited_live() const {
+  return static_cast<size_t>(std::count_if(
+      live_.begin(), live_.end(), [&](request_id id) { return requests_.at(id)->expedited; }));
+}
+
+std::vector<request_id> engine::with_expedited_first(std::vector<request_id> order) const {
+  // Keep the policy's leading run of resident requests (running ones are not displaced), then the
+  // expedited requests in arrival order, then everything else in the policy's order.
+  std::vector<request_id> out;
+  out.reserve(order.size());
+  size_t i = 0;
+  for (; i < order.size(); ++i) {
+    const request& r = *requests_.at(order[i]);
+    if (r.expedited || !r.resident()) break;
+    out.push_back(order[i]);
+  }
+  for (request_id id : live_) {  // arrival order
+    if (requests_.at(id)->expedited) out.push_back(id);
+  }
+  for (; i < order.size(); ++i) {
+    if (!requests_.at(order[i])->expedited) out.push_back(order[i]);
+  }
+  return out;
+}
+
+status engine::expedite(request_id id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end())
+    return {status_code::not_found, "engine: no request " + std::to_string(id)};
+  it->second->beyond_cap = true;
+  if (it->second->n_generated == 0) it->second->expedited = true;
+  return {};
 }
 
 void engine::enqueue(std::unique_ptr<request> r) {
@@ -373,11 +408,14 @@ std::vector<request_id> engine::select(const std::vector<request_id>& order,
   // Once a request that needs blocks cannot get them, no lower-ranked one may take blocks ahead of
   // it (no overtaking on memory); resident requests still run.
   bool admitting = true;
-  for (size_t i = 0;
-       i < order.size() && static_cast<int64_t>(selected.size()) < config_.max_running; ++i) {
+  // Retried requests (expedite()) run on top of max_running: they are another worker's load.
+  int64_t n_capped = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
     request& r = *requests_.at(order[i]);
+    if (!r.beyond_cap && n_capped >= config_.max_running) continue;
     if (r.resident()) {
       selected.push_back(r.id);
+      n_capped += r.beyond_cap ? 0 : 1;
       continue;
     }
     if (!admitting) continue;
@@ -418,6 +456,7 @@ std::vector<request_id> engine::select(const std::vector<request_id>& order,
       r.ph = r.n_computed < r.n_prompt ? phase::prefill : phase::decode;
     }
     selected.push_back(r.id);
+    n_capped += r.beyond_cap ? 0 : 1;
   }
   return selected;
 }
@@ -649,6 +688,7 @@ result<std::vector<request_output>> engine::step() {
     out.cached_prompt_tokens = r.n_cached;
     r.ph = phase::decode;
     ++r.n_generated;
+    r.expedited = false;
     const auto& p = r.smp.params();
     if (std::find(p.stop_tokens.begin(), p.stop_tokens.end(), s.token) != p.stop_tokens.end()) {
       out.finish = finish_reason::stop_token;

@@ -127,6 +127,13 @@ class engine {
   /// `params.max_tokens` counts new tokens only.
   status add_resumed_request(request_id id, std::vector<int32_t> prompt, int64_t n_replay,
                              sampling_params params);
+  /// For a request that already made its client wait (a migrated sequence whose next token is
+  /// overdue, or one that was queued on a worker that died): until it produces its first token
+  /// here it is ranked after the requests running ahead of it in the policy's order (they are not
+  /// displaced) and before every other one, expedited requests among themselves in arrival order;
+  /// and for its whole life it runs on top of `max_running` (it is another worker's load; KV still
+  /// has to fit). not_found for an unknown id.
+  status expedite(request_id id);
   /// Adds a request whose KV was computed elsewhere (disaggregated decode, after a KV import):
   /// `seq` (the engine owns it from now, also on error) holds the KV of all but the last of
   /// `tokens`; the last `n_generated` tokens were generated and streamed already (each consumed one
@@ -177,8 +184,10 @@ class engine {
     size_t text_emitted = 0;
     int64_t n_generated = 0;
     uint64_t arrival = 0;
-    bool scheduled = false;                     ///< Had tokens in the last forward pass.
-    bool waited_for_prefix = false;             ///< Counted in n_prefix_waits.
+    bool expedited = false;          ///< See expedite(): ranked first until its first token here.
+    bool beyond_cap = false;         ///< See expedite(): not counted against max_running.
+    bool scheduled = false;          ///< Had tokens in the last forward pass.
+    bool waited_for_prefix = false;  ///< Counted in n_prefix_waits.
     std::unique_ptr<grammar::constraint> cons;  ///< Structured outputs, or null.
     std::vector<float> masked;                  ///< This step's logits under the grammar.
     std::vector<double> pooled;  ///< Embedding requests: the sum (mean) or last hidden state.
@@ -189,6 +198,9 @@ class engine {
 
   engine(model& m, std::unique_ptr<kv_cache> kv, const engine_config& config);
   result<std::vector<request_id>> rank_live();
+  size_t n_expedited_live() const;
+  /// `order` (the policy's ranking) with the expedited requests moved up (see expedite()).
+  std::vector<request_id> with_expedited_first(std::vector<request_id> order) const;
   std::vector<request_id> select(const std::vector<request_id>& order,
                                  std::vector<request_output>& outputs);
   bool make_room(int64_t need_blocks, const std::vector<request_id>& order, size_t lower_from);

@@ -526,6 +526,9 @@ void admit(worker_ptr self, generate_spec d, gpu::seq_id prefilled) {
                            s.to_string()));
     return;
   }
+  // A retried request (its worker died, or its KV handoff failed) has kept its client waiting
+  // already: it goes ahead of this worker's queue until its first token (docs/serving.md).
+  if (d.attempt > 0) (void)st.engine->expedite(id);
   st.prompt_tokens += d.prompt.size();
   running_request rr;
   rr.publish = !st.shards.empty() && !d.pool_plan.empty() && n_resumed == 0;

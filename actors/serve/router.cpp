@@ -504,8 +504,10 @@ caf::behavior router(router_ptr self, router_config cfg) {
           const double s =
               std::chrono::duration<double>(clock_type::now() - *r.orphaned_at).count();
           if (auto& m = st.cfg.metrics) m->observe("weft_migration_resume_seconds", s);
-          spdlog::info("router: request {} ({}) resumed on {} {:.0f} ms after its worker died", id,
-                       r.spec.trace_id, chunk.getWorker().cStr(), s * 1e3);
+          spdlog::info(
+              "router: request {} ({}) resumed on {} {:.0f} ms after its worker died ({} tokens "
+              "before)",
+              id, r.spec.trace_id, chunk.getWorker().cStr(), s * 1e3, have);
           r.orphaned_at.reset();
         }
         r.generated.insert(r.generated.end(), fresh.begin(), fresh.end());

@@ -104,6 +104,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--first-kill-s", type=float, default=8.0, help="first kill this long after the load starts")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--server-log", default=None, help="also write the server's log here")
     args = ap.parse_args()
     if args.rate is None:
         args.rate = 3.0 if args.topology == "colocated" else 1.5
@@ -151,9 +152,16 @@ def main():
         kv_used = srv.wait_kv_free()
         metrics = srv.metrics()
         # The router logs every resume with its exact time (the histogram has 2.5 s / 5 s buckets).
-        resumes_ms = [float(m.group(1)) for line in list(srv.log_lines)
-                      for m in [re.search(r"resumed on \S+ (\d+) ms after its worker died", line)] if m]
+        # Each line also says how many tokens the sequence had streamed before its worker died
+        # (0: it was still queued there, so its "resume" is its first token).
+        resumes = [(float(m.group(1)), int(m.group(2))) for line in list(srv.log_lines)
+                   for m in [re.search(r"resumed on \S+ (\d+) ms after its worker died \((\d+) tokens", line)]
+                   if m]
+        resumes_ms = [ms for ms, _ in resumes]
         run = json.load(open(load_json))["runs"][0]
+        if args.server_log:
+            with open(args.server_log, "w") as f:
+                f.writelines(list(srv.log_lines))
 
     reqs = run["requests"]
     ok = [r for r in reqs if r["status"] == "ok"]
@@ -176,6 +184,10 @@ def main():
         "resume_max_s": resume_max,
         "resume_p50_s": resumes_ms[len(resumes_ms) // 2] / 1e3 if resumes_ms else None,
         "resumes_logged": len(resumes_ms),
+        # Split by what the sequence had before the kill: streaming (>= 1 token) or still queued.
+        "resume_streaming_max_s": max((ms for ms, k in resumes if k > 0), default=0) / 1e3 if resumes else None,
+        "resume_queued_max_s": max((ms for ms, k in resumes if k == 0), default=0) / 1e3 if resumes else None,
+        "resumes": [{"ms": ms, "tokens_before": k} for ms, k in sorted(resumes)],
         "kv_blocks_used_after": kv_used, "e2e_ms": run["summary"]["e2e_ms"], "ttft_ms": run["summary"]["ttft_ms"],
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -187,6 +199,9 @@ def main():
     if complete:
         print("kill-to-first-resumed-token: mean %.3f s over %d sequences, max %.3f s; target <= %.0f s"
               % (resume_sum / n_resumed, n_resumed, resume_max, RESUME_TARGET_S))
+        print("  streaming at the kill: %d, max %.3f s; still queued there: %d, max %.3f s" %
+              (sum(1 for _, k in resumes if k > 0), result["resume_streaming_max_s"],
+               sum(1 for _, k in resumes if k == 0), result["resume_queued_max_s"]))
     else:
         print("kill-to-first-resumed-token: %d in the metric, %d in the log: max unknown" % (n_resumed, len(resumes_ms)))
     print("wrote " + out)

@@ -130,39 +130,108 @@ TEST_P(EngineResume, ContinuesExactlyLikeAnUndisturbedRun) {
   // Resume each after k generated tokens, all in one batch on a fresh engine ("the new worker"),
   // next to an unrelated request: with the default budget, and with small passes (16 tokens) whose
   // rebuild passes may take 128 (engine_config::rebuild_batch_tokens, as a serving worker sets it).
+  // Expedited (as a serving worker does for migrated requests) or not, the tokens are the same.
   for (int k : {1, 5, 23})
-    for (const bool small_passes : {false, true}) {
-      engine_config rc = ec;
-      if (small_passes) {
-        rc.max_batch_tokens = 16;
-        rc.rebuild_batch_tokens = 128;
+    for (const bool small_passes : {false, true})
+      for (const bool expedite : {false, true}) {
+        if (expedite && !small_passes) continue;
+        engine_config rc = ec;
+        if (small_passes) {
+          rc.max_batch_tokens = 16;
+          rc.rebuild_batch_tokens = 128;
+        }
+        auto e = engine::create(*l.m, rc);
+        ASSERT_TRUE(e.ok());
+        ASSERT_TRUE((*e)->add_request(99, prompt_of(12, 999), params_for(sampled, 10, 5)).ok());
+        for (size_t i = 0; i < prompt_lengths.size(); ++i) {
+          auto tokens = prompt_of(prompt_lengths[i], 7 + i);
+          tokens.insert(tokens.end(), ref[i].tokens.begin(), ref[i].tokens.begin() + k);
+          ASSERT_TRUE((*e)->add_resumed_request(static_cast<request_id>(i + 1), tokens, k,
+                                                params_for(sampled, total - k, 40 + i))
+                          .ok());
+          if (expedite) {
+            ASSERT_TRUE((*e)->expedite(static_cast<request_id>(i + 1)).ok());
+          }
+        }
+        auto got = drain(**e);
+        for (size_t i = 0; i < prompt_lengths.size(); ++i) {
+          const auto& g = got[static_cast<request_id>(i + 1)];
+          const std::vector<int32_t> want(ref[i].tokens.begin() + k, ref[i].tokens.end());
+          EXPECT_EQ(g.tokens, want) << "prompt " << prompt_lengths[i] << ", resumed after " << k;
+          const size_t per_token = ref[i].logprobs.size() / ref[i].tokens.size();
+          const std::vector<float> want_lp(
+              ref[i].logprobs.begin() + static_cast<std::ptrdiff_t>(k * per_token),
+              ref[i].logprobs.end());
+          EXPECT_EQ(g.logprobs, want_lp)
+              << "prompt " << prompt_lengths[i] << ", resumed after " << k;
+        }
+        EXPECT_EQ((*e)->stats().kv.n_blocks_used, 0);
       }
-      auto e = engine::create(*l.m, rc);
-      ASSERT_TRUE(e.ok());
-      ASSERT_TRUE((*e)->add_request(99, prompt_of(12, 999), params_for(sampled, 10, 5)).ok());
-      for (size_t i = 0; i < prompt_lengths.size(); ++i) {
-        auto tokens = prompt_of(prompt_lengths[i], 7 + i);
-        tokens.insert(tokens.end(), ref[i].tokens.begin(), ref[i].tokens.begin() + k);
-        ASSERT_TRUE((*e)->add_resumed_request(static_cast<request_id>(i + 1), tokens, k,
-                                              params_for(sampled, total - k, 40 + i))
-                        .ok());
-      }
-      auto got = drain(**e);
-      for (size_t i = 0; i < prompt_lengths.size(); ++i) {
-        const auto& g = got[static_cast<request_id>(i + 1)];
-        const std::vector<int32_t> want(ref[i].tokens.begin() + k, ref[i].tokens.end());
-        EXPECT_EQ(g.tokens, want) << "prompt " << prompt_lengths[i] << ", resumed after " << k;
-        const size_t per_token = ref[i].logprobs.size() / ref[i].tokens.size();
-        const std::vector<float> want_lp(
-            ref[i].logprobs.begin() + static_cast<std::ptrdiff_t>(k * per_token),
-            ref[i].logprobs.end());
-        EXPECT_EQ(g.logprobs, want_lp) << "prompt " << prompt_lengths[i] << ", resumed after " << k;
-      }
-      EXPECT_EQ((*e)->stats().kv.n_blocks_used, 0);
-    }
 }
 
 INSTANTIATE_TEST_SUITE_P(GreedyAndSeeded, EngineResume, ::testing::Values(false, true));
+
+/// Steps `e` until request `id` has a token; returns, per request, the tokens produced meanwhile
+/// (the step that gave `id` its token included), and how many steps it took.
+std::pair<std::map<request_id, int>, int> until_first_token(engine& e, request_id id) {
+  std::map<request_id, int> produced;
+  for (int steps = 1; e.has_work() && steps < 1000; ++steps) {
+    auto outs = e.step();
+    EXPECT_TRUE(outs.ok());
+    if (!outs.ok()) break;
+    for (const auto& o : *outs) {
+      EXPECT_NE(o.finish, finish_reason::error) << o.error;
+      produced[o.id] += static_cast<int>(o.new_tokens.size());
+    }
+    if (produced[id] > 0) return {produced, steps};
+  }
+  ADD_FAILURE() << "request " << id << " never produced a token";
+  return {produced, -1};
+}
+
+// A migrated request (a serving worker calls expedite() for it) goes ahead of the requests queued
+// before it and runs on top of max_running, without pausing the ones running; without expedite()
+// it waits for a slot behind the queue (the control, so the check can fail).
+TEST(EngineExpedite, GoesAheadOfTheQueueAndBeyondMaxRunning) {
+  auto l = load_tiny();
+  REQUIRE_MODEL(l);
+  engine_config ec;
+  ec.kv_blocks = 256;
+  ec.block_size = 8;
+  ec.max_running = 2;
+  ec.max_batch_tokens = 16;
+  ec.rebuild_batch_tokens = 64;
+  for (const bool expedite : {true, false}) {
+    auto e = engine::create(*l.m, ec);
+    ASSERT_TRUE(e.ok());
+    // Two running requests fill max_running; two more queue behind them.
+    for (request_id id : {1, 2, 3, 4})
+      ASSERT_TRUE((*e)->add_request(id, prompt_of(12, 100 + static_cast<uint32_t>(id)),
+                                    params_for(false, 40, 0))
+                      .ok());
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE((*e)->step().ok());  // 1 and 2 are decoding
+    auto migrated = prompt_of(12, 105);
+    migrated.insert(migrated.end(), {7, 8, 9});
+    ASSERT_TRUE((*e)->add_resumed_request(5, migrated, 3, params_for(false, 10, 0)).ok());
+    if (expedite) {
+      ASSERT_TRUE((*e)->expedite(5).ok());
+    }
+    auto [produced, steps] = until_first_token(**e, 5);
+    if (expedite) {
+      EXPECT_LE(steps, 2) << "prompt (12 tokens) then replay (3): two rebuild passes";
+      EXPECT_EQ(produced[3] + produced[4], 0) << "the queued requests wait behind it";
+      EXPECT_EQ(produced[1], steps) << "the running requests were not paused";
+      EXPECT_EQ(produced[2], steps);
+    } else {
+      EXPECT_GT(steps, 30) << "without expedite() it waits for one of the 40-token requests";
+    }
+    while ((*e)->has_work()) ASSERT_TRUE((*e)->step().ok());
+    EXPECT_EQ((*e)->stats().kv.n_blocks_used, 0);
+  }
+  auto e = engine::create(*l.m, ec);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ((*e)->expedite(42).code(), status_code::not_found);
+}
 
 TEST(EngineResumeArgs, RejectsReplayWithoutPrompt) {
   auto l = load_tiny();
