@@ -4,6 +4,10 @@
 #include <cmath>
 #include <limits>
 
+#if defined(__AVX512F__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #include "gpu/cpu/elementwise.hpp"
 #include "gpu/cpu/half_dot.hpp"
 #include "gpu/cpu/quant_dot.hpp"
@@ -35,65 +39,229 @@ void row_offsets(const attention_batch& b, const int32_t* table, int64_t n_pos, 
   }
 }
 
+// Softmax of one query's scores (sc[p] for p < n_pos computed) into s.probs in llama.cpp's order:
+// -inf padding to n_kv (returned), probabilities rounded to fp16, zeros past n_pos.
+int64_t softmax_probs(attention_scratch& s, float* sc, int64_t n_pos) {
+  const int64_t n_kv = (n_pos + 31) / 32 * 32;
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < n_pos; ++p) max = std::max(max, sc[p]);
+  // Masked keys (the padding up to n_kv) are -inf, as in llama.cpp's KQ mask: exp gives 0.
+  for (int64_t p = n_pos; p < n_kv; ++p) sc[p] = -std::numeric_limits<float>::infinity();
+  const double sum = exp_sum_row(sc, n_kv, max);
+  const float inv = static_cast<float>(1.0 / sum);
+  s.probs.assign(static_cast<size_t>(n_kv), 0);
+  for (int64_t p = 0; p < n_pos; ++p) s.probs[static_cast<size_t>(p)] = float_to_half(sc[p] * inv);
+  return n_kv;
+}
+
+// The softmax, then the probability-weighted sum of the V rows into `out`, read row by row in the
+// chosen dot's order.
+void softmax_and_values(attention_scratch& s, float* sc, int64_t n_pos, int64_t hd, bool gemm,
+                        float* out) {
+  const int64_t n_kv = softmax_probs(s, sc, n_pos);
+  if (gemm) {
+    dot_f16_gemm_columns(s.v_rows.data(), n_pos, s.probs.data(), n_kv, hd, s.acc.data(), out);
+  } else {
+    dot_f16_columns(s.v_rows.data(), n_pos, s.probs.data(), n_kv, hd, s.acc.data(), out);
+  }
+}
+
+void set_rows(const attention_batch& b, attention_scratch& s, int32_t seq, int64_t n_pos,
+              int64_t g) {
+  row_offsets(b, b.block_table + b.seq_block_offset[seq], n_pos, g, s.offsets);
+  s.v_rows.resize(static_cast<size_t>(n_pos));
+  for (int64_t p = 0; p < n_pos; ++p)
+    s.v_rows[static_cast<size_t>(p)] = b.v_cache + s.offsets[static_cast<size_t>(p)];
+}
+
+#if defined(__AVX512F__) && defined(__FMA__) && defined(__F16C__)
+constexpr bool tiled_kernel_built = true;
+constexpr int64_t attention_tile_tokens = 8;  // query tokens that share one pass over the keys
+
+// dot_f16_gemm (AVX-512 layout) of one query against 16 keys at once, key j in lane j: the same
+// per-key operations in the same order (lane l of the accumulators takes dims l, l + 16, ... by
+// fma; then hi + lo, then reduce8's tree), so every score has dot_f16_gemm's bits. `kt` holds
+// the keys transposed, [dim][16] as floats; `q` the fp16-rounded query as floats.
+void scores_16_keys(const float* kt, const float* q, int64_t hd, float scale, float* out) {
+  __m512 a[16];
+  for (auto& x : a) x = _mm512_setzero_ps();
+  for (int64_t i = 0; i < hd; i += 16) {
+    for (int l = 0; l < 16; ++l) {
+      a[l] = _mm512_fmadd_ps(_mm512_loadu_ps(kt + (i + l) * 16), _mm512_set1_ps(q[i + l]), a[l]);
+    }
+  }
+  __m512 t8[8], t4[4];
+  for (int l = 0; l < 8; ++l) t8[l] = _mm512_add_ps(a[8 + l], a[l]);
+  for (int l = 0; l < 4; ++l) t4[l] = _mm512_add_ps(t8[4 + l], t8[l]);
+  const __m512 r = _mm512_add_ps(_mm512_add_ps(t4[0], t4[2]), _mm512_add_ps(t4[1], t4[3]));
+  _mm512_storeu_ps(out, _mm512_mul_ps(r, _mm512_set1_ps(scale)));
+}
+
+// Up to attention_tile_tokens consecutive prefill tokens [t0, t1) of one sequence and every query
+// head of kv head g: each block of 16 keys is converted and transposed once and scored against all
+// of their queries (the per-query path reads every key once per query and head).
+void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, int64_t t1,
+                    int64_t g) {
+  const int64_t group = b.n_heads / b.n_kv_heads;
+  const int64_t hd = b.head_dim;
+  const int64_t q_stride = b.n_heads * hd;
+  const int32_t seq = b.token_seq[t0];
+  const int64_t n_max = static_cast<int64_t>(b.token_pos[t1 - 1]) + 1;
+  const int64_t width = (n_max + 31) / 32 * 32;  // covers every query's n_kv and 16-key blocks
+  const int64_t n_q = (t1 - t0) * group;
+  set_rows(b, s, seq, n_max, g);
+  s.tile_scores.resize(static_cast<size_t>(n_q * width));
+  s.tile_q.resize(static_cast<size_t>(n_q * hd));
+  s.q.resize(static_cast<size_t>(hd));
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t k = 0; k < group; ++k) {
+      const int64_t h = g * group + k;
+      float_to_half_row(b.q + t * q_stride + h * hd, s.q.data(), hd);
+      half_to_float_row(s.q.data(), s.tile_q.data() + ((t - t0) * group + k) * hd, hd);
+    }
+  }
+  s.kt.resize(static_cast<size_t>(hd * 16));
+  s.row.resize(static_cast<size_t>(hd));
+  // V transposed once for the tile ([dim][position] floats, written 16 positions at a time): each
+  // output column is then one contiguous 16-lane dot over positions (lane l takes positions l,
+  // l + 16, ...), column_fma's slot layout and order without its per-row accumulator traffic.
+  s.vt.resize(static_cast<size_t>(hd * width));
+  s.vblock.resize(static_cast<size_t>(hd * 16));
+  for (int64_t p0 = 0; p0 < n_max; p0 += 16) {
+    float* vb = s.vblock.data();
+    for (int64_t j = 0; j < 16; ++j) {
+      if (p0 + j < n_max) {
+        half_to_float_row(b.k_cache + s.offsets[static_cast<size_t>(p0 + j)], s.row.data(), hd);
+      } else {
+        std::fill(s.row.begin(), s.row.end(), 0.0f);
+      }
+      for (int64_t d = 0; d < hd; ++d) s.kt[static_cast<size_t>(d * 16 + j)] = s.row[d];
+      if (p0 + j < n_max) {
+        half_to_float_row(s.v_rows[static_cast<size_t>(p0 + j)], s.row.data(), hd);
+      } else {
+        std::fill(s.row.begin(), s.row.end(), 0.0f);
+      }
+      for (int64_t d = 0; d < hd; ++d) vb[d * 16 + j] = s.row[d];
+    }
+    for (int64_t d = 0; d < hd; ++d)
+      std::copy(vb + d * 16, vb + d * 16 + 16, s.vt.data() + d * width + p0);
+    for (int64_t qi = 0; qi < n_q; ++qi) {
+      // A token's later keys are computed too (same block) and masked by softmax_and_values.
+      const int64_t t = t0 + qi / group;
+      if (p0 > b.token_pos[t]) continue;
+      scores_16_keys(s.kt.data(), s.tile_q.data() + qi * hd, hd, b.scale,
+                     s.tile_scores.data() + qi * width + p0);
+    }
+  }
+  s.pf.resize(static_cast<size_t>(width));
+  for (int64_t qi = 0; qi < n_q; ++qi) {
+    const int64_t t = t0 + qi / group;
+    const int64_t h = g * group + qi % group;
+    const int64_t n_pos = static_cast<int64_t>(b.token_pos[t]) + 1;
+    const int64_t n_kv = softmax_probs(s, s.tile_scores.data() + qi * width, n_pos);
+    half_to_float_row(s.probs.data(), s.pf.data(), n_kv);
+    float* out = b.out + t * q_stride + h * hd;
+    const int64_t full = n_pos / 16 * 16;
+    const auto tail = static_cast<__mmask16>((1u << (n_pos % 16)) - 1);
+    // 8 columns at a time: independent fma chains (each column's own order is unchanged).
+    for (int64_t d0 = 0; d0 < hd; d0 += 8) {
+      __m512 a[8];
+      for (auto& x : a) x = _mm512_setzero_ps();
+      const float* row = s.vt.data() + d0 * width;
+      int64_t i = 0;
+      for (; i < full; i += 16) {
+        const __m512 pv = _mm512_loadu_ps(s.pf.data() + i);
+        for (int c = 0; c < 8; ++c)
+          a[c] = _mm512_fmadd_ps(_mm512_loadu_ps(row + c * width + i), pv, a[c]);
+      }
+      // Positions at or past n_pos are llama.cpp's zero padding rows: fma(+0, p, a).
+      for (; i < n_kv; i += 16) {
+        const __mmask16 m = i < n_pos ? tail : 0;
+        const __m512 pv = _mm512_loadu_ps(s.pf.data() + i);
+        for (int c = 0; c < 8; ++c)
+          a[c] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, row + c * width + i), pv, a[c]);
+      }
+      for (int c = 0; c < 8; ++c) {
+        alignas(64) float v[16];
+        _mm512_store_ps(v, a[c]);
+        float t8[8];
+        for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+        out[d0 + c] = reduce8(t8);
+      }
+    }
+  }
+}
+#else
+constexpr bool tiled_kernel_built = false;
+constexpr int64_t attention_tile_tokens = 1;
+void attention_tile(const attention_batch&, attention_scratch&, int64_t, int64_t, int64_t) {}
+#endif
+
+// One (token, query head) pair, every key read for it alone.
+void attention_one(const attention_batch& b, attention_scratch& s, int64_t t, int64_t h, bool gemm,
+                   int64_t& rows_t, int64_t& rows_g) {
+  const int64_t group = b.n_heads / b.n_kv_heads;
+  const int64_t hd = b.head_dim;
+  const int64_t q_stride = b.n_heads * hd;
+  const int64_t g = h / group;
+  const int32_t seq = b.token_seq[t];
+  const int64_t n_pos = static_cast<int64_t>(b.token_pos[t]) + 1;
+  const int64_t n_kv = (n_pos + 31) / 32 * 32;
+  if (t != rows_t || g != rows_g) {
+    set_rows(b, s, seq, n_pos, g);
+    rows_t = t;
+    rows_g = g;
+  }
+  s.scores.resize(static_cast<size_t>(n_kv));
+  s.q.resize(static_cast<size_t>(hd));
+  s.acc.resize(static_cast<size_t>(64 * hd));
+  float_to_half_row(b.q + t * q_stride + h * hd, s.q.data(), hd);
+  float* sc = s.scores.data();
+  for (int64_t p = 0; p < n_pos; ++p) {
+    // The cache rows of one head are strided and the weights streamed through the caches
+    // meanwhile evicted them: fetch a few keys ahead.
+    if (p + key_prefetch_distance < n_pos) {
+      prefetch_bytes(b.k_cache + s.offsets[static_cast<size_t>(p + key_prefetch_distance)], hd * 2);
+    }
+    const uint16_t* k = b.k_cache + s.offsets[static_cast<size_t>(p)];
+    sc[p] = (gemm ? dot_f16_gemm(k, s.q.data(), hd) : dot_f16(k, s.q.data(), hd)) * b.scale;
+  }
+  softmax_and_values(s, sc, n_pos, hd, gemm, b.out + t * q_stride + h * hd);
+}
+
 }  // namespace
 
 void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t first,
                      int64_t stride) {
-  const int64_t group = b.n_heads / b.n_kv_heads;
-  const int64_t hd = b.head_dim;
-  const int64_t q_stride = b.n_heads * hd;
   const int64_t lanes = ggml_simd_lanes(ggml_simd_layout());
-  const int64_t n_tasks = b.n_tokens * b.n_heads;
-  int64_t rows_t = -1;
-  int64_t rows_g = -1;
-  for (int64_t task = first; task < n_tasks; task += stride) {
-    const int64_t t = task / b.n_heads;
-    const int64_t h = task % b.n_heads;
-    const int64_t g = h / group;
-    const int32_t seq = b.token_seq[t];
-    const int64_t n_pos = static_cast<int64_t>(b.token_pos[t]) + 1;
-    const int64_t n_kv = (n_pos + 31) / 32 * 32;
+  const auto gemm_seq = [&](int32_t seq) {
     // GEMM numerics need a lane-aligned head_dim; otherwise ggml also falls back to its GEMV path.
-    const bool gemm = b.seq_n_tokens != nullptr && b.seq_n_tokens[seq] >= 2 && hd % lanes == 0;
-    if (t != rows_t || g != rows_g) {
-      row_offsets(b, b.block_table + b.seq_block_offset[seq], n_pos, g, s.offsets);
-      s.v_rows.resize(static_cast<size_t>(n_pos));
-      for (int64_t p = 0; p < n_pos; ++p)
-        s.v_rows[static_cast<size_t>(p)] = b.v_cache + s.offsets[static_cast<size_t>(p)];
-      rows_t = t;
-      rows_g = g;
-    }
-    s.scores.resize(static_cast<size_t>(n_kv));
-    s.probs.assign(static_cast<size_t>(n_kv), 0);
-    s.q.resize(static_cast<size_t>(hd));
-    s.acc.resize(static_cast<size_t>(64 * hd));
-    float_to_half_row(b.q + t * q_stride + h * hd, s.q.data(), hd);
-    float* sc = s.scores.data();
-    for (int64_t p = 0; p < n_pos; ++p) {
-      // The cache rows of one head are strided and the weights streamed through the caches
-      // meanwhile evicted them: fetch a few keys ahead.
-      if (p + key_prefetch_distance < n_pos) {
-        prefetch_bytes(b.k_cache + s.offsets[static_cast<size_t>(p + key_prefetch_distance)],
-                       hd * 2);
+    return b.seq_n_tokens != nullptr && b.seq_n_tokens[seq] >= 2 && b.head_dim % lanes == 0;
+  };
+  // Work items, the same list on every thread: a tile of prefill tokens x one kv head (the tiled
+  // kernel, AVX-512 layout), or one (token, query head) pair. Threads take items first, first +
+  // stride, ...: interleaving balances a decode step (a handful of heads) and a causal prefill
+  // chunk (later tokens attend to more keys).
+  const bool tiled = tiled_kernel_built && lanes == 16;
+  int64_t item = 0;
+  int64_t rows_t = -1, rows_g = -1;
+  for (int64_t t = 0; t < b.n_tokens;) {
+    const int32_t seq = b.token_seq[t];
+    const bool gemm = gemm_seq(seq);
+    if (tiled && gemm) {
+      int64_t t1 = t + 1;
+      while (t1 < b.n_tokens && t1 - t < attention_tile_tokens && b.token_seq[t1] == seq) ++t1;
+      for (int64_t g = 0; g < b.n_kv_heads; ++g, ++item) {
+        if ((item - first) % stride == 0 && item >= first) attention_tile(b, s, t, t1, g);
       }
-      const uint16_t* k = b.k_cache + s.offsets[static_cast<size_t>(p)];
-      sc[p] = (gemm ? dot_f16_gemm(k, s.q.data(), hd) : dot_f16(k, s.q.data(), hd)) * b.scale;
+      t = t1;
+      continue;
     }
-    float max = -std::numeric_limits<float>::infinity();
-    for (int64_t p = 0; p < n_pos; ++p) max = std::max(max, sc[p]);
-    // Masked keys (the padding up to n_kv) are -inf, as in llama.cpp's KQ mask: exp gives 0.
-    for (int64_t p = n_pos; p < n_kv; ++p) sc[p] = -std::numeric_limits<float>::infinity();
-    const double sum = exp_sum_row(sc, n_kv, max);
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t p = 0; p < n_pos; ++p)
-      s.probs[static_cast<size_t>(p)] = float_to_half(sc[p] * inv);
-    float* out = b.out + t * q_stride + h * hd;
-    // V is read row by row (no transpose), each column's sum in the chosen dot's order.
-    if (gemm) {
-      dot_f16_gemm_columns(s.v_rows.data(), n_pos, s.probs.data(), n_kv, hd, s.acc.data(), out);
-    } else {
-      dot_f16_columns(s.v_rows.data(), n_pos, s.probs.data(), n_kv, hd, s.acc.data(), out);
+    for (int64_t h = 0; h < b.n_heads; ++h, ++item) {
+      if ((item - first) % stride == 0 && item >= first)
+        attention_one(b, s, t, h, gemm, rows_t, rows_g);
     }
+    ++t;
   }
 }
 

@@ -22,12 +22,16 @@ struct attention_scratch {
   std::vector<const uint16_t*> v_rows;  ///< V rows of one kv head (read without transposing)
   std::vector<float> acc;               ///< dot_f16_columns accumulators
   std::vector<uint16_t> q;
+  // The tiled prefill kernel: a tile's scores [query][key], its queries as floats [query][dim],
+  // 16 keys transposed [dim][16], one converted key row.
+  std::vector<float> tile_scores, tile_q, kt, row, vt, vblock, pf;
 };
 
-/// Runs tasks first, first + stride, ... of `batch`; a task is one (token, query head) pair:
-/// task = token * n_heads + head. Threads take interleaved tasks (first = thread index, stride =
-/// thread count), which balances both a decode step (a handful of heads) and a causal prefill
-/// chunk (later tokens attend to more keys).
+/// Runs work items first, first + stride, ... of `batch` (first = thread index, stride = thread
+/// count). An item is one (token, query head) pair, or — for prefill tokens (GEMM numerics) with
+/// the AVX-512 layout — up to 8 consecutive tokens of a sequence with every query head of one kv
+/// head, which convert and transpose each block of 16 keys once for all their queries. Both give
+/// the same bits (per-key dot products in ggml's order).
 void attention_tasks(const attention_batch& batch, attention_scratch& scratch, int64_t first,
                      int64_t stride);
 
