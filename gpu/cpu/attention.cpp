@@ -76,7 +76,7 @@ void set_rows(const attention_batch& b, attention_scratch& s, int32_t seq, int64
 
 #if defined(__AVX512F__) && defined(__FMA__) && defined(__F16C__)
 constexpr bool tiled_kernel_built = true;
-constexpr int64_t attention_tile_tokens = 8;  // query tokens that share one pass over the keys
+constexpr int64_t attention_tile_tokens = 16;  // query tokens that share one pass over the keys
 
 // dot_f16_gemm (AVX-512 layout) of one query against 16 keys at once, key j in lane j: the same
 // per-key operations in the same order (lane l of the accumulators takes dims l, l + 16, ... by
