@@ -89,6 +89,12 @@ class device {
   virtual void begin_burst() {}
   virtual void end_burst() {}
 
+  /// Runs fn(i) for every i in [0, n) on the device's host threads (CPU: its compute threads;
+  /// elsewhere: in order on the caller), returning when all are done: host work between passes,
+  /// such as sampling each sequence's token. fn must not depend on which thread runs which i.
+  virtual void parallel_host(int64_t n, const std::function<void(int64_t)>& fn) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+  }
   /// CPU: use `n` compute threads from the next op on (clamped to [1, max_compute_threads()]);
   /// results do not depend on the count (docs/engine.md). A survivor of a worker's death borrows
   /// the dead worker's cores this way while it rebuilds migrated requests. No-op on GPUs.

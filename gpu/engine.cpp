@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <unordered_set>
 
 namespace weft::gpu {
@@ -640,6 +641,19 @@ result<std::vector<request_output>> engine::step() {
   }
   std::vector<request_id> finished;
   pool_hidden(batch, fout, in_batch, outputs, finished);
+  // Each row belongs to its own request, whose sampler is its own: rows without a grammar (whose
+  // mask caches are shared) are sampled on the device's host threads first, then everything else
+  // runs in row order as before. The tokens do not depend on it.
+  std::vector<std::optional<sample_result>> sampled(fout.token_index.size());
+  model_.dev().parallel_host(static_cast<int64_t>(sampled.size()), [&](int64_t row) {
+    const int32_t si = batch.seq_index[static_cast<size_t>(fout.token_index[row])];
+    request& r = *requests_.at(in_batch[static_cast<size_t>(si)]);
+    if (r.cons) return;
+    sampled[static_cast<size_t>(row)] =
+        r.smp.sample(std::span<const float>(fout.logits.data() + row * fout.n_vocab,
+                                            static_cast<size_t>(fout.n_vocab)),
+                     r.tokens);
+  });
   for (size_t row = 0; row < fout.token_index.size(); ++row) {
     const int32_t si = batch.seq_index[static_cast<size_t>(fout.token_index[row])];
     request& r = *requests_.at(in_batch[static_cast<size_t>(si)]);
@@ -682,7 +696,7 @@ result<std::vector<request_output>> engine::step() {
       }
       logits = r.masked;
     }
-    sample_result s = r.smp.sample(logits, r.tokens);
+    sample_result s = sampled[row] ? std::move(*sampled[row]) : r.smp.sample(logits, r.tokens);
     request_output out;
     out.id = r.id;
     out.cached_prompt_tokens = r.n_cached;

@@ -18,20 +18,28 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
   const auto n = static_cast<int64_t>(logits.size());
   sample_result res;
 
-  // Log-probabilities under the model (before penalties and temperature).
+  // Log-probabilities under the model (before penalties and temperature). The same pass finds
+  // the first largest logit (std::max_element's answer): greedy without penalties needs no copy.
   float max_raw = -std::numeric_limits<float>::infinity();
-  for (float l : logits) max_raw = std::max(max_raw, l);
+  size_t first_max = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float l = logits[i];
+    max_raw = std::max(max_raw, l);
+    if (logits[first_max] < l) first_max = i;
+  }
   double z = 0.0;
   for (float l : logits) z += std::exp(static_cast<double>(l) - max_raw);
   const double log_z = std::log(z) + max_raw;
-  auto logprob = [&](int32_t t) {
-    return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(t)]) - log_z);
-  };
 
+  const bool penalties = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                         params_.frequency_penalty != 0.0f;
+  if (params_.temperature <= 0.0f && !penalties) {
+    res.token = static_cast<int32_t>(first_max);
+    return finish(res, logits, log_z);
+  }
   work_.assign(logits.begin(), logits.end());
   // Penalties over the last penalty_last_n tokens.
-  if (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
-      params_.frequency_penalty != 0.0f) {
+  if (penalties) {
     size_t start = 0;
     if (params_.penalty_last_n >= 0 &&
         history.size() > static_cast<size_t>(params_.penalty_last_n)) {
@@ -126,7 +134,16 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
     }
   }
   res.token = chosen;
-  res.logprob = logprob(chosen);
+  return finish(res, logits, log_z);
+}
+
+sample_result sampler::finish(sample_result res, std::span<const float> logits,
+                              double log_z) const {
+  const auto n = static_cast<int64_t>(logits.size());
+  auto logprob = [&](int32_t t) {
+    return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(t)]) - log_z);
+  };
+  res.logprob = logprob(res.token);
   if (params_.n_logprobs > 0) {
     const auto k = static_cast<size_t>(std::min<int64_t>(params_.n_logprobs, n));
     std::vector<int32_t> idx(static_cast<size_t>(n));

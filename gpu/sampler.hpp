@@ -72,6 +72,10 @@ class sampler {
   void skip_draws(int64_t n);
 
  private:
+  /// Fills the chosen token's log-probability (and the top alternatives when asked for) under the
+  /// model's distribution, whose log-normaliser is `log_z`.
+  sample_result finish(sample_result res, std::span<const float> logits, double log_z) const;
+
   sampling_params params_;
   std::mt19937_64 rng_;
   std::vector<float> work_;

@@ -360,7 +360,6 @@ bool api_server::impl::fit_context(generation& g, httplib::Response& res) {
   return true;
 }
 
-
 bool api_server::impl::admit(generation& g, httplib::Response& res) {
   // Every choice must be accepted by the router.
   size_t acks = 0;

@@ -209,6 +209,16 @@ class cpu_device final : public device {
   compute_ops& ops() override { return ops_; }
   train::train_kernels* training() override { return &train_; }
 
+  void parallel_host(int64_t n, const std::function<void(int64_t)>& fn) override {
+    if (n <= 1) {
+      if (n == 1) fn(0);
+      return;
+    }
+    pool_.parallel([&](int t, int nt) {
+      for (int64_t i = t; i < n; i += nt) fn(i);
+    });
+  }
+
   void begin_burst() override {
     if (burst_depth_++ == 0) spin_ = std::make_unique<thread_pool::spin_scope>(pool_);
   }

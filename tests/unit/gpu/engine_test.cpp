@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <random>
@@ -397,4 +398,54 @@ TEST(model, logits_do_not_depend_on_the_thread_count) {
           << threads << " threads give other logits than 1";
     }
   }
+}
+
+// The engine samples the rows of a pass on the device's host threads (device::parallel_host):
+// every index exactly once, and each request's seeded tokens and log-probs are those of a
+// one-thread device, bit for bit.
+TEST(device, parallel_host_runs_every_index_once) {
+  auto dev = device_registry::instance().create("cpu", device_config{3, 0});
+  ASSERT_TRUE(dev.ok());
+  for (int64_t n : {0, 1, 2, 7, 1000}) {
+    std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+    (*dev)->parallel_host(n, [&](int64_t i) { seen[static_cast<size_t>(i)].fetch_add(1); });
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)].load(), 1) << i;
+  }
+}
+
+TEST(engine, sampled_tokens_do_not_depend_on_the_thread_count) {
+  std::vector<std::vector<float>> runs;
+  for (int threads : {1, 3}) {
+    auto l = load_tiny(dense_q(ggml_type::q4_1), threads);
+    engine_config ec;
+    ec.kv_blocks = 128;
+    ec.block_size = 8;
+    auto e = engine::create(*l.m, ec);
+    ASSERT_TRUE(e.ok());
+    for (request_id id = 1; id <= 6; ++id) {
+      sampling_params sp;
+      sp.max_tokens = 12;
+      sp.n_logprobs = 2;
+      sp.temperature = id % 3 == 0 ? 0.0f : 0.9f;  // greedy and sampled rows in one pass
+      sp.top_k = id % 2 == 0 ? 20 : 0;
+      sp.seed = 100 + id;
+      ASSERT_TRUE((*e)->add_request(id, prompt_of(5 + static_cast<int>(id), 9 + id), sp).ok());
+    }
+    std::vector<float> trace;  // id, token, log-probs of every output, in output order
+    while ((*e)->has_work()) {
+      auto outs = (*e)->step();
+      ASSERT_TRUE(outs.ok());
+      for (const auto& o : *outs) {
+        for (size_t i = 0; i < o.new_tokens.size(); ++i) {
+          trace.push_back(static_cast<float>(o.id));
+          trace.push_back(static_cast<float>(o.new_tokens[i]));
+          trace.push_back(o.samples[i].logprob);
+          for (const auto& a : o.samples[i].top) trace.push_back(a.logprob);
+        }
+      }
+    }
+    runs.push_back(std::move(trace));
+  }
+  ASSERT_FALSE(runs[0].empty());
+  EXPECT_TRUE(runs[0] == runs[1]) << "3 threads sample other tokens than 1";
 }
