@@ -6,7 +6,7 @@
 #   scripts/setup.sh --test     also the packages the test tiers need (llama-cpp-python, openai,
 #                               torch + transformers for the trainer oracle, matplotlib,
 #                               chromium + websocket-client for the chat page's browser test)
-#   scripts/setup.sh --bench    also the benchmark baselines (ray, matplotlib, llama-server)
+#   scripts/setup.sh --bench    also the benchmark baselines: ray, ray-cpp, matplotlib, llama-server
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -16,7 +16,7 @@ for arg in "$@"; do
   case "$arg" in
     --test) want_test=1 ;;
     --bench) want_bench=1 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -63,6 +63,8 @@ fi
 
 pip_want=()
 py_has() { $PY -c "import $1" >/dev/null 2>&1; }
+# The installed version of a distribution, without importing it ("" if absent).
+py_version() { $PY -c "import importlib.metadata as m;print(m.version('$1'))" 2>/dev/null || true; }
 
 # llama.cpp (the engine oracle's reference) is built for the ISA whose numerics weft reproduces
 # (docs/engine.md, "The host's vector width matters"). On an AVX-512 host that is AVX-512 with
@@ -111,7 +113,11 @@ if [ "$want_test" = 1 ]; then
 fi
 if [ "$want_bench" = 1 ]; then
   py_has matplotlib || pip_want+=(matplotlib)
-  py_has ray || pip_want+=("ray[default]")
+  # Ray's Python actors and its C++ API (ray-cpp: headers, libray_api.so, the C++ worker) are the
+  # baselines of bench/micro/runtime; ray-cpp runs only on the ray of its own version.
+  ray_version=2.60.0
+  { [ "$(py_version ray)" = "$ray_version" ] && [ "$(py_version ray-cpp)" = "$ray_version" ]; } ||
+    pip_want+=("ray[default]==$ray_version" "ray-cpp==$ray_version")
   # The llama.cpp server baseline of `weft bench serve` (python3 -m llama_cpp.server).
   { py_has llama_cpp && py_has uvicorn && py_has sse_starlette && py_has starlette_context; } ||
     pip_want+=("llama-cpp-python[server]==0.3.16")
@@ -129,4 +135,6 @@ fi
 # bench/e2e/serve_vs_llama_server.py, built once from the pinned sdist's llama.cpp source.
 if [ "$want_bench" = 1 ]; then
   "$here/build_llama_server.sh"
+  # The Ray C++ API baseline of weft_bench_runtime (build/ray-cpp/ray_cpp_pingpong).
+  "$here/build_ray_cpp_bench.sh"
 fi

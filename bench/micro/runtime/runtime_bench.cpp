@@ -1,5 +1,6 @@
 // Runtime benchmarks, each beside its baseline in the same run (../shared/BENCHMARKS.md):
-//   actor round trip in process and across processes vs raw TCP ping-pong vs Ray actors;
+//   actor round trip in process and across processes vs raw TCP ping-pong vs Ray actors (Python
+//   and C++ API);
 //   Cap'n Proto encode/decode of a typical control message;
 //   failure detection after SIGKILL and after SIGSTOP of a node process.
 // Writes bench/results/runtime-<date>.json and prints one summary line per figure.
@@ -292,6 +293,25 @@ std::string today() {
   return buf;
 }
 
+/// Runs a baseline program in its own process (ray_pingpong.py, ray_cpp_pingpong): its last line on
+/// stdout is its JSON result, or {"error": ...} when it cannot measure; `what` names it in errors.
+json run_baseline(const std::vector<std::string>& argv, const std::string& what) {
+  auto child = actors::child_process::start(argv);
+  if (!child) return {{"error", what + " did not start: " + child.error().to_string()}};
+  std::string last;
+  while (auto line = child->read_line(180000)) last = *line;
+  auto parsed = json::parse(last, nullptr, false);
+  if (parsed.is_discarded() || !parsed.is_object()) return {{"error", what + " failed"}};
+  return parsed;
+}
+
+/// Where scripts/build_ray_cpp_bench.sh puts the Ray C++ baseline: build/ray-cpp/ of the source
+/// tree (found from ray_pingpong.py's path, bench/micro/runtime/).
+std::string default_ray_cpp_bin() {
+  auto root = std::filesystem::path(WEFT_RAY_SCRIPT).parent_path() / ".." / ".." / "..";
+  return (root / "build" / "ray-cpp" / "ray_cpp_pingpong").lexically_normal().string();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -313,7 +333,13 @@ int main(int argc, char** argv) {
   app.add_option("--decode-threads", serve_decode_threads, "Internal: with --serve");
   bool serve_plain = false;
   app.add_flag("--plain-tcp", serve_plain, "Internal: with --serve, CAF without TLS");
-  app.add_flag("--skip-ray", skip_ray, "Do not run the Ray baseline");
+  app.add_flag("--skip-ray", skip_ray, "Do not run the Ray (Python actors) baseline");
+  bool skip_ray_cpp = false;
+  std::string ray_cpp_bin = default_ray_cpp_bin();
+  app.add_flag("--skip-ray-cpp", skip_ray_cpp, "Do not run the Ray C++ API baseline");
+  app.add_option("--ray-cpp-bin", ray_cpp_bin,
+                 "The Ray C++ baseline program (scripts/build_ray_cpp_bench.sh builds it)")
+      ->capture_default_str();
   app.add_option("--worker-threads", g_worker_threads,
                  "CAF scheduler threads in both processes (0 = weft's default)")
       ->capture_default_str();
@@ -367,14 +393,18 @@ int main(int argc, char** argv) {
   result["cross_process_caf_default_decoding"] = cross_process(1, n);
   result["cross_process_plain_tcp"] = cross_process(0, n, false);
   if (!skip_ray) {
-    auto ray = actors::child_process::start(
-        {"/usr/bin/env", "python3", WEFT_RAY_SCRIPT, std::to_string(std::min(n, 2000))});
-    std::string last;
-    if (ray) {
-      while (auto line = ray->read_line(180000)) last = *line;
-    }
-    auto parsed = json::parse(last, nullptr, false);
-    result["ray"] = parsed.is_discarded() ? json{{"error", "ray baseline failed"}} : parsed;
+    result["ray"] = run_baseline(
+        {"/usr/bin/env", "python3", WEFT_RAY_SCRIPT, std::to_string(std::min(n, 2000))},
+        "ray baseline");
+  }
+  if (!skip_ray_cpp) {
+    // The same ping-pong through Ray's C++ API (no Python on either side); fast enough for all n.
+    result["ray_cpp"] =
+        std::filesystem::exists(ray_cpp_bin)
+            ? run_baseline({ray_cpp_bin, std::to_string(n)}, "ray C++ baseline")
+            : json{{"error", "no Ray C++ baseline at " + ray_cpp_bin +
+                                 ": run scripts/build_ray_cpp_bench.sh (needs pip install "
+                                 "ray-cpp==2.60.0; scripts/setup.sh --bench does both)"}};
   }
   result["capnp_spawn_request"] = capnp_cost(100000);
   result["detect_sigkill"] = detection(SIGKILL, 3);
@@ -420,6 +450,17 @@ int main(int argc, char** argv) {
           "weft %.2fx\n",
           r("ray", "p50_us"), r("ray", "p50_us") / r("cross_process", "p50_us"),
           r("ray", "msgs_per_s"), r("cross_process", "msgs_per_s") / r("ray", "msgs_per_s"));
+    }
+    if (result.contains("ray_cpp") && result["ray_cpp"].contains("p50_us")) {
+      std::printf(
+          "actor round trip vs Ray C++      Ray C++ p50 %.1f us: weft is %.2fx faster (target >= "
+          "2x); Ray C++ %.0f msg/s, weft %.2fx\n",
+          r("ray_cpp", "p50_us"), r("ray_cpp", "p50_us") / r("cross_process", "p50_us"),
+          r("ray_cpp", "msgs_per_s"),
+          r("cross_process", "msgs_per_s") / r("ray_cpp", "msgs_per_s"));
+    } else if (result.contains("ray_cpp")) {
+      std::printf("actor round trip vs Ray C++      not measured: %s\n",
+                  result["ray_cpp"].value("error", std::string("no result")).c_str());
     }
   }
   std::printf(
