@@ -532,6 +532,57 @@ void engine::pool_hidden(const forward_batch& batch, const forward_output& fout,
   }
 }
 
+void engine::fill_batch(const std::vector<request_id>& selected, forward_batch& batch,
+                        std::vector<request_id>& in_batch) const {
+  batch.clear();
+  in_batch.clear();
+  int64_t budget = config_.max_batch_tokens;
+  if (config_.rebuild_batch_tokens > budget) {
+    for (request_id id : selected) {
+      const request& r = *requests_.at(id);
+      if (r.ph == phase::prefill && r.n_replay > 0) budget = config_.rebuild_batch_tokens;
+    }
+  }
+  for (request_id id : selected) {
+    const request& r = *requests_.at(id);
+    if (r.ph != phase::decode || budget < 1) continue;
+    batch.add(r.seq, std::span<const int32_t>(&r.tokens.back(), 1), true);
+    in_batch.push_back(id);
+    --budget;
+  }
+  for (request_id id : selected) {
+    const request& r = *requests_.at(id);
+    if (r.ph != phase::prefill) continue;
+    const int64_t n_true = r.n_prompt - r.n_replay;
+    if (r.n_computed >= n_true) {
+      // Replayed tokens: any chunk size, every token with decode numerics.
+      const int64_t rest = r.n_prompt - r.n_computed;
+      const int64_t chunk = std::min(rest, budget);
+      if (chunk <= 0) continue;
+      batch.add(
+          r.seq,
+          std::span<const int32_t>(r.tokens.data() + r.n_computed, static_cast<size_t>(chunk)),
+          chunk == rest, /*as_decode=*/true);
+      in_batch.push_back(id);
+      budget -= chunk;
+      continue;
+    }
+    const int64_t remaining = n_true - r.n_computed;
+    int64_t chunk = std::min(remaining, budget);
+    // A prompt chunk of one token would switch that token to decode numerics (docs/engine.md):
+    // never leave a single token for the next chunk, never schedule a single-token chunk.
+    if (chunk < remaining && remaining - chunk == 1) --chunk;
+    if (chunk < remaining && chunk < 2) continue;
+    if (chunk <= 0) continue;
+    batch.add(r.seq,
+              std::span<const int32_t>(r.tokens.data() + r.n_computed, static_cast<size_t>(chunk)),
+              chunk == remaining && r.n_replay == 0 && !r.embeds());
+    if (r.embeds()) mark_hidden(batch, r, chunk, chunk == remaining);
+    in_batch.push_back(id);
+    budget -= chunk;
+  }
+}
+
 result<std::vector<request_output>> engine::step() {
   ++iteration_;
   std::vector<request_output> outputs = std::move(pending_);
@@ -547,54 +598,7 @@ result<std::vector<request_output>> engine::step() {
   forward_output fout;
   std::vector<request_id> in_batch;
   for (;;) {
-    batch.clear();
-    in_batch.clear();
-    int64_t budget = config_.max_batch_tokens;
-    if (config_.rebuild_batch_tokens > budget) {
-      for (request_id id : selected) {
-        const request& r = *requests_.at(id);
-        if (r.ph == phase::prefill && r.n_replay > 0) budget = config_.rebuild_batch_tokens;
-      }
-    }
-    for (request_id id : selected) {
-      request& r = *requests_.at(id);
-      if (r.ph != phase::decode || budget < 1) continue;
-      batch.add(r.seq, std::span<const int32_t>(&r.tokens.back(), 1), true);
-      in_batch.push_back(id);
-      --budget;
-    }
-    for (request_id id : selected) {
-      request& r = *requests_.at(id);
-      if (r.ph != phase::prefill) continue;
-      const int64_t n_true = r.n_prompt - r.n_replay;
-      if (r.n_computed >= n_true) {
-        // Replayed tokens: any chunk size, every token with decode numerics.
-        const int64_t rest = r.n_prompt - r.n_computed;
-        const int64_t chunk = std::min(rest, budget);
-        if (chunk <= 0) continue;
-        batch.add(
-            r.seq,
-            std::span<const int32_t>(r.tokens.data() + r.n_computed, static_cast<size_t>(chunk)),
-            chunk == rest, /*as_decode=*/true);
-        in_batch.push_back(id);
-        budget -= chunk;
-        continue;
-      }
-      const int64_t remaining = n_true - r.n_computed;
-      int64_t chunk = std::min(remaining, budget);
-      // A prompt chunk of one token would switch that token to decode numerics (docs/engine.md):
-      // never leave a single token for the next chunk, never schedule a single-token chunk.
-      if (chunk < remaining && remaining - chunk == 1) --chunk;
-      if (chunk < remaining && chunk < 2) continue;
-      if (chunk <= 0) continue;
-      batch.add(
-          r.seq,
-          std::span<const int32_t>(r.tokens.data() + r.n_computed, static_cast<size_t>(chunk)),
-          chunk == remaining && r.n_replay == 0 && !r.embeds());
-      if (r.embeds()) mark_hidden(batch, r, chunk, chunk == remaining);
-      in_batch.push_back(id);
-      budget -= chunk;
-    }
+    fill_batch(selected, batch, in_batch);
     if (batch.tokens.empty()) {
       note_scheduled(in_batch);
       return outputs;

@@ -204,6 +204,10 @@ class engine {
   std::vector<request_id> select(const std::vector<request_id>& order,
                                  std::vector<request_output>& outputs);
   bool make_room(int64_t need_blocks, const std::vector<request_id>& order, size_t lower_from);
+  /// The pass's tokens for the selected requests within the step's budget: every decode first,
+  /// then prompt and replay chunks in rank order (`in_batch`: the requests in it, in batch order).
+  void fill_batch(const std::vector<request_id>& selected, forward_batch& batch,
+                  std::vector<request_id>& in_batch) const;
   /// Gives `r` the next arrival number, makes it live and tells the policy.
   void enqueue(std::unique_ptr<request> r);
   void admit(request& r);
