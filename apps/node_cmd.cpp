@@ -8,6 +8,7 @@
 
 #include "actors/cache/cache_shard.hpp"
 #include "actors/node.hpp"
+#include "actors/rl/rollout_agent.hpp"
 #include "actors/serve/engine_worker.hpp"
 #include "actors/train/trainer.hpp"
 #include "apps/cluster_options.hpp"
@@ -83,6 +84,7 @@ int run_node(const node_cli& cli) {
   serve::add_serve_roles(*roles);
   cache::add_cache_roles(*roles);
   train::add_train_roles(*roles);
+  rl::add_rl_roles(*roles);
   add_extra_roles(*roles);
   auto node = actors::node::start(opts, roles);
   if (!node) {

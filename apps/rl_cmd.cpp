@@ -22,6 +22,7 @@
 #include "apps/commands.hpp"
 #include "apps/config_file.hpp"
 #include "apps/reward_http.hpp"
+#include "apps/rl_agents.hpp"
 #include "apps/rl_report.hpp"
 #include "apps/train_report.hpp"
 #include "gpu/ggml_types.hpp"
@@ -98,6 +99,11 @@ struct rl_options {
   int reward_restarts = 3;
   std::string write_sft_path;
   int64_t sft_examples = 1000;
+  int agents = 0;  ///< rollout agents in node processes (0: the engine in this process)
+  // The agents' options: 0 / empty when not given (refused without --agents).
+  int agent_threads = 0;               ///< default 1
+  std::string dispatch;                ///< default length-aware
+  double weight_sync_timeout_s = 0.0;  ///< default 60
 };
 
 /// The task of the run: a dataset when --data is given, else a built-in procedural task.
@@ -256,7 +262,8 @@ bool resume_rl(const rl_options& o, grpo_loop& loop) {
 /// training and builds the loop; null with the exit status in `rc` when that fails.
 std::unique_ptr<grpo_loop> open_loop(const rl_options& o, const rl_task& task,
                                      const grpo_loop_config& cfg,
-                                     std::optional<gpu::gguf_file>& file, int& rc) {
+                                     std::optional<gpu::gguf_file>& file, int& rc,
+                                     std::shared_ptr<rollout_backend> backend) {
   spdlog::info("loading {}", o.model_path);
   auto opened = gpu::gguf_file::open(o.model_path);
   if (!opened) {
@@ -271,9 +278,17 @@ std::unique_ptr<grpo_loop> open_loop(const rl_options& o, const rl_task& task,
     rc = 1;
     return nullptr;
   }
-  spdlog::info("{} trainable parameters (f32) trained on {}; rollout engine on {} with {} weights",
-               (*weights)->n_parameters(), cfg.train_device, cfg.rollout_device, o.rollout_type);
-  auto made = grpo_loop::create(*file, std::move(*weights), task, cfg);
+  if (o.agents > 0) {
+    spdlog::info(
+        "{} trainable parameters (f32) trained on {}; {} rollout agents on {} with {} "
+        "weights",
+        (*weights)->n_parameters(), cfg.train_device, o.agents, cfg.rollout_device, o.rollout_type);
+  } else {
+    spdlog::info(
+        "{} trainable parameters (f32) trained on {}; rollout engine on {} with {} weights",
+        (*weights)->n_parameters(), cfg.train_device, cfg.rollout_device, o.rollout_type);
+  }
+  auto made = grpo_loop::create(*file, std::move(*weights), task, cfg, std::move(backend));
   if (!made) {
     spdlog::error("{}", made.error().message());
     rc = made.error().code() == gpu::status_code::invalid_argument ? 2 : 1;
@@ -293,6 +308,11 @@ int run_rl(const rl_options& o) {
     spdlog::error("--resume needs --checkpoint-dir");
     return 2;
   }
+  if (o.agents == 0 &&
+      (o.agent_threads > 0 || !o.dispatch.empty() || o.weight_sync_timeout_s > 0)) {
+    spdlog::error("--agent-threads, --dispatch and --weight-sync-timeout-s need --agents N");
+    return 2;
+  }
   auto cfg = make_loop_config(o);
   if (!cfg) {
     spdlog::error("{}", cfg.error().message());
@@ -310,10 +330,34 @@ int run_rl(const rl_options& o) {
         "correction {}",
         o.max_staleness, o.off_policy);
   }
+  // With --agents the rollout engines live in node processes started here; the cluster is
+  // declared after the loop below, so it is stopped before the loop (its backend) is destroyed.
+  std::unique_ptr<rl_agent_cluster> starting;
+  if (o.agents > 0) {
+    rl_agents_options ao;
+    ao.agents = o.agents;
+    ao.agent_threads = o.agent_threads > 0 ? o.agent_threads : 1;
+    ao.length_aware = o.dispatch != "round-robin";
+    ao.weight_timeout_ms = static_cast<uint32_t>(
+        (o.weight_sync_timeout_s > 0.0 ? o.weight_sync_timeout_s : 60.0) * 1000.0);
+    ao.model_path = o.model_path;
+    ao.weight_type = o.rollout_type;
+    ao.device = cfg->rollout_device;
+    const auto p = grpo_loop::engine_params(*cfg);
+    ao.max_sequences = p.max_sequences;
+    ao.max_new_tokens = p.max_new_tokens;
+    auto started = rl_agent_cluster::start(ao);
+    if (!started) {
+      spdlog::error("rollout agents: {}", started.error().message);
+      return 1;
+    }
+    starting = std::move(*started);
+  }
   std::optional<gpu::gguf_file> file;
   int rc = 0;
-  auto made = open_loop(o, *task, *cfg, file, rc);
+  auto made = open_loop(o, *task, *cfg, file, rc, starting ? starting->backend() : nullptr);
   if (!made) return rc;
+  const std::unique_ptr<rl_agent_cluster> cluster = std::move(starting);
   grpo_loop& loop = *made;
   std::optional<reward_process> rewards;
   if (!o.reward_cmd.empty()) use_reward_process(o, loop, rewards);
@@ -600,6 +644,23 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
                   "Weight type of the rollout engine: f32 (closest to the trainer), bf16 or f16")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  cmd->add_option("--agents", o->agents,
+                  "Rollout agents, each in its own `weft node` process on this host (placed and "
+                  "restarted by a supervisor; weights pushed over UCX after every step). 0: the "
+                  "rollout engine runs in this process")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--agent-threads", o->agent_threads,
+                  "--agents: compute threads of each agent (default 1)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--dispatch", o->dispatch,
+                  "--agents: length-aware (a prompt's group goes, predicted-longest first, to "
+                  "the least-loaded agent; default) or round-robin")
+      ->check(CLI::IsMember({"length-aware", "round-robin"}));
+  cmd->add_option("--weight-sync-timeout-s", o->weight_sync_timeout_s,
+                  "--agents: an agent that has not pulled and applied a new weight version "
+                  "within this many seconds is restarted (default 60)")
+      ->check(CLI::Range(1.0, 3600.0));
 }
 
 /// Checkpoints, export and what the run shows.

@@ -200,6 +200,18 @@ capnp::StructSchema schema_of(kind k) {
       return capnp::Schema::from<wire::UserMessage>();
     case kind::transport_faults:
       return capnp::Schema::from<wire::TransportFaults>();
+    case kind::rollout_agent_hello:
+      return capnp::Schema::from<wire::RolloutAgentHello>();
+    case kind::rollout_batch:
+      return capnp::Schema::from<wire::RolloutBatch>();
+    case kind::rollout_abort:
+      return capnp::Schema::from<wire::RolloutAbort>();
+    case kind::rollout_progress:
+      return capnp::Schema::from<wire::RolloutProgress>();
+    case kind::weight_offer:
+      return capnp::Schema::from<wire::WeightOffer>();
+    case kind::weight_ack:
+      return capnp::Schema::from<wire::WeightAck>();
     case kind::none:
     case kind::oversize:
       break;
@@ -209,8 +221,7 @@ capnp::StructSchema schema_of(kind k) {
 
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
-  return v >= static_cast<uint16_t>(kind::error) &&
-         v <= static_cast<uint16_t>(kind::transport_faults);
+  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::weight_ack);
 }
 
 }  // namespace
@@ -375,6 +386,18 @@ const char* to_string(kind k) {
       return "UserMessage";
     case kind::transport_faults:
       return "TransportFaults";
+    case kind::rollout_agent_hello:
+      return "RolloutAgentHello";
+    case kind::rollout_batch:
+      return "RolloutBatch";
+    case kind::rollout_abort:
+      return "RolloutAbort";
+    case kind::rollout_progress:
+      return "RolloutProgress";
+    case kind::weight_offer:
+      return "WeightOffer";
+    case kind::weight_ack:
+      return "WeightAck";
     case kind::oversize:
       return "oversize";
   }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "schema/control.capnp.h"
+#include "schema/rl.capnp.h"
 #include "schema/serve.capnp.h"
 #include "schema/status.hpp"
 #include "schema/train.capnp.h"
@@ -67,6 +68,12 @@ enum class kind : uint16_t {
   /// A struct of an embedder's own schema (wire::UserMessage; envelope::build_user/read_user).
   user = 38,
   transport_faults = 39,
+  rollout_agent_hello = 40,
+  rollout_batch = 41,
+  rollout_abort = 42,
+  rollout_progress = 43,
+  weight_offer = 44,
+  weight_ack = 45,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -119,6 +126,12 @@ WEFT_SCHEMA_KIND(TrainerDone, trainer_done)
 WEFT_SCHEMA_KIND(TrainerStarted, trainer_started)
 WEFT_SCHEMA_KIND(UserMessage, user)
 WEFT_SCHEMA_KIND(TransportFaults, transport_faults)
+WEFT_SCHEMA_KIND(RolloutAgentHello, rollout_agent_hello)
+WEFT_SCHEMA_KIND(RolloutBatch, rollout_batch)
+WEFT_SCHEMA_KIND(RolloutAbort, rollout_abort)
+WEFT_SCHEMA_KIND(RolloutProgress, rollout_progress)
+WEFT_SCHEMA_KIND(WeightOffer, weight_offer)
+WEFT_SCHEMA_KIND(WeightAck, weight_ack)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults

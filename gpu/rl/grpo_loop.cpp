@@ -47,9 +47,21 @@ grpo_loop::grpo_loop(std::unique_ptr<train::trainable_model<float>> model, const
 
 grpo_loop::~grpo_loop() = default;
 
+rollout_engine_params grpo_loop::engine_params(const grpo_loop_config& config) {
+  rollout_engine_params p;
+  // Every step that may be generating at once, and an evaluation beside them.
+  p.max_sequences = config.prompts_per_step * config.group_size * (1 + config.max_staleness) +
+                    config.eval_prompts;
+  p.max_new_tokens = config.max_new_tokens;
+  p.weight_type = config.rollout_type;
+  p.device = config.rollout_device;
+  p.threads = config.engine_threads;
+  return p;
+}
+
 result<std::unique_ptr<grpo_loop>> grpo_loop::create(
     const gguf_file& source, std::unique_ptr<train::trainable_model<float>> model,
-    const rl_task& task, const grpo_loop_config& config) {
+    const rl_task& task, const grpo_loop_config& config, std::shared_ptr<rollout_backend> backend) {
   if (config.prompts_per_step < 1 || config.group_size < 2 || config.max_new_tokens < 1) {
     return status{status_code::invalid_argument,
                   "GRPO needs at least 1 prompt per step, a group of at least 2 samples and at "
@@ -83,47 +95,17 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
     }
     loop->chat_ = std::make_unique<chat_template>(std::move(*chat));
   }
-  // The rollout engine serves an in-memory image of the trainer's weights, updated in place.
-  auto image = train::export_gguf_bytes(source, *loop->model_, config.rollout_type);
-  if (!image) return image.error();
-  auto file = gguf_file::parse(*image);
-  if (!file) return file.error();
-  image->clear();
-  image->shrink_to_fit();
-  auto dev = device_registry::instance().open(config.rollout_device, config.engine_threads);
-  if (!dev) return status{dev.error().code(), "rollout engine: " + dev.error().message()};
-  loop->dev_ = std::move(*dev);
-  model_load_config mc;
-  mc.max_batch_tokens = 512;
-  auto m = gpu::model::load(std::move(*file), *loop->dev_, mc);
-  if (!m) {
-    return status{m.error().code(), "rollout engine on " + config.rollout_device + " with " +
-                                        std::string(type_name(config.rollout_type)) +
-                                        " weights: " + m.error().message()};
+  if (backend) {
+    loop->backend_ = std::move(backend);
+  } else {
+    // One engine in this process over an in-memory image of the trainer's weights, updated in
+    // place after every step.
+    const tokenizer* tk = loop->tok_.get();
+    auto local = local_rollout_backend::create(source, *loop->model_, engine_params(config),
+                                               [tk](int32_t id) { return tk->token_to_piece(id); });
+    if (!local) return local.error();
+    loop->backend_ = std::move(*local);
   }
-  loop->engine_model_ = std::move(*m);
-  engine_config ec;
-  // Every step that may be generating at once, and an evaluation beside them.
-  const int64_t samples = config.prompts_per_step * config.group_size * (1 + config.max_staleness) +
-                          config.eval_prompts;
-  ec.max_running = samples;
-  ec.max_batch_tokens = 512;
-  ec.block_size = 16;
-  // Room for every sample at once (a prompt of ~128 tokens and the completion; the group's
-  // samples share their prompt's full blocks), within 1 GiB of KV; beyond that the engine queues
-  // or swaps samples. Never less than the longest single request (a 512-token prompt).
-  const kv_layout layout = loop->engine_model_->kv_layout_for(ec.block_size);
-  const int64_t block_bytes = static_cast<int64_t>(layout.block_bytes()) * layout.n_layers * 2;
-  const int64_t per_sample = (128 + config.max_new_tokens) / ec.block_size + 2;
-  const int64_t longest = (512 + config.max_new_tokens) / ec.block_size + 2;
-  ec.kv_blocks = std::max(
-      longest,
-      std::min(samples * per_sample, (int64_t{1} << 30) / std::max<int64_t>(1, block_bytes)));
-  const tokenizer* tk = loop->tok_.get();
-  ec.detokenize = [tk](int32_t id) { return tk->token_to_piece(id); };
-  auto e = engine::create(*loop->engine_model_, ec);
-  if (!e) return e.error();
-  loop->engine_ = std::move(*e);
   if (config.grpo.kl_coef > 0.0) {
     auto ref = train::trainable_model<float>::load(source);
     if (!ref) return ref.error();
@@ -214,26 +196,27 @@ result<std::vector<rollout_sample>> grpo_loop::generate(const std::vector<rl_pro
   const auto eog = tok_->end_of_generation_ids();
   const std::vector<int32_t> stops(eog.begin(), eog.end());
   direct_.clear();
+  std::vector<rollout_request> requests;
   for (size_t g = 0; g < prompts.size(); ++g) {
     status st;
     auto ids = encode_prompt(prompts[g], st);
     if (!st) return st;
     for (int64_t j = 0; j < group_size; ++j) {
-      const request_id id = next_request_++;
-      if (auto a = engine_->add_request(
-              id, ids,
-              rollout_params(sample_seed(seed_base, static_cast<int64_t>(g), j),
-                             config_.max_new_tokens, greedy, stops));
-          !a) {
-        return a;
-      }
+      rollout_request r;
+      r.id = next_request_++;
+      r.prompt = ids;
+      r.params = rollout_params(sample_seed(seed_base, static_cast<int64_t>(g), j),
+                                config_.max_new_tokens, greedy, stops);
+      r.group = group_size > 1 ? static_cast<int64_t>(g) : -1;
       rollout_sample s;
       s.group = static_cast<int64_t>(g);
       s.prompt = ids;
-      direct_[id] = out.size();
+      direct_[r.id] = out.size();
       out.push_back(std::move(s));
+      requests.push_back(std::move(r));
     }
   }
+  if (auto st = backend_->add(std::move(requests)); !st) return st;
   direct_out_ = &out;
   size_t finished = 0;
   status st;
@@ -250,37 +233,38 @@ status grpo_loop::start_step(int64_t m) {
   const auto eog = tok_->end_of_generation_ids();
   const std::vector<int32_t> stops(eog.begin(), eog.end());
   const uint64_t base = step_seed(config_.seed, m);
+  std::vector<rollout_request> requests;
   for (int64_t g = 0; g < config_.prompts_per_step; ++g) {
     p.prompts.push_back(prompts_.next());
     status st;
     auto ids = encode_prompt(p.prompts.back(), st);
     if (!st) return st;
     for (int64_t j = 0; j < config_.group_size; ++j) {
-      const request_id id = next_request_++;
-      if (auto a = engine_->add_request(
-              id, ids,
-              rollout_params(sample_seed(base, g, j), config_.max_new_tokens, false, stops));
-          !a) {
-        return a;
-      }
+      rollout_request r;
+      r.id = next_request_++;
+      r.prompt = ids;
+      r.params = rollout_params(sample_seed(base, g, j), config_.max_new_tokens, false, stops);
+      r.group = m * config_.prompts_per_step + g;
       rollout_sample s;
       s.group = g;
       s.prompt = ids;
-      slots_[id] = slot{m, p.samples.size()};
+      slots_[r.id] = slot{m, p.samples.size()};
       p.samples.push_back(std::move(s));
+      requests.push_back(std::move(r));
     }
   }
+  if (auto st = backend_->add(std::move(requests)); !st) return st;
   p.group_finished.assign(static_cast<size_t>(config_.prompts_per_step), 0);
   pending_.emplace(m, std::move(p));
   return {};
 }
 
 status grpo_loop::pump(size_t& direct_finished) {
-  auto outputs = engine_->step();
+  auto outputs = backend_->poll();
   if (!outputs) return outputs.error();
-  for (auto& o : *outputs) {
+  for (auto& [o, version] : *outputs) {
     if (auto d = direct_.find(o.id); d != direct_.end()) {
-      auto done = append_output((*direct_out_)[d->second], o, version_);
+      auto done = append_output((*direct_out_)[d->second], o, version);
       if (!done) return done.error();
       if (*done) ++direct_finished;
       continue;
@@ -294,7 +278,7 @@ status grpo_loop::pump(size_t& direct_finished) {
       slots_.erase(it);
       continue;
     }
-    auto done = append_output(pending_.at(where.step).samples[where.index], o, version_);
+    auto done = append_output(pending_.at(where.step).samples[where.index], o, version);
     if (!done) return done.error();
     if (*done) {
       slots_.erase(it);
@@ -347,12 +331,13 @@ result<std::vector<double>> grpo_loop::score(const std::vector<rl_prompt>& promp
 
 status grpo_loop::push_weights() {
   if (auto st = model_->pull_to_host(nullptr); !st) return st;
+  std::vector<named_weights> tensors;
   for (const auto& p : std::as_const(*model_).parameters()) {
-    if (auto st = engine_model_->set_weight(p.name, p.value); !st) return st;
+    tensors.push_back(named_weights{p.name, p.value});
   }
+  // Cached prefixes were computed with the old weights: the backend never matches them again.
+  if (auto st = backend_->publish(version_ + 1, tensors); !st) return st;
   ++version_;
-  // Cached prefixes were computed with the old weights: never match them again.
-  engine_->kv().set_prefix_namespace(static_cast<uint64_t>(version_));
   return {};
 }
 
@@ -366,7 +351,7 @@ result<rl_step_record> grpo_loop::step() {
       if (auto st = start_step(m); !st) return st;
     }
     if (sched_.ready()) break;
-    if (!engine_->has_work()) {
+    if (!backend_->has_work()) {
       return status{status_code::internal, "step " + std::to_string(step_ + 1) +
                                                ": the engine is idle but the rollouts of the "
                                                "step are not complete"};
@@ -602,10 +587,10 @@ status grpo_loop::restore(const train::checkpoint_state& s) {
   if (auto st = train::restore_parameters(s, model_->parameters(), opt_); !st) return st;
   model_->host_replaced();
   for (const auto& [id, where] : slots_) {
-    if (auto st = engine_->abort(id); !st) return st;
+    if (auto st = backend_->abort(id); !st) return st;
   }
   size_t none = 0;
-  while (engine_->has_work()) {
+  while (backend_->has_work()) {
     if (auto st = pump(none); !st) return st;
   }
   slots_.clear();
@@ -624,10 +609,8 @@ status grpo_loop::restore(const train::checkpoint_state& s) {
     x.completion_tokens = r.tokens;
     history_.push_back(x);
   }
-  if (auto st = push_weights(); !st) return st;
-  version_ = step_;  // one version per step, as in an uninterrupted run
-  engine_->kv().set_prefix_namespace(static_cast<uint64_t>(version_));
-  return {};
+  version_ = step_ - 1;  // one version per step, as in an uninterrupted run
+  return push_weights();
 }
 
 result<rl_eval_record> grpo_loop::evaluate() {

@@ -25,6 +25,7 @@
 #include "gpu/gguf.hpp"
 #include "gpu/model.hpp"
 #include "gpu/rl/grpo.hpp"
+#include "gpu/rl/rollout_backend.hpp"
 #include "gpu/rl/rollout_scheduler.hpp"
 #include "gpu/rl/tasks.hpp"
 #include "gpu/status.hpp"
@@ -125,9 +126,12 @@ class grpo_loop {
  public:
   /// `source` is the model file the weights came from (metadata and tokenizer of the rollout
   /// engine's image); `model` the trainable weights (moved in); `task` must outlive the loop.
+  /// `backend` generates the rollouts (e.g. rollout agents in other processes); null: one engine
+  /// in this process, on config.rollout_device (`local_rollout_backend`).
   static result<std::unique_ptr<grpo_loop>> create(
       const gguf_file& source, std::unique_ptr<train::trainable_model<float>> model,
-      const rl_task& task, const grpo_loop_config& config);
+      const rl_task& task, const grpo_loop_config& config,
+      std::shared_ptr<rollout_backend> backend = nullptr);
   ~grpo_loop();
 
   /// Scores samples with `reward` instead of the task's verifier (training and evaluation).
@@ -161,8 +165,11 @@ class grpo_loop {
   const std::vector<rl_step_record>& history() const { return history_; }
   const prompt_source& prompts() const { return prompts_; }
   const rollout_scheduler& scheduler() const { return sched_; }
-  /// The rollout engine's model (its weights are the trainer's at version()).
-  gpu::model& rollout_model() { return *engine_model_; }
+  /// The rollout engine's model when it runs in this process (its weights are the trainer's at
+  /// version()); null with rollout agents.
+  gpu::model* rollout_model() { return backend_->local_model(); }
+  /// How the engine of every rollout backend is sized for this configuration.
+  static rollout_engine_params engine_params(const grpo_loop_config& config);
 
  private:
   grpo_loop(std::unique_ptr<train::trainable_model<float>> model, const rl_task& task,
@@ -204,9 +211,7 @@ class grpo_loop {
   prompt_source prompts_;
   std::unique_ptr<tokenizer> tok_;
   std::unique_ptr<chat_template> chat_;
-  std::unique_ptr<device> dev_;
-  std::unique_ptr<gpu::model> engine_model_;
-  std::unique_ptr<engine> engine_;
+  std::shared_ptr<rollout_backend> backend_;
   train::adamw opt_;
   std::vector<uint8_t> decay_;
   int64_t step_ = 0;

@@ -85,7 +85,7 @@ TEST(grpo_loop, sync_runs_repeat_bit_for_bit_and_the_engine_serves_the_trainers_
     const auto& pb = b->model().parameters()[i];
     ASSERT_EQ(pa.value, pb.value) << pa.name;
     // The rollout engine's f32 copy is the trainer's, bit for bit.
-    const gguf_tensor* t = a->rollout_model().file().find_tensor(pa.name);
+    const gguf_tensor* t = a->rollout_model()->file().find_tensor(pa.name);
     ASSERT_NE(t, nullptr);
     ASSERT_EQ(std::memcmp(t->data, pa.value.data(), pa.value.size() * sizeof(float)), 0) << pa.name;
   }

@@ -1,0 +1,576 @@
+#include "actors/rl/remote_rollouts.hpp"
+
+#include <spdlog/spdlog.h>
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "actors/rl/rl_atoms.hpp"
+#include "actors/rl/weight_image.hpp"
+#include "gpu/rl/dispatch.hpp"
+#include "schema/caf_bridge.hpp"
+#include "transport/checksum.hpp"
+#include "transport/registry.hpp"
+
+namespace weft::rl {
+
+using schema::envelope;
+namespace wire = schema::wire;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+/// What the controller actor hands to the loop's thread.
+struct event {
+  enum class type { hello, tokens, ack, down } what = type::hello;
+  caf::actor who;        ///< hello: the agent
+  caf::actor_addr from;  ///< tokens, ack, down: the sender
+  envelope env;
+};
+
+struct event_queue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<event> events;
+  void push(event e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(std::move(e));
+    }
+    cv.notify_all();
+  }
+};
+
+caf::behavior controller_actor(caf::event_based_actor* self, std::shared_ptr<event_queue> q) {
+  self->set_down_handler([q](const caf::down_msg& dm) {
+    q->push(event{event::type::down, {}, dm.source, {}});
+  });
+  auto sender_addr = [self] {
+    const auto& s = self->current_sender();
+    return s ? s->address() : caf::actor_addr{};
+  };
+  return {
+      [self, q](r_hello_atom, const envelope& env) {
+        const auto& s = self->current_sender();
+        if (!s) return;
+        if (auto h = env.read<wire::RolloutAgentHello>(); !h) {
+          spdlog::warn("rl controller: bad hello: {}", h.error().message);
+          return;
+        }
+        auto who = caf::actor_cast<caf::actor>(s);
+        self->monitor(who);
+        q->push(event{event::type::hello, who, {}, env});
+      },
+      [q, sender_addr](r_tokens_atom, const envelope& env) {
+        q->push(event{event::type::tokens, {}, sender_addr(), env});
+      },
+      [q, sender_addr](r_ack_atom, const envelope& env) {
+        q->push(event{event::type::ack, {}, sender_addr(), env});
+      },
+  };
+}
+
+uint64_t prompt_key(const std::vector<int32_t>& prompt) {
+  return transport::checksum(prompt.data(), prompt.size() * sizeof(int32_t));
+}
+
+}  // namespace
+
+struct remote_rollouts::impl {
+  remote_rollouts_config cfg;
+  caf::actor_system* sys = nullptr;
+  std::shared_ptr<event_queue> queue = std::make_shared<event_queue>();
+  caf::actor controller;
+  std::unique_ptr<transport::engine> transport;
+  std::unique_ptr<weight_image> image;
+  int64_t version = 0;
+
+  struct agent_slot {
+    caf::actor who;
+    bool alive = false;
+    bool ready = false;  ///< holds `version` and takes rollouts
+    uint32_t pid = 0;
+    std::map<gpu::request_id, double> assigned;  ///< rollouts and their predicted cost
+    double load = 0.0;
+  };
+  std::vector<agent_slot> agents;
+
+  struct tracked {
+    gpu::rl::rollout_request req;
+    uint64_t key = 0;
+    int agent = -1;                  ///< -1: waiting for an agent
+    std::vector<int32_t> generated;  ///< tokens so far (replayed when it moves)
+  };
+  std::unordered_map<gpu::request_id, tracked> live;
+  std::vector<gpu::request_id> waiting;  ///< in arrival order
+  std::vector<gpu::rl::rollout_output> ready;
+  gpu::rl::length_ranker ranker;
+  int rr_next = 0;
+  remote_rollouts_stats st;
+  clock_type::time_point no_agent_since = clock_type::now();
+  clock_type::time_point offered_at{};
+  std::string failure;  ///< set by handlers: poll() reports it
+
+  int slot_of(const caf::actor_addr& a) const {
+    for (size_t i = 0; i < agents.size(); ++i) {
+      if (agents[i].alive && agents[i].who.address() == a) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  void send(const caf::actor& to, caf::atom_value what, envelope env) {
+    caf::send_as(controller, to, what, std::move(env));
+  }
+
+  void offer_to(agent_slot& a) {
+    auto env = image->offer(cfg.weight_timeout_ms);
+    if (!env) {
+      failure = "weight offer: " + env.error().message;
+      return;
+    }
+    a.ready = false;
+    caf::send_as(controller, a.who, r_offer_atom::value, std::move(*env));
+  }
+
+  void on_hello(const event& e) {
+    auto h = e.env.read<wire::RolloutAgentHello>();
+    if (!h) return;
+    const uint32_t idx = h->get().getAgent();
+    if (idx >= agents.size()) {
+      spdlog::warn("rl controller: hello of agent {} in a run of {}", idx, agents.size());
+      return;
+    }
+    if (agents[idx].alive) lose(static_cast<int>(idx), "replaced by a new incarnation");
+    agent_slot& a = agents[idx];
+    a.who = e.who;
+    a.alive = true;
+    a.pid = h->get().getPid();
+    a.assigned.clear();
+    a.load = 0.0;
+    // An agent starts with the model file's weights: version 0 until the first publish().
+    if (image == nullptr || image->version() == h->get().getVersion()) {
+      a.ready = true;
+      spdlog::info("rollout agent {} ready (pid {})", idx, a.pid);
+    } else {
+      spdlog::info("rollout agent {} joined (pid {}); sending weight version {}", idx, a.pid,
+                   image->version());
+      offer_to(a);
+    }
+  }
+
+  void on_ack(const event& e) {
+    const int i = slot_of(e.from);
+    if (i < 0) return;
+    auto k = e.env.read<wire::WeightAck>();
+    if (!k) {
+      spdlog::warn("rollout agent {} sent a malformed weight acknowledgement ({}); restarting it",
+                   i, k.error().message);
+      stop_agent(i);
+      return;
+    }
+    agent_slot& a = agents[static_cast<size_t>(i)];
+    if (k->get().getError().size() != 0) {
+      spdlog::warn("rollout agent {} could not take weight version {}: {}; restarting it", i,
+                   k->get().getVersion(), k->get().getError().cStr());
+      stop_agent(i);
+      return;
+    }
+    if (image == nullptr || k->get().getVersion() != image->version()) return;  // an older offer
+    a.ready = true;
+    st.last_pull_s = std::max(st.last_pull_s, k->get().getPullSeconds());
+  }
+
+  void on_tokens(const event& e) {
+    const int i = slot_of(e.from);
+    if (i < 0) return;  // a lost agent's late outputs
+    auto p = e.env.read<wire::RolloutProgress>();
+    if (!p) {
+      spdlog::warn("rollout agent {} sent a malformed progress report ({}); restarting it", i,
+                   p.error().message);
+      stop_agent(i);
+      return;
+    }
+    const int64_t v = p->get().getVersion();
+    for (auto o : p->get().getOutputs()) {
+      auto it = live.find(o.getId());
+      if (it == live.end() || it->second.agent != i) continue;
+      tracked& t = it->second;
+      if (o.getFinish() > static_cast<uint8_t>(gpu::finish_reason::error) ||
+          o.getLogprobs().size() != o.getTokens().size()) {
+        spdlog::warn("rollout agent {} sent a malformed output for rollout {}; restarting it", i,
+                     o.getId());
+        stop_agent(i);
+        return;
+      }
+      gpu::rl::rollout_output out;
+      out.version = v;
+      out.out.id = o.getId();
+      for (size_t k = 0; k < o.getTokens().size(); ++k) {
+        out.out.new_tokens.push_back(o.getTokens()[static_cast<unsigned>(k)]);
+        gpu::sample_result s;
+        s.token = out.out.new_tokens.back();
+        s.logprob = o.getLogprobs()[static_cast<unsigned>(k)];
+        out.out.samples.push_back(std::move(s));
+      }
+      out.out.text_delta.assign(reinterpret_cast<const char*>(o.getText().begin()),
+                                o.getText().size());
+      out.out.finish = static_cast<gpu::finish_reason>(o.getFinish());
+      out.out.stop_sample.token = o.getStopToken();
+      out.out.stop_sample.logprob = o.getStopLogprob();
+      out.out.error = o.getError().cStr();
+      t.generated.insert(t.generated.end(), out.out.new_tokens.begin(), out.out.new_tokens.end());
+      if (out.out.finish != gpu::finish_reason::none) {
+        agent_slot& a = agents[static_cast<size_t>(i)];
+        if (auto at = a.assigned.find(o.getId()); at != a.assigned.end()) {
+          a.load -= at->second;
+          a.assigned.erase(at);
+        }
+        const auto n_prompt = static_cast<int64_t>(t.req.prompt.size());
+        ranker.observe(t.key, n_prompt, static_cast<int64_t>(t.generated.size()));
+        live.erase(it);
+      }
+      ready.push_back(std::move(out));
+    }
+  }
+
+  /// The agent's rollouts go back to the waiting list (they resume elsewhere).
+  void lose(int i, const std::string& why) {
+    agent_slot& a = agents[static_cast<size_t>(i)];
+    if (!a.alive) return;
+    a.alive = false;
+    a.ready = false;
+    ++st.agents_lost;
+    int64_t moved = 0;
+    for (const auto& [id, cost] : a.assigned) {
+      auto it = live.find(id);
+      if (it == live.end()) continue;
+      it->second.agent = -1;
+      waiting.push_back(id);
+      ++moved;
+    }
+    a.assigned.clear();
+    a.load = 0.0;
+    std::sort(waiting.begin(), waiting.end());
+    st.rollouts_moved += moved;
+    spdlog::warn("rollout agent {} lost ({}): {} rollouts move to the other agents", i, why, moved);
+  }
+
+  void stop_agent(int i) {
+    caf::anon_send_exit(agents[static_cast<size_t>(i)].who, caf::exit_reason::kill);
+    lose(i, "stopped");
+  }
+
+  void on_down(const event& e) {
+    const int i = slot_of(e.from);
+    if (i >= 0) lose(i, "its actor is down");
+  }
+
+  void drain() {
+    std::deque<event> events;
+    {
+      std::lock_guard<std::mutex> lock(queue->mu);
+      events.swap(queue->events);
+    }
+    for (const auto& e : events) {
+      switch (e.what) {
+        case event::type::hello:
+          on_hello(e);
+          break;
+        case event::type::tokens:
+          on_tokens(e);
+          break;
+        case event::type::ack:
+          on_ack(e);
+          break;
+        case event::type::down:
+          on_down(e);
+          break;
+      }
+    }
+    dispatch();
+  }
+
+  void wait_a_little() {
+    std::unique_lock<std::mutex> lock(queue->mu);
+    queue->cv.wait_for(lock, std::chrono::milliseconds(100),
+                       [&] { return !queue->events.empty(); });
+    lock.unlock();
+    if (cfg.on_idle) cfg.on_idle();
+  }
+
+  std::vector<int> ready_agents() const {
+    std::vector<int> out;
+    for (size_t i = 0; i < agents.size(); ++i) {
+      if (agents[i].alive && agents[i].ready) out.push_back(static_cast<int>(i));
+    }
+    return out;
+  }
+
+  /// Places the waiting rollouts on the ready agents.
+  void dispatch() {
+    if (waiting.empty()) return;
+    const auto targets = ready_agents();
+    if (targets.empty()) return;
+    // Units: the waiting samples of one group stay together.
+    std::vector<std::vector<gpu::request_id>> units;
+    std::map<int64_t, size_t> unit_of_group;
+    for (auto id : waiting) {
+      const tracked& t = live.at(id);
+      if (t.req.group >= 0) {
+        auto [it, fresh] = unit_of_group.emplace(t.req.group, units.size());
+        if (fresh) units.emplace_back();
+        units[it->second].push_back(id);
+      } else {
+        units.push_back({id});
+      }
+    }
+    waiting.clear();
+    std::vector<gpu::rl::dispatch_item> items;
+    std::vector<double> cost_each;
+    for (size_t u = 0; u < units.size(); ++u) {
+      const tracked& t = live.at(units[u].front());
+      const double predicted =
+          t.req.predicted_tokens > 0.0
+              ? t.req.predicted_tokens
+              : ranker.predict(t.key, static_cast<int64_t>(t.req.prompt.size()));
+      const double left = std::max(1.0, predicted - static_cast<double>(t.generated.size()));
+      cost_each.push_back(left);
+      items.push_back(gpu::rl::dispatch_item{static_cast<int64_t>(u),
+                                             left * static_cast<double>(units[u].size())});
+    }
+    std::vector<int> where;
+    if (cfg.length_aware) {
+      std::vector<double> load;
+      for (int a : targets) load.push_back(agents[static_cast<size_t>(a)].load);
+      where = gpu::rl::place_longest_first(items, load);
+    } else {
+      where = gpu::rl::place_round_robin(items.size(), static_cast<int>(targets.size()), rr_next);
+      rr_next = (rr_next + static_cast<int>(items.size())) % static_cast<int>(targets.size());
+    }
+    // Each agent starts its predicted-longest units first.
+    std::vector<size_t> order(items.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (cfg.length_aware) order = gpu::rl::longest_first_order(items);
+    std::map<int, std::vector<gpu::request_id>> per_agent;
+    for (size_t u : order) {
+      const int a = targets[static_cast<size_t>(where[u])];
+      for (auto id : units[u]) {
+        per_agent[a].push_back(id);
+        live.at(id).agent = a;
+        agents[static_cast<size_t>(a)].assigned[id] = cost_each[u];
+        agents[static_cast<size_t>(a)].load += cost_each[u];
+      }
+    }
+    for (auto& [a, ids] : per_agent) {
+      auto env = envelope::build<wire::RolloutBatch>([&](wire::RolloutBatch::Builder b) {
+        auto list = b.initItems(static_cast<unsigned>(ids.size()));
+        for (size_t k = 0; k < ids.size(); ++k) {
+          const tracked& t = live.at(ids[k]);
+          auto x = list[static_cast<unsigned>(k)];
+          x.setId(ids[k]);
+          auto toks = x.initTokens(static_cast<unsigned>(t.req.prompt.size() + t.generated.size()));
+          unsigned j = 0;
+          for (int32_t tok : t.req.prompt) toks.set(j++, tok);
+          for (int32_t tok : t.generated) toks.set(j++, tok);
+          x.setReplay(static_cast<uint32_t>(t.generated.size()));
+          x.setSeed(t.req.params.seed);
+          x.setMaxTokens(t.req.params.max_tokens - static_cast<int32_t>(t.generated.size()));
+          x.setGreedy(t.req.params.temperature == 0.0f);
+          auto stops = x.initStopTokens(static_cast<unsigned>(t.req.params.stop_tokens.size()));
+          for (size_t s = 0; s < t.req.params.stop_tokens.size(); ++s) {
+            stops.set(static_cast<unsigned>(s), t.req.params.stop_tokens[s]);
+          }
+        }
+      });
+      spdlog::debug("rl controller: {} rollouts to agent {}", ids.size(), a);
+      send(agents[static_cast<size_t>(a)].who, r_batch_atom::value, std::move(env));
+    }
+  }
+
+  gpu::status check_failure() {
+    if (!failure.empty()) return gpu::status{gpu::status_code::internal, failure};
+    const bool any_ready = !ready_agents().empty();
+    if (any_ready || live.empty()) {
+      no_agent_since = clock_type::now();
+      return {};
+    }
+    if (clock_type::now() - no_agent_since > std::chrono::milliseconds(cfg.no_agent_timeout_ms)) {
+      return gpu::status{gpu::status_code::internal,
+                         std::to_string(live.size()) + " rollouts waited " +
+                             std::to_string(cfg.no_agent_timeout_ms / 1000) +
+                             " s with no rollout agent ready"};
+    }
+    return {};
+  }
+};
+
+remote_rollouts::remote_rollouts(std::unique_ptr<impl> d) : d_(std::move(d)) {}
+
+remote_rollouts::~remote_rollouts() {
+  shutdown();
+}
+
+void remote_rollouts::shutdown() {
+  if (!d_ || !d_->controller) return;
+  caf::anon_send_exit(d_->controller, caf::exit_reason::user_shutdown);
+  d_->controller = nullptr;
+  for (auto& a : d_->agents) {
+    a.who = nullptr;
+    a.alive = false;
+    a.ready = false;
+  }
+  std::lock_guard<std::mutex> lock(d_->queue->mu);
+  d_->queue->events.clear();
+}
+
+result<std::unique_ptr<remote_rollouts>> remote_rollouts::create(caf::actor_system& sys,
+                                                                 remote_rollouts_config cfg) {
+  if (cfg.agents < 1 || cfg.agents > 4096) {
+    return make_error(errc::invalid_argument, "rl: 1 to 4096 rollout agents");
+  }
+  auto d = std::make_unique<impl>();
+  d->cfg = std::move(cfg);
+  d->sys = &sys;
+  d->agents.resize(static_cast<size_t>(d->cfg.agents));
+  auto engine = transport::make_engine("ucx");
+  if (!engine) {
+    return make_error(errc::unavailable,
+                      "rl: the weight source's transport: " + engine.error().to_string());
+  }
+  d->transport = std::move(*engine);
+  d->controller = sys.spawn(controller_actor, d->queue);
+  return std::unique_ptr<remote_rollouts>(new remote_rollouts(std::move(d)));
+}
+
+caf::actor remote_rollouts::controller() const {
+  return d_->controller;
+}
+
+status remote_rollouts::wait_ready(uint32_t timeout_ms) {
+  const auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    d_->drain();
+    if (!d_->failure.empty()) return make_error(errc::internal, d_->failure);
+    if (static_cast<int>(d_->ready_agents().size()) == d_->cfg.agents) return {};
+    if (clock_type::now() > deadline) {
+      return make_error(errc::timeout, std::to_string(d_->ready_agents().size()) + " of " +
+                                           std::to_string(d_->cfg.agents) +
+                                           " rollout agents were ready after " +
+                                           std::to_string(timeout_ms / 1000) + " s");
+    }
+    d_->wait_a_little();
+  }
+}
+
+remote_rollouts_stats remote_rollouts::stats() const {
+  remote_rollouts_stats s = d_->st;
+  s.ready_agents = static_cast<int>(d_->ready_agents().size());
+  return s;
+}
+
+gpu::status remote_rollouts::add(std::vector<gpu::rl::rollout_request> requests) {
+  for (auto& r : requests) {
+    if (r.n_replay != 0 || r.prompt.empty() || d_->live.count(r.id) != 0) {
+      return gpu::status{gpu::status_code::invalid_argument,
+                         "rollout " + std::to_string(r.id) + ": a new, non-empty request"};
+    }
+    impl::tracked t;
+    t.key = prompt_key(r.prompt);
+    const auto id = r.id;
+    t.req = std::move(r);
+    d_->live.emplace(id, std::move(t));
+    d_->waiting.push_back(id);
+  }
+  d_->dispatch();
+  return {};
+}
+
+gpu::status remote_rollouts::abort(gpu::request_id id) {
+  auto it = d_->live.find(id);
+  if (it == d_->live.end()) return {};
+  if (it->second.agent >= 0) {
+    auto& a = d_->agents[static_cast<size_t>(it->second.agent)];
+    if (auto at = a.assigned.find(id); at != a.assigned.end()) {
+      a.load -= at->second;
+      a.assigned.erase(at);
+    }
+    if (a.alive) {
+      d_->send(a.who, r_abort_atom::value,
+               envelope::build<wire::RolloutAbort>(
+                   [&](wire::RolloutAbort::Builder b) { b.initIds(1).set(0, id); }));
+    }
+  }
+  d_->waiting.erase(std::remove(d_->waiting.begin(), d_->waiting.end(), id), d_->waiting.end());
+  d_->live.erase(it);
+  gpu::rl::rollout_output out;
+  out.out.id = id;
+  out.out.finish = gpu::finish_reason::aborted;
+  out.version = d_->version;
+  d_->ready.push_back(std::move(out));
+  return {};
+}
+
+gpu::result<std::vector<gpu::rl::rollout_output>> remote_rollouts::poll() {
+  for (;;) {
+    d_->drain();
+    if (auto st = d_->check_failure(); !st) return st;
+    if (!d_->ready.empty()) {
+      std::vector<gpu::rl::rollout_output> out;
+      out.swap(d_->ready);
+      return out;
+    }
+    if (d_->live.empty()) return std::vector<gpu::rl::rollout_output>{};
+    d_->wait_a_little();
+  }
+}
+
+bool remote_rollouts::has_work() const {
+  return !d_->live.empty() || !d_->ready.empty();
+}
+
+gpu::status remote_rollouts::publish(int64_t version,
+                                     std::span<const gpu::rl::named_weights> tensors) {
+  const auto t0 = clock_type::now();
+  if (d_->image == nullptr) {
+    auto img = weight_image::create(*d_->transport, tensors);
+    if (!img) return gpu::status{gpu::status_code::internal, img.error().message};
+    d_->image = std::move(*img);
+  }
+  if (auto st = d_->image->fill(version, tensors); !st.ok()) {
+    return gpu::status{gpu::status_code::internal, st.message};
+  }
+  d_->version = version;
+  d_->st.last_pull_s = 0.0;
+  for (auto& a : d_->agents) {
+    if (a.alive) d_->offer_to(a);
+  }
+  const auto deadline = t0 + std::chrono::milliseconds(d_->cfg.weight_timeout_ms);
+  for (;;) {
+    d_->drain();
+    if (!d_->failure.empty()) return gpu::status{gpu::status_code::internal, d_->failure};
+    bool all = true;
+    for (const auto& a : d_->agents) all = all && (!a.alive || a.ready);
+    if (all) break;
+    if (clock_type::now() > deadline) {
+      for (size_t i = 0; i < d_->agents.size(); ++i) {
+        auto& a = d_->agents[i];
+        if (!a.alive || a.ready) continue;
+        spdlog::warn("rollout agent {} did not take weight version {} within {} s; restarting it",
+                     i, version, d_->cfg.weight_timeout_ms / 1000);
+        d_->stop_agent(static_cast<int>(i));
+      }
+      break;
+    }
+    d_->wait_a_little();
+  }
+  d_->st.last_sync_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  return {};
+}
+
+}  // namespace weft::rl

@@ -1,0 +1,81 @@
+#pragma once
+/// The controller side of `weft rl --agents N` (docs/rl.md, "Rollout agents"): a rollout backend
+/// whose engines are rollout agents in other processes. A CAF actor (the controller, published for
+/// the agents) turns their messages into events; the GRPO loop's thread consumes them in add /
+/// poll / publish, so the loop stays a plain synchronous class.
+///
+/// - Dispatch: a batch's groups (the samples of one prompt stay together) are placed on the ready
+///   agents longest-predicted-first onto the least-loaded agent (rl::place_longest_first, lengths
+///   from an online rl::length_ranker), or round-robin; each agent starts its longest first.
+/// - Weights: publish() copies the trainer's tensors into a registered f32 image, offers it to
+/// every
+///   live agent and waits (bounded) until each has pulled and applied it; an agent that does not
+///   acknowledge in time, or fails to, is stopped (its supervisor restarts it). An agent that says
+///   hello later is offered the current version and gets no rollout before it acknowledges.
+/// - Failures: when an agent dies, each of its unfinished rollouts moves to a live agent with the
+///   tokens generated so far, which it replays (decode numerics, the seeded sampler skips the draws
+///   they used) and continues: the same tokens an undisturbed run gives. Nothing is lost or counted
+///   twice; outputs of a lost agent that arrive late are dropped.
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "gpu/rl/rollout_backend.hpp"
+#include "schema/status.hpp"
+
+namespace weft::rl {
+
+struct remote_rollouts_config {
+  int agents = 2;
+  /// How long an agent may take to pull and apply a weight version.
+  uint32_t weight_timeout_ms = 60'000;
+  /// true: longest-predicted-first onto the least-loaded agent; false: round-robin.
+  bool length_aware = true;
+  /// How long rollouts may wait with no ready agent before poll() fails.
+  uint32_t no_agent_timeout_ms = 180'000;
+  /// Called about every 100 ms while waiting (e.g. to relaunch dead node processes).
+  std::function<void()> on_idle;
+};
+
+/// What the agents did, for progress lines and metrics.
+struct remote_rollouts_stats {
+  int64_t agents_lost = 0;
+  int64_t rollouts_moved = 0;  ///< rollouts resumed on another agent
+  double last_sync_s = 0.0;    ///< the last publish(), offer to the last acknowledgement
+  double last_pull_s = 0.0;    ///< the slowest agent's pull in the last publish()
+  int ready_agents = 0;
+};
+
+class remote_rollouts final : public gpu::rl::rollout_backend {
+ public:
+  static result<std::unique_ptr<remote_rollouts>> create(caf::actor_system& sys,
+                                                         remote_rollouts_config cfg);
+  ~remote_rollouts() override;
+
+  /// The controller actor: publish it for the agents.
+  caf::actor controller() const;
+  /// Waits until every agent of the run has said hello and holds the current weights.
+  status wait_ready(uint32_t timeout_ms);
+  remote_rollouts_stats stats() const;
+  /// Stops the controller actor and drops every actor handle (call it while the actor system
+  /// lives; the destructor does if nobody did). The backend is unusable after it.
+  void shutdown();
+
+  gpu::status add(std::vector<gpu::rl::rollout_request> requests) override;
+  gpu::status abort(gpu::request_id id) override;
+  gpu::result<std::vector<gpu::rl::rollout_output>> poll() override;
+  bool has_work() const override;
+  gpu::status publish(int64_t version, std::span<const gpu::rl::named_weights> tensors) override;
+
+  struct impl;
+
+ private:
+  explicit remote_rollouts(std::unique_ptr<impl> d);
+  std::unique_ptr<impl> d_;
+};
+
+}  // namespace weft::rl

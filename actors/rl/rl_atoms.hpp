@@ -1,0 +1,24 @@
+#pragma once
+/// CAF atoms of `weft rl --agents N` (actors/rl/). At most 10 characters. Bodies: schema/rl.capnp.
+///
+///   agent -> controller    (r_hello_atom, RolloutAgentHello)  engine loaded: its address
+///   controller -> agent    (r_batch_atom, RolloutBatch)       rollouts to start
+///   controller -> agent    (r_abort_atom, RolloutAbort)       rollouts to drop
+///   agent -> controller    (r_tokens_atom, RolloutProgress)   tokens of an engine step
+///   controller -> agent    (r_offer_atom, WeightOffer)        a weight version to pull
+///   agent -> controller    (r_ack_atom, WeightAck)            the version is applied (or not)
+///   agent thread -> its own actor (r_failed_atom, text)       the loop failed: exit abnormally
+
+#include <caf/atom.hpp>
+
+namespace weft::rl {
+
+using r_hello_atom = caf::atom_constant<caf::atom("r_hello")>;
+using r_batch_atom = caf::atom_constant<caf::atom("r_batch")>;
+using r_abort_atom = caf::atom_constant<caf::atom("r_abort")>;
+using r_tokens_atom = caf::atom_constant<caf::atom("r_tokens")>;
+using r_offer_atom = caf::atom_constant<caf::atom("r_offer")>;
+using r_ack_atom = caf::atom_constant<caf::atom("r_ack")>;
+using r_failed_atom = caf::atom_constant<caf::atom("r_failed")>;
+
+}  // namespace weft::rl

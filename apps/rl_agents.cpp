@@ -1,0 +1,100 @@
+#include "apps/rl_agents.hpp"
+
+#include <spdlog/spdlog.h>
+#include <caf/actor_system.hpp>
+
+#include <optional>
+
+#include "actors/cluster_client.hpp"
+#include "actors/node.hpp"
+#include "actors/rl/rollout_agent.hpp"
+#include "actors/runtime.hpp"
+#include "apps/local_nodes.hpp"
+
+namespace weft::apps {
+
+struct rl_agent_cluster::impl {
+  std::optional<private_head> head;
+  std::unique_ptr<local_nodes> nodes;
+  std::optional<caf::actor> supervisor;
+};
+
+rl_agent_cluster::rl_agent_cluster() : d_(std::make_unique<impl>()) {}
+
+rl_agent_cluster::~rl_agent_cluster() {
+  if (!d_->head) return;
+  auto& sys = d_->head->node->system();
+  if (d_->supervisor) stop_in_order(sys, {*d_->supervisor});
+  if (d_->nodes) d_->nodes->stop_all();
+  if (backend_) backend_->shutdown();
+}
+
+result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agents_options& o) {
+  std::unique_ptr<rl_agent_cluster> c(new rl_agent_cluster());
+  auto head = start_private_head("rl-head", 500, 5000);
+  if (!head)
+    return make_error(errc::unavailable, "cannot start the head: " + head.error().to_string());
+  c->d_->head.emplace(std::move(*head));
+  private_head& h = *c->d_->head;
+  auto& sys = h.node->system();
+  rl::remote_rollouts_config rc;
+  rc.agents = o.agents;
+  rc.weight_timeout_ms = o.weight_timeout_ms;
+  rc.length_aware = o.length_aware;
+  impl* d = c->d_.get();
+  rc.on_idle = [d] {
+    if (d->nodes) d->nodes->watch();
+  };
+  auto backend = rl::remote_rollouts::create(sys, rc);
+  if (!backend) return backend.error();
+  c->backend_ = std::shared_ptr<rl::remote_rollouts>(std::move(*backend));
+  auto port = actors::publish_actor(sys, c->backend_->controller(), 0, "127.0.0.1");
+  if (!port)
+    return make_error(errc::unavailable,
+                      "cannot publish the rl controller: " + port.error().to_string());
+  spdlog::info("rl controller published on 127.0.0.1:{} (mutual TLS, keyed by this run's secret)",
+               *port);
+  d->nodes = std::make_unique<local_nodes>(
+      h.secret_hex, h.node->head_port(),
+      [](int i) -> local_node_spec {
+        return {"rollout-node-" + std::to_string(i), {"rollout_agent"}};
+      },
+      std::vector<std::string>{"--heartbeat-ms", "500", "--connection-timeout-ms", "5000",
+                               "--transport", "ucx"},
+      true, o.max_restarts);
+  for (int i = 0; i < o.agents; ++i) {
+    if (auto s = d->nodes->launch(i); !s.ok()) return s;
+    spdlog::info("rollout-node-{} started (pid {})", i, d->nodes->pid(i));
+  }
+  std::vector<actors::child_spec> children;
+  for (int i = 0; i < o.agents; ++i) {
+    rl::rollout_agent_config ac;
+    ac.model_path = o.model_path;
+    ac.agent = i;
+    ac.weight_type = o.weight_type;
+    ac.device = o.device;
+    ac.threads = o.agent_threads;
+    ac.max_sequences = o.max_sequences;
+    ac.max_new_tokens = o.max_new_tokens;
+    ac.controller_port = *port;
+    children.push_back({"rollout-agent-" + std::to_string(i), "rollout_agent", ac.to_json(),
+                        actors::restart_type::permanent});
+  }
+  actors::restart_intensity intensity{static_cast<uint32_t>(o.max_restarts), 60'000};
+  actors::backoff_policy backoff{500, 5000, 2.0, 30000};
+  // A killed node process is relaunched first, so the agent restarts where agents are spread.
+  backoff.first_delay_ms = 1500;
+  auto sup = actors::supervise_on_cluster(sys, h.node->head(), h.secret, "rollout-agents",
+                                          actors::restart_strategy::one_for_one, intensity, backoff,
+                                          children, 60'000);
+  if (!sup)
+    return make_error(errc::unavailable,
+                      "cannot start the rollout agents: " + sup.error().to_string());
+  d->supervisor = *sup;
+  spdlog::info("{} rollout agents starting ({} thread{} each); weights move over UCX", o.agents,
+               o.agent_threads, o.agent_threads == 1 ? "" : "s");
+  if (auto st = c->backend_->wait_ready(o.start_timeout_ms); !st.ok()) return st;
+  return c;
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,46 @@
+#pragma once
+// `weft rl --agents N`: the rollout agents of a run on a private local cluster — the head and the
+// controller in this process, each agent in its own `weft node` process, placed and restarted
+// (one-for-one) by a supervisor; dead node processes are relaunched (docs/rl.md, "Rollout agents").
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "actors/rl/remote_rollouts.hpp"
+#include "schema/status.hpp"
+
+namespace weft::apps {
+
+struct rl_agents_options {
+  int agents = 2;
+  int agent_threads = 1;
+  bool length_aware = true;
+  uint32_t weight_timeout_ms = 60'000;
+  uint32_t start_timeout_ms = 300'000;
+  std::string model_path;
+  std::string weight_type = "f32";
+  std::string device = "cpu";
+  int64_t max_sequences = 64;
+  int32_t max_new_tokens = 32;
+  int max_restarts = 10;
+};
+
+class rl_agent_cluster {
+ public:
+  /// Starts the head, the controller, the node processes and the agents; returns once every agent
+  /// holds the model's weights.
+  static result<std::unique_ptr<rl_agent_cluster>> start(const rl_agents_options& o);
+  /// Stops the agents (the supervisor first) and their node processes.
+  ~rl_agent_cluster();
+  std::shared_ptr<rl::remote_rollouts> backend() const { return backend_; }
+
+  struct impl;
+
+ private:
+  rl_agent_cluster();
+  std::unique_ptr<impl> d_;
+  std::shared_ptr<rl::remote_rollouts> backend_;
+};
+
+}  // namespace weft::apps

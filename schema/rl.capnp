@@ -1,0 +1,89 @@
+# weft RL messages: the rollout agents of a `weft rl --agents N` run (actors/rl/) and the run's
+# controller. Bodies of CAF messages in a weft::schema::envelope.
+# Evolution follows Cap'n Proto's rules: add fields at the end with new ordinals, never renumber.
+@0xc3d2f1a4b5e69788;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("weft::schema::wire");
+
+# Agent -> controller once its engine is loaded: where its data-plane engine listens, and the
+# weight version it holds (-1: the model file's weights, not a version of this run).
+struct RolloutAgentHello {
+  agent @0 :UInt32;
+  address @1 :Data;        # the engine's local_address() (UCX worker address)
+  version @2 :Int64;
+  pid @3 :UInt32;
+  incarnation @4 :UInt64;  # random per start: tells a restarted agent from its predecessor
+}
+
+# One rollout: a prompt (followed by `replay` tokens generated elsewhere, when it moves from a lost
+# agent) and how to sample it.
+struct RolloutItem {
+  id @0 :UInt64;
+  tokens @1 :List(Int32);  # prompt, then the replayed tokens
+  replay @2 :UInt32;
+  seed @3 :UInt64;
+  maxTokens @4 :Int32;     # new tokens, not counting the replayed ones
+  greedy @5 :Bool;
+  stopTokens @6 :List(Int32);
+}
+
+# Controller -> agent: rollouts to start.
+struct RolloutBatch {
+  items @0 :List(RolloutItem);
+}
+
+# Controller -> agent: rollouts to drop.
+struct RolloutAbort {
+  ids @0 :List(UInt64);
+}
+
+# Tokens of one rollout from one engine step.
+struct RolloutTokens {
+  id @0 :UInt64;
+  tokens @1 :List(Int32);
+  logprobs @2 :List(Float32);   # per token
+  text @3 :Data;                # bytes of the tokens' text (may end inside a UTF-8 character)
+  finish @4 :UInt8;             # gpu::finish_reason: 0 running, 1 stop token, 2 stop string,
+                                # 3 length, 4 aborted, 5 error
+  stopToken @5 :Int32;          # finish = 1: the stop token (not in tokens) and its log-prob
+  stopLogprob @6 :Float32;
+  error @7 :Text;
+}
+
+# Agent -> controller after an engine step: what it produced, with the weight version that
+# sampled it.
+struct RolloutProgress {
+  agent @0 :UInt32;
+  version @1 :Int64;
+  outputs @2 :List(RolloutTokens);
+}
+
+# A tensor inside a weight image: f32 values at a byte offset.
+struct WeightTensor {
+  name @0 :Text;
+  offset @1 :UInt64;
+  count @2 :UInt64;
+}
+
+# Controller -> agent: weight version `version` is ready to pull from `address`'s region (the f32
+# image of every tensor); apply it between two engine steps and acknowledge.
+struct WeightOffer {
+  version @0 :Int64;
+  address @1 :Data;        # the source's transport address
+  region @2 :Data;         # the image's remote region descriptor
+  imageBytes @3 :UInt64;
+  checksum @4 :UInt64;     # xxh3-64 of the image
+  tensors @5 :List(WeightTensor);
+  bucketBytes @6 :UInt64;  # pulled in buckets of this size
+  timeoutMs @7 :UInt32;    # the pull's deadline
+}
+
+# Agent -> controller: the version is applied (or why not).
+struct WeightAck {
+  agent @0 :UInt32;
+  version @1 :Int64;
+  error @2 :Text;          # empty: applied
+  pullSeconds @3 :Float64;
+  applySeconds @4 :Float64;
+}

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""`weft rl --agents 2`: rollout agents in their own `weft node` processes (docs/rl.md, "Rollout
+agents"), on a tiny generated model with f16 rollout weights (the engine's f16 path gives the same
+bits whatever else is in the batch, so a moved rollout continues bit for bit):
+
+- the agents give the in-process engine's run bit for bit: rewards and losses of every step,
+  held-out pass@1, the final weights;
+- a rollout agent's node process SIGKILLed mid-rollouts, twice: the run exits 0, every step trains
+  exactly its samples, the rollouts the dead agent held move to the other agent (replaying their
+  tokens) and the result is still bit-identical to the undisturbed run; the killed node is
+  relaunched and its agent restarted, pulling the current weight version;
+- --mode async --max-staleness 2 with agents: the staleness bound holds for every step;
+- options of the agents without --agents are refused.
+
+Usage: test_rl_agents.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
+"""
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
+from cli_checks import check, finish, read_jsonl, run_weft  # noqa: E402
+
+STEPS = 12
+SAMPLES = 8 * 4
+
+REWARD = """import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    c = r["completion"]
+    print(json.dumps({"id": r["id"], "reward": sum(ch != "." for ch in c) / max(1, len(c))}),
+          flush=True)
+"""
+
+
+def killed_run(weft, args, kills):
+    """Runs `weft rl ARGS`; once the progress line of step s has been printed, SIGKILLs the node
+    process of rollout agent a, for each (s, a) of `kills`. Returns (exit status, output, kills)."""
+    p = subprocess.Popen([weft, "rl"] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    out, sent, pids = [], [], {}
+    pending = list(kills)
+
+    def read():
+        for line in p.stdout:
+            out.append(line)
+            m = re.search(r"rollout-node-(\d+) started \(pid (\d+)\)", line)
+            if m:
+                pids[int(m.group(1))] = int(m.group(2))
+            if pending and f"step {pending[0][0]}/" in line:
+                step, agent = pending.pop(0)
+                try:
+                    os.kill(pids[agent], signal.SIGKILL)
+                    sent.append((step, agent, pids[agent]))
+                except (KeyError, ProcessLookupError):
+                    pass
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    try:
+        p.wait(timeout=400)
+    except subprocess.TimeoutExpired:
+        p.kill()
+    t.join(timeout=10)
+    return p.returncode, "".join(out), sent
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weft", required=True)
+    ap.add_argument("--make-model", required=True)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "tiny.gguf")
+        subprocess.run([a.make_model, model], check=True, capture_output=True)
+        data = os.path.join(tmp, "prompts.jsonl")
+        with open(data, "w") as f:
+            for i in range(120):
+                f.write(f'{{"prompt": "Say three dots ({i}).", "answer": "..."}}\n')
+        script = os.path.join(tmp, "reward.py")
+        with open(script, "w") as f:
+            f.write(REWARD)
+
+        def args(tag, extra=()):
+            return ["--model", model, "--data", data, "--prompt-format", "raw",
+                    "--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "192",
+                    "--eval-prompts", "8", "--eval-every", "6", "--lr", "3e-4", "--seed", "5",
+                    "--threads", "1", "--steps", str(STEPS), "--rollout-type", "f16",
+                    "--reward-cmd", f"python3 {script}",
+                    "--metrics", os.path.join(tmp, tag + ".jsonl"),
+                    "--save", os.path.join(tmp, tag + ".gguf"), "--save-type", "f32"] + list(extra)
+
+        def outcome(tag):
+            rows = read_jsonl(os.path.join(tmp, tag + ".jsonl"))
+            steps = [(r["step"], r["samples"], r["reward"], r["loss"]) for r in rows
+                     if r["kind"] == "step"]
+            evals = [(r["step"], r["pass_at_1"]) for r in rows if r["kind"] == "eval"]
+            return steps, evals, open(os.path.join(tmp, tag + ".gguf"), "rb").read()
+
+        rc, out = run_weft(a.weft, "rl", args("local"), timeout=400)
+        check(rc == 0, f"in-process engine: exits 0 (rc {rc}) {out[-300:]}")
+        if rc != 0:
+            return finish()
+        want = outcome("local")
+        check(len(want[0]) == STEPS and all(s[1] == SAMPLES for s in want[0]) and
+              any(s[3] != 0 for s in want[0]),
+              f"in-process: {STEPS} steps of {SAMPLES} samples, some with a gradient")
+
+        rc, out = run_weft(a.weft, "rl", args("agents", ["--agents", "2"]), timeout=400)
+        check(rc == 0, f"--agents 2: exits 0 (rc {rc}) {out[-300:]}")
+        check("rollout agent 0 ready" in out and "rollout agent 1 ready" in out,
+              "--agents 2: both agents said hello and hold the weights")
+        if rc == 0:
+            got = outcome("agents")
+            check(got[0] == want[0], "--agents 2: rewards and losses of every step equal the "
+                                     "in-process engine's, bit for bit")
+            check(got[1] == want[1], "--agents 2: held-out pass@1 equals the in-process run's")
+            check(got[2] == want[2], "--agents 2: final weights equal the in-process run's")
+
+        rc, out, sent = killed_run(a.weft, args("killed", ["--agents", "2"]), [(3, 0), (7, 1)])
+        check(rc == 0, f"agents SIGKILLed mid-run: the run exits 0 (rc {rc}) {out[-600:]}")
+        check(len(sent) == 2, f"2 agent node processes were killed ({sent})")
+        moved = [int(m) for m in re.findall(r"lost \(.*?\): (\d+) rollouts move", out)]
+        check(len(moved) >= 2 and sum(moved) > 0,
+              f"the dead agents' rollouts moved to the live one ({moved})")
+        check(out.count("sending weight version") >= 1 or out.count("rollout agent 0 ready") >= 2,
+              "a restarted agent joined again (offered the current weights)")
+        if rc == 0:
+            got = outcome("killed")
+            check(len(got[0]) == STEPS and all(s[1] == SAMPLES for s in got[0]),
+                  f"killed: every step trained exactly {SAMPLES} samples")
+            check(got[0] == want[0], "killed: rewards and losses of every step equal the "
+                                     "undisturbed run's, bit for bit")
+            check(got[2] == want[2], "killed: final weights equal the undisturbed run's")
+
+        rc, out = run_weft(a.weft, "rl", args("async", ["--agents", "2", "--mode", "async",
+                                                        "--max-staleness", "2"]), timeout=400)
+        check(rc == 0, f"--agents 2 --mode async: exits 0 (rc {rc}) {out[-300:]}")
+        if rc == 0:
+            rows = [r for r in read_jsonl(os.path.join(tmp, "async.jsonl")) if r["kind"] == "step"]
+            check(len(rows) == STEPS and all(r["samples"] == SAMPLES for r in rows) and
+                  all(r["staleness_max"] <= 2 for r in rows),
+                  "async with agents: every step trained its samples within the staleness bound")
+
+        rc, out = run_weft(a.weft, "rl", ["--model", model, "--data", data, "--dispatch",
+                                          "round-robin", "--steps", "1"], timeout=60)
+        check(rc == 2 and "need --agents" in out,
+              f"--dispatch without --agents is refused: {out[-200:]}")
+    return finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
