@@ -11,8 +11,9 @@ competence) in its chat template with up to 96 new tokens: most replies are a sh
 Samples/s counts the training steps (model loading excluded). Rewards are each step's mean reward:
 async trains on samples up to K versions old and must stay within noise of sync.
 
-Writes JSON and PNG named rl-modes-<date>.* into --out.
+Writes JSON and PNG named <--name>-<date>.* into --out.
 Usage: rl_modes.py --weft build/release/apps/weft [--steps 8] [--repeat 2] [--out docs]
+           [--modes "sync,agents sync,agents async K=2" --name rl-agents]
 """
 import argparse
 import datetime
@@ -23,8 +24,17 @@ import subprocess
 import sys
 import tempfile
 
-MODES = [("sync", []), ("async K=1", ["--mode", "async", "--max-staleness", "1"]),
-         ("async K=2", ["--mode", "async", "--max-staleness", "2"])]
+# Every mode this benchmark knows; --modes picks some (the first is the baseline of the ratios).
+# "agents ...": rollouts on 2 rollout agents in their own node processes (1 thread each), the
+# trainer in the `weft rl` process.
+MODES = {
+    "sync": [],
+    "async K=1": ["--mode", "async", "--max-staleness", "1"],
+    "async K=2": ["--mode", "async", "--max-staleness", "2"],
+    "agents sync": ["--agents", "2"],
+    "agents sync round-robin": ["--agents", "2", "--dispatch", "round-robin"],
+    "agents async K=2": ["--agents", "2", "--mode", "async", "--max-staleness", "2"],
+}
 
 
 def run_weft(a, extra, metrics):
@@ -64,40 +74,48 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--modes", default="sync,async K=1,async K=2",
+                    help="comma-separated, from: " + ", ".join(MODES))
+    ap.add_argument("--name", default="rl-modes", help="stem of the JSON and PNG files")
     a = ap.parse_args()
+    chosen = [m.strip() for m in a.modes.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown or not chosen:
+        sys.exit(f"--modes: unknown {unknown}; known: {', '.join(MODES)}")
     samples = a.steps * a.prompts * a.group
-    runs = {name: [] for name, _ in MODES}
+    runs = {name: [] for name in chosen}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.repeat):
-            for name, extra in MODES:
-                r = run_weft(a, extra, os.path.join(tmp, f"m-{i}.jsonl"))
+            for name in chosen:
+                r = run_weft(a, MODES[name], os.path.join(tmp, f"m-{i}.jsonl"))
                 runs[name].append(r)
                 print(f"{name:10s} run {i + 1}: {r['seconds']:.1f} s, "
                       f"{samples / r['seconds']:.2f} samples/s, mean reward "
                       f"{statistics.mean(r['rewards']):.3f}, mean length "
                       f"{statistics.mean(r['lengths']):.1f}", flush=True)
     sps = {n: [samples / r["seconds"] for r in rs] for n, rs in runs.items()}
-    base = statistics.median(sps["sync"])
+    base = statistics.median(sps[chosen[0]])
     out = {
         "benchmark": "rl_modes", "date": datetime.date.today().isoformat(),
         "model": os.path.basename(a.model),
         "task": f"{a.digits}-digit arithmetic ({a.ops}), chat template",
         "steps": a.steps, "prompts_per_step": a.prompts, "group_size": a.group,
         "max_new_tokens": a.max_new, "lr": a.lr, "threads": a.threads, "seed": a.seed,
-        "samples_per_run": samples,
+        "samples_per_run": samples, "baseline": chosen[0],
         "modes": {n: {"samples_per_s": sps[n], "runs": runs[n],
+                      "args": MODES[n],
                       "ratio_to_sync": statistics.median(sps[n]) / base,
                       "mean_reward": statistics.mean(x for r in runs[n] for x in r["rewards"])}
                   for n in runs},
     }
     os.makedirs(a.out, exist_ok=True)
-    stem = os.path.join(a.out, f"rl-modes-{datetime.date.today().strftime('%Y%m%d')}")
+    stem = os.path.join(a.out, f"{a.name}-{datetime.date.today().strftime('%Y%m%d')}")
     with open(stem + ".json", "w") as f:
         json.dump(out, f, indent=1)
     for n in runs:
         m = out["modes"][n]
         print(f"{n:10s} {statistics.median(sps[n]):.2f} samples/s = {m['ratio_to_sync']:.2f}x "
-              f"sync; mean reward {m['mean_reward']:.3f}")
+              f"{chosen[0]}; mean reward {m['mean_reward']:.3f}")
     print(f"wrote {stem}.json")
     try:
         import matplotlib
@@ -105,7 +123,9 @@ def main():
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(1, 3, figsize=(15, 4))
         names = list(runs)
-        ax[0].bar(names, [statistics.median(sps[n]) for n in names], color=["C0", "C1", "C2"])
+        ax[0].bar(names, [statistics.median(sps[n]) for n in names],
+                  color=[f"C{k}" for k in range(len(names))])
+        ax[0].tick_params(axis="x", labelrotation=15)
         ax[0].set_ylabel("samples / s (median of runs)")
         ax[0].set_title(f"GRPO on {os.path.basename(a.model)}, {a.threads} threads")
         for k, n in enumerate(names):
