@@ -148,6 +148,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.grpo.kl_coef = o.kl_coef;
   c.updates_per_step = o.updates_per_step;
   c.max_staleness = o.mode == "async" ? o.max_staleness : 0;
+  c.stream = o.mode == "stream";
   c.total_steps = o.steps;
   if (!parse_loss_aggregation(o.loss_agg, c.grpo.aggregation)) {
     return gpu::status{gpu::status_code::invalid_argument, "--loss-agg " + o.loss_agg};
@@ -298,10 +299,11 @@ std::unique_ptr<grpo_loop> open_loop(const rl_options& o, const rl_task& task,
 }
 
 int run_rl(const rl_options& o) {
-  if (o.mode == "stream") {
+  if (o.mode == "stream" && o.agents == 0) {
     spdlog::error(
-        "--mode stream: not built yet; it needs the trainer on resources of its own (the RL "
-        "actors). Use --mode async (docs/rl.md, \"Modes\")");
+        "--mode stream needs --agents N: its groups train while later groups generate, which "
+        "in one process would only reorder the same work on the same cores (docs/rl.md, "
+        "\"Modes\")");
     return 2;
   }
   if (o.resume && o.checkpoint_dir.empty()) {
@@ -538,9 +540,10 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
 /// The mode, the batch and the update.
 void add_update_options(CLI::App* cmd, rl_options* o) {
   cmd->add_option("--mode", o->mode,
-                  "sync (generate a step's samples, score, train, sync weights) or async (the "
-                  "rollouts of the next --max-staleness steps keep generating while a step "
-                  "trains; stream is not built yet)")
+                  "sync (generate a step's samples, score, train, sync weights), stream (with "
+                  "--agents: each group trains as soon as it is scored while the rest of the "
+                  "step generates) or async (the rollouts of the next --max-staleness steps keep "
+                  "generating while a step trains)")
       ->capture_default_str()
       ->check(CLI::IsMember({"sync", "stream", "async"}));
   cmd->add_option("--max-staleness", o->max_staleness,

@@ -50,6 +50,14 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
       r.loss, r.grad_norm, 100.0 * r.clip_fraction, r.rollout_s, r.train_s, r.sync_s, sps,
       format_duration(eta));
   if (r.kl > 0.0) spdlog::info("  KL to the reference {:.5f} per token", r.kl);
+  if (r.agents.agents_lost > agents_lost_) {
+    spdlog::info(
+        "  rollout agents: {} ready, {} lost so far, {} rollouts moved, {} weight pulls "
+        "from peers",
+        r.agents.ready_agents, r.agents.agents_lost, r.agents.rollouts_moved,
+        r.agents.peer_weight_pulls);
+    agents_lost_ = r.agents.agents_lost;
+  }
   if (r.staleness_max > 0 || r.in_flight > 0) {
     spdlog::info("  staleness {:.2f} (max {}), {} samples of mixed versions, {} in flight",
                  r.staleness_mean, r.staleness_max, r.mixed_version_samples, r.in_flight);
@@ -71,6 +79,11 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"clip_fraction", r.clip_fraction},
                       {"ratio_deviation", r.ratio_deviation},
                       {"kl", r.kl},
+                      {"agents_ready", r.agents.ready_agents},
+                      {"agents_lost", r.agents.agents_lost},
+                      {"rollouts_moved", r.agents.rollouts_moved},
+                      {"peer_weight_pulls", r.agents.peer_weight_pulls},
+                      {"weight_pull_s", r.agents.last_pull_s},
                       {"staleness_mean", r.staleness_mean},
                       {"staleness_max", r.staleness_max},
                       {"mixed_version_samples", r.mixed_version_samples},
@@ -141,6 +154,17 @@ std::string rl_reporter::prometheus() const {
   metric("weft_rl_train_seconds_total", "counter", "Time spent scoring and training", train_s_);
   metric("weft_rl_sync_seconds_total", "counter", "Time spent copying weights to the engine",
          sync_s_);
+  metric("weft_rl_agents_ready", "gauge",
+         "Rollout agents holding the current weights (--agents; 0 in one process)",
+         static_cast<double>(last_.agents.ready_agents));
+  metric("weft_rl_agents_lost_total", "counter", "Rollout agents that died or were stopped",
+         static_cast<double>(last_.agents.agents_lost));
+  metric("weft_rl_rollouts_moved_total", "counter",
+         "Rollouts resumed on another agent after theirs was lost",
+         static_cast<double>(last_.agents.rollouts_moved));
+  metric("weft_rl_peer_weight_pulls_total", "counter",
+         "Weight versions a joining agent pulled from a peer agent",
+         static_cast<double>(last_.agents.peer_weight_pulls));
   if (has_eval_) {
     metric("weft_rl_eval_pass_at_1", "gauge", "Held-out greedy pass@1 at the last evaluation",
            last_eval_.pass_at_1);

@@ -69,7 +69,7 @@ struct WeightTensor {
 # Controller -> agent: weight version `version` is ready to pull from `address`'s region (the f32
 # image of every tensor); apply it between two engine steps and acknowledge.
 struct WeightOffer {
-  version @0 :Int64;
+  version @0 :Int64;       # (the source is the controller's image, or a peer agent's buffer)
   address @1 :Data;        # the source's transport address
   region @2 :Data;         # the image's remote region descriptor
   imageBytes @3 :UInt64;
@@ -79,11 +79,15 @@ struct WeightOffer {
   timeoutMs @7 :UInt32;    # the pull's deadline
 }
 
-# Agent -> controller: the version is applied (or why not).
+# Agent -> controller: the version is applied (or why not). An agent that applied it keeps the
+# pulled image in registered memory until the next version: `address` and `region` let a peer pull
+# the same version from it (a restarted agent pulls from a live peer, not from the trainer).
 struct WeightAck {
   agent @0 :UInt32;
   version @1 :Int64;
   error @2 :Text;          # empty: applied
   pullSeconds @3 :Float64;
   applySeconds @4 :Float64;
+  address @5 :Data;        # the agent's transport address (applied only)
+  region @6 :Data;         # its image buffer's descriptor (applied only)
 }

@@ -98,6 +98,10 @@ struct remote_rollouts::impl {
     uint32_t pid = 0;
     std::map<gpu::request_id, double> assigned;  ///< rollouts and their predicted cost
     double load = 0.0;
+    /// Where peers can pull the version it holds (its pull buffer), once it pulled one.
+    transport::bytes source_address, source_region;
+    int64_t source_version = -1;
+    int pulling_from = -1;  ///< the peer of its current pull (-1: the controller)
   };
   std::vector<agent_slot> agents;
 
@@ -112,7 +116,7 @@ struct remote_rollouts::impl {
   std::vector<gpu::rl::rollout_output> ready;
   gpu::rl::length_ranker ranker;
   int rr_next = 0;
-  remote_rollouts_stats st;
+  gpu::rl::rollout_backend_stats st;
   clock_type::time_point no_agent_since = clock_type::now();
   clock_type::time_point offered_at{};
   std::string failure;  ///< set by handlers: poll() reports it
@@ -128,13 +132,34 @@ struct remote_rollouts::impl {
     caf::send_as(controller, to, what, std::move(env));
   }
 
-  void offer_to(agent_slot& a) {
-    auto env = image->offer(cfg.weight_timeout_ms);
+  /// Offers the current version to agent i: from a live peer that holds it when `from_peer`
+  /// (a joining agent spares the trainer's process), else from the controller's image.
+  void offer_to(int i, bool from_peer) {
+    agent_slot& a = agents[static_cast<size_t>(i)];
+    int peer = -1;
+    for (size_t j = 0; from_peer && j < agents.size(); ++j) {
+      const agent_slot& p = agents[j];
+      if (static_cast<int>(j) != i && p.alive && p.ready && p.source_version == image->version() &&
+          !p.source_address.empty() && !p.source_region.empty()) {
+        peer = static_cast<int>(j);
+        break;
+      }
+    }
+    auto env = peer >= 0 ? image->offer(cfg.weight_timeout_ms,
+                                        &agents[static_cast<size_t>(peer)].source_address,
+                                        &agents[static_cast<size_t>(peer)].source_region)
+                         : image->offer(cfg.weight_timeout_ms);
     if (!env) {
       failure = "weight offer: " + env.error().message;
       return;
     }
     a.ready = false;
+    a.pulling_from = peer;
+    if (peer >= 0) {
+      ++st.peer_weight_pulls;
+      spdlog::info("rollout agent {} pulls weight version {} from rollout agent {}", i,
+                   image->version(), peer);
+    }
     caf::send_as(controller, a.who, r_offer_atom::value, std::move(*env));
   }
 
@@ -153,6 +178,8 @@ struct remote_rollouts::impl {
     a.pid = h->get().getPid();
     a.assigned.clear();
     a.load = 0.0;
+    a.source_version = -1;
+    a.pulling_from = -1;
     // An agent starts with the model file's weights: version 0 until the first publish().
     if (image == nullptr || image->version() == h->get().getVersion()) {
       a.ready = true;
@@ -160,7 +187,7 @@ struct remote_rollouts::impl {
     } else {
       spdlog::info("rollout agent {} joined (pid {}); sending weight version {}", idx, a.pid,
                    image->version());
-      offer_to(a);
+      offer_to(static_cast<int>(idx), true);
     }
   }
 
@@ -175,14 +202,30 @@ struct remote_rollouts::impl {
       return;
     }
     agent_slot& a = agents[static_cast<size_t>(i)];
+    const bool current = image != nullptr && k->get().getVersion() == image->version();
     if (k->get().getError().size() != 0) {
+      if (!current) return;  // an older offer failed; the current one is on its way
+      if (a.pulling_from >= 0) {
+        spdlog::warn(
+            "rollout agent {} could not pull weight version {} from rollout agent {} "
+            "({}); pulling it from the controller",
+            i, k->get().getVersion(), a.pulling_from, k->get().getError().cStr());
+        offer_to(i, false);
+        return;
+      }
       spdlog::warn("rollout agent {} could not take weight version {}: {}; restarting it", i,
                    k->get().getVersion(), k->get().getError().cStr());
       stop_agent(i);
       return;
     }
-    if (image == nullptr || k->get().getVersion() != image->version()) return;  // an older offer
+    a.source_address.assign(reinterpret_cast<const std::byte*>(k->get().getAddress().begin()),
+                            reinterpret_cast<const std::byte*>(k->get().getAddress().end()));
+    a.source_region.assign(reinterpret_cast<const std::byte*>(k->get().getRegion().begin()),
+                           reinterpret_cast<const std::byte*>(k->get().getRegion().end()));
+    a.source_version = k->get().getVersion();
+    if (!current) return;  // an older offer
     a.ready = true;
+    a.pulling_from = -1;
     st.last_pull_s = std::max(st.last_pull_s, k->get().getPullSeconds());
   }
 
@@ -245,6 +288,7 @@ struct remote_rollouts::impl {
     if (!a.alive) return;
     a.alive = false;
     a.ready = false;
+    a.source_version = -1;
     ++st.agents_lost;
     int64_t moved = 0;
     for (const auto& [id, cost] : a.assigned) {
@@ -468,8 +512,8 @@ status remote_rollouts::wait_ready(uint32_t timeout_ms) {
   }
 }
 
-remote_rollouts_stats remote_rollouts::stats() const {
-  remote_rollouts_stats s = d_->st;
+gpu::rl::rollout_backend_stats remote_rollouts::stats() const {
+  gpu::rl::rollout_backend_stats s = d_->st;
   s.ready_agents = static_cast<int>(d_->ready_agents().size());
   return s;
 }
@@ -547,8 +591,8 @@ gpu::status remote_rollouts::publish(int64_t version,
   }
   d_->version = version;
   d_->st.last_pull_s = 0.0;
-  for (auto& a : d_->agents) {
-    if (a.alive) d_->offer_to(a);
+  for (size_t i = 0; i < d_->agents.size(); ++i) {
+    if (d_->agents[i].alive) d_->offer_to(static_cast<int>(i), false);
   }
   const auto deadline = t0 + std::chrono::milliseconds(d_->cfg.weight_timeout_ms);
   for (;;) {
@@ -569,7 +613,6 @@ gpu::status remote_rollouts::publish(int64_t version,
     }
     d_->wait_a_little();
   }
-  d_->st.last_sync_s = std::chrono::duration<double>(clock_type::now() - t0).count();
   return {};
 }
 

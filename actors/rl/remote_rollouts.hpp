@@ -12,6 +12,8 @@
 ///   live agent and waits (bounded) until each has pulled and applied it; an agent that does not
 ///   acknowledge in time, or fails to, is stopped (its supervisor restarts it). An agent that says
 ///   hello later is offered the current version and gets no rollout before it acknowledges.
+///   A joining agent pulls the current version from a live peer agent that holds it (its pull
+///   buffer), falling back to the controller when that fails.
 /// - Failures: when an agent dies, each of its unfinished rollouts moves to a live agent with the
 ///   tokens generated so far, which it replays (decode numerics, the seeded sampler skips the draws
 ///   they used) and continues: the same tokens an undisturbed run gives. Nothing is lost or counted
@@ -41,15 +43,6 @@ struct remote_rollouts_config {
   std::function<void()> on_idle;
 };
 
-/// What the agents did, for progress lines and metrics.
-struct remote_rollouts_stats {
-  int64_t agents_lost = 0;
-  int64_t rollouts_moved = 0;  ///< rollouts resumed on another agent
-  double last_sync_s = 0.0;    ///< the last publish(), offer to the last acknowledgement
-  double last_pull_s = 0.0;    ///< the slowest agent's pull in the last publish()
-  int ready_agents = 0;
-};
-
 class remote_rollouts final : public gpu::rl::rollout_backend {
  public:
   static result<std::unique_ptr<remote_rollouts>> create(caf::actor_system& sys,
@@ -60,7 +53,7 @@ class remote_rollouts final : public gpu::rl::rollout_backend {
   caf::actor controller() const;
   /// Waits until every agent of the run has said hello and holds the current weights.
   status wait_ready(uint32_t timeout_ms);
-  remote_rollouts_stats stats() const;
+  gpu::rl::rollout_backend_stats stats() const override;
   /// Stops the controller actor and drops every actor handle (call it while the actor system
   /// lives; the destructor does if nobody did). The backend is unusable after it.
   void shutdown();

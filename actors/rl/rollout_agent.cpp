@@ -245,6 +245,13 @@ class agent_loop {
       spdlog::debug("rollout agent {}: weight version {} pulled in {:.3f} s, applied in {:.3f} s",
                     name_, version, pull_s, apply_s);
     }
+    // Applied: the buffer holds this version until the next pull; peers may pull it from here.
+    transport::bytes address, region;
+    if (why.empty()) {
+      auto a = transport_->local_address();
+      if (a) address = std::move(*a);
+      region = receiver_.describe();
+    }
     caf::send_as(self_, controller_, r_ack_atom::value,
                  envelope::build<wire::WeightAck>([&](wire::WeightAck::Builder b) {
                    b.setAgent(static_cast<uint32_t>(cfg_.agent));
@@ -252,6 +259,10 @@ class agent_loop {
                    b.setError(why);
                    b.setPullSeconds(pull_s);
                    b.setApplySeconds(apply_s);
+                   b.setAddress(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(address.data()),
+                                             address.size()));
+                   b.setRegion(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(region.data()),
+                                            region.size()));
                  }));
     return {};
   }

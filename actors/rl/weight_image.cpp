@@ -62,10 +62,14 @@ status weight_image::fill(int64_t version, std::span<const gpu::rl::named_weight
   return {};
 }
 
-result<schema::envelope> weight_image::offer(uint32_t timeout_ms) const {
-  auto address = engine_.local_address();
+result<schema::envelope> weight_image::offer(uint32_t timeout_ms,
+                                             const transport::bytes* peer_address,
+                                             const transport::bytes* peer_region) const {
+  auto address = peer_address != nullptr ? transport::result<transport::bytes>(*peer_address)
+                                         : engine_.local_address();
   if (!address) return from_transport("weight image: the engine's address", address.error());
-  auto desc = engine_.describe(region_);
+  auto desc = peer_region != nullptr ? transport::result<transport::bytes>(*peer_region)
+                                     : engine_.describe(region_);
   if (!desc) return from_transport("weight image: the region's descriptor", desc.error());
   return schema::envelope::build<wire::WeightOffer>([&](wire::WeightOffer::Builder b) {
     b.setVersion(version_);
@@ -83,6 +87,12 @@ result<schema::envelope> weight_image::offer(uint32_t timeout_ms) const {
     b.setBucketBytes(weight_bucket_bytes);
     b.setTimeoutMs(timeout_ms);
   });
+}
+
+transport::bytes weight_receiver::describe() const {
+  if (buffer_.id == 0) return {};
+  auto d = engine_.describe(buffer_);
+  return d ? *d : transport::bytes{};
 }
 
 weight_receiver::~weight_receiver() {

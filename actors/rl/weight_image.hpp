@@ -33,8 +33,11 @@ class weight_image {
   /// Copies the tensors (same names and sizes, same order as at create) and makes `version` the
   /// image's version.
   status fill(int64_t version, std::span<const gpu::rl::named_weights> tensors);
-  /// The offer of the current version.
-  result<schema::envelope> offer(uint32_t timeout_ms) const;
+  /// The offer of the current version. With `peer_address` and `peer_region` (an agent's
+  /// buffer that holds this version), the offer points the puller at that peer instead.
+  result<schema::envelope> offer(uint32_t timeout_ms,
+                                 const transport::bytes* peer_address = nullptr,
+                                 const transport::bytes* peer_region = nullptr) const;
   int64_t version() const { return version_; }
   uint64_t bytes() const { return region_.size_bytes; }
 
@@ -63,6 +66,9 @@ class weight_receiver {
   /// Pulls the offered image (validated: sizes, tensor table inside the image, checksum) and
   /// returns its tensors as views into the buffer (valid until the next pull).
   result<std::vector<gpu::rl::named_weights>> pull(const schema::wire::WeightOffer::Reader& offer);
+  /// The descriptor of the buffer (holding the last pulled version), for a peer to pull from;
+  /// empty before the first pull.
+  transport::bytes describe() const;
 
  private:
   transport::engine& engine_;

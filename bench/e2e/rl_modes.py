@@ -33,6 +33,7 @@ MODES = {
     "async K=2": ["--mode", "async", "--max-staleness", "2"],
     "agents sync": ["--agents", "2"],
     "agents sync round-robin": ["--agents", "2", "--dispatch", "round-robin"],
+    "agents stream": ["--agents", "2", "--mode", "stream"],
     "agents async K=2": ["--agents", "2", "--mode", "async", "--max-staleness", "2"],
 }
 

@@ -75,6 +75,12 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
                   "the decoupled correction takes one update per batch (its proximal policy is "
                   "the trainer's current one); use ppo-clip with several updates per step"};
   }
+  if (config.stream &&
+      (config.max_staleness != 0 || config.updates_per_step != 1 || config.train_device != "cpu")) {
+    return status{status_code::invalid_argument,
+                  "stream mode trains each group once as it finishes: it needs one update per "
+                  "step, no staleness bound (it is on-policy) and the trainer on the host"};
+  }
   if (config.max_staleness < 0 || config.max_staleness > 64) {
     return status{status_code::invalid_argument, "the staleness bound must be within 0..64"};
   }
@@ -255,6 +261,7 @@ status grpo_loop::start_step(int64_t m) {
   }
   if (auto st = backend_->add(std::move(requests)); !st) return st;
   p.group_finished.assign(static_cast<size_t>(config_.prompts_per_step), 0);
+  p.group_scored.assign(static_cast<size_t>(config_.prompts_per_step), 0);
   pending_.emplace(m, std::move(p));
   return {};
 }
@@ -308,6 +315,7 @@ status grpo_loop::sample_finished(int64_t step, size_t index) {
   for (int64_t k = 0; k < config_.group_size; ++k) {
     p.samples[static_cast<size_t>(first + k)].reward = (*rewards)[static_cast<size_t>(k)];
   }
+  p.group_scored[g] = 1;
   return {};
 }
 
@@ -342,6 +350,7 @@ status grpo_loop::push_weights() {
 }
 
 result<rl_step_record> grpo_loop::step() {
+  if (config_.stream) return stream_step();
   rl_step_record rec;
   rec.step = step_ + 1;
   const auto t0 = std::chrono::steady_clock::now();
@@ -387,6 +396,7 @@ result<rl_step_record> grpo_loop::step() {
   const auto t2 = std::chrono::steady_clock::now();
   if (auto st = push_weights(); !st) return st;
   rec.sync_s = seconds_since(t2);
+  rec.agents = backend_->stats();
   ++step_;
   rec.version = version_;
   history_.push_back(rec);
@@ -558,6 +568,139 @@ status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& bat
   rec.clip_fraction = stats.clip_fraction();
   rec.ratio_deviation = stats.mean_abs_ratio_deviation();
   rec.kl = stats.mean_kl();
+  return {};
+}
+
+result<rl_step_record> grpo_loop::stream_step() {
+  rl_step_record rec;
+  rec.step = step_ + 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  model_->zero_grad(std::max(1, config_.shares));
+  ppo_stats stats;
+  const auto objective = ppo_objective(config_.grpo, &stats);
+  double loss = 0.0, train_s = 0.0;
+  int64_t kept = 0, kept_tokens = 0, next = 0;
+  size_t none = 0;
+  for (;;) {
+    for (int64_t m : sched_.admit()) {
+      if (auto st = start_step(m); !st) return st;
+    }
+    // Train the scored groups in group order (the sum of gradients never depends on timing)
+    // while the rest of the step generates elsewhere.
+    auto it = pending_.find(step_);
+    while (it != pending_.end() && next < config_.prompts_per_step &&
+           it->second.group_scored[static_cast<size_t>(next)] != 0) {
+      const auto tg = std::chrono::steady_clock::now();
+      if (auto st = train_group(it->second.samples, next, objective, loss, kept, kept_tokens);
+          !st) {
+        return st;
+      }
+      train_s += seconds_since(tg);
+      ++next;
+    }
+    if (sched_.ready() && next == config_.prompts_per_step) break;
+    if (!backend_->has_work()) {
+      return status{status_code::internal, "step " + std::to_string(step_ + 1) +
+                                               ": the rollouts are idle but the step's groups "
+                                               "are not all trained"};
+    }
+    if (auto st = pump(none); !st) return st;
+  }
+  rec.rollout_s = seconds_since(t0) - train_s;
+  const auto t1 = std::chrono::steady_clock::now();
+  auto trained = sched_.train();
+  if (!trained) return trained.error();
+  pending_step p = std::move(pending_.at(step_));
+  pending_.erase(step_);
+  (void)score_step(p.samples, rec);  // the step's reward and length statistics
+  // The groups trained with unnormalised weights: normalise as sample_token_weights would.
+  double scale = 0.0;
+  if (config_.grpo.aggregation == loss_aggregation::token) {
+    scale = kept_tokens > 0 ? 1.0 / static_cast<double>(kept_tokens) : 0.0;
+  } else {
+    scale = kept > 0 ? 1.0 / static_cast<double>(kept) : 0.0;
+  }
+  rec.loss = loss * scale;
+  if (auto st = apply_update(scale, rec); !st) return st;
+  rec.clip_fraction = stats.clip_fraction();
+  rec.ratio_deviation = stats.mean_abs_ratio_deviation();
+  rec.kl = stats.mean_kl();
+  rec.train_s = train_s + seconds_since(t1);
+  const auto t2 = std::chrono::steady_clock::now();
+  if (auto st = push_weights(); !st) return st;
+  rec.sync_s = seconds_since(t2);
+  rec.agents = backend_->stats();
+  ++step_;
+  rec.version = version_;
+  history_.push_back(rec);
+  return rec;
+}
+
+status grpo_loop::train_group(const std::vector<rollout_sample>& samples, int64_t g,
+                              const train::token_objective<float>& obj, double& loss, int64_t& kept,
+                              int64_t& kept_tokens) {
+  const auto first = static_cast<size_t>(g * config_.group_size);
+  std::vector<rollout_sample> group(
+      samples.begin() + static_cast<std::ptrdiff_t>(first),
+      samples.begin() +
+          static_cast<std::ptrdiff_t>(first + static_cast<size_t>(config_.group_size)));
+  std::vector<double> rewards;
+  for (const auto& s : group) rewards.push_back(s.reward);
+  scored_step sc;
+  sc.adv = group_advantages(rewards, config_.group_size, config_.grpo.scale_rewards);
+  const bool flat = zero_variance_groups(rewards, config_.group_size)[0] != 0;
+  const bool drop = flat && config_.grpo.drop_zero_variance;
+  sc.keep.assign(group.size(), drop ? 0 : 1);
+  sc.weights.assign(group.size(), 0.0);
+  if (drop) return {};
+  for (size_t s = 0; s < group.size(); ++s) {
+    const auto len = static_cast<int64_t>(group[s].completion.size());
+    ++kept;
+    kept_tokens += len;
+    switch (config_.grpo.aggregation) {
+      case loss_aggregation::token:
+        sc.weights[s] = 1.0;
+        break;
+      case loss_aggregation::sequence:
+        sc.weights[s] = len > 0 ? 1.0 / static_cast<double>(len) : 0.0;
+        break;
+      case loss_aggregation::constant:
+        sc.weights[s] = 1.0 / static_cast<double>(std::max<int64_t>(
+                                  1, config_.grpo.max_new_tokens > 0 ? config_.grpo.max_new_tokens
+                                                                     : config_.max_new_tokens));
+        break;
+    }
+  }
+  // pack_update keys units by the samples' group: one group here.
+  auto batches = pack_update(group, sc);
+  if (batches.empty()) return {};
+  if (ref_) {
+    if (auto st = add_reference_logprobs(batches); !st) return st;
+  }
+  auto l = model_->forward_backward(std::span<const std::vector<train::train_batch>>(batches), obj);
+  if (!l) return l.error();
+  loss += l->sum;
+  return {};
+}
+
+status grpo_loop::apply_update(double scale, rl_step_record& rec) {
+  if (scale != 1.0) {
+    const auto f = static_cast<float>(scale);
+    for (auto g : model_->gradients()) {
+      for (float& x : g) x *= f;
+    }
+  }
+  std::vector<std::span<float>> grads, values;
+  for (auto& p : model_->parameters()) {
+    grads.emplace_back(p.grad);
+    values.emplace_back(p.value);
+  }
+  const double lr = config_.schedule.at(step_);
+  auto norm =
+      train::clip_and_update(opt_, values, grads, decay_, config_.max_grad_norm, lr, step_ + 1);
+  if (!norm) return norm.error();
+  rec.grad_norm = *norm;
+  rec.lr = lr;
   return {};
 }
 

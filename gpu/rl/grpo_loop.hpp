@@ -69,6 +69,11 @@ struct grpo_loop_config {
   int64_t total_steps = 0;
   /// Optimizer steps on each step's rollouts (TRL's num_iterations, the GRPO paper's μ).
   int64_t updates_per_step = 1;
+  /// `--mode stream` (StreamRL): a step's groups train (forward and backward, gradients summed)
+  /// as soon as they are scored, in group order, while later groups still generate; the optimizer
+  /// step follows the last group. Needs rollouts outside this thread (rollout agents), a host
+  /// trainer, one update per step and K = 0.
+  bool stream = false;
 };
 
 /// One generated sample.
@@ -106,6 +111,8 @@ struct rl_step_record {
   int64_t in_flight = 0;              ///< Samples of later steps generating when this step trained.
   int64_t completion_tokens = 0;
   double rollout_s = 0.0, train_s = 0.0, sync_s = 0.0;
+  /// The rollout backend's counters after the step (rollout agents; zeros in one process).
+  rollout_backend_stats agents;
 };
 
 /// Held-out evaluation: greedy pass@1.
@@ -199,6 +206,16 @@ class grpo_loop {
   /// Forward/backward of the PPO-clip objective, clipping, AdamW; fills loss, norm, lr and the
   /// clip statistics into `rec`.
   status update(const std::vector<std::vector<train::train_batch>>& batches, rl_step_record& rec);
+  /// --mode stream: one step whose groups train as they are scored.
+  result<rl_step_record> stream_step();
+  /// Forward and backward of group g of the current step (gradients added, weights unnormalised:
+  /// 1 per token, 1/length or 1/max_new_tokens per sample by the aggregation); adds its kept
+  /// samples and tokens to the counts.
+  status train_group(const std::vector<rollout_sample>& samples, int64_t g,
+                     const train::token_objective<float>& obj, double& loss, int64_t& kept,
+                     int64_t& kept_tokens);
+  /// The optimizer step after gradients were added: scales them by `scale`, clips, AdamW.
+  status apply_update(double scale, rl_step_record& rec);
   result<std::vector<double>> score(const std::vector<rl_prompt>& prompts,
                                     const std::vector<rollout_sample>& samples);
 
@@ -223,6 +240,7 @@ class grpo_loop {
     std::vector<rl_prompt> prompts;
     std::vector<rollout_sample> samples;  ///< Group after group.
     std::vector<int64_t> group_finished;  ///< Finished samples per group.
+    std::vector<uint8_t> group_scored;    ///< Groups whose rewards are in.
     int64_t cursor = 0;                   ///< Prompt cursor before its prompts were drawn.
   };
   std::map<int64_t, pending_step> pending_;

@@ -54,6 +54,15 @@ struct named_weights {
   std::span<const float> values;
 };
 
+/// What a backend's engines went through (cumulative; zeros for one engine in this process).
+struct rollout_backend_stats {
+  int64_t agents_lost = 0;        ///< rollout agents that died or were stopped
+  int64_t rollouts_moved = 0;     ///< rollouts resumed on another agent
+  int64_t peer_weight_pulls = 0;  ///< weight versions an agent pulled from a peer agent
+  int ready_agents = 0;           ///< agents holding the current version now
+  double last_pull_s = 0.0;       ///< the slowest agent's pull in the last publish()
+};
+
 class rollout_backend {
  public:
   virtual ~rollout_backend() = default;
@@ -64,6 +73,7 @@ class rollout_backend {
   virtual status publish(int64_t version, std::span<const named_weights> tensors) = 0;
   /// The engine's model when it lives in this process (tests), else null.
   virtual model* local_model() { return nullptr; }
+  virtual rollout_backend_stats stats() const { return {}; }
 };
 
 /// How a rollout engine is sized; the same for the in-process engine and every agent, so that

@@ -8,7 +8,9 @@ bits whatever else is in the batch, so a moved rollout continues bit for bit):
 - a rollout agent's node process SIGKILLed mid-rollouts, twice: the run exits 0, every step trains
   exactly its samples, the rollouts the dead agent held move to the other agent (replaying their
   tokens) and the result is still bit-identical to the undisturbed run; the killed node is
-  relaunched and its agent restarted, pulling the current weight version;
+  relaunched and its agent restarted, pulling the current weight version from its live peer;
+- --mode stream with agents: repeatable bit for bit, unchanged by a killed agent, and its first
+  update equals sync's up to rounding;
 - --mode async --max-staleness 2 with agents: the staleness bound holds for every step;
 - options of the agents without --agents are refused.
 
@@ -127,8 +129,12 @@ def main():
         moved = [int(m) for m in re.findall(r"lost \(.*?\): (\d+) rollouts move", out)]
         check(len(moved) >= 2 and sum(moved) > 0,
               f"the dead agents' rollouts moved to the live one ({moved})")
-        check(out.count("sending weight version") >= 1 or out.count("rollout agent 0 ready") >= 2,
-              "a restarted agent joined again (offered the current weights)")
+        # The first killed agent is back well before the second kill (its node is relaunched,
+        # its supervisor restarts it after 1.5 s); the second may rejoin after the last step.
+        check(out.count("sending weight version") >= 1,
+              "a restarted agent joined again and was offered the current weights")
+        check(len(re.findall(r"pulls weight version \d+ from rollout agent \d", out)) >= 1,
+              "the restarted agent pulled the current version from its live peer")
         if rc == 0:
             got = outcome("killed")
             check(len(got[0]) == STEPS and all(s[1] == SAMPLES for s in got[0]),
@@ -136,6 +142,33 @@ def main():
             check(got[0] == want[0], "killed: rewards and losses of every step equal the "
                                      "undisturbed run's, bit for bit")
             check(got[2] == want[2], "killed: final weights equal the undisturbed run's")
+            last = [r for r in read_jsonl(os.path.join(tmp, "killed.jsonl"))
+                    if r["kind"] == "step"][-1]
+            check(last["agents_lost"] == 2 and last["rollouts_moved"] == sum(moved) and
+                  last["peer_weight_pulls"] >= 1 and last["agents_ready"] >= 1,
+                  f"killed: the metrics count the lost agents, moved rollouts and peer pulls "
+                  f"({last['agents_lost']}, {last['rollouts_moved']}, {last['peer_weight_pulls']},"
+                  f" {last['agents_ready']} ready)")
+
+        # --mode stream: groups train as they are scored, in group order — repeatable bit for bit,
+        # a kill changes nothing, and the update equals sync's up to the summation order.
+        rc, out = run_weft(a.weft, "rl", args("stream", ["--agents", "2", "--mode", "stream"]),
+                           timeout=400)
+        check(rc == 0, f"--agents 2 --mode stream: exits 0 (rc {rc}) {out[-300:]}")
+        rc2, out2, sent = killed_run(a.weft, args("stream-killed", ["--agents", "2", "--mode",
+                                                                    "stream"]), [(4, 1)])
+        check(rc2 == 0 and len(sent) == 1,
+              f"stream with an agent SIGKILLed: exits 0 (rc {rc2}) {out2[-300:]}")
+        if rc == 0 and rc2 == 0:
+            got, again = outcome("stream"), outcome("stream-killed")
+            check(len(got[0]) == STEPS and all(s[1] == SAMPLES for s in got[0]),
+                  f"stream: every step trained exactly {SAMPLES} samples")
+            check(again[0] == got[0] and again[2] == got[2],
+                  "stream: a run with an agent killed gives the same losses and weights, bit "
+                  "for bit")
+            s1, w1 = got[0][0], want[0][0]
+            check(s1[2] == w1[2] and abs(s1[3] - w1[3]) <= 1e-3 * max(abs(w1[3]), 1e-6),
+                  f"stream: step 1 has sync's samples and its loss up to rounding ({s1} vs {w1})")
 
         rc, out = run_weft(a.weft, "rl", args("async", ["--agents", "2", "--mode", "async",
                                                         "--max-staleness", "2"]), timeout=400)

@@ -53,7 +53,7 @@ def main():
                                                  "--checkpoint-dir", "--save", "--mode"]),
               "--help lists the options")
         rc, out = rl(weft, base + ["--mode", "stream"])
-        check(rc == 2 and "not built yet" in out, "--mode stream: exit 2, said not built yet")
+        check(rc == 2 and "needs --agents" in out, "--mode stream without --agents: exit 2, says why")
         rc, out = rl(weft, base + ["--max-staleness", "2"])
         check(rc == 2 and "--max-staleness needs --mode async" in out,
               "--max-staleness without --mode async is refused, not ignored")
