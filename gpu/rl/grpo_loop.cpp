@@ -393,14 +393,7 @@ result<rl_step_record> grpo_loop::step() {
   if (auto st = update(batches, rec); !st) return st;
   rec.train_s = seconds_since(t1);
 
-  const auto t2 = std::chrono::steady_clock::now();
-  if (auto st = push_weights(); !st) return st;
-  rec.sync_s = seconds_since(t2);
-  rec.agents = backend_->stats();
-  ++step_;
-  rec.version = version_;
-  history_.push_back(rec);
-  return rec;
+  return finish_step(rec);
 }
 
 grpo_loop::scored_step grpo_loop::score_step(const std::vector<rollout_sample>& samples,
@@ -571,6 +564,17 @@ status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& bat
   return {};
 }
 
+result<rl_step_record> grpo_loop::finish_step(rl_step_record& rec) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (auto st = push_weights(); !st) return st;
+  rec.sync_s = seconds_since(t0);
+  rec.agents = backend_->stats();
+  ++step_;
+  rec.version = version_;
+  history_.push_back(rec);
+  return rec;
+}
+
 result<rl_step_record> grpo_loop::stream_step() {
   rl_step_record rec;
   rec.step = step_ + 1;
@@ -585,18 +589,25 @@ result<rl_step_record> grpo_loop::stream_step() {
     for (int64_t m : sched_.admit()) {
       if (auto st = start_step(m); !st) return st;
     }
-    // Train the scored groups in group order (the sum of gradients never depends on timing)
-    // while the rest of the step generates elsewhere.
+    // Train the scored groups in chunks of `shares` consecutive groups (one per parallel share),
+    // in group order: which groups sum together never depends on timing. The rest of the step
+    // generates elsewhere meanwhile.
     auto it = pending_.find(step_);
-    while (it != pending_.end() && next < config_.prompts_per_step &&
-           it->second.group_scored[static_cast<size_t>(next)] != 0) {
+    const int64_t chunk = std::max(1, config_.shares);
+    while (it != pending_.end() && next < config_.prompts_per_step) {
+      const int64_t end = std::min(next + chunk, config_.prompts_per_step);
+      const auto& scored = it->second.group_scored;
+      if (!std::all_of(scored.begin() + next, scored.begin() + end,
+                       [](uint8_t f) { return f != 0; })) {
+        break;
+      }
       const auto tg = std::chrono::steady_clock::now();
-      if (auto st = train_group(it->second.samples, next, objective, loss, kept, kept_tokens);
+      if (auto st = train_groups(it->second.samples, next, end, objective, loss, kept, kept_tokens);
           !st) {
         return st;
       }
       train_s += seconds_since(tg);
-      ++next;
+      next = end;
     }
     if (sched_.ready() && next == config_.prompts_per_step) break;
     if (!backend_->has_work()) {
@@ -626,35 +637,31 @@ result<rl_step_record> grpo_loop::stream_step() {
   rec.ratio_deviation = stats.mean_abs_ratio_deviation();
   rec.kl = stats.mean_kl();
   rec.train_s = train_s + seconds_since(t1);
-  const auto t2 = std::chrono::steady_clock::now();
-  if (auto st = push_weights(); !st) return st;
-  rec.sync_s = seconds_since(t2);
-  rec.agents = backend_->stats();
-  ++step_;
-  rec.version = version_;
-  history_.push_back(rec);
-  return rec;
+  return finish_step(rec);
 }
 
-status grpo_loop::train_group(const std::vector<rollout_sample>& samples, int64_t g,
-                              const train::token_objective<float>& obj, double& loss, int64_t& kept,
-                              int64_t& kept_tokens) {
-  const auto first = static_cast<size_t>(g * config_.group_size);
-  std::vector<rollout_sample> group(
-      samples.begin() + static_cast<std::ptrdiff_t>(first),
-      samples.begin() +
-          static_cast<std::ptrdiff_t>(first + static_cast<size_t>(config_.group_size)));
+status grpo_loop::train_groups(const std::vector<rollout_sample>& samples, int64_t g0, int64_t g1,
+                               const train::token_objective<float>& obj, double& loss,
+                               int64_t& kept, int64_t& kept_tokens) {
+  const auto n = static_cast<size_t>(config_.group_size);
+  std::vector<rollout_sample> chunk(
+      samples.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(g0) * n),
+      samples.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(g1) * n));
   std::vector<double> rewards;
-  for (const auto& s : group) rewards.push_back(s.reward);
+  for (const auto& s : chunk) rewards.push_back(s.reward);
   scored_step sc;
   sc.adv = group_advantages(rewards, config_.group_size, config_.grpo.scale_rewards);
-  const bool flat = zero_variance_groups(rewards, config_.group_size)[0] != 0;
-  const bool drop = flat && config_.grpo.drop_zero_variance;
-  sc.keep.assign(group.size(), drop ? 0 : 1);
-  sc.weights.assign(group.size(), 0.0);
-  if (drop) return {};
-  for (size_t s = 0; s < group.size(); ++s) {
-    const auto len = static_cast<int64_t>(group[s].completion.size());
+  const auto flat = zero_variance_groups(rewards, config_.group_size);
+  sc.keep.assign(chunk.size(), 1);
+  sc.weights.assign(chunk.size(), 0.0);
+  const int64_t max_new =
+      config_.grpo.max_new_tokens > 0 ? config_.grpo.max_new_tokens : config_.max_new_tokens;
+  for (size_t s = 0; s < chunk.size(); ++s) {
+    if (flat[s / n] != 0 && config_.grpo.drop_zero_variance) {
+      sc.keep[s] = 0;
+      continue;
+    }
+    const auto len = static_cast<int64_t>(chunk[s].completion.size());
     ++kept;
     kept_tokens += len;
     switch (config_.grpo.aggregation) {
@@ -665,14 +672,12 @@ status grpo_loop::train_group(const std::vector<rollout_sample>& samples, int64_
         sc.weights[s] = len > 0 ? 1.0 / static_cast<double>(len) : 0.0;
         break;
       case loss_aggregation::constant:
-        sc.weights[s] = 1.0 / static_cast<double>(std::max<int64_t>(
-                                  1, config_.grpo.max_new_tokens > 0 ? config_.grpo.max_new_tokens
-                                                                     : config_.max_new_tokens));
+        sc.weights[s] = 1.0 / static_cast<double>(std::max<int64_t>(1, max_new));
         break;
     }
   }
-  // pack_update keys units by the samples' group: one group here.
-  auto batches = pack_update(group, sc);
+  // One unit per group, spread over the shares as in a whole step.
+  auto batches = pack_update(chunk, sc);
   if (batches.empty()) return {};
   if (ref_) {
     if (auto st = add_reference_logprobs(batches); !st) return st;

@@ -206,14 +206,16 @@ class grpo_loop {
   /// Forward/backward of the PPO-clip objective, clipping, AdamW; fills loss, norm, lr and the
   /// clip statistics into `rec`.
   status update(const std::vector<std::vector<train::train_batch>>& batches, rl_step_record& rec);
+  /// The end of every step: the new weights to the rollouts, the step's record kept.
+  result<rl_step_record> finish_step(rl_step_record& rec);
   /// --mode stream: one step whose groups train as they are scored.
   result<rl_step_record> stream_step();
-  /// Forward and backward of group g of the current step (gradients added, weights unnormalised:
-  /// 1 per token, 1/length or 1/max_new_tokens per sample by the aggregation); adds its kept
-  /// samples and tokens to the counts.
-  status train_group(const std::vector<rollout_sample>& samples, int64_t g,
-                     const train::token_objective<float>& obj, double& loss, int64_t& kept,
-                     int64_t& kept_tokens);
+  /// Forward and backward of groups [g0, g1) of the current step (gradients added, weights
+  /// unnormalised: 1 per token, 1/length or 1/max_new_tokens per sample by the aggregation); adds
+  /// their kept samples and tokens to the counts.
+  status train_groups(const std::vector<rollout_sample>& samples, int64_t g0, int64_t g1,
+                      const train::token_objective<float>& obj, double& loss, int64_t& kept,
+                      int64_t& kept_tokens);
   /// The optimizer step after gradients were added: scales them by `scale`, clips, AdamW.
   status apply_update(double scale, rl_step_record& rec);
   result<std::vector<double>> score(const std::vector<rl_prompt>& prompts,

@@ -6,6 +6,7 @@ subcommand, reading a metrics file of JSON lines.
 """
 import json
 import subprocess
+import threading
 
 FAILURES = []
 
@@ -45,3 +46,25 @@ def run_or_exit(cmd, timeout=600):
 def read_jsonl(path):
     """The objects of a JSON-lines file (blank lines skipped)."""
     return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def run_watching(cmd, on_line, timeout=400):
+    """Runs `cmd`, calling on_line(line) for every line of its output as it comes (to inject a
+    fault when the run reaches a point); returns (exit status, stdout + stderr). The process is
+    killed after `timeout` seconds."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = []
+
+    def read():
+        for line in p.stdout:
+            out.append(line)
+            on_line(line)
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    t.join(timeout=10)
+    return p.returncode, "".join(out)

@@ -23,10 +23,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
-from cli_checks import check, finish, read_jsonl, run_weft  # noqa: E402
+from cli_checks import check, finish, read_jsonl, run_watching, run_weft  # noqa: E402
 
 STEPS = 12
 SAMPLES = 8 * 4
@@ -43,32 +42,22 @@ for line in sys.stdin:
 def killed_run(weft, args, kills):
     """Runs `weft rl ARGS`; once the progress line of step s has been printed, SIGKILLs the node
     process of rollout agent a, for each (s, a) of `kills`. Returns (exit status, output, kills)."""
-    p = subprocess.Popen([weft, "rl"] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
-    out, sent, pids = [], [], {}
+    sent, pids = [], {}
     pending = list(kills)
 
-    def read():
-        for line in p.stdout:
-            out.append(line)
-            m = re.search(r"rollout-node-(\d+) started \(pid (\d+)\)", line)
-            if m:
-                pids[int(m.group(1))] = int(m.group(2))
-            if pending and f"step {pending[0][0]}/" in line:
-                step, agent = pending.pop(0)
-                try:
-                    os.kill(pids[agent], signal.SIGKILL)
-                    sent.append((step, agent, pids[agent]))
-                except (KeyError, ProcessLookupError):
-                    pass
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    try:
-        p.wait(timeout=400)
-    except subprocess.TimeoutExpired:
-        p.kill()
-    t.join(timeout=10)
-    return p.returncode, "".join(out), sent
+    def on_line(line):
+        m = re.search(r"rollout-node-(\d+) started \(pid (\d+)\)", line)
+        if m:
+            pids[int(m.group(1))] = int(m.group(2))
+        if pending and f"step {pending[0][0]}/" in line:
+            step, agent = pending.pop(0)
+            try:
+                os.kill(pids[agent], signal.SIGKILL)
+                sent.append((step, agent, pids[agent]))
+            except (KeyError, ProcessLookupError):
+                pass
+    rc, out = run_watching([weft, "rl"] + args, on_line)
+    return rc, out, sent
 
 
 def main():

@@ -19,11 +19,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
-from cli_checks import check, finish, read_jsonl, run_weft  # noqa: E402
+from cli_checks import check, finish, read_jsonl, run_watching, run_weft  # noqa: E402
 
 STEPS = 30
 
@@ -47,37 +46,27 @@ def current_pid(pidfile):
 def disturbed(weft, args, pidfile, faults):
     """Runs `weft rl ARGS` and sends each (step, signal) of `faults` to the reward process once the
     progress line of that step has been printed. Returns (exit status, output, faults sent)."""
-    p = subprocess.Popen([weft, "rl"] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
-    out, sent = [], []
+    sent = []
     pending = list(faults)
 
-    def read():
-        for line in p.stdout:
-            out.append(line)
-            if pending and f"step {pending[0][0]}/" in line:
-                step, sig = pending.pop(0)
-                pid = current_pid(pidfile)
-                if pid is not None:
-                    try:
-                        os.kill(pid, sig)
-                        sent.append((step, sig, pid))
-                    except ProcessLookupError:
-                        pass
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    try:
-        p.wait(timeout=400)
-    except subprocess.TimeoutExpired:
-        p.kill()
-    t.join(timeout=10)
+    def on_line(line):
+        if pending and f"step {pending[0][0]}/" in line:
+            step, sig = pending.pop(0)
+            pid = current_pid(pidfile)
+            if pid is not None:
+                try:
+                    os.kill(pid, sig)
+                    sent.append((step, sig, pid))
+                except ProcessLookupError:
+                    pass
+    rc, out = run_watching([weft, "rl"] + args, on_line)
     for _, sig, pid in sent:  # never leave a stopped process behind
         if sig == signal.SIGSTOP:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    return p.returncode, "".join(out), sent
+    return rc, out, sent
 
 
 def main():

@@ -1,6 +1,7 @@
 // The GRPO loop (gpu/rl/grpo_loop.hpp, docs/rl.md) on a generated tiny model: sync runs repeat bit
 // for bit and the engine serves the trainer's weights; exact resume; async runs repeat and stay
-// within the staleness bound; an async resume trains every step once; the KL term; several
+// within the staleness bound; stream steps repeat and equal sync up to rounding; an async resume
+// trains every step once; the KL term; several
 // updates per step; learning a graded reward.
 #include <gtest/gtest.h>
 
@@ -92,6 +93,47 @@ TEST(grpo_loop, sync_runs_repeat_bit_for_bit_and_the_engine_serves_the_trainers_
   // The first step trained on rollouts of version 0, so its ratios were ~1 (engine vs trainer
   // numerics only: the engine's fp16 KV cache).
   EXPECT_LT(a->history().front().ratio_deviation, 0.02);
+}
+
+TEST(grpo_loop, stream_steps_repeat_bit_for_bit_and_equal_sync_up_to_rounding) {
+  const auto file = tiny_file();
+  digits_task task;
+  for (auto agg :
+       {loss_aggregation::token, loss_aggregation::sequence, loss_aggregation::constant}) {
+    auto sync_cfg = loop_cfg();
+    sync_cfg.grpo.aggregation = agg;
+    auto stream_cfg = sync_cfg;
+    stream_cfg.stream = true;
+    auto a = make_loop(file, task, stream_cfg);
+    auto b = make_loop(file, task, stream_cfg);
+    auto c = make_loop(file, task, sync_cfg);
+    const auto both = step_both(*a, *b, 3);
+    ASSERT_EQ(both.size(), 3u);
+    for (const auto& [ra, rb] : both) {
+      EXPECT_EQ(ra.loss, rb.loss);
+      EXPECT_EQ(ra.samples, 24);
+    }
+    expect_same_weights(*a, *b);
+    // The first step trains sync's very samples; only the order of the gradient sums differs.
+    auto rc = c->step();
+    ASSERT_TRUE(rc.ok()) << rc.error().message();
+    const rl_step_record& ra = both.front().first;
+    EXPECT_EQ(ra.reward_mean, rc->reward_mean);
+    EXPECT_EQ(ra.completion_tokens, rc->completion_tokens);
+    EXPECT_GT(rc->grad_norm, 0.0);
+    EXPECT_NEAR(ra.grad_norm, rc->grad_norm, 1e-5 * rc->grad_norm) << static_cast<int>(agg);
+    EXPECT_NEAR(ra.loss, rc->loss, 1e-4 * std::abs(rc->loss) + 1e-9) << static_cast<int>(agg);
+    EXPECT_EQ(ra.clip_fraction, rc->clip_fraction);
+  }
+  // Stream trains each group once, on-policy, on the host.
+  auto bad = loop_cfg();
+  bad.stream = true;
+  bad.max_staleness = 1;
+  auto m = trainable_model<float>::load(file);
+  ASSERT_TRUE(m.ok());
+  auto refused = grpo_loop::create(file, std::move(*m), task, bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code(), status_code::invalid_argument);
 }
 
 TEST(grpo_loop, a_device_resident_trainer_gives_the_host_trainers_bits) {
