@@ -142,6 +142,7 @@ def main():
             vals = [statistics.median(r["stage_seconds"][st] for r in runs[n]) for n in names]
             ax[2].bar(names, vals, bottom=bottom, label=st[:-2], color=f"C{k + 3}")
             bottom = [b + v for b, v in zip(bottom, vals)]
+        ax[2].tick_params(axis="x", labelrotation=15)
         ax[2].set_ylabel("seconds per run (median)")
         ax[2].set_title("where the time goes")
         ax[2].legend()
