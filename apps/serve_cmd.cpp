@@ -53,6 +53,7 @@ struct serve_cli {
   double cache_mem_gb = 1.0;
   int64_t segment_tokens = 64;
   uint32_t cache_replicas = 2;
+  bool pool_generated = true;
   std::string policy = "fcfs";
   double mlfq_prefill_cost = 0.4;
   int64_t mlfq_starvation_steps = 1024;
@@ -166,6 +167,7 @@ int run_serve(const serve_cli& cli) {
   rc.queue_timeout_ms = cli.queue_timeout_ms;
   rc.route = cli.route;
   rc.cache_replicas = cli.cache_replicas;
+  rc.pool_generated = cli.pool_generated;
   rc.metrics = metrics;
   rc.stall_ms = cli.stall_ms;
   // A hung worker's requests migrate in the router; its process is SIGKILLed here and relaunched
@@ -413,6 +415,10 @@ void add_serve_command(CLI::App& app, const global_options&) {
                   "Shards that may hold one hot pool segment, its home included (1 = no replicas)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 16u));
+  cmd->add_flag("!--no-pool-generated", cli->pool_generated,
+                "With --cache-shards: publish only prompt segments to the pool. By default running "
+                "sequences also publish their generated tokens' KV, a segment at a time, so a "
+                "sequence whose worker dies resumes from the pool instead of recomputing");
   cmd->add_option("--policy", cli->policy,
                   "Iteration scheduling policy: fcfs or mlfq (FastServe skip-join MLFQ)")
       ->capture_default_str()
@@ -526,6 +532,10 @@ void add_serve_command(CLI::App& app, const global_options&) {
     if (given("--workers") && (given("--prefill") || given("--decode"))) {
       spdlog::error(
           "--workers (colocated) and --prefill/--decode (disaggregated) exclude each other");
+      std::exit(2);
+    }
+    if (given("--no-pool-generated") && cli->cache_shards == 0) {
+      spdlog::error("--no-pool-generated needs a pool (--cache-shards K)");
       std::exit(2);
     }
     std::exit(run_serve(*cli));

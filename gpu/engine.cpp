@@ -169,8 +169,14 @@ status engine::add_imported_request(request_id id, seq_id seq, std::vector<int32
   return {};
 }
 
+std::span<const int32_t> engine::tokens(request_id id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return {};
+  return it->second->tokens;
+}
+
 status engine::add_prefilled_request(request_id id, seq_id seq, std::vector<int32_t> prompt,
-                                     sampling_params params) {
+                                     sampling_params params, int64_t n_replay) {
   const int64_t n_cached = kv_->length(seq);
   auto refuse = [&](std::string why) -> status {
     if (auto st = kv_->free_sequence(seq); !st)
@@ -180,9 +186,16 @@ status engine::add_prefilled_request(request_id id, seq_id seq, std::vector<int3
   };
   if (requests_.count(id) != 0) return refuse("duplicate request id");
   if (params.pooling == pooling_type::mean) return refuse("mean pooling needs every prompt token");
-  if (n_cached < 1 || n_cached > static_cast<int64_t>(prompt.size()) - 2) {
+  const auto n_tokens = static_cast<int64_t>(prompt.size());
+  if (n_replay < 0 || n_replay >= n_tokens) return refuse("replayed tokens leave no prompt");
+  const int64_t n_true = n_tokens - n_replay;
+  // Two prompt tokens left to compute (prefill numerics), or the whole prompt cached and at least
+  // one generated token left (decode numerics, as in the original decode steps).
+  const bool prompt_left = n_cached >= 1 && n_cached <= n_true - 2;
+  const bool replay_left = n_replay > 0 && n_cached >= n_true && n_cached <= n_tokens - 1;
+  if (!prompt_left && !replay_left) {
     return refuse(std::to_string(n_cached) + " cached tokens for a prompt of " +
-                  std::to_string(prompt.size()));
+                  std::to_string(n_true) + " + " + std::to_string(n_replay) + " resumed tokens");
   }
   for (int32_t t : prompt) {
     if (t < 0 || t >= model_.hparams().n_vocab)
@@ -191,9 +204,16 @@ status engine::add_prefilled_request(request_id id, seq_id seq, std::vector<int3
   if (params.max_tokens < 1) return refuse("max_tokens must be >= 1");
   if (params.pooling != pooling_type::none) return refuse("an embedding has no generated tokens");
   auto r = std::make_unique<request>(id, std::move(prompt), std::move(params));
-  if (auto st = attach_grammar(*r, {}); !st) return refuse(st.message());
-  r->n_prompt = static_cast<int64_t>(r->tokens.size());
-  r->n_computed = r->n_cached = n_cached;
+  if (auto st = attach_grammar(
+          *r, std::span<const int32_t>(r->tokens).subspan(static_cast<size_t>(n_true)));
+      !st)
+    return refuse(st.message());
+  r->n_prompt = n_tokens;
+  r->n_replay = n_replay;
+  // Each generated token consumed one random draw when it was sampled (none when greedy).
+  if (n_replay > 0) r->smp.skip_draws(n_replay);
+  r->n_computed = n_cached;
+  r->n_cached = std::min(n_cached, n_true);  // cached *prompt* tokens
   r->seq = seq;
   r->has_seq = true;
   r->ph = phase::prefill;

@@ -145,9 +145,15 @@ class engine {
   /// Queues a request whose prompt starts with KV already in `seq` (fetched from a prefix-cache
   /// pool): the engine owns `seq` from now, also on error. The cached tokens (kv().length(seq),
   /// which must equal the first tokens of `prompt` and leave at least two to compute) are reported
-  /// as cached_prompt_tokens; the rest is prefilled as usual.
+  /// as cached_prompt_tokens; the rest is prefilled as usual. With `n_replay` > 0 it is a resumed
+  /// request (see add_resumed_request: the last `n_replay` tokens of `prompt` were generated
+  /// elsewhere) whose KV came from the pool: the cache may then also cover the whole original
+  /// prompt and some of the generated tokens (decode-computed KV; at least one token left), and
+  /// the generated tokens it does not cover are recomputed with decode numerics.
   status add_prefilled_request(request_id id, seq_id seq, std::vector<int32_t> prompt,
-                               sampling_params params);
+                               sampling_params params, int64_t n_replay = 0);
+  /// The tokens (prompt + generated) of a live request; empty when unknown.
+  std::span<const int32_t> tokens(request_id id) const;
   /// A new sequence sharing every KV block of a resident request (copy-on-write): a read-only
   /// snapshot of its KV for the caller, who frees it with kv().free_sequence(). invalid_argument
   /// when the request has no resident KV.

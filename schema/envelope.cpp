@@ -212,6 +212,8 @@ capnp::StructSchema schema_of(kind k) {
       return capnp::Schema::from<wire::WeightOffer>();
     case kind::weight_ack:
       return capnp::Schema::from<wire::WeightAck>();
+    case kind::pool_checkpoint:
+      return capnp::Schema::from<wire::PoolCheckpoint>();
     case kind::none:
     case kind::oversize:
       break;
@@ -221,7 +223,8 @@ capnp::StructSchema schema_of(kind k) {
 
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
-  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::weight_ack);
+  return v >= static_cast<uint16_t>(kind::error) &&
+         v <= static_cast<uint16_t>(kind::pool_checkpoint);
 }
 
 }  // namespace
@@ -398,6 +401,8 @@ const char* to_string(kind k) {
       return "WeightOffer";
     case kind::weight_ack:
       return "WeightAck";
+    case kind::pool_checkpoint:
+      return "PoolCheckpoint";
     case kind::oversize:
       return "oversize";
   }

@@ -74,6 +74,7 @@ enum class kind : uint16_t {
   rollout_progress = 43,
   weight_offer = 44,
   weight_ack = 45,
+  pool_checkpoint = 46,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -132,6 +133,7 @@ WEFT_SCHEMA_KIND(RolloutAbort, rollout_abort)
 WEFT_SCHEMA_KIND(RolloutProgress, rollout_progress)
 WEFT_SCHEMA_KIND(WeightOffer, weight_offer)
 WEFT_SCHEMA_KIND(WeightAck, weight_ack)
+WEFT_SCHEMA_KIND(PoolCheckpoint, pool_checkpoint)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults

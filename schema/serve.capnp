@@ -43,6 +43,16 @@ struct GenerateRequest {
   poolPlan @9 :List(PoolSegment);   # prefix-cache pool: the prompt's leading segments, in order
 }
 
+# Router -> worker: publish the KV of more segments of a running sequence (its prompt and generated
+# tokens, keyed by cache::sequence_segment_keys) to their home shards, so that the sequence
+# resumes from the pool if the worker dies (docs/cache_pool.md, "Generated tokens").
+struct PoolCheckpoint {
+  requestId @0 :UInt64;
+  attempt @1 :UInt32;               # the worker ignores a checkpoint of another attempt
+  firstSegment @2 :UInt32;          # index of segments[0] among the sequence's segments
+  segments @3 :List(PoolSegment);   # key and home of each (read is unused)
+}
+
 # The pool directory's answer for one segment of a dispatched prompt (actors/cache/directory.hpp).
 struct PoolSegment {
   key @0 :UInt64;                   # segment key (the worker checks it against its own)
@@ -143,6 +153,8 @@ struct WorkerLoad {
   promptTokens @19 :UInt64;         # prompt tokens admitted (hit-rate denominator)
   poolBytesIn @20 :UInt64;          # segment bytes pulled from the pool
   prefixWaits @21 :UInt64;          # requests that waited for another's in-flight prefill of their prefix
+  resumePoolTokens @22 :UInt64;     # KV tokens of resumed (migrated) sequences fetched from the pool
+  checkpointSegments @23 :UInt64;   # segments of running sequences offered to the pool (PoolCheckpoint)
 }
 
 # Prefill worker -> decode worker (via the router): one sequence's KV blocks, offered under a lease

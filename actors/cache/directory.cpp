@@ -115,6 +115,19 @@ std::vector<segment_route> pool_directory::route(std::span<const uint64_t> keys)
   return out;
 }
 
+std::vector<segment_route> pool_directory::place(std::span<const uint64_t> keys) {
+  std::vector<segment_route> out;
+  if (placement_.n_shards() == 0) return out;
+  out.reserve(keys.size());
+  for (uint64_t key : keys) {
+    touch(key);
+    auto home = placement_.assign(key);
+    if (!home) break;
+    out.push_back({key, *home, *home});
+  }
+  return out;
+}
+
 std::vector<replica_order> pool_directory::take_replica_orders() {
   std::vector<replica_order> out;
   while (moves_in_flight_ < cfg_.max_moves_in_flight && !move_queue_.empty()) {

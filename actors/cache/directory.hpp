@@ -90,6 +90,9 @@ class pool_directory {
   /// Routes the leading segment keys of a prompt: homes new keys (bounded load), counts the
   /// accesses, spreads reads over the replicas. Empty without shards.
   std::vector<segment_route> route(std::span<const uint64_t> keys);
+  /// Homes keys about to be written (a running sequence's checkpointed segments) without
+  /// counting a read: a sequence's own checkpoints never make its keys hot. `read` is the home.
+  std::vector<segment_route> place(std::span<const uint64_t> keys);
 
   /// Copies to make now: moved keys to their new home (up to the in-flight limit), then hot keys
   /// that want one more replica (at most one order per key in flight). Call after route() and

@@ -86,4 +86,39 @@ std::vector<uint64_t> segment_keys(const segment_key_config& cfg, std::span<cons
   return keys;
 }
 
+std::vector<uint64_t> sequence_segment_keys(const segment_key_config& cfg,
+                                            std::span<const int32_t> tokens, size_t n_prompt) {
+  std::vector<uint64_t> keys;
+  if (cfg.segment_tokens <= 0) return keys;
+  const auto seg = static_cast<size_t>(cfg.segment_tokens);
+  const size_t n_full = tokens.size() / seg;
+  keys.reserve(n_full);
+  key_hasher hasher(cfg);
+  uint64_t prev = 0;
+  for (size_t i = 0; i < n_full; ++i) {
+    prev = hasher.next(prev, tokens.subspan(i * seg, seg));
+    if ((i + 1) * seg > n_prompt) {
+      // Decode-computed KV: keyed by where the prompt ended too.
+      const uint64_t mix[2] = {prev, static_cast<uint64_t>(n_prompt)};
+      unsigned char bytes[sizeof(mix)];
+      for (size_t b = 0; b < sizeof(bytes); ++b)
+        bytes[b] = static_cast<unsigned char>(mix[b / 8] >> (8 * (b % 8)));
+      prev = XXH3_64bits_withSeed(bytes, sizeof(bytes), 0x67656e6572617465ULL);  // "generate"
+      if (prev == 0) prev = 1;
+    }
+    keys.push_back(prev);
+  }
+  return keys;
+}
+
+size_t usable_segments(size_t n_prompt, size_t n_tokens, int64_t segment_tokens) {
+  if (segment_tokens <= 0 || n_tokens == 0) return 0;
+  const auto seg = static_cast<size_t>(segment_tokens);
+  for (size_t k = (n_tokens - 1) / seg; k > 0; --k) {
+    const size_t end = k * seg;
+    if (end + 2 <= n_prompt || (n_tokens > n_prompt && end >= n_prompt)) return k;
+  }
+  return 0;
+}
+
 }  // namespace weft::cache

@@ -41,4 +41,20 @@ uint64_t next_segment_key(const segment_key_config& cfg, uint64_t prev_key,
 /// Returns an empty vector when cfg.segment_tokens <= 0.
 std::vector<uint64_t> segment_keys(const segment_key_config& cfg, std::span<const int32_t> tokens);
 
+/// Keys of the full segments of a sequence: its first `n_prompt` tokens are the prompt (their KV
+/// computed by a prefill), the rest were generated (their KV computed by decode steps, whose
+/// numerics differ in the last bits). A segment that ends within the prompt has its prompt key
+/// (segment_keys()); one that reaches past it is keyed apart, by its chain key mixed with
+/// `n_prompt`, and so is every later one: a prefill never takes decode-computed KV, so a pool hit
+/// stays bit-identical to a cold prefill, and a resumed sequence finds exactly its own KV.
+std::vector<uint64_t> sequence_segment_keys(const segment_key_config& cfg,
+                                            std::span<const int32_t> tokens, size_t n_prompt);
+
+/// Leading segments of `segment_tokens` whose KV a sequence of `n_tokens` tokens (`n_prompt` of
+/// them the prompt, the rest generated tokens being resumed) may take from a pool: at least one
+/// token is left to compute (its logits give the next token), and at least two prompt tokens
+/// unless the whole prompt is covered (a prompt chunk of one token would switch to decode
+/// numerics; generated tokens are recomputed with decode numerics anyway).
+size_t usable_segments(size_t n_prompt, size_t n_tokens, int64_t segment_tokens);
+
 }  // namespace weft::cache

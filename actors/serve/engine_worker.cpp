@@ -154,6 +154,8 @@ envelope make_load(worker_state& st) {
     b.setPoolHitTokens(st.pool_hit_tokens);
     b.setPromptTokens(st.prompt_tokens);
     b.setPoolBytesIn(st.pool_bytes_in);
+    b.setResumePoolTokens(st.resume_pool_tokens);
+    b.setCheckpointSegments(st.checkpoint_segments);
   });
 }
 
@@ -518,7 +520,8 @@ void admit(worker_ptr self, generate_spec d, gpu::seq_id prefilled) {
     return;
   }
   auto s = prefilled != 0
-               ? st.engine->add_prefilled_request(id, prefilled, std::move(tokens), std::move(p))
+               ? st.engine->add_prefilled_request(id, prefilled, std::move(tokens), std::move(p),
+                                                  n_resumed)
                : st.engine->add_resumed_request(id, std::move(tokens), n_resumed, std::move(p));
   if (!s.ok()) {
     self->send(st.router, chunk_atom::value,
@@ -683,6 +686,7 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
       },
       [self](cache_reply_atom, const envelope& env) { on_cache_reply(self, env); },
       [self](cache_done_atom, const envelope& env) { on_publish_done(self, env); },
+      [self](cache_ckpt_atom, const envelope& env) { on_pool_checkpoint(self, env); },
       [self](fetch_timeout_atom, uint64_t id) {
         if (actors::from_self(self)) on_fetch_timeout(self, id);
       },

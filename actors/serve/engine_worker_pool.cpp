@@ -49,14 +49,19 @@ void on_shards(worker_ptr self, std::vector<std::string> names, std::vector<caf:
   spdlog::info("worker {}: prefix-cache pool of {} shard(s)", st.worker_name, st.shards.size());
 }
 
-/// Looks the prompt's leading segments up in the pool; true if the request now waits for it.
+/// Looks the sequence's leading segments up in the pool; true if the request now waits for it. A
+/// new request's are its prompt's; a resumed (migrated) one's also cover the generated tokens its
+/// dead worker checkpointed to the pool (sequence_segment_keys).
 bool start_fetch(worker_ptr self, generate_spec& d) {
   auto& st = self->state;
-  if (st.shards.empty() || d.pool_plan.empty() || !d.resume.empty()) return false;
-  auto keys = cache::segment_keys(st.keys, d.prompt);
+  if (st.shards.empty() || d.pool_plan.empty()) return false;
+  std::vector<int32_t> tokens = d.prompt;
+  tokens.insert(tokens.end(), d.resume.begin(), d.resume.end());
   const auto S = static_cast<size_t>(st.cfg.segment_tokens);
-  while (!keys.empty() && keys.size() * S + 2 > d.prompt.size())
-    keys.pop_back();  // leave 2 to compute
+  const size_t usable =
+      cache::usable_segments(d.prompt.size(), tokens.size(), st.cfg.segment_tokens);
+  auto keys = cache::sequence_segment_keys(
+      st.keys, std::span<const int32_t>(tokens).first(usable * S), d.prompt.size());
   // Only the leading run the directory placed can be fetched.
   std::vector<size_t> read_shard;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -66,16 +71,16 @@ bool start_fetch(worker_ptr self, generate_spec& d) {
   }
   keys.resize(read_shard.size());
   if (keys.empty()) return false;
-  // What this worker's own prefix cache holds.
   // What this worker's own prefix cache holds (nothing usable when local reuse is off: then every
-  // hit comes from the pool).
+  // hit comes from the pool). The engine attaches local blocks of the prompt only.
   const int64_t local = st.cfg.prefix_cache
-                            ? st.engine->kv().match_prefix(
-                                  std::span<const int32_t>(d.prompt).first(keys.size() * S + 1))
+                            ? st.engine->kv().match_prefix(std::span<const int32_t>(d.prompt).first(
+                                  std::min(keys.size() * S + 1, d.prompt.size())))
                             : 0;
   if (local >= static_cast<int64_t>(keys.size() * S)) return false;
   pending_fetch f;
   f.keys = keys;
+  f.tokens = std::move(tokens);
   f.local_tokens = local;
   f.shards = st.shards;
   std::map<size_t, std::vector<uint64_t>> by_shard;
@@ -128,16 +133,24 @@ void end_fetch(worker_ptr self, uint64_t id) {
   gpu::seq_id seq = 0;
   if (f.seq != 0 && !f.failed) {
     auto& kv = st.engine->kv();
-    const auto tokens =
-        std::span<const int32_t>(f.spec.prompt).first(static_cast<size_t>(f.n_tokens));
+    const auto tokens = std::span<const int32_t>(f.tokens).first(static_cast<size_t>(f.n_tokens));
     if (auto c = kv.commit(f.seq, tokens); c.ok()) {
       seq = f.seq;
-      st.pool_hit_tokens += static_cast<uint64_t>(f.n_tokens);
+      st.pool_hit_tokens += std::min(static_cast<uint64_t>(f.n_tokens), f.spec.prompt.size());
       st.pool_bytes_in += f.bytes;
       for (size_t i = 0; i < static_cast<size_t>(f.n_tokens / st.cfg.segment_tokens); ++i)
         remember_published(st, f.keys[i]);
-      spdlog::debug("worker {}: request {} ({}): {} prompt tokens from the pool", st.worker_name,
-                    id, f.spec.trace_id, f.n_tokens);
+      if (f.spec.resume.empty()) {
+        spdlog::debug("worker {}: request {} ({}): {} prompt tokens from the pool", st.worker_name,
+                      id, f.spec.trace_id, f.n_tokens);
+      } else {
+        st.resume_pool_tokens += static_cast<uint64_t>(f.n_tokens);
+        spdlog::info(
+            "worker {}: resumed request {} ({}): {} of its {} tokens' KV from the pool, {} to "
+            "recompute",
+            st.worker_name, id, f.spec.trace_id, f.n_tokens, f.tokens.size(),
+            static_cast<int64_t>(f.tokens.size()) - f.n_tokens);
+      }
     } else {
       (void)kv.free_sequence(f.seq);
     }
@@ -160,7 +173,7 @@ void pull_hits(worker_ptr self, uint64_t id) {
   auto& kv = st.engine->kv();
   f.n_tokens = static_cast<int64_t>(run) * S;
   auto prepared = kv.prepare_import(
-      kv.layout(), std::span<const int32_t>(f.spec.prompt).first(static_cast<size_t>(f.n_tokens)));
+      kv.layout(), std::span<const int32_t>(f.tokens).first(static_cast<size_t>(f.n_tokens)));
   if (!prepared) return end_fetch(self, id);
   f.seq = prepared->first;
   const auto& ranges = prepared->second;
@@ -275,37 +288,26 @@ void on_fetch_pulled(worker_ptr self, uint64_t pull_id, bool ok, const std::stri
   if (--it->second.pulls_left == 0) end_fetch(self, id);
 }
 
-/// After a request's prefill: offer its prompt's KV under a lease and ask each home shard to
-/// store the segments it lacks (not known to be in the pool yet).
-void publish_segments(worker_ptr self, uint64_t id, running_request& r) {
+/// Offers the KV of request `id` (a copy-on-write fork, under a lease) to the pool and asks each
+/// shard of `by_shard` to store its segments (key, segment index); the fork must hold at least
+/// `need` tokens of `tokens` (the sequence's tokens).
+void offer_segments(worker_ptr self, uint64_t id, std::span<const int32_t> tokens, size_t need,
+                    const std::map<size_t, std::vector<std::pair<uint64_t, uint32_t>>>& by_shard) {
   auto& st = self->state;
-  r.publish = false;
-  const std::vector<int32_t> prompt = std::move(r.prompt);
-  r.prompt = {};
-  const std::vector<pool_segment> plan = std::move(r.pool_plan);
-  r.pool_plan = {};
-  if (st.shards.empty() || plan.empty() || st.exporter == nullptr) return;
-  const auto keys = cache::segment_keys(st.keys, prompt);
-  const auto blocks_per_segment = static_cast<uint32_t>(st.cfg.segment_tokens / st.cfg.block_size);
-  std::map<size_t, std::vector<std::pair<uint64_t, uint32_t>>> by_shard;  // shard -> (key, segment)
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (st.published.count(keys[i]) != 0) continue;
-    if (auto home = planned_shard(st, plan, i, keys[i], false))
-      by_shard[*home].emplace_back(keys[i], static_cast<uint32_t>(i));
-  }
   if (by_shard.empty()) return;
   auto fork = st.engine->fork_kv(id);
   if (!fork) return;
   auto& kv = st.engine->kv();
   const auto n = static_cast<size_t>(kv.length(*fork));
-  if (n > prompt.size()) {
+  if (n > tokens.size() || n < need) {
     (void)kv.free_sequence(*fork);
     return;
   }
+  const auto blocks_per_segment = static_cast<uint32_t>(st.cfg.segment_tokens / st.cfg.block_size);
   kv_offer o;
   o.request_id = id;
   o.seq = *fork;
-  o.tokens = std::span<const int32_t>(prompt).first(n);
+  o.tokens = tokens.first(n);
   o.lease_ms = st.cfg.kv_lease_ms;
   o.checksum = kv_checksum_mode::none;
   auto desc = st.exporter->offer(o);
@@ -317,7 +319,7 @@ void publish_segments(worker_ptr self, uint64_t id, running_request& r) {
   }
   auto info = read_kv_descriptor(*desc);
   const auto bytes = desc->to_bytes();
-  for (auto& [shard, segs] : by_shard) {
+  for (const auto& [shard, segs] : by_shard) {
     self->send(st.shards[shard], cache_publish_atom::value,
                envelope::build<wire::CachePublish>([&](wire::CachePublish::Builder b) {
                  b.setDescriptor(kj::ArrayPtr<const kj::byte>(
@@ -333,6 +335,67 @@ void publish_segments(worker_ptr self, uint64_t id, running_request& r) {
     for (const auto& [key, seg] : segs) remember_published(st, key);
   }
   st.publish_leases[info ? info->lease_id : 0] = by_shard.size();
+}
+
+/// After a request's prefill: offer its prompt's KV under a lease and ask each home shard to
+/// store the segments it lacks (not known to be in the pool yet).
+void publish_segments(worker_ptr self, uint64_t id, running_request& r) {
+  auto& st = self->state;
+  r.publish = false;
+  const std::vector<int32_t> prompt = std::move(r.prompt);
+  r.prompt = {};
+  const std::vector<pool_segment> plan = std::move(r.pool_plan);
+  r.pool_plan = {};
+  if (st.shards.empty() || plan.empty() || st.exporter == nullptr) return;
+  const auto keys = cache::segment_keys(st.keys, prompt);
+  std::map<size_t, std::vector<std::pair<uint64_t, uint32_t>>> by_shard;  // shard -> (key, segment)
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (st.published.count(keys[i]) != 0) continue;
+    if (auto home = planned_shard(st, plan, i, keys[i], false))
+      by_shard[*home].emplace_back(keys[i], static_cast<uint32_t>(i));
+  }
+  offer_segments(self, id, prompt, 0, by_shard);
+}
+
+/// Router -> worker: publish more segments of a running sequence (prompt + generated tokens), so
+/// that if this worker dies the sequence resumes elsewhere from the pool (docs/cache_pool.md).
+void on_pool_checkpoint(worker_ptr self, const envelope& env) {
+  auto& st = self->state;
+  if (caf::actor_cast<caf::actor>(self->current_sender()) != st.router) return;
+  auto m = env.read<wire::PoolCheckpoint>();
+  if (!m) {
+    spdlog::warn("worker {}: malformed PoolCheckpoint: {}", st.worker_name, m.error().to_string());
+    return;
+  }
+  auto c = m->get();
+  const uint64_t id = c.getRequestId();
+  auto it = st.requests.find(id);
+  if (it == st.requests.end() || it->second.attempt != c.getAttempt() || !it->second.started ||
+      st.shards.empty() || st.exporter == nullptr || st.cfg.segment_tokens <= 0)
+    return;
+  const auto segs = c.getSegments();
+  const size_t first = c.getFirstSegment();
+  const auto S = static_cast<size_t>(st.cfg.segment_tokens);
+  const auto tokens = st.engine->tokens(id);
+  const size_t end = (first + segs.size()) * S;
+  // The KV holds every token but the newest.
+  if (segs.size() == 0 || end + 1 > tokens.size()) return;
+  const auto keys = cache::sequence_segment_keys(st.keys, tokens.first(end), it->second.n_prompt);
+  std::map<size_t, std::vector<std::pair<uint64_t, uint32_t>>> by_shard;
+  for (unsigned i = 0; i < segs.size(); ++i) {
+    const uint64_t key = keys[first + i];
+    if (segs[i].getKey() != key) {
+      spdlog::warn("worker {}: request {}: checkpoint segment {} has another key than ours",
+                   st.worker_name, id, first + i);
+      return;
+    }
+    if (st.published.count(key) != 0) continue;
+    auto home = st.shard_by_name.find(segs[i].getHome().cStr());
+    if (home == st.shard_by_name.end()) continue;
+    by_shard[home->second].emplace_back(key, static_cast<uint32_t>(first + i));
+    ++st.checkpoint_segments;
+  }
+  offer_segments(self, id, tokens, end, by_shard);
 }
 
 void on_publish_done(worker_ptr self, const envelope& env) {

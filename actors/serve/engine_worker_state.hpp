@@ -46,8 +46,9 @@ struct running_request {
 /// A request waiting for its prefix segments from the pool (lookups, then pulls).
 struct pending_fetch {
   generate_spec spec;
-  std::vector<uint64_t> keys;  ///< segment keys of the prompt's leading full segments
-  int64_t local_tokens = 0;    ///< what the worker's own prefix cache already holds
+  std::vector<uint64_t> keys;   ///< segment keys of the sequence's leading full segments
+  std::vector<int32_t> tokens;  ///< the sequence: prompt + resumed tokens
+  int64_t local_tokens = 0;     ///< what the worker's own prefix cache already holds
   size_t replies_left = 0;
   struct hit {
     size_t shard = 0;  ///< index in the shard list at lookup time
@@ -102,6 +103,8 @@ struct worker_state {
   std::unordered_set<uint64_t> published;     ///< keys the pool has (recently published or fetched)
   std::deque<uint64_t> published_order;
   uint64_t pool_hit_tokens = 0, prompt_tokens = 0, pool_bytes_in = 0;
+  uint64_t resume_pool_tokens = 0;   ///< KV tokens of resumed sequences taken from the pool
+  uint64_t checkpoint_segments = 0;  ///< segments of running sequences offered to the pool
   bool stepping = false;
   /// Compute threads borrowed beyond the configured ones while migrated requests are rebuilt.
   bool borrowing_cores = false;
@@ -135,5 +138,7 @@ void on_fetch_pulled(worker_ptr self, uint64_t pull_id, bool ok, const std::stri
 /// After a request's prefill: offers its prompt's KV to the planned home shards.
 void publish_segments(worker_ptr self, uint64_t id, running_request& r);
 void on_publish_done(worker_ptr self, const schema::envelope& env);
+/// Router -> worker: publishes more segments (prompt + generated tokens) of a running sequence.
+void on_pool_checkpoint(worker_ptr self, const schema::envelope& env);
 
 }  // namespace weft::serve::worker_internal

@@ -186,6 +186,7 @@ void set_worker_gauges(metrics_registry& m, const worker_info& w) {
   m.set_total("weft_cache_hit_tokens_total", {{"worker", w.name}, {"source", "pool"}},
               static_cast<double>(w.pool_hit_tokens));
   m.set_total("weft_cache_pool_bytes_in_total", l, static_cast<double>(w.pool_bytes_in));
+  m.set_total("weft_migration_pool_tokens_total", l, static_cast<double>(w.resume_pool_tokens));
   m.set_total("weft_cache_prefix_waits_total", l, static_cast<double>(w.prefix_waits));
 }
 
@@ -512,6 +513,10 @@ caf::behavior router(router_ptr self, router_config cfg) {
         }
         r.generated.insert(r.generated.end(), fresh.begin(), fresh.end());
         const auto finish = chunk.getFinish();
+        if (!fresh.empty() && finish == wire::FinishReason::NONE) {
+          if (auto w = st.workers.find(r.worker); w != st.workers.end())
+            checkpoint_pool(self, r, w->second);
+        }
         error err;
         if (chunk.hasError())
           err = make_error(schema::from_wire(chunk.getError().getCode()),
@@ -622,6 +627,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
         w.pool_hit_tokens = load.getPoolHitTokens();
         w.prompt_tokens = load.getPromptTokens();
         w.pool_bytes_in = load.getPoolBytesIn();
+        w.resume_pool_tokens = load.getResumePoolTokens();
         w.levels.clear();
         for (auto x : load.getQueueDepthPerLevel()) w.levels.push_back(x);
         // Only intervals with prefill work say something about the prefill rate.

@@ -41,6 +41,10 @@ struct router_config {
   double pool_gbps = 2.0;
   /// Shards that may hold one hot pool segment (its home included; 1: no replicas).
   uint32_t cache_replicas = 2;
+  /// With a pool: running sequences publish the KV of their generated tokens too, one segment at
+  /// a time as it fills (PoolCheckpoint), so a migrated sequence resumes from the pool instead of
+  /// recomputing its prompt and streamed tokens.
+  bool pool_generated = true;
   /// A worker with work and no engine step for this long (or no load report at all) is hung: it
   /// is treated as dead (its requests migrate) and `on_hung` is called to end its process.
   uint32_t stall_ms = 10'000;

@@ -47,6 +47,14 @@ void declare_router_metrics(metrics_registry& m) {
       {});
   m.declare_counter("weft_cache_pool_bytes_in_total",
                     "Segment bytes a worker pulled from the pool (current incarnation)", {});
+  m.declare_counter("weft_migration_pool_tokens_total",
+                    "KV tokens of resumed (migrated) sequences a worker took from the pool instead "
+                    "of recomputing them (current incarnation)",
+                    {});
+  m.declare_counter("weft_cache_checkpoint_segments_total",
+                    "Segments of running sequences (prompt + generated tokens) the router asked "
+                    "workers to publish to the pool",
+                    {});
   m.declare_counter("weft_cache_prefix_waits_total",
                     "Requests that waited for another request's in-flight prefill of their prefix, "
                     "per worker (current incarnation)",

@@ -96,27 +96,78 @@ void rebalance_pool(router_ptr self) {
 }
 
 /// The pool directory's plan for a request's leading segments (where to read each, where to
-/// publish it), and the copies (hot-key replicas, moved keys) that are due now.
+/// publish it), and the copies (hot-key replicas, moved keys) that are due now. A resumed
+/// request's plan covers the segments of its prompt and generated tokens planned before (the
+/// dispatch's plan and checkpoints): its dead worker published them.
 void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec) {
   auto& st = self->state;
   spec.pool_plan.clear();
+  auto req = st.requests.find(spec.request_id);
   if (w.segment_tokens == 0 || w.pool_key_config.kv_layout.empty() ||
-      st.directory.n_shards() == 0 || !spec.resume.empty())
+      st.directory.n_shards() == 0 || req == st.requests.end())
     return;
-  auto keys = cache::segment_keys(w.pool_key_config, spec.prompt);
-  while (!keys.empty() && keys.size() * w.segment_tokens + 2 > spec.prompt.size())
-    keys.pop_back();  // the worker always computes the last two prompt tokens
-  for (const auto& r : st.directory.route(keys)) {
-    const auto* read = shard_named(st, r.read);
-    const auto* home = shard_named(st, r.home);
+  auto& r = req->second;
+  std::vector<int32_t> tokens = spec.prompt;
+  tokens.insert(tokens.end(), spec.resume.begin(), spec.resume.end());
+  size_t n = cache::usable_segments(spec.prompt.size(), tokens.size(), w.segment_tokens);
+  if (!spec.resume.empty()) n = std::min<size_t>(n, r.pool_segments);
+  if (n == 0) return;
+  const auto keys = cache::sequence_segment_keys(
+      w.pool_key_config,
+      std::span<const int32_t>(tokens).first(n * static_cast<size_t>(w.segment_tokens)),
+      spec.prompt.size());
+  for (const auto& route : st.directory.route(keys)) {
+    const auto* read = shard_named(st, route.read);
+    const auto* home = shard_named(st, route.home);
     if (read == nullptr || home == nullptr) {
       spdlog::error("router: pool directory names an unknown shard; request {} plans {} segment(s)",
                     spec.request_id, spec.pool_plan.size());
       break;
     }
-    spec.pool_plan.push_back({r.key, read->name, home->name});
+    spec.pool_plan.push_back({route.key, read->name, home->name});
   }
+  if (spec.resume.empty()) r.pool_segments = static_cast<uint32_t>(spec.pool_plan.size());
   send_copy_orders(self);
+}
+
+void checkpoint_pool(router_ptr self, request_info& r, const worker_info& w) {
+  auto& st = self->state;
+  if (!st.cfg.pool_generated || w.segment_tokens == 0 || w.pool_key_config.kv_layout.empty() ||
+      st.directory.n_shards() == 0 || r.generated.empty())
+    return;
+  const auto S = static_cast<size_t>(w.segment_tokens);
+  // The worker's KV holds the prompt and every generated token but the newest.
+  const size_t in_kv = r.spec.prompt.size() + r.generated.size() - 1;
+  const size_t whole = in_kv / S;
+  if (whole <= r.pool_segments) return;
+  std::vector<int32_t> tokens = r.spec.prompt;
+  tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
+  auto keys = cache::sequence_segment_keys(
+      w.pool_key_config, std::span<const int32_t>(tokens).first(whole * S), r.spec.prompt.size());
+  const size_t first = r.pool_segments;
+  keys.erase(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(first));
+  std::vector<std::pair<uint64_t, const shard_info*>> homes;
+  for (const auto& route : st.directory.place(keys)) {
+    const auto* home = shard_named(st, route.home);
+    if (home == nullptr) break;
+    homes.emplace_back(route.key, home);
+  }
+  if (homes.empty()) return;
+  r.pool_segments = static_cast<uint32_t>(first + homes.size());
+  self->send(w.handle, cache_ckpt_atom::value,
+             envelope::build<wire::PoolCheckpoint>([&](wire::PoolCheckpoint::Builder b) {
+               b.setRequestId(r.spec.request_id);
+               b.setAttempt(r.spec.attempt);
+               b.setFirstSegment(static_cast<uint32_t>(first));
+               auto l = b.initSegments(static_cast<unsigned>(homes.size()));
+               for (size_t i = 0; i < homes.size(); ++i) {
+                 l[static_cast<unsigned>(i)].setKey(homes[i].first);
+                 l[static_cast<unsigned>(i)].setRead(homes[i].second->name);
+                 l[static_cast<unsigned>(i)].setHome(homes[i].second->name);
+               }
+             }));
+  if (auto& m = st.cfg.metrics)
+    m->inc("weft_cache_checkpoint_segments_total", {}, static_cast<double>(homes.size()));
 }
 
 /// The live shards, as (names, handles) in name order: what workers place segments with.

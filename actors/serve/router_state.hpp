@@ -82,6 +82,7 @@ struct worker_info {
   uint64_t queued_prefill_tokens = 0;
   uint64_t last_step_unix_ms = 0;
   uint64_t pool_hit_tokens = 0, prompt_tokens = 0, pool_bytes_in = 0;
+  uint64_t resume_pool_tokens = 0;  ///< KV tokens of resumed sequences it took from the pool
   uint32_t block_size = 16;
   uint32_t segment_tokens = 0;                ///< the worker's pool segment size (0: no pool)
   cache::segment_key_config pool_key_config;  ///< how it hashes pool segment keys (empty: no pool)
@@ -111,6 +112,9 @@ struct request_info {
   std::string kv_owner;
   uint64_t lease_id = 0;
   uint32_t handoff_failures = 0;
+  /// Leading segments of prompt + generated tokens planned into the pool so far (the dispatch's
+  /// plan, then checkpoints): a resumed attempt reads at most these.
+  uint32_t pool_segments = 0;
 };
 
 /// A prefix-cache pool shard (actors/cache/cache_shard.hpp), as its load reports show it.
@@ -176,6 +180,9 @@ cache_estimate estimate_cache(const router_state& st, const worker_info& w,
 void note_prefill(router_state& st, worker_info& w, std::span<const int32_t> prompt);
 cache::shard_id shard_id_of(const std::string& name);
 void plan_pool(router_ptr self, const worker_info& w, generate_spec& spec);
+/// After new tokens of `r` on `w`: plans the segments of prompt + generated tokens that are now
+/// whole in the worker's KV and asks it to publish them (PoolCheckpoint).
+void checkpoint_pool(router_ptr self, request_info& r, const worker_info& w);
 /// Sends the copies the directory wants now (moved keys, hot-key replicas) to their target shards.
 void send_copy_orders(router_ptr self);
 /// Periodic memory rebalancing between shards (router tick): moves keys off shards above the load

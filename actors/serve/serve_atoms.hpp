@@ -44,6 +44,9 @@ using cache_done_atom = caf::atom_constant<caf::atom("c_done")>;
 using cache_load_atom = caf::atom_constant<caf::atom("c_load")>;
 using shards_atom = caf::atom_constant<caf::atom("c_shards")>;
 using fetch_timeout_atom = caf::atom_constant<caf::atom("c_fetchto")>;
+//   router -> worker   (cache_ckpt_atom, PoolCheckpoint)  publish more segments of a running
+//   sequence
+using cache_ckpt_atom = caf::atom_constant<caf::atom("c_ckpt")>;
 //   router -> shard    (cache_replicate_atom, key, source shard)  copy a hot segment from its home
 //   shard -> router    (cache_replicated_atom, key, shard name, ok)
 using cache_replicate_atom = caf::atom_constant<caf::atom("c_repl")>;

@@ -5,11 +5,15 @@ Colocated (--workers 2): the busiest worker is killed twice. Disaggregated (--pr
 worker is SIGSTOPped with CAF's connection timeout far away, so only the router's stall detection
 (--stall-ms) can notice: its requests must migrate and its process must be killed and relaunched.
 
+Pool (--workers 2 --cache-shards 1): as colocated, with the running sequences' KV (prompt and
+generated tokens) checkpointed to the prefix-cache pool: every migrated sequence must take its
+checkpointed KV from the pool (weft_migration_pool_tokens_total) instead of recomputing it.
+
 Every accepted request must complete with exactly the tokens of an undisturbed greedy run (no
 token missing or duplicated across the migration), no KV block may stay referenced afterwards, and
 the killed worker must come back and take work again. Prints the measured recovery times.
 
-Usage: test_serve_chaos.py --weft PATH/TO/weft [--topology colocated|disaggregated|hang]
+Usage: test_serve_chaos.py --weft PATH/TO/weft [--topology colocated|disaggregated|hang|pool]
        (exit 77 = skipped: no model)
 """
 import concurrent.futures
@@ -90,16 +94,27 @@ def kill_busy_worker(srv, min_tokens_before_kill, progress, role=None, sig=signa
     return victim, time.time()
 
 
+def pool_tokens(srv):
+    """weft_migration_pool_tokens_total per worker."""
+    return {dict(labels).get("worker"): v for (n, labels), v in srv.metrics().items()
+            if n == "weft_migration_pool_tokens_total"}
+
+
 def main():
     args, _ = parse_test_args(lambda ap: ap.add_argument(
-        "--topology", choices=["colocated", "disaggregated", "hang"], default="colocated"))
+        "--topology", choices=["colocated", "disaggregated", "hang", "pool"], default="colocated"))
     if args is None:
         return 77
     prompts = ["Request %d: write about the number %d." % (i, i * 7) for i in range(N_REQUESTS)]
     failures = []
     sig = signal.SIGKILL
+    kill_after_steps = 3
     if args.topology == "colocated":
         topology, victims = ["--workers", "2"], [None, None]
+    elif args.topology == "pool":
+        # Segments of 16 tokens; killed once every sequence holds two whole segments or more.
+        topology, victims = ["--workers", "2", "--cache-shards", "1", "--segment-tokens", "16"], [None, None]
+        kill_after_steps = 60
     elif args.topology == "hang":
         # CAF would notice a stopped process after its connection timeout: push that out of reach.
         topology, victims = ["--workers", "2", "--stall-ms", "3000", "--connection-timeout-ms", "120000"], [None]
@@ -121,10 +136,12 @@ def main():
             # Progress = generated tokens so far, read from the server's metrics.
             gen_before = srv.metric_sum("weft_worker_steps_total")
             migrations_before = srv.metric_sum("weft_router_migrations_total")
+            pool_before = pool_tokens(srv)
             with concurrent.futures.ThreadPoolExecutor(N_REQUESTS + 1) as pool:
                 futures = [pool.submit(counting, i, p) for i, p in enumerate(prompts)]
                 victim, killed_at = kill_busy_worker(
-                    srv, 3, lambda: srv.metric_sum("weft_worker_steps_total") - gen_before, role, sig)
+                    srv, kill_after_steps, lambda: srv.metric_sum("weft_worker_steps_total") - gen_before,
+                    role, sig)
                 results = [f.result() for f in futures]
             done_at = time.time()
             print("round %d: killed %s (%s, pid %d, %d in flight); load finished %.1f s after the kill" %
@@ -145,6 +162,16 @@ def main():
                   (round_no, migrations, resume_s / resume_n if resume_n else float("nan"), resume_n))
             if migrations < 1:
                 failures.append("round %d: no request was migrated (the victim had none in flight?)" % round_no)
+            if args.topology == "pool":
+                time.sleep(1.0)  # the survivor's next load report carries its counter
+                after = pool_tokens(srv)
+                survivor = sum(v for w, v in after.items() if w != victim["name"])
+                before = sum(v for w, v in pool_before.items() if w != victim["name"])
+                print("round %d: migrated sequences took %d tokens of KV from the pool" % (round_no, survivor - before))
+                if survivor - before < 16 * migrations:
+                    failures.append("round %d: %d migrated sequences took only %d tokens of KV from the pool "
+                                    "(each had at least one 16-token segment checkpointed)" %
+                                    (round_no, migrations, survivor - before))
             if sig == signal.SIGSTOP:
                 hung = sum(v for (n, _), v in m.items() if n == "weft_router_hung_workers_total")
                 if hung < 1:

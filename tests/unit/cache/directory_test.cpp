@@ -52,6 +52,28 @@ TEST(pool_directory, homes_obey_the_load_bound_and_are_sticky) {
   }
 }
 
+TEST(pool_directory, placing_written_keys_homes_them_without_making_them_hot) {
+  auto d = with_shards(4, small(2));
+  auto twin = with_shards(4, small(2));
+  const uint64_t k = key_of(7);
+  std::vector<segment_route> placed;
+  for (int i = 0; i < 40; ++i) {
+    const std::vector<uint64_t> keys = {k, key_of(1000 + i)};
+    placed = d.place(keys);
+    ASSERT_EQ(placed.size(), 2u);
+    EXPECT_EQ(placed[0].read, placed[0].home);
+  }
+  EXPECT_TRUE(d.take_replica_orders().empty()) << "writes are not reads";
+  EXPECT_EQ(d.hot_keys(), 0u);
+  // The same home a read would have given it; a later read finds it there.
+  const std::vector<uint64_t> just_k = {k};
+  EXPECT_EQ(twin.route(just_k)[0].home, placed[0].home);
+  const auto read = d.route(just_k);
+  ASSERT_EQ(read.size(), 1u);
+  EXPECT_EQ(read[0].home, placed[0].home);
+  EXPECT_EQ(read[0].read, placed[0].home);
+}
+
 TEST(pool_directory, a_hot_key_gets_a_replica_and_reads_spread_over_both) {
   auto d = with_shards(4, small(2));
   const uint64_t hot = key_of(7);

@@ -111,5 +111,42 @@ TEST(segment_keys, validate_requires_a_multiple_of_the_block_size) {
   EXPECT_EQ(validate(config(16), 0).code, errc::invalid_argument);
 }
 
+TEST(segment_keys, generated_segments_are_keyed_apart_from_prompt_segments) {
+  auto t = tokens(16 * 4);
+  const auto prompt_keys = segment_keys(config(), t);
+  // A 40-token prompt: segments 0 and 1 end inside it and keep their prompt keys; 2 and 3 hold
+  // decode-computed KV and differ from a 64-token prompt's keys.
+  auto keys = sequence_segment_keys(config(), t, 40);
+  ASSERT_EQ(keys.size(), 4u);
+  EXPECT_EQ(keys[0], prompt_keys[0]);
+  EXPECT_EQ(keys[1], prompt_keys[1]);
+  EXPECT_NE(keys[2], prompt_keys[2]);
+  EXPECT_NE(keys[3], prompt_keys[3]);
+  // Where the prompt ended is part of the key of every later segment.
+  auto other = sequence_segment_keys(config(), t, 41);
+  EXPECT_EQ(other[1], keys[1]);
+  EXPECT_NE(other[2], keys[2]);
+  EXPECT_NE(other[3], keys[3]);
+  // A whole prompt has its prompt keys; the keys agree with a longer sequence's leading ones.
+  EXPECT_EQ(sequence_segment_keys(config(), t, t.size()), prompt_keys);
+  auto longer = tokens(16 * 6);
+  auto lk = sequence_segment_keys(config(), longer, 40);
+  EXPECT_EQ(std::vector<uint64_t>(lk.begin(), lk.begin() + 4), keys);
+}
+
+TEST(segment_keys, usable_segments_leave_tokens_to_compute) {
+  // A prompt alone: two prompt tokens are always left.
+  EXPECT_EQ(usable_segments(34, 34, 16), 2u);
+  EXPECT_EQ(usable_segments(33, 33, 16), 1u);
+  EXPECT_EQ(usable_segments(17, 17, 16), 0u);
+  // Resumed: past the prompt, one token left is enough; never one prompt token alone.
+  EXPECT_EQ(usable_segments(20, 49, 16), 3u);
+  EXPECT_EQ(usable_segments(20, 48, 16), 2u);
+  EXPECT_EQ(usable_segments(33, 40, 16), 1u);  // 32 would leave one prompt token
+  EXPECT_EQ(usable_segments(32, 40, 16), 2u);  // the whole prompt, 8 generated to replay
+  EXPECT_EQ(usable_segments(10, 12, 16), 0u);
+  EXPECT_EQ(usable_segments(10, 12, 0), 0u);
+}
+
 }  // namespace
 }  // namespace weft::cache

@@ -387,4 +387,94 @@ TEST_P(EngineResume, PrefilledFromCopiedKvEqualsColdRun) {
   EXPECT_EQ(kv.stats().n_sequences, 0);
 }
 
+// A migrated request whose dead worker had published its KV to the pool (prompt and generated
+// tokens, PoolCheckpoint): the survivor copies the leading blocks and queues the request with
+// add_prefilled_request(..., n_replay). Whether the copy ends inside the prompt or past it, the
+// continuation has exactly the tokens and log-probs of the undisturbed run; the cached prompt
+// tokens never count generated ones; a copy that would leave one prompt token is refused.
+TEST_P(EngineResume, ResumedFromCopiedKvOfGeneratedTokensEqualsUndisturbedRun) {
+  const bool sampled = GetParam();
+  auto l = load_tiny();
+  REQUIRE_MODEL(l);
+  engine_config ec;
+  ec.kv_blocks = 256;
+  ec.block_size = 8;
+  const int total = 24, k = 15;
+  const auto prompt = prompt_of(29, 11);
+  auto ref_engine = engine::create(*l.m, ec);
+  ASSERT_TRUE(ref_engine.ok());
+  ASSERT_TRUE((*ref_engine)->add_request(1, prompt, params_for(sampled, total, 5)).ok());
+  const auto ref = drain(**ref_engine)[1];
+  ASSERT_EQ(ref.tokens.size(), static_cast<size_t>(total));
+  const size_t per_token = ref.logprobs.size() / ref.tokens.size();
+
+  for (const int64_t n : {16, 32, 40}) {  // inside the prompt; the prompt and 3, then 11 generated
+    SCOPED_TRACE("copied tokens " + std::to_string(n));
+    auto e = engine::create(*l.m, ec);
+    ASSERT_TRUE(e.ok());
+    auto& kv = (*e)->kv();
+    ASSERT_TRUE((*e)->add_request(1, prompt, params_for(sampled, total, 5)).ok());
+    std::vector<int32_t> generated;
+    while (generated.size() < static_cast<size_t>(k)) {
+      auto outs = (*e)->step();
+      ASSERT_TRUE(outs.ok());
+      for (const auto& o : *outs)
+        generated.insert(generated.end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+    ASSERT_EQ(generated.size(), static_cast<size_t>(k));
+    std::vector<int32_t> tokens = prompt;
+    tokens.insert(tokens.end(), generated.begin(), generated.end());
+    auto snap = (*e)->fork_kv(1);
+    ASSERT_TRUE(snap.ok());
+    ASSERT_EQ(kv.length(*snap), static_cast<int64_t>(tokens.size()) - 1);
+    const auto head = std::span<const int32_t>(tokens).first(static_cast<size_t>(n));
+    auto src = kv.export_ranges(*snap);
+    ASSERT_TRUE(src.ok());
+    auto dst = kv.prepare_import(kv.layout(), head);
+    ASSERT_TRUE(dst.ok());
+    for (size_t i = 0; i < dst->second.size(); ++i)
+      std::memcpy(dst->second[i].data, (*src)[i].data, dst->second[i].size_bytes);
+    ASSERT_TRUE(kv.commit(dst->first, head).ok());
+    ASSERT_TRUE(kv.free_sequence(*snap).ok());
+    ASSERT_TRUE((*e)->abort(1).ok());
+    ASSERT_TRUE(
+        (*e)->add_prefilled_request(2, dst->first, tokens, params_for(sampled, total - k, 5), k)
+            .ok());
+    ASSERT_TRUE((*e)->expedite(2).ok());
+    token_trace got;
+    int64_t cached = -1;
+    while ((*e)->has_work()) {
+      auto outs = (*e)->step();
+      ASSERT_TRUE(outs.ok());
+      for (const auto& o : *outs) {
+        if (cached < 0) cached = o.cached_prompt_tokens;
+        for (size_t i = 0; i < o.new_tokens.size(); ++i) {
+          got.tokens.push_back(o.new_tokens[i]);
+          got.logprobs.push_back(o.samples[i].logprob);
+          for (const auto& a : o.samples[i].top) got.logprobs.push_back(a.logprob);
+        }
+      }
+    }
+    EXPECT_EQ(cached, std::min<int64_t>(n, static_cast<int64_t>(prompt.size())));
+    EXPECT_EQ(got.tokens, std::vector<int32_t>(ref.tokens.begin() + k, ref.tokens.end()));
+    EXPECT_EQ(got.logprobs,
+              std::vector<float>(ref.logprobs.begin() + static_cast<std::ptrdiff_t>(k * per_token),
+                                 ref.logprobs.end()));
+    EXPECT_EQ(kv.stats().n_blocks_used, 0);
+  }
+
+  // 32 of a 33-token prompt would leave one prompt token (decode numerics): refused, and the
+  // sequence it was given is freed.
+  auto e = engine::create(*l.m, ec);
+  ASSERT_TRUE(e.ok());
+  auto& kv = (*e)->kv();
+  auto tokens = prompt_of(33, 3);
+  tokens.insert(tokens.end(), {5, 6, 7});
+  auto dst = kv.prepare_import(kv.layout(), std::span<const int32_t>(tokens).first(32));
+  ASSERT_TRUE(dst.ok());
+  ASSERT_TRUE(kv.commit(dst->first, std::span<const int32_t>(tokens).first(32)).ok());
+  EXPECT_FALSE((*e)->add_prefilled_request(3, dst->first, tokens, params_for(false, 4, 1), 3).ok());
+  EXPECT_EQ(kv.stats().n_sequences, 0);
+}
+
 }  // namespace
