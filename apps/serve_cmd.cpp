@@ -285,8 +285,14 @@ int run_serve(const serve_cli& cli) {
     sc.router_host = "127.0.0.1";
     sc.router_port = *router_port;
     sc.segment_bytes = cli.segment_tokens * (**host).kv_bytes_per_token;
-    sc.capacity_bytes = std::max<int64_t>(
-        static_cast<int64_t>(cli.cache_mem_gb * double(int64_t{1} << 30)), sc.segment_bytes);
+    // Staging slots carry every segment in flight (lookups, publishes, copies): a worker's death
+    // has the survivor look up all of its sequences' checkpointed segments at once. An eighth of
+    // the shard's memory (32 to 1024 slots), taken from --cache-mem-gb.
+    const auto mem = static_cast<int64_t>(cli.cache_mem_gb * double(int64_t{1} << 30));
+    sc.staging_slots = static_cast<int32_t>(
+        std::clamp<int64_t>(mem / sc.segment_bytes / 8, int64_t{32}, int64_t{1024}));
+    sc.capacity_bytes =
+        std::max<int64_t>(mem - int64_t{sc.staging_slots} * sc.segment_bytes, sc.segment_bytes);
     children.push_back({"cache-shard-" + std::to_string(i), "cache_shard", sc.to_json(),
                         actors::restart_type::permanent});
   }

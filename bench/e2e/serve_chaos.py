@@ -105,6 +105,12 @@ def main():
     ap.add_argument("--first-kill-s", type=float, default=8.0, help="first kill this long after the load starts")
     ap.add_argument("--out", default=None)
     ap.add_argument("--server-log", default=None, help="also write the server's log here")
+    ap.add_argument("--cache-shards", type=int, default=0,
+                    help="prefix-cache pool shards (colocated): running sequences checkpoint their KV there and "
+                         "migrated ones resume from it (0 = no pool)")
+    ap.add_argument("--segment-tokens", type=int, default=16, help="pool segment size (with --cache-shards)")
+    ap.add_argument("--no-pool-generated", action="store_true",
+                    help="with --cache-shards: pool prompt segments only (no checkpoints of generated tokens)")
     args = ap.parse_args()
     if args.rate is None:
         args.rate = 3.0 if args.topology == "colocated" else 1.5
@@ -113,6 +119,10 @@ def main():
         topology, victims = ["--workers", "2"], [None, None]
     else:
         topology, victims = ["--prefill", "1", "--decode", "1"], ["decode", "prefill"]
+    if args.cache_shards > 0:
+        topology += ["--cache-shards", str(args.cache_shards), "--segment-tokens", str(args.segment_tokens)]
+        if args.no_pool_generated:
+            topology.append("--no-pool-generated")
     day = time.strftime("%Y%m%d-%H%M")
     out = args.out or os.path.join(ROOT, "bench", "results", "serve-chaos-%s-%s.json" % (args.topology, day))
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -158,6 +168,10 @@ def main():
                    for m in [re.search(r"resumed on \S+ (\d+) ms after its worker died \((\d+) tokens", line)]
                    if m]
         resumes_ms = [ms for ms, _ in resumes]
+        # Each worker logs what a resumed sequence took from the pool and what it recomputes.
+        pooled = [(int(m.group(1)), int(m.group(2))) for line in list(srv.log_lines)
+                  for m in [re.search(r"resumed request \d+ \(.*\): (\d+) of its (\d+) tokens' KV from the pool",
+                                      line)] if m]
         run = json.load(open(load_json))["runs"][0]
         if args.server_log:
             with open(args.server_log, "w") as f:
@@ -188,6 +202,12 @@ def main():
         "resume_streaming_max_s": max((ms for ms, k in resumes if k > 0), default=0) / 1e3 if resumes else None,
         "resume_queued_max_s": max((ms for ms, k in resumes if k == 0), default=0) / 1e3 if resumes else None,
         "resumes": [{"ms": ms, "tokens_before": k} for ms, k in sorted(resumes)],
+        "cache_shards": args.cache_shards,
+        "segment_tokens": args.segment_tokens if args.cache_shards else None,
+        "pool_generated": bool(args.cache_shards) and not args.no_pool_generated,
+        "resumed_from_pool": len(pooled),
+        "resume_tokens_from_pool": sum(p for p, _ in pooled),
+        "resume_tokens_total_of_those": sum(t for _, t in pooled),
         "kv_blocks_used_after": kv_used, "e2e_ms": run["summary"]["e2e_ms"], "ttft_ms": run["summary"]["ttft_ms"],
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -196,6 +216,9 @@ def main():
     print("%s: %d requests at %.1f req/s, %d kills: completed %d, lost %d, wrong token count %d, "
           "migrations %d, KV blocks used after %s" %
           (args.topology, len(reqs), args.rate, len(kills), len(ok), len(lost), len(wrong_length), migrations, kv_used))
+    if pooled:
+        print("resumed from the pool: %d sequences took %d of their %d tokens' KV from it" %
+              (len(pooled), result["resume_tokens_from_pool"], result["resume_tokens_total_of_those"]))
     if complete:
         print("kill-to-first-resumed-token: mean %.3f s over %d sequences, max %.3f s; target <= %.0f s"
               % (resume_sum / n_resumed, n_resumed, resume_max, RESUME_TARGET_S))

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# weft serve vs llama.cpp's server (llama-cpp-python[server], same GGUF, same cores) on the Azure
-# LLM conversation trace, time-scaled by `weft bench serve` and lengths scaled to the model: goodput
-# (highest rate with >= 90 % of requests meeting both SLOs, by bisection) and throughput.
-# Writes bench/results/serve-{llamacpp,weft}-azure-<date>.json and a PNG; prints the ratios.
+# weft serve vs llama.cpp's server (same GGUF, same cores) on the Azure LLM conversation trace,
+# time-scaled by `weft bench serve` and lengths scaled to the model: goodput (highest rate with
+# >= 90 % of requests meeting both SLOs, by bisection) and throughput.
+# BASELINE=llama-server (default): llama.cpp's own `llama-server` with parallel slots (continuous
+#   batching), -np = weft's concurrency (workers x --max-running), the same context per sequence
+#   (built by scripts/build_llama_server.sh). BASELINE=llama-cpp-python: llama-cpp-python's server,
+#   one sequence at a time (the baseline of the figures before 2026-11-27).
+# Writes bench/results/serve-{<baseline>,weft}-azure-<date>.json and a PNG; prints the ratios.
 # Usage: bench/e2e/serve_vs_llamacpp.sh [weft binary] [requests per probe]
 # RATE_MAX (5.0 req/s) and BISECT_STEPS (4): the goodput search range and resolution.
 # WEFT_CONFIGS: the weft topologies to measure in the same run, space-separated, from
 #   colocated (--workers <cores>, default) and disagg (--prefill 1 --decode <cores - 1>);
 #   each writes serve-weft[-disagg]-azure-<date>.json and gets its own ratio line.
-# Needs: scripts/setup.sh --bench (installs llama-cpp-python[server]).
+# Needs: scripts/setup.sh --bench (builds llama-server; installs llama-cpp-python[server]).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 weft="${1:-$root/build/release/apps/weft}"
@@ -26,21 +30,37 @@ wait_http() {
   for _ in $(seq 240); do curl -sf "$1/v1/models" > /dev/null && return 0; sleep 0.5; done
   echo "server at $1 did not come up" >&2; return 1
 }
-# llama.cpp: one server process with every core (its default: one sequence at a time).
-python3 -m llama_cpp.server --model "$model" --port 8394 --n_threads "$cores" --n_ctx 2048 \
-  --interrupt_requests False > /tmp/llamacpp-bench.log 2>&1 &
+baseline="${BASELINE:-llama-server}"
+ctx=1024  # per sequence: the trace is cut to 256 prompt + 64 output tokens
+slots=$((cores * 32))  # weft: one worker per core, --max-running 32 each
+case "$baseline" in
+  llama-server)
+    # llama.cpp's own server with every core and one slot per sequence weft could run at once.
+    server="${LLAMA_SERVER:-${WEFT_CACHE_DIR:-$HOME/.cache/weft}/llama-server-0.3.16/llama-server}"
+    [ -x "$server" ] || { echo "no $server: run scripts/build_llama_server.sh" >&2; exit 2; }
+    "$server" -m "$model" --port 8394 -np "$slots" -t "$cores" -c "$((slots * ctx))" --no-webui \
+      > /tmp/llamacpp-bench.log 2>&1 &
+    base_label=llama-server ;;
+  llama-cpp-python)
+    # llama-cpp-python's server: one sequence at a time.
+    python3 -m llama_cpp.server --model "$model" --port 8394 --n_threads "$cores" --n_ctx 2048 \
+      --interrupt_requests False > /tmp/llamacpp-bench.log 2>&1 &
+    base_label=llamacpp ;;
+  *) echo "BASELINE must be llama-server or llama-cpp-python" >&2; exit 2 ;;
+esac
 lpid=$!
 wait_http http://127.0.0.1:8394
-"$weft" bench serve --url http://127.0.0.1:8394 "${load_flags[@]}" --label llamacpp \
-  --out "$out/serve-llamacpp-azure-$day.json" | tee /tmp/llamacpp-bench.summary
+base_json="$out/serve-$base_label-azure-$day.json"
+"$weft" bench serve --url http://127.0.0.1:8394 "${load_flags[@]}" --label "$base_label" \
+  --out "$base_json" | tee /tmp/llamacpp-bench.summary
 kill "$lpid"; wait "$lpid" || true
 # weft on the same cores: colocated = one engine worker per core (continuous batching in each);
 # disagg = one prefill worker, the other cores decode (DistServe), same thread count in total.
 weft_files=()
 for config in ${WEFT_CONFIGS:-colocated}; do
   case "$config" in
-    colocated) flags=(--workers "$cores"); label=weft ;;
-    disagg) flags=(--prefill 1 --decode "$((cores > 1 ? cores - 1 : 1))"); label=weft-disagg ;;
+    colocated) flags=(--workers "$cores" --ctx-size "$ctx"); label=weft ;;
+    disagg) flags=(--prefill 1 --decode "$((cores > 1 ? cores - 1 : 1))" --ctx-size "$ctx"); label=weft-disagg ;;
     *) echo "unknown WEFT_CONFIGS entry '$config' (colocated, disagg)" >&2; exit 2 ;;
   esac
   "$weft" serve --port 8395 "${flags[@]}" > "/tmp/$label-bench-azure.out" 2> "/tmp/$label-bench-azure.err" &
@@ -51,7 +71,7 @@ for config in ${WEFT_CONFIGS:-colocated}; do
   kill "$wpid"; wait "$wpid" || true
   weft_files+=("$out/serve-$label-azure-$day.json")
 done
-python3 - "$out/serve-llamacpp-azure-$day.json" "${weft_files[@]}" <<'PY'
+python3 - "$base_json" "${weft_files[@]}" <<'PY'
 import json, sys
 l = json.load(open(sys.argv[1]))
 def best(j):
@@ -60,10 +80,10 @@ gl = l["goodput"]["goodput_rps"] or 0.0
 for path in sys.argv[2:]:
     w = json.load(open(path))
     gw = w["goodput"]["goodput_rps"] or 0.0
-    print("%s: goodput llama.cpp %.2f req/s, weft %.2f req/s -> %s" % (
-        w.get("label", path), gl, gw, "%.2fx" % (gw / gl) if gl > 0 else "n/a"))
-    print("%s: peak output throughput llama.cpp %.1f tok/s, weft %.1f tok/s -> %.2fx" % (
-        w.get("label", path), best(l), best(w), best(w) / best(l)))
+    print("%s: goodput %s %.2f req/s, weft %.2f req/s -> %s" % (
+        w.get("label", path), l.get("label", "baseline"), gl, gw, "%.2fx" % (gw / gl) if gl > 0 else "n/a"))
+    print("%s: peak output throughput %s %.1f tok/s, weft %.1f tok/s -> %.2fx" % (
+        w.get("label", path), l.get("label", "baseline"), best(l), best(w), best(w) / best(l)))
 PY
-python3 "$root/bench/e2e/plot_serve.py" "$out/serve-llamacpp-azure-$day.json" "${weft_files[@]}" \
-  -o "$out/serve-weft-vs-llamacpp-azure-$day.png" || true
+python3 "$root/bench/e2e/plot_serve.py" "$base_json" "${weft_files[@]}" \
+  -o "$out/serve-weft-vs-$base_label-azure-$day.png" || true
