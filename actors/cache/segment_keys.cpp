@@ -72,18 +72,8 @@ uint64_t next_segment_key(const segment_key_config& cfg, uint64_t prev_key,
 }
 
 std::vector<uint64_t> segment_keys(const segment_key_config& cfg, std::span<const int32_t> tokens) {
-  std::vector<uint64_t> keys;
-  if (cfg.segment_tokens <= 0) return keys;
-  const auto seg = static_cast<size_t>(cfg.segment_tokens);
-  const size_t n_full = tokens.size() / seg;
-  keys.reserve(n_full);
-  key_hasher hasher(cfg);
-  uint64_t prev = 0;
-  for (size_t i = 0; i < n_full; ++i) {
-    prev = hasher.next(prev, tokens.subspan(i * seg, seg));
-    keys.push_back(prev);
-  }
-  return keys;
+  return sequence_segment_keys(cfg, tokens,
+                               tokens.size());  // all prompt: no segment reaches past it
 }
 
 std::vector<uint64_t> sequence_segment_keys(const segment_key_config& cfg,

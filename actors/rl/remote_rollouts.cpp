@@ -84,7 +84,6 @@ uint64_t prompt_key(const std::vector<int32_t>& prompt) {
 
 struct remote_rollouts::impl {
   remote_rollouts_config cfg;
-  caf::actor_system* sys = nullptr;
   std::shared_ptr<event_queue> queue = std::make_shared<event_queue>();
   caf::actor controller;
   std::unique_ptr<transport::engine> transport;
@@ -379,10 +378,7 @@ struct remote_rollouts::impl {
     std::vector<double> cost_each;
     for (size_t u = 0; u < units.size(); ++u) {
       const tracked& t = live.at(units[u].front());
-      const double predicted =
-          t.req.predicted_tokens > 0.0
-              ? t.req.predicted_tokens
-              : ranker.predict(t.key, static_cast<int64_t>(t.req.prompt.size()));
+      const double predicted = ranker.predict(t.key, static_cast<int64_t>(t.req.prompt.size()));
       const double left = std::max(1.0, predicted - static_cast<double>(t.generated.size()));
       cost_each.push_back(left);
       items.push_back(gpu::rl::dispatch_item{static_cast<int64_t>(u),
@@ -480,7 +476,6 @@ result<std::unique_ptr<remote_rollouts>> remote_rollouts::create(caf::actor_syst
   }
   auto d = std::make_unique<impl>();
   d->cfg = std::move(cfg);
-  d->sys = &sys;
   d->agents.resize(static_cast<size_t>(d->cfg.agents));
   auto engine = transport::make_engine("ucx");
   if (!engine) {

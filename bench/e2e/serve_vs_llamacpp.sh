@@ -8,7 +8,7 @@
 #   one sequence at a time (the baseline of the figures before 2026-11-27).
 # Writes bench/results/serve-{<baseline>,weft}-azure-<date>.json and a PNG; prints the ratios.
 # Usage: bench/e2e/serve_vs_llamacpp.sh [weft binary] [requests per probe]
-# RATE_MAX (5.0 req/s) and BISECT_STEPS (4): the goodput search range and resolution.
+# RATE_MIN (0.2), RATE_MAX (5.0 req/s) and BISECT_STEPS (4): the goodput search range and resolution.
 # WEFT_CONFIGS: the weft topologies to measure in the same run, space-separated, from
 #   colocated (--workers <cores>, default) and disagg (--prefill 1 --decode <cores - 1>);
 #   each writes serve-weft[-disagg]-azure-<date>.json and gets its own ratio line.
@@ -24,10 +24,16 @@ day="$(date +%Y%m%d-%H%M)"
 out="$root/bench/results"
 mkdir -p "$out"
 load_flags=(-n "$n" --trace "$trace" --trace-offset 100 --max-prompt-tokens 256 --max-output-tokens 64
-            --scale-percentile 99 --goodput --rate-min 0.2 --rate-max "${RATE_MAX:-5.0}" --bisect-steps "${BISECT_STEPS:-4}"
+            --scale-percentile 99 --goodput --rate-min "${RATE_MIN:-0.2}" --rate-max "${RATE_MAX:-5.0}" --bisect-steps "${BISECT_STEPS:-4}"
             --ttft-slo-ms 4000 --tpot-slo-ms 200 --progress-interval-s 0)
 wait_http() {
-  for _ in $(seq 240); do curl -sf "$1/v1/models" > /dev/null && return 0; sleep 0.5; done
+  # llama-server answers /v1/models while it still loads the model (then 503 "Loading model"):
+  # its /health is 200 only once it serves; llama-cpp-python has no /health.
+  for _ in $(seq 240); do
+    curl -sf "$1/health" > /dev/null && return 0
+    curl -s -o /dev/null -w '%{http_code}' "$1/health" | grep -q 404 && curl -sf "$1/v1/models" > /dev/null && return 0
+    sleep 0.5
+  done
   echo "server at $1 did not come up" >&2; return 1
 }
 baseline="${BASELINE:-llama-server}"

@@ -36,8 +36,6 @@ struct rollout_request {
   std::vector<int32_t> prompt;
   int64_t n_replay = 0;
   sampling_params params;
-  /// Predicted output tokens (length-aware dispatch); 0: unknown.
-  double predicted_tokens = 0.0;
   /// Requests that share a prompt and should run on one agent (a GRPO group); -1: none.
   int64_t group = -1;
 };

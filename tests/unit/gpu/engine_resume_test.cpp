@@ -73,8 +73,10 @@ struct token_trace {
   std::vector<float> logprobs;  // chosen + top alternatives, bit for bit
 };
 
-/// Runs every request to completion on one engine; returns each request's trace.
-std::map<request_id, token_trace> drain(engine& e) {
+/// Runs every request to completion on one engine; returns each request's trace (and, in
+/// `cached`, the cached prompt tokens of each request's first output).
+std::map<request_id, token_trace> drain(engine& e,
+                                        std::map<request_id, int64_t>* cached = nullptr) {
   std::map<request_id, token_trace> out;
   while (e.has_work()) {
     auto outs = e.step();
@@ -82,6 +84,7 @@ std::map<request_id, token_trace> drain(engine& e) {
     if (!outs.ok()) break;
     for (const auto& o : *outs) {
       EXPECT_NE(o.finish, finish_reason::error) << o.error;
+      if (cached != nullptr) cached->emplace(o.id, o.cached_prompt_tokens);
       auto& t = out[o.id];
       for (size_t i = 0; i < o.new_tokens.size(); ++i) {
         t.tokens.push_back(o.new_tokens[i]);
@@ -91,6 +94,20 @@ std::map<request_id, token_trace> drain(engine& e) {
     }
   }
   return out;
+}
+
+/// Copies the KV of the first head.size() tokens of `snap` into fresh blocks (as a pool fetch
+/// does: prepare_import, bytes, commit) and frees `snap`; returns the new sequence (0 on failure).
+seq_id copy_kv_head(kv_cache& kv, seq_id snap, std::span<const int32_t> head) {
+  auto src = kv.export_ranges(snap);
+  auto dst = kv.prepare_import(kv.layout(), head);
+  EXPECT_TRUE(src.ok() && dst.ok());
+  if (!src.ok() || !dst.ok()) return 0;
+  for (size_t i = 0; i < dst->second.size(); ++i)
+    std::memcpy(dst->second[i].data, (*src)[i].data, dst->second[i].size_bytes);
+  EXPECT_TRUE(kv.commit(dst->first, head).ok());
+  EXPECT_TRUE(kv.free_sequence(snap).ok());
+  return dst->first;
 }
 
 sampling_params params_for(bool sampled, int max_tokens, uint64_t seed) {
@@ -350,33 +367,13 @@ TEST_P(EngineResume, PrefilledFromCopiedKvEqualsColdRun) {
   ASSERT_EQ(kv.length(*snap), static_cast<int64_t>(prompt.size()));
   EXPECT_EQ(kv.match_prefix(prompt), 24) << "three full blocks of 8, one token left to compute";
   const int64_t n = 16;  // two blocks "from the pool"
-  const auto head = std::span<const int32_t>(prompt).first(n);
-  auto src = kv.export_ranges(*snap);
-  ASSERT_TRUE(src.ok());
-  auto dst = kv.prepare_import(kv.layout(), head);
-  ASSERT_TRUE(dst.ok());
-  for (size_t i = 0; i < dst->second.size(); ++i) {
-    std::memcpy(dst->second[i].data, (*src)[i].data, dst->second[i].size_bytes);
-  }
-  ASSERT_TRUE(kv.commit(dst->first, head).ok());
-  ASSERT_TRUE(kv.free_sequence(*snap).ok());
+  const seq_id copy = copy_kv_head(kv, *snap, std::span<const int32_t>(prompt).first(n));
+  ASSERT_NE(copy, 0);
   ASSERT_TRUE((*e)->abort(1).ok());
-  ASSERT_TRUE((*e)->add_prefilled_request(2, dst->first, prompt, params_for(sampled, 12, 3)).ok());
-  token_trace got;
-  int64_t cached = -1;
-  while ((*e)->has_work()) {
-    auto outs = (*e)->step();
-    ASSERT_TRUE(outs.ok());
-    for (const auto& o : *outs) {
-      if (cached < 0) cached = o.cached_prompt_tokens;
-      for (size_t i = 0; i < o.new_tokens.size(); ++i) {
-        got.tokens.push_back(o.new_tokens[i]);
-        got.logprobs.push_back(o.samples[i].logprob);
-        for (const auto& a : o.samples[i].top) got.logprobs.push_back(a.logprob);
-      }
-    }
-  }
-  EXPECT_EQ(cached, n);
+  ASSERT_TRUE((*e)->add_prefilled_request(2, copy, prompt, params_for(sampled, 12, 3)).ok());
+  std::map<request_id, int64_t> cached;
+  const auto got = drain(**e, &cached)[2];
+  EXPECT_EQ(cached[2], n);
   EXPECT_EQ(got.tokens, cold.tokens);
   EXPECT_EQ(got.logprobs, cold.logprobs);
   EXPECT_EQ(kv.stats().n_blocks_used, 0);
@@ -427,35 +424,16 @@ TEST_P(EngineResume, ResumedFromCopiedKvOfGeneratedTokensEqualsUndisturbedRun) {
     auto snap = (*e)->fork_kv(1);
     ASSERT_TRUE(snap.ok());
     ASSERT_EQ(kv.length(*snap), static_cast<int64_t>(tokens.size()) - 1);
-    const auto head = std::span<const int32_t>(tokens).first(static_cast<size_t>(n));
-    auto src = kv.export_ranges(*snap);
-    ASSERT_TRUE(src.ok());
-    auto dst = kv.prepare_import(kv.layout(), head);
-    ASSERT_TRUE(dst.ok());
-    for (size_t i = 0; i < dst->second.size(); ++i)
-      std::memcpy(dst->second[i].data, (*src)[i].data, dst->second[i].size_bytes);
-    ASSERT_TRUE(kv.commit(dst->first, head).ok());
-    ASSERT_TRUE(kv.free_sequence(*snap).ok());
+    const seq_id copy =
+        copy_kv_head(kv, *snap, std::span<const int32_t>(tokens).first(static_cast<size_t>(n)));
+    ASSERT_NE(copy, 0);
     ASSERT_TRUE((*e)->abort(1).ok());
     ASSERT_TRUE(
-        (*e)->add_prefilled_request(2, dst->first, tokens, params_for(sampled, total - k, 5), k)
-            .ok());
+        (*e)->add_prefilled_request(2, copy, tokens, params_for(sampled, total - k, 5), k).ok());
     ASSERT_TRUE((*e)->expedite(2).ok());
-    token_trace got;
-    int64_t cached = -1;
-    while ((*e)->has_work()) {
-      auto outs = (*e)->step();
-      ASSERT_TRUE(outs.ok());
-      for (const auto& o : *outs) {
-        if (cached < 0) cached = o.cached_prompt_tokens;
-        for (size_t i = 0; i < o.new_tokens.size(); ++i) {
-          got.tokens.push_back(o.new_tokens[i]);
-          got.logprobs.push_back(o.samples[i].logprob);
-          for (const auto& a : o.samples[i].top) got.logprobs.push_back(a.logprob);
-        }
-      }
-    }
-    EXPECT_EQ(cached, std::min<int64_t>(n, static_cast<int64_t>(prompt.size())));
+    std::map<request_id, int64_t> cached;
+    const auto got = drain(**e, &cached)[2];
+    EXPECT_EQ(cached[2], std::min<int64_t>(n, static_cast<int64_t>(prompt.size())));
     EXPECT_EQ(got.tokens, std::vector<int32_t>(ref.tokens.begin() + k, ref.tokens.end()));
     EXPECT_EQ(got.logprobs,
               std::vector<float>(ref.logprobs.begin() + static_cast<std::ptrdiff_t>(k * per_token),
