@@ -4,14 +4,15 @@
 # >= 90 % of requests meeting both SLOs, by bisection) and throughput.
 # BASELINE=llama-server (default): llama.cpp's own `llama-server` with parallel slots (continuous
 #   batching), -np = weft's concurrency (workers x --max-running), the same context per sequence
-#   (built by scripts/build_llama_server.sh). BASELINE=llama-cpp-python: llama-cpp-python's server,
+#   (built by scripts/build_llama_server.sh; SLOTS=N for another -np). BASELINE=llama-cpp-python: llama-cpp-python's server,
 #   one sequence at a time (the baseline of the figures before 2026-11-27).
 # Writes bench/results/serve-{<baseline>,weft}-azure-<date>.json and a PNG; prints the ratios.
 # Usage: bench/e2e/serve_vs_llamacpp.sh [weft binary] [requests per probe]
 # RATE_MIN (0.2), RATE_MAX (5.0 req/s) and BISECT_STEPS (4): the goodput search range and resolution.
 # WEFT_CONFIGS: the weft topologies to measure in the same run, space-separated, from
 #   colocated (--workers <cores>, default) and disagg (--prefill 1 --decode <cores - 1>);
-#   each writes serve-weft[-disagg]-azure-<date>.json and gets its own ratio line.
+#   each writes serve-weft[-disagg]-azure-<date>.json and gets its own ratio line; none: the
+#   baseline alone.
 # Needs: scripts/setup.sh --bench (builds llama-server; installs llama-cpp-python[server]).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -38,7 +39,7 @@ wait_http() {
 }
 baseline="${BASELINE:-llama-server}"
 ctx=1024  # per sequence: the trace is cut to 256 prompt + 64 output tokens
-slots=$((cores * 32))  # weft: one worker per core, --max-running 32 each
+slots="${SLOTS:-$((cores * 32))}"  # -np; default weft's: one worker per core, --max-running 32 each
 case "$baseline" in
   llama-server)
     # llama.cpp's own server with every core and one slot per sequence weft could run at once.
@@ -67,7 +68,8 @@ for config in ${WEFT_CONFIGS:-colocated}; do
   case "$config" in
     colocated) flags=(--workers "$cores" --ctx-size "$ctx"); label=weft ;;
     disagg) flags=(--prefill 1 --decode "$((cores > 1 ? cores - 1 : 1))" --ctx-size "$ctx"); label=weft-disagg ;;
-    *) echo "unknown WEFT_CONFIGS entry '$config' (colocated, disagg)" >&2; exit 2 ;;
+    none) continue ;;  # the baseline alone
+    *) echo "unknown WEFT_CONFIGS entry '$config' (colocated, disagg, none)" >&2; exit 2 ;;
   esac
   "$weft" serve --port 8395 "${flags[@]}" > "/tmp/$label-bench-azure.out" 2> "/tmp/$label-bench-azure.err" &
   wpid=$!
