@@ -53,8 +53,7 @@ void declare_router_metrics(metrics_registry& m) {
                     {});
   m.declare_counter("weft_cache_checkpoint_segments_total",
                     "Segments of running sequences (prompt + generated tokens) the router asked "
-                    "workers to publish to the pool",
-                    {});
+                    "workers to publish to the pool");
   m.declare_counter("weft_cache_prefix_waits_total",
                     "Requests that waited for another request's in-flight prefill of their prefix, "
                     "per worker (current incarnation)",
