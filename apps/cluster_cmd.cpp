@@ -204,8 +204,9 @@ int run_up(up_cli cli) {
   return code;
 }
 
-/// `weft cluster status --serve URL`: the nodes and engine workers of a running `weft serve`, from
-/// its GET /admin/cluster (the same JSON; --json prints it as is).
+/// `weft cluster status --serve URL` / `--rl URL`: the nodes and engine workers of a running
+/// `weft serve`, or the nodes and rollout agents of a `weft rl --agents N`, from its GET
+/// /admin/cluster (the same JSON; --json prints it as is).
 int run_serve_status(const client_cli& cli) {
   httplib::Client http(cli.serve_url);
   http.set_connection_timeout(5);
@@ -261,6 +262,22 @@ int run_serve_status(const client_cli& cli) {
     out += fmt::format("healthy {}, {} outstanding, {} pending, {} worker deaths, {} migrations\n",
                        r.value("healthy", false), r.value("outstanding", 0), r.value("pending", 0),
                        r.value("worker_deaths", 0), r.value("migrations", 0));
+  }
+  const auto& rl = j["rl"];
+  if (rl.is_object()) {
+    out += fmt::format("\n{:<8} {:<8} {:>8} {:>9} {:>8} {:>15}\n", "AGENT", "STATE", "PID",
+                       "ROLLOUTS", "LOAD", "PULLED VERSION");
+    for (const auto& a : rl.value("agents", nlohmann::json::array())) {
+      out += fmt::format("{:<8} {:<8} {:>8} {:>9} {:>8.0f} {:>15}\n", a.value("agent", 0),
+                         a.value("state", std::string{}), a.value("pid", 0), a.value("rollouts", 0),
+                         a.value("load", 0.0), a.value("pulled_version", int64_t{-1}));
+    }
+    out += fmt::format(
+        "weight version {}, {} rollouts live ({} waiting), {} agents lost, {} rollouts moved, "
+        "{} peer weight pulls\n",
+        rl.value("weight_version", int64_t{0}), rl.value("rollouts_live", 0),
+        rl.value("rollouts_waiting", 0), rl.value("agents_lost", int64_t{0}),
+        rl.value("rollouts_moved", int64_t{0}), rl.value("peer_weight_pulls", int64_t{0}));
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
@@ -342,9 +359,12 @@ void add_cluster_command(CLI::App& app, const global_options&) {
       cmd->add_subcommand("status", "Show every node: id, pid, address, state, roles, actors");
   st_cmd->add_option("--head", status->head, "HOST:PORT of the head")->capture_default_str();
   st_cmd->add_flag("--json", status->json, "Print JSON instead of a table");
-  st_cmd->add_option(
-      "--serve", status->serve_url,
-      "Show a running `weft serve` instead: its URL (nodes and engine workers with their load)");
+  st_cmd->add_option("--serve", status->serve_url,
+                     "Show a running `weft serve` instead: its URL (nodes and engine workers with "
+                     "their load)");
+  st_cmd->add_option("--rl", status->serve_url,
+                     "Show a running `weft rl --agents N --metrics-port P` instead: "
+                     "http://127.0.0.1:P (its private cluster's nodes and the rollout agents)");
   st_cmd->add_option("--api-key", status->api_key, "With --serve: the server's API key")
       ->envname("WEFT_API_KEY");
   status->cluster.add_credentials_to(st_cmd);

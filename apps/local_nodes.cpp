@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 
@@ -20,7 +21,8 @@ private_head::private_head(private_head&&) noexcept = default;
 private_head::~private_head() = default;
 
 result<private_head> start_private_head(const std::string& node_id, uint32_t heartbeat_ms,
-                                        uint32_t connection_timeout_ms) {
+                                        uint32_t connection_timeout_ms,
+                                        const std::string& bind_host) {
   private_head h;
   h.secret_hex = actors::generate_secret_hex();
   auto secret = actors::load_secret(h.secret_hex, "");
@@ -30,6 +32,7 @@ result<private_head> start_private_head(const std::string& node_id, uint32_t hea
   no.node_id = node_id;
   no.is_head = true;
   no.head_port = 0;
+  no.bind_host = bind_host;
   no.roles = {"echo"};
   no.secret = h.secret;
   no.runtime.heartbeat_interval_ms = heartbeat_ms;
@@ -75,14 +78,32 @@ local_nodes::local_nodes(std::string secret_hex, uint16_t head_port,
       relaunch_(relaunch),
       max_relaunches_(max_relaunches) {}
 
+void local_nodes::set_network(local_node_network net) {
+  std::lock_guard<std::mutex> lock(mu_);
+  net_ = std::move(net);
+}
+
 status local_nodes::launch(int i) {
   const local_node_spec spec = spec_of_(i);
   std::string roles;
   for (const auto& r : spec.roles) roles += (roles.empty() ? "" : ",") + r;
-  std::vector<std::string> argv = {
-      self_exe(),  "node",       "--join",  "127.0.0.1:" + std::to_string(head_port_),
-      "--node-id", spec.node_id, "--roles", roles};
+  local_node_network net;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    net = net_;
+  }
+  std::vector<std::string> argv;
+  if (net.prefix) argv = net.prefix(i);
+  for (std::string a : {self_exe(), std::string("node"), std::string("--join"),
+                        net.join_host + ":" + std::to_string(head_port_), std::string("--node-id"),
+                        spec.node_id, std::string("--roles"), roles}) {
+    argv.push_back(std::move(a));
+  }
   argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
+  if (net.args) {
+    auto more = net.args(i);
+    argv.insert(argv.end(), more.begin(), more.end());
+  }
   auto c = child_process::start(argv, {"WEFT_CLUSTER_SECRET=" + secret_hex_});
   if (!c) return c.error();
   if (!wait_for_line(*c, "weft-node-ready", 20'000)) {
@@ -95,23 +116,42 @@ status local_nodes::launch(int i) {
 }
 
 void local_nodes::watch() {
+  using clock = std::chrono::steady_clock;
   for (size_t i = 0; i < size(); ++i) {
     int st = 0;
     bool dead = false;
+    std::optional<pending_relaunch> due;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (pending_.size() < nodes_.size()) pending_.resize(nodes_.size());
       dead = nodes_[i] && nodes_[i]->exited(&st);
-      if (dead) nodes_[i].reset();
+      if (dead) {
+        nodes_[i].reset();
+        if (relaunch_) pending_[i] = pending_relaunch{clock::now(), 0};
+      }
+      if (pending_[i] && clock::now() >= pending_[i]->at) due = pending_[i];
     }
-    if (!dead) continue;
     const std::string id = spec_of_(static_cast<int>(i)).node_id;
-    spdlog::warn("{} exited (status {})", id, st);
-    if (!relaunch_ || relaunches_ >= max_relaunches_) continue;
+    if (dead) spdlog::warn("{} exited (status {})", id, st);
+    if (!due) continue;
+    if (relaunches_ >= max_relaunches_) {
+      spdlog::error("{} is not relaunched: {} relaunches done", id, relaunches_);
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_[i].reset();
+      continue;
+    }
     ++relaunches_;
     if (auto s = launch(static_cast<int>(i)); !s.ok()) {
-      spdlog::error("relaunching {}: {}", id, s.to_string());
+      const int failures = due->failures + 1;
+      const auto wait =
+          std::chrono::milliseconds(std::min(8000, 1000 << std::min(failures - 1, 3)));
+      spdlog::error("relaunching {}: {} (trying again in {} ms)", id, s.to_string(), wait.count());
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_[i] = pending_relaunch{clock::now() + wait, failures};
     } else {
       spdlog::info("{} relaunched", id);
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_[i].reset();
     }
   }
 }

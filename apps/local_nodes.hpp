@@ -2,6 +2,7 @@
 // The `weft node` processes of a local cluster that one `weft` command runs (`weft serve`,
 // `weft train --trainers K`): started, watched, relaunched when they die (bounded), stopped.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -36,8 +37,11 @@ struct private_head {
   private_head(private_head&&) noexcept;
   ~private_head();
 };
+/// The head listens on `bind_host` (127.0.0.1; a namespace bridge's address when the nodes live in
+/// network namespaces).
 result<private_head> start_private_head(const std::string& node_id, uint32_t heartbeat_ms,
-                                        uint32_t connection_timeout_ms);
+                                        uint32_t connection_timeout_ms,
+                                        const std::string& bind_host = "127.0.0.1");
 
 /// Stops `actors` one after the other (exit user_shutdown), waiting up to 5 s for each to end: a
 /// supervisor first, so that nothing restarts what is stopped after it.
@@ -51,6 +55,15 @@ struct local_node_spec {
   std::vector<std::string> roles;
 };
 
+/// Where the node processes run when not on this host's loopback (`--netns`): node i's command
+/// line starts with `prefix(i)` (e.g. `ip netns exec NS`) and gets `args(i)` (its `--bind`), and
+/// it joins the head at `join_host`.
+struct local_node_network {
+  std::string join_host = "127.0.0.1";
+  std::function<std::vector<std::string>(int)> prefix;
+  std::function<std::vector<std::string>(int)> args;
+};
+
 class local_nodes {
  public:
   /// Node i is `spec_of(i)`, joined to the head on 127.0.0.1:head_port with the cluster secret;
@@ -59,9 +72,13 @@ class local_nodes {
               std::function<local_node_spec(int)> spec_of, std::vector<std::string> extra_args,
               bool relaunch, int max_relaunches);
 
+  /// Node processes launched from now on run in `net`.
+  void set_network(local_node_network net);
   /// Starts node i and waits until it is ready.
   status launch(int i);
-  /// Called periodically: logs node processes that died and relaunches them (bounded).
+  /// Called periodically: logs node processes that died and relaunches them (bounded by
+  /// `max_relaunches`); a relaunch that fails (e.g. the node cannot reach the head while its link
+  /// is cut) is tried again later, 1 s after the first failure and up to 8 s apart.
   void watch();
   size_t size();
   /// SIGKILLs the node process with `pid` if it is one of ours; false otherwise.
@@ -79,6 +96,13 @@ class local_nodes {
   int max_relaunches_;
   std::mutex mu_;
   std::vector<std::optional<child_process>> nodes_;
+  /// Nodes waiting to be relaunched: when to try next, and how many tries failed.
+  struct pending_relaunch {
+    std::chrono::steady_clock::time_point at;
+    int failures = 0;
+  };
+  std::vector<std::optional<pending_relaunch>> pending_;
+  local_node_network net_;
   int relaunches_ = 0;
 };
 

@@ -67,8 +67,20 @@ std::string netns_topology::address(int i) const {
   return "10.213." + std::to_string(subnet_) + "." + std::to_string(10 + i);
 }
 
+std::string netns_topology::gateway() const {
+  return "10.213." + std::to_string(subnet_) + ".1";
+}
+
+std::string netns_topology::bridge() const {
+  return "wb" + tag_;
+}
+
+std::string netns_topology::name(int i) const {
+  return "weft" + tag_ + "n" + std::to_string(i);
+}
+
 std::vector<std::string> netns_topology::exec_prefix(int i) const {
-  return {"/usr/bin/env", "ip", "netns", "exec", "weft" + tag_ + "n" + std::to_string(i)};
+  return {"/usr/bin/env", "ip", "netns", "exec", name(i)};
 }
 
 status netns_topology::set_link(int i, bool up) const {

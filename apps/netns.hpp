@@ -24,6 +24,13 @@ class netns_topology {
 
   /// The address of node `i` inside its namespace.
   std::string address(int i) const;
+  /// The bridge's address in the caller's namespace: where processes in the namespaces reach a
+  /// server of the caller (a private head, a controller).
+  std::string gateway() const;
+  /// The bridge's device name in the caller's namespace.
+  std::string bridge() const;
+  /// The namespace of node `i` (for `ip netns exec` / `nsenter`).
+  std::string name(int i) const;
   /// The argv prefix that runs a command inside node `i`'s namespace.
   std::vector<std::string> exec_prefix(int i) const;
   /// Brings node `i`'s link down (cut) or up again.

@@ -3,8 +3,11 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <thread>
 
 #include "actors/cache/cache_shard.hpp"
 #include "actors/node.hpp"
@@ -96,6 +99,15 @@ int run_node(const node_cli& cli) {
     n->on_head_lost([](const std::string& why) {
       spdlog::error("lost the head ({}): stopping", why);
       stop_latch::instance().request(3);
+      // Its actors are being restarted elsewhere. An orderly stop can hang here: messages to the
+      // unreachable peer, queued in CAF's middleman, keep their senders alive, and the actor
+      // system waits for them forever (seen after a cut link). Bounded: exit anyway after 5 s.
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        spdlog::error("node did not stop within 5 s of losing its head: exiting");
+        spdlog::default_logger()->flush();
+        std::_Exit(3);
+      }).detach();
     });
   }
   // One machine-readable line for scripts and tests, then human logs.

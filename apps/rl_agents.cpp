@@ -10,10 +10,12 @@
 #include "actors/rl/rollout_agent.hpp"
 #include "actors/runtime.hpp"
 #include "apps/local_nodes.hpp"
+#include "apps/netns.hpp"
 
 namespace weft::apps {
 
 struct rl_agent_cluster::impl {
+  std::optional<netns_topology> netns;  // outlives the nodes in it (destroyed last)
   std::optional<private_head> head;
   std::unique_ptr<local_nodes> nodes;
   std::optional<caf::actor> supervisor;
@@ -31,7 +33,17 @@ rl_agent_cluster::~rl_agent_cluster() {
 
 result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agents_options& o) {
   std::unique_ptr<rl_agent_cluster> c(new rl_agent_cluster());
-  auto head = start_private_head("rl-head", 500, 5000);
+  // With --netns the head and the controller listen on the bridge, each agent's node lives in a
+  // namespace of its own and moves bulk data over TCP (UCX's shared-memory paths do not cross
+  // namespaces).
+  std::string host = "127.0.0.1";
+  if (o.netns) {
+    auto t = netns_topology::create(o.agents);
+    if (!t) return make_error(errc::unavailable, "--netns: " + t.error().message);
+    c->d_->netns.emplace(std::move(*t));
+    host = c->d_->netns->gateway();
+  }
+  auto head = start_private_head("rl-head", 500, 5000, host);
   if (!head)
     return make_error(errc::unavailable, "cannot start the head: " + head.error().to_string());
   c->d_->head.emplace(std::move(*head));
@@ -41,6 +53,11 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   rc.agents = o.agents;
   rc.weight_timeout_ms = o.weight_timeout_ms;
   rc.length_aware = o.length_aware;
+  if (c->d_->netns) {
+    // Agents pull weights from this process over the bridge, the only device they can reach.
+    rc.transport_params["ucx.tls"] = "tcp";
+    rc.transport_params["ucx.net_devices"] = c->d_->netns->bridge();
+  }
   impl* d = c->d_.get();
   rc.on_idle = [d] {
     if (d->nodes) d->nodes->watch();
@@ -48,11 +65,11 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   auto backend = rl::remote_rollouts::create(sys, rc);
   if (!backend) return backend.error();
   c->backend_ = std::shared_ptr<rl::remote_rollouts>(std::move(*backend));
-  auto port = actors::publish_actor(sys, c->backend_->controller(), 0, "127.0.0.1");
+  auto port = actors::publish_actor(sys, c->backend_->controller(), 0, host);
   if (!port)
     return make_error(errc::unavailable,
                       "cannot publish the rl controller: " + port.error().to_string());
-  spdlog::info("rl controller published on 127.0.0.1:{} (mutual TLS, keyed by this run's secret)",
+  spdlog::info("rl controller published on {}:{} (mutual TLS, keyed by this run's secret)", host,
                *port);
   d->nodes = std::make_unique<local_nodes>(
       h.secret_hex, h.node->head_port(),
@@ -62,6 +79,15 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
       std::vector<std::string>{"--heartbeat-ms", "500", "--connection-timeout-ms", "5000",
                                "--transport", "ucx"},
       true, o.max_restarts);
+  if (const netns_topology* t = d->netns ? &*d->netns : nullptr) {
+    local_node_network net;
+    net.join_host = host;
+    net.prefix = [t](int i) { return t->exec_prefix(i); };
+    net.args = [t](int i) -> std::vector<std::string> {
+      return {"--bind", t->address(i), "--ucx-tls", "tcp"};
+    };
+    d->nodes->set_network(std::move(net));
+  }
   for (int i = 0; i < o.agents; ++i) {
     if (auto s = d->nodes->launch(i); !s.ok()) return s;
     spdlog::info("rollout-node-{} started (pid {})", i, d->nodes->pid(i));
@@ -76,6 +102,7 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
     ac.threads = o.agent_threads;
     ac.max_sequences = o.max_sequences;
     ac.max_new_tokens = o.max_new_tokens;
+    ac.controller_host = host;
     ac.controller_port = *port;
     children.push_back({"rollout-agent-" + std::to_string(i), "rollout_agent", ac.to_json(),
                         actors::restart_type::permanent});
@@ -95,6 +122,16 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
                o.agent_threads, o.agent_threads == 1 ? "" : "s");
   if (auto st = c->backend_->wait_ready(o.start_timeout_ms); !st.ok()) return st;
   return c;
+}
+
+std::string rl_agent_cluster::cluster_json() const {
+  auto& node = *d_->head->node;
+  auto st = actors::cluster_status(node.system(), node.head(), 2000);
+  return st ? actors::cluster_status_json(*st) : std::string{"null"};
+}
+
+uint32_t rl_agent_cluster::node_pid(int i) const {
+  return d_->nodes ? d_->nodes->pid(i) : 0;
 }
 
 }  // namespace weft::apps

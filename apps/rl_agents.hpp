@@ -24,6 +24,9 @@ struct rl_agents_options {
   int64_t max_sequences = 64;
   int32_t max_new_tokens = 32;
   int max_restarts = 10;
+  /// Each agent's node process in a network namespace of its own (root only): the agents reach
+  /// the controller, and each other, over a bridge whose links a chaos test can cut.
+  bool netns = false;
 };
 
 class rl_agent_cluster {
@@ -34,6 +37,10 @@ class rl_agent_cluster {
   /// Stops the agents (the supervisor first) and their node processes.
   ~rl_agent_cluster();
   std::shared_ptr<rl::remote_rollouts> backend() const { return backend_; }
+  /// The head's node table as JSON (what `weft cluster status --json` prints).
+  std::string cluster_json() const;
+  /// The pid of agent node i's process (0 while it is not running).
+  uint32_t node_pid(int i) const;
 
   struct impl;
 

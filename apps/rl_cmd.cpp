@@ -18,6 +18,8 @@
 #include <string>
 #include <thread>
 
+#include <unistd.h>
+
 #include "actors/serve/model_host.hpp"
 #include "apps/commands.hpp"
 #include "apps/config_file.hpp"
@@ -104,6 +106,7 @@ struct rl_options {
   int agent_threads = 0;               ///< default 1
   std::string dispatch;                ///< default length-aware
   double weight_sync_timeout_s = 0.0;  ///< default 60
+  bool netns = false;                  ///< each agent's node in a network namespace of its own
 };
 
 /// The task of the run: a dataset when --data is given, else a built-in procedural task.
@@ -311,8 +314,13 @@ int run_rl(const rl_options& o) {
     return 2;
   }
   if (o.agents == 0 &&
-      (o.agent_threads > 0 || !o.dispatch.empty() || o.weight_sync_timeout_s > 0)) {
-    spdlog::error("--agent-threads, --dispatch and --weight-sync-timeout-s need --agents N");
+      (o.agent_threads > 0 || !o.dispatch.empty() || o.weight_sync_timeout_s > 0 || o.netns)) {
+    spdlog::error(
+        "--agent-threads, --dispatch, --weight-sync-timeout-s and --netns need --agents N");
+    return 2;
+  }
+  if (o.netns && ::geteuid() != 0) {
+    spdlog::error("--netns creates network namespaces and a bridge: it needs root (and iproute2)");
     return 2;
   }
   auto cfg = make_loop_config(o);
@@ -348,6 +356,7 @@ int run_rl(const rl_options& o) {
     const auto p = grpo_loop::engine_params(*cfg);
     ao.max_sequences = p.max_sequences;
     ao.max_new_tokens = p.max_new_tokens;
+    ao.netns = o.netns;
     auto started = rl_agent_cluster::start(ao);
     if (!started) {
       spdlog::error("rollout agents: {}", started.error().message);
@@ -374,6 +383,14 @@ int run_rl(const rl_options& o) {
   std::optional<metrics_server> http;
   if (o.metrics_port > 0) {
     http.emplace([&report] { return report.prometheus(); });
+    if (cluster) {
+      // `weft cluster status --rl http://127.0.0.1:PORT`: the run's private cluster and agents.
+      http->add_json("/admin/cluster", [&cluster, model = o.model_path] {
+        return "{\"model\":" + nlohmann::json(model).dump() +
+               ",\"cluster\":" + cluster->cluster_json() +
+               ",\"rl\":" + cluster->backend()->status_json() + "}";
+      });
+    }
     if (!http->start(o.metrics_port)) {
       spdlog::error("--metrics-port {}: cannot listen on 127.0.0.1", o.metrics_port);
       return 2;
@@ -664,6 +681,10 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
                   "--agents: an agent that has not pulled and applied a new weight version "
                   "within this many seconds is restarted (default 60)")
       ->check(CLI::Range(1.0, 3600.0));
+  cmd->add_flag("--netns", o->netns,
+                "--agents: run each agent's node process in a network namespace of its own "
+                "(root and iproute2): agents reach the controller and each other over a bridge "
+                "(TCP), so cutting an agent's link is a real network partition (docs/rl.md)");
 }
 
 /// Checkpoints, export and what the run shows.

@@ -95,10 +95,19 @@ metrics_server::~metrics_server() {
   }
 }
 
+void metrics_server::add_json(const std::string& path, std::function<std::string()> body) {
+  json_.emplace_back(path, std::move(body));
+}
+
 bool metrics_server::start(int port) {
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(text_(), "text/plain; version=0.0.4");
   });
+  for (const auto& [path, body] : json_) {
+    http_.Get(path, [&body = body](const httplib::Request&, httplib::Response& res) {
+      res.set_content(body(), "application/json");
+    });
+  }
   if (!http_.bind_to_port("127.0.0.1", port)) return false;
   thread_ = std::thread([this] { http_.listen_after_bind(); });
   return true;

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpu/train/checkpoint.hpp"
@@ -52,10 +53,13 @@ class metrics_server {
   ~metrics_server();
   metrics_server(const metrics_server&) = delete;
   metrics_server& operator=(const metrics_server&) = delete;
+  /// Before start(): GET `path` answers the JSON `body` returns (called from the server's thread).
+  void add_json(const std::string& path, std::function<std::string()> body);
   bool start(int port);
 
  private:
   std::function<std::string()> text_;
+  std::vector<std::pair<std::string, std::function<std::string()>>> json_;
   httplib::Server http_;
   std::thread thread_;
 };

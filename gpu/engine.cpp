@@ -128,6 +128,7 @@ status engine::add_resumed_request(request_id id, std::vector<int32_t> prompt, i
     return st;
   // Each replayed token consumed one random draw when it was sampled (none when greedy).
   if (n_replay > 0) r->smp.skip_draws(n_replay);
+  resume_text(*r, n_replay);
   enqueue(std::move(r));
   return {};
 }
@@ -165,6 +166,7 @@ status engine::add_imported_request(request_id id, seq_id seq, std::vector<int32
   r->has_seq = true;
   r->ph = phase::decode;
   r->smp.skip_draws(n_generated);
+  resume_text(*r, n_generated);
   enqueue(std::move(r));
   return {};
 }
@@ -212,6 +214,7 @@ status engine::add_prefilled_request(request_id id, seq_id seq, std::vector<int3
   r->n_replay = n_replay;
   // Each generated token consumed one random draw when it was sampled (none when greedy).
   if (n_replay > 0) r->smp.skip_draws(n_replay);
+  resume_text(*r, n_replay);
   r->n_computed = n_cached;
   r->n_cached = std::min(n_cached, n_true);  // cached *prompt* tokens
   r->seq = seq;
@@ -491,21 +494,38 @@ void engine::note_scheduled(const std::vector<request_id>& in_batch) {
   }
 }
 
-void engine::finish_text(request& r, request_output& out, bool final) {
-  const auto& stops = r.smp.params().stop_strings;
-  size_t emit_to = r.text.size();
-  if (!final) {
-    size_t hold = incomplete_utf8_tail(r.text);
-    for (const auto& s : stops) {
-      for (size_t k = std::min(s.size() - 1, r.text.size()); k > hold; --k) {
-        if (r.text.compare(r.text.size() - k, k, s, 0, k) == 0) {
-          hold = k;
-          break;
-        }
+namespace {
+
+/// Bytes at the end of a request's text that a text delta holds back while it runs: an
+/// incomplete UTF-8 character, or the start of a stop string.
+size_t text_hold(const std::string& text, const std::vector<std::string>& stops) {
+  size_t hold = incomplete_utf8_tail(text);
+  for (const auto& s : stops) {
+    if (s.empty()) continue;
+    for (size_t k = std::min(s.size() - 1, text.size()); k > hold; --k) {
+      if (text.compare(text.size() - k, k, s, 0, k) == 0) {
+        hold = k;
+        break;
       }
     }
-    emit_to = r.text.size() - hold;
   }
+  return hold;
+}
+
+}  // namespace
+
+void engine::resume_text(request& r, int64_t n_generated) {
+  if (!config_.detokenize || n_generated <= 0) return;
+  for (size_t i = r.tokens.size() - static_cast<size_t>(n_generated); i < r.tokens.size(); ++i) {
+    r.text += config_.detokenize(r.tokens[i]);
+  }
+  // What the engine it came from held back is not emitted yet: the next delta starts with it.
+  r.text_emitted = r.text.size() - text_hold(r.text, r.smp.params().stop_strings);
+}
+
+void engine::finish_text(request& r, request_output& out, bool final) {
+  size_t emit_to = r.text.size();
+  if (!final) emit_to = r.text.size() - text_hold(r.text, r.smp.params().stop_strings);
   if (emit_to > r.text_emitted) {
     out.text_delta += r.text.substr(r.text_emitted, emit_to - r.text_emitted);
     r.text_emitted = emit_to;

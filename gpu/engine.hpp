@@ -233,6 +233,10 @@ class engine {
   void remove(request_id id);
   void release(request& r);
   void finish_text(request& r, request_output& out, bool final);
+  /// A request that continues tokens generated elsewhere: its text starts with theirs, of which
+  /// what the other engine held back from its deltas (an incomplete UTF-8 character, the start
+  /// of a stop string) is still to be emitted.
+  void resume_text(request& r, int64_t n_generated);
   /// Compiles (or finds) the request's grammar and feeds it the tokens generated before it came
   /// here (`generated`: a resumed or imported request's).
   status attach_grammar(request& r, std::span<const int32_t> generated);

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 #include <caf/all.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -337,6 +338,36 @@ struct remote_rollouts::impl {
       }
     }
     dispatch();
+    refresh_status();
+  }
+
+  /// What status_json() answers (read from other threads: an HTTP endpoint).
+  std::mutex status_mu;
+  std::string status;
+
+  void refresh_status() {
+    nlohmann::json j;
+    j["weight_version"] = image ? image->version() : 0;
+    j["rollouts_live"] = live.size();
+    j["rollouts_waiting"] = waiting.size();
+    j["agents_lost"] = st.agents_lost;
+    j["rollouts_moved"] = st.rollouts_moved;
+    j["peer_weight_pulls"] = st.peer_weight_pulls;
+    auto& list = j["agents"] = nlohmann::json::array();
+    for (size_t i = 0; i < agents.size(); ++i) {
+      const agent_slot& a = agents[i];
+      list.push_back({{"agent", i},
+                      {"state", !a.alive  ? "down"
+                                : a.ready ? "ready"
+                                          : "syncing"},
+                      {"pid", a.pid},
+                      {"rollouts", a.assigned.size()},
+                      {"load", a.load},
+                      {"pulled_version", a.source_version}});
+    }
+    std::string text = j.dump();
+    std::lock_guard<std::mutex> lock(status_mu);
+    status = std::move(text);
   }
 
   void wait_a_little() {
@@ -477,7 +508,9 @@ result<std::unique_ptr<remote_rollouts>> remote_rollouts::create(caf::actor_syst
   auto d = std::make_unique<impl>();
   d->cfg = std::move(cfg);
   d->agents.resize(static_cast<size_t>(d->cfg.agents));
-  auto engine = transport::make_engine("ucx");
+  transport::engine_config ecfg;
+  ecfg.params = d->cfg.transport_params;
+  auto engine = transport::make_engine("ucx", ecfg);
   if (!engine) {
     return make_error(errc::unavailable,
                       "rl: the weight source's transport: " + engine.error().to_string());
@@ -485,6 +518,11 @@ result<std::unique_ptr<remote_rollouts>> remote_rollouts::create(caf::actor_syst
   d->transport = std::move(*engine);
   d->controller = sys.spawn(controller_actor, d->queue);
   return std::unique_ptr<remote_rollouts>(new remote_rollouts(std::move(d)));
+}
+
+std::string remote_rollouts::status_json() const {
+  std::lock_guard<std::mutex> lock(d_->status_mu);
+  return d_->status.empty() ? std::string{"null"} : d_->status;
 }
 
 caf::actor remote_rollouts::controller() const {

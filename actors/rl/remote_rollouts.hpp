@@ -24,7 +24,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "gpu/rl/rollout_backend.hpp"
 #include "schema/status.hpp"
@@ -41,6 +43,8 @@ struct remote_rollouts_config {
   uint32_t no_agent_timeout_ms = 180'000;
   /// Called about every 100 ms while waiting (e.g. to relaunch dead node processes).
   std::function<void()> on_idle;
+  /// Parameters of the controller's UCX engine (e.g. "ucx.tls" = "tcp" across namespaces).
+  std::map<std::string, std::string> transport_params;
 };
 
 class remote_rollouts final : public gpu::rl::rollout_backend {
@@ -51,6 +55,10 @@ class remote_rollouts final : public gpu::rl::rollout_backend {
 
   /// The controller actor: publish it for the agents.
   caf::actor controller() const;
+  /// The agents as the controller saw them at its last look (JSON: weight_version, rollouts_live,
+  /// rollouts_waiting, agents_lost, rollouts_moved, peer_weight_pulls, and per agent: agent,
+  /// state ready|syncing|down, pid, rollouts, load, pulled_version). Any thread.
+  std::string status_json() const;
   /// Waits until every agent of the run has said hello and holds the current weights.
   status wait_ready(uint32_t timeout_ms);
   gpu::rl::rollout_backend_stats stats() const override;

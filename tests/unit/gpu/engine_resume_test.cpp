@@ -188,6 +188,78 @@ TEST_P(EngineResume, ContinuesExactlyLikeAnUndisturbedRun) {
 
 INSTANTIATE_TEST_SUITE_P(GreedyAndSeeded, EngineResume, ::testing::Values(false, true));
 
+// The text of a resumed request continues the text its first engine streamed: what that engine
+// held back from its deltas (an incomplete UTF-8 character, the start of a stop string) comes in
+// the resumed engine's first delta, so the two streams concatenate to the undisturbed run's text
+// whichever token the request moves after. Tokens detokenize to pieces of multi-byte characters
+// here so that most split points fall inside one.
+TEST(EngineResumeText, DeltasConcatenateToTheUndisturbedTextAtEverySplit) {
+  auto l = load_tiny();
+  REQUIRE_MODEL(l);
+  engine_config ec;
+  ec.kv_blocks = 128;
+  ec.block_size = 8;
+  ec.detokenize = [](int32_t t) -> std::string {
+    switch (t % 4) {
+      case 0:
+        return "\xE2\x82";  // the first two bytes of a euro sign
+      case 1:
+        return "\xAC";  // its last byte
+      case 2:
+        return "a\xF0\x9F";  // half of a 4-byte emoji
+      default:
+        return "\x98\x80"
+               "b";
+    }
+  };
+  const int total = 24;
+  auto params = [&](int max_tokens) {
+    sampling_params sp = params_for(true, max_tokens, 11);
+    sp.stop_strings = {"b\xE2\x82\xACZ"};  // never completed: only its prefixes are held back
+    return sp;
+  };
+  const auto prompt = prompt_of(9, 3);
+  // The undisturbed run, one token per step: what it had streamed after each token.
+  auto ref = engine::create(*l.m, ec);
+  ASSERT_TRUE(ref.ok());
+  ASSERT_TRUE((*ref)->add_request(1, prompt, params(total)).ok());
+  std::vector<int32_t> tokens = prompt;
+  std::vector<std::string> streamed;  // streamed[k]: the text streamed with the first k+1 tokens
+  std::string want;
+  while ((*ref)->has_work()) {
+    auto outs = (*ref)->step();
+    ASSERT_TRUE(outs.ok());
+    for (const auto& o : *outs) {
+      ASSERT_LE(o.new_tokens.size(), 1u);
+      want += o.text_delta;
+      tokens.insert(tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+      if (!o.new_tokens.empty()) streamed.push_back(want);
+    }
+  }
+  ASSERT_EQ(streamed.size(), static_cast<size_t>(total));
+  int held = 0;
+  for (int k = 1; k < total; ++k) {
+    std::string all;  // the k tokens' whole text
+    for (int i = 0; i < k; ++i)
+      all += ec.detokenize(tokens[prompt.size() + static_cast<size_t>(i)]);
+    const std::string& before = streamed[static_cast<size_t>(k - 1)];
+    if (before.size() < all.size()) ++held;
+    auto e = engine::create(*l.m, ec);
+    ASSERT_TRUE(e.ok());
+    std::vector<int32_t> resumed(tokens.begin(),
+                                 tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size()) + k);
+    ASSERT_TRUE((*e)->add_resumed_request(1, resumed, k, params(total - k)).ok());
+    std::string rest;
+    while ((*e)->has_work()) {
+      auto outs = (*e)->step();
+      ASSERT_TRUE(outs.ok());
+      for (const auto& o : *outs) rest += o.text_delta;
+    }
+    EXPECT_EQ(before + rest, want) << "moved after " << k << " tokens";
+  }
+  EXPECT_GT(held, 5) << "too few splits fell inside a character: the test would show nothing";
+}
+
 /// Steps `e` until request `id` has a token; returns, per request, the tokens produced meanwhile
 /// (the step that gave `id` its token included), and how many steps it took.
 std::pair<std::map<request_id, int>, int> until_first_token(engine& e, request_id id) {
