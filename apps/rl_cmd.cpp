@@ -65,6 +65,9 @@ struct rl_options {
   int64_t prompts_per_step = 4;
   int64_t group_size = 8;
   int32_t max_new_tokens = 32;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
   double lr = 1e-6;
   int64_t warmup_steps = 0;
   std::string lr_schedule = "constant";
@@ -139,6 +142,9 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.prompts_per_step = o.prompts_per_step;
   c.group_size = o.group_size;
   c.max_new_tokens = o.max_new_tokens;
+  c.temperature = o.temperature;
+  c.top_p = o.top_p;
+  c.top_k = o.top_k;
   c.eval_prompts = o.eval_prompts;
   c.chat = o.prompt_format == "chat";
   c.grpo.clip_low = o.clip_low;
@@ -602,6 +608,21 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Longest completion")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  cmd->add_option("--temperature", o->temperature,
+                  "Rollout sampling temperature; the recorded behaviour log-probs and the "
+                  "trainer's log-probs (PPO ratio, KL) are both of softmax(logits / T). Held-out "
+                  "evaluation stays greedy")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01f, 10.0f));
+  cmd->add_option("--top-p", o->top_p,
+                  "Rollouts draw from the smallest set of tokens with this much probability (1: "
+                  "off); a filter only, not part of the trained policy (as in TRL and verl)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001f, 1.0f));
+  cmd->add_option("--top-k", o->top_k,
+                  "Rollouts draw from the k most likely tokens (0: off); a filter, like --top-p")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--lr", o->lr, "Peak learning rate")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -140,8 +140,16 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
 sample_result sampler::finish(sample_result res, std::span<const float> logits,
                               double log_z) const {
   const auto n = static_cast<int64_t>(logits.size());
+  double inv_t = 1.0;
+  if (params_.tempered_logprobs && params_.temperature > 0.0f && params_.temperature != 1.0f) {
+    inv_t = 1.0 / static_cast<double>(params_.temperature);
+    const double top = static_cast<double>(*std::max_element(logits.begin(), logits.end()));
+    double z = 0.0;
+    for (float l : logits) z += std::exp((static_cast<double>(l) - top) * inv_t);
+    log_z = std::log(z) + top * inv_t;
+  }
   auto logprob = [&](int32_t t) {
-    return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(t)]) - log_z);
+    return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(t)]) * inv_t - log_z);
   };
   res.logprob = logprob(res.token);
   if (params_.n_logprobs > 0) {

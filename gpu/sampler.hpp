@@ -34,6 +34,12 @@ struct sampling_params {
   std::vector<std::string>
       stop_strings;        ///< Finish when the text contains one (text cut before it).
   int32_t n_logprobs = 0;  ///< Top-n log-probabilities to return per token (0: none).
+  /// Log-probabilities (of the chosen token and the top-n) under log-softmax(logits / temperature),
+  /// the distribution a token is drawn from before any truncation (top-k, top-p, min-p filter it
+  /// and are not in it): RL's behaviour policy, which the trainer recomputes at the same
+  /// temperature. Off (the default): log-softmax of the raw logits, as the OpenAI API reports.
+  /// Greedy requests (temperature <= 0) always report the raw logits'.
+  bool tempered_logprobs = false;
   /// Structured outputs: GBNF the generated text must match (gpu/grammar.hpp; empty: none). The
   /// engine masks every step's logits to the tokens that keep the text a valid prefix; the stop
   /// tokens are allowed exactly when it is a complete sentence.
@@ -44,7 +50,8 @@ struct sampling_params {
   pooling_type pooling = pooling_type::none;
 };
 
-/// A token with its log-probability under the model (log-softmax of the raw logits).
+/// A token with its log-probability under the model (log-softmax of the raw logits, or of the
+/// tempered logits with sampling_params::tempered_logprobs).
 struct token_logprob {
   int32_t token = 0;
   float logprob = 0.0f;

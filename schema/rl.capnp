@@ -26,6 +26,11 @@ struct RolloutItem {
   maxTokens @4 :Int32;     # new tokens, not counting the replayed ones
   greedy @5 :Bool;
   stopTokens @6 :List(Int32);
+  # How a sampled (not greedy) rollout draws: logits / temperature, then top-k and top-p filter;
+  # the recorded log-probs are of log-softmax(logits / temperature).
+  temperature @7 :Float32 = 1.0;
+  topP @8 :Float32 = 1.0;
+  topK @9 :Int32;
 }
 
 # Controller -> agent: rollouts to start.

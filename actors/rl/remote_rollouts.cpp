@@ -453,6 +453,11 @@ struct remote_rollouts::impl {
           x.setSeed(t.req.params.seed);
           x.setMaxTokens(t.req.params.max_tokens - static_cast<int32_t>(t.generated.size()));
           x.setGreedy(t.req.params.temperature == 0.0f);
+          if (t.req.params.temperature > 0.0f) {
+            x.setTemperature(t.req.params.temperature);
+            x.setTopP(t.req.params.top_p);
+            x.setTopK(t.req.params.top_k);
+          }
           auto stops = x.initStopTokens(static_cast<unsigned>(t.req.params.stop_tokens.size()));
           for (size_t s = 0; s < t.req.params.stop_tokens.size(); ++s) {
             stops.set(static_cast<unsigned>(s), t.req.params.stop_tokens[s]);

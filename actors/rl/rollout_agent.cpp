@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -189,7 +190,12 @@ class agent_loop {
       if (!b) return {};  // validated by the actor already
       for (auto item : b->get().getItems()) {
         gpu::sampling_params sp;
-        sp.temperature = item.getGreedy() ? 0.0f : 1.0f;
+        if (!item.getGreedy()) {
+          sp.temperature = item.getTemperature();
+          sp.top_p = item.getTopP();
+          sp.top_k = item.getTopK();
+          sp.tempered_logprobs = true;
+        }
         sp.seed = item.getSeed();
         sp.max_tokens = item.getMaxTokens();
         for (int32_t t : item.getStopTokens()) sp.stop_tokens.push_back(t);
@@ -197,9 +203,19 @@ class agent_loop {
         tokens.reserve(item.getTokens().size());
         for (int32_t t : item.getTokens()) tokens.push_back(t);
         const int64_t replay = item.getReplay();
-        auto st = replay > 0 ? engine_->add_resumed_request(item.getId(), std::move(tokens), replay,
-                                                            std::move(sp))
-                             : engine_->add_request(item.getId(), std::move(tokens), std::move(sp));
+        const bool sampling_ok =
+            item.getGreedy() ||
+            (std::isfinite(sp.temperature) && sp.temperature > 0.0f && sp.temperature <= 100.0f &&
+             sp.top_p > 0.0f && sp.top_p <= 1.0f && sp.top_k >= 0);
+        auto st = !sampling_ok ? gpu::status{gpu::status_code::invalid_argument,
+                                             "rollout: bad sampling parameters (temperature " +
+                                                 std::to_string(sp.temperature) + ", top-p " +
+                                                 std::to_string(sp.top_p) + ", top-k " +
+                                                 std::to_string(sp.top_k) + ")"}
+                  : replay > 0
+                      ? engine_->add_resumed_request(item.getId(), std::move(tokens), replay,
+                                                     std::move(sp))
+                      : engine_->add_request(item.getId(), std::move(tokens), std::move(sp));
         if (!st) {
           // A bad request is the request's error, not the agent's.
           gpu::request_output o;

@@ -81,6 +81,12 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
                   "stream mode trains each group once as it finishes: it needs one update per "
                   "step, no staleness bound (it is on-policy) and the trainer on the host"};
   }
+  if (!(config.temperature > 0.0f && config.temperature <= 10.0f) ||
+      !(config.top_p > 0.0f && config.top_p <= 1.0f) || config.top_k < 0) {
+    return status{status_code::invalid_argument,
+                  "rollout sampling: the temperature must be within (0, 10], top-p within (0, 1] "
+                  "and top-k >= 0 (0: off)"};
+  }
   if (config.max_staleness < 0 || config.max_staleness > 64) {
     return status{status_code::invalid_argument, "the staleness bound must be within 0..64"};
   }
@@ -116,7 +122,9 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
     auto ref = train::trainable_model<float>::load(source);
     if (!ref) return ref.error();
     loop->ref_ = std::move(*ref);
+    loop->ref_->set_logit_temperature(config.temperature);
   }
+  loop->model_->set_logit_temperature(config.temperature);
   std::vector<int64_t> sizes;
   for (const auto& p : std::as_const(*loop->model_).parameters()) {
     sizes.push_back(p.size());
@@ -160,9 +168,14 @@ std::vector<int32_t> grpo_loop::encode_prompt(const rl_prompt& p, status& st) co
 namespace {
 
 sampling_params rollout_params(uint64_t seed, int32_t max_tokens, bool greedy,
-                               const std::vector<int32_t>& eog) {
+                               const std::vector<int32_t>& eog, const grpo_loop_config& c) {
   sampling_params sp;
-  sp.temperature = greedy ? 0.0f : 1.0f;
+  sp.temperature = greedy ? 0.0f : c.temperature;
+  if (!greedy) {
+    sp.top_p = c.top_p;
+    sp.top_k = c.top_k;
+    sp.tempered_logprobs = true;
+  }
   sp.seed = seed;
   sp.max_tokens = max_tokens;
   sp.stop_tokens = eog;
@@ -212,7 +225,7 @@ result<std::vector<rollout_sample>> grpo_loop::generate(const std::vector<rl_pro
       r.id = next_request_++;
       r.prompt = ids;
       r.params = rollout_params(sample_seed(seed_base, static_cast<int64_t>(g), j),
-                                config_.max_new_tokens, greedy, stops);
+                                config_.max_new_tokens, greedy, stops, config_);
       r.group = group_size > 1 ? static_cast<int64_t>(g) : -1;
       rollout_sample s;
       s.group = static_cast<int64_t>(g);
@@ -249,7 +262,8 @@ status grpo_loop::start_step(int64_t m) {
       rollout_request r;
       r.id = next_request_++;
       r.prompt = ids;
-      r.params = rollout_params(sample_seed(base, g, j), config_.max_new_tokens, false, stops);
+      r.params =
+          rollout_params(sample_seed(base, g, j), config_.max_new_tokens, false, stops, config_);
       r.group = m * config_.prompts_per_step + g;
       rollout_sample s;
       s.group = g;

@@ -42,6 +42,14 @@ struct grpo_loop_config {
   int64_t group_size = 8;
   int32_t max_new_tokens = 32;
   int64_t eval_prompts = 32;  ///< Held-out problems for pass@1 (greedy).
+  /// How rollouts sample (held-out evaluation stays greedy). The behaviour log-probs the engine
+  /// records and the trainer's log-probs (the PPO ratio, the KL term) are both of
+  /// log-softmax(logits / temperature); top-p / top-k only filter what is drawn (as in TRL and
+  /// verl), so an on-policy ratio is exactly 1. temperature > 0, 0 < top_p <= 1, top_k >= 0 (0:
+  /// off).
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
   /// true: each prompt is a user message rendered with the model's chat template; false: the
   /// prompt text is tokenized as is (a base model, or one fine-tuned on raw prompts).
   bool chat = true;

@@ -308,6 +308,15 @@ status device_trainer::accumulate(const train_batch& b, const token_objective<fl
     WEFT_TRY(dev_.copy_to_device(tgt, targets.data(), targets.size() * sizeof(int32_t)));
     WEFT_TRY(dev_.ops().gather_rows(s.xn_final.get<float>(), rid, m, d, xc));
     WEFT_TRY(k.linear_forward(xc, out_w, m, d, vocab, logits));
+    // A per-token objective at a sampling temperature: log p = log-softmax(logits / t).
+    const bool tempered = objective != nullptr && logit_temperature_ != 1.0f;
+    if (tempered) {
+      float* sc = nullptr;
+      WEFT_NEED(sc, s.scales, float, m);
+      scales.assign(static_cast<size_t>(m), 1.0f / logit_temperature_);
+      WEFT_TRY(dev_.copy_to_device(sc, scales.data(), scales.size() * sizeof(float)));
+      WEFT_TRY(k.scale_rows(logits, sc, m, vocab));
+    }
     WEFT_TRY(k.cross_entropy(logits, tgt, m, vocab, 1.0f, dlogits, lp));
     logp.resize(static_cast<size_t>(m));
     WEFT_TRY(dev_.copy_to_host(logp.data(), lp, logp.size() * sizeof(double)));
@@ -323,8 +332,10 @@ status device_trainer::accumulate(const train_batch& b, const token_objective<fl
       loss.sum += (*objective)(
           b, std::span<const int64_t>(rows).subspan(r0, static_cast<size_t>(m)), logp_f, dlogp);
       scales.resize(static_cast<size_t>(m));
+      // ∂/∂logits of a tempered log p carries another 1/t.
+      const float inv_t = tempered ? 1.0f / logit_temperature_ : 1.0f;
       for (int64_t j = 0; j < m; ++j)
-        scales[static_cast<size_t>(j)] = -dlogp[static_cast<size_t>(j)];
+        scales[static_cast<size_t>(j)] = -dlogp[static_cast<size_t>(j)] * inv_t;
       float* sc = nullptr;
       WEFT_NEED(sc, s.scales, float, m);
       WEFT_TRY(dev_.copy_to_device(sc, scales.data(), scales.size() * sizeof(float)));

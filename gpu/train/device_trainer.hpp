@@ -48,6 +48,9 @@ class device_trainer {
   result<std::vector<float>> logits(const train_batch& batch,
                                     const std::vector<parameter<float>>& params, bool upload);
 
+  /// Per-token objectives see log-softmax(logits / t) (trainable_model::set_logit_temperature).
+  void set_logit_temperature(float t) { logit_temperature_ = t; }
+
   // Device-resident training (trainable_model::set_device_resident).
   /// On: forward_backward leaves the gradients on the device, added to what is there since the
   /// last zero_grads.
@@ -94,6 +97,7 @@ class device_trainer {
   trainable_layout layout_;
   std::unique_ptr<state> s_;
   bool resident_ = false;
+  float logit_temperature_ = 1.0f;
   bool zero_pending_ = true;
   bool values_newer_ = false;       ///< An update ran on the device since the last pull_values.
   bool moments_newer_ = false;      ///< ... since the last pull_moments.

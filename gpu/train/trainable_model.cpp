@@ -219,6 +219,7 @@ status trainable_model<T>::use_device(device* dev) {
     layout.output = output_;
     layout.rope_freqs = rope_freqs_;
     device_ = std::make_unique<device_trainer>(*dev, hp_, config_, std::move(layout));
+    device_->set_logit_temperature(static_cast<float>(logit_temperature_));
     params_changed_ = true;
     return {};
   }
@@ -611,6 +612,11 @@ loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
     dlogits.resize(logits.size());
     dxc.resize(xc.size());
     linear_forward(xc.data(), out_w.value.data(), m, d, vocab, logits.data());
+    // A per-token objective at a sampling temperature: log p = log-softmax(logits / t).
+    const T inv_t = objective != nullptr ? T(1) / logit_temperature_ : T(1);
+    if (inv_t != T(1)) {
+      for (T& v : logits) v *= inv_t;
+    }
     if (objective == nullptr) {
       loss.sum += cross_entropy(logits.data(), targets.data(), m, vocab, T(1), dlogits.data(),
                                 static_cast<T*>(nullptr));
@@ -622,7 +628,7 @@ loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
       loss.sum += (*objective)(
           b, std::span<const int64_t>(rows).subspan(r0, static_cast<size_t>(m)), logp, dlogp);
       for (int64_t j = 0; j < m; ++j) {
-        const T scale = -dlogp[static_cast<size_t>(j)];
+        const T scale = -dlogp[static_cast<size_t>(j)] * inv_t;  // ∂(logits / t)/∂logits = 1/t
         T* row = dlogits.data() + j * vocab;
         for (int64_t v = 0; v < vocab; ++v) row[v] *= scale;
       }
@@ -692,9 +698,19 @@ result<std::vector<T>> trainable_model<T>::logits(const train_batch& b) {
 }
 
 template <class T>
+void trainable_model<T>::set_logit_temperature(T t) {
+  logit_temperature_ = t;
+  if (device_) device_->set_logit_temperature(static_cast<float>(t));
+}
+
+template <class T>
 result<std::vector<T>> trainable_model<T>::target_logprobs(const train_batch& b) {
   auto all = logits(b);
   if (!all) return all.error();
+  if (logit_temperature_ != T(1)) {
+    const T inv_t = T(1) / logit_temperature_;
+    for (T& v : *all) v *= inv_t;
+  }
   std::vector<T> out;
   for (int64_t i = 0; i < b.n_tokens(); ++i) {
     const int32_t y = b.targets[static_cast<size_t>(i)];

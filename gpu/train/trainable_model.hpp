@@ -181,8 +181,14 @@ class trainable_model {
   result<loss_sum> forward_backward(std::span<const std::vector<train_batch>> shares,
                                     const token_objective<T>& objective);
 
-  /// Forward only: log p(target) at every position with a target, in batch order.
+  /// Forward only: log p(target) at every position with a target, in batch order (at the logit
+  /// temperature).
   result<std::vector<T>> target_logprobs(const train_batch& batch);
+
+  /// Per-token objectives and target_logprobs see log p = log-softmax(logits / t): the policy a
+  /// rollout sampled at temperature t (RL; docs/rl.md). Cross-entropy (SFT) ignores it. t > 0.
+  void set_logit_temperature(T t);
+  T logit_temperature() const { return logit_temperature_; }
 
   /// Forward only: the logits of every position, [n_tokens][n_vocab].
   result<std::vector<T>> logits(const train_batch& batch);
@@ -219,6 +225,7 @@ class trainable_model {
   std::unique_ptr<backward_scratch> bs_;      ///< Gradient buffers, reused from call to call.
   std::vector<std::unique_ptr<replica>> replicas_;  ///< Shares 1.. of a parallel call.
   std::unique_ptr<device_trainer> device_;          ///< use_device's, or null.
+  T logit_temperature_ = T(1);
   bool params_changed_ = true;
 };
 

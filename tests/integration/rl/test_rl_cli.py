@@ -73,6 +73,37 @@ def main():
         rc, out = rl(weft, base + ["--resume"])
         check(rc == 2 and "--resume needs --checkpoint-dir" in out, "--resume without a directory")
 
+        # Rollout sampling options: the behaviour log-probs the engine records are of
+        # softmax(logits / T), as the trainer's are, so the first update's PPO ratio is 1 (up to
+        # rounding) whatever T, top-p and top-k — in this process and on a rollout agent.
+        graded = os.path.join(tmp, "graded.py")  # a reward that differs within every group
+        with open(graded, "w") as f:
+            f.write("import json, sys\n"
+                    "for line in sys.stdin:\n"
+                    "    r = json.loads(line)\n"
+                    "    c = r['completion']\n"
+                    "    print(json.dumps({'id': r['id'], 'reward': (sum(map(ord, c)) % 97) / 97}),"
+                    " flush=True)\n")
+        for extra in ([], ["--agents", "1"]):
+            rc, out = rl(weft, base + ["--steps", "2", "--temperature", "0.6", "--top-p", "0.9",
+                                       "--top-k", "40", "--reward-cmd",
+                                       f"python3 {graded}", "--eval-every", "0",
+                                       "--metrics", os.path.join(tmp, "temp.jsonl")] + extra,
+                         timeout=200)
+            check(rc == 0, f"--temperature 0.6 --top-p 0.9 --top-k 40 {extra}: runs "
+                           f"(rc {rc}) {out[-300:]}")
+            if rc == 0:
+                steps = [r for r in metrics(os.path.join(tmp, "temp.jsonl")) if r["kind"] == "step"]
+                check(len(steps) == 2 and steps[0]["grad_norm"] > 0 and
+                      steps[0]["ratio_deviation"] < 2e-3 and steps[0]["clip_fraction"] == 0.0,
+                      f"--temperature 0.6 {extra}: on-policy ratio 1 at the first update "
+                      f"(mean |ratio - 1| {steps[0]['ratio_deviation'] if steps else None})")
+        rc, out = rl(weft, base + ["--temperature", "0"])
+        check(rc != 0 and "--temperature" in out, "--temperature 0 is refused (greedy rollouts "
+                                                  "have no group variance): " + out[-200:])
+        rc, out = rl(weft, base + ["--top-p", "1.5"])
+        check(rc != 0 and "--top-p" in out, "--top-p above 1 is refused")
+
         # A straight run: progress lines, evaluations, checkpoints, metrics, plot and export.
         straight = os.path.join(tmp, "straight")
         rc, out = rl(weft, base + ["--steps", "6", "--eval-every", "3", "--checkpoint-dir",

@@ -28,6 +28,39 @@ TEST(sampler, greedy_is_argmax_and_logprobs_are_normalised) {
   EXPECT_NEAR(r.logprob, 3.0 - std::log(z), 1e-5);
 }
 
+// Log-probs are of the raw logits unless tempered_logprobs asks for the sampling distribution's
+// (before truncation): RL records the policy a rollout was drawn from.
+TEST(sampler, tempered_logprobs_are_of_the_distribution_drawn_from) {
+  for (const bool tempered : {false, true})
+    for (const float t : {0.5f, 1.0f, 1.6f}) {
+      sampling_params p;
+      p.temperature = t;
+      p.top_p = 0.9f;
+      p.n_logprobs = 2;
+      p.seed = 7;
+      p.tempered_logprobs = tempered;
+      sampler s(p);
+      const auto r = s.sample(logits, {});
+      const double scale = tempered ? 1.0 / t : 1.0;
+      double z = 0;
+      for (float l : logits) z += std::exp(l * scale);
+      auto want = [&](int32_t tok) {
+        return logits[static_cast<size_t>(tok)] * scale - std::log(z);
+      };
+      EXPECT_NEAR(r.logprob, want(r.token), 1e-5) << tempered << " " << t;
+      ASSERT_EQ(r.top.size(), 2u);
+      EXPECT_NEAR(r.top[0].logprob, want(1), 1e-5);
+      EXPECT_NEAR(r.top[1].logprob, want(4), 1e-5);
+    }
+  // Greedy reports the raw logits' whatever the flag.
+  sampling_params g;
+  g.tempered_logprobs = true;
+  sampler s(g);
+  double z = 0;
+  for (float l : logits) z += std::exp(l);
+  EXPECT_NEAR(s.sample(logits, {}).logprob, 3.0 - std::log(z), 1e-5);
+}
+
 TEST(sampler, temperature_sampling_follows_the_softmax) {
   sampling_params p;
   p.temperature = 0.7f;

@@ -7,12 +7,14 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "gpu/device.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/kv_cache.hpp"
 #include "gpu/model.hpp"
+#include "gpu/sampler.hpp"
 #include "gpu/tiny_model.hpp"
 #include "gpu/train/optimizer.hpp"
 #include "gpu/train/train_ops.hpp"
@@ -269,6 +271,89 @@ TEST(trainable_model, gradients_match_finite_differences_tied_head) {
 
 TEST(trainable_model, gradients_match_finite_differences_separate_head) {
   check_model_gradient(output_weight::separate);
+}
+
+// RL at a sampling temperature T (weft rl --temperature): per-token objectives and
+// target_logprobs see log-softmax(logits / T), the distribution the engine's sampler drew from and
+// reported (sampling_params::tempered_logprobs); the gradient of the objective matches finite
+// differences; cross-entropy (SFT) is unchanged.
+TEST(trainable_model, tempered_objective_is_the_samplers_policy_and_its_gradient_is_exact) {
+  auto m = load_trainable<double>(tiny(output_weight::separate));
+  const auto batch = two_sequences();
+  const double t = 0.7;
+  auto plain_ce = m->forward_backward(batch);
+  ASSERT_TRUE(plain_ce.ok());
+  m->set_logit_temperature(t);
+  // target_logprobs = log-softmax(logits / T) of each target, as the sampler reports it.
+  auto logits = m->logits(batch);
+  auto lp = m->target_logprobs(batch);
+  ASSERT_TRUE(logits.ok() && lp.ok());
+  const int64_t vocab = static_cast<int64_t>(logits->size()) / batch.n_tokens();
+  size_t k = 0;
+  for (int64_t i = 0; i < batch.n_tokens(); ++i) {
+    const int32_t y = batch.targets[static_cast<size_t>(i)];
+    if (y < 0) continue;
+    std::vector<float> row(logits->begin() + i * vocab, logits->begin() + (i + 1) * vocab);
+    double mx = -1e300, z = 0.0;
+    for (float v : row) mx = std::max(mx, static_cast<double>(v) / t);
+    for (float v : row) z += std::exp(static_cast<double>(v) / t - mx);
+    const double want = static_cast<double>(row[static_cast<size_t>(y)]) / t - mx - std::log(z);
+    EXPECT_NEAR((*lp)[k], want, 1e-5) << "position " << i;
+    // The sampler at temperature T reports the same for a token it draws (top-k only filters).
+    sampling_params sp;
+    sp.temperature = static_cast<float>(t);
+    sp.top_k = 3;
+    sp.tempered_logprobs = true;
+    sp.seed = static_cast<uint64_t>(i);
+    sampler smp(sp);
+    const auto r = smp.sample(row, {});
+    double zt = 0.0;
+    for (float v : row) zt += std::exp(static_cast<double>(v) / t - mx);
+    EXPECT_NEAR(r.logprob,
+                static_cast<double>(row[static_cast<size_t>(r.token)]) / t - mx - std::log(zt),
+                1e-5);
+    ++k;
+  }
+  EXPECT_EQ(k, lp->size());
+  // Cross-entropy ignores the temperature.
+  m->zero_grad();
+  auto ce = m->forward_backward(batch);
+  ASSERT_TRUE(ce.ok());
+  EXPECT_EQ(ce->sum, plain_ce->sum);
+  // A weighted per-token objective: its gradient at T against central differences.
+  const token_objective<double> obj = [](const train_batch&, std::span<const int64_t> pos,
+                                         std::span<const double> logp, std::span<double> d) {
+    double sum = 0.0;
+    for (size_t j = 0; j < logp.size(); ++j) {
+      const double c = 1.0 + 0.5 * static_cast<double>(pos[j] % 3);
+      sum -= c * logp[j];
+      d[j] = -c;
+    }
+    return sum;
+  };
+  m->zero_grad();
+  auto loss = m->forward_backward(batch, obj);
+  ASSERT_TRUE(loss.ok());
+  auto f = [&] {
+    auto l = m->target_logprobs(batch);
+    double s = 0.0;
+    size_t j = 0;
+    for (int64_t i = 0; i < batch.n_tokens(); ++i) {
+      if (batch.targets[static_cast<size_t>(i)] < 0) continue;
+      s -= (1.0 + 0.5 * static_cast<double>(i % 3)) * (*l)[j++];
+    }
+    return s;
+  };
+  EXPECT_NEAR(f(), loss->sum, 1e-9);
+  std::mt19937 rng(5);
+  for (auto& p : m->parameters()) {
+    std::vector<size_t> idx;
+    for (int i = 0; i < 3; ++i) idx.push_back(rng() % p.value.size());
+    for (size_t i : idx) {
+      const double num = numeric(f, p.value[i], 1e-5);
+      EXPECT_NEAR(p.grad[i], num, 1e-6 * std::max(1.0, std::abs(num))) << p.name << "[" << i << "]";
+    }
+  }
 }
 
 TEST(trainable_model, packing_sums_sequences_and_masks_prompts) {
