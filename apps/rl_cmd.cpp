@@ -68,6 +68,7 @@ struct rl_options {
   float temperature = 1.0f;
   float top_p = 1.0f;
   int32_t top_k = 0;
+  bool no_fused_reference = false;
   double lr = 1e-6;
   int64_t warmup_steps = 0;
   std::string lr_schedule = "constant";
@@ -145,6 +146,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.temperature = o.temperature;
   c.top_p = o.top_p;
   c.top_k = o.top_k;
+  c.fuse_reference = !o.no_fused_reference;
   c.eval_prompts = o.eval_prompts;
   c.chat = o.prompt_format == "chat";
   c.grpo.clip_low = o.clip_low;
@@ -591,6 +593,9 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
                   "beta x k3(ref, policy); 0 keeps no reference model in memory")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 100.0));
+  cmd->add_flag("--no-fused-reference", o->no_fused_reference,
+                "--kl-coef: compute the reference's log-probs in the training stage instead of "
+                "as each group finishes (the baseline of the fusion; docs/rl.md)");
   cmd->add_option("--is-cap", o->is_cap,
                   "--off-policy decoupled: the truncated importance weight's cap")
       ->capture_default_str()
@@ -798,6 +803,10 @@ void add_rl_command(CLI::App& app, const global_options&) {
     }
     if (o->off_policy != "decoupled" && cmd->get_option("--is-cap")->count() > 0) {
       spdlog::error("--is-cap needs --off-policy decoupled");
+      std::exit(2);
+    }
+    if (o->no_fused_reference && o->kl_coef == 0.0) {
+      spdlog::error("--no-fused-reference needs --kl-coef (without it there is no reference)");
       std::exit(2);
     }
     if (o->off_policy == "decoupled" && (cmd->get_option("--clip-low")->count() > 0 ||

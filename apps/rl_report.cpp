@@ -91,6 +91,7 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"rollout_s", r.rollout_s},
                       {"train_s", r.train_s},
                       {"sync_s", r.sync_s},
+                      {"ref_s", r.ref_s},
                       {"step_s", step_seconds},
                       {"samples_per_s", sps}};
   out_ << j.dump() << '\n';

@@ -35,6 +35,12 @@ MODES = {
     "agents sync round-robin": ["--agents", "2", "--dispatch", "round-robin"],
     "agents stream": ["--agents", "2", "--mode", "stream"],
     "agents async K=2": ["--agents", "2", "--mode", "async", "--max-staleness", "2"],
+    # A KL term: the reference's forward per group as it finishes (fused, the default) or in the
+    # training stage (the baseline).
+    "agents sync KL unfused": ["--agents", "2", "--kl-coef", "0.04", "--no-fused-reference"],
+    "agents sync KL fused": ["--agents", "2", "--kl-coef", "0.04"],
+    "sync KL unfused": ["--kl-coef", "0.04", "--no-fused-reference"],
+    "sync KL fused": ["--kl-coef", "0.04"],
 }
 
 
@@ -55,8 +61,8 @@ def run_weft(a, extra, metrics):
             "max_lengths": [r.get("completion_len_max", 0) for r in steps],
             "staleness": [r.get("staleness_mean", 0.0) for r in steps],
             "mixed_version_samples": sum(r.get("mixed_version_samples", 0) for r in steps),
-            "stage_seconds": {k: sum(r[k] for r in steps)
-                              for k in ["rollout_s", "train_s", "sync_s"]}}
+            "stage_seconds": {k: sum(r.get(k, 0.0) for r in steps)
+                              for k in ["rollout_s", "train_s", "sync_s", "ref_s"]}}
 
 
 def main():

@@ -182,6 +182,13 @@ sampling_params rollout_params(uint64_t seed, int32_t max_tokens, bool greedy,
   return sp;
 }
 
+/// Whether every sample has its reference log-probs (computed when its group finished).
+bool all_have_reference(std::span<const rollout_sample> samples) {
+  return std::all_of(samples.begin(), samples.end(), [](const rollout_sample& x) {
+    return x.ref_logp.size() == x.completion.size();
+  });
+}
+
 /// Appends an engine output to its sample; true when the sample is complete.
 result<bool> append_output(rollout_sample& s, const request_output& o, int64_t version) {
   if (o.finish == finish_reason::error) {
@@ -330,6 +337,49 @@ status grpo_loop::sample_finished(int64_t step, size_t index) {
     p.samples[static_cast<size_t>(first + k)].reward = (*rewards)[static_cast<size_t>(k)];
   }
   p.group_scored[g] = 1;
+  // Inter-stage fusion (RLHFuse): the reference's forward for this group runs now, while the other
+  // groups still generate, not in the training stage.
+  if (ref_ && config_.fuse_reference) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto st = reference_logprobs_of_group(std::span<rollout_sample>(p.samples).subspan(
+        static_cast<size_t>(first), static_cast<size_t>(config_.group_size)));
+    if (!st) return st;
+    p.ref_s += seconds_since(t0);
+  }
+  return {};
+}
+
+status grpo_loop::reference_logprobs_of_group(std::span<rollout_sample> group) {
+  train::train_batch b;
+  const std::vector<int32_t>& prompt = group.front().prompt;
+  const bool shared = prompt.size() > 1;
+  const int64_t prefix =
+      shared ? b.add_prefix(std::span<const int32_t>(prompt).first(prompt.size() - 1)) : -1;
+  size_t expect = 0;
+  for (const rollout_sample& x : group) {
+    if (x.completion.empty()) continue;
+    const size_t lead = shared ? 1 : prompt.size();
+    std::vector<int32_t> toks(prompt.end() - static_cast<std::ptrdiff_t>(lead), prompt.end());
+    toks.insert(toks.end(), x.completion.begin(), x.completion.end());
+    std::vector<uint8_t> in_loss(toks.size(), 0);
+    std::fill(in_loss.begin() + static_cast<std::ptrdiff_t>(lead), in_loss.end(), uint8_t{1});
+    std::vector<train::policy_token> info(toks.size());
+    b.add(toks, in_loss, info, prefix);
+    expect += x.completion.size();
+  }
+  if (expect == 0) return {};
+  auto lp = ref_->target_logprobs(b);
+  if (!lp) return lp.error();
+  if (lp->size() != expect) {
+    return status{status_code::internal, "reference log-probs: " + std::to_string(lp->size()) +
+                                             " for " + std::to_string(expect) + " tokens"};
+  }
+  size_t k = 0;
+  for (rollout_sample& x : group) {
+    x.ref_logp.assign(lp->begin() + static_cast<std::ptrdiff_t>(k),
+                      lp->begin() + static_cast<std::ptrdiff_t>(k + x.completion.size()));
+    k += x.completion.size();
+  }
   return {};
 }
 
@@ -401,9 +451,12 @@ result<rl_step_record> grpo_loop::step() {
   rec.staleness_mean /= static_cast<double>(std::max<size_t>(1, trained->staleness.size()));
   const scored_step scored = score_step(p.samples, rec);
   auto batches = pack_update(p.samples, scored);
-  if (ref_) {
+  if (ref_ && !all_have_reference(p.samples)) {
+    const auto t2 = std::chrono::steady_clock::now();
     if (auto st = add_reference_logprobs(batches); !st) return st;
+    p.ref_s += seconds_since(t2);
   }
+  rec.ref_s = p.ref_s;
   if (auto st = update(batches, rec); !st) return st;
   rec.train_s = seconds_since(t1);
 
@@ -510,6 +563,7 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
           const size_t at = lead + i;
           in_loss[at] = 1;
           info[at].behaviour_logp = x.logp[i];
+          if (i < x.ref_logp.size()) info[at].ref_logp = x.ref_logp[i];
           info[at].advantage = static_cast<float>(sc.adv[s]);
           info[at].weight = static_cast<float>(sc.weights[s]);
           info[at].sample = static_cast<int32_t>(s);
@@ -693,7 +747,7 @@ status grpo_loop::train_groups(const std::vector<rollout_sample>& samples, int64
   // One unit per group, spread over the shares as in a whole step.
   auto batches = pack_update(chunk, sc);
   if (batches.empty()) return {};
-  if (ref_) {
+  if (ref_ && !all_have_reference(chunk)) {
     if (auto st = add_reference_logprobs(batches); !st) return st;
   }
   auto l = model_->forward_backward(std::span<const std::vector<train::train_batch>>(batches), obj);

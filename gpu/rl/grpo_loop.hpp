@@ -50,6 +50,10 @@ struct grpo_loop_config {
   float temperature = 1.0f;
   float top_p = 1.0f;
   int32_t top_k = 0;
+  /// With a KL term: the reference's forward of a group runs as soon as the group finishes, while
+  /// the rest of the step generates (RLHFuse's inter-stage fusion); false: in the training stage,
+  /// on the update's packed batches (the baseline).
+  bool fuse_reference = true;
   /// true: each prompt is a user message rendered with the model's chat template; false: the
   /// prompt text is tokenized as is (a base model, or one fine-tuned on raw prompts).
   bool chat = true;
@@ -94,6 +98,9 @@ struct rollout_sample {
   bool stopped = false;             ///< Ended with an end-of-generation token (not the length cap).
   std::string text;                 ///< Completion text (stop token excluded).
   double reward = 0.0;
+  /// With a KL term: the reference's log-probability of each completion token, computed when the
+  /// sample's group finished (while other groups still generate); empty until then.
+  std::vector<float> ref_logp;
 };
 
 /// What one step did.
@@ -119,6 +126,9 @@ struct rl_step_record {
   int64_t in_flight = 0;              ///< Samples of later steps generating when this step trained.
   int64_t completion_tokens = 0;
   double rollout_s = 0.0, train_s = 0.0, sync_s = 0.0;
+  /// With a KL term: seconds of the reference's forward — run as each group finished (inside
+  /// rollout_s, overlapping the generation of the other groups), or in train_s without fusion.
+  double ref_s = 0.0;
   /// The rollout backend's counters after the step (rollout agents; zeros in one process).
   rollout_backend_stats agents;
 };
@@ -211,6 +221,9 @@ class grpo_loop {
       const std::vector<rollout_sample>& samples, const scored_step& scored) const;
   /// Fills every loss token's reference log-probability (the frozen starting weights).
   status add_reference_logprobs(std::vector<std::vector<train::train_batch>>& batches);
+  /// The reference's log-probs of a finished group's completions (shared prompt prefix, one
+  /// forward), into each sample's ref_logp.
+  status reference_logprobs_of_group(std::span<rollout_sample> group);
   /// Forward/backward of the PPO-clip objective, clipping, AdamW; fills loss, norm, lr and the
   /// clip statistics into `rec`.
   status update(const std::vector<std::vector<train::train_batch>>& batches, rl_step_record& rec);
@@ -252,6 +265,7 @@ class grpo_loop {
     std::vector<int64_t> group_finished;  ///< Finished samples per group.
     std::vector<uint8_t> group_scored;    ///< Groups whose rewards are in.
     int64_t cursor = 0;                   ///< Prompt cursor before its prompts were drawn.
+    double ref_s = 0.0;                   ///< Reference forwards of its finished groups.
   };
   std::map<int64_t, pending_step> pending_;
   struct slot {

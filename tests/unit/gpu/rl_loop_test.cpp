@@ -5,7 +5,9 @@
 // updates per step; learning a graded reward.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -371,6 +373,37 @@ TEST(grpo_loop, the_kl_term_starts_at_zero_and_holds_the_policy_near_the_referen
   std::printf("mean KL over steps 6-10: beta 0.01 -> %.4g, beta 5 -> %.4g\n", w, k);
   EXPECT_GT(w, 1e-3);  // the policy moved
   EXPECT_LT(k, 0.5 * w);
+}
+
+// Inter-stage fusion: with a KL term the reference's log-probs of a group are computed when the
+// group finishes (ref_s > 0 counts it), not in the training stage. Fused runs repeat bit for bit,
+// and equal the unfused baseline up to the rounding of how the reference's forward is packed.
+TEST(grpo_loop, the_fused_reference_forward_repeats_and_equals_the_unfused_one_to_rounding) {
+  const auto file = tiny_file();
+  digits_task task;
+  auto cfg = loop_cfg();
+  cfg.grpo.kl_coef = 0.5;
+  auto fused = make_loop(file, task, cfg);
+  auto again = make_loop(file, task, cfg);
+  cfg.fuse_reference = false;
+  auto unfused = make_loop(file, task, cfg);
+  for (int s = 0; s < 4; ++s) {
+    auto a = fused->step();
+    auto b = again->step();
+    auto c = unfused->step();
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+    EXPECT_EQ(a->loss, b->loss);
+    EXPECT_EQ(a->kl, b->kl);
+    EXPECT_GT(a->ref_s, 0.0);
+    EXPECT_GT(c->ref_s, 0.0);
+    EXPECT_EQ(a->reward_mean, c->reward_mean) << "step " << s + 1;
+    EXPECT_NEAR(a->loss, c->loss, 1e-4 * std::max(1e-3, std::fabs(c->loss))) << "step " << s + 1;
+    EXPECT_NEAR(a->kl, c->kl, 1e-4 * std::max(1e-3, c->kl)) << "step " << s + 1;
+    if (s > 0) {
+      EXPECT_GT(a->kl, 0.0) << "the policy moved: the test compares real KL terms";
+    }
+  }
+  expect_same_weights(*fused, *again);
 }
 
 TEST(grpo_loop, several_updates_per_step_move_the_ratio_within_the_clip_range) {
