@@ -279,6 +279,18 @@ int run_serve_status(const client_cli& cli) {
         rl.value("rollouts_waiting", 0), rl.value("agents_lost", int64_t{0}),
         rl.value("rollouts_moved", int64_t{0}), rl.value("peer_weight_pulls", int64_t{0}));
   }
+  const auto& rw = j["rewards"];
+  if (rw.is_object()) {
+    out += fmt::format("\n{:<14} {:<8} {:>8} {:>8}\n", "REWARD WORKER", "STATE", "PID", "PARTS");
+    for (const auto& w : rw.value("workers", nlohmann::json::array())) {
+      out += fmt::format("{:<14} {:<8} {:>8} {:>8}\n", w.value("worker", 0),
+                         w.value("state", std::string{}), w.value("pid", 0),
+                         w.value("parts", int64_t{0}));
+    }
+    out +=
+        fmt::format("{} reward workers lost, {} parts scored again\n",
+                    rw.value("workers_lost", int64_t{0}), rw.value("parts_rescored", int64_t{0}));
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }

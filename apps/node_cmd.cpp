@@ -99,15 +99,6 @@ int run_node(const node_cli& cli) {
     n->on_head_lost([](const std::string& why) {
       spdlog::error("lost the head ({}): stopping", why);
       stop_latch::instance().request(3);
-      // Its actors are being restarted elsewhere. An orderly stop can hang here: messages to the
-      // unreachable peer, queued in CAF's middleman, keep their senders alive, and the actor
-      // system waits for them forever (seen after a cut link). Bounded: exit anyway after 5 s.
-      std::thread([] {
-        std::this_thread::sleep_for(std::chrono::seconds(5));
-        spdlog::error("node did not stop within 5 s of losing its head: exiting");
-        spdlog::default_logger()->flush();
-        std::_Exit(3);
-      }).detach();
     });
   }
   // One machine-readable line for scripts and tests, then human logs.
@@ -119,6 +110,15 @@ int run_node(const node_cli& cli) {
                cli.head ? "head" : "worker", cli.bind, n->agent_port());
   int code = stop_latch::instance().wait();
   spdlog::info("node {} stopping", n->options().node_id);
+  // An orderly stop can hang: when a peer is gone (the head's process killed, a cut link),
+  // messages to it queued in CAF's middleman keep their senders alive and CAF 0.17's actor system
+  // waits for them forever — the node would outlive its cluster. Bounded: exit anyway after 5 s.
+  std::thread([code] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    spdlog::error("node did not stop within 5 s: exiting");
+    spdlog::default_logger()->flush();
+    std::_Exit(code);
+  }).detach();
   node->reset();
   return code;
 }

@@ -19,6 +19,7 @@ struct rl_agent_cluster::impl {
   std::optional<private_head> head;
   std::unique_ptr<local_nodes> nodes;
   std::optional<caf::actor> supervisor;
+  std::optional<caf::actor> reward_supervisor;
 };
 
 rl_agent_cluster::rl_agent_cluster() : d_(std::make_unique<impl>()) {}
@@ -26,9 +27,13 @@ rl_agent_cluster::rl_agent_cluster() : d_(std::make_unique<impl>()) {}
 rl_agent_cluster::~rl_agent_cluster() {
   if (!d_->head) return;
   auto& sys = d_->head->node->system();
-  if (d_->supervisor) stop_in_order(sys, {*d_->supervisor});
+  std::vector<caf::actor> sups;
+  if (d_->reward_supervisor) sups.push_back(*d_->reward_supervisor);
+  if (d_->supervisor) sups.push_back(*d_->supervisor);
+  stop_in_order(sys, sups);
   if (d_->nodes) d_->nodes->stop_all();
   if (backend_) backend_->shutdown();
+  if (rewards_) rewards_->shutdown();
 }
 
 result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agents_options& o) {
@@ -38,7 +43,7 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   // namespaces).
   std::string host = "127.0.0.1";
   if (o.netns) {
-    auto t = netns_topology::create(o.agents);
+    auto t = netns_topology::create(o.agents + o.reward_workers);
     if (!t) return make_error(errc::unavailable, "--netns: " + t.error().message);
     c->d_->netns.emplace(std::move(*t));
     host = c->d_->netns->gateway();
@@ -73,7 +78,8 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
                *port);
   d->nodes = std::make_unique<local_nodes>(
       h.secret_hex, h.node->head_port(),
-      [](int i) -> local_node_spec {
+      [agents = o.agents](int i) -> local_node_spec {
+        if (i >= agents) return {"reward-node-" + std::to_string(i - agents), {"reward_worker"}};
         return {"rollout-node-" + std::to_string(i), {"rollout_agent"}};
       },
       std::vector<std::string>{"--heartbeat-ms", "500", "--connection-timeout-ms", "5000",
@@ -91,6 +97,9 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   for (int i = 0; i < o.agents; ++i) {
     if (auto s = d->nodes->launch(i); !s.ok()) return s;
     spdlog::info("rollout-node-{} started (pid {})", i, d->nodes->pid(i));
+  }
+  if (o.reward_workers > 0) {
+    if (auto st = c->start_reward_workers(o, host); !st.ok()) return st;
   }
   std::vector<actors::child_spec> children;
   for (int i = 0; i < o.agents; ++i) {
@@ -122,6 +131,56 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
                o.agent_threads, o.agent_threads == 1 ? "" : "s");
   if (auto st = c->backend_->wait_ready(o.start_timeout_ms); !st.ok()) return st;
   return c;
+}
+
+status rl_agent_cluster::start_reward_workers(const rl_agents_options& o, const std::string& host) {
+  impl* d = d_.get();
+  auto& sys = d->head->node->system();
+  rl::remote_rewards_config rc;
+  rc.workers = o.reward_workers;
+  // One part may take what the program may take, with every restart it is allowed, and a margin.
+  rc.part_timeout_s = o.reward_timeout_s * (o.reward_restarts + 1) + 30.0;
+  rc.on_idle = [d] {
+    if (d->nodes) d->nodes->watch();
+  };
+  auto r = rl::remote_rewards::create(sys, rc);
+  if (!r) return r.error();
+  rewards_ = std::shared_ptr<rl::remote_rewards>(std::move(*r));
+  auto port = actors::publish_actor(sys, rewards_->controller(), 0, host);
+  if (!port) {
+    return make_error(errc::unavailable,
+                      "cannot publish the reward controller: " + port.error().to_string());
+  }
+  for (int k = 0; k < o.reward_workers; ++k) {
+    if (auto s = d->nodes->launch(o.agents + k); !s.ok()) return s;
+    spdlog::info("reward-node-{} started (pid {})", k, d->nodes->pid(o.agents + k));
+  }
+  std::vector<actors::child_spec> children;
+  for (int k = 0; k < o.reward_workers; ++k) {
+    rl::reward_worker_config wc;
+    wc.worker = k;
+    wc.command = o.reward_cmd;
+    wc.timeout_s = o.reward_timeout_s;
+    wc.max_restarts = o.reward_restarts;
+    wc.controller_host = host;
+    wc.controller_port = *port;
+    children.push_back({"reward-worker-" + std::to_string(k), "reward_worker", wc.to_json(),
+                        actors::restart_type::permanent});
+  }
+  actors::restart_intensity intensity{static_cast<uint32_t>(o.max_restarts), 60'000};
+  actors::backoff_policy backoff{500, 5000, 2.0, 30000};
+  backoff.first_delay_ms = 1500;
+  auto sup = actors::supervise_on_cluster(sys, d->head->node->head(), d->head->secret,
+                                          "reward-workers", actors::restart_strategy::one_for_one,
+                                          intensity, backoff, children, 60'000);
+  if (!sup) {
+    return make_error(errc::unavailable,
+                      "cannot start the reward workers: " + sup.error().to_string());
+  }
+  d->reward_supervisor = *sup;
+  spdlog::info("{} reward workers starting: `{}` runs on their nodes", o.reward_workers,
+               o.reward_cmd);
+  return rewards_->wait_ready(o.start_timeout_ms);
 }
 
 std::string rl_agent_cluster::cluster_json() const {

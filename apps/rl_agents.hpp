@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "actors/rl/remote_rewards.hpp"
 #include "actors/rl/remote_rollouts.hpp"
 #include "schema/status.hpp"
 
@@ -27,6 +28,12 @@ struct rl_agents_options {
   /// Each agent's node process in a network namespace of its own (root only): the agents reach
   /// the controller, and each other, over a bridge whose links a chaos test can cut.
   bool netns = false;
+  /// `--reward-workers K`: the reward program (`reward_cmd`) runs on K nodes of its own, as
+  /// supervised reward workers (actors/rl/remote_rewards.hpp).
+  int reward_workers = 0;
+  std::string reward_cmd;
+  double reward_timeout_s = 60.0;
+  int reward_restarts = 3;
 };
 
 class rl_agent_cluster {
@@ -37,6 +44,8 @@ class rl_agent_cluster {
   /// Stops the agents (the supervisor first) and their node processes.
   ~rl_agent_cluster();
   std::shared_ptr<rl::remote_rollouts> backend() const { return backend_; }
+  /// The reward workers' controller (null without reward workers).
+  std::shared_ptr<rl::remote_rewards> rewards() const { return rewards_; }
   /// The head's node table as JSON (what `weft cluster status --json` prints).
   std::string cluster_json() const;
   /// The pid of agent node i's process (0 while it is not running).
@@ -46,8 +55,10 @@ class rl_agent_cluster {
 
  private:
   rl_agent_cluster();
+  status start_reward_workers(const rl_agents_options& o, const std::string& host);
   std::unique_ptr<impl> d_;
   std::shared_ptr<rl::remote_rollouts> backend_;
+  std::shared_ptr<rl::remote_rewards> rewards_;
 };
 
 }  // namespace weft::apps

@@ -103,6 +103,7 @@ struct rl_options {
   std::string reward_key;
   double reward_timeout_s = 60.0;
   int reward_restarts = 3;
+  int reward_workers = 0;  ///< --reward-cmd on this many reward nodes (needs --agents)
   std::string write_sft_path;
   int64_t sft_examples = 1000;
   int agents = 0;  ///< rollout agents in node processes (0: the engine in this process)
@@ -327,6 +328,12 @@ int run_rl(const rl_options& o) {
         "--agent-threads, --dispatch, --weight-sync-timeout-s and --netns need --agents N");
     return 2;
   }
+  if (o.reward_workers > 0 && (o.agents == 0 || o.reward_cmd.empty())) {
+    spdlog::error(
+        "--reward-workers runs --reward-cmd on nodes of the cluster --agents N starts: "
+        "it needs both");
+    return 2;
+  }
   if (o.netns && ::geteuid() != 0) {
     spdlog::error("--netns creates network namespaces and a bridge: it needs root (and iproute2)");
     return 2;
@@ -365,6 +372,10 @@ int run_rl(const rl_options& o) {
     ao.max_sequences = p.max_sequences;
     ao.max_new_tokens = p.max_new_tokens;
     ao.netns = o.netns;
+    ao.reward_workers = o.reward_workers;
+    ao.reward_cmd = o.reward_cmd;
+    ao.reward_timeout_s = o.reward_timeout_s;
+    ao.reward_restarts = o.reward_restarts;
     auto started = rl_agent_cluster::start(ao);
     if (!started) {
       spdlog::error("rollout agents: {}", started.error().message);
@@ -379,7 +390,15 @@ int run_rl(const rl_options& o) {
   const std::unique_ptr<rl_agent_cluster> cluster = std::move(starting);
   grpo_loop& loop = *made;
   std::optional<reward_process> rewards;
-  if (!o.reward_cmd.empty()) use_reward_process(o, loop, rewards);
+  if (cluster && cluster->rewards()) {
+    loop.set_reward([r = cluster->rewards()](const std::vector<rl_prompt>& prompts,
+                                             const std::vector<rollout_sample>& samples) {
+      return r->score(reward_requests(prompts, samples));
+    });
+    spdlog::info("rewards from `{}` on {} reward worker(s)", o.reward_cmd, o.reward_workers);
+  } else if (!o.reward_cmd.empty()) {
+    use_reward_process(o, loop, rewards);
+  }
   std::optional<reward_http> endpoint;
   if (!o.reward_url.empty() && !use_reward_endpoint(o, loop, endpoint)) return 2;
   if (o.resume && !resume_rl(o, loop)) return 2;
@@ -396,7 +415,8 @@ int run_rl(const rl_options& o) {
       http->add_json("/admin/cluster", [&cluster, model = o.model_path] {
         return "{\"model\":" + nlohmann::json(model).dump() +
                ",\"cluster\":" + cluster->cluster_json() +
-               ",\"rl\":" + cluster->backend()->status_json() + "}";
+               ",\"rl\":" + cluster->backend()->status_json() + ",\"rewards\":" +
+               (cluster->rewards() ? cluster->rewards()->status_json() : std::string{"null"}) + "}";
       });
     }
     if (!http->start(o.metrics_port)) {
@@ -549,6 +569,11 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "fails; --reward-url: retries of a failed request (no answer, 5xx, 429)")
       ->capture_default_str()
       ->check(CLI::Range(0, 100));
+  cmd->add_option("--reward-workers", o->reward_workers,
+                  "--reward-cmd with --agents: run the reward program on this many nodes of the "
+                  "run's cluster (supervised reward workers; a lost worker's samples are scored "
+                  "again by another) instead of beside the trainer")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--prompt-format", o->prompt_format,
                   "chat (each prompt is a user message in the model's chat template) or raw (the "
                   "prompt text as is)")

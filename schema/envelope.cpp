@@ -214,6 +214,12 @@ capnp::StructSchema schema_of(kind k) {
       return capnp::Schema::from<wire::WeightAck>();
     case kind::pool_checkpoint:
       return capnp::Schema::from<wire::PoolCheckpoint>();
+    case kind::reward_worker_hello:
+      return capnp::Schema::from<wire::RewardWorkerHello>();
+    case kind::reward_batch:
+      return capnp::Schema::from<wire::RewardBatch>();
+    case kind::reward_result:
+      return capnp::Schema::from<wire::RewardResult>();
     case kind::none:
     case kind::oversize:
       break;
@@ -223,8 +229,7 @@ capnp::StructSchema schema_of(kind k) {
 
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
-  return v >= static_cast<uint16_t>(kind::error) &&
-         v <= static_cast<uint16_t>(kind::pool_checkpoint);
+  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::reward_result);
 }
 
 }  // namespace
@@ -403,6 +408,12 @@ const char* to_string(kind k) {
       return "WeightAck";
     case kind::pool_checkpoint:
       return "PoolCheckpoint";
+    case kind::reward_worker_hello:
+      return "RewardWorkerHello";
+    case kind::reward_batch:
+      return "RewardBatch";
+    case kind::reward_result:
+      return "RewardResult";
     case kind::oversize:
       return "oversize";
   }

@@ -75,6 +75,9 @@ enum class kind : uint16_t {
   weight_offer = 44,
   weight_ack = 45,
   pool_checkpoint = 46,
+  reward_worker_hello = 47,
+  reward_batch = 48,
+  reward_result = 49,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -134,6 +137,9 @@ WEFT_SCHEMA_KIND(RolloutProgress, rollout_progress)
 WEFT_SCHEMA_KIND(WeightOffer, weight_offer)
 WEFT_SCHEMA_KIND(WeightAck, weight_ack)
 WEFT_SCHEMA_KIND(PoolCheckpoint, pool_checkpoint)
+WEFT_SCHEMA_KIND(RewardWorkerHello, reward_worker_hello)
+WEFT_SCHEMA_KIND(RewardBatch, reward_batch)
+WEFT_SCHEMA_KIND(RewardResult, reward_result)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults

@@ -96,3 +96,32 @@ struct WeightAck {
   address @5 :Data;        # the agent's transport address (applied only)
   region @6 :Data;         # its image buffer's descriptor (applied only)
 }
+
+# Reward workers (`weft rl --reward-workers K`): the user's reward program runs on other nodes.
+# Worker -> controller once it runs: which worker it is.
+struct RewardWorkerHello {
+  worker @0 :UInt32;
+  pid @1 :UInt32;
+  incarnation @2 :UInt64;  # random per start
+}
+
+# One sample to score (bytes: a completion may end inside a UTF-8 character).
+struct RewardItem {
+  prompt @0 :Data;
+  completion @1 :Data;
+  answer @2 :Data;
+}
+
+# Controller -> worker: samples to score.
+struct RewardBatch {
+  batch @0 :UInt64;
+  items @1 :List(RewardItem);
+}
+
+# Worker -> controller: the batch's rewards in order, or why the reward program failed it (an
+# answer that is not a reward, naming the sample; a program that kept crashing or hanging).
+struct RewardResult {
+  batch @0 :UInt64;
+  rewards @1 :List(Float64);
+  error @2 :Data;  # bytes: the message may quote a completion that ends inside a character
+}

@@ -8,6 +8,9 @@
 ///   controller -> agent    (r_offer_atom, WeightOffer)        a weight version to pull
 ///   agent -> controller    (r_ack_atom, WeightAck)            the version is applied (or not)
 ///   agent thread -> its own actor (r_failed_atom, text)       the loop failed: exit abnormally
+///   reward worker -> controller (w_hello_atom, RewardWorkerHello)  its reward program is ready
+///   controller -> reward worker (w_batch_atom, RewardBatch)        samples to score
+///   reward worker -> controller (w_result_atom, RewardResult)      their rewards, or the error
 
 #include <caf/atom.hpp>
 
@@ -20,5 +23,8 @@ using r_tokens_atom = caf::atom_constant<caf::atom("r_tokens")>;
 using r_offer_atom = caf::atom_constant<caf::atom("r_offer")>;
 using r_ack_atom = caf::atom_constant<caf::atom("r_ack")>;
 using r_failed_atom = caf::atom_constant<caf::atom("r_failed")>;
+using w_hello_atom = caf::atom_constant<caf::atom("w_hello")>;
+using w_batch_atom = caf::atom_constant<caf::atom("w_batch")>;
+using w_result_atom = caf::atom_constant<caf::atom("w_result")>;
 
 }  // namespace weft::rl

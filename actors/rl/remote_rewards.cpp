@@ -1,0 +1,537 @@
+#include "actors/rl/remote_rewards.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "actors/private_messages.hpp"
+#include "actors/rl/rl_atoms.hpp"
+#include "actors/roles.hpp"
+#include "actors/runtime.hpp"
+#include "schema/caf_bridge.hpp"
+
+namespace weft::rl {
+
+using schema::envelope;
+namespace wire = schema::wire;
+using clock_type = std::chrono::steady_clock;
+
+std::string reward_worker_config::to_json() const {
+  return nlohmann::json{{"worker", worker},
+                        {"command", command},
+                        {"timeout_s", timeout_s},
+                        {"max_restarts", max_restarts},
+                        {"controller_host", controller_host},
+                        {"controller_port", controller_port}}
+      .dump();
+}
+
+result<reward_worker_config> reward_worker_config::from_json(const std::string& json) {
+  auto j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return make_error(errc::invalid_argument, "reward worker: config is not a JSON object");
+  }
+  reward_worker_config c;
+  try {
+    c.worker = j.value("worker", c.worker);
+    c.command = j.at("command").get<std::string>();
+    c.timeout_s = j.value("timeout_s", c.timeout_s);
+    c.max_restarts = j.value("max_restarts", c.max_restarts);
+    c.controller_host = j.value("controller_host", c.controller_host);
+    c.controller_port = j.value("controller_port", c.controller_port);
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(errc::invalid_argument, std::string{"reward worker: "} + e.what());
+  }
+  if (c.worker < 0 || c.worker > 4095 || c.command.empty() || !(c.timeout_s > 0.0) ||
+      c.timeout_s > 86400.0 || c.max_restarts < 0 || c.max_restarts > 1000 ||
+      c.controller_port == 0) {
+    return make_error(errc::invalid_argument,
+                      "reward worker: worker " + std::to_string(c.worker) + ", timeout " +
+                          std::to_string(c.timeout_s) + " s, controller port " +
+                          std::to_string(c.controller_port) + " out of range (or no command)");
+  }
+  return c;
+}
+
+namespace {
+
+// -- the worker
+// ------------------------------------------------------------------------------------
+
+/// What the worker's actor hands its scoring thread.
+struct worker_shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<envelope> inbox;
+  bool abort = false;
+};
+
+/// Scores batches one after the other on its own thread (the reward program may take seconds).
+void worker_loop(reward_worker_config cfg, std::shared_ptr<worker_shared> shared, caf::actor self,
+                 caf::actor controller) {
+  gpu::rl::reward_process rewards(
+      gpu::rl::reward_process_config{cfg.command, cfg.timeout_s, cfg.max_restarts});
+  for (;;) {
+    envelope env;
+    {
+      std::unique_lock<std::mutex> lock(shared->mu);
+      shared->cv.wait(lock, [&] { return shared->abort || !shared->inbox.empty(); });
+      if (shared->abort) return;
+      env = std::move(shared->inbox.front());
+      shared->inbox.pop_front();
+    }
+    auto b = env.read<wire::RewardBatch>();
+    if (!b) continue;  // validated by the actor already
+    std::vector<gpu::rl::reward_request> items;
+    for (auto it : b->get().getItems()) {
+      auto text = [](capnp::Data::Reader d) {
+        return std::string(reinterpret_cast<const char*>(d.begin()), d.size());
+      };
+      items.push_back({text(it.getPrompt()), text(it.getCompletion()), text(it.getAnswer())});
+    }
+    auto scored = rewards.score(items);
+    const uint64_t batch = b->get().getBatch();
+    auto out = envelope::build<wire::RewardResult>([&](wire::RewardResult::Builder r) {
+      r.setBatch(batch);
+      if (!scored) {
+        const std::string m = scored.error().message();
+        r.setError(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(m.data()), m.size()));
+        return;
+      }
+      auto list = r.initRewards(static_cast<unsigned>(scored->size()));
+      for (size_t i = 0; i < scored->size(); ++i) list.set(static_cast<unsigned>(i), (*scored)[i]);
+    });
+    if (!scored) spdlog::warn("reward worker {}: {}", cfg.worker, scored.error().message());
+    caf::send_as(self, controller, w_result_atom::value, std::move(out));
+  }
+}
+
+caf::behavior reward_worker_actor(caf::event_based_actor* self, std::string name,
+                                  reward_worker_config cfg) {
+  // Detached: connecting blocks only this actor's own thread.
+  result<caf::actor> controller = make_error(errc::unavailable, "not tried");
+  for (int i = 0; i < 50; ++i) {
+    controller = actors::connect_actor(self->system(), cfg.controller_host, cfg.controller_port);
+    if (controller) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!controller) {
+    spdlog::error("reward worker {}: the controller: {}", name, controller.error().message);
+    self->quit(caf::make_error(caf::sec::runtime_error, controller.error().message));
+    return {};
+  }
+  caf::actor ctrl = *controller;
+  self->monitor(ctrl);
+  auto shared = std::make_shared<worker_shared>();
+  // Joined when the actor ends (its handles go with the thread).
+  auto thread = std::make_shared<std::thread>(worker_loop, cfg, shared,
+                                              caf::actor_cast<caf::actor>(self), ctrl);
+  self->attach_functor([shared, thread](const caf::error&) {
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      shared->abort = true;
+    }
+    shared->cv.notify_all();
+    if (thread->joinable()) thread->join();
+  });
+  self->set_down_handler([self, name, ctrl](const caf::down_msg& dm) {
+    if (dm.source == ctrl.address()) {
+      spdlog::warn("reward worker {}: the controller is gone; stopping", name);
+      self->quit(caf::exit_reason::user_shutdown);
+    }
+  });
+  std::random_device rd;
+  const uint64_t incarnation = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  caf::send_as(caf::actor_cast<caf::actor>(self), ctrl, w_hello_atom::value,
+               envelope::build<wire::RewardWorkerHello>([&](wire::RewardWorkerHello::Builder b) {
+                 b.setWorker(static_cast<uint32_t>(cfg.worker));
+                 b.setPid(static_cast<uint32_t>(::getpid()));
+                 b.setIncarnation(incarnation);
+               }));
+  spdlog::info("reward worker {}: runs `{}`", name, cfg.command);
+  return {
+      [self, ctrl, shared, name](w_batch_atom, const envelope& env) {
+        const auto& s = self->current_sender();
+        if (!s || s->address() != ctrl.address()) return;  // only its controller is obeyed
+        if (auto b = env.read<wire::RewardBatch>(); !b) {
+          spdlog::warn("reward worker {}: bad batch: {}", name, b.error().message);
+          return;
+        }
+        {
+          std::lock_guard<std::mutex> lock(shared->mu);
+          shared->inbox.push_back(env);
+        }
+        shared->cv.notify_all();
+      },
+  };
+}
+
+// -- the controller -------------------------------------------------------------------------------
+
+struct event {
+  enum class type { hello, result, down } what;
+  caf::actor who;        // hello: the worker
+  caf::actor_addr from;  // result, down
+  envelope env;
+};
+
+struct event_queue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<event> events;
+  void push(event e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(std::move(e));
+    }
+    cv.notify_all();
+  }
+};
+
+caf::behavior reward_controller_actor(caf::event_based_actor* self,
+                                      std::shared_ptr<event_queue> q) {
+  self->set_down_handler([q](const caf::down_msg& dm) {
+    q->push(event{event::type::down, {}, dm.source, {}});
+  });
+  return {
+      [self, q](w_hello_atom, const envelope& env) {
+        const auto& s = self->current_sender();
+        if (!s) return;
+        if (auto h = env.read<wire::RewardWorkerHello>(); !h) {
+          spdlog::warn("reward controller: bad hello: {}", h.error().message);
+          return;
+        }
+        auto who = caf::actor_cast<caf::actor>(s);
+        self->monitor(who);
+        q->push(event{event::type::hello, who, {}, env});
+      },
+      [self, q](w_result_atom, const envelope& env) {
+        const auto& s = self->current_sender();
+        q->push(event{event::type::result, {}, s ? s->address() : caf::actor_addr{}, env});
+      },
+  };
+}
+
+/// A part of a batch: items [begin, end), scored by one worker.
+struct part {
+  size_t begin = 0, end = 0;
+  int worker = -1;  ///< -1: waiting for a worker
+  uint64_t id = 0;  ///< the RewardBatch id it was last sent as
+  clock_type::time_point deadline;
+};
+
+/// Parts hold at most this many bytes of text, so a message stays far below the envelope limit.
+constexpr size_t part_bytes = 256 << 10;
+
+}  // namespace
+
+struct remote_rewards::impl {
+  remote_rewards_config cfg;
+  std::shared_ptr<event_queue> queue = std::make_shared<event_queue>();
+  caf::actor controller;
+
+  struct worker_slot {
+    caf::actor who;
+    bool alive = false;
+    uint32_t pid = 0;
+    int64_t parts = 0;  ///< parts scored
+  };
+  std::vector<worker_slot> workers;
+  int64_t lost = 0, rescored = 0;
+  uint64_t next_id = 1;
+
+  mutable std::mutex status_mu;
+  std::string status;
+
+  int slot_of(const caf::actor_addr& a) const {
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (workers[i].alive && workers[i].who.address() == a) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  std::vector<int> live() const {
+    std::vector<int> out;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (workers[i].alive) out.push_back(static_cast<int>(i));
+    }
+    return out;
+  }
+
+  void lose(int i, const std::string& why, std::vector<part>* parts) {
+    worker_slot& w = workers[static_cast<size_t>(i)];
+    if (!w.alive) return;
+    w.alive = false;
+    ++lost;
+    int moved = 0;
+    if (parts != nullptr) {
+      for (auto& p : *parts) {
+        if (p.worker == i) {
+          p.worker = -1;
+          ++moved;
+        }
+      }
+    }
+    rescored += moved;
+    spdlog::warn("reward worker {} lost ({}): {} part(s) to be scored again", i, why, moved);
+  }
+
+  void stop_worker(int i, const std::string& why, std::vector<part>* parts) {
+    caf::anon_send_exit(workers[static_cast<size_t>(i)].who, caf::exit_reason::kill);
+    lose(i, why, parts);
+  }
+
+  /// Applies hellos and deaths; results are returned for the caller to match.
+  std::vector<event> drain(std::vector<part>* parts) {
+    std::deque<event> events;
+    {
+      std::lock_guard<std::mutex> lock(queue->mu);
+      events.swap(queue->events);
+    }
+    std::vector<event> results;
+    for (auto& e : events) {
+      switch (e.what) {
+        case event::type::hello: {
+          auto h = e.env.read<wire::RewardWorkerHello>();
+          if (!h) break;
+          const uint32_t idx = h->get().getWorker();
+          if (idx >= workers.size()) {
+            spdlog::warn("reward controller: hello of worker {} in a run of {}", idx,
+                         workers.size());
+            break;
+          }
+          if (workers[idx].alive)
+            lose(static_cast<int>(idx), "replaced by a new incarnation", parts);
+          workers[idx].who = e.who;
+          workers[idx].alive = true;
+          workers[idx].pid = h->get().getPid();
+          spdlog::info("reward worker {} ready (pid {})", idx, workers[idx].pid);
+          break;
+        }
+        case event::type::down: {
+          const int i = slot_of(e.from);
+          if (i >= 0) lose(i, "its actor is down", parts);
+          break;
+        }
+        case event::type::result:
+          results.push_back(std::move(e));
+          break;
+      }
+    }
+    refresh_status();
+    return results;
+  }
+
+  void wait_a_little() {
+    std::unique_lock<std::mutex> lock(queue->mu);
+    queue->cv.wait_for(lock, std::chrono::milliseconds(100),
+                       [&] { return !queue->events.empty(); });
+    lock.unlock();
+    if (cfg.on_idle) cfg.on_idle();
+  }
+
+  void refresh_status() {
+    nlohmann::json j;
+    j["workers_lost"] = lost;
+    j["parts_rescored"] = rescored;
+    auto& list = j["workers"] = nlohmann::json::array();
+    for (size_t i = 0; i < workers.size(); ++i) {
+      list.push_back({{"worker", i},
+                      {"state", workers[i].alive ? "ready" : "down"},
+                      {"pid", workers[i].pid},
+                      {"parts", workers[i].parts}});
+    }
+    std::string text = j.dump();
+    std::lock_guard<std::mutex> lock(status_mu);
+    status = std::move(text);
+  }
+
+  void send(part& p, int w, std::span<const gpu::rl::reward_request> items) {
+    p.worker = w;
+    p.id = next_id++;
+    p.deadline = clock_type::now() +
+                 std::chrono::milliseconds(static_cast<int64_t>(cfg.part_timeout_s * 1000.0));
+    auto env = envelope::build<wire::RewardBatch>([&](wire::RewardBatch::Builder b) {
+      b.setBatch(p.id);
+      auto list = b.initItems(static_cast<unsigned>(p.end - p.begin));
+      for (size_t i = p.begin; i < p.end; ++i) {
+        auto x = list[static_cast<unsigned>(i - p.begin)];
+        auto bytes = [](const std::string& s) {
+          return capnp::Data::Reader(reinterpret_cast<const kj::byte*>(s.data()), s.size());
+        };
+        x.setPrompt(bytes(items[i].prompt));
+        x.setCompletion(bytes(items[i].completion));
+        x.setAnswer(bytes(items[i].answer));
+      }
+    });
+    caf::send_as(controller, workers[static_cast<size_t>(w)].who, w_batch_atom::value,
+                 std::move(env));
+  }
+};
+
+remote_rewards::remote_rewards(std::unique_ptr<impl> d) : d_(std::move(d)) {}
+
+remote_rewards::~remote_rewards() {
+  shutdown();
+}
+
+void remote_rewards::shutdown() {
+  if (!d_ || !d_->controller) return;
+  caf::anon_send_exit(d_->controller, caf::exit_reason::user_shutdown);
+  d_->controller = caf::actor{};
+  for (auto& w : d_->workers) w.who = caf::actor{};
+}
+
+result<std::unique_ptr<remote_rewards>> remote_rewards::create(caf::actor_system& sys,
+                                                               remote_rewards_config cfg) {
+  if (cfg.workers < 1 || cfg.workers > 4096) {
+    return make_error(errc::invalid_argument, "rl: 1 to 4096 reward workers");
+  }
+  auto d = std::make_unique<impl>();
+  d->cfg = std::move(cfg);
+  d->workers.resize(static_cast<size_t>(d->cfg.workers));
+  d->controller = sys.spawn(reward_controller_actor, d->queue);
+  d->refresh_status();
+  return std::unique_ptr<remote_rewards>(new remote_rewards(std::move(d)));
+}
+
+caf::actor remote_rewards::controller() const {
+  return d_->controller;
+}
+
+status remote_rewards::wait_ready(uint32_t timeout_ms) {
+  const auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    (void)d_->drain(nullptr);
+    if (static_cast<int>(d_->live().size()) == d_->cfg.workers) return {};
+    if (clock_type::now() > deadline) {
+      return make_error(errc::unavailable, std::to_string(d_->live().size()) + " of " +
+                                               std::to_string(d_->cfg.workers) +
+                                               " reward workers ready after " +
+                                               std::to_string(timeout_ms / 1000) + " s");
+    }
+    d_->wait_a_little();
+  }
+}
+
+gpu::result<std::vector<double>> remote_rewards::score(
+    std::span<const gpu::rl::reward_request> items) {
+  std::vector<double> out(items.size(), 0.0);
+  if (items.empty()) return out;
+  impl& d = *d_;
+  (void)d.drain(nullptr);
+  // Parts: as many as there are live workers (at least one), each under part_bytes.
+  const size_t n_live = std::max<size_t>(1, d.live().size());
+  const size_t per = (items.size() + n_live - 1) / n_live;
+  std::vector<part> parts;
+  for (size_t b = 0; b < items.size();) {
+    size_t e = b, bytes = 0;
+    while (e < items.size() && e - b < per &&
+           (e == b ||
+            bytes + items[e].prompt.size() + items[e].completion.size() + items[e].answer.size() <=
+                part_bytes)) {
+      bytes += items[e].prompt.size() + items[e].completion.size() + items[e].answer.size();
+      ++e;
+    }
+    parts.push_back(part{b, e, -1, 0, {}});
+    b = e;
+  }
+  size_t done = 0;
+  auto no_worker_since = std::optional<clock_type::time_point>{};
+  int rr = 0;
+  while (done < parts.size()) {
+    for (auto& r : d.drain(&parts)) {
+      const int w = d.slot_of(r.from);
+      if (w < 0) continue;  // a lost worker's late answer
+      auto res = r.env.read<wire::RewardResult>();
+      auto it = std::find_if(parts.begin(), parts.end(), [&](const part& p) {
+        return res && p.worker == w && p.id == res->get().getBatch();
+      });
+      if (!res || it == parts.end()) {
+        if (!res) d.stop_worker(w, "a malformed result: " + res.error().message, &parts);
+        continue;
+      }
+      part& p = *it;
+      if (res->get().hasError() && res->get().getError().size() > 0) {
+        return gpu::status{
+            gpu::status_code::invalid_argument,
+            "reward worker " + std::to_string(w) + " (samples " + std::to_string(p.begin) + ".." +
+                std::to_string(p.end - 1) + " of the batch, numbered from 0 below): " +
+                std::string(reinterpret_cast<const char*>(res->get().getError().begin()),
+                            res->get().getError().size())};
+      }
+      auto rewards = res->get().getRewards();
+      if (rewards.size() != p.end - p.begin) {
+        d.stop_worker(w,
+                      "answered " + std::to_string(rewards.size()) + " rewards for " +
+                          std::to_string(p.end - p.begin) + " samples",
+                      &parts);
+        continue;
+      }
+      for (size_t i = p.begin; i < p.end; ++i) out[i] = rewards[static_cast<unsigned>(i - p.begin)];
+      p.worker = -2;  // done
+      ++d.workers[static_cast<size_t>(w)].parts;
+      ++done;
+    }
+    // Deadlines, then (re)assignment of parts without a worker.
+    const auto now = clock_type::now();
+    for (auto& p : parts) {
+      if (p.worker >= 0 && now > p.deadline) {
+        d.stop_worker(p.worker, "no answer within its deadline", &parts);
+      }
+    }
+    const auto live = d.live();
+    if (live.empty()) {
+      if (!no_worker_since) no_worker_since = now;
+      if (now - *no_worker_since > std::chrono::milliseconds(d.cfg.no_worker_timeout_ms)) {
+        return gpu::status{
+            gpu::status_code::internal,
+            "no reward worker for " + std::to_string(d.cfg.no_worker_timeout_ms / 1000) + " s"};
+      }
+    } else {
+      no_worker_since.reset();
+      for (auto& p : parts) {
+        if (p.worker != -1) continue;
+        d.send(p, live[static_cast<size_t>(rr++) % live.size()], items);
+      }
+    }
+    if (done < parts.size()) d.wait_a_little();
+  }
+  return out;
+}
+
+int64_t remote_rewards::workers_lost() const {
+  return d_->lost;
+}
+
+int64_t remote_rewards::parts_rescored() const {
+  return d_->rescored;
+}
+
+std::string remote_rewards::status_json() const {
+  std::lock_guard<std::mutex> lock(d_->status_mu);
+  return d_->status;
+}
+
+void add_reward_worker_role(actors::role_registry& roles) {
+  roles.add("reward_worker",
+            [](caf::actor_system& sys, const actors::role_context& ctx) -> result<caf::actor> {
+              auto cfg = reward_worker_config::from_json(ctx.config_json);
+              if (!cfg) return cfg.error();
+              return sys.spawn<caf::detached>(reward_worker_actor, ctx.name,
+                                              std::move(cfg.value()));
+            });
+}
+
+}  // namespace weft::rl

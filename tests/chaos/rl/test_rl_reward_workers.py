@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""`weft rl --agents 1 --reward-workers 2`: the user's reward program runs on two nodes of the run's
+cluster, as supervised reward workers (docs/rl.md, "Rewards from your own program"), on a tiny
+generated model with f16 rollout weights:
+
+- the rewards, losses and final weights equal a run whose reward program runs beside the trainer,
+  bit for bit; `weft cluster status --rl` lists both reward workers;
+- each reward node SIGKILLed once mid-run while it holds a part (the program kills its own node
+  at its 60th and 150th sample): the run exits 0, the lost worker's part is scored again by the
+  other, the node is relaunched and its worker restarted, and the results are still bit-identical;
+- a reward program that answers garbage ends the run with an error naming the sample;
+- --reward-workers without --agents or without --reward-cmd is refused.
+
+Usage: test_rl_reward_workers.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
+"""
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
+from cli_checks import check, finish, read_jsonl, run_watching, run_weft  # noqa: E402
+
+STEPS = 8
+SAMPLES = 6 * 4
+
+# 20 ms a sample, so that both workers have parts in flight.
+REWARD = """import json, sys, time
+for line in sys.stdin:
+    r = json.loads(line)
+    c = r["completion"]
+    time.sleep(0.02)
+    print(json.dumps({"id": r["id"], "reward": sum(ch != "." for ch in c) / max(1, len(c))}),
+          flush=True)
+"""
+
+# The same rewards; in addition, the 60th and the 150th sample any worker reads (counted across
+# processes in a file) make that worker SIGKILL its own node process before answering: the node
+# dies while the controller waits for the part.
+KILLER = """import fcntl, json, os, signal, sys, time
+COUNT = sys.argv[1]
+for line in sys.stdin:
+    with open(COUNT, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        n = len(f.read()) + 1
+        f.write(".")
+    if n in (60, 150):
+        pid = os.getppid()  # the node process: the nearest ancestor that is `weft`
+        while pid > 1 and open(f"/proc/{pid}/comm").read().strip() != "weft":
+            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(5)
+    r = json.loads(line)
+    c = r["completion"]
+    time.sleep(0.02)
+    print(json.dumps({"id": r["id"], "reward": sum(ch != "." for ch in c) / max(1, len(c))}),
+          flush=True)
+"""
+
+GARBAGE = """import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print(json.dumps({"id": r["id"], "reward": "lots"}), flush=True)
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weft", required=True)
+    ap.add_argument("--make-model", required=True)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "tiny.gguf")
+        subprocess.run([a.make_model, model], check=True, capture_output=True)
+        data = os.path.join(tmp, "prompts.jsonl")
+        with open(data, "w") as f:
+            for i in range(120):
+                f.write(f'{{"prompt": "Say three dots ({i}).", "answer": "..."}}\n')
+        script = os.path.join(tmp, "reward.py")
+        with open(script, "w") as f:
+            f.write(REWARD)
+        killer = os.path.join(tmp, "killer.py")
+        with open(killer, "w") as f:
+            f.write(KILLER)
+        garbage = os.path.join(tmp, "garbage.py")
+        with open(garbage, "w") as f:
+            f.write(GARBAGE)
+
+        def args(tag, extra=(), reward=script, reward_args=""):
+            return ["--model", model, "--data", data, "--prompt-format", "raw",
+                    "--prompts-per-step", "6", "--group-size", "4", "--max-new-tokens", "48",
+                    "--eval-prompts", "6", "--eval-every", "4", "--lr", "3e-4", "--seed", "5",
+                    "--threads", "1", "--steps", str(STEPS), "--rollout-type", "f16",
+                    "--agents", "1", "--reward-cmd", f"python3 {reward} {reward_args}".strip(),
+                    "--metrics", os.path.join(tmp, tag + ".jsonl"),
+                    "--save", os.path.join(tmp, tag + ".gguf"), "--save-type", "f32"] + list(extra)
+
+        def outcome(tag):
+            rows = read_jsonl(os.path.join(tmp, tag + ".jsonl"))
+            steps = [(r["step"], r["samples"], r["reward"], r["loss"]) for r in rows
+                     if r["kind"] == "step"]
+            evals = [(r["step"], r["pass_at_1"]) for r in rows if r["kind"] == "eval"]
+            return steps, evals, open(os.path.join(tmp, tag + ".gguf"), "rb").read()
+
+        rc, out = run_weft(a.weft, "rl", args("local"), timeout=400)
+        check(rc == 0, f"the reward program beside the trainer: exits 0 (rc {rc}) {out[-300:]}")
+        if rc != 0:
+            return finish()
+        want = outcome("local")
+        check(len(want[0]) == STEPS and any(s[3] != 0 for s in want[0]),
+              f"{STEPS} steps, some with a gradient")
+
+        port = free_port()
+        status = {}
+
+        def ask_status(line):
+            if "status" in status or "step 2/" not in line:
+                return
+            status["status"] = subprocess.run(
+                [a.weft, "cluster", "status", "--rl", f"http://127.0.0.1:{port}", "--json"],
+                capture_output=True, text=True, timeout=30)
+        rc, out = run_watching([a.weft, "rl"] + args("workers", ["--reward-workers", "2",
+                                                                 "--metrics-port", str(port)]),
+                               ask_status, timeout=400)
+        check(rc == 0, f"--reward-workers 2: exits 0 (rc {rc}) {out[-300:]}")
+        check("reward worker 0 ready" in out and "reward worker 1 ready" in out,
+              "both reward workers said hello")
+        if rc == 0:
+            got = outcome("workers")
+            check(got == want, "--reward-workers 2: rewards, losses, pass@1 and weights equal the "
+                               "local reward program's, bit for bit")
+        st = status.get("status")
+        if st is not None and st.returncode == 0:
+            j = json.loads(st.stdout)
+            workers = (j.get("rewards") or {}).get("workers", [])
+            check(len(workers) == 2 and all(w["state"] == "ready" and w["pid"] > 0 for w in workers),
+                  f"weft cluster status --rl lists both reward workers ({workers})")
+            check(sum(n["id"].startswith("reward-node-") for n in j["cluster"]["nodes"]) == 2,
+                  "and their nodes")
+        else:
+            check(False, f"weft cluster status --rl answered ({st.stderr[-300:] if st else None})")
+
+        # Each reward node SIGKILLed once, mid-run, while it holds a part (see KILLER).
+        rc, out = run_weft(a.weft, "rl", args("killed", ["--reward-workers", "2"], reward=killer,
+                                              reward_args=os.path.join(tmp, "count")),
+                           timeout=400)
+        check(rc == 0, f"reward nodes SIGKILLed mid-run: the run exits 0 (rc {rc}) {out[-600:]}")
+        lost = [int(x) for x in re.findall(r"reward worker \d lost \(.*?\): (\d+) part", out)]
+        check(len(lost) >= 2 and "reward-node-0 exited" in out and "reward-node-1 exited" in out,
+              f"both reward nodes died and the controller saw both workers go ({lost})")
+        check(sum(lost) > 0, f"parts a dead worker held were scored again by the other ({lost})")
+        check(out.count("reward worker 0 ready") >= 2 or out.count("reward worker 1 ready") >= 2,
+              "a killed worker was restarted and said hello again")
+        if rc == 0:
+            got = outcome("killed")
+            check(all(s[1] == SAMPLES for s in got[0]) and got == want,
+                  "killed: every step trained its samples; rewards, losses, pass@1 and weights "
+                  "equal the undisturbed run's, bit for bit")
+
+        rc, out = run_weft(a.weft, "rl", args("garbage", ["--reward-workers", "2"],
+                                              reward=garbage), timeout=200)
+        check(rc != 0 and "reward worker" in out and "sample" in out and "lots" in out,
+              f"a garbage reward ends the run naming the sample (rc {rc}): {out[-400:]}")
+
+        rc, out = run_weft(a.weft, "rl", ["--model", model, "--data", data, "--reward-cmd",
+                                          f"python3 {script}", "--reward-workers", "2"], timeout=60)
+        check(rc == 2 and "--reward-workers" in out, f"--reward-workers without --agents is "
+                                                     f"refused: {out[-200:]}")
+    return finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
