@@ -17,6 +17,7 @@
 
 #include "actors/private_messages.hpp"
 #include "actors/rl/rl_atoms.hpp"
+#include "actors/rl/rl_plumbing.hpp"
 #include "actors/roles.hpp"
 #include "actors/runtime.hpp"
 #include "schema/caf_bridge.hpp"
@@ -120,12 +121,7 @@ void worker_loop(reward_worker_config cfg, std::shared_ptr<worker_shared> shared
 caf::behavior reward_worker_actor(caf::event_based_actor* self, std::string name,
                                   reward_worker_config cfg) {
   // Detached: connecting blocks only this actor's own thread.
-  result<caf::actor> controller = make_error(errc::unavailable, "not tried");
-  for (int i = 0; i < 50; ++i) {
-    controller = actors::connect_actor(self->system(), cfg.controller_host, cfg.controller_port);
-    if (controller) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  auto controller = connect_to_controller(self->system(), cfg.controller_host, cfg.controller_port);
   if (!controller) {
     spdlog::error("reward worker {}: the controller: {}", name, controller.error().message);
     self->quit(caf::make_error(caf::sec::runtime_error, controller.error().message));
@@ -186,21 +182,9 @@ struct event {
   envelope env;
 };
 
-struct event_queue {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<event> events;
-  void push(event e) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      events.push_back(std::move(e));
-    }
-    cv.notify_all();
-  }
-};
+using events = rl::event_queue<event>;
 
-caf::behavior reward_controller_actor(caf::event_based_actor* self,
-                                      std::shared_ptr<event_queue> q) {
+caf::behavior reward_controller_actor(caf::event_based_actor* self, std::shared_ptr<events> q) {
   self->set_down_handler([q](const caf::down_msg& dm) {
     q->push(event{event::type::down, {}, dm.source, {}});
   });
@@ -238,7 +222,7 @@ constexpr size_t part_bytes = 256 << 10;
 
 struct remote_rewards::impl {
   remote_rewards_config cfg;
-  std::shared_ptr<event_queue> queue = std::make_shared<event_queue>();
+  std::shared_ptr<events> queue = std::make_shared<events>();
   caf::actor controller;
 
   struct worker_slot {
@@ -294,13 +278,9 @@ struct remote_rewards::impl {
 
   /// Applies hellos and deaths; results are returned for the caller to match.
   std::vector<event> drain(std::vector<part>* parts) {
-    std::deque<event> events;
-    {
-      std::lock_guard<std::mutex> lock(queue->mu);
-      events.swap(queue->events);
-    }
+    std::deque<event> taken = queue->take();
     std::vector<event> results;
-    for (auto& e : events) {
+    for (auto& e : taken) {
       switch (e.what) {
         case event::type::hello: {
           auto h = e.env.read<wire::RewardWorkerHello>();
@@ -334,10 +314,7 @@ struct remote_rewards::impl {
   }
 
   void wait_a_little() {
-    std::unique_lock<std::mutex> lock(queue->mu);
-    queue->cv.wait_for(lock, std::chrono::milliseconds(100),
-                       [&] { return !queue->events.empty(); });
-    lock.unlock();
+    queue->wait_for(std::chrono::milliseconds(100));
     if (cfg.on_idle) cfg.on_idle();
   }
 

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "actors/rl/rl_atoms.hpp"
+#include "actors/rl/rl_plumbing.hpp"
 #include "actors/rl/weight_image.hpp"
 #include "gpu/rl/dispatch.hpp"
 #include "schema/caf_bridge.hpp"
@@ -35,20 +36,9 @@ struct event {
   envelope env;
 };
 
-struct event_queue {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<event> events;
-  void push(event e) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      events.push_back(std::move(e));
-    }
-    cv.notify_all();
-  }
-};
+using events = rl::event_queue<event>;
 
-caf::behavior controller_actor(caf::event_based_actor* self, std::shared_ptr<event_queue> q) {
+caf::behavior controller_actor(caf::event_based_actor* self, std::shared_ptr<events> q) {
   self->set_down_handler([q](const caf::down_msg& dm) {
     q->push(event{event::type::down, {}, dm.source, {}});
   });
@@ -85,7 +75,7 @@ uint64_t prompt_key(const std::vector<int32_t>& prompt) {
 
 struct remote_rollouts::impl {
   remote_rollouts_config cfg;
-  std::shared_ptr<event_queue> queue = std::make_shared<event_queue>();
+  std::shared_ptr<events> queue = std::make_shared<events>();
   caf::actor controller;
   std::unique_ptr<transport::engine> transport;
   std::unique_ptr<weight_image> image;
@@ -316,12 +306,8 @@ struct remote_rollouts::impl {
   }
 
   void drain() {
-    std::deque<event> events;
-    {
-      std::lock_guard<std::mutex> lock(queue->mu);
-      events.swap(queue->events);
-    }
-    for (const auto& e : events) {
+    const std::deque<event> taken = queue->take();
+    for (const auto& e : taken) {
       switch (e.what) {
         case event::type::hello:
           on_hello(e);
@@ -371,10 +357,7 @@ struct remote_rollouts::impl {
   }
 
   void wait_a_little() {
-    std::unique_lock<std::mutex> lock(queue->mu);
-    queue->cv.wait_for(lock, std::chrono::milliseconds(100),
-                       [&] { return !queue->events.empty(); });
-    lock.unlock();
+    queue->wait_for(std::chrono::milliseconds(100));
     if (cfg.on_idle) cfg.on_idle();
   }
 
@@ -501,8 +484,7 @@ void remote_rollouts::shutdown() {
     a.alive = false;
     a.ready = false;
   }
-  std::lock_guard<std::mutex> lock(d_->queue->mu);
-  d_->queue->events.clear();
+  (void)d_->queue->take();
 }
 
 result<std::unique_ptr<remote_rollouts>> remote_rollouts::create(caf::actor_system& sys,

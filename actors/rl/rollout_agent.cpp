@@ -16,6 +16,7 @@
 #include "actors/private_messages.hpp"
 #include "actors/rl/remote_rewards.hpp"
 #include "actors/rl/rl_atoms.hpp"
+#include "actors/rl/rl_plumbing.hpp"
 #include "actors/rl/weight_image.hpp"
 #include "actors/roles.hpp"
 #include "actors/runtime.hpp"
@@ -336,12 +337,7 @@ caf::behavior rollout_agent_actor(caf::event_based_actor* self, std::string name
                                   rollout_agent_config cfg,
                                   std::shared_ptr<transport::engine> transport) {
   // Detached: connecting blocks only this actor's own thread.
-  result<caf::actor> controller = make_error(errc::unavailable, "not tried");
-  for (int i = 0; i < 50; ++i) {
-    controller = actors::connect_actor(self->system(), cfg.controller_host, cfg.controller_port);
-    if (controller) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  auto controller = connect_to_controller(self->system(), cfg.controller_host, cfg.controller_port);
   if (!controller) {
     spdlog::error("rollout agent {}: the controller: {}", name, controller.error().message);
     self->quit(caf::make_error(caf::sec::runtime_error, controller.error().message));

@@ -26,17 +26,11 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
 from cli_checks import check, finish, read_jsonl, run_watching, run_weft  # noqa: E402
+from rl_runs import outcome as run_outcome, tiny_setup  # noqa: E402
 
 STEPS = 12
 SAMPLES = 8 * 4
 
-REWARD = """import json, sys
-for line in sys.stdin:
-    r = json.loads(line)
-    c = r["completion"]
-    print(json.dumps({"id": r["id"], "reward": sum(ch != "." for ch in c) / max(1, len(c))}),
-          flush=True)
-"""
 
 
 def killed_run(weft, args, kills):
@@ -66,15 +60,7 @@ def main():
     ap.add_argument("--make-model", required=True)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "tiny.gguf")
-        subprocess.run([a.make_model, model], check=True, capture_output=True)
-        data = os.path.join(tmp, "prompts.jsonl")
-        with open(data, "w") as f:
-            for i in range(120):
-                f.write(f'{{"prompt": "Say three dots ({i}).", "answer": "..."}}\n')
-        script = os.path.join(tmp, "reward.py")
-        with open(script, "w") as f:
-            f.write(REWARD)
+        model, data, script = tiny_setup(a.make_model, tmp)
 
         def args(tag, extra=()):
             return ["--model", model, "--data", data, "--prompt-format", "raw",
@@ -86,11 +72,7 @@ def main():
                     "--save", os.path.join(tmp, tag + ".gguf"), "--save-type", "f32"] + list(extra)
 
         def outcome(tag):
-            rows = read_jsonl(os.path.join(tmp, tag + ".jsonl"))
-            steps = [(r["step"], r["samples"], r["reward"], r["loss"]) for r in rows
-                     if r["kind"] == "step"]
-            evals = [(r["step"], r["pass_at_1"]) for r in rows if r["kind"] == "eval"]
-            return steps, evals, open(os.path.join(tmp, tag + ".gguf"), "rb").read()
+            return run_outcome(tmp, tag)
 
         rc, out = run_weft(a.weft, "rl", args("local"), timeout=400)
         check(rc == 0, f"in-process engine: exits 0 (rc {rc}) {out[-300:]}")

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,25 +29,13 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
 from cli_checks import check, finish, read_jsonl, run_watching  # noqa: E402
+from rl_runs import free_port, outcome as run_outcome, tiny_setup  # noqa: E402
 
 STEPS = 40
 SAMPLES = 8 * 4
 CUT_AT_STEP = 2
 CUT_SECONDS = 6.0
 
-REWARD = """import json, sys
-for line in sys.stdin:
-    r = json.loads(line)
-    c = r["completion"]
-    print(json.dumps({"id": r["id"], "reward": sum(ch != "." for ch in c) / max(1, len(c))}),
-          flush=True)
-"""
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def set_links(pid, up):
@@ -72,15 +59,7 @@ def main():
         print("SKIP: rollout agents in network namespaces need root, iproute2 and nsenter")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "tiny.gguf")
-        subprocess.run([a.make_model, model], check=True, capture_output=True)
-        data = os.path.join(tmp, "prompts.jsonl")
-        with open(data, "w") as f:
-            for i in range(120):
-                f.write(f'{{"prompt": "Say three dots ({i}).", "answer": "..."}}\n')
-        script = os.path.join(tmp, "reward.py")
-        with open(script, "w") as f:
-            f.write(REWARD)
+        model, data, script = tiny_setup(a.make_model, tmp)
 
         def args(tag, extra=()):
             return ["--model", model, "--data", data, "--prompt-format", "raw",
@@ -92,11 +71,7 @@ def main():
                     "--save", os.path.join(tmp, tag + ".gguf"), "--save-type", "f32"] + list(extra)
 
         def outcome(tag):
-            rows = read_jsonl(os.path.join(tmp, tag + ".jsonl"))
-            steps = [(r["step"], r["samples"], r["reward"], r["loss"]) for r in rows
-                     if r["kind"] == "step"]
-            evals = [(r["step"], r["pass_at_1"]) for r in rows if r["kind"] == "eval"]
-            return steps, evals, open(os.path.join(tmp, tag + ".gguf"), "rb").read()
+            return run_outcome(tmp, tag)
 
         # 1. Undisturbed, with `weft cluster status --rl` asked while it runs.
         port = free_port()

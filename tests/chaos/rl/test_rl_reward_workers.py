@@ -5,8 +5,8 @@ generated model with f16 rollout weights:
 
 - the rewards, losses and final weights equal a run whose reward program runs beside the trainer,
   bit for bit; `weft cluster status --rl` lists both reward workers;
-- each reward node SIGKILLed once mid-run while it holds a part (the program kills its own node
-  at its 60th and 150th sample): the run exits 0, the lost worker's part is scored again by the
+- a reward node SIGKILLed twice mid-run while it holds a part (the program kills its own node at
+  its 60th and 150th sample): the run exits 0, the lost worker's part is scored again by the
   other, the node is relaunched and its worker restarted, and the results are still bit-identical;
 - a reward program that answers garbage ends the run with an error naming the sample;
 - --reward-workers without --agents or without --reward-cmd is refused.
@@ -17,13 +17,13 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
-from cli_checks import check, finish, read_jsonl, run_watching, run_weft  # noqa: E402
+from cli_checks import check, finish, run_watching, run_weft  # noqa: E402
+from rl_runs import free_port, outcome as run_outcome, tiny_setup  # noqa: E402
 
 STEPS = 8
 SAMPLES = 6 * 4
@@ -69,27 +69,13 @@ for line in sys.stdin:
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weft", required=True)
     ap.add_argument("--make-model", required=True)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "tiny.gguf")
-        subprocess.run([a.make_model, model], check=True, capture_output=True)
-        data = os.path.join(tmp, "prompts.jsonl")
-        with open(data, "w") as f:
-            for i in range(120):
-                f.write(f'{{"prompt": "Say three dots ({i}).", "answer": "..."}}\n')
-        script = os.path.join(tmp, "reward.py")
-        with open(script, "w") as f:
-            f.write(REWARD)
+        model, data, script = tiny_setup(a.make_model, tmp, reward=REWARD)
         killer = os.path.join(tmp, "killer.py")
         with open(killer, "w") as f:
             f.write(KILLER)
@@ -107,11 +93,7 @@ def main():
                     "--save", os.path.join(tmp, tag + ".gguf"), "--save-type", "f32"] + list(extra)
 
         def outcome(tag):
-            rows = read_jsonl(os.path.join(tmp, tag + ".jsonl"))
-            steps = [(r["step"], r["samples"], r["reward"], r["loss"]) for r in rows
-                     if r["kind"] == "step"]
-            evals = [(r["step"], r["pass_at_1"]) for r in rows if r["kind"] == "eval"]
-            return steps, evals, open(os.path.join(tmp, tag + ".gguf"), "rb").read()
+            return run_outcome(tmp, tag)
 
         rc, out = run_weft(a.weft, "rl", args("local"), timeout=400)
         check(rc == 0, f"the reward program beside the trainer: exits 0 (rc {rc}) {out[-300:]}")
@@ -157,8 +139,12 @@ def main():
                            timeout=400)
         check(rc == 0, f"reward nodes SIGKILLed mid-run: the run exits 0 (rc {rc}) {out[-600:]}")
         lost = [int(x) for x in re.findall(r"reward worker \d lost \(.*?\): (\d+) part", out)]
-        check(len(lost) >= 2 and "reward-node-0 exited" in out and "reward-node-1 exited" in out,
-              f"both reward nodes died and the controller saw both workers go ({lost})")
+        # The second kill hits whichever node the 150th sample's worker runs on (a restarted worker
+        # may have been placed on the other node).
+        deaths = re.findall(r"reward-node-\d exited", out)
+        check(len(lost) >= 2 and len(deaths) >= 2,
+              f"two reward node processes died ({deaths}) and the controller lost their workers "
+              f"({lost})")
         check(sum(lost) > 0, f"parts a dead worker held were scored again by the other ({lost})")
         check(out.count("reward worker 0 ready") >= 2 or out.count("reward worker 1 ready") >= 2,
               "a killed worker was restarted and said hello again")
