@@ -471,6 +471,10 @@ int run_rl(const rl_options& o) {
       spdlog::error("step {}: {}", loop.steps_done() + 1, r.error().message());
       return 1;
     }
+    if (cluster && cluster->rewards()) {
+      r->reward_workers_lost = cluster->rewards()->workers_lost();
+      r->reward_parts_rescored = cluster->rewards()->parts_rescored();
+    }
     report.report(*r, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     const bool last = r->step == o.steps;
     if (ckpt && (r->step % o.checkpoint_every == 0 || last) && !checkpoint_now(last)) return 1;

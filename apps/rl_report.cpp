@@ -40,6 +40,7 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
     rollout_s_ += r.rollout_s;
     train_s_ += r.train_s;
     sync_s_ += r.sync_s;
+    ref_s_ += r.ref_s;
   }
   const double sps = static_cast<double>(r.samples) / std::max(step_seconds, 1e-9);
   const double eta = static_cast<double>(total_ - r.step) * seconds_ / static_cast<double>(steps_);
@@ -57,6 +58,11 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
         r.agents.ready_agents, r.agents.agents_lost, r.agents.rollouts_moved,
         r.agents.peer_weight_pulls);
     agents_lost_ = r.agents.agents_lost;
+  }
+  if (r.reward_workers_lost > reward_workers_lost_) {
+    spdlog::info("  reward workers: {} lost so far, {} parts scored again", r.reward_workers_lost,
+                 r.reward_parts_rescored);
+    reward_workers_lost_ = r.reward_workers_lost;
   }
   if (r.staleness_max > 0 || r.in_flight > 0) {
     spdlog::info("  staleness {:.2f} (max {}), {} samples of mixed versions, {} in flight",
@@ -83,6 +89,8 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"agents_lost", r.agents.agents_lost},
                       {"rollouts_moved", r.agents.rollouts_moved},
                       {"peer_weight_pulls", r.agents.peer_weight_pulls},
+                      {"reward_workers_lost", r.reward_workers_lost},
+                      {"reward_parts_rescored", r.reward_parts_rescored},
                       {"weight_pull_s", r.agents.last_pull_s},
                       {"staleness_mean", r.staleness_mean},
                       {"staleness_max", r.staleness_max},
@@ -166,6 +174,14 @@ std::string rl_reporter::prometheus() const {
   metric("weft_rl_peer_weight_pulls_total", "counter",
          "Weight versions a joining agent pulled from a peer agent",
          static_cast<double>(last_.agents.peer_weight_pulls));
+  metric("weft_rl_reward_workers_lost_total", "counter",
+         "Reward workers (--reward-workers) that died or were stopped",
+         static_cast<double>(last_.reward_workers_lost));
+  metric("weft_rl_reward_parts_rescored_total", "counter",
+         "Parts of reward batches scored again after their worker was lost",
+         static_cast<double>(last_.reward_parts_rescored));
+  metric("weft_rl_reference_seconds_total", "counter",
+         "Time spent in the KL reference's forward (--kl-coef)", ref_s_);
   if (has_eval_) {
     metric("weft_rl_eval_pass_at_1", "gauge", "Held-out greedy pass@1 at the last evaluation",
            last_eval_.pass_at_1);

@@ -35,11 +35,12 @@ class rl_reporter {
   std::ofstream out_;
   mutable std::mutex mu_;
   gpu::rl::rl_step_record last_;
-  int64_t agents_lost_ = 0;  ///< reported so far
+  int64_t agents_lost_ = 0;          ///< reported so far
+  int64_t reward_workers_lost_ = 0;  ///< reported so far
   gpu::rl::rl_eval_record last_eval_;
   bool has_eval_ = false;
   int64_t samples_ = 0, steps_ = 0, checkpoints_ = 0, tokens_ = 0;
-  double seconds_ = 0.0, rollout_s_ = 0.0, train_s_ = 0.0, sync_s_ = 0.0;
+  double seconds_ = 0.0, rollout_s_ = 0.0, train_s_ = 0.0, sync_s_ = 0.0, ref_s_ = 0.0;
 };
 
 }  // namespace weft::apps

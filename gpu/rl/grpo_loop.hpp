@@ -131,6 +131,10 @@ struct rl_step_record {
   double ref_s = 0.0;
   /// The rollout backend's counters after the step (rollout agents; zeros in one process).
   rollout_backend_stats agents;
+  /// Reward workers on other nodes (`weft rl --reward-workers`, filled by the command; zeros
+  /// otherwise): workers lost and parts of batches scored again, since the start.
+  int64_t reward_workers_lost = 0;
+  int64_t reward_parts_rescored = 0;
 };
 
 /// Held-out evaluation: greedy pass@1.

@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
-from cli_checks import check, finish, run_watching, run_weft  # noqa: E402
+from cli_checks import check, finish, read_jsonl, run_watching, run_weft  # noqa: E402
 from rl_runs import free_port, outcome as run_outcome, tiny_setup  # noqa: E402
 
 STEPS = 8
@@ -149,6 +149,10 @@ def main():
         check(out.count("reward worker 0 ready") >= 2 or out.count("reward worker 1 ready") >= 2,
               "a killed worker was restarted and said hello again")
         if rc == 0:
+            last = [r for r in read_jsonl(os.path.join(tmp, "killed.jsonl")) if r["kind"] == "step"][-1]
+            check(last["reward_workers_lost"] >= 2 and last["reward_parts_rescored"] == sum(lost),
+                  f"the metrics count the lost workers and re-scored parts "
+                  f"({last['reward_workers_lost']}, {last['reward_parts_rescored']})")
             got = outcome("killed")
             check(all(s[1] == SAMPLES for s in got[0]) and got == want,
                   "killed: every step trained its samples; rewards, losses, pass@1 and weights "
