@@ -14,6 +14,24 @@
 
 namespace weft::apps {
 
+namespace {
+
+/// A one-for-one supervisor on the run's head for `children` (at most `max_restarts` a minute).
+/// A killed node process is relaunched first (local_nodes), so the first restart waits 1.5 s:
+/// the child then restarts where its kind is spread, not all on the surviving node.
+result<caf::actor> supervise_one_for_one(private_head& h, const std::string& name,
+                                         const std::vector<actors::child_spec>& children,
+                                         int max_restarts) {
+  actors::restart_intensity intensity{static_cast<uint32_t>(max_restarts), 60'000};
+  actors::backoff_policy backoff{500, 5000, 2.0, 30000};
+  backoff.first_delay_ms = 1500;
+  return actors::supervise_on_cluster(h.node->system(), h.node->head(), h.secret, name,
+                                      actors::restart_strategy::one_for_one, intensity, backoff,
+                                      children, 60'000);
+}
+
+}  // namespace
+
 struct rl_agent_cluster::impl {
   std::optional<netns_topology> netns;  // outlives the nodes in it (destroyed last)
   std::optional<private_head> head;
@@ -116,13 +134,7 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
     children.push_back({"rollout-agent-" + std::to_string(i), "rollout_agent", ac.to_json(),
                         actors::restart_type::permanent});
   }
-  actors::restart_intensity intensity{static_cast<uint32_t>(o.max_restarts), 60'000};
-  actors::backoff_policy backoff{500, 5000, 2.0, 30000};
-  // A killed node process is relaunched first, so the agent restarts where agents are spread.
-  backoff.first_delay_ms = 1500;
-  auto sup = actors::supervise_on_cluster(sys, h.node->head(), h.secret, "rollout-agents",
-                                          actors::restart_strategy::one_for_one, intensity, backoff,
-                                          children, 60'000);
+  auto sup = supervise_one_for_one(h, "rollout-agents", children, o.max_restarts);
   if (!sup)
     return make_error(errc::unavailable,
                       "cannot start the rollout agents: " + sup.error().to_string());
@@ -167,12 +179,7 @@ status rl_agent_cluster::start_reward_workers(const rl_agents_options& o, const 
     children.push_back({"reward-worker-" + std::to_string(k), "reward_worker", wc.to_json(),
                         actors::restart_type::permanent});
   }
-  actors::restart_intensity intensity{static_cast<uint32_t>(o.max_restarts), 60'000};
-  actors::backoff_policy backoff{500, 5000, 2.0, 30000};
-  backoff.first_delay_ms = 1500;
-  auto sup = actors::supervise_on_cluster(sys, d->head->node->head(), d->head->secret,
-                                          "reward-workers", actors::restart_strategy::one_for_one,
-                                          intensity, backoff, children, 60'000);
+  auto sup = supervise_one_for_one(*d->head, "reward-workers", children, o.max_restarts);
   if (!sup) {
     return make_error(errc::unavailable,
                       "cannot start the reward workers: " + sup.error().to_string());
