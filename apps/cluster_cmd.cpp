@@ -204,9 +204,10 @@ int run_up(up_cli cli) {
   return code;
 }
 
-/// `weft cluster status --serve URL` / `--rl URL`: the nodes and engine workers of a running
-/// `weft serve`, or the nodes and rollout agents of a `weft rl --agents N`, from its GET
-/// /admin/cluster (the same JSON; --json prints it as is).
+/// `weft cluster status --serve URL` / `--rl URL` / `--train URL`: the nodes and engine workers of
+/// a running `weft serve`, the nodes and rollout agents of a `weft rl --agents N`, or the nodes of
+/// a `weft train --trainers K`, from its GET /admin/cluster (the same JSON; --json prints it as
+/// is).
 int run_serve_status(const client_cli& cli) {
   httplib::Client http(cli.serve_url);
   http.set_connection_timeout(5);
@@ -377,6 +378,9 @@ void add_cluster_command(CLI::App& app, const global_options&) {
   st_cmd->add_option("--rl", status->serve_url,
                      "Show a running `weft rl --agents N --metrics-port P` instead: "
                      "http://127.0.0.1:P (its private cluster's nodes and the rollout agents)");
+  st_cmd->add_option("--train", status->serve_url,
+                     "Show a running `weft train --trainers K --metrics-port P` instead: "
+                     "http://127.0.0.1:P (its trainer group's private cluster)");
   st_cmd->add_option("--api-key", status->api_key, "With --serve: the server's API key")
       ->envname("WEFT_API_KEY");
   status->cluster.add_credentials_to(st_cmd);

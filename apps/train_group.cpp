@@ -8,6 +8,7 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/system_messages.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -156,6 +157,12 @@ int run_train_group(const train_options& opts) {
   std::optional<metrics_server> http;
   if (opts.metrics_port > 0) {
     http.emplace(reporter.report().prom());
+    // `weft cluster status --train http://127.0.0.1:PORT`: the group's private cluster.
+    http->add_json("/admin/cluster", [&sys, h = head->node->head(), model = o.model_path] {
+      auto st = actors::cluster_status(sys, h, 2000);
+      return "{\"model\":" + nlohmann::json(model).dump() +
+             ",\"cluster\":" + (st ? actors::cluster_status_json(*st) : std::string{"null"}) + "}";
+    });
     if (!http->start(opts.metrics_port)) {
       spdlog::error("--metrics-port {}: cannot listen on 127.0.0.1", opts.metrics_port);
       return 2;

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,12 @@ def metrics(path):
 def curve(path):
     """(step, loss, lr, grad_norm, tokens) per line: what must be identical between runs."""
     return [(m["step"], m["loss"], m["lr"], m["grad_norm"], m["tokens"]) for m in metrics(path)]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def node_pid(driver, node_id):
@@ -127,8 +134,18 @@ def main():
 
         # SIGKILL one trainer node, then the other once the group restarted.
         kill = os.path.join(tmp, "kill")
-        r = run(weft, args_for(kill))
+        port = free_port()
+        r = run(weft, args_for(kill) + ["--metrics-port", str(port)])
         check(r.wait_for(f"step 15/{STEPS}"), "the run reaches step 15")
+        # `weft cluster status --train` shows the group's private cluster.
+        st = subprocess.run([weft, "cluster", "status", "--train", f"http://127.0.0.1:{port}",
+                             "--json"], capture_output=True, text=True, timeout=30)
+        nodes = json.loads(st.stdout)["cluster"]["nodes"] if st.returncode == 0 else []
+        check(sorted(n["id"] for n in nodes if n["id"].startswith("trainer-node-")) ==
+              ["trainer-node-0", "trainer-node-1"] and
+              all(n["state"] == "alive" for n in nodes),
+              f"weft cluster status --train lists both trainer nodes alive ({st.stderr[-200:]} "
+              f"{[(n['id'], n['state']) for n in nodes]})")
         pid1 = node_pid(r.p, "trainer-node-1")
         check(pid1 is not None, "trainer-node-1 found")
         if pid1:
