@@ -12,7 +12,7 @@ tiny generated model with f16 rollout weights (bit-exact whatever the batch):
   relaunched once the link is back, and the run still exits 0 with every step training exactly
   its samples and the same rewards, losses and final weights as the undisturbed run, bit for bit.
 
-Needs root, iproute2 and nsenter; without them it prints SKIP and passes.
+Needs root, iproute2 and nsenter; without them it exits 77, which CTest reports as skipped.
 
 Usage: test_rl_link_cut.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
 """
@@ -57,7 +57,7 @@ def main():
     if (os.geteuid() != 0 or shutil.which("nsenter") is None or
             subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0):
         print("SKIP: rollout agents in network namespaces need root, iproute2 and nsenter")
-        return 0
+        return 77  # CTest reports it as skipped (SKIP_RETURN_CODE), never as passed
     with tempfile.TemporaryDirectory() as tmp:
         model, data, script = tiny_setup(a.make_model, tmp)
 
