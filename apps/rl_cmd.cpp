@@ -25,6 +25,7 @@
 #include "apps/config_file.hpp"
 #include "apps/reward_http.hpp"
 #include "apps/rl_agents.hpp"
+#include "apps/rl_options.hpp"
 #include "apps/rl_report.hpp"
 #include "apps/train_report.hpp"
 #include "gpu/ggml_types.hpp"
@@ -42,77 +43,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace gpu::rl;
-
-struct rl_options {
-  std::string config_file;
-  std::string model_path;
-  std::string task = "arithmetic";
-  int digits = 1;
-  std::string ops = "+";
-  int length = 5;
-  int numbers = 3;
-  std::string data_path;
-  std::string match = "number";
-  std::string answer_format = "none";
-  double format_weight = 0.1;
-  std::string mode = "sync";
-  int64_t max_staleness = 1;
-  std::string off_policy = "ppo-clip";
-  double is_cap = 2.0;
-  double kl_coef = 0.0;
-  int64_t updates_per_step = 1;
-  int64_t steps = 100;
-  int64_t prompts_per_step = 4;
-  int64_t group_size = 8;
-  int32_t max_new_tokens = 32;
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int32_t top_k = 0;
-  bool no_fused_reference = false;
-  double lr = 1e-6;
-  int64_t warmup_steps = 0;
-  std::string lr_schedule = "constant";
-  double min_lr_ratio = 0.1;
-  double weight_decay = 0.0;
-  double max_grad_norm = 1.0;
-  double clip_low = 0.2;
-  double clip_high = 0.2;
-  std::string loss_agg = "token";
-  bool no_scale_rewards = false;
-  bool drop_zero_variance = false;
-  int64_t eval_every = 10;
-  int64_t eval_prompts = 32;
-  uint64_t seed = 0;
-  int threads = 0;
-  std::string device = "cpu";  ///< the trainer's (--device)
-  std::string rollout_device;  ///< the rollout engine's (--rollout-device; empty: --device)
-  int64_t micro_batch_tokens = 1024;
-  std::string rollout_type = "f32";
-  std::string checkpoint_dir;
-  int64_t checkpoint_every = 10;
-  int keep_checkpoints = 2;
-  bool resume = false;
-  std::string save_path;
-  std::string save_type = "f16";
-  std::string metrics_path;
-  int metrics_port = 0;
-  std::string plot_path;
-  std::string prompt_format = "chat";
-  std::string reward_cmd;
-  std::string reward_url;
-  std::string reward_key;
-  double reward_timeout_s = 60.0;
-  int reward_restarts = 3;
-  int reward_workers = 0;  ///< --reward-cmd on this many reward nodes (needs --agents)
-  std::string write_sft_path;
-  int64_t sft_examples = 1000;
-  int agents = 0;  ///< rollout agents in node processes (0: the engine in this process)
-  // The agents' options: 0 / empty when not given (refused without --agents).
-  int agent_threads = 0;               ///< default 1
-  std::string dispatch;                ///< default length-aware
-  double weight_sync_timeout_s = 0.0;  ///< default 60
-  bool netns = false;                  ///< each agent's node in a network namespace of its own
-};
 
 /// The task of the run: a dataset when --data is given, else a built-in procedural task.
 std::unique_ptr<rl_task> make_base_task(const rl_options& o) {
@@ -310,34 +240,101 @@ std::unique_ptr<grpo_loop> open_loop(const rl_options& o, const rl_task& task,
   return std::move(*made);
 }
 
-int run_rl(const rl_options& o) {
+/// Option combinations that cannot work, refused before anything starts (false: said why).
+bool options_fit_together(const rl_options& o) {
   if (o.mode == "stream" && o.agents == 0) {
     spdlog::error(
         "--mode stream needs --agents N: its groups train while later groups generate, which "
         "in one process would only reorder the same work on the same cores (docs/rl.md, "
         "\"Modes\")");
-    return 2;
+    return false;
   }
   if (o.resume && o.checkpoint_dir.empty()) {
     spdlog::error("--resume needs --checkpoint-dir");
-    return 2;
+    return false;
   }
   if (o.agents == 0 &&
       (o.agent_threads > 0 || !o.dispatch.empty() || o.weight_sync_timeout_s > 0 || o.netns)) {
     spdlog::error(
         "--agent-threads, --dispatch, --weight-sync-timeout-s and --netns need --agents N");
-    return 2;
+    return false;
   }
   if (o.reward_workers > 0 && (o.agents == 0 || o.reward_cmd.empty())) {
     spdlog::error(
         "--reward-workers runs --reward-cmd on nodes of the cluster --agents N starts: "
         "it needs both");
-    return 2;
+    return false;
   }
   if (o.netns && ::geteuid() != 0) {
     spdlog::error("--netns creates network namespaces and a bridge: it needs root (and iproute2)");
-    return 2;
+    return false;
   }
+  return true;
+}
+
+/// `--agents N`: the run's private cluster with its rollout agents (and reward workers).
+result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
+                                                       const grpo_loop_config& cfg) {
+  rl_agents_options ao;
+  ao.agents = o.agents;
+  ao.agent_threads = o.agent_threads > 0 ? o.agent_threads : 1;
+  ao.length_aware = o.dispatch != "round-robin";
+  ao.weight_timeout_ms = static_cast<uint32_t>(
+      (o.weight_sync_timeout_s > 0.0 ? o.weight_sync_timeout_s : 60.0) * 1000.0);
+  ao.model_path = o.model_path;
+  ao.weight_type = o.rollout_type;
+  ao.device = cfg.rollout_device;
+  const auto p = grpo_loop::engine_params(cfg);
+  ao.max_sequences = p.max_sequences;
+  ao.max_new_tokens = p.max_new_tokens;
+  ao.netns = o.netns;
+  ao.reward_workers = o.reward_workers;
+  ao.reward_cmd = o.reward_cmd;
+  ao.reward_timeout_s = o.reward_timeout_s;
+  ao.reward_restarts = o.reward_restarts;
+  return rl_agent_cluster::start(ao);
+}
+
+/// --metrics-port: Prometheus text and, with agents, the run's cluster for `weft cluster status
+/// --rl` (false: said why).
+bool serve_metrics(const rl_options& o, rl_reporter& report, const rl_agent_cluster* cluster,
+                   std::optional<metrics_server>& http) {
+  if (o.metrics_port <= 0) return true;
+  http.emplace([&report] { return report.prometheus(); });
+  if (cluster != nullptr) {
+    http->add_json("/admin/cluster", [cluster, model = o.model_path] {
+      return "{\"model\":" + nlohmann::json(model).dump() +
+             ",\"cluster\":" + cluster->cluster_json() +
+             ",\"rl\":" + cluster->backend()->status_json() + ",\"rewards\":" +
+             (cluster->rewards() ? cluster->rewards()->status_json() : std::string{"null"}) + "}";
+    });
+  }
+  if (!http->start(o.metrics_port)) {
+    spdlog::error("--metrics-port {}: cannot listen on 127.0.0.1", o.metrics_port);
+    return false;
+  }
+  spdlog::info("metrics on http://127.0.0.1:{}/metrics", o.metrics_port);
+  return true;
+}
+
+/// --save: the trained weights as GGUF (false: said why).
+bool save_model(const rl_options& o, const gpu::gguf_file& file, grpo_loop& loop) {
+  if (auto st = loop.model().pull_to_host(nullptr); !st) {
+    spdlog::error("--save {}: {}", o.save_path, st.message());
+    return false;
+  }
+  if (auto st = gpu::train::export_gguf(file, loop.model(), *gpu::parse_type_name(o.save_type),
+                                        o.save_path);
+      !st) {
+    spdlog::error("--save {}: {}", o.save_path, st.message());
+    return false;
+  }
+  spdlog::info("saved {} ({})", o.save_path, o.save_type);
+  return true;
+}
+
+int run_rl(const rl_options& o) {
+  if (!options_fit_together(o)) return 2;
   auto cfg = make_loop_config(o);
   if (!cfg) {
     spdlog::error("{}", cfg.error().message());
@@ -359,24 +356,7 @@ int run_rl(const rl_options& o) {
   // declared after the loop below, so it is stopped before the loop (its backend) is destroyed.
   std::unique_ptr<rl_agent_cluster> starting;
   if (o.agents > 0) {
-    rl_agents_options ao;
-    ao.agents = o.agents;
-    ao.agent_threads = o.agent_threads > 0 ? o.agent_threads : 1;
-    ao.length_aware = o.dispatch != "round-robin";
-    ao.weight_timeout_ms = static_cast<uint32_t>(
-        (o.weight_sync_timeout_s > 0.0 ? o.weight_sync_timeout_s : 60.0) * 1000.0);
-    ao.model_path = o.model_path;
-    ao.weight_type = o.rollout_type;
-    ao.device = cfg->rollout_device;
-    const auto p = grpo_loop::engine_params(*cfg);
-    ao.max_sequences = p.max_sequences;
-    ao.max_new_tokens = p.max_new_tokens;
-    ao.netns = o.netns;
-    ao.reward_workers = o.reward_workers;
-    ao.reward_cmd = o.reward_cmd;
-    ao.reward_timeout_s = o.reward_timeout_s;
-    ao.reward_restarts = o.reward_restarts;
-    auto started = rl_agent_cluster::start(ao);
+    auto started = start_agents(o, *cfg);
     if (!started) {
       spdlog::error("rollout agents: {}", started.error().message);
       return 1;
@@ -408,23 +388,7 @@ int run_rl(const rl_options& o) {
                                : fs::path("rl-metrics.jsonl");
   rl_reporter report(metrics, o.steps, loop.steps_done());
   std::optional<metrics_server> http;
-  if (o.metrics_port > 0) {
-    http.emplace([&report] { return report.prometheus(); });
-    if (cluster) {
-      // `weft cluster status --rl http://127.0.0.1:PORT`: the run's private cluster and agents.
-      http->add_json("/admin/cluster", [&cluster, model = o.model_path] {
-        return "{\"model\":" + nlohmann::json(model).dump() +
-               ",\"cluster\":" + cluster->cluster_json() +
-               ",\"rl\":" + cluster->backend()->status_json() + ",\"rewards\":" +
-               (cluster->rewards() ? cluster->rewards()->status_json() : std::string{"null"}) + "}";
-      });
-    }
-    if (!http->start(o.metrics_port)) {
-      spdlog::error("--metrics-port {}: cannot listen on 127.0.0.1", o.metrics_port);
-      return 2;
-    }
-    spdlog::info("metrics on http://127.0.0.1:{}/metrics", o.metrics_port);
-  }
+  if (!serve_metrics(o, report, cluster.get(), http)) return 2;
   catch_stop_signals();
   std::optional<gpu::train::async_checkpointer> ckpt;
   if (!o.checkpoint_dir.empty()) ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
@@ -496,278 +460,9 @@ int run_rl(const rl_options& o) {
                  o.steps);
   }
   http.reset();
-  if (!o.save_path.empty()) {
-    if (auto st = loop.model().pull_to_host(nullptr); !st) {
-      spdlog::error("--save {}: {}", o.save_path, st.message());
-      return 1;
-    }
-    if (auto st = gpu::train::export_gguf(*file, loop.model(), *gpu::parse_type_name(o.save_type),
-                                          o.save_path);
-        !st) {
-      spdlog::error("--save {}: {}", o.save_path, st.message());
-      return 1;
-    }
-    spdlog::info("saved {} ({})", o.save_path, o.save_type);
-  }
+  if (!o.save_path.empty() && !save_model(o, *file, loop)) return 1;
   if (!o.plot_path.empty() && !run_plot_script("plot_rl.py", report.path(), o.plot_path)) return 1;
   return 0;
-}
-
-/// Where prompts and rewards come from.
-void add_task_options(CLI::App* cmd, rl_options* o) {
-  cmd->add_option("--task", o->task,
-                  "Built-in task: arithmetic (\"What is 4 + 7?\"), reverse (a string of "
-                  "letters) or countdown (reach a target from given numbers); ignored when --data "
-                  "is given")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"arithmetic", "reverse", "countdown"}));
-  cmd->add_option("--digits", o->digits, "arithmetic: digits of each operand")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 9));
-  cmd->add_option("--ops", o->ops, "arithmetic: operators to draw from, a subset of +-*")
-      ->capture_default_str();
-  cmd->add_option("--numbers", o->numbers, "countdown: numbers given (each from 1 to 25)")
-      ->capture_default_str()
-      ->check(CLI::Range(2, 6));
-  cmd->add_option("--length", o->length, "reverse: letters in the string")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-  cmd->add_option("--answer-format", o->answer_format,
-                  "none, or tags: the prompt asks for the final answer inside <answer></answer> "
-                  "and the reward is --format-weight for that format plus the rest for a right "
-                  "answer inside it (DeepSeek-R1's format reward)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"none", "tags"}));
-  cmd->add_option("--format-weight", o->format_weight,
-                  "--answer-format tags: the reward of the format alone")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--data", o->data_path,
-                  "JSON lines {\"prompt\": ..., \"answer\": ...} instead of a built-in task (the "
-                  "last --eval-prompts lines are held out)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--match", o->match,
-                  "--data: how an answer is checked: number (the last number in the reply), "
-                  "exact (the first line) or contains")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"number", "exact", "contains"}));
-  cmd->add_option("--reward-cmd", o->reward_cmd,
-                  "Score samples with this command instead of the task's verifier: it reads "
-                  "{\"id\", \"prompt\", \"completion\", \"answer\"} JSON lines on stdin and "
-                  "writes {\"id\", \"reward\"} lines (run with /bin/sh -c; docs/rl.md)");
-  cmd->add_option("--reward-url", o->reward_url,
-                  "Score samples by POSTing {\"samples\": [{\"id\", \"prompt\", \"completion\", "
-                  "\"answer\"}]} to this http:// URL, which answers {\"rewards\": [...]} in order "
-                  "(docs/rl.md)")
-      ->excludes("--reward-cmd");
-  cmd->add_option("--reward-key", o->reward_key,
-                  "--reward-url: sent as 'Authorization: Bearer KEY' (or WEFT_REWARD_KEY)")
-      ->envname("WEFT_REWARD_KEY");
-  cmd->add_option("--reward-timeout-s", o->reward_timeout_s,
-                  "--reward-cmd: a batch not fully answered within this many seconds restarts the "
-                  "process; --reward-url: the request's timeout")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--reward-restarts", o->reward_restarts,
-                  "--reward-cmd: restarts allowed per batch (crash or timeout) before the run "
-                  "fails; --reward-url: retries of a failed request (no answer, 5xx, 429)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 100));
-  cmd->add_option("--reward-workers", o->reward_workers,
-                  "--reward-cmd with --agents: run the reward program on this many nodes of the "
-                  "run's cluster (supervised reward workers; a lost worker's samples are scored "
-                  "again by another) instead of beside the trainer")
-      ->check(CLI::Range(1, 64));
-  cmd->add_option("--prompt-format", o->prompt_format,
-                  "chat (each prompt is a user message in the model's chat template) or raw (the "
-                  "prompt text as is)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"chat", "raw"}));
-  cmd->add_option("--write-sft-data", o->write_sft_path,
-                  "Instead of training: write --sft-examples solved problems of the task (never "
-                  "held-out ones) as JSON lines for `weft train` (an SFT warm start), then exit");
-  cmd->add_option("--sft-examples", o->sft_examples, "Examples --write-sft-data writes")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
-}
-
-/// The mode, the batch and the update.
-void add_update_options(CLI::App* cmd, rl_options* o) {
-  cmd->add_option("--mode", o->mode,
-                  "sync (generate a step's samples, score, train, sync weights), stream (with "
-                  "--agents: each group trains as soon as it is scored while the rest of the "
-                  "step generates) or async (the rollouts of the next --max-staleness steps keep "
-                  "generating while a step trains)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"sync", "stream", "async"}));
-  cmd->add_option("--max-staleness", o->max_staleness,
-                  "--mode async: K, how many weight versions a trained sample may lag (its "
-                  "oldest token); rollouts of steps n+1..n+K overlap the training of step n")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{64}));
-  cmd->add_option("--off-policy", o->off_policy,
-                  "ppo-clip (PPO-clip on the ratio to the behaviour policy) or decoupled "
-                  "(importance weight min(ratio, --is-cap) on each token's gradient, AReaL's "
-                  "decoupled objective with one update per batch)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"ppo-clip", "decoupled"}));
-  cmd->add_option("--updates-per-step", o->updates_per_step,
-                  "Optimizer steps on each step's rollouts (TRL's num_iterations): after the "
-                  "first, the PPO ratio leaves 1 and the clip range bounds the move. Exact resume "
-                  "needs the same value")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{64}));
-  cmd->add_option("--kl-coef", o->kl_coef,
-                  "Weight of a KL penalty to the starting model (TRL's beta): each token adds "
-                  "beta x k3(ref, policy); 0 keeps no reference model in memory")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 100.0));
-  cmd->add_flag("--no-fused-reference", o->no_fused_reference,
-                "--kl-coef: compute the reference's log-probs in the training stage instead of "
-                "as each group finishes (the baseline of the fusion; docs/rl.md)");
-  cmd->add_option("--is-cap", o->is_cap,
-                  "--off-policy decoupled: the truncated importance weight's cap")
-      ->capture_default_str()
-      ->check(CLI::Range(1.0, 1000.0));
-  cmd->add_option("--steps", o->steps, "GRPO steps (one optimizer update each)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  cmd->add_option("--prompts-per-step", o->prompts_per_step, "Prompts drawn per step")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  cmd->add_option("--group-size", o->group_size,
-                  "Samples per prompt (advantages are relative to the group)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{2}, int64_t{1024}));
-  cmd->add_option("--max-new-tokens", o->max_new_tokens, "Longest completion")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
-  cmd->add_option("--temperature", o->temperature,
-                  "Rollout sampling temperature; the recorded behaviour log-probs and the "
-                  "trainer's log-probs (PPO ratio, KL) are both of softmax(logits / T). Held-out "
-                  "evaluation stays greedy")
-      ->capture_default_str()
-      ->check(CLI::Range(0.01f, 10.0f));
-  cmd->add_option("--top-p", o->top_p,
-                  "Rollouts draw from the smallest set of tokens with this much probability (1: "
-                  "off); a filter only, not part of the trained policy (as in TRL and verl)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.001f, 1.0f));
-  cmd->add_option("--top-k", o->top_k,
-                  "Rollouts draw from the k most likely tokens (0: off); a filter, like --top-p")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--lr", o->lr, "Peak learning rate")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup-steps", o->warmup_steps, "Linear warmup over this many steps")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--lr-schedule", o->lr_schedule, "After warmup: constant or cosine")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cosine", "constant"}));
-  cmd->add_option("--min-lr-ratio", o->min_lr_ratio, "Cosine decays to lr x this at the last step")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--weight-decay", o->weight_decay, "AdamW decoupled weight decay (matrices)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-grad-norm", o->max_grad_norm, "Clip the global gradient norm (0: off)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--clip-low", o->clip_low, "PPO ratio floor is 1 - this")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--clip-high", o->clip_high,
-                  "PPO ratio ceiling is 1 + this (DAPO's clip-higher: 0.28)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 10.0));
-  cmd->add_option("--loss-agg", o->loss_agg,
-                  "token (mean over all tokens of the step), sequence (mean of per-sample means, "
-                  "the GRPO paper) or constant (sum / (samples x max new tokens), Dr. GRPO)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"token", "sequence", "constant"}));
-  cmd->add_flag("--no-scale-rewards", o->no_scale_rewards,
-                "Do not divide advantages by the group's reward std (Dr. GRPO)");
-  cmd->add_flag("--drop-zero-variance", o->drop_zero_variance,
-                "Leave groups whose rewards are all equal out of the loss and its normaliser");
-  cmd->add_option("--eval-every", o->eval_every,
-                  "Greedy pass@1 on the held-out prompts before training, every this many steps "
-                  "and at the end (0: never)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--eval-prompts", o->eval_prompts, "Held-out prompts (never trained on)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{100000}));
-  cmd->add_option("--seed", o->seed, "Seed of prompts and samples")->capture_default_str();
-  cmd->add_option("--threads", o->threads,
-                  "Cores to use (default: all): the rollout engine's threads, and up to 4 "
-                  "parallel shares of the backward. Exact resume needs the same value")
-      ->check(CLI::Range(0, 1024));
-  cmd->add_option("--device", o->device,
-                  "Where the trainer runs: cpu, or cuda / cuda:N (forward, backward and AdamW in "
-                  "device memory; the KL reference runs there too)")
-      ->capture_default_str();
-  cmd->add_option("--rollout-device", o->rollout_device,
-                  "Where the rollout engine generates: cpu, cuda or cuda:N (default: --device). "
-                  "On a GPU, --rollout-type must be f32 or f16");
-  cmd->add_option("--micro-batch-tokens", o->micro_batch_tokens,
-                  "Tokens per forward/backward pass of the update")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--rollout-type", o->rollout_type,
-                  "Weight type of the rollout engine: f32 (closest to the trainer), bf16 or f16")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
-  cmd->add_option("--agents", o->agents,
-                  "Rollout agents, each in its own `weft node` process on this host (placed and "
-                  "restarted by a supervisor; weights pushed over UCX after every step). 0: the "
-                  "rollout engine runs in this process")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 64));
-  cmd->add_option("--agent-threads", o->agent_threads,
-                  "--agents: compute threads of each agent (default 1)")
-      ->check(CLI::Range(1, 1024));
-  cmd->add_option("--dispatch", o->dispatch,
-                  "--agents: length-aware (a prompt's group goes, predicted-longest first, to "
-                  "the least-loaded agent; default) or round-robin")
-      ->check(CLI::IsMember({"length-aware", "round-robin"}));
-  cmd->add_option("--weight-sync-timeout-s", o->weight_sync_timeout_s,
-                  "--agents: an agent that has not pulled and applied a new weight version "
-                  "within this many seconds is restarted (default 60)")
-      ->check(CLI::Range(1.0, 3600.0));
-  cmd->add_flag("--netns", o->netns,
-                "--agents: run each agent's node process in a network namespace of its own "
-                "(root and iproute2): agents reach the controller and each other over a bridge "
-                "(TCP), so cutting an agent's link is a real network partition (docs/rl.md)");
-}
-
-/// Checkpoints, export and what the run shows.
-void add_run_options(CLI::App* cmd, rl_options* o) {
-  cmd->add_option("--checkpoint-dir", o->checkpoint_dir,
-                  "Write exact checkpoints here (and metrics.jsonl)");
-  cmd->add_option("--checkpoint-every", o->checkpoint_every,
-                  "Checkpoint every this many steps (and at the end, and on SIGTERM)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--keep-checkpoints", o->keep_checkpoints, "How many checkpoints to keep")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000));
-  cmd->add_flag("--resume", o->resume,
-                "Continue from the newest valid checkpoint in --checkpoint-dir (if there is one)");
-  cmd->add_option("--save", o->save_path, "Write the trained model here as GGUF");
-  cmd->add_option("--save-type", o->save_type, "Weight type of --save: f32, f16, bf16 or q8_0")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
-  cmd->add_option("--metrics", o->metrics_path,
-                  "JSON lines of per-step and evaluation metrics (default: "
-                  "CHECKPOINT_DIR/metrics.jsonl, else ./rl-metrics.jsonl)");
-  cmd->add_option("--metrics-port", o->metrics_port,
-                  "Serve Prometheus metrics on 127.0.0.1:PORT/metrics while training")
-      ->check(CLI::Range(1, 65535));
-  cmd->add_option("--plot", o->plot_path,
-                  "At the end, draw reward, pass@1, lengths and time per stage to this PNG "
-                  "(needs matplotlib)");
 }
 
 }  // namespace

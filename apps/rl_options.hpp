@@ -1,0 +1,90 @@
+#pragma once
+// `weft rl`'s options: what the command line (and --config) sets, and the CLI11 definitions of
+// every option with its help text and range (docs/rl.md).
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace weft::apps {
+
+struct rl_options {
+  std::string config_file;
+  std::string model_path;
+  std::string task = "arithmetic";
+  int digits = 1;
+  std::string ops = "+";
+  int length = 5;
+  int numbers = 3;
+  std::string data_path;
+  std::string match = "number";
+  std::string answer_format = "none";
+  double format_weight = 0.1;
+  std::string mode = "sync";
+  int64_t max_staleness = 1;
+  std::string off_policy = "ppo-clip";
+  double is_cap = 2.0;
+  double kl_coef = 0.0;
+  int64_t updates_per_step = 1;
+  int64_t steps = 100;
+  int64_t prompts_per_step = 4;
+  int64_t group_size = 8;
+  int32_t max_new_tokens = 32;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  bool no_fused_reference = false;
+  double lr = 1e-6;
+  int64_t warmup_steps = 0;
+  std::string lr_schedule = "constant";
+  double min_lr_ratio = 0.1;
+  double weight_decay = 0.0;
+  double max_grad_norm = 1.0;
+  double clip_low = 0.2;
+  double clip_high = 0.2;
+  std::string loss_agg = "token";
+  bool no_scale_rewards = false;
+  bool drop_zero_variance = false;
+  int64_t eval_every = 10;
+  int64_t eval_prompts = 32;
+  uint64_t seed = 0;
+  int threads = 0;
+  std::string device = "cpu";  ///< the trainer's (--device)
+  std::string rollout_device;  ///< the rollout engine's (--rollout-device; empty: --device)
+  int64_t micro_batch_tokens = 1024;
+  std::string rollout_type = "f32";
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 10;
+  int keep_checkpoints = 2;
+  bool resume = false;
+  std::string save_path;
+  std::string save_type = "f16";
+  std::string metrics_path;
+  int metrics_port = 0;
+  std::string plot_path;
+  std::string prompt_format = "chat";
+  std::string reward_cmd;
+  std::string reward_url;
+  std::string reward_key;
+  double reward_timeout_s = 60.0;
+  int reward_restarts = 3;
+  int reward_workers = 0;  ///< --reward-cmd on this many reward nodes (needs --agents)
+  std::string write_sft_path;
+  int64_t sft_examples = 1000;
+  int agents = 0;  ///< rollout agents in node processes (0: the engine in this process)
+  // The agents' options: 0 / empty when not given (refused without --agents).
+  int agent_threads = 0;               ///< default 1
+  std::string dispatch;                ///< default length-aware
+  double weight_sync_timeout_s = 0.0;  ///< default 60
+  bool netns = false;                  ///< each agent's node in a network namespace of its own
+};
+
+/// Where prompts and rewards come from.
+void add_task_options(CLI::App* cmd, rl_options* o);
+/// The mode, the batch, the update, sampling and the rollout agents.
+void add_update_options(CLI::App* cmd, rl_options* o);
+/// Checkpoints, export and what the run shows.
+void add_run_options(CLI::App* cmd, rl_options* o);
+
+}  // namespace weft::apps
