@@ -1,0 +1,139 @@
+// What the trainer's forward and backward take from a step's samples: packed batches (a group's
+// prompt once, every sample continuing it) with each token's policy inputs, and the KL
+// reference's log-probabilities of the completions (docs/rl.md, "The algorithm").
+#include "gpu/rl/grpo_loop.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+namespace weft::gpu::rl {
+
+std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
+    const std::vector<rollout_sample>& samples, const scored_step& sc) const {
+  // Samples with a zero advantage add exactly nothing to the gradient (their PPO term is 0·r)
+  // unless a KL term pulls them: they count in the loss's normaliser (the weights) but skip the
+  // forward and backward.
+  // The others train in units of one prompt: the prompt (all but its last token) is packed once
+  // as a shared prefix and every sample continues it with [last prompt token, completion] — the
+  // same gradient as packing prompt + completion per sample, for a fraction of the tokens. Units
+  // go to the shares balanced by tokens (largest first to the lightest share), in a fixed order,
+  // so the bits repeat.
+  const int shares = std::max(1, config_.shares);
+  struct unit {
+    int64_t group = 0;
+    std::vector<size_t> samples;
+    size_t tokens = 0;
+  };
+  std::vector<unit> units;
+  for (size_t s = 0; s < samples.size(); ++s) {
+    const rollout_sample& x = samples[s];
+    // With a KL term a zero-advantage sample still has a gradient (β·∇k3): it trains.
+    const bool no_gradient = sc.adv[s] == 0.0 && config_.grpo.kl_coef == 0.0;
+    if (sc.keep[s] == 0 || no_gradient || x.completion.empty()) continue;
+    if (units.empty() || units.back().group != x.group) {
+      units.push_back(unit{x.group, {}, x.prompt.size() > 1 ? x.prompt.size() - 1 : 0});
+    }
+    units.back().samples.push_back(s);
+    units.back().tokens += x.completion.size() + (x.prompt.size() > 1 ? 1 : x.prompt.size());
+  }
+  std::vector<size_t> order(units.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return units[a].tokens > units[b].tokens; });
+  std::vector<std::vector<size_t>> share_units(static_cast<size_t>(shares));
+  std::vector<size_t> share_tokens(static_cast<size_t>(shares), 0);
+  for (size_t u : order) {
+    const auto j = static_cast<size_t>(std::min_element(share_tokens.begin(), share_tokens.end()) -
+                                       share_tokens.begin());
+    share_units[j].push_back(u);
+    share_tokens[j] += units[u].tokens;
+  }
+  std::vector<std::vector<train::train_batch>> batches(static_cast<size_t>(shares));
+  for (size_t j = 0; j < share_units.size(); ++j) {
+    std::sort(share_units[j].begin(), share_units[j].end());
+    auto& list = batches[j];
+    for (size_t u : share_units[j]) {
+      const std::vector<int32_t>& prompt = samples[units[u].samples.front()].prompt;
+      if (list.empty() || list.back().n_tokens() + static_cast<int64_t>(units[u].tokens) >
+                              config_.micro_batch_tokens) {
+        list.emplace_back();
+      }
+      train::train_batch& b = list.back();
+      const bool shared = prompt.size() > 1;
+      const int64_t prefix =
+          shared ? b.add_prefix(std::span<const int32_t>(prompt).first(prompt.size() - 1)) : -1;
+      for (size_t s : units[u].samples) {
+        const rollout_sample& x = samples[s];
+        // [last prompt token, completion...] after the shared prefix, or the whole sequence.
+        const size_t lead = shared ? 1 : prompt.size();
+        std::vector<int32_t> toks(prompt.end() - static_cast<std::ptrdiff_t>(lead), prompt.end());
+        toks.insert(toks.end(), x.completion.begin(), x.completion.end());
+        std::vector<uint8_t> in_loss(toks.size(), 0);
+        std::vector<train::policy_token> info(toks.size());
+        for (size_t i = 0; i < x.completion.size(); ++i) {
+          const size_t at = lead + i;
+          in_loss[at] = 1;
+          info[at].behaviour_logp = x.logp[i];
+          if (i < x.ref_logp.size()) info[at].ref_logp = x.ref_logp[i];
+          info[at].advantage = static_cast<float>(sc.adv[s]);
+          info[at].weight = static_cast<float>(sc.weights[s]);
+          info[at].sample = static_cast<int32_t>(s);
+        }
+        b.add(toks, in_loss, info, prefix);
+      }
+    }
+  }
+  while (!batches.empty() && batches.back().empty()) batches.pop_back();
+  return batches;
+}
+
+status grpo_loop::add_reference_logprobs(std::vector<std::vector<train::train_batch>>& batches) {
+  for (auto& share : batches) {
+    for (auto& b : share) {
+      auto lp = ref_->target_logprobs(b);
+      if (!lp) return lp.error();
+      size_t k = 0;
+      for (size_t i = 0; i < b.targets.size() && i < b.policy.size(); ++i) {
+        if (b.targets[i] >= 0 && k < lp->size()) b.policy[i].ref_logp = (*lp)[k++];
+      }
+    }
+  }
+  return {};
+}
+
+status grpo_loop::reference_logprobs_of_group(std::span<rollout_sample> group) {
+  train::train_batch b;
+  const std::vector<int32_t>& prompt = group.front().prompt;
+  const bool shared = prompt.size() > 1;
+  const int64_t prefix =
+      shared ? b.add_prefix(std::span<const int32_t>(prompt).first(prompt.size() - 1)) : -1;
+  size_t expect = 0;
+  for (const rollout_sample& x : group) {
+    if (x.completion.empty()) continue;
+    const size_t lead = shared ? 1 : prompt.size();
+    std::vector<int32_t> toks(prompt.end() - static_cast<std::ptrdiff_t>(lead), prompt.end());
+    toks.insert(toks.end(), x.completion.begin(), x.completion.end());
+    std::vector<uint8_t> in_loss(toks.size(), 0);
+    std::fill(in_loss.begin() + static_cast<std::ptrdiff_t>(lead), in_loss.end(), uint8_t{1});
+    std::vector<train::policy_token> info(toks.size());
+    b.add(toks, in_loss, info, prefix);
+    expect += x.completion.size();
+  }
+  if (expect == 0) return {};
+  auto lp = ref_->target_logprobs(b);
+  if (!lp) return lp.error();
+  if (lp->size() != expect) {
+    return status{status_code::internal, "reference log-probs: " + std::to_string(lp->size()) +
+                                             " for " + std::to_string(expect) + " tokens"};
+  }
+  size_t k = 0;
+  for (rollout_sample& x : group) {
+    x.ref_logp.assign(lp->begin() + static_cast<std::ptrdiff_t>(k),
+                      lp->begin() + static_cast<std::ptrdiff_t>(k + x.completion.size()));
+    k += x.completion.size();
+  }
+  return {};
+}
+
+}  // namespace weft::gpu::rl
