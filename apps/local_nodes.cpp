@@ -149,7 +149,7 @@ void local_nodes::watch() {
       std::lock_guard<std::mutex> lock(mu_);
       pending_[i] = pending_relaunch{clock::now() + wait, failures};
     } else {
-      spdlog::info("{} relaunched", id);
+      spdlog::info("{} relaunched (pid {})", id, pid(static_cast<int>(i)));
       std::lock_guard<std::mutex> lock(mu_);
       pending_[i].reset();
     }

@@ -38,6 +38,7 @@ struct rl_agent_cluster::impl {
   std::unique_ptr<local_nodes> nodes;
   std::optional<caf::actor> supervisor;
   std::optional<caf::actor> reward_supervisor;
+  std::optional<caf::actor> trainer_supervisor;
 };
 
 rl_agent_cluster::rl_agent_cluster() : d_(std::make_unique<impl>()) {}
@@ -46,12 +47,14 @@ rl_agent_cluster::~rl_agent_cluster() {
   if (!d_->head) return;
   auto& sys = d_->head->node->system();
   std::vector<caf::actor> sups;
+  if (d_->trainer_supervisor) sups.push_back(*d_->trainer_supervisor);
   if (d_->reward_supervisor) sups.push_back(*d_->reward_supervisor);
   if (d_->supervisor) sups.push_back(*d_->supervisor);
   stop_in_order(sys, sups);
   if (d_->nodes) d_->nodes->stop_all();
   if (backend_) backend_->shutdown();
   if (rewards_) rewards_->shutdown();
+  if (trainers_) trainers_->shutdown();
 }
 
 result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agents_options& o) {
@@ -61,7 +64,7 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   // namespaces).
   std::string host = "127.0.0.1";
   if (o.netns) {
-    auto t = netns_topology::create(o.agents + o.reward_workers);
+    auto t = netns_topology::create(o.agents + o.reward_workers + std::max(0, o.trainers - 1));
     if (!t) return make_error(errc::unavailable, "--netns: " + t.error().message);
     c->d_->netns.emplace(std::move(*t));
     host = c->d_->netns->gateway();
@@ -96,7 +99,10 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
                *port);
   d->nodes = std::make_unique<local_nodes>(
       h.secret_hex, h.node->head_port(),
-      [agents = o.agents](int i) -> local_node_spec {
+      [agents = o.agents, rewards = o.reward_workers](int i) -> local_node_spec {
+        if (i >= agents + rewards) {
+          return {"trainer-node-" + std::to_string(i - agents - rewards + 1), {"rl_trainer"}};
+        }
         if (i >= agents) return {"reward-node-" + std::to_string(i - agents), {"reward_worker"}};
         return {"rollout-node-" + std::to_string(i), {"rollout_agent"}};
       },
@@ -118,6 +124,9 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   }
   if (o.reward_workers > 0) {
     if (auto st = c->start_reward_workers(o, host); !st.ok()) return st;
+  }
+  if (o.trainers > 1) {
+    if (auto st = c->start_trainers(o, host); !st.ok()) return st;
   }
   std::vector<actors::child_spec> children;
   for (int i = 0; i < o.agents; ++i) {
@@ -188,6 +197,60 @@ status rl_agent_cluster::start_reward_workers(const rl_agents_options& o, const 
   spdlog::info("{} reward workers starting: `{}` runs on their nodes", o.reward_workers,
                o.reward_cmd);
   return rewards_->wait_ready(o.start_timeout_ms);
+}
+
+status rl_agent_cluster::start_trainers(const rl_agents_options& o, const std::string& host) {
+  impl* d = d_.get();
+  auto& sys = d->head->node->system();
+  rl::remote_trainers_config tc;
+  tc.world = o.trainers;
+  tc.allreduce_timeout_ms = o.allreduce_timeout_ms;
+  tc.no_group_timeout_ms = o.start_timeout_ms;
+  tc.on_idle = [d] {
+    if (d->nodes) d->nodes->watch();
+  };
+  if (d->netns) {
+    tc.transport_params["ucx.tls"] = "tcp";
+    tc.transport_params["ucx.net_devices"] = d->netns->bridge();
+  }
+  auto t = rl::remote_trainers::create(sys, tc);
+  if (!t) return t.error();
+  trainers_ = std::shared_ptr<rl::remote_trainers>(std::move(*t));
+  auto port = actors::publish_actor(sys, trainers_->controller(), 0, host);
+  if (!port) {
+    return make_error(errc::unavailable,
+                      "cannot publish the trainer group's controller: " + port.error().to_string());
+  }
+  const int first = o.agents + o.reward_workers;
+  std::vector<actors::child_spec> children;
+  for (int r = 1; r < o.trainers; ++r) {
+    if (auto s = d->nodes->launch(first + r - 1); !s.ok()) return s;
+    spdlog::info("trainer-node-{} started (pid {})", r, d->nodes->pid(first + r - 1));
+    rl::rl_trainer_config rc = o.trainer;
+    rc.rank = r;
+    rc.world = o.trainers;
+    rc.allreduce_timeout_ms = o.allreduce_timeout_ms;
+    rc.controller_host = host;
+    rc.controller_port = *port;
+    // permanent: a rank never ends on its own; any failure restarts the whole group.
+    children.push_back({"rl-trainer-" + std::to_string(r), "rl_trainer", rc.to_json(),
+                        actors::restart_type::permanent});
+  }
+  actors::restart_intensity intensity{static_cast<uint32_t>(o.max_restarts), 60'000};
+  actors::backoff_policy backoff{500, 5000, 2.0, 30000};
+  backoff.first_delay_ms = 1500;  // a killed node process is relaunched first
+  auto sup = actors::supervise_on_cluster(sys, d->head->node->head(), d->head->secret,
+                                          "rl-trainer-group", actors::restart_strategy::one_for_all,
+                                          intensity, backoff, children, 60'000);
+  if (!sup) {
+    return make_error(errc::unavailable,
+                      "cannot start the trainer ranks: " + sup.error().to_string());
+  }
+  d->trainer_supervisor = *sup;
+  trainers_->watch_supervisor(*sup);
+  spdlog::info("{} trainer ranks starting on trainer nodes; gradients are summed over UCX",
+               o.trainers - 1);
+  return {};
 }
 
 std::string rl_agent_cluster::cluster_json() const {

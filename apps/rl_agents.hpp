@@ -9,6 +9,7 @@
 
 #include "actors/rl/remote_rewards.hpp"
 #include "actors/rl/remote_rollouts.hpp"
+#include "actors/rl/remote_trainers.hpp"
 #include "schema/status.hpp"
 
 namespace weft::apps {
@@ -34,6 +35,12 @@ struct rl_agents_options {
   std::string reward_cmd;
   double reward_timeout_s = 60.0;
   int reward_restarts = 3;
+  /// `--trainers K`: ranks 1..K-1 of the data-parallel trainer group on K-1 trainer nodes under
+  /// a one-for-all supervisor (actors/rl/remote_trainers.hpp); `trainer` is their configuration
+  /// (rank and controller filled in here).
+  int trainers = 1;
+  uint32_t allreduce_timeout_ms = 120'000;
+  rl::rl_trainer_config trainer;
 };
 
 class rl_agent_cluster {
@@ -46,6 +53,8 @@ class rl_agent_cluster {
   std::shared_ptr<rl::remote_rollouts> backend() const { return backend_; }
   /// The reward workers' controller (null without reward workers).
   std::shared_ptr<rl::remote_rewards> rewards() const { return rewards_; }
+  /// Ranks 1..K-1 of the trainer group (null without --trainers K > 1).
+  std::shared_ptr<rl::remote_trainers> trainers() const { return trainers_; }
   /// The head's node table as JSON (what `weft cluster status --json` prints).
   std::string cluster_json() const;
   /// The pid of agent node i's process (0 while it is not running).
@@ -56,9 +65,11 @@ class rl_agent_cluster {
  private:
   rl_agent_cluster();
   status start_reward_workers(const rl_agents_options& o, const std::string& host);
+  status start_trainers(const rl_agents_options& o, const std::string& host);
   std::unique_ptr<impl> d_;
   std::shared_ptr<rl::remote_rollouts> backend_;
   std::shared_ptr<rl::remote_rewards> rewards_;
+  std::shared_ptr<rl::remote_trainers> trainers_;
 };
 
 }  // namespace weft::apps

@@ -265,6 +265,12 @@ bool options_fit_together(const rl_options& o) {
         "it needs both");
     return false;
   }
+  if (o.trainers > 1 && (o.agents == 0 || o.device != "cpu" || o.mode == "stream")) {
+    spdlog::error(
+        "--trainers K runs ranks 1..K-1 on nodes of the cluster --agents N starts; the group "
+        "trains on the host (--device cpu), a whole step at a time (not --mode stream)");
+    return false;
+  }
   if (o.netns && ::geteuid() != 0) {
     spdlog::error("--netns creates network namespaces and a bridge: it needs root (and iproute2)");
     return false;
@@ -292,6 +298,14 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   ao.reward_cmd = o.reward_cmd;
   ao.reward_timeout_s = o.reward_timeout_s;
   ao.reward_restarts = o.reward_restarts;
+  ao.trainers = o.trainers;
+  ao.allreduce_timeout_ms = static_cast<uint32_t>(o.allreduce_timeout_s * 1000.0);
+  ao.trainer.model_path = fs::absolute(o.model_path).string();
+  ao.trainer.threads = o.threads;
+  ao.trainer.shares = cfg.shares;
+  ao.trainer.temperature = cfg.temperature;
+  ao.trainer.grpo = cfg.grpo;
+  ao.trainer.adamw = cfg.adamw;
   return rl_agent_cluster::start(ao);
 }
 
@@ -306,7 +320,9 @@ bool serve_metrics(const rl_options& o, rl_reporter& report, const rl_agent_clus
       return "{\"model\":" + nlohmann::json(model).dump() +
              ",\"cluster\":" + cluster->cluster_json() +
              ",\"rl\":" + cluster->backend()->status_json() + ",\"rewards\":" +
-             (cluster->rewards() ? cluster->rewards()->status_json() : std::string{"null"}) + "}";
+             (cluster->rewards() ? cluster->rewards()->status_json() : std::string{"null"}) +
+             ",\"trainers\":" +
+             (cluster->trainers() ? cluster->trainers()->status_json() : std::string{"null"}) + "}";
     });
   }
   if (!http->start(o.metrics_port)) {
@@ -381,6 +397,14 @@ int run_rl(const rl_options& o) {
   }
   std::optional<reward_http> endpoint;
   if (!o.reward_url.empty() && !use_reward_endpoint(o, loop, endpoint)) return 2;
+  if (cluster && cluster->trainers()) {
+    if (auto st = loop.set_update_group(cluster->trainers()); !st) {
+      spdlog::error("{}", st.message());
+      return 2;
+    }
+    spdlog::info("{} data-parallel trainer ranks: rank 0 here, 1..{} on trainer nodes", o.trainers,
+                 o.trainers - 1);
+  }
   if (o.resume && !resume_rl(o, loop)) return 2;
   const fs::path metrics = !o.metrics_path.empty() ? fs::path(o.metrics_path)
                            : !o.checkpoint_dir.empty()

@@ -67,6 +67,18 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "run's cluster (supervised reward workers; a lost worker's samples are scored "
                   "again by another) instead of beside the trainer")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--trainers", o->trainers,
+                  "Data-parallel trainer ranks (with --agents): rank 0 in this process, ranks "
+                  "1..K-1 on trainer nodes of the run's cluster under a one-for-all supervisor; "
+                  "gradients are summed over UCX in rank order, and a lost rank restarts the group "
+                  "and repeats the update exactly")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--allreduce-timeout-s", o->allreduce_timeout_s,
+                  "--trainers: a gradient all-reduce not done within this many seconds counts "
+                  "as a lost rank (the group restarts)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 3600.0));
   cmd->add_option("--prompt-format", o->prompt_format,
                   "chat (each prompt is a user message in the model's chat template) or raw (the "
                   "prompt text as is)")

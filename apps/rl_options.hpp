@@ -70,6 +70,10 @@ struct rl_options {
   double reward_timeout_s = 60.0;
   int reward_restarts = 3;
   int reward_workers = 0;  ///< --reward-cmd on this many reward nodes (needs --agents)
+  /// Data-parallel trainer ranks: rank 0 in this process, the others on trainer nodes (needs
+  /// --agents).
+  int trainers = 1;
+  double allreduce_timeout_s = 120.0;
   std::string write_sft_path;
   int64_t sft_examples = 1000;
   int agents = 0;  ///< rollout agents in node processes (0: the engine in this process)

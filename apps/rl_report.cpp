@@ -41,6 +41,7 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
     train_s_ += r.train_s;
     sync_s_ += r.sync_s;
     ref_s_ += r.ref_s;
+    reduce_s_ += r.reduce_s;
   }
   const double sps = static_cast<double>(r.samples) / std::max(step_seconds, 1e-9);
   const double eta = static_cast<double>(total_ - r.step) * seconds_ / static_cast<double>(steps_);
@@ -64,6 +65,12 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                  r.reward_parts_rescored);
     reward_workers_lost_ = r.reward_workers_lost;
   }
+  if (r.trainer_groups > std::max<int64_t>(1, trainer_groups_)) {
+    spdlog::info(
+        "  trainer group: restarted {} time(s) so far; rank 0's state sent to the new group",
+        r.trainer_groups - 1);
+  }
+  trainer_groups_ = std::max(trainer_groups_, r.trainer_groups);
   if (r.staleness_max > 0 || r.in_flight > 0) {
     spdlog::info("  staleness {:.2f} (max {}), {} samples of mixed versions, {} in flight",
                  r.staleness_mean, r.staleness_max, r.mixed_version_samples, r.in_flight);
@@ -100,6 +107,8 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"train_s", r.train_s},
                       {"sync_s", r.sync_s},
                       {"ref_s", r.ref_s},
+                      {"reduce_s", r.reduce_s},
+                      {"trainer_groups", r.trainer_groups},
                       {"step_s", step_seconds},
                       {"samples_per_s", sps}};
   out_ << j.dump() << '\n';
@@ -180,6 +189,11 @@ std::string rl_reporter::prometheus() const {
   metric("weft_rl_reward_parts_rescored_total", "counter",
          "Parts of reward batches scored again after their worker was lost",
          static_cast<double>(last_.reward_parts_rescored));
+  metric("weft_rl_trainer_group_restarts_total", "counter",
+         "Restarts of the trainer group (--trainers): a rank was lost and the group formed again",
+         static_cast<double>(std::max<int64_t>(0, last_.trainer_groups - 1)));
+  metric("weft_rl_allreduce_seconds_total", "counter",
+         "Time rank 0 spent in the trainer group's gradient all-reduces (--trainers)", reduce_s_);
   metric("weft_rl_reference_seconds_total", "counter",
          "Time spent in the KL reference's forward (--kl-coef)", ref_s_);
   if (has_eval_) {

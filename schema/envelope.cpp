@@ -218,6 +218,8 @@ capnp::StructSchema schema_of(kind k) {
       return capnp::Schema::from<wire::RewardWorkerHello>();
     case kind::reward_batch:
       return capnp::Schema::from<wire::RewardBatch>();
+    case kind::trainer_work:
+      return capnp::Schema::from<wire::TrainerWork>();
     case kind::reward_result:
       return capnp::Schema::from<wire::RewardResult>();
     case kind::none:
@@ -229,7 +231,7 @@ capnp::StructSchema schema_of(kind k) {
 
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
-  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::reward_result);
+  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::trainer_work);
 }
 
 }  // namespace
@@ -412,6 +414,8 @@ const char* to_string(kind k) {
       return "RewardWorkerHello";
     case kind::reward_batch:
       return "RewardBatch";
+    case kind::trainer_work:
+      return "TrainerWork";
     case kind::reward_result:
       return "RewardResult";
     case kind::oversize:

@@ -78,6 +78,7 @@ enum class kind : uint16_t {
   reward_worker_hello = 47,
   reward_batch = 48,
   reward_result = 49,
+  trainer_work = 50,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -139,6 +140,7 @@ WEFT_SCHEMA_KIND(WeightAck, weight_ack)
 WEFT_SCHEMA_KIND(PoolCheckpoint, pool_checkpoint)
 WEFT_SCHEMA_KIND(RewardWorkerHello, reward_worker_hello)
 WEFT_SCHEMA_KIND(RewardBatch, reward_batch)
+WEFT_SCHEMA_KIND(TrainerWork, trainer_work)
 WEFT_SCHEMA_KIND(RewardResult, reward_result)
 #undef WEFT_SCHEMA_KIND
 

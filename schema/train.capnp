@@ -55,3 +55,33 @@ struct TrainerStarted {
   generation @0 :UInt16;
   firstStep @1 :Int64;
 }
+
+# One micro-batch of an RL update (gpu::train::train_batch with each position's policy inputs):
+# sequences packed back to back, `prefix` empty or one entry per sequence (-1: none).
+struct TrainBatch {
+  tokens @0 :List(Int32);
+  targets @1 :List(Int32);
+  starts @2 :List(Int64);
+  prefix @3 :List(Int64);
+  behaviourLogp @4 :List(Float32);  # the policy lists: empty, or one entry per position
+  advantage @5 :List(Float32);
+  weight @6 :List(Float32);
+  sample @7 :List(Int32);
+  refLogp @8 :List(Float32);
+}
+
+# RL controller (rank 0) -> rank r of a `weft rl --trainers K` group: one micro-batch of rank r's
+# part of an optimizer iteration (`count` messages per rank and iteration; with none to train, one
+# message without a batch).
+struct TrainerWork {
+  generation @0 :UInt16;
+  step @1 :Int64;
+  iteration @2 :Int64;
+  lr @3 :Float64;
+  optStep @4 :Int64;
+  maxGradNorm @5 :Float64;
+  count @6 :UInt32;
+  list @7 :UInt32;   # the list (parallel share) of the rank the batch belongs to
+  index @8 :UInt32;  # its place in the list
+  batch @9 :TrainBatch;
+}

@@ -11,6 +11,8 @@
 ///   reward worker -> controller (w_hello_atom, RewardWorkerHello)  its reward program is ready
 ///   controller -> reward worker (w_batch_atom, RewardBatch)        samples to score
 ///   reward worker -> controller (w_result_atom, RewardResult)      their rewards, or the error
+///   rl trainer controller -> rank (t_work_atom, TrainerWork)    a micro-batch of an iteration
+///   (the trainer group otherwise speaks actors/train/train_atoms.hpp: t_hello, t_group, t_done)
 
 #include <caf/atom.hpp>
 
@@ -26,5 +28,6 @@ using r_failed_atom = caf::atom_constant<caf::atom("r_failed")>;
 using w_hello_atom = caf::atom_constant<caf::atom("w_hello")>;
 using w_batch_atom = caf::atom_constant<caf::atom("w_batch")>;
 using w_result_atom = caf::atom_constant<caf::atom("w_result")>;
+using t_work_atom = caf::atom_constant<caf::atom("t_work")>;
 
 }  // namespace weft::rl

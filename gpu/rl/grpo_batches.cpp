@@ -19,7 +19,8 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
   // same gradient as packing prompt + completion per sample, for a fraction of the tokens. Units
   // go to the shares balanced by tokens (largest first to the lightest share), in a fixed order,
   // so the bits repeat.
-  const int shares = std::max(1, config_.shares);
+  // A trainer group trains `shares` lists on each of its ranks.
+  const int shares = std::max(1, config_.shares) * (group_ ? group_->world() : 1);
   struct unit {
     int64_t group = 0;
     std::vector<size_t> samples;

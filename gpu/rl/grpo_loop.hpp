@@ -25,6 +25,7 @@
 #include "gpu/gguf.hpp"
 #include "gpu/model.hpp"
 #include "gpu/rl/grpo.hpp"
+#include "gpu/rl/grpo_update.hpp"
 #include "gpu/rl/rollout_backend.hpp"
 #include "gpu/rl/rollout_scheduler.hpp"
 #include "gpu/rl/tasks.hpp"
@@ -135,6 +136,10 @@ struct rl_step_record {
   /// otherwise): workers lost and parts of batches scored again, since the start.
   int64_t reward_workers_lost = 0;
   int64_t reward_parts_rescored = 0;
+  /// A trainer group (`weft rl --trainers K`): groups formed since the start (1 + restarts) and
+  /// the seconds of the step's gradient all-reduces (waiting for the other ranks included).
+  int64_t trainer_groups = 0;
+  double reduce_s = 0.0;
 };
 
 /// Held-out evaluation: greedy pass@1.
@@ -163,6 +168,9 @@ class grpo_loop {
       std::shared_ptr<rollout_backend> backend = nullptr);
   ~grpo_loop();
 
+  /// Trains every update data-parallel with `group`'s ranks (this process is rank 0); null: alone.
+  /// Needs a host trainer and whole steps (not stream mode).
+  status set_update_group(std::shared_ptr<update_group> group);
   /// Scores samples with `reward` instead of the task's verifier (training and evaluation).
   void set_reward(batch_reward reward) { reward_ = std::move(reward); }
 
@@ -231,6 +239,12 @@ class grpo_loop {
   /// Forward/backward of the PPO-clip objective, clipping, AdamW; fills loss, norm, lr and the
   /// clip statistics into `rec`.
   status update(const std::vector<std::vector<train::train_batch>>& batches, rl_step_record& rec);
+  /// One iteration of a device-resident trainer.
+  result<iteration_totals> device_iteration(
+      const iteration_inputs& in, const std::vector<std::vector<train::train_batch>>& batches);
+  /// One iteration over the trainer group, repeated on a new group when a rank is lost.
+  result<iteration_totals> group_iteration(
+      const iteration_inputs& in, const std::vector<std::vector<train::train_batch>>& batches);
   /// The end of every step: the new weights to the rollouts, the step's record kept.
   result<rl_step_record> finish_step(rl_step_record& rec);
   /// --mode stream: one step whose groups train as they are scored.
@@ -281,6 +295,7 @@ class grpo_loop {
   std::vector<rollout_sample>* direct_out_ = nullptr;
   std::vector<rl_step_record> history_;
   batch_reward reward_;
+  std::shared_ptr<update_group> group_;
 };
 
 }  // namespace weft::gpu::rl

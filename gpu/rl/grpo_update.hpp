@@ -1,0 +1,85 @@
+#pragma once
+/// One optimizer iteration of GRPO's update, shared by the trainer of a single process and by
+/// every rank of a data-parallel trainer group (`weft rl --trainers K`, docs/rl.md "Trainer
+/// groups"), plus the interface through which the GRPO loop (rank 0) drives the other ranks.
+///
+/// Data parallelism: the step's packed micro-batches are cut into lists, `shares` per rank; every
+/// rank runs the forward and backward of its lists, the gradients (and the loss and objective
+/// counters) are summed over the group in rank order — the same bits on every rank — and every
+/// rank takes the same clipped AdamW step. The token weights already normalise the loss over the
+/// whole step, so the sum is the full gradient. A run with K ranks repeats bit for bit; it differs
+/// from a run with another K only by the order of the sums (float rounding).
+/// Plain classes, no CAF.
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "gpu/rl/grpo.hpp"
+#include "gpu/status.hpp"
+#include "gpu/train/optimizer.hpp"
+#include "gpu/train/trainable_model.hpp"
+
+namespace weft::gpu::rl {
+
+/// Sums every gradient tensor and `scalars` element-wise over the group; every member gets the
+/// same bits.
+using group_reducer =
+    std::function<status(std::span<const std::span<float>> grads, std::span<double> scalars)>;
+
+/// What one iteration needs besides the batches (the same on every rank).
+struct iteration_inputs {
+  int64_t step = 0;       ///< The GRPO step (0-based) the update belongs to.
+  int64_t iteration = 0;  ///< 0 .. updates_per_step − 1.
+  double lr = 0.0;
+  int64_t opt_step = 1;  ///< AdamW's update number (1-based).
+  double max_grad_norm = 1.0;
+};
+
+/// Sums over the group after the iteration.
+struct iteration_totals {
+  double loss_sum = 0.0;
+  double grad_norm = 0.0;  ///< Before clipping.
+  int64_t tokens = 0, clipped = 0, abs_ratio_dev_nano = 0, kl_nano = 0;
+};
+
+/// zero_grad, the forward and backward of the PPO objective over `lists` (this rank's, one thread
+/// each, at least `shares` threads of gradient buffers), `reduce` (null: this is the only rank),
+/// global-norm clipping and AdamW. The model must be host-resident.
+result<iteration_totals> update_iteration(train::trainable_model<float>& model, train::adamw& opt,
+                                          std::span<const uint8_t> decay, const grpo_config& g,
+                                          const iteration_inputs& in, int shares,
+                                          std::span<const std::vector<train::train_batch>> lists,
+                                          const group_reducer& reduce);
+
+/// The trainer's state a joining rank needs, in a fixed order: every parameter's values, then
+/// AdamW's first moments, then its second moments.
+std::vector<std::span<float>> trainer_state(train::trainable_model<float>& model,
+                                            train::adamw& opt);
+
+/// Ranks 1 .. world − 1 of a data-parallel trainer group whose rank 0 is this process
+/// (actors/rl/remote_trainers implements it over UCX).
+class update_group {
+ public:
+  virtual ~update_group() = default;
+  /// Ranks, this process included.
+  virtual int world() const = 0;
+  /// Blocks until a complete group is connected. A group that is new (the first call, or after a
+  /// rank was lost) first receives `state` (trainer_state of rank 0).
+  virtual status ready(std::span<const std::span<float>> state) = 0;
+  /// Sends rank r (1 .. world − 1) its lists `per_rank[r − 1]` of iteration `in`.
+  virtual status start(const iteration_inputs& in,
+                       std::span<const std::vector<std::vector<train::train_batch>>> per_rank) = 0;
+  /// The group's sum (see group_reducer).
+  virtual status reduce(std::span<const std::span<float>> grads, std::span<double> scalars) = 0;
+  /// Whether the last failure of start/reduce/ready lost the group (a rank died or missed its
+  /// deadline): the caller may repeat the iteration after ready() formed a new group.
+  virtual bool lost() const = 0;
+  /// Groups formed so far (1 + restarts once the first formed).
+  virtual int64_t groups_formed() const = 0;
+  /// Seconds spent in reduce() (waiting for the other ranks included) since the last call.
+  virtual double take_reduce_seconds() = 0;
+};
+
+}  // namespace weft::gpu::rl

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""`weft rl --agents 1 --trainers 2`: a data-parallel trainer group — rank 0 in the `weft rl`
+process, rank 1 on a trainer node under a one-for-all supervisor (docs/rl.md, "Trainer groups") —
+on a tiny generated model with f16 rollout weights:
+
+- two runs with --trainers 2 give the same rewards, losses and weights, bit for bit; --trainers 3
+  and --trainers 1 give the same losses up to float rounding (the gradients are summed in another
+  order); `weft cluster status --rl` lists the ranks;
+- the trainer node SIGKILLed twice mid-run: the group restarts (the supervisor restarts the rank
+  on the relaunched node, rank 0 sends it its weights and AdamW moments), the run exits 0 and its
+  rewards, losses and weights equal the undisturbed --trainers 2 run's, bit for bit;
+- --trainers 2 without --agents is refused.
+
+Usage: test_rl_trainers.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
+from cli_checks import check, finish, read_jsonl, run_watching, run_weft  # noqa: E402
+from rl_runs import free_port, outcome as run_outcome, tiny_setup  # noqa: E402
+
+STEPS = 16
+SAMPLES = 6 * 4
+
+# 10 ms a sample: a step takes long enough for a kill to land inside the run.
+REWARD = """import json, sys, time
+for line in sys.stdin:
+    r = json.loads(line)
+    c = r["completion"]
+    time.sleep(0.01)
+    print(json.dumps({"id": r["id"], "reward": sum(ch != "." for ch in c) / max(1, len(c))}),
+          flush=True)
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weft", required=True)
+    ap.add_argument("--make-model", required=True)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model, data, script = tiny_setup(a.make_model, tmp, reward=REWARD)
+
+        def args(tag, trainers, extra=()):
+            return ["--model", model, "--data", data, "--prompt-format", "raw",
+                    "--prompts-per-step", "6", "--group-size", "4", "--max-new-tokens", "48",
+                    "--eval-prompts", "6", "--eval-every", "8", "--lr", "3e-4", "--seed", "5",
+                    "--threads", "1", "--steps", str(STEPS), "--rollout-type", "f16",
+                    "--agents", "1", "--trainers", str(trainers),
+                    "--reward-cmd", f"python3 {script}",
+                    "--metrics", os.path.join(tmp, tag + ".jsonl"),
+                    "--save", os.path.join(tmp, tag + ".gguf"), "--save-type", "f32"] + list(extra)
+
+        def outcome(tag):
+            return run_outcome(tmp, tag)
+
+        port = free_port()
+        status = {}
+
+        def ask_status(line):
+            if "status" in status or "step 2/" not in line:
+                return
+            status["status"] = subprocess.run(
+                [a.weft, "cluster", "status", "--rl", f"http://127.0.0.1:{port}", "--json"],
+                capture_output=True, text=True, timeout=30)
+        rc, out = run_watching([a.weft, "rl"] + args("two", 2, ["--metrics-port", str(port)]),
+                               ask_status, timeout=400)
+        check(rc == 0, f"--trainers 2: exits 0 (rc {rc}) {out[-400:]}")
+        if rc != 0:
+            return finish()
+        check("trainer group 1 formed (2 ranks" in out, "the group of 2 ranks formed")
+        want = outcome("two")
+        check(len(want[0]) == STEPS and any(s[3] != 0 for s in want[0]),
+              f"{STEPS} steps, some with a gradient")
+        st = status.get("status")
+        if st is not None and st.returncode == 0:
+            ranks = (json.loads(st.stdout).get("trainers") or {}).get("ranks", [])
+            check(len(ranks) == 1 and ranks[0]["state"] == "ready" and ranks[0]["pid"] > 0,
+                  f"weft cluster status --rl lists rank 1 ({ranks})")
+        else:
+            check(False, f"weft cluster status --rl answered ({st.stderr[-300:] if st else None})")
+
+        rc, out = run_weft(a.weft, "rl", args("again", 2), timeout=400)
+        check(rc == 0 and outcome("again") == want,
+              f"--trainers 2 twice: rewards, losses, pass@1 and weights equal bit for bit (rc {rc})")
+
+        for k in (1, 3):
+            rc, out = run_weft(a.weft, "rl", args(f"k{k}", k), timeout=400)
+            check(rc == 0, f"--trainers {k}: exits 0 (rc {rc}) {out[-300:]}")
+            if rc == 0:
+                got = outcome(f"k{k}")
+                gap = max(abs(x[3] - y[3]) for x, y in zip(got[0], want[0]))
+                check(len(got[0]) == STEPS and gap < 1e-4,
+                      f"--trainers {k}: the losses equal --trainers 2's up to rounding "
+                      f"(largest gap {gap:.2e})")
+
+        # The trainer node SIGKILLed after steps 3 and 9 (its pid from the launch lines).
+        pids, sent = {}, []
+        kills = [3, 9]
+
+        def killer(line):
+            m = re.search(r"trainer-node-1 (?:started \(pid|relaunched \(pid) (\d+)\)", line)
+            if m:
+                pids["node"] = int(m.group(1))
+            m = re.search(r"step (\d+)/", line)
+            if m and kills and int(m.group(1)) >= kills[0] and "node" in pids:
+                kills.pop(0)
+                try:
+                    os.kill(pids["node"], signal.SIGKILL)
+                    sent.append(pids.pop("node"))
+                except ProcessLookupError:
+                    pass
+        rc, out = run_watching([a.weft, "rl"] + args("killed", 2), killer, timeout=600)
+        check(rc == 0, f"trainer node SIGKILLed twice: the run exits 0 (rc {rc}) {out[-600:]}")
+        check(len(sent) == 2, f"two trainer node processes were killed ({sent})")
+        groups = re.findall(r"trainer group (\d+) formed", out)
+        check(len(groups) >= 3, f"the group formed again after each kill ({groups})")
+        if rc == 0:
+            last = [r for r in read_jsonl(os.path.join(tmp, "killed.jsonl"))
+                    if r["kind"] == "step"][-1]
+            check(last["trainer_groups"] >= 3,
+                  f"the metrics count the groups ({last['trainer_groups']})")
+            got = outcome("killed")
+            check(all(s[1] == SAMPLES for s in got[0]) and got == want,
+                  "killed: every step trained its samples; rewards, losses, pass@1 and weights "
+                  "equal the undisturbed run's, bit for bit")
+
+        rc, out = run_weft(a.weft, "rl", ["--model", model, "--data", data, "--reward-cmd",
+                                          f"python3 {script}", "--trainers", "2"], timeout=60)
+        check(rc == 2 and "--trainers" in out,
+              f"--trainers 2 without --agents is refused: {out[-200:]}")
+    return finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
