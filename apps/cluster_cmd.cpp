@@ -292,6 +292,17 @@ int run_serve_status(const client_cli& cli) {
         fmt::format("{} reward workers lost, {} parts scored again\n",
                     rw.value("workers_lost", int64_t{0}), rw.value("parts_rescored", int64_t{0}));
   }
+  const auto& tr = j["trainers"];
+  if (tr.is_object()) {
+    out += fmt::format("\n{:<14} {:<8} {:>8}\n", "TRAINER RANK", "STATE", "PID");
+    out += fmt::format("{:<14} {:<8} {:>8}\n", "0 (this run)", "ready", "-");
+    for (const auto& r : tr.value("ranks", nlohmann::json::array())) {
+      out += fmt::format("{:<14} {:<8} {:>8}\n", r.value("rank", 0),
+                         r.value("state", std::string{}), r.value("pid", 0));
+    }
+    out += fmt::format("trainer group generation {}, {} group(s) formed\n",
+                       tr.value("generation", 0), tr.value("groups_formed", int64_t{0}));
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }

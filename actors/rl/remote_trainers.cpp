@@ -522,6 +522,7 @@ struct abort_hook {
   std::mutex mu;
   transport::peer_group* peers = nullptr;
   std::set<caf::actor_addr> members;
+  caf::actor_addr supervisor;  ///< the ranks' supervisor (watch_supervisor)
 };
 
 caf::behavior trainer_controller_actor(caf::event_based_actor* self, std::shared_ptr<events> q,
@@ -529,6 +530,10 @@ caf::behavior trainer_controller_actor(caf::event_based_actor* self, std::shared
   self->set_down_handler([q, hook](const caf::down_msg& dm) {
     {
       std::lock_guard<std::mutex> lock(hook->mu);
+      if (dm.source == hook->supervisor) {
+        q->push(event{event::type::supervisor_down, {}, {}, {}});
+        return;
+      }
       if (hook->members.count(dm.source) != 0 && hook->peers != nullptr) hook->peers->abort();
     }
     q->push(event{event::type::down, {}, dm.source, {}});
@@ -544,6 +549,15 @@ caf::behavior trainer_controller_actor(caf::event_based_actor* self, std::shared
         auto who = caf::actor_cast<caf::actor>(s);
         self->monitor(who);
         q->push(event{event::type::hello, who, {}, env});
+      },
+      [self, hook](t_watch_atom, const caf::actor& sup) {
+        const auto& s = self->current_sender();
+        if (!s || s->node() != self->node() || !sup) return;
+        {
+          std::lock_guard<std::mutex> lock(hook->mu);
+          hook->supervisor = sup.address();
+        }
+        self->monitor(sup);
       },
       [self, q](t_done_atom, const envelope& env) {
         const auto& s = self->current_sender();
@@ -775,16 +789,9 @@ caf::actor remote_trainers::controller() const {
 }
 
 void remote_trainers::watch_supervisor(const caf::actor& supervisor) {
-  // A private watcher (never published): nobody else can claim the supervisor is gone.
-  d_->sys->spawn([q = d_->queue, supervisor](caf::event_based_actor* self) -> caf::behavior {
-    self->monitor(supervisor);
-    self->set_down_handler([self, q](const caf::down_msg&) {
-      spdlog::debug("rl trainer controller: the group's supervisor is gone");
-      q->push(event{event::type::supervisor_down, {}, {}, {}});
-      self->quit();
-    });
-    return {[](caf::ok_atom) {}};
-  });
+  // From a local actor: the controller ignores a watch request that comes over the network.
+  caf::scoped_actor self{*d_->sys};
+  self->send(d_->controller, t_watch_atom::value, supervisor);
 }
 
 std::string remote_trainers::status_json() const {
@@ -807,7 +814,8 @@ gpu::status remote_trainers::ready(std::span<const std::span<float>> state) {
     if (d.broken || d.peers) d.dissolve();
     if (d.supervisor_down) {
       return {gpu::status_code::internal,
-              "the trainer group failed more often than it may restart (--max-restarts)"};
+              "the trainer group failed more often than its supervisor may restart it (10 "
+              "times a minute)"};
     }
     if (static_cast<int>(d.pending.size()) == d.cfg.world - 1) {
       auto st = d.form(state);

@@ -12,6 +12,7 @@
 ///   controller -> reward worker (w_batch_atom, RewardBatch)        samples to score
 ///   reward worker -> controller (w_result_atom, RewardResult)      their rewards, or the error
 ///   rl trainer controller -> rank (t_work_atom, TrainerWork)    a micro-batch of an iteration
+///   local -> rl trainer controller (t_watch_atom, actor)      watch the ranks' supervisor
 ///   (the trainer group otherwise speaks actors/train/train_atoms.hpp: t_hello, t_group, t_done)
 
 #include <caf/atom.hpp>
@@ -29,5 +30,6 @@ using w_hello_atom = caf::atom_constant<caf::atom("w_hello")>;
 using w_batch_atom = caf::atom_constant<caf::atom("w_batch")>;
 using w_result_atom = caf::atom_constant<caf::atom("w_result")>;
 using t_work_atom = caf::atom_constant<caf::atom("t_work")>;
+using t_watch_atom = caf::atom_constant<caf::atom("t_watch")>;
 
 }  // namespace weft::rl

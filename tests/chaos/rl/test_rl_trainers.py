@@ -70,6 +70,9 @@ def main():
             status["status"] = subprocess.run(
                 [a.weft, "cluster", "status", "--rl", f"http://127.0.0.1:{port}", "--json"],
                 capture_output=True, text=True, timeout=30)
+            status["text"] = subprocess.run(
+                [a.weft, "cluster", "status", "--rl", f"http://127.0.0.1:{port}"],
+                capture_output=True, text=True, timeout=30)
         rc, out = run_watching([a.weft, "rl"] + args("two", 2, ["--metrics-port", str(port)]),
                                ask_status, timeout=400)
         check(rc == 0, f"--trainers 2: exits 0 (rc {rc}) {out[-400:]}")
@@ -84,6 +87,9 @@ def main():
             ranks = (json.loads(st.stdout).get("trainers") or {}).get("ranks", [])
             check(len(ranks) == 1 and ranks[0]["state"] == "ready" and ranks[0]["pid"] > 0,
                   f"weft cluster status --rl lists rank 1 ({ranks})")
+            text = status["text"].stdout
+            check("trainer-node-1" in text and "TRAINER RANK" in text,
+                  f"and prints the trainer node and the ranks: {text[-400:]}")
         else:
             check(False, f"weft cluster status --rl answered ({st.stderr[-300:] if st else None})")
 
