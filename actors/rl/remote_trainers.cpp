@@ -19,6 +19,7 @@
 #include "actors/rl/rl_atoms.hpp"
 #include "actors/rl/rl_plumbing.hpp"
 #include "actors/roles.hpp"
+#include "actors/train/rank_group.hpp"
 #include "actors/train/train_atoms.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/train/sft_run.hpp"
@@ -230,19 +231,14 @@ result<train_batch> read_batch(wire::TrainBatch::Reader r, int64_t vocab) {
 // -- a rank ---------------------------------------------------------------------------------------
 
 /// What the rank's actor and its training thread share.
-struct rank_shared {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<envelope> group;  ///< the controller's TrainerGroup
-  std::deque<envelope> work;      ///< TrainerWork in arrival order
-  bool abort = false;
-  transport::peer_group* peers = nullptr;  ///< while connected; abort() cancels its transfers
+struct rl_rank_shared : train::rank_shared {
+  std::deque<envelope> work;  ///< TrainerWork in arrival order
 };
 
 class rank_loop {
  public:
   rank_loop(rl_trainer_config cfg, std::string name, std::shared_ptr<transport::engine> engine,
-            std::shared_ptr<rank_shared> shared, caf::actor self, caf::actor controller)
+            std::shared_ptr<rl_rank_shared> shared, caf::actor self, caf::actor controller)
       : cfg_(std::move(cfg)),
         name_(std::move(name)),
         engine_(std::move(engine)),
@@ -281,10 +277,7 @@ class rank_loop {
   }
 
  private:
-  bool aborted() {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    return shared_->abort;
-  }
+  bool aborted() { return shared_->aborted(); }
 
   error fatal(std::string why) {
     fatal_ = true;
@@ -313,48 +306,14 @@ class rank_loop {
 
   status train() {
     if (auto st = load(); !st.ok()) return st;
-    auto address = engine_->local_address();
-    if (!address) return make_error(errc::unavailable, "transport: " + address.error().message);
-    caf::send_as(self_, controller_, t_hello_atom::value,
-                 envelope::build<wire::TrainerHello>([&](wire::TrainerHello::Builder b) {
-                   b.setRank(static_cast<uint32_t>(cfg_.rank));
-                   b.setWorld(static_cast<uint32_t>(cfg_.world));
-                   b.setAddress(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(address->data()),
-                                             address->size()));
-                   b.setPid(static_cast<uint32_t>(::getpid()));
-                 }));
     spdlog::info("rl trainer {}: rank {} of {} loaded; waiting for the group", name_, cfg_.rank,
                  cfg_.world);
-    envelope group_env;
-    {
-      std::unique_lock<std::mutex> lock(shared_->mu);
-      shared_->cv.wait(lock, [&] { return shared_->abort || shared_->group.has_value(); });
-      if (shared_->abort) return {};
-      group_env = *shared_->group;
-    }
-    auto g = group_env.read<wire::TrainerGroup>();
-    if (!g) return g.error();
-    generation_ = g->get().getGeneration();
-    std::vector<transport::bytes> addresses;
-    for (auto a : g->get().getAddresses()) {
-      const auto* p = reinterpret_cast<const std::byte*>(a.begin());
-      addresses.emplace_back(p, p + a.size());
-    }
-    if (addresses.size() != static_cast<size_t>(cfg_.world)) {
-      return make_error(errc::malformed, "the group has " + std::to_string(addresses.size()) +
-                                             " members, this run " + std::to_string(cfg_.world));
-    }
-    transport::group_options go;
-    go.timeout_ms = cfg_.allreduce_timeout_ms;
-    go.generation = generation_;
-    auto peers = transport::peer_group::connect(*engine_, cfg_.rank, addresses, go);
-    if (!peers) return make_error(errc::unavailable, peers.error().to_string());
-    peers_ = std::move(*peers);
-    {
-      std::lock_guard<std::mutex> lock(shared_->mu);
-      if (shared_->abort) return {};
-      shared_->peers = peers_.get();
-    }
+    auto joined = train::join_group(*engine_, *shared_, self_, controller_, cfg_.rank, cfg_.world,
+                                    cfg_.allreduce_timeout_ms);
+    if (!joined) return joined.error();
+    if (!joined->peers) return {};  // aborted
+    peers_ = std::move(joined->peers);
+    generation_ = joined->generation;
     // Rank 0's weights and moments (this rank adds −0.0 to them).
     auto state = gpu::rl::trainer_state(*model_, opt_);
     for (auto s : state) std::fill(s.begin(), s.end(), -0.0f);
@@ -431,7 +390,7 @@ class rank_loop {
   rl_trainer_config cfg_;
   std::string name_;
   std::shared_ptr<transport::engine> engine_;
-  std::shared_ptr<rank_shared> shared_;
+  std::shared_ptr<rl_rank_shared> shared_;
   caf::actor self_;
   caf::actor controller_;
   std::unique_ptr<gpu::train::trainable_model<float>> model_;
@@ -454,21 +413,10 @@ caf::behavior rl_trainer_actor(caf::event_based_actor* self, std::string name,
   }
   caf::actor ctrl = *controller;
   self->monitor(ctrl);
-  auto shared = std::make_shared<rank_shared>();
+  auto shared = std::make_shared<rl_rank_shared>();
   auto loop = std::make_shared<rank_loop>(cfg, name, std::move(engine), shared,
                                           caf::actor_cast<caf::actor>(self), ctrl);
-  auto thread = std::make_shared<std::thread>([loop] { loop->run(); });
-  // On any exit: cancel the group's transfers and wait for the thread, so that no iteration of
-  // this incarnation outlives the actor.
-  self->attach_functor([shared, thread](const caf::error&) {
-    {
-      std::lock_guard<std::mutex> lock(shared->mu);
-      shared->abort = true;
-      if (shared->peers != nullptr) shared->peers->abort();
-    }
-    shared->cv.notify_all();
-    if (thread->joinable()) thread->join();
-  });
+  train::run_beside(self, shared, [loop] { loop->run(); });
   self->set_down_handler([self, name, ctrl](const caf::down_msg& dm) {
     if (dm.source == ctrl.address()) {
       spdlog::warn("rl trainer {}: the controller is gone; stopping", name);
@@ -481,13 +429,7 @@ caf::behavior rl_trainer_actor(caf::event_based_actor* self, std::string name,
   };
   return {
       [shared, from_controller](t_group_atom, const envelope& env) {
-        if (!from_controller() || !env.read<wire::TrainerGroup>()) return;
-        {
-          std::lock_guard<std::mutex> lock(shared->mu);
-          if (shared->group) return;  // one group per incarnation
-          shared->group = env;
-        }
-        shared->cv.notify_all();
+        if (from_controller() && env.read<wire::TrainerGroup>()) shared->offer_group(env);
       },
       [shared, from_controller](t_work_atom, const envelope& env) {
         if (!from_controller() || env.what() != schema::kind::trainer_work) return;

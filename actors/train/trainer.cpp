@@ -13,6 +13,7 @@
 #include "actors/private_messages.hpp"
 #include "actors/roles.hpp"
 #include "actors/runtime.hpp"
+#include "actors/train/rank_group.hpp"
 #include "actors/train/train_atoms.hpp"
 #include "gpu/ggml_types.hpp"
 #include "gpu/train/checkpoint.hpp"
@@ -68,20 +69,15 @@ result<trainer_config> trainer_config::from_json(const std::string& json) {
 namespace {
 
 /// What the actor and its training thread share.
-struct rank_shared {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<envelope> group;  ///< the coordinator's TrainerGroup
-  bool abort = false;
+struct trainer_shared : rank_shared {
   std::atomic<bool> stop_requested{false};
-  transport::peer_group* peers = nullptr;  ///< while connected; abort() cancels its transfers
 };
 
 /// The training thread of one rank.
 class rank_loop {
  public:
   rank_loop(trainer_config cfg, std::string name, std::shared_ptr<transport::engine> engine,
-            std::shared_ptr<rank_shared> shared, caf::actor self, caf::actor coordinator)
+            std::shared_ptr<trainer_shared> shared, caf::actor self, caf::actor coordinator)
       : cfg_(std::move(cfg)),
         name_(std::move(name)),
         engine_(std::move(engine)),
@@ -103,10 +99,7 @@ class rank_loop {
   }
 
  private:
-  bool aborted() {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    return shared_->abort;
-  }
+  bool aborted() { return shared_->aborted(); }
 
   /// Tells the coordinator; a non-fatal failure also ends the actor abnormally (gang restart).
   void fail(const std::string& why, bool fatal) {
@@ -135,55 +128,21 @@ class rank_loop {
     run_ = std::move(*loaded);
     auto sc = make_sft_config(cfg_.run);
     if (!sc) return fatal(sc.error().message());
-    auto address = engine_->local_address();
-    if (!address) return make_error(errc::unavailable, "transport: " + address.error().message);
-    caf::send_as(self_, coordinator_, t_hello_atom::value,
-                 envelope::build<wire::TrainerHello>([&](wire::TrainerHello::Builder b) {
-                   b.setRank(static_cast<uint32_t>(cfg_.rank));
-                   b.setWorld(static_cast<uint32_t>(cfg_.world));
-                   b.setAddress(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(address->data()),
-                                             address->size()));
-                   b.setPid(static_cast<uint32_t>(::getpid()));
-                 }));
     spdlog::info("trainer {}: rank {} of {} loaded; waiting for the group", name_, cfg_.rank,
                  cfg_.world);
-    envelope group_env;
-    {
-      std::unique_lock<std::mutex> lock(shared_->mu);
-      shared_->cv.wait(lock, [&] { return shared_->abort || shared_->group.has_value(); });
-      if (shared_->abort) return {};
-      group_env = *shared_->group;
-    }
-    auto g = group_env.read<wire::TrainerGroup>();
-    if (!g) return g.error();
-    generation_ = g->get().getGeneration();
-    std::vector<transport::bytes> addresses;
-    for (auto a : g->get().getAddresses()) {
-      const auto* p = reinterpret_cast<const std::byte*>(a.begin());
-      addresses.emplace_back(p, p + a.size());
-    }
-    if (addresses.size() != static_cast<size_t>(cfg_.world)) {
-      return make_error(errc::malformed, "the group has " + std::to_string(addresses.size()) +
-                                             " members, this run " + std::to_string(cfg_.world));
-    }
-    transport::group_options go;
-    go.timeout_ms = cfg_.allreduce_timeout_ms;
-    go.generation = generation_;
-    auto peers = transport::peer_group::connect(*engine_, cfg_.rank, addresses, go);
-    if (!peers) return make_error(errc::unavailable, peers.error().to_string());
-    peers_ = std::move(*peers);
-    {
-      std::lock_guard<std::mutex> lock(shared_->mu);
-      if (shared_->abort) return {};
-      shared_->peers = peers_.get();
-    }
+    auto joined = join_group(*engine_, *shared_, self_, coordinator_, cfg_.rank, cfg_.world,
+                             cfg_.allreduce_timeout_ms);
+    if (!joined) return joined.error();
+    if (!joined->peers) return {};  // aborted
+    peers_ = std::move(joined->peers);
+    generation_ = joined->generation;
     trainer_ = std::make_unique<sft_trainer>(
         *run_->model, run_->data, *sc,
         [this](std::span<const std::span<float>> grads, double& loss_sum, int64_t& loss_tokens) {
           return reduce(grads, loss_sum, loss_tokens);
         },
         cfg_.rank, cfg_.world);
-    if (auto s = start_point(g->get().getResume()); !s.ok()) return s;
+    if (auto s = start_point(joined->resume); !s.ok()) return s;
     return loop();
   }
 
@@ -327,7 +286,7 @@ class rank_loop {
   trainer_config cfg_;
   std::string name_;
   std::shared_ptr<transport::engine> engine_;
-  std::shared_ptr<rank_shared> shared_;
+  std::shared_ptr<trainer_shared> shared_;
   caf::actor self_;
   caf::actor coordinator_;
   std::optional<sft_run> run_;
@@ -356,21 +315,11 @@ caf::behavior trainer_actor(caf::event_based_actor* self, std::string name, trai
   }
   caf::actor coord = *coordinator;
   self->monitor(coord);
-  auto shared = std::make_shared<rank_shared>();
+  auto shared = std::make_shared<trainer_shared>();
   auto loop = std::make_shared<rank_loop>(cfg, name, std::move(engine), shared,
                                           caf::actor_cast<caf::actor>(self), coord);
-  auto thread = std::make_shared<std::thread>([loop] { loop->run(); });
-  // On any exit (the supervisor's, the coordinator gone, a failed step): stop the loop — cancel
-  // its transfers — and wait for it, so no step of this incarnation outlives the actor.
-  self->attach_functor([shared, thread](const caf::error&) {
-    {
-      std::lock_guard<std::mutex> lock(shared->mu);
-      shared->abort = true;
-      if (shared->peers != nullptr) shared->peers->abort();
-    }
-    shared->cv.notify_all();
-    if (thread->joinable()) thread->join();
-  });
+  // On any exit (the supervisor's, the coordinator gone, a failed step) the loop stops.
+  run_beside(self, shared, [loop] { loop->run(); });
   self->set_down_handler([self, name, coord](const caf::down_msg& dm) {
     if (dm.source == coord.address()) {
       spdlog::warn("trainer {}: the coordinator is gone; stopping", name);
@@ -383,14 +332,7 @@ caf::behavior trainer_actor(caf::event_based_actor* self, std::string name, trai
   };
   return {
       [shared, from_coordinator](t_group_atom, const envelope& env) {
-        if (!from_coordinator()) return;
-        if (!env.read<wire::TrainerGroup>()) return;
-        {
-          std::lock_guard<std::mutex> lock(shared->mu);
-          if (shared->group) return;  // one group per incarnation
-          shared->group = env;
-        }
-        shared->cv.notify_all();
+        if (from_coordinator() && env.read<wire::TrainerGroup>()) shared->offer_group(env);
       },
       [shared, from_coordinator](t_stop_atom) {
         if (from_coordinator()) shared->stop_requested.store(true);
