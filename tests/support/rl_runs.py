@@ -44,3 +44,28 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def reward_not_dots(delay_s):
+    """REWARD_NOT_DOTS sleeping `delay_s` a sample, so that a step lasts long enough for a fault
+    injected from the run's output to land inside the run."""
+    return (REWARD_NOT_DOTS.replace("import json, sys\n", "import json, sys, time\n")
+            .replace('    c = r["completion"]\n',
+                     f'    c = r["completion"]\n    time.sleep({delay_s})\n'))
+
+
+def status_asker(weft, port, at_line):
+    """A run_watching callback that asks `weft cluster status --rl` of the run on `port`, as a
+    table and as JSON, once a line of the run's output contains `at_line`; returns (callback,
+    dict that then holds the two CompletedProcess as "table" and "json")."""
+    got = {}
+
+    def on_line(line):
+        if got or at_line not in line:
+            return
+        url = f"http://127.0.0.1:{port}"
+        got["table"] = subprocess.run([weft, "cluster", "status", "--rl", url],
+                                      capture_output=True, text=True, timeout=30)
+        got["json"] = subprocess.run([weft, "cluster", "status", "--rl", url, "--json"],
+                                     capture_output=True, text=True, timeout=30)
+    return on_line, got

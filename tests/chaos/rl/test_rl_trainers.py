@@ -18,27 +18,16 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
 from cli_checks import check, finish, read_jsonl, run_watching, run_weft  # noqa: E402
-from rl_runs import free_port, outcome as run_outcome, tiny_setup  # noqa: E402
+from rl_runs import (free_port, outcome as run_outcome, reward_not_dots,  # noqa: E402
+                     status_asker, tiny_setup)
 
 STEPS = 16
 SAMPLES = 6 * 4
-
-# 10 ms a sample: a step takes long enough for a kill to land inside the run.
-REWARD = """import json, sys, time
-for line in sys.stdin:
-    r = json.loads(line)
-    c = r["completion"]
-    time.sleep(0.01)
-    print(json.dumps({"id": r["id"], "reward": sum(ch != "." for ch in c) / max(1, len(c))}),
-          flush=True)
-"""
-
 
 def main():
     ap = argparse.ArgumentParser()
@@ -46,7 +35,7 @@ def main():
     ap.add_argument("--make-model", required=True)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model, data, script = tiny_setup(a.make_model, tmp, reward=REWARD)
+        model, data, script = tiny_setup(a.make_model, tmp, reward=reward_not_dots(0.01))
 
         def args(tag, trainers, extra=()):
             return ["--model", model, "--data", data, "--prompt-format", "raw",
@@ -62,17 +51,7 @@ def main():
             return run_outcome(tmp, tag)
 
         port = free_port()
-        status = {}
-
-        def ask_status(line):
-            if "status" in status or "step 2/" not in line:
-                return
-            status["status"] = subprocess.run(
-                [a.weft, "cluster", "status", "--rl", f"http://127.0.0.1:{port}", "--json"],
-                capture_output=True, text=True, timeout=30)
-            status["text"] = subprocess.run(
-                [a.weft, "cluster", "status", "--rl", f"http://127.0.0.1:{port}"],
-                capture_output=True, text=True, timeout=30)
+        ask_status, status = status_asker(a.weft, port, "step 2/")
         rc, out = run_watching([a.weft, "rl"] + args("two", 2, ["--metrics-port", str(port)]),
                                ask_status, timeout=400)
         check(rc == 0, f"--trainers 2: exits 0 (rc {rc}) {out[-400:]}")
@@ -82,12 +61,12 @@ def main():
         want = outcome("two")
         check(len(want[0]) == STEPS and any(s[3] != 0 for s in want[0]),
               f"{STEPS} steps, some with a gradient")
-        st = status.get("status")
+        st = status.get("json")
         if st is not None and st.returncode == 0:
             ranks = (json.loads(st.stdout).get("trainers") or {}).get("ranks", [])
             check(len(ranks) == 1 and ranks[0]["state"] == "ready" and ranks[0]["pid"] > 0,
                   f"weft cluster status --rl lists rank 1 ({ranks})")
-            text = status["text"].stdout
+            text = status["table"].stdout
             check("trainer-node-1" in text and "TRAINER RANK" in text,
                   f"and prints the trainer node and the ranks: {text[-400:]}")
         else:
