@@ -41,6 +41,9 @@ MODES = {
     "agents sync KL fused": ["--agents", "2", "--kl-coef", "0.04"],
     "sync KL unfused": ["--kl-coef", "0.04", "--no-fused-reference"],
     "sync KL fused": ["--kl-coef", "0.04"],
+    # A data-parallel trainer group: rank 0 in the weft rl process, rank 1 on a trainer node.
+    "agents1 sync": ["--agents", "1"],
+    "agents1 sync trainers 2": ["--agents", "1", "--trainers", "2"],
 }
 
 
@@ -62,7 +65,7 @@ def run_weft(a, extra, metrics):
             "staleness": [r.get("staleness_mean", 0.0) for r in steps],
             "mixed_version_samples": sum(r.get("mixed_version_samples", 0) for r in steps),
             "stage_seconds": {k: sum(r.get(k, 0.0) for r in steps)
-                              for k in ["rollout_s", "train_s", "sync_s", "ref_s"]}}
+                              for k in ["rollout_s", "train_s", "sync_s", "ref_s", "reduce_s"]}}
 
 
 def main():
