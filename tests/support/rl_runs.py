@@ -1,6 +1,7 @@
 """What the `weft rl` chaos tests share: a tiny generated model with a dataset of prompts, a reward
 program that pays for anything but dots, and a run's outcome read back from its files."""
 import os
+import shutil
 import socket
 import subprocess
 
@@ -69,3 +70,21 @@ def status_asker(weft, port, at_line):
         got["json"] = subprocess.run([weft, "cluster", "status", "--rl", url, "--json"],
                                      capture_output=True, text=True, timeout=30)
     return on_line, got
+
+
+def netns_usable():
+    """Whether this process may create network namespaces (root, iproute2, nsenter)."""
+    return (os.geteuid() == 0 and shutil.which("nsenter") is not None and
+            subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0)
+
+
+def set_links(pid, up):
+    """Every interface but loopback of process `pid`'s network namespace down (a cut) or up;
+    returns their names."""
+    enter = ["nsenter", f"--net=/proc/{pid}/ns/net"]
+    out = subprocess.run(enter + ["ip", "-o", "link", "show"], capture_output=True, text=True)
+    links = [l.split(": ")[1].split("@")[0] for l in out.stdout.splitlines() if ": " in l]
+    links = [l for l in links if l != "lo"]
+    for l in links:
+        subprocess.run(enter + ["ip", "link", "set", l, "up" if up else "down"], check=True)
+    return links

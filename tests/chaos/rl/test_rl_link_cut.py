@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
 from cli_checks import check, finish, read_jsonl, run_watching  # noqa: E402
-from rl_runs import free_port, outcome as run_outcome, tiny_setup  # noqa: E402
+from rl_runs import (free_port, netns_usable, outcome as run_outcome, set_links,  # noqa: E402
+                     tiny_setup)
 
 STEPS = 40
 SAMPLES = 8 * 4
@@ -37,25 +37,12 @@ CUT_AT_STEP = 2
 CUT_SECONDS = 6.0
 
 
-
-def set_links(pid, up):
-    """Every interface but loopback of process `pid`'s network namespace down (a cut) or up."""
-    enter = ["nsenter", f"--net=/proc/{pid}/ns/net"]
-    out = subprocess.run(enter + ["ip", "-o", "link", "show"], capture_output=True, text=True)
-    links = [l.split(": ")[1].split("@")[0] for l in out.stdout.splitlines() if ": " in l]
-    links = [l for l in links if l != "lo"]
-    for l in links:
-        subprocess.run(enter + ["ip", "link", "set", l, "up" if up else "down"], check=True)
-    return links
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weft", required=True)
     ap.add_argument("--make-model", required=True)
     a = ap.parse_args()
-    if (os.geteuid() != 0 or shutil.which("nsenter") is None or
-            subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0):
+    if not netns_usable():
         print("SKIP: rollout agents in network namespaces need root, iproute2 and nsenter")
         return 77  # CTest reports it as skipped (SKIP_RETURN_CODE), never as passed
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,7 +131,6 @@ def main():
               "agent 0 was restarted (its supervisor placed it on a live node) and joined again")
         check("rollout-node-0 relaunched" in out,
               "the cut node gave up on its head and was relaunched once its link was back")
-        open("/tmp/cut.log", "w").write(out)
         if rc == 0:
             got = outcome("cut")
             check(len(got[0]) == STEPS and all(s[1] == SAMPLES for s in got[0]),
