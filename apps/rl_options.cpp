@@ -217,9 +217,11 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--rollout-type", o->rollout_type,
-                  "Weight type of the rollout engine: f32 (closest to the trainer), bf16 or f16")
+                  "Weight type of the rollout engine: f32 (closest to the trainer), bf16, f16 or "
+                  "q8_0 (quantized rollouts: fastest on a CPU; the behaviour log-probs differ "
+                  "most from the trainer's, which the PPO ratio corrects)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0"}));
   cmd->add_option("--agents", o->agents,
                   "Rollout agents, each in its own `weft node` process on this host (placed and "
                   "restarted by a supervisor; weights pushed over UCX after every step). 0: the "

@@ -67,8 +67,7 @@ result<rollout_agent_config> rollout_agent_config::from_json(const std::string& 
   const auto type = gpu::parse_type_name(c.weight_type);
   if (c.agent < 0 || c.agent > 4095 || c.threads < 1 || c.threads > 1024 || c.max_sequences < 1 ||
       c.max_sequences > 1 << 20 || c.max_new_tokens < 1 || c.controller_port == 0 || !type ||
-      (*type != gpu::ggml_type::f32 && *type != gpu::ggml_type::bf16 &&
-       *type != gpu::ggml_type::f16)) {
+      !gpu::rl::is_rollout_weight_type(*type)) {
     return make_error(errc::invalid_argument,
                       "rollout agent: agent " + std::to_string(c.agent) + ", " +
                           std::to_string(c.threads) + " threads, weight type " + c.weight_type +

@@ -14,8 +14,12 @@ TRL needs torch >= 2.6 and transformers 5: by default they live in a virtual env
 (--venv, created on first use with `pip install torch==2.6.0 trl==1.16.0`), so the system's
 PyTorch (used by the oracle tests) is left alone.
 
+--rollout-types f32,q8_0 adds weft runs with other rollout weight types (here: quantized
+rollouts), each alternated with TRL's runs too; the f32 run stays the like-for-like figure.
+
 Writes JSON (and a PNG) named rl-vs-trl-<date>.* into --out.
-Usage: rl_vs_trl.py --weft build/release/apps/weft [--steps 8] [--repeat 2] [--out docs]
+Usage: rl_vs_trl.py --weft build/release/apps/weft [--steps 8] [--repeat 2]
+                    [--rollout-types f32,q8_0] [--out docs]
 """
 import argparse
 import datetime
@@ -104,13 +108,14 @@ def run_trl(py, cfg):
     sys.exit("TRL run failed:\n" + p.stdout[-2000:] + p.stderr[-4000:])
 
 
-def run_weft(weft, cfg, tmp, i):
-    metrics = os.path.join(tmp, f"weft-{i}.jsonl")
+def run_weft(weft, cfg, tmp, i, rollout_type="f32"):
+    metrics = os.path.join(tmp, f"weft-{rollout_type}-{i}.jsonl")
     cmd = [weft, "rl", "--model", cfg["model"], "--task", "arithmetic", "--digits", "1",
            "--prompts-per-step", str(cfg["prompts"]), "--group-size", str(cfg["group"]),
            "--max-new-tokens", str(cfg["max_new"]), "--steps", str(cfg["steps"]),
            "--lr", str(cfg["lr"]), "--threads", str(cfg["threads"]), "--seed", str(cfg["seed"]),
-           "--eval-every", "0", "--eval-prompts", str(cfg["eval_prompts"]), "--metrics", metrics]
+           "--eval-every", "0", "--eval-prompts", str(cfg["eval_prompts"]), "--metrics", metrics,
+           "--rollout-type", rollout_type]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
         sys.exit("weft rl failed:\n" + p.stderr[-3000:])
@@ -118,6 +123,7 @@ def run_weft(weft, cfg, tmp, i):
     steps = [r for r in rows if r["kind"] == "step"]
     return {"seconds": sum(r["step_s"] for r in steps), "rewards": [r["reward"] for r in steps],
             "lengths": [r["completion_len"] for r in steps],
+            "ratio_deviation": [r["ratio_deviation"] for r in steps],
             "stage_seconds": {k: sum(r[k] for r in steps) for k in ["rollout_s", "train_s",
                                                                        "sync_s"]}}
 
@@ -138,7 +144,14 @@ def main():
     ap.add_argument("--venv", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                    "..", "..", "build", "trl-venv"))
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--rollout-types", default="f32",
+                    help="weft runs, each alternated with TRL's: comma-separated --rollout-type "
+                         "values (f32 is the reported weft run; e.g. f32,q8_0 adds quantized "
+                         "rollouts)")
     a = ap.parse_args()
+    types = [t.strip() for t in a.rollout_types.split(",") if t.strip()]
+    if "f32" not in types:
+        types.insert(0, "f32")
     py = ensure_venv(os.path.abspath(a.venv))
     eval_prompts = 32
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,6 +167,7 @@ def main():
                "threads": a.threads, "seed": a.seed, "out": os.path.join(tmp, "trl"),
                "eval_prompts": eval_prompts}
         trl, weft = [], []
+        others = {t: [] for t in types if t != "f32"}
         for i in range(a.repeat):
             t = run_trl(py, cfg)
             trl.append(t)
@@ -165,6 +179,12 @@ def main():
             print(f"weft run {i + 1}: {w['seconds']:.1f} s, "
                   f"{a.steps * a.prompts * a.group / w['seconds']:.2f} samples/s, "
                   f"rewards {[round(x, 3) for x in w['rewards']]}", flush=True)
+            for t in others:
+                w = run_weft(a.weft, cfg, tmp, i, t)
+                others[t].append(w)
+                print(f"weft {t} rollouts run {i + 1}: {w['seconds']:.1f} s, "
+                      f"{a.steps * a.prompts * a.group / w['seconds']:.2f} samples/s, "
+                      f"rewards {[round(x, 3) for x in w['rewards']]}", flush=True)
     samples = a.steps * a.prompts * a.group
     trl_sps = [samples / r["seconds"] for r in trl]
     weft_sps = [samples / r["seconds"] for r in weft]
@@ -179,6 +199,13 @@ def main():
                 "samples_per_s": trl_sps, "runs": trl},
         "weft": {"samples_per_s": weft_sps, "runs": weft},
         "ratio_weft_over_trl": ratios, "ratio_median": statistics.median(ratios),
+        "weft_rollout_types": {
+            t: {"samples_per_s": [samples / r["seconds"] for r in rs], "runs": rs,
+                "ratio_over_trl": [samples / r["seconds"] / x for r, x in zip(rs, trl_sps)],
+                "ratio_median": statistics.median(samples / r["seconds"] / x
+                                                  for r, x in zip(rs, trl_sps)),
+                "mean_reward": statistics.mean(x for r in rs for x in r["rewards"])}
+            for t, rs in others.items()},
         "mean_reward": {"trl": statistics.mean(x for r in trl for x in r["rewards"]),
                         "weft": statistics.mean(x for r in weft for x in r["rewards"])},
     }
@@ -189,13 +216,19 @@ def main():
     print(f"weft / TRL samples/s: {[round(r, 2) for r in ratios]} (median "
           f"{out['ratio_median']:.2f}x); mean reward TRL {out['mean_reward']['trl']:.3f}, "
           f"weft {out['mean_reward']['weft']:.3f}; wrote {stem}.json")
+    for t, v in out["weft_rollout_types"].items():
+        print(f"weft with {t} rollouts / TRL: {[round(r, 2) for r in v['ratio_over_trl']]} "
+              f"(median {v['ratio_median']:.2f}x); mean reward {v['mean_reward']:.3f}")
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-        ax[0].bar(["TRL GRPOTrainer", "weft rl (sync)"],
-                  [statistics.median(trl_sps), statistics.median(weft_sps)])
+        names = ["TRL GRPOTrainer", "weft rl (sync)"] + [f"weft rl, {t} rollouts" for t in others]
+        ax[0].bar(names, [statistics.median(trl_sps), statistics.median(weft_sps)] +
+                  [statistics.median(v["samples_per_s"])
+                   for v in out["weft_rollout_types"].values()])
+        ax[0].tick_params(axis="x", labelrotation=10)
         ax[0].set_ylabel("samples / s (median of runs)")
         ax[0].set_title(f"GRPO on SmolLM2-135M, {a.threads} threads")
         for r in trl:

@@ -90,10 +90,9 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
   if (config.max_staleness < 0 || config.max_staleness > 64) {
     return status{status_code::invalid_argument, "the staleness bound must be within 0..64"};
   }
-  if (config.rollout_type != ggml_type::f32 && config.rollout_type != ggml_type::bf16 &&
-      config.rollout_type != ggml_type::f16) {
+  if (!is_rollout_weight_type(config.rollout_type)) {
     return status{status_code::invalid_argument,
-                  "the rollout weight type must be f32, bf16 or f16"};
+                  std::string{"the rollout weight type must be "} + rollout_weight_types};
   }
   std::unique_ptr<grpo_loop> loop(new grpo_loop(std::move(model), task, config));
   auto tok = tokenizer::from_gguf(source);

@@ -28,10 +28,9 @@ engine_config rollout_engine_config(const model& m, const rollout_engine_params&
 result<std::unique_ptr<model>> load_rollout_model(const gguf_file& source,
                                                   const train::trainable_model<float>& weights,
                                                   const rollout_engine_params& p, device& dev) {
-  if (p.weight_type != ggml_type::f32 && p.weight_type != ggml_type::bf16 &&
-      p.weight_type != ggml_type::f16) {
+  if (!is_rollout_weight_type(p.weight_type)) {
     return status{status_code::invalid_argument,
-                  "the rollout weight type must be f32, bf16 or f16"};
+                  std::string{"the rollout weight type must be "} + rollout_weight_types};
   }
   auto image = train::export_gguf_bytes(source, weights, p.weight_type);
   if (!image) return image.error();
@@ -48,6 +47,10 @@ result<std::unique_ptr<model>> load_rollout_model(const gguf_file& source,
                                         " weights: " + m.error().message()};
   }
   return m;
+}
+
+bool is_rollout_weight_type(ggml_type t) {
+  return t == ggml_type::f32 || t == ggml_type::bf16 || t == ggml_type::f16 || t == ggml_type::q8_0;
 }
 
 status apply_weights(model& m, engine& e, int64_t version, std::span<const named_weights> tensors) {

@@ -74,6 +74,12 @@ class rollout_backend {
   virtual rollout_backend_stats stats() const { return {}; }
 };
 
+/// Weight types a rollout engine may store the trainer's weights in: f32 (the trainer's own),
+/// bf16, f16, and q8_0 (quantized rollouts: the behaviour policy differs most from the trainer's,
+/// and the PPO ratio / importance correction accounts for it).
+bool is_rollout_weight_type(ggml_type t);
+inline constexpr const char* rollout_weight_types = "f32, bf16, f16 or q8_0";
+
 /// How a rollout engine is sized; the same for the in-process engine and every agent, so that
 /// the same requests give the same tokens wherever they run.
 struct rollout_engine_params {

@@ -299,6 +299,13 @@ def main():
         dev = [r["ratio_deviation"] for r in rows if r["kind"] == "step"]
         check(rc == 0 and len(dev) == 3 and 0 < dev[0] < 0.05,
               f"--rollout-type bf16: trainer/engine ratio deviation small but not 0: {dev}")
+        # q8_0 rollout weights (quantized rollouts): further from the trainer than bf16, still
+        # far inside the clip range.
+        rc, _, rows = losses(["--rollout-type", "q8_0"])
+        dev_q8 = [r["ratio_deviation"] for r in rows if r["kind"] == "step"]
+        check(rc == 0 and len(dev_q8) == 3 and dev[0] < dev_q8[0] < 0.2,
+              f"--rollout-type q8_0: ratio deviation above bf16's ({dev[0]:.4f}), below 0.2: "
+              f"{dev_q8}")
         rc, _, rows = losses(["--rollout-type", "bf16", "--clip-low", "0.0001", "--clip-high",
                               "0.0001"])
         clip = [r["clip_fraction"] for r in rows if r["kind"] == "step"]

@@ -24,8 +24,10 @@
 #include "gpu/rl/grpo.hpp"
 #include "gpu/rl/grpo_loop.hpp"
 #include "gpu/rl/reward_process.hpp"
+#include "gpu/rl/rollout_backend.hpp"
 #include "gpu/rl/tasks.hpp"
 #include "gpu/tiny_model.hpp"
+#include "gpu/train/export.hpp"
 #include "gpu/train/trainable_model.hpp"
 #include "tests/unit/gpu/rl_test_support.hpp"
 
@@ -349,6 +351,49 @@ TEST(rollout_weights, set_weight_makes_the_engine_serve_the_new_weights) {
   std::vector<float> norm(32, 1.0f);
   EXPECT_EQ((*mapped)->set_weight("output_norm.weight", norm).code(), status_code::unsupported);
   fs::remove(path);
+}
+
+TEST(rollout_weights, quantized_q8_0_rollouts_serve_the_quantized_new_weights) {
+  auto dev = device_registry::instance().create("cpu", device_config{1, 0});
+  ASSERT_TRUE(dev.ok());
+  const auto file = tiny_file(42);
+  auto weights = trainable_model<float>::load(file);
+  ASSERT_TRUE(weights.ok());
+  rollout_engine_params p;
+  p.weight_type = ggml_type::q8_0;
+  ASSERT_TRUE(is_rollout_weight_type(ggml_type::q8_0));
+  EXPECT_FALSE(is_rollout_weight_type(ggml_type::q4_1));
+  auto rollout = load_rollout_model(file, **weights, p, **dev);
+  ASSERT_TRUE(rollout.ok()) << rollout.error().message();
+  // Matrices are stored as q8_0, norms stay f32 (as the GGUF export writes them).
+  int quantized = 0;
+  for (const gguf_tensor& t : (*rollout)->file().tensors()) quantized += t.type == ggml_type::q8_0;
+  EXPECT_GT(quantized, 0);
+  // A weight version: every tensor moved; the engine's model must equal a q8_0 export of it.
+  for (auto& prm : (*weights)->parameters()) {
+    for (size_t i = 0; i < prm.value.size(); ++i) prm.value[i] += 0.01f * std::sin(float(i));
+  }
+  for (const auto& prm : std::as_const(**weights).parameters()) {
+    ASSERT_TRUE((*rollout)->set_weight(prm.name, prm.value).ok()) << prm.name;
+  }
+  auto image = train::export_gguf_bytes(file, **weights, ggml_type::q8_0);
+  ASSERT_TRUE(image.ok());
+  auto fresh = model::load(gguf_file::parse(*image).value(), **dev);
+  ASSERT_TRUE(fresh.ok());
+  auto logits_of = [&](model& m) {
+    kv_cache_config kc;
+    kc.layout = m.kv_layout_for(16);
+    kc.n_blocks = 8;
+    auto kv = kv_cache::create(**dev, kc).value();
+    const seq_id s = kv->create_sequence();
+    forward_batch b;
+    const std::vector<int32_t> toks = {5, 17, 90, 200};
+    b.add(s, toks, true);
+    forward_output out;
+    EXPECT_TRUE(m.forward(b, *kv, out).ok());
+    return out.logits;
+  };
+  EXPECT_EQ(logits_of(**rollout), logits_of(**fresh));
 }
 
 TEST(rollout_weights, a_new_prefix_namespace_never_matches_old_blocks) {
