@@ -59,6 +59,26 @@ std::vector<int> place_longest_first(std::span<const dispatch_item> items, std::
   return agent;
 }
 
+std::vector<int> consolidation_targets(std::span<const int64_t> unfinished, int64_t capacity) {
+  int64_t total = 0;
+  std::vector<int> busy;
+  for (size_t a = 0; a < unfinished.size(); ++a) {
+    if (unfinished[a] > 0) {
+      total += unfinished[a];
+      busy.push_back(static_cast<int>(a));
+    }
+  }
+  if (total == 0 || capacity < 1) return {};
+  const auto needed = static_cast<size_t>((total + capacity - 1) / capacity);
+  if (needed * 2 > busy.size()) return {};
+  std::stable_sort(busy.begin(), busy.end(), [&](int x, int y) {
+    return unfinished[static_cast<size_t>(x)] > unfinished[static_cast<size_t>(y)];
+  });
+  busy.resize(needed);
+  std::sort(busy.begin(), busy.end());
+  return busy;
+}
+
 std::vector<int> place_round_robin(size_t items, int agents, int start) {
   std::vector<int> agent(items, 0);
   if (agents <= 0) return agent;

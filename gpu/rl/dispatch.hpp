@@ -58,4 +58,15 @@ std::vector<int> place_round_robin(size_t items, int agents, int start = 0);
 /// The order in which to start items on one agent: predicted-longest first (ties by id).
 std::vector<size_t> longest_first_order(std::span<const dispatch_item> items);
 
+/// Tail consolidation (RLHFuse's inter-stage fusion): once a step's unfinished sequences fit on at
+/// most half of the agents that hold them (`unfinished[a]`: agent a's, running and queued;
+/// `capacity`: the sequences an agent may take from the tail — small enough that its decode step
+/// stays near its fixed cost, since the tail is the step's critical path), the agents that keep
+/// them — those holding
+/// the most, ties by the lowest index, as few as can run them all at once. The others move theirs
+/// there (by replaying prompt and tokens so far) and are free for other work (in a colocated
+/// cluster: training the step's finished samples). Empty: not worth it yet (fewer than half of
+/// the busy agents would be freed, or nothing is unfinished). Deterministic.
+std::vector<int> consolidation_targets(std::span<const int64_t> unfinished, int64_t capacity);
+
 }  // namespace weft::gpu::rl

@@ -34,6 +34,8 @@ nlohmann::json to_json(const rl_sim_result& r, double sync_sps) {
           {"trainer_busy", r.trainer_busy},
           {"mean_batch", r.mean_batch},
           {"train_fraction", r.train_fraction},
+          {"migrated", r.migrated},
+          {"fused_train_share", r.fused_train_share},
           {"staleness_histogram", r.staleness_histogram}};
 }
 
@@ -97,6 +99,7 @@ int main(int argc, char** argv) {
     if (scale_batch) cg.prompts_per_step = std::max<int64_t>(1, base_prompts * g / 64);
     std::vector<rl_sim_result> results;
     results.push_back(simulate_rl(cg, rl_sim_mode::sync_colocated, 0));
+    results.push_back(simulate_rl(cg, rl_sim_mode::sync_fused, 0));
     for (int64_t k : staleness) {
       results.push_back(simulate_rl(cg, rl_sim_mode::async_round_robin, k));
       results.push_back(simulate_rl(cg, rl_sim_mode::async_length_aware, k));

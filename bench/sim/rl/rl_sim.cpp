@@ -77,6 +77,8 @@ const char* rl_sim_mode_name(rl_sim_mode m) {
       return "async";
     case rl_sim_mode::async_length_aware:
       return "async+length-aware";
+    case rl_sim_mode::sync_fused:
+      return "sync+fusion";
   }
   return "?";
 }
@@ -102,7 +104,8 @@ namespace {
 rl_sim_result simulate_split(const rl_sim_config& c, rl_sim_mode mode, int64_t max_staleness) {
   rl_sim_result out;
   out.mode = mode;
-  const bool sync = mode == rl_sim_mode::sync_colocated;
+  const bool fused = mode == rl_sim_mode::sync_fused;
+  const bool sync = mode == rl_sim_mode::sync_colocated || fused;
   out.max_staleness = sync ? 0 : max_staleness;
   const int64_t trainers =
       sync ? c.gpus
@@ -118,17 +121,32 @@ rl_sim_result simulate_split(const rl_sim_config& c, rl_sim_mode mode, int64_t m
   double now = 0.0, trainer_busy = 0.0, batch_sum = 0.0, batch_steps = 0.0;
   bool training = false;
   int64_t rr = 0;
+  // sync + fusion: GPUs freed from the step's tail train its finished samples meanwhile.
+  std::vector<uint8_t> draining(agents.size(), 0), freed(agents.size(), 0);
+  std::vector<double> replay_ms(agents.size(), 0.0);
+  std::vector<int> targets;
+  int64_t n_freed = 0;
+  double finished_tokens = 0.0, fused_trained = 0.0, fused_total = 0.0, last_t = 0.0;
+  auto advance = [&](double t) {
+    if (n_freed > 0) {
+      fused_trained =
+          std::min(finished_tokens, fused_trained + static_cast<double>(n_freed) * (t - last_t) *
+                                                        1000.0 / c.train_ms_per_token);
+    }
+    last_t = t;
+  };
 
   auto start = [&](size_t a) {
     agent& ag = agents[a];
-    if (ag.stepping) return;
+    if (ag.stepping || freed[a] != 0) return;
     while (static_cast<int64_t>(ag.running.size()) < c.max_running && !ag.queue.empty()) {
       ag.running.push_back(ag.queue.front());
       ag.queue.pop_front();
     }
     if (ag.running.empty()) return;
     const auto b = static_cast<double>(ag.running.size());
-    const double dt = (c.step_base_ms + c.step_per_seq_ms * b) / 1000.0;
+    const double dt = (c.step_base_ms + c.step_per_seq_ms * b + replay_ms[a]) / 1000.0;
+    replay_ms[a] = 0.0;
     ag.stepping = true;
     ag.step_version = sched.version();
     ag.busy_s += dt;
@@ -174,10 +192,58 @@ rl_sim_result simulate_split(const rl_sim_config& c, rl_sim_mode mode, int64_t m
     for (int64_t m : sched.admit()) dispatch(m);
     for (size_t a = 0; a < agents.size(); ++a) start(a);
   };
+  // Moves agent a's unfinished samples onto the targets (the least loaded first); a is freed.
+  auto drain = [&](size_t a) {
+    agent& ag = agents[a];
+    std::vector<seq> moving(ag.running.begin(), ag.running.end());
+    moving.insert(moving.end(), ag.queue.begin(), ag.queue.end());
+    ag.running.clear();
+    ag.queue.clear();
+    for (const seq& s : moving) {
+      size_t to = static_cast<size_t>(targets.front());
+      for (int t : targets) {
+        const auto& x = agents[static_cast<size_t>(t)];
+        const auto& y = agents[to];
+        if (x.running.size() + x.queue.size() < y.running.size() + y.queue.size()) {
+          to = static_cast<size_t>(t);
+        }
+      }
+      replay_ms[to] += static_cast<double>(s.done) * c.prefill_ms_per_token;
+      agents[to].queue.push_back(s);
+      ++out.migrated;
+    }
+    draining[a] = 0;
+    freed[a] = 1;
+    ++n_freed;
+    for (int t : targets) start(static_cast<size_t>(t));
+  };
+  auto consolidate = [&] {
+    std::vector<int64_t> unfinished(agents.size(), 0);
+    for (size_t a = 0; a < agents.size(); ++a) {
+      if (freed[a] == 0) {
+        unfinished[a] = static_cast<int64_t>(agents[a].running.size() + agents[a].queue.size());
+      }
+    }
+    auto t =
+        gpu::rl::consolidation_targets(unfinished, std::min(c.max_running, c.fusion_max_batch));
+    if (t.empty()) return;
+    targets = std::move(t);
+    for (int x : targets) draining[static_cast<size_t>(x)] = 0;  // an earlier round's: it stays
+    for (size_t a = 0; a < agents.size(); ++a) {
+      if (unfinished[a] == 0 ||
+          std::binary_search(targets.begin(), targets.end(), static_cast<int>(a))) {
+        continue;
+      }
+      draining[a] = 1;
+      if (!agents[a].stepping) drain(a);
+    }
+  };
   auto try_train = [&] {
     if (training || !sched.ready()) return;
     training = true;
-    const double tokens = static_cast<double>(step_tokens[static_cast<size_t>(sched.version())]);
+    const double tokens =
+        static_cast<double>(step_tokens[static_cast<size_t>(sched.version())]) - fused_trained;
+    fused_total += fused_trained;
     const double dt =
         tokens * c.train_ms_per_token / 1000.0 / static_cast<double>(trainers) + c.sync_s;
     trainer_busy += dt;
@@ -188,6 +254,7 @@ rl_sim_result simulate_split(const rl_sim_config& c, rl_sim_mode mode, int64_t m
   while (sched.version() < c.steps && !events.empty()) {
     const event e = events.top();
     events.pop();
+    advance(e.time);
     now = e.time;
     if (e.kind == 1) {
       auto t = sched.train();
@@ -196,6 +263,10 @@ rl_sim_result simulate_split(const rl_sim_config& c, rl_sim_mode mode, int64_t m
         return out;
       }
       training = false;
+      std::fill(freed.begin(), freed.end(), 0);
+      std::fill(draining.begin(), draining.end(), 0);
+      n_freed = 0;
+      finished_tokens = fused_trained = 0.0;
       admit();
       try_train();
       continue;
@@ -214,10 +285,16 @@ rl_sim_result simulate_split(const rl_sim_config& c, rl_sim_mode mode, int64_t m
         return out;
       }
       ranker.observe(static_cast<uint64_t>(s.prompt), sim_prompt_tokens(c, s.prompt), s.length);
+      finished_tokens += static_cast<double>(s.length);
       ag.running[i] = ag.running.back();
       ag.running.pop_back();
     }
-    start(static_cast<size_t>(e.agent));
+    if (draining[static_cast<size_t>(e.agent)] != 0) {
+      drain(static_cast<size_t>(e.agent));
+    } else {
+      start(static_cast<size_t>(e.agent));
+    }
+    if (fused && n_freed < static_cast<int64_t>(agents.size()) - 1) consolidate();
     try_train();
   }
   if (sched.version() < c.steps && out.error.empty()) out.error = "the simulation stalled";
@@ -231,13 +308,17 @@ rl_sim_result simulate_split(const rl_sim_config& c, rl_sim_mode mode, int64_t m
   out.mean_batch = batch_steps > 0 ? batch_sum / batch_steps : 0.0;
   out.staleness_histogram = sched.staleness_histogram();
   out.train_fraction = sync ? 1.0 : static_cast<double>(trainers) / static_cast<double>(c.gpus);
+  double all_tokens = 0.0;
+  for (int64_t t : step_tokens) all_tokens += static_cast<double>(t);
+  out.fused_train_share = all_tokens > 0.0 ? fused_total / all_tokens : 0.0;
   return out;
 }
 
 }  // namespace
 
 rl_sim_result simulate_rl(const rl_sim_config& c, rl_sim_mode mode, int64_t max_staleness) {
-  if (mode == rl_sim_mode::sync_colocated || c.train_fraction > 0.0) {
+  if (mode == rl_sim_mode::sync_colocated || mode == rl_sim_mode::sync_fused ||
+      c.train_fraction > 0.0) {
     return simulate_split(c, mode, max_staleness);
   }
   rl_sim_result best;

@@ -12,6 +12,10 @@
 ///    ahead; trainer GPUs train each step as soon as its samples are in; round-robin placement.
 ///  - async K + length-aware: as above, with the output-length ranker placing predicted-long
 ///    samples first onto the least-loaded agents (LPT) and starting them first.
+///  - sync + fusion (colocated, RLHFuse's inter-stage fusion): as sync, but once the step's
+///    unfinished samples fit on half of the GPUs that hold them (rl::consolidation_targets), they
+///    move there (the receiving GPU replays each one's tokens so far: prefill_ms_per_token) and the
+///    freed GPUs start training the step's finished samples while the tail generates.
 ///
 /// Not modelled: prefill (prompts are short next to the outputs here), KV capacity (an agent runs
 /// at most max_running sequences and queues the rest), the agents' pause while weights load
@@ -39,6 +43,12 @@ struct rl_sim_config {
   /// weight sync after every update.
   double train_ms_per_token = 0.4;
   double sync_s = 2.0;
+  /// sync + fusion: replaying a moved sample's tokens so far on its new GPU (prefill, ms/token).
+  double prefill_ms_per_token = 0.02;
+  /// sync + fusion: the most sequences a GPU takes from the tail. A decode step stays close to its
+  /// fixed cost while the batch is small (16: +24 % here); packing the tail denser would slow every
+  /// tail sample, and the tail is the step's critical path.
+  int64_t fusion_max_batch = 16;
   /// Output lengths: each prompt has a scale drawn lognormal around mean_len (prompt_sigma); its
   /// samples are lognormal around that (sample_sigma), capped at max_len. Prompts' token counts
   /// grow with their scale (longer problems, longer answers: the ranker's prompt feature).
@@ -50,7 +60,7 @@ struct rl_sim_config {
   uint64_t seed = 1;
 };
 
-enum class rl_sim_mode { sync_colocated, async_round_robin, async_length_aware };
+enum class rl_sim_mode { sync_colocated, async_round_robin, async_length_aware, sync_fused };
 const char* rl_sim_mode_name(rl_sim_mode m);
 
 struct rl_sim_result {
@@ -63,6 +73,8 @@ struct rl_sim_result {
   double trainer_busy = 0.0;    ///< Time the trainer GPUs trained or synced / run time.
   double mean_batch = 0.0;      ///< Mean sequences per decode step.
   double train_fraction = 1.0;  ///< Share of the GPUs that trained (sync: all of them, in turn).
+  int64_t migrated = 0;         ///< sync + fusion: samples moved onto fewer GPUs.
+  double fused_train_share = 0.0;  ///< sync + fusion: share of the tokens trained during the tail.
   std::vector<int64_t> staleness_histogram;
   std::string error;  ///< Non-empty when the scheduler refused something (a bug).
 };

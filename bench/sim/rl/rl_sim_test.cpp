@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "bench/sim/rl/rl_sim.hpp"
+#include "gpu/rl/dispatch.hpp"
 
 namespace {
 
@@ -25,7 +26,7 @@ rl_sim_config small() {
 TEST(rl_sim, runs_repeat_and_train_every_sample_once_within_the_bound) {
   const auto c = small();
   for (auto mode : {rl_sim_mode::sync_colocated, rl_sim_mode::async_round_robin,
-                    rl_sim_mode::async_length_aware}) {
+                    rl_sim_mode::async_length_aware, rl_sim_mode::sync_fused}) {
     for (int64_t k : {1, 2}) {
       const auto a = simulate_rl(c, mode, k);
       const auto b = simulate_rl(c, mode, k);
@@ -34,7 +35,8 @@ TEST(rl_sim, runs_repeat_and_train_every_sample_once_within_the_bound) {
       EXPECT_EQ(a.samples, c.steps * c.prompts_per_step * c.group_size);
       const auto& h = a.staleness_histogram;
       EXPECT_EQ(std::accumulate(h.begin(), h.end(), int64_t{0}), a.samples);
-      const int64_t bound = mode == rl_sim_mode::sync_colocated ? 0 : k;
+      const bool sync = mode == rl_sim_mode::sync_colocated || mode == rl_sim_mode::sync_fused;
+      const int64_t bound = sync ? 0 : k;
       EXPECT_LE(static_cast<int64_t>(h.size()), bound + 1);
       EXPECT_GT(a.rollout_busy, 0.0);
       EXPECT_LE(a.rollout_busy, 1.0 + 1e-9);
@@ -67,6 +69,34 @@ TEST(rl_sim, async_overlaps_the_tail_and_length_aware_placement_balances_it) {
   EXPECT_GE(la.samples_per_s, rr.samples_per_s);
   // Sync's GPUs idle through the tail: they decode smaller batches.
   EXPECT_LT(sync.mean_batch, rr.mean_batch);
+}
+
+TEST(rl_sim, fusion_moves_the_tail_onto_fewer_gpus_and_trains_meanwhile) {
+  auto c = small();
+  c.prompt_sigma = 1.0;
+  const auto sync = simulate_rl(c, rl_sim_mode::sync_colocated, 0);
+  const auto fused = simulate_rl(c, rl_sim_mode::sync_fused, 0);
+  ASSERT_TRUE(sync.error.empty() && fused.error.empty()) << fused.error;
+  std::printf(
+      "samples/s: sync %.1f, sync + fusion %.1f (%lld samples moved, %.0f%% of the tokens "
+      "trained during the tail)\n",
+      sync.samples_per_s, fused.samples_per_s, static_cast<long long>(fused.migrated),
+      100.0 * fused.fused_train_share);
+  EXPECT_GT(fused.migrated, 0);
+  EXPECT_GT(fused.fused_train_share, 0.0);
+  EXPECT_GT(fused.samples_per_s, sync.samples_per_s);
+  EXPECT_EQ(sync.migrated, 0);
+}
+
+TEST(rl_sim, consolidation_targets_keep_the_fullest_agents_once_half_can_go) {
+  using weft::gpu::rl::consolidation_targets;
+  // 5 unfinished over 4 agents, 4 a GPU: 2 needed, 4 busy -> the two fullest stay.
+  EXPECT_EQ(consolidation_targets(std::vector<int64_t>{1, 3, 0, 1, 0, 0}, 4).size(),
+            0u);  // 5 fit on 2 of 3 busy agents: fewer than half freed, not yet
+  EXPECT_EQ(consolidation_targets(std::vector<int64_t>{1, 3, 1, 2}, 4), (std::vector<int>{1, 3}));
+  EXPECT_EQ(consolidation_targets(std::vector<int64_t>{2, 2, 2, 2}, 4), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(consolidation_targets(std::vector<int64_t>{0, 0}, 4).empty());
+  EXPECT_TRUE(consolidation_targets(std::vector<int64_t>{4, 4}, 4).empty());
 }
 
 }  // namespace
