@@ -9,6 +9,8 @@ on a tiny generated model with f16 rollout weights:
 - the trainer node SIGKILLed twice mid-run: the group restarts (the supervisor restarts the rank
   on the relaunched node, rank 0 sends it its weights and AdamW moments), the run exits 0 and its
   rewards, losses and weights equal the undisturbed --trainers 2 run's, bit for bit;
+- SIGTERM mid-run writes a checkpoint (exit 143); --resume continues with a new group that
+  receives the restored state, and the run ends bit-identical to the undisturbed one;
 - --trainers 2 without --agents is refused.
 
 Usage: test_rl_trainers.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
@@ -18,6 +20,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 
@@ -116,6 +119,30 @@ def main():
             check(all(s[1] == SAMPLES for s in got[0]) and got == want,
                   "killed: every step trained its samples; rewards, losses, pass@1 and weights "
                   "equal the undisturbed run's, bit for bit")
+
+        # SIGTERM mid-run: rank 0 writes a checkpoint and the run exits 143; --resume brings up
+        # a new group that receives the restored state, and the run ends as the undisturbed one.
+        ck = os.path.join(tmp, "ck")
+        p = subprocess.Popen([a.weft, "rl"] + args("resumed", 2, ["--checkpoint-dir", ck,
+                                                                  "--checkpoint-every", "100"]),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen = ""
+        while "step 6/" not in seen:
+            line = p.stdout.readline()
+            if not line:
+                break
+            seen += line
+        p.send_signal(signal.SIGTERM)
+        rest, _ = p.communicate(timeout=300)
+        check(p.returncode == 143, f"SIGTERM: a checkpoint, exit 143 (rc {p.returncode}) "
+                                   f"{rest[-300:]}")
+        rc, out = run_weft(a.weft, "rl", args("resumed", 2, ["--checkpoint-dir", ck, "--resume"]),
+                           timeout=400)
+        check(rc == 0 and "resumed from" in out and "trainer group 1 formed" in out,
+              f"--resume with the group: exits 0 (rc {rc}) {out[-300:]}")
+        if rc == 0:
+            check(outcome("resumed") == want, "stopped and resumed: rewards, losses, pass@1 and "
+                                              "weights equal the undisturbed run's, bit for bit")
 
         rc, out = run_weft(a.weft, "rl", ["--model", model, "--data", data, "--reward-cmd",
                                           f"python3 {script}", "--trainers", "2"], timeout=60)
