@@ -211,7 +211,7 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
       ->capture_default_str();
   cmd->add_option("--rollout-device", o->rollout_device,
                   "Where the rollout engine generates: cpu, cuda or cuda:N (default: --device). "
-                  "On a GPU, --rollout-type must be f32 or f16");
+                  "On a GPU, --rollout-type bf16 is refused (the CUDA engine does not multiply it)");
   cmd->add_option("--micro-batch-tokens", o->micro_batch_tokens,
                   "Tokens per forward/backward pass of the update")
       ->capture_default_str()
