@@ -209,9 +209,10 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
                   "Where the trainer runs: cpu, or cuda / cuda:N (forward, backward and AdamW in "
                   "device memory; the KL reference runs there too)")
       ->capture_default_str();
-  cmd->add_option("--rollout-device", o->rollout_device,
-                  "Where the rollout engine generates: cpu, cuda or cuda:N (default: --device). "
-                  "On a GPU, --rollout-type bf16 is refused (the CUDA engine does not multiply it)");
+  cmd->add_option(
+      "--rollout-device", o->rollout_device,
+      "Where the rollout engine generates: cpu, cuda or cuda:N (default: --device). "
+      "On a GPU, --rollout-type bf16 is refused (the CUDA engine does not multiply it)");
   cmd->add_option("--micro-batch-tokens", o->micro_batch_tokens,
                   "Tokens per forward/backward pass of the update")
       ->capture_default_str()
