@@ -310,6 +310,21 @@ TEST(shared_prefix, equals_packing_the_prefix_with_every_sequence) {
   EXPECT_EQ((*m)->forward_backward(bad).error().code(), status_code::invalid_argument);
 }
 
+/// The logits of a fixed 4-token prompt under `m`.
+std::vector<float> logits_of(device& dev, model& m) {
+  kv_cache_config kc;
+  kc.layout = m.kv_layout_for(16);
+  kc.n_blocks = 8;
+  auto kv = kv_cache::create(dev, kc).value();
+  const seq_id s = kv->create_sequence();
+  forward_batch b;
+  const std::vector<int32_t> toks = {5, 17, 90, 200};
+  b.add(s, toks, true);
+  forward_output out;
+  EXPECT_TRUE(m.forward(b, *kv, out).ok());
+  return out.logits;
+}
+
 TEST(rollout_weights, set_weight_makes_the_engine_serve_the_new_weights) {
   auto dev = device_registry::instance().create("cpu", device_config{1, 0});
   ASSERT_TRUE(dev.ok());
@@ -326,20 +341,7 @@ TEST(rollout_weights, set_weight_makes_the_engine_serve_the_new_weights) {
     }
     ASSERT_TRUE((*mine)->set_weight(t.name, v).ok()) << t.name;
   }
-  auto logits_of = [&](model& m) {
-    kv_cache_config kc;
-    kc.layout = m.kv_layout_for(16);
-    kc.n_blocks = 8;
-    auto kv = kv_cache::create(**dev, kc).value();
-    const seq_id s = kv->create_sequence();
-    forward_batch b;
-    const std::vector<int32_t> toks = {5, 17, 90, 200};
-    b.add(s, toks, true);
-    forward_output out;
-    EXPECT_TRUE(m.forward(b, *kv, out).ok());
-    return out.logits;
-  };
-  EXPECT_EQ(logits_of(**mine), logits_of(**other));
+  EXPECT_EQ(logits_of(**dev, **mine), logits_of(**dev, **other));
   // Wrong size and unknown names are errors; a read-only mapped file cannot be updated.
   std::vector<float> small(3);
   EXPECT_EQ((*mine)->set_weight("output_norm.weight", small).code(), status_code::invalid_argument);
@@ -380,20 +382,7 @@ TEST(rollout_weights, quantized_q8_0_rollouts_serve_the_quantized_new_weights) {
   ASSERT_TRUE(image.ok());
   auto fresh = model::load(gguf_file::parse(*image).value(), **dev);
   ASSERT_TRUE(fresh.ok());
-  auto logits_of = [&](model& m) {
-    kv_cache_config kc;
-    kc.layout = m.kv_layout_for(16);
-    kc.n_blocks = 8;
-    auto kv = kv_cache::create(**dev, kc).value();
-    const seq_id s = kv->create_sequence();
-    forward_batch b;
-    const std::vector<int32_t> toks = {5, 17, 90, 200};
-    b.add(s, toks, true);
-    forward_output out;
-    EXPECT_TRUE(m.forward(b, *kv, out).ok());
-    return out.logits;
-  };
-  EXPECT_EQ(logits_of(**rollout), logits_of(**fresh));
+  EXPECT_EQ(logits_of(**dev, **rollout), logits_of(**dev, **fresh));
 }
 
 TEST(rollout_weights, a_new_prefix_namespace_never_matches_old_blocks) {
