@@ -1,6 +1,10 @@
+// One optimizer iteration (every rank) and the GRPO loop's update: alone, on a device, or over a
+// trainer group (docs/rl.md, "Trainer groups").
 #include "gpu/rl/grpo_update.hpp"
 
 #include <algorithm>
+
+#include "gpu/rl/grpo_loop.hpp"
 
 namespace weft::gpu::rl {
 
@@ -58,6 +62,123 @@ std::vector<std::span<float>> trainer_state(train::trainable_model<float>& model
   for (size_t i = 0; i < opt.n_tensors(); ++i) out.emplace_back(opt.m(i));
   for (size_t i = 0; i < opt.n_tensors(); ++i) out.emplace_back(opt.v(i));
   return out;
+}
+
+status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& batches,
+                         rl_step_record& rec) {
+  // updates_per_step optimizer steps on the same rollouts (TRL's num_iterations): the ratio to the
+  // behaviour policy leaves 1 after the first, and clipping bounds how far the policy moves.
+  const int64_t n = std::max<int64_t>(1, config_.updates_per_step);
+  const double lr = config_.schedule.at(step_);
+  iteration_totals sum;
+  double norm_sum = 0.0;
+  for (int64_t it = 0; it < n; ++it) {
+    iteration_inputs in;
+    in.step = step_;
+    in.iteration = it;
+    in.lr = lr;
+    in.opt_step = step_ * n + it + 1;
+    in.max_grad_norm = config_.max_grad_norm;
+    auto t = model_->device_resident() ? device_iteration(in, batches)
+             : group_                  ? group_iteration(in, batches)
+                                       : update_iteration(*model_, opt_, decay_, config_.grpo, in,
+                                                          std::max(1, config_.shares), batches, nullptr);
+    if (!t) return t.error();
+    sum.loss_sum += t->loss_sum;
+    sum.tokens += t->tokens;
+    sum.clipped += t->clipped;
+    sum.abs_ratio_dev_nano += t->abs_ratio_dev_nano;
+    sum.kl_nano += t->kl_nano;
+    norm_sum += t->grad_norm;
+  }
+  ppo_stats stats;
+  stats.tokens = sum.tokens;
+  stats.clipped = sum.clipped;
+  stats.abs_ratio_dev_nano = sum.abs_ratio_dev_nano;
+  stats.kl_nano = sum.kl_nano;
+  rec.loss = sum.loss_sum / static_cast<double>(n);
+  rec.grad_norm = norm_sum / static_cast<double>(n);
+  rec.lr = lr;
+  rec.clip_fraction = stats.clip_fraction();
+  rec.ratio_deviation = stats.mean_abs_ratio_deviation();
+  rec.kl = stats.mean_kl();
+  if (group_) {
+    rec.reduce_s = group_->take_reduce_seconds();
+    rec.trainer_groups = group_->groups_formed();
+  }
+  return {};
+}
+
+result<iteration_totals> grpo_loop::device_iteration(
+    const iteration_inputs& in, const std::vector<std::vector<train::train_batch>>& batches) {
+  ppo_stats stats;
+  const auto objective = ppo_objective(config_.grpo, &stats);
+  model_->zero_grad(std::max(1, config_.shares));
+  iteration_totals t;
+  if (!batches.empty()) {
+    auto l = model_->forward_backward(std::span<const std::vector<train::train_batch>>(batches),
+                                      objective);
+    if (!l) return l.error();
+    t.loss_sum = l->sum;
+  }
+  // The objective's token weights already normalise the loss: no scaling here.
+  auto norm = model_->device_step(opt_, decay_, 1.0f, in.max_grad_norm, in.lr, in.opt_step);
+  if (!norm) return norm.error();
+  t.grad_norm = *norm;
+  t.tokens = stats.tokens.load();
+  t.clipped = stats.clipped.load();
+  t.abs_ratio_dev_nano = stats.abs_ratio_dev_nano.load();
+  t.kl_nano = stats.kl_nano.load();
+  return t;
+}
+
+result<iteration_totals> grpo_loop::group_iteration(
+    const iteration_inputs& in, const std::vector<std::vector<train::train_batch>>& batches) {
+  // Rank r trains lists [r·shares, (r + 1)·shares) of the step's (pack_update made world·shares).
+  const int shares = std::max(1, config_.shares);
+  const int world = group_->world();
+  auto lists_of = [&](int r) {
+    std::vector<std::vector<train::train_batch>> out;
+    for (size_t j = static_cast<size_t>(r * shares);
+         j < std::min(batches.size(), static_cast<size_t>((r + 1) * shares)); ++j) {
+      out.push_back(batches[j]);
+    }
+    return out;
+  };
+  std::vector<std::vector<std::vector<train::train_batch>>> per_rank;
+  for (int r = 1; r < world; ++r) per_rank.push_back(lists_of(r));
+  const auto own = lists_of(0);
+  // A lost rank costs the iteration, not the step: the new group receives this rank's state
+  // (untouched by the failed iteration: the update follows the sum) and the iteration repeats
+  // with the same inputs, so the run goes on bit for bit.
+  constexpr int max_attempts = 100;
+  for (int attempt = 0;; ++attempt) {
+    auto state = trainer_state(*model_, opt_);
+    if (auto st = group_->ready(state); !st) {
+      if (group_->lost() && attempt < max_attempts) continue;
+      return st;
+    }
+    if (auto st = group_->start(in, per_rank); !st) {
+      if (group_->lost() && attempt < max_attempts) continue;
+      return st;
+    }
+    auto t = update_iteration(
+        *model_, opt_, decay_, config_.grpo, in, shares, own,
+        [this](std::span<const std::span<float>> grads, std::span<double> scalars) {
+          return group_->reduce(grads, scalars);
+        });
+    if (t || !group_->lost() || attempt >= max_attempts) return t;
+  }
+}
+
+status grpo_loop::set_update_group(std::shared_ptr<update_group> group) {
+  if (group && (config_.stream || config_.train_device != "cpu")) {
+    return {status_code::invalid_argument,
+            "a trainer group (--trainers > 1) trains on the host, a whole step at a time: not "
+            "with --mode stream or a device trainer"};
+  }
+  group_ = std::move(group);
+  return {};
 }
 
 }  // namespace weft::gpu::rl
