@@ -74,6 +74,8 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
         std::vector<train::policy_token> info(toks.size());
         for (size_t i = 0; i < x.completion.size(); ++i) {
           const size_t at = lead + i;
+          // A tool's result is context for what follows, not a token the policy chose.
+          if (i < x.tool_mask.size() && x.tool_mask[i] != 0) continue;
           in_loss[at] = 1;
           info[at].behaviour_logp = x.logp[i];
           if (i < x.ref_logp.size()) info[at].ref_logp = x.ref_logp[i];

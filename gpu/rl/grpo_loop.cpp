@@ -52,7 +52,11 @@ rollout_engine_params grpo_loop::engine_params(const grpo_loop_config& config) {
   // Every step that may be generating at once, and an evaluation beside them.
   p.max_sequences = config.prompts_per_step * config.group_size * (1 + config.max_staleness) +
                     config.eval_prompts;
-  p.max_new_tokens = config.max_new_tokens;
+  // Tool results add context beyond the generated tokens.
+  p.max_new_tokens =
+      config.max_new_tokens +
+      (config.tools.empty() ? 0
+                            : static_cast<int32_t>(config.max_tool_calls * max_observation_tokens));
   p.weight_type = config.rollout_type;
   p.device = config.rollout_device;
   p.threads = config.engine_threads;
@@ -89,6 +93,15 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
   }
   if (config.max_staleness < 0 || config.max_staleness > 64) {
     return status{status_code::invalid_argument, "the staleness bound must be within 0..64"};
+  }
+  for (const auto& t : config.tools) {
+    if (!is_tool(t)) {
+      return status{status_code::invalid_argument,
+                    "unknown tool '" + t + "' (tools: " + tool_list + ")"};
+    }
+  }
+  if (!config.tools.empty() && (config.max_tool_calls < 1 || config.max_tool_calls > 16)) {
+    return status{status_code::invalid_argument, "tool calls per sample must be within 1..16"};
   }
   if (!is_rollout_weight_type(config.rollout_type)) {
     return status{status_code::invalid_argument,
@@ -164,10 +177,11 @@ std::vector<int32_t> grpo_loop::encode_prompt(const rl_prompt& p, status& st) co
   return ids;
 }
 
-namespace {
+namespace {}  // namespace
 
-sampling_params rollout_params(uint64_t seed, int32_t max_tokens, bool greedy,
-                               const std::vector<int32_t>& eog, const grpo_loop_config& c) {
+sampling_params grpo_loop::request_params(uint64_t seed, int32_t max_tokens, bool greedy) const {
+  const grpo_loop_config& c = config_;
+  const auto eog = tok_->end_of_generation_ids();
   sampling_params sp;
   sp.temperature = greedy ? 0.0f : c.temperature;
   if (!greedy) {
@@ -177,9 +191,12 @@ sampling_params rollout_params(uint64_t seed, int32_t max_tokens, bool greedy,
   }
   sp.seed = seed;
   sp.max_tokens = max_tokens;
-  sp.stop_tokens = eog;
+  sp.stop_tokens.assign(eog.begin(), eog.end());
+  sp.stop_strings = tool_stop_strings(c.tools);
   return sp;
 }
+
+namespace {
 
 /// Whether every sample has its reference log-probs (computed when its group finished).
 bool all_have_reference(std::span<const rollout_sample> samples) {
@@ -205,6 +222,7 @@ result<bool> append_output(rollout_sample& s, const request_output& o, int64_t v
     s.version.push_back(version);
     s.stopped = true;
   }
+  if (!s.tool_mask.empty()) s.tool_mask.resize(s.completion.size(), 0);  // sampled tokens
   return o.finish != finish_reason::none;
 }
 
@@ -218,8 +236,9 @@ result<std::vector<rollout_sample>> grpo_loop::generate(const std::vector<rl_pro
                                                         int64_t group_size, uint64_t seed_base,
                                                         bool greedy) {
   std::vector<rollout_sample> out;
-  const auto eog = tok_->end_of_generation_ids();
-  const std::vector<int32_t> stops(eog.begin(), eog.end());
+  if (!config_.tools.empty() && !tools_) {
+    return status{status_code::invalid_argument, "agentic rollouts need a tool backend"};
+  }
   direct_.clear();
   std::vector<rollout_request> requests;
   for (size_t g = 0; g < prompts.size(); ++g) {
@@ -230,9 +249,10 @@ result<std::vector<rollout_sample>> grpo_loop::generate(const std::vector<rl_pro
       rollout_request r;
       r.id = next_request_++;
       r.prompt = ids;
-      r.params = rollout_params(sample_seed(seed_base, static_cast<int64_t>(g), j),
-                                config_.max_new_tokens, greedy, stops, config_);
+      const uint64_t seed = sample_seed(seed_base, static_cast<int64_t>(g), j);
+      r.params = request_params(seed, config_.max_new_tokens, greedy);
       r.group = group_size > 1 ? static_cast<int64_t>(g) : -1;
+      if (!config_.tools.empty()) turns_[r.id] = turn{r.params, r.group, 0, 0, seed};
       rollout_sample s;
       s.group = static_cast<int64_t>(g);
       s.prompt = ids;
@@ -255,8 +275,9 @@ result<std::vector<rollout_sample>> grpo_loop::generate(const std::vector<rl_pro
 status grpo_loop::start_step(int64_t m) {
   pending_step p;
   p.cursor = prompts_.cursor();
-  const auto eog = tok_->end_of_generation_ids();
-  const std::vector<int32_t> stops(eog.begin(), eog.end());
+  if (!config_.tools.empty() && !tools_) {
+    return status{status_code::invalid_argument, "agentic rollouts need a tool backend"};
+  }
   const uint64_t base = step_seed(config_.seed, m);
   std::vector<rollout_request> requests;
   for (int64_t g = 0; g < config_.prompts_per_step; ++g) {
@@ -268,9 +289,10 @@ status grpo_loop::start_step(int64_t m) {
       rollout_request r;
       r.id = next_request_++;
       r.prompt = ids;
-      r.params =
-          rollout_params(sample_seed(base, g, j), config_.max_new_tokens, false, stops, config_);
+      const uint64_t seed = sample_seed(base, g, j);
+      r.params = request_params(seed, config_.max_new_tokens, false);
       r.group = m * config_.prompts_per_step + g;
+      if (!config_.tools.empty()) turns_[r.id] = turn{r.params, r.group, 0, 0, seed};
       rollout_sample s;
       s.group = g;
       s.prompt = ids;
@@ -287,13 +309,29 @@ status grpo_loop::start_step(int64_t m) {
 }
 
 status grpo_loop::pump(size_t& direct_finished) {
+  if (tools_ && tools_->pending() > 0) {
+    // Tool results that are in; when nothing generates, wait for one.
+    for (const auto& r : tools_->ready(!backend_->has_work())) {
+      if (auto st = tool_returned(r); !st) return st;
+    }
+    if (!backend_->has_work()) return {};
+  }
   auto outputs = backend_->poll();
   if (!outputs) return outputs.error();
   for (auto& [o, version] : *outputs) {
     if (auto d = direct_.find(o.id); d != direct_.end()) {
-      auto done = append_output((*direct_out_)[d->second], o, version);
+      rollout_sample& s = (*direct_out_)[d->second];
+      if (!turns_.empty()) count_cached(o.id, s, o);
+      auto done = append_output(s, o, version);
       if (!done) return done.error();
-      if (*done) ++direct_finished;
+      if (*done) {
+        auto calls = call_tool(o.id, s, o);
+        if (!calls) return calls.error();
+        if (!*calls) {
+          direct_.erase(d);
+          ++direct_finished;
+        }
+      }
       continue;
     }
     auto it = slots_.find(o.id);
@@ -303,11 +341,17 @@ status grpo_loop::pump(size_t& direct_finished) {
     const slot where = it->second;
     if (o.finish == finish_reason::aborted) {  // restore() drops the rollouts in flight
       slots_.erase(it);
+      turns_.erase(o.id);
       continue;
     }
-    auto done = append_output(pending_.at(where.step).samples[where.index], o, version);
+    rollout_sample& s = pending_.at(where.step).samples[where.index];
+    if (!turns_.empty()) count_cached(o.id, s, o);
+    auto done = append_output(s, o, version);
     if (!done) return done.error();
     if (*done) {
+      auto calls = call_tool(o.id, s, o);
+      if (!calls) return calls.error();
+      if (*calls) continue;  // the sample waits for its tool
       slots_.erase(it);
       if (auto st = sample_finished(where.step, where.index); !st) return st;
     }
@@ -320,10 +364,7 @@ status grpo_loop::sample_finished(int64_t step, size_t index) {
   rollout_sample& s = p.samples[index];
   const auto g = static_cast<size_t>(s.group);
   const auto j = static_cast<int64_t>(index) - s.group * config_.group_size;
-  const int64_t oldest =
-      s.version.empty() ? version_ : *std::min_element(s.version.begin(), s.version.end());
-  const int64_t newest =
-      s.version.empty() ? version_ : *std::max_element(s.version.begin(), s.version.end());
+  const auto [oldest, newest] = s.versions(version_);
   if (auto st = sched_.finish(sample_key{step, s.group, j}, oldest, newest); !st) return st;
   if (++p.group_finished[g] < config_.group_size) return {};
   // The group is complete: score it now, while the other groups still generate.
@@ -389,7 +430,7 @@ result<rl_step_record> grpo_loop::step() {
       if (auto st = start_step(m); !st) return st;
     }
     if (sched_.ready()) break;
-    if (!backend_->has_work()) {
+    if (!rollouts_busy()) {
       return status{status_code::internal, "step " + std::to_string(step_ + 1) +
                                                ": the engine is idle but the rollouts of the "
                                                "step are not complete"};
@@ -407,11 +448,8 @@ result<rl_step_record> grpo_loop::step() {
   for (size_t i = 0; i < trained->staleness.size(); ++i) {
     rec.staleness_mean += static_cast<double>(trained->staleness[i]);
     rec.staleness_max = std::max(rec.staleness_max, trained->staleness[i]);
-    const auto& v = p.samples[i].version;
-    if (!v.empty() &&
-        *std::min_element(v.begin(), v.end()) != *std::max_element(v.begin(), v.end())) {
-      ++rec.mixed_version_samples;
-    }
+    const auto [oldest, newest] = p.samples[i].versions(version_);
+    if (oldest != newest) ++rec.mixed_version_samples;
   }
   rec.staleness_mean /= static_cast<double>(std::max<size_t>(1, trained->staleness.size()));
   const scored_step scored = score_step(p.samples, rec);
@@ -432,9 +470,14 @@ grpo_loop::scored_step grpo_loop::score_step(const std::vector<rollout_sample>& 
                                              rl_step_record& rec) const {
   std::vector<double> rewards;
   std::vector<int64_t> lengths;
+  int64_t continued = 0, cached = 0;
   for (const auto& s : samples) {
     rewards.push_back(s.reward);
-    lengths.push_back(static_cast<int64_t>(s.completion.size()));
+    lengths.push_back(s.generated());
+    rec.tool_calls += s.tool_calls;
+    rec.tool_tokens += static_cast<int64_t>(s.completion.size()) - s.generated();
+    continued += s.continued_tokens;
+    cached += s.cached_tokens;
     rec.completion_tokens += lengths.back();
     rec.completion_len_max = std::max(rec.completion_len_max, lengths.back());
     rec.stopped_fraction += s.stopped ? 1.0 : 0.0;
@@ -447,6 +490,8 @@ grpo_loop::scored_step grpo_loop::score_step(const std::vector<rollout_sample>& 
   rec.reward_std = std::sqrt(var / n);
   rec.completion_len = static_cast<double>(rec.completion_tokens) / n;
   rec.stopped_fraction /= n;
+  rec.tool_kv_reuse =
+      continued > 0 ? static_cast<double>(cached) / static_cast<double>(continued) : 0.0;
   scored_step out;
   out.adv = group_advantages(rewards, config_.group_size, config_.grpo.scale_rewards);
   const auto flat = zero_variance_groups(rewards, config_.group_size);
@@ -508,7 +553,7 @@ result<rl_step_record> grpo_loop::stream_step() {
       next = end;
     }
     if (sched_.ready() && next == config_.prompts_per_step) break;
-    if (!backend_->has_work()) {
+    if (!rollouts_busy()) {
       return status{status_code::internal, "step " + std::to_string(step_ + 1) +
                                                ": the rollouts are idle but the step's groups "
                                                "are not all trained"};
@@ -559,7 +604,7 @@ status grpo_loop::train_groups(const std::vector<rollout_sample>& samples, int64
       sc.keep[s] = 0;
       continue;
     }
-    const auto len = static_cast<int64_t>(chunk[s].completion.size());
+    const int64_t len = chunk[s].generated();
     ++kept;
     kept_tokens += len;
     switch (config_.grpo.aggregation) {
@@ -633,8 +678,11 @@ status grpo_loop::restore(const train::checkpoint_state& s) {
   if (auto st = train::restore_parameters(s, model_->parameters(), opt_); !st) return st;
   model_->host_replaced();
   for (const auto& [id, where] : slots_) {
+    if (waiting_.count(id) != 0) continue;  // waiting for a tool: nothing generates
     if (auto st = backend_->abort(id); !st) return st;
   }
+  turns_.clear();  // tool results still to come are dropped
+  waiting_.clear();
   size_t none = 0;
   while (backend_->has_work()) {
     if (auto st = pump(none); !st) return st;
@@ -672,7 +720,8 @@ result<rl_eval_record> grpo_loop::evaluate() {
   double solved = 0.0, len = 0.0;
   for (size_t i = 0; i < samples->size(); ++i) {
     solved += (*scored)[i];
-    len += static_cast<double>((*samples)[i].completion.size());
+    len += static_cast<double>((*samples)[i].generated());
+    rec.tool_calls += (*samples)[i].tool_calls;
   }
   rec.prompts = static_cast<int64_t>(samples->size());
   rec.pass_at_1 = solved / static_cast<double>(rec.prompts);

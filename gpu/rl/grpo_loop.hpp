@@ -17,6 +17,8 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "gpu/chat_template.hpp"
@@ -29,6 +31,7 @@
 #include "gpu/rl/rollout_backend.hpp"
 #include "gpu/rl/rollout_scheduler.hpp"
 #include "gpu/rl/tasks.hpp"
+#include "gpu/rl/tools.hpp"
 #include "gpu/status.hpp"
 #include "gpu/tokenizer.hpp"
 #include "gpu/train/checkpoint.hpp"
@@ -87,7 +90,18 @@ struct grpo_loop_config {
   /// step follows the last group. Needs rollouts outside this thread (rollout agents), a host
   /// trainer, one update per step and K = 0.
   bool stream = false;
+  /// Agentic rollouts (docs/rl.md, "Agentic rollouts"): the tools a sample may call between
+  /// turns ("calc", "lookup"; empty: none). A turn that ends with a call waits for the tool (the
+  /// other samples keep generating), gets its result appended and continues on the same agent;
+  /// max_new_tokens bounds the generated tokens over all turns. Needs set_tools().
+  std::vector<std::string> tools;
+  /// Tool calls per sample; a turn that calls once more ends the sample.
+  int max_tool_calls = 4;
 };
+
+/// A tool result's tokens are cut to this many (the engine's context is sized for
+/// max_tool_calls of them).
+inline constexpr int64_t max_observation_tokens = 64;
 
 /// One generated sample.
 struct rollout_sample {
@@ -102,6 +116,19 @@ struct rollout_sample {
   /// With a KL term: the reference's log-probability of each completion token, computed when the
   /// sample's group finished (while other groups still generate); empty until then.
   std::vector<float> ref_logp;
+  /// Agentic rollouts: per completion token, 1 when a tool's result put it there (context for
+  /// what follows, not in the loss; its logp is 0 and its version −1), 0 when it was sampled.
+  /// Empty when no tool answered.
+  std::vector<uint8_t> tool_mask;
+  int64_t tool_calls = 0;
+  /// Prompt tokens of the sample's continuations (after each tool result) and how many of them
+  /// the engine found in its prefix cache (the KV kept resident across the call).
+  int64_t continued_tokens = 0;
+  int64_t cached_tokens = 0;
+  /// Tokens the model generated: the completion less the tool results.
+  int64_t generated() const;
+  /// Oldest and newest weight version of the generated tokens (`now` when there are none).
+  std::pair<int64_t, int64_t> versions(int64_t now) const;
 };
 
 /// What one step did.
@@ -140,6 +167,11 @@ struct rl_step_record {
   /// the seconds of the step's gradient all-reduces (waiting for the other ranks included).
   int64_t trainer_groups = 0;
   double reduce_s = 0.0;
+  /// Agentic rollouts: the step's tool calls, the result tokens they added, and the fraction of
+  /// the continuations' prompt tokens the engines found in their prefix caches.
+  int64_t tool_calls = 0;
+  int64_t tool_tokens = 0;
+  double tool_kv_reuse = 0.0;
 };
 
 /// Held-out evaluation: greedy pass@1.
@@ -149,6 +181,7 @@ struct rl_eval_record {
   double pass_at_1 = 0.0;
   double completion_len = 0.0;
   double seconds = 0.0;
+  int64_t tool_calls = 0;
 };
 
 /// Scores a batch of samples (sample s answers prompts[s.group]); one reward per sample, in order.
@@ -173,6 +206,9 @@ class grpo_loop {
   status set_update_group(std::shared_ptr<update_group> group);
   /// Scores samples with `reward` instead of the task's verifier (training and evaluation).
   void set_reward(batch_reward reward) { reward_ = std::move(reward); }
+  /// Where the tool calls of agentic rollouts run (config.tools); must be set before the first
+  /// step when tools are on.
+  void set_tools(std::shared_ptr<tool_backend> tools) { tools_ = std::move(tools); }
 
   /// One GRPO step: rollouts (until every sample of the step has finished; with K > 0 the next
   /// steps' rollouts start too), rewards, advantages, update, weight sync.
@@ -219,6 +255,20 @@ class grpo_loop {
   /// `direct_finished` counts finished samples of the generate() call in progress.
   status pump(size_t& direct_finished);
   status sample_finished(int64_t step, size_t index);
+  /// The sample of a live request: its step's or the generate() call's.
+  rollout_sample* sample_of(request_id id);
+  /// Whether rollouts are generating or waiting for a tool.
+  bool rollouts_busy() const;
+  /// With tools: when the turn of request `id` that just ended calls a tool, starts the call
+  /// (the sample then waits) and returns true; false when the sample is finished.
+  result<bool> call_tool(request_id id, rollout_sample& s, const request_output& o);
+  /// A tool answered the call of request `id`: its result goes into the sample and the sample
+  /// continues as a new request (same group, so the same agent and its prefix cache).
+  status tool_returned(const tool_result& r);
+  /// A continuation's first output: its prefix-cache hits go into the sample's count.
+  void count_cached(request_id id, rollout_sample& s, const request_output& o);
+  /// The requests' sampling parameters with this configuration.
+  sampling_params request_params(uint64_t seed, int32_t max_tokens, bool greedy) const;
   /// A step's rewards turned into what the update needs: each sample's advantage, whether it is
   /// kept in the loss, and its per-token loss weight.
   struct scored_step {
@@ -296,6 +346,19 @@ class grpo_loop {
   std::vector<rl_step_record> history_;
   batch_reward reward_;
   std::shared_ptr<update_group> group_;
+  std::shared_ptr<tool_backend> tools_;
+  /// With tools: each live request's turn (what its continuation needs).
+  struct turn {
+    sampling_params params;
+    int64_t group = -1;
+    int64_t calls = 0;           ///< Tool calls of the sample before this turn.
+    size_t text_from = 0;        ///< Where this turn's text starts in the sample's text.
+    uint64_t first_seed = 0;     ///< The sample's seed (each turn's is derived from it).
+    bool cache_counted = false;  ///< Its prompt's prefix-cache hits are in the sample's count.
+  };
+  std::unordered_map<request_id, turn> turns_;
+  /// Requests whose last turn called a tool that has not answered yet.
+  std::unordered_set<request_id> waiting_;
 };
 
 }  // namespace weft::gpu::rl

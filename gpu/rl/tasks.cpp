@@ -10,17 +10,15 @@
 
 namespace weft::gpu::rl {
 
-namespace {
-
-/// A stateless 64-bit mix (splitmix64's finaliser) of (seed, stream, index): every problem is a
-/// pure function of its coordinates, the same on every platform.
-uint64_t mix(uint64_t seed, uint64_t stream, uint64_t index) {
+uint64_t task_mix(uint64_t seed, uint64_t stream, uint64_t index) {  // splitmix64's finaliser
   uint64_t z = seed ^ (stream * 0xD1B54A32D192ED03ull) ^ (index * 0x9E3779B97F4A7C15ull);
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
+
+namespace {
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -45,7 +43,7 @@ class arithmetic_task final : public rl_task {
   std::string name() const override { return std::to_string(digits_) + "-digit arithmetic"; }
   int64_t size() const override { return 0; }
   rl_prompt problem(uint64_t seed, int64_t index) const override {
-    const uint64_t r = mix(seed, 1, static_cast<uint64_t>(index));
+    const uint64_t r = task_mix(seed, 1, static_cast<uint64_t>(index));
     const auto span = static_cast<uint64_t>(hi_ - lo_ + 1);
     const long long a = lo_ + static_cast<long long>(r % span);
     const long long b = lo_ + static_cast<long long>((r / span) % span);
@@ -56,6 +54,7 @@ class arithmetic_task final : public rl_task {
     p.text = "What is " + std::to_string(a) + " " + op + " " + std::to_string(b) +
              "? Answer with the number only.";
     p.answer = std::to_string(value);
+    p.tool_solution.push_back({"calc", std::to_string(a) + " " + op + " " + std::to_string(b)});
     return p;
   }
   double reward(const rl_prompt& p, std::string_view completion) const override {
@@ -78,7 +77,7 @@ class reverse_task final : public rl_task {
     std::string word;
     for (int i = 0; i < length_; ++i) {
       word.push_back(static_cast<char>(
-          'a' + mix(seed, 2 + static_cast<uint64_t>(i), static_cast<uint64_t>(index)) % 26));
+          'a' + task_mix(seed, 2 + static_cast<uint64_t>(i), static_cast<uint64_t>(index)) % 26));
     }
     rl_prompt p;
     p.key = word;
@@ -188,13 +187,13 @@ class countdown_task final : public rl_task {
       const uint64_t base = static_cast<uint64_t>(index) * 64 + attempt;
       std::vector<long long> nums;
       for (int i = 0; i < count_; ++i) {
-        nums.push_back(1 +
-                       static_cast<long long>(mix(seed, 40 + static_cast<uint64_t>(i), base) % 25));
+        nums.push_back(
+            1 + static_cast<long long>(task_mix(seed, 40 + static_cast<uint64_t>(i), base) % 25));
       }
       long long value = nums[0];
       bool ok = true;
       for (int i = 1; i < count_ && ok; ++i) {
-        const uint64_t r = mix(seed, 80 + static_cast<uint64_t>(i), base) % 4;
+        const uint64_t r = task_mix(seed, 80 + static_cast<uint64_t>(i), base) % 4;
         const long long n = nums[static_cast<size_t>(i)];
         if (r == 0) value += n;
         if (r == 1) value -= n;
@@ -458,7 +457,7 @@ prompt_source::prompt_source(const rl_task& task, uint64_t seed, int64_t eval_si
   }
   // Procedural: distinct problems of the evaluation seed (a bounded number of draws, so a task
   // with fewer distinct problems than eval_size does not loop forever).
-  const uint64_t eval_seed = mix(seed, 0xE7A1, 0);
+  const uint64_t eval_seed = task_mix(seed, 0xE7A1, 0);
   for (int64_t i = 0; static_cast<int64_t>(eval_.size()) < eval_size && i < eval_size * 64; ++i) {
     rl_prompt p = task.problem(eval_seed, i);
     if (held_out_.insert(p.key).second) eval_.push_back(std::move(p));
@@ -472,7 +471,7 @@ rl_prompt prompt_source::at(int64_t n) {
     perm_ = train_lines_;
     for (int64_t i = lines - 1; i > 0; --i) {
       const auto j = static_cast<int64_t>(
-          mix(seed_, 0xE90C + static_cast<uint64_t>(epoch), static_cast<uint64_t>(i)) %
+          task_mix(seed_, 0xE90C + static_cast<uint64_t>(epoch), static_cast<uint64_t>(i)) %
           static_cast<uint64_t>(i + 1));
       std::swap(perm_[static_cast<size_t>(i)], perm_[static_cast<size_t>(j)]);
     }

@@ -4,6 +4,7 @@
 /// training prompts from a seed and a held-out evaluation set that training never draws from.
 /// Plain classes, no CAF.
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -23,7 +24,14 @@ struct rl_prompt {
   std::string text;
   std::string answer;
   std::vector<long long> numbers;  ///< Countdown: the numbers the answer may use.
+  /// Tool calls {tool, arguments} that solve it (gpu/rl/tools.hpp): what a tool task's
+  /// reference completion calls before the answer. Empty for a problem no tool helps with.
+  std::vector<std::array<std::string, 2>> tool_solution;
 };
+
+/// A stateless 64-bit mix of (seed, stream, index): every procedural problem is a pure function
+/// of its coordinates, the same on every platform.
+uint64_t task_mix(uint64_t seed, uint64_t stream, uint64_t index);
 
 /// A task: where problems come from and how a completion is scored.
 class rl_task {

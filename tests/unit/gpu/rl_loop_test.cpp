@@ -201,7 +201,7 @@ class zero_task final : public rl_task {
   std::string name() const override { return "zero"; }
   int64_t size() const override { return 0; }
   rl_prompt problem(uint64_t, int64_t index) const override {
-    return rl_prompt{std::to_string(index), "Say anything", "", {}};
+    return rl_prompt{std::to_string(index), "Say anything", "", {}, {}};
   }
   double reward(const rl_prompt&, std::string_view) const override { return 0.0; }
 };

@@ -429,7 +429,7 @@ TEST(tasks, arithmetic_and_reverse_prompts_and_verifiers) {
   EXPECT_FALSE(last_integer("none", v));
   EXPECT_EQ(add->reward(p, "I don't know"), 0.0);
   auto sub = make_arithmetic_task(1, "-");
-  rl_prompt neg{"3-8", "", "-5", {}};
+  rl_prompt neg{"3-8", "", "-5", {}, {}};
   EXPECT_EQ(sub->reward(neg, "-5"), 1.0);
   EXPECT_EQ(sub->reward(neg, "5"), 0.0);
   auto rev = make_reverse_task(5);
@@ -470,7 +470,7 @@ TEST(tasks, countdown_problems_and_expressions) {
   EXPECT_FALSE(eval_expression("3 +", v, used));
   EXPECT_FALSE(eval_expression(std::string(200, '('), v, used));  // bounded nesting
   auto cd = make_countdown_task(3);
-  rl_prompt p{"", "", "46", {3, 7, 25}};
+  rl_prompt p{"", "", "46", {3, 7, 25}, {}};
   EXPECT_EQ(cd->reward(p, "25 + 3 * 7"), 1.0);
   EXPECT_EQ(cd->reward(p, "I think (3*7)+25 = 46."), 1.0);
   EXPECT_EQ(cd->reward(p, "25 + 21"), 0.0);         // 21 is not given

@@ -59,7 +59,7 @@ class digits_task final : public rl::rl_task {
   int64_t size() const override { return 0; }
   rl::rl_prompt problem(uint64_t seed, int64_t index) const override {
     const std::string k = std::to_string((seed * 131 + static_cast<uint64_t>(index)) % 997);
-    return rl::rl_prompt{k, "Say some digits after " + k, "", {}};
+    return rl::rl_prompt{k, "Say some digits after " + k, "", {}, {}};
   }
   double reward(const rl::rl_prompt&, std::string_view c) const override {
     if (c.empty()) return 0.0;
