@@ -20,6 +20,7 @@
 
 #include <unistd.h>
 
+#include "actors/rl/tool_actors.hpp"
 #include "actors/serve/model_host.hpp"
 #include "apps/commands.hpp"
 #include "apps/config_file.hpp"
@@ -33,6 +34,7 @@
 #include "gpu/rl/grpo_loop.hpp"
 #include "gpu/rl/reward_process.hpp"
 #include "gpu/rl/tasks.hpp"
+#include "gpu/rl/tools.hpp"
 #include "gpu/train/checkpoint.hpp"
 #include "gpu/train/export.hpp"
 #include "gpu/train/sft_run.hpp"
@@ -58,13 +60,25 @@ std::unique_ptr<rl_task> make_base_task(const rl_options& o) {
   }
   if (o.task == "arithmetic") return make_arithmetic_task(o.digits, o.ops);
   if (o.task == "countdown") return make_countdown_task(o.numbers);
+  if (o.task == "lookup") return make_lookup_task(o.words);
   return make_reverse_task(o.length);
 }
 
-/// The task, with --answer-format applied.
+/// The task, with --answer-format and --tools applied.
 std::unique_ptr<rl_task> make_task(const rl_options& o) {
+  auto tools = parse_tools(o.tools);
+  if (!tools) {
+    spdlog::error("--tools: {}", tools.error().message());
+    return nullptr;
+  }
+  if (o.data_path.empty() && o.task == "lookup" &&
+      std::find(tools->begin(), tools->end(), "lookup") == tools->end()) {
+    spdlog::error("--task lookup asks for values only the lookup tool knows: add --tools lookup");
+    return nullptr;
+  }
   auto t = make_base_task(o);
-  if (t && o.answer_format == "tags") return make_answer_format_task(std::move(t), o.format_weight);
+  if (t && o.answer_format == "tags") t = make_answer_format_task(std::move(t), o.format_weight);
+  if (t && !tools->empty()) t = make_tool_task(std::move(t), *tools);
   return t;
 }
 
@@ -111,6 +125,10 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.rollout_device = o.rollout_device.empty() ? o.device : o.rollout_device;
   if (o.device != "cpu") c.shares = 1;  // one device: shares would run one after the other
   c.rollout_type = *gpu::parse_type_name(o.rollout_type);
+  auto tools = parse_tools(o.tools);
+  if (!tools) return tools.error();
+  c.tools = *tools;
+  c.max_tool_calls = o.max_tool_calls;
   return c;
 }
 
@@ -271,6 +289,11 @@ bool options_fit_together(const rl_options& o) {
         "trains on the host (--device cpu), a whole step at a time (not --mode stream)");
     return false;
   }
+  if (!o.tools.empty() && o.tool_latency_ms >= o.tool_timeout_s * 1000.0) {
+    spdlog::error("--tool-latency-ms {} is past --tool-timeout-s {}: every call would time out",
+                  o.tool_latency_ms, o.tool_timeout_s);
+    return false;
+  }
   if (o.netns && ::geteuid() != 0) {
     spdlog::error("--netns creates network namespaces and a bridge: it needs root (and iproute2)");
     return false;
@@ -404,6 +427,22 @@ int run_rl(const rl_options& o) {
     }
     spdlog::info("{} data-parallel trainer ranks: rank 0 here, 1..{} on trainer nodes", o.trainers,
                  o.trainers - 1);
+  }
+  std::shared_ptr<weft::rl::tool_actors> tools;
+  if (!cfg->tools.empty()) {
+    weft::rl::tool_actors_config tc;
+    tc.tools = cfg->tools;
+    tc.latency_ms = static_cast<uint32_t>(o.tool_latency_ms);
+    tc.timeout_ms = static_cast<uint32_t>(o.tool_timeout_s * 1000.0);
+    auto made_tools = weft::rl::tool_actors::create(tc);
+    if (!made_tools) {
+      spdlog::error("--tools: {}", made_tools.error().message);
+      return 2;
+    }
+    tools = std::move(*made_tools);
+    loop.set_tools(tools);
+    spdlog::info("agentic rollouts: tool actors {} ({} ms a call), up to {} calls a sample",
+                 o.tools, o.tool_latency_ms, o.max_tool_calls);
   }
   if (o.resume && !resume_rl(o, loop)) return 2;
   const fs::path metrics = !o.metrics_path.empty() ? fs::path(o.metrics_path)
@@ -562,6 +601,18 @@ void add_rl_command(CLI::App& app, const global_options&) {
       spdlog::error(
           "--clip-low/--clip-high shape --off-policy ppo-clip; decoupled caps the "
           "importance weight with --is-cap instead");
+      std::exit(2);
+    }
+    if (o->tools.empty()) {
+      for (const char* opt : {"--max-tool-calls", "--tool-latency-ms", "--tool-timeout-s"}) {
+        if (cmd->get_option(opt)->count() > 0) {
+          spdlog::error("{} shapes the tool calls of --tools: give --tools too", opt);
+          std::exit(2);
+        }
+      }
+    }
+    if (o->task != "lookup" && cmd->get_option("--words")->count() > 0) {
+      spdlog::error("--words is an option of --task lookup");
       std::exit(2);
     }
     if (!o->data_path.empty() && cmd->get_option("--task")->count() > 0) {

@@ -6,10 +6,33 @@ namespace weft::apps {
 void add_task_options(CLI::App* cmd, rl_options* o) {
   cmd->add_option("--task", o->task,
                   "Built-in task: arithmetic (\"What is 4 + 7?\"), reverse (a string of "
-                  "letters) or countdown (reach a target from given numbers); ignored when --data "
-                  "is given")
+                  "letters), countdown (reach a target from given numbers) or lookup (sum the "
+                  "values of words only the lookup tool knows; needs --tools lookup); ignored "
+                  "when --data is given")
       ->capture_default_str()
-      ->check(CLI::IsMember({"arithmetic", "reverse", "countdown"}));
+      ->check(CLI::IsMember({"arithmetic", "reverse", "countdown", "lookup"}));
+  cmd->add_option("--words", o->words, "lookup: words whose values are summed")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4));
+  cmd->add_option("--tools", o->tools,
+                  "Agentic rollouts: tools the model may call between turns, from calc (writes "
+                  "<calc>expression</calc>) and lookup (<lookup>word</lookup>); generation stops "
+                  "at the closing tag, the tool actor's result follows as <result>value</result> "
+                  "(context, not in the loss) and the sample continues (docs/rl.md)");
+  cmd->add_option("--max-tool-calls", o->max_tool_calls,
+                  "--tools: calls per sample; a turn that calls once more ends the sample")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
+  cmd->add_option("--tool-latency-ms", o->tool_latency_ms,
+                  "--tools: each call's service time in the tool actors (a tool behind a "
+                  "network); the other samples keep generating meanwhile")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 600000));
+  cmd->add_option("--tool-timeout-s", o->tool_timeout_s,
+                  "--tools: a call unanswered this long is sent again (3 tries, then the model "
+                  "sees an error as the tool's result)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 3600.0));
   cmd->add_option("--digits", o->digits, "arithmetic: digits of each operand")
       ->capture_default_str()
       ->check(CLI::Range(1, 9));

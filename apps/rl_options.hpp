@@ -17,6 +17,11 @@ struct rl_options {
   std::string ops = "+";
   int length = 5;
   int numbers = 3;
+  int words = 2;
+  std::string tools;  ///< --tools calc,lookup (empty: none)
+  int max_tool_calls = 4;
+  int tool_latency_ms = 0;
+  double tool_timeout_s = 10.0;
   std::string data_path;
   std::string match = "number";
   std::string answer_format = "none";

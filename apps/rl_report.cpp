@@ -42,6 +42,7 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
     sync_s_ += r.sync_s;
     ref_s_ += r.ref_s;
     reduce_s_ += r.reduce_s;
+    tool_calls_ += r.tool_calls;
   }
   const double sps = static_cast<double>(r.samples) / std::max(step_seconds, 1e-9);
   const double eta = static_cast<double>(total_ - r.step) * seconds_ / static_cast<double>(steps_);
@@ -71,6 +72,14 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
         r.trainer_groups - 1);
   }
   trainer_groups_ = std::max(trainer_groups_, r.trainer_groups);
+  if (r.tool_calls > 0) {
+    spdlog::info(
+        "  tools: {} calls ({:.2f} per sample), {} result tokens, {:.0f}% of the "
+        "continuations' context from the prefix cache",
+        r.tool_calls,
+        static_cast<double>(r.tool_calls) / static_cast<double>(std::max<int64_t>(1, r.samples)),
+        r.tool_tokens, 100.0 * r.tool_kv_reuse);
+  }
   if (r.staleness_max > 0 || r.in_flight > 0) {
     spdlog::info("  staleness {:.2f} (max {}), {} samples of mixed versions, {} in flight",
                  r.staleness_mean, r.staleness_max, r.mixed_version_samples, r.in_flight);
@@ -109,6 +118,9 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"ref_s", r.ref_s},
                       {"reduce_s", r.reduce_s},
                       {"trainer_groups", r.trainer_groups},
+                      {"tool_calls", r.tool_calls},
+                      {"tool_tokens", r.tool_tokens},
+                      {"tool_kv_reuse", r.tool_kv_reuse},
                       {"step_s", step_seconds},
                       {"samples_per_s", sps}};
   out_ << j.dump() << '\n';
@@ -122,13 +134,15 @@ void rl_reporter::report_eval(const gpu::rl::rl_eval_record& e) {
     has_eval_ = true;
   }
   spdlog::info(
-      "eval at step {}: pass@1 {:.3f} on {} held-out prompts (greedy), len {:.1f}, {:.1f}s", e.step,
-      e.pass_at_1, e.prompts, e.completion_len, e.seconds);
+      "eval at step {}: pass@1 {:.3f} on {} held-out prompts (greedy), len {:.1f}, {} tool calls, "
+      "{:.1f}s",
+      e.step, e.pass_at_1, e.prompts, e.completion_len, e.tool_calls, e.seconds);
   nlohmann::json j = {{"kind", "eval"},
                       {"step", e.step},
                       {"pass_at_1", e.pass_at_1},
                       {"prompts", e.prompts},
                       {"completion_len", e.completion_len},
+                      {"tool_calls", e.tool_calls},
                       {"eval_s", e.seconds}};
   out_ << j.dump() << '\n';
   out_.flush();
@@ -194,6 +208,9 @@ std::string rl_reporter::prometheus() const {
          static_cast<double>(std::max<int64_t>(0, last_.trainer_groups - 1)));
   metric("weft_rl_allreduce_seconds_total", "counter",
          "Time rank 0 spent in the trainer group's gradient all-reduces (--trainers)", reduce_s_);
+  metric("weft_rl_tool_calls_total", "counter",
+         "Tool calls of agentic rollouts (--tools) in trained samples",
+         static_cast<double>(tool_calls_));
   metric("weft_rl_reference_seconds_total", "counter",
          "Time spent in the KL reference's forward (--kl-coef)", ref_s_);
   if (has_eval_) {

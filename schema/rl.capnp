@@ -31,6 +31,9 @@ struct RolloutItem {
   temperature @7 :Float32 = 1.0;
   topP @8 :Float32 = 1.0;
   topK @9 :Int32;
+  # Agentic rollouts: finish when the text contains one of these (a tool's closing tag); the
+  # text is cut before it. At most 8, each 1 to 64 bytes.
+  stopStrings @10 :List(Text);
 }
 
 # Controller -> agent: rollouts to start.
@@ -54,6 +57,7 @@ struct RolloutTokens {
   stopToken @5 :Int32;          # finish = 1: the stop token (not in tokens) and its log-prob
   stopLogprob @6 :Float32;
   error @7 :Text;
+  cachedPromptTokens @8 :UInt32;  # prompt tokens the agent's prefix cache held
 }
 
 # Agent -> controller after an engine step: what it produced, with the weight version that

@@ -106,6 +106,10 @@ struct remote_rollouts::impl {
   std::vector<gpu::rl::rollout_output> ready;
   gpu::rl::length_ranker ranker;
   int rr_next = 0;
+  /// The agent each group's samples went to: a later request of the group (an agentic rollout's
+  /// continuation after a tool call) goes there too while it lives, to reuse the KV of the turns
+  /// before the call (its prefix cache).
+  std::unordered_map<int64_t, int> group_agent;
   gpu::rl::rollout_backend_stats st;
   clock_type::time_point no_agent_since = clock_type::now();
   clock_type::time_point offered_at{};
@@ -257,6 +261,7 @@ struct remote_rollouts::impl {
       out.out.stop_sample.token = o.getStopToken();
       out.out.stop_sample.logprob = o.getStopLogprob();
       out.out.error = o.getError().cStr();
+      out.out.cached_prompt_tokens = o.getCachedPromptTokens();
       t.generated.insert(t.generated.end(), out.out.new_tokens.begin(), out.out.new_tokens.end());
       if (out.out.finish != gpu::finish_reason::none) {
         agent_slot& a = agents[static_cast<size_t>(i)];
@@ -374,11 +379,26 @@ struct remote_rollouts::impl {
     if (waiting.empty()) return;
     const auto targets = ready_agents();
     if (targets.empty()) return;
-    // Units: the waiting samples of one group stay together.
+    // Units: the waiting samples of one group stay together; a group already placed on a ready
+    // agent stays there.
     std::vector<std::vector<gpu::request_id>> units;
     std::map<int64_t, size_t> unit_of_group;
+    std::map<int, std::vector<gpu::request_id>> per_agent;
     for (auto id : waiting) {
-      const tracked& t = live.at(id);
+      tracked& t = live.at(id);
+      if (auto g = group_agent.find(t.req.group); t.req.group >= 0 && g != group_agent.end() &&
+                                                  agents[static_cast<size_t>(g->second)].alive &&
+                                                  agents[static_cast<size_t>(g->second)].ready) {
+        agent_slot& a = agents[static_cast<size_t>(g->second)];
+        const double cost =
+            std::max(1.0, ranker.predict(t.key, static_cast<int64_t>(t.req.prompt.size())) -
+                              static_cast<double>(t.generated.size()));
+        per_agent[g->second].push_back(id);
+        t.agent = g->second;
+        a.assigned[id] = cost;
+        a.load += cost;
+        continue;
+      }
       if (t.req.group >= 0) {
         auto [it, fresh] = unit_of_group.emplace(t.req.group, units.size());
         if (fresh) units.emplace_back();
@@ -411,9 +431,10 @@ struct remote_rollouts::impl {
     std::vector<size_t> order(items.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     if (cfg.length_aware) order = gpu::rl::longest_first_order(items);
-    std::map<int, std::vector<gpu::request_id>> per_agent;
+    if (group_agent.size() > 65536) group_agent.clear();  // old steps' groups
     for (size_t u : order) {
       const int a = targets[static_cast<size_t>(where[u])];
+      if (const int64_t g = live.at(units[u].front()).req.group; g >= 0) group_agent[g] = a;
       for (auto id : units[u]) {
         per_agent[a].push_back(id);
         live.at(id).agent = a;
@@ -445,6 +466,9 @@ struct remote_rollouts::impl {
           for (size_t s = 0; s < t.req.params.stop_tokens.size(); ++s) {
             stops.set(static_cast<unsigned>(s), t.req.params.stop_tokens[s]);
           }
+          const auto& strs = t.req.params.stop_strings;
+          auto texts = x.initStopStrings(static_cast<unsigned>(strs.size()));
+          for (size_t s = 0; s < strs.size(); ++s) texts.set(static_cast<unsigned>(s), strs[s]);
         }
       });
       spdlog::debug("rl controller: {} rollouts to agent {}", ids.size(), a);

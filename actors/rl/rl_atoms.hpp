@@ -13,6 +13,10 @@
 ///   reward worker -> controller (w_result_atom, RewardResult)      their rewards, or the error
 ///   rl trainer controller -> rank (t_work_atom, TrainerWork)    a micro-batch of an iteration
 ///   local -> rl trainer controller (t_watch_atom, actor)      watch the ranks' supervisor
+///   rl loop thread -> tool router (tl_call_atom, id, tool, args)  an agentic rollout's call
+///   router -> tool actor       (tl_call_atom, id, args)   the call (actors/rl/tool_actors.hpp)
+///   tool actor -> router       (tl_result_atom, id, text) its result, after the tool's latency
+///   router -> itself           (tl_tick_atom)             every 200 ms: calls past deadline
 ///   (the trainer group otherwise speaks actors/train/train_atoms.hpp: t_hello, t_group, t_done)
 
 #include <caf/atom.hpp>
@@ -31,5 +35,8 @@ using w_batch_atom = caf::atom_constant<caf::atom("w_batch")>;
 using w_result_atom = caf::atom_constant<caf::atom("w_result")>;
 using t_work_atom = caf::atom_constant<caf::atom("t_work")>;
 using t_watch_atom = caf::atom_constant<caf::atom("t_watch")>;
+using tl_call_atom = caf::atom_constant<caf::atom("tl_call")>;
+using tl_result_atom = caf::atom_constant<caf::atom("tl_result")>;
+using tl_tick_atom = caf::atom_constant<caf::atom("tl_tick")>;
 
 }  // namespace weft::rl

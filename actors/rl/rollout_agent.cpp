@@ -201,6 +201,11 @@ class agent_loop {
         sp.seed = item.getSeed();
         sp.max_tokens = item.getMaxTokens();
         for (int32_t t : item.getStopTokens()) sp.stop_tokens.push_back(t);
+        bool stops_ok = item.getStopStrings().size() <= 8;
+        for (auto t : item.getStopStrings()) {
+          stops_ok = stops_ok && t.size() >= 1 && t.size() <= 64;
+          if (stops_ok) sp.stop_strings.emplace_back(t.cStr(), t.size());
+        }
         std::vector<int32_t> tokens;
         tokens.reserve(item.getTokens().size());
         for (int32_t t : item.getTokens()) tokens.push_back(t);
@@ -209,11 +214,13 @@ class agent_loop {
             item.getGreedy() ||
             (std::isfinite(sp.temperature) && sp.temperature > 0.0f && sp.temperature <= 100.0f &&
              sp.top_p > 0.0f && sp.top_p <= 1.0f && sp.top_k >= 0);
-        auto st = !sampling_ok ? gpu::status{gpu::status_code::invalid_argument,
-                                             "rollout: bad sampling parameters (temperature " +
-                                                 std::to_string(sp.temperature) + ", top-p " +
-                                                 std::to_string(sp.top_p) + ", top-k " +
-                                                 std::to_string(sp.top_k) + ")"}
+        auto st = !stops_ok      ? gpu::status{gpu::status_code::invalid_argument,
+                                          "rollout: at most 8 stop strings of 1 to 64 bytes"}
+                  : !sampling_ok ? gpu::status{gpu::status_code::invalid_argument,
+                                               "rollout: bad sampling parameters (temperature " +
+                                                   std::to_string(sp.temperature) + ", top-p " +
+                                                   std::to_string(sp.top_p) + ", top-k " +
+                                                   std::to_string(sp.top_k) + ")"}
                   : replay > 0
                       ? engine_->add_resumed_request(item.getId(), std::move(tokens), replay,
                                                      std::move(sp))
@@ -312,6 +319,8 @@ class agent_loop {
         x.setStopToken(o.stop_sample.token);
         x.setStopLogprob(o.stop_sample.logprob);
         x.setError(o.error);
+        x.setCachedPromptTokens(
+            static_cast<uint32_t>(std::max<int64_t>(0, o.cached_prompt_tokens)));
       }
     });
     caf::send_as(self_, controller_, r_tokens_atom::value, std::move(env));

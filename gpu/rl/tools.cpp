@@ -191,7 +191,9 @@ class tool_task final : public rl_task {
 class lookup_task final : public rl_task {
  public:
   explicit lookup_task(int count) : count_(count) {}
-  std::string name() const override { return "lookup sum of " + std::to_string(count_) + " words"; }
+  std::string name() const override {
+    return count_ == 1 ? "lookup of 1 word" : "lookup sum of " + std::to_string(count_) + " words";
+  }
   int64_t size() const override { return 0; }
   rl_prompt problem(uint64_t seed, int64_t index) const override {
     rl_prompt p;

@@ -1,0 +1,233 @@
+#include "actors/rl/tool_actors.hpp"
+
+#include <spdlog/spdlog.h>
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "actors/rl/rl_atoms.hpp"
+#include "actors/rl/rl_plumbing.hpp"
+
+namespace weft::rl {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using gpu::rl::tool_result;
+
+/// What the router shares with the loop's thread.
+struct shared_state {
+  event_queue<tool_result> results;
+  std::mutex mu;
+  std::map<std::string, caf::actor> tools;  ///< the live actor of each tool
+  std::atomic<int64_t> restarts{0};
+  std::atomic<int64_t> resent{0};
+};
+
+/// A tool: answers each call with the tool's result after `latency_ms`, to whoever sent it.
+caf::behavior tool_actor_fn(caf::event_based_actor* self, std::string tool, uint32_t latency_ms) {
+  return {
+      [self, tool, latency_ms](tl_call_atom, uint64_t id, const std::string& args) {
+        auto to = caf::actor_cast<caf::actor>(self->current_sender());
+        if (!to) return;
+        std::string text = gpu::rl::run_tool(gpu::rl::tool_call{tool, args});
+        if (latency_ms == 0) {
+          self->send(to, tl_result_atom::value, id, std::move(text));
+        } else {
+          self->delayed_send(to, std::chrono::milliseconds(latency_ms), tl_result_atom::value, id,
+                             std::move(text));
+        }
+      },
+  };
+}
+
+struct router_state {
+  struct pending_call {
+    std::string tool, args;
+    int attempts = 0;
+    clock_type::time_point deadline;
+  };
+  std::unordered_map<uint64_t, pending_call> calls;
+  std::map<caf::actor_addr, std::string> tool_of;
+};
+
+caf::behavior router_fn(caf::event_based_actor* self, std::shared_ptr<shared_state> sh,
+                        tool_actors_config cfg) {
+  auto st = std::make_shared<router_state>();
+  const auto timeout = std::chrono::milliseconds(cfg.timeout_ms);
+  auto spawn_tool = [self, sh, st, cfg](const std::string& name) {
+    auto a = self->spawn<caf::monitored>(tool_actor_fn, name, cfg.latency_ms);
+    st->tool_of[a.address()] = name;
+    std::lock_guard<std::mutex> lock(sh->mu);
+    sh->tools[name] = a;
+    return a;
+  };
+  auto send_call = [self, sh, st, timeout](uint64_t id, router_state::pending_call& c) {
+    caf::actor to;
+    {
+      std::lock_guard<std::mutex> lock(sh->mu);
+      to = sh->tools[c.tool];
+    }
+    ++c.attempts;
+    c.deadline = clock_type::now() + timeout;
+    self->send(to, tl_call_atom::value, id, c.args);
+  };
+  for (const auto& t : cfg.tools) spawn_tool(t);
+  self->set_down_handler([self, sh, st, spawn_tool, send_call](const caf::down_msg& dm) {
+    auto it = st->tool_of.find(dm.source);
+    if (it == st->tool_of.end()) return;
+    const std::string name = it->second;
+    st->tool_of.erase(it);
+    ++sh->restarts;
+    spdlog::warn("tool actor '{}' died ({}); restarting it and sending its calls again", name,
+                 caf::to_string(dm.reason));
+    spawn_tool(name);
+    for (auto& [id, c] : st->calls) {
+      if (c.tool != name) continue;
+      ++sh->resent;
+      send_call(id, c);
+    }
+  });
+  self->send(self, tl_tick_atom::value);
+  return {
+      [self, sh, st, send_call](tl_call_atom, uint64_t id, const std::string& tool,
+                                const std::string& args) {
+        auto& c = st->calls[id];
+        c = router_state::pending_call{tool, args, 0, {}};
+        send_call(id, c);
+      },
+      [sh, st](tl_result_atom, uint64_t id, std::string& text) {
+        if (st->calls.erase(id) == 0) return;  // answered already (a call sent twice)
+        sh->results.push(tool_result{id, std::move(text)});
+      },
+      [self, sh, st, send_call, cfg](tl_tick_atom) {
+        const auto now = clock_type::now();
+        for (auto it = st->calls.begin(); it != st->calls.end();) {
+          auto& [id, c] = *it;
+          if (now < c.deadline) {
+            ++it;
+            continue;
+          }
+          if (c.attempts >= cfg.max_attempts) {
+            spdlog::warn("tool '{}' did not answer call {} in {} tries", c.tool, id, c.attempts);
+            sh->results.push(tool_result{id, "error: the " + c.tool + " tool did not answer"});
+            it = st->calls.erase(it);
+            continue;
+          }
+          ++sh->resent;
+          send_call(id, c);
+          ++it;
+        }
+        self->delayed_send(self, std::chrono::milliseconds(200), tl_tick_atom::value);
+      },
+  };
+}
+
+}  // namespace
+
+struct tool_actors::impl {
+  std::unique_ptr<caf::actor_system_config> own_cfg;
+  std::unique_ptr<caf::actor_system> own_sys;  // after own_cfg: destroyed first
+  std::shared_ptr<shared_state> sh = std::make_shared<shared_state>();
+  caf::actor router;
+  std::atomic<int64_t> pending{0};
+  int64_t calls = 0;
+  std::vector<std::string> tools;
+};
+
+tool_actors::tool_actors(std::unique_ptr<impl> d) : d_(std::move(d)) {}
+
+tool_actors::~tool_actors() {
+  if (d_->router) {
+    std::vector<caf::actor> tools;
+    {
+      std::lock_guard<std::mutex> lock(d_->sh->mu);
+      for (auto& [name, a] : d_->sh->tools) tools.push_back(a);
+    }
+    caf::anon_send_exit(d_->router, caf::exit_reason::user_shutdown);
+    for (auto& a : tools) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+}
+
+result<std::unique_ptr<tool_actors>> tool_actors::create(caf::actor_system& sys,
+                                                         tool_actors_config cfg) {
+  if (cfg.tools.empty()) return make_error(errc::invalid_argument, "tool actors: no tools");
+  for (const auto& t : cfg.tools) {
+    if (!gpu::rl::is_tool(t)) {
+      return make_error(errc::invalid_argument,
+                        "unknown tool '" + t + "' (tools: " + gpu::rl::tool_list + ")");
+    }
+  }
+  if (cfg.max_attempts < 1 || cfg.timeout_ms < 10) {
+    return make_error(errc::invalid_argument,
+                      "tool actors: at least one attempt and a deadline of at least 10 ms");
+  }
+  auto d = std::make_unique<impl>();
+  d->tools = cfg.tools;
+  d->router = sys.spawn(router_fn, d->sh, cfg);
+  return std::unique_ptr<tool_actors>(new tool_actors(std::move(d)));
+}
+
+result<std::unique_ptr<tool_actors>> tool_actors::create(tool_actors_config cfg) {
+  auto own_cfg = std::make_unique<caf::actor_system_config>();
+  own_cfg->set("scheduler.max-threads", size_t{1});
+  own_cfg->set("logger.console", caf::atom("none"));
+  auto own_sys = std::make_unique<caf::actor_system>(*own_cfg);
+  auto made = create(*own_sys, std::move(cfg));
+  if (!made) return made;
+  // The actors live in this system: it goes with the object (after them).
+  (*made)->d_->own_cfg = std::move(own_cfg);
+  (*made)->d_->own_sys = std::move(own_sys);
+  return made;
+}
+
+gpu::status tool_actors::call(uint64_t id, gpu::rl::tool_call c) {
+  if (std::find(d_->tools.begin(), d_->tools.end(), c.tool) == d_->tools.end()) {
+    return gpu::status{gpu::status_code::invalid_argument, "tool '" + c.tool + "' is not enabled"};
+  }
+  ++d_->pending;
+  ++d_->calls;
+  caf::anon_send(d_->router, tl_call_atom::value, id, std::move(c.tool), std::move(c.args));
+  return {};
+}
+
+std::vector<tool_result> tool_actors::ready(bool wait) {
+  auto got = d_->sh->results.take();
+  while (got.empty() && wait && d_->pending > 0) {
+    d_->sh->results.wait_for(std::chrono::milliseconds(100));
+    got = d_->sh->results.take();
+  }
+  d_->pending -= static_cast<int64_t>(got.size());
+  return {std::make_move_iterator(got.begin()), std::make_move_iterator(got.end())};
+}
+
+int64_t tool_actors::pending() const {
+  return d_->pending;
+}
+
+int64_t tool_actors::calls() const {
+  return d_->calls;
+}
+
+caf::actor tool_actors::tool_actor(const std::string& tool) const {
+  std::lock_guard<std::mutex> lock(d_->sh->mu);
+  auto it = d_->sh->tools.find(tool);
+  return it == d_->sh->tools.end() ? caf::actor{} : it->second;
+}
+
+int64_t tool_actors::restarts() const {
+  return d_->sh->restarts;
+}
+
+int64_t tool_actors::resent() const {
+  return d_->sh->resent;
+}
+
+}  // namespace weft::rl

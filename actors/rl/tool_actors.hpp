@@ -1,0 +1,58 @@
+#pragma once
+/// The tool actors of agentic rollouts (`weft rl --tools`, docs/rl.md "Agentic rollouts"): one
+/// actor per tool (calc, lookup) answers each call after the tool's latency, so a slow tool
+/// delays only the samples waiting for it; a router actor sends the GRPO loop's calls to them,
+/// restarts a tool actor that dies and sends its unanswered calls again — a call unanswered past
+/// its deadline is sent again too, and after `max_attempts` its sample gets an error result (the
+/// model sees "error: ..." as a tool's answer, as it would from a real tool). Results are a
+/// function of the call, so a restart changes nothing. The loop's thread sees
+/// gpu::rl::tool_backend.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include "gpu/rl/tools.hpp"
+#include "schema/status.hpp"
+
+namespace weft::rl {
+
+struct tool_actors_config {
+  std::vector<std::string> tools;  ///< "calc", "lookup"
+  uint32_t latency_ms = 0;         ///< Each call's service time (a tool behind a network).
+  uint32_t timeout_ms = 10'000;    ///< A call unanswered this long is sent again.
+  int max_attempts = 3;            ///< Sends of one call before its error result.
+};
+
+class tool_actors final : public gpu::rl::tool_backend {
+ public:
+  /// Spawns the tools and the router in `sys` (which must outlive this object).
+  static result<std::unique_ptr<tool_actors>> create(caf::actor_system& sys,
+                                                     tool_actors_config cfg);
+  /// The same in an actor system of its own (one scheduler thread), for a run without a cluster.
+  static result<std::unique_ptr<tool_actors>> create(tool_actors_config cfg);
+  ~tool_actors() override;
+
+  gpu::status call(uint64_t id, gpu::rl::tool_call c) override;
+  std::vector<gpu::rl::tool_result> ready(bool wait) override;
+  int64_t pending() const override;
+  int64_t calls() const override;
+
+  /// The actor serving `tool` now (null when unknown); chaos tests kill it.
+  caf::actor tool_actor(const std::string& tool) const;
+  /// Tool actors restarted after dying, and calls sent again (after a death or a deadline).
+  int64_t restarts() const;
+  int64_t resent() const;
+
+  struct impl;
+
+ private:
+  explicit tool_actors(std::unique_ptr<impl> d);
+  std::unique_ptr<impl> d_;
+};
+
+}  // namespace weft::rl
