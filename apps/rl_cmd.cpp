@@ -129,6 +129,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   if (!tools) return tools.error();
   c.tools = *tools;
   c.max_tool_calls = o.max_tool_calls;
+  c.batch_turns = o.tool_turns == "batch";
   return c;
 }
 
@@ -604,7 +605,8 @@ void add_rl_command(CLI::App& app, const global_options&) {
       std::exit(2);
     }
     if (o->tools.empty()) {
-      for (const char* opt : {"--max-tool-calls", "--tool-latency-ms", "--tool-timeout-s"}) {
+      for (const char* opt :
+           {"--max-tool-calls", "--tool-latency-ms", "--tool-timeout-s", "--tool-turns"}) {
         if (cmd->get_option(opt)->count() > 0) {
           spdlog::error("{} shapes the tool calls of --tools: give --tools too", opt);
           std::exit(2);

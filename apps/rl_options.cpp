@@ -33,6 +33,13 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "sees an error as the tool's result)")
       ->capture_default_str()
       ->check(CLI::Range(0.05, 3600.0));
+  cmd->add_option("--tool-turns", o->tool_turns,
+                  "--tools: sample (each sample's call starts when its turn ends and it continues "
+                  "as soon as the result is in, while the others generate) or batch (the "
+                  "batch-synchronous loop of Search-R1-style trainers, for comparison: calls wait "
+                  "until no sample generates, continuations until the last result)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sample", "batch"}));
   cmd->add_option("--digits", o->digits, "arithmetic: digits of each operand")
       ->capture_default_str()
       ->check(CLI::Range(1, 9));

@@ -22,6 +22,7 @@ struct rl_options {
   int max_tool_calls = 4;
   int tool_latency_ms = 0;
   double tool_timeout_s = 10.0;
+  std::string tool_turns = "sample";
   std::string data_path;
   std::string match = "number";
   std::string answer_format = "none";

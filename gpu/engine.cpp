@@ -395,8 +395,15 @@ void engine::admit(request& r) {
     // Leave at least two prompt tokens to compute, so the last chunk keeps prefill numerics; never
     // match into replayed tokens (their blocks must be rebuilt with decode numerics).
     const int64_t n_true = r.n_prompt - r.n_replay;
-    const auto prefix = std::span<const int32_t>(r.tokens).first(
+    auto prefix = std::span<const int32_t>(r.tokens).first(
         static_cast<size_t>(std::max<int64_t>(n_true - 1, 0)));
+    if (config_.prefix_into_replay && r.n_replay > 0) {
+      // Blocks past the true prompt hold decode-computed KV (see prefix_into_replay): take them
+      // when every true prompt token is cached, leaving at least the last token to compute.
+      const auto longer = std::span<const int32_t>(r.tokens).first(
+          static_cast<size_t>(std::max<int64_t>(r.n_prompt - 1, 0)));
+      if (kv_->match_prefix(longer) >= n_true) prefix = longer;
+    }
     auto matched = kv_->attach_prefix(r.seq, prefix);
     if (matched) r.n_computed = r.n_cached = *matched;
   }

@@ -54,6 +54,11 @@ struct engine_config {
   int64_t rebuild_batch_tokens = 0;
   int64_t max_running = 32;  ///< Requests decoding concurrently.
   bool prefix_cache = true;  ///< Reuse cached full blocks of earlier prompts.
+  /// A resumed request may also take cached blocks of its replayed tokens (normally rebuilt with
+  /// decode numerics). Exact only when no request's prompt (prefill numerics) holds tokens another
+  /// one generated: true for an RL rollout engine, whose continuations after a tool call replay
+  /// everything after the problem's prompt (gpu/rl/rollout_backend.hpp).
+  bool prefix_into_replay = false;
   /// Text of a token, for stop strings and text deltas (optional: without it, stop strings are
   /// ignored and text_delta stays empty).
   std::function<std::string(int32_t)> detokenize;

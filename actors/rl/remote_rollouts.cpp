@@ -453,7 +453,8 @@ struct remote_rollouts::impl {
           unsigned j = 0;
           for (int32_t tok : t.req.prompt) toks.set(j++, tok);
           for (int32_t tok : t.generated) toks.set(j++, tok);
-          x.setReplay(static_cast<uint32_t>(t.generated.size()));
+          x.setReplay(static_cast<uint32_t>(t.req.n_replay) +
+                      static_cast<uint32_t>(t.generated.size()));
           x.setSeed(t.req.params.seed);
           x.setMaxTokens(t.req.params.max_tokens - static_cast<int32_t>(t.generated.size()));
           x.setGreedy(t.req.params.temperature == 0.0f);
@@ -564,9 +565,11 @@ gpu::rl::rollout_backend_stats remote_rollouts::stats() const {
 
 gpu::status remote_rollouts::add(std::vector<gpu::rl::rollout_request> requests) {
   for (auto& r : requests) {
-    if (r.n_replay != 0 || r.prompt.empty() || d_->live.count(r.id) != 0) {
+    if (r.n_replay < 0 || r.n_replay >= static_cast<int64_t>(r.prompt.size()) ||
+        d_->live.count(r.id) != 0) {
       return gpu::status{gpu::status_code::invalid_argument,
-                         "rollout " + std::to_string(r.id) + ": a new, non-empty request"};
+                         "rollout " + std::to_string(r.id) +
+                             ": a new request with a prompt beyond its replayed tokens"};
     }
     impl::tracked t;
     t.key = prompt_key(r.prompt);

@@ -309,10 +309,16 @@ status grpo_loop::start_step(int64_t m) {
 }
 
 status grpo_loop::pump(size_t& direct_finished) {
+  if (tools_ && config_.batch_turns) {
+    if (auto st = release_held(); !st) return st;
+  }
   if (tools_ && tools_->pending() > 0) {
     // Tool results that are in; when nothing generates, wait for one.
     for (const auto& r : tools_->ready(!backend_->has_work())) {
       if (auto st = tool_returned(r); !st) return st;
+    }
+    if (config_.batch_turns) {
+      if (auto st = release_held(); !st) return st;
     }
     if (!backend_->has_work()) return {};
   }
@@ -683,6 +689,8 @@ status grpo_loop::restore(const train::checkpoint_state& s) {
   }
   turns_.clear();  // tool results still to come are dropped
   waiting_.clear();
+  held_calls_.clear();
+  held_turns_.clear();
   size_t none = 0;
   while (backend_->has_work()) {
     if (auto st = pump(none); !st) return st;

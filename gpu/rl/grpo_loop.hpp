@@ -97,6 +97,12 @@ struct grpo_loop_config {
   std::vector<std::string> tools;
   /// Tool calls per sample; a turn that calls once more ends the sample.
   int max_tool_calls = 4;
+  /// How turns are scheduled. false (weft's): each sample's call starts when its turn ends and
+  /// the sample continues as soon as its result is in, while the others keep generating. true:
+  /// the batch-synchronous loop of Search-R1-style trainers, the baseline — calls wait until no
+  /// sample is generating, then all run at once, and every continuation starts after the last
+  /// result.
+  bool batch_turns = false;
 };
 
 /// A tool result's tokens are cut to this many (the engine's context is sized for
@@ -359,6 +365,12 @@ class grpo_loop {
   std::unordered_map<request_id, turn> turns_;
   /// Requests whose last turn called a tool that has not answered yet.
   std::unordered_set<request_id> waiting_;
+  /// batch_turns: calls not started yet, and continuations not added yet.
+  std::vector<std::pair<request_id, tool_call>> held_calls_;
+  std::vector<rollout_request> held_turns_;
+  /// batch_turns: starts the held calls once nothing generates, and the held continuations once
+  /// every call has answered.
+  status release_held();
 };
 
 }  // namespace weft::gpu::rl

@@ -44,7 +44,23 @@ rollout_sample* grpo_loop::sample_of(request_id id) {
 }
 
 bool grpo_loop::rollouts_busy() const {
-  return backend_->has_work() || (tools_ && tools_->pending() > 0);
+  return backend_->has_work() || (tools_ && tools_->pending() > 0) || !held_calls_.empty() ||
+         !held_turns_.empty();
+}
+
+status grpo_loop::release_held() {
+  if (!held_calls_.empty() && !backend_->has_work()) {
+    for (auto& [id, c] : held_calls_) {
+      if (auto st = tools_->call(id, std::move(c)); !st) return st;
+    }
+    held_calls_.clear();
+  }
+  if (!held_turns_.empty() && held_calls_.empty() && tools_->pending() == 0) {
+    std::vector<rollout_request> all;
+    all.swap(held_turns_);
+    return backend_->add(std::move(all));
+  }
+  return {};
 }
 
 void grpo_loop::count_cached(request_id id, rollout_sample& s, const request_output& o) {
@@ -73,8 +89,12 @@ result<bool> grpo_loop::call_tool(request_id id, rollout_sample& s, const reques
   }
   s.text += "</" + c.tool + ">";
   ++s.tool_calls;
-  if (auto st = tools_->call(id, std::move(c)); !st) return st;
   waiting_.insert(id);
+  if (config_.batch_turns) {
+    held_calls_.emplace_back(id, std::move(c));
+    return true;
+  }
+  if (auto st = tools_->call(id, std::move(c)); !st) return st;
   return true;
 }
 
@@ -101,10 +121,14 @@ status grpo_loop::tool_returned(const tool_result& r) {
     s->tool_mask.push_back(1);
   }
   s->text += obs;
+  // The continuation replays every token after the problem's prompt (decode numerics, from the
+  // prefix cache where it still holds them): its KV and so its log-probs do not depend on what
+  // the cache kept, and runs repeat bit for bit.
   rollout_request req;
   req.id = next_request_++;
   req.prompt = s->prompt;
   req.prompt.insert(req.prompt.end(), s->completion.begin(), s->completion.end());
+  req.n_replay = static_cast<int64_t>(s->completion.size());
   ++next.calls;
   next.text_from = s->text.size();
   req.params = next.params;
@@ -122,6 +146,10 @@ status grpo_loop::tool_returned(const tool_result& r) {
     slots_.erase(it);
   }
   turns_[req.id] = next;
+  if (config_.batch_turns) {
+    held_turns_.push_back(std::move(req));
+    return {};
+  }
   std::vector<rollout_request> one;
   one.push_back(std::move(req));
   return backend_->add(std::move(one));

@@ -12,6 +12,9 @@ engine_config rollout_engine_config(const model& m, const rollout_engine_params&
   ec.max_running = p.max_sequences;
   ec.max_batch_tokens = 512;
   ec.block_size = 16;
+  // A continuation after a tool call replays the turns before it (decode numerics) and takes
+  // their cached blocks: exact, whatever the cache holds.
+  ec.prefix_into_replay = true;
   // Room for every sample at once (a prompt of ~128 tokens and the completion; the group's
   // samples share their prompt's full blocks), within 1 GiB of KV; beyond that the engine queues
   // or swaps samples. Never less than the longest single request.

@@ -112,6 +112,10 @@ class scripted_backend final : public rollout_backend {
     eos_ = eog.front();
   }
   status add(std::vector<rollout_request> requests) override {
+    if (!requests.empty() && requests.front().prompt.size() > first_prompt_ && first_prompt_ > 0) {
+      continuation_adds.push_back(requests.size());
+    }
+    if (first_prompt_ == 0 && !requests.empty()) first_prompt_ = requests.front().prompt.size();
     for (auto& r : requests) {
       requests_seen.push_back(r);
       const std::string prompt = text_of(r.prompt);
@@ -162,6 +166,8 @@ class scripted_backend final : public rollout_backend {
   }
 
   std::vector<rollout_request> requests_seen;
+  /// Sizes of the add() calls that carried continuations (prompts longer than the problem's).
+  std::vector<size_t> continuation_adds;
 
  private:
   std::string text_of(const std::vector<int32_t>& ids) const {
@@ -185,6 +191,7 @@ class scripted_backend final : public rollout_backend {
   std::unique_ptr<trainable_model<float>> model_;
   int32_t eos_ = 0;
   int64_t version_ = 0;
+  size_t first_prompt_ = 0;
   std::deque<rollout_output> ready_;
 };
 
@@ -294,6 +301,30 @@ TEST(grpo_loop_tools, tool_results_stay_out_of_the_loss_and_runs_repeat) {
   const auto& va = std::as_const(a.loop->model()).parameters();
   const auto& vb = std::as_const(b.loop->model()).parameters();
   for (size_t i = 0; i < va.size(); ++i) ASSERT_EQ(va[i].value, vb[i].value) << va[i].name;
+}
+
+TEST(grpo_loop_tools, batch_synchronous_turns_give_the_same_samples) {
+  auto c = tool_loop_config();
+  c.prompts_per_step = 3;
+  scripted_run a(c);
+  c.batch_turns = true;
+  scripted_run b(c);
+  for (int step = 0; step < 2; ++step) {
+    auto ra = a.loop->step();
+    auto rb = b.loop->step();
+    ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message() : ra.error().message());
+    EXPECT_GT(rb->tool_calls, 0);
+    EXPECT_EQ(ra->tool_calls, rb->tool_calls);
+    EXPECT_EQ(ra->tool_tokens, rb->tool_tokens);
+    EXPECT_EQ(ra->reward_mean, rb->reward_mean);
+    EXPECT_EQ(ra->loss, rb->loss);
+  }
+  // weft's turns add each continuation as its result comes in; the baseline adds all of a
+  // step's continuations at once, after the last result.
+  EXPECT_EQ(a.backend->continuation_adds,
+            std::vector<size_t>(a.backend->continuation_adds.size(), 1));
+  ASSERT_EQ(b.backend->continuation_adds.size(), 2u);
+  EXPECT_GT(b.backend->continuation_adds[0], 1u);
 }
 
 TEST(grpo_loop_tools, needs_a_tool_backend_and_known_tools) {

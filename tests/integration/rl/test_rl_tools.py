@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Agentic rollouts through the CLI (docs/rl.md, "Agentic rollouts"): a generated 4-layer model
+is fine-tuned with `weft train` on solved lookup problems that `weft rl --task lookup --tools
+lookup --write-sft-data` writes (each calls <lookup>word</lookup>, reads the tool's
+<result>value</result> and answers with it), then post-trained with the lookup tool actor. The
+values are known only to the tool, so every right answer went through a tool call.
+
+Checks: the warm model calls the tool and answers right most of the time (held-out greedy pass@1
+with tools); every step calls the tool; the update is on-policy to rounding (a tool's tokens in the
+loss would put the ratio far from 1, their behaviour log-prob being 0); most of a continuation's
+context comes from the prefix cache; the Search-R1-style batch-synchronous turns (--tool-turns
+batch) and two rollout agents with a 100 ms tool give the same samples and the same updates to
+rounding (sync mode); async
+mode keeps its staleness bound; options that need --tools are refused without it.
+
+Usage: test_rl_tools.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "support"))
+from cli_checks import check, finish, read_jsonl, run_or_exit, run_weft  # noqa: E402
+
+
+def steps_of(path):
+    return [r for r in read_jsonl(path) if r["kind"] == "step"]
+
+
+def evals_of(path):
+    return [r for r in read_jsonl(path) if r["kind"] == "eval"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weft", required=True)
+    ap.add_argument("--make-model", required=True)
+    a = ap.parse_args()
+    w = a.weft
+    with tempfile.TemporaryDirectory() as tmp:
+        base = os.path.join(tmp, "tiny.gguf")
+        run_or_exit([a.make_model, base, "--layers", "4", "--embd", "128"])
+        task = ["--task", "lookup", "--words", "1", "--tools", "lookup", "--prompt-format", "raw",
+                "--eval-prompts", "50", "--seed", "0"]
+
+        # Options that shape tool calls need --tools; the lookup task needs the lookup tool.
+        for bad, says in [(["--task", "lookup"], "add --tools lookup"),
+                          (["--max-tool-calls", "2"], "give --tools too"),
+                          (["--tool-turns", "batch"], "give --tools too"),
+                          (["--tools", "calc,search"], "unknown tool 'search'"),
+                          (["--tools", "calc", "--tool-latency-ms", "2000", "--tool-timeout-s",
+                            "1"], "every call would time out"),
+                          (["--words", "3"], "--task lookup")]:
+            rc, out = run_weft(w, "rl", ["--model", base, "--steps", "1"] + bad)
+            check(rc == 2 and says in out, f"refused: {' '.join(bad)} ({out.strip()[-120:]})")
+        rc, out = run_weft(w, "rl", ["--help"])
+        check(rc == 0 and "--tools" in out and "--tool-turns" in out, "--help lists the tool options")
+
+        sft = os.path.join(tmp, "sft.jsonl")
+        run_or_exit([w, "rl", "--model", base] + task + ["--write-sft-data", sft,
+                                                         "--sft-examples", "5000"])
+        lines = [json.loads(x) for x in open(sft)]
+        check(len(lines) == 5000 and all("<lookup>" in x["completion"] and "<result>" in
+                                         x["completion"] for x in lines),
+              "--write-sft-data with --tools writes transcripts that call the tool")
+        warm = os.path.join(tmp, "warm.gguf")
+        run_or_exit([w, "train", "--model", base, "--data", sft, "--steps", "150", "--lr", "3e-3",
+                     "--warmup-steps", "10", "--batch-tokens", "4096", "--micro-batch-tokens",
+                     "2048", "--threads", "2", "--save", warm, "--save-type", "f32"])
+
+        run = ["--model", warm] + task + ["--steps", "3", "--prompts-per-step", "8",
+                                          "--group-size", "4", "--max-new-tokens", "48",
+                                          "--lr", "5e-5", "--threads", "2"]
+        m1 = os.path.join(tmp, "one.jsonl")
+        run_or_exit([w, "rl"] + run + ["--eval-every", "3", "--metrics", m1])
+        rows, ev = steps_of(m1), evals_of(m1)
+        check(len(rows) == 3, "three steps")
+        check(ev and ev[0]["pass_at_1"] >= 0.3 and ev[0]["tool_calls"] >= 40,
+              f"the warm model answers held-out problems through the tool: {ev[:1]}")
+        check(all(r["tool_calls"] >= r["samples"] // 2 for r in rows),
+              f"every step calls the tool: {[r['tool_calls'] for r in rows]}")
+        check(all(r["tool_tokens"] > 0 and r["completion_tokens"] > 0 for r in rows),
+              "tool results are counted apart from the generated tokens")
+        check(all(r["ratio_deviation"] < 1e-3 for r in rows),
+              f"on-policy to rounding, tool tokens out of the loss: "
+              f"{[r['ratio_deviation'] for r in rows]}")
+        check(all(r["tool_kv_reuse"] > 0.5 for r in rows),
+              f"continuations reuse the KV of the turn before the call: "
+              f"{[round(r['tool_kv_reuse'], 3) for r in rows]}")
+        check(any(0.0 < r["reward"] < 1.0 for r in rows), "rewards spread, so the weights move")
+
+        def same_run(path, what):
+            # The same samples (tokens, rewards, tool calls) whatever the timing; the update's
+            # figures to rounding (the rollout engine's f32 products round with the batch's shape,
+            # which the tool's timing changes: docs/rl.md, "Agentic rollouts").
+            other = steps_of(path)
+            exact = ["reward", "tool_calls", "tool_tokens", "completion_tokens"]
+            close = ["loss", "grad_norm"]
+            check(len(other) == len(rows) and all(x[k] == y[k] for x, y in zip(rows, other)
+                                                  for k in exact) and
+                  all(abs(x[k] - y[k]) <= 1e-3 * max(abs(x["grad_norm"]), 1e-6) + 1e-3 * abs(x[k])
+                      for x, y in zip(rows, other) for k in close),
+                  f"{what}: the same samples, the same update to rounding")
+            return other
+
+        m2 = os.path.join(tmp, "batch.jsonl")
+        run_or_exit([w, "rl"] + run + ["--eval-every", "0", "--tool-turns", "batch",
+                                       "--metrics", m2])
+        same_run(m2, "--tool-turns batch")
+        m3 = os.path.join(tmp, "agents.jsonl")
+        run_or_exit([w, "rl"] + run + ["--eval-every", "0", "--agents", "2",
+                                       "--tool-latency-ms", "100", "--metrics", m3], timeout=600)
+        ag = same_run(m3, "two rollout agents, a 100 ms tool")
+        check(all(r["tool_kv_reuse"] > 0.5 for r in ag),
+              f"agents keep a group's continuations where its KV is: "
+              f"{[round(r['tool_kv_reuse'], 3) for r in ag]}")
+        m4 = os.path.join(tmp, "async.jsonl")
+        run_or_exit([w, "rl"] + run + ["--eval-every", "0", "--mode", "async",
+                                       "--max-staleness", "1", "--tool-latency-ms", "20",
+                                       "--metrics", m4])
+        asy = steps_of(m4)
+        check(len(asy) == 3 and all(r["staleness_max"] <= 1 and r["tool_calls"] > 0 for r in asy),
+              "async mode with tools keeps the staleness bound")
+    return finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
