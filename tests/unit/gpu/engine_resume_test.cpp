@@ -528,3 +528,54 @@ TEST_P(EngineResume, ResumedFromCopiedKvOfGeneratedTokensEqualsUndisturbedRun) {
 }
 
 }  // namespace
+
+namespace {
+
+// engine_config::prefix_into_replay (an RL rollout engine): a request resumed on the engine that
+// generated its tokens takes the cached blocks of those tokens (their KV was computed with decode
+// numerics, as the replay would) and continues exactly like a cold resume on a fresh engine;
+// without the option the replayed tokens are recomputed.
+TEST_P(EngineResume, ReplayedTokensFromThePrefixCacheEqualAColdResume) {
+  const bool sampled = GetParam();
+  auto l = load_tiny();
+  REQUIRE_MODEL(l);
+  engine_config ec;
+  ec.kv_blocks = 256;
+  ec.block_size = 8;
+  const int first = 21, more = 12;
+  const auto prompt = prompt_of(17, 3);
+  for (const bool into_replay : {true, false}) {
+    engine_config rc = ec;
+    rc.prefix_into_replay = into_replay;
+    auto e = engine::create(*l.m, rc);
+    ASSERT_TRUE(e.ok());
+    ASSERT_TRUE((*e)->add_request(1, prompt, params_for(sampled, first, 77)).ok());
+    const auto turn = drain(**e)[1];
+    ASSERT_EQ(turn.tokens.size(), static_cast<size_t>(first));
+    // The next turn: the prompt, the generated tokens and two more (a tool's result), all replayed.
+    auto tokens = prompt;
+    tokens.insert(tokens.end(), turn.tokens.begin(), turn.tokens.end());
+    tokens.push_back(5);
+    tokens.push_back(6);
+    const int64_t replay = first + 2;
+    ASSERT_TRUE((*e)->add_resumed_request(2, tokens, replay, params_for(sampled, more, 91)).ok());
+    std::map<request_id, int64_t> cached;
+    const auto warm = drain(**e, &cached)[2];
+    auto cold_engine = engine::create(*l.m, ec);
+    ASSERT_TRUE(cold_engine.ok());
+    ASSERT_TRUE(
+        (*cold_engine)->add_resumed_request(2, tokens, replay, params_for(sampled, more, 91)).ok());
+    const auto cold = drain(**cold_engine)[2];
+    EXPECT_EQ(warm.tokens, cold.tokens) << "prefix_into_replay " << into_replay;
+    EXPECT_EQ(warm.logprobs, cold.logprobs) << "prefix_into_replay " << into_replay;
+    const int64_t n_true = static_cast<int64_t>(prompt.size());
+    if (into_replay) {
+      EXPECT_GT(cached[2], n_true) << "blocks of generated tokens come from the cache";
+      EXPECT_EQ(cached[2] % 8, 0);
+    } else {
+      EXPECT_LE(cached[2], n_true - 1);
+    }
+  }
+}
+
+}  // namespace
