@@ -434,6 +434,7 @@ int run_rl(const rl_options& o) {
     weft::rl::tool_actors_config tc;
     tc.tools = cfg->tools;
     tc.latency_ms = static_cast<uint32_t>(o.tool_latency_ms);
+    tc.exponential_latency = o.tool_latency_dist == "exponential";
     tc.timeout_ms = static_cast<uint32_t>(o.tool_timeout_s * 1000.0);
     auto made_tools = weft::rl::tool_actors::create(tc);
     if (!made_tools) {
@@ -442,8 +443,9 @@ int run_rl(const rl_options& o) {
     }
     tools = std::move(*made_tools);
     loop.set_tools(tools);
-    spdlog::info("agentic rollouts: tool actors {} ({} ms a call), up to {} calls a sample",
-                 o.tools, o.tool_latency_ms, o.max_tool_calls);
+    spdlog::info(
+        "agentic rollouts: tool actors {} ({} ms a call, {}), up to {} calls a sample, {} turns",
+        o.tools, o.tool_latency_ms, o.tool_latency_dist, o.max_tool_calls, o.tool_turns);
   }
   if (o.resume && !resume_rl(o, loop)) return 2;
   const fs::path metrics = !o.metrics_path.empty() ? fs::path(o.metrics_path)
@@ -605,8 +607,8 @@ void add_rl_command(CLI::App& app, const global_options&) {
       std::exit(2);
     }
     if (o->tools.empty()) {
-      for (const char* opt :
-           {"--max-tool-calls", "--tool-latency-ms", "--tool-timeout-s", "--tool-turns"}) {
+      for (const char* opt : {"--max-tool-calls", "--tool-latency-ms", "--tool-latency-dist",
+                              "--tool-timeout-s", "--tool-turns"}) {
         if (cmd->get_option(opt)->count() > 0) {
           spdlog::error("{} shapes the tool calls of --tools: give --tools too", opt);
           std::exit(2);

@@ -11,7 +11,8 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "when --data is given")
       ->capture_default_str()
       ->check(CLI::IsMember({"arithmetic", "reverse", "countdown", "lookup"}));
-  cmd->add_option("--words", o->words, "lookup: words whose values are summed")
+  cmd->add_option("--words", o->words,
+                  "lookup: each problem sums the values of 1 to this many words")
       ->capture_default_str()
       ->check(CLI::Range(1, 4));
   cmd->add_option("--tools", o->tools,
@@ -28,6 +29,12 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "network); the other samples keep generating meanwhile")
       ->capture_default_str()
       ->check(CLI::Range(0, 600000));
+  cmd->add_option("--tool-latency-dist", o->tool_latency_dist,
+                  "--tools: fixed (every call takes --tool-latency-ms) or exponential (that mean, "
+                  "a long tail: some calls take several times as long; drawn per call, the same "
+                  "in every run)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fixed", "exponential"}));
   cmd->add_option("--tool-timeout-s", o->tool_timeout_s,
                   "--tools: a call unanswered this long is sent again (3 tries, then the model "
                   "sees an error as the tool's result)")

@@ -21,6 +21,7 @@ struct rl_options {
   std::string tools;  ///< --tools calc,lookup (empty: none)
   int max_tool_calls = 4;
   int tool_latency_ms = 0;
+  std::string tool_latency_dist = "fixed";
   double tool_timeout_s = 10.0;
   std::string tool_turns = "sample";
   std::string data_path;

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -31,12 +32,22 @@ struct shared_state {
   std::atomic<int64_t> resent{0};
 };
 
-/// A tool: answers each call with the tool's result after `latency_ms`, to whoever sent it.
-caf::behavior tool_actor_fn(caf::event_based_actor* self, std::string tool, uint32_t latency_ms) {
+/// How long call `id` takes (see tool_actors_config).
+uint32_t call_latency_ms(const tool_actors_config& cfg, uint64_t id) {
+  if (!cfg.exponential_latency || cfg.latency_ms == 0) return cfg.latency_ms;
+  const double u = static_cast<double>(gpu::rl::task_mix(id, 0x7A11, 0) >> 11) * 0x1.0p-53;
+  const double cap = std::min(10.0 * cfg.latency_ms, 0.5 * cfg.timeout_ms);
+  return static_cast<uint32_t>(std::min(cap, -std::log1p(-u) * cfg.latency_ms));
+}
+
+/// A tool: answers each call with the tool's result after its latency, to whoever sent it.
+caf::behavior tool_actor_fn(caf::event_based_actor* self, std::string tool,
+                            tool_actors_config cfg) {
   return {
-      [self, tool, latency_ms](tl_call_atom, uint64_t id, const std::string& args) {
+      [self, tool, cfg](tl_call_atom, uint64_t id, const std::string& args) {
         auto to = caf::actor_cast<caf::actor>(self->current_sender());
         if (!to) return;
+        const uint32_t latency_ms = call_latency_ms(cfg, id);
         std::string text = gpu::rl::run_tool(gpu::rl::tool_call{tool, args});
         if (latency_ms == 0) {
           self->send(to, tl_result_atom::value, id, std::move(text));
@@ -63,7 +74,7 @@ caf::behavior router_fn(caf::event_based_actor* self, std::shared_ptr<shared_sta
   auto st = std::make_shared<router_state>();
   const auto timeout = std::chrono::milliseconds(cfg.timeout_ms);
   auto spawn_tool = [self, sh, st, cfg](const std::string& name) {
-    auto a = self->spawn<caf::monitored>(tool_actor_fn, name, cfg.latency_ms);
+    auto a = self->spawn<caf::monitored>(tool_actor_fn, name, cfg);
     st->tool_of[a.address()] = name;
     std::lock_guard<std::mutex> lock(sh->mu);
     sh->tools[name] = a;

@@ -2,6 +2,8 @@
 // tool call waits for the tool while the other samples generate; the tool's result is appended
 // to the sample (context, not in the loss) and the sample continues as a new request of the
 // same group, so on the same agent, whose prefix cache still holds the turn's KV.
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "gpu/rl/grpo_loop.hpp"
@@ -67,6 +69,8 @@ void grpo_loop::count_cached(request_id id, rollout_sample& s, const request_out
   auto t = turns_.find(id);
   if (t == turns_.end() || t->second.calls == 0 || t->second.cache_counted) return;
   s.cached_tokens += o.cached_prompt_tokens;
+  spdlog::debug("rollout {}: continuation {} found {} of its context's tokens cached", id,
+                t->second.calls, o.cached_prompt_tokens);
   t->second.cache_counted = true;
 }
 
@@ -74,6 +78,7 @@ result<bool> grpo_loop::call_tool(request_id id, rollout_sample& s, const reques
   auto t = turns_.find(id);
   if (t == turns_.end()) return false;
   if (o.finish != finish_reason::stop_string) {
+    spdlog::debug("rollout {}: ends after {} tool call(s): {:?}", id, t->second.calls, s.text);
     turns_.erase(t);
     return false;
   }
@@ -84,9 +89,11 @@ result<bool> grpo_loop::call_tool(request_id id, rollout_sample& s, const reques
   // result: the sample ends here.
   if (!parse_tool_call(text, config_.tools, c) || t->second.calls >= config_.max_tool_calls ||
       s.generated() >= config_.max_new_tokens) {
+    spdlog::debug("rollout {}: ends after {} tool call(s): {:?}", id, t->second.calls, s.text);
     turns_.erase(t);
     return false;
   }
+  spdlog::debug("rollout {}: calls {}({:?})", id, c.tool, c.args);
   s.text += "</" + c.tool + ">";
   ++s.tool_calls;
   waiting_.insert(id);
@@ -131,6 +138,7 @@ status grpo_loop::tool_returned(const tool_result& r) {
   req.n_replay = static_cast<int64_t>(s->completion.size());
   ++next.calls;
   next.text_from = s->text.size();
+  next.cache_counted = false;
   req.params = next.params;
   req.params.seed = turn_seed(next.first_seed, next.calls);
   req.params.max_tokens = static_cast<int32_t>(config_.max_new_tokens - s->generated());

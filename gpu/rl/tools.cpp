@@ -192,7 +192,8 @@ class lookup_task final : public rl_task {
  public:
   explicit lookup_task(int count) : count_(count) {}
   std::string name() const override {
-    return count_ == 1 ? "lookup of 1 word" : "lookup sum of " + std::to_string(count_) + " words";
+    return count_ == 1 ? "lookup of 1 word"
+                       : "lookup sum of 1 to " + std::to_string(count_) + " words";
   }
   int64_t size() const override { return 0; }
   rl_prompt problem(uint64_t seed, int64_t index) const override {
@@ -200,7 +201,9 @@ class lookup_task final : public rl_task {
     long long sum = 0;
     std::string values;
     p.text = "What is ";
-    for (int w = 0; w < count_; ++w) {
+    const int words = 1 + static_cast<int>(task_mix(seed, 0x0FFF, static_cast<uint64_t>(index)) %
+                                           static_cast<uint64_t>(count_));
+    for (int w = 0; w < words; ++w) {
       std::string word;
       for (int i = 0; i < 5; ++i) {
         const uint64_t r =
@@ -215,7 +218,7 @@ class lookup_task final : public rl_task {
       values += (w ? " + " : "") + std::to_string(v);
     }
     p.text += "? Answer with the number only.";
-    if (count_ > 1) p.tool_solution.push_back({"calc", values});
+    if (words > 1) p.tool_solution.push_back({"calc", values});
     p.answer = std::to_string(sum);
     return p;
   }

@@ -100,9 +100,9 @@ class inline_tools final : public tool_backend {
 std::unique_ptr<rl_task> make_tool_task(std::unique_ptr<rl_task> inner,
                                         std::vector<std::string> tools);
 
-/// "What is the value of "kqzfa" plus the value of "mobrt"?": `count` random words whose values
-/// only the lookup tool knows; reward 1 when the last integer of the completion is the sum. Needs
-/// the lookup tool (make_tool_task).
+/// "What is the value of "kqzfa" plus the value of "mobrt"?": 1 to `count` random words (drawn
+/// per problem) whose values only the lookup tool knows; reward 1 when the last integer of the
+/// completion is the sum. Needs the lookup tool (make_tool_task).
 std::unique_ptr<rl_task> make_lookup_task(int count);
 
 }  // namespace weft::gpu::rl
