@@ -9,8 +9,8 @@ Checks: the warm model calls the tool and answers right most of the time (held-o
 with tools); every step calls the tool; the update is on-policy to rounding (a tool's tokens in the
 loss would put the ratio far from 1, their behaviour log-prob being 0); most of a continuation's
 context comes from the prefix cache; the Search-R1-style batch-synchronous turns (--tool-turns
-batch) and two rollout agents with a 100 ms tool give the same samples and the same updates to
-rounding (sync mode); async
+batch) and two rollout agents with a 100 ms tool, one of them SIGKILLed mid-run, give the same
+samples and the same updates to rounding (sync mode); async
 mode keeps its staleness bound; options that need --tools are refused without it.
 
 Usage: test_rl_tools.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
@@ -18,12 +18,15 @@ Usage: test_rl_tools.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_
 import argparse
 import json
 import os
+import re
+import signal
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "support"))
-from cli_checks import check, finish, read_jsonl, run_or_exit, run_weft  # noqa: E402
+from cli_checks import (check, finish, read_jsonl, run_or_exit, run_watching,  # noqa: E402
+                        run_weft)
 
 
 def steps_of(path):
@@ -110,10 +113,29 @@ def main():
         run_or_exit([w, "rl"] + run + ["--eval-every", "0", "--tool-turns", "batch",
                                        "--metrics", m2])
         same_run(m2, "--tool-turns batch")
+        # Two rollout agents; agent 0's node process is SIGKILLed once step 1 is reported, while
+        # step 2's samples generate or wait for the tool: its rollouts — continuations after a
+        # call among them — are replayed on agent 1.
         m3 = os.path.join(tmp, "agents.jsonl")
-        run_or_exit([w, "rl"] + run + ["--eval-every", "0", "--agents", "2",
-                                       "--tool-latency-ms", "100", "--metrics", m3], timeout=600)
-        ag = same_run(m3, "two rollout agents, a 100 ms tool")
+        pids, killed = {}, []
+
+        def on_line(line):
+            m = re.search(r"rollout-node-(\d+) started \(pid (\d+)\)", line)
+            if m:
+                pids[int(m.group(1))] = int(m.group(2))
+            if not killed and "step 1/" in line and 0 in pids:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+        rc, out = run_watching([w, "rl"] + run + ["--eval-every", "0", "--agents", "2",
+                                                  "--tool-latency-ms", "100", "--metrics", m3],
+                               on_line, timeout=600)
+        check(rc == 0 and killed, f"two agents, agent 0 SIGKILLed after step 1: exit {rc} "
+                                  f"({out.strip()[-300:] if rc else ''})")
+        ag = same_run(m3, "two rollout agents, a 100 ms tool, one killed") if rc == 0 else []
+        if ag:
+            check(ag[-1]["agents_lost"] >= 1,
+                  f"the metrics count the lost agent ({ag[-1]['agents_lost']} lost, "
+                  f"{ag[-1]['rollouts_moved']} rollouts moved)")
         check(all(r["tool_kv_reuse"] > 0.5 for r in ag),
               f"agents keep a group's continuations where its KV is: "
               f"{[round(r['tool_kv_reuse'], 3) for r in ag]}")
