@@ -64,11 +64,36 @@ std::unique_ptr<rl_task> make_base_task(const rl_options& o) {
   return make_reverse_task(o.length);
 }
 
+/// --tool-cmd's tools of your own.
+gpu::result<std::vector<tool_command>> tool_commands(const rl_options& o) {
+  std::vector<tool_command> out;
+  for (const auto& spec : o.tool_cmds) {
+    auto c = parse_tool_command(spec);
+    if (!c) return gpu::status{c.error().code(), "--tool-cmd: " + c.error().message()};
+    out.push_back(std::move(*c));
+  }
+  return out;
+}
+
+/// The tools a run enables: --tools, then those of --tool-cmd not named there.
+gpu::result<std::vector<std::string>> enabled_tools(const rl_options& o) {
+  auto cmds = tool_commands(o);
+  if (!cmds) return cmds.error();
+  std::vector<std::string> own;
+  for (const auto& c : *cmds) own.push_back(c.name);
+  auto tools = parse_tools(o.tools, own);
+  if (!tools) return gpu::status{tools.error().code(), "--tools: " + tools.error().message()};
+  for (const auto& n : own) {
+    if (std::find(tools->begin(), tools->end(), n) == tools->end()) tools->push_back(n);
+  }
+  return tools;
+}
+
 /// The task, with --answer-format and --tools applied.
 std::unique_ptr<rl_task> make_task(const rl_options& o) {
-  auto tools = parse_tools(o.tools);
+  auto tools = enabled_tools(o);
   if (!tools) {
-    spdlog::error("--tools: {}", tools.error().message());
+    spdlog::error("{}", tools.error().message());
     return nullptr;
   }
   if (o.data_path.empty() && o.task == "lookup" &&
@@ -125,7 +150,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.rollout_device = o.rollout_device.empty() ? o.device : o.rollout_device;
   if (o.device != "cpu") c.shares = 1;  // one device: shares would run one after the other
   c.rollout_type = *gpu::parse_type_name(o.rollout_type);
-  auto tools = parse_tools(o.tools);
+  auto tools = enabled_tools(o);
   if (!tools) return tools.error();
   c.tools = *tools;
   c.max_tool_calls = o.max_tool_calls;
@@ -290,7 +315,8 @@ bool options_fit_together(const rl_options& o) {
         "trains on the host (--device cpu), a whole step at a time (not --mode stream)");
     return false;
   }
-  if (!o.tools.empty() && o.tool_latency_ms >= o.tool_timeout_s * 1000.0) {
+  if ((!o.tools.empty() || !o.tool_cmds.empty()) &&
+      o.tool_latency_ms >= o.tool_timeout_s * 1000.0) {
     spdlog::error("--tool-latency-ms {} is past --tool-timeout-s {}: every call would time out",
                   o.tool_latency_ms, o.tool_timeout_s);
     return false;
@@ -435,6 +461,7 @@ int run_rl(const rl_options& o) {
     tc.tools = cfg->tools;
     tc.latency_ms = static_cast<uint32_t>(o.tool_latency_ms);
     tc.exponential_latency = o.tool_latency_dist == "exponential";
+    tc.commands = *tool_commands(o);
     tc.timeout_ms = static_cast<uint32_t>(o.tool_timeout_s * 1000.0);
     auto made_tools = weft::rl::tool_actors::create(tc);
     if (!made_tools) {
@@ -443,9 +470,12 @@ int run_rl(const rl_options& o) {
     }
     tools = std::move(*made_tools);
     loop.set_tools(tools);
+    std::string names;
+    for (const auto& t : cfg->tools) names += (names.empty() ? "" : ",") + t;
     spdlog::info(
         "agentic rollouts: tool actors {} ({} ms a call, {}), up to {} calls a sample, {} turns",
-        o.tools, o.tool_latency_ms, o.tool_latency_dist, o.max_tool_calls, o.tool_turns);
+        names, o.tool_latency_ms, o.tool_latency_dist, o.max_tool_calls, o.tool_turns);
+    for (const auto& c : tc.commands) spdlog::info("tool {}: `{}` (JSON lines)", c.name, c.command);
   }
   if (o.resume && !resume_rl(o, loop)) return 2;
   const fs::path metrics = !o.metrics_path.empty() ? fs::path(o.metrics_path)
@@ -606,7 +636,7 @@ void add_rl_command(CLI::App& app, const global_options&) {
           "importance weight with --is-cap instead");
       std::exit(2);
     }
-    if (o->tools.empty()) {
+    if (o->tools.empty() && o->tool_cmds.empty()) {
       for (const char* opt : {"--max-tool-calls", "--tool-latency-ms", "--tool-latency-dist",
                               "--tool-timeout-s", "--tool-turns"}) {
         if (cmd->get_option(opt)->count() > 0) {

@@ -20,6 +20,11 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "<calc>expression</calc>) and lookup (<lookup>word</lookup>); generation stops "
                   "at the closing tag, the tool actor's result follows as <result>value</result> "
                   "(context, not in the loss) and the sample continues (docs/rl.md)");
+  cmd->add_option("--tool-cmd", o->tool_cmds,
+                  "A tool of your own, NAME=COMMAND (repeatable; enables it): the command (run "
+                  "with /bin/sh -c) reads {\"id\", \"tool\", \"args\"} JSON lines on stdin and "
+                  "writes {\"id\", \"result\"} lines; the model calls it as <NAME>args</NAME>. "
+                  "A built-in's name replaces the built-in (docs/rl.md)");
   cmd->add_option("--max-tool-calls", o->max_tool_calls,
                   "--tools: calls per sample; a turn that calls once more ends the sample")
       ->capture_default_str()

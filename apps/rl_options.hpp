@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace weft::apps {
 
@@ -18,7 +19,8 @@ struct rl_options {
   int length = 5;
   int numbers = 3;
   int words = 2;
-  std::string tools;  ///< --tools calc,lookup (empty: none)
+  std::string tools;                   ///< --tools calc,lookup (empty: none)
+  std::vector<std::string> tool_cmds;  ///< --tool-cmd NAME=COMMAND, repeatable
   int max_tool_calls = 4;
   int tool_latency_ms = 0;
   std::string tool_latency_dist = "fixed";

@@ -59,6 +59,29 @@ caf::behavior tool_actor_fn(caf::event_based_actor* self, std::string tool,
   };
 }
 
+/// A tool of your own: its program answers each call (one at a time: this actor is detached and
+/// blocks while the program works; the program's own crashes and hangs are handled inside).
+caf::behavior process_tool_fn(caf::event_based_actor* self, gpu::rl::tool_command cmd,
+                              tool_actors_config cfg) {
+  auto proc = std::make_shared<gpu::rl::tool_process>(cmd, cfg.timeout_ms / 1000.0,
+                                                      std::max(0, cfg.max_attempts - 1));
+  return {
+      [self, proc, name = cmd.name](tl_call_atom, uint64_t id, const std::string& args) {
+        auto to = caf::actor_cast<caf::actor>(self->current_sender());
+        if (!to) return;
+        self->send(to, tl_result_atom::value, id, proc->call(gpu::rl::tool_call{name, args}));
+      },
+  };
+}
+
+/// The command of `tool` when it is one of your own, else null.
+const gpu::rl::tool_command* command_of(const tool_actors_config& cfg, const std::string& tool) {
+  for (const auto& c : cfg.commands) {
+    if (c.name == tool) return &c;
+  }
+  return nullptr;
+}
+
 struct router_state {
   struct pending_call {
     std::string tool, args;
@@ -74,20 +97,25 @@ caf::behavior router_fn(caf::event_based_actor* self, std::shared_ptr<shared_sta
   auto st = std::make_shared<router_state>();
   const auto timeout = std::chrono::milliseconds(cfg.timeout_ms);
   auto spawn_tool = [self, sh, st, cfg](const std::string& name) {
-    auto a = self->spawn<caf::monitored>(tool_actor_fn, name, cfg);
+    const gpu::rl::tool_command* own = command_of(cfg, name);
+    auto a = own != nullptr
+                 ? self->spawn<caf::detached + caf::monitored>(process_tool_fn, *own, cfg)
+                 : self->spawn<caf::monitored>(tool_actor_fn, name, cfg);
     st->tool_of[a.address()] = name;
     std::lock_guard<std::mutex> lock(sh->mu);
     sh->tools[name] = a;
     return a;
   };
-  auto send_call = [self, sh, st, timeout](uint64_t id, router_state::pending_call& c) {
+  auto send_call = [self, sh, st, timeout, cfg](uint64_t id, router_state::pending_call& c) {
     caf::actor to;
     {
       std::lock_guard<std::mutex> lock(sh->mu);
       to = sh->tools[c.tool];
     }
     ++c.attempts;
-    c.deadline = clock_type::now() + timeout;
+    // A tool of your own bounds its calls itself (restarts and deadlines of its program).
+    c.deadline = command_of(cfg, c.tool) != nullptr ? clock_type::time_point::max()
+                                                    : clock_type::now() + timeout;
     self->send(to, tl_call_atom::value, id, c.args);
   };
   for (const auto& t : cfg.tools) spawn_tool(t);
@@ -171,9 +199,10 @@ result<std::unique_ptr<tool_actors>> tool_actors::create(caf::actor_system& sys,
                                                          tool_actors_config cfg) {
   if (cfg.tools.empty()) return make_error(errc::invalid_argument, "tool actors: no tools");
   for (const auto& t : cfg.tools) {
-    if (!gpu::rl::is_tool(t)) {
-      return make_error(errc::invalid_argument,
-                        "unknown tool '" + t + "' (tools: " + gpu::rl::tool_list + ")");
+    if (!gpu::rl::is_tool(t) && command_of(cfg, t) == nullptr) {
+      return make_error(errc::invalid_argument, "unknown tool '" + t +
+                                                    "' (tools: " + gpu::rl::tool_list +
+                                                    ", or your own with a command)");
     }
   }
   if (cfg.max_attempts < 1 || cfg.timeout_ms < 10) {

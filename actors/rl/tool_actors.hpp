@@ -22,8 +22,14 @@
 namespace weft::rl {
 
 struct tool_actors_config {
-  std::vector<std::string> tools;  ///< "calc", "lookup"
-  uint32_t latency_ms = 0;         ///< Each call's service time (a tool behind a network).
+  /// The tools: built-in ("calc", "lookup") or of your own (named in `commands`).
+  std::vector<std::string> tools;
+  /// Tools of your own (`--tool-cmd NAME=COMMAND`; a built-in's name replaces it): each runs as a
+  /// gpu::rl::tool_process in a detached actor, one call at a time; a program that crashes or
+  /// does not answer within timeout_ms is restarted and asked again, up to max_attempts times,
+  /// then the call's result is an error. latency_ms does not apply to them.
+  std::vector<gpu::rl::tool_command> commands;
+  uint32_t latency_ms = 0;  ///< Each call's service time (a tool behind a network).
   /// false: every call takes latency_ms; true: exponentially distributed with that mean (a
   /// long-tailed tool, Heddle's setting), drawn from the call's id — the same in every run — and
   /// capped at 10 × the mean and half the deadline.

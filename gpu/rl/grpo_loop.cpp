@@ -95,9 +95,9 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
     return status{status_code::invalid_argument, "the staleness bound must be within 0..64"};
   }
   for (const auto& t : config.tools) {
-    if (!is_tool(t)) {
+    if (!valid_tool_name(t)) {
       return status{status_code::invalid_argument,
-                    "unknown tool '" + t + "' (tools: " + tool_list + ")"};
+                    "'" + t + "' cannot name a tool (tools: " + tool_list + ", or your own)"};
     }
   }
   if (!config.tools.empty() && (config.max_tool_calls < 1 || config.max_tool_calls > 16)) {

@@ -18,13 +18,13 @@ uint64_t task_mix(uint64_t seed, uint64_t stream, uint64_t index) {  // splitmix
   return z ^ (z >> 31);
 }
 
-namespace {
-
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   return s;
 }
+
+namespace {
 
 std::string_view first_line(std::string_view s) {
   s = trim(s);

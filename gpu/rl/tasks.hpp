@@ -33,6 +33,9 @@ struct rl_prompt {
 /// of its coordinates, the same on every platform.
 uint64_t task_mix(uint64_t seed, uint64_t stream, uint64_t index);
 
+/// `s` without leading and trailing whitespace.
+std::string_view trim(std::string_view s);
+
 /// A task: where problems come from and how a completion is scored.
 class rl_task {
  public:

@@ -5,19 +5,16 @@
 #include <cmath>
 #include <cstdio>
 
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
 namespace weft::gpu::rl {
 
 namespace {
 
-std::string_view trimmed(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
 /// A lookup key as the table files it: trimmed, without surrounding quotes, lowercased.
 std::string normal_key(std::string_view key) {
-  key = trimmed(key);
+  key = trim(key);
   while (!key.empty() && (key.front() == '"' || key.front() == '\'')) key.remove_prefix(1);
   while (!key.empty() && (key.back() == '"' || key.back() == '\'')) key.remove_suffix(1);
   std::string out(key);
@@ -34,16 +31,42 @@ bool is_tool(std::string_view name) {
   return name == "calc" || name == "lookup";
 }
 
-result<std::vector<std::string>> parse_tools(std::string_view list) {
+bool valid_tool_name(std::string_view name) {
+  if (name.empty() || name.size() > 24 || name.front() < 'a' || name.front() > 'z') return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+result<tool_command> parse_tool_command(std::string_view spec) {
+  const size_t eq = spec.find('=');
+  if (eq == std::string_view::npos) {
+    return status{status_code::invalid_argument, "'" + std::string(spec) + "' is not NAME=COMMAND"};
+  }
+  tool_command t{std::string(trim(spec.substr(0, eq))), std::string(trim(spec.substr(eq + 1)))};
+  if (!valid_tool_name(t.name)) {
+    return status{status_code::invalid_argument,
+                  "tool name '" + t.name +
+                      "': a lowercase letter, then up to 23 lowercase letters, digits or _"};
+  }
+  if (t.command.empty()) {
+    return status{status_code::invalid_argument, "tool '" + t.name + "' has no command"};
+  }
+  return t;
+}
+
+result<std::vector<std::string>> parse_tools(std::string_view list,
+                                             const std::vector<std::string>& custom) {
   std::vector<std::string> out;
   while (!list.empty()) {
     const size_t comma = list.find(',');
-    const std::string_view item = trimmed(list.substr(0, comma));
+    const std::string_view item = trim(list.substr(0, comma));
     list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
     if (item.empty()) continue;
-    if (!is_tool(item)) {
+    if (!is_tool(item) && std::find(custom.begin(), custom.end(), item) == custom.end()) {
       return status{status_code::invalid_argument,
-                    "unknown tool '" + std::string(item) + "' (tools: " + tool_list + ")"};
+                    "unknown tool '" + std::string(item) + "' (tools: " + tool_list +
+                        ", or your own with --tool-cmd NAME=COMMAND)"};
     }
     if (std::find(out.begin(), out.end(), item) == out.end()) out.emplace_back(item);
   }
@@ -74,7 +97,7 @@ std::string calculator(std::string_view expression) {
   double value = 0.0;
   std::vector<long long> numbers;
   if (!eval_expression(expression, value, numbers)) {
-    return "error: cannot evaluate '" + std::string(trimmed(expression).substr(0, 40)) + "'";
+    return "error: cannot evaluate '" + std::string(trim(expression).substr(0, 40)) + "'";
   }
   if (std::fabs(value) < 9.0e15 && value == std::round(value)) {
     return std::to_string(static_cast<long long>(value));
@@ -101,7 +124,7 @@ long long lookup_value(std::string_view key) {
 std::string lookup(std::string_view key) {
   const long long v = lookup_value(key);
   if (v < 0) {
-    return "error: no entry for '" + std::string(trimmed(key).substr(0, 40)) +
+    return "error: no entry for '" + std::string(trim(key).substr(0, 40)) +
            "' (keys are words of 3 to 12 letters)";
   }
   return std::to_string(v);
@@ -137,6 +160,38 @@ std::vector<tool_result> inline_tools::ready(bool) {
   return out;
 }
 
+struct tool_process::impl {
+  tool_command cmd;
+  json_lines_process proc;
+};
+
+tool_process::tool_process(tool_command cmd, double timeout_s, int max_restarts)
+    : d_(new impl{cmd, json_lines_process(json_lines_config{cmd.command, timeout_s, max_restarts,
+                                                            "the " + cmd.name + " tool's process",
+                                                            "{\"id\": N, \"result\": \"...\"}"})}) {
+}
+
+tool_process::~tool_process() = default;
+
+std::string tool_process::call(const tool_call& c) {
+  std::vector<nlohmann::json> one;
+  one.push_back({{"tool", c.tool}, {"args", c.args}});
+  auto answers = d_->proc.exchange(std::move(one), [](size_t, const nlohmann::json& j) {
+    return j.contains("result") && j["result"].is_string() ? std::string{}
+                                                           : std::string{"no string result"};
+  });
+  if (!answers) {
+    spdlog::warn("tool '{}' failed on '{}': {}", c.tool, c.args.substr(0, 80),
+                 answers.error().message());
+    return "error: the " + c.tool + " tool failed";
+  }
+  return (*answers)[0]["result"].get<std::string>();
+}
+
+int64_t tool_process::restarts() const {
+  return d_->proc.restarts();
+}
+
 namespace {
 
 std::string tool_instructions(const std::vector<std::string>& tools) {
@@ -148,6 +203,9 @@ std::string tool_instructions(const std::vector<std::string>& tools) {
     } else if (t == "lookup") {
       s += "You have a lookup tool: write <lookup>word</lookup> and the word's value follows as "
            "<result>value</result>. ";
+    } else {
+      s += "You have a " + t + " tool: write <" + t + ">input</" + t +
+           "> and its answer follows as <result>answer</result>. ";
     }
   }
   return s;

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gpu/rl/json_lines_process.hpp"
 #include "gpu/rl/tasks.hpp"
 #include "gpu/status.hpp"
 
@@ -29,9 +30,23 @@ struct tool_call {
 /// Whether `name` is a built-in tool.
 bool is_tool(std::string_view name);
 inline constexpr const char* tool_list = "calc, lookup";
+/// Whether `name` can name a tool: a lowercase letter, then up to 23 lowercase letters, digits or
+/// underscores (it becomes the tags <name></name>).
+bool valid_tool_name(std::string_view name);
 
-/// Parses "calc,lookup" into tool names; an error names an unknown one.
-result<std::vector<std::string>> parse_tools(std::string_view list);
+/// A tool of your own (`--tool-cmd NAME=COMMAND`): a program speaking JSON lines (weft writes
+/// {"id": 7, "tool": "search", "args": "..."}, the program answers {"id": 7, "result": "..."}).
+struct tool_command {
+  std::string name;
+  std::string command;
+};
+/// Parses "NAME=COMMAND"; an error says what is wrong.
+result<tool_command> parse_tool_command(std::string_view spec);
+
+/// Parses "calc,lookup" into tool names; an error names one that is neither built in nor in
+/// `custom` (the names of the tools of your own).
+result<std::vector<std::string>> parse_tools(std::string_view list,
+                                             const std::vector<std::string>& custom = {});
 
 /// The closing tags generation stops at: "</calc>", "</lookup>" for the enabled tools.
 std::vector<std::string> tool_stop_strings(const std::vector<std::string>& tools);
@@ -50,7 +65,7 @@ std::string calculator(std::string_view expression);
 long long lookup_value(std::string_view key);
 /// The lookup tool's answer: the value, or "error: no entry for ...".
 std::string lookup(std::string_view key);
-/// Runs a call (either tool) in this thread.
+/// Runs a call of a built-in tool in this thread.
 std::string run_tool(const tool_call& c);
 
 /// What the model sees after a call: "<result>" + result + "</result>".
@@ -93,6 +108,22 @@ class inline_tools final : public tool_backend {
  private:
   std::deque<tool_result> done_;
   int64_t calls_ = 0;
+};
+
+/// A tool of your own as a json_lines_process: one call at a time; a program that crashes or hangs
+/// is restarted and asked again (`max_restarts` times), after which the call's result is
+/// "error: ..." — what the model sees from a tool that failed. A line that is not an answer is an
+/// error result too (and a warning naming the call).
+class tool_process {
+ public:
+  tool_process(tool_command cmd, double timeout_s, int max_restarts);
+  ~tool_process();
+  std::string call(const tool_call& c);
+  int64_t restarts() const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> d_;
 };
 
 /// `inner` made a tool task: its prompt tells the model how to call `tools` (and still asks for

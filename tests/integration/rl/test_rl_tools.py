@@ -11,7 +11,9 @@ loss would put the ratio far from 1, their behaviour log-prob being 0); most of 
 context comes from the prefix cache; the Search-R1-style batch-synchronous turns (--tool-turns
 batch) and two rollout agents with a 100 ms tool, one of them SIGKILLed mid-run, give the same
 samples and the same updates to rounding (sync mode); async
-mode keeps its staleness bound; options that need --tools are refused without it.
+mode keeps its staleness bound; a Python program with the same table, given as --tool-cmd
+lookup=..., gives the same samples as the built-in tool; options that need --tools are refused
+without it.
 
 Usage: test_rl_tools.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
 """
@@ -27,6 +29,31 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "support"))
 from cli_checks import (check, finish, read_jsonl, run_or_exit, run_watching,  # noqa: E402
                         run_weft)
+
+
+# The built-in lookup table (gpu/rl/tools.cpp) as a tool of your own: FNV-1a over the word, then
+# the tasks' splitmix64 mix, value 1..99.
+LOOKUP_PY = r"""
+import json, sys
+M = (1 << 64) - 1
+def mix(seed, stream, index):
+    z = seed ^ ((stream * 0xD1B54A32D192ED03) & M) ^ ((index * 0x9E3779B97F4A7C15) & M)
+    z = (z + 0x9E3779B97F4A7C15) & M
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+    return z ^ (z >> 31)
+def value(key):
+    k = key.strip().strip("'\"").lower()
+    if not 3 <= len(k) <= 12 or not all("a" <= c <= "z" for c in k):
+        return "error: no entry for '%s' (keys are words of 3 to 12 letters)" % key.strip()[:40]
+    h = 0xcbf29ce484222325
+    for c in k.encode():
+        h = ((h ^ c) * 0x100000001b3) & M
+    return str(1 + mix(h, 0x7001, 0) % 99)
+for line in sys.stdin:
+    r = json.loads(line)
+    print(json.dumps({"id": r["id"], "result": value(r["args"])}), flush=True)
+"""
 
 
 def steps_of(path):
@@ -50,7 +77,9 @@ def main():
                 "--eval-prompts", "50", "--seed", "0"]
 
         # Options that shape tool calls need --tools; the lookup task needs the lookup tool.
-        for bad, says in [(["--task", "lookup"], "add --tools lookup"),
+        for bad, says in [(["--tool-cmd", "search"], "is not NAME=COMMAND"),
+                          (["--tool-cmd", "Web=x"], "tool name 'Web'"),
+                          (["--task", "lookup"], "add --tools lookup"),
                           (["--max-tool-calls", "2"], "give --tools too"),
                           (["--tool-turns", "batch"], "give --tools too"),
                           (["--tools", "calc,search"], "unknown tool 'search'"),
@@ -109,6 +138,17 @@ def main():
                   f"{what}: the same samples, the same update to rounding")
             return other
 
+        # A tool of your own: a Python program with the built-in lookup's table replaces it.
+        mine = os.path.join(tmp, "lookup.py")
+        with open(mine, "w") as f:
+            f.write(LOOKUP_PY)
+        m5 = os.path.join(tmp, "own.jsonl")
+        rc, out = run_weft(w, "rl", run + ["--eval-every", "0", "--tool-cmd",
+                                           f"lookup=python3 {mine}", "--metrics", m5])
+        check(rc == 0 and "tool lookup: `python3" in out,
+              f"--tool-cmd runs the program as the lookup tool ({out.strip()[-200:]})")
+        if rc == 0:
+            same_run(m5, "a Python lookup tool (JSON lines) instead of the built-in")
         m2 = os.path.join(tmp, "batch.jsonl")
         run_or_exit([w, "rl"] + run + ["--eval-every", "0", "--tool-turns", "batch",
                                        "--metrics", m2])

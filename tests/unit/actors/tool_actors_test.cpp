@@ -1,13 +1,18 @@
 // The tool actors of agentic rollouts (actors/rl/tool_actors.hpp): every call is answered once
 // with the tool's result, a tool actor killed with calls in flight is restarted and its calls
-// sent again, and a tool that never answers gives its calls an error result.
+// sent again, and a tool that never answers gives its calls an error result; tools of your own
+// (a program speaking JSON lines) answer, are restarted after a crash, and fail as a result.
 #include <gtest/gtest.h>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/send.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <thread>
 
@@ -84,6 +89,54 @@ TEST(tool_actors, a_tool_that_never_answers_gives_an_error_result) {
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[7], "error: the lookup tool did not answer");
   EXPECT_GE((*t)->resent(), 1);
+}
+
+/// A Python tool in `dir`: `body` runs per request r (a dict), `answer` is printed.
+std::string python_tool(const std::filesystem::path& dir, const std::string& name,
+                        const std::string& body) {
+  const auto path = dir / (name + ".py");
+  std::ofstream(path) << "import json, os, sys\n"
+                         "for line in sys.stdin:\n"
+                         "    r = json.loads(line)\n"
+                      << body << "    sys.stdout.flush()\n";
+  return "python3 " + path.string();
+}
+
+TEST(tool_actors, a_tool_of_your_own_answers_restarts_and_fails_as_a_result) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("weft-tools-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  tool_actors_config c;
+  c.tools = {"shout", "flaky", "babble"};
+  c.timeout_ms = 5000;
+  c.max_attempts = 2;
+  c.commands = {
+      {"shout", python_tool(dir, "shout",
+                            "    print(json.dumps({'id': r['id'], 'result': r['args'].upper() + "
+                            "'!' if r['tool'] == 'shout' else 'wrong tool'}))\n")},
+      // Dies on its first request (a marker file remembers), then answers.
+      {"flaky",
+       python_tool(dir, "flaky",
+                   "    m = '" + (dir / "flaky.marker").string() +
+                       "'\n"
+                       "    if not os.path.exists(m):\n"
+                       "        open(m, 'w').close(); os._exit(3)\n"
+                       "    print(json.dumps({'id': r['id'], 'result': 'ok ' + r['args']}))\n")},
+      {"babble", python_tool(dir, "babble", "    print('hello')\n")},
+  };
+  auto t = tool_actors::create(c);
+  ASSERT_TRUE(t.ok()) << t.error().to_string();
+  ASSERT_TRUE((*t)->call(1, grl::tool_call{"shout", "hi there"}));
+  ASSERT_TRUE((*t)->call(2, grl::tool_call{"shout", "again"}));
+  ASSERT_TRUE((*t)->call(3, grl::tool_call{"flaky", "x"}));
+  ASSERT_TRUE((*t)->call(4, grl::tool_call{"babble", "x"}));
+  auto got = collect(**t, 4);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[1], "HI THERE!");
+  EXPECT_EQ(got[2], "AGAIN!");
+  EXPECT_EQ(got[3], "ok x") << "restarted after its crash and asked again";
+  EXPECT_EQ(got[4], "error: the babble tool failed") << "an answer that is not one";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(tool_actors, are_refused_without_known_tools) {

@@ -71,6 +71,20 @@ TEST(tools, calculator_lookup_and_call_parsing) {
   auto bad = parse_tools("calc,search");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message().find("unknown tool 'search'"), std::string::npos);
+  auto own = parse_tools("calc,search", {"search"});
+  ASSERT_TRUE(own.ok());
+  EXPECT_EQ(*own, (std::vector<std::string>{"calc", "search"}));
+
+  auto cmd = parse_tool_command("search = python3 search.py --fast");
+  ASSERT_TRUE(cmd.ok());
+  EXPECT_EQ(cmd->name, "search");
+  EXPECT_EQ(cmd->command, "python3 search.py --fast");
+  EXPECT_FALSE(parse_tool_command("search").ok());
+  EXPECT_FALSE(parse_tool_command("Search=x").ok());
+  EXPECT_FALSE(parse_tool_command("web-search=x").ok());
+  EXPECT_FALSE(parse_tool_command("search=").ok());
+  auto task = make_tool_task(make_arithmetic_task(1, "+"), {"search"});
+  EXPECT_NE(task->problem(1, 0).text.find("<search>input</search>"), std::string::npos);
 }
 
 TEST(tools, tool_tasks_ask_for_the_tool_and_score_the_final_answer) {
@@ -331,12 +345,12 @@ TEST(grpo_loop_tools, needs_a_tool_backend_and_known_tools) {
   const auto file = tiny_file();
   auto task = make_arithmetic_task(2, "+");
   auto c = tool_loop_config();
-  c.tools = {"search"};
+  c.tools = {"Search!"};
   auto m = trainable_model<float>::load(file);
   ASSERT_TRUE(m.ok());
   auto bad = grpo_loop::create(file, std::move(*m), *task, c);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message().find("unknown tool 'search'"), std::string::npos);
+  EXPECT_NE(bad.error().message().find("cannot name a tool"), std::string::npos);
   c.tools = {"calc"};
   auto m2 = trainable_model<float>::load(file);
   ASSERT_TRUE(m2.ok());
