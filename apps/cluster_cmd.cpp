@@ -303,6 +303,18 @@ int run_serve_status(const client_cli& cli) {
     out += fmt::format("trainer group generation {}, {} group(s) formed\n",
                        tr.value("generation", 0), tr.value("groups_formed", int64_t{0}));
   }
+  const auto& tl = j["tools"];
+  if (tl.is_object()) {
+    out += fmt::format("\n{:<14} {:<9} {:>8} {:>9}\n", "TOOL", "KIND", "CALLS", "RESTARTS");
+    for (const auto& t : tl.value("tools", nlohmann::json::array())) {
+      out += fmt::format("{:<14} {:<9} {:>8} {:>9}\n", t.value("tool", std::string{}),
+                         t.value("kind", std::string{}), t.value("calls", int64_t{0}),
+                         t.value("restarts", int64_t{0}));
+    }
+    out += fmt::format("{} calls pending, {} sent again, {} ms a call\n",
+                       tl.value("pending", int64_t{0}), tl.value("resent", int64_t{0}),
+                       tl.value("latency_ms", 0));
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }

@@ -362,17 +362,18 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
 /// --metrics-port: Prometheus text and, with agents, the run's cluster for `weft cluster status
 /// --rl` (false: said why).
 bool serve_metrics(const rl_options& o, rl_reporter& report, const rl_agent_cluster* cluster,
-                   std::optional<metrics_server>& http) {
+                   const weft::rl::tool_actors* tools, std::optional<metrics_server>& http) {
   if (o.metrics_port <= 0) return true;
   http.emplace([&report] { return report.prometheus(); });
   if (cluster != nullptr) {
-    http->add_json("/admin/cluster", [cluster, model = o.model_path] {
+    http->add_json("/admin/cluster", [cluster, tools, model = o.model_path] {
       return "{\"model\":" + nlohmann::json(model).dump() +
              ",\"cluster\":" + cluster->cluster_json() +
              ",\"rl\":" + cluster->backend()->status_json() + ",\"rewards\":" +
              (cluster->rewards() ? cluster->rewards()->status_json() : std::string{"null"}) +
              ",\"trainers\":" +
-             (cluster->trainers() ? cluster->trainers()->status_json() : std::string{"null"}) + "}";
+             (cluster->trainers() ? cluster->trainers()->status_json() : std::string{"null"}) +
+             ",\"tools\":" + (tools ? tools->status_json() : std::string{"null"}) + "}";
     });
   }
   if (!http->start(o.metrics_port)) {
@@ -484,7 +485,7 @@ int run_rl(const rl_options& o) {
                                : fs::path("rl-metrics.jsonl");
   rl_reporter report(metrics, o.steps, loop.steps_done());
   std::optional<metrics_server> http;
-  if (!serve_metrics(o, report, cluster.get(), http)) return 2;
+  if (!serve_metrics(o, report, cluster.get(), tools.get(), http)) return 2;
   catch_stop_signals();
   std::optional<gpu::train::async_checkpointer> ckpt;
   if (!o.checkpoint_dir.empty()) ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
@@ -534,6 +535,10 @@ int run_rl(const rl_options& o) {
     if (cluster && cluster->rewards()) {
       r->reward_workers_lost = cluster->rewards()->workers_lost();
       r->reward_parts_rescored = cluster->rewards()->parts_rescored();
+    }
+    if (tools) {
+      r->tool_restarts = tools->restarts();
+      r->tool_calls_resent = tools->resent();
     }
     report.report(*r, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     const bool last = r->step == o.steps;

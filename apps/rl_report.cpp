@@ -72,6 +72,11 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
         r.trainer_groups - 1);
   }
   trainer_groups_ = std::max(trainer_groups_, r.trainer_groups);
+  if (r.tool_restarts > tool_restarts_) {
+    spdlog::info("  tool actors: {} restarted so far, {} calls sent again", r.tool_restarts,
+                 r.tool_calls_resent);
+    tool_restarts_ = r.tool_restarts;
+  }
   if (r.tool_calls > 0) {
     spdlog::info(
         "  tools: {} calls ({:.2f} per sample), {} result tokens, {:.0f}% of the "
@@ -121,6 +126,8 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"tool_calls", r.tool_calls},
                       {"tool_tokens", r.tool_tokens},
                       {"tool_kv_reuse", r.tool_kv_reuse},
+                      {"tool_restarts", r.tool_restarts},
+                      {"tool_calls_resent", r.tool_calls_resent},
                       {"step_s", step_seconds},
                       {"samples_per_s", sps}};
   out_ << j.dump() << '\n';
@@ -211,6 +218,11 @@ std::string rl_reporter::prometheus() const {
   metric("weft_rl_tool_calls_total", "counter",
          "Tool calls of agentic rollouts (--tools) in trained samples",
          static_cast<double>(tool_calls_));
+  metric("weft_rl_tool_restarts_total", "counter", "Tool actors (--tools) restarted after dying",
+         static_cast<double>(last_.tool_restarts));
+  metric("weft_rl_tool_calls_resent_total", "counter",
+         "Tool calls sent again (a tool died or missed its deadline)",
+         static_cast<double>(last_.tool_calls_resent));
   metric("weft_rl_reference_seconds_total", "counter",
          "Time spent in the KL reference's forward (--kl-coef)", ref_s_);
   if (has_eval_) {

@@ -43,6 +43,7 @@ class rl_reporter {
   double seconds_ = 0.0, rollout_s_ = 0.0, train_s_ = 0.0, sync_s_ = 0.0, ref_s_ = 0.0;
   double reduce_s_ = 0.0;
   int64_t tool_calls_ = 0;
+  int64_t tool_restarts_ = 0;
   int64_t trainer_groups_ = 0;
 };
 

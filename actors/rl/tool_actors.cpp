@@ -5,6 +5,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -30,6 +31,8 @@ struct shared_state {
   std::map<std::string, caf::actor> tools;  ///< the live actor of each tool
   std::atomic<int64_t> restarts{0};
   std::atomic<int64_t> resent{0};
+  std::map<std::string, int64_t> calls_by_tool;     ///< under mu
+  std::map<std::string, int64_t> restarts_by_tool;  ///< under mu
 };
 
 /// How long call `id` takes (see tool_actors_config).
@@ -125,6 +128,10 @@ caf::behavior router_fn(caf::event_based_actor* self, std::shared_ptr<shared_sta
     const std::string name = it->second;
     st->tool_of.erase(it);
     ++sh->restarts;
+    {
+      std::lock_guard<std::mutex> lock(sh->mu);
+      ++sh->restarts_by_tool[name];
+    }
     spdlog::warn("tool actor '{}' died ({}); restarting it and sending its calls again", name,
                  caf::to_string(dm.reason));
     spawn_tool(name);
@@ -179,6 +186,7 @@ struct tool_actors::impl {
   std::atomic<int64_t> pending{0};
   int64_t calls = 0;
   std::vector<std::string> tools;
+  tool_actors_config cfg;
 };
 
 tool_actors::tool_actors(std::unique_ptr<impl> d) : d_(std::move(d)) {}
@@ -211,6 +219,7 @@ result<std::unique_ptr<tool_actors>> tool_actors::create(caf::actor_system& sys,
   }
   auto d = std::make_unique<impl>();
   d->tools = cfg.tools;
+  d->cfg = cfg;
   d->router = sys.spawn(router_fn, d->sh, cfg);
   return std::unique_ptr<tool_actors>(new tool_actors(std::move(d)));
 }
@@ -234,6 +243,10 @@ gpu::status tool_actors::call(uint64_t id, gpu::rl::tool_call c) {
   }
   ++d_->pending;
   ++d_->calls;
+  {
+    std::lock_guard<std::mutex> lock(d_->sh->mu);
+    ++d_->sh->calls_by_tool[c.tool];
+  }
   caf::anon_send(d_->router, tl_call_atom::value, id, std::move(c.tool), std::move(c.args));
   return {};
 }
@@ -268,6 +281,24 @@ int64_t tool_actors::restarts() const {
 
 int64_t tool_actors::resent() const {
   return d_->sh->resent;
+}
+
+std::string tool_actors::status_json() const {
+  nlohmann::json tools = nlohmann::json::array();
+  std::lock_guard<std::mutex> lock(d_->sh->mu);
+  for (const auto& t : d_->tools) {
+    auto c = d_->sh->calls_by_tool.find(t);
+    auto r = d_->sh->restarts_by_tool.find(t);
+    tools.push_back({{"tool", t},
+                     {"kind", command_of(d_->cfg, t) != nullptr ? "program" : "built-in"},
+                     {"calls", c == d_->sh->calls_by_tool.end() ? 0 : c->second},
+                     {"restarts", r == d_->sh->restarts_by_tool.end() ? 0 : r->second}});
+  }
+  return nlohmann::json{{"tools", tools},
+                        {"pending", d_->pending.load()},
+                        {"resent", d_->sh->resent.load()},
+                        {"latency_ms", d_->cfg.latency_ms}}
+      .dump();
 }
 
 }  // namespace weft::rl

@@ -57,6 +57,9 @@ class tool_actors final : public gpu::rl::tool_backend {
   /// Tool actors restarted after dying, and calls sent again (after a death or a deadline).
   int64_t restarts() const;
   int64_t resent() const;
+  /// The tools for `weft cluster status --rl`: {"tools": [{"tool", "kind" (built-in | program),
+  /// "calls", "restarts"}], "pending", "resent", "latency_ms"}.
+  std::string status_json() const;
 
   struct impl;
 

@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "support"))
 from cli_checks import (check, finish, read_jsonl, run_or_exit, run_watching,  # noqa: E402
                         run_weft)
+from rl_runs import free_port, status_asker  # noqa: E402
 
 
 # The built-in lookup table (gpu/rl/tools.cpp) as a tool of your own: FNV-1a over the word, then
@@ -158,8 +159,11 @@ def main():
         # call among them — are replayed on agent 1.
         m3 = os.path.join(tmp, "agents.jsonl")
         pids, killed = {}, []
+        port = free_port()
+        ask, status = status_asker(w, port, "step 2/")
 
         def on_line(line):
+            ask(line)
             m = re.search(r"rollout-node-(\d+) started \(pid (\d+)\)", line)
             if m:
                 pids[int(m.group(1))] = int(m.group(2))
@@ -167,8 +171,15 @@ def main():
                 os.kill(pids[0], signal.SIGKILL)
                 killed.append(pids[0])
         rc, out = run_watching([w, "rl"] + run + ["--eval-every", "0", "--agents", "2",
-                                                  "--tool-latency-ms", "100", "--metrics", m3],
+                                                  "--tool-latency-ms", "100", "--metrics", m3,
+                                                  "--metrics-port", str(port)],
                                on_line, timeout=600)
+        table = status["table"].stdout if "table" in status else ""
+        tools = (json.loads(status["json"].stdout).get("tools") or {}) if "json" in status and \
+            status["json"].returncode == 0 else {}
+        check("TOOL" in table and "built-in" in table and
+              any(t["tool"] == "lookup" and t["calls"] > 0 for t in tools.get("tools", [])),
+              f"`weft cluster status --rl` lists the tool actors: {table[-300:]}")
         check(rc == 0 and killed, f"two agents, agent 0 SIGKILLed after step 1: exit {rc} "
                                   f"({out.strip()[-300:] if rc else ''})")
         ag = same_run(m3, "two rollout agents, a 100 ms tool, one killed") if rc == 0 else []
