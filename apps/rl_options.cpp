@@ -36,8 +36,7 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
       ->check(CLI::Range(0, 600000));
   cmd->add_option("--tool-latency-dist", o->tool_latency_dist,
                   "--tools: fixed (every call takes --tool-latency-ms) or exponential (that mean, "
-                  "a long tail: some calls take several times as long; drawn per call, the same "
-                  "in every run)")
+                  "a long tail: some calls take several times as long; drawn per call)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fixed", "exponential"}));
   cmd->add_option("--tool-timeout-s", o->tool_timeout_s,

@@ -31,8 +31,8 @@ struct tool_actors_config {
   std::vector<gpu::rl::tool_command> commands;
   uint32_t latency_ms = 0;  ///< Each call's service time (a tool behind a network).
   /// false: every call takes latency_ms; true: exponentially distributed with that mean (a
-  /// long-tailed tool, Heddle's setting), drawn from the call's id — the same in every run — and
-  /// capped at 10 × the mean and half the deadline.
+  /// long-tailed tool, Heddle's setting), drawn from the call's id (continuations get their ids as
+  /// results come in) and capped at 10 × the mean and half the deadline.
   bool exponential_latency = false;
   uint32_t timeout_ms = 10'000;  ///< A call unanswered this long is sent again.
   int max_attempts = 3;          ///< Sends of one call before its error result.
