@@ -275,10 +275,11 @@ int run_serve_status(const client_cli& cli) {
     }
     out += fmt::format(
         "weight version {}, {} rollouts live ({} waiting), {} agents lost, {} rollouts moved, "
-        "{} peer weight pulls\n",
+        "{} consolidated, {} peer weight pulls\n",
         rl.value("weight_version", int64_t{0}), rl.value("rollouts_live", 0),
         rl.value("rollouts_waiting", 0), rl.value("agents_lost", int64_t{0}),
-        rl.value("rollouts_moved", int64_t{0}), rl.value("peer_weight_pulls", int64_t{0}));
+        rl.value("rollouts_moved", int64_t{0}), rl.value("rollouts_consolidated", int64_t{0}),
+        rl.value("peer_weight_pulls", int64_t{0}));
   }
   const auto& rw = j["rewards"];
   if (rw.is_object()) {

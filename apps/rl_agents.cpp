@@ -79,6 +79,7 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   rc.agents = o.agents;
   rc.weight_timeout_ms = o.weight_timeout_ms;
   rc.length_aware = o.length_aware;
+  rc.consolidate_tail = o.consolidate_tail;
   if (c->d_->netns) {
     // Agents pull weights from this process over the bridge, the only device they can reach.
     rc.transport_params["ucx.tls"] = "tcp";

@@ -18,6 +18,7 @@ struct rl_agents_options {
   int agents = 2;
   int agent_threads = 1;
   bool length_aware = true;
+  int64_t consolidate_tail = 0;  ///< rollouts an agent takes from a step's tail (0: off)
   uint32_t weight_timeout_ms = 60'000;
   uint32_t start_timeout_ms = 300'000;
   std::string model_path;

@@ -297,10 +297,11 @@ bool options_fit_together(const rl_options& o) {
     spdlog::error("--resume needs --checkpoint-dir");
     return false;
   }
-  if (o.agents == 0 &&
-      (o.agent_threads > 0 || !o.dispatch.empty() || o.weight_sync_timeout_s > 0 || o.netns)) {
+  if (o.agents == 0 && (o.agent_threads > 0 || !o.dispatch.empty() || o.weight_sync_timeout_s > 0 ||
+                        o.netns || o.consolidate_tail > 0)) {
     spdlog::error(
-        "--agent-threads, --dispatch, --weight-sync-timeout-s and --netns need --agents N");
+        "--agent-threads, --dispatch, --weight-sync-timeout-s, --consolidate-tail and --netns "
+        "need --agents N");
     return false;
   }
   if (o.reward_workers > 0 && (o.agents == 0 || o.reward_cmd.empty())) {
@@ -335,6 +336,7 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   ao.agents = o.agents;
   ao.agent_threads = o.agent_threads > 0 ? o.agent_threads : 1;
   ao.length_aware = o.dispatch != "round-robin";
+  ao.consolidate_tail = o.consolidate_tail;
   ao.weight_timeout_ms = static_cast<uint32_t>(
       (o.weight_sync_timeout_s > 0.0 ? o.weight_sync_timeout_s : 60.0) * 1000.0);
   ao.model_path = o.model_path;

@@ -277,6 +277,12 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
                   "--agents: length-aware (a prompt's group goes, predicted-longest first, to "
                   "the least-loaded agent; default) or round-robin")
       ->check(CLI::IsMember({"length-aware", "round-robin"}));
+  cmd->add_option("--consolidate-tail", o->consolidate_tail,
+                  "--agents: tail consolidation (RLHFuse): once a step's unfinished rollouts fit "
+                  "on half of the agents holding them, at most N an agent, the rest move there "
+                  "(replaying their tokens so far) and the freed agents take the next rollouts "
+                  "or leave their cores to the trainer (default 0: off; docs/rl.md)")
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("--weight-sync-timeout-s", o->weight_sync_timeout_s,
                   "--agents: an agent that has not pulled and applied a new weight version "
                   "within this many seconds is restarted (default 60)")

@@ -90,6 +90,7 @@ struct rl_options {
   int agent_threads = 0;               ///< default 1
   std::string dispatch;                ///< default length-aware
   double weight_sync_timeout_s = 0.0;  ///< default 60
+  int64_t consolidate_tail = 0;        ///< 0: off
   bool netns = false;                  ///< each agent's node in a network namespace of its own
 };
 

@@ -109,6 +109,8 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"agents_ready", r.agents.ready_agents},
                       {"agents_lost", r.agents.agents_lost},
                       {"rollouts_moved", r.agents.rollouts_moved},
+                      {"rollouts_consolidated", r.agents.rollouts_consolidated},
+                      {"consolidations", r.agents.consolidations},
                       {"peer_weight_pulls", r.agents.peer_weight_pulls},
                       {"reward_workers_lost", r.reward_workers_lost},
                       {"reward_parts_rescored", r.reward_parts_rescored},
@@ -201,6 +203,9 @@ std::string rl_reporter::prometheus() const {
   metric("weft_rl_rollouts_moved_total", "counter",
          "Rollouts resumed on another agent after theirs was lost",
          static_cast<double>(last_.agents.rollouts_moved));
+  metric("weft_rl_rollouts_consolidated_total", "counter",
+         "Rollouts moved off an agent to consolidate a step's tail (--consolidate-tail)",
+         static_cast<double>(last_.agents.rollouts_consolidated));
   metric("weft_rl_peer_weight_pulls_total", "counter",
          "Weight versions a joining agent pulled from a peer agent",
          static_cast<double>(last_.agents.peer_weight_pulls));

@@ -329,6 +329,7 @@ struct remote_rollouts::impl {
       }
     }
     dispatch();
+    consolidate();
     refresh_status();
   }
 
@@ -343,6 +344,7 @@ struct remote_rollouts::impl {
     j["rollouts_waiting"] = waiting.size();
     j["agents_lost"] = st.agents_lost;
     j["rollouts_moved"] = st.rollouts_moved;
+    j["rollouts_consolidated"] = st.rollouts_consolidated;
     j["peer_weight_pulls"] = st.peer_weight_pulls;
     auto& list = j["agents"] = nlohmann::json::array();
     for (size_t i = 0; i < agents.size(); ++i) {
@@ -442,39 +444,119 @@ struct remote_rollouts::impl {
         agents[static_cast<size_t>(a)].load += cost_each[u];
       }
     }
-    for (auto& [a, ids] : per_agent) {
-      auto env = envelope::build<wire::RolloutBatch>([&](wire::RolloutBatch::Builder b) {
-        auto list = b.initItems(static_cast<unsigned>(ids.size()));
-        for (size_t k = 0; k < ids.size(); ++k) {
-          const tracked& t = live.at(ids[k]);
-          auto x = list[static_cast<unsigned>(k)];
-          x.setId(ids[k]);
-          auto toks = x.initTokens(static_cast<unsigned>(t.req.prompt.size() + t.generated.size()));
-          unsigned j = 0;
-          for (int32_t tok : t.req.prompt) toks.set(j++, tok);
-          for (int32_t tok : t.generated) toks.set(j++, tok);
-          x.setReplay(static_cast<uint32_t>(t.req.n_replay) +
-                      static_cast<uint32_t>(t.generated.size()));
-          x.setSeed(t.req.params.seed);
-          x.setMaxTokens(t.req.params.max_tokens - static_cast<int32_t>(t.generated.size()));
-          x.setGreedy(t.req.params.temperature == 0.0f);
-          if (t.req.params.temperature > 0.0f) {
-            x.setTemperature(t.req.params.temperature);
-            x.setTopP(t.req.params.top_p);
-            x.setTopK(t.req.params.top_k);
-          }
-          auto stops = x.initStopTokens(static_cast<unsigned>(t.req.params.stop_tokens.size()));
-          for (size_t s = 0; s < t.req.params.stop_tokens.size(); ++s) {
-            stops.set(static_cast<unsigned>(s), t.req.params.stop_tokens[s]);
-          }
-          const auto& strs = t.req.params.stop_strings;
-          auto texts = x.initStopStrings(static_cast<unsigned>(strs.size()));
-          for (size_t s = 0; s < strs.size(); ++s) texts.set(static_cast<unsigned>(s), strs[s]);
+    for (auto& [a, ids] : per_agent) send_batch(a, ids);
+  }
+
+  /// Sends rollouts to agent a: each one's prompt and tokens so far (which it replays).
+  void send_batch(int a, const std::vector<gpu::request_id>& ids) {
+    auto env = envelope::build<wire::RolloutBatch>([&](wire::RolloutBatch::Builder b) {
+      auto list = b.initItems(static_cast<unsigned>(ids.size()));
+      for (size_t k = 0; k < ids.size(); ++k) {
+        const tracked& t = live.at(ids[k]);
+        auto x = list[static_cast<unsigned>(k)];
+        x.setId(ids[k]);
+        auto toks = x.initTokens(static_cast<unsigned>(t.req.prompt.size() + t.generated.size()));
+        unsigned j = 0;
+        for (int32_t tok : t.req.prompt) toks.set(j++, tok);
+        for (int32_t tok : t.generated) toks.set(j++, tok);
+        x.setReplay(static_cast<uint32_t>(t.req.n_replay) +
+                    static_cast<uint32_t>(t.generated.size()));
+        x.setSeed(t.req.params.seed);
+        x.setMaxTokens(t.req.params.max_tokens - static_cast<int32_t>(t.generated.size()));
+        x.setGreedy(t.req.params.temperature == 0.0f);
+        if (t.req.params.temperature > 0.0f) {
+          x.setTemperature(t.req.params.temperature);
+          x.setTopP(t.req.params.top_p);
+          x.setTopK(t.req.params.top_k);
         }
-      });
-      spdlog::debug("rl controller: {} rollouts to agent {}", ids.size(), a);
-      send(agents[static_cast<size_t>(a)].who, r_batch_atom::value, std::move(env));
+        auto stops = x.initStopTokens(static_cast<unsigned>(t.req.params.stop_tokens.size()));
+        for (size_t s = 0; s < t.req.params.stop_tokens.size(); ++s) {
+          stops.set(static_cast<unsigned>(s), t.req.params.stop_tokens[s]);
+        }
+        const auto& strs = t.req.params.stop_strings;
+        auto texts = x.initStopStrings(static_cast<unsigned>(strs.size()));
+        for (size_t s = 0; s < strs.size(); ++s) texts.set(static_cast<unsigned>(s), strs[s]);
+      }
+    });
+    spdlog::debug("rl controller: {} rollouts to agent {}", ids.size(), a);
+    send(agents[static_cast<size_t>(a)].who, r_batch_atom::value, std::move(env));
+  }
+
+  /// Tail consolidation (cfg.consolidate_tail > 0): once the ready agents' unfinished rollouts fit
+  /// on half of the agents holding them, the others' rollouts are aborted where they run and
+  /// resumed on the agents that keep theirs — as a lost agent's are (the tokens that arrive in
+  /// between from the source are dropped; the seeded replay gives them again).
+  void consolidate() {
+    if (cfg.consolidate_tail <= 0 || !waiting.empty()) return;
+    std::vector<int> slots;
+    std::vector<int64_t> unfinished;
+    for (size_t i = 0; i < agents.size(); ++i) {
+      const agent_slot& a = agents[i];
+      if (!a.alive) continue;
+      if (!a.ready) {
+        if (!a.assigned.empty()) return;  // syncing with rollouts: wait until it holds the version
+        continue;
+      }
+      slots.push_back(static_cast<int>(i));
+      unfinished.push_back(static_cast<int64_t>(a.assigned.size()));
     }
+    const auto keep = gpu::rl::consolidation_targets(unfinished, cfg.consolidate_tail);
+    if (keep.empty()) return;
+    std::vector<int> to, from;
+    std::vector<gpu::request_id> moving;
+    for (size_t k = 0; k < slots.size(); ++k) {
+      agent_slot& a = agents[static_cast<size_t>(slots[k])];
+      if (std::find(keep.begin(), keep.end(), static_cast<int>(k)) != keep.end()) {
+        to.push_back(slots[k]);
+        continue;
+      }
+      if (a.assigned.empty()) continue;
+      from.push_back(slots[k]);
+      std::vector<gpu::request_id> ids;
+      for (const auto& [id, cost] : a.assigned) ids.push_back(id);
+      send(a.who, r_abort_atom::value,
+           envelope::build<wire::RolloutAbort>([&](wire::RolloutAbort::Builder b) {
+             auto list = b.initIds(static_cast<unsigned>(ids.size()));
+             for (size_t x = 0; x < ids.size(); ++x) list.set(static_cast<unsigned>(x), ids[x]);
+           }));
+      moving.insert(moving.end(), ids.begin(), ids.end());
+      a.assigned.clear();
+      a.load = 0.0;
+    }
+    // A group's rollouts stay together where they fit; otherwise the least-held agent.
+    std::sort(moving.begin(), moving.end(), [&](gpu::request_id x, gpu::request_id y) {
+      return std::pair(live.at(x).req.group, x) < std::pair(live.at(y).req.group, y);
+    });
+    auto held = [&](int a) {
+      return static_cast<int64_t>(agents[static_cast<size_t>(a)].assigned.size());
+    };
+    std::map<int, std::vector<gpu::request_id>> per_agent;
+    std::map<int64_t, int> moved_group;
+    for (auto id : moving) {
+      tracked& t = live.at(id);
+      int a =
+          *std::min_element(to.begin(), to.end(), [&](int x, int y) { return held(x) < held(y); });
+      if (auto g = moved_group.find(t.req.group);
+          t.req.group >= 0 && g != moved_group.end() && held(g->second) < cfg.consolidate_tail) {
+        a = g->second;
+      }
+      if (t.req.group >= 0) {
+        moved_group[t.req.group] = a;
+        group_agent[t.req.group] = a;
+      }
+      const double cost =
+          std::max(1.0, ranker.predict(t.key, static_cast<int64_t>(t.req.prompt.size())) -
+                            static_cast<double>(t.generated.size()));
+      t.agent = a;
+      agents[static_cast<size_t>(a)].assigned[id] = cost;
+      agents[static_cast<size_t>(a)].load += cost;
+      per_agent[a].push_back(id);
+    }
+    for (auto& [a, ids] : per_agent) send_batch(a, ids);
+    st.rollouts_consolidated += static_cast<int64_t>(moving.size());
+    ++st.consolidations;
+    spdlog::info("tail consolidation: {} rollouts of agent(s) {} move to agent(s) {}",
+                 moving.size(), fmt::join(from, ","), fmt::join(to, ","));
   }
 
   gpu::status check_failure() {

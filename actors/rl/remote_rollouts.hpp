@@ -18,6 +18,8 @@
 ///   tokens generated so far, which it replays (decode numerics, the seeded sampler skips the draws
 ///   they used) and continues: the same tokens an undisturbed run gives. Nothing is lost or counted
 ///   twice; outputs of a lost agent that arrive late are dropped.
+/// - Tail consolidation (consolidate_tail > 0): a step's last rollouts move the same way off the
+///   agents holding the fewest, which are then free.
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
@@ -39,6 +41,12 @@ struct remote_rollouts_config {
   uint32_t weight_timeout_ms = 60'000;
   /// true: longest-predicted-first onto the least-loaded agent; false: round-robin.
   bool length_aware = true;
+  /// Tail consolidation (RLHFuse's inter-stage fusion; 0: off): once the ready agents' unfinished
+  /// rollouts fit on half of the agents that hold them, at most this many an agent
+  /// (rl::consolidation_targets), the others' rollouts move there — aborted where they run,
+  /// replayed with their tokens so far — and the freed agents take the next rollouts (or leave
+  /// their cores to the trainer).
+  int64_t consolidate_tail = 0;
   /// How long rollouts may wait with no ready agent before poll() fails.
   uint32_t no_agent_timeout_ms = 180'000;
   /// Called about every 100 ms while waiting (e.g. to relaunch dead node processes).
@@ -56,7 +64,8 @@ class remote_rollouts final : public gpu::rl::rollout_backend {
   /// The controller actor: publish it for the agents.
   caf::actor controller() const;
   /// The agents as the controller saw them at its last look (JSON: weight_version, rollouts_live,
-  /// rollouts_waiting, agents_lost, rollouts_moved, peer_weight_pulls, and per agent: agent,
+  /// rollouts_waiting, agents_lost, rollouts_moved, rollouts_consolidated, peer_weight_pulls,
+  /// and per agent: agent,
   /// state ready|syncing|down, pid, rollouts, load, pulled_version). Any thread.
   std::string status_json() const;
   /// Waits until every agent of the run has said hello and holds the current weights.

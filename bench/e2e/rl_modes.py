@@ -35,6 +35,10 @@ MODES = {
     "agents sync round-robin": ["--agents", "2", "--dispatch", "round-robin"],
     "agents stream": ["--agents", "2", "--mode", "stream"],
     "agents async K=2": ["--agents", "2", "--mode", "async", "--max-staleness", "2"],
+    # Tail consolidation (RLHFuse): a step's last rollouts move onto one agent, at most N there.
+    "agents sync consolidate 8": ["--agents", "2", "--consolidate-tail", "8"],
+    "agents stream consolidate 4": ["--agents", "2", "--mode", "stream", "--consolidate-tail", "4"],
+    "agents stream consolidate 8": ["--agents", "2", "--mode", "stream", "--consolidate-tail", "8"],
     # A KL term: the reference's forward per group as it finishes (fused, the default) or in the
     # training stage (the baseline).
     "agents sync KL unfused": ["--agents", "2", "--kl-coef", "0.04", "--no-fused-reference"],

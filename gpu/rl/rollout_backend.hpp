@@ -54,8 +54,11 @@ struct named_weights {
 
 /// What a backend's engines went through (cumulative; zeros for one engine in this process).
 struct rollout_backend_stats {
-  int64_t agents_lost = 0;        ///< rollout agents that died or were stopped
-  int64_t rollouts_moved = 0;     ///< rollouts resumed on another agent
+  int64_t agents_lost = 0;     ///< rollout agents that died or were stopped
+  int64_t rollouts_moved = 0;  ///< rollouts resumed on another agent
+  /// Tail consolidation: rollouts moved off an agent to free it, and how many times it ran.
+  int64_t rollouts_consolidated = 0;
+  int64_t consolidations = 0;
   int64_t peer_weight_pulls = 0;  ///< weight versions an agent pulled from a peer agent
   int ready_agents = 0;           ///< agents holding the current version now
   double last_pull_s = 0.0;       ///< the slowest agent's pull in the last publish()

@@ -5,16 +5,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "gpu/tiny_model.hpp"
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr,
+  const bool help = argc >= 2 && argv[1][0] == '-';  // --help, or a flag where PATH goes
+  if (argc < 2 || help) {
+    std::fprintf(help ? stdout : stderr,
                  "usage: %s PATH [--layers N] [--embd N] [--heads N] [--kv-heads N] [--ff N]\n"
                  "       [--vocab N] [--context N] [--experts N --experts-used K] [--type T]\n",
                  argv[0]);
-    return 2;
+    return help && std::string_view{argv[1]} == "--help" ? 0 : 2;
   }
   weft::gpu::tiny_model_config c;
   for (int i = 2; i + 1 < argc; i += 2) {
