@@ -402,43 +402,11 @@ bool save_model(const rl_options& o, const gpu::gguf_file& file, grpo_loop& loop
   return true;
 }
 
-int run_rl(const rl_options& o) {
-  if (!options_fit_together(o)) return 2;
-  auto cfg = make_loop_config(o);
-  if (!cfg) {
-    spdlog::error("{}", cfg.error().message());
-    return 2;
-  }
-  auto task = make_task(o);
-  if (!task) return 2;
-  if (!o.write_sft_path.empty()) return write_sft_data(o, *task);
-  gpu::train::use_threads(o.threads);
-  spdlog::info("task: {}; {} prompts x {} samples per step, up to {} new tokens", task->name(),
-               o.prompts_per_step, o.group_size, o.max_new_tokens);
-  if (o.mode == "async") {
-    spdlog::info(
-        "--mode async: the next {} step(s) generate while a step trains; off-policy "
-        "correction {}",
-        o.max_staleness, o.off_policy);
-  }
-  // With --agents the rollout engines live in node processes started here; the cluster is
-  // declared after the loop below, so it is stopped before the loop (its backend) is destroyed.
-  std::unique_ptr<rl_agent_cluster> starting;
-  if (o.agents > 0) {
-    auto started = start_agents(o, *cfg);
-    if (!started) {
-      spdlog::error("rollout agents: {}", started.error().message);
-      return 1;
-    }
-    starting = std::move(*started);
-  }
-  std::optional<gpu::gguf_file> file;
-  int rc = 0;
-  auto made = open_loop(o, *task, *cfg, file, rc, starting ? starting->backend() : nullptr);
-  if (!made) return rc;
-  const std::unique_ptr<rl_agent_cluster> cluster = std::move(starting);
-  grpo_loop& loop = *made;
-  std::optional<reward_process> rewards;
+/// The run's rewards: the reward workers of its cluster (--reward-workers), a program beside the
+/// trainer (--reward-cmd) or an endpoint (--reward-url); the task's verifier otherwise. false: said
+/// why.
+bool use_rewards(const rl_options& o, rl_agent_cluster* cluster, grpo_loop& loop,
+                 std::optional<reward_process>& rewards, std::optional<reward_http>& endpoint) {
   if (cluster && cluster->rewards()) {
     loop.set_reward([r = cluster->rewards()](const std::vector<rl_prompt>& prompts,
                                              const std::vector<rollout_sample>& samples) {
@@ -448,47 +416,52 @@ int run_rl(const rl_options& o) {
   } else if (!o.reward_cmd.empty()) {
     use_reward_process(o, loop, rewards);
   }
-  std::optional<reward_http> endpoint;
-  if (!o.reward_url.empty() && !use_reward_endpoint(o, loop, endpoint)) return 2;
-  if (cluster && cluster->trainers()) {
-    if (auto st = loop.set_update_group(cluster->trainers()); !st) {
-      spdlog::error("{}", st.message());
-      return 2;
-    }
-    spdlog::info("{} data-parallel trainer ranks: rank 0 here, 1..{} on trainer nodes", o.trainers,
-                 o.trainers - 1);
+  return o.reward_url.empty() || use_reward_endpoint(o, loop, endpoint);
+}
+
+/// `--trainers K`: ranks 1..K-1 on the cluster's trainer nodes. false: said why.
+bool use_trainer_group(const rl_options& o, rl_agent_cluster* cluster, grpo_loop& loop) {
+  if (!cluster || !cluster->trainers()) return true;
+  if (auto st = loop.set_update_group(cluster->trainers()); !st) {
+    spdlog::error("{}", st.message());
+    return false;
   }
-  std::shared_ptr<weft::rl::tool_actors> tools;
-  if (!cfg->tools.empty()) {
-    weft::rl::tool_actors_config tc;
-    tc.tools = cfg->tools;
-    tc.latency_ms = static_cast<uint32_t>(o.tool_latency_ms);
-    tc.exponential_latency = o.tool_latency_dist == "exponential";
-    tc.commands = *tool_commands(o);
-    tc.timeout_ms = static_cast<uint32_t>(o.tool_timeout_s * 1000.0);
-    auto made_tools = weft::rl::tool_actors::create(tc);
-    if (!made_tools) {
-      spdlog::error("--tools: {}", made_tools.error().message);
-      return 2;
-    }
-    tools = std::move(*made_tools);
-    loop.set_tools(tools);
-    std::string names;
-    for (const auto& t : cfg->tools) names += (names.empty() ? "" : ",") + t;
-    spdlog::info(
-        "agentic rollouts: tool actors {} ({} ms a call, {}), up to {} calls a sample, {} turns",
-        names, o.tool_latency_ms, o.tool_latency_dist, o.max_tool_calls, o.tool_turns);
-    for (const auto& c : tc.commands) spdlog::info("tool {}: `{}` (JSON lines)", c.name, c.command);
+  spdlog::info("{} data-parallel trainer ranks: rank 0 here, 1..{} on trainer nodes", o.trainers,
+               o.trainers - 1);
+  return true;
+}
+
+/// `--tools`: the tool actors the loop's samples call (none without tools). false: said why.
+bool start_tools(const rl_options& o, const grpo_loop_config& cfg, grpo_loop& loop,
+                 std::shared_ptr<weft::rl::tool_actors>& tools) {
+  if (cfg.tools.empty()) return true;
+  weft::rl::tool_actors_config tc;
+  tc.tools = cfg.tools;
+  tc.latency_ms = static_cast<uint32_t>(o.tool_latency_ms);
+  tc.exponential_latency = o.tool_latency_dist == "exponential";
+  tc.commands = *tool_commands(o);
+  tc.timeout_ms = static_cast<uint32_t>(o.tool_timeout_s * 1000.0);
+  auto made = weft::rl::tool_actors::create(tc);
+  if (!made) {
+    spdlog::error("--tools: {}", made.error().message);
+    return false;
   }
-  if (o.resume && !resume_rl(o, loop)) return 2;
-  const fs::path metrics = !o.metrics_path.empty() ? fs::path(o.metrics_path)
-                           : !o.checkpoint_dir.empty()
-                               ? fs::path(o.checkpoint_dir) / "metrics.jsonl"
-                               : fs::path("rl-metrics.jsonl");
-  rl_reporter report(metrics, o.steps, loop.steps_done());
-  std::optional<metrics_server> http;
-  if (!serve_metrics(o, report, cluster.get(), tools.get(), http)) return 2;
-  catch_stop_signals();
+  tools = std::move(*made);
+  loop.set_tools(tools);
+  std::string names;
+  for (const auto& t : cfg.tools) names += (names.empty() ? "" : ",") + t;
+  spdlog::info(
+      "agentic rollouts: tool actors {} ({} ms a call, {}), up to {} calls a sample, {} turns",
+      names, o.tool_latency_ms, o.tool_latency_dist, o.max_tool_calls, o.tool_turns);
+  for (const auto& c : tc.commands) spdlog::info("tool {}: `{}` (JSON lines)", c.name, c.command);
+  return true;
+}
+
+/// The run's steps up to --steps, with its checkpoints (every --checkpoint-every steps, at the end
+/// and on SIGTERM / SIGINT) and held-out evaluations. 0: trained (or nothing left to train);
+/// otherwise the exit status.
+int train_steps(const rl_options& o, grpo_loop& loop, rl_reporter& report,
+                rl_agent_cluster* cluster, weft::rl::tool_actors* tools) {
   std::optional<gpu::train::async_checkpointer> ckpt;
   if (!o.checkpoint_dir.empty()) ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
   auto checkpoint_now = [&](bool wait) -> bool {
@@ -562,6 +535,61 @@ int run_rl(const rl_options& o) {
     spdlog::info("the checkpoint is at step {} and --steps is {}: no step left to train", first,
                  o.steps);
   }
+  return 0;
+}
+
+int run_rl(const rl_options& o) {
+  if (!options_fit_together(o)) return 2;
+  auto cfg = make_loop_config(o);
+  if (!cfg) {
+    spdlog::error("{}", cfg.error().message());
+    return 2;
+  }
+  auto task = make_task(o);
+  if (!task) return 2;
+  if (!o.write_sft_path.empty()) return write_sft_data(o, *task);
+  gpu::train::use_threads(o.threads);
+  spdlog::info("task: {}; {} prompts x {} samples per step, up to {} new tokens", task->name(),
+               o.prompts_per_step, o.group_size, o.max_new_tokens);
+  if (o.mode == "async") {
+    spdlog::info(
+        "--mode async: the next {} step(s) generate while a step trains; off-policy "
+        "correction {}",
+        o.max_staleness, o.off_policy);
+  }
+  // With --agents the rollout engines live in node processes started here; the cluster is
+  // declared after the loop below, so it is stopped before the loop (its backend) is destroyed.
+  std::unique_ptr<rl_agent_cluster> starting;
+  if (o.agents > 0) {
+    auto started = start_agents(o, *cfg);
+    if (!started) {
+      spdlog::error("rollout agents: {}", started.error().message);
+      return 1;
+    }
+    starting = std::move(*started);
+  }
+  std::optional<gpu::gguf_file> file;
+  int rc = 0;
+  auto made = open_loop(o, *task, *cfg, file, rc, starting ? starting->backend() : nullptr);
+  if (!made) return rc;
+  const std::unique_ptr<rl_agent_cluster> cluster = std::move(starting);
+  grpo_loop& loop = *made;
+  std::optional<reward_process> rewards;
+  std::optional<reward_http> endpoint;
+  if (!use_rewards(o, cluster.get(), loop, rewards, endpoint)) return 2;
+  if (!use_trainer_group(o, cluster.get(), loop)) return 2;
+  std::shared_ptr<weft::rl::tool_actors> tools;
+  if (!start_tools(o, *cfg, loop, tools)) return 2;
+  if (o.resume && !resume_rl(o, loop)) return 2;
+  const fs::path metrics = !o.metrics_path.empty() ? fs::path(o.metrics_path)
+                           : !o.checkpoint_dir.empty()
+                               ? fs::path(o.checkpoint_dir) / "metrics.jsonl"
+                               : fs::path("rl-metrics.jsonl");
+  rl_reporter report(metrics, o.steps, loop.steps_done());
+  std::optional<metrics_server> http;
+  if (!serve_metrics(o, report, cluster.get(), tools.get(), http)) return 2;
+  catch_stop_signals();
+  if (const int st = train_steps(o, loop, report, cluster.get(), tools.get()); st != 0) return st;
   http.reset();
   if (!o.save_path.empty() && !save_model(o, *file, loop)) return 1;
   if (!o.plot_path.empty() && !run_plot_script("plot_rl.py", report.path(), o.plot_path)) return 1;

@@ -13,7 +13,7 @@ async trains on samples up to K versions old and must stay within noise of sync.
 
 Writes JSON and PNG named <--name>-<date>.* into --out.
 Usage: rl_modes.py --weft build/release/apps/weft [--steps 8] [--repeat 2] [--out docs]
-           [--modes "sync,agents sync,agents async K=2" --name rl-agents]
+           [--modes "sync,agents sync,agents async K=2" --name rl-agents] [--rollout-type q8_0]
 """
 import argparse
 import datetime
@@ -36,7 +36,7 @@ MODES = {
     "agents stream": ["--agents", "2", "--mode", "stream"],
     "agents async K=2": ["--agents", "2", "--mode", "async", "--max-staleness", "2"],
     # Tail consolidation (RLHFuse): a step's last rollouts move onto one agent, at most N there.
-    "agents sync consolidate 8": ["--agents", "2", "--consolidate-tail", "8"],
+    "agents sync consolidate 4": ["--agents", "2", "--consolidate-tail", "4"],
     "agents stream consolidate 4": ["--agents", "2", "--mode", "stream", "--consolidate-tail", "4"],
     "agents stream consolidate 8": ["--agents", "2", "--mode", "stream", "--consolidate-tail", "8"],
     # A KL term: the reference's forward per group as it finishes (fused, the default) or in the
@@ -56,7 +56,7 @@ def run_weft(a, extra, metrics):
            "--ops", a.ops, "--prompts-per-step", str(a.prompts), "--group-size", str(a.group),
            "--max-new-tokens", str(a.max_new), "--steps", str(a.steps), "--lr", str(a.lr),
            "--threads", str(a.threads), "--seed", str(a.seed), "--eval-every", "0",
-           "--metrics", metrics] + extra
+           "--rollout-type", a.rollout_type, "--metrics", metrics] + extra
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
     if p.returncode != 0:
         sys.exit(f"weft rl {' '.join(extra)} failed:\n" + p.stderr[-3000:])
@@ -68,6 +68,7 @@ def run_weft(a, extra, metrics):
             "max_lengths": [r.get("completion_len_max", 0) for r in steps],
             "staleness": [r.get("staleness_mean", 0.0) for r in steps],
             "mixed_version_samples": sum(r.get("mixed_version_samples", 0) for r in steps),
+            "rollouts_consolidated": steps[-1].get("rollouts_consolidated", 0) if steps else 0,
             "stage_seconds": {k: sum(r.get(k, 0.0) for r in steps)
                               for k in ["rollout_s", "train_s", "sync_s", "ref_s", "reduce_s"]}}
 
@@ -87,6 +88,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rollout-type", default="f32",
+                    help="weft rl --rollout-type: f16, bf16 or q8_0 give every mode the same "
+                         "samples (batch-invariant kernels); f32 only to rounding")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--modes", default="sync,async K=1,async K=2",
                     help="comma-separated, from: " + ", ".join(MODES))
@@ -115,6 +119,7 @@ def main():
         "task": f"{a.digits}-digit arithmetic ({a.ops}), chat template",
         "steps": a.steps, "prompts_per_step": a.prompts, "group_size": a.group,
         "max_new_tokens": a.max_new, "lr": a.lr, "threads": a.threads, "seed": a.seed,
+        "rollout_type": a.rollout_type,
         "samples_per_run": samples, "baseline": chosen[0],
         "modes": {n: {"samples_per_s": sps[n], "runs": runs[n],
                       "args": MODES[n],

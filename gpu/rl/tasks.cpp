@@ -58,8 +58,7 @@ class arithmetic_task final : public rl_task {
     return p;
   }
   double reward(const rl_prompt& p, std::string_view completion) const override {
-    long long got = 0;
-    return last_integer(completion, got) && std::to_string(got) == p.answer ? 1.0 : 0.0;
+    return answer_is_last_integer(p, completion);
   }
 
  private:
@@ -316,6 +315,11 @@ bool last_integer(std::string_view text, long long& out) {
                    (start == 1 || !std::isdigit(static_cast<unsigned char>(text[start - 2])));
   out = neg ? -v : v;
   return true;
+}
+
+double answer_is_last_integer(const rl_prompt& p, std::string_view completion) {
+  long long got = 0;
+  return last_integer(completion, got) && std::to_string(got) == p.answer ? 1.0 : 0.0;
 }
 
 std::unique_ptr<rl_task> make_arithmetic_task(int digits, std::string ops) {

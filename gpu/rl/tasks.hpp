@@ -95,6 +95,9 @@ result<std::unique_ptr<rl_task>> load_prompt_dataset(const std::filesystem::path
 /// The last integer in `text` (digits, with a minus sign when one directly precedes them and is
 /// not itself preceded by a digit: "3-8" ends in 8, "= -5" in −5), if any.
 bool last_integer(std::string_view text, long long& out);
+/// 1 when the completion's last integer is the prompt's answer, else 0 (the arithmetic and lookup
+/// tasks' reward).
+double answer_is_last_integer(const rl_prompt& p, std::string_view completion);
 
 /// Training prompts in a deterministic order and a held-out evaluation set.
 ///

@@ -281,8 +281,7 @@ class lookup_task final : public rl_task {
     return p;
   }
   double reward(const rl_prompt& p, std::string_view completion) const override {
-    long long got = 0;
-    return last_integer(completion, got) && std::to_string(got) == p.answer ? 1.0 : 0.0;
+    return answer_is_last_integer(p, completion);
   }
 
  private:
