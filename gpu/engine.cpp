@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <optional>
 #include <unordered_set>
@@ -571,6 +572,12 @@ void engine::fill_batch(const std::vector<request_id>& selected, forward_batch& 
 }
 
 result<std::vector<request_output>> engine::step() {
+  using clock = std::chrono::steady_clock;
+  struct step_timer {
+    double& total;
+    clock::time_point t0 = clock::now();
+    ~step_timer() { total += std::chrono::duration<double>(clock::now() - t0).count(); }
+  } timed{counters_.step_s};
   ++iteration_;
   std::vector<request_output> outputs = std::move(pending_);
   pending_.clear();
@@ -591,7 +598,10 @@ result<std::vector<request_output>> engine::step() {
       return outputs;
     }
     if (!batch.want_hidden.empty()) batch.want_hidden.resize(batch.tokens.size(), 0);
-    const status st = model_.forward(batch, *kv_, fout);
+    const status st = [&] {
+      step_timer f{counters_.forward_s};
+      return model_.forward(batch, *kv_, fout);
+    }();
     if (st.ok()) break;
     if (st.code() == status_code::out_of_memory) {
       // Make room: paused requests first (all rank below the selected ones), lowest-ranked first;
@@ -635,6 +645,7 @@ result<std::vector<request_output>> engine::step() {
   // Each row belongs to its own request, whose sampler is its own: rows without a grammar (whose
   // mask caches are shared) are sampled on the device's host threads first, then everything else
   // runs in row order as before. The tokens do not depend on it.
+  const auto sample_t0 = clock::now();
   std::vector<std::optional<sample_result>> sampled(fout.token_index.size());
   model_.dev().parallel_host(static_cast<int64_t>(sampled.size()), [&](int64_t row) {
     const int32_t si = batch.seq_index[static_cast<size_t>(fout.token_index[row])];
@@ -645,6 +656,8 @@ result<std::vector<request_output>> engine::step() {
                                             static_cast<size_t>(fout.n_vocab)),
                      r.tokens);
   });
+  // (Rows with a grammar are sampled below, in row order, and count as scheduling.)
+  counters_.sample_s += std::chrono::duration<double>(clock::now() - sample_t0).count();
   for (size_t row = 0; row < fout.token_index.size(); ++row) {
     const int32_t si = batch.seq_index[static_cast<size_t>(fout.token_index[row])];
     request& r = *requests_.at(in_batch[static_cast<size_t>(si)]);

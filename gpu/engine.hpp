@@ -105,6 +105,11 @@ struct engine_stats {
   /// Requests that waited to be admitted because a resident request was still prefilling blocks
   /// of their prompt (in-flight prefix sharing: they reuse those blocks instead of computing them).
   int64_t n_prefix_waits = 0;
+  /// Seconds spent in step() (wall clock, cumulative), and the parts of it in forward passes and
+  /// in sampling (log-probabilities included); the rest is scheduling, detokenizing and stop rules.
+  double step_s = 0.0;
+  double forward_s = 0.0;
+  double sample_s = 0.0;
 };
 
 /// A decoding request taken out of the engine with its KV (disaggregated prefill: the KV is handed

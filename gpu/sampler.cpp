@@ -6,6 +6,8 @@
 #include <numeric>
 #include <unordered_map>
 
+#include "gpu/cpu/elementwise.hpp"
+
 namespace weft::gpu {
 
 sampler::sampler(sampling_params params) : params_(std::move(params)), rng_(params_.seed) {}
@@ -27,9 +29,12 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
     max_raw = std::max(max_raw, l);
     if (logits[first_max] < l) first_max = i;
   }
-  double z = 0.0;
-  for (float l : logits) z += std::exp(static_cast<double>(l) - max_raw);
-  const double log_z = std::log(z) + max_raw;
+  // The normaliser: its e^(l - max) in float, vectorised, summed in double (the log-probability is
+  // a float: it moves by ~1e-7 at most against the C library's exp in double, which took ~5 % of a
+  // serving step at 49k logits a token).
+  const double log_z =
+      std::log(cpu::exp_sum_below(logits.data(), static_cast<int64_t>(logits.size()), max_raw)) +
+      max_raw;
 
   const bool penalties = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
                          params_.frequency_penalty != 0.0f;

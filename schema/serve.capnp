@@ -155,6 +155,13 @@ struct WorkerLoad {
   prefixWaits @21 :UInt64;          # requests that waited for another's in-flight prefill of their prefix
   resumePoolTokens @22 :UInt64;     # KV tokens of resumed (migrated) sequences fetched from the pool
   checkpointSegments @23 :UInt64;   # segments of running sequences offered to the pool (PoolCheckpoint)
+  # Where the step loop's time went, cumulative seconds: in the engine's step (of which forward
+  # passes and sampling), sending its outputs, and between steps (the step message in the mailbox).
+  stepSeconds @24 :Float64;
+  forwardSeconds @25 :Float64;
+  sampleSeconds @26 :Float64;
+  outputSeconds @27 :Float64;
+  betweenSeconds @28 :Float64;
 }
 
 # Prefill worker -> decode worker (via the router): one sequence's KV blocks, offered under a lease

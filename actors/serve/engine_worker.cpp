@@ -156,6 +156,11 @@ envelope make_load(worker_state& st) {
     b.setPoolBytesIn(st.pool_bytes_in);
     b.setResumePoolTokens(st.resume_pool_tokens);
     b.setCheckpointSegments(st.checkpoint_segments);
+    b.setStepSeconds(s.step_s);
+    b.setForwardSeconds(s.forward_s);
+    b.setSampleSeconds(s.sample_s);
+    b.setOutputSeconds(st.output_s);
+    b.setBetweenSeconds(st.between_s);
   });
 }
 
@@ -413,12 +418,18 @@ void update_borrowed_cores(worker_ptr self) {
 
 void run_step(worker_ptr self) {
   auto& st = self->state;
+  using clock = std::chrono::steady_clock;
+  if (st.step_sent) {
+    st.between_s += std::chrono::duration<double>(clock::now() - st.step_sent_at).count();
+    st.step_sent = false;
+  }
   if (!st.engine->has_work()) {
     st.stepping = false;
     update_borrowed_cores(self);
     return;
   }
   auto outs = st.engine->step();
+  const auto stepped_at = clock::now();
   st.last_step_unix_ms = actors::now_ms();
   if (!outs) {
     spdlog::error("worker {}: step failed: {}", st.worker_name, outs.error().to_string());
@@ -452,6 +463,9 @@ void run_step(worker_ptr self) {
     }
   }
   update_borrowed_cores(self);
+  st.step_sent_at = clock::now();
+  st.output_s += std::chrono::duration<double>(st.step_sent_at - stepped_at).count();
+  st.step_sent = true;
   // Yield to the mailbox between steps: new requests and aborts join the next iteration.
   self->send(self, step_atom::value);
 }

@@ -112,6 +112,12 @@ struct worker_state {
   uint64_t last_prefill = 0, last_decode = 0;
   std::chrono::steady_clock::time_point last_load_at = std::chrono::steady_clock::now();
   uint64_t last_step_unix_ms = 0;
+  /// Per-stage time of the step loop (docs/serving.md, "Where the serving path's time goes"): in
+  /// run_step after the engine's step (chunks to the router), and between a step and the next
+  /// (the step message waiting in the mailbox behind other messages).
+  double output_s = 0.0, between_s = 0.0;
+  std::chrono::steady_clock::time_point step_sent_at{};
+  bool step_sent = false;
 };
 
 using worker_ptr = caf::stateful_actor<worker_state>*;

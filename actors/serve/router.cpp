@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <map>
 
 #include "actors/serve/engine_worker.hpp"
 #include "actors/serve/router_state.hpp"
@@ -173,6 +174,16 @@ void update_gauges(router_ptr self) {
     m->set("weft_queue_depth", {{"level", std::to_string(i)}}, levels[i]);
 }
 
+/// A worker's step-loop seconds by stage: forward, sample, schedule (the rest of the engine's
+/// step), outputs, between.
+std::map<std::string, double> worker_stage_seconds(const worker_info& w) {
+  return {{"forward", w.forward_s},
+          {"sample", w.sample_s},
+          {"schedule", std::max(0.0, w.step_s - w.forward_s - w.sample_s)},
+          {"outputs", w.output_s},
+          {"between", w.between_s}};
+}
+
 void set_worker_gauges(metrics_registry& m, const worker_info& w) {
   const metric_labels l = {{"worker", w.name}};
   m.set("weft_kv_blocks_used", l, w.kv_used);
@@ -188,6 +199,9 @@ void set_worker_gauges(metrics_registry& m, const worker_info& w) {
   m.set_total("weft_cache_pool_bytes_in_total", l, static_cast<double>(w.pool_bytes_in));
   m.set_total("weft_migration_pool_tokens_total", l, static_cast<double>(w.resume_pool_tokens));
   m.set_total("weft_cache_prefix_waits_total", l, static_cast<double>(w.prefix_waits));
+  for (const auto& [stage, secs] : worker_stage_seconds(w)) {
+    m.set_total("weft_worker_seconds_total", {{"worker", w.name}, {"stage", stage}}, secs);
+  }
 }
 
 void on_worker_lost(router_ptr self, const std::string& name, const std::string& why) {
@@ -628,6 +642,11 @@ caf::behavior router(router_ptr self, router_config cfg) {
         w.prompt_tokens = load.getPromptTokens();
         w.pool_bytes_in = load.getPoolBytesIn();
         w.resume_pool_tokens = load.getResumePoolTokens();
+        w.step_s = load.getStepSeconds();
+        w.forward_s = load.getForwardSeconds();
+        w.sample_s = load.getSampleSeconds();
+        w.output_s = load.getOutputSeconds();
+        w.between_s = load.getBetweenSeconds();
         w.levels.clear();
         for (auto x : load.getQueueDepthPerLevel()) w.levels.push_back(x);
         // Only intervals with prefill work say something about the prefill rate.
@@ -712,6 +731,7 @@ caf::behavior router(router_ptr self, router_config cfg) {
                              {"kv_blocks_free", w.kv_free},
                              {"kv_blocks_total", w.kv_blocks_total},
                              {"steps", w.steps},
+                             {"stage_seconds", worker_stage_seconds(w)},
                              {"preemptions", w.preemptions},
                              {"prefill_tokens", w.prefill_tokens},
                              {"decode_tokens", w.decode_tokens},

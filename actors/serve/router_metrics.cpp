@@ -38,6 +38,11 @@ void declare_router_metrics(metrics_registry& m) {
   m.declare_gauge("weft_worker_swapped", "Sequences swapped to host memory, per worker");
   m.declare_counter("weft_worker_steps_total",
                     "Forward passes so far, per worker (current incarnation)", {});
+  m.declare_counter("weft_worker_seconds_total",
+                    "Seconds of a worker's step loop by stage (current incarnation): forward "
+                    "passes, sampling, the engine's scheduling and detokenizing (schedule), "
+                    "sending outputs (outputs), waiting for the next step's turn (between)",
+                    {});
   m.declare_gauge("weft_cache_segments", "Segments held, per prefix-cache shard");
   m.declare_counter("weft_worker_prompt_tokens_total",
                     "Prompt tokens admitted, per worker (current incarnation)", {});

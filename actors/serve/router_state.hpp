@@ -83,6 +83,8 @@ struct worker_info {
   uint64_t last_step_unix_ms = 0;
   uint64_t pool_hit_tokens = 0, prompt_tokens = 0, pool_bytes_in = 0;
   uint64_t resume_pool_tokens = 0;  ///< KV tokens of resumed sequences it took from the pool
+  /// Cumulative seconds of its step loop by stage (WorkerLoad.stepSeconds ...).
+  double step_s = 0.0, forward_s = 0.0, sample_s = 0.0, output_s = 0.0, between_s = 0.0;
   uint32_t block_size = 16;
   uint32_t segment_tokens = 0;                ///< the worker's pool segment size (0: no pool)
   cache::segment_key_config pool_key_config;  ///< how it hashes pool segment keys (empty: no pool)

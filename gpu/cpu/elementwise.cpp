@@ -5,6 +5,10 @@
 #include <cmath>
 #include <limits>
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
 #include "gpu/cpu/quant_dot.hpp"
 
 namespace weft::gpu::cpu {
@@ -162,6 +166,72 @@ double exp_sum_row(float* x, int64_t n, float max) {
   return ggml_simd_layout() == ggml_simd::avx512
              ? exp_sum_row_impl<16, exp_approx_avx512>(x, n, max)
              : exp_sum_row_impl<8, exp_approx_avx2>(x, n, max);
+}
+
+namespace {
+
+// exp_approx's constants: 2^n * e^b with n = round(x / ln 2), b = x - n ln 2 (ln 2 in two parts),
+// e^b by a degree-5 polynomial.
+constexpr float kRound = 0x1.8p23f, kLog2e = 0x1.715476p+0f, kLn2Hi = 0x1.62e4p-1f,
+                kLn2Lo = 0x1.7f7d1cp-20f, kP5 = 0x1.0e4020p-7f, kP4 = 0x1.573e2ep-5f,
+                kP3 = 0x1.555e66p-3f, kP2 = 0x1.fffdb6p-2f, kP1 = 0x1.ffffecp-1f;
+constexpr float kLowest = -87.0f;  // e^-87 ~ 1.6e-38: 2^n stays a normal float
+
+}  // namespace
+
+double exp_sum_below(const float* x, int64_t n, float max) {
+  int64_t i = 0;
+  double sum = 0.0;
+#if defined(__AVX512F__)
+  const __m512 vmax = _mm512_set1_ps(max), lo = _mm512_set1_ps(kLowest);
+  __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax), lo);
+    const __m512 z = _mm512_fmadd_ps(v, _mm512_set1_ps(kLog2e), _mm512_set1_ps(kRound));
+    const __m512 k = _mm512_sub_ps(z, _mm512_set1_ps(kRound));
+    const __m512 b =
+        _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Hi), v));
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 p = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(kP5), b, _mm512_set1_ps(kP4)), u,
+                        _mm512_fmadd_ps(_mm512_set1_ps(kP3), b, _mm512_set1_ps(kP2))),
+        u, _mm512_fmadd_ps(_mm512_set1_ps(kP1), b, _mm512_set1_ps(1.0f)));
+    const __m512i e =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+    const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(y)));
+    acc1 = _mm512_add_pd(
+        acc1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1))));
+  }
+  sum = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 vmax = _mm256_set1_ps(max), lo = _mm256_set1_ps(kLowest);
+  __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax), lo);
+    const __m256 z = _mm256_fmadd_ps(v, _mm256_set1_ps(kLog2e), _mm256_set1_ps(kRound));
+    const __m256 k = _mm256_sub_ps(z, _mm256_set1_ps(kRound));
+    const __m256 b =
+        _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Lo), _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Hi), v));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 p = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(kP5), b, _mm256_set1_ps(kP4)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(kP3), b, _mm256_set1_ps(kP2))),
+        u, _mm256_fmadd_ps(_mm256_set1_ps(kP1), b, _mm256_set1_ps(1.0f)));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(y)));
+    acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(acc0, acc1));
+  sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+#endif
+  for (; i < n; ++i) {
+    sum += std::exp(std::max(static_cast<double>(x[i]) - max, static_cast<double>(kLowest)));
+  }
+  return sum;
 }
 
 void softmax_row(float* x, int64_t n) {

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -26,6 +28,31 @@ TEST(sampler, greedy_is_argmax_and_logprobs_are_normalised) {
   double z = 0;
   for (float l : logits) z += std::exp(l);
   EXPECT_NEAR(r.logprob, 3.0 - std::log(z), 1e-5);
+}
+
+// A vocabulary-sized row (the vectorised normaliser's chunks and its scalar tail): log-probs
+// within 2e-6 of the C library's exp in double, masked (-inf) entries included.
+TEST(sampler, logprobs_of_a_large_vocabulary_match_double_precision) {
+  std::vector<float> big(49157);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (auto& l : big) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    l = static_cast<float>(static_cast<double>(x >> 11) * 0x1.0p-53 * 30.0 - 20.0);
+  }
+  big[7] = 14.5f;
+  big[100] = -std::numeric_limits<float>::infinity();
+  big[49156] = 9.0f;
+  double z = 0.0;
+  for (float l : big) z += std::exp(static_cast<double>(l) - 14.5);
+  const double log_z = std::log(z) + 14.5;
+  sampling_params p;
+  p.n_logprobs = 2;
+  sampler s(p);
+  const auto r = s.sample(big, {});
+  EXPECT_EQ(r.token, 7);
+  EXPECT_NEAR(r.logprob, 14.5 - log_z, 2e-6);
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_NEAR(r.top[1].logprob, static_cast<double>(big[r.top[1].token]) - log_z, 2e-6);
 }
 
 // Log-probs are of the raw logits unless tempered_logprobs asks for the sampling distribution's
