@@ -70,19 +70,16 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
     // Nothing is truncated: sample the tempered softmax in id order. (Ordering the whole
     // vocabulary first, as the truncating path below must, cost more than everything else the
     // sampler does: ~8 % of an RL step on a 49k vocabulary.)
-    const double inv_t = 1.0 / params_.temperature;
+    // The weights in float, vectorised (as the normaliser above), accumulated in double.
     const float top = *std::max_element(work_.begin(), work_.end());
     probs_.resize(static_cast<size_t>(n));
-    double total = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-      total += (probs_[static_cast<size_t>(i)] =
-                    std::exp(static_cast<double>(work_[static_cast<size_t>(i)] - top) * inv_t));
-    }
+    const double total =
+        cpu::exp_scaled_below(work_.data(), probs_.data(), n, top, 1.0f / params_.temperature);
     const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
     double acc = 0.0;
     chosen = static_cast<int32_t>(n - 1);
     for (int64_t i = 0; i < n; ++i) {
-      acc += probs_[static_cast<size_t>(i)];
+      acc += static_cast<double>(probs_[static_cast<size_t>(i)]);
       if (u < acc) {
         chosen = static_cast<int32_t>(i);
         break;
@@ -148,10 +145,10 @@ sample_result sampler::finish(sample_result res, std::span<const float> logits,
   double inv_t = 1.0;
   if (params_.tempered_logprobs && params_.temperature > 0.0f && params_.temperature != 1.0f) {
     inv_t = 1.0 / static_cast<double>(params_.temperature);
-    const double top = static_cast<double>(*std::max_element(logits.begin(), logits.end()));
-    double z = 0.0;
-    for (float l : logits) z += std::exp((static_cast<double>(l) - top) * inv_t);
-    log_z = std::log(z) + top * inv_t;
+    const float top = *std::max_element(logits.begin(), logits.end());
+    log_z =
+        std::log(cpu::exp_scaled_below(logits.data(), nullptr, n, top, static_cast<float>(inv_t))) +
+        static_cast<double>(top) * inv_t;
   }
   auto logprob = [&](int32_t t) {
     return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(t)]) * inv_t - log_z);

@@ -87,7 +87,7 @@ class sampler {
   std::mt19937_64 rng_;
   std::vector<float> work_;
   std::vector<int32_t> ids_;
-  std::vector<double> probs_;
+  std::vector<float> probs_;  ///< e^((l - max) / T) of the untruncated path
 };
 
 }  // namespace weft::gpu

@@ -179,14 +179,16 @@ constexpr float kLowest = -87.0f;  // e^-87 ~ 1.6e-38: 2^n stays a normal float
 
 }  // namespace
 
-double exp_sum_below(const float* x, int64_t n, float max) {
+double exp_scaled_below(const float* x, float* y, int64_t n, float max, float scale) {
   int64_t i = 0;
   double sum = 0.0;
 #if defined(__AVX512F__)
-  const __m512 vmax = _mm512_set1_ps(max), lo = _mm512_set1_ps(kLowest);
+  const __m512 vmax = _mm512_set1_ps(max), lo = _mm512_set1_ps(kLowest),
+               vscale = _mm512_set1_ps(scale);
   __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
   for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax), lo);
+    const __m512 v =
+        _mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax), vscale), lo);
     const __m512 z = _mm512_fmadd_ps(v, _mm512_set1_ps(kLog2e), _mm512_set1_ps(kRound));
     const __m512 k = _mm512_sub_ps(z, _mm512_set1_ps(kRound));
     const __m512 b =
@@ -198,17 +200,20 @@ double exp_sum_below(const float* x, int64_t n, float max) {
         u, _mm512_fmadd_ps(_mm512_set1_ps(kP1), b, _mm512_set1_ps(1.0f)));
     const __m512i e =
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-    const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-    acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(y)));
+    const __m512 r = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    if (y != nullptr) _mm512_storeu_ps(y + i, r);
+    acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(r)));
     acc1 = _mm512_add_pd(
-        acc1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1))));
+        acc1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r), 1))));
   }
   sum = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
 #elif defined(__AVX2__) && defined(__FMA__)
-  const __m256 vmax = _mm256_set1_ps(max), lo = _mm256_set1_ps(kLowest);
+  const __m256 vmax = _mm256_set1_ps(max), lo = _mm256_set1_ps(kLowest),
+               vscale = _mm256_set1_ps(scale);
   __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
   for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax), lo);
+    const __m256 v =
+        _mm256_max_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax), vscale), lo);
     const __m256 z = _mm256_fmadd_ps(v, _mm256_set1_ps(kLog2e), _mm256_set1_ps(kRound));
     const __m256 k = _mm256_sub_ps(z, _mm256_set1_ps(kRound));
     const __m256 b =
@@ -220,16 +225,20 @@ double exp_sum_below(const float* x, int64_t n, float max) {
         u, _mm256_fmadd_ps(_mm256_set1_ps(kP1), b, _mm256_set1_ps(1.0f)));
     const __m256i e =
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(y)));
-    acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1)));
+    const __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    if (y != nullptr) _mm256_storeu_ps(y + i, r);
+    acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(r)));
+    acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps(r, 1)));
   }
   alignas(32) double lanes[4];
   _mm256_store_pd(lanes, _mm256_add_pd(acc0, acc1));
   sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
 #endif
   for (; i < n; ++i) {
-    sum += std::exp(std::max(static_cast<double>(x[i]) - max, static_cast<double>(kLowest)));
+    const auto e = static_cast<float>(std::exp(
+        std::max((static_cast<double>(x[i]) - max) * scale, static_cast<double>(kLowest))));
+    if (y != nullptr) y[i] = e;
+    sum += static_cast<double>(e);
   }
   return sum;
 }

@@ -34,12 +34,16 @@ void softmax_row(float* x, int64_t n);
 /// the C library's expf for the tail. -inf entries (masked) become exactly 0.
 double exp_sum_row(float* x, int64_t n, float max);
 
-/// Σ e^(x[i] - max) over i < n in double, x unchanged, for x[i] <= max: a log-normaliser (the
-/// sampler's log-probabilities), not ggml's bits. Vectorised (AVX-512 or AVX2 where the build has
-/// them: exp_approx's reduction and polynomial in float, ~1.5 ulp, each term added in double);
-/// terms below e^-87 count as e^-87 (-inf and NaN entries included), which moves the sum by less
-/// than n * 1.7e-38. Elsewhere the C library's exp in double.
-double exp_sum_below(const float* x, int64_t n, float max);
+/// y[i] = e^((x[i] - max) * scale) for i < n (y may be null), returning Σ y[i] in double; for
+/// x[i] <= max and scale > 0: the sampler's normalisers and probabilities, not ggml's bits.
+/// Vectorised (AVX-512 or AVX2 where the build has them: exp_approx's reduction and polynomial in
+/// float, ~1.5 ulp, each term added in double); arguments below -87 count as -87 (-inf and NaN
+/// entries included: e^-87 ~ 1.6e-38). Elsewhere the C library's exp.
+double exp_scaled_below(const float* x, float* y, int64_t n, float max, float scale);
+/// Σ e^(x[i] - max) (exp_scaled_below without the values).
+inline double exp_sum_below(const float* x, int64_t n, float max) {
+  return exp_scaled_below(x, nullptr, n, max, 1.0f);
+}
 
 /// Dequantizes one row of `table` (f32, f16, q8_0, q4_0, q4_1, ...) into y.
 status get_row(const tensor_view& table, int64_t row, float* y);

@@ -53,6 +53,18 @@ TEST(sampler, logprobs_of_a_large_vocabulary_match_double_precision) {
   EXPECT_NEAR(r.logprob, 14.5 - log_z, 2e-6);
   ASSERT_EQ(r.top.size(), 2u);
   EXPECT_NEAR(r.top[1].logprob, static_cast<double>(big[r.top[1].token]) - log_z, 2e-6);
+  // Tempered (the RL behaviour policy at T = 0.7): the drawn token's log-probability under
+  // softmax(l / T), against double precision.
+  sampling_params t;
+  t.temperature = 0.7f;
+  t.tempered_logprobs = true;
+  t.seed = 3;
+  sampler ts(t);
+  const auto d = ts.sample(big, {});
+  double zt = 0.0;
+  for (float l : big) zt += std::exp((static_cast<double>(l) - 14.5) / 0.7f);
+  const double want = (static_cast<double>(big[d.token]) - 14.5) / 0.7f - std::log(zt);
+  EXPECT_NEAR(d.logprob, want, 4e-6);
 }
 
 // Log-probs are of the raw logits unless tempered_logprobs asks for the sampling distribution's
