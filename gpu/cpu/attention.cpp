@@ -5,7 +5,13 @@
 #include <limits>
 
 #if defined(__AVX512F__) && defined(__FMA__) && defined(__F16C__)
+// GCC 12's AVX-512 headers self-initialize the "undefined" source of some intrinsics, which its
+// own -Wuninitialized then flags wherever they are inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 #include "gpu/cpu/elementwise.hpp"
@@ -41,16 +47,29 @@ void row_offsets(const attention_batch& b, const int32_t* table, int64_t n_pos, 
 
 // Softmax of one query's scores (sc[p] for p < n_pos computed) into s.probs in llama.cpp's order:
 // -inf padding to n_kv (returned), probabilities rounded to fp16, zeros past n_pos.
+float row_max(const float* x, int64_t n) {
+  float max = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+#if defined(__AVX512F__) && defined(__FMA__) && defined(__F16C__)
+  __m512 m = _mm512_set1_ps(max);
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+  max = _mm512_reduce_max_ps(m);
+#endif
+  for (; i < n; ++i) max = std::max(max, x[i]);
+  return max;
+}
+
 int64_t softmax_probs(attention_scratch& s, float* sc, int64_t n_pos) {
   const int64_t n_kv = (n_pos + 31) / 32 * 32;
-  float max = -std::numeric_limits<float>::infinity();
-  for (int64_t p = 0; p < n_pos; ++p) max = std::max(max, sc[p]);
+  const float max = row_max(sc, n_pos);
   // Masked keys (the padding up to n_kv) are -inf, as in llama.cpp's KQ mask: exp gives 0.
   for (int64_t p = n_pos; p < n_kv; ++p) sc[p] = -std::numeric_limits<float>::infinity();
   const double sum = exp_sum_row(sc, n_kv, max);
   const float inv = static_cast<float>(1.0 / sum);
-  s.probs.assign(static_cast<size_t>(n_kv), 0);
-  for (int64_t p = 0; p < n_pos; ++p) s.probs[static_cast<size_t>(p)] = float_to_half(sc[p] * inv);
+  for (int64_t p = 0; p < n_pos; ++p) sc[p] *= inv;
+  s.probs.resize(static_cast<size_t>(n_kv));
+  float_to_half_row(sc, s.probs.data(), n_pos);
+  std::fill(s.probs.begin() + n_pos, s.probs.end(), uint16_t{0});
   return n_kv;
 }
 
@@ -84,8 +103,12 @@ constexpr int64_t attention_tile_tokens = 16;  // query tokens that share one pa
 // the keys transposed, [dim][16] as floats; `q` the fp16-rounded query as floats.
 void scores_16_keys(const float* kt, const float* q, int64_t hd, float scale, float* out) {
   __m512 a[16];
+#pragma GCC unroll 16
   for (auto& x : a) x = _mm512_setzero_ps();
   for (int64_t i = 0; i < hd; i += 16) {
+    // Fully unrolled so the 16 accumulators stay in registers (a loop over an array of them is
+    // compiled as loads and stores: one store-forwarding round trip per fma).
+#pragma GCC unroll 16
     for (int l = 0; l < 16; ++l) {
       a[l] = _mm512_fmadd_ps(_mm512_loadu_ps(kt + (i + l) * 16), _mm512_set1_ps(q[i + l]), a[l]);
     }
@@ -166,11 +189,13 @@ void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, 
     // 8 columns at a time: independent fma chains (each column's own order is unchanged).
     for (int64_t d0 = 0; d0 < hd; d0 += 8) {
       __m512 a[8];
+#pragma GCC unroll 8
       for (auto& x : a) x = _mm512_setzero_ps();
       const float* row = s.vt.data() + d0 * width;
       int64_t i = 0;
       for (; i < full; i += 16) {
         const __m512 pv = _mm512_loadu_ps(s.pf.data() + i);
+#pragma GCC unroll 8
         for (int c = 0; c < 8; ++c)
           a[c] = _mm512_fmadd_ps(_mm512_loadu_ps(row + c * width + i), pv, a[c]);
       }
@@ -178,6 +203,7 @@ void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, 
       for (; i < n_kv; i += 16) {
         const __mmask16 m = i < n_pos ? tail : 0;
         const __m512 pv = _mm512_loadu_ps(s.pf.data() + i);
+#pragma GCC unroll 8
         for (int c = 0; c < 8; ++c)
           a[c] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, row + c * width + i), pv, a[c]);
       }

@@ -6,7 +6,13 @@
 #include <limits>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// GCC 12's AVX-512 headers self-initialize the "undefined" source of some intrinsics, which its
+// own -Wuninitialized then flags wherever they are inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 #include "gpu/cpu/quant_dot.hpp"
@@ -145,6 +151,13 @@ float reduce8(const float* v) {
 
 namespace {
 
+// exp_approx's constants: 2^n * e^b with n = round(x / ln 2), b = x - n ln 2 (ln 2 in two parts),
+// e^b by a degree-5 polynomial.
+constexpr float kRound = 0x1.8p23f, kLog2e = 0x1.715476p+0f, kLn2Hi = 0x1.62e4p-1f,
+                kLn2Lo = 0x1.7f7d1cp-20f, kP5 = 0x1.0e4020p-7f, kP4 = 0x1.573e2ep-5f,
+                kP3 = 0x1.555e66p-3f, kP2 = 0x1.fffdb6p-2f, kP1 = 0x1.ffffecp-1f;
+constexpr float kLowest = -87.0f;  // e^-87 ~ 1.6e-38: 2^n stays a normal float
+
 template <int lanes, float (*exp_fn)(float)>
 double exp_sum_row_impl(float* x, int64_t n, float max) {
   double sum = 0.0;
@@ -160,24 +173,64 @@ double exp_sum_row_impl(float* x, int64_t n, float max) {
   return sum;
 }
 
+#if defined(__AVX512F__)
+// exp_sum_row_impl<16, exp_approx_avx512> in registers: the same reduction and polynomial per lane,
+// j * 2^n by scalef (correctly rounded, as exp_approx_avx512's multiply or ldexp), and each group
+// of 16 added in reduce16's tree before the double sum.
+double exp_sum_row_avx512(float* x, int64_t n, float max) {
+  double sum = 0.0;
+  int64_t i = 0;
+  const __m512 vmax = _mm512_set1_ps(max), round = _mm512_set1_ps(kRound);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_sub_ps(_mm512_loadu_ps(x + i), vmax);
+    const __m512 k = _mm512_sub_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(kLog2e), round), round);
+    const __m512 b =
+        _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Hi), v));
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(kP5), b, _mm512_set1_ps(kP4)), u,
+                        _mm512_fmadd_ps(_mm512_set1_ps(kP3), b, _mm512_set1_ps(kP2))),
+        u, _mm512_fmadd_ps(_mm512_set1_ps(kP1), b, _mm512_set1_ps(1.0f)));
+    __m512 r = _mm512_scalef_ps(j, k);
+    // |n| > 192 (never true for NaN): +inf above, 0 below.
+    const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(k), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
+    if (big != 0) {
+      const __mmask16 neg = _mm512_cmp_ps_mask(k, _mm512_setzero_ps(), _CMP_LE_OQ);
+      r = _mm512_mask_blend_ps(
+          big, r,
+          _mm512_mask_blend_ps(neg, _mm512_set1_ps(std::numeric_limits<float>::infinity()),
+                               _mm512_setzero_ps()));
+    }
+    _mm512_storeu_ps(x + i, r);
+    const __m256 t8 = _mm256_add_ps(_mm512_extractf32x8_ps(r, 1), _mm512_castps512_ps256(r));
+    const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+    const __m128 t2 = _mm_add_ps(_mm_movehl_ps(t4, t4), t4);  // t4[0] + t4[2], t4[1] + t4[3]
+    sum += static_cast<double>(_mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2))));
+  }
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);  // ggml's scalar tail uses the C library's expf.
+    sum += static_cast<double>(x[i]);
+  }
+  return sum;
+}
+#endif
+
 }  // namespace
 
 double exp_sum_row(float* x, int64_t n, float max) {
+#if defined(__AVX512F__)
+  if (ggml_simd_layout() == ggml_simd::avx512) return exp_sum_row_avx512(x, n, max);
+#endif
   return ggml_simd_layout() == ggml_simd::avx512
              ? exp_sum_row_impl<16, exp_approx_avx512>(x, n, max)
              : exp_sum_row_impl<8, exp_approx_avx2>(x, n, max);
 }
 
-namespace {
-
-// exp_approx's constants: 2^n * e^b with n = round(x / ln 2), b = x - n ln 2 (ln 2 in two parts),
-// e^b by a degree-5 polynomial.
-constexpr float kRound = 0x1.8p23f, kLog2e = 0x1.715476p+0f, kLn2Hi = 0x1.62e4p-1f,
-                kLn2Lo = 0x1.7f7d1cp-20f, kP5 = 0x1.0e4020p-7f, kP4 = 0x1.573e2ep-5f,
-                kP3 = 0x1.555e66p-3f, kP2 = 0x1.fffdb6p-2f, kP1 = 0x1.ffffecp-1f;
-constexpr float kLowest = -87.0f;  // e^-87 ~ 1.6e-38: 2^n stays a normal float
-
-}  // namespace
+double exp_sum_row_scalar(float* x, int64_t n, float max) {
+  return ggml_simd_layout() == ggml_simd::avx512
+             ? exp_sum_row_impl<16, exp_approx_avx512>(x, n, max)
+             : exp_sum_row_impl<8, exp_approx_avx2>(x, n, max);
+}
 
 double exp_scaled_below(const float* x, float* y, int64_t n, float max, float scale) {
   int64_t i = 0;

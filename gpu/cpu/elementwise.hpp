@@ -33,6 +33,9 @@ void softmax_row(float* x, int64_t n);
 /// it in the active ggml SIMD layout: the vector `exp` and a horizontal add per 8 or 16 elements,
 /// the C library's expf for the tail. -inf entries (masked) become exactly 0.
 double exp_sum_row(float* x, int64_t n, float max);
+/// exp_sum_row one element at a time (exp_approx per element): the reference the vectorised
+/// AVX-512 path is tested against bit for bit.
+double exp_sum_row_scalar(float* x, int64_t n, float max);
 
 /// y[i] = e^((x[i] - max) * scale) for i < n (y may be null), returning Σ y[i] in double; for
 /// x[i] <= max and scale > 0: the sampler's normalisers and probabilities, not ggml's bits.

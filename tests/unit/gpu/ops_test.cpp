@@ -262,6 +262,26 @@ TEST_P(simd_layouts, exp_and_softmax_match_libm) {
   for (int i = 11; i < 32; ++i) EXPECT_EQ(row[i], 0.0f);
 }
 
+// The vectorised softmax exponent (AVX-512 builds) gives exp_sum_row_scalar's bits: every value
+// and the sum, over scores spanning the normal, subnormal and underflow ranges, -inf padding and a
+// tail past the last full group of lanes.
+TEST_P(simd_layouts, exp_sum_row_is_the_scalar_computation) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> wide(-140.0f, 0.5f), narrow(-12.0f, 0.0f);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int64_t n = 16 * (1 + trial % 9) + (trial % 3 == 0 ? 7 : 0);
+    std::vector<float> row(static_cast<size_t>(n));
+    for (auto& v : row) v = trial % 2 == 0 ? wide(rng) : narrow(rng);
+    for (int64_t i = n - 1; i >= n - trial % 20 && i >= 0; --i)
+      row[static_cast<size_t>(i)] = -std::numeric_limits<float>::infinity();
+    auto a = row, b = row;
+    const double sa = exp_sum_row(a.data(), n, 0.25f);
+    const double sb = exp_sum_row_scalar(b.data(), n, 0.25f);
+    EXPECT_EQ(std::memcmp(&sa, &sb, sizeof sa), 0) << trial << ": " << sa << " vs " << sb;
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<size_t>(n)), 0) << trial;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(layouts, simd_layouts,
                          ::testing::Values(ggml_simd::avx2, ggml_simd::avx512),
                          [](const auto& info) { return std::string{ggml_simd_name(info.param)}; });
