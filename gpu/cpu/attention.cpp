@@ -101,7 +101,8 @@ constexpr int64_t attention_tile_tokens = 16;  // query tokens that share one pa
 // per-key operations in the same order (lane l of the accumulators takes dims l, l + 16, ... by
 // fma; then hi + lo, then reduce8's tree), so every score has dot_f16_gemm's bits. `kt` holds
 // the keys transposed, [dim][16] as floats; `q` the fp16-rounded query as floats.
-void scores_16_keys(const float* kt, const float* q, int64_t hd, float scale, float* out) {
+[[gnu::always_inline]] inline void scores_16_keys(const float* kt, const float* q, int64_t hd,
+                                                  float scale, float* out) {
   __m512 a[16];
 #pragma GCC unroll 16
   for (auto& x : a) x = _mm512_setzero_ps();
@@ -114,17 +115,111 @@ void scores_16_keys(const float* kt, const float* q, int64_t hd, float scale, fl
     }
   }
   __m512 t8[8], t4[4];
+#pragma GCC unroll 8
   for (int l = 0; l < 8; ++l) t8[l] = _mm512_add_ps(a[8 + l], a[l]);
+#pragma GCC unroll 4
   for (int l = 0; l < 4; ++l) t4[l] = _mm512_add_ps(t8[4 + l], t8[l]);
   const __m512 r = _mm512_add_ps(_mm512_add_ps(t4[0], t4[2]), _mm512_add_ps(t4[1], t4[3]));
   _mm512_storeu_ps(out, _mm512_mul_ps(r, _mm512_set1_ps(scale)));
 }
 
-// Up to attention_tile_tokens consecutive prefill tokens [t0, t1) of one sequence and every query
-// head of kv head g: each block of 16 keys is converted and transposed once and scored against all
-// of their queries (the per-query path reads every key once per query and head).
+// Keys and values of sequence `seq`, kv head g, as floats for positions [0, n_needed) (whole blocks
+// of 16; positions past the sequence's last one in the batch, `last`, are zeros).
+const attention_scratch::converted_head& converted(const attention_batch& b, attention_scratch& s,
+                                                   int32_t seq, int64_t g, int64_t n_needed,
+                                                   int64_t last) {
+  const int64_t hd = b.head_dim;
+  auto& c = s.heads[static_cast<size_t>(g)];
+  if (c.seq != seq || c.last != last) {
+    c.seq = seq;
+    c.last = last;
+    c.n = 0;
+    c.stride = (last + 1 + 31) / 32 * 32;
+    row_offsets(b, b.block_table + b.seq_block_offset[seq], last + 1, g, c.offsets);
+    c.kt.resize(static_cast<size_t>(c.stride * hd));
+    c.vt.resize(static_cast<size_t>(c.stride * hd));
+  }
+  s.row.resize(static_cast<size_t>(hd));
+  for (; c.n < n_needed; c.n += 16) {
+    float* kt = c.kt.data() + c.n * hd;
+    for (int64_t j = 0; j < 16; ++j) {
+      const int64_t p = c.n + j;
+      if (p <= last) {
+        half_to_float_row(b.k_cache + c.offsets[static_cast<size_t>(p)], s.row.data(), hd);
+      } else {
+        std::fill(s.row.begin(), s.row.end(), 0.0f);
+      }
+      for (int64_t d = 0; d < hd; ++d) kt[d * 16 + j] = s.row[static_cast<size_t>(d)];
+      if (p <= last) {
+        half_to_float_row(b.v_cache + c.offsets[static_cast<size_t>(p)], s.row.data(), hd);
+      } else {
+        std::fill(s.row.begin(), s.row.end(), 0.0f);
+      }
+      for (int64_t d = 0; d < hd; ++d) c.vt[static_cast<size_t>(d * c.stride + p)] = s.row[d];
+    }
+  }
+  return c;
+}
+
+// The probability-weighted sum of the values for NQ queries of one token (n_pos keys each), every
+// output column a 16-lane dot over positions (lane l takes positions l, l + 16, ...; then hi + lo
+// and reduce8's tree): column_fma's slot layout and order. 8 columns x NQ queries in flight, each
+// value load serving all NQ queries.
+template <int NQ>
+void weight_values(const float* vt, int64_t stride, const float* pf, int64_t pf_stride,
+                   int64_t n_pos, int64_t n_kv, int64_t hd, float* const* out) {
+  const int64_t full = n_pos / 16 * 16;
+  const auto tail = static_cast<__mmask16>((1u << (n_pos % 16)) - 1);
+  for (int64_t d0 = 0; d0 < hd; d0 += 8) {
+    __m512 a[NQ][8];
+#pragma GCC unroll 4
+    for (int q = 0; q < NQ; ++q) {
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) a[q][c] = _mm512_setzero_ps();
+    }
+    const float* row = vt + d0 * stride;
+    int64_t i = 0;
+    for (; i < full; i += 16) {
+      __m512 pv[NQ];
+#pragma GCC unroll 4
+      for (int q = 0; q < NQ; ++q) pv[q] = _mm512_loadu_ps(pf + q * pf_stride + i);
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m512 v = _mm512_loadu_ps(row + c * stride + i);
+#pragma GCC unroll 4
+        for (int q = 0; q < NQ; ++q) a[q][c] = _mm512_fmadd_ps(v, pv[q], a[q][c]);
+      }
+    }
+    // Positions at or past n_pos are llama.cpp's zero padding rows: fma(+0, p, a).
+    for (; i < n_kv; i += 16) {
+      const __mmask16 m = i < n_pos ? tail : 0;
+      __m512 pv[NQ];
+#pragma GCC unroll 4
+      for (int q = 0; q < NQ; ++q) pv[q] = _mm512_loadu_ps(pf + q * pf_stride + i);
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m512 v = _mm512_maskz_loadu_ps(m, row + c * stride + i);
+#pragma GCC unroll 4
+        for (int q = 0; q < NQ; ++q) a[q][c] = _mm512_fmadd_ps(v, pv[q], a[q][c]);
+      }
+    }
+    for (int q = 0; q < NQ; ++q) {
+      for (int c = 0; c < 8; ++c) {
+        alignas(64) float v[16];
+        _mm512_store_ps(v, a[q][c]);
+        float t8[8];
+        for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+        out[q][d0 + c] = reduce8(t8);
+      }
+    }
+  }
+}
+
+// Up to attention_tile_tokens consecutive prefill tokens [t0, t1) of one sequence (whose last
+// token in the batch is at position `last`) and every query head of kv head g: each block of 16
+// keys is scored against all of their queries, from keys and values converted once per call.
 void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, int64_t t1,
-                    int64_t g) {
+                    int64_t g, int64_t last) {
   const int64_t group = b.n_heads / b.n_kv_heads;
   const int64_t hd = b.head_dim;
   const int64_t q_stride = b.n_heads * hd;
@@ -132,7 +227,7 @@ void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, 
   const int64_t n_max = static_cast<int64_t>(b.token_pos[t1 - 1]) + 1;
   const int64_t width = (n_max + 31) / 32 * 32;  // covers every query's n_kv and 16-key blocks
   const int64_t n_q = (t1 - t0) * group;
-  set_rows(b, s, seq, n_max, g);
+  const auto& c = converted(b, s, seq, g, n_max, last);
   s.tile_scores.resize(static_cast<size_t>(n_q * width));
   s.tile_q.resize(static_cast<size_t>(n_q * hd));
   s.q.resize(static_cast<size_t>(hd));
@@ -143,76 +238,36 @@ void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, 
       half_to_float_row(s.q.data(), s.tile_q.data() + ((t - t0) * group + k) * hd, hd);
     }
   }
-  s.kt.resize(static_cast<size_t>(hd * 16));
-  s.row.resize(static_cast<size_t>(hd));
-  // V transposed once for the tile ([dim][position] floats, written 16 positions at a time): each
-  // output column is then one contiguous 16-lane dot over positions (lane l takes positions l,
-  // l + 16, ...), column_fma's slot layout and order without its per-row accumulator traffic.
-  s.vt.resize(static_cast<size_t>(hd * width));
-  s.vblock.resize(static_cast<size_t>(hd * 16));
   for (int64_t p0 = 0; p0 < n_max; p0 += 16) {
-    float* vb = s.vblock.data();
-    for (int64_t j = 0; j < 16; ++j) {
-      if (p0 + j < n_max) {
-        half_to_float_row(b.k_cache + s.offsets[static_cast<size_t>(p0 + j)], s.row.data(), hd);
-      } else {
-        std::fill(s.row.begin(), s.row.end(), 0.0f);
-      }
-      for (int64_t d = 0; d < hd; ++d) s.kt[static_cast<size_t>(d * 16 + j)] = s.row[d];
-      if (p0 + j < n_max) {
-        half_to_float_row(s.v_rows[static_cast<size_t>(p0 + j)], s.row.data(), hd);
-      } else {
-        std::fill(s.row.begin(), s.row.end(), 0.0f);
-      }
-      for (int64_t d = 0; d < hd; ++d) vb[d * 16 + j] = s.row[d];
-    }
-    for (int64_t d = 0; d < hd; ++d)
-      std::copy(vb + d * 16, vb + d * 16 + 16, s.vt.data() + d * width + p0);
+    const float* kt = c.kt.data() + p0 * hd;
     for (int64_t qi = 0; qi < n_q; ++qi) {
-      // A token's later keys are computed too (same block) and masked by softmax_and_values.
+      // A token's later keys are computed too (same block) and masked by the softmax.
       const int64_t t = t0 + qi / group;
       if (p0 > b.token_pos[t]) continue;
-      scores_16_keys(s.kt.data(), s.tile_q.data() + qi * hd, hd, b.scale,
+      scores_16_keys(kt, s.tile_q.data() + qi * hd, hd, b.scale,
                      s.tile_scores.data() + qi * width + p0);
     }
   }
-  s.pf.resize(static_cast<size_t>(width));
-  for (int64_t qi = 0; qi < n_q; ++qi) {
-    const int64_t t = t0 + qi / group;
-    const int64_t h = g * group + qi % group;
+  s.pf.resize(static_cast<size_t>(3 * width));
+  for (int64_t t = t0; t < t1; ++t) {
     const int64_t n_pos = static_cast<int64_t>(b.token_pos[t]) + 1;
-    const int64_t n_kv = softmax_probs(s, s.tile_scores.data() + qi * width, n_pos);
-    half_to_float_row(s.probs.data(), s.pf.data(), n_kv);
-    float* out = b.out + t * q_stride + h * hd;
-    const int64_t full = n_pos / 16 * 16;
-    const auto tail = static_cast<__mmask16>((1u << (n_pos % 16)) - 1);
-    // 8 columns at a time: independent fma chains (each column's own order is unchanged).
-    for (int64_t d0 = 0; d0 < hd; d0 += 8) {
-      __m512 a[8];
-#pragma GCC unroll 8
-      for (auto& x : a) x = _mm512_setzero_ps();
-      const float* row = s.vt.data() + d0 * width;
-      int64_t i = 0;
-      for (; i < full; i += 16) {
-        const __m512 pv = _mm512_loadu_ps(s.pf.data() + i);
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c)
-          a[c] = _mm512_fmadd_ps(_mm512_loadu_ps(row + c * width + i), pv, a[c]);
+    // The token's query heads, up to three at a time (they share n_pos and every value load).
+    for (int64_t k0 = 0; k0 < group; k0 += 3) {
+      const int nq = static_cast<int>(std::min<int64_t>(3, group - k0));
+      float* out[3] = {};
+      int64_t n_kv = 0;
+      for (int q = 0; q < nq; ++q) {
+        const int64_t qi = (t - t0) * group + k0 + q;
+        n_kv = softmax_probs(s, s.tile_scores.data() + qi * width, n_pos);
+        half_to_float_row(s.probs.data(), s.pf.data() + q * width, n_kv);
+        out[q] = b.out + t * q_stride + (g * group + k0 + q) * hd;
       }
-      // Positions at or past n_pos are llama.cpp's zero padding rows: fma(+0, p, a).
-      for (; i < n_kv; i += 16) {
-        const __mmask16 m = i < n_pos ? tail : 0;
-        const __m512 pv = _mm512_loadu_ps(s.pf.data() + i);
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c)
-          a[c] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, row + c * width + i), pv, a[c]);
-      }
-      for (int c = 0; c < 8; ++c) {
-        alignas(64) float v[16];
-        _mm512_store_ps(v, a[c]);
-        float t8[8];
-        for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
-        out[d0 + c] = reduce8(t8);
+      if (nq == 3) {
+        weight_values<3>(c.vt.data(), c.stride, s.pf.data(), width, n_pos, n_kv, hd, out);
+      } else if (nq == 2) {
+        weight_values<2>(c.vt.data(), c.stride, s.pf.data(), width, n_pos, n_kv, hd, out);
+      } else {
+        weight_values<1>(c.vt.data(), c.stride, s.pf.data(), width, n_pos, n_kv, hd, out);
       }
     }
   }
@@ -220,7 +275,8 @@ void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, 
 #else
 constexpr bool tiled_kernel_built = false;
 constexpr int64_t attention_tile_tokens = 1;
-void attention_tile(const attention_batch&, attention_scratch&, int64_t, int64_t, int64_t) {}
+void attention_tile(const attention_batch&, attention_scratch&, int64_t, int64_t, int64_t,
+                    int64_t) {}
 #endif
 
 // One (token, query head) pair, every key read for it alone.
@@ -271,14 +327,22 @@ void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t fir
   const bool tiled = tiled_kernel_built && lanes == 16;
   int64_t item = 0;
   int64_t rows_t = -1, rows_g = -1;
+  // Converted keys and values are this call's (this layer's) only.
+  s.heads.resize(static_cast<size_t>(b.n_kv_heads));
+  for (auto& c : s.heads) c.seq = -1;
+  int64_t seq_end = 0;  // one past the current tiled sequence's last token in the batch
   for (int64_t t = 0; t < b.n_tokens;) {
     const int32_t seq = b.token_seq[t];
     const bool gemm = gemm_seq(seq);
     if (tiled && gemm) {
-      int64_t t1 = t + 1;
-      while (t1 < b.n_tokens && t1 - t < attention_tile_tokens && b.token_seq[t1] == seq) ++t1;
+      if (seq_end <= t) {
+        seq_end = t + 1;
+        while (seq_end < b.n_tokens && b.token_seq[seq_end] == seq) ++seq_end;
+      }
+      const int64_t t1 = std::min(t + attention_tile_tokens, seq_end);
+      const int64_t last = b.token_pos[seq_end - 1];
       for (int64_t g = 0; g < b.n_kv_heads; ++g, ++item) {
-        if ((item - first) % stride == 0 && item >= first) attention_tile(b, s, t, t1, g);
+        if ((item - first) % stride == 0 && item >= first) attention_tile(b, s, t, t1, g, last);
       }
       t = t1;
       continue;

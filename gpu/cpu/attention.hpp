@@ -23,15 +23,28 @@ struct attention_scratch {
   std::vector<float> acc;               ///< dot_f16_columns accumulators
   std::vector<uint16_t> q;
   // The tiled prefill kernel: a tile's scores [query][key], its queries as floats [query][dim],
-  // 16 keys transposed [dim][16], one converted key row.
-  std::vector<float> tile_scores, tile_q, kt, row, vt, vblock, pf;
+  // one converted cache row, the probabilities of up to 3 queries as floats.
+  std::vector<float> tile_scores, tile_q, row, pf;
+  /// One kv head's keys and values of one sequence as floats, converted once per attention call
+  /// for all of this thread's tiles: keys in blocks of 16 transposed ([block][dim][16]), values
+  /// transposed ([dim][position], row stride `stride`); positions [0, n) are done.
+  struct converted_head {
+    int32_t seq = -1;
+    int64_t last = -1;  ///< the sequence's last position in the batch (sizes the buffers)
+    int64_t n = 0;
+    int64_t stride = 0;
+    std::vector<int64_t> offsets;
+    std::vector<float> kt, vt;
+  };
+  std::vector<converted_head> heads;
 };
 
 /// Runs work items first, first + stride, ... of `batch` (first = thread index, stride = thread
 /// count). An item is one (token, query head) pair, or — for prefill tokens (GEMM numerics) with
-/// the AVX-512 layout — up to 8 consecutive tokens of a sequence with every query head of one kv
-/// head, which convert and transpose each block of 16 keys once for all their queries. Both give
-/// the same bits (per-key dot products in ggml's order).
+/// the AVX-512 layout — up to 16 consecutive tokens of a sequence with every query head of one kv
+/// head, which read keys and values converted to floats once per call (per thread) and score each
+/// block of 16 keys for all their queries. Both give the same bits (per-key dot products in
+/// ggml's order).
 void attention_tasks(const attention_batch& batch, attention_scratch& scratch, int64_t first,
                      int64_t stride);
 

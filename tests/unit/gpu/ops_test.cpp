@@ -496,6 +496,95 @@ TEST(attention, paged_gqa_matches_reference) {
   }
 }
 
+// Prefill attention is batch invariant bit for bit: a token's output does not depend on how its
+// sequence's prompt is chunked, on the other sequences in the batch, on the tile a token lands in
+// or on the thread (scratch) that ran it — scratch is reused across calls, as the engine's is.
+// Query groups of 3 and 4 heads per kv head (the tiled kernel takes up to 3 at a time).
+TEST(attention, prefill_is_bit_identical_however_the_prompt_is_chunked) {
+  for (const int64_t n_heads : {9, 12}) {
+    const int64_t n_kv = 3, hd = 64, bs = 16, n_blocks = 12;
+    const size_t row = static_cast<size_t>(n_kv * hd);
+    std::vector<uint16_t> kc(static_cast<size_t>(n_blocks * bs) * row), vc(kc.size());
+    auto kf = random_floats(kc.size(), 41);
+    auto vf = random_floats(vc.size(), 42);
+    for (size_t i = 0; i < kc.size(); ++i) {
+      kc[i] = fp32_to_fp16(kf[i]);
+      vc[i] = fp32_to_fp16(vf[i]);
+    }
+    // Sequence 0: 70 positions in blocks 9, 2, 7, 4, 11; sequence 1: 45 in blocks 0, 5, 10.
+    const std::vector<int32_t> table = {9, 2, 7, 4, 11, 0, 5, 10};
+    const std::vector<int32_t> offsets = {0, 5};
+    const std::vector<int64_t> lengths = {70, 45};
+    const auto q = random_floats(static_cast<size_t>(115 * n_heads * hd), 43);
+    const size_t q_row = static_cast<size_t>(n_heads * hd);
+    // Output of (sequence, position): row seq * 70 + pos.
+    auto run = [&](const std::vector<std::vector<std::pair<int64_t, int64_t>>>& batches,
+                   std::vector<attention_scratch>& scratch, bool reference) {
+      std::vector<float> result(2 * 70 * q_row, 0.0f);
+      for (const auto& parts : batches) {
+        std::vector<int32_t> tok_seq, tok_pos, seq_n(2, 0);
+        std::vector<float> qb;
+        for (size_t sq = 0; sq < parts.size(); ++sq) {
+          for (int64_t p = parts[sq].first; p < parts[sq].second; ++p) {
+            tok_seq.push_back(static_cast<int32_t>(sq));
+            tok_pos.push_back(static_cast<int32_t>(p));
+            const size_t src = (sq == 0 ? 0 : 70) + static_cast<size_t>(p);
+            qb.insert(qb.end(), q.begin() + static_cast<std::ptrdiff_t>(src * q_row),
+                      q.begin() + static_cast<std::ptrdiff_t>((src + 1) * q_row));
+          }
+          seq_n[sq] = static_cast<int32_t>(parts[sq].second - parts[sq].first);
+        }
+        std::vector<float> out(qb.size());
+        attention_batch b;
+        b.q = qb.data();
+        b.out = out.data();
+        b.k_cache = kc.data();
+        b.v_cache = vc.data();
+        b.token_seq = tok_seq.data();
+        b.token_pos = tok_pos.data();
+        b.block_table = table.data();
+        b.seq_block_offset = offsets.data();
+        b.seq_n_tokens = seq_n.data();
+        b.n_tokens = static_cast<int64_t>(tok_seq.size());
+        b.n_heads = n_heads;
+        b.n_kv_heads = n_kv;
+        b.head_dim = hd;
+        b.block_size = bs;
+        b.scale = 1.0f / std::sqrt(float(hd));
+        if (reference) {
+          attention_reference(b);
+        } else {
+          const auto n = static_cast<int64_t>(scratch.size());
+          for (int64_t i = 0; i < n; ++i) attention_tasks(b, scratch[static_cast<size_t>(i)], i, n);
+        }
+        for (size_t t = 0; t < tok_seq.size(); ++t) {
+          const size_t dst = static_cast<size_t>(tok_seq[t] * 70 + tok_pos[t]);
+          std::copy_n(out.begin() + static_cast<std::ptrdiff_t>(t * q_row), q_row,
+                      result.begin() + static_cast<std::ptrdiff_t>(dst * q_row));
+        }
+      }
+      return result;
+    };
+    std::vector<attention_scratch> two(2), three(3);
+    const auto whole = run({{{0, 70}, {0, 45}}}, two, false);
+    const auto chunked =
+        run({{{0, 23}, {0, 2}}, {{23, 50}, {2, 45}}, {{50, 70}, {45, 45}}}, three, false);
+    const auto alone = run({{{0, 37}, {0, 0}}, {{37, 70}, {0, 0}}, {{0, 0}, {0, 45}}}, two, false);
+    const auto ref = run({{{0, 70}, {0, 45}}}, two, true);
+    for (int sq = 0; sq < 2; ++sq) {
+      for (int64_t p = 0; p < lengths[static_cast<size_t>(sq)]; ++p) {
+        const size_t at = static_cast<size_t>(sq * 70 + p) * q_row;
+        EXPECT_EQ(std::memcmp(whole.data() + at, chunked.data() + at, q_row * sizeof(float)), 0)
+            << n_heads << " heads, sequence " << sq << " position " << p;
+        EXPECT_EQ(std::memcmp(whole.data() + at, alone.data() + at, q_row * sizeof(float)), 0)
+            << n_heads << " heads, sequence " << sq << " position " << p;
+        for (size_t i = 0; i < q_row; ++i)
+          ASSERT_NEAR(whole[at + i], ref[at + i], 2e-3) << sq << " " << p << " " << i;
+      }
+    }
+  }
+}
+
 TEST(thread_pool, runs_every_index_once_and_spins_safely) {
   thread_pool pool(3);
   std::vector<std::atomic<int>> hits(3);
