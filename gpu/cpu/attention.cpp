@@ -123,6 +123,25 @@ constexpr int64_t attention_tile_tokens = 16;  // query tokens that share one pa
   _mm512_storeu_ps(out, _mm512_mul_ps(r, _mm512_set1_ps(scale)));
 }
 
+// softmax_probs for the tiled kernel, in one pass after the exponentials: the fp16-rounded
+// probabilities as floats into pf[0, n_kv) (zeros from n_pos), same bits as softmax_probs followed
+// by half_to_float_row.
+int64_t softmax_probs_f32(float* sc, int64_t n_pos, float* pf) {
+  const int64_t n_kv = (n_pos + 31) / 32 * 32;
+  const float max = row_max(sc, n_pos);
+  for (int64_t p = n_pos; p < n_kv; ++p) sc[p] = -std::numeric_limits<float>::infinity();
+  const double sum = exp_sum_row(sc, n_kv, max);
+  const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / sum));
+  for (int64_t p = 0; p < n_kv; p += 16) {
+    const int64_t left = n_pos - p;
+    const auto m = static_cast<__mmask16>(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sc + p), inv);
+    const __m512 r = _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    _mm512_storeu_ps(pf + p, r);
+  }
+  return n_kv;
+}
+
 // Keys and values of sequence `seq`, kv head g, as floats for positions [0, n_needed) (whole blocks
 // of 16; positions past the sequence's last one in the batch, `last`, are zeros).
 const attention_scratch::converted_head& converted(const attention_batch& b, attention_scratch& s,
@@ -258,8 +277,7 @@ void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, 
       int64_t n_kv = 0;
       for (int q = 0; q < nq; ++q) {
         const int64_t qi = (t - t0) * group + k0 + q;
-        n_kv = softmax_probs(s, s.tile_scores.data() + qi * width, n_pos);
-        half_to_float_row(s.probs.data(), s.pf.data() + q * width, n_kv);
+        n_kv = softmax_probs_f32(s.tile_scores.data() + qi * width, n_pos, s.pf.data() + q * width);
         out[q] = b.out + t * q_stride + (g * group + k0 + q) * hd;
       }
       if (nq == 3) {
