@@ -123,6 +123,66 @@ constexpr int64_t attention_tile_tokens = 16;  // query tokens that share one pa
   _mm512_storeu_ps(out, _mm512_mul_ps(r, _mm512_set1_ps(scale)));
 }
 
+// scores_16_keys for queries [0, n_q) (rows of `q`, hd = 16 * NC) against one block of 16 keys,
+// with every operation of it in the same order: the accumulators of lanes l and l + 8 take their
+// fma chains over the NC dim groups, and their sum (the tree's first level) goes to `t8`; the rest
+// of the tree follows per query. The 2 * NC key rows of a lane pair stay in registers for all the
+// queries, which then cost one broadcast per fma instead of a broadcast and a key load.
+template <int NC, int QB>
+void scores_block(const float* kt, const float* q, int64_t n_q, float scale, float* out,
+                  int64_t out_stride, float* t8) {
+  constexpr int64_t hd = 16 * NC;
+  for (int l = 0; l < 8; ++l) {
+    __m512 k0[NC], k1[NC];
+#pragma GCC unroll 8
+    for (int i = 0; i < NC; ++i) {
+      k0[i] = _mm512_loadu_ps(kt + (i * 16 + l) * 16);
+      k1[i] = _mm512_loadu_ps(kt + (i * 16 + l + 8) * 16);
+    }
+    int64_t qi = 0;
+    for (; qi + QB <= n_q; qi += QB) {
+      __m512 a[QB], b[QB];
+#pragma GCC unroll 4
+      for (int j = 0; j < QB; ++j) {
+        a[j] = _mm512_setzero_ps();
+        b[j] = _mm512_setzero_ps();
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < NC; ++i) {
+#pragma GCC unroll 4
+        for (int j = 0; j < QB; ++j) {
+          const float* qj = q + (qi + j) * hd + i * 16;
+          a[j] = _mm512_fmadd_ps(k0[i], _mm512_set1_ps(qj[l]), a[j]);
+          b[j] = _mm512_fmadd_ps(k1[i], _mm512_set1_ps(qj[l + 8]), b[j]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < QB; ++j)
+        _mm512_storeu_ps(t8 + ((qi + j) * 8 + l) * 16, _mm512_add_ps(b[j], a[j]));
+    }
+    for (; qi < n_q; ++qi) {
+      __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+#pragma GCC unroll 8
+      for (int i = 0; i < NC; ++i) {
+        const float* qj = q + qi * hd + i * 16;
+        a = _mm512_fmadd_ps(k0[i], _mm512_set1_ps(qj[l]), a);
+        b = _mm512_fmadd_ps(k1[i], _mm512_set1_ps(qj[l + 8]), b);
+      }
+      _mm512_storeu_ps(t8 + (qi * 8 + l) * 16, _mm512_add_ps(b, a));
+    }
+  }
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t qi = 0; qi < n_q; ++qi) {
+    const float* t = t8 + qi * 8 * 16;
+    __m512 t4[4];
+#pragma GCC unroll 4
+    for (int l = 0; l < 4; ++l)
+      t4[l] = _mm512_add_ps(_mm512_loadu_ps(t + (4 + l) * 16), _mm512_loadu_ps(t + l * 16));
+    const __m512 r = _mm512_add_ps(_mm512_add_ps(t4[0], t4[2]), _mm512_add_ps(t4[1], t4[3]));
+    _mm512_storeu_ps(out + qi * out_stride, _mm512_mul_ps(r, vscale));
+  }
+}
+
 // softmax_probs for the tiled kernel, in one pass after the exponentials: the fp16-rounded
 // probabilities as floats into pf[0, n_kv) (zeros from n_pos), same bits as softmax_probs followed
 // by half_to_float_row.
@@ -257,14 +317,23 @@ void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, 
       half_to_float_row(s.q.data(), s.tile_q.data() + ((t - t0) * group + k) * hd, hd);
     }
   }
+  s.t8.resize(static_cast<size_t>(n_q * 8 * 16));
   for (int64_t p0 = 0; p0 < n_max; p0 += 16) {
     const float* kt = c.kt.data() + p0 * hd;
-    for (int64_t qi = 0; qi < n_q; ++qi) {
-      // A token's later keys are computed too (same block) and masked by the softmax.
-      const int64_t t = t0 + qi / group;
-      if (p0 > b.token_pos[t]) continue;
-      scores_16_keys(kt, s.tile_q.data() + qi * hd, hd, b.scale,
-                     s.tile_scores.data() + qi * width + p0);
+    // The queries of tokens at or past p0 (a suffix: positions increase); a token's later keys in
+    // the block are computed too and masked by the softmax.
+    int64_t q0 = 0;
+    while (b.token_pos[t0 + q0 / group] < p0) q0 += group;
+    const float* tq = s.tile_q.data() + q0 * hd;
+    float* out = s.tile_scores.data() + q0 * width + p0;
+    if (hd == 64) {
+      scores_block<4, 4>(kt, tq, n_q - q0, b.scale, out, width, s.t8.data());
+    } else if (hd == 128) {
+      scores_block<8, 2>(kt, tq, n_q - q0, b.scale, out, width, s.t8.data());
+    } else {
+      for (int64_t qi = q0; qi < n_q; ++qi)
+        scores_16_keys(kt, s.tile_q.data() + qi * hd, hd, b.scale,
+                       s.tile_scores.data() + qi * width + p0);
     }
   }
   s.pf.resize(static_cast<size_t>(3 * width));

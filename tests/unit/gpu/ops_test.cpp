@@ -499,10 +499,11 @@ TEST(attention, paged_gqa_matches_reference) {
 // Prefill attention is batch invariant bit for bit: a token's output does not depend on how its
 // sequence's prompt is chunked, on the other sequences in the batch, on the tile a token lands in
 // or on the thread (scratch) that ran it — scratch is reused across calls, as the engine's is.
-// Query groups of 3 and 4 heads per kv head (the tiled kernel takes up to 3 at a time).
+// Query groups of 3 and 4 heads per kv head (the tiled kernel takes up to 3 at a time), head
+// sizes 64 and 128 (the two score kernels with keys held in registers).
 TEST(attention, prefill_is_bit_identical_however_the_prompt_is_chunked) {
-  for (const int64_t n_heads : {9, 12}) {
-    const int64_t n_kv = 3, hd = 64, bs = 16, n_blocks = 12;
+  for (const auto& [n_heads, hd] : {std::pair<int64_t, int64_t>{9, 64}, {12, 64}, {6, 128}}) {
+    const int64_t n_kv = 3, bs = 16, n_blocks = 12;
     const size_t row = static_cast<size_t>(n_kv * hd);
     std::vector<uint16_t> kc(static_cast<size_t>(n_blocks * bs) * row), vc(kc.size());
     auto kf = random_floats(kc.size(), 41);
