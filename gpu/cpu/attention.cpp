@@ -59,7 +59,7 @@ float row_max(const float* x, int64_t n) {
   return max;
 }
 
-int64_t softmax_probs(attention_scratch& s, float* sc, int64_t n_pos) {
+int64_t softmax_probs_to(float* sc, int64_t n_pos, std::vector<uint16_t>& probs) {
   const int64_t n_kv = (n_pos + 31) / 32 * 32;
   const float max = row_max(sc, n_pos);
   // Masked keys (the padding up to n_kv) are -inf, as in llama.cpp's KQ mask: exp gives 0.
@@ -67,10 +67,14 @@ int64_t softmax_probs(attention_scratch& s, float* sc, int64_t n_pos) {
   const double sum = exp_sum_row(sc, n_kv, max);
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t p = 0; p < n_pos; ++p) sc[p] *= inv;
-  s.probs.resize(static_cast<size_t>(n_kv));
-  float_to_half_row(sc, s.probs.data(), n_pos);
-  std::fill(s.probs.begin() + n_pos, s.probs.end(), uint16_t{0});
+  probs.resize(static_cast<size_t>(n_kv));
+  float_to_half_row(sc, probs.data(), n_pos);
+  std::fill(probs.begin() + n_pos, probs.end(), uint16_t{0});
   return n_kv;
+}
+
+int64_t softmax_probs(attention_scratch& s, float* sc, int64_t n_pos) {
+  return softmax_probs_to(sc, n_pos, s.probs);
 }
 
 // The softmax, then the probability-weighted sum of the V rows into `out`, read row by row in the
@@ -359,11 +363,94 @@ void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, 
     }
   }
 }
+
+// dot_f16 (AVX-512 layout: 4 accumulators over steps of 64, (a0 + a2) + (a1 + a3), then the tree)
+// of NH queries (fp16-rounded, as floats, [NH][hd]) against every key [0, n_pos) of the kv head in
+// s.offsets, each key row converted once for all of them; times the scale, into sc[h].
+template <int NH>
+void scores_gemv(const attention_batch& b, const attention_scratch& s, const float* qf,
+                 int64_t n_pos, float* const* sc) {
+  const int64_t hd = b.head_dim;
+  for (int64_t p = 0; p < n_pos; ++p) {
+    if (p + key_prefetch_distance < n_pos) {
+      prefetch_bytes(b.k_cache + s.offsets[static_cast<size_t>(p + key_prefetch_distance)], hd * 2);
+    }
+    const uint16_t* k = b.k_cache + s.offsets[static_cast<size_t>(p)];
+    __m512 a[NH][4];
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; ++h) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) a[h][j] = _mm512_setzero_ps();
+    }
+    for (int64_t i = 0; i < hd; i += 64) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m512 x =
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + i + 16 * j)));
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; ++h)
+          a[h][j] = _mm512_fmadd_ps(x, _mm512_loadu_ps(qf + h * hd + i + 16 * j), a[h][j]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; ++h) {
+      const __m512 v =
+          _mm512_add_ps(_mm512_add_ps(a[h][0], a[h][2]), _mm512_add_ps(a[h][1], a[h][3]));
+      const __m256 t8 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+      const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+      const __m128 h2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+      sc[h][p] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2))) * b.scale;
+    }
+  }
+}
+
+// Query heads [h, h + nh) (nh <= 3, one kv head) of decode token t with GEMV numerics:
+// attention_one for each, bit for bit, with the key and value rows read once for all of them.
+void attention_group_gemv(const attention_batch& b, attention_scratch& s, int64_t t, int64_t h,
+                          int nh) {
+  const int64_t group = b.n_heads / b.n_kv_heads;
+  const int64_t hd = b.head_dim;
+  const int64_t q_stride = b.n_heads * hd;
+  const int64_t n_pos = static_cast<int64_t>(b.token_pos[t]) + 1;
+  const int64_t n_kv = (n_pos + 31) / 32 * 32;
+  set_rows(b, s, b.token_seq[t], n_pos, h / group);
+  s.q.resize(static_cast<size_t>(hd));
+  s.tile_q.resize(static_cast<size_t>(3 * hd));
+  s.tile_scores.resize(static_cast<size_t>(3 * n_kv));
+  s.acc.resize(static_cast<size_t>(3 * 64 * hd));
+  float* sc[3];
+  float* acc[3];
+  float* out[3];
+  const uint16_t* probs[3];
+  for (int k = 0; k < nh; ++k) {
+    float_to_half_row(b.q + t * q_stride + (h + k) * hd, s.q.data(), hd);
+    half_to_float_row(s.q.data(), s.tile_q.data() + k * hd, hd);
+    sc[k] = s.tile_scores.data() + k * n_kv;
+    acc[k] = s.acc.data() + k * 64 * hd;
+    out[k] = b.out + t * q_stride + (h + k) * hd;
+  }
+  if (nh == 3) {
+    scores_gemv<3>(b, s, s.tile_q.data(), n_pos, sc);
+  } else if (nh == 2) {
+    scores_gemv<2>(b, s, s.tile_q.data(), n_pos, sc);
+  } else {
+    scores_gemv<1>(b, s, s.tile_q.data(), n_pos, sc);
+  }
+  s.group_probs.resize(3);
+  for (int k = 0; k < nh; ++k) {
+    softmax_probs_to(sc[k], n_pos, s.group_probs[static_cast<size_t>(k)]);
+    probs[k] = s.group_probs[static_cast<size_t>(k)].data();
+  }
+  dot_f16_columns_multi(s.v_rows.data(), n_pos, probs, nh, n_kv, hd, acc, out);
+}
+constexpr bool grouped_gemv_built = true;
 #else
 constexpr bool tiled_kernel_built = false;
 constexpr int64_t attention_tile_tokens = 1;
 void attention_tile(const attention_batch&, attention_scratch&, int64_t, int64_t, int64_t,
                     int64_t) {}
+constexpr bool grouped_gemv_built = false;
+void attention_group_gemv(const attention_batch&, attention_scratch&, int64_t, int64_t, int) {}
 #endif
 
 // One (token, query head) pair, every key read for it alone.
@@ -398,6 +485,21 @@ void attention_one(const attention_batch& b, attention_scratch& s, int64_t t, in
   softmax_and_values(s, sc, n_pos, hd, gemm, b.out + t * q_stride + h * hd);
 }
 
+// Query heads [h0, h1) of token t, all of one kv head: GEMV numerics on the AVX-512 layout with a
+// 64- or 128-wide head run up to 3 heads at a time on shared key and value reads.
+void attention_heads(const attention_batch& b, attention_scratch& s, int64_t t, int64_t h0,
+                     int64_t h1, bool gemm, int64_t& rows_t, int64_t& rows_g) {
+  const bool grouped = grouped_gemv_built && !gemm && ggml_simd_layout() == ggml_simd::avx512 &&
+                       (b.head_dim == 64 || b.head_dim == 128);
+  if (!grouped) {
+    for (int64_t h = h0; h < h1; ++h) attention_one(b, s, t, h, gemm, rows_t, rows_g);
+    return;
+  }
+  rows_t = -1;  // attention_group_gemv sets the rows itself
+  for (int64_t h = h0; h < h1; h += 3)
+    attention_group_gemv(b, s, t, h, static_cast<int>(std::min<int64_t>(3, h1 - h)));
+}
+
 }  // namespace
 
 void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t first,
@@ -407,10 +509,9 @@ void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t fir
     // GEMM numerics need a lane-aligned head_dim; otherwise ggml also falls back to its GEMV path.
     return b.seq_n_tokens != nullptr && b.seq_n_tokens[seq] >= 2 && b.head_dim % lanes == 0;
   };
-  // Work items, the same list on every thread: a tile of prefill tokens x one kv head (the tiled
-  // kernel, AVX-512 layout), or one (token, query head) pair. Threads take items first, first +
-  // stride, ...: interleaving balances a decode step (a handful of heads) and a causal prefill
-  // chunk (later tokens attend to more keys).
+  // Tiled work items, the same list on every thread: a tile of prefill tokens x one kv head (the
+  // tiled kernel, AVX-512 layout). Threads take items first, first + stride, ...: interleaving
+  // balances a causal prefill chunk (later tokens attend to more keys).
   const bool tiled = tiled_kernel_built && lanes == 16;
   int64_t item = 0;
   int64_t rows_t = -1, rows_g = -1;
@@ -434,11 +535,33 @@ void attention_tasks(const attention_batch& b, attention_scratch& s, int64_t fir
       t = t1;
       continue;
     }
-    for (int64_t h = 0; h < b.n_heads; ++h, ++item) {
-      if ((item - first) % stride == 0 && item >= first)
-        attention_one(b, s, t, h, gemm, rows_t, rows_g);
-    }
     ++t;
+  }
+  // The other tokens' (token, query head) pairs: each thread takes a contiguous range of them
+  // holding an equal share of the keys to read, and runs the heads of one (token, kv head) in its
+  // range together (they share every key and value row).
+  const auto per_query = [&](int64_t t) { return !(tiled && gemm_seq(b.token_seq[t])); };
+  int64_t total = 0;
+  for (int64_t t = 0; t < b.n_tokens; ++t) {
+    if (per_query(t)) total += b.n_heads * (static_cast<int64_t>(b.token_pos[t]) + 1);
+  }
+  const int64_t lo = total * first / stride, hi = total * (first + 1) / stride;
+  const int64_t group = b.n_heads / b.n_kv_heads;
+  int64_t cost = 0;
+  for (int64_t t = 0; t < b.n_tokens && cost < hi; ++t) {
+    if (!per_query(t)) continue;
+    const int64_t keys = static_cast<int64_t>(b.token_pos[t]) + 1;
+    const bool gemm = gemm_seq(b.token_seq[t]);
+    int64_t run = -1;  // first head of the current run of this thread's heads
+    for (int64_t h = 0; h < b.n_heads; ++h, cost += keys) {
+      const bool mine = cost >= lo && cost < hi;
+      if (run >= 0 && (!mine || h % group == 0)) {
+        attention_heads(b, s, t, run, h, gemm, rows_t, rows_g);
+        run = -1;
+      }
+      if (mine && run < 0) run = h;
+    }
+    if (run >= 0) attention_heads(b, s, t, run, b.n_heads, gemm, rows_t, rows_g);
   }
 }
 

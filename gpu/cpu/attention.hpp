@@ -38,6 +38,7 @@ struct attention_scratch {
     std::vector<float> kt, vt;
   };
   std::vector<converted_head> heads;
+  std::vector<std::vector<uint16_t>> group_probs;  ///< probabilities of up to 3 decode heads
 };
 
 /// Runs work items first, first + stride, ... of `batch` (first = thread index, stride = thread

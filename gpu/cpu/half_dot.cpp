@@ -184,13 +184,13 @@ void column_fma(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, 
 // dot_f16_vec (4 accumulators of `lanes` lanes per step) for every column of V. The reduction
 // tree and the double tail run over 16 columns at a time (each column's operations in dot_f16_vec's
 // order; the loops over columns vectorize).
+// The reduction and double tail of dot_f16_columns_vec over accumulators column_fma filled.
 template <int lanes>
-void dot_f16_columns_vec(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
-                         int64_t n_cols, float* acc, float* out) {
+void reduce_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
+                    int64_t n_cols, const float* acc, float* out) {
   constexpr int64_t step = 4 * lanes;
   constexpr int w = 16;
   const int64_t np = n / step * step;
-  column_fma(rows, n_rows, y, np, step, n_cols, acc);
   for (int64_t d0 = 0; d0 < n_cols; d0 += w) {
     const int m = static_cast<int>(std::min<int64_t>(w, n_cols - d0));
     double sum[w] = {};
@@ -231,7 +231,100 @@ void dot_f16_columns_vec(const uint16_t* const* rows, int64_t n_rows, const uint
   }
 }
 
+template <int lanes>
+void dot_f16_columns_vec(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
+                         int64_t n_cols, float* acc, float* out) {
+  constexpr int64_t step = 4 * lanes;
+  column_fma(rows, n_rows, y, n / step * step, step, n_cols, acc);
+  reduce_columns<lanes>(rows, n_rows, y, n, n_cols, acc, out);
+}
+
+#if defined(WEFT_CPU_AVX2) && defined(__AVX512F__)
+// column_fma for NY weight vectors over the same rows (slots = 64, n_cols = 16 * NC), slot by slot:
+// each slot's chain (positions slot, slot + 64, ... in order) runs in registers for every column
+// and vector, so each row is converted once for all NY vectors and no accumulator goes through
+// memory per row. The accumulators end as column_fma leaves them.
+template <int NY, int NC>
+void column_fma_slots(const uint16_t* const* rows, int64_t n_rows, const uint16_t* const* ys,
+                      int64_t np, float* const* acc) {
+  constexpr int64_t n_cols = 16 * NC;
+  for (int64_t slot = 0; slot < 64; ++slot) {
+    __m512 a[NY][NC];
+#pragma GCC unroll 4
+    for (int y = 0; y < NY; ++y) {
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c) a[y][c] = _mm512_setzero_ps();
+    }
+    for (int64_t i = slot; i < np; i += 64) {
+      __m512 pw[NY];
+#pragma GCC unroll 4
+      for (int y = 0; y < NY; ++y) pw[y] = _mm512_set1_ps(half_to_float(ys[y][i]));
+      if (i >= n_rows) {
+        // A zero row: fma(0, p, a) is exactly a + (0 * p), as column_fma adds it.
+#pragma GCC unroll 4
+        for (int y = 0; y < NY; ++y) {
+          const __m512 z = _mm512_mul_ps(_mm512_setzero_ps(), pw[y]);
+#pragma GCC unroll 8
+          for (int c = 0; c < NC; ++c) a[y][c] = _mm512_add_ps(a[y][c], z);
+        }
+        continue;
+      }
+      if (i + 128 < n_rows) prefetch_bytes(rows[i + 128], n_cols * 2);
+      const uint16_t* v = rows[i];
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c) {
+        const __m512 x =
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * c)));
+#pragma GCC unroll 4
+        for (int y = 0; y < NY; ++y) a[y][c] = _mm512_fmadd_ps(x, pw[y], a[y][c]);
+      }
+    }
+    for (int y = 0; y < NY; ++y) {
+      for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc[y] + slot * n_cols + 16 * c, a[y][c]);
+    }
+  }
+}
+#endif
+
 }  // namespace
+
+bool dot_f16_columns_multi(const uint16_t* const* rows, int64_t n_rows, const uint16_t* const* ys,
+                           int n_y, int64_t n, int64_t n_cols, float* const* scratch,
+                           float* const* outs) {
+#if defined(WEFT_CPU_AVX2) && defined(__AVX512F__)
+  if (ggml_simd_layout() != ggml_simd::avx512 || n_y < 1 || n_y > 3 ||
+      (n_cols != 64 && n_cols != 128))
+    return false;
+  const int64_t np = n / 64 * 64;
+  const int key = n_y * 1000 + static_cast<int>(n_cols);
+  switch (key) {
+    case 1064:
+      column_fma_slots<1, 4>(rows, n_rows, ys, np, scratch);
+      break;
+    case 2064:
+      column_fma_slots<2, 4>(rows, n_rows, ys, np, scratch);
+      break;
+    case 3064:
+      column_fma_slots<3, 4>(rows, n_rows, ys, np, scratch);
+      break;
+    case 1128:
+      column_fma_slots<1, 8>(rows, n_rows, ys, np, scratch);
+      break;
+    case 2128:
+      column_fma_slots<2, 8>(rows, n_rows, ys, np, scratch);
+      break;
+    default:
+      column_fma_slots<3, 8>(rows, n_rows, ys, np, scratch);
+      break;
+  }
+  for (int y = 0; y < n_y; ++y)
+    reduce_columns<16>(rows, n_rows, ys[y], n, n_cols, scratch[y], outs[y]);
+  return true;
+#else
+  (void)rows, (void)n_rows, (void)ys, (void)n_y, (void)n, (void)n_cols, (void)scratch, (void)outs;
+  return false;
+#endif
+}
 
 void dot_f16_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
                      int64_t n_cols, float* scratch, float* out) {

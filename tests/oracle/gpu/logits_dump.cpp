@@ -1,7 +1,9 @@
 // Debug tool for the oracle: runs one teacher-forced batch and writes every position's logits
 // (float32, [n_tokens][n_vocab]) to a file. Usage: gpu_logits_dump MODEL OUT.bin TOKEN...
+// With WEFT_DUMP_DECODE=k the last k tokens are decode steps of one token each.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -32,21 +34,31 @@ int main(int argc, char** argv) {
   kc.layout = m.value()->kv_layout_for(16);
   kc.n_blocks = 128;
   auto kv = kv_cache::create(*dev.value(), kc);
-  forward_batch b;
+  // WEFT_DUMP_DECODE=k: the last k tokens go through one decode step each (GEMV numerics).
+  const char* dec = std::getenv("WEFT_DUMP_DECODE");
+  const int n = argc - 3;
+  const int n_decode = dec != nullptr ? std::min(std::atoi(dec), n - 1) : 0;
   const seq_id s = kv.value()->create_sequence();
-  b.seqs.push_back(s);
-  for (int i = 3; i < argc; ++i) {
-    b.tokens.push_back(std::atoi(argv[i]));
-    b.seq_index.push_back(0);
-    b.want_logits.push_back(1);
-  }
-  forward_output out;
-  if (auto st = m.value()->forward(b, *kv.value(), out); !st) {
-    std::fprintf(stderr, "%s\n", st.to_string().c_str());
-    return 1;
+  std::vector<float> logits;
+  for (int first = 0; first < n;) {
+    const int count = first == 0 ? n - n_decode : 1;
+    forward_batch b;
+    b.seqs.push_back(s);
+    for (int i = first; i < first + count; ++i) {
+      b.tokens.push_back(std::atoi(argv[3 + i]));
+      b.seq_index.push_back(0);
+      b.want_logits.push_back(1);
+    }
+    forward_output out;
+    if (auto st = m.value()->forward(b, *kv.value(), out); !st) {
+      std::fprintf(stderr, "%s\n", st.to_string().c_str());
+      return 1;
+    }
+    logits.insert(logits.end(), out.logits.begin(), out.logits.end());
+    first += count;
   }
   FILE* o = std::fopen(argv[2], "wb");
-  std::fwrite(out.logits.data(), sizeof(float), out.logits.size(), o);
+  std::fwrite(logits.data(), sizeof(float), logits.size(), o);
   std::fclose(o);
   return 0;
 }

@@ -586,6 +586,63 @@ TEST(attention, prefill_is_bit_identical_however_the_prompt_is_chunked) {
   }
 }
 
+// Decode attention (GEMV numerics) gives the same bits however a step's (token, head) pairs are
+// split over threads: a thread runs the heads of one kv head in its range together (3, 2 or 1 at
+// a time), and each must equal the others' result for that head.
+TEST(attention, decode_is_bit_identical_across_thread_splits) {
+  for (const auto& [n_heads, hd] : {std::pair<int64_t, int64_t>{9, 64}, {12, 64}, {6, 128}}) {
+    const int64_t n_kv = 3, bs = 16, n_blocks = 24;
+    const size_t row = static_cast<size_t>(n_kv * hd);
+    std::vector<uint16_t> kc(static_cast<size_t>(n_blocks * bs) * row), vc(kc.size());
+    auto kf = random_floats(kc.size(), 51);
+    auto vf = random_floats(vc.size(), 52);
+    for (size_t i = 0; i < kc.size(); ++i) {
+      kc[i] = fp32_to_fp16(kf[i]);
+      vc[i] = fp32_to_fp16(vf[i]);
+    }
+    // Three sequences decoding one token each, at positions 200 (201 keys: three full steps of 64
+    // and a tail, padded to 224), 5 and 95; blocks 13 + 1 + 6 of the 24.
+    const std::vector<int32_t> offsets = {0, 13, 14};
+    const std::vector<int32_t> tok_seq = {0, 1, 2}, tok_pos = {200, 5, 95}, seq_n = {1, 1, 1};
+    const std::vector<int32_t> table = {3,  17, 8,  21, 0,  12, 5, 14, 9,  1,
+                                        20, 7,  16, 2,  23, 4,  6, 10, 11, 13};
+    const auto q = random_floats(static_cast<size_t>(3 * n_heads * hd), 53);
+    attention_batch b;
+    b.q = q.data();
+    b.k_cache = kc.data();
+    b.v_cache = vc.data();
+    b.token_seq = tok_seq.data();
+    b.token_pos = tok_pos.data();
+    b.block_table = table.data();
+    b.seq_block_offset = offsets.data();
+    b.seq_n_tokens = seq_n.data();
+    b.n_tokens = 3;
+    b.n_heads = n_heads;
+    b.n_kv_heads = n_kv;
+    b.head_dim = hd;
+    b.block_size = bs;
+    b.scale = 1.0f / std::sqrt(float(hd));
+    std::vector<float> one(q.size()), ref(q.size());
+    {
+      attention_scratch s;
+      b.out = one.data();
+      attention_tasks(b, s, 0, 1);
+    }
+    b.out = ref.data();
+    attention_reference(b);
+    for (size_t i = 0; i < one.size(); ++i) ASSERT_NEAR(one[i], ref[i], 2e-3) << i;
+    for (int64_t threads = 2; threads <= 7; ++threads) {
+      std::vector<float> out(q.size(), -1.0f);
+      std::vector<attention_scratch> s(static_cast<size_t>(threads));
+      b.out = out.data();
+      for (int64_t i = 0; i < threads; ++i)
+        attention_tasks(b, s[static_cast<size_t>(i)], i, threads);
+      EXPECT_EQ(std::memcmp(out.data(), one.data(), out.size() * sizeof(float)), 0)
+          << n_heads << " heads of " << hd << ", " << threads << " threads";
+    }
+  }
+}
+
 TEST(thread_pool, runs_every_index_once_and_spins_safely) {
   thread_pool pool(3);
   std::vector<std::atomic<int>> hits(3);
