@@ -55,7 +55,7 @@ def main():
         "~/.cache/weft/llama-server-0.3.16/llama-server"))
     ap.add_argument("--model", default=default_model_path())
     ap.add_argument("--lengths", default="1024,2048,4096,8192",
-                    help="prompt lengths in tokens (approximate: words are ~1 token each)")
+                    help="prompt lengths in tokens (one word a token; the server reports the exact count)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--weft-args", default="", help="extra `weft serve` flags")
@@ -75,7 +75,6 @@ def main():
     }
     urls = {"llama-server": "http://127.0.0.1:8398", "weft": "http://127.0.0.1:8399"}
     runs = {k: {str(n): [] for n in lengths} for k in servers}
-    seed = 0
     for r in range(a.repeat):
         for name, cmd in servers.items():
             log = open(f"/tmp/serve-long-prompt-{name}.log", "w")
@@ -84,9 +83,8 @@ def main():
                 wait_ready(urls[name], proc)
                 one(urls[name], prompt_of(16, 10**6 + r))  # warm up
                 for n in lengths:
-                    # ~1.2 tokens a word for this word list: aim a little under the target.
-                    seed += 1
-                    wall, tokens = one(urls[name], prompt_of(int(n / 1.25), 1000 * r + n))
+                    # Each of these words is one token (a space and the word).
+                    wall, tokens = one(urls[name], prompt_of(n, 1000 * r + n))
                     runs[name][str(n)].append({"prompt_tokens": tokens, "seconds": wall,
                                                "prefill_tok_s": tokens / wall})
                     print(f"round {r + 1} {name}: {tokens} prompt tokens in {wall:.2f} s "
