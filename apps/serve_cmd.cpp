@@ -65,6 +65,7 @@ struct serve_cli {
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
   int64_t max_batch_tokens = 64;
+  int64_t idle_batch_tokens = 512;
   int64_t max_running = 32;
   bool no_prefix_cache = false;
   std::string api_key;
@@ -254,6 +255,7 @@ int run_serve(const serve_cli& cli) {
   wc.kv_blocks = cli.kv_blocks;
   wc.block_size = cli.block_size;
   wc.max_batch_tokens = cli.max_batch_tokens;
+  wc.idle_batch_tokens = cli.idle_batch_tokens;
   wc.max_running = cli.max_running;
   wc.policy = cli.policy;
   wc.mlfq_prefill_cost = cli.mlfq_prefill_cost;
@@ -468,6 +470,11 @@ void add_serve_command(CLI::App& app, const global_options&) {
                   "budgets bound TPOT under load; sized for the CPU backend, raise it on GPUs)")
       ->capture_default_str()
       ->check(CLI::Range(2, 65536));
+  cmd->add_option("--idle-batch-tokens", cli->idle_batch_tokens,
+                  "Token budget of a pass with no decode in it (only prompt chunks: a lone long "
+                  "prompt takes fewer, larger chunks); 0 = --max-batch-tokens")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{65536}));
   cmd->add_option("--max-running", cli->max_running, "Sequences decoding concurrently per worker")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));

@@ -525,6 +525,11 @@ void engine::fill_batch(const std::vector<request_id>& selected, forward_batch& 
   batch.clear();
   in_batch.clear();
   int64_t budget = config_.max_batch_tokens;
+  if (config_.idle_batch_tokens > budget &&
+      std::none_of(selected.begin(), selected.end(),
+                   [&](request_id id) { return requests_.at(id)->ph == phase::decode; })) {
+    budget = config_.idle_batch_tokens;
+  }
   if (config_.rebuild_batch_tokens > budget) {
     for (request_id id : selected) {
       const request& r = *requests_.at(id);

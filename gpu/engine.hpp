@@ -52,6 +52,10 @@ struct engine_config {
   /// tokens): larger, so that every migrated sequence gets its next token soon after its worker
   /// died (docs/serving.md, "Recovery"). 0 or less than max_batch_tokens: max_batch_tokens.
   int64_t rebuild_batch_tokens = 0;
+  /// Token budget of a pass with no decode in it (only prompt chunks): no running stream's TPOT
+  /// to protect, so a long prompt takes fewer, larger chunks (its attention re-reads the keys
+  /// before the chunk once per pass). 0 or less than max_batch_tokens: max_batch_tokens.
+  int64_t idle_batch_tokens = 0;
   int64_t max_running = 32;  ///< Requests decoding concurrently.
   bool prefix_cache = true;  ///< Reuse cached full blocks of earlier prompts.
   /// A resumed request may also take cached blocks of its replayed tokens (normally rebuilt with

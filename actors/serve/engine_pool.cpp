@@ -103,6 +103,7 @@ result<std::unique_ptr<engine_pool>> engine_pool::start(actors::node& node,
   wc.kv_blocks = opts.kv_blocks;
   wc.block_size = opts.block_size;
   wc.max_batch_tokens = opts.max_batch_tokens;
+  wc.idle_batch_tokens = opts.idle_batch_tokens;
   wc.policy = opts.policy;
   std::vector<actors::child_spec> children;
   for (int i = 0; i < opts.workers; ++i) {

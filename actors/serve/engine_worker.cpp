@@ -599,6 +599,7 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
   ec.max_running = st.cfg.max_running;
   // Rebuilding migrated requests: passes of up to 256 tokens (or the worker's own budget if more).
   ec.rebuild_batch_tokens = std::max<int64_t>(256, st.cfg.max_batch_tokens);
+  ec.idle_batch_tokens = st.cfg.idle_batch_tokens;
   ec.prefix_cache = st.cfg.prefix_cache;
   const gpu::tokenizer* tk = &st.host->tok;
   ec.detokenize = [tk](int32_t id) { return tk->token_to_piece(id); };

@@ -34,6 +34,7 @@ struct worker_config {
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
   int64_t max_batch_tokens = 64;
+  int64_t idle_batch_tokens = 512;  ///< budget of a pass without decodes (engine_config)
   int64_t max_running = 32;
   std::string policy = "fcfs";
   /// MLFQ: cost of one prompt token in decode-iteration units (skip-join placement). ~0.4 measured

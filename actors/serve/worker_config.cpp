@@ -38,6 +38,7 @@ result<worker_config> worker_config::from_json(const std::string& json) {
     c.kv_blocks = j.value("kv_blocks", c.kv_blocks);
     c.block_size = j.value("block_size", c.block_size);
     c.max_batch_tokens = j.value("max_batch_tokens", c.max_batch_tokens);
+    c.idle_batch_tokens = j.value("idle_batch_tokens", c.idle_batch_tokens);
     c.max_running = j.value("max_running", c.max_running);
     c.policy = j.value("policy", c.policy);
     c.mlfq_prefill_cost = j.value("mlfq_prefill_cost", c.mlfq_prefill_cost);
@@ -53,10 +54,10 @@ result<worker_config> worker_config::from_json(const std::string& json) {
                       std::string{"engine_worker: bad config field: "} + e.what());
   }
   if (c.kv_blocks < 1 || c.block_size < 1 || c.max_batch_tokens < 2 || c.max_running < 1 ||
-      c.threads < 0) {
+      c.threads < 0 || c.idle_batch_tokens < 0) {
     return make_error(errc::invalid_argument,
                       "engine_worker: kv_blocks, block_size, max_running >= 1, max_batch_tokens >= "
-                      "2, threads >= 0");
+                      "2, threads >= 0, idle_batch_tokens >= 0");
   }
   if (!gpu::parse_gguf_memory(c.weights_memory)) {
     return make_error(errc::invalid_argument,
@@ -86,6 +87,7 @@ std::string worker_config::to_json() const {
                       {"kv_blocks", kv_blocks},
                       {"block_size", block_size},
                       {"max_batch_tokens", max_batch_tokens},
+                      {"idle_batch_tokens", idle_batch_tokens},
                       {"max_running", max_running},
                       {"policy", policy},
                       {"mlfq_prefill_cost", mlfq_prefill_cost},

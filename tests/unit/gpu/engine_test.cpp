@@ -263,6 +263,33 @@ TEST(engine, abort_and_preemption_free_every_block) {
   EXPECT_EQ((*r)[0].finish, finish_reason::error);
 }
 
+// A pass with no decode in it takes idle_batch_tokens of prompt; once anything decodes, passes go
+// back to max_batch_tokens (the decodes first, prompt chunks in what is left).
+TEST(engine, passes_without_decodes_take_the_idle_budget) {
+  auto l = load_tiny(dense_q(ggml_type::q8_0));
+  engine_config ec;
+  ec.max_batch_tokens = 16;
+  ec.idle_batch_tokens = 64;
+  ec.prefix_cache = false;
+  auto e = engine::create(*l.m, ec);
+  sampling_params sp;
+  sp.max_tokens = 8;
+  ASSERT_TRUE((*e)->add_request(1, prompt_of(100, 3), sp).ok());
+  ASSERT_TRUE((*e)->step().ok());
+  EXPECT_EQ((*e)->stats().n_prefill_tokens, 64);
+  auto r = (*e)->step();  // the last 36 prompt tokens and the first output token
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*e)->stats().n_prefill_tokens, 100);
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_EQ((*r)[0].new_tokens.size(), 1u);
+  // Request 1 decodes now: request 2's prompt gets the 15 tokens its decode leaves.
+  ASSERT_TRUE((*e)->add_request(2, prompt_of(100, 4), sp).ok());
+  ASSERT_TRUE((*e)->step().ok());
+  EXPECT_EQ((*e)->stats().n_prefill_tokens, 115);
+  run(**e);
+  EXPECT_EQ((*e)->kv().stats().n_blocks_used, 0);
+}
+
 TEST(engine, prefix_cache_serves_repeated_prompts) {
   auto l = load_tiny(dense_q(ggml_type::q8_0));
   engine_config ec;
