@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "support"))
@@ -80,7 +81,15 @@ def closed_loop(url, clients, tokens, seconds):
             with lock:
                 done.append((time.time(), e2e, ttft, n))
 
-    one_request(url, 4)  # warm up
+    # Warm up; llama-server answers /v1/models before its model is loaded (503 until then).
+    for attempt in range(120):
+        try:
+            one_request(url, 4)
+            break
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or attempt == 119:
+                raise
+            time.sleep(0.5)
     t0 = time.time()
     threads = [threading.Thread(target=worker) for _ in range(clients)]
     for t in threads:
