@@ -16,14 +16,13 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "support"))
-from serve_vs_llama_server import wait_ready  # noqa: E402
+from serve_vs_llama_server import running, warm_up  # noqa: E402
 from weft_serve import default_model_path  # noqa: E402
 
 WORDS = ("river stone light morning window garden letter market winter summer bridge village "
@@ -77,11 +76,8 @@ def main():
     runs = {k: {str(n): [] for n in lengths} for k in servers}
     for r in range(a.repeat):
         for name, cmd in servers.items():
-            log = open(f"/tmp/serve-long-prompt-{name}.log", "w")
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                wait_ready(urls[name], proc)
-                one(urls[name], prompt_of(16, 10**6 + r))  # warm up
+            with running(cmd, urls[name], f"/tmp/serve-long-prompt-{name}.log"):
+                warm_up(lambda: one(urls[name], prompt_of(16, 10**6 + r)))
                 for n in lengths:
                     # Each of these words is one token (a space and the word).
                     wall, tokens = one(urls[name], prompt_of(n, 1000 * r + n))
@@ -89,12 +85,6 @@ def main():
                                                "prefill_tok_s": tokens / wall})
                     print(f"round {r + 1} {name}: {tokens} prompt tokens in {wall:.2f} s "
                           f"({tokens / wall:.0f} tok/s)", flush=True)
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
     summary = {"model": a.model, "threads": a.threads, "ctx": ctx, "commands": servers,
                "lengths": {}, "runs": runs}
     for n in lengths:

@@ -15,6 +15,7 @@ core). `scripts/build_llama_server.sh` builds llama-server from the llama.cpp so
 the llama-cpp-python sdist weft's tests pin (`scripts/setup.sh --bench` runs it).
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -44,6 +45,35 @@ def wait_ready(url, proc, timeout=300):
         except Exception:
             time.sleep(0.5)
     raise RuntimeError(f"{url} did not come up")
+
+
+@contextlib.contextmanager
+def running(cmd, url, log_path):
+    """The server `cmd` started, ready at `url` (its output in log_path), stopped on exit."""
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_ready(url, proc)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def warm_up(request):
+    """Runs `request` until it succeeds: llama-server answers /v1/models before its model is
+    loaded and 503 to requests until then (60 s at most)."""
+    for attempt in range(120):
+        try:
+            return request()
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or attempt == 119:
+                raise
+            time.sleep(0.5)
 
 
 def one_request(url, tokens):
@@ -81,15 +111,7 @@ def closed_loop(url, clients, tokens, seconds):
             with lock:
                 done.append((time.time(), e2e, ttft, n))
 
-    # Warm up; llama-server answers /v1/models before its model is loaded (503 until then).
-    for attempt in range(120):
-        try:
-            one_request(url, 4)
-            break
-        except urllib.error.HTTPError as e:
-            if e.code != 503 or attempt == 119:
-                raise
-            time.sleep(0.5)
+    warm_up(lambda: one_request(url, 4))
     t0 = time.time()
     threads = [threading.Thread(target=worker) for _ in range(clients)]
     for t in threads:
@@ -133,17 +155,8 @@ def main():
     runs = {k: [] for k in servers}
     for r in range(a.repeat):
         for name, cmd in servers.items():
-            log = open(f"/tmp/serve-vs-llama-server-{name}.log", "w")
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                wait_ready(urls[name], proc)
+            with running(cmd, urls[name], f"/tmp/serve-vs-llama-server-{name}.log"):
                 res = closed_loop(urls[name], a.clients, a.tokens, a.seconds)
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
             runs[name].append(res)
             print(f"round {r + 1} {name}: {res['output_tokens_per_s']:.1f} output tok/s, "
                   f"E2E mean {res['e2e_mean_s']:.2f} s (p90 {res['e2e_p90_s']:.2f} s), "

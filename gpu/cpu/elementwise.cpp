@@ -174,23 +174,30 @@ double exp_sum_row_impl(float* x, int64_t n, float max) {
 }
 
 #if defined(__AVX512F__)
+// exp_approx's reduction and polynomial on 16 lanes: returns e^b, with n (= round(v / ln 2), as a
+// float) in `k`; the caller scales by 2^n.
+inline __m512 exp_poly_avx512(__m512 v, __m512& k) {
+  const __m512 round = _mm512_set1_ps(kRound);
+  k = _mm512_sub_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(kLog2e), round), round);
+  const __m512 b =
+      _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Hi), v));
+  const __m512 u = _mm512_mul_ps(b, b);
+  return _mm512_fmadd_ps(
+      _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(kP5), b, _mm512_set1_ps(kP4)), u,
+                      _mm512_fmadd_ps(_mm512_set1_ps(kP3), b, _mm512_set1_ps(kP2))),
+      u, _mm512_fmadd_ps(_mm512_set1_ps(kP1), b, _mm512_set1_ps(1.0f)));
+}
+
 // exp_sum_row_impl<16, exp_approx_avx512> in registers: the same reduction and polynomial per lane,
 // j * 2^n by scalef (correctly rounded, as exp_approx_avx512's multiply or ldexp), and each group
 // of 16 added in reduce16's tree before the double sum.
 double exp_sum_row_avx512(float* x, int64_t n, float max) {
   double sum = 0.0;
   int64_t i = 0;
-  const __m512 vmax = _mm512_set1_ps(max), round = _mm512_set1_ps(kRound);
+  const __m512 vmax = _mm512_set1_ps(max);
   for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_sub_ps(_mm512_loadu_ps(x + i), vmax);
-    const __m512 k = _mm512_sub_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(kLog2e), round), round);
-    const __m512 b =
-        _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Hi), v));
-    const __m512 u = _mm512_mul_ps(b, b);
-    const __m512 j = _mm512_fmadd_ps(
-        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(kP5), b, _mm512_set1_ps(kP4)), u,
-                        _mm512_fmadd_ps(_mm512_set1_ps(kP3), b, _mm512_set1_ps(kP2))),
-        u, _mm512_fmadd_ps(_mm512_set1_ps(kP1), b, _mm512_set1_ps(1.0f)));
+    __m512 k;
+    const __m512 j = exp_poly_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax), k);
     __m512 r = _mm512_scalef_ps(j, k);
     // |n| > 192 (never true for NaN): +inf above, 0 below.
     const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(k), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
@@ -242,15 +249,8 @@ double exp_scaled_below(const float* x, float* y, int64_t n, float max, float sc
   for (; i + 16 <= n; i += 16) {
     const __m512 v =
         _mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax), vscale), lo);
-    const __m512 z = _mm512_fmadd_ps(v, _mm512_set1_ps(kLog2e), _mm512_set1_ps(kRound));
-    const __m512 k = _mm512_sub_ps(z, _mm512_set1_ps(kRound));
-    const __m512 b =
-        _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Hi), v));
-    const __m512 u = _mm512_mul_ps(b, b);
-    const __m512 p = _mm512_fmadd_ps(
-        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(kP5), b, _mm512_set1_ps(kP4)), u,
-                        _mm512_fmadd_ps(_mm512_set1_ps(kP3), b, _mm512_set1_ps(kP2))),
-        u, _mm512_fmadd_ps(_mm512_set1_ps(kP1), b, _mm512_set1_ps(1.0f)));
+    __m512 k;
+    const __m512 p = exp_poly_avx512(v, k);
     const __m512i e =
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
     const __m512 r = _mm512_mul_ps(p, _mm512_castsi512_ps(e));

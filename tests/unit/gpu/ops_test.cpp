@@ -451,18 +451,54 @@ TEST(elementwise, get_row_dequantizes_q8_0) {
   EXPECT_FALSE(get_row(v, 2, y.data()).ok());
 }
 
+// A paged fp16 K and V cache (n_blocks blocks of bs rows of n_kv * hd) of random values.
+struct half_cache {
+  std::vector<uint16_t> k, v;
+};
+half_cache random_half_cache(int64_t n_blocks, int64_t bs, int64_t n_kv, int64_t hd,
+                             uint32_t seed) {
+  const auto n = static_cast<size_t>(n_blocks * bs * n_kv * hd);
+  const auto kf = random_floats(n, seed), vf = random_floats(n, seed + 1);
+  half_cache c{std::vector<uint16_t>(n), std::vector<uint16_t>(n)};
+  for (size_t i = 0; i < n; ++i) {
+    c.k[i] = fp32_to_fp16(kf[i]);
+    c.v[i] = fp32_to_fp16(vf[i]);
+  }
+  return c;
+}
+
+// The fields every attention test sets (q and out are the caller's).
+struct batch_layout {
+  const std::vector<int32_t>& table;
+  const std::vector<int32_t>& offsets;
+  const std::vector<int32_t>& tok_seq;
+  const std::vector<int32_t>& tok_pos;
+  const std::vector<int32_t>& seq_n;
+};
+attention_batch paged_batch(const half_cache& c, const batch_layout& l, int64_t n_heads,
+                            int64_t n_kv, int64_t hd, int64_t bs) {
+  attention_batch b;
+  b.k_cache = c.k.data();
+  b.v_cache = c.v.data();
+  b.token_seq = l.tok_seq.data();
+  b.token_pos = l.tok_pos.data();
+  b.block_table = l.table.data();
+  b.seq_block_offset = l.offsets.data();
+  b.seq_n_tokens = l.seq_n.data();
+  b.n_tokens = static_cast<int64_t>(l.tok_seq.size());
+  b.n_heads = n_heads;
+  b.n_kv_heads = n_kv;
+  b.head_dim = hd;
+  b.block_size = bs;
+  b.scale = 1.0f / std::sqrt(float(hd));
+  return b;
+}
+
 // Attention over a two-sequence paged cache against the double-precision reference, in both the
 // decode (GEMV) and prefill (GEMM) numerics.
 TEST(attention, paged_gqa_matches_reference) {
   const int64_t n_heads = 4, n_kv = 2, hd = 32, bs = 4, n_blocks = 8;
-  const size_t row = static_cast<size_t>(n_kv * hd);
-  std::vector<uint16_t> kc(static_cast<size_t>(n_blocks * bs) * row), vc(kc.size());
-  auto kf = random_floats(kc.size(), 15);
-  auto vf = random_floats(vc.size(), 16);
-  for (size_t i = 0; i < kc.size(); ++i) {
-    kc[i] = fp32_to_fp16(kf[i]);
-    vc[i] = fp32_to_fp16(vf[i]);
-  }
+  const half_cache kc = random_half_cache(n_blocks, bs, n_kv, hd, 15);
   // seq 0 uses blocks 5, 1, 6; seq 1 uses blocks 2, 7.
   const std::vector<int32_t> table = {5, 1, 6, 2, 7};
   const std::vector<int32_t> offsets = {0, 3};
@@ -472,21 +508,9 @@ TEST(attention, paged_gqa_matches_reference) {
     const std::vector<int32_t> seq_n = {chunk, 1};
     auto q = random_floats(static_cast<size_t>(3 * n_heads * hd), 17);
     std::vector<float> out(q.size()), ref(q.size());
-    attention_batch b;
+    attention_batch b =
+        paged_batch(kc, {table, offsets, tok_seq, tok_pos, seq_n}, n_heads, n_kv, hd, bs);
     b.q = q.data();
-    b.k_cache = kc.data();
-    b.v_cache = vc.data();
-    b.token_seq = tok_seq.data();
-    b.token_pos = tok_pos.data();
-    b.block_table = table.data();
-    b.seq_block_offset = offsets.data();
-    b.seq_n_tokens = seq_n.data();
-    b.n_tokens = 3;
-    b.n_heads = n_heads;
-    b.n_kv_heads = n_kv;
-    b.head_dim = hd;
-    b.block_size = bs;
-    b.scale = 1.0f / std::sqrt(float(hd));
     attention_scratch s;
     b.out = out.data();
     attention_tasks(b, s, 0, 1);
@@ -504,14 +528,7 @@ TEST(attention, paged_gqa_matches_reference) {
 TEST(attention, prefill_is_bit_identical_however_the_prompt_is_chunked) {
   for (const auto& [n_heads, hd] : {std::pair<int64_t, int64_t>{9, 64}, {12, 64}, {6, 128}}) {
     const int64_t n_kv = 3, bs = 16, n_blocks = 12;
-    const size_t row = static_cast<size_t>(n_kv * hd);
-    std::vector<uint16_t> kc(static_cast<size_t>(n_blocks * bs) * row), vc(kc.size());
-    auto kf = random_floats(kc.size(), 41);
-    auto vf = random_floats(vc.size(), 42);
-    for (size_t i = 0; i < kc.size(); ++i) {
-      kc[i] = fp32_to_fp16(kf[i]);
-      vc[i] = fp32_to_fp16(vf[i]);
-    }
+    const half_cache kc = random_half_cache(n_blocks, bs, n_kv, hd, 41);
     // Sequence 0: 70 positions in blocks 9, 2, 7, 4, 11; sequence 1: 45 in blocks 0, 5, 10.
     const std::vector<int32_t> table = {9, 2, 7, 4, 11, 0, 5, 10};
     const std::vector<int32_t> offsets = {0, 5};
@@ -536,22 +553,10 @@ TEST(attention, prefill_is_bit_identical_however_the_prompt_is_chunked) {
           seq_n[sq] = static_cast<int32_t>(parts[sq].second - parts[sq].first);
         }
         std::vector<float> out(qb.size());
-        attention_batch b;
+        attention_batch b =
+            paged_batch(kc, {table, offsets, tok_seq, tok_pos, seq_n}, n_heads, n_kv, hd, bs);
         b.q = qb.data();
         b.out = out.data();
-        b.k_cache = kc.data();
-        b.v_cache = vc.data();
-        b.token_seq = tok_seq.data();
-        b.token_pos = tok_pos.data();
-        b.block_table = table.data();
-        b.seq_block_offset = offsets.data();
-        b.seq_n_tokens = seq_n.data();
-        b.n_tokens = static_cast<int64_t>(tok_seq.size());
-        b.n_heads = n_heads;
-        b.n_kv_heads = n_kv;
-        b.head_dim = hd;
-        b.block_size = bs;
-        b.scale = 1.0f / std::sqrt(float(hd));
         if (reference) {
           attention_reference(b);
         } else {
@@ -592,14 +597,7 @@ TEST(attention, prefill_is_bit_identical_however_the_prompt_is_chunked) {
 TEST(attention, decode_is_bit_identical_across_thread_splits) {
   for (const auto& [n_heads, hd] : {std::pair<int64_t, int64_t>{9, 64}, {12, 64}, {6, 128}}) {
     const int64_t n_kv = 3, bs = 16, n_blocks = 24;
-    const size_t row = static_cast<size_t>(n_kv * hd);
-    std::vector<uint16_t> kc(static_cast<size_t>(n_blocks * bs) * row), vc(kc.size());
-    auto kf = random_floats(kc.size(), 51);
-    auto vf = random_floats(vc.size(), 52);
-    for (size_t i = 0; i < kc.size(); ++i) {
-      kc[i] = fp32_to_fp16(kf[i]);
-      vc[i] = fp32_to_fp16(vf[i]);
-    }
+    const half_cache kc = random_half_cache(n_blocks, bs, n_kv, hd, 51);
     // Three sequences decoding one token each, at positions 200 (201 keys: three full steps of 64
     // and a tail, padded to 224), 5 and 95; blocks 13 + 1 + 6 of the 24.
     const std::vector<int32_t> offsets = {0, 13, 14};
@@ -607,21 +605,9 @@ TEST(attention, decode_is_bit_identical_across_thread_splits) {
     const std::vector<int32_t> table = {3,  17, 8,  21, 0,  12, 5, 14, 9,  1,
                                         20, 7,  16, 2,  23, 4,  6, 10, 11, 13};
     const auto q = random_floats(static_cast<size_t>(3 * n_heads * hd), 53);
-    attention_batch b;
+    attention_batch b =
+        paged_batch(kc, {table, offsets, tok_seq, tok_pos, seq_n}, n_heads, n_kv, hd, bs);
     b.q = q.data();
-    b.k_cache = kc.data();
-    b.v_cache = vc.data();
-    b.token_seq = tok_seq.data();
-    b.token_pos = tok_pos.data();
-    b.block_table = table.data();
-    b.seq_block_offset = offsets.data();
-    b.seq_n_tokens = seq_n.data();
-    b.n_tokens = 3;
-    b.n_heads = n_heads;
-    b.n_kv_heads = n_kv;
-    b.head_dim = hd;
-    b.block_size = bs;
-    b.scale = 1.0f / std::sqrt(float(hd));
     std::vector<float> one(q.size()), ref(q.size());
     {
       attention_scratch s;
