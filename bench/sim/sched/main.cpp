@@ -119,6 +119,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-running", engine.max_running, "Batch slots")->capture_default_str();
   app.add_option("--max-batch-tokens", engine.max_batch_tokens, "Tokens per forward pass")
       ->capture_default_str();
+  app.add_option("--idle-batch-tokens", engine.idle_batch_tokens,
+                 "Tokens of a pass without decodes (weft serve's --idle-batch-tokens; 0 = "
+                 "--max-batch-tokens)")
+      ->capture_default_str();
   app.add_option("--step-base-ms", engine.model.base_ms, "Step model: fixed cost of a pass")
       ->capture_default_str();
   app.add_option("--step-per-seq-ms", engine.model.per_seq_ms,
@@ -217,6 +221,7 @@ int main(int argc, char** argv) {
   j["benchmark"] = "sched_sim";
   j["engine"] = {{"max_running", engine.max_running},
                  {"max_batch_tokens", engine.max_batch_tokens},
+                 {"idle_batch_tokens", engine.idle_batch_tokens},
                  {"step_base_ms", engine.model.base_ms},
                  {"step_per_seq_ms", engine.model.per_seq_ms},
                  {"step_per_prefill_token_ms", engine.model.per_prefill_token_ms},

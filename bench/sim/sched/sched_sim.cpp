@@ -52,6 +52,10 @@ sim_run simulate(const std::vector<sim_request>& requests, gpu::schedule_policy&
     // prompt chunks in rank order while the token budget lasts.
     const size_t slots = std::min(ranking.size(), static_cast<size_t>(config.max_running));
     int64_t budget = config.max_batch_tokens;
+    bool decodes = false;
+    for (size_t k = 0; k < slots; ++k)
+      decodes |= st[ranking[k].id].computed >= requests[ranking[k].id].prompt_tokens;
+    if (!decodes) budget = std::max(budget, config.idle_batch_tokens);
     for (size_t k = 0; k < slots; ++k)
       if (st[ranking[k].id].computed >= requests[ranking[k].id].prompt_tokens) --budget;
     std::vector<std::pair<size_t, int64_t>> chunks;  // (request, prompt tokens this pass)

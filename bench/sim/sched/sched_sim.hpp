@@ -45,6 +45,9 @@ struct step_model {
 struct sim_engine_config {
   int64_t max_running = 4;         ///< Batch slots (as `weft serve --max-running`).
   int64_t max_batch_tokens = 512;  ///< Tokens per forward pass (decodes + prompt chunks).
+  /// A pass without decodes may take this many prompt tokens (the engine's idle_batch_tokens;
+  /// `weft serve --idle-batch-tokens`). 0 or less than max_batch_tokens: max_batch_tokens.
+  int64_t idle_batch_tokens = 0;
   step_model model;
 };
 

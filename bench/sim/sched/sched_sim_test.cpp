@@ -47,6 +47,18 @@ TEST(sched_sim, chunked_prefill_obeys_the_token_budget) {
   EXPECT_NEAR_MS(run.outcomes[0].e2e_s, 0.003);
 }
 
+TEST(sched_sim, passes_without_decodes_take_the_idle_budget) {
+  gpu::fcfs_policy fcfs;
+  // Budget 4, idle 8, two slots, two 10-token prompts at once. Pass 1 (no decodes): request 0
+  // takes all 8. Pass 2 (still none): request 0 its last 2 and its one token, request 1 6.
+  auto c = unit_steps(2, 4);
+  c.idle_batch_tokens = 8;
+  const auto run = simulate({{0.0, 10, 1}, {0.0, 10, 1}}, fcfs, c);
+  EXPECT_NEAR_MS(run.outcomes[0].ttft_s, 0.002);
+  // Pass 3 (request 0 done after one token, so no decodes): request 1's last 4 and its token.
+  EXPECT_NEAR_MS(run.outcomes[1].ttft_s, 0.003);
+}
+
 TEST(sched_sim, idle_engine_waits_for_the_next_arrival) {
   gpu::fcfs_policy fcfs;
   const auto run = simulate({{0.0, 1, 1}, {0.1, 1, 2}}, fcfs, unit_steps(1));
