@@ -103,10 +103,13 @@ class OpenAIClientTest(unittest.TestCase):
 
     def test_n_choices_prefill_their_prompt_once(self):
         # One sequence per choice: those on one worker wait for the first one's prefill of the
-        # shared prompt and reuse its blocks (in-flight prefix sharing), whatever their seeds.
+        # shared prompt and reuse its blocks (in-flight prefix sharing), whatever their seeds. The
+        # prompt (~780 tokens) is longer than one pass even with nothing decoding
+        # (--idle-batch-tokens 512), so the first choice's prefill is still in flight when the
+        # others are scheduled.
         c = client()
         before = SERVER.metric_sum("weft_cache_prefix_waits_total")
-        prompt = " ".join("Line %d of a long shared prompt about rivers and mountains." % i for i in range(20))
+        prompt = " ".join("Line %d of a long shared prompt about rivers and mountains." % i for i in range(60))
         r = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=4, temperature=1.0, n=4, seed=7)
         self.assertEqual(len(r.choices), 4)
         # Two workers, four choices: at least two share a worker. Load reports come every 200 ms.
