@@ -441,7 +441,12 @@ void attention_group_gemv(const attention_batch& b, attention_scratch& s, int64_
     softmax_probs_to(sc[k], n_pos, s.group_probs[static_cast<size_t>(k)]);
     probs[k] = s.group_probs[static_cast<size_t>(k)].data();
   }
-  dot_f16_columns_multi(s.v_rows.data(), n_pos, probs, nh, n_kv, hd, acc, out);
+  if (!dot_f16_columns_multi(s.v_rows.data(), n_pos, probs, nh, n_kv, hd, acc, out)) {
+    // Not reached (attention_heads checks the same layout and head sizes); the per-head sums give
+    // the same bits.
+    for (int k = 0; k < nh; ++k)
+      dot_f16_columns(s.v_rows.data(), n_pos, probs[k], n_kv, hd, acc[k], out[k]);
+  }
 }
 constexpr bool grouped_gemv_built = true;
 #else

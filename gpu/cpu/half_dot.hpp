@@ -20,9 +20,9 @@ void dot_f16_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t
 /// dot_f16_columns for n_y (1-3) weight vectors over the same rows, bit for bit, reading each row
 /// once for all of them: the AVX-512 layout with 64 or 128 columns (`scratch[y]`: 64 * n_cols
 /// floats each). Returns false, doing nothing, for any other case.
-bool dot_f16_columns_multi(const uint16_t* const* rows, int64_t n_rows, const uint16_t* const* ys,
-                           int n_y, int64_t n, int64_t n_cols, float* const* scratch,
-                           float* const* outs);
+[[nodiscard]] bool dot_f16_columns_multi(const uint16_t* const* rows, int64_t n_rows,
+                                         const uint16_t* const* ys, int n_y, int64_t n,
+                                         int64_t n_cols, float* const* scratch, float* const* outs);
 /// The same for dot_f16_gemm (n a multiple of the layout's lanes): out[d] = dot_f16_gemm(column d
 /// of V, y, n), bit for bit.
 void dot_f16_gemm_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
