@@ -139,6 +139,8 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
     ac.threads = o.agent_threads;
     ac.max_sequences = o.max_sequences;
     ac.max_new_tokens = o.max_new_tokens;
+    ac.max_running = o.max_running;
+    ac.priority = o.priority;
     ac.controller_host = host;
     ac.controller_port = *port;
     children.push_back({"rollout-agent-" + std::to_string(i), "rollout_agent", ac.to_json(),

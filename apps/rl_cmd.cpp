@@ -155,6 +155,8 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.tools = *tools;
   c.max_tool_calls = o.max_tool_calls;
   c.batch_turns = o.tool_turns == "batch";
+  c.rollout_max_running = o.rollout_max_running;
+  c.trajectory_priority = o.trajectory_priority;
   return c;
 }
 
@@ -304,6 +306,14 @@ bool options_fit_together(const rl_options& o) {
         "need --agents N");
     return false;
   }
+  if (o.trajectory_priority) {
+    spdlog::info(
+        "trajectory priority: rollout engines run the trajectories predicted longest first{}",
+        o.rollout_max_running > 0
+            ? fmt::format(", {} sequences a pass", o.rollout_max_running)
+            : std::string{" (they run every sequence at once: the order matters only when KV "
+                          "runs short; --rollout-max-running caps a pass)"});
+  }
   if (o.reward_workers > 0 && (o.agents == 0 || o.reward_cmd.empty())) {
     spdlog::error(
         "--reward-workers runs --reward-cmd on nodes of the cluster --agents N starts: "
@@ -345,6 +355,8 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   const auto p = grpo_loop::engine_params(cfg);
   ao.max_sequences = p.max_sequences;
   ao.max_new_tokens = p.max_new_tokens;
+  ao.max_running = p.max_running;
+  ao.priority = p.priority;
   ao.netns = o.netns;
   ao.reward_workers = o.reward_workers;
   ao.reward_cmd = o.reward_cmd;

@@ -51,6 +51,18 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "until no sample generates, continuations until the last result)")
       ->capture_default_str()
       ->check(CLI::IsMember({"sample", "batch"}));
+  cmd->add_option("--rollout-max-running", o->rollout_max_running,
+                  "Sequences each rollout engine runs in one forward pass, like vLLM's "
+                  "max_num_seqs (0 = every sample in flight at once); beyond it requests queue, "
+                  "as on a GPU short of KV")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->add_flag("--trajectory-priority", o->trajectory_priority,
+                "Heddle's trajectory-level scheduling: rollout engines run the requests of the "
+                "trajectories predicted longest first (from each prompt's past samples, raised as "
+                "a trajectory outgrows its prediction), refreshed at every tool-call turn, instead "
+                "of first come, first served; matters where requests queue "
+                "(--rollout-max-running, or KV)");
   cmd->add_option("--digits", o->digits, "arithmetic: digits of each operand")
       ->capture_default_str()
       ->check(CLI::Range(1, 9));

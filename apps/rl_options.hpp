@@ -26,6 +26,8 @@ struct rl_options {
   std::string tool_latency_dist = "fixed";
   double tool_timeout_s = 10.0;
   std::string tool_turns = "sample";
+  int64_t rollout_max_running = 0;
+  bool trajectory_priority = false;
   std::string data_path;
   std::string match = "number";
   std::string answer_format = "none";

@@ -212,6 +212,7 @@ int run_serve(const serve_cli& cli) {
   } else {
     ac.limits.tool_calls_format = *serve::parse_tool_format(cli.tool_call_parser);
   }
+  ac.limits.priority_scheduling = cli.policy == "priority";
   spdlog::info("tool calls: {} format{}", serve::tool_format_name(ac.limits.tool_calls_format),
                cli.tool_call_parser == "auto" ? " (from the chat template)" : "");
   ac.cluster_json = [&sys, head = (*node)->head()]() -> std::string {
@@ -428,9 +429,10 @@ void add_serve_command(CLI::App& app, const global_options&) {
                 "sequences also publish their generated tokens' KV, a segment at a time, so a "
                 "sequence whose worker dies resumes from the pool instead of recomputing");
   cmd->add_option("--policy", cli->policy,
-                  "Iteration scheduling policy: fcfs or mlfq (FastServe skip-join MLFQ)")
+                  "Iteration scheduling policy: fcfs, mlfq (FastServe skip-join MLFQ) or priority "
+                  "(each request's 'priority' field, lower first, preemptive; vLLM's)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fcfs", "mlfq"}));
+      ->check(CLI::IsMember({"fcfs", "mlfq", "priority"}));
   cmd->add_option(
          "--mlfq-prefill-cost", cli->mlfq_prefill_cost,
          "MLFQ: cost of one prompt token in decode iterations (skip-join placement; ~0.4 on CPU)")

@@ -273,6 +273,7 @@ result<std::vector<request_id>> engine::rank_live() {
               : r.ph == phase::swapped ? sched_state::swapped
                                        : sched_state::resident;
     s.scheduled_last_step = r.scheduled;
+    s.priority = r.smp.params().priority;
     live.push_back(s);
   }
   config_.policy->rank(live, iteration_);
@@ -334,6 +335,7 @@ void engine::enqueue(std::unique_ptr<request> r) {
   sr.id = r->id;
   sr.arrival = r->arrival;
   sr.n_prompt = r->n_prompt;
+  sr.priority = r->smp.params().priority;
   live_.push_back(r->id);
   requests_.emplace(r->id, std::move(r));
   config_.policy->on_add(sr);

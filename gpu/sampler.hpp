@@ -48,6 +48,10 @@ struct sampling_params {
   /// final hidden states pooled — the mean over the prompt's tokens, or the last token's — in
   /// request_output::embedding, then finishes (max_tokens is not used; nothing is sampled).
   pooling_type pooling = pooling_type::none;
+  /// Scheduling priority under gpu::priority_policy (lower runs first, vLLM's convention; ties by
+  /// arrival). Not a sampling setting: it changes when the request runs, never its tokens. Other
+  /// policies do not read it, so callers refuse a nonzero value unless the engine ranks by it.
+  int32_t priority = 0;
 };
 
 /// A token with its log-probability under the model (log-softmax of the raw logits, or of the

@@ -37,6 +37,7 @@ struct sched_request {
   int64_t n_computed = 0;   ///< Tokens whose K/V are computed (includes prefix-cache hits).
   sched_state state = sched_state::waiting;
   bool scheduled_last_step = false;  ///< It had tokens in the previous forward pass.
+  int32_t priority = 0;              ///< sampling_params::priority (lower first).
 };
 
 /// A scheduling policy: ranks live requests every iteration.
@@ -72,6 +73,23 @@ class fcfs_policy final : public schedule_policy {
   void rank(std::vector<sched_request>& live, int64_t) override {
     std::sort(live.begin(), live.end(),
               [](const sched_request& a, const sched_request& b) { return a.arrival < b.arrival; });
+  }
+};
+
+/// Priority scheduling (vLLM's `--scheduling-policy priority`): lower sampling_params::priority
+/// first, ties in arrival order. Preemptive: a request that outranks running ones takes their
+/// place in the batch when `max_running` or the KV is short (they pause with their KV kept, or
+/// are swapped to host memory). With every priority equal it ranks as fcfs_policy. Stateless.
+class priority_policy final : public schedule_policy {
+ public:
+  std::string_view name() const override { return "priority"; }
+  void on_add(const sched_request&) override {}
+  void on_progress(request_id, int64_t, int64_t) override {}
+  void on_finish(request_id) override {}
+  void rank(std::vector<sched_request>& live, int64_t) override {
+    std::sort(live.begin(), live.end(), [](const sched_request& a, const sched_request& b) {
+      return a.priority != b.priority ? a.priority < b.priority : a.arrival < b.arrival;
+    });
   }
 };
 

@@ -34,6 +34,8 @@ struct RolloutItem {
   # Agentic rollouts: finish when the text contains one of these (a tool's closing tag); the
   # text is cut before it. At most 8, each 1 to 64 bytes.
   stopStrings @10 :List(Text);
+  # The engine's rank under --trajectory-priority (lower first; 0 otherwise).
+  priority @11 :Int32;
 }
 
 # Controller -> agent: rollouts to start.

@@ -24,6 +24,7 @@ struct SamplingParams {
   wantLogprobs @12 :Bool;           # report each token's log-probability (with nLogprobs alternatives)
   grammar @13 :Text;                # structured outputs: GBNF the output must match (empty: none)
   pooling @14 :UInt8;               # embeddings: 0 none (generate), 1 mean, 2 last token
+  priority @15 :Int32;              # lower runs first under the priority policy (0 otherwise)
 }
 
 # Router -> worker: run one sequence. A migrated request carries the tokens already generated

@@ -476,6 +476,7 @@ struct remote_rollouts::impl {
         const auto& strs = t.req.params.stop_strings;
         auto texts = x.initStopStrings(static_cast<unsigned>(strs.size()));
         for (size_t s = 0; s < strs.size(); ++s) texts.set(static_cast<unsigned>(s), strs[s]);
+        x.setPriority(t.req.params.priority);
       }
     });
     spdlog::debug("rl controller: {} rollouts to agent {}", ids.size(), a);

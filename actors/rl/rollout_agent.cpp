@@ -40,6 +40,8 @@ std::string rollout_agent_config::to_json() const {
                         {"threads", threads},
                         {"max_sequences", max_sequences},
                         {"max_new_tokens", max_new_tokens},
+                        {"max_running", max_running},
+                        {"priority", priority},
                         {"controller_host", controller_host},
                         {"controller_port", controller_port}}
       .dump();
@@ -59,6 +61,8 @@ result<rollout_agent_config> rollout_agent_config::from_json(const std::string& 
     c.threads = j.value("threads", c.threads);
     c.max_sequences = j.value("max_sequences", c.max_sequences);
     c.max_new_tokens = j.value("max_new_tokens", c.max_new_tokens);
+    c.max_running = j.value("max_running", c.max_running);
+    c.priority = j.value("priority", c.priority);
     c.controller_host = j.value("controller_host", c.controller_host);
     c.controller_port = j.value("controller_port", c.controller_port);
   } catch (const nlohmann::json::exception& e) {
@@ -66,7 +70,8 @@ result<rollout_agent_config> rollout_agent_config::from_json(const std::string& 
   }
   const auto type = gpu::parse_type_name(c.weight_type);
   if (c.agent < 0 || c.agent > 4095 || c.threads < 1 || c.threads > 1024 || c.max_sequences < 1 ||
-      c.max_sequences > 1 << 20 || c.max_new_tokens < 1 || c.controller_port == 0 || !type ||
+      c.max_sequences > 1 << 20 || c.max_running < 0 || c.max_running > 1 << 20 ||
+      c.max_new_tokens < 1 || c.controller_port == 0 || !type ||
       !gpu::rl::is_rollout_weight_type(*type)) {
     return make_error(errc::invalid_argument,
                       "rollout agent: agent " + std::to_string(c.agent) + ", " +
@@ -134,6 +139,8 @@ class agent_loop {
     p.weight_type = *gpu::parse_type_name(cfg_.weight_type);
     p.device = cfg_.device;
     p.threads = cfg_.threads;
+    p.max_running = cfg_.max_running;
+    p.priority = cfg_.priority;
     auto dev = gpu::device_registry::instance().open(p.device, p.threads);
     if (!dev) return make_error(errc::invalid_argument, dev.error().message());
     dev_ = std::move(*dev);
@@ -200,6 +207,7 @@ class agent_loop {
         }
         sp.seed = item.getSeed();
         sp.max_tokens = item.getMaxTokens();
+        sp.priority = item.getPriority();
         for (int32_t t : item.getStopTokens()) sp.stop_tokens.push_back(t);
         bool stops_ok = item.getStopStrings().size() <= 8;
         for (auto t : item.getStopStrings()) {

@@ -36,8 +36,8 @@ struct engine_pool_options {
   int64_t kv_blocks = 1024;  ///< KV blocks per worker (block_size tokens each)
   int64_t block_size = 16;
   int64_t max_batch_tokens = 64;
-  int64_t idle_batch_tokens = 512;   ///< budget of a pass without decodes
-  std::string policy = "fcfs";       ///< "fcfs" or "mlfq" (actors/serve/engine_worker.hpp)
+  int64_t idle_batch_tokens = 512;  ///< budget of a pass without decodes
+  std::string policy = "fcfs";  ///< "fcfs", "mlfq" or "priority" (actors/serve/engine_worker.hpp)
   std::string name = "engine-pool";  ///< the supervisor's name; workers are <name>-worker-<i>
   uint32_t max_restarts = 5;         ///< per minute, before the supervisor gives up
   uint32_t restart_delay_ms = 500;   ///< first restart backoff

@@ -7,10 +7,10 @@
 /// Config (JSON, every field but model and router optional):
 ///   {"model": PATH, "router": "HOST:PORT", "device": "cpu", "threads": 0,
 ///    "weights_memory": "huge-pages"|"mmap", "kv_blocks": 1024,
-///    "block_size": 16, "max_batch_tokens": 64, "max_running": 32, "policy": "fcfs"|"mlfq",
-///    "mlfq_prefill_cost": 0.4, "mlfq_starvation_steps": 1024,
-///    "role": "both"|"prefill"|"decode", "prefix_cache": true, "load_interval_ms": 200,
-///    "kv_lease_ms": 5000, "segment_tokens": 0, "pool_timeout_ms": 500}
+///    "block_size": 16, "max_batch_tokens": 64, "max_running": 32, "policy":
+///    "fcfs"|"mlfq"|"priority", "mlfq_prefill_cost": 0.4, "mlfq_starvation_steps": 1024, "role":
+///    "both"|"prefill"|"decode", "prefix_cache": true, "load_interval_ms": 200, "kv_lease_ms":
+///    5000, "segment_tokens": 0, "pool_timeout_ms": 500}
 ///
 /// Roles: "both" prefills and decodes (colocated). "prefill" hands each sequence's KV off after its
 /// first new token (kv_exporter, under a lease) and "decode" pulls it (kv_importer) over the node's

@@ -480,6 +480,16 @@ void read_sampling(field_reader& rd, openai_request& r, const api_limits& limits
   }
   if (auto v = rd.integer("max_tokens", 1, max_tokens_limit))
     s.max_tokens = static_cast<int32_t>(*v);
+  // vLLM's extension: lower runs first; only meaningful when the workers rank by it.
+  if (auto v = rd.integer("priority", std::numeric_limits<int32_t>::min(),
+                          std::numeric_limits<int32_t>::max())) {
+    if (*v != 0 && !limits.priority_scheduling) {
+      rd.fail("priority",
+              "'priority' needs a server started with --policy priority (this one schedules "
+              "first come, first served or by MLFQ)");
+    }
+    s.priority = static_cast<int32_t>(*v);
+  }
   if (r.kind == endpoint::chat_completions) {
     // The newer name wins when both are given.
     if (auto v = rd.integer("max_completion_tokens", 1, max_tokens_limit))

@@ -68,6 +68,9 @@ struct api_limits {
   size_t max_body_bytes = 8u << 20;
   /// How the model writes tool calls (the server's --tool-call-parser, or its template's family).
   tool_format tool_calls_format = tool_format::tagged;
+  /// The workers rank requests by their `priority` field (`weft serve --policy priority`); when
+  /// false a nonzero `priority` is refused (400) rather than ignored.
+  bool priority_scheduling = false;
 };
 
 /// Parses and validates a body. Malformed JSON, wrong types, out-of-range values, unknown `role`,

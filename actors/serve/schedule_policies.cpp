@@ -13,8 +13,10 @@ result<std::shared_ptr<gpu::schedule_policy>> make_schedule_policy(std::string_v
     if (!p) return p.error();
     return std::shared_ptr<gpu::schedule_policy>(std::move(p.value()));
   }
-  return make_error(errc::invalid_argument,
-                    "unknown scheduling policy \"" + std::string(name) + "\" (known: fcfs, mlfq)");
+  if (name == "priority")
+    return std::shared_ptr<gpu::schedule_policy>(std::make_shared<gpu::priority_policy>());
+  return make_error(errc::invalid_argument, "unknown scheduling policy \"" + std::string(name) +
+                                                "\" (known: fcfs, mlfq, priority)");
 }
 
 }  // namespace weft::serve

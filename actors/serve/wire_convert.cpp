@@ -38,6 +38,7 @@ schema::envelope to_wire(const generate_spec& s) {
     p.setWantLogprobs(s.want_logprobs);
     if (!s.params.grammar.empty()) p.setGrammar(s.params.grammar);
     p.setPooling(static_cast<uint8_t>(s.params.pooling));
+    p.setPriority(s.params.priority);
     b.setDeadlineMs(s.deadline_ms);
     b.setAttempt(s.attempt);
     b.setHandoff(s.handoff);
@@ -97,6 +98,7 @@ result<generate_spec> from_wire(wire::GenerateRequest::Reader r) {
   if (p.getPooling() > static_cast<uint8_t>(gpu::pooling_type::last))
     return bad("pooling " + std::to_string(p.getPooling()) + " is not 0, 1 or 2");
   s.params.pooling = static_cast<gpu::pooling_type>(p.getPooling());
+  s.params.priority = p.getPriority();
   if (s.params.pooling != gpu::pooling_type::none && !s.params.grammar.empty())
     return bad("an embedding request has no grammar");
   s.want_logprobs = p.getWantLogprobs();

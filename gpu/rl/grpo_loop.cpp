@@ -60,6 +60,8 @@ rollout_engine_params grpo_loop::engine_params(const grpo_loop_config& config) {
   p.weight_type = config.rollout_type;
   p.device = config.rollout_device;
   p.threads = config.engine_threads;
+  p.max_running = config.rollout_max_running;
+  p.priority = config.trajectory_priority;
   return p;
 }
 
@@ -226,6 +228,15 @@ result<bool> append_output(rollout_sample& s, const request_output& o, int64_t v
   return o.finish != finish_reason::none;
 }
 
+uint64_t prompt_key(const std::vector<int32_t>& prompt) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the token ids
+  for (int32_t t : prompt) {
+    h ^= static_cast<uint32_t>(t);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
 uint64_t step_seed(uint64_t seed, int64_t step) {
   return seed ^ (0xA5A5ull + static_cast<uint64_t>(step) * 0x100000001B3ull);
 }
@@ -272,6 +283,23 @@ result<std::vector<rollout_sample>> grpo_loop::generate(const std::vector<rl_pro
   return out;
 }
 
+int32_t trajectory_priority_of(double predicted, int64_t generated, int64_t turns_done) {
+  double total = std::max(predicted, 1.0);
+  if (static_cast<double>(generated) >= total) {
+    total = static_cast<double>(generated) +
+            static_cast<double>(generated) / static_cast<double>(std::max<int64_t>(1, turns_done));
+  }
+  return -static_cast<int32_t>(std::llround(std::min(total, static_cast<double>(1 << 30))));
+}
+
+int32_t grpo_loop::priority_for(const std::vector<int32_t>& prompt, int64_t generated,
+                                int64_t turns_done) const {
+  if (!config_.trajectory_priority) return 0;
+  const double predicted =
+      trajectory_lengths_.predict(prompt_key(prompt), static_cast<int64_t>(prompt.size()));
+  return trajectory_priority_of(predicted, generated, turns_done);
+}
+
 status grpo_loop::start_step(int64_t m) {
   pending_step p;
   p.cursor = prompts_.cursor();
@@ -291,6 +319,7 @@ status grpo_loop::start_step(int64_t m) {
       r.prompt = ids;
       const uint64_t seed = sample_seed(base, g, j);
       r.params = request_params(seed, config_.max_new_tokens, false);
+      r.params.priority = priority_for(ids, 0, 0);
       r.group = m * config_.prompts_per_step + g;
       if (!config_.tools.empty()) turns_[r.id] = turn{r.params, r.group, 0, 0, seed};
       rollout_sample s;
@@ -372,6 +401,10 @@ status grpo_loop::sample_finished(int64_t step, size_t index) {
   const auto j = static_cast<int64_t>(index) - s.group * config_.group_size;
   const auto [oldest, newest] = s.versions(version_);
   if (auto st = sched_.finish(sample_key{step, s.group, j}, oldest, newest); !st) return st;
+  if (config_.trajectory_priority) {
+    trajectory_lengths_.observe(prompt_key(s.prompt), static_cast<int64_t>(s.prompt.size()),
+                                s.generated());
+  }
   if (++p.group_finished[g] < config_.group_size) return {};
   // The group is complete: score it now, while the other groups still generate.
   const auto first = static_cast<std::ptrdiff_t>(g * static_cast<size_t>(config_.group_size));

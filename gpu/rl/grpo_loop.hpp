@@ -26,6 +26,7 @@
 #include "gpu/engine.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/model.hpp"
+#include "gpu/rl/dispatch.hpp"
 #include "gpu/rl/grpo.hpp"
 #include "gpu/rl/grpo_update.hpp"
 #include "gpu/rl/rollout_backend.hpp"
@@ -103,7 +104,23 @@ struct grpo_loop_config {
   /// sample is generating, then all run at once, and every continuation starts after the last
   /// result.
   bool batch_turns = false;
+  /// Sequences a rollout engine runs in one forward pass (0: all of them at once). Below the
+  /// samples in flight, the others queue: a GPU short of KV, or vLLM's max_num_seqs.
+  int64_t rollout_max_running = 0;
+  /// Heddle's trajectory-level scheduling: the rollout engines rank requests by their
+  /// trajectory's predicted length (trajectory_priority_of), longest first, refreshed at every
+  /// turn, instead of first come, first served (under which every continuation after a tool call
+  /// queues behind the requests that arrived meanwhile).
+  bool trajectory_priority = false;
 };
+
+/// The engine priority (gpu::priority_policy: lower first) of a trajectory's next request under
+/// `trajectory_priority`: minus its predicted total of generated tokens — `predicted` (the
+/// length ranker's, from the prompt's earlier samples) until it outgrows that, then what it
+/// generated so far plus the mean of its turns (it called a tool, so at least one more turn
+/// comes). A trajectory's priority only rises as it runs past its prediction (progressive
+/// priority): the long tail is never left queueing behind the short ones.
+int32_t trajectory_priority_of(double predicted, int64_t generated, int64_t turns_done);
 
 /// A tool result's tokens are cut to this many (the engine's context is sized for
 /// max_tool_calls of them).
@@ -274,6 +291,10 @@ class grpo_loop {
   /// A tool answered the call of request `id`: its result goes into the sample and the sample
   /// continues as a new request (same group, so the same agent and its prefix cache).
   status tool_returned(const tool_result& r);
+  /// config.trajectory_priority: the engine priority of the next request of a trajectory with
+  /// this prompt (trajectory_priority_of, from the prompt's past lengths); 0 otherwise.
+  int32_t priority_for(const std::vector<int32_t>& prompt, int64_t generated,
+                       int64_t turns_done) const;
   /// A continuation's first output: its prefix-cache hits go into the sample's count.
   void count_cached(request_id id, rollout_sample& s, const request_output& o);
   /// The requests' sampling parameters with this configuration.
@@ -356,6 +377,9 @@ class grpo_loop {
   batch_reward reward_;
   std::shared_ptr<update_group> group_;
   std::shared_ptr<tool_backend> tools_;
+  /// config.trajectory_priority: generated tokens per trajectory of each prompt seen (rebuilt
+  /// from scratch after a resume: it orders requests, never changes a sample).
+  length_ranker trajectory_lengths_;
   /// With tools: each live request's turn (what its continuation needs).
   struct turn {
     sampling_params params;

@@ -142,6 +142,7 @@ status grpo_loop::tool_returned(const tool_result& r) {
   req.params = next.params;
   req.params.seed = turn_seed(next.first_seed, next.calls);
   req.params.max_tokens = static_cast<int32_t>(config_.max_new_tokens - s->generated());
+  req.params.priority = priority_for(s->prompt, s->generated(), next.calls);
   req.group = next.group;
   s->continued_tokens += static_cast<int64_t>(req.prompt.size());
   // The sample now lives under its continuation's id.

@@ -9,7 +9,8 @@ namespace weft::gpu::rl {
 
 engine_config rollout_engine_config(const model& m, const rollout_engine_params& p) {
   engine_config ec;
-  ec.max_running = p.max_sequences;
+  ec.max_running = p.max_running > 0 ? std::min(p.max_running, p.max_sequences) : p.max_sequences;
+  if (p.priority) ec.policy = std::make_shared<priority_policy>();
   ec.max_batch_tokens = 512;
   ec.block_size = 16;
   // A continuation after a tool call replays the turns before it (decode numerics) and takes

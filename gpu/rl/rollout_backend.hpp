@@ -92,6 +92,12 @@ struct rollout_engine_params {
   ggml_type weight_type = ggml_type::f32;
   std::string device = "cpu";
   int threads = 1;
+  /// Sequences in one forward pass (vLLM's max_num_seqs); 0: max_sequences. Beyond it requests
+  /// wait (or pause, KV kept) in the policy's order.
+  int64_t max_running = 0;
+  /// Rank requests by sampling_params::priority (gpu::priority_policy, lower first) instead of
+  /// first come, first served: `weft rl --trajectory-priority`.
+  bool priority = false;
 };
 
 /// The engine configuration of a rollout engine for `m` (KV for every sequence at once within

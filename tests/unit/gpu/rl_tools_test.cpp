@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <map>
 #include <memory>
 #include <regex>
 #include <string>
@@ -339,6 +340,58 @@ TEST(grpo_loop_tools, batch_synchronous_turns_give_the_same_samples) {
             std::vector<size_t>(a.backend->continuation_adds.size(), 1));
   ASSERT_EQ(b.backend->continuation_adds.size(), 2u);
   EXPECT_GT(b.backend->continuation_adds[0], 1u);
+}
+
+TEST(trajectory_priority, longest_predicted_first_and_rising_past_the_prediction) {
+  // Until a trajectory outgrows its prediction, its priority is the prediction's.
+  EXPECT_EQ(trajectory_priority_of(50.0, 0, 0), -50);
+  EXPECT_EQ(trajectory_priority_of(50.0, 30, 1), -50);
+  EXPECT_LT(trajectory_priority_of(80.0, 0, 0), trajectory_priority_of(50.0, 0, 0));
+  // Past it: what it generated plus the mean of its turns so far.
+  EXPECT_EQ(trajectory_priority_of(50.0, 60, 2), -90);
+  EXPECT_EQ(trajectory_priority_of(50.0, 60, 0), -120);  // no turn done yet counts as one
+  int32_t last = 0;
+  for (int64_t g = 0; g < 400; g += 7) {  // never falls as it generates
+    const int32_t p = trajectory_priority_of(50.0, g, 2);
+    EXPECT_LE(p, last);
+    last = p;
+  }
+  EXPECT_EQ(trajectory_priority_of(0.0, 0, 0), -1);
+  EXPECT_EQ(trajectory_priority_of(1e30, 0, 0), -(1 << 30));
+}
+
+TEST(grpo_loop_tools, trajectory_priority_ranks_requests_and_changes_no_sample) {
+  auto c = tool_loop_config();
+  c.prompts_per_step = 2;
+  scripted_run plain(c);
+  c.trajectory_priority = true;
+  scripted_run ranked(c);
+  for (int step = 0; step < 2; ++step) {
+    const size_t seen = ranked.backend->requests_seen.size();
+    auto ra = plain.loop->step();
+    auto rb = ranked.loop->step();
+    ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message() : ra.error().message());
+    EXPECT_GT(rb->tool_calls, 0);
+    EXPECT_EQ(ra->tool_calls, rb->tool_calls);
+    EXPECT_EQ(ra->reward_mean, rb->reward_mean);
+    EXPECT_EQ(ra->loss, rb->loss);
+    // The first turns of the step: the same prediction for every sample of a prompt.
+    const auto& rs = ranked.backend->requests_seen;
+    std::map<int64_t, int32_t> by_group;
+    for (size_t i = seen; i < rs.size(); ++i) {
+      if (rs[i].n_replay > 0) continue;  // a continuation
+      auto [it, fresh] = by_group.emplace(rs[i].group, rs[i].params.priority);
+      EXPECT_EQ(it->second, rs[i].params.priority);
+      // Step 0 knows nothing: the ranker's prior (64 tokens); step 1 what step 0's samples did.
+      if (step == 0) EXPECT_EQ(rs[i].params.priority, -64);
+      if (step == 1) {
+        EXPECT_LT(rs[i].params.priority, 0);
+        EXPECT_GT(rs[i].params.priority, -64);
+      }
+    }
+    EXPECT_EQ(by_group.size(), 2u);
+  }
+  for (const auto& r : plain.backend->requests_seen) EXPECT_EQ(r.params.priority, 0);
 }
 
 TEST(grpo_loop_tools, needs_a_tool_backend_and_known_tools) {

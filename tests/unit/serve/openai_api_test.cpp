@@ -317,6 +317,32 @@ TEST(openai_parse, boundaries_are_inclusive_where_openai_says_so) {
   EXPECT_EQ(hi.top_logprobs, 20);
 }
 
+TEST(openai_parse, priority_needs_the_priority_policy) {
+  // Absent or 0: every policy accepts it (0 is everyone's priority).
+  EXPECT_EQ(ok_completion(R"({"prompt":"x"})").sampling.priority, 0);
+  EXPECT_EQ(ok_completion(R"({"prompt":"x","priority":0})").sampling.priority, 0);
+  // Nonzero on a server that does not rank by it: refused, not ignored.
+  expect_400(endpoint::completions, R"({"prompt":"x","priority":-5})", "priority");
+  api_limits limits;
+  limits.priority_scheduling = true;
+  EXPECT_EQ(ok_completion(R"({"prompt":"x","priority":-5})", limits).sampling.priority, -5);
+  EXPECT_EQ(ok_completion(R"({"prompt":"x","priority":2147483647})", limits).sampling.priority,
+            2147483647);
+  auto chat =
+      parse_request(endpoint::chat_completions,
+                    R"({"messages":[{"role":"user","content":"hi"}],"priority":7})", limits);
+  ASSERT_TRUE(chat.request.has_value()) << chat.error.message;
+  EXPECT_EQ(chat.request->sampling.priority, 7);
+  for (const char* body :
+       {R"({"prompt":"x","priority":1.5})", R"({"prompt":"x","priority":"high"})",
+        R"({"prompt":"x","priority":2147483648})"}) {
+    auto r = parse_request(endpoint::completions, body, limits);
+    ASSERT_FALSE(r.request.has_value()) << body;
+    EXPECT_EQ(r.error.http_status, 400);
+    EXPECT_EQ(r.error.param, "priority");
+  }
+}
+
 TEST(openai_parse, wrong_types_name_the_field) {
   const auto c = endpoint::completions;
   expect_400(c, R"({"prompt":"x","max_tokens":"ten"})", "max_tokens");

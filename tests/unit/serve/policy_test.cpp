@@ -155,7 +155,7 @@ TEST(mlfq_policy, starvation_guard_promotes_to_the_top_queue) {
   EXPECT_EQ(p->n_promotions(), 1);
 }
 
-TEST(schedule_policies, factory_knows_fcfs_and_mlfq_only) {
+TEST(schedule_policies, factory_knows_fcfs_mlfq_and_priority_only) {
   auto f = serve::make_schedule_policy("fcfs");
   ASSERT_TRUE(f.ok());
   EXPECT_EQ((*f)->name(), "fcfs");
@@ -163,6 +163,9 @@ TEST(schedule_policies, factory_knows_fcfs_and_mlfq_only) {
   ASSERT_TRUE(m.ok());
   EXPECT_EQ((*m)->name(), "mlfq");
   EXPECT_NE(f->get(), serve::make_schedule_policy("fcfs")->get());  // one instance per engine
+  auto p = serve::make_schedule_policy("priority");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ((*p)->name(), "priority");
   auto bad = serve::make_schedule_policy("sjf");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().code, errc::invalid_argument);
@@ -209,7 +212,7 @@ struct run_result {
 };
 
 run_result run_short_behind_long(gpu::model& m, std::shared_ptr<gpu::schedule_policy> policy,
-                                 int64_t kv_blocks) {
+                                 int64_t kv_blocks, int32_t short_priority = 0) {
   gpu::engine_config ec;
   ec.max_running = 1;
   ec.kv_blocks = kv_blocks;
@@ -220,6 +223,7 @@ run_result run_short_behind_long(gpu::model& m, std::shared_ptr<gpu::schedule_po
   gpu::sampling_params lng, shrt;
   lng.max_tokens = 40;
   shrt.max_tokens = 3;
+  shrt.priority = short_priority;
   EXPECT_TRUE((*e)->add_request(1, prompt_of(12, 1), lng).ok());
   EXPECT_TRUE((*e)->add_request(2, prompt_of(10, 2), lng).ok());
   run_result res;
@@ -255,6 +259,26 @@ TEST(mlfq_engine, short_job_behind_long_ones_finishes_first_under_mlfq_not_fcfs)
   EXPECT_GT(mlfq.stats.n_preemptions, 0);
   EXPECT_EQ(mlfq.stats.n_swaps_out, 0);  // ample KV: paused requests keep theirs
   EXPECT_EQ(mlfq.traces, fcfs.traces);   // preemption changes no token and no log-prob
+}
+
+TEST(priority_engine, a_later_request_ranked_first_preempts_and_changes_no_token) {
+  auto l = load_tiny();
+  const auto fcfs = run_short_behind_long(*l.m, serve::make_schedule_policy("fcfs").value(), 64);
+  // Every priority equal: first come, first served.
+  const auto same =
+      run_short_behind_long(*l.m, serve::make_schedule_policy("priority").value(), 64);
+  EXPECT_EQ(same.finish_order, fcfs.finish_order);
+  EXPECT_EQ(same.stats.n_preemptions, 0);
+  // The late short request with a lower value than the two running ones goes first.
+  const auto urgent =
+      run_short_behind_long(*l.m, serve::make_schedule_policy("priority").value(), 64, -1);
+  EXPECT_EQ(urgent.finish_order, (std::vector<gpu::request_id>{3, 1, 2}));
+  EXPECT_GT(urgent.stats.n_preemptions, 0);
+  EXPECT_EQ(urgent.traces, fcfs.traces);
+  // A higher value waits for both, even for request 2, which arrived before it but had not run.
+  const auto later =
+      run_short_behind_long(*l.m, serve::make_schedule_policy("priority").value(), 64, 1);
+  EXPECT_EQ(later.finish_order, (std::vector<gpu::request_id>{1, 2, 3}));
 }
 
 TEST(mlfq_engine, swapping_under_mlfq_keeps_outputs) {
