@@ -14,9 +14,16 @@ Reports samples/s over the training steps (model loading excluded), the rollout 
 per sample and mean reward, with the ratio of per-sample to batch turns; the samples are the same
 in both (the turns' order changes when tokens are computed, not which).
 
-Writes JSON and PNG named rl-tools-<date>.* into --out.
+`--compare priority` instead runs weft's per-sample turns with each rollout engine capped at
+`--max-running` sequences a pass (requests beyond it queue, as on a GPU short of KV), first come
+first served against `--trajectory-priority` (Heddle's trajectory-level scheduling: the
+trajectories predicted longest first, raised as they outgrow the prediction), alternated.
+
+Writes JSON and PNG named rl-tools-<date>.* (rl-trajectory-priority-<date>.* with --compare
+priority) into --out.
 Usage: rl_tools.py --weft build/release/apps/weft [--make-model build/release/tests/weft_make_tiny_model]
            [--latencies 0,100,300] [--dist exponential] [--steps 6] [--repeat 2] [--out docs]
+           [--compare turns|priority] [--max-running 8]
 """
 import argparse
 import datetime
@@ -47,7 +54,20 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--compare", default="turns", choices=["turns", "priority"],
+                    help="turns: per-sample vs batch turns; priority: --trajectory-priority vs "
+                         "first come, first served under --max-running")
+    ap.add_argument("--max-running", type=int, default=8,
+                    help="--compare priority: each rollout engine's sequences per pass")
     a = ap.parse_args()
+    if a.compare == "turns":
+        variants = {"sample": ["--tool-turns", "sample"], "batch": ["--tool-turns", "batch"]}
+        name, baseline = "rl-tools", "--tool-turns batch"
+    else:
+        cap = ["--tool-turns", "sample", "--rollout-max-running", str(a.max_running)]
+        variants = {"priority": cap + ["--trajectory-priority"], "fcfs": cap}
+        name, baseline = "rl-trajectory-priority", f"--rollout-max-running {a.max_running}, fcfs"
+    first, second = list(variants)
     maker = a.make_model or os.path.join(os.path.dirname(os.path.dirname(
         os.path.abspath(a.weft))), "tests", "weft_make_tiny_model")
     task = ["--task", "lookup", "--words", "3", "--tools", "lookup,calc", "--prompt-format",
@@ -68,14 +88,14 @@ def main():
              "--threads", str(a.threads), "--save", warm, "--save-type", "f32"])
         for lat in latencies:
             for i in range(a.repeat):
-                for turns in ["sample", "batch"]:
+                for turns, flags in variants.items():
                     m = os.path.join(tmp, f"m-{lat}-{turns}-{i}.jsonl")
                     run([a.weft, "rl", "--model", warm] + task +
                         ["--steps", str(a.steps), "--prompts-per-step", str(a.prompts),
                          "--group-size", str(a.group), "--max-new-tokens", "128", "--lr", "5e-5",
                          "--threads", str(a.threads), "--eval-every", "0",
                          "--tool-latency-ms", str(lat), "--tool-latency-dist", a.dist,
-                         "--tool-turns", turns, "--metrics", m])
+                         "--metrics", m] + flags)
                     rows = [json.loads(x) for x in open(m) if x.strip()]
                     rows = [r for r in rows if r["kind"] == "step"]
                     r = {"seconds": sum(x["step_s"] for x in rows),
@@ -91,21 +111,21 @@ def main():
     summary = {}
     for lat, by in results.items():
         med = {t: statistics.median(x["samples_per_s"] for x in rs) for t, rs in by.items()}
-        summary[lat] = {"samples_per_s": med, "ratio_sample_to_batch": med["sample"] / med["batch"],
-                        "calls_per_sample": by["sample"][0]["tool_calls"] / samples,
-                        "mean_reward": statistics.mean(by["sample"][0]["rewards"])}
-        print(f"{lat:>4s} ms mean latency ({a.dist}): per-sample turns {med['sample']:.2f} "
-              f"samples/s, batch turns {med['batch']:.2f} = "
-              f"{summary[lat]['ratio_sample_to_batch']:.2f}x")
+        summary[lat] = {"samples_per_s": med, f"ratio_{first}_to_{second}": med[first] / med[second],
+                        "calls_per_sample": by[first][0]["tool_calls"] / samples,
+                        "mean_reward": statistics.mean(by[first][0]["rewards"])}
+        print(f"{lat:>4s} ms mean latency ({a.dist}): {first} {med[first]:.2f} samples/s, "
+              f"{second} {med[second]:.2f} = {med[first] / med[second]:.2f}x")
     out = {"benchmark": "rl_tools", "date": datetime.date.today().isoformat(),
            "model": "generated 4-layer 128-wide, SFT warm start on the tool task",
            "task": "lookup, 1-3 words, tools lookup+calc, raw prompts",
            "latency_distribution": a.dist, "steps": a.steps, "prompts_per_step": a.prompts,
            "group_size": a.group, "max_new_tokens": 128, "threads": a.threads,
-           "samples_per_run": samples, "baseline": "--tool-turns batch",
+           "samples_per_run": samples, "baseline": baseline,
+           "variants": variants,
            "summary": summary, "runs": results}
     os.makedirs(a.out, exist_ok=True)
-    stem = os.path.join(a.out, f"rl-tools-{datetime.date.today().strftime('%Y%m%d')}")
+    stem = os.path.join(a.out, f"{name}-{datetime.date.today().strftime('%Y%m%d')}")
     with open(stem + ".json", "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {stem}.json")
@@ -116,15 +136,18 @@ def main():
         fig, ax = plt.subplots(figsize=(7, 4))
         lats = list(summary)
         width = 0.38
-        for k, turns in enumerate(["sample", "batch"]):
+        for k, turns in enumerate(variants):
             ax.bar([i + (k - 0.5) * width for i in range(len(lats))],
                    [summary[x]["samples_per_s"][turns] for x in lats], width,
-                   label=f"--tool-turns {turns}", color=f"C{k}")
+                   label=" ".join(variants[turns]), color=f"C{k}")
         ax.set_xticks(range(len(lats)))
         ax.set_xticklabels([f"{x} ms" for x in lats])
         ax.set_xlabel(f"mean tool latency ({a.dist})")
         ax.set_ylabel("samples / s (median of runs)")
-        ax.set_title("Agentic GRPO rollouts: per-sample vs batch-synchronous turns")
+        ax.set_title("Agentic GRPO rollouts: per-sample vs batch-synchronous turns"
+                     if a.compare == "turns" else
+                     f"Agentic GRPO rollouts, {a.max_running} sequences a pass: "
+                     "trajectory priority vs FCFS")
         ax.legend()
         fig.tight_layout()
         fig.savefig(stem + ".png", dpi=110)

@@ -13,6 +13,11 @@ size_t length_ranker::bucket(int64_t prompt_tokens) {
 
 double length_ranker::predict(uint64_t prompt_key, int64_t prompt_tokens) const {
   if (auto it = by_prompt_.find(prompt_key); it != by_prompt_.end()) return it->second.value();
+  // Prompts of exactly this length, once there are a few of them (a task's prompt shape often
+  // tells its work: how many values to look up, how many digits).
+  if (auto it = by_length_.find(prompt_tokens); it != by_length_.end() && it->second.n >= 2) {
+    return it->second.value();
+  }
   const size_t b = bucket(prompt_tokens);
   if (by_bucket_[b].n > 0) return by_bucket_[b].value();
   // The nearest bucket with history, shorter prompts first.
@@ -32,6 +37,14 @@ void length_ranker::observe(uint64_t prompt_key, int64_t prompt_tokens, int64_t 
   if (it != by_prompt_.end()) {
     it->second.sum += len;
     ++it->second.n;
+  }
+  auto at = by_length_.find(prompt_tokens);
+  if (at == by_length_.end() && static_cast<int64_t>(by_length_.size()) < max_prompts_) {
+    at = by_length_.emplace(prompt_tokens, mean{}).first;
+  }
+  if (at != by_length_.end()) {
+    at->second.sum += len;
+    ++at->second.n;
   }
   mean& b = by_bucket_[bucket(prompt_tokens)];
   b.sum += len;

@@ -14,8 +14,9 @@
 namespace weft::gpu::rl {
 
 /// Predicts a prompt's output length (tokens) from what its earlier samples did; a prompt never
-/// seen is predicted from prompts of similar length (log2 buckets of the prompt's tokens), and
-/// with no history at all from the prior.
+/// seen is predicted from prompts of exactly its length (once two samples had it), else of
+/// similar length (log2 buckets of the prompt's tokens), and with no history at all from the
+/// prior.
 class length_ranker {
  public:
   explicit length_ranker(double prior = 64.0, int64_t max_prompts = 1 << 20)
@@ -37,6 +38,7 @@ class length_ranker {
   double prior_;
   int64_t max_prompts_;
   std::unordered_map<uint64_t, mean> by_prompt_;
+  std::unordered_map<int64_t, mean> by_length_;
   std::array<mean, 24> by_bucket_{};
 };
 

@@ -10,7 +10,8 @@ with tools); every step calls the tool; the update is on-policy to rounding (a t
 loss would put the ratio far from 1, their behaviour log-prob being 0); most of a continuation's
 context comes from the prefix cache; the Search-R1-style batch-synchronous turns (--tool-turns
 batch) and two rollout agents with a 100 ms tool, one of them SIGKILLed mid-run, give the same run
-bit for bit (sync mode, f16 rollout weights); async
+bit for bit (sync mode, f16 rollout weights), as do trajectory priority with a cap on each
+rollout engine's sequences (in one process, and on the two agents); async
 mode keeps its staleness bound; a Python program with the same table, given as --tool-cmd
 lookup=..., gives the same samples as the built-in tool; options that need --tools are refused
 without it.
@@ -149,13 +150,24 @@ def main():
               f"--tool-cmd runs the program as the lookup tool ({out.strip()[-200:]})")
         if rc == 0:
             same_run(m5, "a Python lookup tool (JSON lines) instead of the built-in")
+        # Heddle's trajectory-level scheduling with 4 sequences a pass: requests queue and are
+        # preempted in priority order, which changes when tokens are computed, not which.
+        m6 = os.path.join(tmp, "priority.jsonl")
+        rc, out = run_weft(w, "rl", run + ["--eval-every", "0", "--rollout-max-running", "4",
+                                           "--trajectory-priority", "--metrics", m6])
+        check(rc == 0 and "trajectory priority: rollout engines run the trajectories predicted "
+              "longest first, 4 sequences a pass" in out,
+              f"--trajectory-priority --rollout-max-running 4 runs ({out.strip()[-200:]})")
+        if rc == 0:
+            same_run(m6, "--rollout-max-running 4 --trajectory-priority")
         m2 = os.path.join(tmp, "batch.jsonl")
         run_or_exit([w, "rl"] + run + ["--eval-every", "0", "--tool-turns", "batch",
                                        "--metrics", m2])
         same_run(m2, "--tool-turns batch")
-        # Two rollout agents; agent 0's node process is SIGKILLed once step 1 is reported, while
-        # step 2's samples generate or wait for the tool: its rollouts — continuations after a
-        # call among them — are replayed on agent 1.
+        # Two rollout agents (each capped at 6 sequences a pass, trajectory priority: the
+        # priorities travel in the rollout messages); agent 0's node process is SIGKILLed once
+        # step 1 is reported, while step 2's samples generate or wait for the tool: its rollouts
+        # — continuations after a call among them — are replayed on agent 1.
         m3 = os.path.join(tmp, "agents.jsonl")
         pids, killed = {}, []
         port = free_port()
@@ -171,7 +183,9 @@ def main():
                 killed.append(pids[0])
         rc, out = run_watching([w, "rl"] + run + ["--eval-every", "0", "--agents", "2",
                                                   "--tool-latency-ms", "100", "--metrics", m3,
-                                                  "--metrics-port", str(port)],
+                                                  "--metrics-port", str(port),
+                                                  "--rollout-max-running", "6",
+                                                  "--trajectory-priority"],
                                on_line, timeout=600)
         table = status["table"].stdout if "table" in status else ""
         tools = (json.loads(status["json"].stdout).get("tools") or {}) if "json" in status and \

@@ -139,6 +139,14 @@ TEST(dispatch, the_ranker_learns_prompts_then_similar_prompts_then_falls_back_to
   bounded.observe(2, 100, 30);  // table full: feeds only its bucket
   EXPECT_EQ(bounded.prompts_known(), 1);
   EXPECT_EQ(bounded.predict(2, 100), 20.0);
+  // Prompts of one exact length, once two samples had it, before the bucket's mean.
+  length_ranker shape(64.0);
+  shape.observe(1, 40, 10);
+  shape.observe(2, 44, 50);
+  EXPECT_EQ(shape.predict(9, 40), 30.0);  // one sample of length 40: the bucket
+  shape.observe(3, 40, 14);
+  EXPECT_EQ(shape.predict(9, 40), 12.0);
+  EXPECT_EQ(shape.predict(9, 44), 74.0 / 3.0);
 }
 
 TEST(dispatch, longest_first_placement_beats_round_robin_on_makespan) {
