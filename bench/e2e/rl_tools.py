@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--compare", default="turns", choices=["turns", "priority"],
                     help="turns: per-sample vs batch turns; priority: --trajectory-priority vs "
                          "first come, first served under --max-running")
+    ap.add_argument("--words", type=int, default=3,
+                    help="lookup: up to this many words per problem (a call each, then calc)")
     ap.add_argument("--max-running", type=int, default=8,
                     help="--compare priority: each rollout engine's sequences per pass")
     a = ap.parse_args()
@@ -67,11 +69,14 @@ def main():
         cap = ["--tool-turns", "sample", "--rollout-max-running", str(a.max_running)]
         variants = {"priority": cap + ["--trajectory-priority"], "fcfs": cap}
         name, baseline = "rl-trajectory-priority", f"--rollout-max-running {a.max_running}, fcfs"
+    if a.words != 3:
+        name += f"-words{a.words}"
     first, second = list(variants)
     maker = a.make_model or os.path.join(os.path.dirname(os.path.dirname(
         os.path.abspath(a.weft))), "tests", "weft_make_tiny_model")
-    task = ["--task", "lookup", "--words", "3", "--tools", "lookup,calc", "--prompt-format",
-            "raw", "--eval-prompts", "50", "--seed", "0"]
+    task = ["--task", "lookup", "--words", str(a.words), "--tools", "lookup,calc",
+            "--prompt-format", "raw", "--eval-prompts", "50", "--seed", "0",
+            "--max-tool-calls", str(max(4, a.words + 1))]
     latencies = [int(x) for x in a.latencies.split(",") if x.strip()]
     samples = a.steps * a.prompts * a.group
     results = {}
@@ -118,7 +123,7 @@ def main():
               f"{second} {med[second]:.2f} = {med[first] / med[second]:.2f}x")
     out = {"benchmark": "rl_tools", "date": datetime.date.today().isoformat(),
            "model": "generated 4-layer 128-wide, SFT warm start on the tool task",
-           "task": "lookup, 1-3 words, tools lookup+calc, raw prompts",
+           "task": f"lookup, 1-{a.words} words, tools lookup+calc, raw prompts",
            "latency_distribution": a.dist, "steps": a.steps, "prompts_per_step": a.prompts,
            "group_size": a.group, "max_new_tokens": 128, "threads": a.threads,
            "samples_per_run": samples, "baseline": baseline,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <numeric>
 
 namespace weft::gpu::rl {
@@ -49,6 +50,15 @@ void length_ranker::observe(uint64_t prompt_key, int64_t prompt_tokens, int64_t 
   mean& b = by_bucket_[bucket(prompt_tokens)];
   b.sum += len;
   ++b.n;
+}
+
+int32_t trajectory_priority_of(double predicted, int64_t generated, int64_t turns_done) {
+  double total = std::max(predicted, 1.0);
+  if (static_cast<double>(generated) >= total) {
+    total = static_cast<double>(generated) +
+            static_cast<double>(generated) / static_cast<double>(std::max<int64_t>(1, turns_done));
+  }
+  return -static_cast<int32_t>(std::llround(std::min(total, static_cast<double>(1 << 30))));
 }
 
 std::vector<size_t> longest_first_order(std::span<const dispatch_item> items) {

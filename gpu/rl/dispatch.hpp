@@ -42,6 +42,14 @@ class length_ranker {
   std::array<mean, 24> by_bucket_{};
 };
 
+/// The engine priority (gpu::priority_policy: lower first) of a trajectory's next request under
+/// `weft rl --trajectory-priority`: minus its predicted total of generated tokens — `predicted`
+/// (the length ranker's, from the prompt's earlier samples) until it outgrows that, then what it
+/// generated so far plus the mean of its turns (it called a tool, so at least one more turn
+/// comes). A trajectory's priority only rises as it runs past its prediction (progressive
+/// priority): the long tail is never left queueing behind the short ones.
+int32_t trajectory_priority_of(double predicted, int64_t generated, int64_t turns_done);
+
 /// A unit of work to place (a group of samples of one prompt) and its predicted cost.
 struct dispatch_item {
   int64_t id = 0;

@@ -283,15 +283,6 @@ result<std::vector<rollout_sample>> grpo_loop::generate(const std::vector<rl_pro
   return out;
 }
 
-int32_t trajectory_priority_of(double predicted, int64_t generated, int64_t turns_done) {
-  double total = std::max(predicted, 1.0);
-  if (static_cast<double>(generated) >= total) {
-    total = static_cast<double>(generated) +
-            static_cast<double>(generated) / static_cast<double>(std::max<int64_t>(1, turns_done));
-  }
-  return -static_cast<int32_t>(std::llround(std::min(total, static_cast<double>(1 << 30))));
-}
-
 int32_t grpo_loop::priority_for(const std::vector<int32_t>& prompt, int64_t generated,
                                 int64_t turns_done) const {
   if (!config_.trajectory_priority) return 0;

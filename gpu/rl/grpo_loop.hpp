@@ -114,14 +114,6 @@ struct grpo_loop_config {
   bool trajectory_priority = false;
 };
 
-/// The engine priority (gpu::priority_policy: lower first) of a trajectory's next request under
-/// `trajectory_priority`: minus its predicted total of generated tokens — `predicted` (the
-/// length ranker's, from the prompt's earlier samples) until it outgrows that, then what it
-/// generated so far plus the mean of its turns (it called a tool, so at least one more turn
-/// comes). A trajectory's priority only rises as it runs past its prediction (progressive
-/// priority): the long tail is never left queueing behind the short ones.
-int32_t trajectory_priority_of(double predicted, int64_t generated, int64_t turns_done);
-
 /// A tool result's tokens are cut to this many (the engine's context is sized for
 /// max_tool_calls of them).
 inline constexpr int64_t max_observation_tokens = 64;

@@ -22,13 +22,8 @@ uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-/// A standard normal drawn from a hash of the arguments (Box–Muller).
 double normal(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0) {
-  const uint64_t h1 = mix(seed ^ mix(a ^ mix(b ^ mix(c))));
-  const uint64_t h2 = mix(h1);
-  const double u1 = (static_cast<double>(h1 >> 11) + 0.5) / 9007199254740992.0;
-  const double u2 = static_cast<double>(h2 >> 11) / 9007199254740992.0;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  return sim_normal(seed, a, b, c);
 }
 
 int64_t prompt_of(const rl_sim_config& c, int64_t step, int64_t group) {
@@ -68,6 +63,19 @@ struct event {
 };
 
 }  // namespace
+
+double sim_uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
+  return (static_cast<double>(mix(seed ^ mix(a ^ mix(b ^ mix(c)))) >> 11) + 0.5) /
+         9007199254740992.0;
+}
+
+double sim_normal(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
+  const uint64_t h1 = mix(seed ^ mix(a ^ mix(b ^ mix(c))));
+  const uint64_t h2 = mix(h1);
+  const double u1 = (static_cast<double>(h1 >> 11) + 0.5) / 9007199254740992.0;
+  const double u2 = static_cast<double>(h2 >> 11) / 9007199254740992.0;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
 
 const char* rl_sim_mode_name(rl_sim_mode m) {
   switch (m) {

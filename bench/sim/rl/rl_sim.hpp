@@ -83,6 +83,11 @@ struct rl_sim_result {
 /// same prompts and the same output length for each sample.
 rl_sim_result simulate_rl(const rl_sim_config& config, rl_sim_mode mode, int64_t max_staleness);
 
+/// A uniform in (0, 1) and a standard normal (Box–Muller) drawn from a hash of the arguments:
+/// every simulated quantity is a pure function of its coordinates.
+double sim_uniform(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
+double sim_normal(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
+
 /// The output length of sample j of group g of step m, and the prompt's token count.
 int64_t sim_output_length(const rl_sim_config& c, int64_t step, int64_t group, int64_t j);
 int64_t sim_prompt_tokens(const rl_sim_config& c, int64_t prompt);

@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
@@ -145,14 +147,38 @@ def main():
               "a completion for an allowed origin carries Access-Control-Allow-Origin")
         st, h, _ = raw(srv, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
         check(st == 200 and "Access-Control-Allow-Origin" not in h, "no Origin, no CORS header")
+        # A priority on a first-come-first-served server is refused, not ignored.
+        st, _, body = raw(srv, "POST", "/v1/completions", {"prompt": "Hi", "priority": -1})
+        check(st == 400 and json.loads(body)["error"]["param"] == "priority" and
+              "--policy priority" in body, f"priority without --policy priority: 400 ({body[:160]})")
 
     # Without --allowed-origins there are no CORS headers at all; --api-key guards /tokenize.
-    with WeftServer(a.weft, ["--api-key", "k1"]) as srv:
+    # --policy priority with one sequence decoding at a time: a later request with a lower
+    # priority value preempts the one running.
+    with WeftServer(a.weft, ["--api-key", "k1", "--policy", "priority", "--max-running", "1"]) as srv:
         st, h, _ = raw(srv, "OPTIONS", "/v1/completions", headers={"Origin": "http://app.example"})
         check("Access-Control-Allow-Origin" not in h, "no --allowed-origins: no CORS headers")
         st, _, _ = raw(srv, "POST", "/tokenize", {"content": "x"})
         st2, _, _ = raw(srv, "POST", "/tokenize", {"content": "x"}, {"Authorization": "Bearer k1"})
         check(st == 401 and st2 == 200, f"--api-key guards /tokenize ({st}, {st2})")
+        auth = {"Authorization": "Bearer k1"}
+        done = {}
+
+        def long_request():
+            done["long"] = raw(srv, "POST", "/v1/completions",
+                               {"prompt": "Once upon a time", "max_tokens": 600, "ignore_eos": True,
+                                "temperature": 0}, auth)[0]
+            done["long_at"] = time.monotonic()
+        t = threading.Thread(target=long_request)
+        t.start()
+        time.sleep(0.5)
+        st, _, body = raw(srv, "POST", "/v1/completions",
+                          {"prompt": "Hi", "max_tokens": 4, "priority": -1}, auth)
+        short_at = time.monotonic()
+        t.join()
+        check(st == 200 and done.get("long") == 200 and short_at < done["long_at"],
+              f"--policy priority: a later request with priority -1 finishes before a 600-token "
+              f"one running alone ({st}, {done.get('long')}, {done.get('long_at', 0) - short_at:.2f} s)")
 
     # weft generate: -p - reads stdin; --help shows the defaults.
     p = subprocess.run([a.weft, "generate", "-p", "-", "-n", "4"], input="Once upon a time",

@@ -380,11 +380,12 @@ TEST(grpo_loop_tools, trajectory_priority_ranks_requests_and_changes_no_sample) 
     std::map<int64_t, int32_t> by_group;
     for (size_t i = seen; i < rs.size(); ++i) {
       if (rs[i].n_replay > 0) continue;  // a continuation
-      auto [it, fresh] = by_group.emplace(rs[i].group, rs[i].params.priority);
-      EXPECT_EQ(it->second, rs[i].params.priority);
+      auto it = by_group.emplace(rs[i].group, rs[i].params.priority);
+      EXPECT_EQ(it.first->second, rs[i].params.priority);
       // Step 0 knows nothing: the ranker's prior (64 tokens); step 1 what step 0's samples did.
-      if (step == 0) EXPECT_EQ(rs[i].params.priority, -64);
-      if (step == 1) {
+      if (step == 0) {
+        EXPECT_EQ(rs[i].params.priority, -64);
+      } else {
         EXPECT_LT(rs[i].params.priority, 0);
         EXPECT_GT(rs[i].params.priority, -64);
       }
