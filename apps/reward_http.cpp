@@ -1,26 +1,23 @@
 #include "apps/reward_http.hpp"
 
+#include "actors/rl/tool_http.hpp"
+
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
-#include <regex>
 #include <thread>
 
 namespace weft::apps {
 
 gpu::result<reward_http> reward_http::create(reward_http_config config) {
-  static const std::regex url(R"(^(http://[^/]+)(/.*)?$)");
-  std::smatch m;
-  if (!std::regex_match(config.url, m, url)) {
+  reward_http r;
+  if (!weft::rl::split_http_url(config.url, r.host_port_, r.path_)) {
     return gpu::status{gpu::status_code::invalid_argument,
                        "--reward-url " + config.url + ": expected http://host[:port][/path]"};
   }
-  reward_http r;
-  r.host_port_ = m[1];
-  r.path_ = m[2].length() > 0 ? std::string(m[2]) : "/";
   r.config_ = std::move(config);
   return r;
 }

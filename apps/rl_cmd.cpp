@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "actors/rl/tool_actors.hpp"
+#include "actors/rl/tool_http.hpp"
 #include "actors/serve/model_host.hpp"
 #include "apps/commands.hpp"
 #include "apps/config_file.hpp"
@@ -64,12 +65,23 @@ std::unique_ptr<rl_task> make_base_task(const rl_options& o) {
   return make_reverse_task(o.length);
 }
 
-/// --tool-cmd's tools of your own.
+/// The tools of your own: --tool-cmd's programs and --tool-url's endpoints.
 gpu::result<std::vector<tool_command>> tool_commands(const rl_options& o) {
   std::vector<tool_command> out;
   for (const auto& spec : o.tool_cmds) {
     auto c = parse_tool_command(spec);
     if (!c) return gpu::status{c.error().code(), "--tool-cmd: " + c.error().message()};
+    out.push_back(std::move(*c));
+  }
+  for (const auto& spec : o.tool_urls) {
+    auto c = weft::rl::parse_tool_endpoint(spec);
+    if (!c) return gpu::status{c.error().code(), "--tool-url: " + c.error().message()};
+    for (const auto& other : out) {
+      if (other.name == c->name) {
+        return gpu::status{gpu::status_code::invalid_argument,
+                           "tool '" + c->name + "' is given twice (--tool-cmd / --tool-url)"};
+      }
+    }
     out.push_back(std::move(*c));
   }
   return out;
@@ -326,7 +338,7 @@ bool options_fit_together(const rl_options& o) {
         "trains on the host (--device cpu), a whole step at a time (not --mode stream)");
     return false;
   }
-  if ((!o.tools.empty() || !o.tool_cmds.empty()) &&
+  if ((!o.tools.empty() || !o.tool_cmds.empty() || !o.tool_urls.empty()) &&
       o.tool_latency_ms >= o.tool_timeout_s * 1000.0) {
     spdlog::error("--tool-latency-ms {} is past --tool-timeout-s {}: every call would time out",
                   o.tool_latency_ms, o.tool_timeout_s);
@@ -453,6 +465,7 @@ bool start_tools(const rl_options& o, const grpo_loop_config& cfg, grpo_loop& lo
   tc.exponential_latency = o.tool_latency_dist == "exponential";
   tc.commands = *tool_commands(o);
   tc.timeout_ms = static_cast<uint32_t>(o.tool_timeout_s * 1000.0);
+  tc.concurrency = o.tool_concurrency;
   auto made = weft::rl::tool_actors::create(tc);
   if (!made) {
     spdlog::error("--tools: {}", made.error().message);
@@ -465,7 +478,13 @@ bool start_tools(const rl_options& o, const grpo_loop_config& cfg, grpo_loop& lo
   spdlog::info(
       "agentic rollouts: tool actors {} ({} ms a call, {}), up to {} calls a sample, {} turns",
       names, o.tool_latency_ms, o.tool_latency_dist, o.max_tool_calls, o.tool_turns);
-  for (const auto& c : tc.commands) spdlog::info("tool {}: `{}` (JSON lines)", c.name, c.command);
+  for (const auto& c : tc.commands) {
+    if (c.http) {
+      spdlog::info("tool {}: POST {} ({} calls at once)", c.name, c.command, tc.concurrency);
+    } else {
+      spdlog::info("tool {}: `{}` (JSON lines)", c.name, c.command);
+    }
+  }
   return true;
 }
 
@@ -683,9 +702,9 @@ void add_rl_command(CLI::App& app, const global_options&) {
           "importance weight with --is-cap instead");
       std::exit(2);
     }
-    if (o->tools.empty() && o->tool_cmds.empty()) {
+    if (o->tools.empty() && o->tool_cmds.empty() && o->tool_urls.empty()) {
       for (const char* opt : {"--max-tool-calls", "--tool-latency-ms", "--tool-latency-dist",
-                              "--tool-timeout-s", "--tool-turns"}) {
+                              "--tool-timeout-s", "--tool-turns", "--tool-concurrency"}) {
         if (cmd->get_option(opt)->count() > 0) {
           spdlog::error("{} shapes the tool calls of --tools: give --tools too", opt);
           std::exit(2);

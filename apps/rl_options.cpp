@@ -25,6 +25,15 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "with /bin/sh -c) reads {\"id\", \"tool\", \"args\"} JSON lines on stdin and "
                   "writes {\"id\", \"result\"} lines; the model calls it as <NAME>args</NAME>. "
                   "A built-in's name replaces the built-in (docs/rl.md)");
+  cmd->add_option("--tool-url", o->tool_urls,
+                  "A tool of your own behind an HTTP endpoint, NAME=http://host:port/path "
+                  "(repeatable; enables it): each call is POSTed as {\"id\", \"tool\", "
+                  "\"args\"} and answered by {\"result\": \"...\"}; --tool-concurrency calls "
+                  "at once (docs/rl.md)");
+  cmd->add_option("--tool-concurrency", o->tool_concurrency,
+                  "--tool-url: calls each endpoint gets at once")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   cmd->add_option("--max-tool-calls", o->max_tool_calls,
                   "--tools: calls per sample; a turn that calls once more ends the sample")
       ->capture_default_str()

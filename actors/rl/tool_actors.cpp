@@ -16,6 +16,7 @@
 
 #include "actors/rl/rl_atoms.hpp"
 #include "actors/rl/rl_plumbing.hpp"
+#include "actors/rl/tool_http.hpp"
 
 namespace weft::rl {
 
@@ -77,6 +78,39 @@ caf::behavior process_tool_fn(caf::event_based_actor* self, gpu::rl::tool_comman
   };
 }
 
+/// One request at a time to a tool's HTTP endpoint; answers go straight to the router.
+caf::behavior http_worker_fn(caf::event_based_actor* self, gpu::rl::tool_command endpoint,
+                             tool_actors_config cfg) {
+  auto client =
+      std::make_shared<tool_http_client>(endpoint, cfg.timeout_ms / 1000.0, cfg.max_attempts);
+  return {
+      [self, client, name = endpoint.name](tl_call_atom, uint64_t id, const std::string& args,
+                                           const caf::actor& reply_to) {
+        self->send(reply_to, tl_result_atom::value, id,
+                   client->call(id, gpu::rl::tool_call{name, args}));
+      },
+  };
+}
+
+/// A tool behind an HTTP endpoint: `cfg.concurrency` detached workers (linked: a worker that
+/// dies takes the tool down, and the router restarts it and sends its calls again) take the
+/// calls in turn.
+caf::behavior http_tool_fn(caf::event_based_actor* self, gpu::rl::tool_command endpoint,
+                           tool_actors_config cfg) {
+  std::vector<caf::actor> workers;
+  for (int i = 0; i < std::max(1, cfg.concurrency); ++i) {
+    workers.push_back(self->spawn<caf::detached + caf::linked>(http_worker_fn, endpoint, cfg));
+  }
+  auto next = std::make_shared<size_t>(0);
+  return {
+      [self, workers, next](tl_call_atom, uint64_t id, const std::string& args) {
+        auto to = caf::actor_cast<caf::actor>(self->current_sender());
+        if (!to) return;
+        self->send(workers[(*next)++ % workers.size()], tl_call_atom::value, id, args, to);
+      },
+  };
+}
+
 /// The command of `tool` when it is one of your own, else null.
 const gpu::rl::tool_command* command_of(const tool_actors_config& cfg, const std::string& tool) {
   for (const auto& c : cfg.commands) {
@@ -101,9 +135,9 @@ caf::behavior router_fn(caf::event_based_actor* self, std::shared_ptr<shared_sta
   const auto timeout = std::chrono::milliseconds(cfg.timeout_ms);
   auto spawn_tool = [self, sh, st, cfg](const std::string& name) {
     const gpu::rl::tool_command* own = command_of(cfg, name);
-    auto a = own != nullptr
-                 ? self->spawn<caf::detached + caf::monitored>(process_tool_fn, *own, cfg)
-                 : self->spawn<caf::monitored>(tool_actor_fn, name, cfg);
+    auto a = own == nullptr ? self->spawn<caf::monitored>(tool_actor_fn, name, cfg)
+             : own->http    ? self->spawn<caf::monitored>(http_tool_fn, *own, cfg)
+                         : self->spawn<caf::detached + caf::monitored>(process_tool_fn, *own, cfg);
     st->tool_of[a.address()] = name;
     std::lock_guard<std::mutex> lock(sh->mu);
     sh->tools[name] = a;
@@ -116,7 +150,8 @@ caf::behavior router_fn(caf::event_based_actor* self, std::shared_ptr<shared_sta
       to = sh->tools[c.tool];
     }
     ++c.attempts;
-    // A tool of your own bounds its calls itself (restarts and deadlines of its program).
+    // A tool of your own bounds its calls itself (restarts and deadlines of its program, or its
+    // requests' timeouts and retries).
     c.deadline = command_of(cfg, c.tool) != nullptr ? clock_type::time_point::max()
                                                     : clock_type::now() + timeout;
     self->send(to, tl_call_atom::value, id, c.args);
@@ -213,9 +248,10 @@ result<std::unique_ptr<tool_actors>> tool_actors::create(caf::actor_system& sys,
                                                     ", or your own with a command)");
     }
   }
-  if (cfg.max_attempts < 1 || cfg.timeout_ms < 10) {
+  if (cfg.max_attempts < 1 || cfg.timeout_ms < 10 || cfg.concurrency < 1 || cfg.concurrency > 256) {
     return make_error(errc::invalid_argument,
-                      "tool actors: at least one attempt and a deadline of at least 10 ms");
+                      "tool actors: at least one attempt, a deadline of at least 10 ms and 1 to "
+                      "256 calls at once");
   }
   auto d = std::make_unique<impl>();
   d->tools = cfg.tools;
@@ -290,7 +326,9 @@ std::string tool_actors::status_json() const {
     auto c = d_->sh->calls_by_tool.find(t);
     auto r = d_->sh->restarts_by_tool.find(t);
     tools.push_back({{"tool", t},
-                     {"kind", command_of(d_->cfg, t) != nullptr ? "program" : "built-in"},
+                     {"kind", command_of(d_->cfg, t) == nullptr ? "built-in"
+                              : command_of(d_->cfg, t)->http    ? "http"
+                                                                : "program"},
                      {"calls", c == d_->sh->calls_by_tool.end() ? 0 : c->second},
                      {"restarts", r == d_->sh->restarts_by_tool.end() ? 0 : r->second}});
   }

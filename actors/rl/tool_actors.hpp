@@ -27,7 +27,9 @@ struct tool_actors_config {
   /// Tools of your own (`--tool-cmd NAME=COMMAND`; a built-in's name replaces it): each runs as a
   /// gpu::rl::tool_process in a detached actor, one call at a time; a program that crashes or
   /// does not answer within timeout_ms is restarted and asked again, up to max_attempts times,
-  /// then the call's result is an error. latency_ms does not apply to them.
+  /// then the call's result is an error. A command with `http` is an endpoint
+  /// (actors/rl/tool_http.hpp) taking `concurrency` calls at once, each request bounded by
+  /// timeout_ms and sent up to max_attempts times. latency_ms does not apply to them.
   std::vector<gpu::rl::tool_command> commands;
   uint32_t latency_ms = 0;  ///< Each call's service time (a tool behind a network).
   /// false: every call takes latency_ms; true: exponentially distributed with that mean (a
@@ -35,7 +37,10 @@ struct tool_actors_config {
   /// results come in) and capped at 10 × the mean and half the deadline.
   bool exponential_latency = false;
   uint32_t timeout_ms = 10'000;  ///< A call unanswered this long is sent again.
-  int max_attempts = 3;          ///< Sends of one call before its error result.
+  /// Tools behind an HTTP endpoint (commands with `http`, `--tool-url`): calls in flight at once,
+  /// each on a detached worker of the tool's actor (they take the calls in turn).
+  int concurrency = 8;
+  int max_attempts = 3;  ///< Sends of one call before its error result.
 };
 
 class tool_actors final : public gpu::rl::tool_backend {

@@ -39,6 +39,9 @@ bool valid_tool_name(std::string_view name);
 struct tool_command {
   std::string name;
   std::string command;
+  /// `--tool-url NAME=URL`: `command` is an http:// URL each call is POSTed to
+  /// (actors/rl/tool_http.hpp), several at once, instead of a program's stdin.
+  bool http = false;
 };
 /// Parses "NAME=COMMAND"; an error says what is wrong.
 result<tool_command> parse_tool_command(std::string_view spec);

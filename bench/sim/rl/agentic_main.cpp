@@ -10,12 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "bench/sim/dated_json.hpp"
 #include "bench/sim/rl/agentic_sim.hpp"
 
 namespace {
@@ -114,13 +112,7 @@ int main(int argc, char** argv) {
                           {"seed", c.seed}}},
                         {"heddle_reported_speedup", 2.5},
                         {"runs", runs}};
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  char date[16];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y%m%d", std::gmtime(&now));
-  const auto path = std::filesystem::path(out_dir) / (std::string("agentic-sim-") + date + ".json");
-  std::ofstream(path) << doc.dump(1) << '\n';
+  const auto path = weft::bench::sim::write_dated_json(out_dir, "agentic-sim", doc);
   std::printf("wrote %s (Heddle reports up to 2.5x rollout throughput)\n", path.c_str());
   return 0;
 }

@@ -13,8 +13,8 @@ batch) and two rollout agents with a 100 ms tool, one of them SIGKILLed mid-run,
 bit for bit (sync mode, f16 rollout weights), as do trajectory priority with a cap on each
 rollout engine's sequences (in one process, and on the two agents); async
 mode keeps its staleness bound; a Python program with the same table, given as --tool-cmd
-lookup=..., gives the same samples as the built-in tool; options that need --tools are refused
-without it.
+lookup=..., and the same table behind an HTTP endpoint (--tool-url lookup=http://...), give
+the same samples as the built-in tool; options that need --tools are refused without it.
 
 Usage: test_rl_tools.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
 """
@@ -23,8 +23,10 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "support"))
@@ -35,7 +37,7 @@ from rl_runs import free_port, status_asker  # noqa: E402
 
 # The built-in lookup table (gpu/rl/tools.cpp) as a tool of your own: FNV-1a over the word, then
 # the tasks' splitmix64 mix, value 1..99.
-LOOKUP_PY = r"""
+TABLE_PY = r"""
 import json, sys
 M = (1 << 64) - 1
 def mix(seed, stream, index):
@@ -52,9 +54,33 @@ def value(key):
     for c in k.encode():
         h = ((h ^ c) * 0x100000001b3) & M
     return str(1 + mix(h, 0x7001, 0) % 99)
+"""
+# ... as a program speaking JSON lines (--tool-cmd),
+LOOKUP_PY = TABLE_PY + r"""
 for line in sys.stdin:
     r = json.loads(line)
     print(json.dumps({"id": r["id"], "result": value(r["args"])}), flush=True)
+"""
+# ... and as an HTTP endpoint (--tool-url; argv[1]: a file to write its port to).
+LOOKUP_HTTP_PY = TABLE_PY + r"""
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        r = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = json.dumps({"result": value(r["args"])}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(srv.server_address[1]))
+import os
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+srv.serve_forever()
 """
 
 
@@ -84,6 +110,10 @@ def main():
                           (["--task", "lookup"], "add --tools lookup"),
                           (["--max-tool-calls", "2"], "give --tools too"),
                           (["--tool-turns", "batch"], "give --tools too"),
+                          (["--tool-url", "search=ftp://x/"], "is not http://host[:port][/path]"),
+                          (["--tool-url", "lookup=http://a/", "--tool-cmd", "lookup=cat"],
+                           "given twice"),
+                          (["--tool-concurrency", "4"], "give --tools too"),
                           (["--tools", "calc,search"], "unknown tool 'search'"),
                           (["--tools", "calc", "--tool-latency-ms", "2000", "--tool-timeout-s",
                             "1"], "every call would time out"),
@@ -150,6 +180,28 @@ def main():
               f"--tool-cmd runs the program as the lookup tool ({out.strip()[-200:]})")
         if rc == 0:
             same_run(m5, "a Python lookup tool (JSON lines) instead of the built-in")
+        # The same table behind an HTTP endpoint.
+        web = os.path.join(tmp, "lookup_http.py")
+        with open(web, "w") as f:
+            f.write(LOOKUP_HTTP_PY)
+        port_file = os.path.join(tmp, "lookup.port")
+        server = subprocess.Popen([sys.executable, web, port_file])
+        try:
+            for _ in range(100):
+                if os.path.exists(port_file):
+                    break
+                time.sleep(0.1)
+            url = f"http://127.0.0.1:{open(port_file).read().strip()}/lookup"
+            m7 = os.path.join(tmp, "http.jsonl")
+            rc, out = run_weft(w, "rl", run + ["--eval-every", "0", "--tool-url", f"lookup={url}",
+                                               "--tool-concurrency", "4", "--metrics", m7])
+            check(rc == 0 and f"tool lookup: POST {url} (4 calls at once)" in out,
+                  f"--tool-url calls the endpoint as the lookup tool ({out.strip()[-200:]})")
+            if rc == 0:
+                same_run(m7, "a lookup tool behind an HTTP endpoint instead of the built-in")
+        finally:
+            server.kill()
+            server.wait()
         # Heddle's trajectory-level scheduling with 4 sequences a pass: requests queue and are
         # preempted in priority order, which changes when tokens are computed, not which.
         m6 = os.path.join(tmp, "priority.jsonl")

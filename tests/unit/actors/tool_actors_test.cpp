@@ -3,6 +3,8 @@
 // sent again, and a tool that never answers gives its calls an error result; tools of your own
 // (a program speaking JSON lines) answer, are restarted after a crash, and fail as a result.
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -10,6 +12,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +21,7 @@
 #include <thread>
 
 #include "actors/rl/tool_actors.hpp"
+#include "actors/rl/tool_http.hpp"
 
 namespace {
 
@@ -137,6 +142,122 @@ TEST(tool_actors, a_tool_of_your_own_answers_restarts_and_fails_as_a_result) {
   EXPECT_EQ(got[3], "ok x") << "restarted after its crash and asked again";
   EXPECT_EQ(got[4], "error: the babble tool failed") << "an answer that is not one";
   std::filesystem::remove_all(dir);
+}
+
+/// An HTTP tool server on a free local port: POST /shout answers {"result": ARGS!} after 100 ms
+/// (counting the requests in flight at once), /teapot 418, /babble text, /flaky 503 on its first
+/// request.
+class tool_server {
+ public:
+  tool_server() {
+    server_.Post("/shout", [this](const httplib::Request& req, httplib::Response& res) {
+      const int now = ++in_flight_;
+      int seen = max_in_flight_.load();
+      while (now > seen && !max_in_flight_.compare_exchange_weak(seen, now)) {
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const auto j = nlohmann::json::parse(req.body);
+      std::string up = j.at("args").get<std::string>();
+      std::transform(up.begin(), up.end(), up.begin(), ::toupper);
+      res.set_content(nlohmann::json{{"result", j.at("tool").get<std::string>() == "shout"
+                                                    ? up + "!"
+                                                    : std::string("wrong tool")}}
+                          .dump(),
+                      "application/json");
+      --in_flight_;
+    });
+    server_.Post("/teapot",
+                 [](const httplib::Request&, httplib::Response& res) { res.status = 418; });
+    server_.Post("/babble", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("hello", "text/plain");
+    });
+    server_.Post("/flaky", [this](const httplib::Request&, httplib::Response& res) {
+      if (flaky_++ == 0) {
+        res.status = 503;
+        return;
+      }
+      res.set_content(R"({"result": "ok"})", "application/json");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread{[this] { server_.listen_after_bind(); }};
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~tool_server() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url(const std::string& path) const {
+    return "http://127.0.0.1:" + std::to_string(port_) + path;
+  }
+  int max_in_flight() const { return max_in_flight_.load(); }
+
+ private:
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+  std::atomic<int> in_flight_{0}, max_in_flight_{0}, flaky_{0};
+};
+
+TEST(tool_actors, a_tool_behind_an_http_endpoint_answers_several_calls_at_once) {
+  tool_server srv;
+  tool_actors_config c;
+  c.tools = {"shout", "teapot", "babble", "flaky", "gone"};
+  c.timeout_ms = 5000;
+  c.max_attempts = 2;
+  c.concurrency = 4;
+  for (const auto& [name, path] :
+       std::vector<std::pair<std::string, std::string>>{{"shout", "/shout"},
+                                                        {"teapot", "/teapot"},
+                                                        {"babble", "/babble"},
+                                                        {"flaky", "/flaky"}}) {
+    auto e = weft::rl::parse_tool_endpoint(name + "=" + srv.url(path));
+    ASSERT_TRUE(e.ok()) << e.error().message();
+    EXPECT_TRUE(e->http);
+    c.commands.push_back(*e);
+  }
+  // Nothing listens there: refused connections, tried max_attempts times.
+  c.commands.push_back(*weft::rl::parse_tool_endpoint("gone=http://127.0.0.1:1/x"));
+  auto t = tool_actors::create(c);
+  ASSERT_TRUE(t.ok()) << t.error().to_string();
+  for (uint64_t i = 0; i < 8; ++i) {
+    ASSERT_TRUE((*t)->call(i, grl::tool_call{"shout", "call " + std::to_string(i)}));
+  }
+  ASSERT_TRUE((*t)->call(20, grl::tool_call{"teapot", "x"}));
+  ASSERT_TRUE((*t)->call(21, grl::tool_call{"babble", "x"}));
+  ASSERT_TRUE((*t)->call(22, grl::tool_call{"flaky", "x"}));
+  ASSERT_TRUE((*t)->call(23, grl::tool_call{"gone", "x"}));
+  auto got = collect(**t, 12);
+  ASSERT_EQ(got.size(), 12u);
+  for (uint64_t i = 0; i < 8; ++i) EXPECT_EQ(got[i], "CALL " + std::to_string(i) + "!");
+  EXPECT_EQ(got[20], "error: the teapot tool refused the call (HTTP 418)");
+  EXPECT_EQ(got[21], "error: the babble tool gave no result");
+  EXPECT_EQ(got[22], "ok") << "a 503 is sent again";
+  EXPECT_EQ(got[23], "error: the gone tool did not answer");
+  // Eight 100 ms calls on four workers: several at once, never more than four.
+  EXPECT_GE(srv.max_in_flight(), 2);
+  EXPECT_LE(srv.max_in_flight(), 4);
+  const auto status = nlohmann::json::parse((*t)->status_json());
+  EXPECT_EQ(status["tools"][0]["kind"], "http");
+}
+
+TEST(tool_actors, tool_endpoints_are_checked_when_given) {
+  std::string base, path;
+  EXPECT_TRUE(weft::rl::split_http_url("http://127.0.0.1:8000", base, path));
+  EXPECT_EQ(base, "http://127.0.0.1:8000");
+  EXPECT_EQ(path, "/");
+  EXPECT_TRUE(weft::rl::split_http_url("http://search:9/v1/retrieve?k=3", base, path));
+  EXPECT_EQ(path, "/v1/retrieve?k=3");
+  for (const char* bad : {"https://x/y", "127.0.0.1:80", "http://", "http://a b/"}) {
+    EXPECT_FALSE(weft::rl::split_http_url(bad, base, path)) << bad;
+  }
+  auto noeq = weft::rl::parse_tool_endpoint("search");
+  ASSERT_FALSE(noeq.ok());
+  EXPECT_NE(noeq.error().message().find("is not NAME=URL"), std::string::npos);
+  auto scheme = weft::rl::parse_tool_endpoint("search=ftp://x/");
+  ASSERT_FALSE(scheme.ok());
+  EXPECT_NE(scheme.error().message().find("is not http://host[:port][/path]"), std::string::npos);
+  EXPECT_FALSE(weft::rl::parse_tool_endpoint("Search=http://x/").ok());
+  EXPECT_FALSE(weft::rl::parse_tool_endpoint("search=").ok());
 }
 
 TEST(tool_actors, are_refused_without_known_tools) {
