@@ -2,13 +2,10 @@
 
 #include "actors/rl/tool_http.hpp"
 
-#include <httplib.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
-#include <chrono>
 #include <cmath>
-#include <thread>
 
 namespace weft::apps {
 
@@ -31,66 +28,54 @@ gpu::result<std::vector<double>> reward_http::score(
                        {"completion", items[i].completion},
                        {"answer", items[i].answer}});
   }
-  const std::string body = nlohmann::json{{"samples", samples}}.dump(
-      -1, ' ', false, nlohmann::json::error_handler_t::replace);
-  httplib::Client cli(host_port_);
-  const auto secs = static_cast<time_t>(config_.timeout_s);
-  const auto usecs = static_cast<time_t>((config_.timeout_s - static_cast<double>(secs)) * 1e6);
-  cli.set_connection_timeout(secs, usecs);
-  cli.set_read_timeout(secs, usecs);
-  cli.set_write_timeout(secs, usecs);
-  httplib::Headers headers;
-  if (!config_.api_key.empty()) headers.emplace("Authorization", "Bearer " + config_.api_key);
-  std::string why;
-  for (int attempt = 0; attempt <= config_.max_retries; ++attempt) {
-    if (attempt > 0) {
-      ++retries_;
-      spdlog::warn("reward endpoint {}: {}; sending the {} sample(s) again ({} of {})", config_.url,
-                   why, items.size(), attempt, config_.max_retries);
-      std::this_thread::sleep_for(std::chrono::milliseconds(200 << std::min(attempt, 5)));
-    }
-    auto res = cli.Post(path_, headers, body, "application/json");
-    if (!res) {
-      why = "no answer (" + httplib::to_string(res.error()) + ")";
-      continue;
-    }
-    if (res->status >= 500 || res->status == 429) {
-      why = "HTTP " + std::to_string(res->status);
-      continue;
-    }
-    if (res->status != 200) {
-      return gpu::status{gpu::status_code::invalid_argument,
-                         "reward endpoint " + config_.url + " refused the batch: HTTP " +
-                             std::to_string(res->status) + " " + res->body.substr(0, 200)};
-    }
-    const auto j = nlohmann::json::parse(res->body, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("rewards") || !j["rewards"].is_array()) {
-      return gpu::status{
-          gpu::status_code::invalid_argument,
-          "reward endpoint " + config_.url +
-              ": the answer is not {\"rewards\": [...]}: " + res->body.substr(0, 200)};
-    }
-    const auto& r = j["rewards"];
-    if (r.size() != items.size()) {
-      return gpu::status{gpu::status_code::invalid_argument,
-                         "reward endpoint " + config_.url + " gave " + std::to_string(r.size()) +
-                             " rewards for " + std::to_string(items.size()) + " samples"};
-    }
-    std::vector<double> out;
-    for (size_t i = 0; i < r.size(); ++i) {
-      if (!r[i].is_number() || !std::isfinite(r[i].get<double>())) {
-        return gpu::status{gpu::status_code::invalid_argument,
-                           "reward endpoint " + config_.url + ": the reward of sample " +
-                               std::to_string(i) + " ('" + items[i].completion.substr(0, 40) +
-                               "') is " + r[i].dump() + ", not a finite number"};
-      }
-      out.push_back(r[i].get<double>());
-    }
-    return out;
+  weft::rl::http_post p;
+  p.base = host_port_;
+  p.path = path_;
+  p.body = nlohmann::json{{"samples", samples}}.dump(-1, ' ', false,
+                                                     nlohmann::json::error_handler_t::replace);
+  if (!config_.api_key.empty())
+    p.headers.emplace_back("Authorization", "Bearer " + config_.api_key);
+  p.timeout_s = config_.timeout_s;
+  p.max_sends = config_.max_retries + 1;
+  p.first_pause_ms = 400;
+  auto res = weft::rl::post_with_retries(p, [&](const std::string& why, int resend) {
+    ++retries_;
+    spdlog::warn("reward endpoint {}: {}; sending the {} sample(s) again ({} of {})", config_.url,
+                 why, items.size(), resend, config_.max_retries);
+  });
+  if (!res) {
+    return gpu::status{gpu::status_code::internal,
+                       "reward endpoint " + config_.url + ": " + res.error().message() + " after " +
+                           std::to_string(config_.max_retries) + " retries"};
   }
-  return gpu::status{gpu::status_code::internal,
-                     "reward endpoint " + config_.url + ": " + why + " after " +
-                         std::to_string(config_.max_retries) + " retries"};
+  if (res->status != 200) {
+    return gpu::status{gpu::status_code::invalid_argument,
+                       "reward endpoint " + config_.url + " refused the batch: HTTP " +
+                           std::to_string(res->status) + " " + res->body.substr(0, 200)};
+  }
+  const auto j = nlohmann::json::parse(res->body, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("rewards") || !j["rewards"].is_array()) {
+    return gpu::status{gpu::status_code::invalid_argument,
+                       "reward endpoint " + config_.url +
+                           ": the answer is not {\"rewards\": [...]}: " + res->body.substr(0, 200)};
+  }
+  const auto& r = j["rewards"];
+  if (r.size() != items.size()) {
+    return gpu::status{gpu::status_code::invalid_argument,
+                       "reward endpoint " + config_.url + " gave " + std::to_string(r.size()) +
+                           " rewards for " + std::to_string(items.size()) + " samples"};
+  }
+  std::vector<double> out;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (!r[i].is_number() || !std::isfinite(r[i].get<double>())) {
+      return gpu::status{gpu::status_code::invalid_argument,
+                         "reward endpoint " + config_.url + ": the reward of sample " +
+                             std::to_string(i) + " ('" + items[i].completion.substr(0, 40) +
+                             "') is " + r[i].dump() + ", not a finite number"};
+    }
+    out.push_back(r[i].get<double>());
+  }
+  return out;
 }
 
 }  // namespace weft::apps

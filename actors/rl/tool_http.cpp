@@ -48,24 +48,23 @@ tool_http_client::tool_http_client(gpu::rl::tool_command endpoint, double timeou
   split_http_url(endpoint_.command, base_, path_);
 }
 
-std::string tool_http_client::call(uint64_t id, const gpu::rl::tool_call& c) {
-  const std::string body = nlohmann::json{{"id", id}, {"tool", c.tool}, {"args", c.args}}.dump(
-      -1, ' ', false, nlohmann::json::error_handler_t::replace);
-  httplib::Client cli(base_);
-  const auto secs = static_cast<time_t>(timeout_s_);
-  const auto usecs = static_cast<time_t>((timeout_s_ - static_cast<double>(secs)) * 1e6);
+gpu::result<http_answer> post_with_retries(
+    const http_post& p, const std::function<void(const std::string& why, int resend)>& on_retry) {
+  httplib::Client cli(p.base);
+  const auto secs = static_cast<time_t>(p.timeout_s);
+  const auto usecs = static_cast<time_t>((p.timeout_s - static_cast<double>(secs)) * 1e6);
   cli.set_connection_timeout(secs, usecs);
   cli.set_read_timeout(secs, usecs);
   cli.set_write_timeout(secs, usecs);
+  httplib::Headers headers(p.headers.begin(), p.headers.end());
   std::string why;
-  for (int attempt = 0; attempt < max_attempts_; ++attempt) {
-    if (attempt > 0) {
-      ++retries_;
-      spdlog::warn("tool {} at {}: {}; sending call {} again ({} of {})", endpoint_.name,
-                   endpoint_.command, why, id, attempt, max_attempts_ - 1);
-      std::this_thread::sleep_for(std::chrono::milliseconds(100 << std::min(attempt, 5)));
+  for (int send = 0; send < std::max(1, p.max_sends); ++send) {
+    if (send > 0) {
+      on_retry(why, send);
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(p.first_pause_ms << std::min(send - 1, 5)));
     }
-    auto res = cli.Post(path_, body, "application/json");
+    auto res = cli.Post(p.path, headers, p.body, "application/json");
     if (!res) {
       why = "no answer (" + httplib::to_string(res.error()) + ")";
       continue;
@@ -74,23 +73,43 @@ std::string tool_http_client::call(uint64_t id, const gpu::rl::tool_call& c) {
       why = "HTTP " + std::to_string(res->status);
       continue;
     }
-    if (res->status != 200) {
-      spdlog::warn("tool {} refused call {}: HTTP {} {}", endpoint_.name, id, res->status,
-                   res->body.substr(0, 200));
-      return "error: the " + c.tool + " tool refused the call (HTTP " +
-             std::to_string(res->status) + ")";
-    }
-    const auto j = nlohmann::json::parse(res->body, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("result") || !j["result"].is_string()) {
-      spdlog::warn("tool {}: the answer to call {} is not {{\"result\": \"...\"}}: {}",
-                   endpoint_.name, id, res->body.substr(0, 200));
-      return "error: the " + c.tool + " tool gave no result";
-    }
-    return j["result"].get<std::string>();
+    return http_answer{res->status, res->body};
   }
-  spdlog::warn("tool {} at {}: {} after {} tries; call {} fails", endpoint_.name, endpoint_.command,
-               why, max_attempts_, id);
-  return "error: the " + c.tool + " tool did not answer";
+  return gpu::status{gpu::status_code::internal, why};
+}
+
+std::string tool_http_client::call(uint64_t id, const gpu::rl::tool_call& c) {
+  http_post p;
+  p.base = base_;
+  p.path = path_;
+  p.body = nlohmann::json{{"id", id}, {"tool", c.tool}, {"args", c.args}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+  p.timeout_s = timeout_s_;
+  p.max_sends = max_attempts_;
+  p.first_pause_ms = 200;
+  auto res = post_with_retries(p, [&](const std::string& why, int resend) {
+    ++retries_;
+    spdlog::warn("tool {} at {}: {}; sending call {} again ({} of {})", endpoint_.name,
+                 endpoint_.command, why, id, resend, max_attempts_ - 1);
+  });
+  if (!res) {
+    spdlog::warn("tool {} at {}: {} after {} tries; call {} fails", endpoint_.name,
+                 endpoint_.command, res.error().message(), max_attempts_, id);
+    return "error: the " + c.tool + " tool did not answer";
+  }
+  if (res->status != 200) {
+    spdlog::warn("tool {} refused call {}: HTTP {} {}", endpoint_.name, id, res->status,
+                 res->body.substr(0, 200));
+    return "error: the " + c.tool + " tool refused the call (HTTP " + std::to_string(res->status) +
+           ")";
+  }
+  const auto j = nlohmann::json::parse(res->body, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("result") || !j["result"].is_string()) {
+    spdlog::warn("tool {}: the answer to call {} is not {{\"result\": \"...\"}}: {}",
+                 endpoint_.name, id, res->body.substr(0, 200));
+    return "error: the " + c.tool + " tool gave no result";
+  }
+  return j["result"].get<std::string>();
 }
 
 }  // namespace weft::rl
