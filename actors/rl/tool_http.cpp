@@ -88,7 +88,6 @@ std::string tool_http_client::call(uint64_t id, const gpu::rl::tool_call& c) {
   p.max_sends = max_attempts_;
   p.first_pause_ms = 200;
   auto res = post_with_retries(p, [&](const std::string& why, int resend) {
-    ++retries_;
     spdlog::warn("tool {} at {}: {}; sending call {} again ({} of {})", endpoint_.name,
                  endpoint_.command, why, id, resend, max_attempts_ - 1);
   });

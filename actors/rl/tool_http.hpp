@@ -52,14 +52,12 @@ class tool_http_client {
   tool_http_client(gpu::rl::tool_command endpoint, double timeout_s, int max_attempts);
   /// Call `id` (blocking): the endpoint's result, or "error: ..." (see above).
   std::string call(uint64_t id, const gpu::rl::tool_call& c);
-  int64_t retries() const { return retries_; }
 
  private:
   gpu::rl::tool_command endpoint_;
   std::string base_, path_;
   double timeout_s_;
   int max_attempts_;
-  int64_t retries_ = 0;
 };
 
 }  // namespace weft::rl
