@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <thread>
 #include <type_traits>
 
@@ -47,16 +48,26 @@ int64_t train_batch::n_loss_tokens() const {
   return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
 }
 
-/// Indices into params_ of one block's weights.
+/// Indices into params_ of one block's weights: the dense FFN's gate/up/down, or (MoE) the router
+/// and the experts' stacked [expert][rows][cols] tensors; the other kind's are −1.
 template <class T>
 struct trainable_model<T>::layer_params {
-  int attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
+  int attn_norm, wq, wk, wv, wo, ffn_norm;
+  int gate = -1, up = -1, down = -1;
+  int router = -1, gate_exps = -1, up_exps = -1, down_exps = -1;
 };
 
-/// What one block's backward needs from its forward.
+/// What one block's backward needs from its forward. MoE: gate/up/h hold one row per routed
+/// (token, slot) pair in expert-major order ("rows"): row r is token row_token[r]'s slot
+/// row_slot[r] (= token · k + j), the rows of expert e are [expert_start[e], expert_start[e + 1]).
 template <class T>
 struct trainable_model<T>::layer_acts {
   std::vector<T> x_in, xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate, up, h;
+  std::vector<T> route_w;       ///< [n][k] renormalised weights of the chosen experts.
+  std::vector<int32_t> chosen;  ///< [n][k] the chosen experts, most probable first.
+  std::vector<int32_t> row_token, row_slot, slot_row;
+  std::vector<int64_t> expert_start;
+  std::vector<T> exp_in, exp_out;  ///< [rows][d]: the gathered inputs and the experts' outputs.
 };
 
 /// One forward pass: the batch's geometry and every layer's saved activations.
@@ -75,6 +86,7 @@ struct trainable_model<T>::forward_state {
 template <class T>
 struct trainable_model<T>::backward_scratch {
   std::vector<T> dh, dgate, dup, dxn, datt, dq, dk, dv;  ///< One layer's.
+  std::vector<T> dexp_out, dexp_in, droute;              ///< One MoE layer's.
   std::vector<T> dx, dxn_final, x_out;                   ///< The whole batch's.
   std::vector<T> xc, logits, dlogits, dxc;               ///< One output-head chunk's.
 };
@@ -102,11 +114,16 @@ result<std::unique_ptr<trainable_model<T>>> trainable_model<T>::load(
     const gguf_file& file, const trainable_config& config) {
   auto hp = read_model_hparams(file);
   if (!hp) return hp.error();
-  if (hp->n_experts > 0) {
-    return status{status_code::unsupported,
-                  "training mixture-of-experts models is not supported yet (dense llama only)"};
-  }
   std::unique_ptr<trainable_model> m{new trainable_model(*hp, config)};
+  if (hp->n_experts > 0) {
+    // The experts' hidden size is their tensors' (some families give it its own metadata key).
+    const gguf_tensor* ge = file.find_tensor("blk.0.ffn_gate_exps.weight");
+    if (ge == nullptr || ge->n_dims != 3 || ge->ne[2] != hp->n_experts)
+      return status{status_code::bad_model,
+                    "blk.0.ffn_gate_exps.weight must be [experts][ff][embd] for " +
+                        std::to_string(hp->n_experts) + " experts"};
+    m->moe_ff_ = ge->ne[1];
+  }
   const int64_t d = hp->n_embd;
   const int64_t qd = hp->n_heads * hp->head_dim;
   const int64_t kvd = hp->n_kv_heads * hp->head_dim;
@@ -162,9 +179,17 @@ result<std::unique_ptr<trainable_model<T>>> trainable_model<T>::load(
     WEFT_TAKE(l.wv, p + "attn_v.weight", d, kvd);
     WEFT_TAKE(l.wo, p + "attn_output.weight", qd, d);
     WEFT_TAKE(l.ffn_norm, p + "ffn_norm.weight", d, 1);
-    WEFT_TAKE(l.gate, p + "ffn_gate.weight", d, hp->n_ff);
-    WEFT_TAKE(l.up, p + "ffn_up.weight", d, hp->n_ff);
-    WEFT_TAKE(l.down, p + "ffn_down.weight", hp->n_ff, d);
+    if (hp->n_experts > 0) {
+      const int64_t ne = hp->n_experts, eff = m->moe_ff_;
+      WEFT_TAKE(l.router, p + "ffn_gate_inp.weight", d, ne);
+      WEFT_TAKE(l.gate_exps, p + "ffn_gate_exps.weight", d, eff * ne);
+      WEFT_TAKE(l.up_exps, p + "ffn_up_exps.weight", d, eff * ne);
+      WEFT_TAKE(l.down_exps, p + "ffn_down_exps.weight", eff, d * ne);
+    } else {
+      WEFT_TAKE(l.gate, p + "ffn_gate.weight", d, hp->n_ff);
+      WEFT_TAKE(l.up, p + "ffn_up.weight", d, hp->n_ff);
+      WEFT_TAKE(l.down, p + "ffn_down.weight", hp->n_ff, d);
+    }
     m->layers_.push_back(l);
   }
 #undef WEFT_TAKE
@@ -210,6 +235,10 @@ status trainable_model<T>::use_device(device* dev) {
     if (dev->training() == nullptr)
       return {status_code::unsupported,
               dev->capabilities().name + " has no trainer ops (device::training)"};
+    if (hp_.n_experts > 0)
+      return {status_code::unsupported,
+              "training a mixture-of-experts model on a device is not supported yet: it trains "
+              "on the host (--device cpu)"};
     trainable_layout layout;
     for (const layer_params& l : layers_)
       layout.layers.push_back(
@@ -390,6 +419,11 @@ void trainable_model<T>::layer_forward(int64_t il, const forward_state& fs, cons
   sized(a.xn2, n * d);
   sized(a.rstd2, n);
   rms_norm_forward(x_mid, w(l.ffn_norm), n, d, eps, a.xn2.data(), a.rstd2.data());
+  if (l.router >= 0) {
+    moe_forward(l, n, a, x_out);
+    for (int64_t i = 0; i < n * d; ++i) x_out[i] += x_mid[i];
+    return;
+  }
   linear_forward(a.xn2.data(), w(l.gate), n, d, ff, sized(a.gate, n * ff));
   linear_forward(a.xn2.data(), w(l.up), n, d, ff, sized(a.up, n * ff));
   swiglu_forward(a.gate.data(), a.up.data(), n * ff, sized(a.h, n * ff));
@@ -436,6 +470,156 @@ void trainable_model<T>::forward(const train_batch& b, forward_state& fs) {
 }
 
 template <class T>
+void trainable_model<T>::moe_forward(const layer_params& l, int64_t n, layer_acts& a, T* y) {
+  const int64_t d = hp_.n_embd;
+  const int64_t ne = hp_.n_experts;
+  const int64_t k = hp_.n_experts_used;
+  const int64_t eff = moe_ff_;
+  auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
+  // Routing as the engine's (gpu/model.cpp, llama.cpp's Mixtral): softmax over the experts, the
+  // k most probable (ties to the lower index), their probabilities renormalised to sum to one.
+  std::vector<T> probs(static_cast<size_t>(n * ne));
+  linear_forward(a.xn2.data(), w(l.router), n, d, ne, probs.data());
+  a.route_w.resize(static_cast<size_t>(n * k));
+  a.chosen.resize(static_cast<size_t>(n * k));
+  std::vector<int32_t> order(static_cast<size_t>(ne));
+  std::vector<int64_t> count(static_cast<size_t>(ne), 0);
+  for (int64_t t = 0; t < n; ++t) {
+    T* p = probs.data() + t * ne;
+    const T mx = *std::max_element(p, p + ne);
+    T sum = 0;
+    for (int64_t e = 0; e < ne; ++e) sum += (p[e] = std::exp(p[e] - mx));
+    for (int64_t e = 0; e < ne; ++e) p[e] /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t z) { return p[x] > p[z]; });
+    T wsum = 0;
+    for (int64_t j = 0; j < k; ++j) wsum += p[order[static_cast<size_t>(j)]];
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = order[static_cast<size_t>(j)];
+      a.route_w[static_cast<size_t>(t * k + j)] = p[e] / wsum;
+      a.chosen[static_cast<size_t>(t * k + j)] = e;
+      ++count[static_cast<size_t>(e)];
+    }
+  }
+  // Rows in expert-major order, tokens in order within an expert.
+  const int64_t rows = n * k;
+  a.expert_start.assign(static_cast<size_t>(ne + 1), 0);
+  for (int64_t e = 0; e < ne; ++e)
+    a.expert_start[static_cast<size_t>(e + 1)] =
+        a.expert_start[static_cast<size_t>(e)] + count[static_cast<size_t>(e)];
+  std::vector<int64_t> cursor(a.expert_start.begin(), a.expert_start.end() - 1);
+  a.row_token.resize(static_cast<size_t>(rows));
+  a.row_slot.resize(static_cast<size_t>(rows));
+  a.slot_row.resize(static_cast<size_t>(rows));
+  for (int64_t s = 0; s < rows; ++s) {
+    const int64_t r = cursor[static_cast<size_t>(a.chosen[static_cast<size_t>(s)])]++;
+    a.row_token[static_cast<size_t>(r)] = static_cast<int32_t>(s / k);
+    a.row_slot[static_cast<size_t>(r)] = static_cast<int32_t>(s);
+    a.slot_row[static_cast<size_t>(s)] = static_cast<int32_t>(r);
+  }
+  a.exp_in.resize(static_cast<size_t>(rows * d));
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy_n(a.xn2.begin() + a.row_token[static_cast<size_t>(r)] * d, d,
+                a.exp_in.begin() + r * d);
+  a.gate.resize(static_cast<size_t>(rows * eff));
+  a.up.resize(a.gate.size());
+  a.h.resize(a.gate.size());
+  a.exp_out.resize(static_cast<size_t>(rows * d));
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t r0 = a.expert_start[static_cast<size_t>(e)];
+    const int64_t m = a.expert_start[static_cast<size_t>(e + 1)] - r0;
+    if (m == 0) continue;
+    linear_forward(a.exp_in.data() + r0 * d, w(l.gate_exps) + e * eff * d, m, d, eff,
+                   a.gate.data() + r0 * eff);
+    linear_forward(a.exp_in.data() + r0 * d, w(l.up_exps) + e * eff * d, m, d, eff,
+                   a.up.data() + r0 * eff);
+    swiglu_forward(a.gate.data() + r0 * eff, a.up.data() + r0 * eff, m * eff,
+                   a.h.data() + r0 * eff);
+    linear_forward(a.h.data() + r0 * eff, w(l.down_exps) + e * d * eff, m, eff, d,
+                   a.exp_out.data() + r0 * d);
+  }
+  // y[t] = Σ_j w[t][j] · expert_j(xn2[t]), in slot order.
+  for (int64_t t = 0; t < n; ++t) {
+    T* yt = y + t * d;
+    std::fill(yt, yt + d, T(0));
+    for (int64_t j = 0; j < k; ++j) {
+      const T wj = a.route_w[static_cast<size_t>(t * k + j)];
+      const T* o = a.exp_out.data() + a.slot_row[static_cast<size_t>(t * k + j)] * d;
+      for (int64_t i = 0; i < d; ++i) yt[i] += wj * o[i];
+    }
+  }
+}
+
+template <class T>
+void trainable_model<T>::moe_backward(const layer_params& l, int64_t n, backward_scratch& b,
+                                      const std::vector<T*>& grads, const layer_acts& a,
+                                      const T* dy, T* dxn) {
+  const int64_t d = hp_.n_embd;
+  const int64_t ne = hp_.n_experts;
+  const int64_t k = hp_.n_experts_used;
+  const int64_t eff = moe_ff_;
+  const int64_t rows = n * k;
+  auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
+  auto g = [&](int i) { return grads[static_cast<size_t>(i)]; };
+  auto sized = [](std::vector<T>& v, int64_t count) {
+    v.resize(static_cast<size_t>(count));
+    return v.data();
+  };
+  // Per row: ∂L/∂expert output = w · dy[t]; per slot: ∂L/∂w = dy[t] · expert output.
+  T* dout = sized(b.dexp_out, rows * d);
+  std::vector<T> dw(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = a.row_token[static_cast<size_t>(r)];
+    const int64_t s = a.row_slot[static_cast<size_t>(r)];
+    const T ws = a.route_w[static_cast<size_t>(s)];
+    const T* dyt = dy + t * d;
+    const T* o = a.exp_out.data() + r * d;
+    T dot = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      dout[r * d + i] = ws * dyt[i];
+      dot += dyt[i] * o[i];
+    }
+    dw[static_cast<size_t>(s)] = dot;
+  }
+  T* dh = sized(b.dh, rows * eff);
+  T* dgate = sized(b.dgate, rows * eff);
+  T* dup = sized(b.dup, rows * eff);
+  T* din = sized(b.dexp_in, rows * d);
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t r0 = a.expert_start[static_cast<size_t>(e)];
+    const int64_t m = a.expert_start[static_cast<size_t>(e + 1)] - r0;
+    if (m == 0) continue;
+    linear_backward(a.h.data() + r0 * eff, w(l.down_exps) + e * d * eff, dout + r0 * d, m, eff, d,
+                    dh + r0 * eff, g(l.down_exps) + e * d * eff);
+    swiglu_backward(a.gate.data() + r0 * eff, a.up.data() + r0 * eff, dh + r0 * eff, m * eff,
+                    dgate + r0 * eff, dup + r0 * eff);
+    linear_backward(a.exp_in.data() + r0 * d, w(l.gate_exps) + e * eff * d, dgate + r0 * eff, m, d,
+                    eff, din + r0 * d, g(l.gate_exps) + e * eff * d);
+    linear_backward(a.exp_in.data() + r0 * d, w(l.up_exps) + e * eff * d, dup + r0 * eff, m, d, eff,
+                    din + r0 * d, g(l.up_exps) + e * eff * d, true);
+  }
+  std::fill(dxn, dxn + n * d, T(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dst = dxn + static_cast<int64_t>(a.row_token[static_cast<size_t>(r)]) * d;
+    for (int64_t i = 0; i < d; ++i) dst[i] += din[r * d + i];
+  }
+  // The router: w_j = exp(l_j) / Σ_{i chosen} exp(l_i), so ∂L/∂l_j = w_j (∂L/∂w_j − Σ_i w_i
+  // ∂L/∂w_i) for a chosen expert j, and 0 for the others (the choice itself is piecewise constant).
+  T* dl = sized(b.droute, n * ne);
+  std::fill(dl, dl + n * ne, T(0));
+  for (int64_t t = 0; t < n; ++t) {
+    T mean = 0;
+    for (int64_t j = 0; j < k; ++j)
+      mean += a.route_w[static_cast<size_t>(t * k + j)] * dw[static_cast<size_t>(t * k + j)];
+    for (int64_t j = 0; j < k; ++j) {
+      const size_t s = static_cast<size_t>(t * k + j);
+      dl[t * ne + a.chosen[s]] = a.route_w[s] * (dw[s] - mean);
+    }
+  }
+  linear_backward(a.xn2.data(), w(l.router), dl, n, d, ne, dxn, g(l.router), true);
+}
+
+template <class T>
 void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, backward_scratch& b,
                                         const std::vector<T*>& grads, layer_acts& a, T* dx) {
   const layer_params& l = layers_[static_cast<size_t>(il)];
@@ -451,14 +635,18 @@ void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, bac
     v.resize(static_cast<size_t>(count));
     return v.data();
   };
-  T* dh = sized(b.dh, n * ff);
-  T* dgate = sized(b.dgate, n * ff);
-  T* dup = sized(b.dup, n * ff);
   T* dxn = sized(b.dxn, n * d);
-  linear_backward(a.h.data(), w(l.down), dx, n, ff, d, dh, g(l.down));
-  swiglu_backward(a.gate.data(), a.up.data(), dh, n * ff, dgate, dup);
-  linear_backward(a.xn2.data(), w(l.gate), dgate, n, d, ff, dxn, g(l.gate));
-  linear_backward(a.xn2.data(), w(l.up), dup, n, d, ff, dxn, g(l.up), true);
+  if (l.router >= 0) {
+    moe_backward(l, n, b, grads, a, dx, dxn);
+  } else {
+    T* dh = sized(b.dh, n * ff);
+    T* dgate = sized(b.dgate, n * ff);
+    T* dup = sized(b.dup, n * ff);
+    linear_backward(a.h.data(), w(l.down), dx, n, ff, d, dh, g(l.down));
+    swiglu_backward(a.gate.data(), a.up.data(), dh, n * ff, dgate, dup);
+    linear_backward(a.xn2.data(), w(l.gate), dgate, n, d, ff, dxn, g(l.gate));
+    linear_backward(a.xn2.data(), w(l.up), dup, n, d, ff, dxn, g(l.up), true);
+  }
   rms_norm_backward(a.x_mid.data(), w(l.ffn_norm), a.rstd2.data(), dxn, n, d, dx, g(l.ffn_norm));
   // dx holds ∂L/∂x_mid. Attention half: x_mid = x_in + wo(attention(rope(q), rope(k), v)).
   T* datt = sized(b.datt, n * qd);

@@ -99,8 +99,9 @@ class device_trainer;
 template <class T>
 class trainable_model {
  public:
-  /// Dequantizes every weight of `file` into T. Dense llama-family models only (an MoE file is an
-  /// `unsupported` error that says so).
+  /// Dequantizes every weight of `file` into T. Llama-family models, dense or mixture-of-experts
+  /// (Mixtral's routing: softmax, top-k, renormalised; the router is trained through the chosen
+  /// experts' weights). MoE models train on the host only (use_device refuses them).
   static result<std::unique_ptr<trainable_model>> load(const gguf_file& file,
                                                        const trainable_config& config = {});
   ~trainable_model();
@@ -206,6 +207,12 @@ class trainable_model {
   void layer_forward(int64_t il, const forward_state& fs, const T* x_in, layer_acts& a, T* x_out);
   void layer_backward(int64_t il, const forward_state& fs, backward_scratch& bs,
                       const std::vector<T*>& grads, layer_acts& a, T* dx);
+  /// MoE feed-forward of a block: y = Σ_j w_j · expert_j(xn2) over the routed experts.
+  void moe_forward(const layer_params& l, int64_t n, layer_acts& a, T* y);
+  /// Its backward: dy = ∂L/∂y; overwrites dxn with ∂L/∂xn2, adds into the router's and experts'
+  /// gradients.
+  void moe_backward(const layer_params& l, int64_t n, backward_scratch& bs,
+                    const std::vector<T*>& grads, const layer_acts& a, const T* dy, T* dxn);
   /// Forward and backward of one checked batch into `grads` (one pointer per parameter).
   loss_sum accumulate(const train_batch& b, forward_state& fs, backward_scratch& bs,
                       const std::vector<T*>& grads, const token_objective<T>* objective);
@@ -221,6 +228,7 @@ class trainable_model {
   std::vector<layer_params> layers_;
   std::vector<float> rope_freqs_;  ///< rope_freqs.weight when the file has it (not trained).
   int embd_ = 0, out_norm_ = 0, output_ = 0;  ///< Indices into params_ (output_ == embd_ if tied).
+  int64_t moe_ff_ = 0;                        ///< MoE: the experts' hidden size.
   std::unique_ptr<forward_state> fs_;         ///< Activations, reused from call to call.
   std::unique_ptr<backward_scratch> bs_;      ///< Gradient buffers, reused from call to call.
   std::vector<std::unique_ptr<replica>> replicas_;  ///< Shares 1.. of a parallel call.

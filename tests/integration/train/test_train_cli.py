@@ -152,6 +152,22 @@ def main():
         check(g.returncode == 0, f"weft generate serves the export (rc {g.returncode}) "
                                  f"{g.stderr[-300:]}")
 
+        # A mixture-of-experts model trains (router and experts), exports and is served.
+        moe = os.path.join(tmp, "tiny-moe.gguf")
+        subprocess.run([a.make_model, moe, "--experts", "4", "--experts-used", "2"], check=True)
+        moe_dir = os.path.join(tmp, "moe")
+        rc, out = train(weft, ["--model", moe] + base[2:] + [
+            "--steps", "6", "--checkpoint-dir", moe_dir,
+            "--save", os.path.join(moe_dir, "out.gguf"), "--save-type", "q8_0"])
+        check(rc == 0 and "step 6/6" in out, f"an MoE model trains (rc {rc}): {out[-300:]}")
+        m_moe = metrics(os.path.join(moe_dir, "metrics.jsonl"))
+        check(len(m_moe) == 6 and m_moe[-1]["loss"] < m_moe[0]["loss"], "the MoE loss goes down")
+        g = subprocess.run([weft, "generate", "--model", os.path.join(moe_dir, "out.gguf"),
+                            "-p", "1+2=", "--max-tokens", "4"],
+                           capture_output=True, text=True, timeout=120)
+        check(g.returncode == 0, f"weft generate serves the MoE export (rc {g.returncode}) "
+                                 f"{g.stderr[-300:]}")
+
     return finish()
 
 

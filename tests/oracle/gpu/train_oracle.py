@@ -2,7 +2,10 @@
 """PyTorch side of the trainer oracle (tests/oracle/gpu/train_oracle_test.cpp).
 
 Hugging Face transformers loads the same GGUF the weft trainer loaded (it dequantizes it and undoes
-llama.cpp's Q/K row permutation). On the batch weft used, this script computes with PyTorch autograd:
+llama.cpp's Q/K row permutation). A mixture-of-experts GGUF (llama.cpp's Mixtral layout, which
+transformers 4.46 cannot load from GGUF) becomes transformers' MixtralForCausalLM: its config from the
+file's metadata, its weights read with the `gguf` package (dequantized, Q/K rows un-permuted), so the
+forward and autograd are Hugging Face's and PyTorch's. On the batch weft used, this script computes with PyTorch autograd:
 the mean token loss and every parameter's gradient, ten AdamW steps, and the logits of the GGUF weft
 exported after its own ten steps (loaded by transformers, and by llama.cpp); it compares them with
 weft's numbers (written by the C++ test) and
@@ -24,7 +27,64 @@ except ImportError as e:  # the C++ test reports a skip (locally) or a failure (
     sys.exit(3)
 
 
+def meta(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.parts[f.data[0]].tolist()[0]
+
+
+def unpermute(w, n_head):
+    """The inverse of `permute`: GGUF Q/K rows -> Hugging Face layout."""
+    return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def load_mixtral(path):
+    import gguf
+    from gguf.quants import dequantize
+    from transformers import MixtralConfig, MixtralForCausalLM
+    r = gguf.GGUFReader(path)
+    tensors = {t.name: np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+               .reshape([int(x) for x in reversed(t.shape)]) for t in r.tensors}
+    tied = "output.weight" not in tensors
+    heads, kv_heads = meta(r, "llama.attention.head_count"), meta(r, "llama.attention.head_count_kv")
+    n_experts = meta(r, "llama.expert_count")
+    cfg = MixtralConfig(
+        vocab_size=tensors["token_embd.weight"].shape[0],
+        hidden_size=meta(r, "llama.embedding_length"),
+        intermediate_size=tensors["blk.0.ffn_gate_exps.weight"].shape[1],
+        num_hidden_layers=meta(r, "llama.block_count"), num_attention_heads=heads,
+        num_key_value_heads=kv_heads, num_local_experts=n_experts,
+        num_experts_per_tok=meta(r, "llama.expert_used_count"),
+        rms_norm_eps=meta(r, "llama.attention.layer_norm_rms_epsilon"),
+        rope_theta=meta(r, "llama.rope.freq_base", 10000.0),
+        max_position_embeddings=meta(r, "llama.context_length"), tie_word_embeddings=tied,
+        sliding_window=None, router_jitter_noise=0.0, output_router_logits=False)
+    model = MixtralForCausalLM(cfg).to(torch.float32)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for gname, (hf_names, n_head) in gguf_names(model).items():
+            w = tensors[gname]
+            if n_head is not None:
+                w = unpermute(w, n_head)
+            w = w.reshape(len(hf_names), -1, w.shape[-1]) if len(hf_names) > 1 else [w]
+            for hf, part in zip(hf_names, w):
+                params[hf].copy_(torch.from_numpy(np.ascontiguousarray(part)))
+    if tied:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    model.eval()
+    return model
+
+
+def is_moe(path):
+    import gguf
+    return meta(gguf.GGUFReader(path), "llama.expert_count", 0) > 0
+
+
 def load(path):
+    if is_moe(path):
+        return load_mixtral(path)
     # A GGUF without output.weight ties the head to the embedding (SmolLM2); transformers 4.46 does
     # not infer that from the file, so say it.
     import gguf
@@ -39,23 +99,32 @@ def load(path):
 
 
 def gguf_names(model):
-    """weft's (GGUF) parameter names -> (HF parameter, rows permuted like llama.cpp's converter)."""
+    """weft's (GGUF) parameter names -> (HF parameters, rows permuted like llama.cpp's converter).
+    An MoE expert tensor [experts][rows][cols] is the HF experts' matrices stacked in order."""
     cfg = model.config
-    m = {"token_embd.weight": ("model.embed_tokens.weight", None),
-         "output_norm.weight": ("model.norm.weight", None)}
+    m = {"token_embd.weight": (["model.embed_tokens.weight"], None),
+         "output_norm.weight": (["model.norm.weight"], None)}
     if not cfg.tie_word_embeddings:
-        m["output.weight"] = ("lm_head.weight", None)
+        m["output.weight"] = (["lm_head.weight"], None)
     for i in range(cfg.num_hidden_layers):
         p, h = f"blk.{i}.", f"model.layers.{i}."
-        m[p + "attn_norm.weight"] = (h + "input_layernorm.weight", None)
-        m[p + "attn_q.weight"] = (h + "self_attn.q_proj.weight", cfg.num_attention_heads)
-        m[p + "attn_k.weight"] = (h + "self_attn.k_proj.weight", cfg.num_key_value_heads)
-        m[p + "attn_v.weight"] = (h + "self_attn.v_proj.weight", None)
-        m[p + "attn_output.weight"] = (h + "self_attn.o_proj.weight", None)
-        m[p + "ffn_norm.weight"] = (h + "post_attention_layernorm.weight", None)
-        m[p + "ffn_gate.weight"] = (h + "mlp.gate_proj.weight", None)
-        m[p + "ffn_up.weight"] = (h + "mlp.up_proj.weight", None)
-        m[p + "ffn_down.weight"] = (h + "mlp.down_proj.weight", None)
+        m[p + "attn_norm.weight"] = ([h + "input_layernorm.weight"], None)
+        m[p + "attn_q.weight"] = ([h + "self_attn.q_proj.weight"], cfg.num_attention_heads)
+        m[p + "attn_k.weight"] = ([h + "self_attn.k_proj.weight"], cfg.num_key_value_heads)
+        m[p + "attn_v.weight"] = ([h + "self_attn.v_proj.weight"], None)
+        m[p + "attn_output.weight"] = ([h + "self_attn.o_proj.weight"], None)
+        m[p + "ffn_norm.weight"] = ([h + "post_attention_layernorm.weight"], None)
+        n_experts = getattr(cfg, "num_local_experts", 0)
+        if n_experts:
+            moe = h + "block_sparse_moe."
+            m[p + "ffn_gate_inp.weight"] = ([moe + "gate.weight"], None)
+            for gname, hf in (("gate", "w1"), ("up", "w3"), ("down", "w2")):
+                m[p + f"ffn_{gname}_exps.weight"] = (
+                    [f"{moe}experts.{e}.{hf}.weight" for e in range(n_experts)], None)
+        else:
+            m[p + "ffn_gate.weight"] = ([h + "mlp.gate_proj.weight"], None)
+            m[p + "ffn_up.weight"] = ([h + "mlp.up_proj.weight"], None)
+            m[p + "ffn_down.weight"] = ([h + "mlp.down_proj.weight"], None)
     return m
 
 
@@ -107,12 +176,13 @@ def main():
     worst_cos, worst_err, worst_w = 1.0, 0.0, 0.0
     for t in index["tensors"]:
         hf, n_head = names[t["name"]]
-        p = params[hf]
-        g = p.grad.detach().numpy().reshape(-1).astype(np.float64)
-        w = p.detach().numpy()
+        g = np.concatenate([params[n].grad.detach().numpy().reshape(-1) for n in hf])
+        w = np.concatenate([params[n].detach().numpy().reshape(-1) for n in hf])
         if n_head is not None:
-            g = permute(p.grad.detach().numpy(), n_head).reshape(-1).astype(np.float64)
-            w = permute(w, n_head)
+            shape = params[hf[0]].shape
+            g = permute(g.reshape(shape), n_head)
+            w = permute(w.reshape(shape), n_head)
+        g = g.reshape(-1).astype(np.float64)
         mine = ours[off:off + t["size"]].astype(np.float64)
         off += t["size"]
         cos = float(np.dot(g, mine) / (np.linalg.norm(g) * np.linalg.norm(mine) + 1e-300))

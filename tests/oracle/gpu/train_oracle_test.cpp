@@ -8,7 +8,7 @@
 //  - the GGUF weft exports after those steps, loaded by transformers, gives weft's logits;
 //  llama.cpp
 //    loads it too and agrees to its f16 KV cache's precision.
-// On a tiny generated model and on SmolLM2-135M-Instruct (Q4_1).
+// On a tiny generated model, a tiny mixture-of-experts model and SmolLM2-135M-Instruct (Q4_1).
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -235,6 +235,25 @@ TEST(train_oracle, tiny_model_matches_pytorch) {
   fs::create_directories(dir);
   ASSERT_TRUE(write_tiny_model(c, dir / "tiny.gguf").ok());
   check(run_oracle(dir / "tiny.gguf", 1e-3), "tiny");
+  fs::remove_all(dir);
+}
+
+// Mixture of experts: transformers' MixtralForCausalLM with the GGUF's weights (the script builds
+// it; transformers 4.46 loads no llama-layout MoE GGUF itself) — router and experts included.
+TEST(train_oracle, tiny_mixture_of_experts_matches_pytorch) {
+  tiny_model_config c;
+  c.n_layers = 2;
+  c.n_embd = 64;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.n_ff = 96;
+  c.n_expert = 4;
+  c.n_expert_used = 2;
+  c.output = output_weight::separate;
+  const fs::path dir = fs::temp_directory_path() / ("weft_tiny_moe_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  ASSERT_TRUE(write_tiny_model(c, dir / "tiny-moe.gguf").ok());
+  check(run_oracle(dir / "tiny-moe.gguf", 1e-3), "tiny MoE");
   fs::remove_all(dir);
 }
 

@@ -233,8 +233,15 @@ train_batch two_sequences() {
   return b;
 }
 
-void check_model_gradient(output_weight out) {
-  auto m = load_trainable<double>(tiny(out));
+tiny_model_config tiny_moe(ggml_type type = ggml_type::f32) {
+  auto c = tiny(output_weight::separate, type);
+  c.n_expert = 4;
+  c.n_expert_used = 2;
+  return c;
+}
+
+void check_model_gradient(const tiny_model_config& config) {
+  auto m = load_trainable<double>(config);
   const auto batch = two_sequences();
   m->zero_grad();
   auto loss = m->forward_backward(batch);
@@ -266,11 +273,23 @@ void check_model_gradient(output_weight out) {
 }
 
 TEST(trainable_model, gradients_match_finite_differences_tied_head) {
-  check_model_gradient(output_weight::tied);
+  check_model_gradient(tiny(output_weight::tied));
 }
 
 TEST(trainable_model, gradients_match_finite_differences_separate_head) {
-  check_model_gradient(output_weight::separate);
+  check_model_gradient(tiny(output_weight::separate));
+}
+
+// Mixture of experts (Mixtral routing): the router's gradient flows through the chosen experts'
+// renormalised weights; every expert's and the router's entries match finite differences.
+TEST(trainable_model, gradients_match_finite_differences_mixture_of_experts) {
+  auto m = load_trainable<double>(tiny_moe());
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->parameters().size(), 3u + 10u * 2u);  // router + 3 stacked expert tensors a block
+  const auto* gate = m->find("blk.0.ffn_gate_exps.weight");
+  ASSERT_NE(gate, nullptr);
+  EXPECT_EQ(gate->size(), 32 * 64 * 4);
+  check_model_gradient(tiny_moe());
 }
 
 // RL at a sampling temperature T (weft rl --temperature): per-token objectives and
@@ -390,12 +409,12 @@ TEST(trainable_model, packing_sums_sequences_and_masks_prompts) {
   EXPECT_EQ(packed.targets[8], -1);  // last token of the sequence
 }
 
-TEST(trainable_model, recomputation_gives_bit_identical_gradients) {
-  auto plain = load_trainable<float>(tiny(output_weight::tied));
+void check_recomputation(const tiny_model_config& config) {
+  auto plain = load_trainable<float>(config);
   trainable_config tc;
   tc.recompute = true;
   tc.head_chunk_rows = 3;  // several head chunks too
-  auto rec = load_trainable<float>(tiny(output_weight::tied), tc);
+  auto rec = load_trainable<float>(config, tc);
   const auto batch = two_sequences();
   auto a = plain->forward_backward(batch);
   auto b = rec->forward_backward(batch);
@@ -413,18 +432,18 @@ TEST(trainable_model, recomputation_gives_bit_identical_gradients) {
   }
 }
 
-TEST(trainable_model, loads_quantized_weights_and_refuses_moe_and_bad_batches) {
+TEST(trainable_model, recomputation_gives_bit_identical_gradients) {
+  check_recomputation(tiny(output_weight::tied));
+  check_recomputation(tiny_moe());
+}
+
+TEST(trainable_model, loads_quantized_weights_and_refuses_bad_batches) {
   auto q = load_trainable<float>(tiny(output_weight::tied, ggml_type::q4_1));
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(q->parameters().size(), 2u + 9u * 2u);
-  auto moe = tiny(output_weight::tied, ggml_type::q8_0);
-  moe.n_expert = 4;
-  moe.n_expert_used = 2;
-  auto f = tiny_file(moe);
-  auto m = trainable_model<float>::load(f);
-  ASSERT_FALSE(m.ok());
-  EXPECT_EQ(m.error().code(), weft::gpu::status_code::unsupported);
-  EXPECT_NE(m.error().message().find("mixture-of-experts"), std::string::npos);
+  auto moe = load_trainable<float>(tiny_moe(ggml_type::q8_0));  // quantized experts dequantize
+  ASSERT_NE(moe, nullptr);
+  EXPECT_TRUE(moe->forward_backward(two_sequences()).ok());
   train_batch bad;
   EXPECT_FALSE(q->forward_backward(bad).ok());
   bad.add(std::vector<int32_t>{5, 6, 9999}, std::vector<uint8_t>{1, 1, 1});
@@ -433,10 +452,7 @@ TEST(trainable_model, loads_quantized_weights_and_refuses_moe_and_bad_batches) {
   EXPECT_NE(r.error().message().find("out of range"), std::string::npos);
 }
 
-TEST(trainable_model, forward_agrees_with_the_serving_engine) {
-  // Same f32 weights: the trainer's logits against the engine's (whose KV cache is fp16, so
-  // agreement is to that precision, not bit for bit).
-  const auto cfg = tiny(output_weight::tied);
+void check_against_engine(const tiny_model_config& cfg) {
   auto tm = load_trainable<float>(cfg);
   auto dev = device_registry::instance().create("cpu", device_config{1, 0});
   ASSERT_TRUE(dev.ok());
@@ -468,6 +484,13 @@ TEST(trainable_model, forward_agrees_with_the_serving_engine) {
   }
   EXPECT_GT(max_abs, 0.01);
   EXPECT_LE(max_diff, 2e-3 * std::max(1.0, max_abs)) << "max |logit| " << max_abs;
+}
+
+// Same f32 weights: the trainer's logits against the engine's (whose KV cache is fp16, so
+// agreement is to that precision, not bit for bit); dense and MoE (same routing).
+TEST(trainable_model, forward_agrees_with_the_serving_engine) {
+  check_against_engine(tiny(output_weight::tied));
+  check_against_engine(tiny_moe());
 }
 
 // -- optimizer
