@@ -227,6 +227,18 @@ class cuda_train_kernels final : public train::train_kernels {
   status scale_rows(float* x, const float* scales, int64_t rows, int64_t width) override {
     return check(launch_scale_rows(x, scales, rows, width, s_), "cuda scale_rows");
   }
+  status moe_combine(const float* exp_out, const int32_t* slot_row, const float* weights, int64_t n,
+                     int64_t k, int64_t d, float* y) override {
+    return check(launch_moe_combine(exp_out, slot_row, weights, n, k, d, y, s_),
+                 "cuda moe_combine");
+  }
+  status moe_combine_backward(const float* dy, const float* exp_out, const int32_t* row_token,
+                              const int32_t* row_slot, const float* weights, int64_t rows,
+                              int64_t d, float* dout, float* dweights) override {
+    return check(launch_moe_combine_backward(dy, exp_out, row_token, row_slot, weights, rows, d,
+                                             dout, dweights, s_),
+                 "cuda moe_combine_backward");
+  }
   status scale(float* x, int64_t n, float factor) override {
     return check(launch_scale(x, n, factor, s_), "cuda scale");
   }

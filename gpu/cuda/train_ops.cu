@@ -307,6 +307,37 @@ __global__ void scale_rows_kernel(float* x, const float* scales, int64_t rows, i
   if (i < rows * width) x[i] *= scales[i / width];
 }
 
+// ---- Mixture of experts
+
+__global__ void moe_combine_kernel(const float* exp_out, const int32_t* slot_row,
+                                   const float* weights, int64_t n, int64_t k, int64_t d,
+                                   float* y) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n * d) return;
+  const int64_t t = idx / d, i = idx % d;
+  float acc = 0.0f;
+  for (int64_t j = 0; j < k; ++j)
+    acc += weights[t * k + j] * exp_out[static_cast<int64_t>(slot_row[t * k + j]) * d + i];
+  y[idx] = acc;
+}
+
+__global__ void moe_combine_bwd(const float* dy, const float* exp_out, const int32_t* row_token,
+                                const int32_t* row_slot, const float* weights, int64_t d,
+                                float* dout, float* dweights) {
+  __shared__ float sh[32];
+  const int64_t r = blockIdx.x;
+  const float* dyt = dy + static_cast<int64_t>(row_token[r]) * d;
+  const float* o = exp_out + r * d;
+  const float w = weights[row_slot[r]];
+  float dot = 0.0f;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    dout[r * d + i] = w * dyt[i];
+    dot += dyt[i] * o[i];
+  }
+  dot = block_sum(dot, sh);
+  if (threadIdx.x == 0) dweights[row_slot[r]] = dot;
+}
+
 // ---- The optimizer
 
 __global__ void scale_kernel(float* x, int64_t n, float factor) {
@@ -479,6 +510,23 @@ int launch_scale_rows(float* x, const float* scales, int64_t rows, int64_t width
   if (rows * width == 0) return 0;
   scale_rows_kernel<<<grid_for(rows * width, kBlock), kBlock, 0, static_cast<cudaStream_t>(s)>>>(
       x, scales, rows, width);
+  return last_error();
+}
+
+int launch_moe_combine(const float* exp_out, const int32_t* slot_row, const float* weights,
+                       int64_t n, int64_t k, int64_t d, float* y, stream_handle s) {
+  if (n * d == 0) return 0;
+  moe_combine_kernel<<<grid_for(n * d, kBlock), kBlock, 0, static_cast<cudaStream_t>(s)>>>(
+      exp_out, slot_row, weights, n, k, d, y);
+  return last_error();
+}
+
+int launch_moe_combine_backward(const float* dy, const float* exp_out, const int32_t* row_token,
+                                const int32_t* row_slot, const float* weights, int64_t rows,
+                                int64_t d, float* dout, float* dweights, stream_handle s) {
+  if (rows == 0) return 0;
+  moe_combine_bwd<<<static_cast<unsigned>(rows), 128, 0, static_cast<cudaStream_t>(s)>>>(
+      dy, exp_out, row_token, row_slot, weights, d, dout, dweights);
   return last_error();
 }
 

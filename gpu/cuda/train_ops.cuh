@@ -53,6 +53,14 @@ int launch_fill(float* x, int64_t n, float value, stream_handle s);
 int launch_embedding_backward(const float* dx, const int32_t* tokens, int64_t n, int64_t d,
                               float* dembd, stream_handle s);
 int launch_scale_rows(float* x, const float* scales, int64_t rows, int64_t width, stream_handle s);
+/// Mixture of experts (gpu/train/moe_ops.hpp): y[t] = Σ_j weights[t][j] · exp_out[slot_row[t][j]].
+int launch_moe_combine(const float* exp_out, const int32_t* slot_row, const float* weights,
+                       int64_t n, int64_t k, int64_t d, float* y, stream_handle s);
+/// dout[r] = weights[row_slot[r]] · dy[row_token[r]], dweights[row_slot[r]] = dy[row_token[r]] ·
+/// exp_out[r] (one block per row, a fixed-order reduction).
+int launch_moe_combine_backward(const float* dy, const float* exp_out, const int32_t* row_token,
+                                const int32_t* row_slot, const float* weights, int64_t rows,
+                                int64_t d, float* dout, float* dweights, stream_handle s);
 
 /// x[i] *= factor.
 int launch_scale(float* x, int64_t n, float factor, stream_handle s);

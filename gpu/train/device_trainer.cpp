@@ -4,6 +4,7 @@
 #include <cmath>
 #include <thread>
 
+#include "gpu/train/moe_ops.hpp"
 #include "gpu/train/train_kernels.hpp"
 
 namespace weft::gpu::train {
@@ -47,9 +48,12 @@ struct dbuf {
 
 }  // namespace
 
-/// One block's saved activations.
+/// One block's saved activations. MoE: gate/up/h are per routed row; the routing stays on the
+/// host (route) with its index lists and weights on the device.
 struct layer_bufs {
   dbuf x_in, xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate, up, h;
+  dbuf exp_in, exp_out, row_token, row_slot, slot_row, weights;
+  moe_routing<float> route;
 };
 
 struct device_trainer::state {
@@ -61,7 +65,9 @@ struct device_trainer::state {
   dbuf dh, dgate, dup, dxn, datt, dq, dk, dv, dx, dxn_final;
   dbuf xc, logits, dlogits, dxc, logp, scales;
   dbuf tokens, rows, targets, starts, prefix, rope_cos, rope_sin;
-  int64_t n = 0;  ///< Tokens of the batch in flight.
+  dbuf router_logits, dexp_out, dexp_in, dweights, droute;  ///< One MoE block's.
+  std::vector<float> moe_host;                              ///< Host copies for the routing.
+  int64_t n = 0;                                            ///< Tokens of the batch in flight.
   device_sequences seqs;
   attention_shape shape;
   std::vector<float> staging;  ///< Host copy of one gradient tensor.
@@ -73,14 +79,18 @@ struct device_trainer::state {
     for (auto& b : v) out.push_back(&b.b);
     out.push_back(&norm_acc.b);
     for (auto& l : layers) {
-      for (dbuf* p : {&l.x_in, &l.xn1, &l.rstd1, &l.q, &l.k, &l.v, &l.att, &l.lse, &l.x_mid, &l.xn2,
-                      &l.rstd2, &l.gate, &l.up, &l.h})
+      for (dbuf* p :
+           {&l.x_in,   &l.xn1,     &l.rstd1,     &l.q,        &l.k,        &l.v,      &l.att,
+            &l.lse,    &l.x_mid,   &l.xn2,       &l.rstd2,    &l.gate,     &l.up,     &l.h,
+            &l.exp_in, &l.exp_out, &l.row_token, &l.row_slot, &l.slot_row, &l.weights})
         out.push_back(&p->b);
     }
-    for (dbuf* p : {&x,    &xn_final, &rstd_final, &x_out,  &dh,       &dgate,   &dup,
-                    &dxn,  &datt,     &dq,         &dk,     &dv,       &dx,      &dxn_final,
-                    &xc,   &logits,   &dlogits,    &dxc,    &logp,     &scales,  &tokens,
-                    &rows, &targets,  &starts,     &prefix, &rope_cos, &rope_sin})
+    for (dbuf* p :
+         {&x,        &xn_final, &rstd_final, &x_out,  &dh,       &dgate,    &dup,
+          &dxn,      &datt,     &dq,         &dk,     &dv,       &dx,       &dxn_final,
+          &xc,       &logits,   &dlogits,    &dxc,    &logp,     &scales,   &tokens,
+          &rows,     &targets,  &starts,     &prefix, &rope_cos, &rope_sin, &router_logits,
+          &dexp_out, &dexp_in,  &dweights,   &droute})
       out.push_back(&p->b);
     return out;
   }
@@ -190,7 +200,9 @@ status device_trainer::layer_forward(int64_t il, const float* x_in, int acts, fl
   auto w = [&](int i) {
     return s.value[static_cast<size_t>(l[static_cast<size_t>(i)])].get<float>();
   };
-  float *xn1, *rstd1, *q, *kk, *v, *att, *lse, *x_mid, *xn2, *rstd2, *gate, *up, *h;
+  const bool moe = !layout_.moe.empty();
+  float *xn1, *rstd1, *q, *kk, *v, *att, *lse, *x_mid, *xn2, *rstd2, *gate = nullptr, *up = nullptr,
+                                                                     *h = nullptr;
   WEFT_NEED(xn1, a.xn1, float, n* d);
   WEFT_NEED(rstd1, a.rstd1, float, n);
   WEFT_NEED(q, a.q, float, n* qd);
@@ -201,9 +213,11 @@ status device_trainer::layer_forward(int64_t il, const float* x_in, int acts, fl
   WEFT_NEED(x_mid, a.x_mid, float, n* d);
   WEFT_NEED(xn2, a.xn2, float, n* d);
   WEFT_NEED(rstd2, a.rstd2, float, n);
-  WEFT_NEED(gate, a.gate, float, n* ff);
-  WEFT_NEED(up, a.up, float, n* ff);
-  WEFT_NEED(h, a.h, float, n* ff);
+  if (!moe) {
+    WEFT_NEED(gate, a.gate, float, n* ff);
+    WEFT_NEED(up, a.up, float, n* ff);
+    WEFT_NEED(h, a.h, float, n* ff);
+  }
   const double* cs = s.rope_cos.get<double>();
   const double* sn = s.rope_sin.get<double>();
   const int64_t rd = hp_.rope.n_dims;
@@ -217,11 +231,122 @@ status device_trainer::layer_forward(int64_t il, const float* x_in, int acts, fl
   WEFT_TRY(k.linear_forward(att, w(4), n, qd, d, x_mid));
   WEFT_TRY(dev_.ops().add(x_mid, x_in, x_mid, n * d));
   WEFT_TRY(k.rms_norm_forward(x_mid, w(5), n, d, hp_.rms_eps, xn2, rstd2));
+  if (moe) {
+    WEFT_TRY(moe_forward(il, acts, x_out));
+    return dev_.ops().add(x_out, x_mid, x_out, n * d);
+  }
   WEFT_TRY(k.linear_forward(xn2, w(6), n, d, ff, gate));
   WEFT_TRY(k.linear_forward(xn2, w(7), n, d, ff, up));
   WEFT_TRY(k.swiglu_forward(gate, up, n * ff, h));
   WEFT_TRY(k.linear_forward(h, w(8), n, ff, d, x_out));
   return dev_.ops().add(x_out, x_mid, x_out, n * d);
+}
+
+status device_trainer::moe_forward(int64_t il, int acts, float* y) {
+  state& s = *s_;
+  train_kernels& k = *dev_.training();
+  const auto& me = layout_.moe[static_cast<size_t>(il)];
+  layer_bufs& a = s.layers[static_cast<size_t>(acts)];
+  const int64_t n = s.n, d = hp_.n_embd, ne = hp_.n_experts, eff = layout_.moe_ff;
+  auto w = [&](int i) {
+    return s.value[static_cast<size_t>(me[static_cast<size_t>(i)])].get<float>();
+  };
+  const float* xn2 = a.xn2.get<float>();
+  // Routing on the host, from the router's logits.
+  float* logits = nullptr;
+  WEFT_NEED(logits, s.router_logits, float, n* ne);
+  WEFT_TRY(k.linear_forward(xn2, w(0), n, d, ne, logits));
+  s.moe_host.resize(static_cast<size_t>(n * ne));
+  WEFT_TRY(dev_.copy_to_host(s.moe_host.data(), logits, s.moe_host.size() * sizeof(float)));
+  WEFT_TRY(dev_.synchronize());
+  moe_routing<float>& r = a.route;
+  moe_route(s.moe_host.data(), n, ne, hp_.n_experts_used, r);
+  const int64_t rows = r.rows();
+  int32_t *row_token, *row_slot, *slot_row;
+  float *weights, *exp_in, *exp_out, *gate, *up, *h;
+  WEFT_NEED(row_token, a.row_token, int32_t, rows);
+  WEFT_NEED(row_slot, a.row_slot, int32_t, rows);
+  WEFT_NEED(slot_row, a.slot_row, int32_t, rows);
+  WEFT_NEED(weights, a.weights, float, rows);
+  WEFT_NEED(exp_in, a.exp_in, float, rows* d);
+  WEFT_NEED(exp_out, a.exp_out, float, rows* d);
+  WEFT_NEED(gate, a.gate, float, rows* eff);
+  WEFT_NEED(up, a.up, float, rows* eff);
+  WEFT_NEED(h, a.h, float, rows* eff);
+  WEFT_TRY(
+      dev_.copy_to_device(row_token, r.row_token.data(), r.row_token.size() * sizeof(int32_t)));
+  WEFT_TRY(dev_.copy_to_device(row_slot, r.row_slot.data(), r.row_slot.size() * sizeof(int32_t)));
+  WEFT_TRY(dev_.copy_to_device(slot_row, r.slot_row.data(), r.slot_row.size() * sizeof(int32_t)));
+  WEFT_TRY(dev_.copy_to_device(weights, r.weights.data(), r.weights.size() * sizeof(float)));
+  WEFT_TRY(dev_.ops().gather_rows(xn2, row_token, rows, d, exp_in));
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
+    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
+    if (m == 0) continue;
+    WEFT_TRY(k.linear_forward(exp_in + r0 * d, w(1) + e * eff * d, m, d, eff, gate + r0 * eff));
+    WEFT_TRY(k.linear_forward(exp_in + r0 * d, w(2) + e * eff * d, m, d, eff, up + r0 * eff));
+  }
+  WEFT_TRY(k.swiglu_forward(gate, up, rows * eff, h));
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
+    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
+    if (m == 0) continue;
+    WEFT_TRY(k.linear_forward(h + r0 * eff, w(3) + e * d * eff, m, eff, d, exp_out + r0 * d));
+  }
+  return k.moe_combine(exp_out, slot_row, weights, n, r.k, d, y);
+}
+
+status device_trainer::moe_backward(int64_t il, int acts, const float* dy, float* dxn) {
+  state& s = *s_;
+  train_kernels& k = *dev_.training();
+  const auto& me = layout_.moe[static_cast<size_t>(il)];
+  layer_bufs& a = s.layers[static_cast<size_t>(acts)];
+  const int64_t n = s.n, d = hp_.n_embd, ne = hp_.n_experts, eff = layout_.moe_ff;
+  auto idx = [&](int i) { return static_cast<size_t>(me[static_cast<size_t>(i)]); };
+  auto w = [&](int i) { return s.value[idx(i)].get<float>(); };
+  auto g = [&](int i) { return s.grad[idx(i)].get<float>(); };
+  const moe_routing<float>& r = a.route;
+  const int64_t rows = r.rows();
+  const auto* row_token = a.row_token.get<int32_t>();
+  float *dout, *dw, *dh, *dgate, *dup, *din, *dl;
+  WEFT_NEED(dout, s.dexp_out, float, rows* d);
+  WEFT_NEED(dw, s.dweights, float, rows);
+  WEFT_NEED(dh, s.dh, float, rows* eff);
+  WEFT_NEED(dgate, s.dgate, float, rows* eff);
+  WEFT_NEED(dup, s.dup, float, rows* eff);
+  WEFT_NEED(din, s.dexp_in, float, rows* d);
+  WEFT_NEED(dl, s.droute, float, n* ne);
+  WEFT_TRY(k.moe_combine_backward(dy, a.exp_out.get<float>(), row_token, a.row_slot.get<int32_t>(),
+                                  a.weights.get<float>(), rows, d, dout, dw));
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
+    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
+    if (m == 0) continue;
+    WEFT_TRY(k.linear_backward(a.h.get<float>() + r0 * eff, w(3) + e * d * eff, dout + r0 * d, m,
+                               eff, d, dh + r0 * eff, g(3) + e * d * eff, false));
+  }
+  WEFT_TRY(k.swiglu_backward(a.gate.get<float>(), a.up.get<float>(), dh, rows * eff, dgate, dup));
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
+    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
+    if (m == 0) continue;
+    const float* xe = a.exp_in.get<float>() + r0 * d;
+    WEFT_TRY(k.linear_backward(xe, w(1) + e * eff * d, dgate + r0 * eff, m, d, eff, din + r0 * d,
+                               g(1) + e * eff * d, false));
+    WEFT_TRY(k.linear_backward(xe, w(2) + e * eff * d, dup + r0 * eff, m, d, eff, din + r0 * d,
+                               g(2) + e * eff * d, true));
+  }
+  // Each row's input gradient back to its token, rows in order (the embedding backward's
+  // scatter-add), then the router's gradient from ∂L/∂weights, on the host.
+  WEFT_TRY(k.fill(dxn, n * d, 0.0f));
+  WEFT_TRY(k.embedding_backward(din, row_token, rows, d, dxn));
+  std::vector<float> dw_host(static_cast<size_t>(rows));
+  WEFT_TRY(dev_.copy_to_host(dw_host.data(), dw, dw_host.size() * sizeof(float)));
+  WEFT_TRY(dev_.synchronize());
+  s.moe_host.resize(static_cast<size_t>(n * ne));
+  moe_router_backward(r, dw_host.data(), s.moe_host.data());
+  WEFT_TRY(dev_.copy_to_device(dl, s.moe_host.data(), s.moe_host.size() * sizeof(float)));
+  return k.linear_backward(a.xn2.get<float>(), w(0), dl, n, d, ne, dxn, g(0), true);
 }
 
 status device_trainer::layer_backward(int64_t il, int acts, const float* x_in, float* dx) {
@@ -234,10 +359,13 @@ status device_trainer::layer_backward(int64_t il, int acts, const float* x_in, f
   auto idx = [&](int i) { return static_cast<size_t>(l[static_cast<size_t>(i)]); };
   auto w = [&](int i) { return s.value[idx(i)].get<float>(); };
   auto g = [&](int i) { return s.grad[idx(i)].get<float>(); };
-  float *dh, *dgate, *dup, *dxn, *datt, *dq, *dk, *dv;
-  WEFT_NEED(dh, s.dh, float, n* ff);
-  WEFT_NEED(dgate, s.dgate, float, n* ff);
-  WEFT_NEED(dup, s.dup, float, n* ff);
+  const bool moe = !layout_.moe.empty();
+  float *dh = nullptr, *dgate = nullptr, *dup = nullptr, *dxn, *datt, *dq, *dk, *dv;
+  if (!moe) {
+    WEFT_NEED(dh, s.dh, float, n* ff);
+    WEFT_NEED(dgate, s.dgate, float, n* ff);
+    WEFT_NEED(dup, s.dup, float, n* ff);
+  }
   WEFT_NEED(dxn, s.dxn, float, n* d);
   WEFT_NEED(datt, s.datt, float, n* qd);
   WEFT_NEED(dq, s.dq, float, n* qd);
@@ -247,10 +375,14 @@ status device_trainer::layer_backward(int64_t il, int acts, const float* x_in, f
   const double* sn = s.rope_sin.get<double>();
   const int64_t rd = hp_.rope.n_dims;
   // dx holds ∂L/∂x_out; the feed-forward half, then the attention half (as trainable_model).
-  WEFT_TRY(k.linear_backward(a.h.get<float>(), w(8), dx, n, ff, d, dh, g(8), false));
-  WEFT_TRY(k.swiglu_backward(a.gate.get<float>(), a.up.get<float>(), dh, n * ff, dgate, dup));
-  WEFT_TRY(k.linear_backward(a.xn2.get<float>(), w(6), dgate, n, d, ff, dxn, g(6), false));
-  WEFT_TRY(k.linear_backward(a.xn2.get<float>(), w(7), dup, n, d, ff, dxn, g(7), true));
+  if (moe) {
+    WEFT_TRY(moe_backward(il, acts, dx, dxn));
+  } else {
+    WEFT_TRY(k.linear_backward(a.h.get<float>(), w(8), dx, n, ff, d, dh, g(8), false));
+    WEFT_TRY(k.swiglu_backward(a.gate.get<float>(), a.up.get<float>(), dh, n * ff, dgate, dup));
+    WEFT_TRY(k.linear_backward(a.xn2.get<float>(), w(6), dgate, n, d, ff, dxn, g(6), false));
+    WEFT_TRY(k.linear_backward(a.xn2.get<float>(), w(7), dup, n, d, ff, dxn, g(7), true));
+  }
   WEFT_TRY(
       k.rms_norm_backward(a.x_mid.get<float>(), w(5), a.rstd2.get<float>(), dxn, n, d, dx, g(5)));
   WEFT_TRY(k.linear_backward(a.att.get<float>(), w(4), dx, n, qd, d, datt, g(4), false));

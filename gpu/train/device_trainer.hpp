@@ -23,8 +23,12 @@ namespace weft::gpu::train {
 
 /// Where each weight of the model is in the parameter list.
 struct trainable_layout {
-  /// Per block: attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down.
+  /// Per block: attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down (−1 for an MoE block's
+  /// gate, up, down).
   std::vector<std::array<int, 9>> layers;
+  /// MoE only, per block: router, gate_exps, up_exps, down_exps; and the experts' hidden size.
+  std::vector<std::array<int, 4>> moe;
+  int64_t moe_ff = 0;
   int embd = 0, out_norm = 0, output = 0;
   std::vector<float> rope_freqs;
 };
@@ -88,6 +92,10 @@ class device_trainer {
   status forward(const train_batch& b);
   status layer_forward(int64_t il, const float* x_in, int acts, float* x_out);
   status layer_backward(int64_t il, int acts, const float* x_in, float* dx);
+  /// The MoE feed-forward of block il on activations `acts` (routing on the host) and its
+  /// backward (dy = ∂L/∂y; dxn overwritten with ∂L/∂xn2), as trainable_model's.
+  status moe_forward(int64_t il, int acts, float* y);
+  status moe_backward(int64_t il, int acts, const float* dy, float* dxn);
   status accumulate(const train_batch& b, const token_objective<float>* objective, loss_sum& loss);
 
   device& dev_;

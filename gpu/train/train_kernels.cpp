@@ -1,11 +1,28 @@
 // The CPU device's trainer ops: train_ops<float> on host memory (gpu/train/train_kernels.hpp).
 #include "gpu/train/train_kernels.hpp"
 
+#include "gpu/train/moe_ops.hpp"
+
 #include <algorithm>
 #include <string>
 #include <thread>
 
 namespace weft::gpu::train {
+
+status cpu_train_kernels::moe_combine(const float* exp_out, const int32_t* slot_row,
+                                      const float* weights, int64_t n, int64_t k, int64_t d,
+                                      float* y) {
+  train::moe_combine(exp_out, slot_row, weights, n, k, d, y);
+  return {};
+}
+
+status cpu_train_kernels::moe_combine_backward(const float* dy, const float* exp_out,
+                                               const int32_t* row_token, const int32_t* row_slot,
+                                               const float* weights, int64_t rows, int64_t d,
+                                               float* dout, float* dweights) {
+  train::moe_combine_backward(dy, exp_out, row_token, row_slot, weights, rows, d, dout, dweights);
+  return {};
+}
 
 namespace {
 

@@ -67,6 +67,16 @@ class train_kernels {
                                     float* dembd) = 0;
   /// x[r][j] *= scales[r] for rows of `width`.
   virtual status scale_rows(float* x, const float* scales, int64_t rows, int64_t width) = 0;
+  /// Mixture of experts (moe_ops.hpp, the reference): y[t] = Σ_j weights[t][j] ·
+  /// exp_out[slot_row[t][j]], j in order; overwrites y.
+  virtual status moe_combine(const float* exp_out, const int32_t* slot_row, const float* weights,
+                             int64_t n, int64_t k, int64_t d, float* y) = 0;
+  /// Its backward per row r: dout[r] = weights[row_slot[r]] · dy[row_token[r]] and
+  /// dweights[row_slot[r]] = dy[row_token[r]] · exp_out[r]; overwrites both.
+  virtual status moe_combine_backward(const float* dy, const float* exp_out,
+                                      const int32_t* row_token, const int32_t* row_slot,
+                                      const float* weights, int64_t rows, int64_t d, float* dout,
+                                      float* dweights) = 0;
 
   // The optimizer's ops (a device-resident update: trainable_model::set_device_resident).
   /// x[i] *= factor.
@@ -107,6 +117,11 @@ class cpu_train_kernels final : public train_kernels {
   status embedding_backward(const float* dx, const int32_t* tokens, int64_t n, int64_t d,
                             float* dembd) override;
   status scale_rows(float* x, const float* scales, int64_t rows, int64_t width) override;
+  status moe_combine(const float* exp_out, const int32_t* slot_row, const float* weights, int64_t n,
+                     int64_t k, int64_t d, float* y) override;
+  status moe_combine_backward(const float* dy, const float* exp_out, const int32_t* row_token,
+                              const int32_t* row_slot, const float* weights, int64_t rows,
+                              int64_t d, float* dout, float* dweights) override;
   status scale(float* x, int64_t n, float factor) override;
   status sum_squares(const float* x, int64_t n, double* acc) override;
   status adamw_update(float* p, const float* g, float* m, float* v, int64_t n, bool decay,

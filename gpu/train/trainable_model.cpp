@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <thread>
 #include <type_traits>
 
 #include "gpu/ggml_types.hpp"
 #include "gpu/train/device_trainer.hpp"
+#include "gpu/train/moe_ops.hpp"
 
 namespace weft::gpu::train {
 
@@ -58,15 +58,11 @@ struct trainable_model<T>::layer_params {
 };
 
 /// What one block's backward needs from its forward. MoE: gate/up/h hold one row per routed
-/// (token, slot) pair in expert-major order ("rows"): row r is token row_token[r]'s slot
-/// row_slot[r] (= token · k + j), the rows of expert e are [expert_start[e], expert_start[e + 1]).
+/// (token, slot) pair, in moe_routing's expert-major order.
 template <class T>
 struct trainable_model<T>::layer_acts {
   std::vector<T> x_in, xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate, up, h;
-  std::vector<T> route_w;       ///< [n][k] renormalised weights of the chosen experts.
-  std::vector<int32_t> chosen;  ///< [n][k] the chosen experts, most probable first.
-  std::vector<int32_t> row_token, row_slot, slot_row;
-  std::vector<int64_t> expert_start;
+  moe_routing<T> route;
   std::vector<T> exp_in, exp_out;  ///< [rows][d]: the gathered inputs and the experts' outputs.
 };
 
@@ -86,7 +82,7 @@ struct trainable_model<T>::forward_state {
 template <class T>
 struct trainable_model<T>::backward_scratch {
   std::vector<T> dh, dgate, dup, dxn, datt, dq, dk, dv;  ///< One layer's.
-  std::vector<T> dexp_out, dexp_in, droute;              ///< One MoE layer's.
+  std::vector<T> dexp_out, dexp_in, dweights, droute;    ///< One MoE layer's.
   std::vector<T> dx, dxn_final, x_out;                   ///< The whole batch's.
   std::vector<T> xc, logits, dlogits, dxc;               ///< One output-head chunk's.
 };
@@ -235,14 +231,13 @@ status trainable_model<T>::use_device(device* dev) {
     if (dev->training() == nullptr)
       return {status_code::unsupported,
               dev->capabilities().name + " has no trainer ops (device::training)"};
-    if (hp_.n_experts > 0)
-      return {status_code::unsupported,
-              "training a mixture-of-experts model on a device is not supported yet: it trains "
-              "on the host (--device cpu)"};
     trainable_layout layout;
-    for (const layer_params& l : layers_)
+    for (const layer_params& l : layers_) {
       layout.layers.push_back(
           {l.attn_norm, l.wq, l.wk, l.wv, l.wo, l.ffn_norm, l.gate, l.up, l.down});
+      if (l.router >= 0) layout.moe.push_back({l.router, l.gate_exps, l.up_exps, l.down_exps});
+    }
+    layout.moe_ff = moe_ff_;
     layout.embd = embd_;
     layout.out_norm = out_norm_;
     layout.output = output_;
@@ -473,81 +468,39 @@ template <class T>
 void trainable_model<T>::moe_forward(const layer_params& l, int64_t n, layer_acts& a, T* y) {
   const int64_t d = hp_.n_embd;
   const int64_t ne = hp_.n_experts;
-  const int64_t k = hp_.n_experts_used;
   const int64_t eff = moe_ff_;
   auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
-  // Routing as the engine's (gpu/model.cpp, llama.cpp's Mixtral): softmax over the experts, the
-  // k most probable (ties to the lower index), their probabilities renormalised to sum to one.
-  std::vector<T> probs(static_cast<size_t>(n * ne));
-  linear_forward(a.xn2.data(), w(l.router), n, d, ne, probs.data());
-  a.route_w.resize(static_cast<size_t>(n * k));
-  a.chosen.resize(static_cast<size_t>(n * k));
-  std::vector<int32_t> order(static_cast<size_t>(ne));
-  std::vector<int64_t> count(static_cast<size_t>(ne), 0);
-  for (int64_t t = 0; t < n; ++t) {
-    T* p = probs.data() + t * ne;
-    const T mx = *std::max_element(p, p + ne);
-    T sum = 0;
-    for (int64_t e = 0; e < ne; ++e) sum += (p[e] = std::exp(p[e] - mx));
-    for (int64_t e = 0; e < ne; ++e) p[e] /= sum;
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t z) { return p[x] > p[z]; });
-    T wsum = 0;
-    for (int64_t j = 0; j < k; ++j) wsum += p[order[static_cast<size_t>(j)]];
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t e = order[static_cast<size_t>(j)];
-      a.route_w[static_cast<size_t>(t * k + j)] = p[e] / wsum;
-      a.chosen[static_cast<size_t>(t * k + j)] = e;
-      ++count[static_cast<size_t>(e)];
-    }
-  }
-  // Rows in expert-major order, tokens in order within an expert.
-  const int64_t rows = n * k;
-  a.expert_start.assign(static_cast<size_t>(ne + 1), 0);
-  for (int64_t e = 0; e < ne; ++e)
-    a.expert_start[static_cast<size_t>(e + 1)] =
-        a.expert_start[static_cast<size_t>(e)] + count[static_cast<size_t>(e)];
-  std::vector<int64_t> cursor(a.expert_start.begin(), a.expert_start.end() - 1);
-  a.row_token.resize(static_cast<size_t>(rows));
-  a.row_slot.resize(static_cast<size_t>(rows));
-  a.slot_row.resize(static_cast<size_t>(rows));
-  for (int64_t s = 0; s < rows; ++s) {
-    const int64_t r = cursor[static_cast<size_t>(a.chosen[static_cast<size_t>(s)])]++;
-    a.row_token[static_cast<size_t>(r)] = static_cast<int32_t>(s / k);
-    a.row_slot[static_cast<size_t>(r)] = static_cast<int32_t>(s);
-    a.slot_row[static_cast<size_t>(s)] = static_cast<int32_t>(r);
-  }
+  std::vector<T> logits(static_cast<size_t>(n * ne));
+  linear_forward(a.xn2.data(), w(l.router), n, d, ne, logits.data());
+  moe_routing<T>& r = a.route;
+  moe_route(logits.data(), n, ne, hp_.n_experts_used, r);
+  const int64_t rows = r.rows();
   a.exp_in.resize(static_cast<size_t>(rows * d));
-  for (int64_t r = 0; r < rows; ++r)
-    std::copy_n(a.xn2.begin() + a.row_token[static_cast<size_t>(r)] * d, d,
-                a.exp_in.begin() + r * d);
+  for (int64_t i = 0; i < rows; ++i)
+    std::copy_n(a.xn2.begin() + r.row_token[static_cast<size_t>(i)] * d, d,
+                a.exp_in.begin() + i * d);
   a.gate.resize(static_cast<size_t>(rows * eff));
   a.up.resize(a.gate.size());
   a.h.resize(a.gate.size());
   a.exp_out.resize(static_cast<size_t>(rows * d));
   for (int64_t e = 0; e < ne; ++e) {
-    const int64_t r0 = a.expert_start[static_cast<size_t>(e)];
-    const int64_t m = a.expert_start[static_cast<size_t>(e + 1)] - r0;
+    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
+    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
     if (m == 0) continue;
     linear_forward(a.exp_in.data() + r0 * d, w(l.gate_exps) + e * eff * d, m, d, eff,
                    a.gate.data() + r0 * eff);
     linear_forward(a.exp_in.data() + r0 * d, w(l.up_exps) + e * eff * d, m, d, eff,
                    a.up.data() + r0 * eff);
-    swiglu_forward(a.gate.data() + r0 * eff, a.up.data() + r0 * eff, m * eff,
-                   a.h.data() + r0 * eff);
+  }
+  swiglu_forward(a.gate.data(), a.up.data(), rows * eff, a.h.data());
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
+    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
+    if (m == 0) continue;
     linear_forward(a.h.data() + r0 * eff, w(l.down_exps) + e * d * eff, m, eff, d,
                    a.exp_out.data() + r0 * d);
   }
-  // y[t] = Σ_j w[t][j] · expert_j(xn2[t]), in slot order.
-  for (int64_t t = 0; t < n; ++t) {
-    T* yt = y + t * d;
-    std::fill(yt, yt + d, T(0));
-    for (int64_t j = 0; j < k; ++j) {
-      const T wj = a.route_w[static_cast<size_t>(t * k + j)];
-      const T* o = a.exp_out.data() + a.slot_row[static_cast<size_t>(t * k + j)] * d;
-      for (int64_t i = 0; i < d; ++i) yt[i] += wj * o[i];
-    }
-  }
+  moe_combine(a.exp_out.data(), r.slot_row.data(), r.weights.data(), n, r.k, d, y);
 }
 
 template <class T>
@@ -556,66 +509,48 @@ void trainable_model<T>::moe_backward(const layer_params& l, int64_t n, backward
                                       const T* dy, T* dxn) {
   const int64_t d = hp_.n_embd;
   const int64_t ne = hp_.n_experts;
-  const int64_t k = hp_.n_experts_used;
   const int64_t eff = moe_ff_;
-  const int64_t rows = n * k;
+  const moe_routing<T>& r = a.route;
+  const int64_t rows = r.rows();
   auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
   auto g = [&](int i) { return grads[static_cast<size_t>(i)]; };
   auto sized = [](std::vector<T>& v, int64_t count) {
     v.resize(static_cast<size_t>(count));
     return v.data();
   };
-  // Per row: ∂L/∂expert output = w · dy[t]; per slot: ∂L/∂w = dy[t] · expert output.
   T* dout = sized(b.dexp_out, rows * d);
-  std::vector<T> dw(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t t = a.row_token[static_cast<size_t>(r)];
-    const int64_t s = a.row_slot[static_cast<size_t>(r)];
-    const T ws = a.route_w[static_cast<size_t>(s)];
-    const T* dyt = dy + t * d;
-    const T* o = a.exp_out.data() + r * d;
-    T dot = 0;
-    for (int64_t i = 0; i < d; ++i) {
-      dout[r * d + i] = ws * dyt[i];
-      dot += dyt[i] * o[i];
-    }
-    dw[static_cast<size_t>(s)] = dot;
-  }
+  T* dw = sized(b.dweights, rows);
+  moe_combine_backward(dy, a.exp_out.data(), r.row_token.data(), r.row_slot.data(),
+                       r.weights.data(), rows, d, dout, dw);
   T* dh = sized(b.dh, rows * eff);
   T* dgate = sized(b.dgate, rows * eff);
   T* dup = sized(b.dup, rows * eff);
   T* din = sized(b.dexp_in, rows * d);
   for (int64_t e = 0; e < ne; ++e) {
-    const int64_t r0 = a.expert_start[static_cast<size_t>(e)];
-    const int64_t m = a.expert_start[static_cast<size_t>(e + 1)] - r0;
+    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
+    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
     if (m == 0) continue;
     linear_backward(a.h.data() + r0 * eff, w(l.down_exps) + e * d * eff, dout + r0 * d, m, eff, d,
                     dh + r0 * eff, g(l.down_exps) + e * d * eff);
-    swiglu_backward(a.gate.data() + r0 * eff, a.up.data() + r0 * eff, dh + r0 * eff, m * eff,
-                    dgate + r0 * eff, dup + r0 * eff);
+  }
+  swiglu_backward(a.gate.data(), a.up.data(), dh, rows * eff, dgate, dup);
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
+    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
+    if (m == 0) continue;
     linear_backward(a.exp_in.data() + r0 * d, w(l.gate_exps) + e * eff * d, dgate + r0 * eff, m, d,
                     eff, din + r0 * d, g(l.gate_exps) + e * eff * d);
     linear_backward(a.exp_in.data() + r0 * d, w(l.up_exps) + e * eff * d, dup + r0 * eff, m, d, eff,
                     din + r0 * d, g(l.up_exps) + e * eff * d, true);
   }
+  // Each row's input gradient back to its token, rows in order.
   std::fill(dxn, dxn + n * d, T(0));
-  for (int64_t r = 0; r < rows; ++r) {
-    T* dst = dxn + static_cast<int64_t>(a.row_token[static_cast<size_t>(r)]) * d;
-    for (int64_t i = 0; i < d; ++i) dst[i] += din[r * d + i];
+  for (int64_t i = 0; i < rows; ++i) {
+    T* dst = dxn + static_cast<int64_t>(r.row_token[static_cast<size_t>(i)]) * d;
+    for (int64_t c = 0; c < d; ++c) dst[c] += din[i * d + c];
   }
-  // The router: w_j = exp(l_j) / Σ_{i chosen} exp(l_i), so ∂L/∂l_j = w_j (∂L/∂w_j − Σ_i w_i
-  // ∂L/∂w_i) for a chosen expert j, and 0 for the others (the choice itself is piecewise constant).
   T* dl = sized(b.droute, n * ne);
-  std::fill(dl, dl + n * ne, T(0));
-  for (int64_t t = 0; t < n; ++t) {
-    T mean = 0;
-    for (int64_t j = 0; j < k; ++j)
-      mean += a.route_w[static_cast<size_t>(t * k + j)] * dw[static_cast<size_t>(t * k + j)];
-    for (int64_t j = 0; j < k; ++j) {
-      const size_t s = static_cast<size_t>(t * k + j);
-      dl[t * ne + a.chosen[s]] = a.route_w[s] * (dw[s] - mean);
-    }
-  }
+  moe_router_backward(r, dw, dl);
   linear_backward(a.xn2.data(), w(l.router), dl, n, d, ne, dxn, g(l.router), true);
 }
 

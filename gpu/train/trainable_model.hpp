@@ -101,7 +101,7 @@ class trainable_model {
  public:
   /// Dequantizes every weight of `file` into T. Llama-family models, dense or mixture-of-experts
   /// (Mixtral's routing: softmax, top-k, renormalised; the router is trained through the chosen
-  /// experts' weights). MoE models train on the host only (use_device refuses them).
+  /// experts' weights).
   static result<std::unique_ptr<trainable_model>> load(const gguf_file& file,
                                                        const trainable_config& config = {});
   ~trainable_model();

@@ -219,6 +219,10 @@ TEST(cuda_vs_cpu_train, trainable_model_on_cuda_matches_the_host) {
       EXPECT_EQ(a.loss_rel, b.loss_rel);
       EXPECT_EQ(a.grad_rel, b.grad_rel);
     }
+    // Mixture of experts (routing on the host; mixing and its backward as CUDA kernels).
+    const auto m = compare_device_training(*gpu.d, recompute, false, 3, 4);
+    EXPECT_LE(m.loss_rel, 1e-5);
+    EXPECT_LE(m.grad_rel, 1e-4);
   }
 }
 

@@ -28,8 +28,9 @@ struct device_training_diff {
   bool bitwise = true;  ///< Every loss and gradient bit-identical.
 };
 
-/// The small model both checks train: 2 layers, GQA (4 heads over 2), a 300-token vocabulary.
-inline tiny_model_config training_model_config(bool tied) {
+/// The small model both checks train: 2 layers, GQA (4 heads over 2), a 300-token vocabulary;
+/// `experts` > 0: a mixture-of-experts FFN with 2 of them used per token.
+inline tiny_model_config training_model_config(bool tied, int experts = 0) {
   tiny_model_config c;
   c.n_layers = 2;
   c.n_embd = 64;
@@ -38,13 +39,15 @@ inline tiny_model_config training_model_config(bool tied) {
   c.n_ff = 128;
   c.n_vocab = 300;
   c.output = tied ? output_weight::tied : output_weight::separate;
+  c.n_expert = static_cast<uint32_t>(experts);
+  c.n_expert_used = experts > 0 ? 2 : 0;
   return c;
 }
 
 inline device_training_diff compare_device_training(device& dev, bool recompute, bool tied = false,
-                                                    int steps = 3) {
+                                                    int steps = 3, int experts = 0) {
   using namespace weft::gpu::train;
-  auto img = make_tiny_model(training_model_config(tied));
+  auto img = make_tiny_model(training_model_config(tied, experts));
   EXPECT_TRUE(img.ok());
   trainable_config tc;
   tc.recompute = recompute;

@@ -20,6 +20,9 @@ TEST(trainable_model_on_a_device, cpu_device_gives_the_host_paths_bits) {
       const auto d = weft::gpu::testing::compare_device_training(**dev, recompute, tied);
       EXPECT_TRUE(d.bitwise) << "loss " << d.loss_rel << ", gradients " << d.grad_rel;
     }
+    // Mixture of experts: routing on the host, mixing and its backward as device ops.
+    const auto moe = weft::gpu::testing::compare_device_training(**dev, recompute, false, 3, 4);
+    EXPECT_TRUE(moe.bitwise) << "MoE: loss " << moe.loss_rel << ", gradients " << moe.grad_rel;
   }
 }
 
@@ -93,7 +96,7 @@ TEST(trainable_model_on_a_device, resident_state_is_guarded) {
   EXPECT_TRUE((*fresh)->host_current());
 }
 
-TEST(trainable_model_on_a_device, refuses_f64_and_moe_and_detaches) {
+TEST(trainable_model_on_a_device, refuses_f64_and_detaches) {
   auto dev = device_registry::instance().create("cpu", device_config{1, 0});
   ASSERT_TRUE(dev.ok());
   tiny_model_config c;
@@ -109,18 +112,6 @@ TEST(trainable_model_on_a_device, refuses_f64_and_moe_and_detaches) {
   ASSERT_TRUE((*m32)->use_device(dev->get()).ok());
   EXPECT_TRUE((*m32)->use_device(nullptr).ok());
   EXPECT_EQ((*m32)->compute_device(), nullptr);
-  // Mixture-of-experts models train on the host only: said, not ignored.
-  c.n_expert = 4;
-  c.n_expert_used = 2;
-  auto moe_img = make_tiny_model(c);
-  ASSERT_TRUE(moe_img.ok());
-  auto mf = gguf_file::parse(*moe_img);
-  ASSERT_TRUE(mf.ok());
-  auto moe = train::trainable_model<float>::load(*mf);
-  ASSERT_TRUE(moe.ok());
-  const auto st = (*moe)->use_device(dev->get());
-  EXPECT_EQ(st.code(), status_code::unsupported);
-  EXPECT_NE(st.message().find("mixture-of-experts"), std::string::npos);
 }
 
 }  // namespace
