@@ -248,6 +248,12 @@ void add_train_command(CLI::App& app, const global_options&) {
   cmd->add_flag("--recompute", o->recompute,
                 "Recompute each layer's activations in the backward (less memory, ~1/3 more "
                 "compute)");
+  cmd->add_option("--router-aux-loss-coef", o->router_aux_loss_coef,
+                  "Mixture-of-experts models: weight of the router's load-balancing loss "
+                  "(transformers' router_aux_loss_coef, e.g. 0.02; 0: none). A dense model "
+                  "refuses a nonzero value")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--checkpoint-dir", o->checkpoint_dir,
                   "Write exact checkpoints here (and metrics.jsonl)");
   cmd->add_option("--checkpoint-every", o->checkpoint_every,

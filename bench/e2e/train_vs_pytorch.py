@@ -22,13 +22,13 @@ import time
 
 def torch_step_rate(model_path, batch, threads, steps, device="cpu"):
     import torch
-    from transformers import AutoModelForCausalLM
-    import gguf
     torch.set_num_threads(threads)
-    tied = all(t.name != "output.weight" for t in gguf.GGUFReader(model_path).tensors)
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(os.path.abspath(model_path)), gguf_file=os.path.basename(model_path),
-        torch_dtype=torch.float32, tie_word_embeddings=tied)
+    # The oracle's loader: transformers' own GGUF loading, or for a mixture-of-experts GGUF its
+    # MixtralForCausalLM with the file's weights (transformers 4.46 loads no llama-layout MoE GGUF).
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "tests", "oracle", "gpu"))
+    from train_oracle import load
+    model = load(model_path)
     cuda = device.startswith("cuda")
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = False  # f32 GEMMs, as weft's cuBLAS SGEMMs

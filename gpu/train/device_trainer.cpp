@@ -67,6 +67,8 @@ struct device_trainer::state {
   dbuf tokens, rows, targets, starts, prefix, rope_cos, rope_sin;
   dbuf router_logits, dexp_out, dexp_in, dweights, droute;  ///< One MoE block's.
   std::vector<float> moe_host;                              ///< Host copies for the routing.
+  moe_balance<float> balance;                               ///< The batch's routing (balance loss).
+  std::vector<float> balance_grad;                          ///< Empty: no balance loss.
   int64_t n = 0;                                            ///< Tokens of the batch in flight.
   device_sequences seqs;
   attention_shape shape;
@@ -102,6 +104,7 @@ device_trainer::device_trainer(device& dev, const model_hparams& hp, const train
       hp_(hp),
       recompute_(config.recompute),
       head_chunk_rows_(std::max<int64_t>(1, config.head_chunk_rows)),
+      router_aux_loss_coef_(config.router_aux_loss_coef),
       layout_(std::move(layout)),
       s_(std::make_unique<state>()) {
   s_->layers.resize(static_cast<size_t>(hp_.n_layers) + 1);
@@ -176,12 +179,14 @@ status device_trainer::forward(const train_batch& b) {
   embd.row_bytes = static_cast<size_t>(d) * sizeof(float);
   embd.mat_bytes = embd.row_bytes * static_cast<size_t>(hp_.n_vocab);
   WEFT_TRY(dev_.ops().get_rows(embd, tok, n, x));
+  if (!layout_.moe.empty()) s.balance.reset(hp_.n_experts);
   for (int64_t il = 0; il < hp_.n_layers; ++il) {
     float* x_in = nullptr;
     WEFT_NEED(x_in, s.layers[static_cast<size_t>(il)].x_in, float, n* d);
     WEFT_TRY(dev_.copy_on_device(x_in, x, static_cast<size_t>(n * d) * sizeof(float)));
-    WEFT_TRY(layer_forward(il, x_in,
-                           recompute_ ? static_cast<int>(hp_.n_layers) : static_cast<int>(il), x));
+    const int acts = recompute_ ? static_cast<int>(hp_.n_layers) : static_cast<int>(il);
+    WEFT_TRY(layer_forward(il, x_in, acts, x));
+    if (!layout_.moe.empty()) s.balance.add(s.layers[static_cast<size_t>(acts)].route);
   }
   float *xn = nullptr, *rstd = nullptr;
   WEFT_NEED(xn, s.xn_final, float, n* d);
@@ -345,6 +350,7 @@ status device_trainer::moe_backward(int64_t il, int acts, const float* dy, float
   WEFT_TRY(dev_.synchronize());
   s.moe_host.resize(static_cast<size_t>(n * ne));
   moe_router_backward(r, dw_host.data(), s.moe_host.data());
+  if (!s.balance_grad.empty()) moe_balance_backward(r, s.balance_grad, s.moe_host.data());
   WEFT_TRY(dev_.copy_to_device(dl, s.moe_host.data(), s.moe_host.size() * sizeof(float)));
   return k.linear_backward(a.xn2.get<float>(), w(0), dl, n, d, ne, dxn, g(0), true);
 }
@@ -410,6 +416,13 @@ status device_trainer::accumulate(const train_batch& b, const token_objective<fl
     if (b.targets[static_cast<size_t>(i)] >= 0) rows.push_back(i);
   }
   loss.tokens += static_cast<int64_t>(rows.size());
+  s.balance_grad.clear();
+  if (!layout_.moe.empty() && router_aux_loss_coef_ > 0.0 && objective == nullptr) {
+    // The load-balancing loss, weighted per loss token (as trainable_model's host path).
+    const double scale = router_aux_loss_coef_ * static_cast<double>(rows.size());
+    loss.sum += scale * s.balance.loss();
+    s.balance_grad = s.balance.prob_grad(scale);
+  }
   float* dxn = nullptr;
   WEFT_NEED(dxn, s.dxn_final, float, n* d);
   WEFT_TRY(k.fill(dxn, n * d, 0.0f));

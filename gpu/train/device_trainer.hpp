@@ -102,6 +102,7 @@ class device_trainer {
   model_hparams hp_;
   bool recompute_ = false;
   int64_t head_chunk_rows_ = 256;
+  double router_aux_loss_coef_ = 0.0;
   trainable_layout layout_;
   std::unique_ptr<state> s_;
   bool resident_ = false;

@@ -13,6 +13,8 @@ void moe_route(T* logits, int64_t n, int64_t n_experts, int64_t k, moe_routing<T
   r.k = k;
   r.n_experts = ne;
   r.weights.resize(static_cast<size_t>(n * k));
+  r.probs.clear();
+  r.probs.reserve(static_cast<size_t>(n * ne));
   r.chosen.resize(static_cast<size_t>(n * k));
   std::vector<int32_t> order(static_cast<size_t>(ne));
   std::vector<int64_t> count(static_cast<size_t>(ne), 0);
@@ -22,6 +24,7 @@ void moe_route(T* logits, int64_t n, int64_t n_experts, int64_t k, moe_routing<T
     T sum = 0;
     for (int64_t e = 0; e < ne; ++e) sum += (p[e] = std::exp(p[e] - mx));
     for (int64_t e = 0; e < ne; ++e) p[e] /= sum;
+    r.probs.insert(r.probs.end(), p, p + ne);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t z) { return p[x] > p[z]; });
     T wsum = 0;
@@ -96,12 +99,62 @@ void moe_router_backward(const moe_routing<T>& r, const T* dweights, T* dlogits)
   }
 }
 
+template <class T>
+void moe_balance<T>::reset(int64_t n_experts) {
+  chosen_.assign(static_cast<size_t>(n_experts), 0.0);
+  prob_.assign(static_cast<size_t>(n_experts), 0.0);
+  pairs_ = 0;
+}
+
+template <class T>
+void moe_balance<T>::add(const moe_routing<T>& r) {
+  for (int32_t e : r.chosen) chosen_[static_cast<size_t>(e)] += 1.0;
+  for (int64_t t = 0; t < r.n; ++t) {
+    for (int64_t e = 0; e < r.n_experts; ++e)
+      prob_[static_cast<size_t>(e)] += r.probs[static_cast<size_t>(t * r.n_experts + e)];
+  }
+  pairs_ += r.n;
+}
+
+template <class T>
+double moe_balance<T>::loss() const {
+  if (pairs_ == 0) return 0.0;
+  const double per = 1.0 / static_cast<double>(pairs_);
+  double s = 0.0;
+  for (size_t e = 0; e < chosen_.size(); ++e) s += (chosen_[e] * per) * (prob_[e] * per);
+  return static_cast<double>(chosen_.size()) * s;
+}
+
+template <class T>
+std::vector<T> moe_balance<T>::prob_grad(double scale) const {
+  std::vector<T> g(chosen_.size(), T(0));
+  if (pairs_ == 0) return g;
+  const double per = 1.0 / static_cast<double>(pairs_);
+  for (size_t e = 0; e < g.size(); ++e)
+    g[e] = static_cast<T>(scale * static_cast<double>(g.size()) * chosen_[e] * per * per);
+  return g;
+}
+
+template <class T>
+void moe_balance_backward(const moe_routing<T>& r, const std::vector<T>& g, T* dlogits) {
+  const int64_t ne = r.n_experts;
+  for (int64_t t = 0; t < r.n; ++t) {
+    const T* p = r.probs.data() + t * ne;
+    T dot = 0;
+    for (int64_t e = 0; e < ne; ++e) dot += p[e] * g[static_cast<size_t>(e)];
+    for (int64_t e = 0; e < ne; ++e)
+      dlogits[t * ne + e] += p[e] * (g[static_cast<size_t>(e)] - dot);
+  }
+}
+
 #define WEFT_MOE_OPS(T)                                                                            \
   template void moe_route<T>(T*, int64_t, int64_t, int64_t, moe_routing<T>&);                      \
   template void moe_combine<T>(const T*, const int32_t*, const T*, int64_t, int64_t, int64_t, T*); \
   template void moe_combine_backward<T>(const T*, const T*, const int32_t*, const int32_t*,        \
                                         const T*, int64_t, int64_t, T*, T*);                       \
-  template void moe_router_backward<T>(const moe_routing<T>&, const T*, T*);
+  template void moe_router_backward<T>(const moe_routing<T>&, const T*, T*);                       \
+  template class moe_balance<T>;                                                                   \
+  template void moe_balance_backward<T>(const moe_routing<T>&, const std::vector<T>&, T*);
 WEFT_MOE_OPS(float)
 WEFT_MOE_OPS(double)
 #undef WEFT_MOE_OPS

@@ -23,6 +23,7 @@ struct moe_routing {
   std::vector<int32_t> row_slot;      ///< [rows] its slot (token · k + j).
   std::vector<int32_t> slot_row;      ///< [n][k] the row of each slot.
   std::vector<int64_t> expert_start;  ///< [experts + 1] expert e's rows: [start[e], start[e + 1]).
+  std::vector<T> probs;               ///< [n][experts] the router's softmax (the balance loss).
   int64_t rows() const { return n * k; }
 };
 
@@ -47,5 +48,32 @@ void moe_combine_backward(const T* dy, const T* exp_out, const int32_t* row_toke
 /// is piecewise constant). Overwrites dlogits [n][n_experts].
 template <class T>
 void moe_router_backward(const moe_routing<T>& r, const T* dweights, T* dlogits);
+
+/// The load-balancing loss of a micro-batch (Switch Transformer's, as transformers' Mixtral
+/// computes it in load_balancing_loss_func): over every routed (layer, token) of the batch, F_e is
+/// the share of the choices (k per token) that went to expert e and P_e the mean router probability
+/// of e; aux = n_experts · Σ_e F_e · P_e (1 · k when perfectly balanced). F is piecewise constant,
+/// so the gradient flows through P: ∂aux/∂p_e = n_experts · F_e / (layers · tokens), the same for
+/// every token of every layer.
+template <class T>
+class moe_balance {
+ public:
+  /// Starts a new batch.
+  void reset(int64_t n_experts);
+  /// Adds one layer's routing (its probs and choices).
+  void add(const moe_routing<T>& r);
+  double loss() const;
+  /// scale · ∂aux/∂p_e per expert.
+  std::vector<T> prob_grad(double scale) const;
+
+ private:
+  std::vector<double> chosen_, prob_;
+  int64_t pairs_ = 0;  ///< (layer, token) pairs added.
+};
+
+/// Adds the balance loss's router gradient to dlogits [n][n_experts] given g = scale · ∂aux/∂p
+/// (moe_balance::prob_grad): softmax's backward, dl_e += p_e (g_e − Σ_i p_i g_i).
+template <class T>
+void moe_balance_backward(const moe_routing<T>& r, const std::vector<T>& g, T* dlogits);
 
 }  // namespace weft::gpu::train

@@ -39,6 +39,7 @@ nlohmann::json to_json(const sft_run_options& o) {
           {"seed", o.seed},
           {"threads", o.threads},
           {"recompute", o.recompute},
+          {"router_aux_loss_coef", o.router_aux_loss_coef},
           {"device", o.device},
           {"offload_optimizer", o.offload_optimizer},
           {"checkpoint_dir", o.checkpoint_dir},
@@ -79,6 +80,7 @@ result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j) {
     o.seed = j.value("seed", o.seed);
     o.threads = j.value("threads", o.threads);
     o.recompute = j.value("recompute", o.recompute);
+    o.router_aux_loss_coef = j.value("router_aux_loss_coef", o.router_aux_loss_coef);
     o.device = j.value("device", o.device);
     o.offload_optimizer = j.value("offload_optimizer", o.offload_optimizer);
     o.checkpoint_dir = j.value("checkpoint_dir", o.checkpoint_dir);
@@ -161,6 +163,7 @@ result<sft_run> load_sft_run(const sft_run_options& o, bool with_model) {
     dev = std::move(*d);
     trainable_config tc;
     tc.recompute = o.recompute;
+    tc.router_aux_loss_coef = o.router_aux_loss_coef;
     auto m = trainable_model<float>::load(*file, tc);
     if (!m) return status{m.error().code(), o.model_path + ": " + m.error().message()};
     model = std::move(*m);

@@ -37,6 +37,9 @@ struct sft_run_options {
   uint64_t seed = 0;
   int threads = 1;  ///< cores to use (plan_threads); the caller resolves "all cores"
   bool recompute = false;
+  /// Mixture-of-experts models: the load-balancing loss's coefficient (0: none;
+  /// trainable_config::router_aux_loss_coef).
+  double router_aux_loss_coef = 0.0;
   /// Where training runs: "cpu" (the host, default), or a device backend such as "cuda" /
   /// "cuda:N" (trainable_model::use_device; the whole step on the device unless
   /// offload_optimizer).

@@ -76,6 +76,8 @@ struct trainable_model<T>::forward_state {
   std::vector<layer_acts> layers;  ///< All of them, or (recompute) only x_in of each.
   layer_acts scratch;              ///< The layer being recomputed (recompute).
   std::vector<T> x_final, xn_final, rstd_final;
+  moe_balance<T> balance;       ///< MoE: the batch's routing, for the balance loss.
+  std::vector<T> balance_grad;  ///< scale · ∂aux/∂p per expert (empty: no balance loss).
 };
 
 /// Buffers of the backward, kept between calls (no page faults on every step).
@@ -110,6 +112,12 @@ result<std::unique_ptr<trainable_model<T>>> trainable_model<T>::load(
     const gguf_file& file, const trainable_config& config) {
   auto hp = read_model_hparams(file);
   if (!hp) return hp.error();
+  if (config.router_aux_loss_coef < 0.0 ||
+      (config.router_aux_loss_coef > 0.0 && hp->n_experts == 0)) {
+    return status{status_code::invalid_argument,
+                  "the router load-balancing loss needs a mixture-of-experts model and a "
+                  "coefficient >= 0"};
+  }
   std::unique_ptr<trainable_model> m{new trainable_model(*hp, config)};
   if (hp->n_experts > 0) {
     // The experts' hidden size is their tensors' (some families give it its own metadata key).
@@ -453,10 +461,13 @@ void trainable_model<T>::forward(const train_batch& b, forward_state& fs) {
     const auto* row = embd.data() + static_cast<int64_t>(b.tokens[static_cast<size_t>(t)]) * d;
     std::copy(row, row + d, x.begin() + t * d);
   }
+  if (hp_.n_experts > 0) fs.balance.reset(hp_.n_experts);
   for (int64_t il = 0; il < hp_.n_layers; ++il) {
     layer_acts& a = fs.layers[static_cast<size_t>(il)];
     a.x_in.assign(x.begin(), x.end());
-    layer_forward(il, fs, a.x_in.data(), config_.recompute ? fs.scratch : a, x.data());
+    layer_acts& acts = config_.recompute ? fs.scratch : a;
+    layer_forward(il, fs, a.x_in.data(), acts, x.data());
+    if (hp_.n_experts > 0) fs.balance.add(acts.route);
   }
   fs.xn_final.resize(static_cast<size_t>(n * d));
   fs.rstd_final.resize(static_cast<size_t>(n));
@@ -506,7 +517,7 @@ void trainable_model<T>::moe_forward(const layer_params& l, int64_t n, layer_act
 template <class T>
 void trainable_model<T>::moe_backward(const layer_params& l, int64_t n, backward_scratch& b,
                                       const std::vector<T*>& grads, const layer_acts& a,
-                                      const T* dy, T* dxn) {
+                                      const T* dy, T* dxn, const std::vector<T>& balance_grad) {
   const int64_t d = hp_.n_embd;
   const int64_t ne = hp_.n_experts;
   const int64_t eff = moe_ff_;
@@ -551,6 +562,7 @@ void trainable_model<T>::moe_backward(const layer_params& l, int64_t n, backward
   }
   T* dl = sized(b.droute, n * ne);
   moe_router_backward(r, dw, dl);
+  if (!balance_grad.empty()) moe_balance_backward(r, balance_grad, dl);
   linear_backward(a.xn2.data(), w(l.router), dl, n, d, ne, dxn, g(l.router), true);
 }
 
@@ -572,7 +584,7 @@ void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, bac
   };
   T* dxn = sized(b.dxn, n * d);
   if (l.router >= 0) {
-    moe_backward(l, n, b, grads, a, dx, dxn);
+    moe_backward(l, n, b, grads, a, dx, dxn, fs.balance_grad);
   } else {
     T* dh = sized(b.dh, n * ff);
     T* dgate = sized(b.dgate, n * ff);
@@ -716,6 +728,13 @@ loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
   }
   loss_sum loss;
   loss.tokens = static_cast<int64_t>(rows.size());
+  fs.balance_grad.clear();
+  if (hp_.n_experts > 0 && config_.router_aux_loss_coef > 0.0 && objective == nullptr) {
+    // The load-balancing loss, weighted per loss token (trainable_config::router_aux_loss_coef).
+    const double scale = config_.router_aux_loss_coef * static_cast<double>(loss.tokens);
+    loss.sum += scale * fs.balance.loss();
+    fs.balance_grad = fs.balance.prob_grad(scale);
+  }
   std::vector<T>& dxn = sc.dxn_final;
   dxn.assign(static_cast<size_t>(n * d), T(0));
   const int64_t chunk = std::max<int64_t>(1, config_.head_chunk_rows);

@@ -83,6 +83,10 @@ struct trainable_config {
   bool recompute = false;
   /// Rows of the output head computed at once (bounds the [rows][vocab] logits buffer).
   int64_t head_chunk_rows = 256;
+  /// Mixture of experts: the load-balancing loss's coefficient (moe_ops.hpp, transformers'
+  /// router_aux_loss_coef). Cross-entropy only: each micro-batch adds coef · aux per loss token,
+  /// so a one-micro-batch step's mean loss is CE + coef · aux, as transformers' Mixtral.
+  double router_aux_loss_coef = 0.0;
 };
 
 /// A per-token objective for policy-gradient training: given log p(target) at `positions` of
@@ -99,9 +103,9 @@ class device_trainer;
 template <class T>
 class trainable_model {
  public:
-  /// Dequantizes every weight of `file` into T. Llama-family models, dense or mixture-of-experts
-  /// (Mixtral's routing: softmax, top-k, renormalised; the router is trained through the chosen
-  /// experts' weights).
+  /// Dequantizes every weight of `file` into T (a nonzero router_aux_loss_coef needs an MoE file).
+  /// Llama-family models, dense or mixture-of-experts (Mixtral's routing: softmax, top-k,
+  /// renormalised; the router is trained through the chosen experts' weights).
   static result<std::unique_ptr<trainable_model>> load(const gguf_file& file,
                                                        const trainable_config& config = {});
   ~trainable_model();
@@ -212,7 +216,8 @@ class trainable_model {
   /// Its backward: dy = ∂L/∂y; overwrites dxn with ∂L/∂xn2, adds into the router's and experts'
   /// gradients.
   void moe_backward(const layer_params& l, int64_t n, backward_scratch& bs,
-                    const std::vector<T*>& grads, const layer_acts& a, const T* dy, T* dxn);
+                    const std::vector<T*>& grads, const layer_acts& a, const T* dy, T* dxn,
+                    const std::vector<T>& balance_grad);
   /// Forward and backward of one checked batch into `grads` (one pointer per parameter).
   loss_sum accumulate(const train_batch& b, forward_state& fs, backward_scratch& bs,
                       const std::vector<T*>& grads, const token_objective<T>* objective);

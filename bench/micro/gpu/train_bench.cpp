@@ -202,9 +202,16 @@ int main(int argc, char** argv) {
   const auto& hp = m.hparams();
   // FLOPs of a step: 6 per matmul weight per token (forward 2, backward 4) — the embedding is a
   // lookup, the head a matmul (the same tensor when tied) — plus causal attention (QKᵀ and PV:
-  // 2·2·L²/2·d per layer forward, ×3 with the backward).
-  const double matmul_params = static_cast<double>(m.n_parameters()) -
-                               (hp.tied_output ? 0.0 : static_cast<double>(hp.n_vocab * hp.n_embd));
+  // 2·2·L²/2·d per layer forward, ×3 with the backward). An MoE token runs k of its experts.
+  double matmul_params = static_cast<double>(m.n_parameters()) -
+                         (hp.tied_output ? 0.0 : static_cast<double>(hp.n_vocab * hp.n_embd));
+  if (hp.n_experts > 0) {
+    for (const auto& p : m.parameters()) {
+      if (p.name.find("_exps.") != std::string::npos)
+        matmul_params -= static_cast<double>(p.size()) *
+                         (1.0 - static_cast<double>(hp.n_experts_used) / hp.n_experts);
+    }
+  }
   const double attn = 3.0 * 2.0 * static_cast<double>(hp.n_layers) *
                       static_cast<double>(seqs * seq_tokens * seq_tokens) *
                       static_cast<double>(hp.n_heads * hp.head_dim);

@@ -157,11 +157,14 @@ def main():
         subprocess.run([a.make_model, moe, "--experts", "4", "--experts-used", "2"], check=True)
         moe_dir = os.path.join(tmp, "moe")
         rc, out = train(weft, ["--model", moe] + base[2:] + [
-            "--steps", "6", "--checkpoint-dir", moe_dir,
+            "--steps", "6", "--checkpoint-dir", moe_dir, "--router-aux-loss-coef", "0.02",
             "--save", os.path.join(moe_dir, "out.gguf"), "--save-type", "q8_0"])
         check(rc == 0 and "step 6/6" in out, f"an MoE model trains (rc {rc}): {out[-300:]}")
         m_moe = metrics(os.path.join(moe_dir, "metrics.jsonl"))
         check(len(m_moe) == 6 and m_moe[-1]["loss"] < m_moe[0]["loss"], "the MoE loss goes down")
+        rc, out = train(weft, base + ["--steps", "1", "--router-aux-loss-coef", "0.02"])
+        check(rc != 0 and "mixture-of-experts" in out,
+              f"a dense model refuses --router-aux-loss-coef (rc {rc}): {out[-200:]}")
         g = subprocess.run([weft, "generate", "--model", os.path.join(moe_dir, "out.gguf"),
                             "-p", "1+2=", "--max-tokens", "4"],
                            capture_output=True, text=True, timeout=120)

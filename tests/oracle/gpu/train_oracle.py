@@ -134,9 +134,28 @@ def permute(w, n_head):
             .swapaxes(1, 2).reshape(w.shape))
 
 
-def batch_loss(model, batch):
-    """Mean cross-entropy over positions with a target, each packed sequence run on its own."""
+def batch_loss(model, batch, aux_coef=0.0):
+    """Mean cross-entropy over positions with a target, each packed sequence run on its own; with
+    aux_coef, one right-padded batch of all sequences (attention mask) and Mixtral's
+    load-balancing loss over its tokens added, as transformers' MixtralForCausalLM does."""
     toks, targets, starts = batch["tokens"], batch["targets"], batch["starts"]
+    if aux_coef:
+        from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+        seqs = [(starts[s], starts[s + 1]) for s in range(len(starts) - 1)]
+        width = max(b - a for a, b in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        y = torch.full((len(seqs), width), -1, dtype=torch.long)
+        for i, (a, b) in enumerate(seqs):
+            ids[i, :b - a] = torch.tensor(toks[a:b])
+            mask[i, :b - a] = 1
+            y[i, :b - a] = torch.tensor(targets[a:b])
+        out = model(input_ids=ids, attention_mask=mask, output_router_logits=True)
+        keep = y >= 0
+        ce = torch.nn.functional.cross_entropy(out.logits[keep], y[keep], reduction="sum")
+        aux = load_balancing_loss_func(out.router_logits, model.config.num_local_experts,
+                                       model.config.num_experts_per_tok, mask)
+        return ce / int(keep.sum()) + aux_coef * aux
     total, count = 0.0, 0
     for s in range(len(starts) - 1):
         a, b = starts[s], starts[s + 1]
@@ -168,7 +187,8 @@ def main():
     names = gguf_names(model)
 
     # 1. Loss and every gradient.
-    loss = batch_loss(model, batch)
+    aux_coef = index.get("router_aux_loss_coef", 0.0)
+    loss = batch_loss(model, batch, aux_coef)
     loss.backward()
     out["loss_torch"] = loss.item()
     out["loss_weft"] = index["loss"]
@@ -209,7 +229,7 @@ def main():
     losses = []
     for _ in range(len(adam["losses"])):
         opt.zero_grad()
-        loss = batch_loss(model, batch)
+        loss = batch_loss(model, batch, aux_coef)
         losses.append(loss.item())
         loss.backward()
         opt.step()

@@ -58,7 +58,7 @@ void to_mean(trainable_model<float>& m, int64_t tokens) {
   }
 }
 
-oracle_run run_oracle(const fs::path& model_file, double adam_lr) {
+oracle_run run_oracle(const fs::path& model_file, double adam_lr, double aux_coef = 0.0) {
   oracle_run r;
   const fs::path work =
       fs::temp_directory_path() /
@@ -92,7 +92,9 @@ oracle_run run_oracle(const fs::path& model_file, double adam_lr) {
   std::ofstream(work / "batch.json") << bj.dump();
 
   // 1. Loss and gradients.
-  auto model = trainable_model<float>::load(*file);
+  trainable_config tc;
+  tc.router_aux_loss_coef = aux_coef;
+  auto model = trainable_model<float>::load(*file, tc);
   if (!model) {
     r.failure = model.error().to_string();
     return r;
@@ -105,6 +107,7 @@ oracle_run run_oracle(const fs::path& model_file, double adam_lr) {
   to_mean(**model, loss->tokens);
   json index;
   index["loss"] = loss->sum / static_cast<double>(loss->tokens);
+  index["router_aux_loss_coef"] = aux_coef;
   json tensors = json::array();
   {
     std::ofstream grads(work / "grads.bin", std::ios::binary);
@@ -134,7 +137,7 @@ oracle_run run_oracle(const fs::path& model_file, double adam_lr) {
     decay.push_back(p.ne[1] > 1 ? 1 : 0);
   }
   opt.init(sizes);
-  auto fresh = trainable_model<float>::load(*file);
+  auto fresh = trainable_model<float>::load(*file, tc);
   json adam{{"lr", adam_lr},
             {"beta1", ac.beta1},
             {"beta2", ac.beta2},
@@ -239,7 +242,8 @@ TEST(train_oracle, tiny_model_matches_pytorch) {
 }
 
 // Mixture of experts: transformers' MixtralForCausalLM with the GGUF's weights (the script builds
-// it; transformers 4.46 loads no llama-layout MoE GGUF itself) — router and experts included.
+// it; transformers 4.46 loads no llama-layout MoE GGUF itself) — router and experts included, with
+// the load-balancing loss (transformers' load_balancing_loss_func over the padded batch).
 TEST(train_oracle, tiny_mixture_of_experts_matches_pytorch) {
   tiny_model_config c;
   c.n_layers = 2;
@@ -254,6 +258,7 @@ TEST(train_oracle, tiny_mixture_of_experts_matches_pytorch) {
   fs::create_directories(dir);
   ASSERT_TRUE(write_tiny_model(c, dir / "tiny-moe.gguf").ok());
   check(run_oracle(dir / "tiny-moe.gguf", 1e-3), "tiny MoE");
+  check(run_oracle(dir / "tiny-moe.gguf", 1e-3, 0.02), "tiny MoE, balance loss 0.02");
   fs::remove_all(dir);
 }
 

@@ -45,13 +45,15 @@ inline tiny_model_config training_model_config(bool tied, int experts = 0) {
 }
 
 inline device_training_diff compare_device_training(device& dev, bool recompute, bool tied = false,
-                                                    int steps = 3, int experts = 0) {
+                                                    int steps = 3, int experts = 0,
+                                                    double router_aux_loss_coef = 0.0) {
   using namespace weft::gpu::train;
   auto img = make_tiny_model(training_model_config(tied, experts));
   EXPECT_TRUE(img.ok());
   trainable_config tc;
   tc.recompute = recompute;
   tc.head_chunk_rows = 5;  // several output-head chunks
+  tc.router_aux_loss_coef = router_aux_loss_coef;
   auto load = [&] {
     auto f = gguf_file::parse(*img);
     EXPECT_TRUE(f.ok());

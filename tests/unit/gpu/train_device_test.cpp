@@ -20,9 +20,14 @@ TEST(trainable_model_on_a_device, cpu_device_gives_the_host_paths_bits) {
       const auto d = weft::gpu::testing::compare_device_training(**dev, recompute, tied);
       EXPECT_TRUE(d.bitwise) << "loss " << d.loss_rel << ", gradients " << d.grad_rel;
     }
-    // Mixture of experts: routing on the host, mixing and its backward as device ops.
-    const auto moe = weft::gpu::testing::compare_device_training(**dev, recompute, false, 3, 4);
-    EXPECT_TRUE(moe.bitwise) << "MoE: loss " << moe.loss_rel << ", gradients " << moe.grad_rel;
+    // Mixture of experts: routing on the host, mixing and its backward as device ops; with the
+    // load-balancing loss too.
+    for (double aux : {0.0, 0.02}) {
+      const auto moe =
+          weft::gpu::testing::compare_device_training(**dev, recompute, false, 3, 4, aux);
+      EXPECT_TRUE(moe.bitwise) << "MoE (aux " << aux << "): loss " << moe.loss_rel << ", gradients "
+                               << moe.grad_rel;
+    }
   }
 }
 

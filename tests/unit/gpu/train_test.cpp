@@ -292,6 +292,53 @@ TEST(trainable_model, gradients_match_finite_differences_mixture_of_experts) {
   check_model_gradient(tiny_moe());
 }
 
+// The load-balancing loss (router_aux_loss_coef): transformers' definition, gradient through the
+// router's probabilities, checked against finite differences of the returned loss; a dense model
+// with a coefficient is refused.
+TEST(trainable_model, router_balance_loss_and_its_gradient) {
+  trainable_config tc;
+  tc.router_aux_loss_coef = 0.5;  // large, so the term is a visible share of the router's gradient
+  auto m = load_trainable<double>(tiny_moe(), tc);
+  auto plain = load_trainable<double>(tiny_moe());
+  ASSERT_NE(m, nullptr);
+  const auto batch = two_sequences();
+  m->zero_grad();
+  plain->zero_grad();
+  auto with = m->forward_backward(batch);
+  auto without = plain->forward_backward(batch);
+  ASSERT_TRUE(with.ok() && without.ok());
+  // aux = n_experts · Σ F_e P_e is 1·k = 2 when balanced, larger otherwise; the loss carries
+  // coef · aux per loss token.
+  const double aux = (with->sum - without->sum) / (tc.router_aux_loss_coef * with->tokens);
+  EXPECT_GT(aux, 1.0);
+  EXPECT_LT(aux, 4.0);
+  auto f = [&] { return m->forward_backward(batch)->sum; };
+  const auto* router = m->find("blk.1.ffn_gate_inp.weight");
+  const auto* plain_router = plain->find("blk.1.ffn_gate_inp.weight");
+  ASSERT_NE(router, nullptr);
+  double changed = 0;
+  for (size_t i = 0; i < router->grad.size(); ++i)
+    changed = std::max(changed, std::abs(router->grad[i] - plain_router->grad[i]));
+  EXPECT_GT(changed, 1e-3);
+  auto& params = m->parameters();
+  std::vector<std::vector<double>> analytic_of;  // f() below adds into the gradients: copy first
+  for (const auto& p : params) analytic_of.push_back(p.grad);
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    auto& p = params[pi];
+    if (p.name.find("ffn_gate_inp") == std::string::npos) continue;
+    const std::vector<double>& analytic = analytic_of[pi];
+    for (size_t i = 0; i < p.value.size(); i += 7) {
+      const double num = numeric(f, p.value[i], 1e-5);
+      EXPECT_NEAR(analytic[i], num, 1e-6 * std::max(1.0, std::abs(num)))
+          << p.name << "[" << i << "]";
+    }
+  }
+  tc.router_aux_loss_coef = 0.01;
+  auto dense = trainable_model<double>::load(tiny_file(tiny(output_weight::tied)), tc);
+  ASSERT_FALSE(dense.ok());
+  EXPECT_NE(dense.error().message().find("mixture-of-experts"), std::string::npos);
+}
+
 // RL at a sampling temperature T (weft rl --temperature): per-token objectives and
 // target_logprobs see log-softmax(logits / T), the distribution the engine's sampler drew from and
 // reported (sampling_params::tempered_logprobs); the gradient of the objective matches finite
