@@ -422,6 +422,28 @@ def main():
         check(rc == 0 and "step 2/2" in out and cm[0].get("samples") == 8,
               "--config sets --steps; the command line's --group-size wins")
 
+        # A mixture-of-experts model: rollouts on an agent (the expert tensors synced over UCX),
+        # trainer log-probs equal to the agent's (ratio ≈ 1 before the first update: same routing,
+        # same weights), and a reward with variance that the policy learns within 3 steps.
+        moe = os.path.join(tmp, "tiny-moe.gguf")
+        subprocess.run([a.make_model, moe, "--experts", "4", "--experts-used", "2"], check=True)
+        moe_data = os.path.join(tmp, "moe.jsonl")
+        with open(moe_data, "w") as f:
+            for i in range(40):
+                f.write(json.dumps({"prompt": f"Say e ({i}).", "answer": "e"}) + "\n")
+        mi = base.index("--data")
+        moe_base = ["--model", moe] + base[2:mi + 1] + [moe_data] + base[mi + 2:]
+        rc, out = rl(weft, moe_base + ["--steps", "3", "--agents", "1", "--eval-every", "0",
+                                       "--metrics", os.path.join(tmp, "moe-m.jsonl")])
+        mm = [r for r in metrics(os.path.join(tmp, "moe-m.jsonl")) if r.get("kind") == "step"] \
+            if rc == 0 else []
+        check(rc == 0 and len(mm) == 3, f"weft rl trains an MoE model on an agent (rc {rc})")
+        if len(mm) == 3:
+            check(mm[0]["ratio_deviation"] < 1e-3,
+                  f"trainer and agent agree on the MoE policy: {mm[0]['ratio_deviation']}")
+            check(mm[-1]["reward"] > mm[0]["reward"],
+                  f"the MoE policy learns: {[r['reward'] for r in mm]}")
+
     return finish()
 
 
