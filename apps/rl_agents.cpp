@@ -141,6 +141,7 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
     ac.max_new_tokens = o.max_new_tokens;
     ac.max_running = o.max_running;
     ac.priority = o.priority;
+    ac.record_routes = o.record_routes;
     ac.controller_host = host;
     ac.controller_port = *port;
     children.push_back({"rollout-agent-" + std::to_string(i), "rollout_agent", ac.to_json(),

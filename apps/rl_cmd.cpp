@@ -169,6 +169,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.batch_turns = o.tool_turns == "batch";
   c.rollout_max_running = o.rollout_max_running;
   c.trajectory_priority = o.trajectory_priority;
+  c.routing_replay = o.routing_replay;
   return c;
 }
 
@@ -344,6 +345,12 @@ bool options_fit_together(const rl_options& o) {
                   o.tool_latency_ms, o.tool_timeout_s);
     return false;
   }
+  if (o.routing_replay && o.trainers > 1) {
+    spdlog::error(
+        "--routing-replay trains in this process: the routes do not travel to the ranks of "
+        "--trainers K yet");
+    return false;
+  }
   if (o.netns && ::geteuid() != 0) {
     spdlog::error("--netns creates network namespaces and a bridge: it needs root (and iproute2)");
     return false;
@@ -369,6 +376,7 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   ao.max_new_tokens = p.max_new_tokens;
   ao.max_running = p.max_running;
   ao.priority = p.priority;
+  ao.record_routes = p.record_routes;
   ao.netns = o.netns;
   ao.reward_workers = o.reward_workers;
   ao.reward_cmd = o.reward_cmd;
@@ -587,6 +595,24 @@ int run_rl(const rl_options& o) {
         "--mode async: the next {} step(s) generate while a step trains; off-policy "
         "correction {}",
         o.max_staleness, o.off_policy);
+  }
+  if (o.routing_replay) {
+    // Refused before any agent starts: routes exist only where experts do.
+    auto f = gpu::gguf_file::open(o.model_path);
+    auto hp = f ? gpu::read_model_hparams(*f) : gpu::result<gpu::model_hparams>(f.error());
+    if (!hp) {
+      spdlog::error("cannot open {}: {}", o.model_path, hp.error().message());
+      return 1;
+    }
+    if (hp->n_experts == 0) {
+      spdlog::error("--routing-replay needs a mixture-of-experts model; {} is dense", o.model_path);
+      return 2;
+    }
+    spdlog::info(
+        "routing replay: the trainer routes each token to the experts the rollout engine used "
+        "({} of {} per layer); the rollout engines record routes and run without their prefix "
+        "cache",
+        hp->n_experts_used, hp->n_experts);
   }
   // With --agents the rollout engines live in node processes started here; the cluster is
   // declared after the loop below, so it is stopped before the loop (its backend) is destroyed.

@@ -30,6 +30,7 @@ struct rl_options {
   std::string tool_turns = "sample";
   int64_t rollout_max_running = 0;
   bool trajectory_priority = false;
+  bool routing_replay = false;
   std::string data_path;
   std::string match = "number";
   std::string answer_format = "none";

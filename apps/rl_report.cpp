@@ -53,6 +53,12 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
       r.loss, r.grad_norm, 100.0 * r.clip_fraction, r.rollout_s, r.train_s, r.sync_s, sps,
       format_duration(eta));
   if (r.kl > 0.0) spdlog::info("  KL to the reference {:.5f} per token", r.kl);
+  if (r.routes_replayed > 0) {
+    spdlog::info(
+        "  routing replay: {} token-layers routed as the rollouts were, {:.2f}% of them "
+        "differ from the trainer's own top-k",
+        r.routes_replayed, 100.0 * r.route_mismatch);
+  }
   if (r.agents.agents_lost > agents_lost_) {
     spdlog::info(
         "  rollout agents: {} ready, {} lost so far, {} rollouts moved, {} weight pulls "
@@ -105,6 +111,8 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"lr", r.lr},
                       {"clip_fraction", r.clip_fraction},
                       {"ratio_deviation", r.ratio_deviation},
+                      {"routes_replayed", r.routes_replayed},
+                      {"route_mismatch", r.route_mismatch},
                       {"kl", r.kl},
                       {"agents_ready", r.agents.ready_agents},
                       {"agents_lost", r.agents.agents_lost},
@@ -191,6 +199,10 @@ std::string rl_reporter::prometheus() const {
          static_cast<double>(last_.in_flight));
   metric("weft_rl_clip_fraction", "gauge", "Fraction of the last step's tokens clipped",
          last_.clip_fraction);
+  metric("weft_rl_route_mismatch", "gauge",
+         "Routing replay: share of the last step's replayed (token, layer) routes the trainer's "
+         "own router would have chosen otherwise",
+         last_.route_mismatch);
   metric("weft_rl_rollout_seconds_total", "counter", "Time spent generating", rollout_s_);
   metric("weft_rl_train_seconds_total", "counter", "Time spent scoring and training", train_s_);
   metric("weft_rl_sync_seconds_total", "counter", "Time spent copying weights to the engine",

@@ -34,6 +34,14 @@ result<std::unique_ptr<engine>> engine::create(model& m, const engine_config& co
     return status{status_code::invalid_argument,
                   "engine: max_batch_tokens >= 2, max_running, block_size, kv_blocks >= 1"};
   }
+  if (config.record_routes) {
+    if (m.hparams().n_experts == 0 || !m.load_config().record_expert_ids || config.prefix_cache ||
+        m.hparams().n_experts > 256) {
+      return status{status_code::invalid_argument,
+                    "engine: recording routes needs a mixture-of-experts model (at most 256 "
+                    "experts) loaded with record_expert_ids, and the prefix cache off"};
+    }
+  }
   kv_cache_config kc;
   kc.layout = m.kv_layout_for(config.block_size);
   kc.n_blocks = config.kv_blocks;
@@ -638,6 +646,7 @@ result<std::vector<request_output>> engine::step() {
     request& r = *requests_.at(in_batch[si]);
     int64_t n = 0;
     for (int32_t x : batch.seq_index) n += x == static_cast<int32_t>(si) ? 1 : 0;
+    if (config_.record_routes) record_routes(r, static_cast<int32_t>(si), batch, fout);
     r.n_computed += n;
     if (r.ph == phase::decode) {
       counters_.n_decode_tokens += n;
@@ -746,11 +755,35 @@ result<std::vector<request_output>> engine::step() {
       }
     }
     if (config_.detokenize) finish_text(r, out, out.finish != finish_reason::none);
-    if (out.finish != finish_reason::none) finished.push_back(r.id);
+    if (out.finish != finish_reason::none) {
+      finished.push_back(r.id);
+      if (config_.record_routes) out.routes = std::move(r.routes);
+    }
     outputs.push_back(std::move(out));
   }
   for (request_id id : finished) remove(id);
   return outputs;
+}
+
+void engine::record_routes(request& r, int32_t si, const forward_batch& batch,
+                           const forward_output& fout) {
+  const auto n_layers = static_cast<int64_t>(fout.expert_ids.size());
+  const int64_t k = model_.hparams().n_experts_used;
+  const int64_t per = n_layers * k;
+  int64_t pos = r.n_computed;  // positions are recomputed in place after a preemption
+  for (size_t b = 0; b < batch.seq_index.size(); ++b) {
+    if (batch.seq_index[b] != si) continue;
+    if (static_cast<int64_t>(r.routes.size()) < (pos + 1) * per)
+      r.routes.resize(static_cast<size_t>((pos + 1) * per));
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const auto& ids = fout.expert_ids[static_cast<size_t>(l)];
+      for (int64_t j = 0; j < k; ++j)
+        r.routes[static_cast<size_t>(pos * per + l * k + j)] =
+            static_cast<uint8_t>(ids[b * static_cast<size_t>(k) + static_cast<size_t>(j)]);
+    }
+    ++pos;
+  }
+  r.routes.resize(static_cast<size_t>(pos * per));
 }
 
 status engine::abort(request_id id) {

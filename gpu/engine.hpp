@@ -63,6 +63,11 @@ struct engine_config {
   /// one generated: true for an RL rollout engine, whose continuations after a tool call replay
   /// everything after the problem's prompt (gpu/rl/rollout_backend.hpp).
   bool prefix_into_replay = false;
+  /// Mixture-of-experts routing replay (RL, docs/rl.md): keep the experts each computed token was
+  /// routed to and hand them over with the request's last output (request_output::routes). Needs
+  /// a model loaded with record_expert_ids and prefix_cache off (a cached token was never
+  /// computed by this request, so its routes would be missing).
+  bool record_routes = false;
   /// Text of a token, for stop strings and text deltas (optional: without it, stop strings are
   /// ignored and text_delta stays empty).
   std::function<std::string(int32_t)> detokenize;
@@ -89,6 +94,10 @@ struct request_output {
   /// An embedding request (sampling_params::pooling): the pooled final hidden state, [n_embd],
   /// with finish == length; nothing else.
   std::vector<float> embedding;
+  /// engine_config::record_routes, on the output that finishes the request: for every position
+  /// the engine computed (the prompt and every generated token but the last), the experts of
+  /// each MoE layer, [positions][layers][experts used], in the model's routing order.
+  std::vector<uint8_t> routes;
 };
 
 /// Engine counters.
@@ -210,13 +219,17 @@ class engine {
     bool waited_for_prefix = false;  ///< Counted in n_prefix_waits.
     std::unique_ptr<grammar::constraint> cons;  ///< Structured outputs, or null.
     std::vector<float> masked;                  ///< This step's logits under the grammar.
-    std::vector<double> pooled;  ///< Embedding requests: the sum (mean) or last hidden state.
+    std::vector<double> pooled;   ///< Embedding requests: the sum (mean) or last hidden state.
+    std::vector<uint8_t> routes;  ///< engine_config::record_routes: [positions][layers][k].
     bool embeds() const { return smp.params().pooling != pooling_type::none; }
 
     bool resident() const { return ph == phase::prefill || ph == phase::decode; }
   };
 
   engine(model& m, std::unique_ptr<kv_cache> kv, const engine_config& config);
+  /// Stores the routes of request r's tokens in this pass (sequence index si of the batch).
+  void record_routes(request& r, int32_t si, const forward_batch& batch,
+                     const forward_output& fout);
   result<std::vector<request_id>> rank_live();
   size_t n_expedited_live() const;
   /// `order` (the policy's ranking) with the expedited requests moved up (see expedite()).

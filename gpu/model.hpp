@@ -102,6 +102,7 @@ class model {
   model& operator=(const model&) = delete;
 
   const model_hparams& hparams() const { return hp_; }
+  const model_load_config& load_config() const { return config_; }
   const gguf_file& file() const { return file_; }
   device& dev() { return dev_; }
   /// The KV layout this model needs.

@@ -60,6 +60,8 @@ struct RolloutTokens {
   stopLogprob @6 :Float32;
   error @7 :Text;
   cachedPromptTokens @8 :UInt32;  # prompt tokens the agent's prefix cache held
+  routes @9 :Data;                # finish != 0 with routing replay: each computed position's
+                                  # experts, [positions][layers][experts used] (gpu::engine)
 }
 
 # Agent -> controller after an engine step: what it produced, with the weight version that

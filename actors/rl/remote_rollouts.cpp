@@ -262,6 +262,7 @@ struct remote_rollouts::impl {
       out.out.stop_sample.logprob = o.getStopLogprob();
       out.out.error = o.getError().cStr();
       out.out.cached_prompt_tokens = o.getCachedPromptTokens();
+      out.out.routes.assign(o.getRoutes().begin(), o.getRoutes().end());
       t.generated.insert(t.generated.end(), out.out.new_tokens.begin(), out.out.new_tokens.end());
       if (out.out.finish != gpu::finish_reason::none) {
         agent_slot& a = agents[static_cast<size_t>(i)];

@@ -42,6 +42,7 @@ std::string rollout_agent_config::to_json() const {
                         {"max_new_tokens", max_new_tokens},
                         {"max_running", max_running},
                         {"priority", priority},
+                        {"record_routes", record_routes},
                         {"controller_host", controller_host},
                         {"controller_port", controller_port}}
       .dump();
@@ -63,6 +64,7 @@ result<rollout_agent_config> rollout_agent_config::from_json(const std::string& 
     c.max_new_tokens = j.value("max_new_tokens", c.max_new_tokens);
     c.max_running = j.value("max_running", c.max_running);
     c.priority = j.value("priority", c.priority);
+    c.record_routes = j.value("record_routes", c.record_routes);
     c.controller_host = j.value("controller_host", c.controller_host);
     c.controller_port = j.value("controller_port", c.controller_port);
   } catch (const nlohmann::json::exception& e) {
@@ -141,6 +143,7 @@ class agent_loop {
     p.threads = cfg_.threads;
     p.max_running = cfg_.max_running;
     p.priority = cfg_.priority;
+    p.record_routes = cfg_.record_routes;
     auto dev = gpu::device_registry::instance().open(p.device, p.threads);
     if (!dev) return make_error(errc::invalid_argument, dev.error().message());
     dev_ = std::move(*dev);
@@ -329,6 +332,7 @@ class agent_loop {
         x.setError(o.error);
         x.setCachedPromptTokens(
             static_cast<uint32_t>(std::max<int64_t>(0, o.cached_prompt_tokens)));
+        if (!o.routes.empty()) x.setRoutes(kj::arrayPtr(o.routes.data(), o.routes.size()));
       }
     });
     caf::send_as(self_, controller_, r_tokens_atom::value, std::move(env));

@@ -33,8 +33,9 @@ struct rollout_agent_config {
   int threads = 1;
   int64_t max_sequences = 64;
   int32_t max_new_tokens = 32;
-  int64_t max_running = 0;  ///< rollout_engine_params::max_running (0: max_sequences)
-  bool priority = false;    ///< rollout_engine_params::priority
+  int64_t max_running = 0;     ///< rollout_engine_params::max_running (0: max_sequences)
+  bool priority = false;       ///< rollout_engine_params::priority
+  bool record_routes = false;  ///< rollout_engine_params::record_routes
   std::string controller_host = "127.0.0.1";
   uint16_t controller_port = 0;
 

@@ -21,6 +21,20 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
   // so the bits repeat.
   // A trainer group trains `shares` lists on each of its ranks.
   const int shares = std::max(1, config_.shares) * (group_ ? group_->world() : 1);
+  // Routing replay: positions [from, from + n) of a sample's routes go to the batch's tokens
+  // from `at` on (as many of them as the rollout engine computed).
+  const int64_t width = route_width();
+  auto set_routes = [width](train::train_batch& b, int64_t at, const std::vector<uint8_t>& routes,
+                            size_t from, size_t n) {
+    if (width == 0 || routes.empty()) return;
+    const size_t have = routes.size() / static_cast<size_t>(width);
+    if (from >= have) return;
+    const size_t count = std::min(n, have - from);
+    b.set_routes(at,
+                 std::span<const uint8_t>(routes).subspan(from * static_cast<size_t>(width),
+                                                          count * static_cast<size_t>(width)),
+                 width);
+  };
   struct unit {
     int64_t group = 0;
     std::vector<size_t> samples;
@@ -62,8 +76,12 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
       }
       train::train_batch& b = list.back();
       const bool shared = prompt.size() > 1;
+      const int64_t prefix_at = b.n_tokens();
       const int64_t prefix =
           shared ? b.add_prefix(std::span<const int32_t>(prompt).first(prompt.size() - 1)) : -1;
+      // Routing replay: the shared prefix takes the routes of the unit's first sample.
+      if (shared)
+        set_routes(b, prefix_at, samples[units[u].samples.front()].routes, 0, prompt.size() - 1);
       for (size_t s : units[u].samples) {
         const rollout_sample& x = samples[s];
         // [last prompt token, completion...] after the shared prefix, or the whole sequence.
@@ -83,7 +101,9 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
           info[at].weight = static_cast<float>(sc.weights[s]);
           info[at].sample = static_cast<int32_t>(s);
         }
+        const int64_t at = b.n_tokens();
         b.add(toks, in_loss, info, prefix);
+        set_routes(b, at, x.routes, prompt.size() - lead, toks.size());
       }
     }
   }

@@ -62,6 +62,7 @@ rollout_engine_params grpo_loop::engine_params(const grpo_loop_config& config) {
   p.threads = config.engine_threads;
   p.max_running = config.rollout_max_running;
   p.priority = config.trajectory_priority;
+  p.record_routes = config.routing_replay;
   return p;
 }
 
@@ -208,9 +209,17 @@ bool all_have_reference(std::span<const rollout_sample> samples) {
 }
 
 /// Appends an engine output to its sample; true when the sample is complete.
-result<bool> append_output(rollout_sample& s, const request_output& o, int64_t version) {
+result<bool> append_output(rollout_sample& s, const request_output& o, int64_t version,
+                           int64_t route_width) {
   if (o.finish == finish_reason::error) {
     return status{status_code::internal, "rollout failed: " + o.error};
+  }
+  if (!o.routes.empty() &&
+      (route_width <= 0 || o.routes.size() % static_cast<size_t>(route_width) != 0)) {
+    return status{status_code::internal,
+                  "rollout " + std::to_string(o.id) + ": its routes (" +
+                      std::to_string(o.routes.size()) + " values) are not whole positions of " +
+                      std::to_string(route_width) + " (layers x experts used)"};
   }
   for (size_t i = 0; i < o.new_tokens.size(); ++i) {
     s.completion.push_back(o.new_tokens[i]);
@@ -225,6 +234,9 @@ result<bool> append_output(rollout_sample& s, const request_output& o, int64_t v
     s.stopped = true;
   }
   if (!s.tool_mask.empty()) s.tool_mask.resize(s.completion.size(), 0);  // sampled tokens
+  // Routing replay: the request that finished computed every position before its last token
+  // (after a tool call, the continuation recomputed the whole trajectory).
+  if (!o.routes.empty()) s.routes = o.routes;
   return o.finish != finish_reason::none;
 }
 
@@ -348,7 +360,7 @@ status grpo_loop::pump(size_t& direct_finished) {
     if (auto d = direct_.find(o.id); d != direct_.end()) {
       rollout_sample& s = (*direct_out_)[d->second];
       if (!turns_.empty()) count_cached(o.id, s, o);
-      auto done = append_output(s, o, version);
+      auto done = append_output(s, o, version, route_width());
       if (!done) return done.error();
       if (*done) {
         auto calls = call_tool(o.id, s, o);
@@ -372,7 +384,7 @@ status grpo_loop::pump(size_t& direct_finished) {
     }
     rollout_sample& s = pending_.at(where.step).samples[where.index];
     if (!turns_.empty()) count_cached(o.id, s, o);
-    auto done = append_output(s, o, version);
+    auto done = append_output(s, o, version, route_width());
     if (!done) return done.error();
     if (*done) {
       auto calls = call_tool(o.id, s, o);
@@ -608,6 +620,7 @@ result<rl_step_record> grpo_loop::stream_step() {
   if (auto st = apply_update(scale, rec); !st) return st;
   rec.clip_fraction = stats.clip_fraction();
   rec.ratio_deviation = stats.mean_abs_ratio_deviation();
+  note_routing(rec);
   rec.kl = stats.mean_kl();
   rec.train_s = train_s + seconds_since(t1);
   return finish_step(rec);

@@ -112,6 +112,10 @@ struct grpo_loop_config {
   /// turn, instead of first come, first served (under which every continuation after a tool call
   /// queues behind the requests that arrived meanwhile).
   bool trajectory_priority = false;
+  /// Mixture-of-experts routing replay (R3): the rollout engines record the experts of every
+  /// token they compute (with their prefix cache off) and the trainer routes each token the same
+  /// way (train_batch::routes), so the policy ratio compares one network, not two routings.
+  bool routing_replay = false;
 };
 
 /// A tool result's tokens are cut to this many (the engine's context is sized for
@@ -136,6 +140,9 @@ struct rollout_sample {
   /// Empty when no tool answered.
   std::vector<uint8_t> tool_mask;
   int64_t tool_calls = 0;
+  /// Routing replay: the experts of each position the engine computed ([positions][layers][k],
+  /// the prompt then the completion; the last token has none), from the request that finished it.
+  std::vector<uint8_t> routes;
   /// Prompt tokens of the sample's continuations (after each tool result) and how many of them
   /// the engine found in its prefix cache (the KV kept resident across the call).
   int64_t continued_tokens = 0;
@@ -163,6 +170,10 @@ struct rl_step_record {
   double clip_fraction = 0.0;
   double ratio_deviation = 0.0;  ///< Mean |π_trainer/π_behaviour − 1| over the step's tokens.
   double kl = 0.0;  ///< Mean k3 estimate of KL(π_θ ‖ π_ref) per token (with a KL term).
+  /// Routing replay: (token, layer) pairs the trainer routed as the rollout engine had, and the
+  /// share of them where its own router would have chosen other experts.
+  int64_t routes_replayed = 0;
+  double route_mismatch = 0.0;
   double staleness_mean = 0.0;  ///< Versions between the trainer and a sample's oldest token.
   int64_t staleness_max = 0;
   int64_t mixed_version_samples = 0;  ///< Samples whose tokens span more than one version.
@@ -253,6 +264,18 @@ class grpo_loop {
   int64_t steps_done() const { return step_; }
   int64_t version() const { return version_; }
   train::trainable_model<float>& model() { return *model_; }
+  /// Routing replay: entries per position of a rollout's routes (layers · experts used); 0 off.
+  /// Routing replay: the trainer's replayed-route counts since the last call, into `rec`.
+  void note_routing(rl_step_record& rec) {
+    const auto [replayed, differ] = model_->take_routing_stats();
+    rec.routes_replayed = replayed;
+    rec.route_mismatch =
+        replayed > 0 ? static_cast<double>(differ) / static_cast<double>(replayed) : 0.0;
+  }
+  int64_t route_width() const {
+    return config_.routing_replay ? model_->hparams().n_layers * model_->hparams().n_experts_used
+                                  : 0;
+  }
   const std::vector<rl_step_record>& history() const { return history_; }
   const prompt_source& prompts() const { return prompts_; }
   const rollout_scheduler& scheduler() const { return sched_; }

@@ -101,6 +101,7 @@ status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& bat
   rec.lr = lr;
   rec.clip_fraction = stats.clip_fraction();
   rec.ratio_deviation = stats.mean_abs_ratio_deviation();
+  note_routing(rec);
   rec.kl = stats.mean_kl();
   if (group_) {
     rec.reduce_s = group_->take_reduce_seconds();

@@ -26,6 +26,12 @@ engine_config rollout_engine_config(const model& m, const rollout_engine_params&
   ec.kv_blocks =
       std::max(longest, std::min(p.max_sequences * per_sample,
                                  (int64_t{1} << 30) / std::max<int64_t>(1, block_bytes)));
+  if (p.record_routes) {
+    // Every token's routes come from this request's own forward passes: nothing from the cache.
+    ec.record_routes = true;
+    ec.prefix_cache = false;
+    ec.prefix_into_replay = false;
+  }
   return ec;
 }
 
@@ -44,6 +50,7 @@ result<std::unique_ptr<model>> load_rollout_model(const gguf_file& source,
   image->shrink_to_fit();
   model_load_config mc;
   mc.max_batch_tokens = 512;
+  mc.record_expert_ids = p.record_routes;
   auto m = model::load(std::move(*file), dev, mc);
   if (!m) {
     return status{m.error().code(), "rollout engine on " + p.device + " with " +

@@ -98,6 +98,10 @@ struct rollout_engine_params {
   /// Rank requests by sampling_params::priority (gpu::priority_policy, lower first) instead of
   /// first come, first served: `weft rl --trajectory-priority`.
   bool priority = false;
+  /// Mixture-of-experts routing replay (`weft rl --routing-replay`): the engine records each
+  /// token's experts (engine_config::record_routes; the prefix cache is then off) and a finished
+  /// rollout carries them (request_output::routes) for the trainer to route the same way.
+  bool record_routes = false;
 };
 
 /// The engine configuration of a rollout engine for `m` (KV for every sequence at once within

@@ -68,6 +68,8 @@ struct device_trainer::state {
   dbuf router_logits, dexp_out, dexp_in, dweights, droute;  ///< One MoE block's.
   std::vector<float> moe_host;                              ///< Host copies for the routing.
   moe_balance<float> balance;                               ///< The batch's routing (balance loss).
+  const train_batch* batch = nullptr;                       ///< The batch in flight.
+  int64_t routes_forced = 0, routes_differ = 0;             ///< Routing replay.
   std::vector<float> balance_grad;                          ///< Empty: no balance loss.
   int64_t n = 0;                                            ///< Tokens of the batch in flight.
   device_sequences seqs;
@@ -136,6 +138,7 @@ status device_trainer::forward(const train_batch& b) {
   const int64_t n = b.n_tokens();
   const int64_t d = hp_.n_embd;
   s.n = n;
+  s.batch = &b;
   // Positions (a shared prefix shifts its continuations) and the RoPE table, on the host.
   std::vector<int32_t> pos(static_cast<size_t>(n));
   for (int64_t q = 0; q < b.seqs.n_seqs(); ++q) {
@@ -186,7 +189,12 @@ status device_trainer::forward(const train_batch& b) {
     WEFT_TRY(dev_.copy_on_device(x_in, x, static_cast<size_t>(n * d) * sizeof(float)));
     const int acts = recompute_ ? static_cast<int>(hp_.n_layers) : static_cast<int>(il);
     WEFT_TRY(layer_forward(il, x_in, acts, x));
-    if (!layout_.moe.empty()) s.balance.add(s.layers[static_cast<size_t>(acts)].route);
+    if (!layout_.moe.empty()) {
+      const moe_routing<float>& r = s.layers[static_cast<size_t>(acts)].route;
+      s.balance.add(r);
+      s.routes_forced += r.forced;
+      s.routes_differ += r.differ;
+    }
   }
   float *xn = nullptr, *rstd = nullptr;
   WEFT_NEED(xn, s.xn_final, float, n* d);
@@ -265,7 +273,14 @@ status device_trainer::moe_forward(int64_t il, int acts, float* y) {
   WEFT_TRY(dev_.copy_to_host(s.moe_host.data(), logits, s.moe_host.size() * sizeof(float)));
   WEFT_TRY(dev_.synchronize());
   moe_routing<float>& r = a.route;
-  moe_route(s.moe_host.data(), n, ne, hp_.n_experts_used, r);
+  const int64_t kk = hp_.n_experts_used;
+  const train_batch& b = *s.batch;
+  if (b.routes.empty()) {
+    moe_route(s.moe_host.data(), n, ne, kk, r);
+  } else {
+    moe_route(s.moe_host.data(), n, ne, kk, r, b.routes.data() + il * kk, b.route_width,
+              static_cast<int64_t>(b.routes.size()) / b.route_width);
+  }
   const int64_t rows = r.rows();
   int32_t *row_token, *row_slot, *slot_row;
   float *weights, *exp_in, *exp_out, *gate, *up, *h;
@@ -299,6 +314,12 @@ status device_trainer::moe_forward(int64_t il, int acts, float* y) {
     WEFT_TRY(k.linear_forward(h + r0 * eff, w(3) + e * d * eff, m, eff, d, exp_out + r0 * d));
   }
   return k.moe_combine(exp_out, slot_row, weights, n, r.k, d, y);
+}
+
+std::pair<int64_t, int64_t> device_trainer::take_routing_stats() {
+  const std::pair<int64_t, int64_t> out{s_->routes_forced, s_->routes_differ};
+  s_->routes_forced = s_->routes_differ = 0;
+  return out;
 }
 
 status device_trainer::moe_backward(int64_t il, int acts, const float* dy, float* dxn) {

@@ -52,6 +52,9 @@ class device_trainer {
   result<std::vector<float>> logits(const train_batch& batch,
                                     const std::vector<parameter<float>>& params, bool upload);
 
+  /// trainable_model::take_routing_stats's counts of this device's forward passes (reset).
+  std::pair<int64_t, int64_t> take_routing_stats();
+
   /// Per-token objectives see log-softmax(logits / t) (trainable_model::set_logit_temperature).
   void set_logit_temperature(float t) { logit_temperature_ = t; }
 

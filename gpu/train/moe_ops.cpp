@@ -7,11 +7,13 @@
 namespace weft::gpu::train {
 
 template <class T>
-void moe_route(T* logits, int64_t n, int64_t n_experts, int64_t k, moe_routing<T>& r) {
+void moe_route(T* logits, int64_t n, int64_t n_experts, int64_t k, moe_routing<T>& r,
+               const int16_t* forced, int64_t stride, int64_t n_forced) {
   const int64_t ne = n_experts;
   r.n = n;
   r.k = k;
   r.n_experts = ne;
+  r.forced = r.differ = 0;
   r.weights.resize(static_cast<size_t>(n * k));
   r.probs.clear();
   r.probs.reserve(static_cast<size_t>(n * ne));
@@ -27,6 +29,16 @@ void moe_route(T* logits, int64_t n, int64_t n_experts, int64_t k, moe_routing<T
     r.probs.insert(r.probs.end(), p, p + ne);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t z) { return p[x] > p[z]; });
+    if (forced != nullptr && t < n_forced && forced[t * stride] >= 0) {
+      const int16_t* f = forced + t * stride;
+      ++r.forced;
+      bool same = true;
+      for (int64_t j = 0; j < k && same; ++j)
+        same = std::find(order.begin(), order.begin() + k, static_cast<int32_t>(f[j])) !=
+               order.begin() + k;
+      if (!same) ++r.differ;
+      for (int64_t j = 0; j < k; ++j) order[static_cast<size_t>(j)] = f[j];
+    }
     T wsum = 0;
     for (int64_t j = 0; j < k; ++j) wsum += p[order[static_cast<size_t>(j)]];
     for (int64_t j = 0; j < k; ++j) {
@@ -148,7 +160,8 @@ void moe_balance_backward(const moe_routing<T>& r, const std::vector<T>& g, T* d
 }
 
 #define WEFT_MOE_OPS(T)                                                                            \
-  template void moe_route<T>(T*, int64_t, int64_t, int64_t, moe_routing<T>&);                      \
+  template void moe_route<T>(T*, int64_t, int64_t, int64_t, moe_routing<T>&, const int16_t*,       \
+                             int64_t, int64_t);                                                    \
   template void moe_combine<T>(const T*, const int32_t*, const T*, int64_t, int64_t, int64_t, T*); \
   template void moe_combine_backward<T>(const T*, const T*, const int32_t*, const int32_t*,        \
                                         const T*, int64_t, int64_t, T*, T*);                       \

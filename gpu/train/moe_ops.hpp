@@ -24,12 +24,19 @@ struct moe_routing {
   std::vector<int32_t> slot_row;      ///< [n][k] the row of each slot.
   std::vector<int64_t> expert_start;  ///< [experts + 1] expert e's rows: [start[e], start[e + 1]).
   std::vector<T> probs;               ///< [n][experts] the router's softmax (the balance loss).
+  /// Routing replay: tokens whose experts were given, and those of them whose given set differs
+  /// from the router's own top-k.
+  int64_t forced = 0, differ = 0;
   int64_t rows() const { return n * k; }
 };
 
 /// Routes n tokens from their router logits [n][n_experts] (overwritten with the probabilities).
+/// Routing replay: for a token t < n_forced with forced[t · stride] >= 0, the experts
+/// forced[t · stride + j] (j < k, distinct, in that order) are used instead of the top-k, with the
+/// router's probabilities over them renormalised as weights (so the router still trains).
 template <class T>
-void moe_route(T* logits, int64_t n, int64_t n_experts, int64_t k, moe_routing<T>& r);
+void moe_route(T* logits, int64_t n, int64_t n_experts, int64_t k, moe_routing<T>& r,
+               const int16_t* forced = nullptr, int64_t stride = 0, int64_t n_forced = 0);
 
 /// y[t] = Σ_j weights[t][j] · exp_out[slot_row[t][j]] (rows of d), j in order; overwrites y.
 template <class T>

@@ -44,6 +44,16 @@ int64_t train_batch::add_prefix(std::span<const int32_t> toks) {
   return index;
 }
 
+void train_batch::set_routes(int64_t at, std::span<const uint8_t> src, int64_t width) {
+  if (width <= 0) return;
+  route_width = width;
+  const auto n = static_cast<int64_t>(src.size()) / width;
+  if (static_cast<int64_t>(routes.size()) < (at + n) * width)
+    routes.resize(static_cast<size_t>((at + n) * width), int16_t{-1});
+  for (int64_t i = 0; i < n * width; ++i)
+    routes[static_cast<size_t>(at * width + i)] = static_cast<int16_t>(src[static_cast<size_t>(i)]);
+}
+
 int64_t train_batch::n_loss_tokens() const {
   return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
 }
@@ -78,6 +88,7 @@ struct trainable_model<T>::forward_state {
   std::vector<T> x_final, xn_final, rstd_final;
   moe_balance<T> balance;       ///< MoE: the batch's routing, for the balance loss.
   std::vector<T> balance_grad;  ///< scale · ∂aux/∂p per expert (empty: no balance loss).
+  int64_t routes_forced = 0, routes_differ = 0;  ///< Routing replay (take_routing_stats).
 };
 
 /// Buffers of the backward, kept between calls (no page faults on every step).
@@ -376,6 +387,31 @@ status trainable_model<T>::check(const train_batch& b) const {
   if (!b.policy.empty() && b.policy.size() != b.tokens.size()) {
     return {status_code::invalid_argument, "train batch: policy inputs and tokens disagree"};
   }
+  if (!b.routes.empty()) {
+    const int64_t k = hp_.n_experts_used;
+    if (hp_.n_experts == 0 || b.route_width != hp_.n_layers * k ||
+        static_cast<int64_t>(b.routes.size()) % b.route_width != 0 ||
+        static_cast<int64_t>(b.routes.size()) > n * b.route_width) {
+      return {status_code::invalid_argument,
+              "train batch: routes need a mixture-of-experts model and layers x experts used (" +
+                  std::to_string(hp_.n_layers * k) + ") entries per position"};
+    }
+    const int64_t width = b.route_width;
+    for (int64_t pos = 0; pos * width < static_cast<int64_t>(b.routes.size()); ++pos) {
+      const int16_t* r = b.routes.data() + pos * width;
+      if (r[0] < 0) continue;  // routed by the trainer
+      for (int64_t at = 0; at < width; at += k) {
+        for (int64_t j = 0; j < k; ++j) {
+          bool repeated = false;
+          for (int64_t i = 0; i < j; ++i) repeated |= r[at + i] == r[at + j];
+          if (r[at + j] < 0 || r[at + j] >= hp_.n_experts || repeated) {
+            return {status_code::invalid_argument, "train batch: position " + std::to_string(pos) +
+                                                       " has an invalid expert list in its routes"};
+          }
+        }
+      }
+    }
+  }
   for (size_t s = 1; s < b.seqs.starts.size(); ++s) {
     if (b.seqs.starts[s] < b.seqs.starts[s - 1])
       return {status_code::invalid_argument, "train batch: sequence starts must not decrease"};
@@ -423,7 +459,7 @@ void trainable_model<T>::layer_forward(int64_t il, const forward_state& fs, cons
   sized(a.rstd2, n);
   rms_norm_forward(x_mid, w(l.ffn_norm), n, d, eps, a.xn2.data(), a.rstd2.data());
   if (l.router >= 0) {
-    moe_forward(l, n, a, x_out);
+    moe_forward(l, il, fs, n, a, x_out);
     for (int64_t i = 0; i < n * d; ++i) x_out[i] += x_mid[i];
     return;
   }
@@ -467,7 +503,11 @@ void trainable_model<T>::forward(const train_batch& b, forward_state& fs) {
     a.x_in.assign(x.begin(), x.end());
     layer_acts& acts = config_.recompute ? fs.scratch : a;
     layer_forward(il, fs, a.x_in.data(), acts, x.data());
-    if (hp_.n_experts > 0) fs.balance.add(acts.route);
+    if (hp_.n_experts > 0) {
+      fs.balance.add(acts.route);
+      fs.routes_forced += acts.route.forced;
+      fs.routes_differ += acts.route.differ;
+    }
   }
   fs.xn_final.resize(static_cast<size_t>(n * d));
   fs.rstd_final.resize(static_cast<size_t>(n));
@@ -476,7 +516,8 @@ void trainable_model<T>::forward(const train_batch& b, forward_state& fs) {
 }
 
 template <class T>
-void trainable_model<T>::moe_forward(const layer_params& l, int64_t n, layer_acts& a, T* y) {
+void trainable_model<T>::moe_forward(const layer_params& l, int64_t il, const forward_state& fs,
+                                     int64_t n, layer_acts& a, T* y) {
   const int64_t d = hp_.n_embd;
   const int64_t ne = hp_.n_experts;
   const int64_t eff = moe_ff_;
@@ -484,7 +525,14 @@ void trainable_model<T>::moe_forward(const layer_params& l, int64_t n, layer_act
   std::vector<T> logits(static_cast<size_t>(n * ne));
   linear_forward(a.xn2.data(), w(l.router), n, d, ne, logits.data());
   moe_routing<T>& r = a.route;
-  moe_route(logits.data(), n, ne, hp_.n_experts_used, r);
+  const train_batch& b = *fs.batch;
+  const int64_t k = hp_.n_experts_used;
+  if (b.routes.empty()) {
+    moe_route(logits.data(), n, ne, k, r);
+  } else {
+    moe_route(logits.data(), n, ne, k, r, b.routes.data() + il * k, b.route_width,
+              static_cast<int64_t>(b.routes.size()) / b.route_width);
+  }
   const int64_t rows = r.rows();
   a.exp_in.resize(static_cast<size_t>(rows * d));
   for (int64_t i = 0; i < rows; ++i)
@@ -836,6 +884,26 @@ result<std::vector<T>> trainable_model<T>::logits(const train_batch& b) {
   std::vector<T> out(static_cast<size_t>(fs.n * hp_.n_vocab));
   linear_forward(fs.xn_final.data(), params_[static_cast<size_t>(output_)].value.data(), fs.n,
                  hp_.n_embd, hp_.n_vocab, out.data());
+  return out;
+}
+
+template <class T>
+std::pair<int64_t, int64_t> trainable_model<T>::take_routing_stats() {
+  std::pair<int64_t, int64_t> out{0, 0};
+  auto take = [&](forward_state& fs) {
+    out.first += fs.routes_forced;
+    out.second += fs.routes_differ;
+    fs.routes_forced = fs.routes_differ = 0;
+  };
+  take(*fs_);
+  for (auto& r : replicas_) take(r->fs);
+  if constexpr (std::is_same_v<T, float>) {
+    if (device_) {
+      const auto d = device_->take_routing_stats();
+      out.first += d.first;
+      out.second += d.second;
+    }
+  }
   return out;
 }
 

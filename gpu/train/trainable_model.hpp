@@ -67,6 +67,14 @@ struct train_batch {
   /// Per position (empty unless sequences were added with policy inputs): the inputs of the
   /// token that position predicts.
   std::vector<policy_token> policy;
+  /// Mixture-of-experts routing replay (empty: the trainer routes every token): per position,
+  /// route_width = layers · experts used entries, the experts each MoE layer sends the token to;
+  /// a position past the end, or whose first entry is −1, is routed by the trainer.
+  std::vector<int16_t> routes;
+  int64_t route_width = 0;
+  /// Sets the routes of positions [at, at + n) from `src` (n · width values, width = layers ·
+  /// experts used); the positions before `at` that have none get −1.
+  void set_routes(int64_t at, std::span<const uint8_t> src, int64_t width);
   int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
 };
 
@@ -198,6 +206,11 @@ class trainable_model {
   /// Forward only: the logits of every position, [n_tokens][n_vocab].
   result<std::vector<T>> logits(const train_batch& batch);
 
+  /// Routing replay since the last call (train_batch::routes): (token, layer) pairs whose experts
+  /// were given, and those of them whose given experts differ from the router's own top-k (the
+  /// train/inference routing mismatch). Resets the counts.
+  std::pair<int64_t, int64_t> take_routing_stats();
+
  private:
   struct layer_params;
   struct layer_acts;
@@ -212,7 +225,8 @@ class trainable_model {
   void layer_backward(int64_t il, const forward_state& fs, backward_scratch& bs,
                       const std::vector<T*>& grads, layer_acts& a, T* dx);
   /// MoE feed-forward of a block: y = Σ_j w_j · expert_j(xn2) over the routed experts.
-  void moe_forward(const layer_params& l, int64_t n, layer_acts& a, T* y);
+  void moe_forward(const layer_params& l, int64_t il, const forward_state& fs, int64_t n,
+                   layer_acts& a, T* y);
   /// Its backward: dy = ∂L/∂y; overwrites dxn with ∂L/∂xn2, adds into the router's and experts'
   /// gradients.
   void moe_backward(const layer_params& l, int64_t n, backward_scratch& bs,

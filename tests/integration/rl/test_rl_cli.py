@@ -443,6 +443,18 @@ def main():
                   f"trainer and agent agree on the MoE policy: {mm[0]['ratio_deviation']}")
             check(mm[-1]["reward"] > mm[0]["reward"],
                   f"the MoE policy learns: {[r['reward'] for r in mm]}")
+        # Routing replay on the agent (f16 rollouts): the routes travel with the rollouts and the
+        # trainer routes every replayed token as the agent did.
+        rc, out = rl(weft, moe_base + ["--steps", "2", "--agents", "1", "--eval-every", "0",
+                                       "--rollout-type", "f16", "--routing-replay", "--kl-coef",
+                                       "1e-9", "--metrics", os.path.join(tmp, "moe-rr.jsonl")])
+        rr = [r for r in metrics(os.path.join(tmp, "moe-rr.jsonl")) if r.get("kind") == "step"] \
+            if rc == 0 else []
+        check(rc == 0 and len(rr) == 2 and all(r["routes_replayed"] > 0 for r in rr) and
+              "routing replay:" in out, f"--routing-replay on an agent (rc {rc}): {out[-300:]}")
+        rc, out = rl(weft, base + ["--steps", "1", "--routing-replay"])
+        check(rc == 2 and "needs a mixture-of-experts model" in out,
+              f"a dense model refuses --routing-replay (rc {rc})")
 
     return finish()
 

@@ -146,6 +146,70 @@ TEST(model, moe_routes_to_the_configured_number_of_experts) {
   for (size_t t = 0; t < 6; ++t) EXPECT_NE(out.expert_ids[1][2 * t], out.expert_ids[1][2 * t + 1]);
 }
 
+// Routing replay (RL): the engine keeps every computed position's experts and hands them over on
+// the request's last output; the prompt's equal a direct forward's. Refused without MoE, without
+// the model recording them, or with the prefix cache on (cached tokens were never computed).
+TEST(engine, records_each_computed_tokens_routes_for_routing_replay) {
+  auto img = make_tiny_model(moe_q());
+  auto f = gguf_file::parse(*img);
+  auto d = device_registry::instance().create("cpu", device_config{1, 0});
+  model_load_config mc;
+  mc.record_expert_ids = true;
+  auto m = model::load(std::move(f.value()), *d.value(), mc);
+  ASSERT_TRUE(m.ok());
+  engine_config ec;
+  ec.record_routes = true;
+  EXPECT_FALSE(engine::create(**m, ec).ok());  // prefix cache on
+  ec.prefix_cache = false;
+  auto e = engine::create(**m, ec);
+  ASSERT_TRUE(e.ok()) << e.error().to_string();
+  sampling_params sp;
+  sp.max_tokens = 7;
+  const auto prompt = prompt_of(9, 4);
+  ASSERT_TRUE((*e)->add_request(1, prompt, sp).ok());
+  std::vector<int32_t> generated;
+  std::vector<uint8_t> routes;
+  int outputs_with_routes = 0;
+  while ((*e)->has_work()) {
+    auto r = (*e)->step();
+    ASSERT_TRUE(r.ok());
+    for (const auto& o : *r) {
+      generated.insert(generated.end(), o.new_tokens.begin(), o.new_tokens.end());
+      if (!o.routes.empty()) {
+        ++outputs_with_routes;
+        EXPECT_NE(o.finish, finish_reason::none);
+        routes = o.routes;
+      }
+    }
+  }
+  ASSERT_EQ(generated.size(), 7u);
+  EXPECT_EQ(outputs_with_routes, 1);
+  const size_t width = 2 * 2;  // layers x experts used
+  ASSERT_EQ(routes.size(), (prompt.size() + generated.size() - 1) * width);
+  for (size_t at = 0; at < routes.size(); at += 2) {
+    EXPECT_LT(routes[at], 4);
+    EXPECT_NE(routes[at], routes[at + 1]);
+  }
+  // The prompt's routes are a direct forward's of the prompt (prefill numerics both ways).
+  kv_cache_config kc;
+  kc.layout = (*m)->kv_layout_for(16);
+  kc.n_blocks = 4;
+  auto kv = kv_cache::create(*d.value(), kc);
+  forward_batch b;
+  b.add((*kv)->create_sequence(), prompt, true);
+  forward_output out;
+  ASSERT_TRUE((*m)->forward(b, **kv, out).ok());
+  for (size_t t = 0; t < prompt.size(); ++t) {
+    for (size_t l = 0; l < 2; ++l) {
+      for (size_t j = 0; j < 2; ++j)
+        EXPECT_EQ(routes[t * width + l * 2 + j], out.expert_ids[l][t * 2 + j]) << t << " " << l;
+    }
+  }
+  // A dense model, or a model that does not record, cannot.
+  auto dense = load_tiny(dense_q(ggml_type::q8_0));
+  EXPECT_FALSE(engine::create(*dense.m, ec).ok());
+}
+
 TEST(model, chunked_prefill_equals_one_shot_prefill) {
   auto l = load_tiny(dense_q(ggml_type::q4_0));
   kv_cache_config kc;

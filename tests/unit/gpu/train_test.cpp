@@ -339,6 +339,74 @@ TEST(trainable_model, router_balance_loss_and_its_gradient) {
   EXPECT_NE(dense.error().message().find("mixture-of-experts"), std::string::npos);
 }
 
+// Routing replay: the experts given per position are used (weights from the trainer's router over
+// them), so the loss is a smooth function of every weight — finite differences hold for every
+// tensor — and the replayed routes that differ from the router's own are counted.
+TEST(trainable_model, replayed_routes_are_used_and_their_gradient_is_exact) {
+  auto m = load_trainable<double>(tiny_moe());
+  ASSERT_NE(m, nullptr);
+  auto batch = two_sequences();
+  const int64_t layers = 2, k = 2, width = layers * k;
+  std::vector<uint8_t> routes;
+  for (int64_t pos = 0; pos < batch.n_tokens() - 2; ++pos) {  // the last two route themselves
+    for (int64_t l = 0; l < layers; ++l) {
+      routes.push_back(static_cast<uint8_t>((pos + l) % 4));
+      routes.push_back(static_cast<uint8_t>((pos + l + 1 + pos % 2) % 4));
+    }
+  }
+  batch.set_routes(0, routes, width);
+  ASSERT_EQ(batch.routes.size(), routes.size());
+  m->zero_grad();
+  auto replayed = m->forward_backward(batch);
+  ASSERT_TRUE(replayed.ok()) << replayed.error().to_string();
+  const auto [forced, differ] = m->take_routing_stats();
+  EXPECT_EQ(forced, (batch.n_tokens() - 2) * layers);
+  EXPECT_GT(differ, 0);
+  EXPECT_LT(differ, forced);
+  auto plain = two_sequences();
+  auto own = m->forward_backward(plain);
+  ASSERT_TRUE(own.ok());
+  EXPECT_NE(own->sum, replayed->sum);  // other experts, another loss
+  m->zero_grad();
+  ASSERT_TRUE(m->forward_backward(batch).ok());
+  std::vector<std::vector<double>> analytic;
+  for (const auto& p : m->parameters()) analytic.push_back(p.grad);
+  auto f = [&] { return m->forward_backward(batch)->sum; };
+  std::mt19937 rng(9);
+  auto& params = m->parameters();
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    auto& p = params[pi];
+    for (int i = 0; i < 3; ++i) {
+      const size_t at = rng() % p.value.size();
+      const double num = numeric(f, p.value[at], 1e-5);
+      EXPECT_NEAR(analytic[pi][at], num, 1e-6 * std::max(1.0, std::abs(num)))
+          << p.name << "[" << at << "]";
+    }
+  }
+  // Invalid lists are refused: a repeated expert, an expert out of range.
+  auto bad = two_sequences();
+  std::vector<uint8_t> twice(static_cast<size_t>(width), 1);
+  bad.set_routes(0, twice, width);
+  EXPECT_FALSE(m->forward_backward(bad).ok());
+  std::vector<uint8_t> range(static_cast<size_t>(width), 0);
+  range[1] = 7;
+  bad.set_routes(0, range, width);
+  EXPECT_FALSE(m->forward_backward(bad).ok());
+  // The CPU device takes the same routes: the host path's bits.
+  auto dev = device_registry::instance().create("cpu", device_config{1, 0});  // outlives on_dev
+  ASSERT_TRUE(dev.ok());
+  auto host = load_trainable<float>(tiny_moe());
+  auto on_dev = load_trainable<float>(tiny_moe());
+  ASSERT_TRUE(on_dev->use_device(dev->get()).ok());
+  auto lh = host->forward_backward(batch);
+  auto ld = on_dev->forward_backward(batch);
+  ASSERT_TRUE(lh.ok() && ld.ok());
+  EXPECT_EQ(lh->sum, ld->sum);
+  for (size_t i = 0; i < host->parameters().size(); ++i)
+    EXPECT_EQ(host->parameters()[i].grad, on_dev->parameters()[i].grad) << i;
+  EXPECT_EQ(on_dev->take_routing_stats().first, (batch.n_tokens() - 2) * layers);
+}
+
 // RL at a sampling temperature T (weft rl --temperature): per-token objectives and
 // target_logprobs see log-softmax(logits / T), the distribution the engine's sampler drew from and
 // reported (sampling_params::tempered_logprobs); the gradient of the objective matches finite
