@@ -58,6 +58,13 @@ int64_t train_batch::n_loss_tokens() const {
   return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
 }
 
+/// `v` resized to `count` elements; its data.
+template <class T>
+T* sized(std::vector<T>& v, int64_t count) {
+  v.resize(static_cast<size_t>(count));
+  return v.data();
+}
+
 /// Indices into params_ of one block's weights: the dense FFN's gate/up/down, or (MoE) the router
 /// and the experts' stacked [expert][rows][cols] tensors; the other kind's are −1.
 template <class T>
@@ -438,10 +445,6 @@ void trainable_model<T>::layer_forward(int64_t il, const forward_state& fs, cons
   const int64_t ff = hp_.n_ff;
   const T eps = static_cast<T>(hp_.rms_eps);
   auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
-  auto sized = [](std::vector<T>& v, int64_t count) {
-    v.resize(static_cast<size_t>(count));
-    return v.data();
-  };
   sized(a.xn1, n * d);
   sized(a.rstd1, n);
   rms_norm_forward(x_in, w(l.attn_norm), n, d, eps, a.xn1.data(), a.rstd1.data());
@@ -573,10 +576,6 @@ void trainable_model<T>::moe_backward(const layer_params& l, int64_t n, backward
   const int64_t rows = r.rows();
   auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
   auto g = [&](int i) { return grads[static_cast<size_t>(i)]; };
-  auto sized = [](std::vector<T>& v, int64_t count) {
-    v.resize(static_cast<size_t>(count));
-    return v.data();
-  };
   T* dout = sized(b.dexp_out, rows * d);
   T* dw = sized(b.dweights, rows);
   moe_combine_backward(dy, a.exp_out.data(), r.row_token.data(), r.row_slot.data(),
@@ -626,10 +625,6 @@ void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, bac
   auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
   auto g = [&](int i) { return grads[static_cast<size_t>(i)]; };
   // dx holds ∂L/∂x_out. Feed-forward half: x_out = x_mid + down(swiglu(gate(xn2), up(xn2))).
-  auto sized = [](std::vector<T>& v, int64_t count) {
-    v.resize(static_cast<size_t>(count));
-    return v.data();
-  };
   T* dxn = sized(b.dxn, n * d);
   if (l.router >= 0) {
     moe_backward(l, n, b, grads, a, dx, dxn, fs.balance_grad);
