@@ -345,12 +345,6 @@ bool options_fit_together(const rl_options& o) {
                   o.tool_latency_ms, o.tool_timeout_s);
     return false;
   }
-  if (o.routing_replay && o.trainers > 1) {
-    spdlog::error(
-        "--routing-replay trains in this process: the routes do not travel to the ranks of "
-        "--trainers K yet");
-    return false;
-  }
   if (o.netns && ::geteuid() != 0) {
     spdlog::error("--netns creates network namespaces and a bridge: it needs root (and iproute2)");
     return false;

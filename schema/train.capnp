@@ -68,6 +68,8 @@ struct TrainBatch {
   weight @6 :List(Float32);
   sample @7 :List(Int32);
   refLogp @8 :List(Float32);
+  routes @9 :List(Int16);     # routing replay: empty, or routeWidth entries per position (a
+  routeWidth @10 :UInt32;     # position's experts per MoE layer; -1: the trainer routes it)
 }
 
 # RL controller (rank 0) -> rank r of a `weft rl --trainers K` group: one micro-batch of rank r's

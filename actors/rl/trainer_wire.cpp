@@ -59,6 +59,10 @@ void write_batch(wire::TrainBatch::Builder b, const train_batch& x) {
     s.set(i, x.policy[i].sample);
     ref.set(i, x.policy[i].ref_logp);
   }
+  if (!x.routes.empty()) {
+    put(b.initRoutes(static_cast<unsigned>(x.routes.size())), x.routes);
+    b.setRouteWidth(static_cast<uint32_t>(x.route_width));
+  }
 }
 
 result<train_batch> read_batch(wire::TrainBatch::Reader r, int64_t vocab) {
@@ -118,6 +122,20 @@ result<train_batch> read_batch(wire::TrainBatch::Reader r, int64_t vocab) {
     x.policy[i].weight = w[i];
     x.policy[i].sample = smp[i];
     x.policy[i].ref_logp = ref[i];
+  }
+  // Routing replay: whole positions of the batch; which experts fit the model is the trainer's
+  // check (trainable_model refuses the batch with a message).
+  const auto routes = r.getRoutes();
+  const uint32_t width = r.getRouteWidth();
+  if (routes.size() != 0) {
+    if (width == 0 || width > 4096 || routes.size() % width != 0 || routes.size() / width > n) {
+      return bad("has routes that are not whole positions of its tokens");
+    }
+    for (int16_t e : routes) {
+      if (e < -1 || e > 255) return bad("has a route to an expert out of range");
+      x.routes.push_back(e);
+    }
+    x.route_width = width;
   }
   return x;
 }

@@ -114,7 +114,11 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
 status grpo_loop::add_reference_logprobs(std::vector<std::vector<train::train_batch>>& batches) {
   for (auto& share : batches) {
     for (auto& b : share) {
+      // The reference routes every token itself (as when it runs fused into generation).
+      std::vector<int16_t> routes = std::move(b.routes);
+      b.routes.clear();
       auto lp = ref_->target_logprobs(b);
+      b.routes = std::move(routes);
       if (!lp) return lp.error();
       size_t k = 0;
       for (size_t i = 0; i < b.targets.size() && i < b.policy.size(); ++i) {

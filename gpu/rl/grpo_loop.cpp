@@ -620,7 +620,8 @@ result<rl_step_record> grpo_loop::stream_step() {
   if (auto st = apply_update(scale, rec); !st) return st;
   rec.clip_fraction = stats.clip_fraction();
   rec.ratio_deviation = stats.mean_abs_ratio_deviation();
-  note_routing(rec);
+  const auto [replayed, differ] = model_->take_routing_stats();
+  note_routing(rec, replayed, differ);
   rec.kl = stats.mean_kl();
   rec.train_s = train_s + seconds_since(t1);
   return finish_step(rec);

@@ -265,9 +265,8 @@ class grpo_loop {
   int64_t version() const { return version_; }
   train::trainable_model<float>& model() { return *model_; }
   /// Routing replay: entries per position of a rollout's routes (layers · experts used); 0 off.
-  /// Routing replay: the trainer's replayed-route counts since the last call, into `rec`.
-  void note_routing(rl_step_record& rec) {
-    const auto [replayed, differ] = model_->take_routing_stats();
+  /// Routing replay: the step's replayed-route counts into `rec`.
+  static void note_routing(rl_step_record& rec, int64_t replayed, int64_t differ) {
     rec.routes_replayed = replayed;
     rec.route_mismatch =
         replayed > 0 ? static_cast<double>(differ) / static_cast<double>(replayed) : 0.0;

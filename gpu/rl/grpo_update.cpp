@@ -3,6 +3,7 @@
 #include "gpu/rl/grpo_update.hpp"
 
 #include <algorithm>
+#include <tuple>
 
 #include "gpu/rl/grpo_loop.hpp"
 
@@ -33,11 +34,17 @@ result<iteration_totals> update_iteration(train::trainable_model<float>& model, 
   t.clipped = stats.clipped.load();
   t.abs_ratio_dev_nano = stats.abs_ratio_dev_nano.load();
   t.kl_nano = stats.kl_nano.load();
+  std::tie(t.routes_replayed, t.routes_differ) = model.take_routing_stats();
   if (reduce) {
     // Integer counters travel as doubles: exact below 2^53.
-    double scalars[5] = {t.loss_sum, static_cast<double>(t.tokens), static_cast<double>(t.clipped),
-                         static_cast<double>(t.abs_ratio_dev_nano), static_cast<double>(t.kl_nano)};
-    if (auto st = reduce(std::span<const std::span<float>>(grads), std::span<double>(scalars, 5));
+    double scalars[7] = {t.loss_sum,
+                         static_cast<double>(t.tokens),
+                         static_cast<double>(t.clipped),
+                         static_cast<double>(t.abs_ratio_dev_nano),
+                         static_cast<double>(t.kl_nano),
+                         static_cast<double>(t.routes_replayed),
+                         static_cast<double>(t.routes_differ)};
+    if (auto st = reduce(std::span<const std::span<float>>(grads), std::span<double>(scalars, 7));
         !st) {
       return st;
     }
@@ -46,6 +53,8 @@ result<iteration_totals> update_iteration(train::trainable_model<float>& model, 
     t.clipped = static_cast<int64_t>(scalars[2]);
     t.abs_ratio_dev_nano = static_cast<int64_t>(scalars[3]);
     t.kl_nano = static_cast<int64_t>(scalars[4]);
+    t.routes_replayed = static_cast<int64_t>(scalars[5]);
+    t.routes_differ = static_cast<int64_t>(scalars[6]);
   }
   // The objective's token weights already normalise the loss: no scaling here.
   auto norm =
@@ -89,6 +98,8 @@ status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& bat
     sum.clipped += t->clipped;
     sum.abs_ratio_dev_nano += t->abs_ratio_dev_nano;
     sum.kl_nano += t->kl_nano;
+    sum.routes_replayed += t->routes_replayed;
+    sum.routes_differ += t->routes_differ;
     norm_sum += t->grad_norm;
   }
   ppo_stats stats;
@@ -101,7 +112,7 @@ status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& bat
   rec.lr = lr;
   rec.clip_fraction = stats.clip_fraction();
   rec.ratio_deviation = stats.mean_abs_ratio_deviation();
-  note_routing(rec);
+  note_routing(rec, sum.routes_replayed, sum.routes_differ);
   rec.kl = stats.mean_kl();
   if (group_) {
     rec.reduce_s = group_->take_reduce_seconds();
@@ -130,6 +141,7 @@ result<iteration_totals> grpo_loop::device_iteration(
   t.clipped = stats.clipped.load();
   t.abs_ratio_dev_nano = stats.abs_ratio_dev_nano.load();
   t.kl_nano = stats.kl_nano.load();
+  std::tie(t.routes_replayed, t.routes_differ) = model_->take_routing_stats();
   return t;
 }
 

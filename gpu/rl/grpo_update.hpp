@@ -42,6 +42,8 @@ struct iteration_totals {
   double loss_sum = 0.0;
   double grad_norm = 0.0;  ///< Before clipping.
   int64_t tokens = 0, clipped = 0, abs_ratio_dev_nano = 0, kl_nano = 0;
+  /// Routing replay (trainable_model::take_routing_stats), summed over the group.
+  int64_t routes_replayed = 0, routes_differ = 0;
 };
 
 /// zero_grad, the forward and backward of the PPO objective over `lists` (this rank's, one thread

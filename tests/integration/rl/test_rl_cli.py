@@ -452,6 +452,18 @@ def main():
             if rc == 0 else []
         check(rc == 0 and len(rr) == 2 and all(r["routes_replayed"] > 0 for r in rr) and
               "routing replay:" in out, f"--routing-replay on an agent (rc {rc}): {out[-300:]}")
+        # With a trainer group the routes travel to rank 1 and its counts come back: step 1 (the
+        # same samples) replays exactly as many routes as one trainer did.
+        rc, out = rl(weft, moe_base + ["--steps", "1", "--agents", "1", "--trainers", "2",
+                                       "--eval-every", "0", "--rollout-type", "f16",
+                                       "--routing-replay", "--kl-coef", "1e-9", "--metrics",
+                                       os.path.join(tmp, "moe-rr2.jsonl")])
+        rr2 = [r for r in metrics(os.path.join(tmp, "moe-rr2.jsonl")) if r.get("kind") == "step"] \
+            if rc == 0 else []
+        check(rc == 0 and len(rr2) == 1 and rr and
+              rr2[0]["routes_replayed"] == rr[0]["routes_replayed"],
+              f"--routing-replay with --trainers 2 (rc {rc}): "
+              f"{[r.get('routes_replayed') for r in rr2]} vs {[r.get('routes_replayed') for r in rr]}")
         rc, out = rl(weft, base + ["--steps", "1", "--routing-replay"])
         check(rc == 2 and "needs a mixture-of-experts model" in out,
               f"a dense model refuses --routing-replay (rc {rc})")
