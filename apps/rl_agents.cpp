@@ -80,6 +80,7 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   rc.weight_timeout_ms = o.weight_timeout_ms;
   rc.length_aware = o.length_aware;
   rc.consolidate_tail = o.consolidate_tail;
+  rc.routes = o.routes;
   if (c->d_->netns) {
     // Agents pull weights from this process over the bridge, the only device they can reach.
     rc.transport_params["ucx.tls"] = "tcp";
@@ -141,7 +142,7 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
     ac.max_new_tokens = o.max_new_tokens;
     ac.max_running = o.max_running;
     ac.priority = o.priority;
-    ac.record_routes = o.record_routes;
+    ac.record_routes = o.routes.width() > 0;
     ac.controller_host = host;
     ac.controller_port = *port;
     children.push_back({"rollout-agent-" + std::to_string(i), "rollout_agent", ac.to_json(),

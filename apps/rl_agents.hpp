@@ -26,9 +26,11 @@ struct rl_agents_options {
   std::string device = "cpu";
   int64_t max_sequences = 64;
   int32_t max_new_tokens = 32;
-  int64_t max_running = 0;     ///< each agent engine's sequences per pass (0: max_sequences)
-  bool priority = false;       ///< agents' engines rank by the requests' priority
-  bool record_routes = false;  ///< agents' engines record routes (--routing-replay)
+  int64_t max_running = 0;  ///< each agent engine's sequences per pass (0: max_sequences)
+  bool priority = false;    ///< agents' engines rank by the requests' priority
+  /// --routing-replay: the agents' engines record routes of this shape (the model's layers,
+  /// experts and experts used); all zero: no routes.
+  gpu::train::route_shape routes;
   int max_restarts = 10;
   /// Each agent's node process in a network namespace of its own (root only): the agents reach
   /// the controller, and each other, over a bridge whose links a chaos test can cut.

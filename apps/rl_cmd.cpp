@@ -370,7 +370,12 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   ao.max_new_tokens = p.max_new_tokens;
   ao.max_running = p.max_running;
   ao.priority = p.priority;
-  ao.record_routes = p.record_routes;
+  if (p.record_routes) {
+    auto f = gpu::gguf_file::open(o.model_path);
+    auto hp = f ? gpu::read_model_hparams(*f) : gpu::result<gpu::model_hparams>(f.error());
+    if (!hp) return make_error(errc::invalid_argument, hp.error().message());
+    ao.routes = {hp->n_layers, hp->n_experts, hp->n_experts_used};
+  }
   ao.netns = o.netns;
   ao.reward_workers = o.reward_workers;
   ao.reward_cmd = o.reward_cmd;

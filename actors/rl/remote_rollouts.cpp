@@ -223,6 +223,17 @@ struct remote_rollouts::impl {
     st.last_pull_s = std::max(st.last_pull_s, k->get().getPullSeconds());
   }
 
+  /// Whether an output's routes are whole positions of valid expert ids (routing replay) or
+  /// absent.
+  bool routes_fit(capnp::Data::Reader routes) const {
+    if (routes.size() == 0) return true;
+    const int64_t width = cfg.routes.width();
+    if (width <= 0 || routes.size() % static_cast<size_t>(width) != 0) return false;
+    const std::vector<int16_t> ids(routes.begin(), routes.end());
+    return gpu::train::first_invalid_route(ids.data(), static_cast<int64_t>(ids.size()) / width,
+                                           cfg.routes) < 0;
+  }
+
   void on_tokens(const event& e) {
     const int i = slot_of(e.from);
     if (i < 0) return;  // a lost agent's late outputs
@@ -238,10 +249,14 @@ struct remote_rollouts::impl {
       auto it = live.find(o.getId());
       if (it == live.end() || it->second.agent != i) continue;
       tracked& t = it->second;
-      if (o.getFinish() > static_cast<uint8_t>(gpu::finish_reason::error) ||
-          o.getLogprobs().size() != o.getTokens().size()) {
-        spdlog::warn("rollout agent {} sent a malformed output for rollout {}; restarting it", i,
-                     o.getId());
+      const char* bad =
+          o.getFinish() > static_cast<uint8_t>(gpu::finish_reason::error) ? "unknown finish reason"
+          : o.getLogprobs().size() != o.getTokens().size() ? "log-probs do not match its tokens"
+          : !routes_fit(o.getRoutes()) ? "routes are not whole positions of valid expert ids"
+                                       : nullptr;
+      if (bad != nullptr) {
+        spdlog::warn("rollout agent {} sent a malformed output for rollout {} ({}); restarting it",
+                     i, o.getId(), bad);
         stop_agent(i);
         return;
       }

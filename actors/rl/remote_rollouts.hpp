@@ -31,6 +31,7 @@
 #include <string>
 
 #include "gpu/rl/rollout_backend.hpp"
+#include "gpu/train/moe_ops.hpp"
 #include "schema/status.hpp"
 
 namespace weft::rl {
@@ -51,6 +52,10 @@ struct remote_rollouts_config {
   uint32_t no_agent_timeout_ms = 180'000;
   /// Called about every 100 ms while waiting (e.g. to relaunch dead node processes).
   std::function<void()> on_idle;
+  /// Routing replay: the routes an agent's outputs carry (layers x experts used ids per
+  /// position); an output whose routes do not fit it is malformed (its agent restarts). All zero:
+  /// outputs carry no routes.
+  gpu::train::route_shape routes;
   /// Parameters of the controller's UCX engine (e.g. "ucx.tls" = "tcp" across namespaces).
   std::map<std::string, std::string> transport_params;
 };

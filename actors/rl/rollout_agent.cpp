@@ -32,6 +32,10 @@ namespace weft::rl {
 using schema::envelope;
 namespace wire = schema::wire;
 
+namespace test_hooks {
+std::atomic<int> corrupt_routes{0};
+}  // namespace test_hooks
+
 std::string rollout_agent_config::to_json() const {
   return nlohmann::json{{"model_path", model_path},
                         {"agent", agent},
@@ -332,7 +336,14 @@ class agent_loop {
         x.setError(o.error);
         x.setCachedPromptTokens(
             static_cast<uint32_t>(std::max<int64_t>(0, o.cached_prompt_tokens)));
-        if (!o.routes.empty()) x.setRoutes(kj::arrayPtr(o.routes.data(), o.routes.size()));
+        if (!o.routes.empty()) {
+          auto r = x.initRoutes(static_cast<unsigned>(o.routes.size()));
+          std::copy(o.routes.begin(), o.routes.end(), r.begin());
+          int left = test_hooks::corrupt_routes.load();
+          while (left > 0 && !test_hooks::corrupt_routes.compare_exchange_weak(left, left - 1)) {
+          }
+          if (left > 0) r[0] = 255;
+        }
       }
     });
     caf::send_as(self_, controller_, r_tokens_atom::value, std::move(env));

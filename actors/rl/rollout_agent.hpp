@@ -14,6 +14,7 @@
 /// engine step) ends the actor abnormally; its supervisor restarts it and the controller moves its
 /// rollouts elsewhere.
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -45,5 +46,13 @@ struct rollout_agent_config {
 
 /// Registers the "rollout_agent" role.
 void add_rl_roles(actors::role_registry& roles);
+
+namespace test_hooks {
+/// A deliberately broken agent, for showing that the controller checks what agents send: while
+/// positive, each output that carries routes gets an expert id out of range and the count drops
+/// by one (per node process). The `weft` binary never sets it; the test binary `weft_test` sets it
+/// from $WEFT_TEST_CORRUPT_ROUTES (tests/integration/rl/test_rl_cli.py).
+extern std::atomic<int> corrupt_routes;
+}  // namespace test_hooks
 
 }  // namespace weft::rl

@@ -32,6 +32,16 @@ struct dbuf {
   }
 };
 
+/// moe_routing::for_each_expert for calls that can fail: stops at the first error and returns it.
+template <class F>
+status for_each_expert(const moe_routing<float>& r, F&& f) {
+  status st;
+  r.for_each_expert([&](int64_t e, int64_t r0, int64_t m) {
+    if (st) st = f(e, r0, m);
+  });
+  return st;
+}
+
 #define WEFT_TRY(expr)             \
   do {                             \
     if (auto st_ = (expr); !st_) { \
@@ -299,20 +309,16 @@ status device_trainer::moe_forward(int64_t il, int acts, float* y) {
   WEFT_TRY(dev_.copy_to_device(slot_row, r.slot_row.data(), r.slot_row.size() * sizeof(int32_t)));
   WEFT_TRY(dev_.copy_to_device(weights, r.weights.data(), r.weights.size() * sizeof(float)));
   WEFT_TRY(dev_.ops().gather_rows(xn2, row_token, rows, d, exp_in));
-  for (int64_t e = 0; e < ne; ++e) {
-    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
-    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
-    if (m == 0) continue;
+  WEFT_TRY(for_each_expert(r, [&](int64_t e, int64_t r0, int64_t m) -> status {
     WEFT_TRY(k.linear_forward(exp_in + r0 * d, w(1) + e * eff * d, m, d, eff, gate + r0 * eff));
     WEFT_TRY(k.linear_forward(exp_in + r0 * d, w(2) + e * eff * d, m, d, eff, up + r0 * eff));
-  }
+    return {};
+  }));
   WEFT_TRY(k.swiglu_forward(gate, up, rows * eff, h));
-  for (int64_t e = 0; e < ne; ++e) {
-    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
-    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
-    if (m == 0) continue;
+  WEFT_TRY(for_each_expert(r, [&](int64_t e, int64_t r0, int64_t m) -> status {
     WEFT_TRY(k.linear_forward(h + r0 * eff, w(3) + e * d * eff, m, eff, d, exp_out + r0 * d));
-  }
+    return {};
+  }));
   return k.moe_combine(exp_out, slot_row, weights, n, r.k, d, y);
 }
 
@@ -344,24 +350,20 @@ status device_trainer::moe_backward(int64_t il, int acts, const float* dy, float
   WEFT_NEED(dl, s.droute, float, n* ne);
   WEFT_TRY(k.moe_combine_backward(dy, a.exp_out.get<float>(), row_token, a.row_slot.get<int32_t>(),
                                   a.weights.get<float>(), rows, d, dout, dw));
-  for (int64_t e = 0; e < ne; ++e) {
-    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
-    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
-    if (m == 0) continue;
+  WEFT_TRY(for_each_expert(r, [&](int64_t e, int64_t r0, int64_t m) -> status {
     WEFT_TRY(k.linear_backward(a.h.get<float>() + r0 * eff, w(3) + e * d * eff, dout + r0 * d, m,
                                eff, d, dh + r0 * eff, g(3) + e * d * eff, false));
-  }
+    return {};
+  }));
   WEFT_TRY(k.swiglu_backward(a.gate.get<float>(), a.up.get<float>(), dh, rows * eff, dgate, dup));
-  for (int64_t e = 0; e < ne; ++e) {
-    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
-    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
-    if (m == 0) continue;
+  WEFT_TRY(for_each_expert(r, [&](int64_t e, int64_t r0, int64_t m) -> status {
     const float* xe = a.exp_in.get<float>() + r0 * d;
     WEFT_TRY(k.linear_backward(xe, w(1) + e * eff * d, dgate + r0 * eff, m, d, eff, din + r0 * d,
                                g(1) + e * eff * d, false));
     WEFT_TRY(k.linear_backward(xe, w(2) + e * eff * d, dup + r0 * eff, m, d, eff, din + r0 * d,
                                g(2) + e * eff * d, true));
-  }
+    return {};
+  }));
   // Each row's input gradient back to its token, rows in order (the embedding backward's
   // scatter-add), then the router's gradient from ∂L/∂weights, on the host.
   WEFT_TRY(k.fill(dxn, n * d, 0.0f));

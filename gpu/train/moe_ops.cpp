@@ -159,6 +159,21 @@ void moe_balance_backward(const moe_routing<T>& r, const std::vector<T>& g, T* d
   }
 }
 
+int64_t first_invalid_route(const int16_t* routes, int64_t n_positions, const route_shape& s) {
+  const int64_t width = s.width();
+  for (int64_t pos = 0; pos < n_positions; ++pos) {
+    const int16_t* r = routes + pos * width;
+    if (r[0] < 0) continue;
+    for (int64_t at = 0; at < width; at += s.k) {
+      for (int64_t j = 0; j < s.k; ++j) {
+        const int16_t e = r[at + j];
+        if (e < 0 || e >= s.experts || std::find(r + at, r + at + j, e) != r + at + j) return pos;
+      }
+    }
+  }
+  return -1;
+}
+
 #define WEFT_MOE_OPS(T)                                                                            \
   template void moe_route<T>(T*, int64_t, int64_t, int64_t, moe_routing<T>&, const int16_t*,       \
                              int64_t, int64_t);                                                    \

@@ -9,6 +9,7 @@
 /// Rows: every routed (token, slot) pair, in expert-major order (tokens in order within an
 /// expert), so each expert's rows are contiguous and its GEMMs take them at once.
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -28,7 +29,27 @@ struct moe_routing {
   /// from the router's own top-k.
   int64_t forced = 0, differ = 0;
   int64_t rows() const { return n * k; }
+  /// Calls f(e, first_row, row_count) for every expert with rows, in expert order.
+  template <class F>
+  void for_each_expert(F&& f) const {
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const int64_t r0 = expert_start[static_cast<size_t>(e)];
+      const int64_t m = expert_start[static_cast<size_t>(e + 1)] - r0;
+      if (m > 0) f(e, r0, m);
+    }
+  }
 };
+
+/// The shape of replayed routes (routing replay): per position, `layers` groups of `k` expert ids,
+/// each group distinct and in [0, experts).
+struct route_shape {
+  int64_t layers = 0, experts = 0, k = 0;
+  int64_t width() const { return layers * k; }
+};
+
+/// The first of n_positions positions (rows of s.width() ids) whose routes are invalid, or -1.
+/// A position whose first id is negative is not given (the trainer routes it).
+int64_t first_invalid_route(const int16_t* routes, int64_t n_positions, const route_shape& s);
 
 /// Routes n tokens from their router logits [n][n_experts] (overwritten with the probabilities).
 /// Routing replay: for a token t < n_forced with forced[t · stride] >= 0, the experts

@@ -9,6 +9,7 @@
 #include "gpu/ggml_types.hpp"
 #include "gpu/train/device_trainer.hpp"
 #include "gpu/train/moe_ops.hpp"
+#include "gpu/train/trainable_model_state.hpp"
 
 namespace weft::gpu::train {
 
@@ -57,63 +58,6 @@ void train_batch::set_routes(int64_t at, std::span<const uint8_t> src, int64_t w
 int64_t train_batch::n_loss_tokens() const {
   return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
 }
-
-/// `v` resized to `count` elements; its data.
-template <class T>
-T* sized(std::vector<T>& v, int64_t count) {
-  v.resize(static_cast<size_t>(count));
-  return v.data();
-}
-
-/// Indices into params_ of one block's weights: the dense FFN's gate/up/down, or (MoE) the router
-/// and the experts' stacked [expert][rows][cols] tensors; the other kind's are −1.
-template <class T>
-struct trainable_model<T>::layer_params {
-  int attn_norm, wq, wk, wv, wo, ffn_norm;
-  int gate = -1, up = -1, down = -1;
-  int router = -1, gate_exps = -1, up_exps = -1, down_exps = -1;
-};
-
-/// What one block's backward needs from its forward. MoE: gate/up/h hold one row per routed
-/// (token, slot) pair, in moe_routing's expert-major order.
-template <class T>
-struct trainable_model<T>::layer_acts {
-  std::vector<T> x_in, xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate, up, h;
-  moe_routing<T> route;
-  std::vector<T> exp_in, exp_out;  ///< [rows][d]: the gathered inputs and the experts' outputs.
-};
-
-/// One forward pass: the batch's geometry and every layer's saved activations.
-template <class T>
-struct trainable_model<T>::forward_state {
-  int64_t n = 0;
-  const train_batch* batch = nullptr;
-  rope_table rope;
-  attention_shape shape;
-  std::vector<layer_acts> layers;  ///< All of them, or (recompute) only x_in of each.
-  layer_acts scratch;              ///< The layer being recomputed (recompute).
-  std::vector<T> x_final, xn_final, rstd_final;
-  moe_balance<T> balance;       ///< MoE: the batch's routing, for the balance loss.
-  std::vector<T> balance_grad;  ///< scale · ∂aux/∂p per expert (empty: no balance loss).
-  int64_t routes_forced = 0, routes_differ = 0;  ///< Routing replay (take_routing_stats).
-};
-
-/// Buffers of the backward, kept between calls (no page faults on every step).
-template <class T>
-struct trainable_model<T>::backward_scratch {
-  std::vector<T> dh, dgate, dup, dxn, datt, dq, dk, dv;  ///< One layer's.
-  std::vector<T> dexp_out, dexp_in, dweights, droute;    ///< One MoE layer's.
-  std::vector<T> dx, dxn_final, x_out;                   ///< The whole batch's.
-  std::vector<T> xc, logits, dlogits, dxc;               ///< One output-head chunk's.
-};
-
-/// Share j >= 1 of a parallel forward_backward: its own activations, scratch and gradients.
-template <class T>
-struct trainable_model<T>::replica {
-  forward_state fs;
-  backward_scratch bs;
-  std::vector<std::vector<T>> grads;
-};
 
 template <class T>
 trainable_model<T>::trainable_model(const model_hparams& hp, const trainable_config& config)
@@ -403,20 +347,12 @@ status trainable_model<T>::check(const train_batch& b) const {
               "train batch: routes need a mixture-of-experts model and layers x experts used (" +
                   std::to_string(hp_.n_layers * k) + ") entries per position"};
     }
-    const int64_t width = b.route_width;
-    for (int64_t pos = 0; pos * width < static_cast<int64_t>(b.routes.size()); ++pos) {
-      const int16_t* r = b.routes.data() + pos * width;
-      if (r[0] < 0) continue;  // routed by the trainer
-      for (int64_t at = 0; at < width; at += k) {
-        for (int64_t j = 0; j < k; ++j) {
-          bool repeated = false;
-          for (int64_t i = 0; i < j; ++i) repeated |= r[at + i] == r[at + j];
-          if (r[at + j] < 0 || r[at + j] >= hp_.n_experts || repeated) {
-            return {status_code::invalid_argument, "train batch: position " + std::to_string(pos) +
-                                                       " has an invalid expert list in its routes"};
-          }
-        }
-      }
+    const route_shape shape{hp_.n_layers, hp_.n_experts, k};
+    const int64_t bad = first_invalid_route(
+        b.routes.data(), static_cast<int64_t>(b.routes.size()) / b.route_width, shape);
+    if (bad >= 0) {
+      return {status_code::invalid_argument, "train batch: position " + std::to_string(bad) +
+                                                 " has an invalid expert list in its routes"};
     }
   }
   for (size_t s = 1; s < b.seqs.starts.size(); ++s) {
@@ -516,101 +452,6 @@ void trainable_model<T>::forward(const train_batch& b, forward_state& fs) {
   fs.rstd_final.resize(static_cast<size_t>(n));
   rms_norm_forward(x.data(), params_[static_cast<size_t>(out_norm_)].value.data(), n, d,
                    static_cast<T>(hp_.rms_eps), fs.xn_final.data(), fs.rstd_final.data());
-}
-
-template <class T>
-void trainable_model<T>::moe_forward(const layer_params& l, int64_t il, const forward_state& fs,
-                                     int64_t n, layer_acts& a, T* y) {
-  const int64_t d = hp_.n_embd;
-  const int64_t ne = hp_.n_experts;
-  const int64_t eff = moe_ff_;
-  auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
-  std::vector<T> logits(static_cast<size_t>(n * ne));
-  linear_forward(a.xn2.data(), w(l.router), n, d, ne, logits.data());
-  moe_routing<T>& r = a.route;
-  const train_batch& b = *fs.batch;
-  const int64_t k = hp_.n_experts_used;
-  if (b.routes.empty()) {
-    moe_route(logits.data(), n, ne, k, r);
-  } else {
-    moe_route(logits.data(), n, ne, k, r, b.routes.data() + il * k, b.route_width,
-              static_cast<int64_t>(b.routes.size()) / b.route_width);
-  }
-  const int64_t rows = r.rows();
-  a.exp_in.resize(static_cast<size_t>(rows * d));
-  for (int64_t i = 0; i < rows; ++i)
-    std::copy_n(a.xn2.begin() + r.row_token[static_cast<size_t>(i)] * d, d,
-                a.exp_in.begin() + i * d);
-  a.gate.resize(static_cast<size_t>(rows * eff));
-  a.up.resize(a.gate.size());
-  a.h.resize(a.gate.size());
-  a.exp_out.resize(static_cast<size_t>(rows * d));
-  for (int64_t e = 0; e < ne; ++e) {
-    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
-    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
-    if (m == 0) continue;
-    linear_forward(a.exp_in.data() + r0 * d, w(l.gate_exps) + e * eff * d, m, d, eff,
-                   a.gate.data() + r0 * eff);
-    linear_forward(a.exp_in.data() + r0 * d, w(l.up_exps) + e * eff * d, m, d, eff,
-                   a.up.data() + r0 * eff);
-  }
-  swiglu_forward(a.gate.data(), a.up.data(), rows * eff, a.h.data());
-  for (int64_t e = 0; e < ne; ++e) {
-    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
-    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
-    if (m == 0) continue;
-    linear_forward(a.h.data() + r0 * eff, w(l.down_exps) + e * d * eff, m, eff, d,
-                   a.exp_out.data() + r0 * d);
-  }
-  moe_combine(a.exp_out.data(), r.slot_row.data(), r.weights.data(), n, r.k, d, y);
-}
-
-template <class T>
-void trainable_model<T>::moe_backward(const layer_params& l, int64_t n, backward_scratch& b,
-                                      const std::vector<T*>& grads, const layer_acts& a,
-                                      const T* dy, T* dxn, const std::vector<T>& balance_grad) {
-  const int64_t d = hp_.n_embd;
-  const int64_t ne = hp_.n_experts;
-  const int64_t eff = moe_ff_;
-  const moe_routing<T>& r = a.route;
-  const int64_t rows = r.rows();
-  auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
-  auto g = [&](int i) { return grads[static_cast<size_t>(i)]; };
-  T* dout = sized(b.dexp_out, rows * d);
-  T* dw = sized(b.dweights, rows);
-  moe_combine_backward(dy, a.exp_out.data(), r.row_token.data(), r.row_slot.data(),
-                       r.weights.data(), rows, d, dout, dw);
-  T* dh = sized(b.dh, rows * eff);
-  T* dgate = sized(b.dgate, rows * eff);
-  T* dup = sized(b.dup, rows * eff);
-  T* din = sized(b.dexp_in, rows * d);
-  for (int64_t e = 0; e < ne; ++e) {
-    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
-    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
-    if (m == 0) continue;
-    linear_backward(a.h.data() + r0 * eff, w(l.down_exps) + e * d * eff, dout + r0 * d, m, eff, d,
-                    dh + r0 * eff, g(l.down_exps) + e * d * eff);
-  }
-  swiglu_backward(a.gate.data(), a.up.data(), dh, rows * eff, dgate, dup);
-  for (int64_t e = 0; e < ne; ++e) {
-    const int64_t r0 = r.expert_start[static_cast<size_t>(e)];
-    const int64_t m = r.expert_start[static_cast<size_t>(e + 1)] - r0;
-    if (m == 0) continue;
-    linear_backward(a.exp_in.data() + r0 * d, w(l.gate_exps) + e * eff * d, dgate + r0 * eff, m, d,
-                    eff, din + r0 * d, g(l.gate_exps) + e * eff * d);
-    linear_backward(a.exp_in.data() + r0 * d, w(l.up_exps) + e * eff * d, dup + r0 * eff, m, d, eff,
-                    din + r0 * d, g(l.up_exps) + e * eff * d, true);
-  }
-  // Each row's input gradient back to its token, rows in order.
-  std::fill(dxn, dxn + n * d, T(0));
-  for (int64_t i = 0; i < rows; ++i) {
-    T* dst = dxn + static_cast<int64_t>(r.row_token[static_cast<size_t>(i)]) * d;
-    for (int64_t c = 0; c < d; ++c) dst[c] += din[i * d + c];
-  }
-  T* dl = sized(b.droute, n * ne);
-  moe_router_backward(r, dw, dl);
-  if (!balance_grad.empty()) moe_balance_backward(r, balance_grad, dl);
-  linear_backward(a.xn2.data(), w(l.router), dl, n, d, ne, dxn, g(l.router), true);
 }
 
 template <class T>

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "actors/rl/rollout_agent.hpp"
 #include "actors/serve/router.hpp"
 
 namespace weft::apps {
@@ -18,6 +19,14 @@ const bool broken_router = [] {
   const bool on = v != nullptr && std::strcmp(v, "1") == 0;
   if (on) serve::test_hooks::drop_token_on_migration = true;
   return on;
+}();
+// $WEFT_TEST_CORRUPT_ROUTES=N: this binary's rollout agents send N outputs with an invalid expert
+// id in their routes (actors/rl/rollout_agent.hpp), per node process.
+const int corrupt_routes = [] {
+  const char* v = std::getenv("WEFT_TEST_CORRUPT_ROUTES");
+  const int n = v != nullptr ? std::atoi(v) : 0;
+  rl::test_hooks::corrupt_routes = n;
+  return n;
 }();
 }  // namespace
 

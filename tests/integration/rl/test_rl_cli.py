@@ -34,6 +34,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weft", required=True)
     ap.add_argument("--make-model", required=True)
+    ap.add_argument("--weft-test", required=True, help="weft with the test hooks (weft_test)")
     a = ap.parse_args()
     weft = a.weft
     with tempfile.TemporaryDirectory() as tmp:
@@ -452,6 +453,23 @@ def main():
             if rc == 0 else []
         check(rc == 0 and len(rr) == 2 and all(r["routes_replayed"] > 0 for r in rr) and
               "routing replay:" in out, f"--routing-replay on an agent (rc {rc}): {out[-300:]}")
+        # A broken agent (weft_test's hook): its first output with routes names an expert that
+        # does not exist. The controller refuses the output and restarts the agent, whose
+        # rollouts replay; the step completes with the same routes as the undisturbed run.
+        os.environ["WEFT_TEST_CORRUPT_ROUTES"] = "1"
+        try:
+            rc, out = rl(a.weft_test, moe_base + [
+                "--steps", "1", "--agents", "1", "--eval-every", "0", "--rollout-type", "f16",
+                "--routing-replay", "--kl-coef", "1e-9", "--metrics",
+                os.path.join(tmp, "moe-bad.jsonl")])
+        finally:
+            del os.environ["WEFT_TEST_CORRUPT_ROUTES"]
+        rb = [r for r in metrics(os.path.join(tmp, "moe-bad.jsonl")) if r.get("kind") == "step"] \
+            if rc == 0 else []
+        check(rc == 0 and "sent a malformed output" in out and len(rb) == 1 and rr and
+              rb[0]["routes_replayed"] == rr[0]["routes_replayed"],
+              f"an agent's invalid routes restart the agent, the step completes (rc {rc}): "
+              f"{out[-400:]}")
         # With a trainer group the routes travel to rank 1 and its counts come back: step 1 (the
         # same samples) replays exactly as many routes as one trainer did.
         rc, out = rl(weft, moe_base + ["--steps", "1", "--agents", "1", "--trainers", "2",

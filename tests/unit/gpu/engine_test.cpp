@@ -47,6 +47,22 @@ tiny_model_config moe_q() {
   return c;
 }
 
+/// The tiny MoE model on the CPU, recording each token's experts (routing replay).
+struct recording_moe {
+  std::unique_ptr<device> dev;
+  std::unique_ptr<model> m;
+  recording_moe() {
+    auto img = make_tiny_model(moe_q());
+    auto f = gguf_file::parse(*img);
+    auto d = device_registry::instance().create("cpu", device_config{1, 0});
+    if (!f.ok() || !d.ok()) return;
+    dev = std::move(*d);
+    model_load_config mc;
+    mc.record_expert_ids = true;
+    if (auto loaded = model::load(std::move(*f), *dev, mc); loaded.ok()) m = std::move(*loaded);
+  }
+};
+
 // Runs requests to completion; returns generated tokens per id.
 std::map<request_id, std::vector<int32_t>> run(engine& e) {
   std::map<request_id, std::vector<int32_t>> out;
@@ -119,24 +135,19 @@ TEST(engine, moe_model_runs_and_is_batch_invariant) {
 }
 
 TEST(model, moe_routes_to_the_configured_number_of_experts) {
-  auto img = make_tiny_model(moe_q());
-  auto f = gguf_file::parse(*img);
-  auto d = device_registry::instance().create("cpu", device_config{1, 0});
-  model_load_config mc;
-  mc.record_expert_ids = true;
-  auto m = model::load(std::move(f.value()), *d.value(), mc);
-  ASSERT_TRUE(m.ok());
-  EXPECT_EQ((*m)->hparams().n_experts, 4);
+  const recording_moe rm;
+  ASSERT_NE(rm.m, nullptr);
+  EXPECT_EQ(rm.m->hparams().n_experts, 4);
   kv_cache_config kc;
-  kc.layout = (*m)->kv_layout_for(8);
+  kc.layout = rm.m->kv_layout_for(8);
   kc.n_blocks = 8;
-  auto kv = kv_cache::create(*d.value(), kc);
+  auto kv = kv_cache::create(*rm.dev, kc);
   forward_batch b;
   const seq_id s = (*kv)->create_sequence();
   const auto p = prompt_of(6, 3);
   b.add(s, p, true);
   forward_output out;
-  ASSERT_TRUE((*m)->forward(b, **kv, out).ok());
+  ASSERT_TRUE(rm.m->forward(b, **kv, out).ok());
   ASSERT_EQ(out.expert_ids.size(), 2u);
   ASSERT_EQ(out.expert_ids[0].size(), 6u * 2u);
   for (int32_t e : out.expert_ids[0]) {
@@ -150,18 +161,13 @@ TEST(model, moe_routes_to_the_configured_number_of_experts) {
 // the request's last output; the prompt's equal a direct forward's. Refused without MoE, without
 // the model recording them, or with the prefix cache on (cached tokens were never computed).
 TEST(engine, records_each_computed_tokens_routes_for_routing_replay) {
-  auto img = make_tiny_model(moe_q());
-  auto f = gguf_file::parse(*img);
-  auto d = device_registry::instance().create("cpu", device_config{1, 0});
-  model_load_config mc;
-  mc.record_expert_ids = true;
-  auto m = model::load(std::move(f.value()), *d.value(), mc);
-  ASSERT_TRUE(m.ok());
+  const recording_moe rm;
+  ASSERT_NE(rm.m, nullptr);
   engine_config ec;
   ec.record_routes = true;
-  EXPECT_FALSE(engine::create(**m, ec).ok());  // prefix cache on
+  EXPECT_FALSE(engine::create(*rm.m, ec).ok());  // prefix cache on
   ec.prefix_cache = false;
-  auto e = engine::create(**m, ec);
+  auto e = engine::create(*rm.m, ec);
   ASSERT_TRUE(e.ok()) << e.error().to_string();
   sampling_params sp;
   sp.max_tokens = 7;
@@ -192,13 +198,13 @@ TEST(engine, records_each_computed_tokens_routes_for_routing_replay) {
   }
   // The prompt's routes are a direct forward's of the prompt (prefill numerics both ways).
   kv_cache_config kc;
-  kc.layout = (*m)->kv_layout_for(16);
+  kc.layout = rm.m->kv_layout_for(16);
   kc.n_blocks = 4;
-  auto kv = kv_cache::create(*d.value(), kc);
+  auto kv = kv_cache::create(*rm.dev, kc);
   forward_batch b;
   b.add((*kv)->create_sequence(), prompt, true);
   forward_output out;
-  ASSERT_TRUE((*m)->forward(b, **kv, out).ok());
+  ASSERT_TRUE(rm.m->forward(b, **kv, out).ok());
   for (size_t t = 0; t < prompt.size(); ++t) {
     for (size_t l = 0; l < 2; ++l) {
       for (size_t j = 0; j < 2; ++j)

@@ -16,6 +16,7 @@
 #include "gpu/model.hpp"
 #include "gpu/sampler.hpp"
 #include "gpu/tiny_model.hpp"
+#include "gpu/train/moe_ops.hpp"
 #include "gpu/train/optimizer.hpp"
 #include "gpu/train/train_ops.hpp"
 #include "gpu/train/trainable_model.hpp"
@@ -405,6 +406,24 @@ TEST(trainable_model, replayed_routes_are_used_and_their_gradient_is_exact) {
   for (size_t i = 0; i < host->parameters().size(); ++i)
     EXPECT_EQ(host->parameters()[i].grad, on_dev->parameters()[i].grad) << i;
   EXPECT_EQ(on_dev->take_routing_stats().first, (batch.n_tokens() - 2) * layers);
+}
+
+// The check every replayed route goes through (the trainer's batch check, and the RL controller on
+// an agent's outputs): per position, layers groups of k distinct ids in [0, experts); a position
+// whose first id is negative is left to the router.
+TEST(moe_ops, first_invalid_route_names_the_first_bad_position) {
+  const route_shape s{2, 4, 2};
+  ASSERT_EQ(s.width(), 4);
+  std::vector<int16_t> r = {0, 1, 2, 3, /**/ 3, 2, 1, 0, /**/ -1, -1, -1, -1, /**/ 1, 0, 3, 3};
+  EXPECT_EQ(first_invalid_route(r.data(), 3, s), -1);
+  EXPECT_EQ(first_invalid_route(r.data(), 4, s), 3);  // 3 twice in the second layer
+  r[12] = 4;
+  r[14] = 2;
+  EXPECT_EQ(first_invalid_route(r.data(), 4, s), 3);  // 4 is not an expert
+  r[12] = 1;
+  EXPECT_EQ(first_invalid_route(r.data(), 4, s), -1);
+  r[5] = -2;  // negative inside a given list
+  EXPECT_EQ(first_invalid_route(r.data(), 4, s), 1);
 }
 
 // RL at a sampling temperature T (weft rl --temperature): per-token objectives and
