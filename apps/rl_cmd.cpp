@@ -139,6 +139,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   parse_off_policy_correction(o.off_policy, c.grpo.correction);
   c.grpo.is_cap = o.is_cap;
   c.grpo.kl_coef = o.kl_coef;
+  c.grpo.router_aux_loss_coef = o.router_aux_loss_coef;
   c.updates_per_step = o.updates_per_step;
   c.max_staleness = o.mode == "async" ? o.max_staleness : 0;
   c.stream = o.mode == "stream";
@@ -274,7 +275,9 @@ std::unique_ptr<grpo_loop> open_loop(const rl_options& o, const rl_task& task,
     return nullptr;
   }
   file.emplace(std::move(*opened));
-  auto weights = gpu::train::trainable_model<float>::load(*file);
+  gpu::train::trainable_config tc;
+  tc.router_aux_loss_coef = cfg.grpo.router_aux_loss_coef;
+  auto weights = gpu::train::trainable_model<float>::load(*file, tc);
   if (!weights) {
     spdlog::error("{}: {}", o.model_path, weights.error().message());
     rc = 1;
@@ -595,8 +598,8 @@ int run_rl(const rl_options& o) {
         "correction {}",
         o.max_staleness, o.off_policy);
   }
-  if (o.routing_replay) {
-    // Refused before any agent starts: routes exist only where experts do.
+  if (o.routing_replay || o.router_aux_loss_coef > 0.0) {
+    // Refused before any agent starts: routes and a router exist only where experts do.
     auto f = gpu::gguf_file::open(o.model_path);
     auto hp = f ? gpu::read_model_hparams(*f) : gpu::result<gpu::model_hparams>(f.error());
     if (!hp) {
@@ -604,14 +607,17 @@ int run_rl(const rl_options& o) {
       return 1;
     }
     if (hp->n_experts == 0) {
-      spdlog::error("--routing-replay needs a mixture-of-experts model; {} is dense", o.model_path);
+      spdlog::error("{} needs a mixture-of-experts model; {} is dense",
+                    o.routing_replay ? "--routing-replay" : "--router-aux-loss-coef", o.model_path);
       return 2;
     }
-    spdlog::info(
-        "routing replay: the trainer routes each token to the experts the rollout engine used "
-        "({} of {} per layer); the rollout engines record routes and run without their prefix "
-        "cache",
-        hp->n_experts_used, hp->n_experts);
+    if (o.routing_replay) {
+      spdlog::info(
+          "routing replay: the trainer routes each token to the experts the rollout engine used "
+          "({} of {} per layer); the rollout engines record routes and run without their prefix "
+          "cache",
+          hp->n_experts_used, hp->n_experts);
+    }
   }
   // With --agents the rollout engines live in node processes started here; the cluster is
   // declared after the loop below, so it is stopped before the loop (its backend) is destroyed.

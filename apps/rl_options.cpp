@@ -189,6 +189,12 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
                   "beta x k3(ref, policy); 0 keeps no reference model in memory")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--router-aux-loss-coef", o->router_aux_loss_coef,
+                  "Mixture of experts: weight of the router's load-balancing loss (as weft "
+                  "train's), added per micro-batch weighted like its policy loss; 0: none. A "
+                  "dense model refuses a nonzero value")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
   cmd->add_flag("--no-fused-reference", o->no_fused_reference,
                 "--kl-coef: compute the reference's log-probs in the training stage instead of "
                 "as each group finishes (the baseline of the fusion; docs/rl.md)");

@@ -40,6 +40,7 @@ struct rl_options {
   std::string off_policy = "ppo-clip";
   double is_cap = 2.0;
   double kl_coef = 0.0;
+  double router_aux_loss_coef = 0.0;
   int64_t updates_per_step = 1;
   int64_t steps = 100;
   int64_t prompts_per_step = 4;

@@ -53,6 +53,7 @@ std::string rl_trainer_config::to_json() const {
                         {"correction", gpu::rl::off_policy_correction_name(grpo.correction)},
                         {"is_cap", grpo.is_cap},
                         {"kl_coef", grpo.kl_coef},
+                        {"router_aux_loss_coef", grpo.router_aux_loss_coef},
                         {"beta1", adamw.beta1},
                         {"beta2", adamw.beta2},
                         {"eps", adamw.eps},
@@ -82,6 +83,7 @@ result<rl_trainer_config> rl_trainer_config::from_json(const std::string& json) 
     correction = j.value("correction", correction);
     c.grpo.is_cap = j.value("is_cap", c.grpo.is_cap);
     c.grpo.kl_coef = j.value("kl_coef", c.grpo.kl_coef);
+    c.grpo.router_aux_loss_coef = j.value("router_aux_loss_coef", c.grpo.router_aux_loss_coef);
     c.adamw.beta1 = j.value("beta1", c.adamw.beta1);
     c.adamw.beta2 = j.value("beta2", c.adamw.beta2);
     c.adamw.eps = j.value("eps", c.adamw.eps);
@@ -168,7 +170,9 @@ class rank_loop {
     gpu::train::use_threads(cfg_.threads);
     auto opened = gpu::gguf_file::open(cfg_.model_path);
     if (!opened) return fatal(cfg_.model_path + ": " + opened.error().message());
-    auto m = gpu::train::trainable_model<float>::load(*opened);
+    gpu::train::trainable_config tc;
+    tc.router_aux_loss_coef = cfg_.grpo.router_aux_loss_coef;
+    auto m = gpu::train::trainable_model<float>::load(*opened, tc);
     if (!m) return fatal(cfg_.model_path + ": " + m.error().message());
     model_ = std::move(*m);
     model_->set_logit_temperature(cfg_.temperature);

@@ -57,6 +57,10 @@ struct grpo_config {
   /// β·k3 with k3 = exp(ref − logp) − (ref − logp) − 1 (Schulman's estimator, as TRL and verl's
   /// "low_var_kl"), weighted like its policy term.
   double kl_coef = 0.0;
+  /// Mixture of experts: the router's load-balancing loss coefficient (trainable_config::
+  /// router_aux_loss_coef; 0: none). Each micro-batch adds coef · aux weighted like its policy
+  /// loss (the sum of its tokens' weights), so the step adds coef × the weighted mean of aux.
+  double router_aux_loss_coef = 0.0;
 };
 
 /// The k3 estimate of KL(π_θ ‖ π_ref) at one token and its derivative in log π_θ.

@@ -43,8 +43,10 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
   std::vector<unit> units;
   for (size_t s = 0; s < samples.size(); ++s) {
     const rollout_sample& x = samples[s];
-    // With a KL term a zero-advantage sample still has a gradient (β·∇k3): it trains.
-    const bool no_gradient = sc.adv[s] == 0.0 && config_.grpo.kl_coef == 0.0;
+    // With a KL term a zero-advantage sample still has a gradient (β·∇k3), and with the
+    // load-balancing loss its routing still counts: it trains.
+    const bool no_gradient =
+        sc.adv[s] == 0.0 && config_.grpo.kl_coef == 0.0 && config_.grpo.router_aux_loss_coef == 0.0;
     if (sc.keep[s] == 0 || no_gradient || x.completion.empty()) continue;
     if (units.empty() || units.back().group != x.group) {
       units.push_back(unit{x.group, {}, x.prompt.size() > 1 ? x.prompt.size() - 1 : 0});

@@ -440,9 +440,9 @@ status device_trainer::accumulate(const train_batch& b, const token_objective<fl
   }
   loss.tokens += static_cast<int64_t>(rows.size());
   s.balance_grad.clear();
-  if (!layout_.moe.empty() && router_aux_loss_coef_ > 0.0 && objective == nullptr) {
-    // The load-balancing loss, weighted per loss token (as trainable_model's host path).
-    const double scale = router_aux_loss_coef_ * static_cast<double>(rows.size());
+  if (!layout_.moe.empty() && router_aux_loss_coef_ > 0.0) {
+    // The load-balancing loss, weighted like the micro-batch's loss (balance_weight).
+    const double scale = router_aux_loss_coef_ * balance_weight(b, rows, objective != nullptr);
     loss.sum += scale * s.balance.loss();
     s.balance_grad = s.balance.prob_grad(scale);
   }

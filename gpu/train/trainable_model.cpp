@@ -55,6 +55,15 @@ void train_batch::set_routes(int64_t at, std::span<const uint8_t> src, int64_t w
     routes[static_cast<size_t>(at * width + i)] = static_cast<int16_t>(src[static_cast<size_t>(i)]);
 }
 
+double balance_weight(const train_batch& b, std::span<const int64_t> rows, bool policy) {
+  if (!policy) return static_cast<double>(rows.size());
+  double w = 0.0;
+  for (const int64_t i : rows) {
+    if (static_cast<size_t>(i) < b.policy.size()) w += b.policy[static_cast<size_t>(i)].weight;
+  }
+  return w;
+}
+
 int64_t train_batch::n_loss_tokens() const {
   return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
 }
@@ -613,9 +622,10 @@ loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
   loss_sum loss;
   loss.tokens = static_cast<int64_t>(rows.size());
   fs.balance_grad.clear();
-  if (hp_.n_experts > 0 && config_.router_aux_loss_coef > 0.0 && objective == nullptr) {
-    // The load-balancing loss, weighted per loss token (trainable_config::router_aux_loss_coef).
-    const double scale = config_.router_aux_loss_coef * static_cast<double>(loss.tokens);
+  if (hp_.n_experts > 0 && config_.router_aux_loss_coef > 0.0) {
+    // The load-balancing loss, weighted like the micro-batch's loss (balance_weight).
+    const double scale =
+        config_.router_aux_loss_coef * balance_weight(b, rows, objective != nullptr);
     loss.sum += scale * fs.balance.loss();
     fs.balance_grad = fs.balance.prob_grad(scale);
   }

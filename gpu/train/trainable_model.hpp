@@ -92,8 +92,9 @@ struct trainable_config {
   /// Rows of the output head computed at once (bounds the [rows][vocab] logits buffer).
   int64_t head_chunk_rows = 256;
   /// Mixture of experts: the load-balancing loss's coefficient (moe_ops.hpp, transformers'
-  /// router_aux_loss_coef). Cross-entropy only: each micro-batch adds coef · aux per loss token,
-  /// so a one-micro-batch step's mean loss is CE + coef · aux, as transformers' Mixtral.
+  /// router_aux_loss_coef). Each micro-batch adds coef · aux · balance_weight: per loss token for
+  /// cross-entropy, so a one-micro-batch step's mean loss is CE + coef · aux, as transformers'
+  /// Mixtral; weighted like the policy loss for an RL objective.
   double router_aux_loss_coef = 0.0;
 };
 
@@ -105,6 +106,11 @@ template <class T>
 using token_objective =
     std::function<double(const train_batch& batch, std::span<const int64_t> positions,
                          std::span<const T> logp, std::span<T> dloss_dlogp)>;
+
+/// The weight of a micro-batch's load-balancing loss (trainable_config::router_aux_loss_coef):
+/// its loss tokens `rows` for cross-entropy (the step divides by all of them), or the sum of their
+/// policy weights for an RL objective (`policy`: those weights already normalise the step's loss).
+double balance_weight(const train_batch& b, std::span<const int64_t> rows, bool policy);
 
 class device_trainer;
 

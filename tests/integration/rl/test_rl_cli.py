@@ -482,6 +482,26 @@ def main():
               rr2[0]["routes_replayed"] == rr[0]["routes_replayed"],
               f"--routing-replay with --trainers 2 (rc {rc}): "
               f"{[r.get('routes_replayed') for r in rr2]} vs {[r.get('routes_replayed') for r in rr]}")
+        # The router's load-balancing loss in RL: the step's loss carries coef x aux (aux >= k = 2,
+        # its balanced value), on rank 0 and on the trainer group's rank 1 alike (aux is per
+        # micro-batch, so two ranks' split of the samples moves it slightly, not by half).
+        rc0, _ = rl(weft, moe_base + ["--steps", "1", "--agents", "1", "--eval-every", "0",
+                                      "--metrics", os.path.join(tmp, "moe-a0.jsonl")])
+        rc1, _ = rl(weft, moe_base + ["--steps", "1", "--agents", "1", "--eval-every", "0",
+                                      "--router-aux-loss-coef", "0.1", "--metrics",
+                                      os.path.join(tmp, "moe-a1.jsonl")])
+        rc2, out = rl(weft, moe_base + ["--steps", "1", "--agents", "1", "--eval-every", "0",
+                                        "--router-aux-loss-coef", "0.1", "--trainers", "2",
+                                        "--metrics", os.path.join(tmp, "moe-a2.jsonl")])
+        la = [[r["loss"] for r in metrics(os.path.join(tmp, f"moe-a{i}.jsonl"))
+               if r.get("kind") == "step"] if rc == 0 else [] for i, rc in enumerate((rc0, rc1, rc2))]
+        check(all(len(x) == 1 for x in la) and la[1][0] - la[0][0] > 0.1 * 2 * 0.9 and
+              abs(la[2][0] - la[1][0]) < 0.01 * la[1][0],
+              f"--router-aux-loss-coef adds the balance loss, on every rank (rc {rc0} {rc1} {rc2}): "
+              f"{la} {out[-300:] if rc2 else ''}")
+        rc, out = rl(weft, base + ["--steps", "1", "--router-aux-loss-coef", "0.1"])
+        check(rc == 2 and "needs a mixture-of-experts model" in out,
+              f"a dense model refuses --router-aux-loss-coef (rc {rc})")
         rc, out = rl(weft, base + ["--steps", "1", "--routing-replay"])
         check(rc == 2 and "needs a mixture-of-experts model" in out,
               f"a dense model refuses --routing-replay (rc {rc})")

@@ -340,6 +340,78 @@ TEST(trainable_model, router_balance_loss_and_its_gradient) {
   EXPECT_NE(dense.error().message().find("mixture-of-experts"), std::string::npos);
 }
 
+// RL (weft rl --router-aux-loss-coef): under a policy objective the balance loss is weighted like
+// the policy loss — coef · aux · Σ of the micro-batch's token weights — with the same aux as
+// cross-entropy's; its router gradient matches finite differences; the CPU device gives the host's
+// bits.
+template <class T>
+token_objective<T> weighted_logp_objective() {
+  return [](const train_batch& b, std::span<const int64_t> pos, std::span<const T> logp,
+            std::span<T> d) {
+    double sum = 0.0;
+    for (size_t j = 0; j < logp.size(); ++j) {
+      const T w = static_cast<T>(b.policy[static_cast<size_t>(pos[j])].weight);
+      sum -= static_cast<double>(w * logp[j]);
+      d[j] = -w;
+    }
+    return sum;
+  };
+}
+
+TEST(trainable_model, router_balance_loss_under_a_policy_objective_is_weighted_like_it) {
+  trainable_config tc;
+  tc.router_aux_loss_coef = 0.5;
+  auto m = load_trainable<double>(tiny_moe(), tc);
+  auto plain = load_trainable<double>(tiny_moe());
+  ASSERT_NE(m, nullptr);
+  auto batch = two_sequences();
+  batch.policy.assign(batch.tokens.size(), policy_token{});
+  double weight_sum = 0.0;
+  for (size_t i = 0; i < batch.tokens.size(); ++i) {
+    if (batch.targets[i] < 0) continue;
+    batch.policy[i].weight = 0.05f + 0.03f * static_cast<float>(i % 3);
+    weight_sum += batch.policy[i].weight;
+  }
+  const auto obj = weighted_logp_objective<double>();
+  auto with = m->forward_backward(batch, obj);
+  auto without = plain->forward_backward(batch, obj);
+  auto with_ce = m->forward_backward(batch);
+  auto without_ce = plain->forward_backward(batch);
+  ASSERT_TRUE(with.ok() && without.ok() && with_ce.ok() && without_ce.ok());
+  const double aux = (with->sum - without->sum) / (tc.router_aux_loss_coef * weight_sum);
+  const double aux_ce =
+      (with_ce->sum - without_ce->sum) / (tc.router_aux_loss_coef * with_ce->tokens);
+  EXPECT_GT(aux, 1.0);
+  EXPECT_NEAR(aux, aux_ce, 1e-9);
+  m->zero_grad();
+  ASSERT_TRUE(m->forward_backward(batch, obj).ok());
+  std::vector<std::vector<double>> analytic_of;
+  for (const auto& p : m->parameters()) analytic_of.push_back(p.grad);
+  auto f = [&] { return m->forward_backward(batch, obj)->sum; };
+  auto& params = m->parameters();
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    auto& p = params[pi];
+    if (p.name.find("ffn_gate_inp") == std::string::npos) continue;
+    for (size_t i = 0; i < p.value.size(); i += 5) {
+      const double num = numeric(f, p.value[i], 1e-5);
+      EXPECT_NEAR(analytic_of[pi][i], num, 1e-6 * std::max(1.0, std::abs(num)))
+          << p.name << "[" << i << "]";
+    }
+  }
+  auto dev = device_registry::instance().create("cpu", device_config{1, 0});  // outlives on_dev
+  ASSERT_TRUE(dev.ok());
+  auto host = load_trainable<float>(tiny_moe(), tc);
+  auto on_dev = load_trainable<float>(tiny_moe(), tc);
+  ASSERT_TRUE(on_dev->use_device(dev->get()).ok());
+  const auto objf = weighted_logp_objective<float>();
+  auto lh = host->forward_backward(batch, objf);
+  auto ld = on_dev->forward_backward(batch, objf);
+  ASSERT_TRUE(lh.ok() && ld.ok());
+  EXPECT_EQ(lh->sum, ld->sum);
+  for (size_t i = 0; i < host->parameters().size(); ++i)
+    EXPECT_EQ(host->parameters()[i].grad, on_dev->parameters()[i].grad) << i;
+}
+
 // Routing replay: the experts given per position are used (weights from the trainer's router over
 // them), so the loss is a smooth function of every weight — finite differences hold for every
 // tensor — and the replayed routes that differ from the router's own are counted.
