@@ -614,8 +614,7 @@ int run_rl(const rl_options& o) {
     if (o.routing_replay) {
       spdlog::info(
           "routing replay: the trainer routes each token to the experts the rollout engine used "
-          "({} of {} per layer); the rollout engines record routes and run without their prefix "
-          "cache",
+          "({} of {} per layer); the rollout engines record routes, kept beside their cached KV",
           hp->n_experts_used, hp->n_experts);
     }
   }

@@ -75,7 +75,7 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
   cmd->add_flag("--routing-replay", o->routing_replay,
                 "Mixture-of-experts models: the trainer routes every token to the experts the "
                 "rollout engine used (routing replay, R3) instead of re-routing it; the rollout "
-                "engines record routes and run without their prefix cache");
+                "engines record routes and keep them beside their cached KV");
   cmd->add_option("--digits", o->digits, "arithmetic: digits of each operand")
       ->capture_default_str()
       ->check(CLI::Range(1, 9));

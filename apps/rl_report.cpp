@@ -113,6 +113,7 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"ratio_deviation", r.ratio_deviation},
                       {"routes_replayed", r.routes_replayed},
                       {"route_mismatch", r.route_mismatch},
+                      {"prompt_cache_hit", r.prompt_cache_hit},
                       {"kl", r.kl},
                       {"agents_ready", r.agents.ready_agents},
                       {"agents_lost", r.agents.agents_lost},

@@ -35,16 +35,19 @@ result<std::unique_ptr<engine>> engine::create(model& m, const engine_config& co
                   "engine: max_batch_tokens >= 2, max_running, block_size, kv_blocks >= 1"};
   }
   if (config.record_routes) {
-    if (m.hparams().n_experts == 0 || !m.load_config().record_expert_ids || config.prefix_cache ||
+    if (m.hparams().n_experts == 0 || !m.load_config().record_expert_ids ||
         m.hparams().n_experts > 256) {
       return status{status_code::invalid_argument,
                     "engine: recording routes needs a mixture-of-experts model (at most 256 "
-                    "experts) loaded with record_expert_ids, and the prefix cache off"};
+                    "experts) loaded with record_expert_ids"};
     }
   }
   kv_cache_config kc;
   kc.layout = m.kv_layout_for(config.block_size);
   kc.n_blocks = config.kv_blocks;
+  // Routing replay: each token's experts live beside its K/V, so a prefix-cache hit brings them.
+  if (config.record_routes)
+    kc.slot_payload_bytes = m.hparams().n_layers * m.hparams().n_experts_used;
   auto kv = kv_cache::create(m.dev(), kc);
   if (!kv) return kv.error();
   return std::unique_ptr<engine>(new engine(m, std::move(kv.value()), config));
@@ -129,6 +132,7 @@ status engine::add_imported_request(request_id id, seq_id seq, std::vector<int32
             "engine: imported request " + std::to_string(id) + ": " + why};
   };
   if (requests_.count(id) != 0) return refuse("duplicate request id");
+  if (config_.record_routes) return refuse("imported KV carries no routes (record_routes)");
   if (tokens.size() < 2 || n_generated < 1 || n_generated >= static_cast<int64_t>(tokens.size())) {
     return refuse("needs a prompt and at least one generated token");
   }
@@ -174,6 +178,7 @@ status engine::add_prefilled_request(request_id id, seq_id seq, std::vector<int3
             "engine: prefilled request " + std::to_string(id) + ": " + why};
   };
   if (requests_.count(id) != 0) return refuse("duplicate request id");
+  if (config_.record_routes) return refuse("prefilled KV carries no routes (record_routes)");
   if (params.pooling == pooling_type::mean) return refuse("mean pooling needs every prompt token");
   const auto n_tokens = static_cast<int64_t>(prompt.size());
   if (n_replay < 0 || n_replay >= n_tokens) return refuse("replayed tokens leave no prompt");
@@ -417,6 +422,7 @@ void engine::admit(request& r) {
     }
     auto matched = kv_->attach_prefix(r.seq, prefix);
     if (matched) r.n_computed = r.n_cached = *matched;
+    if (matched && *matched > 0 && config_.record_routes) cached_routes(r, *matched);
   }
   r.ph = phase::prefill;
 }
@@ -784,6 +790,22 @@ void engine::record_routes(request& r, int32_t si, const forward_batch& batch,
     ++pos;
   }
   r.routes.resize(static_cast<size_t>(pos * per));
+  // The same routes beside the tokens' K/V (kv_cache's slot payload), for later prefix hits.
+  std::vector<int32_t> slots;
+  if (!kv_->slots(r.seq, r.n_computed, pos - r.n_computed, slots)) return;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    std::copy_n(r.routes.begin() + (r.n_computed + static_cast<int64_t>(i)) * per, per,
+                kv_->slot_payload(slots[i]));
+  }
+}
+
+void engine::cached_routes(request& r, int64_t n) {
+  const int64_t per = model_.hparams().n_layers * model_.hparams().n_experts_used;
+  std::vector<int32_t> slots;
+  if (!kv_->slots(r.seq, 0, n, slots)) return;
+  r.routes.resize(static_cast<size_t>(n * per));
+  for (size_t i = 0; i < slots.size(); ++i)
+    std::copy_n(kv_->slot_payload(slots[i]), per, r.routes.begin() + static_cast<int64_t>(i) * per);
 }
 
 status engine::abort(request_id id) {

@@ -65,8 +65,10 @@ struct engine_config {
   bool prefix_into_replay = false;
   /// Mixture-of-experts routing replay (RL, docs/rl.md): keep the experts each computed token was
   /// routed to and hand them over with the request's last output (request_output::routes). Needs
-  /// a model loaded with record_expert_ids and prefix_cache off (a cached token was never
-  /// computed by this request, so its routes would be missing).
+  /// a model loaded with record_expert_ids. The routes are also kept beside each token's K/V
+  /// (kv_cache_config::slot_payload_bytes), so a prefix-cache hit brings the routes of the pass
+  /// that computed the cached blocks; KV from elsewhere (add_prefilled_request,
+  /// add_imported_request) carries none and is refused.
   bool record_routes = false;
   /// Text of a token, for stop strings and text deltas (optional: without it, stop strings are
   /// ignored and text_delta stays empty).
@@ -227,6 +229,9 @@ class engine {
   };
 
   engine(model& m, std::unique_ptr<kv_cache> kv, const engine_config& config);
+  /// Routing replay: the routes of r's first n tokens, attached from the prefix cache, from the
+  /// cache's slot payload.
+  void cached_routes(request& r, int64_t n);
   /// Stores the routes of request r's tokens in this pass (sequence index si of the batch).
   void record_routes(request& r, int32_t si, const forward_batch& batch,
                      const forward_output& fout);

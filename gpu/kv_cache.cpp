@@ -26,6 +26,8 @@ result<std::unique_ptr<kv_cache>> kv_cache::create(device& dev, const kv_cache_c
   }
   if (l.dtype != ggml_type::f16)
     return status{status_code::unsupported, "kv_cache: only f16 is supported"};
+  if (config.slot_payload_bytes < 0)
+    return status{status_code::invalid_argument, "kv_cache: negative slot payload"};
   if (config.n_blocks > (int64_t{1} << 31) / l.block_size) {
     return status{status_code::invalid_argument, "kv_cache: too many blocks for 32-bit slot ids"};
   }
@@ -37,6 +39,8 @@ result<std::unique_ptr<kv_cache>> kv_cache::create(device& dev, const kv_cache_c
   auto v = dev.allocate(bytes);
   if (!v) return v.error();
   c->v_ = *v;
+  c->payload_.assign(
+      static_cast<size_t>(config.n_blocks * l.block_size * config.slot_payload_bytes), 0);
   return c;
 }
 
@@ -114,6 +118,8 @@ status kv_cache::copy_block(int32_t dst, int32_t src) {
     if (auto st = dev_.copy_on_device(k + dst * bb, k + src * bb, bb); !st) return st;
     if (auto st = dev_.copy_on_device(v + dst * bb, v + src * bb, bb); !st) return st;
   }
+  const size_t pb = payload_block_bytes();
+  if (pb > 0) std::memcpy(payload_.data() + dst * pb, payload_.data() + src * pb, pb);
   return {};
 }
 
@@ -350,6 +356,10 @@ status kv_cache::swap_out(seq_id seq) {
       return st;
   }
   if (auto st = dev_.synchronize(); !st) return st;
+  const size_t pb = payload_block_bytes();
+  s->host_payload.resize(s->blocks.size() * pb);
+  for (size_t i = 0; i < s->blocks.size() && pb > 0; ++i)
+    std::memcpy(s->host_payload.data() + i * pb, payload_.data() + s->blocks[i] * pb, pb);
   for (int32_t b : s->blocks) release_block(b);
   s->blocks.clear();
   s->swapped = true;
@@ -380,6 +390,11 @@ status kv_cache::swap_in(seq_id seq) {
   }
   s->host_copy.clear();
   s->host_copy.shrink_to_fit();
+  const size_t pb = payload_block_bytes();
+  for (size_t i = 0; i < s->blocks.size() && pb > 0; ++i)
+    std::memcpy(payload_.data() + s->blocks[i] * pb, s->host_payload.data() + i * pb, pb);
+  s->host_payload.clear();
+  s->host_payload.shrink_to_fit();
   for (size_t i = 0; i < s->block_hashes.size(); ++i) {
     const int32_t b = s->blocks[i];
     const uint64_t h = s->block_hashes[i];

@@ -42,6 +42,11 @@ struct kv_layout {
 struct kv_cache_config {
   kv_layout layout;
   int64_t n_blocks = 0;  ///< Blocks in the pool (each holds block_size tokens of every layer).
+  /// Host bytes kept beside each token slot (0: none): data that belongs with the token's K/V,
+  /// such as the experts a mixture-of-experts model routed it to (routing replay, gpu::engine).
+  /// A block's payload moves with the block: copied on copy-on-write, swapped out and in, revived
+  /// with it by attach_prefix. It does not travel with export_ranges / prepare_import.
+  int64_t slot_payload_bytes = 0;
 };
 
 /// Block accounting. used + free = total; cached blocks are free blocks that still hold a
@@ -113,6 +118,13 @@ class kv_cache {
   // -- storage ----------------------------------------------------------------------------------
 
   uint16_t* k_layer(int64_t layer) const;
+  /// The payload of cache slot `slot` (block · block_size + offset), slot_payload_bytes of host
+  /// memory; nullptr when the cache keeps none.
+  uint8_t* slot_payload(int32_t slot) {
+    return payload_.empty() ? nullptr
+                            : payload_.data() + static_cast<size_t>(slot) *
+                                                    static_cast<size_t>(config_.slot_payload_bytes);
+  }
   uint16_t* v_layer(int64_t layer) const;
 
   // -- transfer ---------------------------------------------------------------------------------
@@ -148,7 +160,8 @@ class kv_cache {
     std::vector<uint64_t> block_hashes;  ///< Chained hash of each full block.
     uint64_t root = 0;                   ///< Prefix namespace when the sequence was created.
     bool swapped = false;
-    std::vector<uint8_t> host_copy;  ///< Swapped data: per block, per layer, K then V.
+    std::vector<uint8_t> host_copy;     ///< Swapped data: per block, per layer, K then V.
+    std::vector<uint8_t> host_payload;  ///< Swapped slot payload, block after block.
   };
 
   kv_cache(device& dev, const kv_cache_config& config);
@@ -156,6 +169,10 @@ class kv_cache {
   result<int32_t> allocate_block();
   void release_block(int32_t block);
   status copy_block(int32_t dst, int32_t src);
+  /// Payload bytes of one block (0: none).
+  size_t payload_block_bytes() const {
+    return static_cast<size_t>(config_.layout.block_size * config_.slot_payload_bytes);
+  }
   static uint64_t chain_hash(uint64_t prev, std::span<const int32_t> tokens);
   sequence* find(seq_id seq);
   const sequence* find(seq_id seq) const;
@@ -173,6 +190,7 @@ class kv_cache {
   std::unordered_map<seq_id, sequence> seqs_;
   seq_id next_seq_ = 1;
   int64_t prefix_hit_tokens_ = 0;
+  std::vector<uint8_t> payload_;  ///< [n_blocks · block_size][slot_payload_bytes], host memory.
 };
 
 }  // namespace weft::gpu

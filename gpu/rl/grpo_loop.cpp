@@ -221,6 +221,7 @@ result<bool> append_output(rollout_sample& s, const request_output& o, int64_t v
                       std::to_string(o.routes.size()) + " values) are not whole positions of " +
                       std::to_string(route_width) + " (layers x experts used)"};
   }
+  if (s.prompt_cached < 0) s.prompt_cached = o.cached_prompt_tokens;
   for (size_t i = 0; i < o.new_tokens.size(); ++i) {
     s.completion.push_back(o.new_tokens[i]);
     s.logp.push_back(o.samples[i].logprob);
@@ -512,8 +513,10 @@ grpo_loop::scored_step grpo_loop::score_step(const std::vector<rollout_sample>& 
                                              rl_step_record& rec) const {
   std::vector<double> rewards;
   std::vector<int64_t> lengths;
-  int64_t continued = 0, cached = 0;
+  int64_t continued = 0, cached = 0, prompt_tokens = 0, prompt_cached = 0;
   for (const auto& s : samples) {
+    prompt_tokens += static_cast<int64_t>(s.prompt.size());
+    prompt_cached += std::max<int64_t>(0, s.prompt_cached);
     rewards.push_back(s.reward);
     lengths.push_back(s.generated());
     rec.tool_calls += s.tool_calls;
@@ -532,6 +535,9 @@ grpo_loop::scored_step grpo_loop::score_step(const std::vector<rollout_sample>& 
   rec.reward_std = std::sqrt(var / n);
   rec.completion_len = static_cast<double>(rec.completion_tokens) / n;
   rec.stopped_fraction /= n;
+  rec.prompt_cache_hit =
+      prompt_tokens > 0 ? static_cast<double>(prompt_cached) / static_cast<double>(prompt_tokens)
+                        : 0.0;
   rec.tool_kv_reuse =
       continued > 0 ? static_cast<double>(cached) / static_cast<double>(continued) : 0.0;
   scored_step out;

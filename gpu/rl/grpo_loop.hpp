@@ -113,8 +113,9 @@ struct grpo_loop_config {
   /// queues behind the requests that arrived meanwhile).
   bool trajectory_priority = false;
   /// Mixture-of-experts routing replay (R3): the rollout engines record the experts of every
-  /// token they compute (with their prefix cache off) and the trainer routes each token the same
-  /// way (train_batch::routes), so the policy ratio compares one network, not two routings.
+  /// token they compute (kept beside the cached KV, so prefix hits bring them) and the trainer
+  /// routes each token the same way (train_batch::routes), so the policy ratio compares one
+  /// network, not two routings.
   bool routing_replay = false;
 };
 
@@ -147,6 +148,9 @@ struct rollout_sample {
   /// the engine found in its prefix cache (the KV kept resident across the call).
   int64_t continued_tokens = 0;
   int64_t cached_tokens = 0;
+  /// Prompt tokens its first request found in the rollout engine's prefix cache (−1: no output
+  /// yet).
+  int64_t prompt_cached = -1;
   /// Tokens the model generated: the completion less the tool results.
   int64_t generated() const;
   /// Oldest and newest weight version of the generated tokens (`now` when there are none).
@@ -174,6 +178,8 @@ struct rl_step_record {
   /// share of them where its own router would have chosen other experts.
   int64_t routes_replayed = 0;
   double route_mismatch = 0.0;
+  /// Share of the step's prompt tokens the rollout engines took from their prefix cache.
+  double prompt_cache_hit = 0.0;
   double staleness_mean = 0.0;  ///< Versions between the trainer and a sample's oldest token.
   int64_t staleness_max = 0;
   int64_t mixed_version_samples = 0;  ///< Samples whose tokens span more than one version.

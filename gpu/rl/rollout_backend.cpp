@@ -26,12 +26,8 @@ engine_config rollout_engine_config(const model& m, const rollout_engine_params&
   ec.kv_blocks =
       std::max(longest, std::min(p.max_sequences * per_sample,
                                  (int64_t{1} << 30) / std::max<int64_t>(1, block_bytes)));
-  if (p.record_routes) {
-    // Every token's routes come from this request's own forward passes: nothing from the cache.
-    ec.record_routes = true;
-    ec.prefix_cache = false;
-    ec.prefix_into_replay = false;
-  }
+  // Routing replay: a prefix-cache hit brings the routes stored beside the cached blocks.
+  ec.record_routes = p.record_routes;
   return ec;
 }
 

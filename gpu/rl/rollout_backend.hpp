@@ -99,7 +99,7 @@ struct rollout_engine_params {
   /// first come, first served: `weft rl --trajectory-priority`.
   bool priority = false;
   /// Mixture-of-experts routing replay (`weft rl --routing-replay`): the engine records each
-  /// token's experts (engine_config::record_routes; the prefix cache is then off) and a finished
+  /// token's experts (engine_config::record_routes, kept beside the cached KV) and a finished
   /// rollout carries them (request_output::routes) for the trainer to route the same way.
   bool record_routes = false;
 };

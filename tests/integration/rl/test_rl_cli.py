@@ -453,6 +453,27 @@ def main():
             if rc == 0 else []
         check(rc == 0 and len(rr) == 2 and all(r["routes_replayed"] > 0 for r in rr) and
               "routing replay:" in out, f"--routing-replay on an agent (rc {rc}): {out[-300:]}")
+        # Long prompts with a shared instruction: the agent's prefix cache serves most prompt
+        # tokens with routing replay on too, and the routes of the cached blocks (kept beside
+        # their K/V) are the ones the trainer replays — the policy ratio stays at the f16 level.
+        long_data = os.path.join(tmp, "moe-long.jsonl")
+        with open(long_data, "w") as f:
+            pre = ("You are a careful assistant. Read the request below, think about what it asks "
+                   "for, and then answer with exactly the letter it names and nothing else. ")
+            for i in range(40):
+                f.write(json.dumps({"prompt": pre + f"Say e ({i}).", "answer": "e"}) + "\n")
+        long_base = list(moe_base)
+        long_base[long_base.index(moe_data)] = long_data
+        rc, out = rl(weft, long_base + ["--steps", "1", "--agents", "1", "--eval-every", "0",
+                                        "--rollout-type", "f16", "--routing-replay",
+                                        "--kl-coef", "1e-9", "--metrics",
+                                        os.path.join(tmp, "moe-long.jsonl.m")])
+        rl_long = [r for r in metrics(os.path.join(tmp, "moe-long.jsonl.m"))
+                   if r.get("kind") == "step"] if rc == 0 else []
+        check(rc == 0 and len(rl_long) == 1 and rl_long[0]["prompt_cache_hit"] > 0.5 and
+              rl_long[0]["routes_replayed"] > 0 and rl_long[0]["ratio_deviation"] < 1e-4,
+              f"--routing-replay keeps the prefix cache, cached routes replay (rc {rc}): "
+              f"{rl_long[0] if rl_long else out[-300:]}")
         # A broken agent (weft_test's hook): its first output with routes names an expert that
         # does not exist. The controller refuses the output and restarts the agent, whose
         # rollouts replay; the step completes with the same routes as the undisturbed run.

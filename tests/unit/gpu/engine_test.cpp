@@ -158,43 +158,57 @@ TEST(model, moe_routes_to_the_configured_number_of_experts) {
 }
 
 // Routing replay (RL): the engine keeps every computed position's experts and hands them over on
-// the request's last output; the prompt's equal a direct forward's. Refused without MoE, without
-// the model recording them, or with the prefix cache on (cached tokens were never computed).
+// the request's last output; the prompt's equal a direct forward's. With the prefix cache on, the
+// routes live beside the cached K/V (kv_cache slot payload): a later request that hits the cache
+// gets the routes of the pass that computed those blocks. Refused without MoE or without the
+// model recording them, and for KV from elsewhere (no routes came with it).
+struct routed_run {
+  std::vector<int32_t> generated;
+  std::vector<uint8_t> routes;
+  int64_t cached = 0;
+  int outputs_with_routes = 0;
+};
+
+routed_run run_routed(engine& e, request_id id, const std::vector<int32_t>& prompt, int n) {
+  sampling_params sp;
+  sp.max_tokens = n;
+  routed_run out;
+  EXPECT_TRUE(e.add_request(id, prompt, sp).ok());
+  while (e.has_work()) {
+    auto r = e.step();
+    EXPECT_TRUE(r.ok());
+    if (!r.ok()) break;
+    for (const auto& o : *r) {
+      out.generated.insert(out.generated.end(), o.new_tokens.begin(), o.new_tokens.end());
+      out.cached = o.cached_prompt_tokens;
+      if (!o.routes.empty()) {
+        ++out.outputs_with_routes;
+        EXPECT_NE(o.finish, finish_reason::none);
+        out.routes = o.routes;
+      }
+    }
+  }
+  return out;
+}
+
 TEST(engine, records_each_computed_tokens_routes_for_routing_replay) {
   const recording_moe rm;
   ASSERT_NE(rm.m, nullptr);
   engine_config ec;
   ec.record_routes = true;
-  EXPECT_FALSE(engine::create(*rm.m, ec).ok());  // prefix cache on
+  ec.block_size = 16;
   ec.prefix_cache = false;
   auto e = engine::create(*rm.m, ec);
   ASSERT_TRUE(e.ok()) << e.error().to_string();
-  sampling_params sp;
-  sp.max_tokens = 7;
-  const auto prompt = prompt_of(9, 4);
-  ASSERT_TRUE((*e)->add_request(1, prompt, sp).ok());
-  std::vector<int32_t> generated;
-  std::vector<uint8_t> routes;
-  int outputs_with_routes = 0;
-  while ((*e)->has_work()) {
-    auto r = (*e)->step();
-    ASSERT_TRUE(r.ok());
-    for (const auto& o : *r) {
-      generated.insert(generated.end(), o.new_tokens.begin(), o.new_tokens.end());
-      if (!o.routes.empty()) {
-        ++outputs_with_routes;
-        EXPECT_NE(o.finish, finish_reason::none);
-        routes = o.routes;
-      }
-    }
-  }
-  ASSERT_EQ(generated.size(), 7u);
-  EXPECT_EQ(outputs_with_routes, 1);
+  const auto prompt = prompt_of(40, 4);
+  const routed_run first = run_routed(**e, 1, prompt, 7);
+  ASSERT_EQ(first.generated.size(), 7u);
+  EXPECT_EQ(first.outputs_with_routes, 1);
   const size_t width = 2 * 2;  // layers x experts used
-  ASSERT_EQ(routes.size(), (prompt.size() + generated.size() - 1) * width);
-  for (size_t at = 0; at < routes.size(); at += 2) {
-    EXPECT_LT(routes[at], 4);
-    EXPECT_NE(routes[at], routes[at + 1]);
+  ASSERT_EQ(first.routes.size(), (prompt.size() + first.generated.size() - 1) * width);
+  for (size_t at = 0; at < first.routes.size(); at += 2) {
+    EXPECT_LT(first.routes[at], 4);
+    EXPECT_NE(first.routes[at], first.routes[at + 1]);
   }
   // The prompt's routes are a direct forward's of the prompt (prefill numerics both ways).
   kv_cache_config kc;
@@ -208,9 +222,34 @@ TEST(engine, records_each_computed_tokens_routes_for_routing_replay) {
   for (size_t t = 0; t < prompt.size(); ++t) {
     for (size_t l = 0; l < 2; ++l) {
       for (size_t j = 0; j < 2; ++j)
-        EXPECT_EQ(routes[t * width + l * 2 + j], out.expert_ids[l][t * 2 + j]) << t << " " << l;
+        EXPECT_EQ(first.routes[t * width + l * 2 + j], out.expert_ids[l][t * 2 + j])
+            << t << " " << l;
     }
   }
+  // The prefix cache on: the second run of the prompt takes two cached blocks and their routes,
+  // and hands over the same routes as the first; a prompt sharing one block takes that block's.
+  ec.prefix_cache = true;
+  auto cached = engine::create(*rm.m, ec);
+  ASSERT_TRUE(cached.ok()) << cached.error().to_string();
+  const routed_run a = run_routed(**cached, 1, prompt, 7);
+  const routed_run again = run_routed(**cached, 2, prompt, 7);
+  EXPECT_EQ(a.cached, 0);
+  EXPECT_EQ(again.cached, 32);
+  EXPECT_EQ(a.routes, first.routes);
+  EXPECT_EQ(again.generated, first.generated);
+  EXPECT_EQ(again.routes, first.routes);
+  auto other = prompt;
+  for (size_t i = 16; i < other.size(); ++i) other[i] = 3 + (other[i] + 5) % 300;
+  const routed_run shares = run_routed(**cached, 3, other, 3);
+  EXPECT_EQ(shares.cached, 16);
+  ASSERT_GE(shares.routes.size(), 16 * width);
+  EXPECT_TRUE(
+      std::equal(shares.routes.begin(), shares.routes.begin() + 16 * width, first.routes.begin()));
+  // KV from elsewhere brings no routes.
+  sampling_params sp;
+  sp.max_tokens = 2;
+  const seq_id s = (*cached)->kv().create_sequence();
+  EXPECT_FALSE((*cached)->add_prefilled_request(9, s, prompt, sp, 0).ok());
   // A dense model, or a model that does not record, cannot.
   auto dense = load_tiny(dense_q(ggml_type::q8_0));
   EXPECT_FALSE(engine::create(*dense.m, ec).ok());

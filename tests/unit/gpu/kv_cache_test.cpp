@@ -1,5 +1,6 @@
 // Paged KV cache: accounting under random operation sequences, copy-on-write, prefix reuse,
-// export/import and swap round trips.
+// export/import and swap round trips — each slot's payload (routing replay's routes) moving with
+// its K/V through copy-on-write, prefix reuse and swap.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -21,6 +22,7 @@ struct cache_fixture : ::testing::Test {
     kv_cache_config c;
     c.layout = {2, 2, 8, 4, ggml_type::f16};
     c.n_blocks = 16;
+    c.slot_payload_bytes = 3;
     auto k = kv_cache::create(*dev, c);
     ASSERT_TRUE(k.ok());
     kv = std::move(k.value());
@@ -40,10 +42,15 @@ struct cache_fixture : ::testing::Test {
         }
       }
     }
+    for (size_t i = 0; i < toks.size(); ++i) {
+      for (int j = 0; j < 3; ++j)
+        kv->slot_payload(slots[i])[j] = static_cast<uint8_t>(toks[i] * 13 + j);
+    }
     ASSERT_TRUE(kv->commit(s, toks).ok());
   }
-  // Checks that every committed position of `s` holds the data written for `toks`.
-  void expect_content(seq_id s, const std::vector<int32_t>& toks) {
+  // Checks that every committed position of `s` holds the data written for `toks` (and its
+  // payload unless `payload` is false: imported blocks carry none).
+  void expect_content(seq_id s, const std::vector<int32_t>& toks, bool payload = true) {
     ASSERT_EQ(kv->length(s), static_cast<int64_t>(toks.size()));
     std::vector<int32_t> slots;
     ASSERT_TRUE(kv->slots(s, 0, kv->length(s), slots).ok());
@@ -54,6 +61,10 @@ struct cache_fixture : ::testing::Test {
         EXPECT_EQ(kv->v_layer(l)[slots[i] * row + row - 1],
                   static_cast<uint16_t>(toks[i] * 11 + l));
       }
+    }
+    for (size_t i = 0; i < toks.size() && payload; ++i) {
+      for (int j = 0; j < 3; ++j)
+        EXPECT_EQ(kv->slot_payload(slots[i])[j], static_cast<uint8_t>(toks[i] * 13 + j)) << i;
     }
   }
   std::unique_ptr<device> dev;
@@ -120,7 +131,7 @@ TEST_F(cache_fixture, export_import_and_swap_round_trip) {
     std::memcpy(imp->second[i].data, (*ranges)[i].data, (*ranges)[i].size_bytes);
   }
   ASSERT_TRUE(kv->commit(imp->first, t).ok());
-  expect_content(imp->first, t);
+  expect_content(imp->first, t, false);
   kv_layout other = kv->layout();
   other.head_dim = 16;
   EXPECT_EQ(kv->prepare_import(other, t).error().code(), status_code::invalid_argument);
@@ -129,6 +140,10 @@ TEST_F(cache_fixture, export_import_and_swap_round_trip) {
   ASSERT_TRUE(kv->swap_out(a).ok());
   EXPECT_TRUE(kv->is_swapped(a));
   EXPECT_EQ(kv->stats().n_blocks_used, used - 2);
+  // Other data through (nearly) every free block meanwhile: swap_in restores K/V and payload.
+  const seq_id z = kv->create_sequence();
+  write(z, std::vector<int32_t>(52, 77));
+  ASSERT_TRUE(kv->free_sequence(z).ok());
   ASSERT_TRUE(kv->swap_in(a).ok());
   expect_content(a, t);
   EXPECT_TRUE(kv->check_invariants().ok());
