@@ -5,14 +5,17 @@ models").
 
     bench/e2e/rl_routing_replay.py --weft build/release/apps/weft \
         --make-model build/release/tests/weft_make_tiny_model [--types f32,bf16,f16,q8_0] \
-        [--out bench/results/rl-routing-replay.json] [--png ...png]
+        [--out bench/results/rl-routing-replay.json] [--png ...png] [--instruction-words N]
 
 Each run is one `weft rl` step (16 prompts x 4 samples, 32 new tokens) on a generated 4-layer,
 8-expert top-2 model; a tiny KL coefficient makes every sample train, so the first step's policy
 ratio — the trainer's probability of each sampled token over the rollout engine's, on the same
 weights, before any update — measures the mismatch alone. Reported per run: mean |ratio - 1|, the
 share of tokens outside PPO's clip range, and (with replay) the share of replayed (token, layer)
-routes the trainer's own router would have chosen otherwise.
+routes the trainer's own router would have chosen otherwise, and the share of prompt tokens the
+rollout engine took from its prefix cache. `--instruction-words N` puts the same N-word instruction
+before every prompt, so prompts share cached blocks (routing replay keeps the prefix cache: the
+routes of cached blocks live beside their K/V).
 """
 import argparse
 import json
@@ -40,6 +43,7 @@ def run(weft, model, data, rollout_type, replay, metrics):
             "ratio_deviation": step["ratio_deviation"], "clip_fraction": step["clip_fraction"],
             "routes_replayed": step.get("routes_replayed", 0),
             "route_mismatch": step.get("route_mismatch", 0.0),
+            "prompt_cache_hit": step.get("prompt_cache_hit", 0.0),
             "rollout_s": step["rollout_s"], "wall_s": time.perf_counter() - t0}
 
 
@@ -50,7 +54,12 @@ def main():
     ap.add_argument("--types", default="f32,bf16,f16,q8_0")
     ap.add_argument("--out", default="bench/results/rl-routing-replay.json")
     ap.add_argument("--png", default="")
+    ap.add_argument("--instruction-words", type=int, default=0,
+                    help="an instruction of this many words shared by every prompt (0: none)")
     a = ap.parse_args()
+    words = ["read", "the", "request", "below", "carefully", "and", "answer", "with", "one",
+             "letter", "only"]
+    instruction = " ".join(words[i % len(words)] for i in range(a.instruction_words))
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "moe.gguf")
         subprocess.run([a.make_model, model, "--layers", "4", "--embd", "256", "--heads", "8",
@@ -59,7 +68,10 @@ def main():
         data = os.path.join(tmp, "prompts.jsonl")
         with open(data, "w") as f:
             for i in range(64):
-                f.write(json.dumps({"prompt": f"Write the letter e ({i}).", "answer": "e"}) + "\n")
+                prompt = f"Write the letter e ({i})."
+                if instruction:
+                    prompt = instruction + ". " + prompt
+                f.write(json.dumps({"prompt": prompt, "answer": "e"}) + "\n")
         rows = []
         for t in a.types.split(","):
             for replay in (False, True):
@@ -68,9 +80,12 @@ def main():
                 print(f"{t:5s} replay={'on ' if replay else 'off'}  mean |ratio-1| "
                       f"{r['ratio_deviation']:.2e}  clipped {100 * r['clip_fraction']:.2f}%  "
                       f"routes differing {100 * r['route_mismatch']:.2f}% of "
-                      f"{r['routes_replayed']}  rollout {r['rollout_s']:.2f}s", flush=True)
+                      f"{r['routes_replayed']}  prompt cache hit "
+                      f"{100 * r['prompt_cache_hit']:.0f}%  rollout {r['rollout_s']:.2f}s",
+                      flush=True)
     out = {"date": time.strftime("%Y-%m-%d"), "model": "generated: 4 layers, embd 256, 8 experts "
            "top-2, ff 512, vocab 2048", "step": "16 prompts x 4 samples, 32 new tokens, T=1",
+           "instruction_words": a.instruction_words,
            "runs": rows}
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     json.dump(out, open(a.out, "w"), indent=1)
