@@ -22,16 +22,22 @@ private_head::~private_head() = default;
 
 result<private_head> start_private_head(const std::string& node_id, uint32_t heartbeat_ms,
                                         uint32_t connection_timeout_ms,
-                                        const std::string& bind_host) {
+                                        const std::string& bind_host, uint16_t head_port,
+                                        std::optional<actors::cluster_secret> given) {
   private_head h;
-  h.secret_hex = actors::generate_secret_hex();
-  auto secret = actors::load_secret(h.secret_hex, "");
-  if (!secret) return secret.error();
-  h.secret = *secret;
+  if (given) {
+    h.secret = *given;
+    h.secret_hex = given->bytes;  // what the local nodes get in WEFT_CLUSTER_SECRET
+  } else {
+    h.secret_hex = actors::generate_secret_hex();
+    auto secret = actors::load_secret(h.secret_hex, "");
+    if (!secret) return secret.error();
+    h.secret = *secret;
+  }
   actors::node_options no;
   no.node_id = node_id;
   no.is_head = true;
-  no.head_port = 0;
+  no.head_port = head_port;
   no.bind_host = bind_host;
   no.roles = {"echo"};
   no.secret = h.secret;

@@ -31,17 +31,20 @@ using actors::self_exe;
 /// process (roles "echo" only: the work goes to the node processes), no data-plane engine.
 struct private_head {
   std::unique_ptr<actors::node> node;
-  std::string secret_hex;
+  std::string secret_hex;  ///< the secret as the local nodes get it (WEFT_CLUSTER_SECRET)
   actors::cluster_secret secret;
   private_head();
   private_head(private_head&&) noexcept;
   ~private_head();
 };
 /// The head listens on `bind_host` (127.0.0.1; a namespace bridge's address when the nodes live in
-/// network namespaces).
+/// network namespaces; an address other hosts reach when their nodes join) at `head_port` (0: any
+/// free port), keyed by `secret` (empty: a fresh random one).
 result<private_head> start_private_head(const std::string& node_id, uint32_t heartbeat_ms,
                                         uint32_t connection_timeout_ms,
-                                        const std::string& bind_host = "127.0.0.1");
+                                        const std::string& bind_host = "127.0.0.1",
+                                        uint16_t head_port = 0,
+                                        std::optional<actors::cluster_secret> secret = {});
 
 /// Stops `actors` one after the other (exit user_shutdown), waiting up to 5 s for each to end: a
 /// supervisor first, so that nothing restarts what is stopped after it.

@@ -287,6 +287,30 @@ void add_train_command(CLI::App& app, const global_options&) {
   cmd->add_option("--ucx-tls", opts->ucx_tls,
                   "--trainers > 1: UCX transports of the all-reduce (e.g. shm, tcp; default: UCX's "
                   "choice)");
+  cmd->add_option("--remote-trainers", opts->remote_trainers,
+                  "--trainers > 1: of the K ranks, N run on nodes that other hosts join with "
+                  "`weft node --join BIND:HEAD_PORT --roles trainer` (needs --bind, --secret-file; "
+                  "every host reads the model, the data and the checkpoint directory at the same "
+                  "paths; docs/training.md)")
+      ->check(CLI::Range(1, 63));
+  cmd->add_option("--bind", opts->bind,
+                  "--remote-trainers: the address the run's head and coordinator listen on (one "
+                  "the other hosts reach)")
+      ->capture_default_str();
+  cmd->add_option("--head-port", opts->head_port,
+                  "--remote-trainers: the head's port the other hosts join (default: any free "
+                  "port, printed)");
+  cmd->add_option("--secret-file", opts->secret_file,
+                  "--remote-trainers: the cluster secret (at least 16 bytes) the joining nodes "
+                  "use too");
+  cmd->add_option("--join-timeout-s", opts->join_timeout_s,
+                  "--remote-trainers: how long to wait for the remote ranks' nodes to join")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 86400.0));
+  cmd->add_option(
+      "--ucx-net-devices", opts->ucx_net_devices,
+      "--trainers > 1: network devices of the local ranks' all-reduce (UCX_NET_DEVICES, "
+      "e.g. eth0; default: UCX's choice)");
   cmd->add_option("--metrics", opts->metrics_path,
                   "JSON lines of per-step metrics (default: CHECKPOINT_DIR/metrics.jsonl, else "
                   "./train-metrics.jsonl)");
@@ -311,15 +335,35 @@ void add_train_command(CLI::App& app, const global_options&) {
     if (o->model_path.empty()) o->model_path = serve::default_model_path().string();
     if (opts->trainers == 1) {
       // The group's options do nothing for one process: say so rather than drop them silently.
-      for (const char* name : {"--allreduce-timeout-ms", "--max-restarts", "--ucx-tls"}) {
+      for (const char* name :
+           {"--allreduce-timeout-ms", "--max-restarts", "--ucx-tls", "--ucx-net-devices"}) {
         if (cmd->get_option(name)->count() > 0) {
           spdlog::warn("{} applies to trainer groups only (--trainers > 1); ignored", name);
         }
       }
     }
+    const bool remote_opts = cmd->get_option("--bind")->count() > 0 ||
+                             cmd->get_option("--head-port")->count() > 0 ||
+                             cmd->get_option("--secret-file")->count() > 0 ||
+                             cmd->get_option("--join-timeout-s")->count() > 0;
+    if (opts->remote_trainers > 0 &&
+        (opts->trainers < 2 || opts->remote_trainers >= opts->trainers ||
+         opts->secret_file.empty() || opts->bind == "127.0.0.1")) {
+      spdlog::error(
+          "--remote-trainers N needs --trainers K > N (at least one rank runs here), "
+          "--secret-file (the secret the joining nodes share) and --bind (an address the "
+          "other hosts reach)");
+      std::exit(2);
+    }
+    if (opts->remote_trainers == 0 && remote_opts) {
+      spdlog::error(
+          "--bind, --head-port, --secret-file and --join-timeout-s need --remote-trainers");
+      std::exit(2);
+    }
     if (o->threads == 0) {
       const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-      o->threads = std::max(1, cores / std::max(1, opts->trainers));
+      const int local = std::max(1, opts->trainers - opts->remote_trainers);
+      o->threads = std::max(1, cores / local);
     }
     std::exit(run_train(*opts));
   });

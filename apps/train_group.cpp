@@ -74,6 +74,7 @@ std::vector<actors::child_spec> rank_specs(const train_options& o, uint16_t coor
   train::trainer_config tc;
   tc.run = o.run;  // --threads is resolved per trainer by the command line
   tc.world = o.trainers;
+  tc.coordinator_host = o.bind;  // where every rank, here or on another host, reaches it
   tc.coordinator_port = coordinator_port;
   tc.allreduce_timeout_ms = o.allreduce_timeout_ms;
   std::vector<actors::child_spec> children;
@@ -135,6 +136,49 @@ int wait_for_end(caf::actor_system& sys, group_progress& progress, local_nodes& 
   }
 }
 
+/// --remote-trainers: says how the other hosts join and waits until the cluster has a trainer node
+/// for every rank (the local ones included). False (said why) on a timeout or a stop signal.
+bool wait_for_trainer_nodes(caf::actor_system& sys, const private_head& head,
+                            const train_options& opts, local_nodes& nodes) {
+  const std::string where = opts.bind + ":" + std::to_string(head.node->head_port());
+  spdlog::info(
+      "waiting up to {:.0f} s for {} trainer node(s) from other hosts; on each, with the same "
+      "model, data and checkpoint directory paths: weft node --join {} --roles trainer "
+      "--secret-file {} --transport ucx{}",
+      opts.join_timeout_s, opts.remote_trainers, where, opts.secret_file,
+      opts.ucx_tls.empty() ? "" : " --ucx-tls " + opts.ucx_tls);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(opts.join_timeout_s * 1e3));
+  int seen = -1;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (stop_signal() != 0) {
+      spdlog::warn("stopped while waiting for the trainer nodes");
+      return false;
+    }
+    int trainers = 0;
+    if (auto st = actors::cluster_status(sys, head.node->head(), 2000)) {
+      const auto j = nlohmann::json::parse(actors::cluster_status_json(*st), nullptr, false);
+      if (j.is_object() && j.contains("nodes")) {
+        for (const auto& n : j["nodes"]) {
+          const auto roles = n.value("roles", nlohmann::json::array());
+          const bool trainer = std::find(roles.begin(), roles.end(), "trainer") != roles.end();
+          if (n.value("state", std::string{}) == "alive" && trainer) ++trainers;
+        }
+      }
+    }
+    if (trainers != seen) {
+      spdlog::info("{} of {} trainer nodes have joined", trainers, opts.trainers);
+      seen = trainers;
+    }
+    if (trainers >= opts.trainers) return true;
+    nodes.watch();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  spdlog::error("only {} of {} trainer nodes joined within {:.0f} s (--join-timeout-s)",
+                std::max(seen, 0), opts.trainers, opts.join_timeout_s);
+  return false;
+}
+
 }  // namespace
 
 int run_train_group(const train_options& opts) {
@@ -145,7 +189,17 @@ int run_train_group(const train_options& opts) {
     spdlog::error("{}", check.error().message());
     return 2;
   }
-  auto head = start_private_head("train-head", opts.heartbeat_ms, opts.connection_timeout_ms);
+  std::optional<actors::cluster_secret> secret;
+  if (opts.remote_trainers > 0) {
+    auto s = actors::load_secret("", opts.secret_file);
+    if (!s) {
+      spdlog::error("--secret-file: {}", s.error().message);
+      return 2;
+    }
+    secret = *s;
+  }
+  auto head = start_private_head("train-head", opts.heartbeat_ms, opts.connection_timeout_ms,
+                                 opts.bind, opts.head_port, secret);
   if (!head) {
     spdlog::error("cannot start the head: {}", head.error().to_string());
     return 1;
@@ -190,14 +244,13 @@ int run_train_group(const train_options& opts) {
     }
   };
   auto coordinator = train::spawn_train_coordinator(sys, std::move(cc));
-  auto port = actors::publish_actor(sys, coordinator, 0, "127.0.0.1");
+  auto port = actors::publish_actor(sys, coordinator, 0, opts.bind);
   if (!port) {
     spdlog::error("cannot publish the coordinator: {}", port.error().to_string());
     return 1;
   }
-  spdlog::info(
-      "train coordinator published on 127.0.0.1:{} (mutual TLS, keyed by this run's secret)",
-      *port);
+  spdlog::info("train coordinator published on {}:{} (mutual TLS, keyed by this run's secret)",
+               opts.bind, *port);
   std::vector<std::string> node_args = {"--heartbeat-ms",
                                         std::to_string(opts.heartbeat_ms),
                                         "--connection-timeout-ms",
@@ -208,12 +261,27 @@ int run_train_group(const train_options& opts) {
     node_args.push_back("--ucx-tls");
     node_args.push_back(opts.ucx_tls);
   }
+  if (!opts.ucx_net_devices.empty()) {
+    node_args.push_back("--transport-param");
+    node_args.push_back("ucx.net_devices=" + opts.ucx_net_devices);
+  }
+  if (opts.bind != "127.0.0.1") {
+    // The local nodes listen where the other hosts' nodes reach them too.
+    node_args.push_back("--bind");
+    node_args.push_back(opts.bind);
+  }
   local_nodes nodes(
       head->secret_hex, head->node->head_port(),
       [](int i) -> local_node_spec {
         return {"trainer-node-" + std::to_string(i), {"trainer"}};
       },
       node_args, true, opts.max_restarts);
+  if (opts.bind != "127.0.0.1") {
+    local_node_network net;
+    net.join_host = opts.bind;
+    nodes.set_network(std::move(net));
+  }
+  const int local_ranks = opts.trainers - opts.remote_trainers;
   auto stop_everything = [&](const std::optional<caf::actor>& sup) {
     std::vector<caf::actor> actors_to_stop;
     if (sup) actors_to_stop.push_back(*sup);
@@ -221,13 +289,19 @@ int run_train_group(const train_options& opts) {
     stop_in_order(sys, actors_to_stop);
     nodes.stop_all();
   };
-  for (int i = 0; i < opts.trainers; ++i) {
+  for (int i = 0; i < local_ranks; ++i) {
     if (auto s = nodes.launch(i); !s.ok()) {
       spdlog::error("{}", s.to_string());
       stop_everything(std::nullopt);
       return 1;
     }
     spdlog::info("trainer-node-{} started (pid {})", i, nodes.pid(i));
+  }
+  if (opts.remote_trainers > 0) {
+    if (!wait_for_trainer_nodes(sys, *head, opts, nodes)) {
+      stop_everything(std::nullopt);
+      return 1;
+    }
   }
   actors::restart_intensity intensity{static_cast<uint32_t>(opts.max_restarts), 60'000};
   actors::backoff_policy backoff{500, 5000, 2.0, 30000};

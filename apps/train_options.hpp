@@ -23,6 +23,14 @@ struct train_options {
   uint32_t heartbeat_ms = 200;
   uint32_t connection_timeout_ms = 2000;
   std::string ucx_tls;
+  /// Ranks on other hosts: of the --trainers, this many run on `weft node --join` processes that
+  /// other hosts start (docs/training.md, "Trainer groups across hosts"); the rest run locally.
+  int remote_trainers = 0;
+  std::string bind = "127.0.0.1";  ///< where the head and the coordinator listen
+  uint16_t head_port = 0;          ///< 0: any free port (printed)
+  std::string secret_file;         ///< the cluster secret the joining nodes share
+  double join_timeout_s = 300.0;   ///< how long to wait for the remote ranks' nodes
+  std::string ucx_net_devices;     ///< UCX devices of the local ranks' all-reduce
 };
 
 /// `weft train --trainers K` with K > 1: a local cluster of K `weft node` processes, one trainer

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""`weft train --remote-trainers`: a trainer group with a rank on another host (docs/training.md,
+"Trainer groups across hosts"). The other host is a network namespace joined to this one by a veth
+pair: its `weft node --join` process reaches the head and the coordinator only at the address
+`--bind` names, and the ranks' all-reduce runs over UCX's TCP transport across the link. The run
+gives the same bits as the group on one host; a group whose remote node never joins ends with a
+clear error after --join-timeout-s; the options are checked. Needs root (network namespaces):
+reported as skipped (exit 77) otherwise.
+"""
+import argparse
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "support"))
+from cli_checks import check, finish, run_weft  # noqa: E402
+
+
+def ip(*args, ns=None):
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + ["ip"] + list(args)
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+def sha(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def free_port(host):
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weft", required=True)
+    ap.add_argument("--make-model", required=True)
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("skipped: network namespaces need root")
+        return 77
+    tag = f"wtr{os.getpid() % 100000}"
+    ns, host_if, ns_if = tag, tag + "h", tag + "n"
+    net = 10 + os.getpid() % 200
+    host_ip, ns_ip = f"10.215.{net}.1", f"10.215.{net}.2"
+    try:
+        ip("netns", "add", ns)
+        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        ip("link", "set", ns_if, "netns", ns)
+        ip("addr", "add", host_ip + "/24", "dev", host_if)
+        ip("link", "set", host_if, "up")
+        ip("addr", "add", ns_ip + "/24", "dev", ns_if, ns=ns)
+        ip("link", "set", ns_if, "up", ns=ns)
+        ip("link", "set", "lo", "up", ns=ns)
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        print(f"skipped: cannot create a network namespace ({e})")
+        return 77
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+    return finish()
+
+
+def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
+    weft = a.weft
+    model = os.path.join(tmp, "tiny.gguf")
+    subprocess.run([a.make_model, model], check=True, capture_output=True)
+    data = os.path.join(tmp, "d.jsonl")
+    with open(data, "w") as f:
+        for i in range(64):
+            f.write(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) + "\n")
+    secret = os.path.join(tmp, "secret")
+    with open(secret, "w") as f:
+        f.write("a-secret-the-two-hosts-share-0123\n")
+    os.chmod(secret, 0o600)
+    common = ["--model", model, "--data", data, "--batch-tokens", "256", "--seed", "3",
+              "--threads", "1", "--trainers", "2"]
+    base = common + ["--steps", "6"]
+
+    # The reference: both ranks on this host.
+    local = os.path.join(tmp, "local.gguf")
+    rc, out = run_weft(weft, "train", base + ["--checkpoint-dir", os.path.join(tmp, "c1"),
+                                              "--save", local], 240)
+    check(rc == 0, f"two local trainers (rc {rc}): {out[-300:]}")
+
+    # Rank placement is the head's (least loaded): one rank on each node.
+    port = free_port(host_ip)
+    remote = os.path.join(tmp, "remote.gguf")
+    log = open(os.path.join(tmp, "train.log"), "w+")
+    train = subprocess.Popen(
+        [weft, "train"] + base + ["--remote-trainers", "1", "--bind", host_ip, "--head-port",
+                                  str(port), "--secret-file", secret, "--ucx-tls", "tcp",
+                                  "--ucx-net-devices", host_if, "--join-timeout-s", "60",
+                                  "--checkpoint-dir", os.path.join(tmp, "c2"), "--save", remote],
+        stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    said = ""
+    while time.time() < deadline and "weft node --join" not in said:
+        time.sleep(0.2)
+        log.seek(0)
+        said = log.read()
+    check("weft node --join" in said and f"{host_ip}:{port}" in said,
+          f"weft train says how the other host joins: {said[-300:]}")
+    node = subprocess.Popen(
+        ["ip", "netns", "exec", ns, weft, "node", "--join", f"{host_ip}:{port}", "--roles",
+         "trainer", "--secret-file", secret, "--transport", "ucx", "--ucx-tls", "tcp",
+         "--transport-param", f"ucx.net_devices={ns_if}", "--bind", ns_ip, "--node-id",
+         "other-host"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        rc = train.wait(timeout=240)
+    except subprocess.TimeoutExpired:
+        train.kill()
+        rc = -1
+    log.seek(0)
+    said = log.read()
+    try:
+        node.wait(timeout=20)  # it stops when the head goes away
+    except subprocess.TimeoutExpired:
+        node.kill()
+    check(rc == 0 and "2 of 2 trainer nodes have joined" in said and "on other-host" in said,
+          f"a rank on the other host (rc {rc}): {said[-400:]}")
+    check(rc == 0 and os.path.exists(remote) and sha(remote) == sha(local),
+          "the same bits as the group on one host")
+
+    # The other host dies mid-run (SIGKILL of its node): the group restarts from the last
+    # checkpoint on the live node (both ranks there now) and ends with the same bits as an
+    # undisturbed run.
+    long = ["--steps", "1500", "--checkpoint-every", "100"]
+    base = common
+    ref = os.path.join(tmp, "ref-long.gguf")
+    rc, out = run_weft(weft, "train", base + long + ["--checkpoint-dir", os.path.join(tmp, "c3"),
+                                                     "--save", ref], 400)
+    check(rc == 0, f"the undisturbed long run (rc {rc}): {out[-200:]}")
+    port = free_port(host_ip)
+    killed = os.path.join(tmp, "killed.gguf")
+    ck = os.path.join(tmp, "c4")
+    log = open(os.path.join(tmp, "train-kill.log"), "w+")
+    train = subprocess.Popen(
+        [weft, "train"] + base + long + [
+            "--remote-trainers", "1", "--bind", host_ip, "--head-port", str(port),
+            "--secret-file", secret, "--ucx-tls", "tcp", "--ucx-net-devices", host_if,
+            "--allreduce-timeout-ms", "5000", "--checkpoint-dir", ck, "--save", killed],
+        stdout=log, stderr=subprocess.STDOUT)
+    time.sleep(1.0)
+    node = subprocess.Popen(
+        ["ip", "netns", "exec", ns, weft, "node", "--join", f"{host_ip}:{port}", "--roles",
+         "trainer", "--secret-file", secret, "--transport", "ucx", "--ucx-tls", "tcp",
+         "--transport-param", f"ucx.net_devices={ns_if}", "--bind", ns_ip, "--node-id",
+         "other-host"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and train.poll() is None and not (
+            os.path.isdir(ck) and any(n.endswith(".ckpt") for n in os.listdir(ck))):
+        time.sleep(0.05)
+    was_running = train.poll() is None
+    node.kill()
+    node.wait()
+    try:
+        rc = train.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        train.kill()
+        rc = -1
+    log.seek(0)
+    said = log.read()
+    check(was_running and rc == 0 and "trainer group 2 formed" in said,
+          f"SIGKILL of the other host's node: the group restarts on the live node (rc {rc}): "
+          f"{said[-400:]}")
+    check(rc == 0 and sha(killed) == sha(ref), "... and ends with the undisturbed run's bits")
+
+    # A node that never joins: a clear error after the timeout, nothing left running.
+    base = common + ["--steps", "6"]
+    rc, out = run_weft(weft, "train", base + ["--remote-trainers", "1", "--bind", host_ip,
+                                              "--secret-file", secret, "--join-timeout-s", "2"],
+                       120)
+    check(rc == 1 and "only 1 of 2 trainer nodes joined" in out,
+          f"--join-timeout-s ends a group whose remote node never came (rc {rc}): {out[-200:]}")
+    rc, out = run_weft(weft, "train", base + ["--remote-trainers", "1", "--bind", host_ip])
+    check(rc == 2 and "--secret-file" in out, f"--remote-trainers without a secret (rc {rc})")
+    rc, out = run_weft(weft, "train", base + ["--bind", host_ip])
+    check(rc == 2 and "need --remote-trainers" in out, f"--bind alone is refused (rc {rc})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
