@@ -87,6 +87,22 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
               "--threads", "1", "--trainers", "2"]
     base = common + ["--steps", "6"]
 
+    def other_host(port):
+        """The other host's `weft node`, in the namespace, joining this host's head."""
+        return subprocess.Popen(
+            ["ip", "netns", "exec", ns, weft, "node", "--join", f"{host_ip}:{port}", "--roles",
+             "trainer", "--secret-file", secret, "--transport", "ucx", "--ucx-tls", "tcp",
+             "--transport-param", f"ucx.net_devices={ns_if}", "--bind", ns_ip, "--node-id",
+             "other-host"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def remote_train(port, extra, log):
+        """`weft train` with one rank on the other host."""
+        return subprocess.Popen(
+            [weft, "train"] + extra + [
+                "--remote-trainers", "1", "--bind", host_ip, "--head-port", str(port),
+                "--secret-file", secret, "--ucx-tls", "tcp", "--ucx-net-devices", host_if],
+            stdout=log, stderr=subprocess.STDOUT)
+
     # The reference: both ranks on this host.
     local = os.path.join(tmp, "local.gguf")
     rc, out = run_weft(weft, "train", base + ["--checkpoint-dir", os.path.join(tmp, "c1"),
@@ -97,12 +113,8 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
     port = free_port(host_ip)
     remote = os.path.join(tmp, "remote.gguf")
     log = open(os.path.join(tmp, "train.log"), "w+")
-    train = subprocess.Popen(
-        [weft, "train"] + base + ["--remote-trainers", "1", "--bind", host_ip, "--head-port",
-                                  str(port), "--secret-file", secret, "--ucx-tls", "tcp",
-                                  "--ucx-net-devices", host_if, "--join-timeout-s", "60",
-                                  "--checkpoint-dir", os.path.join(tmp, "c2"), "--save", remote],
-        stdout=log, stderr=subprocess.STDOUT)
+    train = remote_train(port, base + ["--join-timeout-s", "60", "--checkpoint-dir",
+                                       os.path.join(tmp, "c2"), "--save", remote], log)
     deadline = time.time() + 60
     said = ""
     while time.time() < deadline and "weft node --join" not in said:
@@ -111,11 +123,7 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
         said = log.read()
     check("weft node --join" in said and f"{host_ip}:{port}" in said,
           f"weft train says how the other host joins: {said[-300:]}")
-    node = subprocess.Popen(
-        ["ip", "netns", "exec", ns, weft, "node", "--join", f"{host_ip}:{port}", "--roles",
-         "trainer", "--secret-file", secret, "--transport", "ucx", "--ucx-tls", "tcp",
-         "--transport-param", f"ucx.net_devices={ns_if}", "--bind", ns_ip, "--node-id",
-         "other-host"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    node = other_host(port)
     try:
         rc = train.wait(timeout=240)
     except subprocess.TimeoutExpired:
@@ -145,18 +153,10 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
     killed = os.path.join(tmp, "killed.gguf")
     ck = os.path.join(tmp, "c4")
     log = open(os.path.join(tmp, "train-kill.log"), "w+")
-    train = subprocess.Popen(
-        [weft, "train"] + base + long + [
-            "--remote-trainers", "1", "--bind", host_ip, "--head-port", str(port),
-            "--secret-file", secret, "--ucx-tls", "tcp", "--ucx-net-devices", host_if,
-            "--allreduce-timeout-ms", "5000", "--checkpoint-dir", ck, "--save", killed],
-        stdout=log, stderr=subprocess.STDOUT)
+    train = remote_train(port, base + long + ["--allreduce-timeout-ms", "5000",
+                                              "--checkpoint-dir", ck, "--save", killed], log)
     time.sleep(1.0)
-    node = subprocess.Popen(
-        ["ip", "netns", "exec", ns, weft, "node", "--join", f"{host_ip}:{port}", "--roles",
-         "trainer", "--secret-file", secret, "--transport", "ucx", "--ucx-tls", "tcp",
-         "--transport-param", f"ucx.net_devices={ns_if}", "--bind", ns_ip, "--node-id",
-         "other-host"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    node = other_host(port)
     deadline = time.time() + 120
     while time.time() < deadline and train.poll() is None and not (
             os.path.isdir(ck) and any(n.endswith(".ckpt") for n in os.listdir(ck))):
