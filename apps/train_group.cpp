@@ -81,8 +81,8 @@ std::vector<actors::child_spec> rank_specs(const train_options& o, uint16_t coor
   for (int r = 0; r < o.trainers; ++r) {
     tc.rank = r;
     // transient: a rank that finished is not restarted; one that failed restarts the group.
-    children.push_back(
-        {"trainer-" + std::to_string(r), "trainer", tc.to_json(), actors::restart_type::transient});
+    children.push_back({"trainer-" + std::to_string(r), r == 0 ? "trainer-lead" : "trainer",
+                        tc.to_json(), actors::restart_type::transient});
   }
   return children;
 }
@@ -142,9 +142,9 @@ bool wait_for_trainer_nodes(caf::actor_system& sys, const private_head& head,
                             const train_options& opts, local_nodes& nodes) {
   const std::string where = opts.bind + ":" + std::to_string(head.node->head_port());
   spdlog::info(
-      "waiting up to {:.0f} s for {} trainer node(s) from other hosts; on each, with the same "
-      "model, data and checkpoint directory paths: weft node --join {} --roles trainer "
-      "--secret-file {} --transport ucx{}",
+      "waiting up to {:.0f} s for {} trainer node(s) from other hosts; on each, with the model "
+      "and the data at the same paths: weft node --join {} --roles trainer --secret-file {} "
+      "--transport ucx{}",
       opts.join_timeout_s, opts.remote_trainers, where, opts.secret_file,
       opts.ucx_tls.empty() ? "" : " --ucx-tls " + opts.ucx_tls);
   const auto deadline = std::chrono::steady_clock::now() +
@@ -273,7 +273,7 @@ int run_train_group(const train_options& opts) {
   local_nodes nodes(
       head->secret_hex, head->node->head_port(),
       [](int i) -> local_node_spec {
-        return {"trainer-node-" + std::to_string(i), {"trainer"}};
+        return {"trainer-node-" + std::to_string(i), {"trainer", "trainer-lead"}};
       },
       node_args, true, opts.max_restarts);
   if (opts.bind != "127.0.0.1") {

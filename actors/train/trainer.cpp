@@ -166,8 +166,10 @@ class rank_loop {
     return {};
   }
 
-  /// Agrees on the checkpoint to continue from: rank 0's newest valid one (when resuming). Every
-  /// rank then loads that very file, whatever a dying earlier incarnation may still write.
+  /// Agrees on the checkpoint to continue from: rank 0's newest valid one (when resuming), which
+  /// rank 0 then sends to every rank over the group (share_checkpoint) — the other ranks never
+  /// read the checkpoint directory, so it need not be shared storage, and what a dying earlier
+  /// incarnation may still write there cannot split the group.
   status start_point(bool resume) {
     const std::string& dir = cfg_.run.checkpoint_dir;
     double step[1] = {0.0};
@@ -190,17 +192,22 @@ class rank_loop {
     first_step_ = static_cast<int64_t>(step[0]);
     if (first_step_ > 0) {
       if (!state) {
-        auto s = read_checkpoint(checkpoint_path(dir, first_step_));
-        if (!s) {
-          return make_error(errc::unavailable, "rank 0 resumes from step " +
-                                                   std::to_string(first_step_) + ": " +
-                                                   s.error().message());
-        }
-        state = std::move(*s);
+        // This rank's tensors, to be overwritten by rank 0's.
+        state.emplace();
+        if (auto st = trainer_->snapshot_into(*state); !st) return fatal(st.message());
+      }
+      if (auto s = share_checkpoint(*state); !s.ok()) {
+        return make_error(errc::unavailable, "receiving rank 0's checkpoint of step " +
+                                                 std::to_string(first_step_) + ": " +
+                                                 s.to_string());
       }
       if (auto st = trainer_->restore(*state); !st) return fatal("cannot resume: " + st.message());
-      spdlog::info("trainer {}: resumed from {} (step {})", name_,
-                   checkpoint_path(dir, first_step_).string(), first_step_);
+      if (cfg_.rank == 0) {
+        spdlog::info("trainer {}: resumed from {} (step {}) and sent it to the group", name_,
+                     checkpoint_path(dir, first_step_).string(), first_step_);
+      } else {
+        spdlog::info("trainer {}: resumed at step {} from rank 0's checkpoint", name_, first_step_);
+      }
     }
     if (cfg_.rank == 0) {
       caf::send_as(self_, coordinator_, t_started_atom::value,
@@ -210,6 +217,32 @@ class rank_loop {
                    }));
     }
     return {};
+  }
+
+  /// Rank 0's checkpoint state to every rank: the other ranks add −0.0 to each value in the
+  /// group's all-reduce (x + −0.0 is x, bit for bit, for every float), one tensor (values and
+  /// moments) at a time so the group's buffer stays the size of the gradients'. The loss history
+  /// stays rank 0's (it reports); the seed is every rank's own (restore checks it).
+  transport::status share_checkpoint(checkpoint_state& s) {
+    const bool root = cfg_.rank == 0;
+    double scalars[4] = {static_cast<double>(s.step), static_cast<double>(s.cursor.epoch),
+                         static_cast<double>(s.cursor.index), static_cast<double>(s.adam_steps)};
+    if (!root) std::fill(std::begin(scalars), std::end(scalars), -0.0);
+    if (auto st = peers_->all_reduce_sum(std::span<double>(scalars, 4)); !st.ok()) return st;
+    s.step = static_cast<int64_t>(scalars[0]);
+    s.cursor.epoch = static_cast<int64_t>(scalars[1]);
+    s.cursor.index = static_cast<int64_t>(scalars[2]);
+    s.adam_steps = static_cast<int64_t>(scalars[3]);
+    if (!root) s.history.clear();
+    for (size_t i = 0; i < s.values.size(); ++i) {
+      const std::span<float> pieces[3] = {s.values[i], s.m[i], s.v[i]};
+      if (!root) {
+        for (auto p : pieces) std::fill(p.begin(), p.end(), -0.0f);
+      }
+      if (auto st = peers_->all_reduce_sum(std::span<const std::span<float>>(pieces)); !st.ok())
+        return st;
+    }
+    return transport::ok_status();
   }
 
   status loop() {
@@ -347,18 +380,20 @@ caf::behavior trainer_actor(caf::event_based_actor* self, std::string name, trai
 }  // namespace
 
 void add_train_roles(actors::role_registry& roles) {
-  roles.add("trainer",
-            [](caf::actor_system& sys, const actors::role_context& ctx) -> result<caf::actor> {
-              auto cfg = trainer_config::from_json(ctx.config_json);
-              if (!cfg) return cfg.error();
-              if (ctx.engine == nullptr || (cfg->world > 1 && !ctx.engine->caps().tagged)) {
-                return make_error(errc::invalid_argument,
-                                  "trainer: the gradient all-reduce needs the node's transport "
-                                  "with tagged messages (start the node with --transport ucx)");
-              }
-              return sys.spawn<caf::detached>(trainer_actor, ctx.name, std::move(cfg.value()),
-                                              ctx.engine);
-            });
+  auto spawn = [](caf::actor_system& sys, const actors::role_context& ctx) -> result<caf::actor> {
+    auto cfg = trainer_config::from_json(ctx.config_json);
+    if (!cfg) return cfg.error();
+    if (ctx.engine == nullptr || (cfg->world > 1 && !ctx.engine->caps().tagged)) {
+      return make_error(errc::invalid_argument,
+                        "trainer: the gradient all-reduce needs the node's transport with tagged "
+                        "messages (start the node with --transport ucx)");
+    }
+    return sys.spawn<caf::detached>(trainer_actor, ctx.name, std::move(cfg.value()), ctx.engine);
+  };
+  roles.add("trainer", spawn);
+  // Rank 0 (it writes the checkpoints and the export, and reads the checkpoint it sends to the
+  // others): `weft train`'s own node processes accept it, other hosts' nodes only "trainer".
+  roles.add("trainer-lead", spawn);
 }
 
 }  // namespace weft::train

@@ -36,7 +36,8 @@ struct trainer_config {
   static result<trainer_config> from_json(const std::string& json);
 };
 
-/// Registers the "trainer" role.
+/// Registers the "trainer" role, and "trainer-lead" (the same actor, for rank 0: the role that
+/// only `weft train`'s own node processes accept, so rank 0 runs on the host that started the run).
 void add_train_roles(actors::role_registry& roles);
 
 }  // namespace weft::train

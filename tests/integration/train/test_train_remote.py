@@ -11,6 +11,8 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -87,13 +89,19 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
               "--threads", "1", "--trainers", "2"]
     base = common + ["--steps", "6"]
 
-    def other_host(port):
-        """The other host's `weft node`, in the namespace, joining this host's head."""
-        return subprocess.Popen(
-            ["ip", "netns", "exec", ns, weft, "node", "--join", f"{host_ip}:{port}", "--roles",
-             "trainer", "--secret-file", secret, "--transport", "ucx", "--ucx-tls", "tcp",
-             "--transport-param", f"ucx.net_devices={ns_if}", "--bind", ns_ip, "--node-id",
-             "other-host"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def other_host(port, hide=None):
+        """The other host's `weft node`, in the namespace, joining this host's head; `hide`: a
+        directory it sees empty (a tmpfs over it in a mount namespace of its own)."""
+        node = [weft, "node", "--join", f"{host_ip}:{port}", "--roles", "trainer",
+                "--secret-file", secret, "--transport", "ucx", "--ucx-tls", "tcp",
+                "--transport-param", f"ucx.net_devices={ns_if}", "--bind", ns_ip, "--node-id",
+                "other-host"]
+        cmd = ["ip", "netns", "exec", ns] + node
+        if hide:
+            cmd = ["ip", "netns", "exec", ns, "unshare", "-m", "--propagation", "private", "sh",
+                   "-c", f"mount -t tmpfs tmpfs {shlex.quote(hide)} && exec "
+                   + " ".join(shlex.quote(x) for x in node)]
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def remote_train(port, extra, log):
         """`weft train` with one rank on the other host."""
@@ -175,6 +183,44 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
           f"SIGKILL of the other host's node: the group restarts on the live node (rc {rc}): "
           f"{said[-400:]}")
     check(rc == 0 and sha(killed) == sha(ref), "... and ends with the undisturbed run's bits")
+
+    # No shared storage: the other host sees the checkpoint directory empty. SIGTERM mid-run →
+    # rank 0 (here: only this host's nodes take rank 0) checkpoints; --resume with the other host
+    # joined again → rank 0 sends its checkpoint to rank 1 over the group, and the run ends with
+    # the undisturbed run's bits.
+    ck5 = os.path.join(tmp, "c5")
+    os.makedirs(ck5)
+    out5 = os.path.join(tmp, "resumed.gguf")
+    said = []
+    for resume in (False, True):
+        port = free_port(host_ip)
+        log = open(os.path.join(tmp, f"train-{resume}.log"), "w+")
+        train = remote_train(port, base + long + ["--checkpoint-dir", ck5, "--save", out5] +
+                             (["--resume"] if resume else []), log)
+        time.sleep(1.0)
+        node = other_host(port, hide=ck5)
+        if not resume:
+            deadline = time.time() + 120
+            while time.time() < deadline and train.poll() is None and not any(
+                    n.endswith(".ckpt") for n in os.listdir(ck5)):
+                time.sleep(0.05)
+            train.send_signal(signal.SIGTERM)
+        try:
+            rc = train.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            train.kill()
+            rc = -1
+        try:
+            node.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            node.kill()
+        log.seek(0)
+        said.append((rc, log.read()))
+    (rc1, log1), (rc2, log2) = said
+    check(rc1 == 143 and rc2 == 0 and "trainer-1 role trainer on other-host" in log2,
+          f"SIGTERM, then --resume with a rank on a host without the checkpoints (rc {rc1}, "
+          f"{rc2}): {log2[-300:]}")
+    check(rc2 == 0 and sha(out5) == sha(ref), "... rank 0 sends the checkpoint: the same bits")
 
     # A node that never joins: a clear error after the timeout, nothing left running.
     base = common + ["--steps", "6"]
