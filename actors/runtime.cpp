@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
 #include "schema/caf_bridge.hpp"
@@ -67,6 +68,32 @@ int SSL_connect(SSL* ssl) {
   static auto real = next_openssl_symbol<int (*)(SSL*)>("SSL_connect");
   ERR_clear_error();
   return real(ssl);
+}
+
+// -- Read-ahead on CAF's sessions -----------------------------------------------------------------
+//
+// Without read-ahead OpenSSL reads every TLS record with two read() calls (its 5-byte header, then
+// the body). With it, one read() takes whatever the socket holds. CAF 0.17's stream loop stops
+// after 50 reads unless `session::must_read_more`, i.e. SSL_pending() >= the bytes it still wants,
+// and SSL_pending() counts only the current decrypted record: records that OpenSSL read ahead but
+// has not decrypted yet would sit in its buffer with the socket empty, and no event would ever wake
+// the loop for them. So on CAF's sessions (the only callers of SSL_set_fd in weft; cpp-httplib uses
+// SSL_set_bio) read-ahead is on, and SSL_pending() also says "more" while such bytes are buffered —
+// CAF then reads on until SSL_read() needs the socket and reports "would block" (a partial record
+// is completed by the next read event, as before).
+int SSL_set_fd(SSL* ssl, int fd) {
+  static auto real = next_openssl_symbol<int (*)(SSL*, int)>("SSL_set_fd");
+  const int ok = real(ssl, fd);
+  if (ok == 1) SSL_set_read_ahead(ssl, 1);
+  return ok;
+}
+
+int SSL_pending(const SSL* ssl) {
+  static auto real = next_openssl_symbol<int (*)(const SSL*)>("SSL_pending");
+  const int n = real(ssl);
+  if (n == 0 && SSL_get_read_ahead(ssl) != 0 && SSL_has_pending(ssl) != 0)
+    return std::numeric_limits<int>::max();
+  return n;
 }
 
 }  // extern "C"

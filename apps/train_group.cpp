@@ -179,6 +179,53 @@ bool wait_for_trainer_nodes(caf::actor_system& sys, const private_head& head,
   return false;
 }
 
+/// The arguments of every `weft node` process this run starts (the ranks' transport, and where
+/// the nodes listen when other hosts join).
+std::vector<std::string> trainer_node_args(const train_options& opts) {
+  std::vector<std::string> args = {"--heartbeat-ms",
+                                   std::to_string(opts.heartbeat_ms),
+                                   "--connection-timeout-ms",
+                                   std::to_string(opts.connection_timeout_ms),
+                                   "--transport",
+                                   "ucx"};
+  if (!opts.ucx_tls.empty()) {
+    args.push_back("--ucx-tls");
+    args.push_back(opts.ucx_tls);
+  }
+  if (!opts.ucx_net_devices.empty()) {
+    args.push_back("--transport-param");
+    args.push_back("ucx.net_devices=" + opts.ucx_net_devices);
+  }
+  if (opts.bind != "127.0.0.1") {
+    // The local nodes listen where the other hosts' nodes reach them too.
+    args.push_back("--bind");
+    args.push_back(opts.bind);
+  }
+  return args;
+}
+
+/// The coordinator's events, fed into the progress output and the main thread's state.
+train::coordinator_events group_events(group_progress& progress, group_reporter& reporter) {
+  train::coordinator_events events;
+  events.on_group = [&](uint16_t /*generation*/) {
+    std::lock_guard<std::mutex> lock(progress.mu);
+    if (++progress.groups > 1) reporter.report().prom().add_group_restart();
+  };
+  events.on_started = [&](int64_t first) { reporter.started(first); };
+  events.on_step = [&](const step_record& r, double s, double reduce_s, bool ck) {
+    reporter.step(r, s, reduce_s, ck);
+  };
+  events.on_done = [&](const train::rank_done& d) {
+    std::lock_guard<std::mutex> lock(progress.mu);
+    if (d.fatal) {
+      progress.failed = d;
+    } else if (d.error.empty() && d.rank == 0) {
+      progress.finished = d;
+    }
+  };
+  return events;
+}
+
 }  // namespace
 
 int run_train_group(const train_options& opts) {
@@ -226,23 +273,7 @@ int run_train_group(const train_options& opts) {
   train::coordinator_config cc;
   cc.world = opts.trainers;
   cc.resume = opts.resume;
-  cc.events.on_group = [&](uint16_t generation) {
-    std::lock_guard<std::mutex> lock(progress.mu);
-    if (++progress.groups > 1) reporter.report().prom().add_group_restart();
-    (void)generation;
-  };
-  cc.events.on_started = [&](int64_t first) { reporter.started(first); };
-  cc.events.on_step = [&](const step_record& r, double s, double reduce_s, bool ck) {
-    reporter.step(r, s, reduce_s, ck);
-  };
-  cc.events.on_done = [&](const train::rank_done& d) {
-    std::lock_guard<std::mutex> lock(progress.mu);
-    if (d.fatal) {
-      progress.failed = d;
-    } else if (d.error.empty() && d.rank == 0) {
-      progress.finished = d;
-    }
-  };
+  cc.events = group_events(progress, reporter);
   auto coordinator = train::spawn_train_coordinator(sys, std::move(cc));
   auto port = actors::publish_actor(sys, coordinator, 0, opts.bind);
   if (!port) {
@@ -251,31 +282,12 @@ int run_train_group(const train_options& opts) {
   }
   spdlog::info("train coordinator published on {}:{} (mutual TLS, keyed by this run's secret)",
                opts.bind, *port);
-  std::vector<std::string> node_args = {"--heartbeat-ms",
-                                        std::to_string(opts.heartbeat_ms),
-                                        "--connection-timeout-ms",
-                                        std::to_string(opts.connection_timeout_ms),
-                                        "--transport",
-                                        "ucx"};
-  if (!opts.ucx_tls.empty()) {
-    node_args.push_back("--ucx-tls");
-    node_args.push_back(opts.ucx_tls);
-  }
-  if (!opts.ucx_net_devices.empty()) {
-    node_args.push_back("--transport-param");
-    node_args.push_back("ucx.net_devices=" + opts.ucx_net_devices);
-  }
-  if (opts.bind != "127.0.0.1") {
-    // The local nodes listen where the other hosts' nodes reach them too.
-    node_args.push_back("--bind");
-    node_args.push_back(opts.bind);
-  }
   local_nodes nodes(
       head->secret_hex, head->node->head_port(),
       [](int i) -> local_node_spec {
         return {"trainer-node-" + std::to_string(i), {"trainer", "trainer-lead"}};
       },
-      node_args, true, opts.max_restarts);
+      trainer_node_args(opts), true, opts.max_restarts);
   if (opts.bind != "127.0.0.1") {
     local_node_network net;
     net.join_host = opts.bind;

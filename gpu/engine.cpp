@@ -722,6 +722,11 @@ result<std::vector<request_output>> engine::step() {
       }
       logits = r.masked;
     }
+    if (!r.routes_error.empty()) {
+      // Its routes would be short or wrong: an explicit error rather than a silent replay gap.
+      fail(r.id, r.routes_error, outputs);
+      continue;
+    }
     sample_result s = sampled[row] ? std::move(*sampled[row]) : r.smp.sample(logits, r.tokens);
     request_output out;
     out.id = r.id;

@@ -223,6 +223,7 @@ class engine {
     std::vector<float> masked;                  ///< This step's logits under the grammar.
     std::vector<double> pooled;   ///< Embedding requests: the sum (mean) or last hidden state.
     std::vector<uint8_t> routes;  ///< engine_config::record_routes: [positions][layers][k].
+    std::string routes_error;     ///< Routes could not be kept: the request fails at its next row.
     bool embeds() const { return smp.params().pooling != pooling_type::none; }
 
     bool resident() const { return ph == phase::prefill || ph == phase::decode; }

@@ -31,7 +31,10 @@ void engine::record_routes(request& r, int32_t si, const forward_batch& batch,
   r.routes.resize(static_cast<size_t>(pos * per));
   // The same routes beside the tokens' K/V (kv_cache's slot payload), for later prefix hits.
   std::vector<int32_t> slots;
-  if (!kv_->slots(r.seq, r.n_computed, pos - r.n_computed, slots)) return;
+  if (auto st = kv_->slots(r.seq, r.n_computed, pos - r.n_computed, slots); !st) {
+    r.routes_error = "routing replay: cannot keep the routes beside the KV: " + st.to_string();
+    return;
+  }
   for (size_t i = 0; i < slots.size(); ++i) {
     std::copy_n(r.routes.begin() + (r.n_computed + static_cast<int64_t>(i)) * per, per,
                 kv_->slot_payload(slots[i]));
@@ -41,7 +44,10 @@ void engine::record_routes(request& r, int32_t si, const forward_batch& batch,
 void engine::cached_routes(request& r, int64_t n) {
   const int64_t per = model_.hparams().n_layers * model_.hparams().n_experts_used;
   std::vector<int32_t> slots;
-  if (!kv_->slots(r.seq, 0, n, slots)) return;
+  if (auto st = kv_->slots(r.seq, 0, n, slots); !st) {
+    r.routes_error = "routing replay: cannot read the cached blocks' routes: " + st.to_string();
+    return;
+  }
   r.routes.resize(static_cast<size_t>(n * per));
   for (size_t i = 0; i < slots.size(); ++i)
     std::copy_n(kv_->slot_payload(slots[i]), per, r.routes.begin() + static_cast<int64_t>(i) * per);

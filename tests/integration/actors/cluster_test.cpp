@@ -36,6 +36,38 @@ TEST(cluster, nodes_join_and_report_status) {
   EXPECT_NE(out.find("\"alive\""), std::string::npos) << out;
 }
 
+/// Many messages in flight at once over mutual TLS: records that OpenSSL reads ahead of CAF's
+/// 50-reads-per-event loop are consumed (actors/runtime.cpp) — small ones queued by the thousand,
+/// and large ones of many TLS records each. A stall would leave replies unread until the timeout.
+TEST(cluster, bursts_of_messages_cross_tls_without_stalling) {
+  local_cluster cluster({.nodes = 2});
+  ASSERT_TRUE(eventually([&] { return cluster.node_state("node-1") == "alive"; }, 5000));
+  auto a = actors::spawn_on_cluster(cluster.system(), cluster.head(), cluster.secret(), "echo",
+                                    "burst-echo");
+  ASSERT_TRUE(a.ok()) << a.error().to_string();
+  caf::scoped_actor self{cluster.system()};
+  auto burst = [&](const schema::envelope& e, int n) {
+    for (int i = 0; i < n; ++i) self->send(*a, actors::ping_atom::value, e);
+    int got = 0;
+    bool late = false;
+    while (got < n && !late) {
+      self->receive(
+          [&](const schema::envelope& r) {
+            if (r.size_bytes() == e.size_bytes()) ++got;
+          },
+          caf::after(std::chrono::seconds(30)) >> [&] { late = true; });
+    }
+    return got;
+  };
+  auto small = schema::envelope::build<schema::wire::Ping>([](auto b) { b.setSeq(7); });
+  EXPECT_EQ(burst(small, 5000), 5000);
+  std::vector<std::byte> bytes(256 * 1024);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>(i * 31 + 7);
+  auto large = schema::envelope::from_bytes(schema::kind::ping, bytes);
+  EXPECT_EQ(burst(large, 64), 64);
+  EXPECT_EQ(burst(small, 2000), 2000);
+}
+
 /// `weft cluster status` with another cluster's secret, or with no head at the address, says so in
 /// one line and exits 1 (no raw CAF error).
 TEST(cluster, status_cli_names_a_wrong_secret_or_a_missing_head) {

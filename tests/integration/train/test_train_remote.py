@@ -111,6 +111,25 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
                 "--secret-file", secret, "--ucx-tls", "tcp", "--ucx-net-devices", host_if],
             stdout=log, stderr=subprocess.STDOUT)
 
+    def finish(train, node, log, kill_node=False):
+        """Waits for `weft train` (and the other host's node, which stops with its head; killed
+        first with kill_node); returns its exit code and what it logged."""
+        if kill_node:
+            node.kill()
+            node.wait()
+        try:
+            rc = train.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            train.kill()
+            rc = -1
+        if not kill_node:
+            try:
+                node.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                node.kill()
+        log.seek(0)
+        return rc, log.read()
+
     # The reference: both ranks on this host.
     local = os.path.join(tmp, "local.gguf")
     rc, out = run_weft(weft, "train", base + ["--checkpoint-dir", os.path.join(tmp, "c1"),
@@ -132,17 +151,7 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
     check("weft node --join" in said and f"{host_ip}:{port}" in said,
           f"weft train says how the other host joins: {said[-300:]}")
     node = other_host(port)
-    try:
-        rc = train.wait(timeout=240)
-    except subprocess.TimeoutExpired:
-        train.kill()
-        rc = -1
-    log.seek(0)
-    said = log.read()
-    try:
-        node.wait(timeout=20)  # it stops when the head goes away
-    except subprocess.TimeoutExpired:
-        node.kill()
+    rc, said = finish(train, node, log)
     check(rc == 0 and "2 of 2 trainer nodes have joined" in said and "on other-host" in said,
           f"a rank on the other host (rc {rc}): {said[-400:]}")
     check(rc == 0 and os.path.exists(remote) and sha(remote) == sha(local),
@@ -170,15 +179,7 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
             os.path.isdir(ck) and any(n.endswith(".ckpt") for n in os.listdir(ck))):
         time.sleep(0.05)
     was_running = train.poll() is None
-    node.kill()
-    node.wait()
-    try:
-        rc = train.wait(timeout=300)
-    except subprocess.TimeoutExpired:
-        train.kill()
-        rc = -1
-    log.seek(0)
-    said = log.read()
+    rc, said = finish(train, node, log, kill_node=True)
     check(was_running and rc == 0 and "trainer group 2 formed" in said,
           f"SIGKILL of the other host's node: the group restarts on the live node (rc {rc}): "
           f"{said[-400:]}")
@@ -205,17 +206,7 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
                     n.endswith(".ckpt") for n in os.listdir(ck5)):
                 time.sleep(0.05)
             train.send_signal(signal.SIGTERM)
-        try:
-            rc = train.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            train.kill()
-            rc = -1
-        try:
-            node.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            node.kill()
-        log.seek(0)
-        said.append((rc, log.read()))
+        said.append(finish(train, node, log))
     (rc1, log1), (rc2, log2) = said
     check(rc1 == 143 and rc2 == 0 and "trainer-1 role trainer on other-host" in log2,
           f"SIGTERM, then --resume with a rank on a host without the checkpoints (rc {rc1}, "
