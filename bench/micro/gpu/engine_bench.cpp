@@ -69,6 +69,43 @@ double copy_bandwidth_bytes_s() {
   return 2.0 * static_cast<double>(n) / best;
 }
 
+// What a decode step does with its weights: stream them in once, on every compute thread. Each
+// thread sums its own contiguous half (third, ...) of a 512 MiB buffer of 64-bit words; best of 5;
+// bytes read per second. Next to the copy figure (one thread, read + write, the ceiling).
+double read_bandwidth_bytes_s(int threads) {
+  const size_t words = (size_t{512} << 20) / sizeof(uint64_t);
+  std::vector<uint64_t> a(words);
+  for (size_t i = 0; i < words; ++i) a[i] = i;
+  std::vector<uint64_t> sums(static_cast<size_t>(threads) * 8, 0);  // a cache line per thread
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<std::thread> pool;
+    const auto t = clk::now();
+    for (int k = 0; k < threads; ++k) {
+      pool.emplace_back([&, k] {
+        const size_t b = words * static_cast<size_t>(k) / static_cast<size_t>(threads);
+        const size_t e = words * static_cast<size_t>(k + 1) / static_cast<size_t>(threads);
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        size_t i = b;
+        for (; i + 4 <= e; i += 4) {
+          s0 += a[i];
+          s1 += a[i + 1];
+          s2 += a[i + 2];
+          s3 += a[i + 3];
+        }
+        for (; i < e; ++i) s0 += a[i];
+        sums[static_cast<size_t>(k) * 8] += s0 + s1 + s2 + s3;
+      });
+    }
+    for (auto& th : pool) th.join();
+    best = std::min(best, seconds_since(t));
+  }
+  uint64_t total = 0;
+  for (uint64_t x : sums) total += x;
+  if (total == 42) std::fprintf(stderr, " ");  // keeps the sums alive
+  return static_cast<double>(words * sizeof(uint64_t)) / best;
+}
+
 // In-cache throughput of the 4-row Q4_1 x Q8_1 kernel on all threads: multiply-accumulates/s.
 double q4_1_macs_per_s(int threads) {
   std::vector<block_q4_1> w(4 * 18);
@@ -304,6 +341,7 @@ int main(int argc, char** argv) {
                     "prefill: B prompts in forward passes of <= 512 tokens; decode: B sequences, "
                     "one token each per pass"}};
   const double bw = copy_bandwidth_bytes_s();
+  const double read_bw = read_bandwidth_bytes_s(threads);
   const double wbytes = static_cast<double>((*m)->weight_bytes_per_token());
   const double macs_s = q4_1_macs_per_s(threads);
   const double macs_tok = static_cast<double>((*m)->matmul_macs_per_token());
@@ -316,6 +354,8 @@ int main(int argc, char** argv) {
   j["ceilings"] = {{"copy_bandwidth_gb_s_read_plus_write", bw / 1e9},
                    {"weight_bytes_per_decode_step", wbytes},
                    {"decode_batch1_tok_s_bandwidth_limit", bw / wbytes},
+                   {"read_bandwidth_gb_s_all_threads", read_bw / 1e9},
+                   {"decode_batch1_tok_s_read_bandwidth_limit", read_bw / wbytes},
                    {"q4_1_dot_macs_per_s", macs_s},
                    {"matmul_macs_per_token", macs_tok},
                    {"q4_1_row_kernel_tok_s_limit", macs_s / macs_tok},
@@ -367,6 +407,11 @@ int main(int argc, char** argv) {
                 bw / 1e9, wbytes / 1e6, bw / wbytes);
   lines.emplace_back(line);
   std::snprintf(line, sizeof line,
+                "read bandwidth (%d threads streaming, as decode reads its weights) %.1f GB/s -> "
+                "batch-1 decode ceiling %.0f tok/s",
+                threads, read_bw / 1e9, read_bw / wbytes);
+  lines.emplace_back(line);
+  std::snprintf(line, sizeof line,
                 "q4_1 4-row (decode) dot in cache %.1f GMAC/s on %d threads -> %.0f tok/s on it "
                 "(prefill's VNNI tile kernel is faster)",
                 macs_s / 1e9, threads, macs_s / macs_tok);
@@ -411,7 +456,9 @@ int main(int argc, char** argv) {
             ? std::string{}
             : (bsz == 1
                    ? ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / (bw / wbytes))) +
-                         "% of the bandwidth ceiling"
+                         "% of the bandwidth ceiling (" +
+                         std::to_string(static_cast<int>(100 * w.decode_tok_s / (read_bw / wbytes))) +
+                         "% of the read-bandwidth one)"
                    : "") +
                   ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / compute_ceiling)) +
                   "% of the compute ceiling";
@@ -424,6 +471,10 @@ int main(int argc, char** argv) {
     if (on_cpu) {
       r["weft_decode_share_of_compute_ceiling"] = w.decode_tok_s / compute_ceiling;
       r["weft_prefill_share_of_compute_ceiling"] = w.prefill_tok_s / compute_ceiling;
+      if (bsz == 1) {
+        r["weft_decode_share_of_bandwidth_ceiling"] = w.decode_tok_s / (bw / wbytes);
+        r["weft_decode_share_of_read_bandwidth_ceiling"] = w.decode_tok_s / (read_bw / wbytes);
+      }
     }
     if (ld > 0) {
       std::snprintf(line, sizeof line,
