@@ -9,8 +9,10 @@
 #include "apps/commands.hpp"
 #include "apps/process_control.hpp"
 #include "apps/version.hpp"
+#include "gpu/cpu/blas_kernels.hpp"
 
 int main(int argc, char** argv) {
+  weft::gpu::cpu::select_blas_kernels(argv);  // before anything else: it may re-execute
   weft::apps::exit_with_parent_if_asked();
   // Logs go to stderr: stdout carries command output (tokens, JSON, ready lines for scripts).
   spdlog::set_default_logger(spdlog::stderr_color_mt("weft"));

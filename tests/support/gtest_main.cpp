@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include "gpu/cpu/blas_kernels.hpp"
+
 int main(int argc, char** argv) {
+  // The same OpenBLAS kernels as the weft processes the tests start (gpu/cpu/blas_kernels.hpp).
+  weft::gpu::cpu::select_blas_kernels(argv);
   ::testing::InitGoogleTest(&argc, argv);
   const int rc = RUN_ALL_TESTS();
   if (rc != 0) return rc;

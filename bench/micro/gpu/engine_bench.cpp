@@ -27,6 +27,7 @@
 
 #include <cblas.h>
 
+#include "gpu/cpu/blas_kernels.hpp"
 #include "gpu/cpu/quant_dot.hpp"
 #include "gpu/device.hpp"
 #include "gpu/gguf.hpp"
@@ -237,6 +238,7 @@ weft_figures run_weft(model& m, device& dev, int batch, int plen, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cpu::select_blas_kernels(argv);
   std::string model_path;
   int threads = 2, plen = 64, steps = 32, repeat = 1;
   std::string batches_arg = "1,8,32", out_dir = std::string{WEFT_SOURCE_DIR} + "/bench/results";
@@ -457,7 +459,8 @@ int main(int argc, char** argv) {
             : (bsz == 1
                    ? ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / (bw / wbytes))) +
                          "% of the bandwidth ceiling (" +
-                         std::to_string(static_cast<int>(100 * w.decode_tok_s / (read_bw / wbytes))) +
+                         std::to_string(
+                             static_cast<int>(100 * w.decode_tok_s / (read_bw / wbytes))) +
                          "% of the read-bandwidth one)"
                    : "") +
                   ", " + std::to_string(static_cast<int>(100 * w.decode_tok_s / compute_ceiling)) +

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpu/cpu/blas_kernels.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/train/checkpoint.hpp"
 #include "gpu/train/optimizer.hpp"
@@ -60,6 +61,7 @@ double sgemm_peak() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  weft::gpu::cpu::select_blas_kernels(argv);
   std::string model_path, json_path;
   int64_t seq_tokens = 256, seqs = 4, steps = 5;
   int threads = 0;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "gpu/cpu/attention.hpp"
+#include "gpu/cpu/blas_kernels.hpp"
 #include "gpu/cpu/elementwise.hpp"
 #include "gpu/cpu/half_dot.hpp"
 #include "gpu/cpu/matmul.hpp"
@@ -49,6 +51,18 @@ tensor_view view_of(ggml_type t, const std::vector<uint8_t>& bytes, int64_t rows
   v.row_bytes = *row_size_bytes(t, cols);
   v.mat_bytes = v.row_bytes * static_cast<size_t>(rows);
   return v;
+}
+
+// This binary's main() ran select_blas_kernels (tests/support/gtest_main.cpp), as every weft
+// program's does: on a CPU with AVX2 or AVX-512, OpenBLAS must not be left on its SSE3 fallback
+// (Debian 12's OpenBLAS picks it for CPUs it does not know; docs/engine.md, "BLAS kernels").
+TEST(blas_kernels, openblas_runs_kernels_that_fit_the_cpu) {
+  const char* core = cpu::blas_corename();
+  ASSERT_NE(core, nullptr) << "OpenBLAS is linked into this binary";
+  if (cpu::blas_coretype_for_this_cpu() == nullptr) GTEST_SKIP() << "no AVX2 here";
+  EXPECT_STRCASENE(core, "Prescott")
+      << "OPENBLAS_CORETYPE="
+      << (std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "(unset)");
 }
 
 TEST(quant_dot, avx2_and_portable_paths_are_bit_identical) {
