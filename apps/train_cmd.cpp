@@ -287,11 +287,12 @@ void add_train_command(CLI::App& app, const global_options&) {
   cmd->add_option("--ucx-tls", opts->ucx_tls,
                   "--trainers > 1: UCX transports of the all-reduce (e.g. shm, tcp; default: UCX's "
                   "choice)");
-  cmd->add_option("--remote-trainers", opts->remote_trainers,
-                  "--trainers > 1: of the K ranks, N run on nodes that other hosts join with "
-                  "`weft node --join BIND:HEAD_PORT --roles trainer` (needs --bind, --secret-file; "
-                  "every host opens the model and the data at the same paths; rank 0 and the "
-                  "checkpoints stay on this host; docs/training.md)")
+  cmd->add_option(
+         "--remote-trainers", opts->remote_trainers,
+         "--trainers > 1: of the K ranks, N run on nodes that other hosts join with "
+         "`weft node --join BIND:HEAD_PORT --roles trainer` (needs --bind, --secret-file; "
+         "a host without the model or the data at the same paths receives them from rank 0; "
+         "rank 0 and the checkpoints stay on this host; docs/training.md)")
       ->check(CLI::Range(1, 63));
   cmd->add_option("--bind", opts->bind,
                   "--remote-trainers: the address the run's head and coordinator listen on (one "

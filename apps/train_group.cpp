@@ -142,9 +142,9 @@ bool wait_for_trainer_nodes(caf::actor_system& sys, const private_head& head,
                             const train_options& opts, local_nodes& nodes) {
   const std::string where = opts.bind + ":" + std::to_string(head.node->head_port());
   spdlog::info(
-      "waiting up to {:.0f} s for {} trainer node(s) from other hosts; on each, with the model "
-      "and the data at the same paths: weft node --join {} --roles trainer --secret-file {} "
-      "--transport ucx{}",
+      "waiting up to {:.0f} s for {} trainer node(s) from other hosts; on each (the model and "
+      "the data are sent to a host that lacks them): weft node --join {} --roles trainer "
+      "--secret-file {} --transport ucx{}",
       opts.join_timeout_s, opts.remote_trainers, where, opts.secret_file,
       opts.ucx_tls.empty() ? "" : " --ucx-tls " + opts.ucx_tls);
   const auto deadline = std::chrono::steady_clock::now() +

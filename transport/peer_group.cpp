@@ -100,6 +100,19 @@ status peer_group::run(std::vector<transfer>& started) {
   return first;
 }
 
+status peer_group::start(result<transfer> t, std::vector<transfer>& started) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!t) {
+    for (const auto& other : started) (void)engine_.cancel(other);
+    return t.error();
+  }
+  in_flight_.push_back(*t);
+  started.push_back(*t);
+  // abort() may have run between the start and the push: cancel what it could not see.
+  if (aborted_.load()) (void)engine_.cancel(*t);
+  return ok_status();
+}
+
 template <class T>
 status peer_group::reduce(std::span<const std::span<T>> pieces) {
   if (aborted_.load()) return make_status(status_code::canceled, "peer group: aborted");
@@ -126,19 +139,6 @@ status peer_group::reduce(std::span<const std::span<T>> pieces) {
   const size_t my_n = my_hi - my_lo;
   transfer_options to{options_.timeout_ms};
   std::vector<transfer> started;
-  auto start = [&](result<transfer> t) -> status {
-    if (!t) {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& other : started) (void)engine_.cancel(other);
-      return t.error();
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    in_flight_.push_back(*t);
-    started.push_back(*t);
-    // abort() may have run between the start and the push: cancel what it could not see.
-    if (aborted_.load()) (void)engine_.cancel(*t);
-    return ok_status();
-  };
   auto fail_started = [&](status s) {
     (void)run(started);
     return s;
@@ -154,7 +154,7 @@ status peer_group::reduce(std::span<const std::span<T>> pieces) {
                     work_bytes + static_cast<size_t>(r) * max_chunk * sizeof(T),
                     my_n * sizeof(T),
                     to};
-    if (auto s = start(engine_.recv(rq, nullptr)); !s.ok()) return fail_started(s);
+    if (auto s = start(engine_.recv(rq, nullptr), started); !s.ok()) return fail_started(s);
   }
   for (int r = 0; r < k; ++r) {
     const auto [lo, hi] = chunk(n, k, r);
@@ -165,7 +165,7 @@ status peer_group::reduce(std::span<const std::span<T>> pieces) {
                     lo * sizeof(T),
                     (hi - lo) * sizeof(T),
                     to};
-    if (auto s = start(engine_.send(sq, nullptr)); !s.ok()) return fail_started(s);
+    if (auto s = start(engine_.send(sq, nullptr), started); !s.ok()) return fail_started(s);
   }
   if (auto s = run(started); !s.ok()) return s;
   // Sum my chunk in rank order: every member's chunk is summed the same way.
@@ -187,7 +187,7 @@ status peer_group::reduce(std::span<const std::span<T>> pieces) {
     recv_request rq{
         tag(2, r, rank_),      ~tag_t{0}, peers_[static_cast<size_t>(r)], scratch_, lo * sizeof(T),
         (hi - lo) * sizeof(T), to};
-    if (auto s = start(engine_.recv(rq, nullptr)); !s.ok()) return fail_started(s);
+    if (auto s = start(engine_.recv(rq, nullptr), started); !s.ok()) return fail_started(s);
   }
   for (int r = 0; r < k; ++r) {
     if (r == rank_ || my_n == 0) continue;
@@ -197,7 +197,7 @@ status peer_group::reduce(std::span<const std::span<T>> pieces) {
                     my_lo * sizeof(T),
                     my_n * sizeof(T),
                     to};
-    if (auto s = start(engine_.send(sq, nullptr)); !s.ok()) return fail_started(s);
+    if (auto s = start(engine_.send(sq, nullptr), started); !s.ok()) return fail_started(s);
   }
   if (auto s = run(started); !s.ok()) return s;
   at = 0;
@@ -220,6 +220,42 @@ status peer_group::all_reduce_sum(std::span<double> data) {
 
 status peer_group::all_reduce_sum(std::span<const std::span<float>> pieces) {
   return reduce(pieces);
+}
+
+status peer_group::broadcast(std::span<std::byte> data, int root,
+                             const std::vector<bool>& receivers) {
+  if (aborted_.load()) return make_status(status_code::canceled, "peer group: aborted");
+  const int k = size();
+  if (root < 0 || root >= k || receivers.size() != static_cast<size_t>(k)) {
+    return make_status(status_code::invalid_argument,
+                       "peer group: broadcast from rank " + std::to_string(root) + " to " +
+                           std::to_string(receivers.size()) + " flags in a group of " +
+                           std::to_string(k));
+  }
+  ++seq_;
+  const bool receiving = rank_ != root && receivers[static_cast<size_t>(rank_)];
+  if (k == 1 || data.empty() || (rank_ != root && !receiving)) return ok_status();
+  if (auto s = ensure_scratch(data.size()); !s.ok()) return s;
+  transfer_options to{options_.timeout_ms};
+  std::vector<transfer> started;
+  if (receiving) {
+    recv_request rq{tag(3, root, rank_), ~tag_t{0}, peers_[static_cast<size_t>(root)], scratch_, 0,
+                    data.size(),         to};
+    if (auto s = start(engine_.recv(rq, nullptr), started); !s.ok()) return s;
+    if (auto s = run(started); !s.ok()) return s;
+    std::memcpy(data.data(), scratch_.data, data.size());
+    return ok_status();
+  }
+  std::memcpy(scratch_.data, data.data(), data.size());
+  for (int r = 0; r < k; ++r) {
+    if (r == root || !receivers[static_cast<size_t>(r)]) continue;
+    send_request sq{peers_[static_cast<size_t>(r)], tag(3, root, r), scratch_, 0, data.size(), to};
+    if (auto s = start(engine_.send(sq, nullptr), started); !s.ok()) {
+      (void)run(started);
+      return s;
+    }
+  }
+  return run(started);
 }
 
 }  // namespace weft::transport

@@ -53,6 +53,11 @@ class peer_group {
   /// The same over the concatenation of `pieces` (e.g. every gradient tensor of a model), copied
   /// straight into and out of the group's registered buffer.
   status all_reduce_sum(std::span<const std::span<float>> pieces);
+  /// Rank `root`'s `data` to the members r with receivers[r] set (their `data` is overwritten with
+  /// the same bytes); every member calls it with the same size, root and receivers, including
+  /// those that neither send nor receive (the group's calls stay in step). At most the size of
+  /// one registered buffer per call: callers cut a file into pieces.
+  status broadcast(std::span<std::byte> data, int root, const std::vector<bool>& receivers);
 
   /// Cancels what is in flight; this call and every later one fail with canceled.
   void abort();
@@ -64,6 +69,9 @@ class peer_group {
   status reduce(std::span<const std::span<T>> pieces);
   status ensure_scratch(size_t bytes);
   status run(std::vector<transfer>& started);
+  /// Records a started transfer (cancelled at once if the group was aborted meanwhile); on a
+  /// failed start cancels what `started` holds and returns the error.
+  status start(result<transfer> t, std::vector<transfer>& started);
   tag_t tag(uint32_t phase, int src, int dst) const;
 
   engine& engine_;

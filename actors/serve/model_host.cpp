@@ -1,5 +1,7 @@
 #include "actors/serve/model_host.hpp"
 
+#include "actors/cache_dir.hpp"
+
 #include <fstream>
 #include <iterator>
 
@@ -13,11 +15,7 @@ namespace fs = std::filesystem;
 
 fs::path default_model_path() {
   if (const char* m = std::getenv("WEFT_MODEL"); m != nullptr && *m != '\0') return m;
-  if (const char* c = std::getenv("WEFT_CACHE_DIR"); c != nullptr && *c != '\0') {
-    return fs::path{c} / "models" / default_model_file;
-  }
-  const char* home = std::getenv("HOME");
-  return fs::path{home != nullptr ? home : "."} / ".cache" / "weft" / "models" / default_model_file;
+  return actors::weft_cache_dir() / "models" / default_model_file;
 }
 
 std::string model_id_for(const fs::path& path) {

@@ -10,10 +10,12 @@
 #include <optional>
 #include <thread>
 
+#include "actors/cache_dir.hpp"
 #include "actors/private_messages.hpp"
 #include "actors/roles.hpp"
 #include "actors/runtime.hpp"
 #include "actors/train/rank_group.hpp"
+#include "actors/train/shared_files.hpp"
 #include "actors/train/train_atoms.hpp"
 #include "gpu/ggml_types.hpp"
 #include "gpu/train/checkpoint.hpp"
@@ -123,19 +125,19 @@ class rank_loop {
 
   status train() {
     use_threads(cfg_.run);
-    auto loaded = load_sft_run(cfg_.run);
-    if (!loaded) return fatal(loaded.error().message());
-    run_ = std::move(*loaded);
     auto sc = make_sft_config(cfg_.run);
     if (!sc) return fatal(sc.error().message());
-    spdlog::info("trainer {}: rank {} of {} loaded; waiting for the group", name_, cfg_.rank,
-                 cfg_.world);
     auto joined = join_group(*engine_, *shared_, self_, coordinator_, cfg_.rank, cfg_.world,
                              cfg_.allreduce_timeout_ms);
     if (!joined) return joined.error();
     if (!joined->peers) return {};  // aborted
     peers_ = std::move(joined->peers);
     generation_ = joined->generation;
+    if (auto s = open_files(); !s.ok()) return s;
+    auto loaded = load_sft_run(cfg_.run);
+    if (!loaded) return fatal(loaded.error().message());
+    run_ = std::move(*loaded);
+    spdlog::info("trainer {}: rank {} of {} loaded", name_, cfg_.rank, cfg_.world);
     trainer_ = std::make_unique<sft_trainer>(
         *run_->model, run_->data, *sc,
         [this](std::span<const std::span<float>> grads, double& loss_sum, int64_t& loss_tokens) {
@@ -144,6 +146,23 @@ class rank_loop {
         cfg_.rank, cfg_.world);
     if (auto s = start_point(joined->resume); !s.ok()) return s;
     return loop();
+  }
+
+  /// The model and the data as rank 0 has them (shared_files.hpp): a rank on a host without
+  /// them, or with other bytes at those paths, receives rank 0's over the group.
+  status open_files() {
+    if (cfg_.world == 1) return {};
+    const auto cache = actors::weft_cache_dir();
+    for (auto [what, p] :
+         {std::pair{"model", &cfg_.run.model_path}, std::pair{"data", &cfg_.run.data_path}}) {
+      auto use = share_file(*peers_, *p, what, cache);
+      if (!use) {
+        if (use.error().code == errc::unavailable) return use.error();
+        return fatal(use.error().message);
+      }
+      *p = std::move(*use);
+    }
+    return {};
   }
 
   /// The gradient reducer: every tensor summed over the group, then the loss sums and the stop

@@ -3,8 +3,9 @@
 "Trainer groups across hosts"). The other host is a network namespace joined to this one by a veth
 pair: its `weft node --join` process reaches the head and the coordinator only at the address
 `--bind` names, and the ranks' all-reduce runs over UCX's TCP transport across the link. The run
-gives the same bits as the group on one host; a group whose remote node never joins ends with a
-clear error after --join-timeout-s; the options are checked. Needs root (network namespaces):
+gives the same bits as the group on one host, also when the other host has neither the model nor
+the data (rank 0 sends them; a later run finds the copy); a group whose remote node never joins
+ends with a clear error after --join-timeout-s; the options are checked. Needs root (network namespaces):
 reported as skipped (exit 77) otherwise.
 """
 import argparse
@@ -75,9 +76,11 @@ def main():
 
 def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
     weft = a.weft
-    model = os.path.join(tmp, "tiny.gguf")
+    files = os.path.join(tmp, "files")  # the model and the data (hidden from the other host)
+    os.makedirs(files)
+    model = os.path.join(files, "tiny.gguf")
     subprocess.run([a.make_model, model], check=True, capture_output=True)
-    data = os.path.join(tmp, "d.jsonl")
+    data = os.path.join(files, "d.jsonl")
     with open(data, "w") as f:
         for i in range(64):
             f.write(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) + "\n")
@@ -89,19 +92,31 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
               "--threads", "1", "--trainers", "2"]
     base = common + ["--steps", "6"]
 
-    def other_host(port, hide=None):
-        """The other host's `weft node`, in the namespace, joining this host's head; `hide`: a
-        directory it sees empty (a tmpfs over it in a mount namespace of its own)."""
+    remote_cache = os.path.join(tmp, "other-host-cache")  # its $WEFT_CACHE_DIR
+
+    def other_host(port, hide=(), log=None):
+        """The other host's `weft node`, in the namespace, joining this host's head; `hide`:
+        directories it sees empty (a tmpfs over each in a mount namespace of its own); `log`: a
+        file for what it logs."""
         node = [weft, "node", "--join", f"{host_ip}:{port}", "--roles", "trainer",
                 "--secret-file", secret, "--transport", "ucx", "--ucx-tls", "tcp",
                 "--transport-param", f"ucx.net_devices={ns_if}", "--bind", ns_ip, "--node-id",
                 "other-host"]
         cmd = ["ip", "netns", "exec", ns] + node
         if hide:
+            mounts = " && ".join(f"mount -t tmpfs tmpfs {shlex.quote(h)}" for h in hide)
             cmd = ["ip", "netns", "exec", ns, "unshare", "-m", "--propagation", "private", "sh",
-                   "-c", f"mount -t tmpfs tmpfs {shlex.quote(hide)} && exec "
-                   + " ".join(shlex.quote(x) for x in node)]
-        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   "-c", mounts + " && exec " + " ".join(shlex.quote(x) for x in node)]
+        out = log if log else subprocess.DEVNULL
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, WEFT_CACHE_DIR=remote_cache))
+
+    def node_log(name):
+        return open(os.path.join(tmp, name), "w+")
+
+    def read(log):
+        log.seek(0)
+        return log.read()
 
     def remote_train(port, extra, log):
         """`weft train` with one rank on the other host."""
@@ -150,12 +165,25 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
         said = log.read()
     check("weft node --join" in said and f"{host_ip}:{port}" in said,
           f"weft train says how the other host joins: {said[-300:]}")
-    node = other_host(port)
+    nlog = node_log("node-1.log")
+    node = other_host(port, hide=[files], log=nlog)
     rc, said = finish(train, node, log)
     check(rc == 0 and "2 of 2 trainer nodes have joined" in said and "on other-host" in said,
           f"a rank on the other host (rc {rc}): {said[-400:]}")
     check(rc == 0 and os.path.exists(remote) and sha(remote) == sha(local),
           "the same bits as the group on one host")
+    # The other host had neither file: rank 0 sent both, kept by content in its cache.
+    got = sorted(os.listdir(os.path.join(remote_cache, "received")))
+    said = read(nlog)
+    check("the model at" in said and "the data at" in said and "receiving it" in said,
+          f"the other host receives the model and the data from rank 0: {said[-600:]}")
+    check(len(got) == 2 and any(n.endswith("-tiny.gguf") for n in got)
+          and any(n.endswith("-d.jsonl") for n in got),
+          f"... and keeps them in $WEFT_CACHE_DIR/received: {got}")
+    for n in got:
+        src = model if n.endswith(".gguf") else data
+        check(sha(os.path.join(remote_cache, "received", n)) == sha(src),
+              f"... with rank 0's bytes ({n})")
 
     # The other host dies mid-run (SIGKILL of its node): the group restarts from the last
     # checkpoint on the live node (both ranks there now) and ends with the same bits as an
@@ -199,7 +227,8 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
         train = remote_train(port, base + long + ["--checkpoint-dir", ck5, "--save", out5] +
                              (["--resume"] if resume else []), log)
         time.sleep(1.0)
-        node = other_host(port, hide=ck5)
+        nlog = node_log(f"node-{resume}.log")
+        node = other_host(port, hide=[ck5, files], log=nlog)
         if not resume:
             deadline = time.time() + 120
             while time.time() < deadline and train.poll() is None and not any(
@@ -207,11 +236,14 @@ def run(a, tmp, ns, host_if, ns_if, host_ip, ns_ip):
                 time.sleep(0.05)
             train.send_signal(signal.SIGTERM)
         said.append(finish(train, node, log))
-    (rc1, log1), (rc2, log2) = said
+        said.append(read(nlog))
+    (rc1, log1), node1, (rc2, log2), node2 = said
     check(rc1 == 143 and rc2 == 0 and "trainer-1 role trainer on other-host" in log2,
           f"SIGTERM, then --resume with a rank on a host without the checkpoints (rc {rc1}, "
           f"{rc2}): {log2[-300:]}")
     check(rc2 == 0 and sha(out5) == sha(ref), "... rank 0 sends the checkpoint: the same bits")
+    check("received from rank 0 earlier" in node1 + node2 and "receiving it" not in node1 + node2,
+          f"a later run on the other host uses the copies it received before: {node2[-400:]}")
 
     # A node that never joins: a clear error after the timeout, nothing left running.
     base = common + ["--steps", "6"]

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "transport/checksum.hpp"
 #include "transport/peer_group.hpp"
 #include "transport/registry.hpp"
 
@@ -116,6 +117,42 @@ TEST_P(peer_group_test, handles_vectors_shorter_than_the_group) {
 
 TEST_P(peer_group_test, a_single_member_keeps_its_data) {
   check_sum<float>(*this, 1, 10);
+}
+
+TEST_P(peer_group_test, broadcasts_bytes_exactly_to_the_chosen_members_only) {
+  // Rank 1 sends to ranks 0 and 3; rank 2 takes no part, yet its next all-reduce still matches
+  // the others' (every member counts the broadcast). The bytes include NaN patterns that float
+  // arithmetic would quieten.
+  const int k = 4;
+  make(k);
+  std::vector<std::vector<std::byte>> data(k, std::vector<std::byte>(70'001, std::byte{0}));
+  fill_pattern(data[1], 42);
+  const std::vector<bool> to = {true, false, false, true};
+  std::vector<status> results(k);
+  std::vector<double> sums(k);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < k; ++r) {
+    threads.emplace_back([&, r] {
+      auto g = group(r);
+      if (!g) return;
+      auto& st = results[static_cast<size_t>(r)];
+      st = g->broadcast(data[static_cast<size_t>(r)], 1, to);
+      double x[1] = {static_cast<double>(r)};
+      if (st.ok()) st = g->all_reduce_sum(std::span<double>(x, 1));
+      sums[static_cast<size_t>(r)] = x[0];
+    });
+  }
+  for (auto& th : threads) th.join();
+  const std::vector<std::byte> zeros(data[0].size(), std::byte{0});
+  for (int r = 0; r < k; ++r) {
+    ASSERT_TRUE(results[static_cast<size_t>(r)].ok())
+        << "rank " << r << ": " << results[static_cast<size_t>(r)].to_string();
+    EXPECT_EQ(sums[static_cast<size_t>(r)], 6.0) << "rank " << r;
+  }
+  EXPECT_EQ(data[0], data[1]);
+  EXPECT_EQ(data[3], data[1]);
+  EXPECT_EQ(data[2], zeros);
+  EXPECT_NE(data[1], zeros);
 }
 
 TEST_P(peer_group_test, a_member_that_never_comes_fails_the_call_by_its_deadline) {
