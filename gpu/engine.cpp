@@ -592,13 +592,21 @@ void engine::fill_batch(const std::vector<request_id>& selected, forward_batch& 
   }
 }
 
+namespace {
+
+/// Adds the seconds from construction to destruction to `total`.
+struct step_timer {
+  double& total;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~step_timer() {
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
+}  // namespace
+
 result<std::vector<request_output>> engine::step() {
-  using clock = std::chrono::steady_clock;
-  struct step_timer {
-    double& total;
-    clock::time_point t0 = clock::now();
-    ~step_timer() { total += std::chrono::duration<double>(clock::now() - t0).count(); }
-  } timed{counters_.step_s};
+  step_timer timed{counters_.step_s};
   ++iteration_;
   std::vector<request_output> outputs = std::move(pending_);
   pending_.clear();
@@ -612,41 +620,15 @@ result<std::vector<request_output>> engine::step() {
   forward_batch batch;
   forward_output fout;
   std::vector<request_id> in_batch;
-  for (;;) {
-    fill_batch(selected, batch, in_batch);
-    if (batch.tokens.empty()) {
-      note_scheduled(in_batch);
-      return outputs;
-    }
-    if (!batch.want_hidden.empty()) batch.want_hidden.resize(batch.tokens.size(), 0);
-    const status st = [&] {
-      step_timer f{counters_.forward_s};
-      return model_.forward(batch, *kv_, fout);
-    }();
-    if (st.ok()) break;
-    if (st.code() == status_code::out_of_memory) {
-      // Make room: paused requests first (all rank below the selected ones), lowest-ranked first;
-      // then the lowest-ranked selected request, keeping at least one.
-      bool freed = false;
-      for (auto it = order.rbegin(); it != order.rend() && !freed; ++it) {
-        auto rq = requests_.find(*it);
-        if (rq == requests_.end() || !rq->second->resident()) continue;
-        if (std::find(selected.begin(), selected.end(), *it) != selected.end()) continue;
-        freed = swap_out(*rq->second).ok();
-      }
-      if (!freed && selected.size() > 1 && swap_out(*requests_.at(selected.back())).ok()) {
-        selected.pop_back();
-        freed = true;
-      }
-      if (freed) continue;
-    }
+  const status st = forward(order, selected, batch, fout, in_batch);
+  note_scheduled(in_batch);
+  if (!st.ok()) {
     // Unrecoverable for this batch: fail its requests (their blocks are freed).
-    note_scheduled(in_batch);
     for (request_id id : in_batch) fail(id, st.to_string(), outputs);
     return outputs;
   }
+  if (batch.tokens.empty()) return outputs;
   ++counters_.n_steps;
-  note_scheduled(in_batch);
   // Advance every sequence in the batch, then sample where logits came back.
   for (size_t si = 0; si < batch.seqs.size(); ++si) {
     request& r = *requests_.at(in_batch[si]);
@@ -664,116 +646,41 @@ result<std::vector<request_output>> engine::step() {
   }
   std::vector<request_id> finished;
   pool_hidden(batch, fout, in_batch, outputs, finished);
-  // Each row belongs to its own request, whose sampler is its own: rows without a grammar (whose
-  // mask caches are shared) are sampled on the device's host threads first, then everything else
-  // runs in row order as before. The tokens do not depend on it.
-  const auto sample_t0 = clock::now();
-  std::vector<std::optional<sample_result>> sampled(fout.token_index.size());
-  model_.dev().parallel_host(static_cast<int64_t>(sampled.size()), [&](int64_t row) {
-    const int32_t si = batch.seq_index[static_cast<size_t>(fout.token_index[row])];
-    request& r = *requests_.at(in_batch[static_cast<size_t>(si)]);
-    if (r.cons) return;
-    sampled[static_cast<size_t>(row)] =
-        r.smp.sample(std::span<const float>(fout.logits.data() + row * fout.n_vocab,
-                                            static_cast<size_t>(fout.n_vocab)),
-                     r.tokens);
-  });
-  // (Rows with a grammar are sampled below, in row order, and count as scheduling.)
-  counters_.sample_s += std::chrono::duration<double>(clock::now() - sample_t0).count();
-  for (size_t row = 0; row < fout.token_index.size(); ++row) {
-    const int32_t si = batch.seq_index[static_cast<size_t>(fout.token_index[row])];
-    request& r = *requests_.at(in_batch[static_cast<size_t>(si)]);
-    std::span<const float> logits(fout.logits.data() + row * fout.n_vocab,
-                                  static_cast<size_t>(fout.n_vocab));
-    if (r.cons) {
-      // Structured outputs: only tokens that keep the text a valid prefix of the grammar.
-      const auto& bits = r.cons->bits();
-      const size_t n_bits = bits.size() * 64;
-      r.masked.assign(logits.begin(), logits.end());
-      bool any = false;
-      constexpr float kNever = -std::numeric_limits<float>::infinity();
-      for (size_t i = 0; i < r.masked.size(); ++i) {
-        if (i < n_bits && ((bits[i >> 6] >> (i & 63)) & 1u) != 0) {
-          any = true;
-        } else {
-          r.masked[i] = kNever;
-        }
-      }
-      if (r.cons->can_end()) {
-        for (int32_t e : r.cons->end_tokens()) {
-          if (e >= 0 && static_cast<size_t>(e) < r.masked.size()) {
-            r.masked[static_cast<size_t>(e)] = logits[static_cast<size_t>(e)];
-            any = true;
-          }
-        }
-      } else {
-        for (int32_t e : r.cons->end_tokens()) {
-          if (e >= 0 && static_cast<size_t>(e) < r.masked.size())
-            r.masked[static_cast<size_t>(e)] = kNever;
-        }
-      }
-      if (!any) {
-        fail(r.id,
-             r.cons->state().accepting()
-                 ? "grammar: the output is complete, but the request has no stop token to end it"
-                 : "grammar: no token of the vocabulary continues the output",
-             outputs);
-        continue;
-      }
-      logits = r.masked;
-    }
-    if (!r.routes_error.empty()) {
-      // Its routes would be short or wrong: an explicit error rather than a silent replay gap.
-      fail(r.id, r.routes_error, outputs);
-      continue;
-    }
-    sample_result s = sampled[row] ? std::move(*sampled[row]) : r.smp.sample(logits, r.tokens);
-    request_output out;
-    out.id = r.id;
-    out.cached_prompt_tokens = r.n_cached;
-    r.ph = phase::decode;
-    ++r.n_generated;
-    r.expedited = false;
-    const auto& p = r.smp.params();
-    if (std::find(p.stop_tokens.begin(), p.stop_tokens.end(), s.token) != p.stop_tokens.end()) {
-      out.finish = finish_reason::stop_token;
-      out.stop_sample = std::move(s);
-    } else {
-      if (r.cons && !r.cons->accept(config_.vocab->piece(s.token))) {
-        fail(r.id, "grammar: sampled token " + std::to_string(s.token) + " was refused", outputs);
-        continue;
-      }
-      r.tokens.push_back(s.token);
-      out.new_tokens.push_back(s.token);
-      out.samples.push_back(std::move(s));
-      if (config_.detokenize) {
-        r.text += config_.detokenize(out.new_tokens.back());
-        for (const auto& stop : p.stop_strings) {
-          if (stop.empty()) continue;
-          const size_t from = r.text_emitted;
-          const size_t pos = r.text.find(stop, from);
-          if (pos != std::string::npos) {
-            r.text.resize(pos);
-            out.finish = finish_reason::stop_string;
-          }
-        }
-      }
-      if (out.finish == finish_reason::none &&
-          (r.n_generated >= p.max_tokens ||
-           (model_.hparams().n_ctx_train > 0 &&
-            static_cast<int64_t>(r.tokens.size()) >= model_.hparams().n_ctx_train))) {
-        out.finish = finish_reason::length;
-      }
-    }
-    if (config_.detokenize) finish_text(r, out, out.finish != finish_reason::none);
-    if (out.finish != finish_reason::none) {
-      finished.push_back(r.id);
-      if (config_.record_routes) out.routes = std::move(r.routes);
-    }
-    outputs.push_back(std::move(out));
-  }
+  sample_rows(batch, fout, in_batch, outputs, finished);
   for (request_id id : finished) remove(id);
   return outputs;
+}
+
+status engine::forward(const std::vector<request_id>& order, std::vector<request_id>& selected,
+                       forward_batch& batch, forward_output& fout,
+                       std::vector<request_id>& in_batch) {
+  for (;;) {
+    fill_batch(selected, batch, in_batch);
+    if (batch.tokens.empty()) return {};
+    if (!batch.want_hidden.empty()) batch.want_hidden.resize(batch.tokens.size(), 0);
+    const status st = [&] {
+      step_timer f{counters_.forward_s};
+      return model_.forward(batch, *kv_, fout);
+    }();
+    if (st.ok()) return st;
+    if (st.code() == status_code::out_of_memory) {
+      // Make room: paused requests first (all rank below the selected ones), lowest-ranked first;
+      // then the lowest-ranked selected request, keeping at least one.
+      bool freed = false;
+      for (auto it = order.rbegin(); it != order.rend() && !freed; ++it) {
+        auto rq = requests_.find(*it);
+        if (rq == requests_.end() || !rq->second->resident()) continue;
+        if (std::find(selected.begin(), selected.end(), *it) != selected.end()) continue;
+        freed = swap_out(*rq->second).ok();
+      }
+      if (!freed && selected.size() > 1 && swap_out(*requests_.at(selected.back())).ok()) {
+        selected.pop_back();
+        freed = true;
+      }
+      if (freed) continue;
+    }
+    return st;
+  }
 }
 
 status engine::abort(request_id id) {

@@ -247,6 +247,21 @@ class engine {
   /// then prompt and replay chunks in rank order (`in_batch`: the requests in it, in batch order).
   void fill_batch(const std::vector<request_id>& selected, forward_batch& batch,
                   std::vector<request_id>& in_batch) const;
+  /// Fills the batch from `selected` and runs the model's forward pass; out of KV memory, swaps
+  /// out requests (unselected ones first, lowest-ranked first in `order`) and tries again. Ok with
+  /// an empty batch: nothing to run; an error: the batch's requests cannot run.
+  status forward(const std::vector<request_id>& order, std::vector<request_id>& selected,
+                 forward_batch& batch, forward_output& fout, std::vector<request_id>& in_batch);
+  /// Samples every row whose logits came back (engine_sample.cpp) and turns it into its
+  /// request's output: stop tokens and strings, length, grammar masks, text. Finished requests
+  /// are added to `finished`.
+  void sample_rows(const forward_batch& batch, const forward_output& fout,
+                   const std::vector<request_id>& in_batch, std::vector<request_output>& outputs,
+                   std::vector<request_id>& finished);
+  /// Structured outputs: `logits` masked to the tokens that keep r's text a valid prefix of its
+  /// grammar (in r.masked). False (r failed with a message) when no token may follow.
+  bool mask_by_grammar(request& r, std::span<const float>& logits,
+                       std::vector<request_output>& outputs);
   /// Gives `r` the next arrival number, makes it live and tells the policy.
   void enqueue(std::unique_ptr<request> r);
   void admit(request& r);
