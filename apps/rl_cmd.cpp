@@ -476,6 +476,7 @@ bool start_tools(const rl_options& o, const grpo_loop_config& cfg, grpo_loop& lo
   tc.commands = *tool_commands(o);
   tc.timeout_ms = static_cast<uint32_t>(o.tool_timeout_s * 1000.0);
   tc.concurrency = o.tool_concurrency;
+  tc.processes = o.tool_procs;
   auto made = weft::rl::tool_actors::create(tc);
   if (!made) {
     spdlog::error("--tools: {}", made.error().message);
@@ -492,7 +493,8 @@ bool start_tools(const rl_options& o, const grpo_loop_config& cfg, grpo_loop& lo
     if (c.http) {
       spdlog::info("tool {}: POST {} ({} calls at once)", c.name, c.command, tc.concurrency);
     } else {
-      spdlog::info("tool {}: `{}` (JSON lines)", c.name, c.command);
+      spdlog::info("tool {}: `{}` (JSON lines, {} process{})", c.name, c.command, tc.processes,
+                   tc.processes == 1 ? "" : "es");
     }
   }
   return true;
@@ -733,13 +735,25 @@ void add_rl_command(CLI::App& app, const global_options&) {
       std::exit(2);
     }
     if (o->tools.empty() && o->tool_cmds.empty() && o->tool_urls.empty()) {
-      for (const char* opt : {"--max-tool-calls", "--tool-latency-ms", "--tool-latency-dist",
-                              "--tool-timeout-s", "--tool-turns", "--tool-concurrency"}) {
+      for (const char* opt :
+           {"--max-tool-calls", "--tool-latency-ms", "--tool-latency-dist", "--tool-timeout-s",
+            "--tool-turns", "--tool-concurrency", "--tool-procs"}) {
         if (cmd->get_option(opt)->count() > 0) {
           spdlog::error("{} shapes the tool calls of --tools: give --tools too", opt);
           std::exit(2);
         }
       }
+    }
+    if (o->tool_cmds.empty() && cmd->get_option("--tool-procs")->count() > 0) {
+      spdlog::error(
+          "--tool-procs sets the processes of each --tool-cmd program: give --tool-cmd too");
+      std::exit(2);
+    }
+    if (o->tool_urls.empty() && cmd->get_option("--tool-concurrency")->count() > 0) {
+      spdlog::error(
+          "--tool-concurrency sets the calls in flight at each --tool-url endpoint: give "
+          "--tool-url too");
+      std::exit(2);
     }
     if (o->task != "lookup" && cmd->get_option("--words")->count() > 0) {
       spdlog::error("--words is an option of --task lookup");

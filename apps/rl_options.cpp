@@ -34,6 +34,11 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "--tool-url: calls each endpoint gets at once")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
+  cmd->add_option("--tool-procs", o->tool_procs,
+                  "--tool-cmd: processes of each program (each serves one call at a time; a "
+                  "call goes to the least busy)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--max-tool-calls", o->max_tool_calls,
                   "--tools: calls per sample; a turn that calls once more ends the sample")
       ->capture_default_str()

@@ -78,6 +78,41 @@ caf::behavior process_tool_fn(caf::event_based_actor* self, gpu::rl::tool_comman
   };
 }
 
+/// A tool of your own with several processes (`cfg.processes` detached workers, linked: a worker
+/// that dies takes the tool down, and the router restarts it and sends its calls again): each
+/// call goes to the worker with the fewest calls in hand, and its answer back to its sender.
+caf::behavior process_pool_fn(caf::event_based_actor* self, gpu::rl::tool_command cmd,
+                              tool_actors_config cfg) {
+  struct pool {
+    std::vector<caf::actor> workers;
+    std::vector<int> busy;
+    std::unordered_map<uint64_t, std::pair<caf::actor, size_t>> calls;  ///< id → sender, worker
+  };
+  auto p = std::make_shared<pool>();
+  for (int i = 0; i < std::max(1, cfg.processes); ++i) {
+    p->workers.push_back(self->spawn<caf::detached + caf::linked>(process_tool_fn, cmd, cfg));
+    p->busy.push_back(0);
+  }
+  return {
+      [self, p](tl_call_atom, uint64_t id, const std::string& args) {
+        auto to = caf::actor_cast<caf::actor>(self->current_sender());
+        if (!to) return;
+        const size_t w =
+            static_cast<size_t>(std::min_element(p->busy.begin(), p->busy.end()) - p->busy.begin());
+        ++p->busy[w];
+        p->calls[id] = {to, w};
+        self->send(p->workers[w], tl_call_atom::value, id, args);
+      },
+      [self, p](tl_result_atom, uint64_t id, std::string& text) {
+        auto it = p->calls.find(id);
+        if (it == p->calls.end()) return;
+        --p->busy[it->second.second];
+        self->send(it->second.first, tl_result_atom::value, id, std::move(text));
+        p->calls.erase(it);
+      },
+  };
+}
+
 /// One request at a time to a tool's HTTP endpoint; answers go straight to the router.
 caf::behavior http_worker_fn(caf::event_based_actor* self, gpu::rl::tool_command endpoint,
                              tool_actors_config cfg) {
@@ -137,7 +172,9 @@ caf::behavior router_fn(caf::event_based_actor* self, std::shared_ptr<shared_sta
     const gpu::rl::tool_command* own = command_of(cfg, name);
     auto a = own == nullptr ? self->spawn<caf::monitored>(tool_actor_fn, name, cfg)
              : own->http    ? self->spawn<caf::monitored>(http_tool_fn, *own, cfg)
-                         : self->spawn<caf::detached + caf::monitored>(process_tool_fn, *own, cfg);
+             : cfg.processes > 1
+                 ? self->spawn<caf::monitored>(process_pool_fn, *own, cfg)
+                 : self->spawn<caf::detached + caf::monitored>(process_tool_fn, *own, cfg);
     st->tool_of[a.address()] = name;
     std::lock_guard<std::mutex> lock(sh->mu);
     sh->tools[name] = a;

@@ -24,8 +24,9 @@ namespace weft::rl {
 struct tool_actors_config {
   /// The tools: built-in ("calc", "lookup") or of your own (named in `commands`).
   std::vector<std::string> tools;
-  /// Tools of your own (`--tool-cmd NAME=COMMAND`; a built-in's name replaces it): each runs as a
-  /// gpu::rl::tool_process in a detached actor, one call at a time; a program that crashes or
+  /// Tools of your own (`--tool-cmd NAME=COMMAND`; a built-in's name replaces it): each runs as
+  /// `processes` gpu::rl::tool_process, each in a detached actor serving one call at a time (a
+  /// call goes to the process with the fewest calls; ties: the first); a program that crashes or
   /// does not answer within timeout_ms is restarted and asked again, up to max_attempts times,
   /// then the call's result is an error. A command with `http` is an endpoint
   /// (actors/rl/tool_http.hpp) taking `concurrency` calls at once, each request bounded by
@@ -40,6 +41,8 @@ struct tool_actors_config {
   /// Tools behind an HTTP endpoint (commands with `http`, `--tool-url`): calls in flight at once,
   /// each on a detached worker of the tool's actor (they take the calls in turn).
   int concurrency = 8;
+  /// Tools of your own that are programs (`--tool-procs`): processes of each, calls at once.
+  int processes = 1;
   int max_attempts = 3;  ///< Sends of one call before its error result.
 };
 

@@ -13,8 +13,9 @@ batch) and two rollout agents with a 100 ms tool, one of them SIGKILLed mid-run,
 bit for bit (sync mode, f16 rollout weights), as do trajectory priority with a cap on each
 rollout engine's sequences (in one process, and on the two agents); async
 mode keeps its staleness bound; a Python program with the same table, given as --tool-cmd
-lookup=..., and the same table behind an HTTP endpoint (--tool-url lookup=http://...), give
-the same samples as the built-in tool; options that need --tools are refused without it.
+lookup=... (two processes: --tool-procs 2), and the same table behind an HTTP endpoint
+(--tool-url lookup=http://...), give the same samples as the built-in tool; options that need
+--tools are refused without it.
 
 Usage: test_rl_tools.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
 """
@@ -114,6 +115,8 @@ def main():
                           (["--tool-url", "lookup=http://a/", "--tool-cmd", "lookup=cat"],
                            "given twice"),
                           (["--tool-concurrency", "4"], "give --tools too"),
+                          (["--tools", "calc", "--tool-procs", "2"], "give --tool-cmd too"),
+                          (["--tools", "calc", "--tool-concurrency", "2"], "give --tool-url too"),
                           (["--tools", "calc,search"], "unknown tool 'search'"),
                           (["--tools", "calc", "--tool-latency-ms", "2000", "--tool-timeout-s",
                             "1"], "every call would time out"),
@@ -175,9 +178,11 @@ def main():
             f.write(LOOKUP_PY)
         m5 = os.path.join(tmp, "own.jsonl")
         rc, out = run_weft(w, "rl", run + ["--eval-every", "0", "--tool-cmd",
-                                           f"lookup=python3 {mine}", "--metrics", m5])
-        check(rc == 0 and "tool lookup: `python3" in out,
-              f"--tool-cmd runs the program as the lookup tool ({out.strip()[-200:]})")
+                                           f"lookup=python3 {mine}", "--tool-procs", "2",
+                                           "--metrics", m5])
+        check(rc == 0 and "tool lookup: `python3" in out and "JSON lines, 2 processes" in out,
+              f"--tool-cmd runs the program (2 processes) as the lookup tool "
+              f"({out.strip()[-200:]})")
         if rc == 0:
             same_run(m5, "a Python lookup tool (JSON lines) instead of the built-in")
         # The same table behind an HTTP endpoint.

@@ -144,6 +144,38 @@ TEST(tool_actors, a_tool_of_your_own_answers_restarts_and_fails_as_a_result) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(tool_actors, a_tool_of_your_own_runs_as_several_processes) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("weft-tool-procs-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  tool_actors_config c;
+  c.tools = {"who"};
+  c.timeout_ms = 10'000;
+  c.processes = 3;
+  // Each call takes 0.5 s and answers with the process's pid: three calls given at once are in
+  // three processes (each goes to the least busy), and so are the next three.
+  c.commands = {{"who", python_tool(dir, "who",
+                                    "    import time; time.sleep(0.5)\n"
+                                    "    print(json.dumps({'id': r['id'], 'result': "
+                                    "r['args'] + ' ' + str(os.getpid())}))\n")}};
+  auto t = tool_actors::create(c);
+  ASSERT_TRUE(t.ok()) << t.error().to_string();
+  for (uint64_t i = 0; i < 6; ++i) {
+    ASSERT_TRUE((*t)->call(i, grl::tool_call{"who", "call" + std::to_string(i)}));
+  }
+  auto got = collect(**t, 6);
+  ASSERT_EQ(got.size(), 6u);
+  std::map<std::string, int> calls_of;
+  for (uint64_t i = 0; i < 6; ++i) {
+    const std::string want = "call" + std::to_string(i) + " ";
+    ASSERT_EQ(got[i].rfind(want, 0), 0u) << got[i];
+    ++calls_of[got[i].substr(want.size())];
+  }
+  EXPECT_EQ(calls_of.size(), 3u) << "three processes";
+  for (const auto& [pid, n] : calls_of) EXPECT_EQ(n, 2) << "process " << pid;
+  std::filesystem::remove_all(dir);
+}
+
 /// An HTTP tool server on a free local port: POST /shout answers {"result": ARGS!} after 100 ms
 /// (counting the requests in flight at once), /teapot 418, /babble text, /flaky 503 on its first
 /// request.
