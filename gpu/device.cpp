@@ -22,24 +22,40 @@ device_registry& device_registry::instance() {
     auto* r = new device_registry();
     r->add("cpu", device_kind::cpu, [](const device_config& c) { return cpu::make_cpu_device(c); });
 #ifdef WEFT_WITH_CUDA
-    r->add("cuda", device_kind::cuda,
-           [](const device_config& c) { return cuda::make_cuda_device(c); });
+    r->add(
+        "cuda", device_kind::cuda, [](const device_config& c) { return cuda::make_cuda_device(c); },
+        [] { return cuda::cuda_device_count(); });
 #endif
     return r;
   }();
   return *registry;
 }
 
-void device_registry::add(const std::string& name, device_kind kind, device_factory factory) {
+void device_registry::add(const std::string& name, device_kind kind, device_factory factory,
+                          device_counter count) {
   std::lock_guard lock{registry_mutex()};
   for (auto& e : entries_) {
     if (e.name == name) {
       e.kind = kind;
       e.factory = std::move(factory);
+      e.count = std::move(count);
       return;
     }
   }
-  entries_.push_back({name, kind, std::move(factory)});
+  entries_.push_back({name, kind, std::move(factory), std::move(count)});
+}
+
+int device_registry::count(const std::string& name) const {
+  device_counter counter;
+  {
+    std::lock_guard lock{registry_mutex()};
+    auto it = std::find_if(entries_.begin(), entries_.end(),
+                           [&](const entry& e) { return e.name == name; });
+    if (it == entries_.end()) return 0;
+    if (!it->count) return 1;
+    counter = it->count;
+  }
+  return std::max(0, counter());
 }
 
 result<std::unique_ptr<device>> device_registry::create(const std::string& name,

@@ -105,6 +105,8 @@ class device {
 
 /// Creates devices by name ("cpu", "cuda").
 using device_factory = std::function<result<std::unique_ptr<device>>(const device_config&)>;
+/// How many devices of a backend this host has (0: none usable).
+using device_counter = std::function<int()>;
 
 /// Process-wide registry of device backends. Thread-safe.
 class device_registry {
@@ -112,11 +114,14 @@ class device_registry {
   /// The registry, with the built-in backends registered.
   static device_registry& instance();
 
-  /// Registers (or replaces) a backend.
-  void add(const std::string& name, device_kind kind, device_factory factory);
+  /// Registers (or replaces) a backend; `count` says how many devices it has (none: one).
+  void add(const std::string& name, device_kind kind, device_factory factory,
+           device_counter count = nullptr);
   /// Creates a device of backend `name`; not_found for an unknown name.
   result<std::unique_ptr<device>> create(const std::string& name,
                                          const device_config& config = {}) const;
+  /// Devices of backend `name` on this host (BACKEND:0 .. BACKEND:count-1); 0 for an unknown one.
+  int count(const std::string& name) const;
   /// Names of the registered backends.
   std::vector<std::string> names() const;
   /// Creates the device a user names: BACKEND or BACKEND:INDEX ("cpu", "cuda", "cuda:1");
@@ -130,6 +135,7 @@ class device_registry {
     std::string name;
     device_kind kind;
     device_factory factory;
+    device_counter count;
   };
   std::vector<entry> entries_;
 };

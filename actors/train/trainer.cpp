@@ -14,6 +14,7 @@
 #include "actors/private_messages.hpp"
 #include "actors/roles.hpp"
 #include "actors/runtime.hpp"
+#include "actors/train/local_rank.hpp"
 #include "actors/train/rank_group.hpp"
 #include "actors/train/shared_files.hpp"
 #include "actors/train/train_atoms.hpp"
@@ -134,6 +135,7 @@ class rank_loop {
     peers_ = std::move(joined->peers);
     generation_ = joined->generation;
     if (auto s = open_files(); !s.ok()) return s;
+    if (auto s = choose_device(); !s.ok()) return s;
     auto loaded = load_sft_run(cfg_.run);
     if (!loaded) return fatal(loaded.error().message());
     run_ = std::move(*loaded);
@@ -162,6 +164,19 @@ class rank_loop {
       }
       *p = std::move(*use);
     }
+    return {};
+  }
+
+  /// `--device cuda` without an index: this rank's own GPU on its host (local rank mod GPUs).
+  status choose_device() {
+    auto& dev = cfg_.run.device;
+    if (cfg_.world == 1 || dev == "cpu" || dev.find(':') != std::string::npos) return {};
+    auto local = local_rank(*peers_, this_host_key());
+    if (!local) return local.error();
+    const int n = gpu::device_registry::instance().count(dev);
+    dev = gpu::train::device_for_local_rank(dev, *local, n);
+    spdlog::info("trainer {}: rank {} is local rank {} of its host: {} ({} device{} there)", name_,
+                 cfg_.rank, *local, dev, n, n == 1 ? "" : "s");
     return {};
   }
 

@@ -357,6 +357,10 @@ class cuda_device final : public device {
 
 }  // namespace
 
+int cuda_device_count() {
+  return std::max(0, device_count());
+}
+
 result<std::unique_ptr<device>> make_cuda_device(const device_config& config) {
   const int n = device_count();
   if (n <= 0) {

@@ -187,6 +187,11 @@ result<sft_run> load_sft_run(const sft_run_options& o, bool with_model) {
   return sft_run{std::move(*file), std::move(*data), std::move(dev), std::move(model)};
 }
 
+std::string device_for_local_rank(const std::string& device, int local_rank, int devices) {
+  if (device == "cpu" || device.find(':') != std::string::npos || devices <= 0) return device;
+  return device + ":" + std::to_string(std::max(0, local_rank) % devices);
+}
+
 result<std::unique_ptr<device>> open_training_device(const std::string& name) {
   if (name == "cpu") return std::unique_ptr<device>{};
   auto d = device_registry::instance().open(name);

@@ -72,6 +72,12 @@ struct sft_run {
 /// name the option and the backend's reason (no GPU, no such index).
 result<std::unique_ptr<device>> open_training_device(const std::string& name);
 
+/// The device of one rank of a trainer group: a backend named without an index ("cuda") becomes
+/// the rank's own device on its host, BACKEND:(local_rank mod devices), as torchrun's LOCAL_RANK
+/// picks a GPU; "cpu", an explicit index ("cuda:1") and a backend without devices stay as given
+/// (opening the latter then fails with the backend's reason).
+std::string device_for_local_rank(const std::string& device, int local_rank, int devices);
+
 /// Opens the model, encodes the data (a bad line is an error naming file:line) and loads the
 /// weights, logging what it loaded. Errors name the file.
 result<sft_run> load_sft_run(const sft_run_options& o, bool with_model = true);

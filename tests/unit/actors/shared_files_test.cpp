@@ -1,5 +1,6 @@
-// shared_files: a trainer group's model and data reach ranks that lack them, byte for byte, on
-// inproc engines (members on their own threads like processes would be).
+// What the ranks of a trainer group settle on joining, on inproc engines (members on their own
+// threads like processes would be): shared_files (the model and the data reach ranks that lack
+// them, byte for byte) and local_rank (which ranks share a host).
 
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "actors/train/local_rank.hpp"
 #include "actors/train/shared_files.hpp"
 #include "transport/registry.hpp"
 
@@ -49,21 +51,29 @@ class shared_files_test : public ::testing::Test {
 
   fs::path host(int r) const { return root_ / ("host" + std::to_string(r)); }
 
-  /// share_file on every rank, its own path under host(r), pieces of 1000 bytes.
-  std::vector<result<std::string>> share(const std::string& name) {
-    std::vector<result<std::string>> out(k_, make_error(errc::internal, "not run"));
+  /// `fn(group, rank)` on every rank, each on its own thread.
+  template <class T>
+  std::vector<T> on_every_rank(std::function<T(transport::peer_group&, int)> fn, T failed) {
+    std::vector<T> out(k_, failed);
     std::vector<std::thread> threads;
     for (int r = 0; r < k_; ++r) {
       threads.emplace_back([&, r] {
         auto g = transport::peer_group::connect(*engines_[static_cast<size_t>(r)], r, addresses_,
                                                 {.timeout_ms = 20'000});
-        if (!g) return;
-        out[static_cast<size_t>(r)] =
-            share_file(**g, (host(r) / "run" / name).string(), "model", host(r) / "cache", 1000);
+        if (g) out[static_cast<size_t>(r)] = fn(**g, r);
       });
     }
     for (auto& t : threads) t.join();
     return out;
+  }
+
+  /// share_file on every rank, its own path under host(r), pieces of 1000 bytes.
+  std::vector<result<std::string>> share(const std::string& name) {
+    return on_every_rank<result<std::string>>(
+        [&](transport::peer_group& g, int r) {
+          return share_file(g, (host(r) / "run" / name).string(), "model", host(r) / "cache", 1000);
+        },
+        make_error(errc::internal, "not run"));
   }
 
   const int k_ = 3;
@@ -121,6 +131,24 @@ TEST_F(shared_files_test, rank_0_without_the_file_fails_every_rank_naming_it) {
     EXPECT_NE(got[static_cast<size_t>(r)].error().message.find("missing.gguf"), std::string::npos)
         << got[static_cast<size_t>(r)].error().message;
   }
+}
+
+TEST_F(shared_files_test, local_ranks_count_the_lower_ranks_on_the_same_host) {
+  // Ranks 0 and 2 on one host, rank 1 on another.
+  const uint64_t hosts[3] = {0x1234567890ABCDEFull, 0xFEDCBA0987654321ull, 0x1234567890ABCDEFull};
+  auto got = on_every_rank<result<int>>(
+      [&](transport::peer_group& g, int r) { return local_rank(g, hosts[r]); },
+      make_error(errc::internal, "not run"));
+  for (int r = 0; r < k_; ++r) ASSERT_TRUE(got[static_cast<size_t>(r)]) << "rank " << r;
+  EXPECT_EQ(*got[0], 0);
+  EXPECT_EQ(*got[1], 0);
+  EXPECT_EQ(*got[2], 1);
+  // Processes of one machine share its key (its boot id).
+  EXPECT_EQ(this_host_key(), this_host_key());
+  auto same = on_every_rank<result<int>>(
+      [](transport::peer_group& g, int) { return local_rank(g, this_host_key()); },
+      make_error(errc::internal, "not run"));
+  for (int r = 0; r < k_; ++r) EXPECT_EQ(*same[static_cast<size_t>(r)], r);
 }
 
 }  // namespace

@@ -699,13 +699,34 @@ TEST(device_registry, cpu_is_always_there) {
   EXPECT_EQ(src, dst);
   d.value()->release(*buf);
   EXPECT_EQ(reg.create("no-such-device").error().code(), status_code::not_found);
+  EXPECT_EQ(reg.count("cpu"), 1);
+  EXPECT_EQ(reg.count("no-such-device"), 0);
 #ifdef WEFT_WITH_CUDA
   // Registered in CUDA builds; without a GPU the creation fails with a clear error, never a crash.
   auto c = reg.create("cuda");
   if (!c.ok()) {
     EXPECT_EQ(c.error().code(), status_code::unsupported) << c.error().to_string();
+    EXPECT_EQ(reg.count("cuda"), 0);
+  } else {
+    EXPECT_GE(reg.count("cuda"), 1);
   }
 #endif
+}
+
+TEST(device_registry, a_backend_counts_its_devices) {
+  auto& reg = device_registry::instance();
+  reg.add(
+      "counted-test", device_kind::cpu,
+      [](const device_config&) -> result<std::unique_ptr<device>> {
+        return status{status_code::unsupported, "not for creating"};
+      },
+      [] { return 3; });
+  EXPECT_EQ(reg.count("counted-test"), 3);
+  reg.add("counted-test", device_kind::cpu,
+          [](const device_config&) -> result<std::unique_ptr<device>> {
+            return status{status_code::unsupported, "not for creating"};
+          });
+  EXPECT_EQ(reg.count("counted-test"), 1) << "a backend without a counter has one device";
 }
 
 }  // namespace

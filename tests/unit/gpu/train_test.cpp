@@ -18,6 +18,7 @@
 #include "gpu/tiny_model.hpp"
 #include "gpu/train/moe_ops.hpp"
 #include "gpu/train/optimizer.hpp"
+#include "gpu/train/sft_run.hpp"
 #include "gpu/train/train_ops.hpp"
 #include "gpu/train/trainable_model.hpp"
 
@@ -747,6 +748,17 @@ TEST(optimizer, clipping_and_schedule) {
   EXPECT_NEAR(s.at(500), 0.1, 1e-12);
   s.decay = lr_schedule::shape::constant;
   EXPECT_DOUBLE_EQ(s.at(60), 1.0);
+}
+
+TEST(sft_run, a_group_rank_without_a_device_index_takes_its_own_gpu) {
+  // As torchrun's LOCAL_RANK: local rank mod the host's GPUs; anything explicit stays.
+  EXPECT_EQ(device_for_local_rank("cuda", 0, 4), "cuda:0");
+  EXPECT_EQ(device_for_local_rank("cuda", 3, 4), "cuda:3");
+  EXPECT_EQ(device_for_local_rank("cuda", 5, 4), "cuda:1");
+  EXPECT_EQ(device_for_local_rank("cuda", 2, 1), "cuda:0");
+  EXPECT_EQ(device_for_local_rank("cuda:2", 1, 4), "cuda:2");
+  EXPECT_EQ(device_for_local_rank("cpu", 1, 1), "cpu");
+  EXPECT_EQ(device_for_local_rank("cuda", 1, 0), "cuda") << "no GPU: opening it says why";
 }
 
 }  // namespace
