@@ -240,7 +240,8 @@ void add_train_command(CLI::App& app, const global_options&) {
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--device", o->device,
                   "Where training runs: cpu, or cuda / cuda:N (weights, gradients and AdamW in "
-                  "device memory; every trainer of --trainers uses this device)")
+                  "device memory; with --trainers, cuda gives each rank its own GPU of its "
+                  "host, cuda:N puts every rank on GPU N)")
       ->capture_default_str();
   cmd->add_flag("--offload-optimizer", o->offload_optimizer,
                 "With --device: keep the master weights and AdamW on the host (less device "
