@@ -304,6 +304,18 @@ int run_serve_status(const client_cli& cli) {
     out += fmt::format("trainer group generation {}, {} group(s) formed\n",
                        tr.value("generation", 0), tr.value("groups_formed", int64_t{0}));
   }
+  const auto& rf = j["reference"];
+  if (rf.is_object()) {
+    out += fmt::format("\n{:<14} {:<8} {:>8} {:>8}\n", "KL REFERENCE", "STATE", "PID", "BATCHES");
+    for (const auto& w : rf.value("workers", nlohmann::json::array())) {
+      out += fmt::format("{:<14} {:<8} {:>8} {:>8}\n", w.value("worker", 0),
+                         w.value("state", std::string{}), w.value("pid", 0),
+                         w.value("batches", int64_t{0}));
+    }
+    out += fmt::format("{} reference workers lost, {} batches sent again\n",
+                       rf.value("workers_lost", int64_t{0}),
+                       rf.value("batches_resent", int64_t{0}));
+  }
   const auto& tl = j["tools"];
   if (tl.is_object()) {
     out += fmt::format("\n{:<14} {:<9} {:>8} {:>9}\n", "TOOL", "KIND", "CALLS", "RESTARTS");

@@ -39,6 +39,7 @@ struct rl_agent_cluster::impl {
   std::optional<caf::actor> supervisor;
   std::optional<caf::actor> reward_supervisor;
   std::optional<caf::actor> trainer_supervisor;
+  std::optional<caf::actor> reference_supervisor;
 };
 
 rl_agent_cluster::rl_agent_cluster() : d_(std::make_unique<impl>()) {}
@@ -47,6 +48,7 @@ rl_agent_cluster::~rl_agent_cluster() {
   if (!d_->head) return;
   auto& sys = d_->head->node->system();
   std::vector<caf::actor> sups;
+  if (d_->reference_supervisor) sups.push_back(*d_->reference_supervisor);
   if (d_->trainer_supervisor) sups.push_back(*d_->trainer_supervisor);
   if (d_->reward_supervisor) sups.push_back(*d_->reward_supervisor);
   if (d_->supervisor) sups.push_back(*d_->supervisor);
@@ -55,6 +57,7 @@ rl_agent_cluster::~rl_agent_cluster() {
   if (backend_) backend_->shutdown();
   if (rewards_) rewards_->shutdown();
   if (trainers_) trainers_->shutdown();
+  if (reference_) reference_->shutdown();
 }
 
 result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agents_options& o) {
@@ -64,7 +67,8 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   // namespaces).
   std::string host = "127.0.0.1";
   if (o.netns) {
-    auto t = netns_topology::create(o.agents + o.reward_workers + std::max(0, o.trainers - 1));
+    auto t = netns_topology::create(o.agents + o.reward_workers + std::max(0, o.trainers - 1) +
+                                    o.reference_workers);
     if (!t) return make_error(errc::unavailable, "--netns: " + t.error().message);
     c->d_->netns.emplace(std::move(*t));
     host = c->d_->netns->gateway();
@@ -101,7 +105,12 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
                *port);
   d->nodes = std::make_unique<local_nodes>(
       h.secret_hex, h.node->head_port(),
-      [agents = o.agents, rewards = o.reward_workers](int i) -> local_node_spec {
+      [agents = o.agents, rewards = o.reward_workers,
+       trainers = std::max(0, o.trainers - 1)](int i) -> local_node_spec {
+        if (i >= agents + rewards + trainers) {
+          return {"reference-node-" + std::to_string(i - agents - rewards - trainers),
+                  {"rl_reference"}};
+        }
         if (i >= agents + rewards) {
           return {"trainer-node-" + std::to_string(i - agents - rewards + 1), {"rl_trainer"}};
         }
@@ -129,6 +138,9 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   }
   if (o.trainers > 1) {
     if (auto st = c->start_trainers(o, host); !st.ok()) return st;
+  }
+  if (o.reference_workers > 0) {
+    if (auto st = c->start_reference_workers(o, host); !st.ok()) return st;
   }
   std::vector<actors::child_spec> children;
   for (int i = 0; i < o.agents; ++i) {
@@ -256,6 +268,47 @@ status rl_agent_cluster::start_trainers(const rl_agents_options& o, const std::s
   spdlog::info("{} trainer ranks starting on trainer nodes; gradients are summed over UCX",
                o.trainers - 1);
   return {};
+}
+
+status rl_agent_cluster::start_reference_workers(const rl_agents_options& o,
+                                                 const std::string& host) {
+  impl* d = d_.get();
+  auto& sys = d->head->node->system();
+  rl::remote_reference_config rc;
+  rc.workers = o.reference_workers;
+  rc.no_worker_timeout_ms = o.start_timeout_ms;
+  rc.on_idle = [d] {
+    if (d->nodes) d->nodes->watch();
+  };
+  auto r = rl::remote_reference::create(sys, rc);
+  if (!r) return r.error();
+  reference_ = std::shared_ptr<rl::remote_reference>(std::move(*r));
+  auto port = actors::publish_actor(sys, reference_->controller(), 0, host);
+  if (!port) {
+    return make_error(errc::unavailable,
+                      "cannot publish the reference controller: " + port.error().to_string());
+  }
+  const int first = o.agents + o.reward_workers + std::max(0, o.trainers - 1);
+  std::vector<actors::child_spec> children;
+  for (int k = 0; k < o.reference_workers; ++k) {
+    if (auto s = d->nodes->launch(first + k); !s.ok()) return s;
+    spdlog::info("reference-node-{} started (pid {})", k, d->nodes->pid(first + k));
+    rl::reference_worker_config wc = o.reference;
+    wc.worker = k;
+    wc.controller_host = host;
+    wc.controller_port = *port;
+    children.push_back({"rl-reference-" + std::to_string(k), "rl_reference", wc.to_json(),
+                        actors::restart_type::permanent});
+  }
+  auto sup = supervise_one_for_one(*d->head, "reference-workers", children, o.max_restarts);
+  if (!sup) {
+    return make_error(errc::unavailable,
+                      "cannot start the reference workers: " + sup.error().to_string());
+  }
+  d->reference_supervisor = *sup;
+  spdlog::info("{} KL reference worker(s) starting: the starting model loads on their nodes",
+               o.reference_workers);
+  return reference_->wait_ready(o.start_timeout_ms);
 }
 
 std::string rl_agent_cluster::cluster_json() const {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "actors/rl/remote_reference.hpp"
 #include "actors/rl/remote_rewards.hpp"
 #include "actors/rl/remote_rollouts.hpp"
 #include "actors/rl/remote_trainers.hpp"
@@ -47,6 +48,11 @@ struct rl_agents_options {
   int trainers = 1;
   uint32_t allreduce_timeout_ms = 120'000;
   rl::rl_trainer_config trainer;
+  /// `--reference-workers K`: the KL reference on K reference nodes
+  /// (actors/rl/remote_reference.hpp); `reference` is their configuration (worker and
+  /// controller filled in here).
+  int reference_workers = 0;
+  rl::reference_worker_config reference;
 };
 
 class rl_agent_cluster {
@@ -61,6 +67,8 @@ class rl_agent_cluster {
   std::shared_ptr<rl::remote_rewards> rewards() const { return rewards_; }
   /// Ranks 1..K-1 of the trainer group (null without --trainers K > 1).
   std::shared_ptr<rl::remote_trainers> trainers() const { return trainers_; }
+  /// The reference workers' controller (null without --reference-workers).
+  std::shared_ptr<rl::remote_reference> reference() const { return reference_; }
   /// The head's node table as JSON (what `weft cluster status --json` prints).
   std::string cluster_json() const;
   /// The pid of agent node i's process (0 while it is not running).
@@ -72,10 +80,12 @@ class rl_agent_cluster {
   rl_agent_cluster();
   status start_reward_workers(const rl_agents_options& o, const std::string& host);
   status start_trainers(const rl_agents_options& o, const std::string& host);
+  status start_reference_workers(const rl_agents_options& o, const std::string& host);
   std::unique_ptr<impl> d_;
   std::shared_ptr<rl::remote_rollouts> backend_;
   std::shared_ptr<rl::remote_rewards> rewards_;
   std::shared_ptr<rl::remote_trainers> trainers_;
+  std::shared_ptr<rl::remote_reference> reference_;
 };
 
 }  // namespace weft::apps

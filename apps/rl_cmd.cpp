@@ -129,6 +129,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.top_p = o.top_p;
   c.top_k = o.top_k;
   c.fuse_reference = !o.no_fused_reference;
+  c.external_reference = o.reference_workers > 0;
   c.eval_prompts = o.eval_prompts;
   c.chat = o.prompt_format == "chat";
   c.grpo.clip_low = o.clip_low;
@@ -336,6 +337,12 @@ bool options_fit_together(const rl_options& o) {
         "it needs both");
     return false;
   }
+  if (o.reference_workers > 0 && (o.agents == 0 || o.kl_coef == 0.0 || o.device != "cpu")) {
+    spdlog::error(
+        "--reference-workers computes the KL reference (--kl-coef) on nodes of the cluster "
+        "--agents N starts, on their CPUs (--device cpu): it needs --agents and --kl-coef");
+    return false;
+  }
   if (o.trainers > 1 && (o.agents == 0 || o.device != "cpu" || o.mode == "stream")) {
     spdlog::error(
         "--trainers K runs ranks 1..K-1 on nodes of the cluster --agents N starts; the group "
@@ -392,6 +399,10 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   ao.trainer.temperature = cfg.temperature;
   ao.trainer.grpo = cfg.grpo;
   ao.trainer.adamw = cfg.adamw;
+  ao.reference_workers = o.reference_workers;
+  ao.reference.model_path = ao.trainer.model_path;
+  ao.reference.threads = o.threads;
+  ao.reference.temperature = cfg.temperature;
   return rl_agent_cluster::start(ao);
 }
 
@@ -409,6 +420,8 @@ bool serve_metrics(const rl_options& o, rl_reporter& report, const rl_agent_clus
              (cluster->rewards() ? cluster->rewards()->status_json() : std::string{"null"}) +
              ",\"trainers\":" +
              (cluster->trainers() ? cluster->trainers()->status_json() : std::string{"null"}) +
+             ",\"reference\":" +
+             (cluster->reference() ? cluster->reference()->status_json() : std::string{"null"}) +
              ",\"tools\":" + (tools ? tools->status_json() : std::string{"null"}) + "}";
     });
   }
@@ -451,6 +464,13 @@ bool use_rewards(const rl_options& o, rl_agent_cluster* cluster, grpo_loop& loop
     use_reward_process(o, loop, rewards);
   }
   return o.reward_url.empty() || use_reward_endpoint(o, loop, endpoint);
+}
+
+/// `--reference-workers K`: the KL reference on the cluster's reference nodes.
+void use_reference(const rl_options& o, rl_agent_cluster* cluster, grpo_loop& loop) {
+  if (!cluster || !cluster->reference()) return;
+  loop.set_reference(cluster->reference());
+  spdlog::info("KL reference on {} reference worker(s)", o.reference_workers);
 }
 
 /// `--trainers K`: ranks 1..K-1 on the cluster's trainer nodes. false: said why.
@@ -554,6 +574,10 @@ int train_steps(const rl_options& o, grpo_loop& loop, rl_reporter& report,
       r->reward_workers_lost = cluster->rewards()->workers_lost();
       r->reward_parts_rescored = cluster->rewards()->parts_rescored();
     }
+    if (cluster && cluster->reference()) {
+      r->reference_workers_lost = cluster->reference()->workers_lost();
+      r->reference_batches_resent = cluster->reference()->batches_resent();
+    }
     if (tools) {
       r->tool_restarts = tools->restarts();
       r->tool_calls_resent = tools->resent();
@@ -641,6 +665,7 @@ int run_rl(const rl_options& o) {
   std::optional<reward_http> endpoint;
   if (!use_rewards(o, cluster.get(), loop, rewards, endpoint)) return 2;
   if (!use_trainer_group(o, cluster.get(), loop)) return 2;
+  use_reference(o, cluster.get(), loop);
   std::shared_ptr<weft::rl::tool_actors> tools;
   if (!start_tools(o, *cfg, loop, tools)) return 2;
   if (o.resume && !resume_rl(o, loop)) return 2;

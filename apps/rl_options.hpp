@@ -86,6 +86,8 @@ struct rl_options {
   double reward_timeout_s = 60.0;
   int reward_restarts = 3;
   int reward_workers = 0;  ///< --reward-cmd on this many reward nodes (needs --agents)
+  /// The KL reference on this many reference nodes (needs --agents and --kl-coef).
+  int reference_workers = 0;
   /// Data-parallel trainer ranks: rank 0 in this process, the others on trainer nodes (needs
   /// --agents).
   int trainers = 1;

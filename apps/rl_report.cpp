@@ -72,6 +72,11 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                  r.reward_parts_rescored);
     reward_workers_lost_ = r.reward_workers_lost;
   }
+  if (r.reference_workers_lost > reference_workers_lost_) {
+    spdlog::info("  reference workers: {} lost so far, {} batches sent again",
+                 r.reference_workers_lost, r.reference_batches_resent);
+    reference_workers_lost_ = r.reference_workers_lost;
+  }
   if (r.trainer_groups > std::max<int64_t>(1, trainer_groups_)) {
     spdlog::info(
         "  trainer group: restarted {} time(s) so far; rank 0's state sent to the new group",
@@ -123,6 +128,8 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"peer_weight_pulls", r.agents.peer_weight_pulls},
                       {"reward_workers_lost", r.reward_workers_lost},
                       {"reward_parts_rescored", r.reward_parts_rescored},
+                      {"reference_workers_lost", r.reference_workers_lost},
+                      {"reference_batches_resent", r.reference_batches_resent},
                       {"weight_pull_s", r.agents.last_pull_s},
                       {"staleness_mean", r.staleness_mean},
                       {"staleness_max", r.staleness_max},
@@ -228,6 +235,12 @@ std::string rl_reporter::prometheus() const {
   metric("weft_rl_reward_parts_rescored_total", "counter",
          "Parts of reward batches scored again after their worker was lost",
          static_cast<double>(last_.reward_parts_rescored));
+  metric("weft_rl_reference_workers_lost_total", "counter",
+         "KL reference workers (--reference-workers) that died or were stopped",
+         static_cast<double>(last_.reference_workers_lost));
+  metric("weft_rl_reference_batches_resent_total", "counter",
+         "Reference batches sent again after their worker was lost",
+         static_cast<double>(last_.reference_batches_resent));
   metric("weft_rl_trainer_group_restarts_total", "counter",
          "Restarts of the trainer group (--trainers): a rank was lost and the group formed again",
          static_cast<double>(std::max<int64_t>(0, last_.trainer_groups - 1)));

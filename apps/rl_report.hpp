@@ -37,6 +37,7 @@ class rl_reporter {
   gpu::rl::rl_step_record last_;
   int64_t agents_lost_ = 0;          ///< reported so far
   int64_t reward_workers_lost_ = 0;  ///< reported so far
+  int64_t reference_workers_lost_ = 0;  ///< reported so far
   gpu::rl::rl_eval_record last_eval_;
   bool has_eval_ = false;
   int64_t samples_ = 0, steps_ = 0, checkpoints_ = 0, tokens_ = 0;

@@ -222,6 +222,12 @@ capnp::StructSchema schema_of(kind k) {
       return capnp::Schema::from<wire::TrainerWork>();
     case kind::reward_result:
       return capnp::Schema::from<wire::RewardResult>();
+    case kind::reference_hello:
+      return capnp::Schema::from<wire::ReferenceHello>();
+    case kind::reference_work:
+      return capnp::Schema::from<wire::ReferenceWork>();
+    case kind::reference_result:
+      return capnp::Schema::from<wire::ReferenceResult>();
     case kind::none:
     case kind::oversize:
       break;
@@ -231,7 +237,9 @@ capnp::StructSchema schema_of(kind k) {
 
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
-  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::trainer_work);
+  // The last kind: a kind appended to the enum moves this bound.
+  return v >= static_cast<uint16_t>(kind::error) &&
+         v <= static_cast<uint16_t>(kind::reference_result);
 }
 
 }  // namespace
@@ -418,6 +426,12 @@ const char* to_string(kind k) {
       return "TrainerWork";
     case kind::reward_result:
       return "RewardResult";
+    case kind::reference_hello:
+      return "ReferenceHello";
+    case kind::reference_work:
+      return "ReferenceWork";
+    case kind::reference_result:
+      return "ReferenceResult";
     case kind::oversize:
       return "oversize";
   }

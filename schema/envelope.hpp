@@ -25,7 +25,8 @@
 
 namespace weft::schema {
 
-/// Which root struct an envelope holds. Values are on the wire: append, never renumber.
+/// Which root struct an envelope holds. Values are on the wire: append, never renumber (and move
+/// known_kind's bound in envelope.cpp to the new last kind).
 enum class kind : uint16_t {
   none = 0,
   error = 1,
@@ -79,6 +80,9 @@ enum class kind : uint16_t {
   reward_batch = 48,
   reward_result = 49,
   trainer_work = 50,
+  reference_hello = 51,
+  reference_work = 52,
+  reference_result = 53,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -142,6 +146,9 @@ WEFT_SCHEMA_KIND(RewardWorkerHello, reward_worker_hello)
 WEFT_SCHEMA_KIND(RewardBatch, reward_batch)
 WEFT_SCHEMA_KIND(TrainerWork, trainer_work)
 WEFT_SCHEMA_KIND(RewardResult, reward_result)
+WEFT_SCHEMA_KIND(ReferenceHello, reference_hello)
+WEFT_SCHEMA_KIND(ReferenceWork, reference_work)
+WEFT_SCHEMA_KIND(ReferenceResult, reference_result)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults

@@ -5,6 +5,7 @@
 
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("weft::schema::wire");
+using Train = import "train.capnp";
 
 # Agent -> controller once its engine is loaded: where its data-plane engine listens, and the
 # weight version it holds (-1: the model file's weights, not a version of this run).
@@ -132,4 +133,29 @@ struct RewardResult {
   batch @0 :UInt64;
   rewards @1 :List(Float64);
   error @2 :Data;  # bytes: the message may quote a completion that ends inside a character
+}
+
+# The KL reference on nodes of its own (`weft rl --reference-workers K`): the frozen starting
+# weights' log-probs of the samples the run trains on.
+# Worker -> controller once its model is loaded (or why it could not be: `error`, not empty).
+struct ReferenceHello {
+  worker @0 :UInt32;
+  pid @1 :UInt32;
+  incarnation @2 :UInt64;  # random per start
+  error @3 :Text;
+}
+
+# Controller -> worker: one packed batch (its policy lists empty) whose targets' log-probs are
+# wanted.
+struct ReferenceWork {
+  id @0 :UInt64;
+  batch @1 :Train.TrainBatch;
+}
+
+# Worker -> controller: the log-probs of the batch's targets in position order, or why there are
+# none.
+struct ReferenceResult {
+  id @0 :UInt64;
+  logp @1 :List(Float32);
+  error @2 :Text;
 }

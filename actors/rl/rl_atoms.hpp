@@ -12,6 +12,9 @@
 ///   controller -> reward worker (w_batch_atom, RewardBatch)        samples to score
 ///   reward worker -> controller (w_result_atom, RewardResult)      their rewards, or the error
 ///   rl trainer controller -> rank (t_work_atom, TrainerWork)    a micro-batch of an iteration
+///   reference worker -> controller (rf_hello_atom, ReferenceHello)  its model loaded (or not)
+///   controller -> reference worker (rf_work_atom, ReferenceWork)    a batch to compute
+///   reference worker -> controller (rf_result_atom, ReferenceResult) its log-probs, or the error
 ///   local -> rl trainer controller (t_watch_atom, actor)      watch the ranks' supervisor
 ///   rl loop thread -> tool router (tl_call_atom, id, tool, args)  an agentic rollout's call
 ///   router -> tool actor       (tl_call_atom, id, args)   the call (actors/rl/tool_actors.hpp)
@@ -34,6 +37,9 @@ using w_hello_atom = caf::atom_constant<caf::atom("w_hello")>;
 using w_batch_atom = caf::atom_constant<caf::atom("w_batch")>;
 using w_result_atom = caf::atom_constant<caf::atom("w_result")>;
 using t_work_atom = caf::atom_constant<caf::atom("t_work")>;
+using rf_hello_atom = caf::atom_constant<caf::atom("rf_hello")>;
+using rf_work_atom = caf::atom_constant<caf::atom("rf_work")>;
+using rf_result_atom = caf::atom_constant<caf::atom("rf_result")>;
 using t_watch_atom = caf::atom_constant<caf::atom("t_watch")>;
 using tl_call_atom = caf::atom_constant<caf::atom("tl_call")>;
 using tl_result_atom = caf::atom_constant<caf::atom("tl_result")>;

@@ -40,12 +40,13 @@ transport::status broadcast_state(transport::peer_group& g,
   return {};
 }
 
-void write_batch(wire::TrainBatch::Builder b, const train_batch& x) {
+void write_batch(wire::TrainBatch::Builder b, const train_batch& x, bool policy) {
   const auto n = static_cast<unsigned>(x.tokens.size());
   put(b.initTokens(n), x.tokens);
   put(b.initTargets(n), x.targets);
   put(b.initStarts(static_cast<unsigned>(x.seqs.starts.size())), x.seqs.starts);
   put(b.initPrefix(static_cast<unsigned>(x.seqs.prefix.size())), x.seqs.prefix);
+  if (!policy) return;
   const auto p = static_cast<unsigned>(x.policy.size());
   auto lp = b.initBehaviourLogp(p);
   auto adv = b.initAdvantage(p);

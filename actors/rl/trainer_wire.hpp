@@ -24,7 +24,9 @@ gpu::status group_sum(transport::peer_group& g, std::span<const std::span<float>
 transport::status broadcast_state(transport::peer_group& g,
                                   std::span<const std::span<float>> state);
 
-void write_batch(schema::wire::TrainBatch::Builder b, const gpu::train::train_batch& x);
+/// `policy` false: the tokens, targets and sequences only (no policy inputs, no routes).
+void write_batch(schema::wire::TrainBatch::Builder b, const gpu::train::train_batch& x,
+                 bool policy = true);
 /// A batch from the wire, checked so that the trainer can never index out of bounds.
 result<gpu::train::train_batch> read_batch(schema::wire::TrainBatch::Reader r, int64_t vocab);
 

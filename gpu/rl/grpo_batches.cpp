@@ -114,18 +114,18 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
 }
 
 status grpo_loop::add_reference_logprobs(std::vector<std::vector<train::train_batch>>& batches) {
+  std::vector<train::train_batch*> all;
   for (auto& share : batches) {
-    for (auto& b : share) {
-      // The reference routes every token itself (as when it runs fused into generation).
-      std::vector<int16_t> routes = std::move(b.routes);
-      b.routes.clear();
-      auto lp = ref_->target_logprobs(b);
-      b.routes = std::move(routes);
-      if (!lp) return lp.error();
-      size_t k = 0;
-      for (size_t i = 0; i < b.targets.size() && i < b.policy.size(); ++i) {
-        if (b.targets[i] >= 0 && k < lp->size()) b.policy[i].ref_logp = (*lp)[k++];
-      }
+    for (auto& b : share) all.push_back(&b);
+  }
+  auto lps = ref_->logprobs(std::span<const train::train_batch* const>(all.data(), all.size()));
+  if (!lps) return lps.error();
+  for (size_t j = 0; j < all.size(); ++j) {
+    train::train_batch& b = *all[j];
+    const std::vector<float>& lp = (*lps)[j];
+    size_t k = 0;
+    for (size_t i = 0; i < b.targets.size() && i < b.policy.size(); ++i) {
+      if (b.targets[i] >= 0 && k < lp.size()) b.policy[i].ref_logp = lp[k++];
     }
   }
   return {};
@@ -150,8 +150,10 @@ status grpo_loop::reference_logprobs_of_group(std::span<rollout_sample> group) {
     expect += x.completion.size();
   }
   if (expect == 0) return {};
-  auto lp = ref_->target_logprobs(b);
-  if (!lp) return lp.error();
+  const train::train_batch* one = &b;
+  auto lps = ref_->logprobs(std::span<const train::train_batch* const>(&one, 1));
+  if (!lps) return lps.error();
+  const std::vector<float>* lp = &lps->front();
   if (lp->size() != expect) {
     return status{status_code::internal, "reference log-probs: " + std::to_string(lp->size()) +
                                              " for " + std::to_string(expect) + " tokens"};

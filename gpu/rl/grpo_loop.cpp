@@ -133,12 +133,6 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
     if (!local) return local.error();
     loop->backend_ = std::move(*local);
   }
-  if (config.grpo.kl_coef > 0.0) {
-    auto ref = train::trainable_model<float>::load(source);
-    if (!ref) return ref.error();
-    loop->ref_ = std::move(*ref);
-    loop->ref_->set_logit_temperature(config.temperature);
-  }
   loop->model_->set_logit_temperature(config.temperature);
   std::vector<int64_t> sizes;
   for (const auto& p : std::as_const(*loop->model_).parameters()) {
@@ -152,9 +146,11 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
     loop->train_dev_ = std::move(*train_dev);
     if (auto st = loop->model_->use_device(loop->train_dev_.get()); !st) return st;
     if (auto st = loop->model_->set_device_resident(true); !st) return st;
-    if (loop->ref_) {
-      if (auto st = loop->ref_->use_device(loop->train_dev_.get()); !st) return st;
-    }
+  }
+  if (config.grpo.kl_coef > 0.0 && !config.external_reference) {
+    auto ref = load_local_reference(source, config.temperature, loop->train_dev_.get());
+    if (!ref) return ref.error();
+    loop->ref_ = std::move(*ref);
   }
   return loop;
 }

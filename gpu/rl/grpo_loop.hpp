@@ -29,6 +29,7 @@
 #include "gpu/rl/dispatch.hpp"
 #include "gpu/rl/grpo.hpp"
 #include "gpu/rl/grpo_update.hpp"
+#include "gpu/rl/reference.hpp"
 #include "gpu/rl/rollout_backend.hpp"
 #include "gpu/rl/rollout_scheduler.hpp"
 #include "gpu/rl/tasks.hpp"
@@ -59,6 +60,9 @@ struct grpo_loop_config {
   /// the rest of the step generates (RLHFuse's inter-stage fusion); false: in the training stage,
   /// on the update's packed batches (the baseline).
   bool fuse_reference = true;
+  /// With a KL term: the reference is set with set_reference() (e.g. on nodes of its own,
+  /// `--reference-workers`) rather than loaded into this process by create().
+  bool external_reference = false;
   /// true: each prompt is a user message rendered with the model's chat template; false: the
   /// prompt text is tokenized as is (a base model, or one fine-tuned on raw prompts).
   bool chat = true;
@@ -195,6 +199,9 @@ struct rl_step_record {
   /// otherwise): workers lost and parts of batches scored again, since the start.
   int64_t reward_workers_lost = 0;
   int64_t reward_parts_rescored = 0;
+  /// Reference workers (--reference-workers) lost, and batches sent again, since the start.
+  int64_t reference_workers_lost = 0;
+  int64_t reference_batches_resent = 0;
   /// A trainer group (`weft rl --trainers K`): groups formed since the start (1 + restarts) and
   /// the seconds of the step's gradient all-reduces (waiting for the other ranks included).
   int64_t trainer_groups = 0;
@@ -244,6 +251,8 @@ class grpo_loop {
   /// Where the tool calls of agentic rollouts run (config.tools); must be set before the first
   /// step when tools are on.
   void set_tools(std::shared_ptr<tool_backend> tools) { tools_ = std::move(tools); }
+  /// The KL term's reference policy (config.external_reference); set before the first step.
+  void set_reference(std::shared_ptr<reference_policy> ref) { ref_ = std::move(ref); }
 
   /// One GRPO step: rollouts (until every sample of the step has finished; with K > 0 the next
   /// steps' rollouts start too), rewards, advantages, update, weight sync.
@@ -363,7 +372,7 @@ class grpo_loop {
   std::unique_ptr<device> train_dev_;  ///< config.train_device's (outlives model_)
   std::unique_ptr<train::trainable_model<float>> model_;
   /// The reference policy of the KL term: the starting weights, frozen (only with kl_coef > 0).
-  std::unique_ptr<train::trainable_model<float>> ref_;
+  std::shared_ptr<reference_policy> ref_;
   const rl_task& task_;
   grpo_loop_config config_;
   prompt_source prompts_;

@@ -1,0 +1,544 @@
+#include "actors/rl/remote_reference.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "actors/private_messages.hpp"
+#include "actors/rl/rl_atoms.hpp"
+#include "actors/rl/rl_plumbing.hpp"
+#include "actors/rl/trainer_wire.hpp"
+#include "actors/roles.hpp"
+#include "gpu/gguf.hpp"
+#include "gpu/train/sft_run.hpp"
+#include "schema/caf_bridge.hpp"
+
+namespace weft::rl {
+
+using schema::envelope;
+namespace wire = schema::wire;
+using clock_type = std::chrono::steady_clock;
+using gpu::train::train_batch;
+
+std::string reference_worker_config::to_json() const {
+  return nlohmann::json{{"worker", worker},
+                        {"model_path", model_path},
+                        {"threads", threads},
+                        {"temperature", temperature},
+                        {"controller_host", controller_host},
+                        {"controller_port", controller_port}}
+      .dump();
+}
+
+result<reference_worker_config> reference_worker_config::from_json(const std::string& json) {
+  auto j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return make_error(errc::invalid_argument, "reference worker: config is not a JSON object");
+  }
+  reference_worker_config c;
+  try {
+    c.worker = j.value("worker", c.worker);
+    c.model_path = j.at("model_path").get<std::string>();
+    c.threads = j.value("threads", c.threads);
+    c.temperature = j.value("temperature", c.temperature);
+    c.controller_host = j.value("controller_host", c.controller_host);
+    c.controller_port = j.value("controller_port", c.controller_port);
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(errc::invalid_argument, std::string{"reference worker: "} + e.what());
+  }
+  if (c.worker < 0 || c.worker > 4095 || c.model_path.empty() || c.threads < 1 ||
+      c.threads > 4096 || !(c.temperature > 0.0f) || c.controller_port == 0) {
+    return make_error(errc::invalid_argument,
+                      "reference worker: worker " + std::to_string(c.worker) + ", threads " +
+                          std::to_string(c.threads) + ", controller port " +
+                          std::to_string(c.controller_port) +
+                          " out of range (or no model, or a temperature <= 0)");
+  }
+  return c;
+}
+
+namespace {
+
+/// What a ReferenceWork may hold: a whole group's packed tokens (up to the envelope's size).
+schema::decode_limits work_limits() {
+  schema::decode_limits l;
+  l.max_size_bytes = schema::max_wire_envelope_bytes;
+  l.traversal_limit_words = schema::max_wire_envelope_bytes / 8;
+  l.max_list_elements = schema::max_wire_envelope_bytes / 4;
+  return l;
+}
+
+// -- the worker -----------------------------------------------------------------------------------
+
+struct worker_shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<envelope> inbox;
+  bool abort = false;
+};
+
+/// Loads the model, says hello, then computes the batches in arrival order on its own thread.
+void worker_loop(reference_worker_config cfg, std::shared_ptr<worker_shared> shared,
+                 caf::actor self, caf::actor controller) {
+  gpu::train::use_threads(cfg.threads);
+  std::unique_ptr<gpu::train::trainable_model<float>> model;
+  int64_t vocab = 0;
+  std::string error;
+  if (auto opened = gpu::gguf_file::open(cfg.model_path); !opened) {
+    error = cfg.model_path + ": " + opened.error().message();
+  } else if (auto m = gpu::train::trainable_model<float>::load(*opened); !m) {
+    error = cfg.model_path + ": " + m.error().message();
+  } else {
+    model = std::move(*m);
+    model->set_logit_temperature(cfg.temperature);
+    for (const auto& p : std::as_const(*model).parameters()) {
+      if (p.name == "token_embd.weight") vocab = p.ne[1];
+    }
+    if (vocab <= 0) error = cfg.model_path + ": no token_embd.weight";
+  }
+  std::random_device rd;
+  const uint64_t incarnation = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  caf::send_as(self, controller, rf_hello_atom::value,
+               envelope::build<wire::ReferenceHello>([&](wire::ReferenceHello::Builder b) {
+                 b.setWorker(static_cast<uint32_t>(cfg.worker));
+                 b.setPid(static_cast<uint32_t>(::getpid()));
+                 b.setIncarnation(incarnation);
+                 b.setError(error);
+               }));
+  if (!error.empty()) {
+    spdlog::error("reference worker {}: {}", cfg.worker, error);
+    return;  // the controller ends the run with the error; nothing to restart
+  }
+  spdlog::info("reference worker {}: {} loaded ({} threads)", cfg.worker, cfg.model_path,
+               cfg.threads);
+  for (;;) {
+    envelope env;
+    {
+      std::unique_lock<std::mutex> lock(shared->mu);
+      shared->cv.wait(lock, [&] { return shared->abort || !shared->inbox.empty(); });
+      if (shared->abort) return;
+      env = std::move(shared->inbox.front());
+      shared->inbox.pop_front();
+    }
+    auto w = env.read<wire::ReferenceWork>(work_limits());
+    if (!w) continue;  // validated by the actor already
+    const uint64_t id = w->get().getId();
+    std::string why;
+    std::vector<float> lp;
+    try {
+      auto b = read_batch(w->get().getBatch(), vocab);
+      if (!b) {
+        why = b.error().message;
+      } else if (auto r = model->target_logprobs(*b); !r) {
+        why = r.error().message();
+      } else {
+        lp = std::move(*r);
+      }
+    } catch (const kj::Exception& e) {
+      why = std::string{"a malformed batch: "} + e.getDescription().cStr();
+    }
+    auto out = envelope::build<wire::ReferenceResult>([&](wire::ReferenceResult::Builder r) {
+      r.setId(id);
+      if (!why.empty()) {
+        r.setError(why);
+        return;
+      }
+      auto list = r.initLogp(static_cast<unsigned>(lp.size()));
+      for (size_t i = 0; i < lp.size(); ++i) list.set(static_cast<unsigned>(i), lp[i]);
+    });
+    if (!why.empty()) spdlog::warn("reference worker {}: batch {}: {}", cfg.worker, id, why);
+    caf::send_as(self, controller, rf_result_atom::value, std::move(out));
+  }
+}
+
+caf::behavior reference_worker_actor(caf::event_based_actor* self, std::string name,
+                                     reference_worker_config cfg) {
+  // Detached: connecting blocks only this actor's own thread.
+  auto controller = connect_to_controller(self->system(), cfg.controller_host, cfg.controller_port);
+  if (!controller) {
+    spdlog::error("reference worker {}: the controller: {}", name, controller.error().message);
+    self->quit(caf::make_error(caf::sec::runtime_error, controller.error().message));
+    return {};
+  }
+  caf::actor ctrl = *controller;
+  self->monitor(ctrl);
+  auto shared = std::make_shared<worker_shared>();
+  // Joined when the actor ends (its handles go with the thread).
+  auto thread = std::make_shared<std::thread>(worker_loop, cfg, shared,
+                                              caf::actor_cast<caf::actor>(self), ctrl);
+  self->attach_functor([shared, thread](const caf::error&) {
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      shared->abort = true;
+    }
+    shared->cv.notify_all();
+    if (thread->joinable()) thread->join();
+  });
+  self->set_down_handler([self, name, ctrl](const caf::down_msg& dm) {
+    if (dm.source == ctrl.address()) {
+      spdlog::warn("reference worker {}: the controller is gone; stopping", name);
+      self->quit(caf::exit_reason::user_shutdown);
+    }
+  });
+  return {
+      [self, ctrl, shared, name](rf_work_atom, const envelope& env) {
+        const auto& s = self->current_sender();
+        if (!s || s->address() != ctrl.address()) return;  // only its controller is obeyed
+        if (auto w = env.read<wire::ReferenceWork>(work_limits()); !w) {
+          spdlog::warn("reference worker {}: bad work: {}", name, w.error().message);
+          return;
+        }
+        {
+          std::lock_guard<std::mutex> lock(shared->mu);
+          shared->inbox.push_back(env);
+        }
+        shared->cv.notify_all();
+      },
+  };
+}
+
+// -- the controller -------------------------------------------------------------------------------
+
+struct event {
+  enum class type { hello, result, down } what;
+  caf::actor who;        // hello: the worker
+  caf::actor_addr from;  // result, down
+  envelope env;
+};
+
+using events = rl::event_queue<event>;
+
+caf::behavior reference_controller_actor(caf::event_based_actor* self, std::shared_ptr<events> q) {
+  self->set_down_handler([q](const caf::down_msg& dm) {
+    q->push(event{event::type::down, {}, dm.source, {}});
+  });
+  return {
+      [self, q](rf_hello_atom, const envelope& env) {
+        const auto& s = self->current_sender();
+        if (!s) return;
+        if (auto h = env.read<wire::ReferenceHello>(); !h) {
+          spdlog::warn("reference controller: bad hello: {}", h.error().message);
+          return;
+        }
+        auto who = caf::actor_cast<caf::actor>(s);
+        self->monitor(who);
+        q->push(event{event::type::hello, who, {}, env});
+      },
+      [self, q](rf_result_atom, const envelope& env) {
+        const auto& s = self->current_sender();
+        q->push(event{event::type::result, {}, s ? s->address() : caf::actor_addr{}, env});
+      },
+  };
+}
+
+/// One batch of a call: sent to one worker at a time.
+struct job {
+  const train_batch* batch = nullptr;
+  size_t targets = 0;  ///< log-probs expected
+  int worker = -1;     ///< -1: waiting for a worker; -2: done
+  uint64_t id = 0;     ///< the ReferenceWork id it was last sent as
+  clock_type::time_point deadline;
+};
+
+}  // namespace
+
+struct remote_reference::impl {
+  remote_reference_config cfg;
+  std::shared_ptr<events> queue = std::make_shared<events>();
+  caf::actor controller;
+
+  struct worker_slot {
+    caf::actor who;
+    bool alive = false;
+    uint32_t pid = 0;
+    int64_t batches = 0;  ///< batches computed
+  };
+  std::vector<worker_slot> workers;
+  int64_t lost = 0, resent = 0;
+  uint64_t next_id = 1;
+  std::string fatal;  ///< a worker's model did not load
+
+  mutable std::mutex status_mu;
+  std::string status;
+
+  int slot_of(const caf::actor_addr& a) const {
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (workers[i].alive && workers[i].who.address() == a) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  std::vector<int> live() const {
+    std::vector<int> out;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (workers[i].alive) out.push_back(static_cast<int>(i));
+    }
+    return out;
+  }
+
+  void lose(int i, const std::string& why, std::vector<job>* jobs) {
+    worker_slot& w = workers[static_cast<size_t>(i)];
+    if (!w.alive) return;
+    w.alive = false;
+    ++lost;
+    int moved = 0;
+    if (jobs != nullptr) {
+      for (auto& j : *jobs) {
+        if (j.worker == i) {
+          j.worker = -1;
+          ++moved;
+        }
+      }
+    }
+    resent += moved;
+    spdlog::warn("reference worker {} lost ({}): {} batch(es) to be sent again", i, why, moved);
+  }
+
+  void stop_worker(int i, const std::string& why, std::vector<job>* jobs) {
+    caf::anon_send_exit(workers[static_cast<size_t>(i)].who, caf::exit_reason::kill);
+    lose(i, why, jobs);
+  }
+
+  /// Applies hellos and deaths; results are returned for the caller to match.
+  std::vector<event> drain(std::vector<job>* jobs) {
+    std::deque<event> taken = queue->take();
+    std::vector<event> results;
+    for (auto& e : taken) {
+      switch (e.what) {
+        case event::type::hello: {
+          auto h = e.env.read<wire::ReferenceHello>();
+          if (!h) break;
+          const uint32_t idx = h->get().getWorker();
+          if (idx >= workers.size()) {
+            spdlog::warn("reference controller: hello of worker {} in a run of {}", idx,
+                         workers.size());
+            break;
+          }
+          if (h->get().getError().size() > 0) {
+            fatal = "reference worker " + std::to_string(idx) + ": " + h->get().getError().cStr();
+            break;
+          }
+          if (workers[idx].alive) {
+            lose(static_cast<int>(idx), "replaced by a new incarnation", jobs);
+          }
+          workers[idx].who = e.who;
+          workers[idx].alive = true;
+          workers[idx].pid = h->get().getPid();
+          spdlog::info("reference worker {} ready (pid {})", idx, workers[idx].pid);
+          break;
+        }
+        case event::type::down: {
+          const int i = slot_of(e.from);
+          if (i >= 0) lose(i, "its actor is down", jobs);
+          break;
+        }
+        case event::type::result:
+          results.push_back(std::move(e));
+          break;
+      }
+    }
+    refresh_status();
+    return results;
+  }
+
+  void wait_a_little() {
+    queue->wait_for(std::chrono::milliseconds(100));
+    if (cfg.on_idle) cfg.on_idle();
+  }
+
+  void refresh_status() {
+    nlohmann::json j;
+    j["workers_lost"] = lost;
+    j["batches_resent"] = resent;
+    auto& list = j["workers"] = nlohmann::json::array();
+    for (size_t i = 0; i < workers.size(); ++i) {
+      list.push_back({{"worker", i},
+                      {"state", workers[i].alive ? "ready" : "down"},
+                      {"pid", workers[i].pid},
+                      {"batches", workers[i].batches}});
+    }
+    std::string text = j.dump();
+    std::lock_guard<std::mutex> lock(status_mu);
+    status = std::move(text);
+  }
+
+  void send(job& j, int w, const envelope& body) {
+    j.worker = w;
+    j.deadline = clock_type::now() +
+                 std::chrono::milliseconds(static_cast<int64_t>(cfg.batch_timeout_s * 1000.0));
+    caf::send_as(controller, workers[static_cast<size_t>(w)].who, rf_work_atom::value, body);
+  }
+};
+
+remote_reference::remote_reference(std::unique_ptr<impl> d) : d_(std::move(d)) {}
+
+remote_reference::~remote_reference() {
+  shutdown();
+}
+
+void remote_reference::shutdown() {
+  if (!d_ || !d_->controller) return;
+  caf::anon_send_exit(d_->controller, caf::exit_reason::user_shutdown);
+  d_->controller = caf::actor{};
+  for (auto& w : d_->workers) w.who = caf::actor{};
+}
+
+result<std::unique_ptr<remote_reference>> remote_reference::create(caf::actor_system& sys,
+                                                                   remote_reference_config cfg) {
+  if (cfg.workers < 1 || cfg.workers > 4096) {
+    return make_error(errc::invalid_argument, "rl: 1 to 4096 reference workers");
+  }
+  auto d = std::make_unique<impl>();
+  d->cfg = std::move(cfg);
+  d->workers.resize(static_cast<size_t>(d->cfg.workers));
+  d->controller = sys.spawn(reference_controller_actor, d->queue);
+  d->refresh_status();
+  return std::unique_ptr<remote_reference>(new remote_reference(std::move(d)));
+}
+
+caf::actor remote_reference::controller() const {
+  return d_->controller;
+}
+
+status remote_reference::wait_ready(uint32_t timeout_ms) {
+  const auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    (void)d_->drain(nullptr);
+    if (!d_->fatal.empty()) return make_error(errc::invalid_argument, d_->fatal);
+    if (static_cast<int>(d_->live().size()) == d_->cfg.workers) return {};
+    if (clock_type::now() > deadline) {
+      return make_error(errc::unavailable, std::to_string(d_->live().size()) + " of " +
+                                               std::to_string(d_->cfg.workers) +
+                                               " reference workers ready after " +
+                                               std::to_string(timeout_ms / 1000) + " s");
+    }
+    d_->wait_a_little();
+  }
+}
+
+gpu::result<std::vector<std::vector<float>>> remote_reference::logprobs(
+    std::span<const train_batch* const> batches) {
+  std::vector<std::vector<float>> out(batches.size());
+  if (batches.empty()) return out;
+  impl& d = *d_;
+  (void)d.drain(nullptr);
+  // Each batch's message is built once and sent again as it is when its worker is lost.
+  std::vector<job> jobs(batches.size());
+  std::vector<envelope> bodies(batches.size());
+  for (size_t i = 0; i < batches.size(); ++i) {
+    jobs[i].batch = batches[i];
+    jobs[i].targets = static_cast<size_t>(std::count_if(
+        batches[i]->targets.begin(), batches[i]->targets.end(), [](int32_t t) { return t >= 0; }));
+    jobs[i].id = d.next_id++;
+    bodies[i] = envelope::build<wire::ReferenceWork>([&](wire::ReferenceWork::Builder w) {
+      w.setId(jobs[i].id);
+      write_batch(w.initBatch(), *batches[i], /*policy=*/false);
+    });
+    if (bodies[i].size_bytes() > schema::max_wire_envelope_bytes) {
+      return gpu::status{gpu::status_code::invalid_argument,
+                         "a reference batch of " + std::to_string(batches[i]->tokens.size()) +
+                             " tokens does not fit a message (" +
+                             std::to_string(schema::max_wire_envelope_bytes >> 20) +
+                             " MiB): lower --micro-batch-tokens or --group-size"};
+    }
+  }
+  size_t done = 0;
+  clock_type::time_point no_worker_since = clock_type::now();
+  bool no_worker = false;
+  size_t rr = 0;
+  while (done < jobs.size()) {
+    for (auto& r : d.drain(&jobs)) {
+      const int w = d.slot_of(r.from);
+      if (w < 0) continue;  // a lost worker's late answer
+      auto res = r.env.read<wire::ReferenceResult>(work_limits());
+      if (!res) {
+        d.stop_worker(w, "a malformed result: " + res.error().message, &jobs);
+        continue;
+      }
+      auto it = std::find_if(jobs.begin(), jobs.end(), [&](const job& j) {
+        return j.worker == w && j.id == res->get().getId();
+      });
+      if (it == jobs.end()) continue;
+      job& j = *it;
+      const size_t at = static_cast<size_t>(it - jobs.begin());
+      if (res->get().getError().size() > 0) {
+        return gpu::status{gpu::status_code::internal,
+                           "reference worker " + std::to_string(w) + " (batch " +
+                               std::to_string(at) + " of " + std::to_string(jobs.size()) +
+                               "): " + res->get().getError().cStr()};
+      }
+      auto lp = res->get().getLogp();
+      if (lp.size() != j.targets) {
+        d.stop_worker(w,
+                      "answered " + std::to_string(lp.size()) + " log-probs for " +
+                          std::to_string(j.targets) + " targets",
+                      &jobs);
+        continue;
+      }
+      out[at].resize(lp.size());
+      for (unsigned i = 0; i < lp.size(); ++i) out[at][i] = lp[i];
+      j.worker = -2;
+      ++d.workers[static_cast<size_t>(w)].batches;
+      ++done;
+    }
+    if (!d.fatal.empty()) return gpu::status{gpu::status_code::invalid_argument, d.fatal};
+    const auto now = clock_type::now();
+    for (auto& j : jobs) {
+      if (j.worker >= 0 && now > j.deadline) {
+        d.stop_worker(j.worker, "no answer within its deadline", &jobs);
+      }
+    }
+    const auto live = d.live();
+    if (live.empty()) {
+      if (!no_worker) no_worker_since = now;
+      no_worker = true;
+      if (now - no_worker_since > std::chrono::milliseconds(d.cfg.no_worker_timeout_ms)) {
+        return gpu::status{
+            gpu::status_code::internal,
+            "no reference worker for " + std::to_string(d.cfg.no_worker_timeout_ms / 1000) + " s"};
+      }
+    } else {
+      no_worker = false;
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (jobs[i].worker != -1) continue;
+        d.send(jobs[i], live[rr++ % live.size()], bodies[i]);
+      }
+    }
+    if (done < jobs.size()) d.wait_a_little();
+  }
+  return out;
+}
+
+int64_t remote_reference::workers_lost() const {
+  return d_->lost;
+}
+
+int64_t remote_reference::batches_resent() const {
+  return d_->resent;
+}
+
+std::string remote_reference::status_json() const {
+  std::lock_guard<std::mutex> lock(d_->status_mu);
+  return d_->status;
+}
+
+void add_reference_worker_role(actors::role_registry& roles) {
+  roles.add("rl_reference",
+            [](caf::actor_system& sys, const actors::role_context& ctx) -> result<caf::actor> {
+              auto cfg = reference_worker_config::from_json(ctx.config_json);
+              if (!cfg) return cfg.error();
+              return sys.spawn<caf::detached>(reference_worker_actor, ctx.name,
+                                              std::move(cfg.value()));
+            });
+}
+
+}  // namespace weft::rl
