@@ -312,9 +312,9 @@ int run_serve_status(const client_cli& cli) {
                          w.value("state", std::string{}), w.value("pid", 0),
                          w.value("batches", int64_t{0}));
     }
-    out += fmt::format("{} reference workers lost, {} batches sent again\n",
-                       rf.value("workers_lost", int64_t{0}),
-                       rf.value("batches_resent", int64_t{0}));
+    out +=
+        fmt::format("{} reference workers lost, {} batches sent again\n",
+                    rf.value("workers_lost", int64_t{0}), rf.value("batches_resent", int64_t{0}));
   }
   const auto& tl = j["tools"];
   if (tl.is_object()) {

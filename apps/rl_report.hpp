@@ -35,8 +35,8 @@ class rl_reporter {
   std::ofstream out_;
   mutable std::mutex mu_;
   gpu::rl::rl_step_record last_;
-  int64_t agents_lost_ = 0;          ///< reported so far
-  int64_t reward_workers_lost_ = 0;  ///< reported so far
+  int64_t agents_lost_ = 0;             ///< reported so far
+  int64_t reward_workers_lost_ = 0;     ///< reported so far
   int64_t reference_workers_lost_ = 0;  ///< reported so far
   gpu::rl::rl_eval_record last_eval_;
   bool has_eval_ = false;

@@ -471,10 +471,10 @@ gpu::result<std::vector<std::vector<float>>> remote_reference::logprobs(
       job& j = *it;
       const size_t at = static_cast<size_t>(it - jobs.begin());
       if (res->get().getError().size() > 0) {
-        return gpu::status{gpu::status_code::internal,
-                           "reference worker " + std::to_string(w) + " (batch " +
-                               std::to_string(at) + " of " + std::to_string(jobs.size()) +
-                               "): " + res->get().getError().cStr()};
+        return gpu::status{gpu::status_code::internal, "reference worker " + std::to_string(w) +
+                                                           " (batch " + std::to_string(at) +
+                                                           " of " + std::to_string(jobs.size()) +
+                                                           "): " + res->get().getError().cStr()};
       }
       auto lp = res->get().getLogp();
       if (lp.size() != j.targets) {
@@ -515,6 +515,7 @@ gpu::result<std::vector<std::vector<float>>> remote_reference::logprobs(
     }
     if (done < jobs.size()) d.wait_a_little();
   }
+  d.refresh_status();
   return out;
 }
 

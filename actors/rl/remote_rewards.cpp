@@ -485,6 +485,7 @@ gpu::result<std::vector<double>> remote_rewards::score(
     }
     if (done < parts.size()) d.wait_a_little();
   }
+  d.refresh_status();  // the parts just scored
   return out;
 }
 

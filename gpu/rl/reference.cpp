@@ -6,7 +6,8 @@ namespace {
 
 class local_reference final : public reference_policy {
  public:
-  explicit local_reference(std::unique_ptr<train::trainable_model<float>> m) : model_(std::move(m)) {}
+  explicit local_reference(std::unique_ptr<train::trainable_model<float>> m)
+      : model_(std::move(m)) {}
   result<std::vector<std::vector<float>>> logprobs(
       std::span<const train::train_batch* const> batches) override {
     return reference_logprobs(*model_, batches);
