@@ -328,6 +328,18 @@ int run_serve_status(const client_cli& cli) {
                        tl.value("pending", int64_t{0}), tl.value("resent", int64_t{0}),
                        tl.value("latency_ms", 0));
   }
+  const auto& tw = j["tool_workers"];
+  if (tw.is_object()) {
+    out += fmt::format("\n{:<14} {:<8} {:>8} {:>8}\n", "TOOL WORKER", "STATE", "PID", "CALLS");
+    for (const auto& w : tw.value("workers", nlohmann::json::array())) {
+      out += fmt::format("{:<14} {:<8} {:>8} {:>8}\n", w.value("worker", 0),
+                         w.value("state", std::string{}), w.value("pid", 0),
+                         w.value("calls", int64_t{0}));
+    }
+    out += fmt::format("{} calls pending, {} tool workers lost, {} calls sent again\n",
+                       tw.value("pending", int64_t{0}), tw.value("workers_lost", int64_t{0}),
+                       tw.value("calls_resent", int64_t{0}));
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }

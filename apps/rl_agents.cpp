@@ -40,6 +40,7 @@ struct rl_agent_cluster::impl {
   std::optional<caf::actor> reward_supervisor;
   std::optional<caf::actor> trainer_supervisor;
   std::optional<caf::actor> reference_supervisor;
+  std::optional<caf::actor> tool_supervisor;
 };
 
 rl_agent_cluster::rl_agent_cluster() : d_(std::make_unique<impl>()) {}
@@ -48,6 +49,7 @@ rl_agent_cluster::~rl_agent_cluster() {
   if (!d_->head) return;
   auto& sys = d_->head->node->system();
   std::vector<caf::actor> sups;
+  if (d_->tool_supervisor) sups.push_back(*d_->tool_supervisor);
   if (d_->reference_supervisor) sups.push_back(*d_->reference_supervisor);
   if (d_->trainer_supervisor) sups.push_back(*d_->trainer_supervisor);
   if (d_->reward_supervisor) sups.push_back(*d_->reward_supervisor);
@@ -58,6 +60,7 @@ rl_agent_cluster::~rl_agent_cluster() {
   if (rewards_) rewards_->shutdown();
   if (trainers_) trainers_->shutdown();
   if (reference_) reference_->shutdown();
+  if (tools_) tools_->shutdown();
 }
 
 result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agents_options& o) {
@@ -68,7 +71,7 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   std::string host = "127.0.0.1";
   if (o.netns) {
     auto t = netns_topology::create(o.agents + o.reward_workers + std::max(0, o.trainers - 1) +
-                                    o.reference_workers);
+                                    o.reference_workers + o.tool_workers);
     if (!t) return make_error(errc::unavailable, "--netns: " + t.error().message);
     c->d_->netns.emplace(std::move(*t));
     host = c->d_->netns->gateway();
@@ -105,8 +108,12 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
                *port);
   d->nodes = std::make_unique<local_nodes>(
       h.secret_hex, h.node->head_port(),
-      [agents = o.agents, rewards = o.reward_workers,
-       trainers = std::max(0, o.trainers - 1)](int i) -> local_node_spec {
+      [agents = o.agents, rewards = o.reward_workers, trainers = std::max(0, o.trainers - 1),
+       references = o.reference_workers](int i) -> local_node_spec {
+        if (i >= agents + rewards + trainers + references) {
+          return {"tool-node-" + std::to_string(i - agents - rewards - trainers - references),
+                  {"tool_worker"}};
+        }
         if (i >= agents + rewards + trainers) {
           return {"reference-node-" + std::to_string(i - agents - rewards - trainers),
                   {"rl_reference"}};
@@ -141,6 +148,9 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   }
   if (o.reference_workers > 0) {
     if (auto st = c->start_reference_workers(o, host); !st.ok()) return st;
+  }
+  if (o.tool_workers > 0) {
+    if (auto st = c->start_tool_workers(o, host); !st.ok()) return st;
   }
   std::vector<actors::child_spec> children;
   for (int i = 0; i < o.agents; ++i) {
@@ -309,6 +319,51 @@ status rl_agent_cluster::start_reference_workers(const rl_agents_options& o,
   spdlog::info("{} KL reference worker(s) starting: the starting model loads on their nodes",
                o.reference_workers);
   return reference_->wait_ready(o.start_timeout_ms);
+}
+
+status rl_agent_cluster::start_tool_workers(const rl_agents_options& o, const std::string& host) {
+  impl* d = d_.get();
+  auto& sys = d->head->node->system();
+  rl::remote_tools_config tc;
+  tc.workers = o.tool_workers;
+  tc.tools = o.tools.tools;
+  // A call may take what the worker's tools may take, with every retry they are allowed, the
+  // longest latency (10 x the mean), and a margin.
+  tc.call_timeout_ms = o.tools.timeout_ms * static_cast<uint32_t>(o.tools.max_attempts + 1) +
+                       10 * o.tools.latency_ms + 10'000;
+  tc.no_worker_timeout_ms = o.start_timeout_ms;
+  tc.on_idle = [d] {
+    if (d->nodes) d->nodes->watch();
+  };
+  auto t = rl::remote_tools::create(sys, tc);
+  if (!t) return t.error();
+  tools_ = std::shared_ptr<rl::remote_tools>(std::move(*t));
+  auto port = actors::publish_actor(sys, tools_->controller(), 0, host);
+  if (!port) {
+    return make_error(errc::unavailable,
+                      "cannot publish the tool controller: " + port.error().to_string());
+  }
+  const int first = o.agents + o.reward_workers + std::max(0, o.trainers - 1) + o.reference_workers;
+  std::vector<actors::child_spec> children;
+  for (int k = 0; k < o.tool_workers; ++k) {
+    if (auto s = d->nodes->launch(first + k); !s.ok()) return s;
+    spdlog::info("tool-node-{} started (pid {})", k, d->nodes->pid(first + k));
+    rl::tool_worker_config wc;
+    wc.worker = k;
+    wc.tools = o.tools;
+    wc.controller_host = host;
+    wc.controller_port = *port;
+    children.push_back({"tool-worker-" + std::to_string(k), "tool_worker", wc.to_json(),
+                        actors::restart_type::permanent});
+  }
+  auto sup = supervise_one_for_one(*d->head, "tool-workers", children, o.max_restarts);
+  if (!sup) {
+    return make_error(errc::unavailable,
+                      "cannot start the tool workers: " + sup.error().to_string());
+  }
+  d->tool_supervisor = *sup;
+  spdlog::info("{} tool worker(s) starting: the tools run on their nodes", o.tool_workers);
+  return tools_->wait_ready(o.start_timeout_ms);
 }
 
 std::string rl_agent_cluster::cluster_json() const {

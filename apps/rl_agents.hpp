@@ -10,6 +10,7 @@
 #include "actors/rl/remote_reference.hpp"
 #include "actors/rl/remote_rewards.hpp"
 #include "actors/rl/remote_rollouts.hpp"
+#include "actors/rl/remote_tools.hpp"
 #include "actors/rl/remote_trainers.hpp"
 #include "schema/status.hpp"
 
@@ -53,6 +54,10 @@ struct rl_agents_options {
   /// controller filled in here).
   int reference_workers = 0;
   rl::reference_worker_config reference;
+  /// `--tool-workers K`: the tools of agentic rollouts on K tool nodes
+  /// (actors/rl/remote_tools.hpp), each running `tools`.
+  int tool_workers = 0;
+  rl::tool_actors_config tools;
 };
 
 class rl_agent_cluster {
@@ -69,6 +74,8 @@ class rl_agent_cluster {
   std::shared_ptr<rl::remote_trainers> trainers() const { return trainers_; }
   /// The reference workers' controller (null without --reference-workers).
   std::shared_ptr<rl::remote_reference> reference() const { return reference_; }
+  /// The tool workers' controller (null without --tool-workers).
+  std::shared_ptr<rl::remote_tools> tools() const { return tools_; }
   /// The head's node table as JSON (what `weft cluster status --json` prints).
   std::string cluster_json() const;
   /// The pid of agent node i's process (0 while it is not running).
@@ -81,11 +88,13 @@ class rl_agent_cluster {
   status start_reward_workers(const rl_agents_options& o, const std::string& host);
   status start_trainers(const rl_agents_options& o, const std::string& host);
   status start_reference_workers(const rl_agents_options& o, const std::string& host);
+  status start_tool_workers(const rl_agents_options& o, const std::string& host);
   std::unique_ptr<impl> d_;
   std::shared_ptr<rl::remote_rollouts> backend_;
   std::shared_ptr<rl::remote_rewards> rewards_;
   std::shared_ptr<rl::remote_trainers> trainers_;
   std::shared_ptr<rl::remote_reference> reference_;
+  std::shared_ptr<rl::remote_tools> tools_;
 };
 
 }  // namespace weft::apps

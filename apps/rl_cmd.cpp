@@ -101,6 +101,19 @@ gpu::result<std::vector<std::string>> enabled_tools(const rl_options& o) {
   return tools;
 }
 
+/// What the tool actors run (in this process, or on each tool worker's node).
+weft::rl::tool_actors_config tool_config(const rl_options& o, const grpo_loop_config& cfg) {
+  weft::rl::tool_actors_config tc;
+  tc.tools = cfg.tools;
+  tc.latency_ms = static_cast<uint32_t>(o.tool_latency_ms);
+  tc.exponential_latency = o.tool_latency_dist == "exponential";
+  tc.commands = *tool_commands(o);
+  tc.timeout_ms = static_cast<uint32_t>(o.tool_timeout_s * 1000.0);
+  tc.concurrency = o.tool_concurrency;
+  tc.processes = o.tool_procs;
+  return tc;
+}
+
 /// The task, with --answer-format and --tools applied.
 std::unique_ptr<rl_task> make_task(const rl_options& o) {
   auto tools = enabled_tools(o);
@@ -337,6 +350,13 @@ bool options_fit_together(const rl_options& o) {
         "it needs both");
     return false;
   }
+  if (o.tool_workers > 0 &&
+      (o.agents == 0 || (o.tools.empty() && o.tool_cmds.empty() && o.tool_urls.empty()))) {
+    spdlog::error(
+        "--tool-workers runs the tools (--tools, --tool-cmd, --tool-url) on nodes of the "
+        "cluster --agents N starts: it needs both");
+    return false;
+  }
   if (o.reference_workers > 0 && (o.agents == 0 || o.kl_coef == 0.0 || o.device != "cpu")) {
     spdlog::error(
         "--reference-workers computes the KL reference (--kl-coef) on nodes of the cluster "
@@ -400,6 +420,8 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   ao.trainer.grpo = cfg.grpo;
   ao.trainer.adamw = cfg.adamw;
   ao.reference_workers = o.reference_workers;
+  ao.tool_workers = o.tool_workers;
+  if (o.tool_workers > 0) ao.tools = tool_config(o, cfg);
   ao.reference.model_path = ao.trainer.model_path;
   ao.reference.threads = o.threads;
   ao.reference.temperature = cfg.temperature;
@@ -422,7 +444,9 @@ bool serve_metrics(const rl_options& o, rl_reporter& report, const rl_agent_clus
              (cluster->trainers() ? cluster->trainers()->status_json() : std::string{"null"}) +
              ",\"reference\":" +
              (cluster->reference() ? cluster->reference()->status_json() : std::string{"null"}) +
-             ",\"tools\":" + (tools ? tools->status_json() : std::string{"null"}) + "}";
+             ",\"tools\":" + (tools ? tools->status_json() : std::string{"null"}) +
+             ",\"tool_workers\":" +
+             (cluster->tools() ? cluster->tools()->status_json() : std::string{"null"}) + "}";
     });
   }
   if (!http->start(o.metrics_port)) {
@@ -487,28 +511,27 @@ bool use_trainer_group(const rl_options& o, rl_agent_cluster* cluster, grpo_loop
 
 /// `--tools`: the tool actors the loop's samples call (none without tools). false: said why.
 bool start_tools(const rl_options& o, const grpo_loop_config& cfg, grpo_loop& loop,
-                 std::shared_ptr<weft::rl::tool_actors>& tools) {
+                 rl_agent_cluster* cluster, std::shared_ptr<weft::rl::tool_actors>& tools) {
   if (cfg.tools.empty()) return true;
-  weft::rl::tool_actors_config tc;
-  tc.tools = cfg.tools;
-  tc.latency_ms = static_cast<uint32_t>(o.tool_latency_ms);
-  tc.exponential_latency = o.tool_latency_dist == "exponential";
-  tc.commands = *tool_commands(o);
-  tc.timeout_ms = static_cast<uint32_t>(o.tool_timeout_s * 1000.0);
-  tc.concurrency = o.tool_concurrency;
-  tc.processes = o.tool_procs;
-  auto made = weft::rl::tool_actors::create(tc);
-  if (!made) {
-    spdlog::error("--tools: {}", made.error().message);
-    return false;
-  }
-  tools = std::move(*made);
-  loop.set_tools(tools);
+  const weft::rl::tool_actors_config tc = tool_config(o, cfg);
   std::string names;
   for (const auto& t : cfg.tools) names += (names.empty() ? "" : ",") + t;
+  if (cluster && cluster->tools()) {
+    loop.set_tools(cluster->tools());
+  } else {
+    auto made = weft::rl::tool_actors::create(tc);
+    if (!made) {
+      spdlog::error("--tools: {}", made.error().message);
+      return false;
+    }
+    tools = std::move(*made);
+    loop.set_tools(tools);
+  }
   spdlog::info(
-      "agentic rollouts: tool actors {} ({} ms a call, {}), up to {} calls a sample, {} turns",
-      names, o.tool_latency_ms, o.tool_latency_dist, o.max_tool_calls, o.tool_turns);
+      "agentic rollouts: tool actors {} ({} ms a call, {}){}, up to {} calls a sample, {} turns",
+      names, o.tool_latency_ms, o.tool_latency_dist,
+      o.tool_workers > 0 ? fmt::format(" on {} tool worker(s)", o.tool_workers) : std::string{},
+      o.max_tool_calls, o.tool_turns);
   for (const auto& c : tc.commands) {
     if (c.http) {
       spdlog::info("tool {}: POST {} ({} calls at once)", c.name, c.command, tc.concurrency);
@@ -581,6 +604,10 @@ int train_steps(const rl_options& o, grpo_loop& loop, rl_reporter& report,
     if (tools) {
       r->tool_restarts = tools->restarts();
       r->tool_calls_resent = tools->resent();
+    }
+    if (cluster && cluster->tools()) {
+      r->tool_restarts = cluster->tools()->workers_lost();
+      r->tool_calls_resent = cluster->tools()->resent();
     }
     report.report(*r, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     const bool last = r->step == o.steps;
@@ -667,7 +694,7 @@ int run_rl(const rl_options& o) {
   if (!use_trainer_group(o, cluster.get(), loop)) return 2;
   use_reference(o, cluster.get(), loop);
   std::shared_ptr<weft::rl::tool_actors> tools;
-  if (!start_tools(o, *cfg, loop, tools)) return 2;
+  if (!start_tools(o, *cfg, loop, cluster.get(), tools)) return 2;
   if (o.resume && !resume_rl(o, loop)) return 2;
   const fs::path metrics = !o.metrics_path.empty() ? fs::path(o.metrics_path)
                            : !o.checkpoint_dir.empty()

@@ -39,6 +39,11 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "call goes to the least busy)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--tool-workers", o->tool_workers,
+                  "--tools with --agents: run the tools (built-in, --tool-cmd programs, "
+                  "--tool-url clients) on this many nodes of the run's cluster (supervised tool "
+                  "workers; a lost worker's calls go to another) instead of in this process")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--max-tool-calls", o->max_tool_calls,
                   "--tools: calls per sample; a turn that calls once more ends the sample")
       ->capture_default_str()

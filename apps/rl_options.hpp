@@ -24,6 +24,7 @@ struct rl_options {
   std::vector<std::string> tool_urls;  ///< --tool-url NAME=URL, repeatable
   int tool_concurrency = 8;
   int tool_procs = 1;
+  int tool_workers = 0;  ///< --tools on this many tool nodes (needs --agents)
   int max_tool_calls = 4;
   int tool_latency_ms = 0;
   std::string tool_latency_dist = "fixed";

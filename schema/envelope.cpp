@@ -228,6 +228,12 @@ capnp::StructSchema schema_of(kind k) {
       return capnp::Schema::from<wire::ReferenceWork>();
     case kind::reference_result:
       return capnp::Schema::from<wire::ReferenceResult>();
+    case kind::tool_worker_hello:
+      return capnp::Schema::from<wire::ToolWorkerHello>();
+    case kind::tool_call:
+      return capnp::Schema::from<wire::ToolCallMsg>();
+    case kind::tool_result:
+      return capnp::Schema::from<wire::ToolResultMsg>();
     case kind::none:
     case kind::oversize:
       break;
@@ -238,8 +244,7 @@ capnp::StructSchema schema_of(kind k) {
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
   // The last kind: a kind appended to the enum moves this bound.
-  return v >= static_cast<uint16_t>(kind::error) &&
-         v <= static_cast<uint16_t>(kind::reference_result);
+  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::tool_result);
 }
 
 }  // namespace
@@ -432,6 +437,12 @@ const char* to_string(kind k) {
       return "ReferenceWork";
     case kind::reference_result:
       return "ReferenceResult";
+    case kind::tool_worker_hello:
+      return "ToolWorkerHello";
+    case kind::tool_call:
+      return "ToolCallMsg";
+    case kind::tool_result:
+      return "ToolResultMsg";
     case kind::oversize:
       return "oversize";
   }

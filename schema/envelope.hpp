@@ -83,6 +83,9 @@ enum class kind : uint16_t {
   reference_hello = 51,
   reference_work = 52,
   reference_result = 53,
+  tool_worker_hello = 54,
+  tool_call = 55,
+  tool_result = 56,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -149,6 +152,9 @@ WEFT_SCHEMA_KIND(RewardResult, reward_result)
 WEFT_SCHEMA_KIND(ReferenceHello, reference_hello)
 WEFT_SCHEMA_KIND(ReferenceWork, reference_work)
 WEFT_SCHEMA_KIND(ReferenceResult, reference_result)
+WEFT_SCHEMA_KIND(ToolWorkerHello, tool_worker_hello)
+WEFT_SCHEMA_KIND(ToolCallMsg, tool_call)
+WEFT_SCHEMA_KIND(ToolResultMsg, tool_result)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults

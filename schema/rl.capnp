@@ -159,3 +159,26 @@ struct ReferenceResult {
   logp @1 :List(Float32);
   error @2 :Text;
 }
+
+# Tool workers (`weft rl --tool-workers K`): the tools of agentic rollouts run on other nodes.
+# Worker -> controller once its tools run (or why they could not start: `error`, not empty).
+struct ToolWorkerHello {
+  worker @0 :UInt32;
+  pid @1 :UInt32;
+  incarnation @2 :UInt64;  # random per start
+  error @3 :Text;
+}
+
+# Controller -> worker: one call (bytes: a model's arguments need not be UTF-8).
+struct ToolCallMsg {
+  id @0 :UInt64;
+  tool @1 :Text;
+  args @2 :Data;
+}
+
+# Worker -> controller: the call's result as the model will read it ("error: ..." from a tool
+# that failed).
+struct ToolResultMsg {
+  id @0 :UInt64;
+  text @1 :Data;
+}

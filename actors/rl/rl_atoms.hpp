@@ -15,6 +15,9 @@
 ///   reference worker -> controller (rf_hello_atom, ReferenceHello)  its model loaded (or not)
 ///   controller -> reference worker (rf_work_atom, ReferenceWork)    a batch to compute
 ///   reference worker -> controller (rf_result_atom, ReferenceResult) its log-probs, or the error
+///   tool worker -> controller (tw_hello_atom, ToolWorkerHello)  its tools run (or not)
+///   controller -> tool worker (tw_call_atom, ToolCallMsg)        a call of an agentic rollout
+///   tool worker -> controller (tw_result_atom, ToolResultMsg)    the call's result
 ///   local -> rl trainer controller (t_watch_atom, actor)      watch the ranks' supervisor
 ///   rl loop thread -> tool router (tl_call_atom, id, tool, args)  an agentic rollout's call
 ///   router -> tool actor       (tl_call_atom, id, args)   the call (actors/rl/tool_actors.hpp)
@@ -40,6 +43,9 @@ using t_work_atom = caf::atom_constant<caf::atom("t_work")>;
 using rf_hello_atom = caf::atom_constant<caf::atom("rf_hello")>;
 using rf_work_atom = caf::atom_constant<caf::atom("rf_work")>;
 using rf_result_atom = caf::atom_constant<caf::atom("rf_result")>;
+using tw_hello_atom = caf::atom_constant<caf::atom("tw_hello")>;
+using tw_call_atom = caf::atom_constant<caf::atom("tw_call")>;
+using tw_result_atom = caf::atom_constant<caf::atom("tw_result")>;
 using t_watch_atom = caf::atom_constant<caf::atom("t_watch")>;
 using tl_call_atom = caf::atom_constant<caf::atom("tl_call")>;
 using tl_result_atom = caf::atom_constant<caf::atom("tl_result")>;

@@ -16,6 +16,7 @@
 #include "actors/private_messages.hpp"
 #include "actors/rl/remote_reference.hpp"
 #include "actors/rl/remote_rewards.hpp"
+#include "actors/rl/remote_tools.hpp"
 #include "actors/rl/remote_trainers.hpp"
 #include "actors/rl/rl_atoms.hpp"
 #include "actors/rl/rl_plumbing.hpp"
@@ -441,6 +442,7 @@ void add_rl_roles(actors::role_registry& roles) {
   add_reward_worker_role(roles);
   add_rl_trainer_role(roles);
   add_reference_worker_role(roles);
+  add_tool_worker_role(roles);
   roles.add("rollout_agent",
             [](caf::actor_system& sys, const actors::role_context& ctx) -> result<caf::actor> {
               auto cfg = rollout_agent_config::from_json(ctx.config_json);

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
@@ -120,7 +121,9 @@ def main():
                           (["--tools", "calc,search"], "unknown tool 'search'"),
                           (["--tools", "calc", "--tool-latency-ms", "2000", "--tool-timeout-s",
                             "1"], "every call would time out"),
-                          (["--words", "3"], "--task lookup")]:
+                          (["--words", "3"], "--task lookup"),
+                          (["--tools", "calc", "--tool-workers", "2"],
+                           "--tool-workers runs the tools")]:
             rc, out = run_weft(w, "rl", ["--model", base, "--steps", "1"] + bad)
             check(rc == 2 and says in out, f"refused: {' '.join(bad)} ({out.strip()[-120:]})")
         rc, out = run_weft(w, "rl", ["--help"])
@@ -260,6 +263,44 @@ def main():
         check(all(r["tool_kv_reuse"] > 0.5 for r in ag),
               f"agents keep a group's continuations where its KV is: "
               f"{[round(r['tool_kv_reuse'], 3) for r in ag]}")
+        # The tools on two tool workers, each on a tool node of the run's cluster; tool-node-0's
+        # process is SIGKILLed once step 1 is reported: its calls go to the other worker (or to
+        # its restarted self) and the run is the same, bit for bit.
+        m8 = os.path.join(tmp, "toolworkers.jsonl")
+        tpids, tkilled = {}, []
+        port2 = free_port()
+        ask2, status2 = status_asker(w, port2, "step 2/")
+
+        def on_line2(line):
+            ask2(line)
+            m = re.search(r"tool-node-(\d+) started \(pid (\d+)\)", line)
+            if m:
+                tpids[int(m.group(1))] = int(m.group(2))
+            if not tkilled and "step 1/" in line and 0 in tpids:
+                # 0.5 s into step 2, while its calls are in flight (most of the time: the test
+                # asks for the same bits either way).
+                threading.Timer(0.5, os.kill, (tpids[0], signal.SIGKILL)).start()
+                tkilled.append(tpids[0])
+        rc, out = run_watching([w, "rl"] + run + ["--eval-every", "0", "--agents", "1",
+                                                  "--tool-workers", "2", "--tool-latency-ms",
+                                                  "100", "--metrics", m8, "--metrics-port",
+                                                  str(port2)],
+                               on_line2, timeout=600)
+        check(rc == 0 and tkilled and "tool worker 0 ready" in out and
+              "tool worker 1 ready" in out,
+              f"two tool workers, tool-node-0 SIGKILLed after step 1: exit {rc} "
+              f"({out.strip()[-300:] if rc else ''})")
+        tw = (json.loads(status2["json"].stdout).get("tool_workers") or {}) \
+            if "json" in status2 and status2["json"].returncode == 0 else {}
+        check(len(tw.get("workers", [])) == 2 and
+              sum(x["calls"] for x in tw["workers"]) > 0 and
+              "TOOL WORKER" in (status2["table"].stdout if "table" in status2 else ""),
+              f"`weft cluster status --rl` lists the tool workers and their calls: {tw}")
+        tr = same_run(m8, "two tool workers, one killed") if rc == 0 else []
+        if tr:
+            check(tr[-1]["tool_restarts"] >= 1,
+                  f"the metrics count the lost tool worker ({tr[-1]['tool_restarts']} lost, "
+                  f"{tr[-1]['tool_calls_resent']} calls sent again)")
         m4 = os.path.join(tmp, "async.jsonl")
         run_or_exit([w, "rl"] + run + ["--eval-every", "0", "--mode", "async",
                                        "--max-staleness", "1", "--tool-latency-ms", "20",

@@ -117,7 +117,8 @@ std::vector<const train_batch*> pointers(const std::vector<train_batch>& v) {
   return p;
 }
 
-void expect_answers(const std::vector<train_batch>& in, const std::vector<std::vector<float>>& got) {
+void expect_answers(const std::vector<train_batch>& in,
+                    const std::vector<std::vector<float>>& got) {
   ASSERT_EQ(got.size(), in.size());
   for (size_t i = 0; i < in.size(); ++i) {
     std::vector<float> want;

@@ -1,0 +1,519 @@
+#include "actors/rl/remote_tools.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "actors/private_messages.hpp"
+#include "actors/rl/rl_atoms.hpp"
+#include "actors/rl/rl_plumbing.hpp"
+#include "actors/roles.hpp"
+#include "schema/caf_bridge.hpp"
+
+namespace weft::rl {
+
+using schema::envelope;
+namespace wire = schema::wire;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+capnp::Data::Reader bytes_of(const std::string& s) {
+  return {reinterpret_cast<const kj::byte*>(s.data()), s.size()};
+}
+
+std::string text_of(capnp::Data::Reader d) {
+  return {reinterpret_cast<const char*>(d.begin()), d.size()};
+}
+
+}  // namespace
+
+std::string tool_worker_config::to_json() const {
+  nlohmann::json commands = nlohmann::json::array();
+  for (const auto& c : tools.commands) {
+    commands.push_back({{"name", c.name}, {"command", c.command}, {"http", c.http}});
+  }
+  return nlohmann::json{{"worker", worker},
+                        {"tools", tools.tools},
+                        {"commands", commands},
+                        {"latency_ms", tools.latency_ms},
+                        {"exponential_latency", tools.exponential_latency},
+                        {"timeout_ms", tools.timeout_ms},
+                        {"concurrency", tools.concurrency},
+                        {"processes", tools.processes},
+                        {"max_attempts", tools.max_attempts},
+                        {"controller_host", controller_host},
+                        {"controller_port", controller_port}}
+      .dump();
+}
+
+result<tool_worker_config> tool_worker_config::from_json(const std::string& json) {
+  auto j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return make_error(errc::invalid_argument, "tool worker: config is not a JSON object");
+  }
+  tool_worker_config c;
+  try {
+    c.worker = j.value("worker", c.worker);
+    c.tools.tools = j.at("tools").get<std::vector<std::string>>();
+    for (const auto& x : j.value("commands", nlohmann::json::array())) {
+      c.tools.commands.push_back({x.at("name").get<std::string>(),
+                                  x.at("command").get<std::string>(), x.value("http", false)});
+    }
+    c.tools.latency_ms = j.value("latency_ms", c.tools.latency_ms);
+    c.tools.exponential_latency = j.value("exponential_latency", c.tools.exponential_latency);
+    c.tools.timeout_ms = j.value("timeout_ms", c.tools.timeout_ms);
+    c.tools.concurrency = j.value("concurrency", c.tools.concurrency);
+    c.tools.processes = j.value("processes", c.tools.processes);
+    c.tools.max_attempts = j.value("max_attempts", c.tools.max_attempts);
+    c.controller_host = j.value("controller_host", c.controller_host);
+    c.controller_port = j.value("controller_port", c.controller_port);
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(errc::invalid_argument, std::string{"tool worker: "} + e.what());
+  }
+  if (c.worker < 0 || c.worker > 4095 || c.tools.tools.empty() || c.tools.timeout_ms == 0 ||
+      c.tools.concurrency < 1 || c.tools.processes < 1 || c.tools.max_attempts < 1 ||
+      c.controller_port == 0) {
+    return make_error(errc::invalid_argument,
+                      "tool worker: worker " + std::to_string(c.worker) + ", controller port " +
+                          std::to_string(c.controller_port) +
+                          " out of range (or no tools, a zero timeout, concurrency, processes "
+                          "or attempts)");
+  }
+  return c;
+}
+
+namespace {
+
+// -- the worker -----------------------------------------------------------------------------------
+
+struct worker_shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<envelope> inbox;
+  bool abort = false;
+};
+
+/// Starts the tools, says hello, then passes calls to them and their results back, on its own
+/// thread (the tools' actors run in the node's actor system).
+void worker_loop(tool_worker_config cfg, std::shared_ptr<worker_shared> shared, caf::actor self,
+                 caf::actor controller) {
+  auto made = tool_actors::create(self->home_system(), cfg.tools);
+  std::random_device rd;
+  const uint64_t incarnation = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  const std::string error = made ? std::string{} : made.error().message;
+  caf::send_as(self, controller, tw_hello_atom::value,
+               envelope::build<wire::ToolWorkerHello>([&](wire::ToolWorkerHello::Builder b) {
+                 b.setWorker(static_cast<uint32_t>(cfg.worker));
+                 b.setPid(static_cast<uint32_t>(::getpid()));
+                 b.setIncarnation(incarnation);
+                 b.setError(error);
+               }));
+  if (!made) {
+    spdlog::error("tool worker {}: {}", cfg.worker, error);
+    return;  // the controller ends the run with the error; nothing to restart
+  }
+  std::unique_ptr<tool_actors> tools = std::move(*made);
+  auto answer = [&](uint64_t id, const std::string& text) {
+    caf::send_as(self, controller, tw_result_atom::value,
+                 envelope::build<wire::ToolResultMsg>([&](wire::ToolResultMsg::Builder r) {
+                   r.setId(id);
+                   r.setText(bytes_of(text));
+                 }));
+  };
+  for (;;) {
+    std::deque<envelope> in;
+    {
+      std::unique_lock<std::mutex> lock(shared->mu);
+      // With calls in flight, look for their results every 2 ms.
+      shared->cv.wait_for(lock, std::chrono::milliseconds(tools->pending() > 0 ? 2 : 200),
+                          [&] { return shared->abort || !shared->inbox.empty(); });
+      if (shared->abort) return;
+      in.swap(shared->inbox);
+    }
+    for (auto& env : in) {
+      auto c = env.read<wire::ToolCallMsg>();
+      if (!c) continue;  // validated by the actor already
+      const uint64_t id = c->get().getId();
+      auto st = tools->call(id, {c->get().getTool().cStr(), text_of(c->get().getArgs())});
+      if (!st) answer(id, "error: " + st.message());
+    }
+    if (tools->pending() > 0) {
+      for (auto& r : tools->ready(false)) answer(r.id, r.text);
+    }
+  }
+}
+
+caf::behavior tool_worker_actor(caf::event_based_actor* self, std::string name,
+                                tool_worker_config cfg) {
+  // Detached: connecting blocks only this actor's own thread.
+  auto controller = connect_to_controller(self->system(), cfg.controller_host, cfg.controller_port);
+  if (!controller) {
+    spdlog::error("tool worker {}: the controller: {}", name, controller.error().message);
+    self->quit(caf::make_error(caf::sec::runtime_error, controller.error().message));
+    return {};
+  }
+  caf::actor ctrl = *controller;
+  self->monitor(ctrl);
+  auto shared = std::make_shared<worker_shared>();
+  // Joined when the actor ends (its handles go with the thread).
+  auto thread = std::make_shared<std::thread>(worker_loop, cfg, shared,
+                                              caf::actor_cast<caf::actor>(self), ctrl);
+  self->attach_functor([shared, thread](const caf::error&) {
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      shared->abort = true;
+    }
+    shared->cv.notify_all();
+    if (thread->joinable()) thread->join();
+  });
+  self->set_down_handler([self, name, ctrl](const caf::down_msg& dm) {
+    if (dm.source == ctrl.address()) {
+      spdlog::warn("tool worker {}: the controller is gone; stopping", name);
+      self->quit(caf::exit_reason::user_shutdown);
+    }
+  });
+  return {
+      [self, ctrl, shared, name](tw_call_atom, const envelope& env) {
+        const auto& s = self->current_sender();
+        if (!s || s->address() != ctrl.address()) return;  // only its controller is obeyed
+        if (auto c = env.read<wire::ToolCallMsg>(); !c) {
+          spdlog::warn("tool worker {}: bad call: {}", name, c.error().message);
+          return;
+        }
+        {
+          std::lock_guard<std::mutex> lock(shared->mu);
+          shared->inbox.push_back(env);
+        }
+        shared->cv.notify_all();
+      },
+  };
+}
+
+// -- the controller -------------------------------------------------------------------------------
+
+struct event {
+  enum class type { hello, result, down } what;
+  caf::actor who;        // hello: the worker
+  caf::actor_addr from;  // result, down
+  envelope env;
+};
+
+using events = rl::event_queue<event>;
+
+caf::behavior tool_controller_actor(caf::event_based_actor* self, std::shared_ptr<events> q) {
+  self->set_down_handler([q](const caf::down_msg& dm) {
+    q->push(event{event::type::down, {}, dm.source, {}});
+  });
+  return {
+      [self, q](tw_hello_atom, const envelope& env) {
+        const auto& s = self->current_sender();
+        if (!s) return;
+        if (auto h = env.read<wire::ToolWorkerHello>(); !h) {
+          spdlog::warn("tool controller: bad hello: {}", h.error().message);
+          return;
+        }
+        auto who = caf::actor_cast<caf::actor>(s);
+        self->monitor(who);
+        q->push(event{event::type::hello, who, {}, env});
+      },
+      [self, q](tw_result_atom, const envelope& env) {
+        const auto& s = self->current_sender();
+        q->push(event{event::type::result, {}, s ? s->address() : caf::actor_addr{}, env});
+      },
+  };
+}
+
+/// A call in flight.
+struct in_flight {
+  gpu::rl::tool_call call;
+  int worker = -1;  ///< -1: waiting for a worker
+  clock_type::time_point deadline;
+  clock_type::time_point waiting_since;  ///< while worker == -1
+};
+
+}  // namespace
+
+struct remote_tools::impl {
+  remote_tools_config cfg;
+  std::shared_ptr<events> queue = std::make_shared<events>();
+  caf::actor controller;
+
+  struct worker_slot {
+    caf::actor who;
+    bool alive = false;
+    uint32_t pid = 0;
+    int64_t calls = 0;  ///< calls answered
+    int64_t busy = 0;   ///< calls in flight on it
+  };
+  std::vector<worker_slot> workers;
+  std::map<uint64_t, in_flight> flying;
+  std::vector<gpu::rl::tool_result> done;
+  int64_t calls = 0;
+  std::atomic<int64_t> lost{0}, resent{0};
+  std::string fatal;  ///< a worker could not start its tools
+
+  mutable std::mutex status_mu;
+  std::string status;
+
+  int slot_of(const caf::actor_addr& a) const {
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (workers[i].alive && workers[i].who.address() == a) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  /// The live worker with the fewest calls in flight (ties: the first); -1 when none lives.
+  int least_busy() const {
+    int best = -1;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (workers[i].alive && (best < 0 || workers[i].busy < workers[best].busy)) {
+        best = static_cast<int>(i);
+      }
+    }
+    return best;
+  }
+
+  void lose(int i, const std::string& why) {
+    worker_slot& w = workers[static_cast<size_t>(i)];
+    if (!w.alive) return;
+    w.alive = false;
+    w.busy = 0;
+    ++lost;
+    int moved = 0;
+    const auto now = clock_type::now();
+    for (auto& [id, f] : flying) {
+      if (f.worker == i) {
+        f.worker = -1;
+        f.waiting_since = now;
+        ++moved;
+      }
+    }
+    resent += moved;
+    spdlog::warn("tool worker {} lost ({}): {} call(s) to be sent again", i, why, moved);
+  }
+
+  void stop_worker(int i, const std::string& why) {
+    caf::anon_send_exit(workers[static_cast<size_t>(i)].who, caf::exit_reason::kill);
+    lose(i, why);
+  }
+
+  void send(uint64_t id, in_flight& f, int w) {
+    f.worker = w;
+    f.deadline = clock_type::now() + std::chrono::milliseconds(cfg.call_timeout_ms);
+    ++workers[static_cast<size_t>(w)].busy;
+    caf::send_as(controller, workers[static_cast<size_t>(w)].who, tw_call_atom::value,
+                 envelope::build<wire::ToolCallMsg>([&](wire::ToolCallMsg::Builder b) {
+                   b.setId(id);
+                   b.setTool(f.call.tool);
+                   b.setArgs(bytes_of(f.call.args));
+                 }));
+  }
+
+  /// Hellos, deaths and results; then deadlines, and calls without a worker sent to one.
+  void step() {
+    for (auto& e : queue->take()) {
+      switch (e.what) {
+        case event::type::hello: {
+          auto h = e.env.read<wire::ToolWorkerHello>();
+          if (!h) break;
+          const uint32_t idx = h->get().getWorker();
+          if (idx >= workers.size()) {
+            spdlog::warn("tool controller: hello of worker {} in a run of {}", idx, workers.size());
+            break;
+          }
+          if (h->get().getError().size() > 0) {
+            fatal = "tool worker " + std::to_string(idx) + ": " + h->get().getError().cStr();
+            break;
+          }
+          if (workers[idx].alive) lose(static_cast<int>(idx), "replaced by a new incarnation");
+          workers[idx].who = e.who;
+          workers[idx].alive = true;
+          workers[idx].pid = h->get().getPid();
+          spdlog::info("tool worker {} ready (pid {})", idx, workers[idx].pid);
+          break;
+        }
+        case event::type::down: {
+          const int i = slot_of(e.from);
+          if (i >= 0) lose(i, "its actor is down");
+          break;
+        }
+        case event::type::result: {
+          const int w = slot_of(e.from);
+          if (w < 0) break;  // a lost worker's late answer
+          auto r = e.env.read<wire::ToolResultMsg>();
+          if (!r) {
+            stop_worker(w, "a malformed result: " + r.error().message);
+            break;
+          }
+          auto it = flying.find(r->get().getId());
+          if (it == flying.end() || it->second.worker != w) break;  // answered already
+          done.push_back({it->first, text_of(r->get().getText())});
+          flying.erase(it);
+          --workers[static_cast<size_t>(w)].busy;
+          ++workers[static_cast<size_t>(w)].calls;
+          break;
+        }
+      }
+    }
+    const auto now = clock_type::now();
+    for (auto& [id, f] : flying) {
+      if (f.worker >= 0 && now > f.deadline) stop_worker(f.worker, "no answer within its deadline");
+    }
+    for (auto it = flying.begin(); it != flying.end();) {
+      in_flight& f = it->second;
+      if (f.worker != -1) {
+        ++it;
+        continue;
+      }
+      if (const int w = least_busy(); w >= 0) {
+        send(it->first, f, w);
+        ++it;
+      } else if (now - f.waiting_since > std::chrono::milliseconds(cfg.no_worker_timeout_ms)) {
+        done.push_back({it->first, "error: no tool worker for " +
+                                       std::to_string(cfg.no_worker_timeout_ms / 1000) + " s"});
+        it = flying.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    refresh_status();
+  }
+
+  void refresh_status() {
+    nlohmann::json j;
+    j["workers_lost"] = lost.load();
+    j["calls_resent"] = resent.load();
+    j["pending"] = flying.size();
+    auto& list = j["workers"] = nlohmann::json::array();
+    for (size_t i = 0; i < workers.size(); ++i) {
+      list.push_back({{"worker", i},
+                      {"state", workers[i].alive ? "ready" : "down"},
+                      {"pid", workers[i].pid},
+                      {"calls", workers[i].calls}});
+    }
+    std::string text = j.dump();
+    std::lock_guard<std::mutex> lock(status_mu);
+    status = std::move(text);
+  }
+};
+
+remote_tools::remote_tools(std::unique_ptr<impl> d) : d_(std::move(d)) {}
+
+remote_tools::~remote_tools() {
+  shutdown();
+}
+
+void remote_tools::shutdown() {
+  if (!d_ || !d_->controller) return;
+  caf::anon_send_exit(d_->controller, caf::exit_reason::user_shutdown);
+  d_->controller = caf::actor{};
+  for (auto& w : d_->workers) w.who = caf::actor{};
+}
+
+result<std::unique_ptr<remote_tools>> remote_tools::create(caf::actor_system& sys,
+                                                           remote_tools_config cfg) {
+  if (cfg.workers < 1 || cfg.workers > 4096) {
+    return make_error(errc::invalid_argument, "rl: 1 to 4096 tool workers");
+  }
+  auto d = std::make_unique<impl>();
+  d->cfg = std::move(cfg);
+  d->workers.resize(static_cast<size_t>(d->cfg.workers));
+  d->controller = sys.spawn(tool_controller_actor, d->queue);
+  d->refresh_status();
+  return std::unique_ptr<remote_tools>(new remote_tools(std::move(d)));
+}
+
+caf::actor remote_tools::controller() const {
+  return d_->controller;
+}
+
+status remote_tools::wait_ready(uint32_t timeout_ms) {
+  const auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    d_->step();
+    if (!d_->fatal.empty()) return make_error(errc::invalid_argument, d_->fatal);
+    const auto live = std::count_if(d_->workers.begin(), d_->workers.end(),
+                                    [](const impl::worker_slot& w) { return w.alive; });
+    if (live == d_->cfg.workers) return {};
+    if (clock_type::now() > deadline) {
+      return make_error(errc::unavailable, std::to_string(live) + " of " +
+                                               std::to_string(d_->cfg.workers) +
+                                               " tool workers ready after " +
+                                               std::to_string(timeout_ms / 1000) + " s");
+    }
+    d_->queue->wait_for(std::chrono::milliseconds(100));
+    if (d_->cfg.on_idle) d_->cfg.on_idle();
+  }
+}
+
+gpu::status remote_tools::call(uint64_t id, gpu::rl::tool_call c) {
+  impl& d = *d_;
+  if (std::find(d.cfg.tools.begin(), d.cfg.tools.end(), c.tool) == d.cfg.tools.end()) {
+    return gpu::status{gpu::status_code::invalid_argument, "tool '" + c.tool + "' is not enabled"};
+  }
+  if (d.flying.count(id) != 0) {
+    return gpu::status{gpu::status_code::invalid_argument,
+                       "tool call " + std::to_string(id) + " is already pending"};
+  }
+  ++d.calls;
+  in_flight& f = d.flying[id];
+  f.call = std::move(c);
+  f.waiting_since = clock_type::now();
+  d.step();  // sends it (and takes what arrived meanwhile)
+  return {};
+}
+
+std::vector<gpu::rl::tool_result> remote_tools::ready(bool wait) {
+  impl& d = *d_;
+  d.step();
+  while (d.done.empty() && wait && !d.flying.empty()) {
+    d.queue->wait_for(std::chrono::milliseconds(100));
+    if (d.cfg.on_idle) d.cfg.on_idle();
+    d.step();
+  }
+  return std::exchange(d.done, {});
+}
+
+int64_t remote_tools::pending() const {
+  return static_cast<int64_t>(d_->flying.size() + d_->done.size());
+}
+
+int64_t remote_tools::calls() const {
+  return d_->calls;
+}
+
+int64_t remote_tools::workers_lost() const {
+  return d_->lost.load();
+}
+
+int64_t remote_tools::resent() const {
+  return d_->resent.load();
+}
+
+std::string remote_tools::status_json() const {
+  std::lock_guard<std::mutex> lock(d_->status_mu);
+  return d_->status;
+}
+
+void add_tool_worker_role(actors::role_registry& roles) {
+  roles.add("tool_worker",
+            [](caf::actor_system& sys, const actors::role_context& ctx) -> result<caf::actor> {
+              auto cfg = tool_worker_config::from_json(ctx.config_json);
+              if (!cfg) return cfg.error();
+              return sys.spawn<caf::detached>(tool_worker_actor, ctx.name, std::move(cfg.value()));
+            });
+}
+
+}  // namespace weft::rl
