@@ -16,6 +16,7 @@
 #include "actors/private_messages.hpp"
 #include "actors/rl/rl_atoms.hpp"
 #include "actors/rl/rl_plumbing.hpp"
+#include "actors/rl/rl_workers.hpp"
 #include "actors/rl/trainer_wire.hpp"
 #include "actors/roles.hpp"
 #include "gpu/gguf.hpp"
@@ -79,16 +80,9 @@ schema::decode_limits work_limits() {
 
 // -- the worker -----------------------------------------------------------------------------------
 
-struct worker_shared {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<envelope> inbox;
-  bool abort = false;
-};
-
 /// Loads the model, says hello, then computes the batches in arrival order on its own thread.
-void worker_loop(reference_worker_config cfg, std::shared_ptr<worker_shared> shared,
-                 caf::actor self, caf::actor controller) {
+void worker_loop(reference_worker_config cfg, std::shared_ptr<worker_inbox> shared, caf::actor self,
+                 caf::actor controller) {
   gpu::train::use_threads(cfg.threads);
   std::unique_ptr<gpu::train::trainable_model<float>> model;
   int64_t vocab = 0;
@@ -121,15 +115,9 @@ void worker_loop(reference_worker_config cfg, std::shared_ptr<worker_shared> sha
   spdlog::info("reference worker {}: {} loaded ({} threads)", cfg.worker, cfg.model_path,
                cfg.threads);
   for (;;) {
-    envelope env;
-    {
-      std::unique_lock<std::mutex> lock(shared->mu);
-      shared->cv.wait(lock, [&] { return shared->abort || !shared->inbox.empty(); });
-      if (shared->abort) return;
-      env = std::move(shared->inbox.front());
-      shared->inbox.pop_front();
-    }
-    auto w = env.read<wire::ReferenceWork>(work_limits());
+    auto env = shared->next();
+    if (!env) return;
+    auto w = env->read<wire::ReferenceWork>(work_limits());
     if (!w) continue;  // validated by the actor already
     const uint64_t id = w->get().getId();
     std::string why;
@@ -160,85 +148,10 @@ void worker_loop(reference_worker_config cfg, std::shared_ptr<worker_shared> sha
   }
 }
 
-caf::behavior reference_worker_actor(caf::event_based_actor* self, std::string name,
-                                     reference_worker_config cfg) {
-  // Detached: connecting blocks only this actor's own thread.
-  auto controller = connect_to_controller(self->system(), cfg.controller_host, cfg.controller_port);
-  if (!controller) {
-    spdlog::error("reference worker {}: the controller: {}", name, controller.error().message);
-    self->quit(caf::make_error(caf::sec::runtime_error, controller.error().message));
-    return {};
-  }
-  caf::actor ctrl = *controller;
-  self->monitor(ctrl);
-  auto shared = std::make_shared<worker_shared>();
-  // Joined when the actor ends (its handles go with the thread).
-  auto thread = std::make_shared<std::thread>(worker_loop, cfg, shared,
-                                              caf::actor_cast<caf::actor>(self), ctrl);
-  self->attach_functor([shared, thread](const caf::error&) {
-    {
-      std::lock_guard<std::mutex> lock(shared->mu);
-      shared->abort = true;
-    }
-    shared->cv.notify_all();
-    if (thread->joinable()) thread->join();
-  });
-  self->set_down_handler([self, name, ctrl](const caf::down_msg& dm) {
-    if (dm.source == ctrl.address()) {
-      spdlog::warn("reference worker {}: the controller is gone; stopping", name);
-      self->quit(caf::exit_reason::user_shutdown);
-    }
-  });
-  return {
-      [self, ctrl, shared, name](rf_work_atom, const envelope& env) {
-        const auto& s = self->current_sender();
-        if (!s || s->address() != ctrl.address()) return;  // only its controller is obeyed
-        if (auto w = env.read<wire::ReferenceWork>(work_limits()); !w) {
-          spdlog::warn("reference worker {}: bad work: {}", name, w.error().message);
-          return;
-        }
-        {
-          std::lock_guard<std::mutex> lock(shared->mu);
-          shared->inbox.push_back(env);
-        }
-        shared->cv.notify_all();
-      },
-  };
-}
-
 // -- the controller -------------------------------------------------------------------------------
 
-struct event {
-  enum class type { hello, result, down } what;
-  caf::actor who;        // hello: the worker
-  caf::actor_addr from;  // result, down
-  envelope env;
-};
-
-using events = rl::event_queue<event>;
-
-caf::behavior reference_controller_actor(caf::event_based_actor* self, std::shared_ptr<events> q) {
-  self->set_down_handler([q](const caf::down_msg& dm) {
-    q->push(event{event::type::down, {}, dm.source, {}});
-  });
-  return {
-      [self, q](rf_hello_atom, const envelope& env) {
-        const auto& s = self->current_sender();
-        if (!s) return;
-        if (auto h = env.read<wire::ReferenceHello>(); !h) {
-          spdlog::warn("reference controller: bad hello: {}", h.error().message);
-          return;
-        }
-        auto who = caf::actor_cast<caf::actor>(s);
-        self->monitor(who);
-        q->push(event{event::type::hello, who, {}, env});
-      },
-      [self, q](rf_result_atom, const envelope& env) {
-        const auto& s = self->current_sender();
-        q->push(event{event::type::result, {}, s ? s->address() : caf::actor_addr{}, env});
-      },
-  };
-}
+using event = worker_event;
+using events = worker_events;
 
 /// One batch of a call: sent to one worker at a time.
 struct job {
@@ -400,7 +313,9 @@ result<std::unique_ptr<remote_reference>> remote_reference::create(caf::actor_sy
   auto d = std::make_unique<impl>();
   d->cfg = std::move(cfg);
   d->workers.resize(static_cast<size_t>(d->cfg.workers));
-  d->controller = sys.spawn(reference_controller_actor, d->queue);
+  d->controller =
+      sys.spawn(worker_controller_actor<rf_hello_atom, rf_result_atom, wire::ReferenceHello>,
+                d->queue, std::string{"reference controller"});
   d->refresh_status();
   return std::unique_ptr<remote_reference>(new remote_reference(std::move(d)));
 }
@@ -537,8 +452,13 @@ void add_reference_worker_role(actors::role_registry& roles) {
             [](caf::actor_system& sys, const actors::role_context& ctx) -> result<caf::actor> {
               auto cfg = reference_worker_config::from_json(ctx.config_json);
               if (!cfg) return cfg.error();
-              return sys.spawn<caf::detached>(reference_worker_actor, ctx.name,
-                                              std::move(cfg.value()));
+              const reference_worker_config c = *cfg;
+              return sys.spawn<caf::detached>(
+                  worker_actor<rf_work_atom, wire::ReferenceWork>, "reference worker", ctx.name,
+                  c.controller_host, c.controller_port, work_limits(),
+                  [c](std::shared_ptr<worker_inbox> in, caf::actor self, caf::actor ctrl) {
+                    worker_loop(c, std::move(in), std::move(self), std::move(ctrl));
+                  });
             });
 }
 

@@ -18,6 +18,7 @@
 #include "actors/private_messages.hpp"
 #include "actors/rl/rl_atoms.hpp"
 #include "actors/rl/rl_plumbing.hpp"
+#include "actors/rl/rl_workers.hpp"
 #include "actors/roles.hpp"
 #include "actors/runtime.hpp"
 #include "schema/caf_bridge.hpp"
@@ -70,29 +71,25 @@ namespace {
 // -- the worker
 // ------------------------------------------------------------------------------------
 
-/// What the worker's actor hands its scoring thread.
-struct worker_shared {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<envelope> inbox;
-  bool abort = false;
-};
-
-/// Scores batches one after the other on its own thread (the reward program may take seconds).
-void worker_loop(reward_worker_config cfg, std::shared_ptr<worker_shared> shared, caf::actor self,
+/// Says hello, then scores batches one after the other on its own thread (the reward program may
+/// take seconds).
+void worker_loop(reward_worker_config cfg, std::shared_ptr<worker_inbox> shared, caf::actor self,
                  caf::actor controller) {
   gpu::rl::reward_process rewards(
       gpu::rl::reward_process_config{cfg.command, cfg.timeout_s, cfg.max_restarts});
+  std::random_device rd;
+  const uint64_t incarnation = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  caf::send_as(self, controller, w_hello_atom::value,
+               envelope::build<wire::RewardWorkerHello>([&](wire::RewardWorkerHello::Builder b) {
+                 b.setWorker(static_cast<uint32_t>(cfg.worker));
+                 b.setPid(static_cast<uint32_t>(::getpid()));
+                 b.setIncarnation(incarnation);
+               }));
+  spdlog::info("reward worker {}: runs `{}`", cfg.worker, cfg.command);
   for (;;) {
-    envelope env;
-    {
-      std::unique_lock<std::mutex> lock(shared->mu);
-      shared->cv.wait(lock, [&] { return shared->abort || !shared->inbox.empty(); });
-      if (shared->abort) return;
-      env = std::move(shared->inbox.front());
-      shared->inbox.pop_front();
-    }
-    auto b = env.read<wire::RewardBatch>();
+    auto env = shared->next();
+    if (!env) return;
+    auto b = env->read<wire::RewardBatch>();
     if (!b) continue;  // validated by the actor already
     std::vector<gpu::rl::reward_request> items;
     for (auto it : b->get().getItems()) {
@@ -118,94 +115,10 @@ void worker_loop(reward_worker_config cfg, std::shared_ptr<worker_shared> shared
   }
 }
 
-caf::behavior reward_worker_actor(caf::event_based_actor* self, std::string name,
-                                  reward_worker_config cfg) {
-  // Detached: connecting blocks only this actor's own thread.
-  auto controller = connect_to_controller(self->system(), cfg.controller_host, cfg.controller_port);
-  if (!controller) {
-    spdlog::error("reward worker {}: the controller: {}", name, controller.error().message);
-    self->quit(caf::make_error(caf::sec::runtime_error, controller.error().message));
-    return {};
-  }
-  caf::actor ctrl = *controller;
-  self->monitor(ctrl);
-  auto shared = std::make_shared<worker_shared>();
-  // Joined when the actor ends (its handles go with the thread).
-  auto thread = std::make_shared<std::thread>(worker_loop, cfg, shared,
-                                              caf::actor_cast<caf::actor>(self), ctrl);
-  self->attach_functor([shared, thread](const caf::error&) {
-    {
-      std::lock_guard<std::mutex> lock(shared->mu);
-      shared->abort = true;
-    }
-    shared->cv.notify_all();
-    if (thread->joinable()) thread->join();
-  });
-  self->set_down_handler([self, name, ctrl](const caf::down_msg& dm) {
-    if (dm.source == ctrl.address()) {
-      spdlog::warn("reward worker {}: the controller is gone; stopping", name);
-      self->quit(caf::exit_reason::user_shutdown);
-    }
-  });
-  std::random_device rd;
-  const uint64_t incarnation = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  caf::send_as(caf::actor_cast<caf::actor>(self), ctrl, w_hello_atom::value,
-               envelope::build<wire::RewardWorkerHello>([&](wire::RewardWorkerHello::Builder b) {
-                 b.setWorker(static_cast<uint32_t>(cfg.worker));
-                 b.setPid(static_cast<uint32_t>(::getpid()));
-                 b.setIncarnation(incarnation);
-               }));
-  spdlog::info("reward worker {}: runs `{}`", name, cfg.command);
-  return {
-      [self, ctrl, shared, name](w_batch_atom, const envelope& env) {
-        const auto& s = self->current_sender();
-        if (!s || s->address() != ctrl.address()) return;  // only its controller is obeyed
-        if (auto b = env.read<wire::RewardBatch>(); !b) {
-          spdlog::warn("reward worker {}: bad batch: {}", name, b.error().message);
-          return;
-        }
-        {
-          std::lock_guard<std::mutex> lock(shared->mu);
-          shared->inbox.push_back(env);
-        }
-        shared->cv.notify_all();
-      },
-  };
-}
-
 // -- the controller -------------------------------------------------------------------------------
 
-struct event {
-  enum class type { hello, result, down } what;
-  caf::actor who;        // hello: the worker
-  caf::actor_addr from;  // result, down
-  envelope env;
-};
-
-using events = rl::event_queue<event>;
-
-caf::behavior reward_controller_actor(caf::event_based_actor* self, std::shared_ptr<events> q) {
-  self->set_down_handler([q](const caf::down_msg& dm) {
-    q->push(event{event::type::down, {}, dm.source, {}});
-  });
-  return {
-      [self, q](w_hello_atom, const envelope& env) {
-        const auto& s = self->current_sender();
-        if (!s) return;
-        if (auto h = env.read<wire::RewardWorkerHello>(); !h) {
-          spdlog::warn("reward controller: bad hello: {}", h.error().message);
-          return;
-        }
-        auto who = caf::actor_cast<caf::actor>(s);
-        self->monitor(who);
-        q->push(event{event::type::hello, who, {}, env});
-      },
-      [self, q](w_result_atom, const envelope& env) {
-        const auto& s = self->current_sender();
-        q->push(event{event::type::result, {}, s ? s->address() : caf::actor_addr{}, env});
-      },
-  };
-}
+using event = worker_event;
+using events = worker_events;
 
 /// A part of a batch: items [begin, end), scored by one worker.
 struct part {
@@ -378,7 +291,9 @@ result<std::unique_ptr<remote_rewards>> remote_rewards::create(caf::actor_system
   auto d = std::make_unique<impl>();
   d->cfg = std::move(cfg);
   d->workers.resize(static_cast<size_t>(d->cfg.workers));
-  d->controller = sys.spawn(reward_controller_actor, d->queue);
+  d->controller =
+      sys.spawn(worker_controller_actor<w_hello_atom, w_result_atom, wire::RewardWorkerHello>,
+                d->queue, std::string{"reward controller"});
   d->refresh_status();
   return std::unique_ptr<remote_rewards>(new remote_rewards(std::move(d)));
 }
@@ -507,8 +422,13 @@ void add_reward_worker_role(actors::role_registry& roles) {
             [](caf::actor_system& sys, const actors::role_context& ctx) -> result<caf::actor> {
               auto cfg = reward_worker_config::from_json(ctx.config_json);
               if (!cfg) return cfg.error();
-              return sys.spawn<caf::detached>(reward_worker_actor, ctx.name,
-                                              std::move(cfg.value()));
+              const reward_worker_config c = *cfg;
+              return sys.spawn<caf::detached>(
+                  worker_actor<w_batch_atom, wire::RewardBatch>, "reward worker", ctx.name,
+                  c.controller_host, c.controller_port, schema::decode_limits{},
+                  [c](std::shared_ptr<worker_inbox> in, caf::actor self, caf::actor ctrl) {
+                    worker_loop(c, std::move(in), std::move(self), std::move(ctrl));
+                  });
             });
 }
 

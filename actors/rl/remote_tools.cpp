@@ -18,6 +18,7 @@
 #include "actors/private_messages.hpp"
 #include "actors/rl/rl_atoms.hpp"
 #include "actors/rl/rl_plumbing.hpp"
+#include "actors/rl/rl_workers.hpp"
 #include "actors/roles.hpp"
 #include "schema/caf_bridge.hpp"
 
@@ -98,16 +99,9 @@ namespace {
 
 // -- the worker -----------------------------------------------------------------------------------
 
-struct worker_shared {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<envelope> inbox;
-  bool abort = false;
-};
-
 /// Starts the tools, says hello, then passes calls to them and their results back, on its own
 /// thread (the tools' actors run in the node's actor system).
-void worker_loop(tool_worker_config cfg, std::shared_ptr<worker_shared> shared, caf::actor self,
+void worker_loop(tool_worker_config cfg, std::shared_ptr<worker_inbox> shared, caf::actor self,
                  caf::actor controller) {
   auto made = tool_actors::create(self->home_system(), cfg.tools);
   std::random_device rd;
@@ -133,16 +127,10 @@ void worker_loop(tool_worker_config cfg, std::shared_ptr<worker_shared> shared, 
                  }));
   };
   for (;;) {
-    std::deque<envelope> in;
-    {
-      std::unique_lock<std::mutex> lock(shared->mu);
-      // With calls in flight, look for their results every 2 ms.
-      shared->cv.wait_for(lock, std::chrono::milliseconds(tools->pending() > 0 ? 2 : 200),
-                          [&] { return shared->abort || !shared->inbox.empty(); });
-      if (shared->abort) return;
-      in.swap(shared->inbox);
-    }
-    for (auto& env : in) {
+    // With calls in flight, look for their results every 2 ms.
+    auto in = shared->take(std::chrono::milliseconds(tools->pending() > 0 ? 2 : 200));
+    if (!in) return;
+    for (auto& env : *in) {
       auto c = env.read<wire::ToolCallMsg>();
       if (!c) continue;  // validated by the actor already
       const uint64_t id = c->get().getId();
@@ -155,85 +143,10 @@ void worker_loop(tool_worker_config cfg, std::shared_ptr<worker_shared> shared, 
   }
 }
 
-caf::behavior tool_worker_actor(caf::event_based_actor* self, std::string name,
-                                tool_worker_config cfg) {
-  // Detached: connecting blocks only this actor's own thread.
-  auto controller = connect_to_controller(self->system(), cfg.controller_host, cfg.controller_port);
-  if (!controller) {
-    spdlog::error("tool worker {}: the controller: {}", name, controller.error().message);
-    self->quit(caf::make_error(caf::sec::runtime_error, controller.error().message));
-    return {};
-  }
-  caf::actor ctrl = *controller;
-  self->monitor(ctrl);
-  auto shared = std::make_shared<worker_shared>();
-  // Joined when the actor ends (its handles go with the thread).
-  auto thread = std::make_shared<std::thread>(worker_loop, cfg, shared,
-                                              caf::actor_cast<caf::actor>(self), ctrl);
-  self->attach_functor([shared, thread](const caf::error&) {
-    {
-      std::lock_guard<std::mutex> lock(shared->mu);
-      shared->abort = true;
-    }
-    shared->cv.notify_all();
-    if (thread->joinable()) thread->join();
-  });
-  self->set_down_handler([self, name, ctrl](const caf::down_msg& dm) {
-    if (dm.source == ctrl.address()) {
-      spdlog::warn("tool worker {}: the controller is gone; stopping", name);
-      self->quit(caf::exit_reason::user_shutdown);
-    }
-  });
-  return {
-      [self, ctrl, shared, name](tw_call_atom, const envelope& env) {
-        const auto& s = self->current_sender();
-        if (!s || s->address() != ctrl.address()) return;  // only its controller is obeyed
-        if (auto c = env.read<wire::ToolCallMsg>(); !c) {
-          spdlog::warn("tool worker {}: bad call: {}", name, c.error().message);
-          return;
-        }
-        {
-          std::lock_guard<std::mutex> lock(shared->mu);
-          shared->inbox.push_back(env);
-        }
-        shared->cv.notify_all();
-      },
-  };
-}
-
 // -- the controller -------------------------------------------------------------------------------
 
-struct event {
-  enum class type { hello, result, down } what;
-  caf::actor who;        // hello: the worker
-  caf::actor_addr from;  // result, down
-  envelope env;
-};
-
-using events = rl::event_queue<event>;
-
-caf::behavior tool_controller_actor(caf::event_based_actor* self, std::shared_ptr<events> q) {
-  self->set_down_handler([q](const caf::down_msg& dm) {
-    q->push(event{event::type::down, {}, dm.source, {}});
-  });
-  return {
-      [self, q](tw_hello_atom, const envelope& env) {
-        const auto& s = self->current_sender();
-        if (!s) return;
-        if (auto h = env.read<wire::ToolWorkerHello>(); !h) {
-          spdlog::warn("tool controller: bad hello: {}", h.error().message);
-          return;
-        }
-        auto who = caf::actor_cast<caf::actor>(s);
-        self->monitor(who);
-        q->push(event{event::type::hello, who, {}, env});
-      },
-      [self, q](tw_result_atom, const envelope& env) {
-        const auto& s = self->current_sender();
-        q->push(event{event::type::result, {}, s ? s->address() : caf::actor_addr{}, env});
-      },
-  };
-}
+using event = worker_event;
+using events = worker_events;
 
 /// A call in flight.
 struct in_flight {
@@ -430,7 +343,9 @@ result<std::unique_ptr<remote_tools>> remote_tools::create(caf::actor_system& sy
   auto d = std::make_unique<impl>();
   d->cfg = std::move(cfg);
   d->workers.resize(static_cast<size_t>(d->cfg.workers));
-  d->controller = sys.spawn(tool_controller_actor, d->queue);
+  d->controller =
+      sys.spawn(worker_controller_actor<tw_hello_atom, tw_result_atom, wire::ToolWorkerHello>,
+                d->queue, std::string{"tool controller"});
   d->refresh_status();
   return std::unique_ptr<remote_tools>(new remote_tools(std::move(d)));
 }
@@ -512,7 +427,13 @@ void add_tool_worker_role(actors::role_registry& roles) {
             [](caf::actor_system& sys, const actors::role_context& ctx) -> result<caf::actor> {
               auto cfg = tool_worker_config::from_json(ctx.config_json);
               if (!cfg) return cfg.error();
-              return sys.spawn<caf::detached>(tool_worker_actor, ctx.name, std::move(cfg.value()));
+              const tool_worker_config c = *cfg;
+              return sys.spawn<caf::detached>(
+                  worker_actor<tw_call_atom, wire::ToolCallMsg>, "tool worker", ctx.name,
+                  c.controller_host, c.controller_port, schema::decode_limits{},
+                  [c](std::shared_ptr<worker_inbox> in, caf::actor self, caf::actor ctrl) {
+                    worker_loop(c, std::move(in), std::move(self), std::move(ctrl));
+                  });
             });
 }
 

@@ -1,0 +1,147 @@
+#pragma once
+/// What the remote services of `weft rl` share — reward workers (remote_rewards), KL reference
+/// workers (remote_reference) and tool workers (remote_tools): the worker's actor, which connects
+/// to the run's controller and hands its messages to a thread of its own, and the controller's
+/// actor, which turns hellos, results and deaths into events for the thread that waits on them.
+/// Only included by those three (it pulls in CAF's actor headers).
+
+#include <spdlog/spdlog.h>
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "actors/rl/rl_plumbing.hpp"
+#include "schema/caf_bridge.hpp"
+
+namespace weft::rl {
+
+/// The controller's messages a worker's actor hands its thread, in arrival order.
+struct worker_inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<schema::envelope> inbox;
+  bool abort = false;
+
+  /// The next message; nullopt once the actor is gone.
+  std::optional<schema::envelope> next() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return abort || !inbox.empty(); });
+    if (abort) return std::nullopt;
+    schema::envelope env = std::move(inbox.front());
+    inbox.pop_front();
+    return env;
+  }
+  /// Every message that arrives within `ms` (none: an empty deque); nullopt once the actor is gone.
+  std::optional<std::deque<schema::envelope>> take(std::chrono::milliseconds ms) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, ms, [&] { return abort || !inbox.empty(); });
+    if (abort) return std::nullopt;
+    std::deque<schema::envelope> out;
+    out.swap(inbox);
+    return out;
+  }
+};
+
+/// What a worker's thread runs: its inbox, its own actor and the controller.
+using worker_loop_fn =
+    std::function<void(std::shared_ptr<worker_inbox>, caf::actor self, caf::actor controller)>;
+
+/// The actor of a worker (`what`: "reward worker", ...; spawn it detached: connecting blocks its
+/// thread): connects to the controller published on host:port, runs `loop` on a thread of its own
+/// for as long as the actor lives (joined when it exits, whatever the reason), stops when the
+/// controller goes, and hands the loop the controller's `WorkAtom` messages whose body reads as
+/// a `Work` under `limits` — from its controller only.
+template <class WorkAtom, class Work>
+caf::behavior worker_actor(caf::event_based_actor* self, std::string what, std::string name,
+                           std::string host, uint16_t port, schema::decode_limits limits,
+                           worker_loop_fn loop) {
+  auto controller = connect_to_controller(self->system(), host, port);
+  if (!controller) {
+    spdlog::error("{} {}: the controller: {}", what, name, controller.error().message);
+    self->quit(caf::make_error(caf::sec::runtime_error, controller.error().message));
+    return {};
+  }
+  caf::actor ctrl = *controller;
+  self->monitor(ctrl);
+  auto shared = std::make_shared<worker_inbox>();
+  auto thread = std::make_shared<std::thread>(std::move(loop), shared,
+                                              caf::actor_cast<caf::actor>(self), ctrl);
+  self->attach_functor([shared, thread](const caf::error&) {
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      shared->abort = true;
+    }
+    shared->cv.notify_all();
+    if (thread->joinable()) thread->join();
+  });
+  self->set_down_handler([self, what, name, ctrl](const caf::down_msg& dm) {
+    if (dm.source == ctrl.address()) {
+      spdlog::warn("{} {}: the controller is gone; stopping", what, name);
+      self->quit(caf::exit_reason::user_shutdown);
+    }
+  });
+  return {
+      [self, ctrl, shared, what, name, limits](WorkAtom, const schema::envelope& env) {
+        const auto& s = self->current_sender();
+        if (!s || s->address() != ctrl.address()) return;  // only its controller is obeyed
+        if (auto w = env.read<Work>(limits); !w) {
+          spdlog::warn("{} {}: a bad message: {}", what, name, w.error().message);
+          return;
+        }
+        {
+          std::lock_guard<std::mutex> lock(shared->mu);
+          shared->inbox.push_back(env);
+        }
+        shared->cv.notify_all();
+      },
+  };
+}
+
+/// What a controller's actor hands the thread that waits on its workers.
+struct worker_event {
+  enum class type { hello, result, down } what;
+  caf::actor who;        ///< hello: the worker
+  caf::actor_addr from;  ///< result, down
+  schema::envelope env;
+};
+
+using worker_events = event_queue<worker_event>;
+
+/// The controller's actor (`what`: "reward controller", ...): a `HelloAtom` message whose body
+/// reads as a `Hello` monitors its sender and queues a hello; `ResultAtom` messages queue as
+/// results (the thread matches them to its workers); a monitored actor going down queues a down.
+template <class HelloAtom, class ResultAtom, class Hello>
+caf::behavior worker_controller_actor(caf::event_based_actor* self,
+                                      std::shared_ptr<worker_events> q, std::string what) {
+  self->set_down_handler([q](const caf::down_msg& dm) {
+    q->push(worker_event{worker_event::type::down, {}, dm.source, {}});
+  });
+  return {
+      [self, q, what](HelloAtom, const schema::envelope& env) {
+        const auto& s = self->current_sender();
+        if (!s) return;
+        if (auto h = env.read<Hello>(); !h) {
+          spdlog::warn("{}: bad hello: {}", what, h.error().message);
+          return;
+        }
+        auto who = caf::actor_cast<caf::actor>(s);
+        self->monitor(who);
+        q->push(worker_event{worker_event::type::hello, who, {}, env});
+      },
+      [self, q](ResultAtom, const schema::envelope& env) {
+        const auto& s = self->current_sender();
+        q->push(worker_event{
+            worker_event::type::result, {}, s ? s->address() : caf::actor_addr{}, env});
+      },
+  };
+}
+
+}  // namespace weft::rl
