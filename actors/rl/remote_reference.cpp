@@ -169,34 +169,13 @@ struct remote_reference::impl {
   std::shared_ptr<events> queue = std::make_shared<events>();
   caf::actor controller;
 
-  struct worker_slot {
-    caf::actor who;
-    bool alive = false;
-    uint32_t pid = 0;
-    int64_t batches = 0;  ///< batches computed
-  };
-  std::vector<worker_slot> workers;
+  worker_table workers;
   int64_t lost = 0, resent = 0;
   uint64_t next_id = 1;
   std::string fatal;  ///< a worker's model did not load
 
   mutable std::mutex status_mu;
   std::string status;
-
-  int slot_of(const caf::actor_addr& a) const {
-    for (size_t i = 0; i < workers.size(); ++i) {
-      if (workers[i].alive && workers[i].who.address() == a) return static_cast<int>(i);
-    }
-    return -1;
-  }
-
-  std::vector<int> live() const {
-    std::vector<int> out;
-    for (size_t i = 0; i < workers.size(); ++i) {
-      if (workers[i].alive) out.push_back(static_cast<int>(i));
-    }
-    return out;
-  }
 
   void lose(int i, const std::string& why, std::vector<job>* jobs) {
     worker_slot& w = workers[static_cast<size_t>(i)];
@@ -231,26 +210,16 @@ struct remote_reference::impl {
           auto h = e.env.read<wire::ReferenceHello>();
           if (!h) break;
           const uint32_t idx = h->get().getWorker();
-          if (idx >= workers.size()) {
-            spdlog::warn("reference controller: hello of worker {} in a run of {}", idx,
-                         workers.size());
-            break;
-          }
           if (h->get().getError().size() > 0) {
             fatal = "reference worker " + std::to_string(idx) + ": " + h->get().getError().cStr();
             break;
           }
-          if (workers[idx].alive) {
-            lose(static_cast<int>(idx), "replaced by a new incarnation", jobs);
-          }
-          workers[idx].who = e.who;
-          workers[idx].alive = true;
-          workers[idx].pid = h->get().getPid();
-          spdlog::info("reference worker {} ready (pid {})", idx, workers[idx].pid);
+          workers.hello(idx, e.who, h->get().getPid(), "reference worker",
+                        [&](int i, const std::string& why) { lose(i, why, jobs); });
           break;
         }
         case event::type::down: {
-          const int i = slot_of(e.from);
+          const int i = workers.slot_of(e.from);
           if (i >= 0) lose(i, "its actor is down", jobs);
           break;
         }
@@ -272,13 +241,7 @@ struct remote_reference::impl {
     nlohmann::json j;
     j["workers_lost"] = lost;
     j["batches_resent"] = resent;
-    auto& list = j["workers"] = nlohmann::json::array();
-    for (size_t i = 0; i < workers.size(); ++i) {
-      list.push_back({{"worker", i},
-                      {"state", workers[i].alive ? "ready" : "down"},
-                      {"pid", workers[i].pid},
-                      {"batches", workers[i].batches}});
-    }
+    j["workers"] = workers.to_json("batches");
     std::string text = j.dump();
     std::lock_guard<std::mutex> lock(status_mu);
     status = std::move(text);
@@ -329,9 +292,9 @@ status remote_reference::wait_ready(uint32_t timeout_ms) {
   for (;;) {
     (void)d_->drain(nullptr);
     if (!d_->fatal.empty()) return make_error(errc::invalid_argument, d_->fatal);
-    if (static_cast<int>(d_->live().size()) == d_->cfg.workers) return {};
+    if (static_cast<int>(d_->workers.live().size()) == d_->cfg.workers) return {};
     if (clock_type::now() > deadline) {
-      return make_error(errc::unavailable, std::to_string(d_->live().size()) + " of " +
+      return make_error(errc::unavailable, std::to_string(d_->workers.live().size()) + " of " +
                                                std::to_string(d_->cfg.workers) +
                                                " reference workers ready after " +
                                                std::to_string(timeout_ms / 1000) + " s");
@@ -372,7 +335,7 @@ gpu::result<std::vector<std::vector<float>>> remote_reference::logprobs(
   size_t rr = 0;
   while (done < jobs.size()) {
     for (auto& r : d.drain(&jobs)) {
-      const int w = d.slot_of(r.from);
+      const int w = d.workers.slot_of(r.from);
       if (w < 0) continue;  // a lost worker's late answer
       auto res = r.env.read<wire::ReferenceResult>(work_limits());
       if (!res) {
@@ -402,7 +365,7 @@ gpu::result<std::vector<std::vector<float>>> remote_reference::logprobs(
       out[at].resize(lp.size());
       for (unsigned i = 0; i < lp.size(); ++i) out[at][i] = lp[i];
       j.worker = -2;
-      ++d.workers[static_cast<size_t>(w)].batches;
+      ++d.workers[static_cast<size_t>(w)].done;
       ++done;
     }
     if (!d.fatal.empty()) return gpu::status{gpu::status_code::invalid_argument, d.fatal};
@@ -412,7 +375,7 @@ gpu::result<std::vector<std::vector<float>>> remote_reference::logprobs(
         d.stop_worker(j.worker, "no answer within its deadline", &jobs);
       }
     }
-    const auto live = d.live();
+    const auto live = d.workers.live();
     if (live.empty()) {
       if (!no_worker) no_worker_since = now;
       no_worker = true;

@@ -138,33 +138,12 @@ struct remote_rewards::impl {
   std::shared_ptr<events> queue = std::make_shared<events>();
   caf::actor controller;
 
-  struct worker_slot {
-    caf::actor who;
-    bool alive = false;
-    uint32_t pid = 0;
-    int64_t parts = 0;  ///< parts scored
-  };
-  std::vector<worker_slot> workers;
+  worker_table workers;
   int64_t lost = 0, rescored = 0;
   uint64_t next_id = 1;
 
   mutable std::mutex status_mu;
   std::string status;
-
-  int slot_of(const caf::actor_addr& a) const {
-    for (size_t i = 0; i < workers.size(); ++i) {
-      if (workers[i].alive && workers[i].who.address() == a) return static_cast<int>(i);
-    }
-    return -1;
-  }
-
-  std::vector<int> live() const {
-    std::vector<int> out;
-    for (size_t i = 0; i < workers.size(); ++i) {
-      if (workers[i].alive) out.push_back(static_cast<int>(i));
-    }
-    return out;
-  }
 
   void lose(int i, const std::string& why, std::vector<part>* parts) {
     worker_slot& w = workers[static_cast<size_t>(i)];
@@ -198,22 +177,12 @@ struct remote_rewards::impl {
         case event::type::hello: {
           auto h = e.env.read<wire::RewardWorkerHello>();
           if (!h) break;
-          const uint32_t idx = h->get().getWorker();
-          if (idx >= workers.size()) {
-            spdlog::warn("reward controller: hello of worker {} in a run of {}", idx,
-                         workers.size());
-            break;
-          }
-          if (workers[idx].alive)
-            lose(static_cast<int>(idx), "replaced by a new incarnation", parts);
-          workers[idx].who = e.who;
-          workers[idx].alive = true;
-          workers[idx].pid = h->get().getPid();
-          spdlog::info("reward worker {} ready (pid {})", idx, workers[idx].pid);
+          workers.hello(h->get().getWorker(), e.who, h->get().getPid(), "reward worker",
+                        [&](int i, const std::string& why) { lose(i, why, parts); });
           break;
         }
         case event::type::down: {
-          const int i = slot_of(e.from);
+          const int i = workers.slot_of(e.from);
           if (i >= 0) lose(i, "its actor is down", parts);
           break;
         }
@@ -235,13 +204,7 @@ struct remote_rewards::impl {
     nlohmann::json j;
     j["workers_lost"] = lost;
     j["parts_rescored"] = rescored;
-    auto& list = j["workers"] = nlohmann::json::array();
-    for (size_t i = 0; i < workers.size(); ++i) {
-      list.push_back({{"worker", i},
-                      {"state", workers[i].alive ? "ready" : "down"},
-                      {"pid", workers[i].pid},
-                      {"parts", workers[i].parts}});
-    }
+    j["workers"] = workers.to_json("parts");
     std::string text = j.dump();
     std::lock_guard<std::mutex> lock(status_mu);
     status = std::move(text);
@@ -306,9 +269,9 @@ status remote_rewards::wait_ready(uint32_t timeout_ms) {
   const auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
     (void)d_->drain(nullptr);
-    if (static_cast<int>(d_->live().size()) == d_->cfg.workers) return {};
+    if (static_cast<int>(d_->workers.live().size()) == d_->cfg.workers) return {};
     if (clock_type::now() > deadline) {
-      return make_error(errc::unavailable, std::to_string(d_->live().size()) + " of " +
+      return make_error(errc::unavailable, std::to_string(d_->workers.live().size()) + " of " +
                                                std::to_string(d_->cfg.workers) +
                                                " reward workers ready after " +
                                                std::to_string(timeout_ms / 1000) + " s");
@@ -324,7 +287,7 @@ gpu::result<std::vector<double>> remote_rewards::score(
   impl& d = *d_;
   (void)d.drain(nullptr);
   // Parts: as many as there are live workers (at least one), each under part_bytes.
-  const size_t n_live = std::max<size_t>(1, d.live().size());
+  const size_t n_live = std::max<size_t>(1, d.workers.live().size());
   const size_t per = (items.size() + n_live - 1) / n_live;
   std::vector<part> parts;
   for (size_t b = 0; b < items.size();) {
@@ -344,7 +307,7 @@ gpu::result<std::vector<double>> remote_rewards::score(
   int rr = 0;
   while (done < parts.size()) {
     for (auto& r : d.drain(&parts)) {
-      const int w = d.slot_of(r.from);
+      const int w = d.workers.slot_of(r.from);
       if (w < 0) continue;  // a lost worker's late answer
       auto res = r.env.read<wire::RewardResult>();
       auto it = std::find_if(parts.begin(), parts.end(), [&](const part& p) {
@@ -373,7 +336,7 @@ gpu::result<std::vector<double>> remote_rewards::score(
       }
       for (size_t i = p.begin; i < p.end; ++i) out[i] = rewards[static_cast<unsigned>(i - p.begin)];
       p.worker = -2;  // done
-      ++d.workers[static_cast<size_t>(w)].parts;
+      ++d.workers[static_cast<size_t>(w)].done;
       ++done;
     }
     // Deadlines, then (re)assignment of parts without a worker.
@@ -383,7 +346,7 @@ gpu::result<std::vector<double>> remote_rewards::score(
         d.stop_worker(p.worker, "no answer within its deadline", &parts);
       }
     }
-    const auto live = d.live();
+    const auto live = d.workers.live();
     if (live.empty()) {
       if (!no_worker_since) no_worker_since = now;
       if (now - *no_worker_since > std::chrono::milliseconds(d.cfg.no_worker_timeout_ms)) {

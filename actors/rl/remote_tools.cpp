@@ -163,14 +163,7 @@ struct remote_tools::impl {
   std::shared_ptr<events> queue = std::make_shared<events>();
   caf::actor controller;
 
-  struct worker_slot {
-    caf::actor who;
-    bool alive = false;
-    uint32_t pid = 0;
-    int64_t calls = 0;  ///< calls answered
-    int64_t busy = 0;   ///< calls in flight on it
-  };
-  std::vector<worker_slot> workers;
+  worker_table workers;
   std::map<uint64_t, in_flight> flying;
   std::vector<gpu::rl::tool_result> done;
   int64_t calls = 0;
@@ -180,23 +173,21 @@ struct remote_tools::impl {
   mutable std::mutex status_mu;
   std::string status;
 
-  int slot_of(const caf::actor_addr& a) const {
-    for (size_t i = 0; i < workers.size(); ++i) {
-      if (workers[i].alive && workers[i].who.address() == a) return static_cast<int>(i);
-    }
-    return -1;
-  }
-
-  /// The live worker with the fewest calls in flight (ties: the first); -1 when none lives.
-  int least_busy() const {
+  /// The live worker with the fewest calls in flight; ties go round in turn (so that idle workers
+  /// share the calls); -1 when none lives.
+  int least_busy() {
+    const size_t n = workers.size();
     int best = -1;
-    for (size_t i = 0; i < workers.size(); ++i) {
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = (next_tie + k) % n;
       if (workers[i].alive && (best < 0 || workers[i].busy < workers[best].busy)) {
         best = static_cast<int>(i);
       }
     }
+    if (best >= 0) next_tie = static_cast<size_t>(best) + 1;
     return best;
   }
+  size_t next_tie = 0;
 
   void lose(int i, const std::string& why) {
     worker_slot& w = workers[static_cast<size_t>(i)];
@@ -242,28 +233,21 @@ struct remote_tools::impl {
           auto h = e.env.read<wire::ToolWorkerHello>();
           if (!h) break;
           const uint32_t idx = h->get().getWorker();
-          if (idx >= workers.size()) {
-            spdlog::warn("tool controller: hello of worker {} in a run of {}", idx, workers.size());
-            break;
-          }
           if (h->get().getError().size() > 0) {
             fatal = "tool worker " + std::to_string(idx) + ": " + h->get().getError().cStr();
             break;
           }
-          if (workers[idx].alive) lose(static_cast<int>(idx), "replaced by a new incarnation");
-          workers[idx].who = e.who;
-          workers[idx].alive = true;
-          workers[idx].pid = h->get().getPid();
-          spdlog::info("tool worker {} ready (pid {})", idx, workers[idx].pid);
+          workers.hello(idx, e.who, h->get().getPid(), "tool worker",
+                        [&](int i, const std::string& why) { lose(i, why); });
           break;
         }
         case event::type::down: {
-          const int i = slot_of(e.from);
+          const int i = workers.slot_of(e.from);
           if (i >= 0) lose(i, "its actor is down");
           break;
         }
         case event::type::result: {
-          const int w = slot_of(e.from);
+          const int w = workers.slot_of(e.from);
           if (w < 0) break;  // a lost worker's late answer
           auto r = e.env.read<wire::ToolResultMsg>();
           if (!r) {
@@ -275,7 +259,7 @@ struct remote_tools::impl {
           done.push_back({it->first, text_of(r->get().getText())});
           flying.erase(it);
           --workers[static_cast<size_t>(w)].busy;
-          ++workers[static_cast<size_t>(w)].calls;
+          ++workers[static_cast<size_t>(w)].done;
           break;
         }
       }
@@ -309,13 +293,7 @@ struct remote_tools::impl {
     j["workers_lost"] = lost.load();
     j["calls_resent"] = resent.load();
     j["pending"] = flying.size();
-    auto& list = j["workers"] = nlohmann::json::array();
-    for (size_t i = 0; i < workers.size(); ++i) {
-      list.push_back({{"worker", i},
-                      {"state", workers[i].alive ? "ready" : "down"},
-                      {"pid", workers[i].pid},
-                      {"calls", workers[i].calls}});
-    }
+    j["workers"] = workers.to_json("calls");
     std::string text = j.dump();
     std::lock_guard<std::mutex> lock(status_mu);
     status = std::move(text);
@@ -359,8 +337,7 @@ status remote_tools::wait_ready(uint32_t timeout_ms) {
   for (;;) {
     d_->step();
     if (!d_->fatal.empty()) return make_error(errc::invalid_argument, d_->fatal);
-    const auto live = std::count_if(d_->workers.begin(), d_->workers.end(),
-                                    [](const impl::worker_slot& w) { return w.alive; });
+    const auto live = static_cast<int>(d_->workers.live().size());
     if (live == d_->cfg.workers) return {};
     if (clock_type::now() > deadline) {
       return make_error(errc::unavailable, std::to_string(live) + " of " +

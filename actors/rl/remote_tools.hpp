@@ -5,12 +5,12 @@
 /// when they crash or hang), endpoints — and answers the calls the run's controller sends it.
 ///
 /// The controller side (remote_tools) is the GRPO loop's gpu::rl::tool_backend: each call goes to
-/// the live worker with the fewest calls in flight. A worker that dies (its node SIGKILLed, its
-/// link cut) or does not answer a call within its deadline is stopped — its supervisor restarts
-/// it — and its calls go to another worker (or wait for the restarted one): a tool's result being
-/// a function of the call, nothing changes in the run. With no worker for `no_worker_timeout_ms`, a
-/// call's result is an error, as from a tool that failed. Only workers that said hello are
-/// obeyed, and a worker only the controller it said hello to.
+/// the live worker with the fewest calls in flight (ties in turn). A worker that dies (its node
+/// SIGKILLed, its link cut) or does not answer a call within its deadline is stopped — its
+/// supervisor restarts it — and its calls go to another worker (or wait for the restarted one): a
+/// tool's result being a function of the call, nothing changes in the run. With no worker for
+/// `no_worker_timeout_ms`, a call's result is an error, as from a tool that failed. Only workers
+/// that said hello are obeyed, and a worker only the controller it said hello to.
 
 #include <cstdint>
 #include <functional>

@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 #include <caf/all.hpp>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <condition_variable>
@@ -17,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "actors/rl/rl_plumbing.hpp"
 #include "schema/caf_bridge.hpp"
@@ -143,5 +145,60 @@ caf::behavior worker_controller_actor(caf::event_based_actor* self,
       },
   };
 }
+
+/// A worker as its controller sees it.
+struct worker_slot {
+  caf::actor who;
+  bool alive = false;
+  uint32_t pid = 0;
+  int64_t done = 0;  ///< pieces of work it answered
+  int64_t busy = 0;  ///< pieces of work it holds now (where the controller counts them)
+};
+
+/// A controller's workers, by index.
+struct worker_table : std::vector<worker_slot> {
+  /// The live worker whose actor is `a`; -1: none (a lost worker's late message).
+  int slot_of(const caf::actor_addr& a) const {
+    for (size_t i = 0; i < size(); ++i) {
+      if ((*this)[i].alive && (*this)[i].who.address() == a) return static_cast<int>(i);
+    }
+    return -1;
+  }
+  std::vector<int> live() const {
+    std::vector<int> out;
+    for (size_t i = 0; i < size(); ++i) {
+      if ((*this)[i].alive) out.push_back(static_cast<int>(i));
+    }
+    return out;
+  }
+  /// Worker `idx`'s hello from `who` (`what`: "reward worker", ...): false when the run has no such
+  /// worker (warned). A live incarnation already there is lost first (`lose(idx, why)`).
+  template <class Lose>
+  bool hello(uint32_t idx, caf::actor who, uint32_t pid, const std::string& what, Lose&& lose) {
+    if (idx >= size()) {
+      spdlog::warn("{}: hello of worker {} in a run of {}", what, idx, size());
+      return false;
+    }
+    if ((*this)[idx].alive)
+      lose(static_cast<int>(idx), std::string{"replaced by a new incarnation"});
+    worker_slot& w = (*this)[idx];
+    w.who = std::move(who);
+    w.alive = true;
+    w.pid = pid;
+    spdlog::info("{} {} ready (pid {})", what, idx, pid);
+    return true;
+  }
+  /// [{worker, state ready|down, pid, `done_name`: done}] for status JSON.
+  nlohmann::json to_json(const char* done_name) const {
+    auto list = nlohmann::json::array();
+    for (size_t i = 0; i < size(); ++i) {
+      list.push_back({{"worker", i},
+                      {"state", (*this)[i].alive ? "ready" : "down"},
+                      {"pid", (*this)[i].pid},
+                      {done_name, (*this)[i].done}});
+    }
+    return list;
+  }
+};
 
 }  // namespace weft::rl
