@@ -459,6 +459,11 @@ status grpo_loop::push_weights() {
 }
 
 result<rl_step_record> grpo_loop::step() {
+  if (config_.grpo.kl_coef > 0.0 && !ref_) {
+    // An external reference that was never set: refuse rather than train without the KL term.
+    return status{status_code::invalid_argument,
+                  "kl_coef > 0 with an external reference, but set_reference() was not called"};
+  }
   if (config_.stream) return stream_step();
   rl_step_record rec;
   rec.step = step_ + 1;

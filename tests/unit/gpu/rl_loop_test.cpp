@@ -17,6 +17,7 @@
 
 #include "gpu/device.hpp"
 #include "gpu/rl/grpo_loop.hpp"
+#include "gpu/rl/reference.hpp"
 #include "gpu/rl/tasks.hpp"
 #include "gpu/train/checkpoint.hpp"
 #include "gpu/train/trainable_model.hpp"
@@ -373,6 +374,34 @@ TEST(grpo_loop, the_kl_term_starts_at_zero_and_holds_the_policy_near_the_referen
   std::printf("mean KL over steps 6-10: beta 0.01 -> %.4g, beta 5 -> %.4g\n", w, k);
   EXPECT_GT(w, 1e-3);  // the policy moved
   EXPECT_LT(k, 0.5 * w);
+}
+
+// An external reference (e.g. on reference workers) must be set before the first step: a loop
+// with a KL term and no reference refuses to step instead of training without the term. Once
+// set, it gives the in-process reference's bits.
+TEST(grpo_loop, an_unset_external_reference_is_refused_and_a_set_one_equals_the_own_one) {
+  const auto file = tiny_file();
+  digits_task task;
+  auto cfg = loop_cfg();
+  cfg.grpo.kl_coef = 0.5;
+  auto own = make_loop(file, task, cfg);
+  cfg.external_reference = true;
+  auto ext = make_loop(file, task, cfg);
+  auto refused = ext->step();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message().find("set_reference"), std::string::npos)
+      << refused.error().message();
+  auto ref = load_local_reference(file, cfg.temperature, nullptr);
+  ASSERT_TRUE(ref.ok()) << ref.error().message();
+  ext->set_reference(std::shared_ptr<reference_policy>(std::move(*ref)));
+  for (int s = 0; s < 2; ++s) {
+    auto a = own->step();
+    auto b = ext->step();
+    ASSERT_TRUE(a.ok()) << a.error().message();
+    ASSERT_TRUE(b.ok()) << b.error().message();
+    EXPECT_EQ(a->kl, b->kl);
+    EXPECT_EQ(a->loss, b->loss);
+  }
 }
 
 // Inter-stage fusion: with a KL term the reference's log-probs of a group are computed when the
