@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "gpu/cpu/elementwise.hpp"
 #include "gpu/cpu/quant_dot.hpp"
@@ -408,6 +409,186 @@ float dot_f32(const float* x, const float* y, int64_t n) {
   float s = reduce8(acc);
   for (; i < n; ++i) s += x[i] * y[i];
   return s;
+}
+
+#if defined(WEFT_CPU_AVX2) && defined(__AVX512F__)
+#define WEFT_F32_PAIRS 1
+#endif
+
+void pack_f32_acts(f32_acts& a, std::vector<float>& buf) {
+  a.pairs = nullptr;
+#ifdef WEFT_F32_PAIRS
+  // Pair p, step k: x[2p][8k..8k+8] then x[2p+1][8k..8k+8] (an odd count repeats its last token).
+  const int64_t steps = a.n / 8;
+  const int64_t n_pairs = (a.n_tokens + 1) / 2;
+  buf.resize(static_cast<size_t>(n_pairs * steps * 16));
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    const float* lo = a.x + 2 * p * a.n;
+    const float* hi = 2 * p + 1 < a.n_tokens ? lo + a.n : lo;
+    float* out = buf.data() + p * steps * 16;
+    for (int64_t k = 0; k < steps; ++k) {
+      std::copy(lo + 8 * k, lo + 8 * k + 8, out + 16 * k);
+      std::copy(hi + 8 * k, hi + 8 * k + 8, out + 16 * k + 8);
+    }
+  }
+  a.pairs = buf.data();
+#else
+  (void)buf;
+#endif
+}
+
+namespace {
+
+// The lanes of (row r, token j)'s chain summed as dot_f32 sums them, with its scalar tail.
+inline float finish_f32(const float* lanes, const float* row, const float* x, int64_t i,
+                        int64_t n) {
+  float s = reduce8(lanes);
+  for (; i < n; ++i) s += row[i] * x[i];
+  return s;
+}
+
+#ifdef WEFT_CPU_AVX2
+// reduce8 of a register's 8 lanes, in registers: (l + 4) + l, then (0 + 2) + (1 + 3).
+inline float reduce8_reg(__m256 v) {
+  const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)));
+}
+
+inline float finish_f32(__m256 lanes, const float* row, const float* x, int64_t i, int64_t n) {
+  float s = reduce8_reg(lanes);
+  for (; i < n; ++i) s += row[i] * x[i];
+  return s;
+}
+#endif
+
+#ifdef WEFT_F32_PAIRS
+// NP pairs of tokens: each zmm holds the 8-lane chains of two tokens side by side (the weight's 8
+// floats broadcast to both halves), so one 16-lane FMA advances two dot_f32 chains.
+template <int NP>
+void tile_f32(const float* w, int64_t stride, const f32_acts& a, int64_t t0, int n_tok,
+              float* const* out, const float* next) {
+  const float* rows[f32_tile_rows];
+  for (int r = 0; r < f32_tile_rows; ++r) rows[r] = w + r * stride;
+  const int64_t steps = a.n / 8;
+  const float* pair[NP];
+  for (int p = 0; p < NP; ++p) pair[p] = a.pairs + (t0 / 2 + p) * steps * 16;
+  __m512 acc[f32_tile_rows][NP];
+#pragma GCC unroll 4
+  for (int r = 0; r < f32_tile_rows; ++r) {
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  static_assert(f32_tile_rows * 8 * sizeof(float) == 128, "two cache lines of `next` a step");
+  for (int64_t k = 0; k < steps; ++k) {
+    if (next != nullptr) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + f32_tile_rows * 8 * k), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(next + f32_tile_rows * 8 * k + 16), _MM_HINT_T1);
+    }
+    __m512 wv[f32_tile_rows];
+#pragma GCC unroll 4
+    for (int r = 0; r < f32_tile_rows; ++r)
+      wv[r] = _mm512_broadcast_f32x8(_mm256_loadu_ps(rows[r] + 8 * k));
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) {
+      const __m512 b = _mm512_loadu_ps(pair[p] + 16 * k);
+#pragma GCC unroll 4
+      for (int r = 0; r < f32_tile_rows; ++r) acc[r][p] = _mm512_fmadd_ps(wv[r], b, acc[r][p]);
+    }
+  }
+  for (int r = 0; r < f32_tile_rows; ++r) {
+    for (int p = 0; p < NP; ++p) {
+      const int j = 2 * p;
+      out[j][r] = finish_f32(_mm512_castps512_ps256(acc[r][p]), rows[r], a.x + (t0 + j) * a.n,
+                             8 * steps, a.n);
+      if (j + 1 < n_tok) {
+        out[j + 1][r] =
+            finish_f32(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][p]), 1)),
+                       rows[r], a.x + (t0 + j + 1) * a.n, 8 * steps, a.n);
+      }
+    }
+  }
+}
+#else
+// NT tokens: one 8-lane FMA chain per (row, token), each the chain of dot_f32.
+template <int NT>
+void tile_f32(const float* w, int64_t stride, const f32_acts& a, int64_t t0, int /*n_tok*/,
+              float* const* out, const float* next) {
+  const float* rows[f32_tile_rows];
+  for (int r = 0; r < f32_tile_rows; ++r) rows[r] = w + r * stride;
+  const float* x[NT];
+  for (int j = 0; j < NT; ++j) x[j] = a.x + (t0 + j) * a.n;
+  const int64_t n = a.n;
+  int64_t i = 0;
+#ifdef WEFT_CPU_AVX2
+  __m256 acc[f32_tile_rows][NT];
+#pragma GCC unroll 4
+  for (int r = 0; r < f32_tile_rows; ++r) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NT; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  for (; i + 8 <= n; i += 8) {
+    if (next != nullptr) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + f32_tile_rows * i), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(next + f32_tile_rows * i + 16), _MM_HINT_T1);
+    }
+    __m256 wv[f32_tile_rows];
+#pragma GCC unroll 4
+    for (int r = 0; r < f32_tile_rows; ++r) wv[r] = _mm256_loadu_ps(rows[r] + i);
+#pragma GCC unroll 4
+    for (int j = 0; j < NT; ++j) {
+      const __m256 b = _mm256_loadu_ps(x[j] + i);
+#pragma GCC unroll 4
+      for (int r = 0; r < f32_tile_rows; ++r) acc[r][j] = _mm256_fmadd_ps(wv[r], b, acc[r][j]);
+    }
+  }
+#else
+  (void)next;
+  float acc[f32_tile_rows][NT][8] = {};
+  for (; i + 8 <= n; i += 8) {
+    for (int r = 0; r < f32_tile_rows; ++r) {
+      for (int j = 0; j < NT; ++j) {
+        for (int l = 0; l < 8; ++l)
+          acc[r][j][l] = std::fma(rows[r][i + l], x[j][i + l], acc[r][j][l]);
+      }
+    }
+  }
+#endif
+  for (int r = 0; r < f32_tile_rows; ++r) {
+    for (int j = 0; j < NT; ++j) {
+      out[j][r] = finish_f32(acc[r][j], rows[r], x[j], i, n);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+void dot_tile_f32(const float* w, int64_t stride, const f32_acts& a, int64_t t0, int n_tok,
+                  float* const* out, const float* next) {
+#ifdef WEFT_F32_PAIRS
+  switch ((n_tok + 1) / 2) {
+    case 1:
+      return tile_f32<1>(w, stride, a, t0, n_tok, out, next);
+    case 2:
+      return tile_f32<2>(w, stride, a, t0, n_tok, out, next);
+    case 3:
+      return tile_f32<3>(w, stride, a, t0, n_tok, out, next);
+    default:
+      return tile_f32<4>(w, stride, a, t0, n_tok, out, next);
+  }
+#else
+  switch (n_tok) {
+    case 1:
+      return tile_f32<1>(w, stride, a, t0, n_tok, out, next);
+    case 2:
+      return tile_f32<2>(w, stride, a, t0, n_tok, out, next);
+    case 3:
+      return tile_f32<3>(w, stride, a, t0, n_tok, out, next);
+    default:
+      return tile_f32<4>(w, stride, a, t0, n_tok, out, next);
+  }
+#endif
 }
 
 }  // namespace weft::gpu::cpu

@@ -4,6 +4,7 @@
 /// quant_dot.hpp). Pure and thread-safe.
 
 #include <cstdint>
+#include <vector>
 
 namespace weft::gpu::cpu {
 
@@ -35,6 +36,32 @@ float dot_f16_gemm(const uint16_t* x, const uint16_t* y, int64_t n);
 float dot_f16_f32(const uint16_t* w, const float* x, int64_t n);
 /// Plain f32 dot product (8 lanes, FMA, fixed reduction order).
 float dot_f32(const float* x, const float* y, int64_t n);
+/// The activations of an f32 matmul as dot_tile_f32 reads them: `n_tokens` rows of `n` floats at
+/// `x`, and (AVX-512 builds, filled by pack_f32_acts) the same rows in pairs, 8 floats of each
+/// token side by side, so one 16-lane FMA advances the 8-lane chains of two tokens.
+struct f32_acts {
+  const float* x = nullptr;
+  int64_t n_tokens = 0;
+  int64_t n = 0;
+  const float* pairs = nullptr;
+};
+/// Lays `a`'s rows out in pairs in `buf` where the build uses them (once per matmul).
+void pack_f32_acts(f32_acts& a, std::vector<float>& buf);
+/// Weight rows per dot_tile_f32 call, and its most tokens.
+inline constexpr int f32_tile_rows = 4;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512F__)
+inline constexpr int f32_tile_tokens = 8;
+#else
+inline constexpr int f32_tile_tokens = 4;
+#endif
+/// `f32_tile_rows` f32 rows (`stride` floats apart, from `w`) times tokens t0 .. t0 + n_tok - 1
+/// of `a` (n_tok in 1..f32_tile_tokens, t0 even): out[j][r] = dot_f32(row r, token t0 + j),
+/// bit for bit — a token's outputs do not depend on the batch it runs in. Each weight row is loaded
+/// once for all the tokens, and the independent FMA chains keep the FMA units busy where one
+/// dot_f32 waits on its single chain. `next` (may be null): the f32_tile_rows * n contiguous
+/// floats of the next tile, prefetched into L2 along the way.
+void dot_tile_f32(const float* w, int64_t stride, const f32_acts& a, int64_t t0, int n_tok,
+                  float* const* out, const float* next = nullptr);
 
 /// Prefetches the `n_bytes` bytes at `p` into the caches, one request per 64-byte line.
 inline void prefetch_bytes(const void* p, int64_t n_bytes) {

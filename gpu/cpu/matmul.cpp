@@ -146,45 +146,91 @@ void rows_f16(const tensor_view& w, const uint8_t* a, size_t a_row, int64_t n_to
   }
 }
 
-// bf16 weights (trainer exports, RL weight versions) with f32 activations: each row widened to f32
-// once (a bf16 is the top half of an f32), then dotted with every token — the same dot for one
-// token or many, so batches are bit-identical to single tokens.
-void rows_bf16(const tensor_view& w, const float* x, int64_t n_tokens, float* y, int64_t r_begin,
-               int64_t r_end) {
-  thread_local std::vector<float> row;
-  row.resize(static_cast<size_t>(w.n_cols));
-  for (int64_t r = r_begin; r < r_end; ++r) {
-    const auto* b = static_cast<const uint16_t*>(w.row(r));
-    for (int64_t c = 0; c < w.n_cols; ++c) {
-      const uint32_t bits = static_cast<uint32_t>(b[c]) << 16;
-      std::memcpy(&row[static_cast<size_t>(c)], &bits, sizeof bits);
+// Rows [r_begin, r_end) of f32 weights (`row(r)` gives row r's floats) times the activations,
+// f32_tile_rows rows at a time against every token, f32_tile_tokens tokens a call: each weight row
+// is read from memory once, and every result is dot_f32's, so a token's outputs do not depend on
+// the batch it ran in. `dense`: the rows are contiguous, and the next tile is prefetched while the
+// batch's first tokens run against this one (the later ones find the weights in L1).
+template <class Row>
+void rows_f32_tiled(const tensor_view& w, Row row, const f32_acts& a, float* y, int64_t r_begin,
+                    int64_t r_end, bool dense) {
+  int64_t r = r_begin;
+  for (; r + f32_tile_rows <= r_end; r += f32_tile_rows) {
+    const float* rows = row(r);
+    const float* next = dense && a.n_tokens > 1 && r + 2 * f32_tile_rows <= r_end
+                            ? rows + f32_tile_rows * w.n_cols
+                            : nullptr;
+    for (int64_t t = 0; t < a.n_tokens; t += f32_tile_tokens) {
+      const int n = static_cast<int>(std::min<int64_t>(f32_tile_tokens, a.n_tokens - t));
+      float* outs[f32_tile_tokens];
+      for (int j = 0; j < n; ++j) outs[j] = y + (t + j) * w.n_rows + r;
+      dot_tile_f32(rows, w.n_cols, a, t, n, outs, t == 0 ? next : nullptr);
     }
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      y[t * w.n_rows + r] = dot_f32(row.data(), x + t * w.n_cols, w.n_cols);
-    }
+  }
+  for (; r < r_end; ++r) {
+    const float* one = row(r);
+    for (int64_t t = 0; t < a.n_tokens; ++t)
+      y[t * w.n_rows + r] = dot_f32(one, a.x + t * w.n_cols, w.n_cols);
   }
 }
 
-void rows_f32(const tensor_view& w, const float* x, int64_t n_tokens, float* y, int64_t r_begin,
-              int64_t r_end) {
+// bf16 weights (trainer exports, RL weight versions) with f32 activations: f32_tile_rows rows
+// widened to f32 at a time (a bf16 is the top half of an f32), then the f32 tiles.
+void rows_bf16(const tensor_view& w, const f32_acts& a, float* y, int64_t r_begin, int64_t r_end) {
+  thread_local std::vector<float> rows;
+  rows.resize(static_cast<size_t>(w.n_cols) * f32_tile_rows);
+  const auto widen = [&](int64_t r) -> const float* {
+    const int64_t k = std::min<int64_t>(f32_tile_rows, r_end - r);
+    for (int64_t i = 0; i < k; ++i) {
+      const auto* b = static_cast<const uint16_t*>(w.row(r + i));
+      float* out = rows.data() + i * w.n_cols;
+      for (int64_t c = 0; c < w.n_cols; ++c) {
+        const uint32_t bits = static_cast<uint32_t>(b[c]) << 16;
+        std::memcpy(&out[c], &bits, sizeof bits);
+      }
+    }
+    return rows.data();
+  };
+  rows_f32_tiled(w, widen, a, y, r_begin, r_end, /*dense=*/false);
+}
+
+// f32 weights: the tiles below f32_gemm_min_tokens tokens (decode batches: OpenBLAS would pack the
+// whole weight matrix for a few tokens), OpenBLAS's sgemm from there (prefill).
+constexpr int64_t f32_gemm_min_tokens = 48;
+
+bool f32_dense(const tensor_view& w) {
+  return w.row_bytes == static_cast<size_t>(w.n_cols) * sizeof(float);
+}
+
+bool f32_uses_gemm(const tensor_view& w, int64_t n_tokens) {
+  return w.type == ggml_type::f32 && n_tokens >= f32_gemm_min_tokens && f32_dense(w);
+}
+
+void rows_f32(const tensor_view& w, const f32_acts& a, float* y, int64_t r_begin, int64_t r_end) {
   if (r_end <= r_begin) return;
-  if (n_tokens >= 8 && w.row_bytes == static_cast<size_t>(w.n_cols) * sizeof(float)) {
+  if (f32_uses_gemm(w, a.n_tokens)) {
     // C[t][r] = sum_c X[t][c] * W[r][c] over this thread's rows.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_tokens),
-                static_cast<int>(r_end - r_begin), static_cast<int>(w.n_cols), 1.0f, x,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(a.n_tokens),
+                static_cast<int>(r_end - r_begin), static_cast<int>(w.n_cols), 1.0f, a.x,
                 static_cast<int>(w.n_cols), static_cast<const float*>(w.row(r_begin)),
                 static_cast<int>(w.n_cols), 0.0f, y + r_begin, static_cast<int>(w.n_rows));
     return;
   }
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    for (int64_t r = r_begin; r < r_end; ++r) {
+  if (f32_dense(w)) {
+    rows_f32_tiled(
+        w, [&](int64_t r) { return static_cast<const float*>(w.row(r)); }, a, y, r_begin, r_end,
+        /*dense=*/true);
+    return;
+  }
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
       y[t * w.n_rows + r] =
-          dot_f32(static_cast<const float*>(w.row(r)), x + t * w.n_cols, w.n_cols);
+          dot_f32(static_cast<const float*>(w.row(r)), a.x + t * w.n_cols, w.n_cols);
     }
   }
 }
 
-void rows_dispatch(const tensor_view& w, const float* x, const uint8_t* a, size_t a_row,
+void rows_dispatch(const tensor_view& w, const f32_acts& fa, const uint8_t* a, size_t a_row,
                    const scale_table& sc, int64_t n_tokens, float* y, int64_t r_begin,
                    int64_t r_end) {
   switch (w.type) {
@@ -204,10 +250,10 @@ void rows_dispatch(const tensor_view& w, const float* x, const uint8_t* a, size_
       rows_f16(w, a, a_row, n_tokens, y, r_begin, r_end);
       break;
     case ggml_type::f32:
-      rows_f32(w, x, n_tokens, y, r_begin, r_end);
+      rows_f32(w, fa, y, r_begin, r_end);
       break;
     case ggml_type::bf16:
-      rows_bf16(w, x, n_tokens, y, r_begin, r_end);
+      rows_bf16(w, fa, y, r_begin, r_end);
       break;
     default:
       break;
@@ -243,11 +289,15 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
       });
     }
   }
+  f32_acts fa{x, n_tokens, w.n_cols};
+  if ((w.type == ggml_type::f32 || w.type == ggml_type::bf16) && !f32_uses_gemm(w, n_tokens)) {
+    pack_f32_acts(fa, scratch.f32_pairs);
+  }
   // Split rows in multiples of 8 so tiles never straddle threads.
   const int64_t n_tiles = (w.n_rows + 7) / 8;
   pool.parallel([&](int i, int n) {
     const auto [b, e] = split_range(n_tiles, n, i);
-    rows_dispatch(w, x, a, a_row, sc, n_tokens, y, b * 8, std::min(w.n_rows, e * 8));
+    rows_dispatch(w, fa, a, a_row, sc, n_tokens, y, b * 8, std::min(w.n_rows, e * 8));
   });
   return {};
 }
@@ -296,8 +346,8 @@ status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const 
       const int64_t lo = std::max(b, first_tile[k]) - first_tile[k];
       const int64_t hi = std::min(e, first_tile[k + 1]) - first_tile[k];
       if (hi <= lo) continue;
-      rows_dispatch(ws[k], x, a, a_row, sc, n_tokens, ys[k], lo * 8,
-                    std::min(ws[k].n_rows, hi * 8));
+      rows_dispatch(ws[k], f32_acts{x, n_tokens, ws[k].n_cols}, a, a_row, sc, n_tokens, ys[k],
+                    lo * 8, std::min(ws[k].n_rows, hi * 8));
     }
   });
   return {};

@@ -19,7 +19,8 @@ namespace weft::gpu::cpu {
 /// Per-device scratch for activation conversions (grows, never shrinks).
 struct matmul_scratch {
   std::vector<uint8_t> bytes;
-  std::vector<float> scales;  ///< activation block scales, block-major (quant_dot's act_scales)
+  std::vector<float> scales;     ///< activation block scales, block-major (quant_dot's act_scales)
+  std::vector<float> f32_pairs;  ///< f32 / bf16 weights: the activations in pairs (f32_acts)
 };
 
 /// Whether matmul supports weights of `type`.

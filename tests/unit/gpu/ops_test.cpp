@@ -342,17 +342,65 @@ TEST_P(matmul_types, matches_reference_and_is_batch_invariant) {
   matmul_reference(w, x.data(), tokens, ref.data());
   for (size_t i = 0; i < y.size(); ++i)
     EXPECT_NEAR(y[i], ref[i], 1e-3f * (1.0f + std::fabs(ref[i]))) << i;
-  // Each token alone gives bit-identical rows — except f32 weights, whose batches of >= 8 go to
-  // OpenBLAS sgemm (documented in docs/engine.md); those agree to rounding.
+  // Each token alone gives bit-identical rows (f32 weights: up to the batches that go to OpenBLAS
+  // sgemm, tested below).
   for (int64_t tk = 0; tk < tokens; ++tk) {
     std::vector<float> one(static_cast<size_t>(rows));
     ASSERT_TRUE(matmul(pool, scratch, w, x.data() + tk * cols, 1, one.data()).ok());
-    if (t == ggml_type::f32) {
-      for (int64_t r = 0; r < rows; ++r)
-        EXPECT_NEAR(one[r], y[tk * rows + r], 1e-5f * (1 + std::fabs(one[r])));
-    } else {
-      EXPECT_EQ(std::memcmp(one.data(), y.data() + tk * rows, sizeof(float) * rows), 0)
-          << "token " << tk;
+    EXPECT_EQ(std::memcmp(one.data(), y.data() + tk * rows, sizeof(float) * rows), 0)
+        << "token " << tk;
+  }
+}
+
+// f32 and bf16 weights below 48 tokens: every output is dot_f32's of the row and the token, bit
+// for bit, whatever the batch (decode batches of every size, odd counts, rows left over from the
+// 4-row tiles, a row length with a tail past the 8 lanes). From 48 tokens f32 goes to OpenBLAS
+// sgemm, which agrees to rounding.
+TEST(matmul, f32_and_bf16_tiles_are_dot_f32_bit_for_bit_in_every_batch) {
+  const int64_t rows = 37, cols = 100, max_tokens = 64;
+  const auto wf = random_floats(static_cast<size_t>(rows * cols), 16);
+  const auto x = random_floats(static_cast<size_t>(max_tokens * cols), 17);
+  std::vector<uint16_t> wb(wf.size());
+  std::vector<float> wbf(wf.size());  // the bf16 weights widened back, what the tiles dot
+  for (size_t i = 0; i < wf.size(); ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &wf[i], sizeof bits);
+    wb[i] = static_cast<uint16_t>(bits >> 16);
+    bits = static_cast<uint32_t>(wb[i]) << 16;
+    std::memcpy(&wbf[i], &bits, sizeof bits);
+  }
+  const auto view = [&](ggml_type t, const void* data, size_t elem) {
+    tensor_view v;
+    v.type = t;
+    v.data = data;
+    v.n_rows = rows;
+    v.n_cols = cols;
+    v.row_bytes = static_cast<size_t>(cols) * elem;
+    v.mat_bytes = v.row_bytes * static_cast<size_t>(rows);
+    return v;
+  };
+  const tensor_view wv32 = view(ggml_type::f32, wf.data(), sizeof(float));
+  const tensor_view wv16 = view(ggml_type::bf16, wb.data(), sizeof(uint16_t));
+  thread_pool pool(2);
+  matmul_scratch scratch;
+  for (const auto& [w, dense] :
+       {std::pair{wv32, wf.data()}, std::pair{wv16, static_cast<const float*>(wbf.data())}}) {
+    SCOPED_TRACE(type_name(w.type));
+    for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 47, 48, 64}) {
+      std::vector<float> y(static_cast<size_t>(n * rows));
+      ASSERT_TRUE(matmul(pool, scratch, w, x.data(), n, y.data()).ok());
+      const bool gemm = w.type == ggml_type::f32 && n >= 48;
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const float want = dot_f32(dense + r * cols, x.data() + t * cols, cols);
+          const float got = y[static_cast<size_t>(t * rows + r)];
+          if (gemm) {
+            EXPECT_NEAR(got, want, 1e-5f * (1 + std::fabs(want)));
+          } else {
+            EXPECT_EQ(got, want) << "batch " << n << " token " << t << " row " << r;
+          }
+        }
+      }
     }
   }
 }
