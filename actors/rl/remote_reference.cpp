@@ -262,23 +262,17 @@ remote_reference::~remote_reference() {
 }
 
 void remote_reference::shutdown() {
-  if (!d_ || !d_->controller) return;
-  caf::anon_send_exit(d_->controller, caf::exit_reason::user_shutdown);
-  d_->controller = caf::actor{};
-  for (auto& w : d_->workers) w.who = caf::actor{};
+  if (d_) stop_worker_controller(d_->controller, d_->workers);
 }
 
 result<std::unique_ptr<remote_reference>> remote_reference::create(caf::actor_system& sys,
                                                                    remote_reference_config cfg) {
-  if (cfg.workers < 1 || cfg.workers > 4096) {
-    return make_error(errc::invalid_argument, "rl: 1 to 4096 reference workers");
-  }
   auto d = std::make_unique<impl>();
   d->cfg = std::move(cfg);
-  d->workers.resize(static_cast<size_t>(d->cfg.workers));
-  d->controller =
-      sys.spawn(worker_controller_actor<rf_hello_atom, rf_result_atom, wire::ReferenceHello>,
-                d->queue, std::string{"reference controller"});
+  auto controller = spawn_worker_controller<rf_hello_atom, rf_result_atom, wire::ReferenceHello>(
+      sys, d->cfg.workers, "reference workers", d->queue, d->workers, "reference controller");
+  if (!controller) return controller.error();
+  d->controller = std::move(*controller);
   d->refresh_status();
   return std::unique_ptr<remote_reference>(new remote_reference(std::move(d)));
 }
@@ -288,19 +282,13 @@ caf::actor remote_reference::controller() const {
 }
 
 status remote_reference::wait_ready(uint32_t timeout_ms) {
-  const auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
-  for (;;) {
-    (void)d_->drain(nullptr);
-    if (!d_->fatal.empty()) return make_error(errc::invalid_argument, d_->fatal);
-    if (static_cast<int>(d_->workers.live().size()) == d_->cfg.workers) return {};
-    if (clock_type::now() > deadline) {
-      return make_error(errc::unavailable, std::to_string(d_->workers.live().size()) + " of " +
-                                               std::to_string(d_->cfg.workers) +
-                                               " reference workers ready after " +
-                                               std::to_string(timeout_ms / 1000) + " s");
-    }
-    d_->wait_a_little();
-  }
+  return wait_workers_ready(
+      d_->workers, "reference workers", timeout_ms,
+      [&] {
+        (void)d_->drain(nullptr);
+        return d_->fatal;
+      },
+      [&] { d_->wait_a_little(); });
 }
 
 gpu::result<std::vector<std::vector<float>>> remote_reference::logprobs(

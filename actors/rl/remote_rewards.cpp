@@ -240,23 +240,17 @@ remote_rewards::~remote_rewards() {
 }
 
 void remote_rewards::shutdown() {
-  if (!d_ || !d_->controller) return;
-  caf::anon_send_exit(d_->controller, caf::exit_reason::user_shutdown);
-  d_->controller = caf::actor{};
-  for (auto& w : d_->workers) w.who = caf::actor{};
+  if (d_) stop_worker_controller(d_->controller, d_->workers);
 }
 
 result<std::unique_ptr<remote_rewards>> remote_rewards::create(caf::actor_system& sys,
                                                                remote_rewards_config cfg) {
-  if (cfg.workers < 1 || cfg.workers > 4096) {
-    return make_error(errc::invalid_argument, "rl: 1 to 4096 reward workers");
-  }
   auto d = std::make_unique<impl>();
   d->cfg = std::move(cfg);
-  d->workers.resize(static_cast<size_t>(d->cfg.workers));
-  d->controller =
-      sys.spawn(worker_controller_actor<w_hello_atom, w_result_atom, wire::RewardWorkerHello>,
-                d->queue, std::string{"reward controller"});
+  auto controller = spawn_worker_controller<w_hello_atom, w_result_atom, wire::RewardWorkerHello>(
+      sys, d->cfg.workers, "reward workers", d->queue, d->workers, "reward controller");
+  if (!controller) return controller.error();
+  d->controller = std::move(*controller);
   d->refresh_status();
   return std::unique_ptr<remote_rewards>(new remote_rewards(std::move(d)));
 }
@@ -266,18 +260,13 @@ caf::actor remote_rewards::controller() const {
 }
 
 status remote_rewards::wait_ready(uint32_t timeout_ms) {
-  const auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
-  for (;;) {
-    (void)d_->drain(nullptr);
-    if (static_cast<int>(d_->workers.live().size()) == d_->cfg.workers) return {};
-    if (clock_type::now() > deadline) {
-      return make_error(errc::unavailable, std::to_string(d_->workers.live().size()) + " of " +
-                                               std::to_string(d_->cfg.workers) +
-                                               " reward workers ready after " +
-                                               std::to_string(timeout_ms / 1000) + " s");
-    }
-    d_->wait_a_little();
-  }
+  return wait_workers_ready(
+      d_->workers, "reward workers", timeout_ms,
+      [&] {
+        (void)d_->drain(nullptr);
+        return std::string{};
+      },
+      [&] { d_->wait_a_little(); });
 }
 
 gpu::result<std::vector<double>> remote_rewards::score(

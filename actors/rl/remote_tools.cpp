@@ -307,23 +307,17 @@ remote_tools::~remote_tools() {
 }
 
 void remote_tools::shutdown() {
-  if (!d_ || !d_->controller) return;
-  caf::anon_send_exit(d_->controller, caf::exit_reason::user_shutdown);
-  d_->controller = caf::actor{};
-  for (auto& w : d_->workers) w.who = caf::actor{};
+  if (d_) stop_worker_controller(d_->controller, d_->workers);
 }
 
 result<std::unique_ptr<remote_tools>> remote_tools::create(caf::actor_system& sys,
                                                            remote_tools_config cfg) {
-  if (cfg.workers < 1 || cfg.workers > 4096) {
-    return make_error(errc::invalid_argument, "rl: 1 to 4096 tool workers");
-  }
   auto d = std::make_unique<impl>();
   d->cfg = std::move(cfg);
-  d->workers.resize(static_cast<size_t>(d->cfg.workers));
-  d->controller =
-      sys.spawn(worker_controller_actor<tw_hello_atom, tw_result_atom, wire::ToolWorkerHello>,
-                d->queue, std::string{"tool controller"});
+  auto controller = spawn_worker_controller<tw_hello_atom, tw_result_atom, wire::ToolWorkerHello>(
+      sys, d->cfg.workers, "tool workers", d->queue, d->workers, "tool controller");
+  if (!controller) return controller.error();
+  d->controller = std::move(*controller);
   d->refresh_status();
   return std::unique_ptr<remote_tools>(new remote_tools(std::move(d)));
 }
@@ -333,21 +327,16 @@ caf::actor remote_tools::controller() const {
 }
 
 status remote_tools::wait_ready(uint32_t timeout_ms) {
-  const auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
-  for (;;) {
-    d_->step();
-    if (!d_->fatal.empty()) return make_error(errc::invalid_argument, d_->fatal);
-    const auto live = static_cast<int>(d_->workers.live().size());
-    if (live == d_->cfg.workers) return {};
-    if (clock_type::now() > deadline) {
-      return make_error(errc::unavailable, std::to_string(live) + " of " +
-                                               std::to_string(d_->cfg.workers) +
-                                               " tool workers ready after " +
-                                               std::to_string(timeout_ms / 1000) + " s");
-    }
-    d_->queue->wait_for(std::chrono::milliseconds(100));
-    if (d_->cfg.on_idle) d_->cfg.on_idle();
-  }
+  return wait_workers_ready(
+      d_->workers, "tool workers", timeout_ms,
+      [&] {
+        d_->step();
+        return d_->fatal;
+      },
+      [&] {
+        d_->queue->wait_for(std::chrono::milliseconds(100));
+        if (d_->cfg.on_idle) d_->cfg.on_idle();
+      });
 }
 
 gpu::status remote_tools::call(uint64_t id, gpu::rl::tool_call c) {

@@ -201,4 +201,48 @@ struct worker_table : std::vector<worker_slot> {
   }
 };
 
+/// Spawns the controller actor of a pool of `n` workers (1..4096, or an error naming `noun`, e.g.
+/// "reward workers") and sizes its table: the reward, reference and tool controllers' create().
+template <class HelloAtom, class ResultAtom, class Hello>
+result<caf::actor> spawn_worker_controller(caf::actor_system& sys, int n, const char* noun,
+                                           std::shared_ptr<worker_events> q, worker_table& workers,
+                                           std::string what) {
+  if (n < 1 || n > 4096) {
+    return make_error(errc::invalid_argument, std::string{"rl: 1 to 4096 "} + noun);
+  }
+  workers.resize(static_cast<size_t>(n));
+  return sys.spawn(worker_controller_actor<HelloAtom, ResultAtom, Hello>, std::move(q),
+                   std::move(what));
+}
+
+/// Stops a pool's controller actor and drops its workers' handles (idempotent): shutdown().
+inline void stop_worker_controller(caf::actor& controller, worker_table& workers) {
+  if (!controller) return;
+  caf::anon_send_exit(controller, caf::exit_reason::user_shutdown);
+  controller = caf::actor{};
+  for (auto& w : workers) w.who = caf::actor{};
+}
+
+/// A pool's wait_ready(): `poll()` (takes the controller's events in; returns the run's fatal
+/// error, empty when none) until every worker of `workers` is live, `pause()` between polls; an
+/// error naming `noun` ("reward workers") after `timeout_ms`.
+template <class Poll, class Pause>
+status wait_workers_ready(const worker_table& workers, const char* noun, uint32_t timeout_ms,
+                          Poll&& poll, Pause&& pause) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    if (std::string fatal = poll(); !fatal.empty()) {
+      return make_error(errc::invalid_argument, std::move(fatal));
+    }
+    const size_t live = workers.live().size();
+    if (live == workers.size()) return {};
+    if (std::chrono::steady_clock::now() > deadline) {
+      return make_error(errc::unavailable,
+                        std::to_string(live) + " of " + std::to_string(workers.size()) + " " +
+                            noun + " ready after " + std::to_string(timeout_ms / 1000) + " s");
+    }
+    pause();
+  }
+}
+
 }  // namespace weft::rl

@@ -567,18 +567,11 @@ void tile_f32(const float* w, int64_t stride, const f32_acts& a, int64_t t0, int
 void dot_tile_f32(const float* w, int64_t stride, const f32_acts& a, int64_t t0, int n_tok,
                   float* const* out, const float* next) {
 #ifdef WEFT_F32_PAIRS
-  switch ((n_tok + 1) / 2) {
-    case 1:
-      return tile_f32<1>(w, stride, a, t0, n_tok, out, next);
-    case 2:
-      return tile_f32<2>(w, stride, a, t0, n_tok, out, next);
-    case 3:
-      return tile_f32<3>(w, stride, a, t0, n_tok, out, next);
-    default:
-      return tile_f32<4>(w, stride, a, t0, n_tok, out, next);
-  }
+  const int groups = (n_tok + 1) / 2;  // tile_f32's parameter counts token pairs
 #else
-  switch (n_tok) {
+  const int groups = n_tok;
+#endif
+  switch (groups) {
     case 1:
       return tile_f32<1>(w, stride, a, t0, n_tok, out, next);
     case 2:
@@ -588,7 +581,6 @@ void dot_tile_f32(const float* w, int64_t stride, const f32_acts& a, int64_t t0,
     default:
       return tile_f32<4>(w, stride, a, t0, n_tok, out, next);
   }
-#endif
 }
 
 }  // namespace weft::gpu::cpu
