@@ -4,10 +4,136 @@
 #include <cmath>
 #include <numbers>
 #include <string>
+#include <vector>
 
 #include "gpu/train/train_ops.hpp"
 
+#if defined(__AVX2__) && defined(__FMA__)
+// GCC 12's AVX-512 headers self-initialize the "undefined" source of some intrinsics, which its
+// own -Wmaybe-uninitialized then flags wherever they are inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
 namespace weft::gpu::train {
+
+namespace {
+
+// One element of adamw_update_range, in the order its comment fixes.
+inline void adamw_one(float& p, float g, float& m, float& v, bool decay, const adamw_scalars& s,
+                      float c1, float c2) {
+  if (decay) p *= s.keep;
+  m = std::fma(s.beta1, m, c1 * g);
+  v = std::fma(s.beta2, v, (c2 * g) * g);
+  p -= (s.step_size * m) / (std::sqrt(v) / s.sqrt_bc2 + s.eps);
+}
+
+}  // namespace
+
+void adamw_update_range(float* p, const float* g, float* m, float* v, int64_t lo, int64_t hi,
+                        bool decay, const adamw_scalars& s) {
+  const float c1 = 1.0f - s.beta1;
+  const float c2 = 1.0f - s.beta2;
+  int64_t j = lo;
+#if defined(__AVX512F__)
+  const __m512 keep = _mm512_set1_ps(s.keep), b1 = _mm512_set1_ps(s.beta1),
+               b2 = _mm512_set1_ps(s.beta2), vc1 = _mm512_set1_ps(c1), vc2 = _mm512_set1_ps(c2),
+               step = _mm512_set1_ps(s.step_size), bc2 = _mm512_set1_ps(s.sqrt_bc2),
+               eps = _mm512_set1_ps(s.eps);
+  for (; j + 16 <= hi; j += 16) {
+    __m512 pv = _mm512_loadu_ps(p + j);
+    if (decay) pv = _mm512_mul_ps(pv, keep);
+    const __m512 gv = _mm512_loadu_ps(g + j);
+    const __m512 mv = _mm512_fmadd_ps(b1, _mm512_loadu_ps(m + j), _mm512_mul_ps(vc1, gv));
+    const __m512 vv =
+        _mm512_fmadd_ps(b2, _mm512_loadu_ps(v + j), _mm512_mul_ps(_mm512_mul_ps(vc2, gv), gv));
+    const __m512 den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2), eps);
+    pv = _mm512_sub_ps(pv, _mm512_div_ps(_mm512_mul_ps(step, mv), den));
+    _mm512_storeu_ps(m + j, mv);
+    _mm512_storeu_ps(v + j, vv);
+    _mm512_storeu_ps(p + j, pv);
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 keep = _mm256_set1_ps(s.keep), b1 = _mm256_set1_ps(s.beta1),
+               b2 = _mm256_set1_ps(s.beta2), vc1 = _mm256_set1_ps(c1), vc2 = _mm256_set1_ps(c2),
+               step = _mm256_set1_ps(s.step_size), bc2 = _mm256_set1_ps(s.sqrt_bc2),
+               eps = _mm256_set1_ps(s.eps);
+  for (; j + 8 <= hi; j += 8) {
+    __m256 pv = _mm256_loadu_ps(p + j);
+    if (decay) pv = _mm256_mul_ps(pv, keep);
+    const __m256 gv = _mm256_loadu_ps(g + j);
+    const __m256 mv = _mm256_fmadd_ps(b1, _mm256_loadu_ps(m + j), _mm256_mul_ps(vc1, gv));
+    const __m256 vv =
+        _mm256_fmadd_ps(b2, _mm256_loadu_ps(v + j), _mm256_mul_ps(_mm256_mul_ps(vc2, gv), gv));
+    const __m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bc2), eps);
+    pv = _mm256_sub_ps(pv, _mm256_div_ps(_mm256_mul_ps(step, mv), den));
+    _mm256_storeu_ps(m + j, mv);
+    _mm256_storeu_ps(v + j, vv);
+    _mm256_storeu_ps(p + j, pv);
+  }
+#endif
+  for (; j < hi; ++j) adamw_one(p[j], g[j], m[j], v[j], decay, s, c1, c2);
+}
+
+namespace {
+
+constexpr int64_t squares_chunk = int64_t{1} << 16;
+
+// One chunk of sum_squares: element i in lane i % 8, FMA chains, then the fixed tree.
+double sum_squares_chunk(const float* x, int64_t n) {
+  double lanes[8] = {};
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512d acc = _mm512_setzero_pd();
+  for (; i + 8 <= n; i += 8) {
+    const __m512d d = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+    acc = _mm512_fmadd_pd(d, d, acc);
+  }
+  _mm512_storeu_pd(lanes, acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  for (; i + 8 <= n; i += 8) {
+    const __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+    const __m256d b = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+    lo = _mm256_fmadd_pd(a, a, lo);
+    hi = _mm256_fmadd_pd(b, b, hi);
+  }
+  _mm256_storeu_pd(lanes, lo);
+  _mm256_storeu_pd(lanes + 4, hi);
+#else
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) {
+      const double d = x[i + l];
+      lanes[l] = std::fma(d, d, lanes[l]);
+    }
+  }
+#endif
+  for (int l = 0; i < n; ++i, ++l) {
+    const double d = x[i];
+    lanes[l] = std::fma(d, d, lanes[l]);
+  }
+  return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) +
+         ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+}
+
+}  // namespace
+
+double sum_squares(const float* x, int64_t n, int threads) {
+  const int64_t chunks = (n + squares_chunk - 1) / squares_chunk;
+  std::vector<double> part(static_cast<size_t>(chunks), 0.0);
+  parallel_ranges(chunks, n >= (int64_t{1} << 20) ? threads : 1, [&](int64_t a, int64_t b) {
+    for (int64_t c = a; c < b; ++c) {
+      const int64_t lo = c * squares_chunk;
+      part[static_cast<size_t>(c)] = sum_squares_chunk(x + lo, std::min(squares_chunk, n - lo));
+    }
+  });
+  double ss = 0.0;
+  for (double p : part) ss += p;
+  return ss;
+}
 
 void adamw::init(std::span<const int64_t> sizes) {
   step_ = 0;
@@ -59,11 +185,9 @@ void adamw::step(std::span<const std::span<float>> values,
   });
 }
 
-double global_grad_norm(std::span<const std::span<const float>> grads) {
+double global_grad_norm(std::span<const std::span<const float>> grads, int threads) {
   double ss = 0.0;
-  for (const auto& g : grads) {
-    for (float x : g) ss += static_cast<double>(x) * x;
-  }
+  for (const auto& g : grads) ss += sum_squares(g.data(), static_cast<int64_t>(g.size()), threads);
   return std::sqrt(ss);
 }
 
@@ -71,7 +195,7 @@ result<double> clip_and_update(adamw& opt, std::span<const std::span<float>> val
                                std::span<const std::span<float>> grads,
                                std::span<const uint8_t> decay, double max_norm, double lr,
                                int64_t step) {
-  const double norm = clip_grad_norm(grads, max_norm);
+  const double norm = clip_grad_norm(grads, max_norm, opt.config().threads);
   if (!std::isfinite(norm)) return non_finite_norm(step);
   std::vector<std::span<const float>> cgrads;
   for (const auto& g : grads) cgrads.emplace_back(g.data(), g.size());
@@ -79,12 +203,15 @@ result<double> clip_and_update(adamw& opt, std::span<const std::span<float>> val
   return norm;
 }
 
-double clip_grad_norm(std::span<const std::span<float>> grads, double max_norm) {
+double clip_grad_norm(std::span<const std::span<float>> grads, double max_norm, int threads) {
   std::vector<std::span<const float>> view(grads.begin(), grads.end());
-  const double norm = global_grad_norm(view);
+  const double norm = global_grad_norm(view, threads);
   if (const float coef = clip_factor(norm, max_norm); coef != 1.0f) {
     for (const auto& g : grads) {
-      for (float& x : g) x *= coef;
+      const auto n = static_cast<int64_t>(g.size());
+      parallel_ranges(n, n >= (int64_t{1} << 20) ? threads : 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) g[static_cast<size_t>(i)] *= coef;
+      });
     }
   }
   return norm;

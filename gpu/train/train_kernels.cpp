@@ -167,9 +167,7 @@ status cpu_train_kernels::scale(float* x, int64_t n, float factor) {
 }
 
 status cpu_train_kernels::sum_squares(const float* x, int64_t n, double* acc) {
-  double ss = *acc;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  *acc = ss;
+  *acc += train::sum_squares(x, n, element_threads(n));  // global_grad_norm's bits
   return {};
 }
 
