@@ -1,6 +1,7 @@
 #include "gpu/cpu/elementwise.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -294,6 +295,180 @@ double exp_scaled_below(const float* x, float* y, int64_t n, float max, float sc
     sum += static_cast<double>(e);
   }
   return sum;
+}
+
+namespace {
+
+// Runs `block` (W lanes at the pointers it is given) over n elements: whole blocks in place, the
+// tail on zero-padded copies, so that every element goes through the same instructions.
+template <int W, size_t In, size_t Out, class Block>
+void over_lanes(std::array<const float*, In> in, std::array<float*, Out> out, int64_t n,
+                const Block& block) {
+  int64_t i = 0;
+  std::array<const float*, In> ip;
+  std::array<float*, Out> op;
+  for (; i + W <= n; i += W) {
+    for (size_t a = 0; a < In; ++a) ip[a] = in[a] + i;
+    for (size_t a = 0; a < Out; ++a) op[a] = out[a] + i;
+    block(ip, op);
+  }
+  if (i == n) return;
+  const int64_t rest = n - i;
+  alignas(64) float ib[In][W] = {}, ob[Out][W];
+  for (size_t a = 0; a < In; ++a) {
+    std::copy(in[a] + i, in[a] + n, ib[a]);
+    ip[a] = ib[a];
+  }
+  for (size_t a = 0; a < Out; ++a) op[a] = ob[a];
+  block(ip, op);
+  for (size_t a = 0; a < Out; ++a) std::copy(ob[a], ob[a] + rest, out[a] + i);
+}
+
+constexpr float kSigmoidLo = -87.0f, kSigmoidHi = 88.0f;  // e^x stays a normal float
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+using vfloat = __m512;
+inline vfloat vload(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline void vstore(float* p, vfloat v) {
+  _mm512_storeu_ps(p, v);
+}
+inline vfloat vset(float v) {
+  return _mm512_set1_ps(v);
+}
+inline vfloat vadd(vfloat a, vfloat b) {
+  return _mm512_add_ps(a, b);
+}
+inline vfloat vsub(vfloat a, vfloat b) {
+  return _mm512_sub_ps(a, b);
+}
+inline vfloat vmul(vfloat a, vfloat b) {
+  return _mm512_mul_ps(a, b);
+}
+inline vfloat vdiv(vfloat a, vfloat b) {
+  return _mm512_div_ps(a, b);
+}
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) {
+  return _mm512_fmadd_ps(a, b, c);
+}
+inline vfloat vfnma(vfloat a, vfloat b, vfloat c) {
+  return _mm512_fnmadd_ps(a, b, c);
+}
+inline vfloat vclamp(vfloat v, float lo, float hi) {
+  return _mm512_min_ps(_mm512_max_ps(v, vset(lo)), vset(hi));
+}
+inline vfloat vpow2(vfloat k) {  // 2^k for integral k in [-126, 127]
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int kLanes = 8;
+using vfloat = __m256;
+inline vfloat vload(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+inline void vstore(float* p, vfloat v) {
+  _mm256_storeu_ps(p, v);
+}
+inline vfloat vset(float v) {
+  return _mm256_set1_ps(v);
+}
+inline vfloat vadd(vfloat a, vfloat b) {
+  return _mm256_add_ps(a, b);
+}
+inline vfloat vsub(vfloat a, vfloat b) {
+  return _mm256_sub_ps(a, b);
+}
+inline vfloat vmul(vfloat a, vfloat b) {
+  return _mm256_mul_ps(a, b);
+}
+inline vfloat vdiv(vfloat a, vfloat b) {
+  return _mm256_div_ps(a, b);
+}
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) {
+  return _mm256_fmadd_ps(a, b, c);
+}
+inline vfloat vfnma(vfloat a, vfloat b, vfloat c) {
+  return _mm256_fnmadd_ps(a, b, c);
+}
+inline vfloat vclamp(vfloat v, float lo, float hi) {
+  return _mm256_min_ps(_mm256_max_ps(v, vset(lo)), vset(hi));
+}
+inline vfloat vpow2(vfloat k) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
+}
+#else
+constexpr int kLanes = 1;
+using vfloat = float;
+inline vfloat vload(const float* p) {
+  return *p;
+}
+inline void vstore(float* p, vfloat v) {
+  *p = v;
+}
+inline vfloat vset(float v) {
+  return v;
+}
+inline vfloat vadd(vfloat a, vfloat b) {
+  return a + b;
+}
+inline vfloat vsub(vfloat a, vfloat b) {
+  return a - b;
+}
+inline vfloat vmul(vfloat a, vfloat b) {
+  return a * b;
+}
+inline vfloat vdiv(vfloat a, vfloat b) {
+  return a / b;
+}
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) {
+  return std::fma(a, b, c);
+}
+inline vfloat vfnma(vfloat a, vfloat b, vfloat c) {
+  return std::fma(-a, b, c);
+}
+inline vfloat vclamp(vfloat v, float lo, float hi) {
+  return std::isnan(v) ? lo : std::min(std::max(v, lo), hi);  // as the vector max: NaN -> lo
+}
+inline vfloat vpow2(vfloat k) {
+  return std::bit_cast<float>(static_cast<uint32_t>(static_cast<int>(k) + 127) << 23);
+}
+#endif
+
+// σ(g) = 1 / (1 + e^-g): exp_approx's reduction and polynomial on -g clamped to [-87, 88].
+inline vfloat vsigmoid(vfloat g) {
+  const vfloat v = vclamp(vsub(vset(0.0f), g), kSigmoidLo, kSigmoidHi);
+  const vfloat k = vsub(vfma(v, vset(kLog2e), vset(kRound)), vset(kRound));
+  const vfloat b = vfnma(k, vset(kLn2Lo), vfnma(k, vset(kLn2Hi), v));
+  const vfloat u = vmul(b, b);
+  const vfloat p = vfma(vfma(vfma(vset(kP5), b, vset(kP4)), u, vfma(vset(kP3), b, vset(kP2))), u,
+                        vfma(vset(kP1), b, vset(1.0f)));
+  return vdiv(vset(1.0f), vadd(vset(1.0f), vmul(p, vpow2(k))));
+}
+
+}  // namespace
+
+void silu_mul_forward(const float* g, const float* u, float* h, int64_t n) {
+  over_lanes<kLanes, 2, 1>({g, u}, {h}, n, [](const auto& in, const auto& out) {
+    const vfloat gv = vload(in[0]);
+    vstore(out[0], vmul(vmul(gv, vsigmoid(gv)), vload(in[1])));
+  });
+}
+
+void silu_mul_backward(const float* g, const float* u, const float* dh, float* dg, float* du,
+                       int64_t n) {
+  over_lanes<kLanes, 3, 2>({g, u, dh}, {dg, du}, n, [](const auto& in, const auto& out) {
+    const vfloat gv = vload(in[0]);
+    const vfloat dhv = vload(in[2]);
+    const vfloat s = vsigmoid(gv);
+    vstore(out[1], vmul(dhv, vmul(gv, s)));
+    // dh·u·s·(1 + g·(1 − s))
+    const vfloat t = vfma(gv, vsub(vset(1.0f), s), vset(1.0f));
+    vstore(out[0], vmul(vmul(vmul(dhv, vload(in[1])), s), t));
+  });
 }
 
 void softmax_row(float* x, int64_t n) {

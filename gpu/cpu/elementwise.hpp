@@ -48,6 +48,15 @@ inline double exp_sum_below(const float* x, int64_t n, float max) {
   return exp_scaled_below(x, nullptr, n, max, 1.0f);
 }
 
+/// Training's SwiGLU (gpu/train), forward: h = g·σ(g)·u with σ(g) = 1 / (1 + e^-g), e^x by
+/// exp_approx's reduction and polynomial (~1.5 ulp) on arguments clamped to [-87, 88]. Vectorised
+/// with AVX-512 or AVX2 where the build has them; every element is computed by the same
+/// instructions wherever it sits (the tail goes through the vector code too), so a result does not
+/// depend on how a batch is cut.
+void silu_mul_forward(const float* g, const float* u, float* h, int64_t n);
+/// Its backward: du = dh·g·σ(g), dg = dh·u·σ(g)·(1 + g·(1 − σ(g))).
+void silu_mul_backward(const float* g, const float* u, const float* dh, float* dg, float* du,
+                       int64_t n);
 /// Dequantizes one row of `table` (f32, f16, q8_0, q4_0, q4_1, ...) into y.
 status get_row(const tensor_view& table, int64_t row, float* y);
 

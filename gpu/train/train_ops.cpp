@@ -8,6 +8,8 @@
 #include <thread>
 #include <type_traits>
 
+#include "gpu/cpu/elementwise.hpp"
+
 namespace weft::gpu::train {
 
 void parallel_ranges(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& f) {
@@ -210,7 +212,11 @@ void attention_forward(const T* q, const T* k, const T* v, const packed_sequence
         T mx = row[0];
         for (int64_t j = 1; j <= last; ++j) mx = std::max(mx, row[j]);
         double sum = 0.0;
-        for (int64_t j = 0; j <= last; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        if constexpr (std::is_same_v<T, float>) {
+          sum = cpu::exp_scaled_below(row, row, last + 1, mx, 1.0f);  // vectorised
+        } else {
+          for (int64_t j = 0; j <= last; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        }
         const T inv = static_cast<T>(1.0 / sum);
         for (int64_t j = 0; j <= last; ++j) row[j] *= inv;
         std::fill(row + last + 1, row + keys, T(0));
@@ -265,7 +271,11 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
       for (int64_t i = 0; i < len; ++i) {
         T* row = p.data() + i * keys;
         const T l = lse[(start + i) * shape.n_heads + h];
-        for (int64_t j = 0; j <= off + i; ++j) row[j] = std::exp(row[j] - l);
+        if constexpr (std::is_same_v<T, float>) {
+          cpu::exp_scaled_below(row, row, off + i + 1, l, 1.0f);
+        } else {
+          for (int64_t j = 0; j <= off + i; ++j) row[j] = std::exp(row[j] - l);
+        }
         std::fill(row + off + i + 1, row + keys, T(0));
       }
       // dV += Pᵀ·dO ; dP = dO·Vᵀ.
@@ -304,11 +314,19 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
 
 template <class T>
 void swiglu_forward(const T* gate, const T* up, int64_t n, T* h) {
-  for (int64_t i = 0; i < n; ++i) h[i] = gate[i] * sigmoid(gate[i]) * up[i];
+  if constexpr (std::is_same_v<T, float>) {
+    cpu::silu_mul_forward(gate, up, h, n);  // vectorised
+  } else {
+    for (int64_t i = 0; i < n; ++i) h[i] = gate[i] * sigmoid(gate[i]) * up[i];
+  }
 }
 
 template <class T>
 void swiglu_backward(const T* gate, const T* up, const T* dh, int64_t n, T* dgate, T* dup) {
+  if constexpr (std::is_same_v<T, float>) {
+    cpu::silu_mul_backward(gate, up, dh, dgate, dup, n);
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const T s = sigmoid(gate[i]);
     const T silu = gate[i] * s;
@@ -324,14 +342,25 @@ double cross_entropy(const T* logits, const int32_t* targets, int64_t n, int64_t
   for (int64_t t = 0; t < n; ++t) {
     const T* row = logits + t * vocab;
     const T mx = *std::max_element(row, row + vocab);
+    T* drow = dlogits != nullptr ? dlogits + t * vocab : nullptr;
     double sum = 0.0;
-    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+    if constexpr (std::is_same_v<T, float>) {
+      // Vectorised e^(x − max) in float, summed in double, kept in dlogits to be scaled below.
+      sum = cpu::exp_scaled_below(row, drow, vocab, mx, 1.0f);
+    } else {
+      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+    }
     const double log_z = static_cast<double>(mx) + std::log(sum);
     const double lp = static_cast<double>(row[targets[t]]) - log_z;
     total -= lp;
     if (logp != nullptr) logp[t] = static_cast<T>(lp);
-    if (dlogits != nullptr) {
-      T* drow = dlogits + t * vocab;
+    if constexpr (std::is_same_v<T, float>) {
+      if (drow != nullptr) {
+        const auto f = static_cast<float>(static_cast<double>(grad_scale) / sum);
+        for (int64_t j = 0; j < vocab; ++j) drow[j] *= f;
+        drow[targets[t]] -= grad_scale;
+      }
+    } else if (dlogits != nullptr) {
       for (int64_t j = 0; j < vocab; ++j) {
         drow[j] = grad_scale * static_cast<T>(std::exp(static_cast<double>(row[j]) - log_z));
       }

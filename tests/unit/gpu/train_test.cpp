@@ -184,6 +184,65 @@ TEST(train_ops, swiglu_and_cross_entropy_gradients_match_finite_differences) {
   expect_gradient(ce, logits, dl, "dlogits");
 }
 
+// The float kernels (vectorised exp and SwiGLU) agree with the double ones, which the finite
+// differences above check; sequences long enough for whole vectors and tails.
+TEST(train_ops, float_kernels_agree_with_double) {
+  auto to_f = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+  auto expect_near = [](const std::vector<float>& a, const std::vector<double>& b, double tol,
+                        const char* what) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_NEAR(a[i], b[i], tol * std::max(1.0, std::abs(b[i]))) << what << "[" << i << "]";
+  };
+  packed_sequences seqs;
+  seqs.starts = {0, 37, 60};
+  const attention_shape shape{4, 2, 8, 0.35};
+  const int64_t n = 60, qd = 32, kvd = 16;
+  auto q = randn(n * qd, 31), k = randn(n * kvd, 32), v = randn(n * kvd, 33);
+  auto r = randn(n * qd, 34);
+  std::vector<double> out(n * qd), lse(n * 4), dq(q.size()), dk(k.size()), dv(v.size());
+  attention_forward(q.data(), k.data(), v.data(), seqs, shape, out.data(), lse.data());
+  attention_backward(q.data(), k.data(), v.data(), out.data(), lse.data(), r.data(), seqs, shape,
+                     dq.data(), dk.data(), dv.data());
+  auto qf = to_f(q), kf = to_f(k), vf = to_f(v), rf = to_f(r);
+  std::vector<float> outf(out.size()), lsef(lse.size()), dqf(dq.size()), dkf(dk.size()),
+      dvf(dv.size());
+  attention_forward(qf.data(), kf.data(), vf.data(), seqs, shape, outf.data(), lsef.data());
+  attention_backward(qf.data(), kf.data(), vf.data(), outf.data(), lsef.data(), rf.data(), seqs,
+                     shape, dqf.data(), dkf.data(), dvf.data());
+  expect_near(outf, out, 1e-5, "out");
+  expect_near(lsef, lse, 1e-5, "lse");
+  expect_near(dqf, dq, 1e-4, "dq");
+  expect_near(dkf, dk, 1e-4, "dk");
+  expect_near(dvf, dv, 1e-4, "dv");
+
+  const int64_t rows = 3, vocab = 301;
+  auto logits = randn(rows * vocab, 35, 4.0);
+  const std::vector<int32_t> targets = {2, 300, 150};
+  std::vector<double> dl(logits.size()), logp(rows);
+  const double loss =
+      cross_entropy(logits.data(), targets.data(), rows, vocab, 0.25, dl.data(), logp.data());
+  auto lf = to_f(logits);
+  std::vector<float> dlf(dl.size()), logpf(rows);
+  const double lossf =
+      cross_entropy(lf.data(), targets.data(), rows, vocab, 0.25f, dlf.data(), logpf.data());
+  EXPECT_NEAR(lossf, loss, 1e-5 * loss);
+  expect_near(logpf, logp, 1e-5, "logp");
+  expect_near(dlf, dl, 1e-6, "dlogits");
+
+  auto gate = randn(77, 36, 3.0), up = randn(77, 37);
+  std::vector<double> h(77), dg(77), du(77);
+  swiglu_forward(gate.data(), up.data(), 77, h.data());
+  swiglu_backward(gate.data(), up.data(), r.data(), 77, dg.data(), du.data());
+  auto gf = to_f(gate), uf = to_f(up);
+  std::vector<float> hf(77), dgf(77), duf(77);
+  swiglu_forward(gf.data(), uf.data(), 77, hf.data());
+  swiglu_backward(gf.data(), uf.data(), rf.data(), 77, dgf.data(), duf.data());
+  expect_near(hf, h, 1e-6, "h");
+  expect_near(dgf, dg, 1e-6, "dgate");
+  expect_near(duf, du, 1e-6, "dup");
+}
+
 // -- the whole model
 // -------------------------------------------------------------------------------
 
