@@ -4,10 +4,74 @@
 #include "gpu/rl/grpo_loop.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <string>
 
 namespace weft::gpu::rl {
+
+namespace {
+
+// Units to shares, largest first to the lightest share; returns the shares' loads in tokens,
+// heaviest first.
+std::vector<size_t> assign_units(const std::vector<update_unit>& units, int shares,
+                                 std::vector<std::vector<size_t>>& to) {
+  std::vector<size_t> order(units.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return units[a].tokens > units[b].tokens; });
+  to.assign(static_cast<size_t>(std::max(1, shares)), {});
+  std::vector<size_t> load(to.size(), 0);
+  for (size_t u : order) {
+    const auto j = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    to[j].push_back(u);
+    load[j] += units[u].tokens;
+  }
+  for (auto& s : to) std::sort(s.begin(), s.end());
+  std::sort(load.begin(), load.end(), std::greater<>());
+  return load;
+}
+
+}  // namespace
+
+share_plan plan_update_shares(std::vector<update_unit> units, int shares,
+                              const std::function<size_t(size_t)>& sample_tokens) {
+  share_plan plan;
+  std::vector<size_t> loads = assign_units(units, shares, plan.shares);
+  plan.units = std::move(units);
+  for (;;) {
+    // The largest unit that can be split (the first of equals).
+    size_t big = plan.units.size();
+    for (size_t u = 0; u < plan.units.size(); ++u) {
+      if (plan.units[u].samples.size() >= 2 &&
+          (big == plan.units.size() || plan.units[u].tokens > plan.units[big].tokens)) {
+        big = u;
+      }
+    }
+    if (big == plan.units.size()) break;
+    auto trial = plan.units;
+    update_unit& a = trial[big];
+    update_unit b{a.group, {}, a.prefix, a.prefix};
+    const auto keep = static_cast<std::ptrdiff_t>(a.samples.size() / 2);
+    b.samples.assign(a.samples.begin() + keep, a.samples.end());
+    a.samples.resize(static_cast<size_t>(keep));
+    for (size_t s : b.samples) {
+      b.tokens += sample_tokens(s);
+      a.tokens -= sample_tokens(s);
+    }
+    trial.insert(trial.begin() + static_cast<std::ptrdiff_t>(big) + 1, std::move(b));
+    std::vector<std::vector<size_t>> to;
+    auto trial_loads = assign_units(trial, shares, to);
+    // Kept when the loads, heaviest first, are lexicographically lighter (two shares tied at the
+    // top take two splits to lighten): each kept split lowers them, so this ends.
+    if (!(trial_loads < loads)) break;
+    plan.units = std::move(trial);
+    plan.shares = std::move(to);
+    loads = std::move(trial_loads);
+  }
+  plan.heaviest = loads.front();
+  return plan;
+}
 
 std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
     const std::vector<rollout_sample>& samples, const scored_step& sc) const {
@@ -17,8 +81,8 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
   // The others train in units of one prompt: the prompt (all but its last token) is packed once
   // as a shared prefix and every sample continues it with [last prompt token, completion] — the
   // same gradient as packing prompt + completion per sample, for a fraction of the tokens. Units
-  // go to the shares balanced by tokens (largest first to the lightest share), in a fixed order,
-  // so the bits repeat.
+  // go to the shares balanced by tokens, split where a share would otherwise idle
+  // (plan_update_shares), in a fixed order, so the bits repeat.
   // A trainer group trains `shares` lists on each of its ranks.
   const int shares = std::max(1, config_.shares) * (group_ ? group_->world() : 1);
   // Routing replay: positions [from, from + n) of a sample's routes go to the batch's tokens
@@ -35,12 +99,11 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
                                                           count * static_cast<size_t>(width)),
                  width);
   };
-  struct unit {
-    int64_t group = 0;
-    std::vector<size_t> samples;
-    size_t tokens = 0;
+  auto sample_tokens = [&](size_t s) {
+    const rollout_sample& x = samples[s];
+    return x.completion.size() + (x.prompt.size() > 1 ? 1 : x.prompt.size());
   };
-  std::vector<unit> units;
+  std::vector<update_unit> units;
   for (size_t s = 0; s < samples.size(); ++s) {
     const rollout_sample& x = samples[s];
     // With a KL term a zero-advantage sample still has a gradient (β·∇k3), and with the
@@ -49,31 +112,22 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
         sc.adv[s] == 0.0 && config_.grpo.kl_coef == 0.0 && config_.grpo.router_aux_loss_coef == 0.0;
     if (sc.keep[s] == 0 || no_gradient || x.completion.empty()) continue;
     if (units.empty() || units.back().group != x.group) {
-      units.push_back(unit{x.group, {}, x.prompt.size() > 1 ? x.prompt.size() - 1 : 0});
+      const size_t prefix = x.prompt.size() > 1 ? x.prompt.size() - 1 : 0;
+      units.push_back(update_unit{x.group, {}, prefix, prefix});
     }
     units.back().samples.push_back(s);
-    units.back().tokens += x.completion.size() + (x.prompt.size() > 1 ? 1 : x.prompt.size());
+    units.back().tokens += sample_tokens(s);
   }
-  std::vector<size_t> order(units.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return units[a].tokens > units[b].tokens; });
-  std::vector<std::vector<size_t>> share_units(static_cast<size_t>(shares));
-  std::vector<size_t> share_tokens(static_cast<size_t>(shares), 0);
-  for (size_t u : order) {
-    const auto j = static_cast<size_t>(std::min_element(share_tokens.begin(), share_tokens.end()) -
-                                       share_tokens.begin());
-    share_units[j].push_back(u);
-    share_tokens[j] += units[u].tokens;
-  }
+  const share_plan plan = plan_update_shares(std::move(units), shares, sample_tokens);
+  const auto& share_units = plan.shares;
   std::vector<std::vector<train::train_batch>> batches(static_cast<size_t>(shares));
   for (size_t j = 0; j < share_units.size(); ++j) {
-    std::sort(share_units[j].begin(), share_units[j].end());
     auto& list = batches[j];
     for (size_t u : share_units[j]) {
-      const std::vector<int32_t>& prompt = samples[units[u].samples.front()].prompt;
-      if (list.empty() || list.back().n_tokens() + static_cast<int64_t>(units[u].tokens) >
-                              config_.micro_batch_tokens) {
+      const update_unit& unit = plan.units[u];
+      const std::vector<int32_t>& prompt = samples[unit.samples.front()].prompt;
+      if (list.empty() ||
+          list.back().n_tokens() + static_cast<int64_t>(unit.tokens) > config_.micro_batch_tokens) {
         list.emplace_back();
       }
       train::train_batch& b = list.back();
@@ -83,8 +137,8 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
           shared ? b.add_prefix(std::span<const int32_t>(prompt).first(prompt.size() - 1)) : -1;
       // Routing replay: the shared prefix takes the routes of the unit's first sample.
       if (shared)
-        set_routes(b, prefix_at, samples[units[u].samples.front()].routes, 0, prompt.size() - 1);
-      for (size_t s : units[u].samples) {
+        set_routes(b, prefix_at, samples[unit.samples.front()].routes, 0, prompt.size() - 1);
+      for (size_t s : unit.samples) {
         const rollout_sample& x = samples[s];
         // [last prompt token, completion...] after the shared prefix, or the whole sequence.
         const size_t lead = shared ? 1 : prompt.size();

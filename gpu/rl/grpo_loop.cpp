@@ -686,7 +686,12 @@ status grpo_loop::apply_update(double scale, rl_step_record& rec) {
   if (scale != 1.0) {
     const auto f = static_cast<float>(scale);
     for (auto g : model_->gradients()) {
-      for (float& x : g) x *= f;
+      float* x = g.data();
+      const auto n = static_cast<int64_t>(g.size());
+      train::parallel_ranges(n, n >= (1 << 20) ? std::max(1, config_.shares) : 1,
+                             [x, f](int64_t lo, int64_t hi) {
+                               for (int64_t i = lo; i < hi; ++i) x[i] *= f;
+                             });
     }
   }
   std::vector<std::span<float>> grads, values;

@@ -23,6 +23,31 @@
 
 namespace weft::gpu::rl {
 
+/// One piece of an update's packing: samples of one prompt that train after one copy of its
+/// prompt prefix.
+struct update_unit {
+  int64_t group = 0;
+  std::vector<size_t> samples;  ///< Indices into the step's samples, in order.
+  size_t prefix = 0;            ///< Tokens of the shared prompt prefix.
+  size_t tokens = 0;            ///< prefix + the samples' own tokens
+};
+
+/// The units of an update and which of them each parallel share trains.
+struct share_plan {
+  std::vector<update_unit> units;
+  std::vector<std::vector<size_t>> shares;  ///< Unit indices per share, ascending.
+  size_t heaviest = 0;                      ///< Tokens of the heaviest share.
+};
+
+/// Assigns units to `shares` by tokens (largest first to the lightest share). Fewer units than
+/// shares, or lopsided ones, would leave a share's thread idle for much of the update (a group
+/// whose samples all have advantage 0 trains nothing, so one prompt may be all there is): the
+/// largest unit's samples are split in two halves, each with its own copy of the prefix, for as
+/// long as that lightens the heaviest share. A function of the token counts alone, so an update's
+/// bits repeat. `sample_tokens(s)` is sample s's own token count.
+share_plan plan_update_shares(std::vector<update_unit> units, int shares,
+                              const std::function<size_t(size_t)>& sample_tokens);
+
 /// Sums every gradient tensor and `scalars` element-wise over the group; every member gets the
 /// same bits.
 using group_reducer =

@@ -6,6 +6,7 @@
 // one; the result equals a single trainer's up to the order of the sums.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -151,6 +152,51 @@ void expect_same_weights(trainable_model<float>& a, trainable_model<float>& b) {
   const auto& vb = std::as_const(b).parameters();
   ASSERT_EQ(va.size(), vb.size());
   for (size_t i = 0; i < va.size(); ++i) ASSERT_EQ(va[i].value, vb[i].value) << va[i].name;
+}
+
+// plan_update_shares: samples of 10 tokens each, prompt prefixes of 40.
+update_unit unit_of(int64_t group, std::vector<size_t> samples) {
+  update_unit u{group, std::move(samples), 40, 40};
+  u.tokens += 10 * u.samples.size();
+  return u;
+}
+
+TEST(update_shares, one_prompt_is_split_so_no_share_idles) {
+  const auto ten = [](size_t) { return size_t{10}; };
+  // One group of 8 (the other all had advantage 0): halves on the two shares, each with the
+  // prefix — 80 tokens against 120 on one share.
+  auto p = plan_update_shares({unit_of(3, {8, 9, 10, 11, 12, 13, 14, 15})}, 2, ten);
+  ASSERT_EQ(p.units.size(), 2u);
+  EXPECT_EQ(p.units[0].samples, (std::vector<size_t>{8, 9, 10, 11}));
+  EXPECT_EQ(p.units[1].samples, (std::vector<size_t>{12, 13, 14, 15}));
+  EXPECT_EQ(p.units[1].group, 3);
+  EXPECT_EQ(p.units[1].tokens, 80u);
+  EXPECT_EQ(p.heaviest, 80u);
+  EXPECT_EQ(p.shares, (std::vector<std::vector<size_t>>{{0}, {1}}));
+  // Four shares: quarters (60 each); a split that would not lighten the heaviest share stops.
+  p = plan_update_shares({unit_of(0, {0, 1, 2, 3, 4, 5, 6, 7})}, 4, ten);
+  EXPECT_EQ(p.units.size(), 4u);
+  EXPECT_EQ(p.heaviest, 60u);
+  // Balanced units are left whole (splitting only adds prefixes).
+  p = plan_update_shares({unit_of(0, {0, 1, 2, 3}), unit_of(1, {4, 5, 6, 7})}, 2, ten);
+  EXPECT_EQ(p.units.size(), 2u);
+  EXPECT_EQ(p.heaviest, 80u);
+  // Lopsided: 16 samples against 2 → the big one is split (120 + 60 against 200); 8 against 2
+  // is left (a split's extra prefix would make the heavier share 140 against 120).
+  std::vector<size_t> sixteen(16);
+  for (size_t i = 0; i < 16; ++i) sixteen[i] = i;
+  p = plan_update_shares({unit_of(0, sixteen), unit_of(1, {16, 17})}, 2, ten);
+  EXPECT_EQ(p.units.size(), 3u);
+  EXPECT_EQ(p.heaviest, 180u);
+  p = plan_update_shares({unit_of(0, {0, 1, 2, 3, 4, 5, 6, 7}), unit_of(1, {8, 9})}, 2, ten);
+  EXPECT_EQ(p.units.size(), 2u);
+  EXPECT_EQ(p.heaviest, 120u);
+  for (const auto& s : p.shares) EXPECT_TRUE(std::is_sorted(s.begin(), s.end()));
+  // A single sample cannot be split; one share and no units are fine.
+  p = plan_update_shares({unit_of(0, {5})}, 2, ten);
+  EXPECT_EQ(p.units.size(), 1u);
+  EXPECT_EQ(plan_update_shares({unit_of(0, {0, 1})}, 1, ten).units.size(), 1u);
+  EXPECT_TRUE(plan_update_shares({}, 2, ten).units.empty());
 }
 
 TEST(grpo_group, every_rank_holds_the_same_weights_and_runs_repeat_bit_for_bit) {
