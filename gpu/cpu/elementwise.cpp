@@ -120,20 +120,6 @@ void rope_head(float* x, const float* cache, const rope_config& config) {
   }
 }
 
-void swiglu_range(const float* g, const float* u, float* y, int64_t begin, int64_t end) {
-  const auto body = [&](auto exp_fn) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float v = g[i];
-      y[i] = (v / (1.0f + exp_fn(-v))) * u[i];
-    }
-  };
-  if (ggml_simd_layout() == ggml_simd::avx512) {
-    body([](float v) { return exp_approx_avx512(v); });
-  } else {
-    body([](float v) { return exp_approx_avx2(v); });
-  }
-}
-
 void add_range(const float* a, const float* b, float* y, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) y[i] = a[i] + b[i];
 }
@@ -224,6 +210,53 @@ double exp_sum_row_avx512(float* x, int64_t n, float max) {
 #endif
 
 }  // namespace
+
+namespace {
+
+#if defined(__AVX512F__)
+// swiglu_range's AVX-512 body: exp_approx_avx512 on 16 lanes (as exp_sum_row_avx512), then the
+// same division and product as the scalar loop, so every element gets the scalar loop's bits.
+int64_t swiglu_avx512(const float* g, const float* u, float* y, int64_t begin, int64_t end) {
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const __m512 v = _mm512_loadu_ps(g + i);
+    __m512 k;
+    const __m512 neg = _mm512_sub_ps(_mm512_setzero_ps(), v);
+    const __m512 p = exp_poly_avx512(neg, k);
+    __m512 e = _mm512_scalef_ps(p, k);
+    const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(k), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
+    if (big != 0) {
+      const __mmask16 low = _mm512_cmp_ps_mask(k, _mm512_setzero_ps(), _CMP_LE_OQ);
+      e = _mm512_mask_blend_ps(
+          big, e,
+          _mm512_mask_blend_ps(low, _mm512_set1_ps(std::numeric_limits<float>::infinity()),
+                               _mm512_setzero_ps()));
+    }
+    const __m512 silu = _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
+  }
+  return i;
+}
+#endif
+
+}  // namespace
+
+void swiglu_range(const float* g, const float* u, float* y, int64_t begin, int64_t end) {
+  const auto body = [&](auto exp_fn) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float v = g[i];
+      y[i] = (v / (1.0f + exp_fn(-v))) * u[i];
+    }
+  };
+  if (ggml_simd_layout() == ggml_simd::avx512) {
+#if defined(__AVX512F__)
+    begin = swiglu_avx512(g, u, y, begin, end);  // the tail below
+#endif
+    body([](float v) { return exp_approx_avx512(v); });
+  } else {
+    body([](float v) { return exp_approx_avx2(v); });
+  }
+}
 
 double exp_sum_row(float* x, int64_t n, float max) {
 #if defined(__AVX512F__)

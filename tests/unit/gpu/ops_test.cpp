@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -500,6 +501,27 @@ TEST(elementwise, exp_softmax_swiglu_match_libm) {
   std::vector<float> y(40);
   swiglu_range(g.data(), u.data(), y.data(), 0, 40);
   for (int i = 0; i < 40; ++i) EXPECT_NEAR(y[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i], 1e-5);
+}
+
+TEST(elementwise, swiglu_range_is_the_scalar_formula_bit_for_bit) {
+  // The vectorised body (AVX-512 builds) against exp_approx one element at a time, with
+  // arguments beyond the polynomial's range and a tail.
+  const int64_t n = 75;
+  auto g = random_floats(n, 24, 8.0f);
+  g[0] = 100.0f;
+  g[1] = -100.0f;
+  g[2] = 150.0f;
+  g[3] = -150.0f;
+  g[17] = 300.0f;
+  g[18] = -300.0f;
+  auto u = random_floats(n, 25);
+  std::vector<float> y(n, -1.0f);
+  swiglu_range(g.data(), u.data(), y.data(), 3, n);
+  EXPECT_EQ(y[2], -1.0f);  // before `begin`: untouched
+  for (int64_t i = 3; i < n; ++i) {
+    const float want = (g[i] / (1.0f + exp_approx(-g[i]))) * u[i];
+    EXPECT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want)) << i << " " << g[i];
+  }
 }
 
 TEST(elementwise, training_swiglu_matches_double_and_does_not_depend_on_the_cut) {
