@@ -359,6 +359,9 @@ void over_lanes(std::array<const float*, In> in, std::array<float*, Out> out, in
 
 constexpr float kSigmoidLo = -87.0f, kSigmoidHi = 88.0f;  // e^x stays a normal float
 
+// vfloat is a float, or GCC's vector type behind __m512 / __m256, whose + − × ÷ are the
+// element-wise IEEE operations; the wrappers below are what the operators do not cover.
+
 #if defined(__AVX512F__)
 constexpr int kLanes = 16;
 using vfloat = __m512;
@@ -370,18 +373,6 @@ inline void vstore(float* p, vfloat v) {
 }
 inline vfloat vset(float v) {
   return _mm512_set1_ps(v);
-}
-inline vfloat vadd(vfloat a, vfloat b) {
-  return _mm512_add_ps(a, b);
-}
-inline vfloat vsub(vfloat a, vfloat b) {
-  return _mm512_sub_ps(a, b);
-}
-inline vfloat vmul(vfloat a, vfloat b) {
-  return _mm512_mul_ps(a, b);
-}
-inline vfloat vdiv(vfloat a, vfloat b) {
-  return _mm512_div_ps(a, b);
 }
 inline vfloat vfma(vfloat a, vfloat b, vfloat c) {
   return _mm512_fmadd_ps(a, b, c);
@@ -408,18 +399,6 @@ inline void vstore(float* p, vfloat v) {
 inline vfloat vset(float v) {
   return _mm256_set1_ps(v);
 }
-inline vfloat vadd(vfloat a, vfloat b) {
-  return _mm256_add_ps(a, b);
-}
-inline vfloat vsub(vfloat a, vfloat b) {
-  return _mm256_sub_ps(a, b);
-}
-inline vfloat vmul(vfloat a, vfloat b) {
-  return _mm256_mul_ps(a, b);
-}
-inline vfloat vdiv(vfloat a, vfloat b) {
-  return _mm256_div_ps(a, b);
-}
 inline vfloat vfma(vfloat a, vfloat b, vfloat c) {
   return _mm256_fmadd_ps(a, b, c);
 }
@@ -445,18 +424,6 @@ inline void vstore(float* p, vfloat v) {
 inline vfloat vset(float v) {
   return v;
 }
-inline vfloat vadd(vfloat a, vfloat b) {
-  return a + b;
-}
-inline vfloat vsub(vfloat a, vfloat b) {
-  return a - b;
-}
-inline vfloat vmul(vfloat a, vfloat b) {
-  return a * b;
-}
-inline vfloat vdiv(vfloat a, vfloat b) {
-  return a / b;
-}
 inline vfloat vfma(vfloat a, vfloat b, vfloat c) {
   return std::fma(a, b, c);
 }
@@ -473,13 +440,13 @@ inline vfloat vpow2(vfloat k) {
 
 // σ(g) = 1 / (1 + e^-g): exp_approx's reduction and polynomial on -g clamped to [-87, 88].
 inline vfloat vsigmoid(vfloat g) {
-  const vfloat v = vclamp(vsub(vset(0.0f), g), kSigmoidLo, kSigmoidHi);
-  const vfloat k = vsub(vfma(v, vset(kLog2e), vset(kRound)), vset(kRound));
+  const vfloat v = vclamp(vset(0.0f) - g, kSigmoidLo, kSigmoidHi);
+  const vfloat k = vfma(v, vset(kLog2e), vset(kRound)) - vset(kRound);
   const vfloat b = vfnma(k, vset(kLn2Lo), vfnma(k, vset(kLn2Hi), v));
-  const vfloat u = vmul(b, b);
+  const vfloat u = b * b;
   const vfloat p = vfma(vfma(vfma(vset(kP5), b, vset(kP4)), u, vfma(vset(kP3), b, vset(kP2))), u,
                         vfma(vset(kP1), b, vset(1.0f)));
-  return vdiv(vset(1.0f), vadd(vset(1.0f), vmul(p, vpow2(k))));
+  return vset(1.0f) / (vset(1.0f) + p * vpow2(k));
 }
 
 }  // namespace
@@ -487,7 +454,7 @@ inline vfloat vsigmoid(vfloat g) {
 void silu_mul_forward(const float* g, const float* u, float* h, int64_t n) {
   over_lanes<kLanes, 2, 1>({g, u}, {h}, n, [](const auto& in, const auto& out) {
     const vfloat gv = vload(in[0]);
-    vstore(out[0], vmul(vmul(gv, vsigmoid(gv)), vload(in[1])));
+    vstore(out[0], gv * vsigmoid(gv) * vload(in[1]));
   });
 }
 
@@ -497,10 +464,10 @@ void silu_mul_backward(const float* g, const float* u, const float* dh, float* d
     const vfloat gv = vload(in[0]);
     const vfloat dhv = vload(in[2]);
     const vfloat s = vsigmoid(gv);
-    vstore(out[1], vmul(dhv, vmul(gv, s)));
+    vstore(out[1], dhv * (gv * s));
     // dh·u·s·(1 + g·(1 − s))
-    const vfloat t = vfma(gv, vsub(vset(1.0f), s), vset(1.0f));
-    vstore(out[0], vmul(vmul(vmul(dhv, vload(in[1])), s), t));
+    const vfloat t = vfma(gv, vset(1.0f) - s, vset(1.0f));
+    vstore(out[0], dhv * vload(in[1]) * s * t);
   });
 }
 
