@@ -50,7 +50,9 @@ kv_cache::kv_cache(device& dev, const kv_cache_config& config)
       refcount_(static_cast<size_t>(config.n_blocks), 0),
       block_hash_(static_cast<size_t>(config.n_blocks)),
       free_pos_(static_cast<size_t>(config.n_blocks)),
-      is_free_(static_cast<size_t>(config.n_blocks), true) {
+      is_free_(static_cast<size_t>(config.n_blocks), true),
+      block_parent_(static_cast<size_t>(config.n_blocks), 0),
+      block_tokens_(static_cast<size_t>(config.n_blocks * config.layout.block_size), 0) {
   for (int32_t b = 0; b < config.n_blocks; ++b)
     free_pos_[b] = free_list_.insert(free_list_.end(), b);
 }
@@ -68,6 +70,54 @@ uint64_t kv_cache::chain_hash(uint64_t prev, std::span<const int32_t> tokens) {
   const uint64_t h = XXH64_digest(st);
   XXH64_freeState(st);
   return h;
+}
+
+uint64_t kv_cache::child_key(uint64_t parent, int32_t first_token) {
+  return parent ^
+         (static_cast<uint64_t>(static_cast<uint32_t>(first_token)) * 0x9E3779B97F4A7C15ULL);
+}
+
+void kv_cache::register_block(int32_t b, uint64_t h, uint64_t parent,
+                              std::span<const int32_t> tokens) {
+  hash_to_block_[h] = b;
+  block_hash_[b] = h;
+  block_parent_[b] = parent;
+  std::copy(tokens.begin(), tokens.end(),
+            block_tokens_.begin() + static_cast<ptrdiff_t>(b) * config_.layout.block_size);
+  children_.emplace(child_key(parent, tokens.front()), b);
+}
+
+void kv_cache::unregister_block(int32_t b) {
+  if (!block_hash_[b]) return;
+  auto it = hash_to_block_.find(*block_hash_[b]);
+  if (it != hash_to_block_.end() && it->second == b) hash_to_block_.erase(it);
+  const int32_t first = block_tokens_[static_cast<size_t>(b) * config_.layout.block_size];
+  auto [lo, hi] = children_.equal_range(child_key(block_parent_[b], first));
+  for (auto c = lo; c != hi; ++c) {
+    if (c->second == b) {
+      children_.erase(c);
+      break;
+    }
+  }
+  block_hash_[b].reset();
+}
+
+std::pair<int32_t, int64_t> kv_cache::partial_match(uint64_t parent,
+                                                    std::span<const int32_t> rest) const {
+  const int64_t bs = config_.layout.block_size;
+  const int64_t limit = std::min<int64_t>(static_cast<int64_t>(rest.size()) - 1, bs - 1);
+  std::pair<int32_t, int64_t> best{-1, 0};
+  if (limit < 1) return best;
+  auto [lo, hi] = children_.equal_range(child_key(parent, rest.front()));
+  for (auto c = lo; c != hi; ++c) {
+    const int32_t b = c->second;
+    if (block_parent_[b] != parent) continue;  // another parent with a colliding key
+    const int32_t* t = block_tokens_.data() + static_cast<size_t>(b) * bs;
+    int64_t k = 0;
+    while (k < limit && t[k] == rest[static_cast<size_t>(k)]) ++k;
+    if (k > best.second) best = {b, k};
+  }
+  return best;
 }
 
 kv_cache::sequence* kv_cache::find(seq_id seq) {
@@ -92,11 +142,7 @@ result<int32_t> kv_cache::allocate_block() {
   const int32_t b = free_list_.front();
   free_list_.pop_front();
   is_free_[b] = false;
-  if (block_hash_[b]) {  // Evict the cached prefix this block held.
-    auto it = hash_to_block_.find(*block_hash_[b]);
-    if (it != hash_to_block_.end() && it->second == b) hash_to_block_.erase(it);
-    block_hash_[b].reset();
-  }
+  unregister_block(b);  // Evict the cached prefix this block held.
   refcount_[b] = 1;
   return b;
 }
@@ -176,6 +222,27 @@ result<int64_t> kv_cache::attach_prefix(seq_id seq, std::span<const int32_t> tok
     prev = h;
     matched += bs;
   }
+  // The leading tokens of one more block: copied into a block of the sequence's own (the cached
+  // block holds a registered full block and is never written).
+  const auto [src, k] = partial_match(prev, tokens.subspan(static_cast<size_t>(matched)));
+  if (k > 0) {
+    if (is_free_[src]) {  // keep allocate_block from handing out the source itself
+      free_list_.erase(free_pos_[src]);
+      is_free_[src] = false;
+    }
+    ++refcount_[src];
+    if (auto nb = allocate_block(); nb) {
+      if (copy_block(*nb, src)) {
+        s->blocks.push_back(*nb);
+        const auto shared = tokens.subspan(static_cast<size_t>(matched), static_cast<size_t>(k));
+        s->tokens.insert(s->tokens.end(), shared.begin(), shared.end());
+        matched += k;
+      } else {
+        release_block(*nb);
+      }
+    }
+    release_block(src);  // a cached source goes back to the free list as the most recently used
+  }
   prefix_hit_tokens_ += matched;
   return matched;
 }
@@ -191,7 +258,7 @@ int64_t kv_cache::match_prefix(std::span<const int32_t> tokens) const {
     prev = h;
     matched += bs;
   }
-  return matched;
+  return matched + partial_match(prev, tokens.subspan(static_cast<size_t>(matched))).second;
 }
 
 status kv_cache::reserve(seq_id seq, int64_t n_new) {
@@ -255,10 +322,8 @@ status kv_cache::commit(seq_id seq, std::span<const int32_t> tokens) {
     const uint64_t h = chain_hash(prev, std::span<const int32_t>(s->tokens).subspan(i * bs, bs));
     s->block_hashes.push_back(h);
     const int32_t b = s->blocks[i];
-    if (!block_hash_[b] && hash_to_block_.find(h) == hash_to_block_.end()) {
-      hash_to_block_[h] = b;
-      block_hash_[b] = h;
-    }
+    if (!block_hash_[b] && hash_to_block_.find(h) == hash_to_block_.end())
+      register_block(b, h, prev, std::span<const int32_t>(s->tokens).subspan(i * bs, bs));
   }
   return {};
 }
@@ -395,12 +460,13 @@ status kv_cache::swap_in(seq_id seq) {
     std::memcpy(payload_.data() + s->blocks[i] * pb, s->host_payload.data() + i * pb, pb);
   s->host_payload.clear();
   s->host_payload.shrink_to_fit();
+  const auto bs = static_cast<size_t>(config_.layout.block_size);
   for (size_t i = 0; i < s->block_hashes.size(); ++i) {
     const int32_t b = s->blocks[i];
     const uint64_t h = s->block_hashes[i];
     if (hash_to_block_.find(h) == hash_to_block_.end()) {
-      hash_to_block_[h] = b;
-      block_hash_[b] = h;
+      register_block(b, h, i == 0 ? s->root : s->block_hashes[i - 1],
+                     std::span<const int32_t>(s->tokens).subspan(i * bs, bs));
     }
   }
   return dev_.synchronize();
@@ -453,6 +519,26 @@ status kv_cache::check_invariants() const {
     if (!block_hash_[b] || *block_hash_[b] != h)
       return {status_code::internal, "hash map points at a stale block"};
   }
+  // Every registered block is a match candidate exactly once, under its parent and first token.
+  size_t n_registered = 0;
+  for (int32_t b = 0; b < config_.n_blocks; ++b) {
+    if (!block_hash_[b]) continue;
+    ++n_registered;
+    auto it = hash_to_block_.find(*block_hash_[b]);
+    if (it == hash_to_block_.end() || it->second != b)
+      return {status_code::internal, "block " + std::to_string(b) + " hashed but not registered"};
+    const auto* t = block_tokens_.data() + static_cast<size_t>(b) * config_.layout.block_size;
+    if (chain_hash(block_parent_[b],
+                   std::span<const int32_t>(t, static_cast<size_t>(config_.layout.block_size))) !=
+        *block_hash_[b]) {
+      return {status_code::internal, "block " + std::to_string(b) + " tokens do not hash to it"};
+    }
+    auto [lo, hi] = children_.equal_range(child_key(block_parent_[b], t[0]));
+    if (std::count_if(lo, hi, [&](const auto& c) { return c.second == b; }) != 1)
+      return {status_code::internal, "block " + std::to_string(b) + " not a match candidate"};
+  }
+  if (children_.size() != n_registered)
+    return {status_code::internal, "stale leading-token match candidates"};
   return {};
 }
 

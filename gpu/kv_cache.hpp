@@ -85,9 +85,12 @@ class kv_cache {
 
   /// A new empty sequence.
   seq_id create_sequence();
-  /// Makes an empty sequence start with the longest run of cached full blocks matching `tokens`
-  /// (chained hashes); returns the number of tokens now present (a multiple of block_size, and
-  /// < tokens.size() so at least one token is left to compute).
+  /// Makes an empty sequence start with the longest cached prefix of `tokens`: the run of cached
+  /// full blocks matching it (chained hashes), then the leading tokens of one more cached block
+  /// chained from the last of them (token-granular: a prompt that stops inside a block, or leaves
+  /// it, reuses the rows it shares; they are copied into a block of its own, which it then goes
+  /// on writing). Returns the number of tokens now present (< tokens.size(), so at least one
+  /// token is left to compute).
   result<int64_t> attach_prefix(seq_id seq, std::span<const int32_t> tokens);
   /// What attach_prefix would match for `tokens` (tokens), without attaching or counting a hit.
   int64_t match_prefix(std::span<const int32_t> tokens) const;
@@ -174,6 +177,15 @@ class kv_cache {
     return static_cast<size_t>(config_.layout.block_size * config_.slot_payload_bytes);
   }
   static uint64_t chain_hash(uint64_t prev, std::span<const int32_t> tokens);
+  /// Registers full block `b` (hash `h`, chained from `parent`, holding `tokens`) for prefix
+  /// matches: whole ones (hash_to_block_) and leading-token ones (children_).
+  void register_block(int32_t b, uint64_t h, uint64_t parent, std::span<const int32_t> tokens);
+  /// Forgets block `b`'s registration (it is being reused).
+  void unregister_block(int32_t b);
+  /// The registered block chained from `parent` whose leading tokens match `rest` longest, and
+  /// how many tokens match (at most rest.size() - 1 and block_size - 1); {-1, 0} when none does.
+  std::pair<int32_t, int64_t> partial_match(uint64_t parent, std::span<const int32_t> rest) const;
+  static uint64_t child_key(uint64_t parent, int32_t first_token);
   sequence* find(seq_id seq);
   const sequence* find(seq_id seq) const;
 
@@ -187,6 +199,11 @@ class kv_cache {
   std::vector<std::list<int32_t>::iterator> free_pos_;  ///< Position in free_list_ if free.
   std::vector<bool> is_free_;
   std::unordered_map<uint64_t, int32_t> hash_to_block_;
+  std::vector<uint64_t> block_parent_;  ///< A registered block's parent hash (chain predecessor).
+  std::vector<int32_t> block_tokens_;   ///< A registered block's tokens, [block][block_size].
+  /// Registered blocks by child_key(parent hash, first token): the candidates of a leading-token
+  /// match after a run of full blocks.
+  std::unordered_multimap<uint64_t, int32_t> children_;
   std::unordered_map<seq_id, sequence> seqs_;
   seq_id next_seq_ = 1;
   int64_t prefix_hit_tokens_ = 0;

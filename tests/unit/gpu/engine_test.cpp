@@ -421,11 +421,46 @@ TEST(engine, prefix_cache_serves_repeated_prompts) {
   }
   EXPECT_EQ(cached, 32);     // two full blocks of 16
   EXPECT_EQ(second, first);  // same numerics with and without the cache
-  // A prompt of 33 tokens: the cache may serve 32 but leaves two tokens to compute.
+  // A prompt of 33 tokens: the cache serves the first block and 15 tokens of the second (copied
+  // into a block of the request's own) and leaves two tokens to compute (prefill numerics).
   const std::vector<int32_t> p33(p.begin(), p.begin() + 33);
   ASSERT_TRUE((*e)->add_request(3, p33, sp).ok());
   ASSERT_TRUE((*e)->step().ok());
-  EXPECT_EQ((*e)->stats().n_prefill_tokens, 40 + 8 + 17);
+  EXPECT_EQ((*e)->stats().n_prefill_tokens, 40 + 8 + 2);
+}
+
+// Token-granular reuse: a repeated prompt whose tail shares a block with the earlier request's
+// first generated tokens is served up to its last two tokens, with the same outputs, greedy and
+// seeded.
+TEST(engine, prefix_cache_reuses_the_leading_tokens_of_a_block) {
+  auto l = load_tiny(dense_q(ggml_type::q8_0));
+  for (const float temperature : {0.0F, 0.9F}) {
+    auto e = engine::create(*l.m, engine_config{});
+    sampling_params sp;
+    sp.max_tokens = 12;  // prompt 40 + 12 tokens: the third block fills with generated tokens
+    sp.temperature = temperature;
+    sp.seed = 5;
+    const auto p = prompt_of(40, 7);
+    ASSERT_TRUE((*e)->add_request(1, p, sp).ok());
+    const auto first = run(**e)[1];
+    const int64_t prefilled = (*e)->stats().n_prefill_tokens;
+    ASSERT_TRUE((*e)->add_request(2, p, sp).ok());
+    int64_t cached = 0;
+    std::vector<int32_t> second;
+    while ((*e)->has_work()) {
+      auto r = (*e)->step();
+      ASSERT_TRUE(r.ok());
+      for (const auto& o : *r) {
+        cached = std::max(cached, o.cached_prompt_tokens);
+        second.insert(second.end(), o.new_tokens.begin(), o.new_tokens.end());
+      }
+    }
+    EXPECT_EQ(cached, 38);
+    EXPECT_EQ((*e)->stats().n_prefill_tokens - prefilled, 2);
+    EXPECT_EQ(second, first) << "temperature " << temperature;
+    EXPECT_EQ((*e)->kv().stats().n_blocks_used, 0);
+    EXPECT_TRUE((*e)->kv().check_invariants().ok());
+  }
 }
 
 TEST(engine, requests_arriving_together_share_one_prefill_of_their_prefix) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -109,12 +110,75 @@ TEST_F(cache_fixture, prefix_blocks_are_reused_by_chained_hash) {
   const seq_id c = kv->create_sequence();
   std::vector<int32_t> other = {0, 2, 3, 4, 5, 6, 7, 8, 9};
   EXPECT_EQ(*kv->attach_prefix(c, other), 0);
-  // At least one token is always left to compute.
+  // At least one token is always left to compute: the second block's leading three tokens.
   const seq_id d = kv->create_sequence();
   std::vector<int32_t> exact = {1, 2, 3, 4, 5, 6, 7, 8};
-  EXPECT_EQ(*kv->attach_prefix(d, exact), 4);
+  EXPECT_EQ(kv->match_prefix(exact), 7);
+  EXPECT_EQ(*kv->attach_prefix(d, exact), 7);
+  expect_content(d, {1, 2, 3, 4, 5, 6, 7});
   EXPECT_TRUE(kv->check_invariants().ok());
-  EXPECT_EQ(kv->stats().n_prefix_hits_tokens, 12);
+  EXPECT_EQ(kv->stats().n_prefix_hits_tokens, 15);
+}
+
+// A prompt that leaves a cached block part-way (or ends inside it) reuses the rows it shares:
+// they are copied into a block of its own, and the cached block stays intact for later matches.
+TEST_F(cache_fixture, the_leading_tokens_of_a_cached_block_are_reused) {
+  const seq_id a = kv->create_sequence();
+  write(a, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9});
+  // A live sequence's full blocks are candidates too (a's second block {5..8}).
+  const seq_id b = kv->create_sequence();
+  const std::vector<int32_t> diverging = {1, 2, 3, 4, 5, 6, 42, 43};
+  EXPECT_EQ(kv->match_prefix(diverging), 6);
+  EXPECT_EQ(*kv->attach_prefix(b, diverging), 6);
+  expect_content(b, {1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(kv->block_table(b)[0], kv->block_table(a)[0]);  // the full block is shared
+  EXPECT_NE(kv->block_table(b)[1], kv->block_table(a)[1]);  // the partial one is a copy
+  write(b, std::vector<int32_t>{42, 43});
+  expect_content(b, {1, 2, 3, 4, 5, 6, 42, 43});
+  expect_content(a, {1, 2, 3, 4, 5, 6, 7, 8, 9});  // the source block was not written
+  ASSERT_TRUE(kv->check_invariants().ok());
+  // b's second block {5, 6, 42, 43} is now registered beside a's {5, 6, 7, 8}: the longest
+  // leading match wins.
+  ASSERT_TRUE(kv->free_sequence(a).ok());
+  ASSERT_TRUE(kv->free_sequence(b).ok());
+  const seq_id c = kv->create_sequence();
+  EXPECT_EQ(*kv->attach_prefix(c, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 42, 7}), 7);
+  expect_content(c, {1, 2, 3, 4, 5, 6, 42});
+  const seq_id d = kv->create_sequence();
+  EXPECT_EQ(*kv->attach_prefix(d, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 0, 0}), 7);
+  expect_content(d, {1, 2, 3, 4, 5, 6, 7});
+  // A first block is matched from the namespace root the same way; another token breaks it.
+  const seq_id e = kv->create_sequence();
+  EXPECT_EQ(*kv->attach_prefix(e, std::vector<int32_t>{1, 2, 9, 9}), 2);
+  expect_content(e, {1, 2});
+  const seq_id f = kv->create_sequence();
+  EXPECT_EQ(*kv->attach_prefix(f, std::vector<int32_t>{2, 2, 9, 9}), 0);
+  ASSERT_TRUE(kv->check_invariants().ok());
+  // Under another namespace nothing matches, whole or in part.
+  kv->set_prefix_namespace(7);
+  const seq_id g = kv->create_sequence();
+  EXPECT_EQ(*kv->attach_prefix(g, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9}), 0);
+  for (seq_id s : {c, d, e, f, g}) ASSERT_TRUE(kv->free_sequence(s).ok());
+  EXPECT_EQ(kv->stats().n_blocks_used, 0);
+  EXPECT_TRUE(kv->check_invariants().ok());
+}
+
+// The source block of a leading-token match may be the only free block: it is not handed out as
+// the copy's destination, and without room the match is skipped, not failed.
+TEST_F(cache_fixture, a_leading_token_match_without_a_free_block_is_skipped) {
+  const seq_id a = kv->create_sequence();
+  write(a, std::vector<int32_t>{1, 2, 3, 4, 5});
+  const seq_id filler = kv->create_sequence();
+  ASSERT_TRUE(kv->reserve(filler, 14 * 4).ok());  // 14 of 16 blocks; a holds the other two
+  ASSERT_TRUE(kv->free_sequence(a).ok());         // a's full block cached, its partial one free
+  const seq_id b = kv->create_sequence();
+  EXPECT_EQ(*kv->attach_prefix(b, std::vector<int32_t>{1, 2, 3, 9}), 3);
+  expect_content(b, {1, 2, 3});
+  ASSERT_TRUE(kv->check_invariants().ok());
+  const seq_id c = kv->create_sequence();  // the last free block is the cached source itself
+  EXPECT_EQ(*kv->attach_prefix(c, std::vector<int32_t>{1, 2, 9}), 0);
+  EXPECT_EQ(kv->length(c), 0);
+  EXPECT_TRUE(kv->check_invariants().ok());
 }
 
 TEST_F(cache_fixture, export_import_and_swap_round_trip) {
@@ -160,13 +224,23 @@ TEST_F(cache_fixture, out_of_memory_rolls_back) {
 TEST_F(cache_fixture, random_operations_keep_accounting_exact) {
   std::mt19937 rng(1234);
   std::vector<seq_id> live;
+  std::map<seq_id, std::vector<int32_t>> content;  // what each sequence must hold
   for (int step = 0; step < 3000; ++step) {
     const int op = static_cast<int>(rng() % 7);
     if (op == 0 || live.empty()) {
       const seq_id s = kv->create_sequence();
       std::vector<int32_t> toks(rng() % 9);
       for (auto& t : toks) t = static_cast<int32_t>(rng() % 3);  // small alphabet -> prefix hits
-      if (!toks.empty()) (void)kv->attach_prefix(s, toks);
+      if (!toks.empty()) {
+        const int64_t expected = kv->match_prefix(toks);
+        auto m = kv->attach_prefix(s, toks);
+        ASSERT_TRUE(m.ok());
+        // The match is skipped only when no block is free for the copy of a partial block.
+        if (*m != expected) {
+          ASSERT_EQ(*m, expected / 4 * 4) << "step " << step;
+        }
+        content[s].assign(toks.begin(), toks.begin() + *m);
+      }
       live.push_back(s);
     } else {
       const size_t i = rng() % live.size();
@@ -176,14 +250,19 @@ TEST_F(cache_fixture, random_operations_keep_accounting_exact) {
         std::vector<int32_t> toks(1 + rng() % 6);
         for (auto& t : toks) t = static_cast<int32_t>(rng() % 3);
         if (kv->reserve(s, static_cast<int64_t>(toks.size())).ok()) {
-          ASSERT_TRUE(kv->commit(s, toks).ok());
+          write(s, toks);
+          content[s].insert(content[s].end(), toks.begin(), toks.end());
         }
       } else if (op == 3) {
         auto f = kv->fork(s);
-        if (f.ok()) live.push_back(*f);
+        if (f.ok()) {
+          live.push_back(*f);
+          content[*f] = content[s];
+        }
       } else if (op == 4) {
         ASSERT_TRUE(kv->free_sequence(s).ok());
         live.erase(live.begin() + static_cast<int64_t>(i));
+        content.erase(s);
       } else if (op == 5) {
         if (!kv->is_swapped(s)) (void)kv->swap_out(s);
       } else {
@@ -192,6 +271,9 @@ TEST_F(cache_fixture, random_operations_keep_accounting_exact) {
     }
     const status st = kv->check_invariants();
     ASSERT_TRUE(st.ok()) << "step " << step << ": " << st.to_string();
+    const seq_id probe = live.empty() ? 0 : live[rng() % live.size()];
+    if (probe != 0 && !kv->is_swapped(probe)) expect_content(probe, content[probe]);
+    ASSERT_FALSE(HasFailure()) << "step " << step;
     const kv_stats ks = kv->stats();
     ASSERT_EQ(ks.n_blocks_used + ks.n_blocks_free, ks.n_blocks_total);
   }
