@@ -620,6 +620,7 @@ result<std::vector<request_output>> engine::step() {
   forward_batch batch;
   forward_output fout;
   std::vector<request_id> in_batch;
+  const double forward_before = counters_.forward_s;
   const status st = forward(order, selected, batch, fout, in_batch);
   note_scheduled(in_batch);
   if (!st.ok()) {
@@ -629,6 +630,7 @@ result<std::vector<request_output>> engine::step() {
   }
   if (batch.tokens.empty()) return outputs;
   ++counters_.n_steps;
+  bool prefilled = false;
   // Advance every sequence in the batch, then sample where logits came back.
   for (size_t si = 0; si < batch.seqs.size(); ++si) {
     request& r = *requests_.at(in_batch[si]);
@@ -642,7 +644,12 @@ result<std::vector<request_output>> engine::step() {
     } else {
       counters_.n_prefill_tokens += n;
       config_.policy->on_progress(r.id, n, 0);
+      prefilled = true;
     }
+  }
+  if (prefilled) {
+    counters_.prefill_pass_s += counters_.forward_s - forward_before;
+    counters_.prefill_pass_tokens += static_cast<int64_t>(batch.tokens.size());
   }
   std::vector<request_id> finished;
   pool_hidden(batch, fout, in_batch, outputs, finished);

@@ -125,6 +125,11 @@ struct engine_stats {
   double step_s = 0.0;
   double forward_s = 0.0;
   double sample_s = 0.0;
+  /// Forward passes that carried prompt tokens: their seconds and all their tokens (prompt and
+  /// decode) — what a worker's prefill rate is measured from (tokens a second while prefilling,
+  /// whatever share of the time it prefills or how much of each prompt the prefix cache served).
+  double prefill_pass_s = 0.0;
+  int64_t prefill_pass_tokens = 0;
 };
 
 /// A decoding request taken out of the engine with its KV (disaggregated prefill: the KV is handed

@@ -143,7 +143,7 @@ struct WorkerLoad {
   decodeTokens @8 :UInt64;
   preemptions @9 :UInt64;
   queuedPrefillTokens @10 :UInt64;  # prompt tokens not yet computed
-  prefillTokensPerS @11 :Float32;   # measured over the last interval
+  prefillTokensPerS @11 :Float32;   # tokens/s of the interval's passes that prefilled (0: none)
   decodeTokensPerS @12 :Float32;
   swapsOut @13 :UInt64;
   prefixHitTokens @14 :UInt64;

@@ -111,13 +111,20 @@ envelope make_load(worker_state& st) {
   auto s = st.engine->stats();
   auto now = std::chrono::steady_clock::now();
   const double dt = std::chrono::duration<double>(now - st.last_load_at).count();
-  const auto prefill = static_cast<uint64_t>(s.n_prefill_tokens);
   const auto decode = static_cast<uint64_t>(s.n_decode_tokens);
+  // The prefill rate is the speed of the passes that prefilled (0: none in this interval), not
+  // prompt tokens per wall second: a worker whose prompts the prefix cache mostly serves, or that
+  // prefills now and then, is not slow to prefill.
+  const double pass_s = s.prefill_pass_s - st.last_prefill_pass_s;
   const float prefill_rate =
-      dt > 0 ? static_cast<float>(static_cast<double>(prefill - st.last_prefill) / dt) : 0.0f;
+      pass_s > 0
+          ? static_cast<float>(
+                static_cast<double>(s.prefill_pass_tokens - st.last_prefill_pass_tokens) / pass_s)
+          : 0.0f;
   const float decode_rate =
       dt > 0 ? static_cast<float>(static_cast<double>(decode - st.last_decode) / dt) : 0.0f;
-  st.last_prefill = prefill;
+  st.last_prefill_pass_s = s.prefill_pass_s;
+  st.last_prefill_pass_tokens = s.prefill_pass_tokens;
   st.last_decode = decode;
   st.last_load_at = now;
   return envelope::build<wire::WorkerLoad>([&](wire::WorkerLoad::Builder b) {
@@ -128,7 +135,7 @@ envelope make_load(worker_state& st) {
     b.setKvBlocksUsed(static_cast<uint32_t>(s.kv.n_blocks_used));
     b.setKvBlocksFree(static_cast<uint32_t>(s.kv.n_blocks_free));
     b.setSteps(static_cast<uint64_t>(s.n_steps));
-    b.setPrefillTokens(prefill);
+    b.setPrefillTokens(static_cast<uint64_t>(s.n_prefill_tokens));
     b.setDecodeTokens(decode);
     b.setPreemptions(static_cast<uint64_t>(s.n_preemptions));
     uint64_t queued = 0;

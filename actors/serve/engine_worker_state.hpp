@@ -109,7 +109,9 @@ struct worker_state {
   /// Compute threads borrowed beyond the configured ones while migrated requests are rebuilt.
   bool borrowing_cores = false;
   // load accounting
-  uint64_t last_prefill = 0, last_decode = 0;
+  uint64_t last_decode = 0;
+  double last_prefill_pass_s = 0.0;  ///< engine_stats::prefill_pass_s at the last load report
+  int64_t last_prefill_pass_tokens = 0;
   std::chrono::steady_clock::time_point last_load_at = std::chrono::steady_clock::now();
   uint64_t last_step_unix_ms = 0;
   /// Per-stage time of the step loop (docs/serving.md, "Where the serving path's time goes"): in
