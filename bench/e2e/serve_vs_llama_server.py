@@ -8,6 +8,11 @@ TTFT for each server, alternating servers over `--repeat` rounds, and their rati
     bench/e2e/serve_vs_llama_server.py [--weft build/release/apps/weft]
         [--llama-server ~/.cache/weft/llama-server-0.3.16/llama-server] [--clients 16]
         [--tokens 64] [--seconds 40] [--repeat 2] [--threads $(nproc)] [--out F.json]
+        [--weft-base OLD/apps/weft] [--servers weft,weft-base,llama-server]
+
+`--weft-base` adds a second weft build (another commit) to the same alternation, for before/after
+figures of a change; `--servers` picks which of the three run (default: weft and llama-server,
+plus weft-base when given).
 
 llama-server runs with `-np C -t threads -c C*ctx` (one slot per client, the same context per
 sequence as weft's `--ctx-size`); weft with its defaults (`weft serve`, one engine worker per
@@ -142,16 +147,27 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--ctx", type=int, default=1024, help="context per sequence, both servers")
     ap.add_argument("--out", default=os.path.join(root, "bench", "results", "serve-vs-llama-server.json"))
+    ap.add_argument("--weft-base", help="another weft binary (e.g. the commit before a change)")
+    ap.add_argument("--servers", help="comma-separated subset of weft,weft-base,llama-server")
     a = ap.parse_args()
-    if not os.path.exists(a.llama_server):
-        print(f"no llama-server at {a.llama_server} (scripts/build_llama_server.sh)")
-        return 2
-    servers = {
+    all_servers = {
         "llama-server": [a.llama_server, "-m", a.model, "--port", "8396", "-np", str(a.clients),
                          "-t", str(a.threads), "-c", str(a.clients * a.ctx), "--no-webui"],
         "weft": [a.weft, "serve", "--model", a.model, "--port", "8397", "--ctx-size", str(a.ctx)],
     }
-    urls = {"llama-server": "http://127.0.0.1:8396", "weft": "http://127.0.0.1:8397"}
+    if a.weft_base:
+        all_servers["weft-base"] = [a.weft_base, "serve", "--model", a.model, "--port", "8398",
+                                    "--ctx-size", str(a.ctx)]
+    chosen = a.servers.split(",") if a.servers else list(all_servers)
+    unknown = [x for x in chosen if x not in all_servers]
+    if unknown:
+        ap.error(f"unknown or unavailable servers {unknown} (weft-base needs --weft-base)")
+    servers = {k: v for k, v in all_servers.items() if k in chosen}
+    if "llama-server" in servers and not os.path.exists(a.llama_server):
+        print(f"no llama-server at {a.llama_server} (scripts/build_llama_server.sh)")
+        return 2
+    urls = {"llama-server": "http://127.0.0.1:8396", "weft": "http://127.0.0.1:8397",
+            "weft-base": "http://127.0.0.1:8398"}
     runs = {k: [] for k in servers}
     for r in range(a.repeat):
         for name, cmd in servers.items():
@@ -164,12 +180,16 @@ def main():
     med = {k: statistics.median(x["output_tokens_per_s"] for x in v) for k, v in runs.items()}
     summary = {"model": a.model, "clients": a.clients, "tokens": a.tokens, "seconds": a.seconds,
                "threads": a.threads, "ctx_per_sequence": a.ctx, "commands": servers,
-               "median_output_tokens_per_s": med,
-               "ratio_weft_over_llama_server": med["weft"] / med["llama-server"], "runs": runs}
+               "median_output_tokens_per_s": med, "runs": runs}
+    if "weft" in med and "llama-server" in med:
+        summary["ratio_weft_over_llama_server"] = med["weft"] / med["llama-server"]
+    if "weft" in med and "weft-base" in med:
+        summary["ratio_weft_over_weft_base"] = med["weft"] / med["weft-base"]
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     json.dump(summary, open(a.out, "w"), indent=1)
-    print(f"median output tok/s: weft {med['weft']:.1f}, llama-server {med['llama-server']:.1f} -> "
-          f"{summary['ratio_weft_over_llama_server']:.2f}x ({a.out})")
+    ratios = ", ".join(f"{k} {v:.2f}x" for k, v in summary.items() if k.startswith("ratio_"))
+    print("median output tok/s: " + ", ".join(f"{k} {v:.1f}" for k, v in med.items()) +
+          (f" -> {ratios}" if ratios else "") + f" ({a.out})")
     return 0
 
 

@@ -399,6 +399,23 @@ TEST(engine, passes_without_decodes_take_the_idle_budget) {
   EXPECT_EQ((*e)->kv().stats().n_blocks_used, 0);
 }
 
+// Runs `e` until idle: the tokens generated (one request's) and the most prompt tokens an output
+// reported served from the prefix cache.
+std::pair<std::vector<int32_t>, int64_t> run_one_counting_cached(engine& e) {
+  int64_t cached = 0;
+  std::vector<int32_t> tokens;
+  while (e.has_work()) {
+    auto r = e.step();
+    EXPECT_TRUE(r.ok());
+    if (!r.ok()) break;
+    for (const auto& o : *r) {
+      cached = std::max(cached, o.cached_prompt_tokens);
+      tokens.insert(tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+  }
+  return {tokens, cached};
+}
+
 TEST(engine, prefix_cache_serves_repeated_prompts) {
   auto l = load_tiny(dense_q(ggml_type::q8_0));
   engine_config ec;
@@ -409,16 +426,7 @@ TEST(engine, prefix_cache_serves_repeated_prompts) {
   ASSERT_TRUE((*e)->add_request(1, p, sp).ok());
   const auto first = run(**e)[1];
   ASSERT_TRUE((*e)->add_request(2, p, sp).ok());
-  int64_t cached = 0;
-  std::vector<int32_t> second;
-  while ((*e)->has_work()) {
-    auto r = (*e)->step();
-    ASSERT_TRUE(r.ok());
-    for (const auto& o : *r) {
-      cached = std::max(cached, o.cached_prompt_tokens);
-      second.insert(second.end(), o.new_tokens.begin(), o.new_tokens.end());
-    }
-  }
+  const auto [second, cached] = run_one_counting_cached(**e);
   EXPECT_EQ(cached, 32);     // two full blocks of 16
   EXPECT_EQ(second, first);  // same numerics with and without the cache
   // A prompt of 33 tokens: the cache serves the first block and 15 tokens of the second (copied
@@ -445,16 +453,7 @@ TEST(engine, prefix_cache_reuses_the_leading_tokens_of_a_block) {
     const auto first = run(**e)[1];
     const int64_t prefilled = (*e)->stats().n_prefill_tokens;
     ASSERT_TRUE((*e)->add_request(2, p, sp).ok());
-    int64_t cached = 0;
-    std::vector<int32_t> second;
-    while ((*e)->has_work()) {
-      auto r = (*e)->step();
-      ASSERT_TRUE(r.ok());
-      for (const auto& o : *r) {
-        cached = std::max(cached, o.cached_prompt_tokens);
-        second.insert(second.end(), o.new_tokens.begin(), o.new_tokens.end());
-      }
-    }
+    const auto [second, cached] = run_one_counting_cached(**e);
     EXPECT_EQ(cached, 38);
     EXPECT_EQ((*e)->stats().n_prefill_tokens - prefilled, 2);
     EXPECT_EQ(second, first) << "temperature " << temperature;
