@@ -45,6 +45,7 @@ result<std::unique_ptr<engine>> engine::create(model& m, const engine_config& co
   kv_cache_config kc;
   kc.layout = m.kv_layout_for(config.block_size);
   kc.n_blocks = config.kv_blocks;
+  kc.leading_token_matches = config.prefix_partial;
   // Routing replay: each token's experts live beside its K/V, so a prefix-cache hit brings them.
   if (config.record_routes)
     kc.slot_payload_bytes = m.hparams().n_layers * m.hparams().n_experts_used;

@@ -58,6 +58,12 @@ struct engine_config {
   int64_t idle_batch_tokens = 0;
   int64_t max_running = 32;  ///< Requests decoding concurrently.
   bool prefix_cache = true;  ///< Reuse cached full blocks of earlier prompts.
+  /// With prefix_cache, also reuse the leading tokens of one more cached block (token-granular,
+  /// kv_cache_config::leading_token_matches). Those rows were computed in another request's pass:
+  /// outputs stay the same where prefill is chunk-invariant (the quantized kernels), while f32
+  /// weights run OpenBLAS, whose rounding can depend on the pass's size. RL rollout engines turn
+  /// it off so that a run repeats bit for bit whatever the timing of admissions.
+  bool prefix_partial = true;
   /// A resumed request may also take cached blocks of its replayed tokens (normally rebuilt with
   /// decode numerics). Exact only when no request's prompt (prefill numerics) holds tokens another
   /// one generated: true for an RL rollout engine, whose continuations after a tool call replay

@@ -107,7 +107,7 @@ std::pair<int32_t, int64_t> kv_cache::partial_match(uint64_t parent,
   const int64_t bs = config_.layout.block_size;
   const int64_t limit = std::min<int64_t>(static_cast<int64_t>(rest.size()) - 1, bs - 1);
   std::pair<int32_t, int64_t> best{-1, 0};
-  if (limit < 1) return best;
+  if (limit < 1 || !config_.leading_token_matches) return best;
   auto [lo, hi] = children_.equal_range(child_key(parent, rest.front()));
   for (auto c = lo; c != hi; ++c) {
     const int32_t b = c->second;

@@ -47,6 +47,9 @@ struct kv_cache_config {
   /// A block's payload moves with the block: copied on copy-on-write, swapped out and in, revived
   /// with it by attach_prefix. It does not travel with export_ranges / prepare_import.
   int64_t slot_payload_bytes = 0;
+  /// attach_prefix / match_prefix go on into one more cached block token by token (false: whole
+  /// blocks only).
+  bool leading_token_matches = true;
 };
 
 /// Block accounting. used + free = total; cached blocks are free blocks that still hold a

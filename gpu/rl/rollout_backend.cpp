@@ -16,6 +16,10 @@ engine_config rollout_engine_config(const model& m, const rollout_engine_params&
   // A continuation after a tool call replays the turns before it (decode numerics) and takes
   // their cached blocks: exact, whatever the cache holds.
   ec.prefix_into_replay = true;
+  // Whole blocks only: a partial block's rows come from whichever sample filled it first, and f32
+  // prefill through OpenBLAS is not chunk-invariant, so reuse inside a block would make the
+  // rollouts depend on admission timing (a resumed run, a rerun with another reward transport).
+  ec.prefix_partial = false;
   // Room for every sample at once (a prompt of ~128 tokens and the completion; the group's
   // samples share their prompt's full blocks), within 1 GiB of KV; beyond that the engine queues
   // or swaps samples. Never less than the longest single request.

@@ -163,6 +163,24 @@ TEST_F(cache_fixture, the_leading_tokens_of_a_cached_block_are_reused) {
   EXPECT_TRUE(kv->check_invariants().ok());
 }
 
+// Whole blocks only when leading-token matches are off (RL rollout engines).
+TEST_F(cache_fixture, leading_token_matches_can_be_turned_off) {
+  kv_cache_config c;
+  c.layout = kv->layout();
+  c.n_blocks = 8;
+  c.leading_token_matches = false;
+  auto whole = kv_cache::create(*dev, c);
+  ASSERT_TRUE(whole.ok());
+  const seq_id a = (*whole)->create_sequence();
+  ASSERT_TRUE((*whole)->reserve(a, 9).ok());
+  ASSERT_TRUE((*whole)->commit(a, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9}).ok());
+  const std::vector<int32_t> diverging = {1, 2, 3, 4, 5, 6, 42, 43};
+  EXPECT_EQ((*whole)->match_prefix(diverging), 4);
+  const seq_id b = (*whole)->create_sequence();
+  EXPECT_EQ(*(*whole)->attach_prefix(b, diverging), 4);
+  EXPECT_TRUE((*whole)->check_invariants().ok());
+}
+
 // The source block of a leading-token match may be the only free block: it is not handed out as
 // the copy's destination, and without room the match is skipped, not failed.
 TEST_F(cache_fixture, a_leading_token_match_without_a_free_block_is_skipped) {
