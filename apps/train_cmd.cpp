@@ -276,6 +276,12 @@ void add_train_command(CLI::App& app, const global_options&) {
                   "when one dies)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--dist-backend", o->dist_backend,
+                  "--trainers > 1: where the gradients are summed: nccl (on the GPUs, in place; "
+                  "every rank on a GPU of its own, --device cuda), ucx (through host memory over "
+                  "the transport), auto (nccl when every rank can, else ucx, saying why)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "nccl", "ucx"}));
   cmd->add_option("--allreduce-timeout-ms", opts->allreduce_timeout_ms,
                   "--trainers > 1: a gradient all-reduce that does not finish by then fails the "
                   "step (the group restarts)")
@@ -337,12 +343,19 @@ void add_train_command(CLI::App& app, const global_options&) {
     if (o->model_path.empty()) o->model_path = serve::default_model_path().string();
     if (opts->trainers == 1) {
       // The group's options do nothing for one process: say so rather than drop them silently.
-      for (const char* name :
-           {"--allreduce-timeout-ms", "--max-restarts", "--ucx-tls", "--ucx-net-devices"}) {
+      for (const char* name : {"--allreduce-timeout-ms", "--max-restarts", "--ucx-tls",
+                               "--ucx-net-devices", "--dist-backend"}) {
         if (cmd->get_option(name)->count() > 0) {
           spdlog::warn("{} applies to trainer groups only (--trainers > 1); ignored", name);
         }
       }
+    }
+    if (opts->trainers > 1 && o->dist_backend == "nccl" &&
+        (o->device.rfind("cuda", 0) != 0 || o->offload_optimizer)) {
+      spdlog::error(
+          "--dist-backend nccl sums the gradients on the GPUs: it needs --device cuda (a GPU "
+          "per rank) without --offload-optimizer");
+      std::exit(2);
     }
     const bool remote_opts = cmd->get_option("--bind")->count() > 0 ||
                              cmd->get_option("--head-port")->count() > 0 ||

@@ -328,8 +328,12 @@ int run_train_group(const train_options& opts) {
     stop_everything(std::nullopt);
     return 1;
   }
-  spdlog::info("{} trainer ranks started; gradients all-reduced over UCX{}", opts.trainers,
-               opts.ucx_tls.empty() ? "" : " (" + opts.ucx_tls + ")");
+  const bool gpus = opts.run.device.rfind("cuda", 0) == 0 && !opts.run.offload_optimizer &&
+                    opts.run.dist_backend != "ucx";
+  spdlog::info("{} trainer ranks started; gradients all-reduced {}", opts.trainers,
+               gpus ? "on the GPUs with NCCL where every rank has one (--dist-backend " +
+                          opts.run.dist_backend + "; rank 0 logs the choice)"
+                    : "over UCX" + (opts.ucx_tls.empty() ? "" : " (" + opts.ucx_tls + ")"));
   // After a stop signal the group finishes its step and checkpoints: give it an all-reduce
   // deadline and a minute for the step and the write.
   const int code =

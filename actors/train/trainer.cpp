@@ -14,14 +14,17 @@
 #include "actors/private_messages.hpp"
 #include "actors/roles.hpp"
 #include "actors/runtime.hpp"
+#include "actors/train/gradient_backend.hpp"
 #include "actors/train/local_rank.hpp"
 #include "actors/train/rank_group.hpp"
 #include "actors/train/shared_files.hpp"
 #include "actors/train/train_atoms.hpp"
+#include "gpu/device.hpp"
 #include "gpu/ggml_types.hpp"
 #include "gpu/train/checkpoint.hpp"
 #include "gpu/train/export.hpp"
 #include "schema/caf_bridge.hpp"
+#include "transport/device_group.hpp"
 #include "transport/engine.hpp"
 #include "transport/peer_group.hpp"
 
@@ -146,6 +149,7 @@ class rank_loop {
           return reduce(grads, loss_sum, loss_tokens);
         },
         cfg_.rank, cfg_.world);
+    if (auto s = choose_backend(); !s.ok()) return s;
     if (auto s = start_point(joined->resume); !s.ok()) return s;
     return loop();
   }
@@ -180,6 +184,59 @@ class rank_loop {
     return {};
   }
 
+  /// --dist-backend (gradient_backend.hpp): with NCCL, the group's device_group and the
+  /// trainer's device reducer; every rank decides the same from every rank's (host, GPU) key.
+  status choose_backend() {
+    if (cfg_.world == 1) return {};
+    const auto& want = cfg_.run.dist_backend;
+    int gpu_index = -1;
+    if (run_->dev && run_->dev->capabilities().kind == gpu::device_kind::cuda &&
+        run_->model->device_resident()) {
+      const auto colon = cfg_.run.device.find(':');
+      gpu_index = colon == std::string::npos ? 0 : std::stoi(cfg_.run.device.substr(colon + 1));
+    }
+    auto keys = all_gather_keys(
+        *peers_, gpu_index < 0 || want == "ucx" ? 0 : device_key(this_host_key(), gpu_index));
+    if (!keys) return keys.error();
+    const auto choice = choose_gradient_backend(want, *keys);
+    if (choice.refused) return fatal("--dist-backend nccl: " + choice.why);
+    if (!choice.device) {
+      if (cfg_.rank == 0)
+        spdlog::info("trainer {}: gradients summed over the transport through host memory: {}",
+                     name_, choice.why);
+      return {};
+    }
+    transport::device_group_options o;
+    o.device = gpu_index;
+    o.timeout_ms = cfg_.allreduce_timeout_ms;
+    auto group = transport::device_group::join(*peers_, o);
+    if (!group) {
+      // Every rank sees the same failure (join agrees on it); a lost peer restarts the group.
+      if (group.error().code == transport::status_code::canceled ||
+          group.error().code == transport::status_code::timeout ||
+          group.error().code == transport::status_code::peer_unreachable)
+        return make_error(errc::unavailable, group.error().to_string());
+      if (want == "nccl") return fatal("--dist-backend nccl: " + group.error().to_string());
+      spdlog::warn(
+          "trainer {}: NCCL group not formed ({}); gradients summed through host memory instead "
+          "(--dist-backend nccl makes this an error)",
+          name_, group.error().to_string());
+      return {};
+    }
+    device_group_ = std::move(*group);
+    spdlog::info("trainer {}: rank {} sums its gradients on GPU {} with {} ({} ranks)", name_,
+                 cfg_.rank, gpu_index, device_group_->engine_name(), device_group_->size());
+    trainer_->set_device_reducer(
+        [this](std::span<const std::span<float>> grads, double& loss_sum, int64_t& loss_tokens) {
+          const auto t0 = std::chrono::steady_clock::now();
+          if (auto s = device_group_->all_reduce_sum(grads); !s.ok()) {
+            return gpu::status{gpu::status_code::internal, "gradient all-reduce: " + s.to_string()};
+          }
+          return reduce_scalars(loss_sum, loss_tokens, t0);
+        });
+    return {};
+  }
+
   /// The gradient reducer: every tensor summed over the group, then the loss sums and the stop
   /// votes (so that every rank stops after the same step).
   gpu::status reduce(std::span<const std::span<float>> grads, double& loss_sum,
@@ -188,6 +245,12 @@ class rank_loop {
     if (auto s = peers_->all_reduce_sum(grads); !s.ok()) {
       return {gpu::status_code::internal, "gradient all-reduce: " + s.to_string()};
     }
+    return reduce_scalars(loss_sum, loss_tokens, t0);
+  }
+
+  /// The loss sums and the stop votes over the group; the reduction's time since `t0`.
+  gpu::status reduce_scalars(double& loss_sum, int64_t& loss_tokens,
+                             std::chrono::steady_clock::time_point t0) {
     double scalars[3] = {loss_sum, static_cast<double>(loss_tokens),
                          shared_->stop_requested.load() ? 1.0 : 0.0};
     if (auto s = peers_->all_reduce_sum(std::span<double>(scalars, 3)); !s.ok()) {
@@ -359,6 +422,7 @@ class rank_loop {
   std::optional<sft_run> run_;
   std::unique_ptr<transport::peer_group> peers_;
   std::unique_ptr<sft_trainer> trainer_;
+  std::unique_ptr<transport::device_group> device_group_;  ///< --dist-backend nccl
   double reduce_seconds_ = 0.0;
   double stop_votes_ = 0.0;
   uint16_t generation_ = 0;

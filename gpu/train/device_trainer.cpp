@@ -616,6 +616,16 @@ status device_trainer::push_gradients(const std::vector<parameter<float>>& param
   return dev_.synchronize();
 }
 
+result<std::vector<std::span<float>>> device_trainer::gradient_buffers(
+    std::vector<parameter<float>>& params, bool upload_params) {
+  WEFT_TRY(prepare(params, upload_params));
+  WEFT_TRY(dev_.synchronize());
+  std::vector<std::span<float>> out;
+  for (size_t i = 0; i < params.size(); ++i)
+    out.emplace_back(s_->grad[i].get<float>(), params[i].grad.size());
+  return out;
+}
+
 result<double> device_trainer::optimizer_step(adamw& opt, std::span<const uint8_t> decay,
                                               float grad_scale, double max_norm, double lr,
                                               int64_t step) {

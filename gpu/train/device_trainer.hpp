@@ -68,6 +68,10 @@ class device_trainer {
   /// Overwrites the host gradients with the device's, or the device's with the host's.
   status pull_gradients(std::vector<parameter<float>>& params);
   status push_gradients(const std::vector<parameter<float>>& params);
+  /// The device's gradient buffers, one per parameter, after prepare(params, upload) and with the
+  /// device's queued work finished (another engine may read and write them, e.g. NCCL).
+  result<std::vector<std::span<float>>> gradient_buffers(std::vector<parameter<float>>& params,
+                                                         bool upload);
   /// Brings the device's state to where a forward_backward starts: `params` uploaded when
   /// `upload` is set or nothing is there yet, the gradients zeroed when a zero_grads (or the
   /// offloaded split) asks for it. An update without any forward_backward since zero_grads (RL: a

@@ -42,6 +42,7 @@ nlohmann::json to_json(const sft_run_options& o) {
           {"router_aux_loss_coef", o.router_aux_loss_coef},
           {"device", o.device},
           {"offload_optimizer", o.offload_optimizer},
+          {"dist_backend", o.dist_backend},
           {"checkpoint_dir", o.checkpoint_dir},
           {"checkpoint_every", o.checkpoint_every},
           {"keep_checkpoints", o.keep_checkpoints},
@@ -83,6 +84,7 @@ result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j) {
     o.router_aux_loss_coef = j.value("router_aux_loss_coef", o.router_aux_loss_coef);
     o.device = j.value("device", o.device);
     o.offload_optimizer = j.value("offload_optimizer", o.offload_optimizer);
+    o.dist_backend = j.value("dist_backend", o.dist_backend);
     o.checkpoint_dir = j.value("checkpoint_dir", o.checkpoint_dir);
     o.checkpoint_every = j.value("checkpoint_every", o.checkpoint_every);
     o.keep_checkpoints = j.value("keep_checkpoints", o.keep_checkpoints);
@@ -102,6 +104,8 @@ result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j) {
       !(o.max_grad_norm >= 0)) {
     return bad("hyperparameters out of range");
   }
+  if (o.dist_backend != "auto" && o.dist_backend != "nccl" && o.dist_backend != "ucx")
+    return bad("dist_backend must be auto, nccl or ucx, not '" + o.dist_backend + "'");
   if (o.save_type != "f32" && o.save_type != "f16" && o.save_type != "bf16" &&
       o.save_type != "q8_0") {
     return bad("save_type must be f32, f16, bf16 or q8_0, not '" + o.save_type + "'");

@@ -46,6 +46,10 @@ struct sft_run_options {
   std::string device = "cpu";
   /// With a device: master weights and AdamW on the host (sft_config::offload_optimizer).
   bool offload_optimizer = false;
+  /// Trainer groups: where the gradients are summed — "nccl" (on the GPUs, in place), "ucx"
+  /// (through host memory over the transport) or "auto" (nccl when every rank trains
+  /// device-resident on a GPU of its own). actors/train/gradient_backend.hpp.
+  std::string dist_backend = "auto";
   std::string checkpoint_dir;
   int64_t checkpoint_every = 50;
   int keep_checkpoints = 2;

@@ -55,7 +55,11 @@ result<step_record> sft_trainer::step() {
   const double lr = config_.schedule.at(step_);
   result<double> norm = 0.0;
   if (model_.device_resident()) {
-    if (reduce_) {
+    if (device_reduce_) {
+      auto grads = model_.device_gradients();
+      if (!grads) return grads.error();
+      if (auto st = device_reduce_(*grads, loss_sum, loss_tokens); !st) return st;
+    } else if (reduce_) {
       if (auto st = model_.pull_gradients(); !st) return st;
       if (auto st = reduce_(model_.gradients(), loss_sum, loss_tokens); !st) return st;
       if (auto st = model_.push_gradients(); !st) return st;

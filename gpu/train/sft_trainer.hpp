@@ -41,12 +41,21 @@ struct sft_config {
 using gradient_reducer = std::function<status(std::span<const std::span<float>> grads,
                                               double& loss_sum, int64_t& loss_tokens)>;
 
+/// The same for gradients that stay in device memory (device-resident training): `grads` are the
+/// device's buffers (trainable_model::device_gradients), summed in place, e.g. by NCCL.
+using device_gradient_reducer = std::function<status(std::span<const std::span<float>> grads,
+                                                     double& loss_sum, int64_t& loss_tokens)>;
+
 class sft_trainer {
  public:
   /// `rank` of `world` ranks trains on its share of every step's examples (sft_sampler::next_step
   /// balances the ranks' tokens).
   sft_trainer(trainable_model<float>& model, const sft_dataset& data, const sft_config& config,
               gradient_reducer reduce = nullptr, int rank = 0, int world = 1);
+
+  /// With a device-resident model: sum the gradients where they are with `reduce` instead of
+  /// copying them to the host for the reducer given at construction (which then is not called).
+  void set_device_reducer(device_gradient_reducer reduce) { device_reduce_ = std::move(reduce); }
 
   /// One optimizer update; its record (mean loss over the step's loss tokens, lr, norm).
   result<step_record> step();
@@ -74,6 +83,7 @@ class sft_trainer {
   sft_config config_;
   sft_sampler sampler_;
   gradient_reducer reduce_;
+  device_gradient_reducer device_reduce_;
   int rank_, world_;
   adamw opt_;
   int64_t step_ = 0;

@@ -269,7 +269,12 @@ result<double> trainable_model<T>::device_step(adamw& opt, std::span<const uint8
 template <class T>
 status trainable_model<T>::pull_gradients() {
   if constexpr (std::is_same_v<T, float>) {
-    if (device_resident()) return device_->pull_gradients(params_);
+    if (device_resident()) {
+      // A rank without a micro-batch this step has zero gradients, not the last step's.
+      if (auto st = device_->prepare(params_, params_changed_); !st) return st;
+      params_changed_ = false;
+      return device_->pull_gradients(params_);
+    }
   }
   return {status_code::internal, "pull_gradients needs device-resident training"};
 }
@@ -280,6 +285,18 @@ status trainable_model<T>::push_gradients() {
     if (device_resident()) return device_->push_gradients(params_);
   }
   return {status_code::internal, "push_gradients needs device-resident training"};
+}
+
+template <class T>
+result<std::vector<std::span<float>>> trainable_model<T>::device_gradients() {
+  if constexpr (std::is_same_v<T, float>) {
+    if (device_resident()) {
+      auto g = device_->gradient_buffers(params_, params_changed_);
+      if (g) params_changed_ = false;
+      return g;
+    }
+  }
+  return status{status_code::internal, "device_gradients needs device-resident training"};
 }
 
 template <class T>

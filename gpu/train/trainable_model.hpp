@@ -168,6 +168,10 @@ class trainable_model {
   /// runs on the host), and back.
   status pull_gradients();
   status push_gradients();
+  /// Resident mode: the device's gradient buffers themselves, one per parameter (zeroed if no
+  /// forward/backward ran since zero_grad), with the device's queued work finished — for a
+  /// reduction that runs on the device (NCCL) and leaves its sums in place.
+  result<std::vector<std::span<float>>> device_gradients();
   /// Brings the host parameters (and `opt`'s moments, when given) up to date with the device's; a
   /// no-op when they are. Needed before reading the parameters after device_step (checkpoints,
   /// export: export_gguf refuses a stale copy).

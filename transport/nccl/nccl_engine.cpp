@@ -108,7 +108,7 @@ class nccl_engine final : public engine {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (comm_ != nullptr) {
-        if (!ops_.empty())
+        if (!ops_.empty() || settle(ncclCommFinalize(comm_)) != ncclSuccess)
           ncclCommAbort(comm_);
         else
           ncclCommDestroy(comm_);
@@ -221,15 +221,38 @@ class nccl_engine final : public engine {
     }
     ncclUniqueId id;
     std::memcpy(&id, id_bytes.data(), sizeof id);
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (comm_ != nullptr)
-      return make_status(status_code::invalid_argument, "nccl: already in a group");
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (comm_ != nullptr || joining_)
+        return make_status(status_code::invalid_argument, "nccl: already in a group");
+      joining_ = true;
+    }
+    // Non-blocking init, polled against the deadline: a member that never joins (it died, or
+    // never started) fails the call here instead of blocking this thread forever.
     cudaSetDevice(s_.device);
-    ncclResult_t r = ncclCommInitRank(&comm_, s_.world_size, id, s_.rank);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, s_.world_size, id, s_.rank, &cfg);
+    const auto deadline = clock::now() + std::chrono::milliseconds(config_.default_timeout_ms);
+    while (r == ncclInProgress && clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    joining_ = false;
+    if (r == ncclInProgress) {
+      ncclCommAbort(comm);
+      return make_status(status_code::timeout,
+                         "nccl: ncclCommInitRank: not every rank of " +
+                             std::to_string(s_.world_size) + " joined within " +
+                             std::to_string(config_.default_timeout_ms) + " ms");
+    }
     if (r != ncclSuccess) {
-      comm_ = nullptr;
+      if (comm != nullptr) ncclCommAbort(comm);
       return from_nccl(r, "ncclCommInitRank");
     }
+    comm_ = comm;
     return peer_of_rank(0);
   }
 
@@ -343,8 +366,8 @@ class nccl_engine final : public engine {
     auto p = span_of(local, offset, size);
     if (!p) return p.error();
     int rank = static_cast<int>(peer.id - 1);
-    ncclResult_t r = is_send ? ncclSend(*p, size, ncclUint8, rank, comm_, stream_)
-                             : ncclRecv(*p, size, ncclUint8, rank, comm_, stream_);
+    ncclResult_t r = settle(is_send ? ncclSend(*p, size, ncclUint8, rank, comm_, stream_)
+                                    : ncclRecv(*p, size, ncclUint8, rank, comm_, stream_));
     if (r != ncclSuccess) return from_nccl(r, is_send ? "ncclSend" : "ncclRecv");
     return track(is_send ? "send" : "recv", size, options, std::move(on_done));
   }
@@ -362,12 +385,22 @@ class nccl_engine final : public engine {
       return make_status(status_code::invalid_argument, "nccl: root rank outside the group");
     }
     const void* src = send ? static_cast<const void*>(*send) : nullptr;
-    ncclResult_t r = bcast ? ncclBroadcast(src, *recv, rq.count, nccl_type(rq.type), rq.root_rank,
-                                           comm_, stream_)
-                           : ncclAllReduce(src, *recv, rq.count, nccl_type(rq.type), nccl_op(rq.op),
-                                           comm_, stream_);
+    ncclResult_t r = settle(bcast ? ncclBroadcast(src, *recv, rq.count, nccl_type(rq.type),
+                                                  rq.root_rank, comm_, stream_)
+                                  : ncclAllReduce(src, *recv, rq.count, nccl_type(rq.type),
+                                                  nccl_op(rq.op), comm_, stream_));
     if (r != ncclSuccess) return from_nccl(r, bcast ? "ncclBroadcast" : "ncclAllReduce");
     return track(bcast ? "broadcast" : "all_reduce", size, rq.options, std::move(on_done));
+  }
+
+  // mutex_ held. The communicator is non-blocking: a call may return ncclInProgress while NCCL
+  // finishes enqueuing it, and nothing else may be called on the communicator until it has.
+  ncclResult_t settle(ncclResult_t r) {
+    while (r == ncclInProgress) {
+      std::this_thread::yield();
+      if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) break;
+    }
+    return r;
   }
 
   // mutex_ held.
@@ -436,6 +469,7 @@ class nccl_engine final : public engine {
   ncclComm_t comm_ = nullptr;
   ncclUniqueId group_id_{};
   bool has_group_id_ = false;
+  bool joining_ = false;
   bool aborted_ = false;
   std::uint64_t next_id_ = 1;
   std::unordered_map<std::uint64_t, std::pair<region, bool>> regions_;  // region, allocated

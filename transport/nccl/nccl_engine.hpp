@@ -7,7 +7,8 @@
 /// Params: "nccl.rank" (required), "nccl.world_size" (required), "nccl.device" (default 0).
 /// Group bootstrap over the control plane: rank 0's local_address() is the group id (an
 /// ncclUniqueId); every rank, rank 0 included, calls connect(group id), which joins the
-/// communicator (blocking until all ranks joined) and returns the handle of rank 0. The handle
+/// communicator (blocking until all ranks joined, or failing with timeout when they have not
+/// within engine_config::default_timeout_ms) and returns the handle of rank 0. The handle
 /// of rank r is peer_of_rank(r). Regions must be GPU memory (allocate_memory(n, gpu) or
 /// register_memory(device_ptr, n, gpu)). There is no one-sided access and tags are not matched:
 /// send/recv pair up in issue order per peer, as in NCCL. A missed deadline aborts the

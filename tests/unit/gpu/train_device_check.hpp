@@ -185,6 +185,25 @@ struct resident_training_diff {
   bool resume_exact = true;  ///< A device run resumed from its checkpoint matched its straight run.
 };
 
+/// `examples` random examples of 6-19 tokens of the tiny vocabulary, the first `prompt` tokens of
+/// each out of the loss.
+inline train::sft_dataset random_sft_data(uint32_t seed, int examples, int prompt) {
+  std::mt19937 rng(seed);
+  train::sft_dataset data;
+  for (int e = 0; e < examples; ++e) {
+    train::sft_example ex;
+    const int n = 6 + static_cast<int>(rng() % 14);
+    for (int i = 0; i < n; ++i) {
+      ex.tokens.push_back(static_cast<int32_t>(3 + rng() % 290));
+      ex.in_loss.push_back(i >= prompt ? 1 : 0);
+    }
+    data.tokens += n;
+    data.loss_tokens += n - prompt;
+    data.examples.push_back(std::move(ex));
+  }
+  return data;
+}
+
 /// sft_trainer on the host against the same loop on `dev` — device-resident (AdamW on the device)
 /// or with the optimizer offloaded — over `steps` updates of micro-batches with weight decay,
 /// warmup and clipping that engages; then a device run cut at step 2, snapshotted, restored into a
@@ -203,19 +222,7 @@ inline resident_training_diff compare_resident_training(device& dev, bool offloa
     }
     return std::move(m.value());
   };
-  std::mt19937 rng(11);
-  sft_dataset data;
-  for (int e = 0; e < 12; ++e) {
-    sft_example ex;
-    const int n = 6 + static_cast<int>(rng() % 14);
-    for (int i = 0; i < n; ++i) {
-      ex.tokens.push_back(static_cast<int32_t>(3 + rng() % 290));
-      ex.in_loss.push_back(i >= 3 ? 1 : 0);
-    }
-    data.tokens += n;
-    data.loss_tokens += n - 3;
-    data.examples.push_back(std::move(ex));
-  }
+  const sft_dataset data = random_sft_data(11, 12, 3);
   sft_config sc;
   sc.seed = 3;
   sc.step_tokens = 48;

@@ -2,7 +2,10 @@
 // upload on change, gradients added into the host's) gives the host path's bits.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <limits>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "gpu/device.hpp"
@@ -48,6 +51,128 @@ TEST(trainable_model_on_a_device, resident_and_offloaded_steps_give_the_host_loo
   EXPECT_LE(offloaded.norm_rel, 1e-5);
   EXPECT_LE(offloaded.moment_rel, 1e-4);
   EXPECT_TRUE(offloaded.resume_exact);
+}
+
+/// Where two ranks' reducers meet (threads standing in for processes): each hands over its
+/// pieces; the last to arrive writes rank 0's + rank 1's (in that order) into both.
+class two_rank_sum {
+ public:
+  weft::gpu::status sum(int rank, std::span<const std::span<float>> pieces, double& loss,
+                        int64_t& tokens) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t gen = gen_;
+    posted_[rank] = {pieces, &loss, &tokens};
+    if (++arrived_ < 2) {
+      cv_.wait(lock, [&] { return gen_ != gen; });
+      return {};
+    }
+    auto& a = posted_[0];
+    auto& b = posted_[1];
+    if (a.pieces.size() != b.pieces.size())
+      return {weft::gpu::status_code::internal, "ranks sent different tensor counts"};
+    for (size_t i = 0; i < a.pieces.size(); ++i) {
+      for (size_t j = 0; j < a.pieces[i].size(); ++j) {
+        const float x = a.pieces[i][j] + b.pieces[i][j];
+        a.pieces[i][j] = x;
+        b.pieces[i][j] = x;
+      }
+    }
+    *a.loss = *b.loss = *a.loss + *b.loss;
+    *a.tokens = *b.tokens = *a.tokens + *b.tokens;
+    arrived_ = 0;
+    ++gen_;
+    cv_.notify_all();
+    return {};
+  }
+
+ private:
+  struct post {
+    std::span<const std::span<float>> pieces;
+    double* loss = nullptr;
+    int64_t* tokens = nullptr;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  post posted_[2];
+  int arrived_ = 0;
+  uint64_t gen_ = 0;
+};
+
+TEST(trainable_model_on_a_device, data_parallel_sums_in_device_memory_give_the_host_sums_bits) {
+  // Two device-resident ranks: the gradients summed in the devices' own buffers (what NCCL does
+  // with --dist-backend nccl; sft_trainer::set_device_reducer) against copied to the host,
+  // summed there and copied back (--dist-backend ucx): the same updates, bit for bit.
+  using namespace weft::gpu::train;
+  auto img = make_tiny_model(weft::gpu::testing::training_model_config(true));
+  ASSERT_TRUE(img.ok());
+  const sft_dataset data = weft::gpu::testing::random_sft_data(5, 16, 2);
+  sft_config sc;
+  sc.seed = 9;
+  sc.step_tokens = 64;
+  sc.micro_batch_tokens = 20;
+  sc.schedule.peak = 2e-3;
+  sc.schedule.total_steps = 3;
+  sc.max_grad_norm = 0.5;
+  auto run = [&](bool in_device_memory) {
+    two_rank_sum meet;
+    std::vector<checkpoint_state> out(2);
+    std::vector<std::vector<step_record>> history(2);
+    std::vector<std::pair<int, int>> calls(2);  ///< host, device reducer calls by rank
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        auto dev = device_registry::instance().create("cpu", device_config{1, 0});
+        ASSERT_TRUE(dev.ok());
+        auto f = gguf_file::parse(*img);
+        ASSERT_TRUE(f.ok());
+        auto m = trainable_model<float>::load(*f);
+        ASSERT_TRUE(m.ok());
+        ASSERT_TRUE((*m)->use_device(dev->get()).ok());
+        auto host_reduce = [&meet, &calls, r](std::span<const std::span<float>> g, double& loss,
+                                              int64_t& tokens) {
+          ++calls[static_cast<size_t>(r)].first;
+          return meet.sum(r, g, loss, tokens);
+        };
+        sft_trainer t(**m, data, sc, host_reduce, r, 2);
+        if (in_device_memory) {
+          t.set_device_reducer([&meet, &calls, &m, r](std::span<const std::span<float>> g,
+                                                      double& loss, int64_t& tokens) {
+            ++calls[static_cast<size_t>(r)].second;
+            // The device's own buffers, not the host copies.
+            EXPECT_NE(g.front().data(), (*m)->gradients().front().data());
+            return meet.sum(r, g, loss, tokens);
+          });
+        }
+        ASSERT_TRUE((*m)->device_resident());
+        for (int i = 0; i < 3; ++i) {
+          auto s = t.step();
+          ASSERT_TRUE(s.ok()) << s.error().to_string();
+        }
+        auto snap = t.snapshot();
+        ASSERT_TRUE(snap.ok());
+        out[static_cast<size_t>(r)] = std::move(*snap);
+        history[static_cast<size_t>(r)] = t.history();
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (const auto& [host_calls, device_calls] : calls) {
+      EXPECT_EQ(host_calls, in_device_memory ? 0 : 3);
+      EXPECT_EQ(device_calls, in_device_memory ? 3 : 0);
+    }
+    return std::make_pair(std::move(out), std::move(history));
+  };
+  const auto [host, host_history] = run(false);
+  const auto [device, device_history] = run(true);
+  ASSERT_EQ(host.size(), 2u);
+  EXPECT_EQ(device_history[0], host_history[0]);
+  EXPECT_EQ(device_history[1], device_history[0]);
+  EXPECT_EQ(device[0].values, host[0].values);
+  EXPECT_EQ(device[1].values, device[0].values);
+  EXPECT_EQ(device[0].m, host[0].m);
+  EXPECT_EQ(device[0].v, host[0].v);
+  // The ranks really trained (the updates moved the weights, the losses are finite).
+  EXPECT_GT(host_history[0].size(), 0u);
+  EXPECT_TRUE(std::isfinite(host_history[0].back().loss));
 }
 
 TEST(trainable_model_on_a_device, resident_state_is_guarded) {
