@@ -13,6 +13,9 @@
 #include "gpu/train/train_ops.hpp"
 #include "rl_test_support.hpp"
 #include "train_device_check.hpp"
+#include "transport/device_group.hpp"
+#include "transport/peer_group.hpp"
+#include "transport/registry.hpp"
 
 namespace {
 
@@ -293,6 +296,66 @@ TEST(cuda_vs_cpu_train, grpo_with_trainer_reference_and_rollout_engine_on_cuda_m
   auto eb = cuda->evaluate();
   ASSERT_TRUE(ea.ok() && eb.ok());
   EXPECT_EQ(ea->completion_len, eb->completion_len);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(cuda_vs_cpu_train, nccl_group_of_one_gpu_sums_the_device_gradients_in_place) {
+  // `weft train --dist-backend nccl`'s mechanics on one GPU (the most a single-GPU machine can
+  // run): a device_group of one rank over the NCCL engine, bootstrapped over a peer group, sums
+  // the trainer's device gradient buffers in place — an identity for one rank, so the updates
+  // equal a run without a reducer, bit for bit. Checks the registration of the device's buffers,
+  // the ordering between the trainer's stream and NCCL's, and completion.
+  using namespace weft::gpu::train;
+  dev_ctx gpu("cuda");
+  if (!gpu.d) GTEST_SKIP() << "no CUDA device can be opened here (the CUDA backend did not run)";
+  auto boot = weft::transport::make_engine("inproc", {});
+  ASSERT_TRUE(boot.ok());
+  auto address = (*boot)->local_address();
+  ASSERT_TRUE(address.ok());
+  auto peers = weft::transport::peer_group::connect(**boot, 0, {*address});
+  ASSERT_TRUE(peers.ok());
+  weft::transport::device_group_options o;
+  o.timeout_ms = 30'000;
+  auto group = weft::transport::device_group::join(**peers, o);
+  ASSERT_TRUE(group.ok()) << group.error().to_string();
+  auto img = make_tiny_model(training_model_config(true));
+  ASSERT_TRUE(img.ok());
+  const sft_dataset data = random_sft_data(7, 12, 3);
+  sft_config sc;
+  sc.seed = 4;
+  sc.step_tokens = 48;
+  sc.micro_batch_tokens = 20;
+  sc.schedule.peak = 2e-3;
+  sc.schedule.total_steps = 3;
+  std::vector<std::vector<step_record>> history;
+  std::vector<checkpoint_state> state;
+  int calls = 0;
+  for (bool nccl : {false, true}) {
+    auto f = gguf_file::parse(*img);
+    ASSERT_TRUE(f.ok());
+    auto m = trainable_model<float>::load(*f);
+    ASSERT_TRUE(m.ok());
+    ASSERT_TRUE((*m)->use_device(gpu.d.get()).ok());
+    sft_trainer t(**m, data, sc);
+    if (nccl) {
+      t.set_device_reducer([&](std::span<const std::span<float>> g, double&, int64_t&) {
+        ++calls;
+        auto s = (*group)->all_reduce_sum(g);
+        return s.ok() ? status{} : status{status_code::internal, s.to_string()};
+      });
+    }
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(t.step().ok());
+    auto snap = t.snapshot();
+    ASSERT_TRUE(snap.ok());
+    history.push_back(t.history());
+    state.push_back(std::move(*snap));
+  }
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(history[0], history[1]);
+  EXPECT_EQ(state[0].values, state[1].values);
 }
 
 }  // namespace

@@ -250,5 +250,24 @@ TEST_F(device_group_test, an_unknown_engine_fails_the_join_on_every_rank) {
   }
 }
 
+TEST(device_group_of_one, joins_and_leaves_its_pieces_as_they_are) {
+  // A group of one rank (`weft train` on one GPU with a device reducer): nothing to wait for.
+  register_fakes();
+  auto e = make_engine("inproc", {});
+  ASSERT_TRUE(e.ok());
+  auto a = (*e)->local_address();
+  ASSERT_TRUE(a.ok());
+  auto peers = peer_group::connect(**e, 0, {*a});
+  ASSERT_TRUE(peers.ok());
+  device_group_options o;
+  o.engine = "fake-collectives";
+  auto g = device_group::join(**peers, o);
+  ASSERT_TRUE(g.ok()) << g.error().to_string();
+  std::vector<float> v = {1.5f, -2.0f, 3.25f};
+  const std::span<float> pieces[1] = {v};
+  ASSERT_TRUE((*g)->all_reduce_sum(pieces).ok());
+  EXPECT_EQ(v, (std::vector<float>{1.5f, -2.0f, 3.25f}));
+}
+
 }  // namespace
 }  // namespace weft::transport::testing
