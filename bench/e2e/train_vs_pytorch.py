@@ -10,6 +10,11 @@ weights on the host; PyTorch: all on the GPU, f32 without TF32).
 
 Prints tokens/s of both and their ratio per repeat (median over repeats), weft's share of this host's
 SGEMM ceiling, and the checkpoint save time and async stall (docs/training.md).
+
+Each repeat runs both sides in fresh processes (weft's bench binary, and this script again for
+PyTorch), in alternating order (weft first in odd repeats, PyTorch first in even ones), so that
+neither side keeps warm state from an earlier repeat and a host that speeds up or slows down during
+the run does not favour the side that always goes second.
 """
 import argparse
 import json
@@ -49,7 +54,10 @@ def torch_step_rate(model_path, batch, threads, steps, device="cpu"):
         ids = [torch.tensor([seq], device=where) for seq in batch]
     n_tokens = sum(len(s) for s in batch)
     times = []
-    for i in range(steps + 1):  # the first step warms up
+    # PyTorch eager on the CPU takes two steps to reach its pace (measured here: 12.0 and 10.7 s,
+    # then 5.9-8.6 s a step): both are warm-up and not counted.
+    warmup = 2
+    for i in range(steps + warmup):
         t0 = time.perf_counter()
         opt.zero_grad()
         total = 0
@@ -61,7 +69,7 @@ def torch_step_rate(model_path, batch, threads, steps, device="cpu"):
         opt.step()
         if cuda:
             torch.cuda.synchronize()
-        if i > 0:
+        if i >= warmup:
             times.append(time.perf_counter() - t0)
     times.sort()
     return n_tokens / times[len(times) // 2], times
@@ -82,20 +90,50 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for both trainers")
     ap.add_argument("--offload-optimizer", action="store_true",
                     help="with --device: weft keeps the weights and AdamW on the host (ZeRO-Offload)")
+    ap.add_argument("--torch-worker", default="",
+                    help=argparse.SUPPRESS)  # internal: run PyTorch on this batch file, print JSON
     a = ap.parse_args()
+    if a.torch_worker:
+        rate, times = torch_step_rate(a.model, json.load(open(a.torch_worker)), a.threads,
+                                      a.steps, a.device)
+        print(json.dumps({"rate": rate, "times": times}))
+        return 0
+
+    def run_weft(tmp):
+        j = os.path.join(tmp, "weft.json")
+        subprocess.run([a.bench, "--model", a.model, "--threads", str(a.threads), "--seqs",
+                        str(a.seqs), "--seq-tokens", str(a.seq_tokens), "--steps",
+                        str(a.steps), "--json", j, "--device", a.device,
+                        "--offload-optimizer", "1" if a.offload_optimizer else "0"], check=True)
+        return json.load(open(j))
+
+    def run_torch(tmp, batch):
+        f = os.path.join(tmp, "batch.json")
+        json.dump(batch, open(f, "w"))
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--bench", a.bench,
+                              "--model", a.model, "--threads", str(a.threads), "--steps",
+                              str(a.steps), "--device", a.device, "--torch-worker", f],
+                             check=True, capture_output=True, text=True).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        return r["rate"], r["times"]
 
     runs = []
+    batch = None
     for r in range(a.repeat):
         with tempfile.TemporaryDirectory() as tmp:
-            j = os.path.join(tmp, "weft.json")
-            subprocess.run([a.bench, "--model", a.model, "--threads", str(a.threads), "--seqs",
-                            str(a.seqs), "--seq-tokens", str(a.seq_tokens), "--steps",
-                            str(a.steps), "--json", j, "--device", a.device,
-                            "--offload-optimizer", "1" if a.offload_optimizer else "0"], check=True)
-            weft = json.load(open(j))
-        rate, times = torch_step_rate(a.model, weft.pop("batch"), a.threads, a.steps, a.device)
+            # The batch is weft's (its data pipeline makes it): the first repeat runs weft first.
+            torch_first = r % 2 == 1 and batch is not None
+            if torch_first:
+                rate, times = run_torch(tmp, batch)
+                weft = run_weft(tmp)
+                weft.pop("batch")
+            else:
+                weft = run_weft(tmp)
+                batch = weft.pop("batch")
+                rate, times = run_torch(tmp, batch)
         runs.append({"weft": weft, "torch_tokens_per_s": rate, "torch_step_s": times,
-                     "ratio": weft["tokens_per_s"] / rate})
+                     "ratio": weft["tokens_per_s"] / rate,
+                     "order": "pytorch, weft" if torch_first else "weft, pytorch"})
         where = (f"weft at {100 * weft['ceiling_share']:.1f}% of the SGEMM peak"
                  if a.device == "cpu" else f"on {weft['device']}")
         print(f"repeat {r + 1}: weft {weft['tokens_per_s']:.0f} tok/s, PyTorch eager {rate:.0f} "
