@@ -324,12 +324,7 @@ TEST(cuda_vs_cpu_train, nccl_group_of_one_gpu_sums_the_device_gradients_in_place
   auto img = make_tiny_model(training_model_config(true));
   ASSERT_TRUE(img.ok());
   const sft_dataset data = random_sft_data(7, 12, 3);
-  sft_config sc;
-  sc.seed = 4;
-  sc.step_tokens = 48;
-  sc.micro_batch_tokens = 20;
-  sc.schedule.peak = 2e-3;
-  sc.schedule.total_steps = 3;
+  const sft_config sc = small_sft_config(4, 48, 3);
   std::vector<std::vector<step_record>> history;
   std::vector<checkpoint_state> state;
   int calls = 0;

@@ -204,6 +204,18 @@ inline train::sft_dataset random_sft_data(uint32_t seed, int examples, int promp
   return data;
 }
 
+/// The loop's settings for the tiny model: updates of `step_tokens` in micro-batches of 20 (two or
+/// three per update), lr 2e-3 over `steps` updates.
+inline train::sft_config small_sft_config(uint64_t seed, int64_t step_tokens, int64_t steps) {
+  train::sft_config sc;
+  sc.seed = seed;
+  sc.step_tokens = step_tokens;
+  sc.micro_batch_tokens = 20;
+  sc.schedule.peak = 2e-3;
+  sc.schedule.total_steps = steps;
+  return sc;
+}
+
 /// sft_trainer on the host against the same loop on `dev` — device-resident (AdamW on the device)
 /// or with the optimizer offloaded — over `steps` updates of micro-batches with weight decay,
 /// warmup and clipping that engages; then a device run cut at step 2, snapshotted, restored into a
@@ -223,13 +235,8 @@ inline resident_training_diff compare_resident_training(device& dev, bool offloa
     return std::move(m.value());
   };
   const sft_dataset data = random_sft_data(11, 12, 3);
-  sft_config sc;
-  sc.seed = 3;
-  sc.step_tokens = 48;
-  sc.micro_batch_tokens = 20;  // two or three micro-batches per step
-  sc.schedule.peak = 2e-3;
+  sft_config sc = small_sft_config(3, 48, steps);
   sc.schedule.warmup_steps = 1;
-  sc.schedule.total_steps = steps;
   sc.adamw.weight_decay = 0.1;
   sc.max_grad_norm = 0.5;  // below the tiny model's norms: clipping engages
   sc.offload_optimizer = offload;

@@ -106,12 +106,7 @@ TEST(trainable_model_on_a_device, data_parallel_sums_in_device_memory_give_the_h
   auto img = make_tiny_model(weft::gpu::testing::training_model_config(true));
   ASSERT_TRUE(img.ok());
   const sft_dataset data = weft::gpu::testing::random_sft_data(5, 16, 2);
-  sft_config sc;
-  sc.seed = 9;
-  sc.step_tokens = 64;
-  sc.micro_batch_tokens = 20;
-  sc.schedule.peak = 2e-3;
-  sc.schedule.total_steps = 3;
+  sft_config sc = weft::gpu::testing::small_sft_config(9, 64, 3);
   sc.max_grad_norm = 0.5;
   auto run = [&](bool in_device_memory) {
     two_rank_sum meet;
