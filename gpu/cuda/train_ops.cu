@@ -368,7 +368,7 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= n) return;
   float pj = p[j];
-  const float gj = g[j];
+  const float gj = __fmul_rn(__fmul_rn(g[j], s.grad_scale), s.clip);
   if (decay) pj *= s.keep;
   const float mj = s.beta1 * m[j] + (1.0f - s.beta1) * gj;
   const float vj = s.beta2 * v[j] + (1.0f - s.beta2) * gj * gj;

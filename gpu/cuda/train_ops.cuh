@@ -71,6 +71,7 @@ int launch_sum_squares(const float* x, int64_t n, double* acc, double* partial, 
 /// AdamW's constants (gpu/train/optimizer.hpp's adamw_scalars).
 struct adamw_args {
   float step_size = 0, sqrt_bc2 = 1, eps = 0, keep = 1, beta1 = 0, beta2 = 0;
+  float grad_scale = 1, clip = 1;  ///< g is read as (g · grad_scale) · clip
 };
 /// AdamW's element update over one tensor (adamw_update_range).
 int launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, bool decay,

@@ -683,25 +683,16 @@ status grpo_loop::train_groups(const std::vector<rollout_sample>& samples, int64
 }
 
 status grpo_loop::apply_update(double scale, rl_step_record& rec) {
-  if (scale != 1.0) {
-    const auto f = static_cast<float>(scale);
-    for (auto g : model_->gradients()) {
-      float* x = g.data();
-      const auto n = static_cast<int64_t>(g.size());
-      train::parallel_ranges(n, n >= (1 << 20) ? std::max(1, config_.shares) : 1,
-                             [x, f](int64_t lo, int64_t hi) {
-                               for (int64_t i = lo; i < hi; ++i) x[i] *= f;
-                             });
-    }
-  }
-  std::vector<std::span<float>> grads, values;
+  std::vector<std::span<const float>> grads;
+  std::vector<std::span<float>> values;
   for (auto& p : model_->parameters()) {
     grads.emplace_back(p.grad);
     values.emplace_back(p.value);
   }
   const double lr = config_.schedule.at(step_);
-  auto norm =
-      train::clip_and_update(opt_, values, grads, decay_, config_.max_grad_norm, lr, step_ + 1);
+  // The scale is applied as the update reads the gradients (scale_clip_and_update).
+  auto norm = train::scale_clip_and_update(opt_, values, grads, decay_, static_cast<float>(scale),
+                                           config_.max_grad_norm, lr, step_ + 1);
   if (!norm) return norm.error();
   rec.grad_norm = *norm;
   rec.lr = lr;

@@ -23,8 +23,9 @@ namespace weft::gpu::train {
 namespace {
 
 // One element of adamw_update_range, in the order its comment fixes.
-inline void adamw_one(float& p, float g, float& m, float& v, bool decay, const adamw_scalars& s,
-                      float c1, float c2) {
+inline void adamw_one(float& p, float g_in, float& m, float& v, bool decay,
+                      const adamw_scalars& s, float c1, float c2) {
+  const float g = (g_in * s.grad_scale) * s.clip;
   if (decay) p *= s.keep;
   m = std::fma(s.beta1, m, c1 * g);
   v = std::fma(s.beta2, v, (c2 * g) * g);
@@ -42,11 +43,12 @@ void adamw_update_range(float* p, const float* g, float* m, float* v, int64_t lo
   const __m512 keep = _mm512_set1_ps(s.keep), b1 = _mm512_set1_ps(s.beta1),
                b2 = _mm512_set1_ps(s.beta2), vc1 = _mm512_set1_ps(c1), vc2 = _mm512_set1_ps(c2),
                step = _mm512_set1_ps(s.step_size), bc2 = _mm512_set1_ps(s.sqrt_bc2),
-               eps = _mm512_set1_ps(s.eps);
+               eps = _mm512_set1_ps(s.eps), gscale = _mm512_set1_ps(s.grad_scale),
+               clip = _mm512_set1_ps(s.clip);
   for (; j + 16 <= hi; j += 16) {
     __m512 pv = _mm512_loadu_ps(p + j);
     if (decay) pv = _mm512_mul_ps(pv, keep);
-    const __m512 gv = _mm512_loadu_ps(g + j);
+    const __m512 gv = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(g + j), gscale), clip);
     const __m512 mv = _mm512_fmadd_ps(b1, _mm512_loadu_ps(m + j), _mm512_mul_ps(vc1, gv));
     const __m512 vv =
         _mm512_fmadd_ps(b2, _mm512_loadu_ps(v + j), _mm512_mul_ps(_mm512_mul_ps(vc2, gv), gv));
@@ -60,11 +62,12 @@ void adamw_update_range(float* p, const float* g, float* m, float* v, int64_t lo
   const __m256 keep = _mm256_set1_ps(s.keep), b1 = _mm256_set1_ps(s.beta1),
                b2 = _mm256_set1_ps(s.beta2), vc1 = _mm256_set1_ps(c1), vc2 = _mm256_set1_ps(c2),
                step = _mm256_set1_ps(s.step_size), bc2 = _mm256_set1_ps(s.sqrt_bc2),
-               eps = _mm256_set1_ps(s.eps);
+               eps = _mm256_set1_ps(s.eps), gscale = _mm256_set1_ps(s.grad_scale),
+               clip = _mm256_set1_ps(s.clip);
   for (; j + 8 <= hi; j += 8) {
     __m256 pv = _mm256_loadu_ps(p + j);
     if (decay) pv = _mm256_mul_ps(pv, keep);
-    const __m256 gv = _mm256_loadu_ps(g + j);
+    const __m256 gv = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(g + j), gscale), clip);
     const __m256 mv = _mm256_fmadd_ps(b1, _mm256_loadu_ps(m + j), _mm256_mul_ps(vc1, gv));
     const __m256 vv =
         _mm256_fmadd_ps(b2, _mm256_loadu_ps(v + j), _mm256_mul_ps(_mm256_mul_ps(vc2, gv), gv));
@@ -83,21 +86,23 @@ namespace {
 constexpr int64_t squares_chunk = int64_t{1} << 16;
 
 // One chunk of sum_squares: element i in lane i % 8, FMA chains, then the fixed tree.
-double sum_squares_chunk(const float* x, int64_t n) {
+double sum_squares_chunk(const float* x, int64_t n, float scale) {
   double lanes[8] = {};
   int64_t i = 0;
 #if defined(__AVX512F__)
   __m512d acc = _mm512_setzero_pd();
+  const __m256 sv = _mm256_set1_ps(scale);
   for (; i + 8 <= n; i += 8) {
-    const __m512d d = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+    const __m512d d = _mm512_cvtps_pd(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv));
     acc = _mm512_fmadd_pd(d, d, acc);
   }
   _mm512_storeu_pd(lanes, acc);
 #elif defined(__AVX2__) && defined(__FMA__)
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  const __m128 sv = _mm_set1_ps(scale);
   for (; i + 8 <= n; i += 8) {
-    const __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
-    const __m256d b = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+    const __m256d a = _mm256_cvtps_pd(_mm_mul_ps(_mm_loadu_ps(x + i), sv));
+    const __m256d b = _mm256_cvtps_pd(_mm_mul_ps(_mm_loadu_ps(x + i + 4), sv));
     lo = _mm256_fmadd_pd(a, a, lo);
     hi = _mm256_fmadd_pd(b, b, hi);
   }
@@ -106,13 +111,13 @@ double sum_squares_chunk(const float* x, int64_t n) {
 #else
   for (; i + 8 <= n; i += 8) {
     for (int l = 0; l < 8; ++l) {
-      const double d = x[i + l];
+      const double d = x[i + l] * scale;
       lanes[l] = std::fma(d, d, lanes[l]);
     }
   }
 #endif
   for (int l = 0; i < n; ++i, ++l) {
-    const double d = x[i];
+    const double d = x[i] * scale;
     lanes[l] = std::fma(d, d, lanes[l]);
   }
   return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) +
@@ -121,13 +126,14 @@ double sum_squares_chunk(const float* x, int64_t n) {
 
 }  // namespace
 
-double sum_squares(const float* x, int64_t n, int threads) {
+double sum_squares(const float* x, int64_t n, int threads, float scale) {
   const int64_t chunks = (n + squares_chunk - 1) / squares_chunk;
   std::vector<double> part(static_cast<size_t>(chunks), 0.0);
   parallel_ranges(chunks, n >= (int64_t{1} << 20) ? threads : 1, [&](int64_t a, int64_t b) {
     for (int64_t c = a; c < b; ++c) {
       const int64_t lo = c * squares_chunk;
-      part[static_cast<size_t>(c)] = sum_squares_chunk(x + lo, std::min(squares_chunk, n - lo));
+      part[static_cast<size_t>(c)] =
+          sum_squares_chunk(x + lo, std::min(squares_chunk, n - lo), scale);
     }
   });
   double ss = 0.0;
@@ -162,9 +168,11 @@ adamw_scalars adamw::scalars(int64_t step, double lr) const {
 
 void adamw::step(std::span<const std::span<float>> values,
                  std::span<const std::span<const float>> grads, std::span<const uint8_t> decay,
-                 double lr) {
+                 double lr, float grad_scale, float clip) {
   ++step_;
-  const adamw_scalars sc = scalars(step_, lr);
+  adamw_scalars sc = scalars(step_, lr);
+  sc.grad_scale = grad_scale;
+  sc.clip = clip;
   // Elements [lo, hi) of tensor i.
   auto update = [&](size_t i, size_t lo, size_t hi) {
     const bool wd = i < decay.size() ? decay[i] != 0 : true;
@@ -191,16 +199,27 @@ double global_grad_norm(std::span<const std::span<const float>> grads, int threa
   return std::sqrt(ss);
 }
 
+result<double> scale_clip_and_update(adamw& opt, std::span<const std::span<float>> values,
+                                     std::span<const std::span<const float>> grads,
+                                     std::span<const uint8_t> decay, float grad_scale,
+                                     double max_norm, double lr, int64_t step) {
+  // global_grad_norm of the scaled gradients, without writing them.
+  double ss = 0.0;
+  for (const auto& g : grads)
+    ss += sum_squares(g.data(), static_cast<int64_t>(g.size()), opt.config().threads, grad_scale);
+  const double norm = std::sqrt(ss);
+  if (!std::isfinite(norm)) return non_finite_norm(step);
+  opt.step(values, grads, decay, lr, grad_scale, clip_factor(norm, max_norm));
+  return norm;
+}
+
 result<double> clip_and_update(adamw& opt, std::span<const std::span<float>> values,
                                std::span<const std::span<float>> grads,
                                std::span<const uint8_t> decay, double max_norm, double lr,
                                int64_t step) {
-  const double norm = clip_grad_norm(grads, max_norm, opt.config().threads);
-  if (!std::isfinite(norm)) return non_finite_norm(step);
   std::vector<std::span<const float>> cgrads;
   for (const auto& g : grads) cgrads.emplace_back(g.data(), g.size());
-  opt.step(values, cgrads, decay, lr);
-  return norm;
+  return scale_clip_and_update(opt, values, cgrads, decay, 1.0f, max_norm, lr, step);
 }
 
 double clip_grad_norm(std::span<const std::span<float>> grads, double max_norm, int threads) {

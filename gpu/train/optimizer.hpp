@@ -31,9 +31,14 @@ struct adamw_scalars {
   float eps = 0;
   float keep = 1;  ///< 1 − lr · weight_decay
   float beta1 = 0, beta2 = 0;
+  /// The update uses (g · grad_scale) · clip for each gradient element g, one rounding each
+  /// (exact when 1): the mean's 1 / tokens and clip_grad_norm's factor applied as the update reads
+  /// the gradients, the same bits as scaling them in place first, without those passes over them.
+  float grad_scale = 1, clip = 1;
 };
 
-/// The element update of AdamW on [lo, hi) (PyTorch's: p *= keep when `decay`; m = β1·m + (1−β1)·g;
+/// The element update of AdamW on [lo, hi) (PyTorch's, with g = (g · grad_scale) · clip: p *= keep
+/// when `decay`; m = β1·m + (1−β1)·g;
 /// v = β2·v + (1−β2)·g²; p −= step_size · m / (√v / √bc2 + eps)), with the roundings fixed: m =
 /// fma(β1, m, (1−β1)·g), v = fma(β2, v, ((1−β2)·g)·g), the rest one IEEE operation at a time. 16
 /// (AVX-512) or 8 (AVX2) elements a step and the scalar tail give the same bits, so the result does
@@ -43,8 +48,10 @@ void adamw_update_range(float* p, const float* g, float* m, float* v, int64_t lo
 
 /// Σ x² over n floats in double, in an order fixed by n alone: 8 lanes (element i in lane i % 8)
 /// of FMAs per 64 Ki-element chunk, the lanes summed in a fixed tree, the chunks in order; the
-/// chunks run on up to `threads` threads (the bits do not depend on how many).
-double sum_squares(const float* x, int64_t n, int threads = 1);
+/// chunks run on up to `threads` threads (the bits do not depend on how many). With `scale`, the
+/// sum of (x · scale)² with each product rounded to float first: the bits of scaling x in place
+/// and then summing.
+double sum_squares(const float* x, int64_t n, int threads = 1, float scale = 1.0f);
 
 /// State and update of AdamW over a list of parameter tensors (each a flat span).
 class adamw {
@@ -56,8 +63,9 @@ class adamw {
 
   /// One update: for tensor i, value[i] -= lr · (m̂ / (√v̂ + eps) + wd · value[i]); weight decay is
   /// skipped for tensors where `decay[i]` is false (norm weights, by convention).
+  /// The gradients are read as (g · grad_scale) · clip (adamw_scalars).
   void step(std::span<const std::span<float>> values, std::span<const std::span<const float>> grads,
-            std::span<const uint8_t> decay, double lr);
+            std::span<const uint8_t> decay, double lr, float grad_scale = 1.0f, float clip = 1.0f);
 
   /// The constants of update number `step` (1-based) at rate `lr`.
   adamw_scalars scalars(int64_t step, double lr) const;
@@ -91,9 +99,18 @@ status non_finite_norm(int64_t step);
 /// its 1e-6 guard); returns the norm before clipping. max_norm <= 0 disables clipping.
 double clip_grad_norm(std::span<const std::span<float>> grads, double max_norm, int threads = 1);
 
-/// One update of an optimizer step: clips the gradients to `max_norm` (clip_grad_norm), then
-/// AdamW at `lr`. Returns the norm before clipping, or an error naming update `step` (1-based)
-/// when it is not finite (nothing is updated then).
+/// One update of an optimizer step on summed gradients: the gradient is g · grad_scale (the mean
+/// over the step's tokens), its global norm is clipped to `max_norm` (clip_grad_norm's factor),
+/// then AdamW at `lr` — the bits of scaling the gradients in place, clip_grad_norm and adamw::step,
+/// in two passes over them (the norm's, the update's) that only read them: they are left as they
+/// were. Returns the norm before clipping, or an error naming update `step` (1-based) when it is
+/// not finite (nothing is updated then).
+result<double> scale_clip_and_update(adamw& opt, std::span<const std::span<float>> values,
+                                     std::span<const std::span<const float>> grads,
+                                     std::span<const uint8_t> decay, float grad_scale,
+                                     double max_norm, double lr, int64_t step);
+
+/// scale_clip_and_update without scaling (the gradients are already the step's).
 result<double> clip_and_update(adamw& opt, std::span<const std::span<float>> values,
                                std::span<const std::span<float>> grads,
                                std::span<const uint8_t> decay, double max_norm, double lr,

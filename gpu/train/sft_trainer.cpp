@@ -92,17 +92,11 @@ result<double> sft_trainer::host_update(double& loss_sum, int64_t& loss_tokens, 
   if (reduce_) {
     if (auto st = reduce_(grads, loss_sum, loss_tokens); !st) return st;
   }
-  // Gradient of the mean token loss over the whole step.
+  // Gradient of the mean token loss over the whole step, applied as the update reads the sums.
   const float inv = loss_tokens > 0 ? 1.0f / static_cast<float>(loss_tokens) : 0.0f;
-  const int host_threads = opt_.config().threads;
-  for (auto& g : grads) {
-    float* x = g.data();
-    const auto n = static_cast<int64_t>(g.size());
-    parallel_ranges(n, n >= (1 << 20) ? host_threads : 1, [x, inv](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) x[i] *= inv;
-    });
-  }
-  return clip_and_update(opt_, values, grads, decay_, config_.max_grad_norm, lr, step_ + 1);
+  const std::vector<std::span<const float>> sums(grads.begin(), grads.end());
+  return scale_clip_and_update(opt_, values, sums, decay_, inv, config_.max_grad_norm, lr,
+                               step_ + 1);
 }
 
 result<checkpoint_state> sft_trainer::snapshot() {

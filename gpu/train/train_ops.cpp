@@ -60,11 +60,11 @@ void linear_forward(const T* x, const T* w, int64_t n, int64_t in, int64_t out, 
 
 template <class T>
 void linear_backward(const T* x, const T* w, const T* dy, int64_t n, int64_t in, int64_t out, T* dx,
-                     T* dw, bool add_dx) {
+                     T* dw, bool add_dx, T dw_beta) {
   if (n == 0) return;
   if (dx != nullptr)
     gemm<T>(false, false, n, in, out, T(1), dy, out, w, in, add_dx ? T(1) : T(0), dx, in);
-  if (dw != nullptr) gemm<T>(true, false, out, in, n, T(1), dy, out, x, in, T(1), dw, in);
+  if (dw != nullptr) gemm<T>(true, false, out, in, n, T(1), dy, out, x, in, dw_beta, dw, in);
 }
 
 template <class T>
@@ -386,7 +386,7 @@ double cross_entropy(const T* logits, const int32_t* targets, int64_t n, int64_t
 #define WEFT_TRAIN_OPS(T)                                                                          \
   template void linear_forward<T>(const T*, const T*, int64_t, int64_t, int64_t, T*);              \
   template void linear_backward<T>(const T*, const T*, const T*, int64_t, int64_t, int64_t, T*,    \
-                                   T*, bool);                                                      \
+                                   T*, bool, T);                                                      \
   template void rms_norm_forward<T>(const T*, const T*, int64_t, int64_t, T, T*, T*);              \
   template void rms_norm_backward<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, T*, \
                                      T*);                                                          \

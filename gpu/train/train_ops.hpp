@@ -26,11 +26,12 @@ void parallel_ranges(int64_t n, int threads, const std::function<void(int64_t, i
 template <class T>
 void linear_forward(const T* x, const T* w, int64_t n, int64_t in, int64_t out, T* y);
 
-/// dx[n][in] (+)= dy·W (added when `add_dx`, else overwritten); dw[out][in] += dyᵀ·x.
-/// `dx` or `dw` may be null to skip it.
+/// dx[n][in] (+)= dy·W (added when `add_dx`, else overwritten); dw[out][in] = dw_beta·dw + dyᵀ·x
+/// (dw_beta 1 adds; 0 overwrites whatever dw held, NaN included). `dx` or `dw` may be null to skip
+/// it.
 template <class T>
 void linear_backward(const T* x, const T* w, const T* dy, int64_t n, int64_t in, int64_t out, T* dx,
-                     T* dw, bool add_dx = false);
+                     T* dw, bool add_dx = false, T dw_beta = T(1));
 
 /// y = x / rms(x) * g per row; rstd[n] keeps 1 / rms for the backward.
 template <class T>

@@ -182,6 +182,7 @@ result<std::unique_ptr<trainable_model<T>>> trainable_model<T>::load(
 template <class T>
 parameter<T>* trainable_model<T>::find(std::string_view name) {
   params_changed_ = true;
+  settle_grads();
   for (auto& p : params_) {
     if (p.name == name) return &p;
   }
@@ -197,6 +198,7 @@ int64_t trainable_model<T>::n_parameters() const {
 
 template <class T>
 std::vector<std::span<T>> trainable_model<T>::gradients() {
+  settle_grads();
   std::vector<std::span<T>> out;
   for (auto& p : params_) out.emplace_back(p.grad);
   return out;
@@ -208,12 +210,27 @@ void trainable_model<T>::zero_grad(int threads) {
     device_->zero_grads();
     return;
   }
+  // Only marked: the backward's first write into each gradient overwrites it (grad_sink).
+  grad_fresh_.assign(params_.size(), 1);
+  zero_threads_ = std::max(1, threads);
+}
+
+template <class T>
+typename trainable_model<T>::grad_sink trainable_model<T>::own_grads() {
+  grad_fresh_.resize(params_.size(), 0);
+  grad_sink s;
   for (auto& p : params_) {
-    T* g = p.grad.data();
-    const auto n = static_cast<int64_t>(p.grad.size());
-    parallel_ranges(n, n >= (1 << 20) ? threads : 1,
-                    [g](int64_t lo, int64_t hi) { std::fill(g + lo, g + hi, T(0)); });
+    s.data.push_back(p.grad.data());
+    s.size.push_back(static_cast<int64_t>(p.grad.size()));
   }
+  s.fresh = &grad_fresh_;
+  return s;
+}
+
+template <class T>
+void trainable_model<T>::settle_grads() {
+  if (std::find(grad_fresh_.begin(), grad_fresh_.end(), uint8_t{1}) == grad_fresh_.end()) return;
+  own_grads().settle(zero_threads_);
 }
 
 template <class T>
@@ -357,7 +374,7 @@ void trainable_model<T>::forward(const train_batch& b, forward_state& fs) {
 
 template <class T>
 void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, backward_scratch& b,
-                                        const std::vector<T*>& grads, layer_acts& a, T* dx) {
+                                        grad_sink& grads, layer_acts& a, T* dx) {
   const layer_params& l = layers_[static_cast<size_t>(il)];
   const int64_t n = fs.n;
   const int64_t d = hp_.n_embd;
@@ -365,7 +382,13 @@ void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, bac
   const int64_t kvd = hp_.n_kv_heads * hp_.head_dim;
   const int64_t ff = hp_.n_ff;
   auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
-  auto g = [&](int i) { return grads[static_cast<size_t>(i)]; };
+  // linear_backward of weight wi over the n rows; its gradient GEMM overwrites a gradient that
+  // zero_grad marked (grad_sink), else adds.
+  auto linear = [&](const T* x, int wi, const T* dy, int64_t in, int64_t out, T* dxp, bool add) {
+    T beta = T(1);
+    T* gw = grads.gemm_into(wi, beta);
+    linear_backward(x, w(wi), dy, n, in, out, dxp, gw, add, beta);
+  };
   // dx holds ∂L/∂x_out. Feed-forward half: x_out = x_mid + down(swiglu(gate(xn2), up(xn2))).
   T* dxn = sized(b.dxn, n * d);
   if (l.router >= 0) {
@@ -374,35 +397,38 @@ void trainable_model<T>::layer_backward(int64_t il, const forward_state& fs, bac
     T* dh = sized(b.dh, n * ff);
     T* dgate = sized(b.dgate, n * ff);
     T* dup = sized(b.dup, n * ff);
-    linear_backward(a.h.data(), w(l.down), dx, n, ff, d, dh, g(l.down));
+    linear(a.h.data(), l.down, dx, ff, d, dh, false);
     swiglu_backward(a.gate.data(), a.up.data(), dh, n * ff, dgate, dup);
-    linear_backward(a.xn2.data(), w(l.gate), dgate, n, d, ff, dxn, g(l.gate));
-    linear_backward(a.xn2.data(), w(l.up), dup, n, d, ff, dxn, g(l.up), true);
+    linear(a.xn2.data(), l.gate, dgate, d, ff, dxn, false);
+    linear(a.xn2.data(), l.up, dup, d, ff, dxn, true);
   }
-  rms_norm_backward(a.x_mid.data(), w(l.ffn_norm), a.rstd2.data(), dxn, n, d, dx, g(l.ffn_norm));
+  rms_norm_backward(a.x_mid.data(), w(l.ffn_norm), a.rstd2.data(), dxn, n, d, dx,
+                    grads.add_into(l.ffn_norm));
   // dx holds ∂L/∂x_mid. Attention half: x_mid = x_in + wo(attention(rope(q), rope(k), v)).
   T* datt = sized(b.datt, n * qd);
   T* dq = sized(b.dq, n * qd);
   T* dk = sized(b.dk, n * kvd);
   T* dv = sized(b.dv, n * kvd);
-  linear_backward(a.att.data(), w(l.wo), dx, n, qd, d, datt, g(l.wo));
+  linear(a.att.data(), l.wo, dx, qd, d, datt, false);
   attention_backward(a.q.data(), a.k.data(), a.v.data(), a.att.data(), a.lse.data(), datt,
                      fs.batch->seqs, fs.shape, dq, dk, dv);
   rope_apply(dq, n, hp_.n_heads, hp_.head_dim, fs.rope, hp_.rope.style, true);
   rope_apply(dk, n, hp_.n_kv_heads, hp_.head_dim, fs.rope, hp_.rope.style, true);
-  linear_backward(a.xn1.data(), w(l.wq), dq, n, d, qd, dxn, g(l.wq));
-  linear_backward(a.xn1.data(), w(l.wk), dk, n, d, kvd, dxn, g(l.wk), true);
-  linear_backward(a.xn1.data(), w(l.wv), dv, n, d, kvd, dxn, g(l.wv), true);
-  rms_norm_backward(a.x_in.data(), w(l.attn_norm), a.rstd1.data(), dxn, n, d, dx, g(l.attn_norm));
+  linear(a.xn1.data(), l.wq, dq, d, qd, dxn, false);
+  linear(a.xn1.data(), l.wk, dk, d, kvd, dxn, true);
+  linear(a.xn1.data(), l.wv, dv, d, kvd, dxn, true);
+  rms_norm_backward(a.x_in.data(), w(l.attn_norm), a.rstd1.data(), dxn, n, d, dx,
+                    grads.add_into(l.attn_norm));
 }
 
 template <class T>
 result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b) {
   if (auto st = check(b); !st) return st;
   if (device_) return on_device({&b}, nullptr);
-  std::vector<T*> grads;
-  for (auto& p : params_) grads.push_back(p.grad.data());
-  return accumulate(b, *fs_, *bs_, grads, nullptr);
+  grad_sink grads = own_grads();
+  const loss_sum l = accumulate(b, *fs_, *bs_, grads, nullptr);
+  grads.settle(zero_threads_);
+  return l;
 }
 
 template <class T>
@@ -410,9 +436,10 @@ result<loss_sum> trainable_model<T>::forward_backward(const train_batch& b,
                                                       const token_objective<T>& objective) {
   if (auto st = check(b); !st) return st;
   if (device_) return on_device({&b}, &objective);
-  std::vector<T*> grads;
-  for (auto& p : params_) grads.push_back(p.grad.data());
-  return accumulate(b, *fs_, *bs_, grads, &objective);
+  grad_sink grads = own_grads();
+  const loss_sum l = accumulate(b, *fs_, *bs_, grads, &objective);
+  grads.settle(zero_threads_);
+  return l;
 }
 
 template <class T>
@@ -442,33 +469,35 @@ result<loss_sum> trainable_model<T>::run_shares(std::span<const std::vector<trai
       for (const auto& b : share) all.push_back(&b);
     return on_device(all, objective);
   }
-  std::vector<T*> own;
-  for (auto& p : params_) own.push_back(p.grad.data());
+  grad_sink own = own_grads();
   auto run_share = [this, objective](const std::vector<train_batch>& share, forward_state& fs,
-                                     backward_scratch& bs, const std::vector<T*>& grads) {
+                                     backward_scratch& bs, grad_sink& grads) {
     loss_sum total;
     for (const auto& b : share) {
       const loss_sum l = accumulate(b, fs, bs, grads, objective);
       total.sum += l.sum;
       total.tokens += l.tokens;
     }
+    grads.settle(1);  // on the share's own thread
     return total;
   };
-  if (shares.empty()) return loss_sum{};
+  if (shares.empty()) {
+    own.settle(zero_threads_);
+    return loss_sum{};
+  }
   const size_t extra = shares.size() - 1;
   while (replicas_.size() < extra) replicas_.push_back(std::make_unique<replica>());
-  std::vector<std::vector<T*>> replica_grads(extra);
+  std::vector<grad_sink> replica_grads(extra);
   for (size_t j = 0; j < extra; ++j) {
     auto& r = *replicas_[j];
     r.grads.resize(params_.size());
+    r.fresh.assign(params_.size(), 1);  // zero, cleared by the share's first write (grad_sink)
     for (size_t i = 0; i < params_.size(); ++i) {
       r.grads[i].resize(params_[i].grad.size());
-      T* g = r.grads[i].data();
-      const auto n = static_cast<int64_t>(r.grads[i].size());
-      parallel_ranges(n, n >= (1 << 20) ? static_cast<int>(shares.size()) : 1,
-                      [g](int64_t lo, int64_t hi) { std::fill(g + lo, g + hi, T(0)); });
-      replica_grads[j].push_back(g);
+      replica_grads[j].data.push_back(r.grads[i].data());
+      replica_grads[j].size.push_back(static_cast<int64_t>(r.grads[i].size()));
     }
+    replica_grads[j].fresh = &r.fresh;
   }
   std::vector<loss_sum> losses(shares.size());
   std::vector<std::thread> threads;
@@ -486,7 +515,7 @@ result<loss_sum> trainable_model<T>::run_shares(std::span<const std::vector<trai
     total.tokens += losses[j].tokens;
     for (size_t i = 0; i < params_.size(); ++i) {
       T* dst = params_[i].grad.data();
-      const T* src = replica_grads[j - 1][i];
+      const T* src = replica_grads[j - 1].data[i];
       const auto n = static_cast<int64_t>(params_[i].grad.size());
       parallel_ranges(n, n >= (1 << 20) ? static_cast<int>(shares.size()) : 1,
                       [dst, src](int64_t lo, int64_t hi) {
@@ -499,7 +528,7 @@ result<loss_sum> trainable_model<T>::run_shares(std::span<const std::vector<trai
 
 template <class T>
 loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
-                                        backward_scratch& sc, const std::vector<T*>& grads,
+                                        backward_scratch& sc, grad_sink& grads,
                                         const token_objective<T>* objective) {
   forward(b, fs);
   const int64_t n = fs.n;
@@ -561,8 +590,10 @@ loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
         for (int64_t v = 0; v < vocab; ++v) row[v] *= scale;
       }
     }
-    linear_backward(xc.data(), out_w.value.data(), dlogits.data(), m, d, vocab, dxc.data(),
-                    grads[static_cast<size_t>(output_)]);
+    T beta = T(1);
+    T* out_g = grads.gemm_into(output_, beta);
+    linear_backward(xc.data(), out_w.value.data(), dlogits.data(), m, d, vocab, dxc.data(), out_g,
+                    false, beta);
     for (int64_t j = 0; j < m; ++j) {
       std::copy_n(dxc.begin() + j * d, d, dxn.begin() + rows[r0 + static_cast<size_t>(j)] * d);
     }
@@ -571,7 +602,7 @@ loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
   dx.assign(static_cast<size_t>(n * d), T(0));
   auto& onorm = params_[static_cast<size_t>(out_norm_)];
   rms_norm_backward(fs.x_final.data(), onorm.value.data(), fs.rstd_final.data(), dxn.data(), n, d,
-                    dx.data(), grads[static_cast<size_t>(out_norm_)]);
+                    dx.data(), grads.add_into(out_norm_));
   std::vector<T>& x_out = sc.x_out;
   x_out.resize(static_cast<size_t>(n * d));
   for (int64_t il = hp_.n_layers - 1; il >= 0; --il) {
@@ -586,7 +617,7 @@ loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
       layer_backward(il, fs, sc, grads, a, dx.data());
     }
   }
-  T* embd_grad = grads[static_cast<size_t>(embd_)];
+  T* embd_grad = grads.add_into(embd_);
   for (int64_t t = 0; t < n; ++t) {
     T* row = embd_grad + static_cast<int64_t>(b.tokens[static_cast<size_t>(t)]) * d;
     for (int64_t i = 0; i < d; ++i) row[i] += dx[static_cast<size_t>(t * d + i)];
@@ -600,6 +631,7 @@ result<loss_sum> trainable_model<T>::on_device(std::vector<const train_batch*> b
   if constexpr (!std::is_same_v<T, float>) {
     return status{status_code::unsupported, "a device runs the f32 trainer only"};
   } else {
+    settle_grads();  // an offloaded backward adds into the host gradients
     const bool upload = params_changed_;
     auto r = device_->forward_backward(batches, objective, params_, upload);
     if (r) params_changed_ = false;

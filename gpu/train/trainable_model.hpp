@@ -132,8 +132,11 @@ class trainable_model {
   /// device attached, the next forward uploads them again.
   std::vector<parameter<T>>& parameters() {
     params_changed_ = true;
+    settle_grads();
     return params_;
   }
+  /// The same, read-only. The gradients read here are current once a forward_backward or a
+  /// mutable access followed zero_grad (which only marks them zero; the first write clears them).
   const std::vector<parameter<T>>& parameters() const { return params_; }
   /// The parameter called `name`, or null.
   parameter<T>* find(std::string_view name);
@@ -184,7 +187,10 @@ class trainable_model {
   /// Every parameter's host gradient, writable without marking the parameters changed.
   std::vector<std::span<T>> gradients();
 
-  /// Sets every gradient to zero (on `threads` threads).
+  /// Sets every gradient to zero (on `threads` threads). On the host the buffers are only marked
+  /// zero: the backward's first GEMM into each overwrites it, and whatever nothing wrote is
+  /// cleared before the gradients are next read (forward_backward's end, parameters(),
+  /// gradients(), find()).
   void zero_grad(int threads = 1);
 
   /// Forward and backward of `batch`: adds ∂(Σ token losses)/∂θ into every parameter's gradient
@@ -227,24 +233,29 @@ class trainable_model {
   struct forward_state;
   struct backward_scratch;
   struct replica;
+  struct grad_sink;
 
   trainable_model(const model_hparams& hp, const trainable_config& config);
+  /// The host gradients as a grad_sink over grad_fresh_.
+  grad_sink own_grads();
+  /// Clears the host gradients zero_grad marked that no backward wrote since.
+  void settle_grads();
   status check(const train_batch& batch) const;
   void forward(const train_batch& batch, forward_state& fs);
   void layer_forward(int64_t il, const forward_state& fs, const T* x_in, layer_acts& a, T* x_out);
   void layer_backward(int64_t il, const forward_state& fs, backward_scratch& bs,
-                      const std::vector<T*>& grads, layer_acts& a, T* dx);
+                      grad_sink& grads, layer_acts& a, T* dx);
   /// MoE feed-forward of a block: y = Σ_j w_j · expert_j(xn2) over the routed experts.
   void moe_forward(const layer_params& l, int64_t il, const forward_state& fs, int64_t n,
                    layer_acts& a, T* y);
   /// Its backward: dy = ∂L/∂y; overwrites dxn with ∂L/∂xn2, adds into the router's and experts'
   /// gradients.
   void moe_backward(const layer_params& l, int64_t n, backward_scratch& bs,
-                    const std::vector<T*>& grads, const layer_acts& a, const T* dy, T* dxn,
+                    grad_sink& grads, const layer_acts& a, const T* dy, T* dxn,
                     const std::vector<T>& balance_grad);
   /// Forward and backward of one checked batch into `grads` (one pointer per parameter).
   loss_sum accumulate(const train_batch& b, forward_state& fs, backward_scratch& bs,
-                      const std::vector<T*>& grads, const token_objective<T>* objective);
+                      grad_sink& grads, const token_objective<T>* objective);
   result<loss_sum> run_shares(std::span<const std::vector<train_batch>> shares,
                               const token_objective<T>* objective);
   /// Forward and backward of checked batches on device_.
@@ -264,6 +275,8 @@ class trainable_model {
   std::unique_ptr<device_trainer> device_;          ///< use_device's, or null.
   T logit_temperature_ = T(1);
   bool params_changed_ = true;
+  std::vector<uint8_t> grad_fresh_;  ///< Per parameter: marked zero by zero_grad, not yet cleared.
+  int zero_threads_ = 1;             ///< zero_grad's threads, for settle_grads.
 };
 
 extern template class trainable_model<float>;

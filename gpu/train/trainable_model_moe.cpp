@@ -52,7 +52,7 @@ void trainable_model<T>::moe_forward(const layer_params& l, int64_t il, const fo
 
 template <class T>
 void trainable_model<T>::moe_backward(const layer_params& l, int64_t n, backward_scratch& b,
-                                      const std::vector<T*>& grads, const layer_acts& a,
+                                      grad_sink& grads, const layer_acts& a,
                                       const T* dy, T* dxn, const std::vector<T>& balance_grad) {
   const int64_t d = hp_.n_embd;
   const int64_t ne = hp_.n_experts;
@@ -60,7 +60,9 @@ void trainable_model<T>::moe_backward(const layer_params& l, int64_t n, backward
   const moe_routing<T>& r = a.route;
   const int64_t rows = r.rows();
   auto w = [&](int i) { return params_[static_cast<size_t>(i)].value.data(); };
-  auto g = [&](int i) { return grads[static_cast<size_t>(i)]; };
+  // An expert's gradient is a slice of its stacked tensor: added into, the tensor cleared first
+  // when zero_grad marked it (grad_sink).
+  auto g = [&](int i) { return grads.add_into(i); };
   T* dout = sized(b.dexp_out, rows * d);
   T* dw = sized(b.dweights, rows);
   moe_combine_backward(dy, a.exp_out.data(), r.row_token.data(), r.row_slot.data(),
@@ -96,7 +98,7 @@ void trainable_model<T>::moe_backward(const layer_params& l, int64_t n, backward
   template void trainable_model<T>::moe_forward(const layer_params&, int64_t,                     \
                                                 const forward_state&, int64_t, layer_acts&, T*);  \
   template void trainable_model<T>::moe_backward(const layer_params&, int64_t, backward_scratch&, \
-                                                 const std::vector<T*>&, const layer_acts&,       \
+                                                 grad_sink&, const layer_acts&,                   \
                                                  const T*, T*, const std::vector<T>&);
 WEFT_MOE_MEMBERS(float)
 WEFT_MOE_MEMBERS(double)

@@ -3,6 +3,7 @@
 /// shares), shared by the translation units that implement it (trainable_model.cpp and
 /// trainable_model_moe.cpp). Not part of the public interface.
 
+#include <algorithm>
 #include <vector>
 
 #include "gpu/train/moe_ops.hpp"
@@ -60,12 +61,50 @@ struct trainable_model<T>::backward_scratch {
   std::vector<T> xc, logits, dlogits, dxc;               ///< One output-head chunk's.
 };
 
+/// The gradient buffers a backward pass writes (one per parameter) and which of them are still
+/// "fresh": zero by definition since zero_grad, but not cleared in memory. The first GEMM into a
+/// fresh buffer overwrites it (beta 0: BLAS ignores what C held); code that adds into one (norm
+/// weights, embedding rows, an expert's slice) clears it first. So zero_grad costs nothing and a
+/// step writes each gradient once less; settle clears whatever no pass touched.
+template <class T>
+struct trainable_model<T>::grad_sink {
+  std::vector<T*> data;
+  std::vector<int64_t> size;
+  std::vector<uint8_t>* fresh = nullptr;  ///< The owner's flags, one per parameter.
+
+  /// For a GEMM that writes all of tensor i: its buffer, and the beta that GEMM must use.
+  T* gemm_into(int i, T& beta) {
+    uint8_t& f = (*fresh)[static_cast<size_t>(i)];
+    beta = f != 0 ? T(0) : T(1);
+    f = 0;
+    return data[static_cast<size_t>(i)];
+  }
+  /// For code that adds into tensor i (or a part of it): its buffer, cleared first if fresh.
+  T* add_into(int i) {
+    uint8_t& f = (*fresh)[static_cast<size_t>(i)];
+    if (f != 0) std::fill_n(data[static_cast<size_t>(i)], size[static_cast<size_t>(i)], T(0));
+    f = 0;
+    return data[static_cast<size_t>(i)];
+  }
+  /// Clears every buffer still fresh (on `threads` threads for the large ones).
+  void settle(int threads) {
+    for (size_t i = 0; i < data.size(); ++i) {
+      if ((*fresh)[i] == 0) continue;
+      T* g = data[i];
+      parallel_ranges(size[i], size[i] >= (1 << 20) ? threads : 1,
+                      [g](int64_t lo, int64_t hi) { std::fill(g + lo, g + hi, T(0)); });
+      (*fresh)[i] = 0;
+    }
+  }
+};
+
 /// Share j >= 1 of a parallel forward_backward: its own activations, scratch and gradients.
 template <class T>
 struct trainable_model<T>::replica {
   forward_state fs;
   backward_scratch bs;
   std::vector<std::vector<T>> grads;
+  std::vector<uint8_t> fresh;  ///< grad_sink's flags for `grads`.
 };
 
 }  // namespace weft::gpu::train

@@ -183,19 +183,19 @@ int main(int argc, char** argv) {
       if (i > 0) step_s.push_back(seconds_since(t0));
       continue;
     }
+    // As sft_trainer's host update: the mean's scale applied as the update reads the sums.
     std::vector<std::span<float>> values;
     std::vector<std::span<const float>> grads;
     for (auto& p : m.parameters()) {
-      float* g = p.grad.data();
-      const auto n = static_cast<int64_t>(p.grad.size());
-      const auto inv = 1.0f / static_cast<float>(l->tokens);
-      parallel_ranges(n, n >= (1 << 20) ? ac.threads : 1, [g, inv](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) g[i] *= inv;
-      });
       values.emplace_back(p.value);
       grads.emplace_back(p.grad.data(), p.grad.size());
     }
-    opt.step(values, grads, decay, 1e-5);
+    auto norm = scale_clip_and_update(opt, values, grads, decay,
+                                      1.0f / static_cast<float>(l->tokens), 0.0, 1e-5, i + 1);
+    if (!norm) {
+      std::fprintf(stderr, "%s\n", norm.error().to_string().c_str());
+      return 1;
+    }
     if (i > 0) step_s.push_back(seconds_since(t0));
   }
   std::sort(step_s.begin(), step_s.end());

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <span>
 #include <vector>
@@ -91,7 +92,75 @@ TEST(optimizer, sum_squares_is_fixed_by_the_data_alone) {
     EXPECT_EQ(one, sum_squares(x.data(), n, 2));
     EXPECT_EQ(one, sum_squares(x.data(), n, 3));
     EXPECT_NEAR(one, static_cast<double>(ref), 1e-12 * static_cast<double>(ref) + 1e-300);
+    // With a scale: the bits of summing the scaled copy.
+    std::vector<float> scaled = x;
+    for (auto& v : scaled) v *= 0.37f;
+    EXPECT_EQ(sum_squares(scaled.data(), n, 1), sum_squares(x.data(), n, 2, 0.37f));
   }
+}
+
+// The fused update (the mean's scale and the clip factor applied as AdamW reads the gradients)
+// gives the bits of scaling in place, clip_grad_norm and adamw::step, and leaves the sums alone.
+TEST(optimizer, scale_clip_and_update_is_the_in_place_path_without_writing_the_gradients) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  const std::vector<int64_t> sizes = {5, 1000, int64_t{3} << 18};
+  for (const double max_norm : {0.0, 1e9, 0.5}) {  // no clipping, a limit not reached, clipping
+    std::vector<std::vector<float>> p0, g0;
+    for (int64_t n : sizes) {
+      p0.emplace_back(static_cast<size_t>(n));
+      g0.emplace_back(static_cast<size_t>(n));
+      for (auto& v : p0.back()) v = d(rng);
+      for (auto& v : g0.back()) v = d(rng) * 40.0f;
+    }
+    const float scale = 1.0f / 37.0f;
+    const std::vector<uint8_t> decay = {0, 1, 1};
+    adamw_config ac;
+    ac.weight_decay = 0.1;
+    ac.threads = 2;
+    // The in-place path.
+    auto p1 = p0;
+    auto g1 = g0;
+    adamw o1(ac);
+    o1.init(sizes);
+    std::vector<std::span<float>> v1, gs1;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      v1.emplace_back(p1[i]);
+      gs1.emplace_back(g1[i]);
+      for (auto& x : g1[i]) x *= scale;
+    }
+    const double n1 = clip_grad_norm(gs1, max_norm, ac.threads);
+    std::vector<std::span<const float>> cg1(gs1.begin(), gs1.end());
+    o1.step(v1, cg1, decay, 1e-3);
+    // The fused one.
+    auto p2 = p0;
+    adamw o2(ac);
+    o2.init(sizes);
+    std::vector<std::span<float>> v2;
+    std::vector<std::span<const float>> gs2;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      v2.emplace_back(p2[i]);
+      gs2.emplace_back(g0[i]);
+    }
+    auto n2 = scale_clip_and_update(o2, v2, gs2, decay, scale, max_norm, 1e-3, 1);
+    ASSERT_TRUE(n2.ok());
+    EXPECT_EQ(*n2, n1) << max_norm;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_EQ(p1[i], p2[i]) << "tensor " << i << " max_norm " << max_norm;
+      EXPECT_EQ(o1.m(i), o2.m(i));
+      EXPECT_EQ(o1.v(i), o2.v(i));
+    }
+    EXPECT_EQ(o2.steps(), 1);
+  }
+  // A non-finite norm updates nothing.
+  std::vector<float> p = {1.0f}, g = {std::numeric_limits<float>::infinity()};
+  adamw o;
+  o.init(std::vector<int64_t>{1});
+  const std::vector<std::span<float>> v = {p};
+  const std::vector<std::span<const float>> gs = {g};
+  EXPECT_FALSE(scale_clip_and_update(o, v, gs, {}, 0.5f, 1.0, 1e-3, 4).ok());
+  EXPECT_EQ(p[0], 1.0f);
+  EXPECT_EQ(o.steps(), 0);
 }
 
 TEST(optimizer, clipping_and_schedule) {

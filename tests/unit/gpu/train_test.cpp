@@ -4,6 +4,7 @@
 // and the trainer's forward against the serving engine's on the same weights.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -673,6 +674,42 @@ TEST(trainable_model, packing_sums_sequences_and_masks_prompts) {
   EXPECT_EQ(packed.targets[1], -1);
   EXPECT_EQ(packed.targets[2], packed.tokens[3]);
   EXPECT_EQ(packed.targets[8], -1);  // last token of the sequence
+}
+
+// zero_grad only marks the gradients zero; the backward's first GEMM into each overwrites it, the
+// rest are cleared before use. Whatever the buffers held (NaN here), the gradients are those of
+// a model that never had any, in one share and in two, and read back as zero when nothing ran.
+void check_marked_zero(const tiny_model_config& config) {
+  const auto batch = two_sequences();
+  std::vector<std::vector<train_batch>> shares(2);
+  shares[0].push_back(batch);
+  shares[1].push_back(batch);
+  for (const size_t n_shares : {size_t{1}, size_t{2}}) {
+    const std::span<const std::vector<train_batch>> run(shares.data(), n_shares);
+    auto clean = load_trainable<float>(config);
+    clean->zero_grad();
+    ASSERT_TRUE(clean->forward_backward(run).ok());
+    auto dirty = load_trainable<float>(config);
+    ASSERT_TRUE(dirty->forward_backward(run).ok());  // the replicas' buffers too
+    for (auto& p : dirty->parameters()) std::fill(p.grad.begin(), p.grad.end(), NAN);
+    dirty->zero_grad(2);
+    ASSERT_TRUE(dirty->forward_backward(run).ok());
+    for (size_t i = 0; i < clean->parameters().size(); ++i) {
+      EXPECT_EQ(clean->parameters()[i].grad, dirty->parameters()[i].grad)
+          << clean->parameters()[i].name << ", " << n_shares << " shares";
+    }
+    for (auto& p : dirty->parameters()) std::fill(p.grad.begin(), p.grad.end(), NAN);
+    dirty->zero_grad();
+    for (const auto& g : dirty->gradients()) {
+      ASSERT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; }));
+    }
+  }
+}
+
+TEST(trainable_model, zero_grad_marks_and_the_first_write_overwrites) {
+  check_marked_zero(tiny(output_weight::tied));
+  check_marked_zero(tiny(output_weight::separate));
+  check_marked_zero(tiny_moe());
 }
 
 void check_recomputation(const tiny_model_config& config) {
