@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -230,6 +231,22 @@ void rows_f32(const tensor_view& w, const f32_acts& a, float* y, int64_t r_begin
   }
 }
 
+// Tiles [0, n_tiles) over the pool's threads, handed out in chunks from a shared counter (about
+// eight per thread): a thread whose vCPU ran faster this time takes more instead of spinning at the
+// join while the other finishes a fixed half. A row's result never depends on which thread made it.
+template <class F>
+void tiles_parallel(thread_pool& pool, int64_t n_tiles, F&& f) {
+  std::atomic<int64_t> next{0};
+  pool.parallel([&](int, int n) {
+    const int64_t chunk = std::max<int64_t>(1, n_tiles / (8 * static_cast<int64_t>(n)));
+    for (;;) {
+      const int64_t b = next.fetch_add(chunk, std::memory_order_relaxed);
+      if (b >= n_tiles) break;
+      f(b, std::min(n_tiles, b + chunk));
+    }
+  });
+}
+
 void rows_dispatch(const tensor_view& w, const f32_acts& fa, const uint8_t* a, size_t a_row,
                    const scale_table& sc, int64_t n_tokens, float* y, int64_t r_begin,
                    int64_t r_end) {
@@ -295,8 +312,7 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
   }
   // Split rows in multiples of 8 so tiles never straddle threads.
   const int64_t n_tiles = (w.n_rows + 7) / 8;
-  pool.parallel([&](int i, int n) {
-    const auto [b, e] = split_range(n_tiles, n, i);
+  tiles_parallel(pool, n_tiles, [&](int64_t b, int64_t e) {
     rows_dispatch(w, fa, a, a_row, sc, n_tokens, y, b * 8, std::min(w.n_rows, e * 8));
   });
   return {};
@@ -340,8 +356,7 @@ status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const 
   // Tiles of 8 rows over all weights, in one parallel region.
   std::vector<int64_t> first_tile(ws.size() + 1, 0);
   for (size_t i = 0; i < ws.size(); ++i) first_tile[i + 1] = first_tile[i] + (ws[i].n_rows + 7) / 8;
-  pool.parallel([&](int i, int n) {
-    const auto [b, e] = split_range(first_tile.back(), n, i);
+  tiles_parallel(pool, first_tile.back(), [&](int64_t b, int64_t e) {
     for (size_t k = 0; k < ws.size(); ++k) {
       const int64_t lo = std::max(b, first_tile[k]) - first_tile[k];
       const int64_t hi = std::min(e, first_tile[k + 1]) - first_tile[k];

@@ -252,8 +252,8 @@ class cuda_train_kernels final : public train::train_kernels {
   }
   status adamw_update(float* p, const float* g, float* m, float* v, int64_t n, bool decay,
                       const train::adamw_scalars& s) override {
-    const adamw_args a{s.step_size, s.sqrt_bc2, s.eps,   s.keep,
-                       s.beta1,     s.beta2,   s.grad_scale, s.clip};
+    const adamw_args a{s.step_size, s.sqrt_bc2, s.eps,        s.keep,
+                       s.beta1,     s.beta2,    s.grad_scale, s.clip};
     return check(launch_adamw(p, g, m, v, n, decay, a, s_), "cuda adamw");
   }
 

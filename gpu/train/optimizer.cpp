@@ -23,8 +23,8 @@ namespace weft::gpu::train {
 namespace {
 
 // One element of adamw_update_range, in the order its comment fixes.
-inline void adamw_one(float& p, float g_in, float& m, float& v, bool decay,
-                      const adamw_scalars& s, float c1, float c2) {
+inline void adamw_one(float& p, float g_in, float& m, float& v, bool decay, const adamw_scalars& s,
+                      float c1, float c2) {
   const float g = (g_in * s.grad_scale) * s.clip;
   if (decay) p *= s.keep;
   m = std::fma(s.beta1, m, c1 * g);

@@ -386,7 +386,7 @@ double cross_entropy(const T* logits, const int32_t* targets, int64_t n, int64_t
 #define WEFT_TRAIN_OPS(T)                                                                          \
   template void linear_forward<T>(const T*, const T*, int64_t, int64_t, int64_t, T*);              \
   template void linear_backward<T>(const T*, const T*, const T*, int64_t, int64_t, int64_t, T*,    \
-                                   T*, bool, T);                                                      \
+                                   T*, bool, T);                                                   \
   template void rms_norm_forward<T>(const T*, const T*, int64_t, int64_t, T, T*, T*);              \
   template void rms_norm_backward<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, T*, \
                                      T*);                                                          \

@@ -243,16 +243,15 @@ class trainable_model {
   status check(const train_batch& batch) const;
   void forward(const train_batch& batch, forward_state& fs);
   void layer_forward(int64_t il, const forward_state& fs, const T* x_in, layer_acts& a, T* x_out);
-  void layer_backward(int64_t il, const forward_state& fs, backward_scratch& bs,
-                      grad_sink& grads, layer_acts& a, T* dx);
+  void layer_backward(int64_t il, const forward_state& fs, backward_scratch& bs, grad_sink& grads,
+                      layer_acts& a, T* dx);
   /// MoE feed-forward of a block: y = Σ_j w_j · expert_j(xn2) over the routed experts.
   void moe_forward(const layer_params& l, int64_t il, const forward_state& fs, int64_t n,
                    layer_acts& a, T* y);
   /// Its backward: dy = ∂L/∂y; overwrites dxn with ∂L/∂xn2, adds into the router's and experts'
   /// gradients.
-  void moe_backward(const layer_params& l, int64_t n, backward_scratch& bs,
-                    grad_sink& grads, const layer_acts& a, const T* dy, T* dxn,
-                    const std::vector<T>& balance_grad);
+  void moe_backward(const layer_params& l, int64_t n, backward_scratch& bs, grad_sink& grads,
+                    const layer_acts& a, const T* dy, T* dxn, const std::vector<T>& balance_grad);
   /// Forward and backward of one checked batch into `grads` (one pointer per parameter).
   loss_sum accumulate(const train_batch& b, forward_state& fs, backward_scratch& bs,
                       grad_sink& grads, const token_objective<T>* objective);

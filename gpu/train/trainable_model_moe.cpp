@@ -52,8 +52,8 @@ void trainable_model<T>::moe_forward(const layer_params& l, int64_t il, const fo
 
 template <class T>
 void trainable_model<T>::moe_backward(const layer_params& l, int64_t n, backward_scratch& b,
-                                      grad_sink& grads, const layer_acts& a,
-                                      const T* dy, T* dxn, const std::vector<T>& balance_grad) {
+                                      grad_sink& grads, const layer_acts& a, const T* dy, T* dxn,
+                                      const std::vector<T>& balance_grad) {
   const int64_t d = hp_.n_embd;
   const int64_t ne = hp_.n_experts;
   const int64_t eff = moe_ff_;
@@ -98,8 +98,8 @@ void trainable_model<T>::moe_backward(const layer_params& l, int64_t n, backward
   template void trainable_model<T>::moe_forward(const layer_params&, int64_t,                     \
                                                 const forward_state&, int64_t, layer_acts&, T*);  \
   template void trainable_model<T>::moe_backward(const layer_params&, int64_t, backward_scratch&, \
-                                                 grad_sink&, const layer_acts&,                   \
-                                                 const T*, T*, const std::vector<T>&);
+                                                 grad_sink&, const layer_acts&, const T*, T*,     \
+                                                 const std::vector<T>&);
 WEFT_MOE_MEMBERS(float)
 WEFT_MOE_MEMBERS(double)
 #undef WEFT_MOE_MEMBERS
