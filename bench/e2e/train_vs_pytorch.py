@@ -19,6 +19,7 @@ the run does not favour the side that always goes second.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -138,16 +139,16 @@ def main():
                  if a.device == "cpu" else f"on {weft['device']}")
         print(f"repeat {r + 1}: weft {weft['tokens_per_s']:.0f} tok/s, PyTorch eager {rate:.0f} "
               f"tok/s, ratio {weft['tokens_per_s'] / rate:.2f}x; {where}", flush=True)
-    ratios = sorted(x["ratio"] for x in runs)
-    shares = sorted(x["weft"]["ceiling_share"] for x in runs)
+    # statistics.median: the mean of the middle two for an even number of repeats (not the upper
+    # one, which flattered an even count).
     summary = {
         "model": a.model, "device": a.device, "offload_optimizer": a.offload_optimizer,
         "threads": a.threads, "seqs": a.seqs, "seq_tokens": a.seq_tokens,
         "steps": a.steps, "repeat": a.repeat,
-        "ratio_median": ratios[len(ratios) // 2],
-        "weft_tokens_per_s_median": sorted(x["weft"]["tokens_per_s"] for x in runs)[len(runs) // 2],
-        "torch_tokens_per_s_median": sorted(x["torch_tokens_per_s"] for x in runs)[len(runs) // 2],
-        "ceiling_share_median": shares[len(shares) // 2],
+        "ratio_median": statistics.median(x["ratio"] for x in runs),
+        "weft_tokens_per_s_median": statistics.median(x["weft"]["tokens_per_s"] for x in runs),
+        "torch_tokens_per_s_median": statistics.median(x["torch_tokens_per_s"] for x in runs),
+        "ceiling_share_median": statistics.median(x["weft"]["ceiling_share"] for x in runs),
         "checkpoint_sync_s": runs[-1]["weft"]["checkpoint_sync_s"],
         "checkpoint_async_stall_s": runs[-1]["weft"]["checkpoint_async_stall_s"],
         "runs": runs,
@@ -160,22 +161,28 @@ def main():
           f"{summary['checkpoint_sync_s']:.2f} s sync, async stall "
           f"{summary['checkpoint_async_stall_s']:.3f} s -> {a.out}")
     if a.png:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-        ax[0].bar(["weft", "PyTorch eager"],
-                  [summary["weft_tokens_per_s_median"], summary["torch_tokens_per_s_median"]])
-        ax[0].set_ylabel("training tokens/s (median)")
-        ax[0].set_title(f"one AdamW step, {a.seqs}x{a.seq_tokens} tokens, {a.threads} threads")
-        ax[1].bar(["weft step", "checkpoint sync", "async stall"],
-                  [runs[-1]["weft"]["step_s_median"], summary["checkpoint_sync_s"],
-                   summary["checkpoint_async_stall_s"]])
-        ax[1].set_ylabel("seconds")
-        ax[1].set_title("step time vs checkpoint cost")
-        fig.tight_layout()
-        fig.savefig(a.png, dpi=100)
+        plot(summary, a.png)
     return 0
+
+
+def plot(summary, png):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = summary["runs"]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    ax[0].bar(["weft", "PyTorch eager"],
+              [summary["weft_tokens_per_s_median"], summary["torch_tokens_per_s_median"]])
+    ax[0].set_ylabel("training tokens/s (median)")
+    ax[0].set_title(f"one AdamW step, {summary['seqs']}x{summary['seq_tokens']} tokens, "
+                    f"{summary['threads']} threads")
+    ax[1].bar(["weft step", "checkpoint sync", "async stall"],
+              [runs[-1]["weft"]["step_s_median"], summary["checkpoint_sync_s"],
+               summary["checkpoint_async_stall_s"]])
+    ax[1].set_ylabel("seconds")
+    ax[1].set_title("step time vs checkpoint cost")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
 
 
 if __name__ == "__main__":
