@@ -173,23 +173,13 @@ void adamw::step(std::span<const std::span<float>> values,
   adamw_scalars sc = scalars(step_, lr);
   sc.grad_scale = grad_scale;
   sc.clip = clip;
-  // Elements [lo, hi) of tensor i.
-  auto update = [&](size_t i, size_t lo, size_t hi) {
-    const bool wd = i < decay.size() ? decay[i] != 0 : true;
-    adamw_update_range(values[i].data(), grads[i].data(), m_[i].data(), v_[i].data(),
-                       static_cast<int64_t>(lo), static_cast<int64_t>(hi), wd, sc);
-  };
   // All tensors as one range of elements, cut among the threads.
-  std::vector<int64_t> starts{0};
-  for (const auto& t : values) starts.push_back(starts.back() + static_cast<int64_t>(t.size()));
-  parallel_ranges(starts.back(), config_.threads, [&](int64_t lo, int64_t hi) {
-    auto i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), lo) -
-                                 starts.begin() - 1);
-    for (; i < values.size() && starts[i] < hi; ++i) {
-      const int64_t a = std::max(lo, starts[i]) - starts[i];
-      const int64_t b = std::min(hi, starts[i + 1]) - starts[i];
-      if (b > a) update(i, static_cast<size_t>(a), static_cast<size_t>(b));
-    }
+  std::vector<int64_t> sizes;
+  for (const auto& t : values) sizes.push_back(static_cast<int64_t>(t.size()));
+  parallel_tensor_ranges(sizes, config_.threads, [&](size_t i, int64_t lo, int64_t hi) {
+    const bool wd = i < decay.size() ? decay[i] != 0 : true;
+    adamw_update_range(values[i].data(), grads[i].data(), m_[i].data(), v_[i].data(), lo, hi, wd,
+                       sc);
   });
 }
 
@@ -203,10 +193,33 @@ result<double> scale_clip_and_update(adamw& opt, std::span<const std::span<float
                                      std::span<const std::span<const float>> grads,
                                      std::span<const uint8_t> decay, float grad_scale,
                                      double max_norm, double lr, int64_t step) {
-  // global_grad_norm of the scaled gradients, without writing them.
+  // global_grad_norm of the scaled gradients, without writing them: every tensor's 64 Ki-element
+  // chunks as one list cut among the threads (most tensors are too small to split on their own),
+  // then each tensor's chunks and the tensors summed in order — sum_squares' bits.
+  std::vector<std::pair<size_t, int64_t>> chunks;  // (tensor, first element)
+  std::vector<size_t> first_chunk;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    first_chunk.push_back(chunks.size());
+    for (int64_t lo = 0; lo < static_cast<int64_t>(grads[i].size()); lo += squares_chunk)
+      chunks.emplace_back(i, lo);
+  }
+  first_chunk.push_back(chunks.size());
+  std::vector<double> part(chunks.size(), 0.0);
+  parallel_ranges(
+      static_cast<int64_t>(chunks.size()), opt.config().threads, [&](int64_t a, int64_t b) {
+        for (int64_t c = a; c < b; ++c) {
+          const auto [i, lo] = chunks[static_cast<size_t>(c)];
+          const auto n = static_cast<int64_t>(grads[i].size());
+          part[static_cast<size_t>(c)] =
+              sum_squares_chunk(grads[i].data() + lo, std::min(squares_chunk, n - lo), grad_scale);
+        }
+      });
   double ss = 0.0;
-  for (const auto& g : grads)
-    ss += sum_squares(g.data(), static_cast<int64_t>(g.size()), opt.config().threads, grad_scale);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    double t = 0.0;
+    for (size_t c = first_chunk[i]; c < first_chunk[i + 1]; ++c) t += part[c];
+    ss += t;
+  }
   const double norm = std::sqrt(ss);
   if (!std::isfinite(norm)) return non_finite_norm(step);
   opt.step(values, grads, decay, lr, grad_scale, clip_factor(norm, max_norm));

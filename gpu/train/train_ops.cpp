@@ -26,6 +26,21 @@ void parallel_ranges(int64_t n, int threads, const std::function<void(int64_t, i
   for (auto& th : pool) th.join();
 }
 
+void parallel_tensor_ranges(std::span<const int64_t> sizes, int threads,
+                            const std::function<void(size_t, int64_t, int64_t)>& f) {
+  std::vector<int64_t> starts{0};
+  for (const int64_t n : sizes) starts.push_back(starts.back() + n);
+  parallel_ranges(starts.back(), threads, [&](int64_t lo, int64_t hi) {
+    auto i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), lo) -
+                                 starts.begin() - 1);
+    for (; i < sizes.size() && starts[i] < hi; ++i) {
+      const int64_t a = std::max(lo, starts[i]) - starts[i];
+      const int64_t b = std::min(hi, starts[i + 1]) - starts[i];
+      if (b > a) f(i, a, b);
+    }
+  });
+}
+
 namespace {
 
 /// Row-major GEMM C = alpha·op(A)·op(B) + beta·C for float or double.

@@ -22,6 +22,12 @@ namespace weft::gpu::train {
 /// caller's thread takes the first). For element-wise passes, whose results do not depend on it.
 void parallel_ranges(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& f);
 
+/// parallel_ranges over several tensors as one run of elements (tensor i has sizes[i]): each
+/// thread's range is cut at the tensors' ends and f(i, begin, end) runs on each piece, so many
+/// small tensors share the threads as well as one large one.
+void parallel_tensor_ranges(std::span<const int64_t> sizes, int threads,
+                            const std::function<void(size_t, int64_t, int64_t)>& f);
+
 /// y[n][out] = x[n][in]·Wᵀ.
 template <class T>
 void linear_forward(const T* x, const T* w, int64_t n, int64_t in, int64_t out, T* y);

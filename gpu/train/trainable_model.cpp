@@ -513,15 +513,13 @@ result<loss_sum> trainable_model<T>::run_shares(std::span<const std::vector<trai
   for (size_t j = 1; j < shares.size(); ++j) {
     total.sum += losses[j].sum;
     total.tokens += losses[j].tokens;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      T* dst = params_[i].grad.data();
-      const T* src = replica_grads[j - 1].data[i];
-      const auto n = static_cast<int64_t>(params_[i].grad.size());
-      parallel_ranges(n, n >= (1 << 20) ? static_cast<int>(shares.size()) : 1,
-                      [dst, src](int64_t lo, int64_t hi) {
-                        for (int64_t k = lo; k < hi; ++k) dst[k] += src[k];
-                      });
-    }
+    // All tensors as one range on the shares' threads (most are too small to split alone).
+    parallel_tensor_ranges(own.size, static_cast<int>(shares.size()),
+                           [&](size_t i, int64_t lo, int64_t hi) {
+                             T* dst = params_[i].grad.data();
+                             const T* src = replica_grads[j - 1].data[i];
+                             for (int64_t k = lo; k < hi; ++k) dst[k] += src[k];
+                           });
   }
   return total;
 }
