@@ -206,6 +206,12 @@ int64_t softmax_probs_f32(float* sc, int64_t n_pos, float* pf) {
   return n_kv;
 }
 
+// A row stride of `n` floats plus one cache line: rows a power of two apart (8192 positions, 32 KB)
+// map to the same cache sets, and the value sums read 8 value rows and 3 probability rows at once.
+int64_t padded_stride(int64_t n) {
+  return n + 16;
+}
+
 // Keys and values of sequence `seq`, kv head g, as floats for positions [0, n_needed) (whole blocks
 // of 16; positions past the sequence's last one in the batch, `last`, are zeros).
 const attention_scratch::converted_head& converted(const attention_batch& b, attention_scratch& s,
@@ -217,7 +223,7 @@ const attention_scratch::converted_head& converted(const attention_batch& b, att
     c.seq = seq;
     c.last = last;
     c.n = 0;
-    c.stride = (last + 1 + 31) / 32 * 32;
+    c.stride = padded_stride((last + 1 + 31) / 32 * 32);
     row_offsets(b, b.block_table + b.seq_block_offset[seq], last + 1, g, c.offsets);
     c.kt.resize(static_cast<size_t>(c.stride * hd));
     c.vt.resize(static_cast<size_t>(c.stride * hd));
@@ -244,37 +250,42 @@ const attention_scratch::converted_head& converted(const attention_batch& b, att
   return c;
 }
 
-// The probability-weighted sum of the values for NQ queries of one token (n_pos keys each), every
-// output column a 16-lane dot over positions (lane l takes positions l, l + 16, ...; then hi + lo
-// and reduce8's tree): column_fma's slot layout and order. 8 columns x NQ queries in flight, each
-// value load serving all NQ queries.
+// The probability-weighted sum of the values for NQ queries of one token (n_pos keys each) over
+// positions [i0, i1) (multiples of 16; i1 at most the queries' n_kv): every output column a
+// 16-lane dot over positions (lane l takes positions l, l + 16, ...; then hi + lo and reduce8's
+// tree, in finish_values), column_fma's slot layout and order. The lanes continue from `acc`
+// ([NQ][hd][16]; from zero when `first`) and are left there, so a query's positions can be run
+// block by block in order with the bits of one pass. 8 columns x NQ queries in flight, each value
+// load serving all NQ queries.
 template <int NQ>
 void weight_values(const float* vt, int64_t stride, const float* pf, int64_t pf_stride,
-                   int64_t n_pos, int64_t n_kv, int64_t hd, float* const* out) {
-  const int64_t full = n_pos / 16 * 16;
+                   int64_t n_pos, int64_t i0, int64_t i1, int64_t hd, float* acc, bool first) {
   const auto tail = static_cast<__mmask16>((1u << (n_pos % 16)) - 1);
   for (int64_t d0 = 0; d0 < hd; d0 += 8) {
     __m512 a[NQ][8];
 #pragma GCC unroll 4
     for (int q = 0; q < NQ; ++q) {
 #pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) a[q][c] = _mm512_setzero_ps();
+      for (int c = 0; c < 8; ++c)
+        a[q][c] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + (q * hd + d0 + c) * 16);
     }
     const float* row = vt + d0 * stride;
-    int64_t i = 0;
-    for (; i < full; i += 16) {
+    int64_t i = i0;
+    for (; i + 16 <= std::min(i1, n_pos); i += 16) {
       __m512 pv[NQ];
 #pragma GCC unroll 4
       for (int q = 0; q < NQ; ++q) pv[q] = _mm512_loadu_ps(pf + q * pf_stride + i);
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
-        const __m512 v = _mm512_loadu_ps(row + c * stride + i);
+        __m512 v = _mm512_loadu_ps(row + c * stride + i);
+        // One load for the NQ fmas: GCC otherwise folds it into each of them (NQ loads).
+        __asm__("" : "+v"(v));
 #pragma GCC unroll 4
         for (int q = 0; q < NQ; ++q) a[q][c] = _mm512_fmadd_ps(v, pv[q], a[q][c]);
       }
     }
     // Positions at or past n_pos are llama.cpp's zero padding rows: fma(+0, p, a).
-    for (; i < n_kv; i += 16) {
+    for (; i < i1; i += 16) {
       const __mmask16 m = i < n_pos ? tail : 0;
       __m512 pv[NQ];
 #pragma GCC unroll 4
@@ -286,15 +297,58 @@ void weight_values(const float* vt, int64_t stride, const float* pf, int64_t pf_
         for (int q = 0; q < NQ; ++q) a[q][c] = _mm512_fmadd_ps(v, pv[q], a[q][c]);
       }
     }
+#pragma GCC unroll 4
     for (int q = 0; q < NQ; ++q) {
-      for (int c = 0; c < 8; ++c) {
-        alignas(64) float v[16];
-        _mm512_store_ps(v, a[q][c]);
-        float t8[8];
-        for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
-        out[q][d0 + c] = reduce8(t8);
-      }
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) _mm512_storeu_ps(acc + (q * hd + d0 + c) * 16, a[q][c]);
     }
+  }
+}
+
+// The horizontal sums of 16 vectors at once, lane k of the result the sum of v[k] in the order
+// the one-vector reduction takes (256-bit halves, 128-bit halves, elements 0,1 + 2,3, then 0 + 1,
+// i.e. hi + lo, then reduce8's tree): each level adds two vectors' halves gathered by shuffles.
+[[gnu::always_inline]] inline __m512 hsum_16x16(const __m512* v) {
+  __m512 w[8], x[4], y[2];
+#pragma GCC unroll 8
+  for (int m = 0; m < 8; ++m) {  // [A.lo256 | B.lo256] + [A.hi256 | B.hi256]
+    w[m] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)),
+                         _mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)));
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {  // each 256-bit half: its high 128 bits + its low ones
+    x[j] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)),
+                         _mm512_shuffle_f32x4(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)));
+  }
+  // x[j]'s 128-bit lane L holds key 4j + L's four partial sums; elements 0,1 + elements 2,3.
+#pragma GCC unroll 2
+  for (int j = 0; j < 2; ++j) {
+    y[j] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // y[j]'s lane L: keys 8j + L and 8j + 4 + L, two sums each; element 0 + element 1.
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // r's element 4L + e is key 4e + L.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, r);
+}
+
+// The reduction that ends weight_values: each column's 16 lanes, hi + lo, then reduce8's tree,
+// 16 columns at a time.
+void finish_values(const float* acc, int64_t hd, float* out) {
+  int64_t d = 0;
+  for (; d + 16 <= hd; d += 16) {
+    __m512 v[16];
+#pragma GCC unroll 16
+    for (int c = 0; c < 16; ++c) v[c] = _mm512_loadu_ps(acc + (d + c) * 16);
+    _mm512_storeu_ps(out + d, hsum_16x16(v));
+  }
+  for (; d < hd; ++d) {
+    const float* v = acc + d * 16;
+    float t8[8];
+    for (int l = 0; l < 8; ++l) t8[l] = v[8 + l] + v[l];
+    out[d] = reduce8(t8);
   }
 }
 
@@ -309,9 +363,10 @@ void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, 
   const int32_t seq = b.token_seq[t0];
   const int64_t n_max = static_cast<int64_t>(b.token_pos[t1 - 1]) + 1;
   const int64_t width = (n_max + 31) / 32 * 32;  // covers every query's n_kv and 16-key blocks
+  const int64_t ld = padded_stride(width);       // the rows' stride
   const int64_t n_q = (t1 - t0) * group;
   const auto& c = converted(b, s, seq, g, n_max, last);
-  s.tile_scores.resize(static_cast<size_t>(n_q * width));
+  s.tile_scores.resize(static_cast<size_t>(n_q * ld));
   s.tile_q.resize(static_cast<size_t>(n_q * hd));
   s.q.resize(static_cast<size_t>(hd));
   for (int64_t t = t0; t < t1; ++t) {
@@ -329,38 +384,54 @@ void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, 
     int64_t q0 = 0;
     while (b.token_pos[t0 + q0 / group] < p0) q0 += group;
     const float* tq = s.tile_q.data() + q0 * hd;
-    float* out = s.tile_scores.data() + q0 * width + p0;
+    float* out = s.tile_scores.data() + q0 * ld + p0;
     if (hd == 64) {
-      scores_block<4, 4>(kt, tq, n_q - q0, b.scale, out, width, s.t8.data());
+      scores_block<4, 4>(kt, tq, n_q - q0, b.scale, out, ld, s.t8.data());
     } else if (hd == 128) {
-      scores_block<8, 2>(kt, tq, n_q - q0, b.scale, out, width, s.t8.data());
+      scores_block<8, 2>(kt, tq, n_q - q0, b.scale, out, ld, s.t8.data());
     } else {
       for (int64_t qi = q0; qi < n_q; ++qi)
         scores_16_keys(kt, s.tile_q.data() + qi * hd, hd, b.scale,
-                       s.tile_scores.data() + qi * width + p0);
+                       s.tile_scores.data() + qi * ld + p0);
     }
   }
-  s.pf.resize(static_cast<size_t>(3 * width));
-  for (int64_t t = t0; t < t1; ++t) {
-    const int64_t n_pos = static_cast<int64_t>(b.token_pos[t]) + 1;
-    // The token's query heads, up to three at a time (they share n_pos and every value load).
-    for (int64_t k0 = 0; k0 < group; k0 += 3) {
-      const int nq = static_cast<int>(std::min<int64_t>(3, group - k0));
-      float* out[3] = {};
-      int64_t n_kv = 0;
-      for (int q = 0; q < nq; ++q) {
-        const int64_t qi = (t - t0) * group + k0 + q;
-        n_kv = softmax_probs_f32(s.tile_scores.data() + qi * width, n_pos, s.pf.data() + q * width);
-        out[q] = b.out + t * q_stride + (g * group + k0 + q) * hd;
-      }
-      if (nq == 3) {
-        weight_values<3>(c.vt.data(), c.stride, s.pf.data(), width, n_pos, n_kv, hd, out);
-      } else if (nq == 2) {
-        weight_values<2>(c.vt.data(), c.stride, s.pf.data(), width, n_pos, n_kv, hd, out);
-      } else {
-        weight_values<1>(c.vt.data(), c.stride, s.pf.data(), width, n_pos, n_kv, hd, out);
+  // Every query's probabilities, in place of its scores.
+  for (int64_t qi = 0; qi < n_q; ++qi) {
+    const int64_t n_pos = static_cast<int64_t>(b.token_pos[t0 + qi / group]) + 1;
+    float* row = s.tile_scores.data() + qi * ld;
+    softmax_probs_f32(row, n_pos, row);
+  }
+  // The value sums, a block of positions at a time for all the tile's queries: the block's values
+  // (~128 KB) are read from the converted copy once per tile instead of once per token — a kv
+  // head's values outgrow the core's cache at long contexts (2 MB at 8k tokens, head size 64).
+  const int64_t block = std::max<int64_t>(16, (int64_t{32768} / hd) / 16 * 16);
+  s.acc.resize(static_cast<size_t>(n_q * hd * 16));
+  for (int64_t i0 = 0; i0 < width; i0 += block) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n_pos = static_cast<int64_t>(b.token_pos[t]) + 1;
+      const int64_t n_kv = (n_pos + 31) / 32 * 32;
+      if (i0 >= n_kv) continue;
+      const int64_t i1 = std::min(i0 + block, n_kv);
+      // The token's query heads, up to three at a time (they share n_pos and every value load).
+      for (int64_t k0 = 0; k0 < group; k0 += 3) {
+        const int nq = static_cast<int>(std::min<int64_t>(3, group - k0));
+        const int64_t qi = (t - t0) * group + k0;
+        const float* pf = s.tile_scores.data() + qi * ld;
+        float* acc = s.acc.data() + qi * hd * 16;
+        if (nq == 3) {
+          weight_values<3>(c.vt.data(), c.stride, pf, ld, n_pos, i0, i1, hd, acc, i0 == 0);
+        } else if (nq == 2) {
+          weight_values<2>(c.vt.data(), c.stride, pf, ld, n_pos, i0, i1, hd, acc, i0 == 0);
+        } else {
+          weight_values<1>(c.vt.data(), c.stride, pf, ld, n_pos, i0, i1, hd, acc, i0 == 0);
+        }
       }
     }
+  }
+  for (int64_t qi = 0; qi < n_q; ++qi) {
+    const int64_t t = t0 + qi / group;
+    const int64_t h = g * group + qi % group;
+    finish_values(s.acc.data() + qi * hd * 16, hd, b.out + t * q_stride + h * hd);
   }
 }
 

@@ -20,12 +20,12 @@ struct attention_scratch {
   std::vector<uint16_t> probs;
   std::vector<int64_t> offsets;         ///< cache offsets of one kv head's rows, by position
   std::vector<const uint16_t*> v_rows;  ///< V rows of one kv head (read without transposing)
-  std::vector<float> acc;               ///< dot_f16_columns accumulators
+  std::vector<float> acc;  ///< dot_f16_columns accumulators; the tiled kernel's value lanes
   std::vector<uint16_t> q;
-  // The tiled prefill kernel: a tile's scores [query][key], its queries as floats [query][dim],
-  // one converted cache row, the probabilities of up to 3 queries as floats, the score tree's
-  // first level [query][8][16].
-  std::vector<float> tile_scores, tile_q, row, pf, t8;
+  // The tiled prefill kernel: a tile's scores [query][key] (then its probabilities, in place), its
+  // queries as floats [query][dim], one converted cache row, the score tree's first level
+  // [query][8][16].
+  std::vector<float> tile_scores, tile_q, row, t8;
   /// One kv head's keys and values of one sequence as floats, converted once per attention call
   /// for all of this thread's tiles: keys in blocks of 16 transposed ([block][dim][16]), values
   /// transposed ([dim][position], row stride `stride`); positions [0, n) are done.

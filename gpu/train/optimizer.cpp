@@ -183,19 +183,10 @@ void adamw::step(std::span<const std::span<float>> values,
   });
 }
 
-double global_grad_norm(std::span<const std::span<const float>> grads, int threads) {
-  double ss = 0.0;
-  for (const auto& g : grads) ss += sum_squares(g.data(), static_cast<int64_t>(g.size()), threads);
-  return std::sqrt(ss);
-}
-
-result<double> scale_clip_and_update(adamw& opt, std::span<const std::span<float>> values,
-                                     std::span<const std::span<const float>> grads,
-                                     std::span<const uint8_t> decay, float grad_scale,
-                                     double max_norm, double lr, int64_t step) {
-  // global_grad_norm of the scaled gradients, without writing them: every tensor's 64 Ki-element
-  // chunks as one list cut among the threads (most tensors are too small to split on their own),
-  // then each tensor's chunks and the tensors summed in order — sum_squares' bits.
+double global_grad_norm(std::span<const std::span<const float>> grads, int threads, float scale) {
+  // Every tensor's 64 Ki-element chunks as one list cut among the threads (most tensors are too
+  // small to split on their own), then each tensor's chunks and the tensors summed in order —
+  // sum_squares' bits, tensor by tensor.
   std::vector<std::pair<size_t, int64_t>> chunks;  // (tensor, first element)
   std::vector<size_t> first_chunk;
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -205,22 +196,29 @@ result<double> scale_clip_and_update(adamw& opt, std::span<const std::span<float
   }
   first_chunk.push_back(chunks.size());
   std::vector<double> part(chunks.size(), 0.0);
-  parallel_ranges(
-      static_cast<int64_t>(chunks.size()), opt.config().threads, [&](int64_t a, int64_t b) {
-        for (int64_t c = a; c < b; ++c) {
-          const auto [i, lo] = chunks[static_cast<size_t>(c)];
-          const auto n = static_cast<int64_t>(grads[i].size());
-          part[static_cast<size_t>(c)] =
-              sum_squares_chunk(grads[i].data() + lo, std::min(squares_chunk, n - lo), grad_scale);
-        }
-      });
+  parallel_ranges(static_cast<int64_t>(chunks.size()), threads, [&](int64_t a, int64_t b) {
+    for (int64_t c = a; c < b; ++c) {
+      const auto [i, lo] = chunks[static_cast<size_t>(c)];
+      const auto n = static_cast<int64_t>(grads[i].size());
+      part[static_cast<size_t>(c)] =
+          sum_squares_chunk(grads[i].data() + lo, std::min(squares_chunk, n - lo), scale);
+    }
+  });
   double ss = 0.0;
   for (size_t i = 0; i < grads.size(); ++i) {
     double t = 0.0;
     for (size_t c = first_chunk[i]; c < first_chunk[i + 1]; ++c) t += part[c];
     ss += t;
   }
-  const double norm = std::sqrt(ss);
+  return std::sqrt(ss);
+}
+
+result<double> scale_clip_and_update(adamw& opt, std::span<const std::span<float>> values,
+                                     std::span<const std::span<const float>> grads,
+                                     std::span<const uint8_t> decay, float grad_scale,
+                                     double max_norm, double lr, int64_t step) {
+  // The norm of the scaled gradients, without writing them.
+  const double norm = global_grad_norm(grads, opt.config().threads, grad_scale);
   if (!std::isfinite(norm)) return non_finite_norm(step);
   opt.step(values, grads, decay, lr, grad_scale, clip_factor(norm, max_norm));
   return norm;

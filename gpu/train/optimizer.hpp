@@ -86,8 +86,10 @@ class adamw {
   std::vector<std::vector<float>> m_, v_;
 };
 
-/// The global L2 norm of all gradients: √(Σ over the tensors, in order, of sum_squares).
-double global_grad_norm(std::span<const std::span<const float>> grads, int threads = 1);
+/// The global L2 norm of all gradients, each element times `scale`: √(Σ over the tensors, in
+/// order, of sum_squares(tensor, scale)); the same bits for any number of threads.
+double global_grad_norm(std::span<const std::span<const float>> grads, int threads = 1,
+                        float scale = 1.0f);
 
 /// The factor clip_grad_norm scales the gradients by at this norm (1 when it does not clip).
 float clip_factor(double norm, double max_norm);

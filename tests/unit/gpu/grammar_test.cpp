@@ -92,7 +92,9 @@ TEST(grammar, mask_equals_a_brute_force_check_of_every_token) {
       const bool ok = copy.advance(pieces[t]);
       ASSERT_EQ(mask[t] != 0, ok) << "at " << k << " token '" << pieces[t] << "'";
     }
-    if (k < doc.size()) ASSERT_TRUE(m.advance(static_cast<uint8_t>(doc[k]))) << k;
+    if (k < doc.size()) {
+      ASSERT_TRUE(m.advance(static_cast<uint8_t>(doc[k]))) << k;
+    }
   }
   EXPECT_TRUE(m.accepting());
 }

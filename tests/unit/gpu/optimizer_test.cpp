@@ -99,6 +99,25 @@ TEST(optimizer, sum_squares_is_fixed_by_the_data_alone) {
   }
 }
 
+// The global norm is √ of the tensors' sum_squares added in order, whatever the thread count and
+// however the tensors' chunks fall among the threads (small tensors beside one larger than a
+// chunk).
+TEST(optimizer, global_grad_norm_is_the_tensors_sum_squares_in_order) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<std::vector<float>> t;
+  for (int64_t n : {int64_t{3}, int64_t{200000}, int64_t{0}, int64_t{65537}, int64_t{17}}) {
+    t.emplace_back(static_cast<size_t>(n));
+    for (auto& v : t.back()) v = d(rng);
+  }
+  const std::vector<std::span<const float>> view(t.begin(), t.end());
+  for (float scale : {1.0f, 0.37f}) {
+    double ss = 0.0;
+    for (const auto& x : t) ss += sum_squares(x.data(), static_cast<int64_t>(x.size()), 1, scale);
+    for (int threads : {1, 2, 3})
+      EXPECT_EQ(std::sqrt(ss), global_grad_norm(view, threads, scale)) << threads << " " << scale;
+  }
+}
 // The fused update (the mean's scale and the clip factor applied as AdamW reads the gradients)
 // gives the bits of scaling in place, clip_grad_norm and adamw::step, and leaves the sums alone.
 TEST(optimizer, scale_clip_and_update_is_the_in_place_path_without_writing_the_gradients) {
