@@ -165,9 +165,11 @@ class cpu_device final : public device {
   /// set_compute_threads can lend the worker more cores for a while.
   cpu_device(int n_threads, int max_threads) : pool_(max_threads, n_threads), ops_(pool_) {
     caps_.kind = device_kind::cpu;
-    caps_.name = std::string{"cpu ("} + quant_kernel_path() + ", ggml " +
-                 ggml_simd_name(ggml_simd_layout()) + " numerics, " + std::to_string(n_threads) +
-                 " threads)";
+    const auto kernel = quant_matmul_kernel_in_use();  // checked by make_cpu_device
+    caps_.name = std::string{"cpu ("} +
+                 (kernel && *kernel == quant_matmul_kernel::amx ? "amx matmuls, " : "") +
+                 quant_kernel_path() + ", ggml " + ggml_simd_name(ggml_simd_layout()) +
+                 " numerics, " + std::to_string(n_threads) + " threads)";
     caps_.memory = memory_visibility::host_visible;
     caps_.n_compute_threads = n_threads;
     caps_.weight_types = {ggml_type::f32,  ggml_type::f16,  ggml_type::bf16,
@@ -250,7 +252,11 @@ result<std::unique_ptr<device>> make_cpu_device(const device_config& config) {
   if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // Our pool splits BLAS calls itself; OpenBLAS's own threads would oversubscribe the cores.
   openblas_set_num_threads(1);
-  spdlog::debug("cpu device: {} threads, {} kernels, ggml {} numerics", n, quant_kernel_path(),
+  // WEFT_CPU_MATMUL: a bad value, or amx where it cannot run, stops the device here, by name.
+  const auto kernel = quant_matmul_kernel_in_use();
+  if (!kernel) return kernel.error();
+  spdlog::debug("cpu device: {} threads, {} kernels, {} quantized matmuls, ggml {} numerics", n,
+                quant_kernel_path(), quant_matmul_kernel_name(*kernel),
                 ggml_simd_name(ggml_simd_layout()));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::unique_ptr<device>(new cpu_device(n, std::max(n, cores)));

@@ -4,13 +4,82 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <string>
 #include <vector>
 
+#include "gpu/cpu/amx_matmul.hpp"
 #include "gpu/cpu/half_dot.hpp"
 #include "gpu/cpu/quant_dot.hpp"
 
 namespace weft::gpu::cpu {
+
+namespace {
+
+status amx_check() {
+  if (amx_available()) return {};
+  return {status_code::unsupported,
+          std::string{"the amx matmul kernel cannot run here: "} + amx_unavailable_reason()};
+}
+
+struct kernel_choice {
+  std::mutex mu;
+  bool read = false;
+  quant_matmul_kernel kernel = quant_matmul_kernel::ggml;
+  status error;
+};
+
+kernel_choice& choice() {
+  static kernel_choice c;
+  return c;
+}
+
+// The kernel quantized weights use in this call (ggml while WEFT_CPU_MATMUL is unset).
+std::atomic<int> active_kernel{-1};
+
+}  // namespace
+
+const char* quant_matmul_kernel_name(quant_matmul_kernel kernel) {
+  return kernel == quant_matmul_kernel::amx ? "amx" : "ggml";
+}
+
+result<quant_matmul_kernel> quant_matmul_kernel_in_use() {
+  kernel_choice& c = choice();
+  std::lock_guard lock(c.mu);
+  if (!c.read) {
+    c.read = true;
+    if (const char* env = std::getenv("WEFT_CPU_MATMUL"); env != nullptr && *env != '\0') {
+      const std::string v{env};
+      if (v == "amx") {
+        c.kernel = quant_matmul_kernel::amx;
+        if (auto st = amx_check(); !st) {
+          c.error = {st.code(), "WEFT_CPU_MATMUL=amx: " + st.message()};
+        }
+      } else if (v != "ggml") {
+        c.error = {status_code::invalid_argument,
+                   "WEFT_CPU_MATMUL must be ggml or amx, not '" + v + "'"};
+      }
+    }
+    active_kernel.store(c.error.ok() ? static_cast<int>(c.kernel) : -2);
+  }
+  if (!c.error.ok()) return c.error;
+  return c.kernel;
+}
+
+status set_quant_matmul_kernel(quant_matmul_kernel kernel) {
+  if (kernel == quant_matmul_kernel::amx) {
+    if (auto st = amx_check(); !st) return st;
+  }
+  kernel_choice& c = choice();
+  std::lock_guard lock(c.mu);
+  c.read = true;
+  c.kernel = kernel;
+  c.error = {};
+  active_kernel.store(static_cast<int>(kernel));
+  return {};
+}
 
 bool matmul_supports(ggml_type type) {
   switch (type) {
@@ -52,8 +121,9 @@ struct scale_table {
   act_scales at(int64_t t) const { return {d + t, s == nullptr ? nullptr : s + t, n_tokens}; }
 };
 
-scale_table make_scales(matmul_scratch& scratch, ggml_type type, int64_t n_cols, int64_t n_tokens) {
-  if (n_tokens <= 1) return {};
+scale_table make_scales(matmul_scratch& scratch, ggml_type type, int64_t n_cols, int64_t n_tokens,
+                        bool amx) {
+  if (n_tokens <= 1 && !amx) return {};
   if (type != ggml_type::q4_0 && type != ggml_type::q4_1 && type != ggml_type::q8_0) return {};
   const size_t per = static_cast<size_t>(n_cols / 32 * n_tokens);
   // The tiles read the s table a vector of tile_tokens floats at a time: padding past its end.
@@ -247,9 +317,34 @@ void tiles_parallel(thread_pool& pool, int64_t n_tiles, F&& f) {
   });
 }
 
+bool is_quantized(ggml_type t) {
+  return t == ggml_type::q4_0 || t == ggml_type::q4_1 || t == ggml_type::q8_0;
+}
+
+// Whether weights of type `t` go to the AMX kernel in this process (an error: the kernel chosen
+// through WEFT_CPU_MATMUL cannot run).
+result<bool> amx_for(ggml_type t) {
+  if (!is_quantized(t)) return false;
+  const int k = active_kernel.load(std::memory_order_relaxed);
+  if (k >= 0) return k == static_cast<int>(quant_matmul_kernel::amx);
+  auto in_use = quant_matmul_kernel_in_use();
+  if (!in_use) return in_use.error();
+  return *in_use == quant_matmul_kernel::amx;
+}
+
+// Rows per parallel tile: the AMX kernel's groups of 16, else 8.
+int64_t tile_unit(bool amx) {
+  return amx ? amx_rows_per_group : 8;
+}
+
 void rows_dispatch(const tensor_view& w, const f32_acts& fa, const uint8_t* a, size_t a_row,
                    const scale_table& sc, int64_t n_tokens, float* y, int64_t r_begin,
-                   int64_t r_end) {
+                   int64_t r_end, bool amx) {
+  if (amx) {
+    const amx_acts acts{a, a_row, sc.d, sc.s, n_tokens};
+    amx_matmul_rows(w, acts, y, r_begin, r_end);
+    return;
+  }
   switch (w.type) {
     case ggml_type::q4_1:
       rows_quant<block_q4_1, block_q8_1, dot_q4_1_q8_1, dot4_q4_1_q8_1, dot_tile_q4_1_q8_1>(
@@ -290,15 +385,17 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
     return {status_code::invalid_argument, "matmul: quantized row length not a multiple of 32"};
   }
   if (n_tokens <= 0) return {};
+  const auto amx = amx_for(w.type);
+  if (!amx) return amx.error();
   const size_t a_row = act_row_bytes(w.type, w.n_cols);
   if (a_row > 0 && scratch.bytes.size() < a_row * static_cast<size_t>(n_tokens)) {
     scratch.bytes.resize(a_row * static_cast<size_t>(n_tokens));
   }
   uint8_t* a = scratch.bytes.data();
-  const scale_table sc = make_scales(scratch, w.type, w.n_cols, n_tokens);
+  const scale_table sc = make_scales(scratch, w.type, w.n_cols, n_tokens, *amx);
   if (a_row > 0) {
     if (n_tokens == 1) {
-      convert_rows(w.type, x, a, 0, 1, w.n_cols, a_row);
+      convert_rows(w.type, x, a, 0, 1, w.n_cols, a_row, sc);
     } else {
       pool.parallel([&](int i, int n) {
         const auto [b, e] = split_range(n_tokens, n, i);
@@ -310,10 +407,11 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
   if ((w.type == ggml_type::f32 || w.type == ggml_type::bf16) && !f32_uses_gemm(w, n_tokens)) {
     pack_f32_acts(fa, scratch.f32_pairs);
   }
-  // Split rows in multiples of 8 so tiles never straddle threads.
-  const int64_t n_tiles = (w.n_rows + 7) / 8;
+  // Split rows in multiples of 8 (AMX: 16) so tiles never straddle threads.
+  const int64_t unit = tile_unit(*amx);
+  const int64_t n_tiles = (w.n_rows + unit - 1) / unit;
   tiles_parallel(pool, n_tiles, [&](int64_t b, int64_t e) {
-    rows_dispatch(w, fa, a, a_row, sc, n_tokens, y, b * 8, std::min(w.n_rows, e * 8));
+    rows_dispatch(w, fa, a, a_row, sc, n_tokens, y, b * unit, std::min(w.n_rows, e * unit), *amx);
   });
   return {};
 }
@@ -339,30 +437,35 @@ status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const 
     }
   }
   const tensor_view& w0 = ws[0];
+  // Quantized weights all take the same kernel (formats agree, checked above).
+  const auto amx = amx_for(w0.type);
+  if (!amx) return amx.error();
   const size_t a_row = act_row_bytes(w0.type, w0.n_cols);
   if (scratch.bytes.size() < a_row * static_cast<size_t>(n_tokens))
     scratch.bytes.resize(a_row * static_cast<size_t>(n_tokens));
   uint8_t* a = scratch.bytes.data();
   // One activation format for all weights (checked above); the Q8_1 table also serves Q8_0.
-  const scale_table sc = make_scales(scratch, w0.type, w0.n_cols, n_tokens);
+  const scale_table sc = make_scales(scratch, w0.type, w0.n_cols, n_tokens, *amx);
   if (n_tokens == 1) {
-    convert_rows(w0.type, x, a, 0, 1, w0.n_cols, a_row);
+    convert_rows(w0.type, x, a, 0, 1, w0.n_cols, a_row, sc);
   } else {
     pool.parallel([&](int i, int n) {
       const auto [b, e] = split_range(n_tokens, n, i);
       convert_rows(w0.type, x, a, b, e, w0.n_cols, a_row, sc);
     });
   }
-  // Tiles of 8 rows over all weights, in one parallel region.
+  // Tiles of 8 rows (AMX: 16) over all weights, in one parallel region.
+  const int64_t unit = tile_unit(*amx);
   std::vector<int64_t> first_tile(ws.size() + 1, 0);
-  for (size_t i = 0; i < ws.size(); ++i) first_tile[i + 1] = first_tile[i] + (ws[i].n_rows + 7) / 8;
+  for (size_t i = 0; i < ws.size(); ++i)
+    first_tile[i + 1] = first_tile[i] + (ws[i].n_rows + unit - 1) / unit;
   tiles_parallel(pool, first_tile.back(), [&](int64_t b, int64_t e) {
     for (size_t k = 0; k < ws.size(); ++k) {
       const int64_t lo = std::max(b, first_tile[k]) - first_tile[k];
       const int64_t hi = std::min(e, first_tile[k + 1]) - first_tile[k];
       if (hi <= lo) continue;
       rows_dispatch(ws[k], f32_acts{x, n_tokens, ws[k].n_cols}, a, a_row, sc, n_tokens, ys[k],
-                    lo * 8, std::min(ws[k].n_rows, hi * 8));
+                    lo * unit, std::min(ws[k].n_rows, hi * unit), *amx);
     }
   });
   return {};

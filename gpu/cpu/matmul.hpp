@@ -23,6 +23,17 @@ struct matmul_scratch {
   std::vector<float> f32_pairs;  ///< f32 / bf16 weights: the activations in pairs (f32_acts)
 };
 
+/// The kernel Q4_0 / Q4_1 / Q8_0 weights are multiplied with, process-wide: `ggml` (the default:
+/// llama.cpp's x86 numerics, bit for bit) or `amx` (Intel AMX tiles, amx_matmul.hpp: several times
+/// the multiply throughput on CPUs that have it, its own rounding — still batch-invariant). Read
+/// once from WEFT_CPU_MATMUL (`ggml` | `amx`); child processes inherit the variable.
+enum class quant_matmul_kernel { ggml, amx };
+/// The kernel in use, or an error naming a bad WEFT_CPU_MATMUL value or why AMX cannot run here.
+result<quant_matmul_kernel> quant_matmul_kernel_in_use();
+/// Sets the kernel for the whole process (tests, benchmarks); `amx` fails where it cannot run.
+status set_quant_matmul_kernel(quant_matmul_kernel kernel);
+const char* quant_matmul_kernel_name(quant_matmul_kernel kernel);
+
 /// Whether matmul supports weights of `type`.
 bool matmul_supports(ggml_type type);
 

@@ -1,0 +1,429 @@
+#include "gpu/cpu/amx_matmul.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <iterator>
+#include <mutex>
+#include <vector>
+
+#include "gpu/ggml_types.hpp"
+
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define WEFT_AMX_BUILD 1
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags the _mm512_undefined_ps() inside _mm512_cvtepi32_ps when it is inlined into a
+// function with a target attribute; the value is never read.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace weft::gpu::cpu {
+
+#if WEFT_AMX_BUILD
+
+// The kernel's functions are compiled for AMX and AVX-512 whatever the build's -march (the portable
+// package targets x86-64-v3); they run only after amx_available() found both on the CPU.
+#define WEFT_AMX_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,amx-tile,amx-int8")))
+
+namespace {
+
+constexpr int arch_req_xcomp_perm = 0x1023;
+constexpr int xfeature_xtiledata = 18;
+
+struct probe_result {
+  bool ok = false;
+  const char* reason = "";
+};
+
+probe_result probe() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0)
+    return {false, "the CPU reports no extended features (cpuid leaf 7)"};
+  const bool avx512 = (b & (1u << 16)) != 0 && (b & (1u << 30)) != 0 && (b & (1u << 31)) != 0 &&
+                      (b & (1u << 17)) != 0;
+  const bool tile = (d & (1u << 24)) != 0, int8 = (d & (1u << 25)) != 0;
+  if (!tile || !int8 || !avx512)
+    return {false, "this CPU has no AMX-INT8 (Intel Sapphire Rapids or later has it)"};
+  if (syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) != 0)
+    return {false, "the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"};
+  return {true, ""};
+}
+
+const probe_result& probed() {
+  static const probe_result r = probe();
+  return r;
+}
+
+// ldtilecfg's 64-byte operand (palette 1).
+struct alignas(64) tile_config {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles: 0, 1 accumulators (m tokens x 16 rows of int32); 2, 3 activations (m tokens x 32 int8);
+// 4, 5 weights (8 rows of 16 weight rows x 4 int8, the VNNI layout of 32 x 16).
+thread_local int configured_tokens = 0;
+
+WEFT_AMX_TARGET void configure(int m) {
+  if (configured_tokens == m) return;
+  tile_config c;
+  for (int t = 0; t < 2; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = static_cast<uint8_t>(m);
+    c.colsb[2 + t] = 32;
+    c.rows[2 + t] = static_cast<uint8_t>(m);
+    c.colsb[4 + t] = 64;
+    c.rows[4 + t] = 8;
+  }
+  // GCC's _tile_loadconfig tells the compiler it reads 8 bytes: without the barrier the stores to
+  // the rest of `c` may be dropped.
+  __asm__ __volatile__("" : : "r"(&c) : "memory");
+  _tile_loadconfig(&c);
+  configured_tokens = m;
+}
+
+// Dword j of 16 rows' 16 bytes (src[n], n = 0..15) -> out[j], row n in dword n.
+WEFT_AMX_TARGET inline void transpose_16x4(const uint8_t* const* src, __m512i out[4]) {
+  __m512i z[4];
+  for (int q = 0; q < 4; ++q) {
+    z[q] = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[4 * q])));
+    z[q] = _mm512_inserti32x4(z[q],
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[4 * q + 1])), 1);
+    z[q] = _mm512_inserti32x4(z[q],
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[4 * q + 2])), 2);
+    z[q] = _mm512_inserti32x4(z[q],
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[4 * q + 3])), 3);
+  }
+  // z[q] holds row 4q + k's dword j at 4k + j.
+  const __m512i j01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+  const __m512i j23 = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+  const __m512i a01 = _mm512_permutex2var_epi32(z[0], j01, z[1]);  // j0 rows 0-7 | j1 rows 0-7
+  const __m512i a23 = _mm512_permutex2var_epi32(z[0], j23, z[1]);
+  const __m512i b01 = _mm512_permutex2var_epi32(z[2], j01, z[3]);  // rows 8-15
+  const __m512i b23 = _mm512_permutex2var_epi32(z[2], j23, z[3]);
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+  const __m512i hi =
+      _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  out[0] = _mm512_permutex2var_epi32(a01, lo, b01);
+  out[1] = _mm512_permutex2var_epi32(a01, hi, b01);
+  out[2] = _mm512_permutex2var_epi32(a23, lo, b23);
+  out[3] = _mm512_permutex2var_epi32(a23, hi, b23);
+}
+
+// A group's 16 rows are 16 streams the hardware prefetcher does not follow well: the next group's
+// rows (contiguous) are fetched a slice per block while this group runs.
+struct next_group_prefetch {
+  const uint8_t* next;
+  size_t bytes, per_block;
+  next_group_prefetch(const tensor_view& w, int64_t r0)
+      : next(static_cast<const uint8_t*>(w.row(std::min(r0 + 16, w.n_rows)))),
+        bytes(static_cast<size_t>(std::clamp<int64_t>(w.n_rows - r0 - 16, 0, 16)) * w.row_bytes),
+        per_block((bytes / static_cast<size_t>(std::max<int64_t>(1, w.n_cols / 32)) + 63) / 64 *
+                  64) {}
+  void slice(int64_t b) const {
+    const size_t end = std::min(bytes, static_cast<size_t>(b + 1) * per_block);
+    for (size_t o = static_cast<size_t>(b) * per_block; o < end; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T0);
+  }
+};
+
+// One group of 16 weight rows in the AMX layout: per block 512 bytes of int8 weights (tile rows
+// 0-3: elements 0-15, rows 4-7: elements 16-31) and the rows' scales d (and m, Q4_1) as floats.
+struct packed_group {
+  std::vector<uint8_t> bytes;  // 512 per block
+  std::vector<float> d, m;     // 16 per block
+};
+
+WEFT_AMX_TARGET void pack_group(const tensor_view& w, int64_t r0, int64_t n_valid,
+                                packed_group& p) {
+  const int64_t nb = w.n_cols / 32;
+  p.bytes.resize(static_cast<size_t>(nb * 512));
+  p.d.assign(static_cast<size_t>(nb * 16), 0.0f);
+  p.m.assign(w.type == ggml_type::q4_1 ? static_cast<size_t>(nb * 16) : 0, 0.0f);
+  alignas(64) static const uint8_t zeros[32] = {};
+  size_t block = 0, qs = 0;
+  switch (w.type) {
+    case ggml_type::q4_0:
+      block = sizeof(block_q4_0), qs = offsetof(block_q4_0, qs);
+      break;
+    case ggml_type::q4_1:
+      block = sizeof(block_q4_1), qs = offsetof(block_q4_1, qs);
+      break;
+    default:
+      block = sizeof(block_q8_0), qs = offsetof(block_q8_0, qs);
+      break;
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i eight = _mm512_set1_epi8(8);
+  const uint8_t* src[16];
+  const next_group_prefetch ahead(w, r0);
+  for (int64_t b = 0; b < nb; ++b) {
+    ahead.slice(b);
+    for (int n = 0; n < 16; ++n) {
+      if (n < n_valid) {
+        const auto* blk =
+            static_cast<const uint8_t*>(w.row(r0 + n)) + static_cast<size_t>(b) * block;
+        src[n] = blk + qs;
+        uint16_t h = 0;
+        __builtin_memcpy(&h, blk, sizeof h);
+        p.d[static_cast<size_t>(b * 16 + n)] = fp16_to_fp32(h);
+        if (w.type == ggml_type::q4_1) {
+          __builtin_memcpy(&h, blk + offsetof(block_q4_1, m), sizeof h);
+          p.m[static_cast<size_t>(b * 16 + n)] = fp16_to_fp32(h);
+        }
+      } else {
+        src[n] = zeros;
+      }
+    }
+    uint8_t* out = p.bytes.data() + b * 512;
+    __m512i t[4];
+    transpose_16x4(src, t);
+    if (w.type == ggml_type::q8_0) {
+      for (int j = 0; j < 4; ++j) _mm512_storeu_si512(out + j * 64, t[j]);
+      for (int n = 0; n < 16; ++n) src[n] += 16;
+      transpose_16x4(src, t);
+      for (int j = 0; j < 4; ++j) _mm512_storeu_si512(out + (4 + j) * 64, t[j]);
+      continue;
+    }
+    for (int j = 0; j < 4; ++j) {
+      __m512i lo = _mm512_and_si512(t[j], low4);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(t[j], 4), low4);
+      if (w.type == ggml_type::q4_0) {
+        lo = _mm512_sub_epi8(lo, eight);
+        hi = _mm512_sub_epi8(hi, eight);
+      }
+      _mm512_storeu_si512(out + j * 64, lo);
+      _mm512_storeu_si512(out + (4 + j) * 64, hi);
+    }
+  }
+}
+
+struct group_args {
+  const packed_group* p;
+  const amx_acts* a;
+  size_t act_block;  // bytes per activation block
+  size_t act_qs;     // offset of its qs
+  int64_t nb;
+  bool q4_1;
+};
+
+// Block b of tokens [t0, t0 + m) into accumulator tile C (A, B: the tiles it loads into).
+#define WEFT_AMX_PRODUCT(C, A, B, g, t0, b)                                \
+  do {                                                                     \
+    _tile_zero(C);                                                         \
+    _tile_loadd(A,                                                         \
+                (g).a->rows + static_cast<size_t>(t0) * (g).a->row_bytes + \
+                    static_cast<size_t>(b) * (g).act_block + (g).act_qs,   \
+                static_cast<long>((g).a->row_bytes));                      \
+    _tile_loadd(B, (g).p->bytes.data() + (b)*512, 64);                     \
+    _tile_dpbssd(C, A, B);                                                 \
+  } while (0)
+
+// acc[i] (token t0 + i, 16 rows) += block b's term, in block order.
+template <int M>
+WEFT_AMX_TARGET inline void epilogue(const group_args& g, const int32_t (*c)[16], int64_t t0,
+                                     int64_t b, int m, __m512* acc) {
+  const __m512 dw = _mm512_loadu_ps(g.p->d.data() + b * 16);
+  const float* da = g.a->d + b * g.a->n_tokens + t0;
+  const int n = M > 0 ? M : m;
+  if (g.q4_1) {
+    const __m512 mw = _mm512_loadu_ps(g.p->m.data() + b * 16);
+    const float* sa = g.a->s + b * g.a->n_tokens + t0;
+    for (int i = 0; i < n; ++i) {
+      const __m512 x = _mm512_mul_ps(dw, _mm512_set1_ps(da[i]));
+      const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(c[i]));
+      acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sa[i]), _mm512_fmadd_ps(x, s, acc[i]));
+    }
+  } else {
+    for (int i = 0; i < n; ++i) {
+      const __m512 x = _mm512_mul_ps(dw, _mm512_set1_ps(da[i]));
+      acc[i] = _mm512_fmadd_ps(x, _mm512_cvtepi32_ps(_mm512_load_si512(c[i])), acc[i]);
+    }
+  }
+}
+
+// Tokens [t0, t0 + m) against the group: two accumulators, so block b + 1's product runs while
+// block b's sums are scaled.
+template <int M>
+WEFT_AMX_TARGET void token_tile(const group_args& g, int64_t t0, int m, float* y, int64_t ld,
+                                __mmask16 rows) {
+  configure(m);
+  __m512 acc[16];
+  for (auto& v : acc) v = _mm512_setzero_ps();
+  alignas(64) int32_t c0[16][16];
+  alignas(64) int32_t c1[16][16];
+  const int64_t nb = g.nb;
+  WEFT_AMX_PRODUCT(0, 2, 4, g, t0, 0);
+  for (int64_t b = 0; b < nb; b += 2) {
+    if (b + 1 < nb) WEFT_AMX_PRODUCT(1, 3, 5, g, t0, b + 1);
+    _tile_stored(0, c0, 64);
+    epilogue<M>(g, c0, t0, b, m, acc);
+    if (b + 2 < nb) WEFT_AMX_PRODUCT(0, 2, 4, g, t0, b + 2);
+    if (b + 1 < nb) {
+      _tile_stored(1, c1, 64);
+      epilogue<M>(g, c1, t0, b + 1, m, acc);
+    }
+  }
+  const int n = M > 0 ? M : m;
+  for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ld, rows, acc[i]);
+}
+
+thread_local packed_group tls_group;
+
+// Up to this many tokens the group runs on AVX-512 VNNI instead of the tiles: the same exact block
+// sums and the same epilogue (so the same bits), without packing the weights for a handful of
+// tokens (decode).
+constexpr int64_t vnni_max_tokens = 16;
+
+// Block b of 16 rows (src[n]: row n's quants of block b) as u8 in the VNNI layout: v[j] holds each
+// row's elements 4j..4j+3. The u8 dot product minus `offset` times the activations' sum is the
+// block's exact sum (Q4_0: nibble - 8; Q8_0: (w + 128) - 128).
+WEFT_AMX_TARGET inline void unpack_u8(ggml_type t, const uint8_t* const* src, __m512i v[8]) {
+  __m512i q[4];
+  transpose_16x4(src, q);
+  if (t == ggml_type::q8_0) {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int j = 0; j < 4; ++j) v[j] = _mm512_xor_si512(q[j], flip);
+    const uint8_t* hi[16];
+    for (int n = 0; n < 16; ++n) hi[n] = src[n] + 16;
+    transpose_16x4(hi, q);
+    for (int j = 0; j < 4; ++j) v[4 + j] = _mm512_xor_si512(q[j], flip);
+    return;
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm512_and_si512(q[j], low4);
+    v[4 + j] = _mm512_and_si512(_mm512_srli_epi16(q[j], 4), low4);
+  }
+}
+
+// Rows [r0, r0 + n_valid) against every token of a (at most vnni_max_tokens).
+WEFT_AMX_TARGET void vnni_group(const tensor_view& w, const group_args& g, int64_t r0,
+                                int64_t n_valid, const int32_t* asum, int32_t offset, float* y) {
+  alignas(64) static const uint8_t zeros[32] = {};
+  const size_t block = *row_size_bytes(w.type, 32);
+  const size_t qs = w.type == ggml_type::q4_1   ? offsetof(block_q4_1, qs)
+                    : w.type == ggml_type::q4_0 ? offsetof(block_q4_0, qs)
+                                                : offsetof(block_q8_0, qs);
+  const auto rows = static_cast<__mmask16>((1u << n_valid) - 1u);
+  const __m512i index =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(w.row_bytes)));
+  const int64_t n_tok = g.a->n_tokens;
+  __m512 acc[vnni_max_tokens];
+  for (auto& v : acc) v = _mm512_setzero_ps();
+  const uint8_t* src[16];
+  const next_group_prefetch ahead(w, r0);
+  for (int64_t b = 0; b < g.nb; ++b) {
+    ahead.slice(b);
+    const auto* base = static_cast<const uint8_t*>(w.row(r0)) + static_cast<size_t>(b) * block;
+    for (int n = 0; n < 16; ++n) src[n] = n < n_valid ? base + n * w.row_bytes + qs : zeros;
+    __m512i v[8];
+    unpack_u8(w.type, src, v);
+    // Each row's fp16 d (and m, Q4_1) from the first 4 bytes of its block.
+    const __m512i dm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, index, base, 1);
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+    const __m512 mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const uint8_t* aq = g.a->rows + static_cast<size_t>(t) * g.a->row_bytes +
+                          static_cast<size_t>(b) * g.act_block + g.act_qs;
+      int32_t a4[8];
+      __builtin_memcpy(a4, aq, sizeof a4);
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, v[j], _mm512_set1_epi32(a4[j]));
+        s1 = _mm512_dpbusd_epi32(s1, v[j + 1], _mm512_set1_epi32(a4[j + 1]));
+      }
+      __m512i isum = _mm512_add_epi32(s0, s1);
+      if (offset != 0)
+        isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * asum[t * g.nb + b]));
+      const __m512 x = _mm512_mul_ps(dw, _mm512_set1_ps(g.a->d[b * n_tok + t]));
+      acc[t] = _mm512_fmadd_ps(x, _mm512_cvtepi32_ps(isum), acc[t]);
+      if (g.q4_1) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(g.a->s[b * n_tok + t]), acc[t]);
+    }
+  }
+  for (int64_t t = 0; t < n_tok; ++t) _mm512_mask_storeu_ps(y + t * w.n_rows + r0, rows, acc[t]);
+}
+
+}  // namespace
+
+bool amx_available() {
+  return probed().ok;
+}
+
+const char* amx_unavailable_reason() {
+  return probed().reason;
+}
+
+WEFT_AMX_TARGET void amx_matmul_rows(const tensor_view& w, const amx_acts& a, float* y,
+                                     int64_t r_begin, int64_t r_end) {
+  group_args g{&tls_group, &a, 0, 0, w.n_cols / 32, w.type == ggml_type::q4_1};
+  if (g.q4_1) {
+    g.act_block = sizeof(block_q8_1), g.act_qs = offsetof(block_q8_1, qs);
+  } else {
+    g.act_block = sizeof(block_q8_0), g.act_qs = offsetof(block_q8_0, qs);
+  }
+  if (a.n_tokens <= vnni_max_tokens) {
+    // The activations' block sums, for the offset of Q4_0 / Q8_0 weights.
+    const int32_t offset = w.type == ggml_type::q4_0 ? 8 : w.type == ggml_type::q8_0 ? 128 : 0;
+    int32_t asum[vnni_max_tokens * 512];
+    std::vector<int32_t> big;
+    int32_t* sums = asum;
+    if (offset != 0) {
+      if (a.n_tokens * g.nb > static_cast<int64_t>(std::size(asum))) {
+        big.resize(static_cast<size_t>(a.n_tokens * g.nb));
+        sums = big.data();
+      }
+      for (int64_t t = 0; t < a.n_tokens; ++t) {
+        for (int64_t b = 0; b < g.nb; ++b) {
+          const auto* q =
+              reinterpret_cast<const int8_t*>(a.rows + static_cast<size_t>(t) * a.row_bytes +
+                                              static_cast<size_t>(b) * g.act_block + g.act_qs);
+          int32_t sum = 0;
+          for (int k = 0; k < 32; ++k) sum += q[k];
+          sums[t * g.nb + b] = sum;
+        }
+      }
+    }
+    for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group) {
+      vnni_group(w, g, r0, std::min<int64_t>(amx_rows_per_group, r_end - r0), sums, offset, y);
+    }
+    return;
+  }
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group) {
+    const int64_t n_valid = std::min<int64_t>(amx_rows_per_group, r_end - r0);
+    pack_group(w, r0, n_valid, tls_group);
+    const auto rows = static_cast<__mmask16>((1u << n_valid) - 1u);
+    int64_t t0 = 0;
+    for (; t0 + 16 <= a.n_tokens; t0 += 16) token_tile<16>(g, t0, 16, y + r0, w.n_rows, rows);
+    if (t0 < a.n_tokens) {
+      token_tile<0>(g, t0, static_cast<int>(a.n_tokens - t0), y + r0, w.n_rows, rows);
+    }
+  }
+}
+
+#undef WEFT_AMX_PRODUCT
+
+#else  // no AMX build
+
+bool amx_available() {
+  return false;
+}
+
+const char* amx_unavailable_reason() {
+  return "this build has no AMX kernel (x86-64 Linux with GCC or Clang only)";
+}
+
+void amx_matmul_rows(const tensor_view&, const amx_acts&, float*, int64_t, int64_t) {}
+
+#endif
+
+}  // namespace weft::gpu::cpu

@@ -1,0 +1,49 @@
+#pragma once
+/// Quantized matrix products on Intel AMX (Sapphire Rapids and later): the `amx` matmul kernel.
+///
+/// One TDPBSSD per 32-element block multiplies 16 weight rows by up to 16 tokens' int8 activations
+/// (Q4_0 / Q4_1 / Q8_0 weights unpacked to int8, activations quantized to Q8_0 / Q8_1 as for the
+/// default kernel), giving each (row, token) pair the block's exact integer sum. The float part
+/// runs per block in block order, 16 rows in one vector:
+///
+///     acc = fma(d_w * d_a, float(isum), acc)      (then acc = fma(m_w, s_a, acc) for Q4_1)
+///
+/// so a token's result depends on nothing else in the batch: the same bits for 1 token or 512, on
+/// one thread or many. They are not ggml's bits — llama.cpp's x86 kernels sum each block in 8 lanes
+/// of 4 products (quant_dot.hpp), which no AMX instruction can reproduce at speed; the error
+/// against the exact product is of the same size (tests/unit/gpu/amx_matmul_test.cpp). This is why
+/// the kernel is opt-in (`WEFT_CPU_MATMUL=amx`, docs/engine.md "AMX prompt matmuls").
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpu/tensor_view.hpp"
+
+namespace weft::gpu::cpu {
+
+/// Weight rows per AMX call.
+inline constexpr int64_t amx_rows_per_group = 16;
+
+/// Whether this build has the AMX kernel (compiled with AMX-INT8) and this process may use the
+/// tile registers (CPU support and the kernel's permission, asked for once). Thread-safe.
+bool amx_available();
+/// Why amx_available() is false ("" when it is true).
+const char* amx_unavailable_reason();
+
+/// The quantized activations one AMX call reads: `n_tokens` rows `row_bytes` apart of Q8_0 blocks
+/// (Q4_0 / Q8_0 weights) or Q8_1 blocks (Q4_1), and their scales as floats, block-major:
+/// d[b * n_tokens + t] (and s likewise, Q8_1 only).
+struct amx_acts {
+  const uint8_t* rows = nullptr;
+  size_t row_bytes = 0;
+  const float* d = nullptr;
+  const float* s = nullptr;
+  int64_t n_tokens = 0;
+};
+
+/// y[t * w.n_rows + r] for rows [r_begin, r_end) (r_begin a multiple of amx_rows_per_group) of
+/// Q4_0 / Q4_1 / Q8_0 weights `w` and every token of `a`. Call only when amx_available().
+void amx_matmul_rows(const tensor_view& w, const amx_acts& a, float* y, int64_t r_begin,
+                     int64_t r_end);
+
+}  // namespace weft::gpu::cpu

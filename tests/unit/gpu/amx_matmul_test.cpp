@@ -1,0 +1,192 @@
+// The AMX matmul kernel (gpu/cpu/amx_matmul.hpp): bit for bit its documented order (exact block
+// sums, then per block acc = fma(d_w * d_a, isum, acc) [+ fma(m_w, s_a, acc)]) in every batch
+// size and thread count, close to the exact product, and refused with a reason where it cannot run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gpu/cpu/amx_matmul.hpp"
+#include "gpu/cpu/matmul.hpp"
+#include "gpu/cpu/quant_dot.hpp"
+#include "gpu/ggml_types.hpp"
+
+namespace weft::gpu::cpu {
+namespace {
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+struct quantized {
+  std::vector<uint8_t> bytes;
+  tensor_view view;
+};
+
+quantized make_weights(ggml_type t, int64_t rows, int64_t cols, uint32_t seed) {
+  const auto f = random_floats(static_cast<size_t>(rows * cols), seed);
+  quantized q;
+  const size_t rb = *row_size_bytes(t, cols);
+  q.bytes.resize(rb * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_EQ(quantize_row(t, f.data() + r * cols, q.bytes.data() + r * rb, cols), row_status::ok);
+  }
+  q.view.type = t;
+  q.view.data = q.bytes.data();
+  q.view.n_cols = cols;
+  q.view.n_rows = rows;
+  q.view.row_bytes = rb;
+  q.view.mat_bytes = rb * static_cast<size_t>(rows);
+  return q;
+}
+
+int weight_q(ggml_type t, const uint8_t* block, int k) {
+  switch (t) {
+    case ggml_type::q4_0: {
+      const auto* b = reinterpret_cast<const block_q4_0*>(block);
+      return (k < 16 ? b->qs[k] & 0x0F : b->qs[k - 16] >> 4) - 8;
+    }
+    case ggml_type::q4_1: {
+      const auto* b = reinterpret_cast<const block_q4_1*>(block);
+      return k < 16 ? b->qs[k] & 0x0F : b->qs[k - 16] >> 4;
+    }
+    default:
+      return reinterpret_cast<const block_q8_0*>(block)->qs[k];
+  }
+}
+
+// The kernel's documented numerics, one (row, token) at a time.
+float amx_order_dot(ggml_type t, const tensor_view& w, int64_t r, const float* x) {
+  const int64_t nb = w.n_cols / 32;
+  const size_t wb = *row_size_bytes(t, 32);
+  const auto* row = static_cast<const uint8_t*>(w.row(r));
+  float acc = 0.0f;
+  if (t == ggml_type::q4_1) {
+    std::vector<block_q8_1> a(static_cast<size_t>(nb));
+    quantize_act_q8_1(x, a.data(), w.n_cols);
+    for (int64_t b = 0; b < nb; ++b) {
+      const auto* blk = reinterpret_cast<const block_q4_1*>(row + b * wb);
+      int32_t isum = 0;
+      for (int k = 0; k < 32; ++k) isum += weight_q(t, row + b * wb, k) * a[b].qs[k];
+      const float s = fp16_to_fp32(blk->d) * fp16_to_fp32(a[b].d);
+      acc = std::fma(s, static_cast<float>(isum), acc);
+      acc = std::fma(fp16_to_fp32(blk->m), fp16_to_fp32(a[b].s), acc);
+    }
+    return acc;
+  }
+  std::vector<block_q8_0> a(static_cast<size_t>(nb));
+  quantize_act_q8_0(x, a.data(), w.n_cols);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint16_t dw = 0;
+    std::memcpy(&dw, row + b * wb, sizeof dw);
+    int32_t isum = 0;
+    for (int k = 0; k < 32; ++k) isum += weight_q(t, row + b * wb, k) * a[b].qs[k];
+    acc = std::fma(fp16_to_fp32(dw) * fp16_to_fp32(a[b].d), static_cast<float>(isum), acc);
+  }
+  return acc;
+}
+
+class amx_kernel : public ::testing::TestWithParam<ggml_type> {
+ protected:
+  void SetUp() override {
+    if (!amx_available()) GTEST_SKIP() << "no AMX here: " << amx_unavailable_reason();
+    ASSERT_TRUE(set_quant_matmul_kernel(quant_matmul_kernel::amx).ok());
+  }
+  void TearDown() override { (void)set_quant_matmul_kernel(quant_matmul_kernel::ggml); }
+};
+
+// 37 rows (a partial group of 16), 96 and 160 columns (odd block counts: the kernel alternates two
+// accumulators), batches around the 16-token tile, one and two threads.
+TEST_P(amx_kernel, is_its_documented_order_bit_for_bit_in_every_batch) {
+  const ggml_type t = GetParam();
+  for (const int64_t cols : {96, 160}) {
+    const int64_t rows = 37;
+    const auto w = make_weights(t, rows, cols, 11);
+    const auto x = random_floats(static_cast<size_t>(40 * cols), 12);
+    for (const int threads : {1, 2}) {
+      thread_pool pool(threads);
+      matmul_scratch scratch;
+      for (const int64_t n : {1, 3, 16, 17, 40}) {
+        std::vector<float> y(static_cast<size_t>(n * rows));
+        ASSERT_TRUE(matmul(pool, scratch, w.view, x.data(), n, y.data()).ok());
+        for (int64_t tk = 0; tk < n; ++tk) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const float want = amx_order_dot(t, w.view, r, x.data() + tk * cols);
+            const float got = y[static_cast<size_t>(tk * rows + r)];
+            ASSERT_EQ(std::memcmp(&want, &got, sizeof got), 0)
+                << std::string{type_name(t)} << " cols " << cols << " batch " << n << " token "
+                << tk << " row " << r << ": " << got << " vs " << want;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(amx_kernel, matches_the_exact_product_as_closely_as_ggml_order) {
+  const ggml_type t = GetParam();
+  const int64_t rows = 64, cols = 256, n = 24;
+  const auto w = make_weights(t, rows, cols, 21);
+  const auto x = random_floats(static_cast<size_t>(n * cols), 22);
+  thread_pool pool(2);
+  matmul_scratch scratch;
+  std::vector<float> amx(static_cast<size_t>(n * rows)), ggml(amx.size()), ref(amx.size());
+  ASSERT_TRUE(matmul(pool, scratch, w.view, x.data(), n, amx.data()).ok());
+  ASSERT_TRUE(set_quant_matmul_kernel(quant_matmul_kernel::ggml).ok());
+  ASSERT_TRUE(matmul(pool, scratch, w.view, x.data(), n, ggml.data()).ok());
+  matmul_reference(w.view, x.data(), n, ref.data());
+  double err_amx = 0.0, err_ggml = 0.0;
+  int differ = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    err_amx = std::max(err_amx, std::fabs(static_cast<double>(amx[i]) - ref[i]));
+    err_ggml = std::max(err_ggml, std::fabs(static_cast<double>(ggml[i]) - ref[i]));
+    differ += amx[i] != ggml[i];
+  }
+  EXPECT_LT(err_amx, 1e-4 * cols);
+  EXPECT_LT(err_amx, 4.0 * err_ggml + 1e-6);
+  EXPECT_GT(differ, 0) << "the AMX order should round differently from ggml's somewhere";
+}
+
+TEST_P(amx_kernel, multi_is_bit_identical_to_separate_calls) {
+  const ggml_type t = GetParam();
+  const int64_t cols = 128, n = 19;
+  const auto a = make_weights(t, 48, cols, 31);
+  const auto b = make_weights(t, 21, cols, 32);
+  const auto x = random_floats(static_cast<size_t>(n * cols), 33);
+  thread_pool pool(2);
+  matmul_scratch scratch;
+  std::vector<float> ya(static_cast<size_t>(n * 48)), yb(static_cast<size_t>(n * 21));
+  std::vector<float> ma(ya.size()), mb(yb.size());
+  ASSERT_TRUE(matmul(pool, scratch, a.view, x.data(), n, ya.data()).ok());
+  ASSERT_TRUE(matmul(pool, scratch, b.view, x.data(), n, yb.data()).ok());
+  const tensor_view ws[] = {a.view, b.view};
+  float* const ys[] = {ma.data(), mb.data()};
+  ASSERT_TRUE(matmul_multi(pool, scratch, ws, x.data(), n, ys).ok());
+  EXPECT_EQ(std::memcmp(ya.data(), ma.data(), ya.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(yb.data(), mb.data(), yb.size() * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(types, amx_kernel,
+                         ::testing::Values(ggml_type::q4_0, ggml_type::q4_1, ggml_type::q8_0),
+                         [](const auto& info) { return std::string{type_name(info.param)}; });
+
+TEST(amx_kernel_choice, is_refused_with_the_reason_where_it_cannot_run) {
+  const status st = set_quant_matmul_kernel(quant_matmul_kernel::amx);
+  (void)set_quant_matmul_kernel(quant_matmul_kernel::ggml);
+  if (amx_available()) {
+    EXPECT_TRUE(st.ok()) << st.message();
+    EXPECT_STREQ(amx_unavailable_reason(), "");
+    return;
+  }
+  EXPECT_EQ(st.code(), status_code::unsupported);
+  EXPECT_NE(st.message().find(amx_unavailable_reason()), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace weft::gpu::cpu
