@@ -4,7 +4,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <string>
+
+#include "gpu/cpu/amx_matmul.hpp"
 
 namespace weft::apps {
 
@@ -20,6 +23,26 @@ inline void add_weights_memory_option(CLI::App* cmd, std::string& value) {
                   "decode) or mmap (the file mapped, shared through the page cache)")
       ->capture_default_str()
       ->check(CLI::IsMember({"huge-pages", "mmap"}));
+}
+
+/// `--cpu-matmul ggml|amx` (or WEFT_CPU_MATMUL) for the commands that run the CPU engine: sets
+/// WEFT_CPU_MATMUL in this process's environment, which the CPU device reads and the worker
+/// processes it starts inherit (gpu/cpu/matmul.hpp, docs/engine.md "AMX matmuls").
+inline void add_cpu_matmul_option(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--cpu-matmul", value,
+                  "Kernel for Q4_0/Q4_1/Q8_0 weights on the CPU: ggml (llama.cpp's x86 numerics, "
+                  "bit for bit) or amx (Intel AMX tiles: prompts and large batches several times "
+                  "faster on CPUs that have it, its own rounding; an error elsewhere)")
+      ->envname("WEFT_CPU_MATMUL")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ggml", "amx"}))
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v != "amx" || gpu::cpu::amx_available()) return {};
+            return std::string{"amx cannot run here: "} + gpu::cpu::amx_unavailable_reason();
+          },
+          ""))
+      ->each([](const std::string& v) { ::setenv("WEFT_CPU_MATMUL", v.c_str(), 1); });
 }
 
 void add_node_command(CLI::App& app, const global_options& globals);

@@ -49,6 +49,7 @@ struct generate_options {
   uint64_t seed = 0;
   int threads = 0;
   std::string weights_memory = "huge-pages";
+  std::string cpu_matmul = "ggml";
   std::vector<std::string> stop;
   std::string device = "cpu";
 };
@@ -235,6 +236,7 @@ void add_generate_command(CLI::App& app, const global_options& /*globals*/) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   add_weights_memory_option(cmd, opts->weights_memory);
+  add_cpu_matmul_option(cmd, opts->cpu_matmul);
   cmd->add_option("--stop", opts->stop, "Stop string (repeatable)");
   cmd->add_option("--device", opts->device, "Device: cpu, cuda or cuda:N")->capture_default_str();
   cmd->callback([opts] {

@@ -62,6 +62,7 @@ struct serve_cli {
   std::string pooling = "mean";
   std::string tool_call_parser = "auto";
   std::string weights_memory = "huge-pages";
+  std::string cpu_matmul = "ggml";
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
   int64_t max_batch_tokens = 64;
@@ -461,6 +462,7 @@ void add_serve_command(CLI::App& app, const global_options&) {
                   "shards)")
       ->capture_default_str();
   add_weights_memory_option(cmd, cli->weights_memory);
+  add_cpu_matmul_option(cmd, cli->cpu_matmul);
   cmd->add_option("--kv-blocks", cli->kv_blocks, "KV cache blocks per worker")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));

@@ -11,9 +11,10 @@
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define WEFT_AMX_BUILD 1
 #if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags the _mm512_undefined_ps() inside _mm512_cvtepi32_ps when it is inlined into a
+// GCC 12 flags the _mm512_undefined_*() inside the AVX-512 intrinsics when they are inlined into a
 // function with a target attribute; the value is never read.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <cpuid.h>
 #include <immintrin.h>
@@ -142,67 +143,98 @@ struct packed_group {
   std::vector<float> d, m;     // 16 per block
 };
 
+// Block b of 16 rows (src[n]: row n's quants of block b) as u8 in the VNNI layout: v[j] holds each
+// row's elements 4j..4j+3. The u8 dot product minus `offset` times the activations' sum is the
+// block's exact sum (Q4_0: nibble - 8; Q8_0: (w + 128) - 128).
+WEFT_AMX_TARGET inline void unpack_u8(ggml_type t, const uint8_t* const* src, __m512i v[8]) {
+  __m512i q[4];
+  transpose_16x4(src, q);
+  if (t == ggml_type::q8_0) {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int j = 0; j < 4; ++j) v[j] = _mm512_xor_si512(q[j], flip);
+    const uint8_t* hi[16];
+    for (int n = 0; n < 16; ++n) hi[n] = src[n] + 16;
+    transpose_16x4(hi, q);
+    for (int j = 0; j < 4; ++j) v[4 + j] = _mm512_xor_si512(q[j], flip);
+    return;
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm512_and_si512(q[j], low4);
+    v[4 + j] = _mm512_and_si512(_mm512_srli_epi16(q[j], 4), low4);
+  }
+}
+
+// Where a type's quants sit in its 32-element block, and the offset its u8 form carries.
+struct weight_layout {
+  size_t block;
+  size_t qs;
+  int32_t offset;
+};
+
+weight_layout layout_of(ggml_type t) {
+  switch (t) {
+    case ggml_type::q4_0:
+      return {sizeof(block_q4_0), offsetof(block_q4_0, qs), 8};
+    case ggml_type::q4_1:
+      return {sizeof(block_q4_1), offsetof(block_q4_1, qs), 0};
+    default:
+      return {sizeof(block_q8_0), offsetof(block_q8_0, qs), 128};
+  }
+}
+
+// Block b of a group of 16 rows (rows past n_valid read as zeros): the quants as u8 (unpack_u8),
+// and each row's fp16 d (and m, Q4_1) from the first 4 bytes of its block, as floats.
+struct group_reader {
+  const tensor_view& w;
+  weight_layout layout;
+  int64_t r0;
+  int64_t n_valid;
+  __mmask16 rows;
+  __m512i index;  // row n's offset from row r0
+
+  WEFT_AMX_TARGET group_reader(const tensor_view& wv, int64_t first, int64_t valid)
+      : w(wv),
+        layout(layout_of(wv.type)),
+        r0(first),
+        n_valid(valid),
+        rows(static_cast<__mmask16>((1u << valid) - 1u)),
+        index(_mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(static_cast<int>(wv.row_bytes)))) {}
+
+  WEFT_AMX_TARGET void block(int64_t b, __m512i v[8], __m512& d, __m512& m) const {
+    alignas(64) static const uint8_t zeros[32] = {};
+    const auto* base =
+        static_cast<const uint8_t*>(w.row(r0)) + static_cast<size_t>(b) * layout.block;
+    const uint8_t* src[16];
+    for (int n = 0; n < 16; ++n) src[n] = n < n_valid ? base + n * w.row_bytes + layout.qs : zeros;
+    unpack_u8(w.type, src, v);
+    const __m512i dm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, index, base, 1);
+    d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+    m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+  }
+};
+
+// The group's blocks as int8 (u8 quants minus the offset) for the tiles, and its scales.
 WEFT_AMX_TARGET void pack_group(const tensor_view& w, int64_t r0, int64_t n_valid,
                                 packed_group& p) {
   const int64_t nb = w.n_cols / 32;
   p.bytes.resize(static_cast<size_t>(nb * 512));
-  p.d.assign(static_cast<size_t>(nb * 16), 0.0f);
-  p.m.assign(w.type == ggml_type::q4_1 ? static_cast<size_t>(nb * 16) : 0, 0.0f);
-  alignas(64) static const uint8_t zeros[32] = {};
-  size_t block = 0, qs = 0;
-  switch (w.type) {
-    case ggml_type::q4_0:
-      block = sizeof(block_q4_0), qs = offsetof(block_q4_0, qs);
-      break;
-    case ggml_type::q4_1:
-      block = sizeof(block_q4_1), qs = offsetof(block_q4_1, qs);
-      break;
-    default:
-      block = sizeof(block_q8_0), qs = offsetof(block_q8_0, qs);
-      break;
-  }
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i eight = _mm512_set1_epi8(8);
-  const uint8_t* src[16];
+  p.d.resize(static_cast<size_t>(nb * 16));
+  p.m.resize(static_cast<size_t>(nb * 16));
+  const group_reader reader(w, r0, n_valid);
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(reader.layout.offset));
   const next_group_prefetch ahead(w, r0);
   for (int64_t b = 0; b < nb; ++b) {
     ahead.slice(b);
-    for (int n = 0; n < 16; ++n) {
-      if (n < n_valid) {
-        const auto* blk =
-            static_cast<const uint8_t*>(w.row(r0 + n)) + static_cast<size_t>(b) * block;
-        src[n] = blk + qs;
-        uint16_t h = 0;
-        __builtin_memcpy(&h, blk, sizeof h);
-        p.d[static_cast<size_t>(b * 16 + n)] = fp16_to_fp32(h);
-        if (w.type == ggml_type::q4_1) {
-          __builtin_memcpy(&h, blk + offsetof(block_q4_1, m), sizeof h);
-          p.m[static_cast<size_t>(b * 16 + n)] = fp16_to_fp32(h);
-        }
-      } else {
-        src[n] = zeros;
-      }
-    }
+    __m512i v[8];
+    __m512 d, m;
+    reader.block(b, v, d, m);
     uint8_t* out = p.bytes.data() + b * 512;
-    __m512i t[4];
-    transpose_16x4(src, t);
-    if (w.type == ggml_type::q8_0) {
-      for (int j = 0; j < 4; ++j) _mm512_storeu_si512(out + j * 64, t[j]);
-      for (int n = 0; n < 16; ++n) src[n] += 16;
-      transpose_16x4(src, t);
-      for (int j = 0; j < 4; ++j) _mm512_storeu_si512(out + (4 + j) * 64, t[j]);
-      continue;
-    }
-    for (int j = 0; j < 4; ++j) {
-      __m512i lo = _mm512_and_si512(t[j], low4);
-      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(t[j], 4), low4);
-      if (w.type == ggml_type::q4_0) {
-        lo = _mm512_sub_epi8(lo, eight);
-        hi = _mm512_sub_epi8(hi, eight);
-      }
-      _mm512_storeu_si512(out + j * 64, lo);
-      _mm512_storeu_si512(out + (4 + j) * 64, hi);
-    }
+    for (int j = 0; j < 8; ++j) _mm512_storeu_si512(out + j * 64, _mm512_sub_epi8(v[j], offset));
+    _mm512_storeu_ps(p.d.data() + b * 16, d);
+    _mm512_storeu_ps(p.m.data() + b * 16, m);
   }
 }
 
@@ -283,55 +315,21 @@ thread_local packed_group tls_group;
 // tokens (decode).
 constexpr int64_t vnni_max_tokens = 16;
 
-// Block b of 16 rows (src[n]: row n's quants of block b) as u8 in the VNNI layout: v[j] holds each
-// row's elements 4j..4j+3. The u8 dot product minus `offset` times the activations' sum is the
-// block's exact sum (Q4_0: nibble - 8; Q8_0: (w + 128) - 128).
-WEFT_AMX_TARGET inline void unpack_u8(ggml_type t, const uint8_t* const* src, __m512i v[8]) {
-  __m512i q[4];
-  transpose_16x4(src, q);
-  if (t == ggml_type::q8_0) {
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-    for (int j = 0; j < 4; ++j) v[j] = _mm512_xor_si512(q[j], flip);
-    const uint8_t* hi[16];
-    for (int n = 0; n < 16; ++n) hi[n] = src[n] + 16;
-    transpose_16x4(hi, q);
-    for (int j = 0; j < 4; ++j) v[4 + j] = _mm512_xor_si512(q[j], flip);
-    return;
-  }
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  for (int j = 0; j < 4; ++j) {
-    v[j] = _mm512_and_si512(q[j], low4);
-    v[4 + j] = _mm512_and_si512(_mm512_srli_epi16(q[j], 4), low4);
-  }
-}
-
 // Rows [r0, r0 + n_valid) against every token of a (at most vnni_max_tokens).
 WEFT_AMX_TARGET void vnni_group(const tensor_view& w, const group_args& g, int64_t r0,
-                                int64_t n_valid, const int32_t* asum, int32_t offset, float* y) {
-  alignas(64) static const uint8_t zeros[32] = {};
-  const size_t block = *row_size_bytes(w.type, 32);
-  const size_t qs = w.type == ggml_type::q4_1   ? offsetof(block_q4_1, qs)
-                    : w.type == ggml_type::q4_0 ? offsetof(block_q4_0, qs)
-                                                : offsetof(block_q8_0, qs);
-  const auto rows = static_cast<__mmask16>((1u << n_valid) - 1u);
-  const __m512i index =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int>(w.row_bytes)));
+                                int64_t n_valid, const int32_t* asum, float* y) {
+  const group_reader reader(w, r0, n_valid);
+  const int32_t offset = reader.layout.offset;
+  const auto rows = reader.rows;
   const int64_t n_tok = g.a->n_tokens;
   __m512 acc[vnni_max_tokens];
   for (auto& v : acc) v = _mm512_setzero_ps();
-  const uint8_t* src[16];
   const next_group_prefetch ahead(w, r0);
   for (int64_t b = 0; b < g.nb; ++b) {
     ahead.slice(b);
-    const auto* base = static_cast<const uint8_t*>(w.row(r0)) + static_cast<size_t>(b) * block;
-    for (int n = 0; n < 16; ++n) src[n] = n < n_valid ? base + n * w.row_bytes + qs : zeros;
     __m512i v[8];
-    unpack_u8(w.type, src, v);
-    // Each row's fp16 d (and m, Q4_1) from the first 4 bytes of its block.
-    const __m512i dm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, index, base, 1);
-    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
-    const __m512 mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+    __m512 dw, mw;
+    reader.block(b, v, dw, mw);
     for (int64_t t = 0; t < n_tok; ++t) {
       const uint8_t* aq = g.a->rows + static_cast<size_t>(t) * g.a->row_bytes +
                           static_cast<size_t>(b) * g.act_block + g.act_qs;
@@ -373,7 +371,7 @@ WEFT_AMX_TARGET void amx_matmul_rows(const tensor_view& w, const amx_acts& a, fl
   }
   if (a.n_tokens <= vnni_max_tokens) {
     // The activations' block sums, for the offset of Q4_0 / Q8_0 weights.
-    const int32_t offset = w.type == ggml_type::q4_0 ? 8 : w.type == ggml_type::q8_0 ? 128 : 0;
+    const int32_t offset = layout_of(w.type).offset;
     int32_t asum[vnni_max_tokens * 512];
     std::vector<int32_t> big;
     int32_t* sums = asum;
@@ -394,7 +392,7 @@ WEFT_AMX_TARGET void amx_matmul_rows(const tensor_view& w, const amx_acts& a, fl
       }
     }
     for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group) {
-      vnni_group(w, g, r0, std::min<int64_t>(amx_rows_per_group, r_end - r0), sums, offset, y);
+      vnni_group(w, g, r0, std::min<int64_t>(amx_rows_per_group, r_end - r0), sums, y);
     }
     return;
   }
