@@ -29,7 +29,7 @@ namespace weft::gpu::cpu {
 // The kernel's functions are compiled for AMX and AVX-512 whatever the build's -march (the portable
 // package targets x86-64-v3); they run only after amx_available() found both on the CPU.
 #define WEFT_AMX_TARGET \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,amx-tile,amx-int8")))
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
 
 namespace {
 
@@ -48,7 +48,8 @@ probe_result probe() {
   const bool avx512 = (b & (1u << 16)) != 0 && (b & (1u << 30)) != 0 && (b & (1u << 31)) != 0 &&
                       (b & (1u << 17)) != 0;
   const bool tile = (d & (1u << 24)) != 0, int8 = (d & (1u << 25)) != 0;
-  if (!tile || !int8 || !avx512)
+  const bool vnni = (c & (1u << 11)) != 0;
+  if (!tile || !int8 || !avx512 || !vnni)
     return {false, "this CPU has no AMX-INT8 (Intel Sapphire Rapids or later has it)"};
   if (syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) != 0)
     return {false, "the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"};
