@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <iterator>
 #include <mutex>
 #include <vector>
 
@@ -147,22 +146,23 @@ struct packed_group {
 // Block b of 16 rows (src[n]: row n's quants of block b) as u8 in the VNNI layout: v[j] holds each
 // row's elements 4j..4j+3. The u8 dot product minus `offset` times the activations' sum is the
 // block's exact sum (Q4_0: nibble - 8; Q8_0: (w + 128) - 128).
-WEFT_AMX_TARGET inline void unpack_u8(ggml_type t, const uint8_t* const* src, __m512i v[8]) {
+template <ggml_type T>
+WEFT_AMX_TARGET inline void unpack_u8(const uint8_t* const* src, __m512i v[8]) {
   __m512i q[4];
   transpose_16x4(src, q);
-  if (t == ggml_type::q8_0) {
+  if constexpr (T == ggml_type::q8_0) {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     for (int j = 0; j < 4; ++j) v[j] = _mm512_xor_si512(q[j], flip);
     const uint8_t* hi[16];
     for (int n = 0; n < 16; ++n) hi[n] = src[n] + 16;
     transpose_16x4(hi, q);
     for (int j = 0; j < 4; ++j) v[4 + j] = _mm512_xor_si512(q[j], flip);
-    return;
-  }
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  for (int j = 0; j < 4; ++j) {
-    v[j] = _mm512_and_si512(q[j], low4);
-    v[4 + j] = _mm512_and_si512(_mm512_srli_epi16(q[j], 4), low4);
+  } else {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm512_and_si512(q[j], low4);
+      v[4 + j] = _mm512_and_si512(_mm512_srli_epi16(q[j], 4), low4);
+    }
   }
 }
 
@@ -204,13 +204,14 @@ struct group_reader {
             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
             _mm512_set1_epi32(static_cast<int>(wv.row_bytes)))) {}
 
+  template <ggml_type T>
   WEFT_AMX_TARGET void block(int64_t b, __m512i v[8], __m512& d, __m512& m) const {
     alignas(64) static const uint8_t zeros[32] = {};
     const auto* base =
         static_cast<const uint8_t*>(w.row(r0)) + static_cast<size_t>(b) * layout.block;
     const uint8_t* src[16];
     for (int n = 0; n < 16; ++n) src[n] = n < n_valid ? base + n * w.row_bytes + layout.qs : zeros;
-    unpack_u8(w.type, src, v);
+    unpack_u8<T>(src, v);
     const __m512i dm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, index, base, 1);
     d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
     m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
@@ -218,6 +219,7 @@ struct group_reader {
 };
 
 // The group's blocks as int8 (u8 quants minus the offset) for the tiles, and its scales.
+template <ggml_type T>
 WEFT_AMX_TARGET void pack_group(const tensor_view& w, int64_t r0, int64_t n_valid,
                                 packed_group& p) {
   const int64_t nb = w.n_cols / 32;
@@ -231,7 +233,7 @@ WEFT_AMX_TARGET void pack_group(const tensor_view& w, int64_t r0, int64_t n_vali
     ahead.slice(b);
     __m512i v[8];
     __m512 d, m;
-    reader.block(b, v, d, m);
+    reader.block<T>(b, v, d, m);
     uint8_t* out = p.bytes.data() + b * 512;
     for (int j = 0; j < 8; ++j) _mm512_storeu_si512(out + j * 64, _mm512_sub_epi8(v[j], offset));
     _mm512_storeu_ps(p.d.data() + b * 16, d);
@@ -316,21 +318,22 @@ thread_local packed_group tls_group;
 // tokens (decode).
 constexpr int64_t vnni_max_tokens = 16;
 
-// Rows [r0, r0 + n_valid) against every token of a (at most vnni_max_tokens).
+// Rows [r0, r0 + n_valid) against every token of a (at most vnni_max_tokens); N > 0: exactly N
+// tokens, known at compile time so the accumulators stay in registers.
+template <ggml_type T, int N>
 WEFT_AMX_TARGET void vnni_group(const tensor_view& w, const group_args& g, int64_t r0,
                                 int64_t n_valid, const int32_t* asum, float* y) {
   const group_reader reader(w, r0, n_valid);
-  const int32_t offset = reader.layout.offset;
-  const auto rows = reader.rows;
-  const int64_t n_tok = g.a->n_tokens;
-  __m512 acc[vnni_max_tokens];
-  for (auto& v : acc) v = _mm512_setzero_ps();
+  constexpr int32_t offset = T == ggml_type::q4_0 ? 8 : T == ggml_type::q8_0 ? 128 : 0;
+  const int64_t n_tok = N > 0 ? N : g.a->n_tokens;
+  __m512 acc[N > 0 ? N : vnni_max_tokens];
+  for (int64_t t = 0; t < n_tok; ++t) acc[t] = _mm512_setzero_ps();
   const next_group_prefetch ahead(w, r0);
   for (int64_t b = 0; b < g.nb; ++b) {
     ahead.slice(b);
     __m512i v[8];
     __m512 dw, mw;
-    reader.block(b, v, dw, mw);
+    reader.block<T>(b, v, dw, mw);
     for (int64_t t = 0; t < n_tok; ++t) {
       const uint8_t* aq = g.a->rows + static_cast<size_t>(t) * g.a->row_bytes +
                           static_cast<size_t>(b) * g.act_block + g.act_qs;
@@ -342,14 +345,54 @@ WEFT_AMX_TARGET void vnni_group(const tensor_view& w, const group_args& g, int64
         s1 = _mm512_dpbusd_epi32(s1, v[j + 1], _mm512_set1_epi32(a4[j + 1]));
       }
       __m512i isum = _mm512_add_epi32(s0, s1);
-      if (offset != 0)
+      if constexpr (offset != 0)
         isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * asum[t * g.nb + b]));
       const __m512 x = _mm512_mul_ps(dw, _mm512_set1_ps(g.a->d[b * n_tok + t]));
       acc[t] = _mm512_fmadd_ps(x, _mm512_cvtepi32_ps(isum), acc[t]);
-      if (g.q4_1) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(g.a->s[b * n_tok + t]), acc[t]);
+      if constexpr (T == ggml_type::q4_1)
+        acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(g.a->s[b * n_tok + t]), acc[t]);
     }
   }
-  for (int64_t t = 0; t < n_tok; ++t) _mm512_mask_storeu_ps(y + t * w.n_rows + r0, rows, acc[t]);
+  for (int64_t t = 0; t < n_tok; ++t)
+    _mm512_mask_storeu_ps(y + t * w.n_rows + r0, reader.rows, acc[t]);
+}
+
+template <ggml_type T, int N>
+WEFT_AMX_TARGET void vnni_rows(const tensor_view& w, const group_args& g, int64_t r_begin,
+                               int64_t r_end, const int32_t* asum, float* y) {
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group)
+    vnni_group<T, N>(w, g, r0, std::min<int64_t>(amx_rows_per_group, r_end - r0), asum, y);
+}
+
+// The VNNI path and the tile path for one weight type.
+template <ggml_type T>
+WEFT_AMX_TARGET void matmul_rows(const tensor_view& w, const group_args& g, int64_t r_begin,
+                                 int64_t r_end, const int32_t* asum, float* y) {
+  const amx_acts& a = *g.a;
+  if (a.n_tokens <= vnni_max_tokens) {
+    switch (a.n_tokens) {
+      case 1:
+        return vnni_rows<T, 1>(w, g, r_begin, r_end, asum, y);
+      case 2:
+        return vnni_rows<T, 2>(w, g, r_begin, r_end, asum, y);
+      case 3:
+        return vnni_rows<T, 3>(w, g, r_begin, r_end, asum, y);
+      case 4:
+        return vnni_rows<T, 4>(w, g, r_begin, r_end, asum, y);
+      default:
+        return vnni_rows<T, 0>(w, g, r_begin, r_end, asum, y);
+    }
+  }
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group) {
+    const int64_t n_valid = std::min<int64_t>(amx_rows_per_group, r_end - r0);
+    pack_group<T>(w, r0, n_valid, tls_group);
+    const auto rows = static_cast<__mmask16>((1u << n_valid) - 1u);
+    int64_t t0 = 0;
+    for (; t0 + 16 <= a.n_tokens; t0 += 16) token_tile<16>(g, t0, 16, y + r0, w.n_rows, rows);
+    if (t0 < a.n_tokens) {
+      token_tile<0>(g, t0, static_cast<int>(a.n_tokens - t0), y + r0, w.n_rows, rows);
+    }
+  }
 }
 
 }  // namespace
@@ -370,42 +413,28 @@ WEFT_AMX_TARGET void amx_matmul_rows(const tensor_view& w, const amx_acts& a, fl
   } else {
     g.act_block = sizeof(block_q8_0), g.act_qs = offsetof(block_q8_0, qs);
   }
-  if (a.n_tokens <= vnni_max_tokens) {
-    // The activations' block sums, for the offset of Q4_0 / Q8_0 weights.
-    const int32_t offset = layout_of(w.type).offset;
-    int32_t asum[vnni_max_tokens * 512];
-    std::vector<int32_t> big;
-    int32_t* sums = asum;
-    if (offset != 0) {
-      if (a.n_tokens * g.nb > static_cast<int64_t>(std::size(asum))) {
-        big.resize(static_cast<size_t>(a.n_tokens * g.nb));
-        sums = big.data();
-      }
-      for (int64_t t = 0; t < a.n_tokens; ++t) {
-        for (int64_t b = 0; b < g.nb; ++b) {
-          const auto* q =
-              reinterpret_cast<const int8_t*>(a.rows + static_cast<size_t>(t) * a.row_bytes +
-                                              static_cast<size_t>(b) * g.act_block + g.act_qs);
-          int32_t sum = 0;
-          for (int k = 0; k < 32; ++k) sum += q[k];
-          sums[t * g.nb + b] = sum;
-        }
+  // The VNNI path's activation block sums, for the offset of Q4_0 / Q8_0 weights.
+  thread_local std::vector<int32_t> sums;
+  if (a.n_tokens <= vnni_max_tokens && layout_of(w.type).offset != 0) {
+    sums.resize(static_cast<size_t>(a.n_tokens * g.nb));
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      for (int64_t b = 0; b < g.nb; ++b) {
+        const auto* q =
+            reinterpret_cast<const int8_t*>(a.rows + static_cast<size_t>(t) * a.row_bytes +
+                                            static_cast<size_t>(b) * g.act_block + g.act_qs);
+        int32_t sum = 0;
+        for (int k = 0; k < 32; ++k) sum += q[k];
+        sums[static_cast<size_t>(t * g.nb + b)] = sum;
       }
     }
-    for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group) {
-      vnni_group(w, g, r0, std::min<int64_t>(amx_rows_per_group, r_end - r0), sums, y);
-    }
-    return;
   }
-  for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group) {
-    const int64_t n_valid = std::min<int64_t>(amx_rows_per_group, r_end - r0);
-    pack_group(w, r0, n_valid, tls_group);
-    const auto rows = static_cast<__mmask16>((1u << n_valid) - 1u);
-    int64_t t0 = 0;
-    for (; t0 + 16 <= a.n_tokens; t0 += 16) token_tile<16>(g, t0, 16, y + r0, w.n_rows, rows);
-    if (t0 < a.n_tokens) {
-      token_tile<0>(g, t0, static_cast<int>(a.n_tokens - t0), y + r0, w.n_rows, rows);
-    }
+  switch (w.type) {
+    case ggml_type::q4_0:
+      return matmul_rows<ggml_type::q4_0>(w, g, r_begin, r_end, sums.data(), y);
+    case ggml_type::q4_1:
+      return matmul_rows<ggml_type::q4_1>(w, g, r_begin, r_end, sums.data(), y);
+    default:
+      return matmul_rows<ggml_type::q8_0>(w, g, r_begin, r_end, sums.data(), y);
   }
 }
 
