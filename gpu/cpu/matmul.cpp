@@ -36,7 +36,8 @@ kernel_choice& choice() {
   return c;
 }
 
-// The kernel quantized weights use in this call (ggml while WEFT_CPU_MATMUL is unset).
+// The kernel in use, for matmul's fast path: -1 before WEFT_CPU_MATMUL is read, -2 when it is
+// invalid or names a kernel that cannot run here.
 std::atomic<int> active_kernel{-1};
 
 }  // namespace
