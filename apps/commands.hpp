@@ -31,8 +31,9 @@ inline void add_weights_memory_option(CLI::App* cmd, std::string& value) {
 inline void add_cpu_matmul_option(CLI::App* cmd, std::string& value) {
   cmd->add_option("--cpu-matmul", value,
                   "Kernel for Q4_0/Q4_1/Q8_0 weights on the CPU: ggml (llama.cpp's x86 numerics, "
-                  "bit for bit) or amx (Intel AMX tiles: prompts and large batches several times "
-                  "faster on CPUs that have it, its own rounding; an error elsewhere)")
+                  "bit for bit) or amx (Intel AMX tiles: prompts and large batches about twice as "
+                  "fast on CPUs that have it, batch-1 decode slower, its own rounding; an error "
+                  "elsewhere)")
       ->envname("WEFT_CPU_MATMUL")
       ->capture_default_str()
       ->check(CLI::IsMember({"ggml", "amx"}))
