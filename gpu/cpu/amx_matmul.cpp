@@ -173,7 +173,7 @@ struct weight_layout {
   int32_t offset;
 };
 
-weight_layout layout_of(ggml_type t) {
+constexpr weight_layout layout_of(ggml_type t) {
   switch (t) {
     case ggml_type::q4_0:
       return {sizeof(block_q4_0), offsetof(block_q4_0, qs), 8};
@@ -324,7 +324,7 @@ template <ggml_type T, int N>
 WEFT_AMX_TARGET void vnni_group(const tensor_view& w, const group_args& g, int64_t r0,
                                 int64_t n_valid, const int32_t* asum, float* y) {
   const group_reader reader(w, r0, n_valid);
-  constexpr int32_t offset = T == ggml_type::q4_0 ? 8 : T == ggml_type::q8_0 ? 128 : 0;
+  constexpr int32_t offset = layout_of(T).offset;
   const int64_t n_tok = N > 0 ? N : g.a->n_tokens;
   __m512 acc[N > 0 ? N : vnni_max_tokens];
   for (int64_t t = 0; t < n_tok; ++t) acc[t] = _mm512_setzero_ps();
