@@ -85,6 +85,12 @@ class compute_ops {
     }
     return {};
   }
+  /// Bytes of a copy of `w` in the layout this backend's matmul reads fastest, to be written by
+  /// pack_weight and set as w.packed; 0 when it reads `w` as stored (the default).
+  virtual size_t packed_weight_bytes(const tensor_view& /*w*/) { return 0; }
+  /// Writes that copy of `w`'s values to `dst` (packed_weight_bytes(w) bytes of device memory); run
+  /// again whenever the values in w.data change. Results are the same bits with or without it.
+  virtual status pack_weight(const tensor_view& /*w*/, void* /*dst*/) { return {}; }
   /// y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight.
   virtual status rms_norm(const float* x, const float* weight, float* y, int64_t n_tokens,
                           int64_t dim, float eps) = 0;

@@ -224,6 +224,22 @@ status model::set_weight(std::string_view name, std::span<const float> values) {
       return st;
     return dev_.synchronize();
   }
+  for (const auto& [n, w] : packed_) {
+    if (n != name) continue;
+    if (auto st = ops_.pack_weight(w, const_cast<void*>(w.packed)); !st) return st;
+  }
+  return {};
+}
+
+status model::pack(tensor_view& w, const std::string& name) {
+  const size_t bytes = ops_.packed_weight_bytes(w);
+  if (bytes == 0) return {};
+  auto b = dev_.allocate(bytes);
+  if (!b) return b.error();
+  uploaded_.push_back(*b);
+  if (auto st = ops_.pack_weight(w, b->data); !st) return st;
+  w.packed = b->data;
+  packed_.emplace_back(name, w);
   return {};
 }
 
@@ -247,7 +263,7 @@ status model::bind_weights() {
                                             std::string{type_name(dst.type)} + ", which " +
                                             dev_.capabilities().name + " cannot multiply"};
     }
-    return {};
+    return pack(dst, name);
   };
   if (auto st = take(tok_embd_, "token_embd.weight", hp.n_embd, hp.n_vocab); !st) return st;
   if (auto st = take(output_norm_, "output_norm.weight", hp.n_embd, 1); !st) return st;
@@ -257,6 +273,7 @@ status model::bind_weights() {
     if (auto st = matrix(output_, "output.weight", hp.n_embd, hp.n_vocab); !st) return st;
   } else {
     output_ = tok_embd_;
+    if (auto st = pack(output_, "token_embd.weight"); !st) return st;
   }
   if (file_.find_tensor("rope_freqs.weight") != nullptr) {
     tensor_view rf;

@@ -129,6 +129,8 @@ class model {
   status bind_weights();
   result<tensor_view> weight(const std::string& name, int64_t n_cols, int64_t n_rows,
                              int64_t n_mats = 1, bool required = true);
+  /// Gives `w` the device's packed copy where its matmul wants one (compute_ops::pack_weight).
+  status pack(tensor_view& w, const std::string& name);
   status ensure_buffers(int64_t n_tokens);
   status ffn_dense(const layer_weights& lw, int64_t n);
   status ffn_moe(const layer_weights& lw, int64_t n, int64_t layer, forward_output& out);
@@ -141,8 +143,9 @@ class model {
   model_hparams hp_;
   tensor_view tok_embd_, output_norm_, output_;
   std::vector<layer_weights> layers_;
-  std::vector<device_buffer> uploaded_;  ///< Weight copies on device-only devices.
+  std::vector<device_buffer> uploaded_;  ///< Weight copies on device-only devices, packed copies.
   std::vector<std::pair<std::string, void*>> uploaded_names_;  ///< Tensor name of each copy.
+  std::vector<std::pair<std::string, tensor_view>> packed_;    ///< Weights with a packed copy.
   std::vector<std::byte> staging_;   ///< set_weight's converted tensor (device-only devices).
   std::vector<device_buffer> bufs_;  ///< Activations (see model.cpp for the index names).
   device_buffer ints_{};             ///< Token ids, positions, slots, block tables.

@@ -18,11 +18,16 @@ struct tensor_view {
   int64_t n_mats = 1;  ///< Matrices (ggml ne2), e.g. experts.
   size_t row_bytes = 0;
   size_t mat_bytes = 0;
+  /// A copy in the layout the backend's matmul reads fastest (compute_ops::pack_weight; null:
+  /// none), `mat_bytes` per matrix like `data`. The values stay in `data` for every other reader.
+  const void* packed = nullptr;
 
   /// Matrix `i` of a stack as a single-matrix view.
   tensor_view matrix(int64_t i) const {
     tensor_view v = *this;
     v.data = static_cast<const char*>(data) + static_cast<size_t>(i) * mat_bytes;
+    if (packed != nullptr)
+      v.packed = static_cast<const char*>(packed) + static_cast<size_t>(i) * mat_bytes;
     v.n_mats = 1;
     return v;
   }

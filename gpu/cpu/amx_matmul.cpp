@@ -143,20 +143,34 @@ struct packed_group {
   std::vector<float> d, m;     // 16 per block
 };
 
-// Block b of 16 rows (src[n]: row n's quants of block b) as u8 in the VNNI layout: v[j] holds each
-// row's elements 4j..4j+3. The u8 dot product minus `offset` times the activations' sum is the
-// block's exact sum (Q4_0: nibble - 8; Q8_0: (w + 128) - 128).
+// Where a type's quants sit in its 32-element block, and the offset its u8 form carries.
+struct weight_layout {
+  size_t block;
+  size_t qs;
+  int32_t offset;
+  size_t packed_qs;  // bytes of a packed block's quants (16 rows)
+};
+
+constexpr weight_layout layout_of(ggml_type t) {
+  switch (t) {
+    case ggml_type::q4_0:
+      return {sizeof(block_q4_0), offsetof(block_q4_0, qs), 8, 256};
+    case ggml_type::q4_1:
+      return {sizeof(block_q4_1), offsetof(block_q4_1, qs), 0, 256};
+    default:
+      return {sizeof(block_q8_0), offsetof(block_q8_0, qs), 128, 512};
+  }
+}
+
+// The quants of one block of 16 rows (VNNI order, as transpose_16x4 leaves them: Q4 4 vectors of
+// packed nibbles, Q8_0 8 of int8) as u8: v[j] holds each row's elements 4j..4j+3. The u8 dot
+// product minus `offset` times the activations' sum is the block's exact sum (Q4_0: nibble - 8;
+// Q8_0: (w + 128) - 128).
 template <ggml_type T>
-WEFT_AMX_TARGET inline void unpack_u8(const uint8_t* const* src, __m512i v[8]) {
-  __m512i q[4];
-  transpose_16x4(src, q);
+WEFT_AMX_TARGET inline void to_u8(const __m512i* q, __m512i v[8]) {
   if constexpr (T == ggml_type::q8_0) {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-    for (int j = 0; j < 4; ++j) v[j] = _mm512_xor_si512(q[j], flip);
-    const uint8_t* hi[16];
-    for (int n = 0; n < 16; ++n) hi[n] = src[n] + 16;
-    transpose_16x4(hi, q);
-    for (int j = 0; j < 4; ++j) v[4 + j] = _mm512_xor_si512(q[j], flip);
+    for (int j = 0; j < 8; ++j) v[j] = _mm512_xor_si512(q[j], flip);
   } else {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     for (int j = 0; j < 4; ++j) {
@@ -166,74 +180,106 @@ WEFT_AMX_TARGET inline void unpack_u8(const uint8_t* const* src, __m512i v[8]) {
   }
 }
 
-// Where a type's quants sit in its 32-element block, and the offset its u8 form carries.
-struct weight_layout {
-  size_t block;
-  size_t qs;
-  int32_t offset;
-};
-
-constexpr weight_layout layout_of(ggml_type t) {
-  switch (t) {
-    case ggml_type::q4_0:
-      return {sizeof(block_q4_0), offsetof(block_q4_0, qs), 8};
-    case ggml_type::q4_1:
-      return {sizeof(block_q4_1), offsetof(block_q4_1, qs), 0};
-    default:
-      return {sizeof(block_q8_0), offsetof(block_q8_0, qs), 128};
+// Block b of 16 rows as stored (src[n]: row n's quants of block b) in the VNNI order.
+template <ggml_type T>
+WEFT_AMX_TARGET inline void transpose_block(const uint8_t* const* src, __m512i q[8]) {
+  transpose_16x4(src, q);
+  if constexpr (T == ggml_type::q8_0) {
+    const uint8_t* hi[16];
+    for (int n = 0; n < 16; ++n) hi[n] = src[n] + 16;
+    transpose_16x4(hi, q + 4);
   }
 }
 
-// Block b of a group of 16 rows (rows past n_valid read as zeros): the quants as u8 (unpack_u8),
-// and each row's fp16 d (and m, Q4_1) from the first 4 bytes of its block, as floats.
+// Row n's first 4 bytes of a block (fp16 d, then m for Q4_1) in dword n, rows outside `rows` 0.
+WEFT_AMX_TARGET inline __m512i gather_dm(const uint8_t* base, __m512i index, __mmask16 rows) {
+  return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, index, base, 1);
+}
+
+WEFT_AMX_TARGET inline __m512i row_offsets(size_t row_bytes) {
+  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                            _mm512_set1_epi32(static_cast<int>(row_bytes)));
+}
+
+// Block b of a group of 16 rows read where the model stores them (rows past n_valid read as
+// zeros): the quants as u8 (to_u8), each row's fp16 d (and m, Q4_1) as floats.
+template <ggml_type T>
 struct group_reader {
-  const tensor_view& w;
-  weight_layout layout;
-  int64_t r0;
+  static constexpr weight_layout layout = layout_of(T);
+  const uint8_t* base;  // row r0
+  size_t row_bytes;
   int64_t n_valid;
   __mmask16 rows;
   __m512i index;  // row n's offset from row r0
+  next_group_prefetch ahead;
 
-  WEFT_AMX_TARGET group_reader(const tensor_view& wv, int64_t first, int64_t valid)
-      : w(wv),
-        layout(layout_of(wv.type)),
-        r0(first),
+  WEFT_AMX_TARGET group_reader(const tensor_view& w, int64_t r0, int64_t valid)
+      : base(static_cast<const uint8_t*>(w.row(r0))),
+        row_bytes(w.row_bytes),
         n_valid(valid),
         rows(static_cast<__mmask16>((1u << valid) - 1u)),
-        index(_mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(static_cast<int>(wv.row_bytes)))) {}
+        index(row_offsets(w.row_bytes)),
+        ahead(w, r0) {}
 
-  template <ggml_type T>
   WEFT_AMX_TARGET void block(int64_t b, __m512i v[8], __m512& d, __m512& m) const {
+    ahead.slice(b);
     alignas(64) static const uint8_t zeros[32] = {};
-    const auto* base =
-        static_cast<const uint8_t*>(w.row(r0)) + static_cast<size_t>(b) * layout.block;
+    const uint8_t* at = base + static_cast<size_t>(b) * layout.block;
     const uint8_t* src[16];
-    for (int n = 0; n < 16; ++n) src[n] = n < n_valid ? base + n * w.row_bytes + layout.qs : zeros;
-    unpack_u8<T>(src, v);
-    const __m512i dm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, index, base, 1);
+    for (int n = 0; n < 16; ++n) src[n] = n < n_valid ? at + n * row_bytes + layout.qs : zeros;
+    __m512i q[8];
+    transpose_block<T>(src, q);
+    to_u8<T>(q, v);
+    const __m512i dm = gather_dm(at, index, rows);
     d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
     m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
   }
 };
 
-// The group's blocks as int8 (u8 quants minus the offset) for the tiles, and its scales.
+// The same from w.packed (amx_pack): each block's quants already in the VNNI order, then the 16
+// rows' fp16 d (and m), one contiguous stream per group.
 template <ggml_type T>
-WEFT_AMX_TARGET void pack_group(const tensor_view& w, int64_t r0, int64_t n_valid,
-                                packed_group& p) {
-  const int64_t nb = w.n_cols / 32;
+struct packed_reader {
+  static constexpr weight_layout layout = layout_of(T);
+  static constexpr size_t stride = 16 * layout.block;
+  const uint8_t* base;  // the group's first byte in w.packed
+  __mmask16 rows = 0xFFFF;
+
+  WEFT_AMX_TARGET packed_reader(const tensor_view& w, int64_t r0)
+      : base(static_cast<const uint8_t*>(w.packed) + static_cast<size_t>(r0) * w.row_bytes) {}
+
+  WEFT_AMX_TARGET void block(int64_t b, __m512i v[8], __m512& d, __m512& m) const {
+    const uint8_t* at = base + static_cast<size_t>(b) * stride;
+    __m512i q[8];
+    for (size_t j = 0; j < layout.packed_qs / 64; ++j) q[j] = _mm512_loadu_si512(at + j * 64);
+    to_u8<T>(q, v);
+    d = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + layout.packed_qs)));
+    if constexpr (T == ggml_type::q4_1) {
+      m = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + layout.packed_qs + 32)));
+    } else {
+      m = _mm512_setzero_ps();
+    }
+  }
+};
+
+// Whether a group is read from w.packed: amx_pack packs whole groups only.
+bool packed_group_at(const tensor_view& w, int64_t r0) {
+  return w.packed != nullptr && r0 + amx_rows_per_group <= w.n_rows;
+}
+
+// The group's blocks as int8 (u8 quants minus the offset) for the tiles, and its scales.
+template <ggml_type T, class Reader>
+WEFT_AMX_TARGET void pack_group(const Reader& reader, int64_t nb, packed_group& p) {
   p.bytes.resize(static_cast<size_t>(nb * 512));
   p.d.resize(static_cast<size_t>(nb * 16));
   p.m.resize(static_cast<size_t>(nb * 16));
-  const group_reader reader(w, r0, n_valid);
-  const __m512i offset = _mm512_set1_epi8(static_cast<char>(reader.layout.offset));
-  const next_group_prefetch ahead(w, r0);
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(layout_of(T).offset));
   for (int64_t b = 0; b < nb; ++b) {
-    ahead.slice(b);
     __m512i v[8];
     __m512 d, m;
-    reader.block<T>(b, v, d, m);
+    reader.block(b, v, d, m);
     uint8_t* out = p.bytes.data() + b * 512;
     for (int j = 0; j < 8; ++j) _mm512_storeu_si512(out + j * 64, _mm512_sub_epi8(v[j], offset));
     _mm512_storeu_ps(p.d.data() + b * 16, d);
@@ -318,22 +364,20 @@ thread_local packed_group tls_group;
 // tokens (decode).
 constexpr int64_t vnni_max_tokens = 16;
 
-// Rows [r0, r0 + n_valid) against every token of a (at most vnni_max_tokens); N > 0: exactly N
-// tokens, known at compile time so the accumulators stay in registers.
-template <ggml_type T, int N>
-WEFT_AMX_TARGET void vnni_group(const tensor_view& w, const group_args& g, int64_t r0,
-                                int64_t n_valid, const int32_t* asum, float* y) {
-  const group_reader reader(w, r0, n_valid);
+// One group (rows r0 + n for n in reader.rows) against every token of a (at most
+// vnni_max_tokens); N > 0: exactly N tokens, known at compile time so the accumulators stay in
+// registers.
+template <ggml_type T, int N, class Reader>
+WEFT_AMX_TARGET void vnni_group(const Reader& reader, const group_args& g, int64_t r0,
+                                int64_t n_rows, const int32_t* asum, float* y) {
   constexpr int32_t offset = layout_of(T).offset;
   const int64_t n_tok = N > 0 ? N : g.a->n_tokens;
   __m512 acc[N > 0 ? N : vnni_max_tokens];
   for (int64_t t = 0; t < n_tok; ++t) acc[t] = _mm512_setzero_ps();
-  const next_group_prefetch ahead(w, r0);
   for (int64_t b = 0; b < g.nb; ++b) {
-    ahead.slice(b);
     __m512i v[8];
     __m512 dw, mw;
-    reader.block<T>(b, v, dw, mw);
+    reader.block(b, v, dw, mw);
     for (int64_t t = 0; t < n_tok; ++t) {
       const uint8_t* aq = g.a->rows + static_cast<size_t>(t) * g.a->row_bytes +
                           static_cast<size_t>(b) * g.act_block + g.act_qs;
@@ -354,14 +398,20 @@ WEFT_AMX_TARGET void vnni_group(const tensor_view& w, const group_args& g, int64
     }
   }
   for (int64_t t = 0; t < n_tok; ++t)
-    _mm512_mask_storeu_ps(y + t * w.n_rows + r0, reader.rows, acc[t]);
+    _mm512_mask_storeu_ps(y + t * n_rows + r0, reader.rows, acc[t]);
 }
 
 template <ggml_type T, int N>
 WEFT_AMX_TARGET void vnni_rows(const tensor_view& w, const group_args& g, int64_t r_begin,
                                int64_t r_end, const int32_t* asum, float* y) {
-  for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group)
-    vnni_group<T, N>(w, g, r0, std::min<int64_t>(amx_rows_per_group, r_end - r0), asum, y);
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group) {
+    if (packed_group_at(w, r0) && r0 + amx_rows_per_group <= r_end) {
+      vnni_group<T, N>(packed_reader<T>(w, r0), g, r0, w.n_rows, asum, y);
+    } else {
+      const group_reader<T> reader(w, r0, std::min<int64_t>(amx_rows_per_group, r_end - r0));
+      vnni_group<T, N>(reader, g, r0, w.n_rows, asum, y);
+    }
+  }
 }
 
 // The VNNI path and the tile path for one weight type.
@@ -385,7 +435,11 @@ WEFT_AMX_TARGET void matmul_rows(const tensor_view& w, const group_args& g, int6
   }
   for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group) {
     const int64_t n_valid = std::min<int64_t>(amx_rows_per_group, r_end - r0);
-    pack_group<T>(w, r0, n_valid, tls_group);
+    if (packed_group_at(w, r0) && n_valid == amx_rows_per_group) {
+      pack_group<T>(packed_reader<T>(w, r0), g.nb, tls_group);
+    } else {
+      pack_group<T>(group_reader<T>(w, r0, n_valid), g.nb, tls_group);
+    }
     const auto rows = static_cast<__mmask16>((1u << n_valid) - 1u);
     int64_t t0 = 0;
     for (; t0 + 16 <= a.n_tokens; t0 += 16) token_tile<16>(g, t0, 16, y + r0, w.n_rows, rows);
@@ -395,10 +449,62 @@ WEFT_AMX_TARGET void matmul_rows(const tensor_view& w, const group_args& g, int6
   }
 }
 
+// Matrix `w`'s whole groups into dst (the matrix's bytes of w.packed).
+template <ggml_type T>
+WEFT_AMX_TARGET void pack_matrix(const tensor_view& w, uint8_t* dst) {
+  constexpr weight_layout layout = layout_of(T);
+  const int64_t nb = w.n_cols / 32;
+  const __m512i index = row_offsets(w.row_bytes);
+  for (int64_t r0 = 0; r0 + amx_rows_per_group <= w.n_rows; r0 += amx_rows_per_group) {
+    const auto* base = static_cast<const uint8_t*>(w.row(r0));
+    uint8_t* out = dst + static_cast<size_t>(r0) * w.row_bytes;
+    for (int64_t b = 0; b < nb; ++b, out += packed_reader<T>::stride) {
+      const uint8_t* at = base + static_cast<size_t>(b) * layout.block;
+      const uint8_t* src[16];
+      for (int n = 0; n < 16; ++n) src[n] = at + n * w.row_bytes + layout.qs;
+      __m512i q[8];
+      transpose_block<T>(src, q);
+      for (size_t j = 0; j < layout.packed_qs / 64; ++j) _mm512_storeu_si512(out + j * 64, q[j]);
+      const __m512i dm = gather_dm(at, index, 0xFFFF);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + layout.packed_qs),
+                          _mm512_cvtepi32_epi16(dm));
+      if constexpr (T == ggml_type::q4_1) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + layout.packed_qs + 32),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool amx_available() {
   return probed().ok;
+}
+
+size_t amx_packed_bytes(const tensor_view& w) {
+  const bool type =
+      w.type == ggml_type::q4_0 || w.type == ggml_type::q4_1 || w.type == ggml_type::q8_0;
+  if (!type || !amx_available() || w.n_cols % 32 != 0 || w.n_rows < amx_rows_per_group) return 0;
+  return w.mat_bytes * static_cast<size_t>(w.n_mats);
+}
+
+WEFT_AMX_TARGET void amx_pack(const tensor_view& w, void* dst) {
+  for (int64_t i = 0; i < w.n_mats; ++i) {
+    const tensor_view m = w.matrix(i);
+    auto* out = static_cast<uint8_t*>(dst) + static_cast<size_t>(i) * w.mat_bytes;
+    switch (w.type) {
+      case ggml_type::q4_0:
+        pack_matrix<ggml_type::q4_0>(m, out);
+        break;
+      case ggml_type::q4_1:
+        pack_matrix<ggml_type::q4_1>(m, out);
+        break;
+      default:
+        pack_matrix<ggml_type::q8_0>(m, out);
+        break;
+    }
+  }
 }
 
 const char* amx_unavailable_reason() {
@@ -449,6 +555,12 @@ bool amx_available() {
 const char* amx_unavailable_reason() {
   return "this build has no AMX kernel (x86-64 Linux with GCC or Clang only)";
 }
+
+size_t amx_packed_bytes(const tensor_view&) {
+  return 0;
+}
+
+void amx_pack(const tensor_view&, void*) {}
 
 void amx_matmul_rows(const tensor_view&, const amx_acts&, float*, int64_t, int64_t) {}
 

@@ -30,6 +30,16 @@ bool amx_available();
 /// Why amx_available() is false ("" when it is true).
 const char* amx_unavailable_reason();
 
+/// Bytes of w's packed copy (amx_pack), 0 where the kernel reads `w` as stored: not Q4_0 / Q4_1 /
+/// Q8_0, fewer than 16 rows, or no AMX here.
+size_t amx_packed_bytes(const tensor_view& w);
+/// Writes w's packed copy to dst (amx_packed_bytes(w) bytes), to be set as w.packed: each whole
+/// group of 16 rows in the bytes those rows take in w.data, per 32-element block the 16 rows'
+/// quants in AMX's VNNI order (Q4: 256 bytes of nibbles, Q8_0: 512 of int8), then their fp16 d
+/// (and m, Q4_1). The kernel then streams one contiguous run per group instead of 16 rows a
+/// block apart; rows after the last whole group it reads from w.data. Same results either way.
+void amx_pack(const tensor_view& w, void* dst);
+
 /// The quantized activations one AMX call reads: `n_tokens` rows `row_bytes` apart of Q8_0 blocks
 /// (Q4_0 / Q8_0 weights) or Q8_1 blocks (Q4_1), and their scales as floats, block-major:
 /// d[b * n_tokens + t] (and s likewise, Q8_1 only).

@@ -38,6 +38,12 @@ class cpu_ops final : public compute_ops {
     return cpu::matmul_multi(pool_, mm_scratch_, ws, x, n_tokens, ys);
   }
 
+  size_t packed_weight_bytes(const tensor_view& w) override { return cpu::packed_weight_bytes(w); }
+
+  status pack_weight(const tensor_view& w, void* dst) override {
+    return cpu::pack_weight(pool_, w, dst);
+  }
+
   status rms_norm(const float* x, const float* weight, float* y, int64_t n_tokens, int64_t dim,
                   float eps) override {
     if (n_tokens * dim < min_parallel_elems) {

@@ -375,6 +375,35 @@ void rows_dispatch(const tensor_view& w, const f32_acts& fa, const uint8_t* a, s
 
 }  // namespace
 
+size_t packed_weight_bytes(const tensor_view& w) {
+  const auto amx = amx_for(w.type);
+  return amx && *amx ? amx_packed_bytes(w) : 0;
+}
+
+status pack_weight(thread_pool& pool, const tensor_view& w, void* dst) {
+  if (packed_weight_bytes(w) == 0) {
+    return {status_code::invalid_argument, "pack_weight: the matmul kernel in use reads " +
+                                               std::string{type_name(w.type)} +
+                                               " weights as stored"};
+  }
+  // Matrices (experts) or, for one matrix, row ranges of whole groups, one per task.
+  pool.parallel([&](int i, int n) {
+    for (int64_t m = 0; m < w.n_mats; ++m) {
+      tensor_view v = w.matrix(m);
+      const int64_t groups = v.n_rows / amx_rows_per_group;
+      const auto [b, e] = split_range(groups, n, i);
+      if (b >= e) continue;
+      auto* out = static_cast<uint8_t*>(dst) + static_cast<size_t>(m) * w.mat_bytes +
+                  static_cast<size_t>(b * amx_rows_per_group) * w.row_bytes;
+      v.data = v.row(b * amx_rows_per_group);
+      v.n_rows = (e - b) * amx_rows_per_group;
+      v.mat_bytes = v.row_bytes * static_cast<size_t>(v.n_rows);
+      amx_pack(v, out);
+    }
+  });
+  return {};
+}
+
 status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, const float* x,
               int64_t n_tokens, float* y) {
   if (!matmul_supports(w.type)) {

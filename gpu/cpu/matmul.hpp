@@ -34,6 +34,12 @@ result<quant_matmul_kernel> quant_matmul_kernel_in_use();
 status set_quant_matmul_kernel(quant_matmul_kernel kernel);
 const char* quant_matmul_kernel_name(quant_matmul_kernel kernel);
 
+/// Bytes of w's copy in the layout the kernel in use reads fastest (the amx kernel: amx_pack),
+/// 0 when it reads `w` as stored (the ggml kernel, other types).
+size_t packed_weight_bytes(const tensor_view& w);
+/// Writes that copy to dst on `pool`'s threads; set it as w.packed.
+status pack_weight(thread_pool& pool, const tensor_view& w, void* dst);
+
 /// Whether matmul supports weights of `type`.
 bool matmul_supports(ggml_type type);
 

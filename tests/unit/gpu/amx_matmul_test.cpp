@@ -109,19 +109,31 @@ TEST_P(amx_kernel, is_its_documented_order_bit_for_bit_in_every_batch) {
     const int64_t rows = 37;
     const auto w = make_weights(t, rows, cols, 11);
     const auto x = random_floats(static_cast<size_t>(40 * cols), 12);
-    for (const int threads : {1, 2}) {
-      thread_pool pool(threads);
-      matmul_scratch scratch;
-      for (const int64_t n : {1, 3, 16, 17, 40}) {
-        std::vector<float> y(static_cast<size_t>(n * rows));
-        ASSERT_TRUE(matmul(pool, scratch, w.view, x.data(), n, y.data()).ok());
-        for (int64_t tk = 0; tk < n; ++tk) {
-          for (int64_t r = 0; r < rows; ++r) {
-            const float want = amx_order_dot(t, w.view, r, x.data() + tk * cols);
-            const float got = y[static_cast<size_t>(tk * rows + r)];
-            ASSERT_EQ(std::memcmp(&want, &got, sizeof got), 0)
-                << std::string{type_name(t)} << " cols " << cols << " batch " << n << " token "
-                << tk << " row " << r << ": " << got << " vs " << want;
+    // As stored, and from the packed copy (whole groups; the last 5 rows read as stored).
+    std::vector<uint8_t> packed(packed_weight_bytes(w.view));
+    ASSERT_EQ(packed.size(), w.view.mat_bytes);
+    for (const bool use_packed : {false, true}) {
+      tensor_view v = w.view;
+      if (use_packed) {
+        thread_pool pack_pool(2);
+        ASSERT_TRUE(pack_weight(pack_pool, v, packed.data()).ok());
+        v.packed = packed.data();
+      }
+      for (const int threads : {1, 2}) {
+        thread_pool pool(threads);
+        matmul_scratch scratch;
+        for (const int64_t n : {1, 3, 16, 17, 40}) {
+          std::vector<float> y(static_cast<size_t>(n * rows));
+          ASSERT_TRUE(matmul(pool, scratch, v, x.data(), n, y.data()).ok());
+          for (int64_t tk = 0; tk < n; ++tk) {
+            for (int64_t r = 0; r < rows; ++r) {
+              const float want = amx_order_dot(t, w.view, r, x.data() + tk * cols);
+              const float got = y[static_cast<size_t>(tk * rows + r)];
+              ASSERT_EQ(std::memcmp(&want, &got, sizeof got), 0)
+                  << std::string{type_name(t)} << (use_packed ? " packed" : "") << " cols " << cols
+                  << " batch " << n << " token " << tk << " row " << r << ": " << got << " vs "
+                  << want;
+            }
           }
         }
       }
@@ -172,9 +184,45 @@ TEST_P(amx_kernel, multi_is_bit_identical_to_separate_calls) {
   EXPECT_EQ(std::memcmp(yb.data(), mb.data(), yb.size() * sizeof(float)), 0);
 }
 
+// A stack of matrices (MoE experts): each matrix's packed copy sits mat_bytes after the last, and
+// matrix(i) carries it along.
+TEST_P(amx_kernel, packed_expert_stacks_match_the_stored_layout) {
+  const ggml_type t = GetParam();
+  const int64_t rows = 32, cols = 64, mats = 3, n = 5;
+  const auto one = make_weights(t, rows * mats, cols, 41);
+  tensor_view w = one.view;
+  w.n_rows = rows;
+  w.n_mats = mats;
+  w.mat_bytes = w.row_bytes * static_cast<size_t>(rows);
+  std::vector<uint8_t> packed(packed_weight_bytes(w));
+  ASSERT_EQ(packed.size(), w.mat_bytes * mats);
+  thread_pool pool(2);
+  ASSERT_TRUE(pack_weight(pool, w, packed.data()).ok());
+  tensor_view wp = w;
+  wp.packed = packed.data();
+  const auto x = random_floats(static_cast<size_t>(n * cols), 42);
+  matmul_scratch scratch;
+  for (int64_t i = 0; i < mats; ++i) {
+    std::vector<float> a(static_cast<size_t>(n * rows)), b(a.size());
+    ASSERT_TRUE(matmul(pool, scratch, w.matrix(i), x.data(), n, a.data()).ok());
+    ASSERT_TRUE(matmul(pool, scratch, wp.matrix(i), x.data(), n, b.data()).ok());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "expert " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(types, amx_kernel,
                          ::testing::Values(ggml_type::q4_0, ggml_type::q4_1, ggml_type::q8_0),
                          [](const auto& info) { return std::string{type_name(info.param)}; });
+
+// The default kernel reads weights as stored: nothing to pack, and asking is an error.
+TEST(amx_kernel_choice, the_ggml_kernel_packs_nothing) {
+  ASSERT_TRUE(set_quant_matmul_kernel(quant_matmul_kernel::ggml).ok());
+  const auto w = make_weights(ggml_type::q4_1, 32, 64, 51);
+  EXPECT_EQ(packed_weight_bytes(w.view), 0u);
+  thread_pool pool(1);
+  std::vector<uint8_t> dst(w.view.mat_bytes);
+  EXPECT_EQ(pack_weight(pool, w.view, dst.data()).code(), status_code::invalid_argument);
+}
 
 TEST(amx_kernel_choice, is_refused_with_the_reason_where_it_cannot_run) {
   const status st = set_quant_matmul_kernel(quant_matmul_kernel::amx);

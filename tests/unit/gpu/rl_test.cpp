@@ -17,6 +17,8 @@
 #include <set>
 #include <tuple>
 
+#include "gpu/cpu/amx_matmul.hpp"
+#include "gpu/cpu/matmul.hpp"
 #include "gpu/device.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/kv_cache.hpp"
@@ -355,7 +357,7 @@ TEST(rollout_weights, set_weight_makes_the_engine_serve_the_new_weights) {
   fs::remove(path);
 }
 
-TEST(rollout_weights, quantized_q8_0_rollouts_serve_the_quantized_new_weights) {
+void check_q8_0_rollout_serves_the_new_weights() {
   auto dev = device_registry::instance().create("cpu", device_config{1, 0});
   ASSERT_TRUE(dev.ok());
   const auto file = tiny_file(42);
@@ -383,6 +385,19 @@ TEST(rollout_weights, quantized_q8_0_rollouts_serve_the_quantized_new_weights) {
   auto fresh = model::load(gguf_file::parse(*image).value(), **dev);
   ASSERT_TRUE(fresh.ok());
   EXPECT_EQ(logits_of(**dev, **rollout), logits_of(**dev, **fresh));
+}
+
+TEST(rollout_weights, quantized_q8_0_rollouts_serve_the_quantized_new_weights) {
+  check_q8_0_rollout_serves_the_new_weights();
+}
+
+// The amx kernel multiplies from a packed copy of each weight (amx_matmul.hpp): set_weight must
+// rewrite it too, or the engine would keep serving the old version.
+TEST(rollout_weights, amx_matmuls_repack_what_set_weight_changes) {
+  if (!cpu::amx_available()) GTEST_SKIP() << "no AMX here: " << cpu::amx_unavailable_reason();
+  ASSERT_TRUE(cpu::set_quant_matmul_kernel(cpu::quant_matmul_kernel::amx).ok());
+  check_q8_0_rollout_serves_the_new_weights();
+  (void)cpu::set_quant_matmul_kernel(cpu::quant_matmul_kernel::ggml);
 }
 
 TEST(rollout_weights, a_new_prefix_namespace_never_matches_old_blocks) {
