@@ -25,18 +25,18 @@ inline void add_weights_memory_option(CLI::App* cmd, std::string& value) {
       ->check(CLI::IsMember({"huge-pages", "mmap"}));
 }
 
-/// `--cpu-matmul ggml|amx` (or WEFT_CPU_MATMUL) for the commands that run the CPU engine: sets
+/// `--cpu-matmul auto|ggml|amx` (or WEFT_CPU_MATMUL) for the commands that run the CPU engine: sets
 /// WEFT_CPU_MATMUL in this process's environment, which the CPU device reads and the worker
 /// processes it starts inherit (gpu/cpu/matmul.hpp, docs/engine.md "AMX matmuls").
 inline void add_cpu_matmul_option(CLI::App* cmd, std::string& value) {
   cmd->add_option("--cpu-matmul", value,
-                  "Kernel for Q4_0/Q4_1/Q8_0 weights on the CPU: ggml (llama.cpp's x86 numerics, "
-                  "bit for bit) or amx (Intel AMX tiles: prompts and large batches about twice as "
-                  "fast on CPUs that have it, batch-1 decode slower, its own rounding; an error "
-                  "elsewhere)")
+                  "Kernel for Q4_0/Q4_1/Q8_0 weights on the CPU: auto (amx where the CPU has "
+                  "AMX-INT8, else ggml), ggml (llama.cpp's x86 numerics, bit for bit) or amx "
+                  "(Intel AMX tiles: prompts about twice as fast, batches faster, batch-1 decode "
+                  "on par; its own rounding; an error where the CPU has no AMX)")
       ->envname("WEFT_CPU_MATMUL")
       ->capture_default_str()
-      ->check(CLI::IsMember({"ggml", "amx"}))
+      ->check(CLI::IsMember({"auto", "ggml", "amx"}))
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             if (v != "amx" || gpu::cpu::amx_available()) return {};

@@ -49,7 +49,7 @@ struct generate_options {
   uint64_t seed = 0;
   int threads = 0;
   std::string weights_memory = "huge-pages";
-  std::string cpu_matmul = "ggml";
+  std::string cpu_matmul = "auto";
   std::vector<std::string> stop;
   std::string device = "cpu";
 };

@@ -62,7 +62,7 @@ struct serve_cli {
   std::string pooling = "mean";
   std::string tool_call_parser = "auto";
   std::string weights_memory = "huge-pages";
-  std::string cpu_matmul = "ggml";
+  std::string cpu_matmul = "auto";
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
   int64_t max_batch_tokens = 64;

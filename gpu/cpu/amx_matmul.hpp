@@ -12,7 +12,7 @@
 /// one thread or many. They are not ggml's bits — llama.cpp's x86 kernels sum each block in 8 lanes
 /// of 4 products (quant_dot.hpp), which no AMX instruction can reproduce at speed; the error
 /// against the exact product is of the same size (tests/unit/gpu/amx_matmul_test.cpp). This is why
-/// the kernel is opt-in (`WEFT_CPU_MATMUL=amx`, docs/engine.md "AMX matmuls").
+/// the oracle pins `WEFT_CPU_MATMUL=ggml` (docs/engine.md "AMX matmuls").
 
 #include <cstddef>
 #include <cstdint>

@@ -51,17 +51,18 @@ result<quant_matmul_kernel> quant_matmul_kernel_in_use() {
   std::lock_guard lock(c.mu);
   if (!c.read) {
     c.read = true;
-    if (const char* env = std::getenv("WEFT_CPU_MATMUL"); env != nullptr && *env != '\0') {
-      const std::string v{env};
-      if (v == "amx") {
-        c.kernel = quant_matmul_kernel::amx;
-        if (auto st = amx_check(); !st) {
-          c.error = {st.code(), "WEFT_CPU_MATMUL=amx: " + st.message()};
-        }
-      } else if (v != "ggml") {
-        c.error = {status_code::invalid_argument,
-                   "WEFT_CPU_MATMUL must be ggml or amx, not '" + v + "'"};
+    const char* env = std::getenv("WEFT_CPU_MATMUL");
+    const std::string v = env != nullptr && *env != '\0' ? env : "auto";
+    if (v == "auto") {
+      c.kernel = amx_available() ? quant_matmul_kernel::amx : quant_matmul_kernel::ggml;
+    } else if (v == "amx") {
+      c.kernel = quant_matmul_kernel::amx;
+      if (auto st = amx_check(); !st) {
+        c.error = {st.code(), "WEFT_CPU_MATMUL=amx: " + st.message()};
       }
+    } else if (v != "ggml") {
+      c.error = {status_code::invalid_argument,
+                 "WEFT_CPU_MATMUL must be auto, ggml or amx, not '" + v + "'"};
     }
     active_kernel.store(c.error.ok() ? static_cast<int>(c.kernel) : -2);
   }

@@ -23,10 +23,11 @@ struct matmul_scratch {
   std::vector<float> f32_pairs;  ///< f32 / bf16 weights: the activations in pairs (f32_acts)
 };
 
-/// The kernel Q4_0 / Q4_1 / Q8_0 weights are multiplied with, process-wide: `ggml` (the default:
-/// llama.cpp's x86 numerics, bit for bit) or `amx` (Intel AMX tiles, amx_matmul.hpp: several times
-/// the multiply throughput on CPUs that have it, its own rounding — still batch-invariant). Read
-/// once from WEFT_CPU_MATMUL (`ggml` | `amx`); child processes inherit the variable.
+/// The kernel Q4_0 / Q4_1 / Q8_0 weights are multiplied with, process-wide: `ggml` (llama.cpp's
+/// x86 numerics, bit for bit) or `amx` (Intel AMX tiles, amx_matmul.hpp: about twice the prompt
+/// throughput on CPUs that have it, its own rounding — still batch-invariant). Read once from
+/// WEFT_CPU_MATMUL (`auto` | `ggml` | `amx`); `auto` (also unset) is amx where amx_available(),
+/// else ggml. Child processes inherit the variable.
 enum class quant_matmul_kernel { ggml, amx };
 /// The kernel in use, or an error naming a bad WEFT_CPU_MATMUL value or why AMX cannot run here.
 result<quant_matmul_kernel> quant_matmul_kernel_in_use();

@@ -51,7 +51,8 @@ def main():
         refs[name] = [llm.embed(t, normalize=True) for t in TEXTS]
         del llm
 
-    with WeftServer(a.weft) as srv:
+    # llama.cpp's x86 numerics: the ggml kernel, whatever `auto` picks on this CPU.
+    with WeftServer(a.weft, ["--cpu-matmul", "ggml"]) as srv:
         status, d = embed(srv, {"input": TEXTS})
         check(status == 200 and len(d.get("data", [])) == len(TEXTS), f"a batch answers ({status})")
         vecs = [e["embedding"] for e in sorted(d["data"], key=lambda e: e["index"])]
@@ -107,7 +108,7 @@ def main():
         status, _ = srv.request("POST", "/v1/embeddings", b"{not json")
         check(status == 400, f"malformed JSON is a 400 ({status})")
 
-    with WeftServer(a.weft, ["--pooling", "last"]) as srv:
+    with WeftServer(a.weft, ["--cpu-matmul", "ggml", "--pooling", "last"]) as srv:
         status, d = embed(srv, {"input": TEXTS})
         for i, e in enumerate(sorted(d.get("data", []), key=lambda e: e["index"])):
             diff = max_diff(e["embedding"], refs["last"][i])

@@ -130,6 +130,13 @@ int32_t argmax(const float* x, int64_t n) {
   return static_cast<int32_t>(std::max_element(x, x + n) - x);
 }
 
+// The oracle checks llama.cpp's x86 numerics, which the ggml matmul kernel reproduces bit for bit:
+// pinned here, before any device reads it, unless WEFT_CPU_MATMUL asks for another kernel (to
+// measure its drift from llama.cpp: docs/engine.md "AMX matmuls").
+[[maybe_unused]] const bool ggml_kernel_pinned = [] {
+  return ::setenv("WEFT_CPU_MATMUL", "ggml", 0) == 0;
+}();
+
 TEST(engine_oracle, greedy_continuations_match_llama_cpp) {
   const auto& r = reference();
   WEFT_REQUIRE_REFERENCE(r);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -222,6 +223,27 @@ TEST(amx_kernel_choice, the_ggml_kernel_packs_nothing) {
   thread_pool pool(1);
   std::vector<uint8_t> dst(w.view.mat_bytes);
   EXPECT_EQ(pack_weight(pool, w.view, dst.data()).code(), status_code::invalid_argument);
+}
+
+// WEFT_CPU_MATMUL is read once per process: each case runs in a fresh one (a re-executed test).
+int kernel_from_env(const char* value) {
+  if (value == nullptr) {
+    ::unsetenv("WEFT_CPU_MATMUL");
+  } else {
+    ::setenv("WEFT_CPU_MATMUL", value, 1);
+  }
+  const auto k = quant_matmul_kernel_in_use();
+  if (!k) return k.error().message().find("must be auto, ggml or amx") != std::string::npos ? 3 : 4;
+  return *k == quant_matmul_kernel::amx ? 2 : 1;
+}
+
+TEST(amx_kernel_choice, auto_and_unset_pick_amx_exactly_where_it_can_run) {
+  ::testing::GTEST_FLAG(death_test_style) = "threadsafe";
+  const int want = amx_available() ? 2 : 1;
+  EXPECT_EXIT(std::exit(kernel_from_env(nullptr)), ::testing::ExitedWithCode(want), "");
+  EXPECT_EXIT(std::exit(kernel_from_env("auto")), ::testing::ExitedWithCode(want), "");
+  EXPECT_EXIT(std::exit(kernel_from_env("ggml")), ::testing::ExitedWithCode(1), "");
+  EXPECT_EXIT(std::exit(kernel_from_env("fast")), ::testing::ExitedWithCode(3), "");
 }
 
 TEST(amx_kernel_choice, is_refused_with_the_reason_where_it_cannot_run) {
