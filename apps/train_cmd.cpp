@@ -282,6 +282,12 @@ void add_train_command(CLI::App& app, const global_options&) {
                   "the transport), auto (nccl when every rank can, else ucx, saying why)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "nccl", "ucx"}));
+  cmd->add_option("--bucket-mb", o->bucket_mb,
+                  "--trainers > 1, summing through host memory: sum the gradients in buckets of "
+                  "about this many MiB while the backward still runs (as PyTorch DDP's "
+                  "bucket_cap_mb); 0: all at once after the backward. Same results either way")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--allreduce-timeout-ms", opts->allreduce_timeout_ms,
                   "--trainers > 1: a gradient all-reduce that does not finish by then fails the "
                   "step (the group restarts)")

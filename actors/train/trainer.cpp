@@ -14,6 +14,7 @@
 #include "actors/private_messages.hpp"
 #include "actors/roles.hpp"
 #include "actors/runtime.hpp"
+#include "actors/train/bucket_reducer.hpp"
 #include "actors/train/gradient_backend.hpp"
 #include "actors/train/local_rank.hpp"
 #include "actors/train/rank_group.hpp"
@@ -150,6 +151,7 @@ class rank_loop {
         },
         cfg_.rank, cfg_.world);
     if (auto s = choose_backend(); !s.ok()) return s;
+    use_buckets();
     if (auto s = start_point(joined->resume); !s.ok()) return s;
     return loop();
   }
@@ -235,6 +237,27 @@ class rank_loop {
           return reduce_scalars(loss_sum, loss_tokens, t0);
         });
     return {};
+  }
+
+  /// --bucket-mb: the host-memory all-reduce in buckets overlapped with the backward
+  /// (bucket_reducer.hpp); not with NCCL, which sums on the GPUs after the backward.
+  void use_buckets() {
+    if (cfg_.world == 1 || device_group_ || !(cfg_.run.bucket_mb > 0)) return;
+    const auto& model = *run_->model;
+    std::vector<int64_t> bytes;
+    for (const auto& p : model.parameters())
+      bytes.push_back(p.size() * static_cast<int64_t>(sizeof(float)));
+    gradient_buckets plan(model.gradient_groups(), bytes,
+                          static_cast<int64_t>(cfg_.run.bucket_mb * 1024.0 * 1024.0));
+    buckets_ = std::make_unique<bucket_reducer>(
+        *peers_, std::move(plan),
+        [this](double& loss_sum, int64_t& loss_tokens, std::chrono::steady_clock::time_point t0) {
+          return reduce_scalars(loss_sum, loss_tokens, t0);
+        });
+    trainer_->set_overlapped_reducer(buckets_.get());
+    if (cfg_.rank == 0)
+      spdlog::info("trainer {}: gradients summed in {} buckets of ~{} MiB while the backward runs",
+                   name_, buckets_->n_buckets(), cfg_.run.bucket_mb);
   }
 
   /// The gradient reducer: every tensor summed over the group, then the loss sums and the stop
@@ -360,6 +383,11 @@ class rank_loop {
       }
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (buckets_) {
+        spdlog::debug("trainer {}: step {}: the buckets' all-reduce took {:.3f} s, {:.3f} s of it "
+                      "after the backward",
+                      name_, r->step, buckets_->busy_seconds(), buckets_->waited_seconds());
+      }
       stopped = stop_votes_ > 0.0;
       const bool last = r->step == o.steps || stopped;
       bool checkpointed = false;
@@ -422,6 +450,7 @@ class rank_loop {
   std::optional<sft_run> run_;
   std::unique_ptr<transport::peer_group> peers_;
   std::unique_ptr<sft_trainer> trainer_;
+  std::unique_ptr<bucket_reducer> buckets_;  ///< --bucket-mb (trainer_ points to it)
   std::unique_ptr<transport::device_group> device_group_;  ///< --dist-backend nccl
   double reduce_seconds_ = 0.0;
   double stop_votes_ = 0.0;

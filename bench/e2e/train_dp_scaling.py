@@ -5,14 +5,23 @@ UCX), every trainer on one BLAS thread, in the same invocation.
 
     bench/e2e/train_dp_scaling.py --weft build/release/apps/weft [--model M.gguf] [--trainers 2] \
         [--batch-tokens 2048] [--micro-batch-tokens 512] [--steps 4] [--repeat 2] \
+        [--bucket-mb 0,25] [--lo-rate 2gbit] \
         [--out docs/train-dp-scaling.json] [--png docs/train-dp-scaling.png]
 
 Throughput is tokens per second of optimizer updates (the median over the steps after the first,
 which warms up), read from the runs' metrics files; the ratio K-process / 1-process is the scaling
 (target >= 1.8x for K = 2, docs/training.md). Also reported: each update's wall time and, for the
 group, the time from a SIGKILL of one trainer node to the group training again (recovery).
+
+`--bucket-mb 0,25` runs the group once per value in each repeat (`weft train --bucket-mb`: 0 sums
+the gradients after the backward, N > 0 in buckets of N MiB while the backward runs); the JSON has
+each value's rate and the all-reduce time the step waited for after its backward. `--lo-rate R`
+(root; e.g. 2gbit) caps the loopback device with a tc token-bucket filter for the group runs and
+sends the all-reduce over UCX's tcp transport, as between hosts on a link of that rate; the filter
+is removed afterwards, whatever happens.
 """
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -76,6 +85,20 @@ def run_train(weft, args, workdir, kill_after_step=None):
     return recs, wall, recovery
 
 
+@contextlib.contextmanager
+def lo_rate(rate_spec):
+    """A tc token-bucket filter on the loopback device while the block runs (no-op without one)."""
+    if not rate_spec:
+        yield
+        return
+    subprocess.run(["tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", rate_spec,
+                    "burst", "512kb", "latency", "100ms"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], check=False)
+
+
 def rate(recs):
     """Median tokens/s over the steps after the first."""
     tps = [r["tokens_per_s"] for r in recs[1:] if r["tokens_per_s"] > 0]
@@ -95,12 +118,18 @@ def main():
     ap.add_argument("--recovery", action="store_true",
                     help="also SIGKILL trainer-node-1 after step 2 of one group run and time the "
                          "recovery")
+    ap.add_argument("--bucket-mb", default="25",
+                    help="comma-separated --bucket-mb values for the group runs (0: no overlap)")
+    ap.add_argument("--lo-rate", default="",
+                    help="tc rate for the loopback device during the group runs (e.g. 2gbit); "
+                         "forces --ucx-tls tcp")
     ap.add_argument("--out", default="")
     ap.add_argument("--png", default="")
     a = ap.parse_args()
     res = {"model": os.path.basename(a.model), "trainers": a.trainers,
            "batch_tokens": a.batch_tokens, "micro_batch_tokens": a.micro_batch_tokens,
            "steps": a.steps, "threads_per_trainer": 1, "host_cpus": os.cpu_count(),
+           "lo_rate": a.lo_rate or None,
            "date": time.strftime("%Y-%m-%d"), "repeats": []}
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "train.jsonl")
@@ -108,24 +137,38 @@ def main():
         base = ["--model", a.model, "--data", data, "--batch-tokens", str(a.batch_tokens),
                 "--micro-batch-tokens", str(a.micro_batch_tokens), "--steps", str(a.steps),
                 "--threads", "1", "--lr", "1e-5", "--seed", "1", "--checkpoint-every", "1000"]
+        buckets = [float(x) for x in a.bucket_mb.split(",") if x.strip()]
+        res["bucket_mb"] = buckets
         for i in range(a.repeat):
             one, one_wall, _ = run_train(a.weft, base + ["--trainers", "1"],
                                          os.path.join(tmp, f"one{i}"))
-            grp, grp_wall, _ = run_train(a.weft, base + ["--trainers", str(a.trainers)],
-                                         os.path.join(tmp, f"grp{i}"))
-            r1, rk = rate(one), rate(grp)
-            red = [r.get("allreduce_s", 0.0) for r in grp[1:]]
-            step_s = [r["tokens"] / r["tokens_per_s"] for r in grp[1:] if r["tokens_per_s"] > 0]
-            rep = {"one_process_tok_s": r1, "group_tok_s": rk, "scaling": rk / r1 if r1 else 0.0,
-                   "group_step_s_median": statistics.median(step_s) if step_s else 0.0,
-                   "group_allreduce_s_median": statistics.median(red) if red else 0.0,
-                   "one_process_wall_s": one_wall, "group_wall_s": grp_wall,
-                   "one_process_losses": [r["loss"] for r in one],
-                   "group_losses": [r["loss"] for r in grp]}
+            r1 = rate(one)
+            rep = {"one_process_tok_s": r1, "one_process_wall_s": one_wall,
+                   "one_process_losses": [r["loss"] for r in one], "groups": {}}
+            # Alternate the order of the bucket sizes between repeats.
+            for mb in (buckets if i % 2 == 0 else list(reversed(buckets))):
+                extra = ["--bucket-mb", f"{mb:g}"]
+                with lo_rate(a.lo_rate):
+                    if a.lo_rate:
+                        extra += ["--ucx-tls", "tcp"]
+                    grp, grp_wall, _ = run_train(
+                        a.weft, base + ["--trainers", str(a.trainers)] + extra,
+                        os.path.join(tmp, f"grp{i}-{mb:g}"))
+                rk = rate(grp)
+                red = [r.get("allreduce_s", 0.0) for r in grp[1:]]
+                step_s = [r["tokens"] / r["tokens_per_s"] for r in grp[1:] if r["tokens_per_s"] > 0]
+                g = {"group_tok_s": rk, "scaling": rk / r1 if r1 else 0.0,
+                     "group_step_s_median": statistics.median(step_s) if step_s else 0.0,
+                     "group_allreduce_s_median": statistics.median(red) if red else 0.0,
+                     "group_wall_s": grp_wall, "group_losses": [r["loss"] for r in grp]}
+                rep["groups"][f"{mb:g}"] = g
+                print(f"repeat {i + 1}: 1 process {r1:.1f} tok/s, {a.trainers} processes "
+                      f"(--bucket-mb {mb:g}) {rk:.1f} tok/s -> {g['scaling']:.2f}x (all-reduce "
+                      f"waited for {g['group_allreduce_s_median']:.2f} s of "
+                      f"{g['group_step_s_median']:.2f} s per step)", flush=True)
+            # The first --bucket-mb value under the old keys.
+            rep.update({k: v for k, v in rep["groups"][f"{buckets[0]:g}"].items()})
             res["repeats"].append(rep)
-            print(f"repeat {i + 1}: 1 process {r1:.1f} tok/s, {a.trainers} processes {rk:.1f} tok/s "
-                  f"-> {rep['scaling']:.2f}x (all-reduce {rep['group_allreduce_s_median']:.2f} s of "
-                  f"{rep['group_step_s_median']:.2f} s per step)", flush=True)
         if a.recovery:
             steps = max(a.steps, 6)
             args = [str(steps) if prev == "--steps" else "1" if prev == "--checkpoint-every" else x
@@ -135,7 +178,11 @@ def main():
             res["recovery_s"] = rec
             print(f"SIGKILL of a trainer node -> training again after {rec:.1f} s", flush=True)
     res["scaling_median"] = statistics.median(r["scaling"] for r in res["repeats"])
-    print(f"median scaling 1 -> {a.trainers} trainer processes: {res['scaling_median']:.2f}x")
+    res["scaling_median_by_bucket_mb"] = {
+        f"{mb:g}": statistics.median(r["groups"][f"{mb:g}"]["scaling"] for r in res["repeats"])
+        for mb in buckets}
+    for mb, sc in res["scaling_median_by_bucket_mb"].items():
+        print(f"median scaling 1 -> {a.trainers} trainer processes, --bucket-mb {mb}: {sc:.2f}x")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
@@ -145,16 +192,25 @@ def main():
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(6, 3.5))
         xs = range(len(res["repeats"]))
-        ax.bar([x - 0.2 for x in xs], [r["one_process_tok_s"] for r in res["repeats"]], 0.4,
+        w = 0.8 / (1 + len(buckets))
+        ax.bar([x - 0.4 + w / 2 for x in xs], [r["one_process_tok_s"] for r in res["repeats"]], w,
                label="1 trainer (1 process)")
-        ax.bar([x + 0.2 for x in xs], [r["group_tok_s"] for r in res["repeats"]], 0.4,
-               label=f"{a.trainers} trainer processes")
-        for x, r in zip(xs, res["repeats"]):
-            ax.text(x + 0.2, r["group_tok_s"], f"{r['scaling']:.2f}x", ha="center", va="bottom")
+        for j, mb in enumerate(buckets):
+            key = f"{mb:g}"
+            off = -0.4 + w / 2 + (j + 1) * w
+            label = f"{a.trainers} trainer processes, " + \
+                ("all-reduce after the backward" if mb == 0 else f"buckets of {key} MiB")
+            ax.bar([x + off for x in xs], [r["groups"][key]["group_tok_s"] for r in res["repeats"]],
+                   w, label=label)
+            for x, r in zip(xs, res["repeats"]):
+                g = r["groups"][key]
+                ax.text(x + off, g["group_tok_s"], f"{g['scaling']:.2f}x", ha="center",
+                        va="bottom", fontsize=8)
         ax.set_xticks(list(xs))
         ax.set_xticklabels([f"repeat {x + 1}" for x in xs])
         ax.set_ylabel("training tokens/s (1 BLAS thread each)")
-        ax.set_title(f"weft train data-parallel scaling, {res['model']}")
+        ax.set_title(f"weft train data-parallel scaling, {res['model']}" +
+                     (f", loopback at {a.lo_rate}" if a.lo_rate else ""), fontsize=9)
         ax.legend(loc="lower right")
         fig.tight_layout()
         fig.savefig(a.png, dpi=120)

@@ -43,6 +43,7 @@ nlohmann::json to_json(const sft_run_options& o) {
           {"device", o.device},
           {"offload_optimizer", o.offload_optimizer},
           {"dist_backend", o.dist_backend},
+          {"bucket_mb", o.bucket_mb},
           {"checkpoint_dir", o.checkpoint_dir},
           {"checkpoint_every", o.checkpoint_every},
           {"keep_checkpoints", o.keep_checkpoints},
@@ -85,6 +86,7 @@ result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j) {
     o.device = j.value("device", o.device);
     o.offload_optimizer = j.value("offload_optimizer", o.offload_optimizer);
     o.dist_backend = j.value("dist_backend", o.dist_backend);
+    o.bucket_mb = j.value("bucket_mb", o.bucket_mb);
     o.checkpoint_dir = j.value("checkpoint_dir", o.checkpoint_dir);
     o.checkpoint_every = j.value("checkpoint_every", o.checkpoint_every);
     o.keep_checkpoints = j.value("keep_checkpoints", o.keep_checkpoints);
@@ -101,7 +103,7 @@ result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j) {
   }
   if (!(o.lr > 0) || !(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1) || !(o.weight_decay >= 0) ||
       !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.adam_eps > 0) ||
-      !(o.max_grad_norm >= 0)) {
+      !(o.max_grad_norm >= 0) || !(o.bucket_mb >= 0 && o.bucket_mb <= 1e6)) {
     return bad("hyperparameters out of range");
   }
   if (o.dist_backend != "auto" && o.dist_backend != "nccl" && o.dist_backend != "ucx")

@@ -50,6 +50,10 @@ struct sft_run_options {
   /// (through host memory over the transport) or "auto" (nccl when every rank trains
   /// device-resident on a GPU of its own). actors/train/gradient_backend.hpp.
   std::string dist_backend = "auto";
+  /// Trainer groups summing through host memory: the gradients are summed in buckets of about
+  /// this many MiB while the backward runs (PyTorch DDP's bucket_cap_mb; actors/train/
+  /// bucket_reducer.hpp); 0: every tensor at once after the backward. The bits do not depend on it.
+  double bucket_mb = 25.0;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 50;
   int keep_checkpoints = 2;

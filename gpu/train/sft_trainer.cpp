@@ -39,7 +39,20 @@ result<step_record> sft_trainer::step() {
   model_.zero_grad(std::max(p, opt_.config().threads));
   double loss_sum = 0.0;
   int64_t loss_tokens = 0;
-  if (p == 1) {
+  const bool overlapped = overlap_ != nullptr && !model_.device_resident();
+  if (overlapped) {
+    const auto grads = model_.gradient_buffers();
+    overlap_->begin(grads);
+    auto l = model_.forward_backward(std::span<const std::vector<train_batch>>(shares),
+                                     [this](size_t g) { overlap_->ready(g); });
+    if (!l) {
+      overlap_->abandon();
+      return l.error();
+    }
+    loss_sum = l->sum;
+    loss_tokens = l->tokens;
+    if (auto st = overlap_->finish(loss_sum, loss_tokens); !st) return st;
+  } else if (p == 1) {
     for (const auto& b : shares.front()) {
       auto l = model_.forward_backward(b);
       if (!l) return l.error();
@@ -68,7 +81,7 @@ result<step_record> sft_trainer::step() {
     const float mean = loss_tokens > 0 ? 1.0f / static_cast<float>(loss_tokens) : 0.0f;
     norm = model_.device_step(opt_, decay_, mean, config_.max_grad_norm, lr, step_ + 1);
   } else {
-    norm = host_update(loss_sum, loss_tokens, lr);
+    norm = host_update(loss_sum, loss_tokens, lr, overlapped);
   }
   if (!norm) return norm.error();
   ++step_;
@@ -82,14 +95,15 @@ result<step_record> sft_trainer::step() {
   return r;
 }
 
-result<double> sft_trainer::host_update(double& loss_sum, int64_t& loss_tokens, double lr) {
+result<double> sft_trainer::host_update(double& loss_sum, int64_t& loss_tokens, double lr,
+                                        bool reduced) {
   auto& params = model_.parameters();
   std::vector<std::span<float>> grads, values;
   for (auto& p : params) {
     grads.emplace_back(p.grad);
     values.emplace_back(p.value);
   }
-  if (reduce_) {
+  if (reduce_ && !reduced) {
     if (auto st = reduce_(grads, loss_sum, loss_tokens); !st) return st;
   }
   // Gradient of the mean token loss over the whole step, applied as the update reads the sums.

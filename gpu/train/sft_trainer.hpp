@@ -46,6 +46,21 @@ using gradient_reducer = std::function<status(std::span<const std::span<float>> 
 using device_gradient_reducer = std::function<status(std::span<const std::span<float>> grads,
                                                      double& loss_sum, int64_t& loss_tokens)>;
 
+/// A data-parallel reduction that overlaps the backward (trainer groups' --bucket-mb; PyTorch
+/// DDP's buckets): `begin` gets the host gradient buffers before a step's backward, `ready` each
+/// group of trainable_model::gradient_groups as the backward finishes it (from the backward's
+/// threads), and `finish`, after the backward, sums whatever is left and the loss sums and token
+/// counts — in all, what a gradient_reducer does, with the same bits. `abandon`: the backward
+/// failed; nothing more is started and what is in flight ends.
+class overlapped_reducer {
+ public:
+  virtual ~overlapped_reducer() = default;
+  virtual void begin(std::span<const std::span<float>> grads) = 0;
+  virtual void ready(size_t group) = 0;
+  virtual status finish(double& loss_sum, int64_t& loss_tokens) = 0;
+  virtual void abandon() = 0;
+};
+
 class sft_trainer {
  public:
   /// `rank` of `world` ranks trains on its share of every step's examples (sft_sampler::next_step
@@ -56,6 +71,9 @@ class sft_trainer {
   /// With a device-resident model: sum the gradients where they are with `reduce` instead of
   /// copying them to the host for the reducer given at construction (which then is not called).
   void set_device_reducer(device_gradient_reducer reduce) { device_reduce_ = std::move(reduce); }
+  /// Host steps sum the gradients with `r` during the backward instead of with the reducer given
+  /// at construction after it (null: back to that). `r` must outlive its use.
+  void set_overlapped_reducer(overlapped_reducer* r) { overlap_ = r; }
 
   /// One optimizer update; its record (mean loss over the step's loss tokens, lr, norm).
   result<step_record> step();
@@ -76,14 +94,16 @@ class sft_trainer {
   status restore(const checkpoint_state& s);
 
  private:
-  /// Reduce, scale, clip and AdamW on the host copy (the model is not device-resident).
-  result<double> host_update(double& loss_sum, int64_t& loss_tokens, double lr);
+  /// Reduce (unless `reduced`), scale, clip and AdamW on the host copy (the model is not
+  /// device-resident).
+  result<double> host_update(double& loss_sum, int64_t& loss_tokens, double lr, bool reduced);
 
   trainable_model<float>& model_;
   sft_config config_;
   sft_sampler sampler_;
   gradient_reducer reduce_;
   device_gradient_reducer device_reduce_;
+  overlapped_reducer* overlap_ = nullptr;
   int rank_, world_;
   adamw opt_;
   int64_t step_ = 0;

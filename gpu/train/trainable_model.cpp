@@ -1,6 +1,7 @@
 #include "gpu/train/trainable_model.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <thread>
@@ -202,6 +203,30 @@ std::vector<std::span<T>> trainable_model<T>::gradients() {
   std::vector<std::span<T>> out;
   for (auto& p : params_) out.emplace_back(p.grad);
   return out;
+}
+
+template <class T>
+std::vector<std::span<T>> trainable_model<T>::gradient_buffers() {
+  std::vector<std::span<T>> out;
+  for (auto& p : params_) out.emplace_back(p.grad);
+  return out;
+}
+
+template <class T>
+std::vector<std::vector<int>> trainable_model<T>::gradient_groups() const {
+  std::vector<std::vector<int>> groups;
+  groups.push_back(hp_.tied_output ? std::vector<int>{out_norm_}
+                                   : std::vector<int>{output_, out_norm_});
+  for (auto l = layers_.rbegin(); l != layers_.rend(); ++l) {
+    std::vector<int> g;
+    for (const int i : {l->attn_norm, l->wq, l->wk, l->wv, l->wo, l->ffn_norm, l->gate, l->up,
+                        l->down, l->router, l->gate_exps, l->up_exps, l->down_exps}) {
+      if (i >= 0) g.push_back(i);
+    }
+    groups.push_back(std::move(g));
+  }
+  groups.push_back({embd_});
+  return groups;
 }
 
 template <class T>
@@ -455,39 +480,73 @@ result<loss_sum> trainable_model<T>::forward_backward(
 }
 
 template <class T>
+result<loss_sum> trainable_model<T>::forward_backward(
+    std::span<const std::vector<train_batch>> shares, const gradient_ready& ready) {
+  return run_shares(shares, nullptr, &ready);
+}
+
+template <class T>
 result<loss_sum> trainable_model<T>::run_shares(std::span<const std::vector<train_batch>> shares,
-                                                const token_objective<T>* objective) {
+                                                const token_objective<T>* objective,
+                                                const gradient_ready* ready) {
   for (const auto& share : shares) {
     for (const auto& b : share) {
       if (auto st = check(b); !st) return st;
     }
   }
+  const auto groups = ready != nullptr ? gradient_groups() : std::vector<std::vector<int>>{};
   if (device_) {
     // One device: the shares' batches in share order, summed into one set of gradients.
     std::vector<const train_batch*> all;
     for (const auto& share : shares)
       for (const auto& b : share) all.push_back(&b);
-    return on_device(all, objective);
+    auto r = on_device(all, objective);
+    if (r && ready != nullptr) {
+      for (size_t g = 0; g < groups.size(); ++g) (*ready)(g);
+    }
+    return r;
   }
   grad_sink own = own_grads();
-  auto run_share = [this, objective](const std::vector<train_batch>& share, forward_state& fs,
-                                     backward_scratch& bs, grad_sink& grads) {
+  if (shares.empty()) {
+    own.settle(zero_threads_);
+    for (size_t g = 0; g < groups.size(); ++g) (*ready)(g);
+    return loss_sum{};
+  }
+  const size_t extra = shares.size() - 1;
+  std::vector<grad_sink> replica_grads(extra);
+  // With `ready`: per group, the shares that finished it; the last adds the replicas' gradients
+  // into the parameters' (share order, as the loop at the end does without `ready`) and tells.
+  std::unique_ptr<std::atomic<int>[]> finished(new std::atomic<int>[groups.size()]());
+  auto group_done = [&](size_t g) {
+    if (finished[g].fetch_add(1, std::memory_order_acq_rel) + 1 != static_cast<int>(shares.size()))
+      return;
+    for (size_t j = 0; j < extra; ++j) {
+      for (const int i : groups[g]) {
+        T* dst = params_[static_cast<size_t>(i)].grad.data();
+        const T* src = replica_grads[j].data[static_cast<size_t>(i)];
+        for (int64_t k = 0; k < own.size[static_cast<size_t>(i)]; ++k) dst[k] += src[k];
+      }
+    }
+    (*ready)(g);
+  };
+  const std::function<void(size_t)> on_group = group_done;
+  auto run_share = [&](const std::vector<train_batch>& share, forward_state& fs,
+                       backward_scratch& bs, grad_sink& grads) {
     loss_sum total;
-    for (const auto& b : share) {
-      const loss_sum l = accumulate(b, fs, bs, grads, objective);
+    for (size_t k = 0; k < share.size(); ++k) {
+      // The share's last batch finishes its gradients, group by group.
+      const bool tell = ready != nullptr && k + 1 == share.size();
+      const loss_sum l = accumulate(share[k], fs, bs, grads, objective, tell ? &on_group : nullptr);
       total.sum += l.sum;
       total.tokens += l.tokens;
     }
     grads.settle(1);  // on the share's own thread
+    if (ready != nullptr && share.empty()) {
+      for (size_t g = 0; g < groups.size(); ++g) group_done(g);
+    }
     return total;
   };
-  if (shares.empty()) {
-    own.settle(zero_threads_);
-    return loss_sum{};
-  }
-  const size_t extra = shares.size() - 1;
   while (replicas_.size() < extra) replicas_.push_back(std::make_unique<replica>());
-  std::vector<grad_sink> replica_grads(extra);
   for (size_t j = 0; j < extra; ++j) {
     auto& r = *replicas_[j];
     r.grads.resize(params_.size());
@@ -513,6 +572,7 @@ result<loss_sum> trainable_model<T>::run_shares(std::span<const std::vector<trai
   for (size_t j = 1; j < shares.size(); ++j) {
     total.sum += losses[j].sum;
     total.tokens += losses[j].tokens;
+    if (ready != nullptr) continue;  // group_done added them
     // All tensors as one range on the shares' threads (most are too small to split alone).
     parallel_tensor_ranges(own.size, static_cast<int>(shares.size()),
                            [&](size_t i, int64_t lo, int64_t hi) {
@@ -527,7 +587,14 @@ result<loss_sum> trainable_model<T>::run_shares(std::span<const std::vector<trai
 template <class T>
 loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
                                         backward_scratch& sc, grad_sink& grads,
-                                        const token_objective<T>* objective) {
+                                        const token_objective<T>* objective,
+                                        const std::function<void(size_t)>* on_group) {
+  const auto groups = on_group != nullptr ? gradient_groups() : std::vector<std::vector<int>>{};
+  auto finished = [&](size_t g) {
+    if (on_group == nullptr) return;
+    grads.settle(std::span<const int>(groups[g]));
+    (*on_group)(g);
+  };
   forward(b, fs);
   const int64_t n = fs.n;
   const int64_t d = hp_.n_embd;
@@ -601,6 +668,7 @@ loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
   auto& onorm = params_[static_cast<size_t>(out_norm_)];
   rms_norm_backward(fs.x_final.data(), onorm.value.data(), fs.rstd_final.data(), dxn.data(), n, d,
                     dx.data(), grads.add_into(out_norm_));
+  finished(0);
   std::vector<T>& x_out = sc.x_out;
   x_out.resize(static_cast<size_t>(n * d));
   for (int64_t il = hp_.n_layers - 1; il >= 0; --il) {
@@ -614,12 +682,14 @@ loss_sum trainable_model<T>::accumulate(const train_batch& b, forward_state& fs,
     } else {
       layer_backward(il, fs, sc, grads, a, dx.data());
     }
+    finished(static_cast<size_t>(hp_.n_layers - il));
   }
   T* embd_grad = grads.add_into(embd_);
   for (int64_t t = 0; t < n; ++t) {
     T* row = embd_grad + static_cast<int64_t>(b.tokens[static_cast<size_t>(t)]) * d;
     for (int64_t i = 0; i < d; ++i) row[i] += dx[static_cast<size_t>(t * d + i)];
   }
+  finished(static_cast<size_t>(hp_.n_layers + 1));
   return loss;
 }
 

@@ -203,6 +203,26 @@ class trainable_model {
   /// of shares but never on timing. One share is forward_backward of each batch in turn.
   result<loss_sum> forward_backward(std::span<const std::vector<train_batch>> shares);
 
+  /// The parameters (indices into parameters()) in the order the host backward finishes their
+  /// gradients, in groups: the output norm (with an untied output head), each block from the last
+  /// to the first, then the token embedding (with a tied head). Every parameter is in one group.
+  std::vector<std::vector<int>> gradient_groups() const;
+  /// Told that group `g` of gradient_groups is final for the call: every share has finished it
+  /// and the shares' sums are added. Called once per group and call, from the shares' threads
+  /// (concurrently, and not necessarily in group order): it must be thread-safe and quick.
+  using gradient_ready = std::function<void(size_t g)>;
+  /// forward_backward of `shares` (as above) that tells `ready` of each group as soon as its
+  /// gradients are final, while the backward goes on with the earlier layers — for a
+  /// data-parallel reduction that overlaps the backward (DDP's buckets). The same bits as without
+  /// it. A group's gradients may be read and written through gradient_buffers from `ready` on;
+  /// the backward no longer touches them. On a device the groups are told when the call returns.
+  result<loss_sum> forward_backward(std::span<const std::vector<train_batch>> shares,
+                                    const gradient_ready& ready);
+  /// Every parameter's host gradient buffer as it is, without clearing what zero_grad only marked
+  /// (gradients() does): current only for the groups a gradient_ready was told of, or after a
+  /// forward_backward returned.
+  std::vector<std::span<T>> gradient_buffers();
+
   /// Forward and backward of a per-token objective instead of cross-entropy (RL): adds ∂(Σ ℓ)/∂θ
   /// into the gradients and returns Σ ℓ with the number of loss positions.
   result<loss_sum> forward_backward(const train_batch& batch, const token_objective<T>& objective);
@@ -253,10 +273,14 @@ class trainable_model {
   void moe_backward(const layer_params& l, int64_t n, backward_scratch& bs, grad_sink& grads,
                     const layer_acts& a, const T* dy, T* dxn, const std::vector<T>& balance_grad);
   /// Forward and backward of one checked batch into `grads` (one pointer per parameter).
+  /// `on_group` (may be null): told of each gradient group as this batch's backward finishes it
+  /// (its buffers settled in `grads` first).
   loss_sum accumulate(const train_batch& b, forward_state& fs, backward_scratch& bs,
-                      grad_sink& grads, const token_objective<T>* objective);
+                      grad_sink& grads, const token_objective<T>* objective,
+                      const std::function<void(size_t)>* on_group = nullptr);
   result<loss_sum> run_shares(std::span<const std::vector<train_batch>> shares,
-                              const token_objective<T>* objective);
+                              const token_objective<T>* objective,
+                              const gradient_ready* ready = nullptr);
   /// Forward and backward of checked batches on device_.
   result<loss_sum> on_device(std::vector<const train_batch*> batches,
                              const token_objective<T>* objective);

@@ -4,6 +4,7 @@
 /// trainable_model_moe.cpp). Not part of the public interface.
 
 #include <algorithm>
+#include <span>
 #include <vector>
 
 #include "gpu/train/moe_ops.hpp"
@@ -85,6 +86,14 @@ struct trainable_model<T>::grad_sink {
     if (f != 0) std::fill_n(data[static_cast<size_t>(i)], size[static_cast<size_t>(i)], T(0));
     f = 0;
     return data[static_cast<size_t>(i)];
+  }
+  /// Clears the buffers of `which` still fresh.
+  void settle(std::span<const int> which) {
+    for (const int i : which) {
+      if ((*fresh)[static_cast<size_t>(i)] == 0) continue;
+      std::fill_n(data[static_cast<size_t>(i)], size[static_cast<size_t>(i)], T(0));
+      (*fresh)[static_cast<size_t>(i)] = 0;
+    }
   }
   /// Clears every buffer still fresh (on `threads` threads for the large ones).
   void settle(int threads) {

@@ -4,7 +4,9 @@
 - undisturbed: the reference run (and its loss curve tracks a one-process run within 1e-3);
 - SIGKILL of one trainer node mid-run, then of the other after the group restarted: the group
   restarts from the last checkpoint each time and the final weights (the exported f32 GGUF) and the
-  loss curve are bit-identical to the undisturbed run;
+  loss curve are bit-identical to the undisturbed run — which sums its gradients after the backward
+  (`--bucket-mb 0`), while the disturbed runs sum them in small buckets during it (kills land with
+  buckets in flight);
 - SIGTERM to `weft train`: every rank stops after the same step, a checkpoint is written, exit 143;
   `--resume` then finishes bit-identical to the undisturbed run;
 - a failure a restart cannot fix (a checkpoint of another run under --resume) ends the run with
@@ -118,7 +120,7 @@ def main():
 
         # The reference: undisturbed, and one process for comparison.
         ref = os.path.join(tmp, "ref")
-        rc, out = run(weft, args_for(ref)).finish()
+        rc, out = run(weft, args_for(ref) + ["--bucket-mb", "0"]).finish()
         check(rc == 0, f"undisturbed group run exits 0 (rc {rc}): {out[-600:]}")
         check("trainer group 1 formed (2 ranks)" in out, "the group of 2 ranks formed")
         ref_bytes = open(os.path.join(ref, "out.gguf"), "rb").read()
@@ -135,7 +137,7 @@ def main():
         # SIGKILL one trainer node, then the other once the group restarted.
         kill = os.path.join(tmp, "kill")
         port = free_port()
-        r = run(weft, args_for(kill) + ["--metrics-port", str(port)])
+        r = run(weft, args_for(kill) + ["--metrics-port", str(port), "--bucket-mb", "0.25"])
         check(r.wait_for(f"step 15/{STEPS}"), "the run reaches step 15")
         # `weft cluster status --train` shows the group's private cluster.
         st = subprocess.run([weft, "cluster", "status", "--train", f"http://127.0.0.1:{port}",

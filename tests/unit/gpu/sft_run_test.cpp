@@ -26,6 +26,7 @@ sft_run_options sample() {
   o.checkpoint_dir = "/ck";
   o.save_path = "/o.gguf";
   o.save_type = "q8_0";
+  o.bucket_mb = 4.5;
   return o;
 }
 
@@ -56,6 +57,9 @@ TEST(sft_run_options, refuse_what_a_run_cannot_use) {
   k = j;
   k["steps"] = "many";
   refused(k, "'steps' has the wrong type");
+  k = j;
+  k["bucket_mb"] = -1;
+  refused(k, "hyperparameters out of range");
   k = j;
   k["steps"] = 0;
   refused(k, "out of range");

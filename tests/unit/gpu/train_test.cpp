@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <span>
 #include <vector>
@@ -497,6 +498,60 @@ TEST(trainable_model, zero_grad_marks_and_the_first_write_overwrites) {
   check_marked_zero(tiny(output_weight::tied));
   check_marked_zero(tiny(output_weight::separate));
   check_marked_zero(tiny_moe());
+}
+
+// forward_backward with a gradient_ready listener (the overlapped all-reduce's hook): the groups
+// cover every parameter once; each is told once, and what its buffers hold when told is what they
+// hold at the end (final: the backward no longer touches them, the shares' sums are added); the
+// gradients are the bits of the call without a listener. One to three shares (one with two
+// batches, one with none), buffers that held NaN before zero_grad.
+void check_gradient_ready(const tiny_model_config& config) {
+  std::vector<std::vector<train_batch>> shares(3);
+  shares[0] = {two_sequences(), two_sequences()};
+  shares[1] = {two_sequences()};  // shares[2] stays empty
+  for (const size_t n_shares : {size_t{1}, size_t{2}, size_t{3}}) {
+    const std::span<const std::vector<train_batch>> run(shares.data(), n_shares);
+    auto plain = load_trainable<float>(config);
+    plain->zero_grad();
+    ASSERT_TRUE(plain->forward_backward(run).ok());
+    auto told = load_trainable<float>(config);
+    const auto groups = told->gradient_groups();
+    std::vector<int> seen(told->parameters().size(), 0);
+    for (const auto& g : groups)
+      for (const int i : g) ++seen[static_cast<size_t>(i)];
+    EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+    ASSERT_TRUE(told->forward_backward(run).ok());  // the replicas' buffers too
+    for (auto& p : told->parameters()) std::fill(p.grad.begin(), p.grad.end(), NAN);
+    told->zero_grad(2);
+    const auto buffers = told->gradient_buffers();
+    std::mutex mu;
+    std::vector<int> times(groups.size(), 0);
+    std::vector<std::vector<float>> when_told(buffers.size());
+    auto l = told->forward_backward(run, [&](size_t g) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++times[g];
+      for (const int i : groups[g]) {
+        const auto b = buffers[static_cast<size_t>(i)];
+        when_told[static_cast<size_t>(i)].assign(b.begin(), b.end());
+      }
+    });
+    ASSERT_TRUE(l.ok());
+    EXPECT_TRUE(std::all_of(times.begin(), times.end(), [](int n) { return n == 1; }))
+        << n_shares << " shares";
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const auto& name = plain->parameters()[i].name;
+      EXPECT_EQ(plain->parameters()[i].grad, told->parameters()[i].grad)
+          << name << ", " << n_shares << " shares";
+      EXPECT_EQ(when_told[i], told->parameters()[i].grad)
+          << name << " changed after it was told, " << n_shares << " shares";
+    }
+  }
+}
+
+TEST(trainable_model, gradient_ready_tells_each_group_once_its_gradients_are_final) {
+  check_gradient_ready(tiny(output_weight::tied));
+  check_gradient_ready(tiny(output_weight::separate));
+  check_gradient_ready(tiny_moe());
 }
 
 void check_recomputation(const tiny_model_config& config) {
