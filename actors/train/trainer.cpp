@@ -243,14 +243,9 @@ class rank_loop {
   /// (bucket_reducer.hpp); not with NCCL, which sums on the GPUs after the backward.
   void use_buckets() {
     if (cfg_.world == 1 || device_group_ || !(cfg_.run.bucket_mb > 0)) return;
-    const auto& model = *run_->model;
-    std::vector<int64_t> bytes;
-    for (const auto& p : model.parameters())
-      bytes.push_back(p.size() * static_cast<int64_t>(sizeof(float)));
-    gradient_buckets plan(model.gradient_groups(), bytes,
-                          static_cast<int64_t>(cfg_.run.bucket_mb * 1024.0 * 1024.0));
     buckets_ = std::make_unique<bucket_reducer>(
-        *peers_, std::move(plan),
+        *peers_,
+        buckets_of(*run_->model, static_cast<int64_t>(cfg_.run.bucket_mb * 1024.0 * 1024.0)),
         [this](double& loss_sum, int64_t& loss_tokens, std::chrono::steady_clock::time_point t0) {
           return reduce_scalars(loss_sum, loss_tokens, t0);
         });

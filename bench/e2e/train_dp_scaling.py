@@ -105,6 +105,38 @@ def rate(recs):
     return statistics.median(tps) if tps else 0.0
 
 
+def plot(res, png):
+    """The bars of every repeat: one process and the group at each --bucket-mb."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    buckets = res.get("bucket_mb", [])
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    xs = range(len(res["repeats"]))
+    w = 0.8 / (1 + len(buckets))
+    ax.bar([x - 0.4 + w / 2 for x in xs], [r["one_process_tok_s"] for r in res["repeats"]], w,
+           label="1 trainer (1 process)")
+    for j, mb in enumerate(buckets):
+        key = f"{mb:g}"
+        off = -0.4 + w / 2 + (j + 1) * w
+        label = f"{res['trainers']} trainer processes, " + \
+            ("all-reduce after the backward" if mb == 0 else f"buckets of {key} MiB")
+        ax.bar([x + off for x in xs], [r["groups"][key]["group_tok_s"] for r in res["repeats"]],
+               w, label=label)
+        for x, r in zip(xs, res["repeats"]):
+            g = r["groups"][key]
+            ax.text(x + off, g["group_tok_s"], f"{g['scaling']:.2f}x", ha="center",
+                    va="bottom", fontsize=8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"repeat {x + 1}" for x in xs])
+    ax.set_ylabel("training tokens/s (1 BLAS thread each)")
+    ax.set_title(f"weft train data-parallel scaling, {res['model']}" +
+                 (f", loopback at {res['lo_rate']}" if res.get("lo_rate") else ""), fontsize=9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--weft", required=True)
@@ -123,9 +155,15 @@ def main():
     ap.add_argument("--lo-rate", default="",
                     help="tc rate for the loopback device during the group runs (e.g. 2gbit); "
                          "forces --ucx-tls tcp")
+    ap.add_argument("--replot", default="",
+                    help="only draw --png from this JSON of an earlier run")
     ap.add_argument("--out", default="")
     ap.add_argument("--png", default="")
     a = ap.parse_args()
+    if a.replot:
+        with open(a.replot) as f:
+            plot(json.load(f), a.png)
+        return 0
     res = {"model": os.path.basename(a.model), "trainers": a.trainers,
            "batch_tokens": a.batch_tokens, "micro_batch_tokens": a.micro_batch_tokens,
            "steps": a.steps, "threads_per_trainer": 1, "host_cpus": os.cpu_count(),
@@ -187,33 +225,7 @@ def main():
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
     if a.png:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        xs = range(len(res["repeats"]))
-        w = 0.8 / (1 + len(buckets))
-        ax.bar([x - 0.4 + w / 2 for x in xs], [r["one_process_tok_s"] for r in res["repeats"]], w,
-               label="1 trainer (1 process)")
-        for j, mb in enumerate(buckets):
-            key = f"{mb:g}"
-            off = -0.4 + w / 2 + (j + 1) * w
-            label = f"{a.trainers} trainer processes, " + \
-                ("all-reduce after the backward" if mb == 0 else f"buckets of {key} MiB")
-            ax.bar([x + off for x in xs], [r["groups"][key]["group_tok_s"] for r in res["repeats"]],
-                   w, label=label)
-            for x, r in zip(xs, res["repeats"]):
-                g = r["groups"][key]
-                ax.text(x + off, g["group_tok_s"], f"{g['scaling']:.2f}x", ha="center",
-                        va="bottom", fontsize=8)
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels([f"repeat {x + 1}" for x in xs])
-        ax.set_ylabel("training tokens/s (1 BLAS thread each)")
-        ax.set_title(f"weft train data-parallel scaling, {res['model']}" +
-                     (f", loopback at {a.lo_rate}" if a.lo_rate else ""), fontsize=9)
-        ax.legend(loc="lower right")
-        fig.tight_layout()
-        fig.savefig(a.png, dpi=120)
+        plot(res, a.png)
     return 0
 
 

@@ -48,4 +48,11 @@ std::vector<size_t> gradient_buckets::finish_all() {
   return startable();
 }
 
+gradient_buckets buckets_of(const trainable_model<float>& model, int64_t cap_bytes) {
+  std::vector<int64_t> bytes;
+  for (const auto& p : model.parameters())
+    bytes.push_back(p.size() * static_cast<int64_t>(sizeof(float)));
+  return gradient_buckets(model.gradient_groups(), bytes, cap_bytes);
+}
+
 }  // namespace weft::gpu::train

@@ -13,6 +13,8 @@
 #include <span>
 #include <vector>
 
+#include "gpu/train/trainable_model.hpp"
+
 namespace weft::gpu::train {
 
 class gradient_buckets {
@@ -52,5 +54,9 @@ class gradient_buckets {
   size_t finished_prefix_ = 0;  ///< groups 0..finished_prefix_-1 are all finished
   size_t next_ = 0;             ///< the next bucket to start
 };
+
+/// The buckets of `model`'s gradients (trainable_model::gradient_groups, f32), of about
+/// `cap_bytes` each.
+gradient_buckets buckets_of(const trainable_model<float>& model, int64_t cap_bytes);
 
 }  // namespace weft::gpu::train

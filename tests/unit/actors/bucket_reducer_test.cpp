@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "actors/train/bucket_reducer.hpp"
@@ -127,11 +128,8 @@ std::vector<std::vector<std::vector<float>>> train(const fixture& fx, int64_t ca
             r, rs.k);
         std::unique_ptr<bucket_reducer> buckets;
         if (cap >= 0) {
-          std::vector<int64_t> bytes;
-          for (const auto& p : std::as_const(model).parameters())
-            bytes.push_back(p.size() * static_cast<int64_t>(sizeof(float)));
           buckets = std::make_unique<bucket_reducer>(
-              g, gradient_buckets(model.gradient_groups(), bytes, cap),
+              g, buckets_of(model, cap),
               [&g](double& ls, int64_t& lt, std::chrono::steady_clock::time_point) {
                 return sum_scalars(g, ls, lt);
               });
@@ -171,10 +169,7 @@ TEST(bucket_reducer, a_rank_that_leaves_fails_the_others_update_with_an_all_redu
         ASSERT_TRUE(m.ok());
         auto& model = **m;
         sft_trainer t(model, fx.data, run_config(fx.data, 1), nullptr, r, rs.k);
-        std::vector<int64_t> bytes;
-        for (const auto& p : std::as_const(model).parameters())
-          bytes.push_back(p.size() * static_cast<int64_t>(sizeof(float)));
-        bucket_reducer buckets(g, gradient_buckets(model.gradient_groups(), bytes, 1),
+        bucket_reducer buckets(g, buckets_of(model, 1),
                                [&g](double& ls, int64_t& lt, std::chrono::steady_clock::time_point) {
                                  return sum_scalars(g, ls, lt);
                                });
