@@ -379,9 +379,10 @@ class rank_loop {
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (buckets_) {
-        spdlog::debug("trainer {}: step {}: the buckets' all-reduce took {:.3f} s, {:.3f} s of it "
-                      "after the backward",
-                      name_, r->step, buckets_->busy_seconds(), buckets_->waited_seconds());
+        spdlog::debug(
+            "trainer {}: step {}: the buckets' all-reduce took {:.3f} s, {:.3f} s of it "
+            "after the backward",
+            name_, r->step, buckets_->busy_seconds(), buckets_->waited_seconds());
       }
       stopped = stop_votes_ > 0.0;
       const bool last = r->step == o.steps || stopped;
@@ -445,7 +446,7 @@ class rank_loop {
   std::optional<sft_run> run_;
   std::unique_ptr<transport::peer_group> peers_;
   std::unique_ptr<sft_trainer> trainer_;
-  std::unique_ptr<bucket_reducer> buckets_;  ///< --bucket-mb (trainer_ points to it)
+  std::unique_ptr<bucket_reducer> buckets_;                ///< --bucket-mb (trainer_ points to it)
   std::unique_ptr<transport::device_group> device_group_;  ///< --dist-backend nccl
   double reduce_seconds_ = 0.0;
   double stop_votes_ = 0.0;

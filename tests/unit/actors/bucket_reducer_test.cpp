@@ -169,10 +169,11 @@ TEST(bucket_reducer, a_rank_that_leaves_fails_the_others_update_with_an_all_redu
         ASSERT_TRUE(m.ok());
         auto& model = **m;
         sft_trainer t(model, fx.data, run_config(fx.data, 1), nullptr, r, rs.k);
-        bucket_reducer buckets(g, buckets_of(model, 1),
-                               [&g](double& ls, int64_t& lt, std::chrono::steady_clock::time_point) {
-                                 return sum_scalars(g, ls, lt);
-                               });
+        bucket_reducer buckets(
+            g, buckets_of(model, 1),
+            [&g](double& ls, int64_t& lt, std::chrono::steady_clock::time_point) {
+              return sum_scalars(g, ls, lt);
+            });
         t.set_overlapped_reducer(&buckets);
         if (r == rs.k - 1) g.abort();  // this rank is gone before its first bucket
         auto s = t.step();

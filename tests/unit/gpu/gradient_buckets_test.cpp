@@ -32,7 +32,7 @@ TEST(gradient_buckets, cut_at_group_boundaries_once_the_cap_is_reached) {
 }
 
 TEST(gradient_buckets, start_in_order_whatever_order_the_groups_finish_in) {
-  auto b = four_groups(1);  // a bucket per group
+  auto b = four_groups(1);                 // a bucket per group
   EXPECT_TRUE(b.finish_group(1).empty());  // bucket 0 waits for group 0
   EXPECT_TRUE(b.finish_group(3).empty());
   EXPECT_EQ(b.finish_group(0), (std::vector<size_t>{0, 1}));
