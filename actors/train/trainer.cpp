@@ -240,9 +240,12 @@ class rank_loop {
   }
 
   /// --bucket-mb: the host-memory all-reduce in buckets overlapped with the backward
-  /// (bucket_reducer.hpp); not with NCCL, which sums on the GPUs after the backward.
+  /// (bucket_reducer.hpp); not with NCCL, which sums on the GPUs after the backward, nor for a
+  /// device-resident rank, whose gradients reach the host only after its backward.
   void use_buckets() {
-    if (cfg_.world == 1 || device_group_ || !(cfg_.run.bucket_mb > 0)) return;
+    if (cfg_.world == 1 || device_group_ || run_->model->device_resident() ||
+        !(cfg_.run.bucket_mb > 0))
+      return;
     buckets_ = std::make_unique<bucket_reducer>(
         *peers_,
         buckets_of(*run_->model, static_cast<int64_t>(cfg_.run.bucket_mb * 1024.0 * 1024.0)),
