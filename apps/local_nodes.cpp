@@ -23,7 +23,8 @@ private_head::~private_head() = default;
 result<private_head> start_private_head(const std::string& node_id, uint32_t heartbeat_ms,
                                         uint32_t connection_timeout_ms,
                                         const std::string& bind_host, uint16_t head_port,
-                                        std::optional<actors::cluster_secret> given) {
+                                        std::optional<actors::cluster_secret> given,
+                                        uint32_t dead_after_ms) {
   private_head h;
   if (given) {
     h.secret = *given;
@@ -43,6 +44,8 @@ result<private_head> start_private_head(const std::string& node_id, uint32_t hea
   no.secret = h.secret;
   no.runtime.heartbeat_interval_ms = heartbeat_ms;
   no.runtime.connection_timeout_ms = connection_timeout_ms;
+  no.head.dead_after_ms = dead_after_ms;
+  no.head.suspect_after_ms = std::min(no.head.suspect_after_ms, dead_after_ms);
   no.build_version = version_string();
   no.transport = "none";
   auto roles = std::make_shared<actors::role_registry>();

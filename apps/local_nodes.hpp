@@ -44,7 +44,8 @@ result<private_head> start_private_head(const std::string& node_id, uint32_t hea
                                         uint32_t connection_timeout_ms,
                                         const std::string& bind_host = "127.0.0.1",
                                         uint16_t head_port = 0,
-                                        std::optional<actors::cluster_secret> secret = {});
+                                        std::optional<actors::cluster_secret> secret = {},
+                                        uint32_t dead_after_ms = 1'500);
 
 /// Stops `actors` one after the other (exit user_shutdown), waiting up to 5 s for each to end: a
 /// supervisor first, so that nothing restarts what is stopped after it.

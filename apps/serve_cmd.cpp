@@ -78,6 +78,7 @@ struct serve_cli {
   size_t max_outstanding = 1024;
   uint32_t queue_timeout_ms = 30'000;
   uint32_t heartbeat_ms = 200;
+  uint32_t dead_after_ms = 1'500;
   uint32_t connection_timeout_ms = 2000;
   uint32_t ready_timeout_s = 300;
   int max_restarts = 10;
@@ -152,7 +153,8 @@ int run_serve(const serve_cli& cli) {
   // This process: the head of a private cluster (fresh secret), the router and the api; engine
   // workers go to the worker node processes.
   auto private_cluster =
-      start_private_head("serve-head", cli.heartbeat_ms, cli.connection_timeout_ms);
+      start_private_head("serve-head", cli.heartbeat_ms, cli.connection_timeout_ms, "127.0.0.1", 0,
+                         {}, cli.dead_after_ms);
   if (!private_cluster) {
     spdlog::error("cannot start the head: {}", private_cluster.error().to_string());
     return 1;
@@ -521,10 +523,16 @@ void add_serve_command(CLI::App& app, const global_options&) {
       ->capture_default_str();
   cmd->add_option("--heartbeat-ms", cli->heartbeat_ms, "Heartbeat between processes")
       ->capture_default_str();
+  cmd->add_option("--dead-after-ms", cli->dead_after_ms,
+                  "A node process silent (no heartbeat) for this long is dead: its workers are "
+                  "restarted and their requests migrate")
+      ->capture_default_str()
+      ->check(CLI::Range(100u, 3'600'000u));
   cmd->add_option(
          "--stall-ms", cli->stall_ms,
          "A worker with work and no engine step (or no load report) for this long is hung: "
-         "its requests migrate and its process is killed and relaunched")
+         "its requests migrate and its process is killed and relaunched. The floor: the limit "
+         "is 4x the longest step the workers measured they may take when that is longer")
       ->capture_default_str()
       ->check(CLI::Range(500u, 600'000u));
   cmd->add_option("--connection-timeout-ms", cli->connection_timeout_ms,

@@ -163,6 +163,9 @@ struct WorkerLoad {
   sampleSeconds @26 :Float64;
   outputSeconds @27 :Float64;
   betweenSeconds @28 :Float64;
+  # How long its longest step should take (ms; 0: no step measured yet): the router calls the
+  # worker hung after some multiple of it without a step (actors/serve/stall_watch.hpp).
+  stepBoundMs @29 :UInt32;
 }
 
 # Prefill worker -> decode worker (via the router): one sequence's KV blocks, offered under a lease

@@ -158,6 +158,9 @@ envelope make_load(worker_state& st) {
     b.setPrefixHitTokens(static_cast<uint64_t>(s.kv.n_prefix_hits_tokens));
     b.setPrefixWaits(static_cast<uint64_t>(s.n_prefix_waits));
     b.setLastStepUnixMs(st.last_step_unix_ms);
+    b.setStepBoundMs(st.steps.bound_ms(
+        std::max({st.cfg.max_batch_tokens, st.cfg.idle_batch_tokens, st.rebuild_batch_tokens}),
+        actors::now_ms()));
     b.setPoolHitTokens(st.pool_hit_tokens);
     b.setPromptTokens(st.prompt_tokens);
     b.setPoolBytesIn(st.pool_bytes_in);
@@ -435,9 +438,18 @@ void run_step(worker_ptr self) {
     update_borrowed_cores(self);
     return;
   }
+  const auto before = st.engine->stats();
+  const auto step_at = clock::now();
   auto outs = st.engine->step();
   const auto stepped_at = clock::now();
   st.last_step_unix_ms = actors::now_ms();
+  {
+    const auto after = st.engine->stats();
+    st.steps.record(std::chrono::duration<double, std::milli>(stepped_at - step_at).count(),
+                    after.n_prefill_tokens + after.n_decode_tokens - before.n_prefill_tokens -
+                        before.n_decode_tokens,
+                    st.last_step_unix_ms);
+  }
   if (!outs) {
     spdlog::error("worker {}: step failed: {}", st.worker_name, outs.error().to_string());
     for (auto& [id, r] : st.requests) {
@@ -606,6 +618,7 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
   ec.max_running = st.cfg.max_running;
   // Rebuilding migrated requests: passes of up to 256 tokens (or the worker's own budget if more).
   ec.rebuild_batch_tokens = std::max<int64_t>(256, st.cfg.max_batch_tokens);
+  st.rebuild_batch_tokens = ec.rebuild_batch_tokens;
   ec.idle_batch_tokens = st.cfg.idle_batch_tokens;
   ec.prefix_cache = st.cfg.prefix_cache;
   const gpu::tokenizer* tk = &st.host->tok;

@@ -20,6 +20,7 @@
 #include "actors/serve/engine_worker.hpp"
 #include "actors/serve/kv_transfer.hpp"
 #include "actors/serve/model_host.hpp"
+#include "actors/serve/stall_watch.hpp"
 #include "actors/serve/wire_convert.hpp"
 #include "gpu/engine.hpp"
 #include "schema/caf_bridge.hpp"
@@ -114,6 +115,9 @@ struct worker_state {
   int64_t last_prefill_pass_tokens = 0;
   std::chrono::steady_clock::time_point last_load_at = std::chrono::steady_clock::now();
   uint64_t last_step_unix_ms = 0;
+  step_history
+      steps;  ///< how long its steps take (the router's stall limit, WorkerLoad.stepBoundMs)
+  int64_t rebuild_batch_tokens = 0;  ///< engine_config::rebuild_batch_tokens
   /// Per-stage time of the step loop (docs/serving.md, "Where the serving path's time goes"): in
   /// run_step after the engine's step (chunks to the router), and between a step and the next
   /// (the step message waiting in the mailbox behind other messages).

@@ -13,6 +13,7 @@
 #include "actors/serve/engine_worker.hpp"
 #include "actors/serve/router_state.hpp"
 #include "actors/serve/serve_atoms.hpp"
+#include "actors/serve/stall_watch.hpp"
 
 namespace weft::serve {
 
@@ -259,24 +260,36 @@ void on_worker_lost(router_ptr self, const std::string& name, const std::string&
   update_gauges(self);
 }
 
+/// How long (ms) a worker may go without a step or a load report: `--stall-ms`, or a multiple of
+/// the longest step any worker reported it may take, whichever is longer (stall_watch.hpp).
+uint64_t stall_limit(const router_state& st) {
+  uint32_t bound = 0;
+  for (const auto& [name, b] : st.step_bounds) bound = std::max(bound, b);
+  return stall_limit_ms(st.cfg.stall_ms, bound);
+}
+
 /// Why worker `w` counts as hung at `now`, or "" if it does not: it has work but made no engine
-/// step for stall_ms (and is past its start-up grace), or sent no load report for stall_ms.
+/// step for the stall limit (and is past its start-up grace), or sent no load report for that
+/// long. `unresponsive` tells which.
 std::string hung_reason(const router_state& st, const worker_info& w, clock_type::time_point now,
-                        uint64_t now_unix) {
+                        uint64_t now_unix, bool* unresponsive) {
   const auto ms = [](auto d) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
   };
-  const int64_t stall = st.cfg.stall_ms;
+  const auto stall = static_cast<int64_t>(stall_limit(st));
+  if (unresponsive != nullptr) *unresponsive = false;
   if (ms(now - w.hello_at) < stall) return "";
   if (ms(now - w.last_report) >= stall) {
-    return "no load report for " + std::to_string(ms(now - w.last_report)) + " ms";
+    if (unresponsive != nullptr) *unresponsive = true;
+    return "no load report for " + std::to_string(ms(now - w.last_report)) + " ms (limit " +
+           std::to_string(stall) + " ms)";
   }
   const bool has_work = w.n_running + w.n_waiting + w.n_swapped > 0 || !w.inflight.empty();
   if (!has_work || w.last_step_unix_ms == 0) return "";
   const int64_t idle = static_cast<int64_t>(now_unix - std::min(now_unix, w.last_step_unix_ms));
   if (idle < stall) return "";
-  return "no engine step for " + std::to_string(idle) + " ms with " +
-         std::to_string(w.inflight.size()) + " request(s) in flight";
+  return "no engine step for " + std::to_string(idle) + " ms (limit " + std::to_string(stall) +
+         " ms) with " + std::to_string(w.inflight.size()) + " request(s) in flight";
 }
 
 /// Treats every hung worker as dead: its requests migrate now, and its process is ended through
@@ -287,7 +300,9 @@ void reap_hung_workers(router_ptr self) {
   const uint64_t now_unix = actors::now_ms();
   std::vector<std::pair<std::string, std::string>> hung;
   for (const auto& [name, w] : st.workers) {
-    if (auto why = hung_reason(st, w, now, now_unix); !why.empty()) hung.emplace_back(name, why);
+    if (auto why = hung_reason(st, w, now, now_unix, nullptr); !why.empty()) {
+      hung.emplace_back(name, why);
+    }
   }
   for (const auto& [name, why] : hung) {
     auto it = st.workers.find(name);
@@ -638,6 +653,9 @@ caf::behavior router(router_ptr self, router_config cfg) {
         w.prefix_waits = load.getPrefixWaits();
         w.queued_prefill_tokens = load.getQueuedPrefillTokens();
         w.last_step_unix_ms = load.getLastStepUnixMs();
+        // Kept by name after the worker is gone (its replacement has measured nothing yet), and
+        // while it reports none (no step in its window): the host is no faster for it.
+        if (load.getStepBoundMs() > 0) st.step_bounds[w.name] = load.getStepBoundMs();
         w.pool_hit_tokens = load.getPoolHitTokens();
         w.prompt_tokens = load.getPromptTokens();
         w.pool_bytes_in = load.getPoolBytesIn();
@@ -703,46 +721,46 @@ caf::behavior router(router_ptr self, router_config cfg) {
           const auto since_report_ms =
               std::chrono::duration_cast<std::chrono::milliseconds>(now - w.last_report).count();
           const bool has_work = w.n_running + w.n_waiting + w.n_swapped > 0 || !w.inflight.empty();
-          const bool reporting = since_report_ms < static_cast<int64_t>(st.cfg.stall_ms);
-          const bool stepping =
-              !has_work || w.last_step_unix_ms == 0 ||
-              now_unix - std::min(now_unix, w.last_step_unix_ms) < st.cfg.stall_ms ||
-              std::chrono::duration_cast<std::chrono::milliseconds>(now - w.hello_at).count() <
-                  static_cast<int64_t>(st.cfg.stall_ms);
+          bool unresponsive = false;
+          const bool hung = !hung_reason(st, w, now, now_unix, &unresponsive).empty();
+          const bool reporting = !unresponsive;
+          const bool stepping = !hung || unresponsive;
           const std::string state = !reporting  ? "unresponsive"
                                     : !stepping ? "stalled"
                                     : has_work  ? "busy"
                                                 : "idle";
           healthy = healthy || (reporting && stepping);
-          workers.push_back({{"name", name},
-                             {"node_id", w.node_id},
-                             {"pid", w.pid},
-                             {"role", w.role == wire::WorkerRole::PREFILL  ? "prefill"
-                                      : w.role == wire::WorkerRole::DECODE ? "decode"
-                                                                           : "both"},
-                             {"state", state},
-                             {"model", w.model},
-                             {"policy", w.policy},
-                             {"inflight", w.inflight.size()},
-                             {"running", w.n_running},
-                             {"waiting", w.n_waiting},
-                             {"swapped", w.n_swapped},
-                             {"kv_blocks_used", w.kv_used},
-                             {"kv_blocks_free", w.kv_free},
-                             {"kv_blocks_total", w.kv_blocks_total},
-                             {"steps", w.steps},
-                             {"stage_seconds", worker_stage_seconds(w)},
-                             {"preemptions", w.preemptions},
-                             {"prefill_tokens", w.prefill_tokens},
-                             {"decode_tokens", w.decode_tokens},
-                             {"prefix_hit_tokens", w.prefix_hits},
-                             {"prefix_waits", w.prefix_waits},
-                             {"pool_hit_tokens", w.pool_hit_tokens},
-                             {"prompt_tokens", w.prompt_tokens},
-                             {"queue_depth_per_level", w.levels},
-                             {"prefill_tokens_per_s", w.prefill_rate},
-                             {"decode_tokens_per_s", w.decode_rate},
-                             {"last_report_ms_ago", since_report_ms}});
+          workers.push_back(
+              {{"name", name},
+               {"node_id", w.node_id},
+               {"pid", w.pid},
+               {"role", w.role == wire::WorkerRole::PREFILL  ? "prefill"
+                        : w.role == wire::WorkerRole::DECODE ? "decode"
+                                                             : "both"},
+               {"state", state},
+               {"model", w.model},
+               {"policy", w.policy},
+               {"inflight", w.inflight.size()},
+               {"running", w.n_running},
+               {"waiting", w.n_waiting},
+               {"swapped", w.n_swapped},
+               {"kv_blocks_used", w.kv_used},
+               {"kv_blocks_free", w.kv_free},
+               {"kv_blocks_total", w.kv_blocks_total},
+               {"steps", w.steps},
+               {"stage_seconds", worker_stage_seconds(w)},
+               {"preemptions", w.preemptions},
+               {"prefill_tokens", w.prefill_tokens},
+               {"decode_tokens", w.decode_tokens},
+               {"prefix_hit_tokens", w.prefix_hits},
+               {"prefix_waits", w.prefix_waits},
+               {"pool_hit_tokens", w.pool_hit_tokens},
+               {"prompt_tokens", w.prompt_tokens},
+               {"queue_depth_per_level", w.levels},
+               {"prefill_tokens_per_s", w.prefill_rate},
+               {"decode_tokens_per_s", w.decode_rate},
+               {"last_report_ms_ago", since_report_ms},
+               {"step_bound_ms", st.step_bounds.contains(name) ? st.step_bounds.at(name) : 0u}});
         }
         nlohmann::json shards = nlohmann::json::array();
         for (const auto& [name, s] : st.shards) {
@@ -763,7 +781,8 @@ caf::behavior router(router_ptr self, router_config cfg) {
                             {"pending", st.pending.size()},
                             {"outstanding", st.requests.size()},
                             {"worker_deaths", st.deaths},
-                            {"migrations", st.migrations}};
+                            {"migrations", st.migrations},
+                            {"stall_limit_ms", stall_limit(st)}};
         return j.dump();
       },
   };

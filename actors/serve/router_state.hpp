@@ -134,6 +134,8 @@ struct router_state {
   static inline const char* name = "weft.router";
   router_config cfg;
   std::map<std::string, worker_info> workers;
+  /// WorkerLoad.stepBoundMs by worker name, kept after a worker is lost (stall_limit).
+  std::map<std::string, uint32_t> step_bounds;
   std::map<std::string, shard_info> shards;
   key_lru pool_keys;        ///< prefix keys the pool holds, roughly (prompts prefilled with a pool)
   uint64_t pool_slots = 0;  ///< segment slots over all shards

@@ -2,8 +2,9 @@
 
 Colocated (--workers 2): the busiest worker is killed twice. Disaggregated (--prefill 1
 --decode 1): the decode worker is killed, then the prefill worker. Hang (--workers 2): the busiest
-worker is SIGSTOPped with CAF's connection timeout far away, so only the router's stall detection
-(--stall-ms) can notice: its requests must migrate and its process must be killed and relaunched.
+worker is SIGSTOPped with the head's heartbeat timeout and CAF's connection timeout far away, so
+only the router's stall detection (--stall-ms) can notice: its requests must migrate and its
+process must be killed and relaunched.
 
 Pool (--workers 2 --cache-shards 1): as colocated, with the running sequences' KV (prompt and
 generated tokens) checkpointed to the prefix-cache pool: every migrated sequence must take its
@@ -98,6 +99,21 @@ def kill_busy_worker(srv, min_tokens_before_kill, progress, role=None, sig=signa
     return victim, time.time()
 
 
+def busiest_worker_steps(srv):
+    """A progress function: the engine steps, since now, of the worker that holds the most
+    requests when it is called (all of them if that worker has restarted since)."""
+    start = {w["name"]: (w["pid"], w["steps"]) for w in workers(srv)}
+
+    def progress():
+        ws = workers(srv)
+        if not ws:
+            return 0
+        w = max(ws, key=lambda w: w["inflight"])
+        pid, steps = start.get(w["name"], (None, 0))
+        return w["steps"] - (steps if pid == w["pid"] else 0)
+    return progress
+
+
 def pool_tokens(srv):
     """weft_migration_pool_tokens_total per worker."""
     return {dict(labels).get("worker"): v for (n, labels), v in srv.metrics().items()
@@ -135,12 +151,18 @@ def main():
     if args.topology == "colocated":
         topology, victims = ["--workers", "2"], [None, None]
     elif args.topology == "pool":
-        # Segments of 16 tokens; killed once every sequence holds two whole segments or more.
+        # Segments of 16 tokens; killed once every sequence holds two whole segments or more:
+        # after 30 steps of the victim itself (prompts of ~12 tokens, one token a step). The sum
+        # over both workers is no measure of that: a restarted worker may take most of a round's
+        # requests while the other races through steps of one sequence.
         topology, victims = ["--workers", "2", "--cache-shards", "1", "--segment-tokens", "16"], [None, None]
-        kill_after_steps = 60
+        kill_after_steps = 30
     elif args.topology == "hang":
-        # CAF would notice a stopped process after its connection timeout: push that out of reach.
-        topology, victims = ["--workers", "2", "--stall-ms", "3000", "--connection-timeout-ms", "120000"], [None]
+        # The head would notice a stopped process after --dead-after-ms without heartbeats, CAF
+        # after its connection timeout: push both out of reach (the stall limit is 4x the
+        # workers' step bound when that exceeds --stall-ms: ~28 s on one Zen 1 core).
+        topology, victims = ["--workers", "2", "--stall-ms", "3000", "--connection-timeout-ms", "120000",
+                             "--dead-after-ms", "600000"], [None]
         sig = signal.SIGSTOP
     else:
         topology, victims = ["--prefill", "1", "--decode", "1"], ["decode", "prefill"]
@@ -160,13 +182,14 @@ def main():
 
             # Progress = generated tokens so far, read from the server's metrics.
             gen_before = srv.metric_sum("weft_worker_steps_total")
+            progress = lambda: srv.metric_sum("weft_worker_steps_total") - gen_before
+            if args.topology == "pool":
+                progress = busiest_worker_steps(srv)
             migrations_before = srv.metric_sum("weft_router_migrations_total")
             pool_before = pool_tokens(srv)
             with concurrent.futures.ThreadPoolExecutor(N_REQUESTS + 1) as pool:
                 futures = [pool.submit(counting, i, p) for i, p in enumerate(round_prompts)]
-                victim, killed_at = kill_busy_worker(
-                    srv, kill_after_steps, lambda: srv.metric_sum("weft_worker_steps_total") - gen_before,
-                    role, sig)
+                victim, killed_at = kill_busy_worker(srv, kill_after_steps, progress, role, sig)
                 results = [f.result() for f in futures]
             done_at = time.time()
             print("round %d: killed %s (%s, pid %d, %d in flight); load finished %.1f s after the kill" %
