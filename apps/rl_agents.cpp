@@ -232,6 +232,7 @@ status rl_agent_cluster::start_trainers(const rl_agents_options& o, const std::s
   rl::remote_trainers_config tc;
   tc.world = o.trainers;
   tc.allreduce_timeout_ms = o.allreduce_timeout_ms;
+  tc.bucket_mb = o.bucket_mb;
   tc.no_group_timeout_ms = o.start_timeout_ms;
   tc.on_idle = [d] {
     if (d->nodes) d->nodes->watch();
@@ -257,6 +258,7 @@ status rl_agent_cluster::start_trainers(const rl_agents_options& o, const std::s
     rc.rank = r;
     rc.world = o.trainers;
     rc.allreduce_timeout_ms = o.allreduce_timeout_ms;
+    rc.bucket_mb = o.bucket_mb;
     rc.controller_host = host;
     rc.controller_port = *port;
     // permanent: a rank never ends on its own; any failure restarts the whole group.

@@ -48,6 +48,7 @@ struct rl_agents_options {
   /// (rank and controller filled in here).
   int trainers = 1;
   uint32_t allreduce_timeout_ms = 120'000;
+  double bucket_mb = 25.0;  ///< `--bucket-mb`: the all-reduce in buckets during the backward
   rl::rl_trainer_config trainer;
   /// `--reference-workers K`: the KL reference on K reference nodes
   /// (actors/rl/remote_reference.hpp); `reference` is their configuration (worker and

@@ -150,6 +150,12 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "and repeats the update exactly")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--bucket-mb", o->bucket_mb,
+                  "--trainers > 1: sum the gradients in buckets of about this many MiB while the "
+                  "backward still runs (as PyTorch DDP's bucket_cap_mb; weft train's option); 0: "
+                  "all at once after the backward. Same results either way")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--allreduce-timeout-s", o->allreduce_timeout_s,
                   "--trainers: a gradient all-reduce not done within this many seconds counts "
                   "as a lost rank (the group restarts)")

@@ -93,6 +93,8 @@ struct rl_options {
   /// --agents).
   int trainers = 1;
   double allreduce_timeout_s = 120.0;
+  double bucket_mb =
+      25.0;  ///< --trainers: gradients summed in buckets of ~this many MiB (0: after)
   std::string write_sft_path;
   int64_t sft_examples = 1000;
   int agents = 0;  ///< rollout agents in node processes (0: the engine in this process)

@@ -144,6 +144,7 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   ao.reward_restarts = o.reward_restarts;
   ao.trainers = o.trainers;
   ao.allreduce_timeout_ms = static_cast<uint32_t>(o.allreduce_timeout_s * 1000.0);
+  ao.bucket_mb = o.bucket_mb;
   ao.trainer.model_path = fs::absolute(o.model_path).string();
   ao.trainer.threads = o.threads;
   ao.trainer.shares = cfg.shares;

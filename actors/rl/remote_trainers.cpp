@@ -21,6 +21,7 @@
 #include "actors/rl/rl_plumbing.hpp"
 #include "actors/rl/trainer_wire.hpp"
 #include "actors/roles.hpp"
+#include "actors/train/bucket_reducer.hpp"
 #include "actors/train/rank_group.hpp"
 #include "actors/train/train_atoms.hpp"
 #include "gpu/gguf.hpp"
@@ -126,6 +127,8 @@ struct remote_trainers::impl {
   std::set<caf::actor_addr> used;  ///< actors that were in a group (never again)
   std::vector<member> members;     ///< the current group, rank r at r − 1 (empty: none)
   std::unique_ptr<transport::peer_group> peers;
+  /// The current group's overlapped all-reduce (--bucket-mb), made for `peers`; reset before it.
+  std::unique_ptr<train::bucket_reducer> buckets;
   uint16_t generation = 0;
   int64_t groups = 0;
   bool broken = false;  ///< the current group lost a rank
@@ -193,6 +196,7 @@ struct remote_trainers::impl {
       hook->peers = nullptr;
       hook->members.clear();
     }
+    buckets.reset();
     peers.reset();
     members.clear();
     broken = false;
@@ -291,6 +295,7 @@ void remote_trainers::shutdown() {
     d_->hook->peers = nullptr;
     d_->hook->members.clear();
   }
+  d_->buckets.reset();
   d_->peers.reset();
   caf::anon_send_exit(d_->controller, caf::exit_reason::user_shutdown);
   d_->controller = caf::actor{};
@@ -422,7 +427,7 @@ gpu::status remote_trainers::reduce(std::span<const std::span<float>> grads,
     return {gpu::status_code::internal, "the trainer group lost a rank"};
   }
   const auto t0 = clock_type::now();
-  auto st = group_sum(*d.peers, grads, scalars);
+  auto st = group_sum(*d.peers, grads, scalars, d.buckets.get());
   d.reduce_s += std::chrono::duration<double>(clock_type::now() - t0).count();
   if (!st) d.lose(st.message());
   return st;
@@ -438,6 +443,24 @@ int64_t remote_trainers::groups_formed() const {
 
 double remote_trainers::take_reduce_seconds() {
   return std::exchange(d_->reduce_s, 0.0);
+}
+
+gpu::train::overlapped_reducer* remote_trainers::overlap(
+    const gpu::train::trainable_model<float>& model) {
+  impl& d = *d_;
+  if (!(d.cfg.bucket_mb > 0) || !d.peers || d.broken) return nullptr;
+  if (!d.buckets) {
+    d.buckets = std::make_unique<train::bucket_reducer>(
+        *d.peers,
+        gpu::train::buckets_of(model, static_cast<int64_t>(d.cfg.bucket_mb * 1024.0 * 1024.0)),
+        [](double&, int64_t&, std::chrono::steady_clock::time_point) { return gpu::status{}; });
+    if (d.generation == 1) {
+      spdlog::info(
+          "trainer group: gradients summed in {} buckets of ~{} MiB while the backward runs",
+          d.buckets->n_buckets(), d.cfg.bucket_mb);
+    }
+  }
+  return d.buckets.get();
 }
 
 }  // namespace weft::rl

@@ -45,6 +45,8 @@ struct rl_trainer_config {
   gpu::rl::grpo_config grpo;
   gpu::train::adamw_config adamw;
   uint32_t allreduce_timeout_ms = 120'000;
+  /// The all-reduce in buckets of about this many MiB during the backward (0: after it).
+  double bucket_mb = 25.0;
   std::string controller_host = "127.0.0.1";
   uint16_t controller_port = 0;
 
@@ -58,6 +60,9 @@ void add_rl_trainer_role(actors::role_registry& roles);
 struct remote_trainers_config {
   int world = 2;  ///< ranks, this process (rank 0) included
   uint32_t allreduce_timeout_ms = 120'000;
+  /// The all-reduce in buckets of about this many MiB during the backward (0: after it; the
+  /// ranks' rl_trainer_config::bucket_mb must be the same).
+  double bucket_mb = 25.0;
   /// How long ready() waits for a complete group (the ranks load the model first).
   uint32_t no_group_timeout_ms = 300'000;
   /// Called about every 100 ms while waiting (e.g. to relaunch dead node processes).
@@ -94,6 +99,7 @@ class remote_trainers final : public gpu::rl::update_group {
   bool lost() const override;
   int64_t groups_formed() const override;
   double take_reduce_seconds() override;
+  gpu::train::overlapped_reducer* overlap(const gpu::train::trainable_model<float>& model) override;
 
   struct impl;
 

@@ -21,6 +21,7 @@
 #include "actors/rl/rl_plumbing.hpp"
 #include "actors/rl/trainer_wire.hpp"
 #include "actors/roles.hpp"
+#include "actors/train/bucket_reducer.hpp"
 #include "actors/train/rank_group.hpp"
 #include "actors/train/train_atoms.hpp"
 #include "gpu/gguf.hpp"
@@ -59,6 +60,7 @@ std::string rl_trainer_config::to_json() const {
                         {"eps", adamw.eps},
                         {"weight_decay", adamw.weight_decay},
                         {"allreduce_timeout_ms", allreduce_timeout_ms},
+                        {"bucket_mb", bucket_mb},
                         {"controller_host", controller_host},
                         {"controller_port", controller_port}}
       .dump();
@@ -89,6 +91,7 @@ result<rl_trainer_config> rl_trainer_config::from_json(const std::string& json) 
     c.adamw.eps = j.value("eps", c.adamw.eps);
     c.adamw.weight_decay = j.value("weight_decay", c.adamw.weight_decay);
     c.allreduce_timeout_ms = j.value("allreduce_timeout_ms", c.allreduce_timeout_ms);
+    c.bucket_mb = j.value("bucket_mb", c.bucket_mb);
     c.controller_host = j.value("controller_host", c.controller_host);
     c.controller_port = j.value("controller_port", c.controller_port);
   } catch (const nlohmann::json::exception& e) {
@@ -99,10 +102,11 @@ result<rl_trainer_config> rl_trainer_config::from_json(const std::string& json) 
   }
   if (c.world < 2 || c.world > 256 || c.rank < 1 || c.rank >= c.world || c.threads < 1 ||
       c.threads > 4096 || c.shares < 1 || c.shares > 4096 || !(c.temperature > 0.0f) ||
-      c.controller_port == 0 || c.allreduce_timeout_ms < 100 || c.model_path.empty()) {
+      c.controller_port == 0 || c.allreduce_timeout_ms < 100 || c.model_path.empty() ||
+      !(c.bucket_mb >= 0.0 && c.bucket_mb <= 1e6)) {
     return make_error(errc::invalid_argument, "rl trainer: rank " + std::to_string(c.rank) +
                                                   " of " + std::to_string(c.world) +
-                                                  ", threads, shares, temperature or "
+                                                  ", threads, shares, temperature, bucket_mb or "
                                                   "controller port out of range (or no model)");
   }
   return c;
@@ -205,6 +209,12 @@ class rank_loop {
       return make_error(errc::unavailable, "receiving the trainer state: " + s.to_string());
     }
     model_->host_replaced();
+    if (cfg_.bucket_mb > 0) {
+      buckets_ = std::make_unique<train::bucket_reducer>(
+          *peers_,
+          gpu::train::buckets_of(*model_, static_cast<int64_t>(cfg_.bucket_mb * 1024.0 * 1024.0)),
+          [](double&, int64_t&, std::chrono::steady_clock::time_point) { return gpu::status{}; });
+    }
     spdlog::info("rl trainer {}: group {} formed; holds rank 0's weights", name_, generation_);
     for (;;) {
       auto st = iteration();
@@ -265,8 +275,9 @@ class rank_loop {
     auto t = gpu::rl::update_iteration(
         *model_, opt_, decay_, cfg_.grpo, in, cfg_.shares, lists,
         [this](std::span<const std::span<float>> grads, std::span<double> scalars) {
-          return group_sum(*peers_, grads, scalars);
-        });
+          return group_sum(*peers_, grads, scalars, buckets_.get());
+        },
+        buckets_.get());
     if (!t) return make_error(errc::unavailable, t.error().message());
     return {};
   }
@@ -282,6 +293,8 @@ class rank_loop {
   std::vector<uint8_t> decay_;
   int64_t vocab_ = 0;
   std::unique_ptr<transport::peer_group> peers_;
+  /// --bucket-mb: the all-reduce during the backward, over peers_ (so declared after it).
+  std::unique_ptr<train::bucket_reducer> buckets_;
   uint16_t generation_ = 0;
   bool fatal_ = false;
 };

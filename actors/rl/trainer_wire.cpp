@@ -15,8 +15,12 @@ void put(List list, const V& values) {
 }  // namespace
 
 gpu::status group_sum(transport::peer_group& g, std::span<const std::span<float>> grads,
-                      std::span<double> scalars) {
-  if (auto s = g.all_reduce_sum(grads); !s.ok()) {
+                      std::span<double> scalars, gpu::train::overlapped_reducer* overlapped) {
+  if (overlapped != nullptr) {
+    double unused_loss = 0.0;
+    int64_t unused_tokens = 0;
+    if (auto st = overlapped->finish(unused_loss, unused_tokens); !st) return st;
+  } else if (auto s = g.all_reduce_sum(grads); !s.ok()) {
     return {gpu::status_code::internal, "gradient all-reduce: " + s.to_string()};
   }
   if (auto s = g.all_reduce_sum(scalars); !s.ok()) {

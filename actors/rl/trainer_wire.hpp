@@ -6,6 +6,7 @@
 #include <span>
 
 #include "gpu/status.hpp"
+#include "gpu/train/sft_trainer.hpp"
 #include "gpu/train/trainable_model.hpp"
 #include "schema/status.hpp"
 #include "schema/train.capnp.h"
@@ -14,9 +15,11 @@
 namespace weft::rl {
 
 /// The gradient sum: every tensor, then the scalars (the same calls in the same order on every
-/// rank).
+/// rank). With `overlapped` (the group's --bucket-mb reducer, which update_iteration ran through
+/// the backward), the tensors are its to sum: it is finished, then the scalars are summed.
 gpu::status group_sum(transport::peer_group& g, std::span<const std::span<float>> grads,
-                      std::span<double> scalars);
+                      std::span<double> scalars,
+                      gpu::train::overlapped_reducer* overlapped = nullptr);
 
 /// Rank 0's `state` to every rank, as a sum to which the other ranks add −0.0 (x + (−0.0) = x
 /// for every x, −0.0 included), in pieces of at most 64 MiB (the group's buffer stays the size

@@ -39,8 +39,8 @@ uint32_t step_history::bound_ms(int64_t max_step_tokens, uint64_t now_ms) const 
 }
 
 uint64_t stall_limit_ms(uint64_t stall_ms, uint32_t bound_ms) {
-  return std::max(stall_ms, static_cast<uint64_t>(stall_step_multiple) *
-                               std::min(bound_ms, max_step_bound_ms));
+  return std::max(
+      stall_ms, static_cast<uint64_t>(stall_step_multiple) * std::min(bound_ms, max_step_bound_ms));
 }
 
 }  // namespace weft::serve

@@ -48,6 +48,8 @@ MODES = {
     # A data-parallel trainer group: rank 0 in the weft rl process, rank 1 on a trainer node.
     "agents1 sync": ["--agents", "1"],
     "agents1 sync trainers 2": ["--agents", "1", "--trainers", "2"],
+    # The group's all-reduce after the backward instead of in buckets during it (--bucket-mb 25).
+    "agents1 sync trainers 2 buckets 0": ["--agents", "1", "--trainers", "2", "--bucket-mb", "0"],
 }
 
 
@@ -110,7 +112,8 @@ def main():
                 print(f"{name:10s} run {i + 1}: {r['seconds']:.1f} s, "
                       f"{samples / r['seconds']:.2f} samples/s, mean reward "
                       f"{statistics.mean(r['rewards']):.3f}, mean length "
-                      f"{statistics.mean(r['lengths']):.1f}", flush=True)
+                      f"{statistics.mean(r['lengths']):.1f}; train {r['stage_seconds']['train_s']:.1f} s "
+                      f"(all-reduce waited for {r['stage_seconds']['reduce_s']:.2f} s)", flush=True)
     sps = {n: [samples / r["seconds"] for r in rs] for n, rs in runs.items()}
     base = statistics.median(sps[chosen[0]])
     out = {

@@ -13,14 +13,24 @@ result<iteration_totals> update_iteration(train::trainable_model<float>& model, 
                                           std::span<const uint8_t> decay, const grpo_config& g,
                                           const iteration_inputs& in, int shares,
                                           std::span<const std::vector<train::train_batch>> lists,
-                                          const group_reducer& reduce) {
+                                          const group_reducer& reduce,
+                                          train::overlapped_reducer* overlap) {
   ppo_stats stats;
   const auto objective = ppo_objective(g, &stats);
   model.zero_grad(std::max({1, shares, static_cast<int>(lists.size())}));
   iteration_totals t;
   const bool any =
       std::any_of(lists.begin(), lists.end(), [](const auto& l) { return !l.empty(); });
-  if (any) {
+  if (overlap != nullptr && reduce) {
+    // A rank without samples still takes part in every bucket's sum (the groups are told at once).
+    overlap->begin(model.gradient_buffers());
+    auto l = model.forward_backward(lists, objective, [overlap](size_t gi) { overlap->ready(gi); });
+    if (!l) {
+      overlap->abandon();
+      return l.error();
+    }
+    t.loss_sum = l->sum;
+  } else if (any) {
     auto l = model.forward_backward(lists, objective);
     if (!l) return l.error();
     t.loss_sum = l->sum;
@@ -179,7 +189,8 @@ result<iteration_totals> grpo_loop::group_iteration(
         *model_, opt_, decay_, config_.grpo, in, shares, own,
         [this](std::span<const std::span<float>> grads, std::span<double> scalars) {
           return group_->reduce(grads, scalars);
-        });
+        },
+        group_->overlap(*model_));
     if (t || !group_->lost() || attempt >= max_attempts) return t;
   }
 }

@@ -19,6 +19,7 @@
 #include "gpu/rl/grpo.hpp"
 #include "gpu/status.hpp"
 #include "gpu/train/optimizer.hpp"
+#include "gpu/train/sft_trainer.hpp"
 #include "gpu/train/trainable_model.hpp"
 
 namespace weft::gpu::rl {
@@ -74,11 +75,18 @@ struct iteration_totals {
 /// zero_grad, the forward and backward of the PPO objective over `lists` (this rank's, one thread
 /// each, at least `shares` threads of gradient buffers), `reduce` (null: this is the only rank),
 /// global-norm clipping and AdamW. The model must be host-resident.
+///
+/// With `overlap` (a trainer group's --bucket-mb), the gradients are summed while the backward
+/// runs: `overlap` gets begin() before it and ready() for each finished gradient group (abandon()
+/// if it fails), and `reduce` is then called as without it but must itself end the overlapped
+/// sum (overlapped_reducer::finish) before it sums the scalars (trainer_wire's group_sum does).
+/// The same bits either way.
 result<iteration_totals> update_iteration(train::trainable_model<float>& model, train::adamw& opt,
                                           std::span<const uint8_t> decay, const grpo_config& g,
                                           const iteration_inputs& in, int shares,
                                           std::span<const std::vector<train::train_batch>> lists,
-                                          const group_reducer& reduce);
+                                          const group_reducer& reduce,
+                                          train::overlapped_reducer* overlap = nullptr);
 
 /// The trainer's state a joining rank needs, in a fixed order: every parameter's values, then
 /// AdamW's first moments, then its second moments.
@@ -107,6 +115,13 @@ class update_group {
   virtual int64_t groups_formed() const = 0;
   /// Seconds spent in reduce() (waiting for the other ranks included) since the last call.
   virtual double take_reduce_seconds() = 0;
+  /// For the current group (after ready()): the reducer that sums `model`'s gradients in buckets
+  /// during the backward (update_iteration's `overlap`; reduce() then finishes it), or null: the
+  /// sum runs in reduce(), after the backward.
+  virtual train::overlapped_reducer* overlap(const train::trainable_model<float>& model) {
+    (void)model;
+    return nullptr;
+  }
 };
 
 }  // namespace weft::gpu::rl

@@ -486,6 +486,13 @@ result<loss_sum> trainable_model<T>::forward_backward(
 }
 
 template <class T>
+result<loss_sum> trainable_model<T>::forward_backward(
+    std::span<const std::vector<train_batch>> shares, const token_objective<T>& objective,
+    const gradient_ready& ready) {
+  return run_shares(shares, &objective, &ready);
+}
+
+template <class T>
 result<loss_sum> trainable_model<T>::run_shares(std::span<const std::vector<train_batch>> shares,
                                                 const token_objective<T>* objective,
                                                 const gradient_ready* ready) {

@@ -229,6 +229,11 @@ class trainable_model {
   /// The same over parallel shares (as the cross-entropy overload above).
   result<loss_sum> forward_backward(std::span<const std::vector<train_batch>> shares,
                                     const token_objective<T>& objective);
+  /// The same, telling `ready` of each gradient group as soon as it is final (as the
+  /// cross-entropy overload with `ready` above: an RL trainer group's overlapped all-reduce).
+  result<loss_sum> forward_backward(std::span<const std::vector<train_batch>> shares,
+                                    const token_objective<T>& objective,
+                                    const gradient_ready& ready);
 
   /// Forward only: log p(target) at every position with a target, in batch order (at the logit
   /// temperature).

@@ -2,7 +2,8 @@
 // inproc engines with every rank on its own thread as processes would be: the weights after a few
 // updates are bit for bit those of the all-reduce after the backward, whatever the bucket size
 // and the shares per rank (a rank with no example in an update included); a rank that leaves the
-// group makes the others' update fail with an all-reduce error instead of hanging.
+// group makes the others' update fail with an all-reduce error instead of hanging. The same for
+// the GRPO update of `weft rl --trainers` (gpu/rl/grpo_update.hpp with rl::group_sum).
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -12,9 +13,11 @@
 #include <utility>
 #include <vector>
 
+#include "actors/rl/trainer_wire.hpp"
 #include "actors/train/bucket_reducer.hpp"
 #include "gpu/chat_template.hpp"
 #include "gpu/gguf.hpp"
+#include "gpu/rl/grpo_update.hpp"
 #include "gpu/tiny_model.hpp"
 #include "gpu/tokenizer.hpp"
 #include "gpu/train/sft_data.hpp"
@@ -183,6 +186,109 @@ TEST(bucket_reducer, a_rank_that_leaves_fails_the_others_update_with_an_all_redu
       1'000);
   for (size_t r = 0; r < errors.size(); ++r)
     EXPECT_NE(errors[r].find("all-reduce"), std::string::npos) << r << ": " << errors[r];
+}
+
+/// Rank r's micro-batches of one RL update (`weft rl --trainers`): sequences with policy inputs
+/// whose behaviour log-probs are the model's own (ratio 1, nothing clipped), advantages of both
+/// signs; the last rank gets none (it still takes part in every bucket's sum).
+std::vector<std::vector<train_batch>> rl_lists(trainable_model<float>& model, int r, int k) {
+  std::vector<std::vector<train_batch>> lists(1);
+  if (r == k - 1) return lists;
+  for (int s = 0; s < 2; ++s) {
+    std::vector<int32_t> toks;
+    std::vector<uint8_t> in_loss;
+    std::vector<policy_token> info;
+    for (int i = 0; i < 14; ++i) {
+      toks.push_back((r * 37 + s * 101 + i * 7 + 3) % 384);
+      in_loss.push_back(i >= 5 ? 1 : 0);
+      policy_token p;
+      p.advantage = (i + s) % 3 == 0 ? -0.5f : 0.75f;
+      p.weight = 1.0f / 40.0f;
+      p.sample = s;
+      info.push_back(p);
+    }
+    train_batch b;
+    b.add(toks, in_loss, info);
+    auto lp = model.target_logprobs(b);
+    EXPECT_TRUE(lp.ok());
+    size_t j = 0;
+    for (size_t pos = 0; pos < b.targets.size(); ++pos) {
+      if (b.targets[pos] >= 0) b.policy[pos].behaviour_logp = (*lp)[j++];
+    }
+    lists[0].push_back(std::move(b));
+  }
+  return lists;
+}
+
+/// Every rank's weights after two GRPO iterations (gpu/rl/grpo_update.hpp) summed with
+/// rl::group_sum, after the backward (cap < 0) or in buckets of `cap` bytes during it.
+std::vector<std::vector<std::vector<float>>> rl_train(const fixture& fx, int64_t cap) {
+  ranks rs;
+  std::vector<std::vector<std::vector<float>>> out(static_cast<size_t>(rs.k));
+  rs.run(
+      [&](transport::peer_group& g, int r) {
+        auto m = trainable_model<float>::load(fx.file);
+        ASSERT_TRUE(m.ok());
+        auto& model = **m;
+        adamw opt;
+        std::vector<int64_t> sizes;
+        std::vector<uint8_t> decay;
+        for (const auto& p : std::as_const(model).parameters()) {
+          sizes.push_back(p.size());
+          decay.push_back(p.ne[1] > 1 ? 1 : 0);
+        }
+        opt.init(sizes);
+        std::unique_ptr<bucket_reducer> buckets;
+        if (cap >= 0) {
+          buckets = std::make_unique<bucket_reducer>(
+              g, buckets_of(model, cap),
+              [](double&, int64_t&, std::chrono::steady_clock::time_point) {
+                return gpu::status{};
+              });
+        }
+        gpu::rl::grpo_config grpo;
+        for (int it = 0; it < 2; ++it) {
+          gpu::rl::iteration_inputs in;
+          in.iteration = it;
+          in.lr = 3e-3;
+          in.opt_step = it + 1;
+          const auto lists = rl_lists(model, r, rs.k);
+          auto t = gpu::rl::update_iteration(
+              model, opt, decay, grpo, in, 1, lists,
+              [&](std::span<const std::span<float>> grads, std::span<double> scalars) {
+                return weft::rl::group_sum(g, grads, scalars, buckets.get());
+              },
+              buckets.get());
+          ASSERT_TRUE(t.ok()) << "rank " << r << ": " << t.error().message();
+          EXPECT_GT(t->tokens, 0);
+          EXPECT_GT(t->grad_norm, 0.0);
+        }
+        for (const auto& p : std::as_const(model).parameters())
+          out[static_cast<size_t>(r)].push_back(p.value);
+      },
+      20'000);
+  return out;
+}
+
+TEST(bucket_reducer, rl_updates_overlapped_are_the_bits_of_the_all_reduce_after_the_backward) {
+  fixture fx;
+  const auto after = rl_train(fx, -1);
+  auto fresh = trainable_model<float>::load(fx.file);
+  ASSERT_TRUE(fresh.ok());
+  for (const int64_t cap : {int64_t{0}, int64_t{1}, int64_t{40'000}}) {
+    const auto overlapped = rl_train(fx, cap);
+    for (size_t r = 0; r < after.size(); ++r) {
+      ASSERT_FALSE(after[r].empty());
+      EXPECT_EQ(overlapped[r], after[r]) << "rank " << r << ", buckets of " << cap << " bytes";
+      EXPECT_EQ(after[r], after[0]) << "rank " << r << " differs from rank 0";
+    }
+  }
+  // The updates moved the weights (a sum that lost the gradients would leave them).
+  size_t i = 0, moved = 0;
+  for (const auto& p : std::as_const(**fresh).parameters()) {
+    moved += std::vector<float>(p.value.begin(), p.value.end()) != after[0][i++] ? 1 : 0;
+  }
+  EXPECT_GT(moved, after[0].size() / 2);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "actors/rl/remote_trainers.hpp"
 #include "actors/train/trainer.hpp"
 
 namespace weft::train {
@@ -40,6 +41,19 @@ TEST(trainer_config, refuses_ranks_outside_the_group_and_bad_runs) {
   EXPECT_TRUE(refused(c));
   EXPECT_FALSE(trainer_config::from_json("not json").ok());
   EXPECT_FALSE(trainer_config::from_json(R"({"rank": 0})").ok());
+}
+
+TEST(rl_trainer_config, keeps_its_bucket_size_and_refuses_a_negative_one) {
+  rl::rl_trainer_config c;
+  c.model_path = "/m.gguf";
+  c.controller_port = 4242;
+  c.bucket_mb = 0.5;
+  auto back = rl::rl_trainer_config::from_json(c.to_json());
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->bucket_mb, 0.5);
+  EXPECT_EQ(back->to_json(), c.to_json());
+  c.bucket_mb = -1.0;
+  EXPECT_FALSE(rl::rl_trainer_config::from_json(c.to_json()).ok());
 }
 
 }  // namespace

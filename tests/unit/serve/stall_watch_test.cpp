@@ -29,7 +29,7 @@ TEST(step_history, a_full_prompt_pass_is_bounded_by_the_per_token_time_of_large_
 
 TEST(step_history, the_per_token_time_is_an_average_and_is_not_forgotten) {
   step_history h;
-  h.record(100.0, 100, 0);  // 1 ms a token
+  h.record(100.0, 100, 0);   // 1 ms a token
   h.record(300.0, 100, 10);  // 3 ms: the average moves by a tenth of the gap
   EXPECT_EQ(h.bound_ms(1000, 10), 1200u);
   // Long after, with only small decode steps since: the per-token time still bounds a full pass.
@@ -64,7 +64,8 @@ TEST(stall_limit, is_the_configured_floor_or_a_multiple_of_the_step_bound) {
   EXPECT_EQ(stall_limit_ms(10'000, 2'000), 10'000u);
   EXPECT_EQ(stall_limit_ms(10'000, 7'000), 7'000u * stall_step_multiple);
   // A bound past ten minutes is not believed (hung detection stays on for everyone).
-  EXPECT_EQ(stall_limit_ms(3'000, 4'294'967'295u), uint64_t{max_step_bound_ms} * stall_step_multiple);
+  EXPECT_EQ(stall_limit_ms(3'000, 4'294'967'295u),
+            uint64_t{max_step_bound_ms} * stall_step_multiple);
 }
 
 }  // namespace
