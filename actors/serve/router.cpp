@@ -296,6 +296,9 @@ std::string hung_reason(const router_state& st, const worker_info& w, clock_type
 /// cfg.on_hung (the serving app SIGKILLs it, and the node is relaunched like after a crash).
 void reap_hung_workers(router_ptr self) {
   auto& st = self->state;
+  if (auto& m = st.cfg.metrics) {
+    m->set("weft_router_stall_limit_seconds", static_cast<double>(stall_limit(st)) / 1000.0);
+  }
   const auto now = clock_type::now();
   const uint64_t now_unix = actors::now_ms();
   std::vector<std::pair<std::string, std::string>> hung;

@@ -24,7 +24,11 @@ void declare_router_metrics(metrics_registry& m) {
   m.declare_counter("weft_router_worker_deaths_total",
                     "Engine workers lost (process killed, link cut, hung)");
   m.declare_counter("weft_router_hung_workers_total",
-                    "Engine workers treated as dead because they made no progress for stall_ms");
+                    "Engine workers treated as dead because they made no progress for the stall "
+                    "limit");
+  m.declare_gauge("weft_router_stall_limit_seconds",
+                  "How long a worker may go without an engine step or a load report before it "
+                  "is hung: --stall-ms, or 4x the longest step the workers measured they may take");
   m.declare_gauge("weft_router_pending", "Sequences waiting for a live worker");
   m.declare_gauge("weft_router_running", "Sequences dispatched and unfinished");
   m.declare_gauge("weft_workers", "Engine workers by state");

@@ -218,6 +218,11 @@ def main():
                 hung = sum(v for (n, _), v in m.items() if n == "weft_router_hung_workers_total")
                 if hung < 1:
                     failures.append("round %d: the stopped worker was not detected as hung" % round_no)
+                limit = [v for (n, _), v in m.items() if n == "weft_router_stall_limit_seconds"]
+                print("round %d: stall limit %s s" % (round_no, limit), flush=True)
+                if len(limit) != 1 or limit[0] < 3.0:
+                    failures.append("round %d: weft_router_stall_limit_seconds %s, not >= --stall-ms" %
+                                    (round_no, limit))
             used = srv.wait_kv_free()
             if used != 0:
                 failures.append("round %d: %d KV blocks still referenced after the run" % (round_no, used))
