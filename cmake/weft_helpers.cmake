@@ -21,7 +21,9 @@ function(weft_add_test)
   target_include_directories(${T_NAME} PRIVATE ${WEFT_ROOT})
   if(T_DISCOVER)
     include(GoogleTest)
-    gtest_discover_tests(${T_NAME} DISCOVERY_MODE PRE_TEST
+    # PRE_TEST: the listing runs when ctest starts. Its default timeout (5 s) is too short for a
+    # large binary's first, cold start on a busy 2-core host (CI once lost a run to it).
+    gtest_discover_tests(${T_NAME} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 120
       PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
         SKIP_RETURN_CODE 77
       EXTRA_ARGS ${T_ARGS})
