@@ -204,6 +204,9 @@ class engine {
   /// True while any request is waiting, running or swapped.
   bool has_work() const;
   engine_stats stats() const;
+  /// Prompt and decode tokens computed by forward passes so far (stats()'s two counters, without
+  /// its walk over the requests: the worker reads it around every step).
+  int64_t tokens_computed() const { return counters_.n_prefill_tokens + counters_.n_decode_tokens; }
   kv_cache& kv() { return *kv_; }
 
  private:

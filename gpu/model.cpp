@@ -232,14 +232,29 @@ status model::set_weight(std::string_view name, std::span<const float> values) {
 }
 
 status model::pack(tensor_view& w, const std::string& name) {
-  const size_t bytes = ops_.packed_weight_bytes(w);
-  if (bytes == 0) return {};
-  auto b = dev_.allocate(bytes);
+  if (ops_.packed_weight_bytes(w) > 0) to_pack_.emplace_back(&w, name);
+  return {};
+}
+
+// Every packed copy in one allocation: a decode step streams all of them, and one large buffer is
+// one the device can back with huge pages (the CPU device does from 4 MiB), as the model file's
+// weights are (docs/engine.md, "Weights in huge pages").
+status model::pack_all() {
+  const auto padded = [](size_t n) { return (n + 63) / 64 * 64; };
+  size_t total = 0;
+  for (const auto& [w, name] : to_pack_) total += padded(ops_.packed_weight_bytes(*w));
+  if (total == 0) return {};
+  auto b = dev_.allocate(total);
   if (!b) return b.error();
   uploaded_.push_back(*b);
-  if (auto st = ops_.pack_weight(w, b->data); !st) return st;
-  w.packed = b->data;
-  packed_.emplace_back(name, w);
+  auto* at = static_cast<std::byte*>(b->data);
+  for (const auto& [w, name] : to_pack_) {
+    if (auto st = ops_.pack_weight(*w, at); !st) return st;
+    w->packed = at;
+    packed_.emplace_back(name, *w);
+    at += padded(ops_.packed_weight_bytes(*w));
+  }
+  to_pack_.clear();
   return {};
 }
 
@@ -318,7 +333,7 @@ status model::bind_weights() {
       if (auto st = matrix(l.ffn_down, p + "ffn_down.weight", hp.n_ff, hp.n_embd); !st) return st;
     }
   }
-  return {};
+  return pack_all();
 }
 
 kv_layout model::kv_layout_for(int64_t block_size) const {

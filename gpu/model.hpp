@@ -129,8 +129,10 @@ class model {
   status bind_weights();
   result<tensor_view> weight(const std::string& name, int64_t n_cols, int64_t n_rows,
                              int64_t n_mats = 1, bool required = true);
-  /// Gives `w` the device's packed copy where its matmul wants one (compute_ops::pack_weight).
+  /// Gives `w` the device's packed copy where its matmul wants one (compute_ops::pack_weight):
+  /// noted here, made by pack_all() at the end of bind_weights (`w` must stay where it is).
   status pack(tensor_view& w, const std::string& name);
+  status pack_all();
   status ensure_buffers(int64_t n_tokens);
   status ffn_dense(const layer_weights& lw, int64_t n);
   status ffn_moe(const layer_weights& lw, int64_t n, int64_t layer, forward_output& out);
@@ -146,6 +148,7 @@ class model {
   std::vector<device_buffer> uploaded_;  ///< Weight copies on device-only devices, packed copies.
   std::vector<std::pair<std::string, void*>> uploaded_names_;  ///< Tensor name of each copy.
   std::vector<std::pair<std::string, tensor_view>> packed_;    ///< Weights with a packed copy.
+  std::vector<std::pair<tensor_view*, std::string>> to_pack_;  ///< pack()'s, until pack_all().
   std::vector<std::byte> staging_;   ///< set_weight's converted tensor (device-only devices).
   std::vector<device_buffer> bufs_;  ///< Activations (see model.cpp for the index names).
   device_buffer ints_{};             ///< Token ids, positions, slots, block tables.

@@ -450,10 +450,7 @@ gpu::train::overlapped_reducer* remote_trainers::overlap(
   impl& d = *d_;
   if (!(d.cfg.bucket_mb > 0) || !d.peers || d.broken) return nullptr;
   if (!d.buckets) {
-    d.buckets = std::make_unique<train::bucket_reducer>(
-        *d.peers,
-        gpu::train::buckets_of(model, static_cast<int64_t>(d.cfg.bucket_mb * 1024.0 * 1024.0)),
-        [](double&, int64_t&, std::chrono::steady_clock::time_point) { return gpu::status{}; });
+    d.buckets = train::bucket_reducer::gradients_only(*d.peers, model, d.cfg.bucket_mb);
     if (d.generation == 1) {
       spdlog::info(
           "trainer group: gradients summed in {} buckets of ~{} MiB while the backward runs",

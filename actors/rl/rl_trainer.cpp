@@ -210,10 +210,7 @@ class rank_loop {
     }
     model_->host_replaced();
     if (cfg_.bucket_mb > 0) {
-      buckets_ = std::make_unique<train::bucket_reducer>(
-          *peers_,
-          gpu::train::buckets_of(*model_, static_cast<int64_t>(cfg_.bucket_mb * 1024.0 * 1024.0)),
-          [](double&, int64_t&, std::chrono::steady_clock::time_point) { return gpu::status{}; });
+      buckets_ = train::bucket_reducer::gradients_only(*peers_, *model_, cfg_.bucket_mb);
     }
     spdlog::info("rl trainer {}: group {} formed; holds rank 0's weights", name_, generation_);
     for (;;) {

@@ -438,18 +438,13 @@ void run_step(worker_ptr self) {
     update_borrowed_cores(self);
     return;
   }
-  const auto before = st.engine->stats();
+  const int64_t tokens_before = st.engine->tokens_computed();
   const auto step_at = clock::now();
   auto outs = st.engine->step();
   const auto stepped_at = clock::now();
   st.last_step_unix_ms = actors::now_ms();
-  {
-    const auto after = st.engine->stats();
-    st.steps.record(std::chrono::duration<double, std::milli>(stepped_at - step_at).count(),
-                    after.n_prefill_tokens + after.n_decode_tokens - before.n_prefill_tokens -
-                        before.n_decode_tokens,
-                    st.last_step_unix_ms);
-  }
+  st.steps.record(std::chrono::duration<double, std::milli>(stepped_at - step_at).count(),
+                  st.engine->tokens_computed() - tokens_before, st.last_step_unix_ms);
   if (!outs) {
     spdlog::error("worker {}: step failed: {}", st.worker_name, outs.error().to_string());
     for (auto& [id, r] : st.requests) {

@@ -12,6 +12,14 @@ bucket_reducer::bucket_reducer(transport::peer_group& peers, gpu::train::gradien
   thread_ = std::thread([this] { loop(); });
 }
 
+std::unique_ptr<bucket_reducer> bucket_reducer::gradients_only(
+    transport::peer_group& peers, const gpu::train::trainable_model<float>& model,
+    double bucket_mb) {
+  return std::make_unique<bucket_reducer>(
+      peers, gpu::train::buckets_of(model, static_cast<int64_t>(bucket_mb * 1024.0 * 1024.0)),
+      [](double&, int64_t&, std::chrono::steady_clock::time_point) { return gpu::status{}; });
+}
+
 bucket_reducer::~bucket_reducer() {
   {
     std::lock_guard<std::mutex> lock(mu_);

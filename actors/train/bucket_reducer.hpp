@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <thread>
@@ -39,6 +40,11 @@ class bucket_reducer final : public gpu::train::overlapped_reducer {
   bucket_reducer(transport::peer_group& peers, gpu::train::gradient_buckets plan,
                  scalars_fn scalars);
   ~bucket_reducer() override;
+  /// A reducer of `model`'s gradients in buckets of about `bucket_mb` MiB whose finish() sums no
+  /// scalars (weft rl's trainer group sums its own after the gradients).
+  static std::unique_ptr<bucket_reducer> gradients_only(
+      transport::peer_group& peers, const gpu::train::trainable_model<float>& model,
+      double bucket_mb);
   bucket_reducer(const bucket_reducer&) = delete;
   bucket_reducer& operator=(const bucket_reducer&) = delete;
 

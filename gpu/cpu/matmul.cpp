@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpu/cpu/amx_matmul.hpp"
@@ -164,18 +165,36 @@ void convert_rows(ggml_type type, const float* x, uint8_t* a, int64_t t_begin, i
   }
 }
 
+// The packed-group kernels of a weight type (quant_dot.hpp, pack4_rows), or nullptr where this
+// build has none.
+template <class A>
+using dot4_packed_fn = void (*)(const void*, const A*, int64_t, float*);
+template <class A>
+using tile_packed_fn = void (*)(const void*, const A* const*, int, int64_t, float* const*,
+                                const act_scales&);
+
 template <class W, class A, float (*Dot)(const W*, const A*, int64_t),
           void (*Dot4)(const void*, size_t, const A*, int64_t, float*),
           void (*Tile)(const void*, size_t, const A* const*, int, int64_t, float* const*,
-                       const act_scales&)>
+                       const act_scales&),
+          dot4_packed_fn<A> Dot4P = nullptr, tile_packed_fn<A> TileP = nullptr>
 void rows_quant(const tensor_view& w, const uint8_t* a, size_t a_row, const scale_table& sc,
                 int64_t n_tokens, float* y, int64_t r_begin, int64_t r_end) {
   const int64_t nb = w.n_cols / 32;
   const auto act = [&](int64_t t) {
     return reinterpret_cast<const A*>(a + static_cast<size_t>(t) * a_row);
   };
+  // Rows from r_begin (a multiple of 8) in groups of 4: w.packed holds each whole group at the
+  // offset it has in w.data (pack_weight).
+  const auto* packed = static_cast<const char*>(w.packed);
+  const auto group = [&](int64_t r) { return packed + static_cast<size_t>(r) * w.row_bytes; };
   if (n_tokens == 1) {
     int64_t r = r_begin;
+    if constexpr (Dot4P != nullptr) {
+      if (packed != nullptr) {
+        for (; r + 4 <= r_end; r += 4) Dot4P(group(r), act(0), nb, y + r);
+      }
+    }
     for (; r + 4 <= r_end; r += 4) Dot4(w.row(r), w.row_bytes, act(0), nb, y + r);
     for (; r < r_end; ++r) y[r] = Dot(static_cast<const W*>(w.row(r)), act(0), nb);
     return;
@@ -196,6 +215,15 @@ void rows_quant(const tensor_view& w, const uint8_t* a, size_t a_row, const scal
         for (int j = 0; j < n; ++j) acts[j] = act(t + j);
         const act_scales scales = sc.at(t);
         int64_t r = r0;
+        if constexpr (TileP != nullptr) {
+          static_assert(tile_rows == 4);
+          if (packed != nullptr) {
+            for (; r + tile_rows <= r1; r += tile_rows) {
+              for (int j = 0; j < n; ++j) outs[j] = y + (t + j) * w.n_rows + r;
+              TileP(group(r), acts, n, nb, outs, scales);
+            }
+          }
+        }
         for (; r + tile_rows <= r1; r += tile_rows) {
           for (int j = 0; j < n; ++j) outs[j] = y + (t + j) * w.n_rows + r;
           Tile(w.row(r), w.row_bytes, acts, n, nb, outs, scales);
@@ -347,19 +375,28 @@ void rows_dispatch(const tensor_view& w, const f32_acts& fa, const uint8_t* a, s
     amx_matmul_rows(w, acts, y, r_begin, r_end);
     return;
   }
+#ifdef WEFT_QUANT_PACKED4
+#define WEFT_PACKED(type) , dot4_packed_##type, dot_tile_packed_##type
+#else
+#define WEFT_PACKED(type)
+#endif
   switch (w.type) {
     case ggml_type::q4_1:
-      rows_quant<block_q4_1, block_q8_1, dot_q4_1_q8_1, dot4_q4_1_q8_1, dot_tile_q4_1_q8_1>(
-          w, a, a_row, sc, n_tokens, y, r_begin, r_end);
+      rows_quant<block_q4_1, block_q8_1, dot_q4_1_q8_1, dot4_q4_1_q8_1,
+                 dot_tile_q4_1_q8_1 WEFT_PACKED(q4_1_q8_1)>(w, a, a_row, sc, n_tokens, y, r_begin,
+                                                            r_end);
       break;
     case ggml_type::q4_0:
-      rows_quant<block_q4_0, block_q8_0, dot_q4_0_q8_0, dot4_q4_0_q8_0, dot_tile_q4_0_q8_0>(
-          w, a, a_row, sc, n_tokens, y, r_begin, r_end);
+      rows_quant<block_q4_0, block_q8_0, dot_q4_0_q8_0, dot4_q4_0_q8_0,
+                 dot_tile_q4_0_q8_0 WEFT_PACKED(q4_0_q8_0)>(w, a, a_row, sc, n_tokens, y, r_begin,
+                                                            r_end);
       break;
     case ggml_type::q8_0:
-      rows_quant<block_q8_0, block_q8_0, dot_q8_0_q8_0, dot4_q8_0_q8_0, dot_tile_q8_0_q8_0>(
-          w, a, a_row, sc, n_tokens, y, r_begin, r_end);
+      rows_quant<block_q8_0, block_q8_0, dot_q8_0_q8_0, dot4_q8_0_q8_0,
+                 dot_tile_q8_0_q8_0 WEFT_PACKED(q8_0_q8_0)>(w, a, a_row, sc, n_tokens, y, r_begin,
+                                                            r_end);
       break;
+#undef WEFT_PACKED
     case ggml_type::f16:
       rows_f16(w, a, a_row, n_tokens, y, r_begin, r_end);
       break;
@@ -376,9 +413,46 @@ void rows_dispatch(const tensor_view& w, const f32_acts& fa, const uint8_t* a, s
 
 }  // namespace
 
+namespace {
+
+// The ggml kernel's packed copy (AVX-512 VNNI builds): every whole group of 4 rows, at the offsets
+// the rows have in w.data.
+size_t packed4_bytes(const tensor_view& w) {
+#ifdef WEFT_QUANT_PACKED4
+  if (is_quantized(w.type) && w.n_rows >= 4 && w.n_cols % 32 == 0) {
+    return w.mat_bytes * static_cast<size_t>(w.n_mats);
+  }
+#endif
+  (void)w;
+  return 0;
+}
+
+}  // namespace
+
+namespace {
+// -1 before WEFT_CPU_PACK_WEIGHTS is read, else 0 / 1.
+std::atomic<int> pack_weights_flag{-1};
+}  // namespace
+
+bool pack_weights_enabled() {
+  int v = pack_weights_flag.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("WEFT_CPU_PACK_WEIGHTS");
+    v = env != nullptr && std::string_view{env} == "0" ? 0 : 1;
+    pack_weights_flag.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void set_pack_weights(bool enabled) {
+  pack_weights_flag.store(enabled ? 1 : 0, std::memory_order_relaxed);
+}
+
 size_t packed_weight_bytes(const tensor_view& w) {
+  if (!pack_weights_enabled()) return 0;
   const auto amx = amx_for(w.type);
-  return amx && *amx ? amx_packed_bytes(w) : 0;
+  if (!amx) return 0;
+  return *amx ? amx_packed_bytes(w) : packed4_bytes(w);
 }
 
 status pack_weight(thread_pool& pool, const tensor_view& w, void* dst) {
@@ -387,6 +461,22 @@ status pack_weight(thread_pool& pool, const tensor_view& w, void* dst) {
                                                std::string{type_name(w.type)} +
                                                " weights as stored"};
   }
+#ifdef WEFT_QUANT_PACKED4
+  if (!*amx_for(w.type)) {
+    pool.parallel([&](int i, int n) {
+      for (int64_t m = 0; m < w.n_mats; ++m) {
+        const tensor_view v = w.matrix(m);
+        const auto [b, e] = split_range(v.n_rows / 4, n, i);
+        for (int64_t g = b; g < e; ++g) {
+          auto* out = static_cast<uint8_t*>(dst) + static_cast<size_t>(m) * w.mat_bytes +
+                      static_cast<size_t>(4 * g) * w.row_bytes;
+          pack4_rows(w.type, v.row(4 * g), w.row_bytes, w.n_cols / 32, out);
+        }
+      }
+    });
+    return {};
+  }
+#endif
   // Matrices (experts) or, for one matrix, row ranges of whole groups, one per task.
   pool.parallel([&](int i, int n) {
     for (int64_t m = 0; m < w.n_mats; ++m) {

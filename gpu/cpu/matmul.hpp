@@ -35,9 +35,16 @@ result<quant_matmul_kernel> quant_matmul_kernel_in_use();
 status set_quant_matmul_kernel(quant_matmul_kernel kernel);
 const char* quant_matmul_kernel_name(quant_matmul_kernel kernel);
 
-/// Bytes of w's copy in the layout the kernel in use reads fastest (the amx kernel: amx_pack),
-/// 0 when it reads `w` as stored (the ggml kernel, other types).
+/// Bytes of w's copy in the layout the kernel in use reads fastest (the amx kernel: amx_pack; the
+/// ggml kernel in AVX-512 VNNI builds: groups of 4 rows, quant_dot.hpp pack4_rows), 0 when it
+/// reads `w` as stored (other types and builds, or packing turned off). A copy is read by the
+/// kernel that was in use when it was made.
 size_t packed_weight_bytes(const tensor_view& w);
+/// Whether packed_weight_bytes gives weights a copy at all: WEFT_CPU_PACK_WEIGHTS=0 keeps them as
+/// stored (one copy of the matrices less in memory, slower matmuls; same results), read once.
+bool pack_weights_enabled();
+/// Sets it for the whole process (tests, benchmarks).
+void set_pack_weights(bool enabled);
 /// Writes that copy to dst on `pool`'s threads; set it as w.packed.
 status pack_weight(thread_pool& pool, const tensor_view& w, void* dst);
 

@@ -74,6 +74,8 @@ void act_scales_column(const block_q8_1* a, int64_t n_blocks, float* d, float* s
     defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 inline constexpr int tile_rows = 4;
 inline constexpr int tile_tokens = 8;
+/// This build has the kernels that read weights packed 4 rows to a group (below).
+#define WEFT_QUANT_PACKED4 1
 #else
 inline constexpr int tile_rows = 2;
 inline constexpr int tile_tokens = 4;
@@ -89,6 +91,30 @@ void dot_tile_q4_1_q8_1(const void* w, size_t row_bytes, const block_q8_1* const
                         int64_t n_blocks, float* const* out, const act_scales& scales);
 void dot_tile_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const* a, int n_tok,
                         int64_t n_blocks, float* const* out, const act_scales& scales);
+
+#ifdef WEFT_QUANT_PACKED4
+// -- weights packed 4 rows to a group (AVX-512 VNNI builds) ---------------------------------------
+
+/// Packs rows 0-3 of Q4_0 / Q4_1 / Q8_0 weights (`row_bytes` apart, `n_blocks` blocks each) into
+/// `dst`, 4 * row_bytes bytes — the bytes the four rows take as stored: per block the four rows'
+/// quants (Q4: 4 x 16 bytes of nibbles; Q8_0: 4 x 32 bytes, offset by 128 into unsigned range),
+/// then their four fp16 d, then (Q4_1) their four fp16 m. The kernels below read a block of all
+/// four rows with one or two loads, their lanes side by side, instead of unpacking and pairing
+/// rows a block apart.
+void pack4_rows(ggml_type type, const void* w, size_t row_bytes, int64_t n_blocks, void* dst);
+/// dot4_* (one token) from a packed group `g`: bit-identical to them.
+void dot4_packed_q4_0_q8_0(const void* g, const block_q8_0* a, int64_t n_blocks, float* out);
+void dot4_packed_q4_1_q8_1(const void* g, const block_q8_1* a, int64_t n_blocks, float* out);
+void dot4_packed_q8_0_q8_0(const void* g, const block_q8_0* a, int64_t n_blocks, float* out);
+/// dot_tile_* (1..tile_tokens tokens) from a packed group `g`: bit-identical to them.
+void dot_tile_packed_q4_0_q8_0(const void* g, const block_q8_0* const* a, int n_tok,
+                               int64_t n_blocks, float* const* out, const act_scales& scales);
+void dot_tile_packed_q4_1_q8_1(const void* g, const block_q8_1* const* a, int n_tok,
+                               int64_t n_blocks, float* const* out, const act_scales& scales);
+void dot_tile_packed_q8_0_q8_0(const void* g, const block_q8_0* const* a, int n_tok,
+                               int64_t n_blocks, float* const* out, const act_scales& scales);
+#endif
+
 float dot_q4_0_q8_0_portable(const block_q4_0* w, const block_q8_0* a, int64_t n_blocks);
 float dot_q4_1_q8_1_portable(const block_q4_1* w, const block_q8_1* a, int64_t n_blocks);
 float dot_q8_0_q8_0_portable(const block_q8_0* w, const block_q8_0* a, int64_t n_blocks);

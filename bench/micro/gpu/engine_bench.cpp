@@ -28,6 +28,7 @@
 #include <cblas.h>
 
 #include "gpu/cpu/blas_kernels.hpp"
+#include "gpu/cpu/matmul.hpp"
 #include "gpu/cpu/quant_dot.hpp"
 #include "gpu/device.hpp"
 #include "gpu/gguf.hpp"
@@ -107,7 +108,17 @@ double read_bandwidth_bytes_s(int threads) {
   return static_cast<double>(words * sizeof(uint64_t)) / best;
 }
 
-// In-cache throughput of the 4-row Q4_1 x Q8_1 kernel on all threads: multiply-accumulates/s.
+// Whether decode's 4-row kernel reads the weights packed in groups of 4 rows here.
+bool decode_reads_packed_groups() {
+#ifdef WEFT_QUANT_PACKED4
+  return cpu::pack_weights_enabled();
+#else
+  return false;
+#endif
+}
+
+// In-cache throughput of the 4-row Q4_1 x Q8_1 kernel decode uses (from a packed group where the
+// model packs its weights) on all threads: multiply-accumulates/s.
 double q4_1_macs_per_s(int threads) {
   std::vector<block_q4_1> w(4 * 18);
   std::vector<block_q8_1> a(18);
@@ -121,6 +132,11 @@ double q4_1_macs_per_s(int threads) {
     a[i].s = fp32_to_fp16(0.1f);
     for (int j = 0; j < 32; ++j) a[i].qs[j] = static_cast<int8_t>(j - 16);
   }
+  std::vector<block_q4_1> packed(w.size());
+#ifdef WEFT_QUANT_PACKED4
+  cpu::pack4_rows(ggml_type::q4_1, w.data(), 18 * sizeof(block_q4_1), 18, packed.data());
+#endif
+  const bool use_packed = decode_reads_packed_groups();
   const int64_t iters = 400000;
   std::vector<std::thread> pool;
   std::vector<float> sink(static_cast<size_t>(threads));
@@ -130,7 +146,16 @@ double q4_1_macs_per_s(int threads) {
       float s = 0;
       float o[4];
       for (int64_t i = 0; i < iters / 4; ++i) {
+#ifdef WEFT_QUANT_PACKED4
+        if (use_packed) {
+          cpu::dot4_packed_q4_1_q8_1(packed.data(), a.data(), 18, o);
+        } else {
+          cpu::dot4_q4_1_q8_1(w.data(), 18 * sizeof(block_q4_1), a.data(), 18, o);
+        }
+#else
+        (void)use_packed;
         cpu::dot4_q4_1_q8_1(w.data(), 18 * sizeof(block_q4_1), a.data(), 18, o);
+#endif
         s += o[0] + o[3];
       }
       sink[static_cast<size_t>(k)] = s;
@@ -359,6 +384,7 @@ int main(int argc, char** argv) {
                    {"read_bandwidth_gb_s_all_threads", read_bw / 1e9},
                    {"decode_batch1_tok_s_read_bandwidth_limit", read_bw / wbytes},
                    {"q4_1_dot_macs_per_s", macs_s},
+                   {"q4_1_dot_packed_groups", decode_reads_packed_groups()},
                    {"matmul_macs_per_token", macs_tok},
                    {"q4_1_row_kernel_tok_s_limit", macs_s / macs_tok},
                    {"sgemm_peak_flops_per_s", gemm_peak},
@@ -414,9 +440,10 @@ int main(int argc, char** argv) {
                 threads, read_bw / 1e9, read_bw / wbytes);
   lines.emplace_back(line);
   std::snprintf(line, sizeof line,
-                "q4_1 4-row (decode) dot in cache %.1f GMAC/s on %d threads -> %.0f tok/s on it "
-                "(prefill's VNNI tile kernel is faster)",
-                macs_s / 1e9, threads, macs_s / macs_tok);
+                "q4_1 4-row (decode) dot in cache%s %.1f GMAC/s on %d threads -> %.0f tok/s on "
+                "it (prefill's VNNI tile kernel is faster)",
+                decode_reads_packed_groups() ? " (packed groups)" : "", macs_s / 1e9, threads,
+                macs_s / macs_tok);
   lines.emplace_back(line);
   std::snprintf(line, sizeof line,
                 "GEMM peak (OpenBLAS sgemm, %d threads) %.1f GFLOP/s; %.2f GFLOP per token -> "

@@ -215,14 +215,29 @@ INSTANTIATE_TEST_SUITE_P(types, amx_kernel,
                          ::testing::Values(ggml_type::q4_0, ggml_type::q4_1, ggml_type::q8_0),
                          [](const auto& info) { return std::string{type_name(info.param)}; });
 
-// The default kernel reads weights as stored: nothing to pack, and asking is an error.
-TEST(amx_kernel_choice, the_ggml_kernel_packs_nothing) {
+// The default kernel packs quantized weights in groups of 4 rows where it has the kernels for
+// them (AVX-512 VNNI builds: ops_test's packed_quant); otherwise it reads them as stored: nothing
+// to pack, and asking is an error. Weights it never packs (f32) are an error either way.
+TEST(amx_kernel_choice, the_ggml_kernel_packs_only_where_it_has_packed_kernels) {
   ASSERT_TRUE(set_quant_matmul_kernel(quant_matmul_kernel::ggml).ok());
   const auto w = make_weights(ggml_type::q4_1, 32, 64, 51);
-  EXPECT_EQ(packed_weight_bytes(w.view), 0u);
   thread_pool pool(1);
   std::vector<uint8_t> dst(w.view.mat_bytes);
+#ifdef WEFT_QUANT_PACKED4
+  EXPECT_EQ(packed_weight_bytes(w.view), w.view.mat_bytes);
+  EXPECT_TRUE(pack_weight(pool, w.view, dst.data()).ok());
+#else
+  EXPECT_EQ(packed_weight_bytes(w.view), 0u);
   EXPECT_EQ(pack_weight(pool, w.view, dst.data()).code(), status_code::invalid_argument);
+#endif
+  // WEFT_CPU_PACK_WEIGHTS=0: nothing is packed, by either kernel.
+  set_pack_weights(false);
+  EXPECT_EQ(packed_weight_bytes(w.view), 0u);
+  EXPECT_EQ(pack_weight(pool, w.view, dst.data()).code(), status_code::invalid_argument);
+  set_pack_weights(true);
+  const auto f = make_weights(ggml_type::f32, 32, 64, 52);
+  EXPECT_EQ(packed_weight_bytes(f.view), 0u);
+  EXPECT_EQ(pack_weight(pool, f.view, dst.data()).code(), status_code::invalid_argument);
 }
 
 // WEFT_CPU_MATMUL is read once per process: each case runs in a fresh one (a re-executed test).

@@ -409,6 +409,66 @@ INSTANTIATE_TEST_SUITE_P(types, matmul_types,
                          ::testing::Values(ggml_type::f32, ggml_type::f16, ggml_type::bf16,
                                            ggml_type::q8_0, ggml_type::q4_0, ggml_type::q4_1));
 
+// The ggml kernel's packed copy (AVX-512 VNNI builds: groups of 4 rows, quant_dot.hpp pack4_rows)
+// gives every output bit for bit as the weights as stored do, in every batch size and thread
+// count: 38 rows (a partial group after 9 whole ones, and tiles of 8 rows that end mid-group),
+// odd block counts; a stack of expert matrices carries its copy along (tensor_view::matrix).
+class packed_quant : public ::testing::TestWithParam<ggml_type> {
+ protected:
+  void SetUp() override {
+    auto k = quant_matmul_kernel_in_use();
+    ASSERT_TRUE(k.ok());
+    before_ = *k;
+    ASSERT_TRUE(set_quant_matmul_kernel(quant_matmul_kernel::ggml).ok());
+  }
+  void TearDown() override { (void)set_quant_matmul_kernel(before_); }
+  quant_matmul_kernel before_ = quant_matmul_kernel::ggml;
+};
+
+TEST_P(packed_quant, is_bit_identical_to_the_stored_layout_in_every_batch) {
+  const ggml_type t = GetParam();
+  const int64_t rows = 38, mats = 2;
+  for (const int64_t cols : {96, 160}) {
+    const auto wq =
+        quantize(t, random_floats(static_cast<size_t>(rows * mats * cols), 61), rows * mats, cols);
+    tensor_view w = view_of(t, wq, rows, cols);
+    w.n_mats = mats;
+    const size_t bytes = packed_weight_bytes(w);
+#ifdef WEFT_QUANT_PACKED4
+    ASSERT_EQ(bytes, w.mat_bytes * mats);
+#else
+    ASSERT_EQ(bytes, 0u);
+    GTEST_SKIP() << "this build has no packed kernels (they need AVX-512 VNNI)";
+#endif
+    std::vector<uint8_t> packed(bytes);
+    {
+      thread_pool pack_pool(2);
+      ASSERT_TRUE(pack_weight(pack_pool, w, packed.data()).ok());
+    }
+    tensor_view wp = w;
+    wp.packed = packed.data();
+    const auto x = random_floats(static_cast<size_t>(40 * cols), 62);
+    for (const int threads : {1, 2}) {
+      thread_pool pool(threads);
+      matmul_scratch scratch;
+      for (int64_t m = 0; m < mats; ++m) {
+        for (const int64_t n : {1, 2, 3, 5, 8, 9, 16, 17, 40}) {
+          std::vector<float> want(static_cast<size_t>(n * rows)), got(want.size());
+          ASSERT_TRUE(matmul(pool, scratch, w.matrix(m), x.data(), n, want.data()).ok());
+          ASSERT_TRUE(matmul(pool, scratch, wp.matrix(m), x.data(), n, got.data()).ok());
+          ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+              << type_name(t) << " cols " << cols << " matrix " << m << " batch " << n
+              << " threads " << threads;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(types, packed_quant,
+                         ::testing::Values(ggml_type::q8_0, ggml_type::q4_0, ggml_type::q4_1),
+                         [](const auto& info) { return std::string{type_name(info.param)}; });
+
 TEST(matmul, multi_is_bit_identical_to_separate_calls) {
   thread_pool pool(2);
   matmul_scratch scratch;
