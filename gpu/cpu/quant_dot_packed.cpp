@@ -161,8 +161,8 @@ void dot4_packed(const void* g, const typename packed4<W>::act* a, int64_t n_blo
     acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx0, d512), s0, acc0);
     acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx1, d512), s1, acc1);
     if constexpr (P::has_min) {
-      summs = _mm_fmadd_ps(four_halves(at + P::qs_bytes + 8), _mm_set1_ps(_cvtsh_ss(a[b].s)),
-                           summs);
+      summs =
+          _mm_fmadd_ps(four_halves(at + P::qs_bytes + 8), _mm_set1_ps(_cvtsh_ss(a[b].s)), summs);
     }
   }
   store_rows<W>(acc0, acc1, out);
@@ -175,8 +175,8 @@ void dot4_packed(const void* g, const typename packed4<W>::act* a, int64_t n_blo
 
 // T tokens: each block is unpacked once and its scales converted once for all of them.
 template <class W, int T>
-void dot_tile_packed(const void* g, const typename packed4<W>::act* const* a,
-                     const act_scales& sc, int64_t n_blocks, float* const* out) {
+void dot_tile_packed(const void* g, const typename packed4<W>::act* const* a, const act_scales& sc,
+                     int64_t n_blocks, float* const* out) {
   using P = packed4<W>;
   const auto* base = static_cast<const uint8_t*>(g);
   const __m512i idx0 = scale_index<W>(0);
@@ -233,14 +233,30 @@ void tile_packed_n(const void* g, const typename packed4<W>::act* const* a, int 
                    int64_t n_blocks, float* const* out, const act_scales& sc) {
   static_assert(tile_tokens == 8);
   switch (n_tok) {
-    case 1: dot_tile_packed<W, 1>(g, a, sc, n_blocks, out); break;
-    case 2: dot_tile_packed<W, 2>(g, a, sc, n_blocks, out); break;
-    case 3: dot_tile_packed<W, 3>(g, a, sc, n_blocks, out); break;
-    case 4: dot_tile_packed<W, 4>(g, a, sc, n_blocks, out); break;
-    case 5: dot_tile_packed<W, 5>(g, a, sc, n_blocks, out); break;
-    case 6: dot_tile_packed<W, 6>(g, a, sc, n_blocks, out); break;
-    case 7: dot_tile_packed<W, 7>(g, a, sc, n_blocks, out); break;
-    default: dot_tile_packed<W, 8>(g, a, sc, n_blocks, out); break;
+    case 1:
+      dot_tile_packed<W, 1>(g, a, sc, n_blocks, out);
+      break;
+    case 2:
+      dot_tile_packed<W, 2>(g, a, sc, n_blocks, out);
+      break;
+    case 3:
+      dot_tile_packed<W, 3>(g, a, sc, n_blocks, out);
+      break;
+    case 4:
+      dot_tile_packed<W, 4>(g, a, sc, n_blocks, out);
+      break;
+    case 5:
+      dot_tile_packed<W, 5>(g, a, sc, n_blocks, out);
+      break;
+    case 6:
+      dot_tile_packed<W, 6>(g, a, sc, n_blocks, out);
+      break;
+    case 7:
+      dot_tile_packed<W, 7>(g, a, sc, n_blocks, out);
+      break;
+    default:
+      dot_tile_packed<W, 8>(g, a, sc, n_blocks, out);
+      break;
   }
 }
 
@@ -267,10 +283,17 @@ void pack4(const void* w, size_t row_bytes, int64_t n_blocks, uint8_t* dst) {
 void pack4_rows(ggml_type type, const void* w, size_t row_bytes, int64_t n_blocks, void* dst) {
   auto* out = static_cast<uint8_t*>(dst);
   switch (type) {
-    case ggml_type::q4_0: pack4<block_q4_0>(w, row_bytes, n_blocks, out); break;
-    case ggml_type::q4_1: pack4<block_q4_1>(w, row_bytes, n_blocks, out); break;
-    case ggml_type::q8_0: pack4<block_q8_0>(w, row_bytes, n_blocks, out); break;
-    default: break;
+    case ggml_type::q4_0:
+      pack4<block_q4_0>(w, row_bytes, n_blocks, out);
+      break;
+    case ggml_type::q4_1:
+      pack4<block_q4_1>(w, row_bytes, n_blocks, out);
+      break;
+    case ggml_type::q8_0:
+      pack4<block_q8_0>(w, row_bytes, n_blocks, out);
+      break;
+    default:
+      break;
   }
 }
 
