@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "gpu/cpu/elementwise.hpp"
+#include "gpu/cpu/token_count.hpp"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define WEFT_CPU_AVX2 1
@@ -631,17 +632,6 @@ void dot_tile_2xT(const void* w, size_t row_bytes, const typename tile_ops<W>::a
       out[j][1] += summs1[j];
     }
   }
-}
-
-// Calls f(std::integral_constant<int, n>) for n = n_tok clamped to 1..Max: the tile kernels take
-// their token count as a template argument so that their accumulators stay in registers.
-template <int Max, class F>
-void with_token_count(int n_tok, F&& f) {
-  const int n = std::clamp(n_tok, 1, Max);
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    (void)((n == I + 1 ? (f(std::integral_constant<int, I + 1>{}), true) : false) || ...);
-  }
-  (std::make_integer_sequence<int, Max>{});
 }
 
 template <class W>

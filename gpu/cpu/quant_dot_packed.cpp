@@ -10,6 +10,7 @@
 // of two rows each (row r's 8 lanes at 8(r % 2)). Each lane's chain over the blocks is the one-row
 // function's: acc = fma(d_w * d_a, float(isum), acc), then ggml's tree over the row's 8 lanes.
 #include "gpu/cpu/quant_dot.hpp"
+#include "gpu/cpu/token_count.hpp"
 
 #ifdef WEFT_QUANT_PACKED4
 
@@ -231,33 +232,8 @@ void dot_tile_packed(const void* g, const typename packed4<W>::act* const* a, co
 template <class W>
 void tile_packed_n(const void* g, const typename packed4<W>::act* const* a, int n_tok,
                    int64_t n_blocks, float* const* out, const act_scales& sc) {
-  static_assert(tile_tokens == 8);
-  switch (n_tok) {
-    case 1:
-      dot_tile_packed<W, 1>(g, a, sc, n_blocks, out);
-      break;
-    case 2:
-      dot_tile_packed<W, 2>(g, a, sc, n_blocks, out);
-      break;
-    case 3:
-      dot_tile_packed<W, 3>(g, a, sc, n_blocks, out);
-      break;
-    case 4:
-      dot_tile_packed<W, 4>(g, a, sc, n_blocks, out);
-      break;
-    case 5:
-      dot_tile_packed<W, 5>(g, a, sc, n_blocks, out);
-      break;
-    case 6:
-      dot_tile_packed<W, 6>(g, a, sc, n_blocks, out);
-      break;
-    case 7:
-      dot_tile_packed<W, 7>(g, a, sc, n_blocks, out);
-      break;
-    default:
-      dot_tile_packed<W, 8>(g, a, sc, n_blocks, out);
-      break;
-  }
+  with_token_count<tile_tokens>(
+      n_tok, [&](auto t) { dot_tile_packed<W, decltype(t)::value>(g, a, sc, n_blocks, out); });
 }
 
 template <class W>
