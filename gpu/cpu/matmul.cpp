@@ -215,8 +215,7 @@ void rows_quant(const tensor_view& w, const uint8_t* a, size_t a_row, const scal
         for (int j = 0; j < n; ++j) acts[j] = act(t + j);
         const act_scales scales = sc.at(t);
         int64_t r = r0;
-        if constexpr (TileP != nullptr) {
-          static_assert(tile_rows == 4);
+        if constexpr (TileP != nullptr) {  // packed builds: tile_rows is the group's 4 rows
           if (packed != nullptr) {
             for (; r + tile_rows <= r1; r += tile_rows) {
               for (int j = 0; j < n; ++j) outs[j] = y + (t + j) * w.n_rows + r;
