@@ -241,18 +241,24 @@ status model::pack(tensor_view& w, const std::string& name) {
 // weights are (docs/engine.md, "Weights in huge pages").
 status model::pack_all() {
   const auto padded = [](size_t n) { return (n + 63) / 64 * 64; };
+  std::vector<size_t> bytes;
+  bytes.reserve(to_pack_.size());
   size_t total = 0;
-  for (const auto& [w, name] : to_pack_) total += padded(ops_.packed_weight_bytes(*w));
+  for (const auto& [w, name] : to_pack_) {
+    bytes.push_back(padded(ops_.packed_weight_bytes(*w)));
+    total += bytes.back();
+  }
   if (total == 0) return {};
   auto b = dev_.allocate(total);
   if (!b) return b.error();
   uploaded_.push_back(*b);
   auto* at = static_cast<std::byte*>(b->data);
-  for (const auto& [w, name] : to_pack_) {
+  for (size_t i = 0; i < to_pack_.size(); ++i) {
+    const auto& [w, name] = to_pack_[i];
     if (auto st = ops_.pack_weight(*w, at); !st) return st;
     w->packed = at;
     packed_.emplace_back(name, *w);
-    at += padded(ops_.packed_weight_bytes(*w));
+    at += bytes[i];
   }
   to_pack_.clear();
   return {};

@@ -426,11 +426,9 @@ size_t packed4_bytes(const tensor_view& w) {
   return 0;
 }
 
-}  // namespace
-
-namespace {
 // -1 before WEFT_CPU_PACK_WEIGHTS is read, else 0 / 1.
 std::atomic<int> pack_weights_flag{-1};
+
 }  // namespace
 
 bool pack_weights_enabled() {
