@@ -178,19 +178,9 @@ struct remote_reference::impl {
   std::string status;
 
   void lose(int i, const std::string& why, std::vector<job>* jobs) {
-    worker_slot& w = workers[static_cast<size_t>(i)];
-    if (!w.alive) return;
-    w.alive = false;
+    const int moved = lose_pool_worker(workers, i, jobs);
+    if (moved < 0) return;
     ++lost;
-    int moved = 0;
-    if (jobs != nullptr) {
-      for (auto& j : *jobs) {
-        if (j.worker == i) {
-          j.worker = -1;
-          ++moved;
-        }
-      }
-    }
     resent += moved;
     spdlog::warn("reference worker {} lost ({}): {} batch(es) to be sent again", i, why, moved);
   }
@@ -318,9 +308,7 @@ gpu::result<std::vector<std::vector<float>>> remote_reference::logprobs(
     }
   }
   size_t done = 0;
-  clock_type::time_point no_worker_since = clock_type::now();
-  bool no_worker = false;
-  size_t rr = 0;
+  pool_dispatch dispatch;
   while (done < jobs.size()) {
     for (auto& r : d.drain(&jobs)) {
       const int w = d.workers.slot_of(r.from);
@@ -357,28 +345,11 @@ gpu::result<std::vector<std::vector<float>>> remote_reference::logprobs(
       ++done;
     }
     if (!d.fatal.empty()) return gpu::status{gpu::status_code::invalid_argument, d.fatal};
-    const auto now = clock_type::now();
-    for (auto& j : jobs) {
-      if (j.worker >= 0 && now > j.deadline) {
-        d.stop_worker(j.worker, "no answer within its deadline", &jobs);
-      }
-    }
-    const auto live = d.workers.live();
-    if (live.empty()) {
-      if (!no_worker) no_worker_since = now;
-      no_worker = true;
-      if (now - no_worker_since > std::chrono::milliseconds(d.cfg.no_worker_timeout_ms)) {
-        return gpu::status{
-            gpu::status_code::internal,
-            "no reference worker for " + std::to_string(d.cfg.no_worker_timeout_ms / 1000) + " s"};
-      }
-    } else {
-      no_worker = false;
-      for (size_t i = 0; i < jobs.size(); ++i) {
-        if (jobs[i].worker != -1) continue;
-        d.send(jobs[i], live[rr++ % live.size()], bodies[i]);
-      }
-    }
+    const std::string none = dispatch.round(
+        jobs, d.workers, d.cfg.no_worker_timeout_ms, "reference worker",
+        [&](int w) { d.stop_worker(w, "no answer within its deadline", &jobs); },
+        [&](size_t i, int w) { d.send(jobs[i], w, bodies[i]); });
+    if (!none.empty()) return gpu::status{gpu::status_code::internal, none};
     if (done < jobs.size()) d.wait_a_little();
   }
   d.refresh_status();

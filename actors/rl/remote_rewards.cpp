@@ -11,7 +11,6 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <random>
 #include <thread>
 
@@ -146,19 +145,9 @@ struct remote_rewards::impl {
   std::string status;
 
   void lose(int i, const std::string& why, std::vector<part>* parts) {
-    worker_slot& w = workers[static_cast<size_t>(i)];
-    if (!w.alive) return;
-    w.alive = false;
+    const int moved = lose_pool_worker(workers, i, parts);
+    if (moved < 0) return;
     ++lost;
-    int moved = 0;
-    if (parts != nullptr) {
-      for (auto& p : *parts) {
-        if (p.worker == i) {
-          p.worker = -1;
-          ++moved;
-        }
-      }
-    }
     rescored += moved;
     spdlog::warn("reward worker {} lost ({}): {} part(s) to be scored again", i, why, moved);
   }
@@ -292,8 +281,7 @@ gpu::result<std::vector<double>> remote_rewards::score(
     b = e;
   }
   size_t done = 0;
-  auto no_worker_since = std::optional<clock_type::time_point>{};
-  int rr = 0;
+  pool_dispatch dispatch;
   while (done < parts.size()) {
     for (auto& r : d.drain(&parts)) {
       const int w = d.workers.slot_of(r.from);
@@ -329,27 +317,11 @@ gpu::result<std::vector<double>> remote_rewards::score(
       ++done;
     }
     // Deadlines, then (re)assignment of parts without a worker.
-    const auto now = clock_type::now();
-    for (auto& p : parts) {
-      if (p.worker >= 0 && now > p.deadline) {
-        d.stop_worker(p.worker, "no answer within its deadline", &parts);
-      }
-    }
-    const auto live = d.workers.live();
-    if (live.empty()) {
-      if (!no_worker_since) no_worker_since = now;
-      if (now - *no_worker_since > std::chrono::milliseconds(d.cfg.no_worker_timeout_ms)) {
-        return gpu::status{
-            gpu::status_code::internal,
-            "no reward worker for " + std::to_string(d.cfg.no_worker_timeout_ms / 1000) + " s"};
-      }
-    } else {
-      no_worker_since.reset();
-      for (auto& p : parts) {
-        if (p.worker != -1) continue;
-        d.send(p, live[static_cast<size_t>(rr++) % live.size()], items);
-      }
-    }
+    const std::string none = dispatch.round(
+        parts, d.workers, d.cfg.no_worker_timeout_ms, "reward worker",
+        [&](int w) { d.stop_worker(w, "no answer within its deadline", &parts); },
+        [&](size_t i, int w) { d.send(parts[i], w, items); });
+    if (!none.empty()) return gpu::status{gpu::status_code::internal, none};
     if (done < parts.size()) d.wait_a_little();
   }
   d.refresh_status();  // the parts just scored

@@ -245,4 +245,60 @@ status wait_workers_ready(const worker_table& workers, const char* noun, uint32_
   }
 }
 
+/// A worker of a call-at-a-time pool lost (remote_reference, remote_rewards): marked down, and
+/// the items of the call it held (`Item::worker == i`; -1 waiting, -2 done) waiting again. Returns
+/// how many moved, or -1 when the worker was down already (nothing to count).
+template <class Item>
+int lose_pool_worker(worker_table& workers, int i, std::vector<Item>* items) {
+  worker_slot& w = workers[static_cast<size_t>(i)];
+  if (!w.alive) return -1;
+  w.alive = false;
+  int moved = 0;
+  if (items != nullptr) {
+    for (auto& item : *items) {
+      if (item.worker == i) {
+        item.worker = -1;
+        ++moved;
+      }
+    }
+  }
+  return moved;
+}
+
+/// The end of each round of such a call's loop, once the round's results are taken: an item past
+/// its `deadline` has its worker stopped (`stop(worker)`, which puts the item back to waiting),
+/// then every waiting item goes to the next live worker in turn (`send(index, worker)`). With no
+/// live worker for longer than `no_worker_ms`, the error to fail the call with ("no `noun` for N
+/// s"); empty otherwise. One per call.
+class pool_dispatch {
+ public:
+  template <class Item, class Stop, class Send>
+  std::string round(std::vector<Item>& items, const worker_table& workers, uint32_t no_worker_ms,
+                    const char* noun, Stop&& stop, Send&& send) {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& item : items) {
+      if (item.worker >= 0 && now > item.deadline) stop(item.worker);
+    }
+    const auto live = workers.live();
+    if (live.empty()) {
+      if (!no_worker_) no_worker_since_ = now;
+      no_worker_ = true;
+      if (now - no_worker_since_ > std::chrono::milliseconds(no_worker_ms)) {
+        return std::string{"no "} + noun + " for " + std::to_string(no_worker_ms / 1000) + " s";
+      }
+      return {};
+    }
+    no_worker_ = false;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i].worker == -1) send(i, live[next_++ % live.size()]);
+    }
+    return {};
+  }
+
+ private:
+  bool no_worker_ = false;  ///< no live worker in the last round
+  std::chrono::steady_clock::time_point no_worker_since_{};
+  size_t next_ = 0;  ///< the round-robin cursor over the live workers
+};
+
 }  // namespace weft::rl
