@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "gpu/cpu/elementwise.hpp"
-#include "gpu/cpu/token_count.hpp"
+#include "gpu/cpu/tile_common.hpp"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define WEFT_CPU_AVX2 1
@@ -366,22 +366,12 @@ void dot_tile_4xT(const void* w, size_t row_bytes, const typename tile512_ops<W>
     store_pair(acc[1][j], out[j] + 2);
   }
   if constexpr (ops::has_min) {
-    // The min terms: lane j of a row's vector is token j's chain over the blocks, the same fused
-    // multiply-add per block as the one-row function. Lanes past T read padding and are dropped.
-    __m256 v[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      const __m256 sa = _mm256_loadu_ps(sc.s + b * sc.stride);
-#pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r)
-        v[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[r][b].m)), sa, v[r]);
-    }
-    alignas(32) float summs[4][8];
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r) _mm256_store_ps(summs[r], v[r]);
-#pragma GCC unroll 8
-    for (int j = 0; j < T; ++j)
-      for (int r = 0; r < 4; ++r) out[j][r] += summs[r][j];
+    add_min_terms<T>(
+        sc, n_blocks,
+        [&](int64_t b, float* m) {
+          for (int r = 0; r < 4; ++r) m[r] = _cvtsh_ss(x[r][b].m);
+        },
+        out);
   }
 }
 

@@ -10,7 +10,7 @@
 // of two rows each (row r's 8 lanes at 8(r % 2)). Each lane's chain over the blocks is the one-row
 // function's: acc = fma(d_w * d_a, float(isum), acc), then ggml's tree over the row's 8 lanes.
 #include "gpu/cpu/quant_dot.hpp"
-#include "gpu/cpu/token_count.hpp"
+#include "gpu/cpu/tile_common.hpp"
 
 #ifdef WEFT_QUANT_PACKED4
 
@@ -209,23 +209,14 @@ void dot_tile_packed(const void* g, const typename packed4<W>::act* const* a, co
 #pragma GCC unroll 8
   for (int j = 0; j < T; ++j) store_rows<W>(acc0[j], acc1[j], out[j]);
   if constexpr (P::has_min) {
-    // Lane j of a row's vector is token j's chain over the blocks (lanes past T read padding).
-    __m256 v[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      const uint8_t* at = base + static_cast<size_t>(b) * group_block_bytes<W> + P::qs_bytes + 8;
-      alignas(16) float m[4];
-      _mm_store_ps(m, four_halves(at));
-      const __m256 sa = _mm256_loadu_ps(sc.s + b * sc.stride);
-#pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) v[r] = _mm256_fmadd_ps(_mm256_set1_ps(m[r]), sa, v[r]);
-    }
-    alignas(32) float summs[4][8];
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r) _mm256_store_ps(summs[r], v[r]);
-#pragma GCC unroll 8
-    for (int j = 0; j < T; ++j)
-      for (int r = 0; r < 4; ++r) out[j][r] += summs[r][j];
+    add_min_terms<T>(
+        sc, n_blocks,
+        [&](int64_t b, float* m) {
+          const uint8_t* at =
+              base + static_cast<size_t>(b) * group_block_bytes<W> + P::qs_bytes + 8;
+          _mm_store_ps(m, four_halves(at));
+        },
+        out);
   }
 }
 
