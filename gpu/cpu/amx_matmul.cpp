@@ -139,8 +139,9 @@ struct next_group_prefetch {
 // One group of 16 weight rows in the AMX layout: per block 512 bytes of int8 weights (tile rows
 // 0-3: elements 0-15, rows 4-7: elements 16-31) and the rows' scales d (and m, Q4_1) as floats.
 struct packed_group {
-  std::vector<uint8_t> bytes;  // 512 per block
-  std::vector<float> d, m;     // 16 per block
+  std::vector<uint8_t> storage;  // 512 per block, from the first 64-byte boundary in it
+  uint8_t* bytes = nullptr;
+  std::vector<float> d, m;  // 16 per block
 };
 
 // Where a type's quants sit in its 32-element block, and the offset its u8 form carries.
@@ -272,7 +273,8 @@ bool packed_group_at(const tensor_view& w, int64_t r0) {
 // The group's blocks as int8 (u8 quants minus the offset) for the tiles, and its scales.
 template <ggml_type T, class Reader>
 WEFT_AMX_TARGET void pack_group(const Reader& reader, int64_t nb, packed_group& p) {
-  p.bytes.resize(static_cast<size_t>(nb * 512));
+  p.storage.resize(static_cast<size_t>(nb * 512 + 64));
+  p.bytes = p.storage.data() + (64 - reinterpret_cast<uintptr_t>(p.storage.data()) % 64) % 64;
   p.d.resize(static_cast<size_t>(nb * 16));
   p.m.resize(static_cast<size_t>(nb * 16));
   const __m512i offset = _mm512_set1_epi8(static_cast<char>(layout_of(T).offset));
@@ -280,7 +282,7 @@ WEFT_AMX_TARGET void pack_group(const Reader& reader, int64_t nb, packed_group& 
     __m512i v[8];
     __m512 d, m;
     reader.block(b, v, d, m);
-    uint8_t* out = p.bytes.data() + b * 512;
+    uint8_t* out = p.bytes + b * 512;
     for (int j = 0; j < 8; ++j) _mm512_storeu_si512(out + j * 64, _mm512_sub_epi8(v[j], offset));
     _mm512_storeu_ps(p.d.data() + b * 16, d);
     _mm512_storeu_ps(p.m.data() + b * 16, m);
@@ -296,16 +298,14 @@ struct group_args {
   bool q4_1;
 };
 
-// Block b of tokens [t0, t0 + m) into accumulator tile C (A, B: the tiles it loads into).
-#define WEFT_AMX_PRODUCT(C, A, B, g, t0, b)                                \
-  do {                                                                     \
-    _tile_zero(C);                                                         \
-    _tile_loadd(A,                                                         \
-                (g).a->rows + static_cast<size_t>(t0) * (g).a->row_bytes + \
-                    static_cast<size_t>(b) * (g).act_block + (g).act_qs,   \
-                static_cast<long>((g).a->row_bytes));                      \
-    _tile_loadd(B, (g).p->bytes.data() + (b)*512, 64);                     \
-    _tile_dpbssd(C, A, B);                                                 \
+// Block b of tokens [t0, t0 + m) (t0 a multiple of 16) into accumulator tile C (A, B: the tiles
+// it loads into), the activations from their tile copy.
+#define WEFT_AMX_PRODUCT(C, A, B, g, t0, b)                                                   \
+  do {                                                                                        \
+    _tile_zero(C);                                                                            \
+    _tile_loadd(A, (g).a->tiles + static_cast<size_t>(((t0) / 16) * (g).nb + (b)) * 512, 32); \
+    _tile_loadd(B, (g).p->bytes + (b)*512, 64);                                               \
+    _tile_dpbssd(C, A, B);                                                                    \
   } while (0)
 
 // acc[i] (token t0 + i, 16 rows) += block b's term, in block order.
@@ -318,12 +318,15 @@ WEFT_AMX_TARGET inline void epilogue(const group_args& g, const int32_t (*c)[16]
   if (g.q4_1) {
     const __m512 mw = _mm512_loadu_ps(g.p->m.data() + b * 16);
     const float* sa = g.a->s + b * g.a->n_tokens + t0;
+    // Unrolled for a full tile, so the accumulators stay in registers.
+#pragma GCC unroll 16
     for (int i = 0; i < n; ++i) {
       const __m512 x = _mm512_mul_ps(dw, _mm512_set1_ps(da[i]));
       const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(c[i]));
       acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sa[i]), _mm512_fmadd_ps(x, s, acc[i]));
     }
   } else {
+#pragma GCC unroll 16
     for (int i = 0; i < n; ++i) {
       const __m512 x = _mm512_mul_ps(dw, _mm512_set1_ps(da[i]));
       acc[i] = _mm512_fmadd_ps(x, _mm512_cvtepi32_ps(_mm512_load_si512(c[i])), acc[i]);
@@ -338,6 +341,7 @@ WEFT_AMX_TARGET void token_tile(const group_args& g, int64_t t0, int m, float* y
                                 __mmask16 rows) {
   configure(m);
   __m512 acc[16];
+#pragma GCC unroll 16
   for (auto& v : acc) v = _mm512_setzero_ps();
   alignas(64) int32_t c0[16][16];
   alignas(64) int32_t c1[16][16];
@@ -354,6 +358,7 @@ WEFT_AMX_TARGET void token_tile(const group_args& g, int64_t t0, int m, float* y
     }
   }
   const int n = M > 0 ? M : m;
+#pragma GCC unroll 16
   for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ld, rows, acc[i]);
 }
 
@@ -482,6 +487,27 @@ bool amx_available() {
   return probed().ok;
 }
 
+size_t amx_act_tiles_bytes(int64_t n_cols, int64_t n_tokens) {
+  if (n_tokens <= vnni_max_tokens || n_cols % 32 != 0) return 0;
+  return static_cast<size_t>((n_tokens + 15) / 16 * (n_cols / 32)) * 512;
+}
+
+void amx_tile_acts(const amx_acts& a, ggml_type w_type, int64_t n_cols, int64_t t_begin,
+                   int64_t t_end, uint8_t* tiles) {
+  const bool q4_1 = w_type == ggml_type::q4_1;
+  const size_t block = q4_1 ? sizeof(block_q8_1) : sizeof(block_q8_0);
+  const size_t qs = q4_1 ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
+  const int64_t nb = n_cols / 32;
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const uint8_t* row = a.rows + static_cast<size_t>(t) * a.row_bytes + qs;
+    uint8_t* out =
+        tiles + static_cast<size_t>(t / 16 * nb) * 512 + static_cast<size_t>(t % 16) * 32;
+    for (int64_t b = 0; b < nb; ++b) {
+      __builtin_memcpy(out + b * 512, row + static_cast<size_t>(b) * block, 32);
+    }
+  }
+}
+
 size_t amx_packed_bytes(const tensor_view& w) {
   const bool type =
       w.type == ggml_type::q4_0 || w.type == ggml_type::q4_1 || w.type == ggml_type::q8_0;
@@ -559,6 +585,12 @@ const char* amx_unavailable_reason() {
 size_t amx_packed_bytes(const tensor_view&) {
   return 0;
 }
+
+size_t amx_act_tiles_bytes(int64_t, int64_t) {
+  return 0;
+}
+
+void amx_tile_acts(const amx_acts&, ggml_type, int64_t, int64_t, int64_t, uint8_t*) {}
 
 void amx_pack(const tensor_view&, void*) {}
 

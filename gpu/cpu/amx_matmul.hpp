@@ -49,7 +49,21 @@ struct amx_acts {
   const float* d = nullptr;
   const float* s = nullptr;
   int64_t n_tokens = 0;
+  /// The same quants in the tiles' layout (amx_tile_acts), which the tile path reads; needed when
+  /// amx_act_tiles_bytes(n_cols, n_tokens) > 0.
+  const uint8_t* tiles = nullptr;
 };
+
+/// Bytes of the tile copy of n_tokens rows of n_cols activations (amx_tile_acts), 0 where the
+/// kernel does not use one: batches of up to 16 tokens run on AVX-512 VNNI from the rows.
+size_t amx_act_tiles_bytes(int64_t n_cols, int64_t n_tokens);
+/// Copies the quants of tokens [t_begin, t_end) of `a` (rows of Q8_1 blocks for Q4_1 weights,
+/// else Q8_0) to `tiles` (amx_act_tiles_bytes, 64-byte aligned): per tile of 16 tokens and per
+/// 32-element block 512 contiguous bytes, token t's quants at (t % 16) * 32 — one aligned tile
+/// load per block instead of 16 rows that straddle cache lines. Token ranges may be copied by
+/// different threads.
+void amx_tile_acts(const amx_acts& a, ggml_type w_type, int64_t n_cols, int64_t t_begin,
+                   int64_t t_end, uint8_t* tiles);
 
 /// y[t * w.n_rows + r] for rows [r_begin, r_end) (r_begin a multiple of amx_rows_per_group) of
 /// Q4_0 / Q4_1 / Q8_0 weights `w` and every token of `a`. Call only when amx_available().

@@ -366,11 +366,30 @@ int64_t tile_unit(bool amx) {
   return amx ? amx_rows_per_group : 8;
 }
 
+// The AMX tile path's copy of the activations (amx_tile_acts) in `scratch`, 64-byte aligned;
+// nullptr where the call needs none.
+uint8_t* amx_tiles_for(matmul_scratch& scratch, bool amx, int64_t n_cols, int64_t n_tokens) {
+  const size_t bytes = amx ? amx_act_tiles_bytes(n_cols, n_tokens) : 0;
+  if (bytes == 0) return nullptr;
+  if (scratch.amx_tiles.size() < bytes + 64) scratch.amx_tiles.resize(bytes + 64);
+  uint8_t* p = scratch.amx_tiles.data();
+  return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+}
+
+// convert_rows for tokens [t_begin, t_end), then their tile copy where the AMX kernel reads one.
+void convert_token_range(ggml_type type, const float* x, uint8_t* a, int64_t t_begin, int64_t t_end,
+                         int64_t n_cols, size_t a_row, const scale_table& sc, uint8_t* amx_tiles) {
+  convert_rows(type, x, a, t_begin, t_end, n_cols, a_row, sc);
+  if (amx_tiles != nullptr) {
+    amx_tile_acts(amx_acts{a, a_row}, type, n_cols, t_begin, t_end, amx_tiles);
+  }
+}
+
 void rows_dispatch(const tensor_view& w, const f32_acts& fa, const uint8_t* a, size_t a_row,
                    const scale_table& sc, int64_t n_tokens, float* y, int64_t r_begin,
-                   int64_t r_end, bool amx) {
+                   int64_t r_end, bool amx, const uint8_t* amx_tiles) {
   if (amx) {
-    const amx_acts acts{a, a_row, sc.d, sc.s, n_tokens};
+    const amx_acts acts{a, a_row, sc.d, sc.s, n_tokens, amx_tiles};
     amx_matmul_rows(w, acts, y, r_begin, r_end);
     return;
   }
@@ -511,13 +530,14 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
   }
   uint8_t* a = scratch.bytes.data();
   const scale_table sc = make_scales(scratch, w.type, w.n_cols, n_tokens, *amx);
+  uint8_t* tiles = amx_tiles_for(scratch, *amx, w.n_cols, n_tokens);
   if (a_row > 0) {
     if (n_tokens == 1) {
       convert_rows(w.type, x, a, 0, 1, w.n_cols, a_row, sc);
     } else {
       pool.parallel([&](int i, int n) {
         const auto [b, e] = split_range(n_tokens, n, i);
-        convert_rows(w.type, x, a, b, e, w.n_cols, a_row, sc);
+        convert_token_range(w.type, x, a, b, e, w.n_cols, a_row, sc, tiles);
       });
     }
   }
@@ -529,7 +549,8 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
   const int64_t unit = tile_unit(*amx);
   const int64_t n_tiles = (w.n_rows + unit - 1) / unit;
   tiles_parallel(pool, n_tiles, [&](int64_t b, int64_t e) {
-    rows_dispatch(w, fa, a, a_row, sc, n_tokens, y, b * unit, std::min(w.n_rows, e * unit), *amx);
+    rows_dispatch(w, fa, a, a_row, sc, n_tokens, y, b * unit, std::min(w.n_rows, e * unit), *amx,
+                  tiles);
   });
   return {};
 }
@@ -564,12 +585,13 @@ status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const 
   uint8_t* a = scratch.bytes.data();
   // One activation format for all weights (checked above); the Q8_1 table also serves Q8_0.
   const scale_table sc = make_scales(scratch, w0.type, w0.n_cols, n_tokens, *amx);
+  uint8_t* tiles = amx_tiles_for(scratch, *amx, w0.n_cols, n_tokens);
   if (n_tokens == 1) {
     convert_rows(w0.type, x, a, 0, 1, w0.n_cols, a_row, sc);
   } else {
     pool.parallel([&](int i, int n) {
       const auto [b, e] = split_range(n_tokens, n, i);
-      convert_rows(w0.type, x, a, b, e, w0.n_cols, a_row, sc);
+      convert_token_range(w0.type, x, a, b, e, w0.n_cols, a_row, sc, tiles);
     });
   }
   // Tiles of 8 rows (AMX: 16) over all weights, in one parallel region.
@@ -583,7 +605,7 @@ status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const 
       const int64_t hi = std::min(e, first_tile[k + 1]) - first_tile[k];
       if (hi <= lo) continue;
       rows_dispatch(ws[k], f32_acts{x, n_tokens, ws[k].n_cols}, a, a_row, sc, n_tokens, ys[k],
-                    lo * unit, std::min(ws[k].n_rows, hi * unit), *amx);
+                    lo * unit, std::min(ws[k].n_rows, hi * unit), *amx, tiles);
     }
   });
   return {};

@@ -21,6 +21,7 @@ struct matmul_scratch {
   std::vector<uint8_t> bytes;
   std::vector<float> scales;     ///< activation block scales, block-major (quant_dot's act_scales)
   std::vector<float> f32_pairs;  ///< f32 / bf16 weights: the activations in pairs (f32_acts)
+  std::vector<uint8_t> amx_tiles;  ///< the amx kernel's tile copy of the quants (amx_tile_acts)
 };
 
 /// The kernel Q4_0 / Q4_1 / Q8_0 weights are multiplied with, process-wide: `ggml` (llama.cpp's
