@@ -57,6 +57,12 @@ result<std::unique_ptr<engine>> engine::create(model& m, const engine_config& co
 engine::engine(model& m, std::unique_ptr<kv_cache> kv, const engine_config& config)
     : model_(m), kv_(std::move(kv)), config_(config) {
   if (!config_.policy) config_.policy = std::make_shared<fcfs_policy>();
+  // The activation buffers of the largest pass this engine runs, allocated (and zeroed) now
+  // instead of in the first long prompt's pass. Best effort: a pass that finds them missing
+  // allocates them itself and reports an allocation failure there.
+  const int64_t budget =
+      std::max({config_.max_batch_tokens, config_.idle_batch_tokens, config_.rebuild_batch_tokens});
+  (void)model_.reserve(budget, std::min(budget, config_.max_running));
 }
 
 engine::~engine() = default;

@@ -23,7 +23,7 @@ enum buf_id : int {
   b_up,
   b_h,
   b_xl,       // rows that produce logits [n][embd]
-  b_logits,   // [n][vocab]
+  b_logits,   // [rows that produce logits][vocab] (its own capacity: logit_rows_)
   b_router,   // [n][experts]
   b_exp_in,   // [n][embd]
   b_exp_out,  // [n][embd]
@@ -384,10 +384,31 @@ int64_t model::matmul_macs_per_token() const {
   return total;
 }
 
-status model::ensure_buffers(int64_t n) {
+status model::reserve(int64_t n_tokens, int64_t n_logit_rows) {
+  return ensure_buffers(n_tokens, n_logit_rows);
+}
+
+status model::ensure_buffers(int64_t n, int64_t n_logits) {
+  n_logits = std::max<int64_t>(n_logits, 1);
+  if (n <= buf_tokens_ && n_logits <= logit_rows_) return {};
+  if (bufs_.size() != b_count) bufs_.assign(b_count, device_buffer{});
+  // The logits ([rows][vocab], 100 MB for 512 rows of a 49k vocabulary) are sized by the rows
+  // that want them — a prompt chunk has one — not by the pass's tokens: the device zeroes what it
+  // allocates, and a VM backs first-touched memory slowly.
+  if (n_logits > logit_rows_) {
+    dev_.release(bufs_[b_logits]);
+    bufs_[b_logits] = {};
+    auto b = dev_.allocate(static_cast<size_t>(n_logits * hp_.n_vocab) * sizeof(float));
+    if (!b) return b.error();
+    bufs_[b_logits] = *b;
+    logit_rows_ = n_logits;
+  }
   if (n <= buf_tokens_) return {};
-  for (auto& b : bufs_) dev_.release(b);
-  bufs_.assign(b_count, device_buffer{});
+  for (int i = 0; i < b_count; ++i) {
+    if (i == b_logits) continue;
+    dev_.release(bufs_[static_cast<size_t>(i)]);
+    bufs_[static_cast<size_t>(i)] = {};
+  }
   const int64_t qd = hp_.n_heads * hp_.head_dim;
   const int64_t kvd = hp_.n_kv_heads * hp_.head_dim;
   int64_t ff = hp_.n_ff;
@@ -411,6 +432,7 @@ status model::ensure_buffers(int64_t n) {
                                    hp_.n_embd * k,
                                    k};
   for (int i = 0; i < b_count; ++i) {
+    if (i == b_logits) continue;
     auto b = dev_.allocate(static_cast<size_t>(n * widths[i]) * sizeof(float));
     if (!b) return b.error();
     bufs_[static_cast<size_t>(i)] = *b;
@@ -549,7 +571,9 @@ status model::forward(const forward_batch& batch, kv_cache& kv, forward_output& 
   const auto n_hidden = static_cast<int64_t>(hidden_rows.size());
   std::vector<int32_t> out_rows = logit_rows;
   out_rows.insert(out_rows.end(), hidden_rows.begin(), hidden_rows.end());
-  if (auto st = ensure_buffers(std::max(n, std::min<int64_t>(config_.max_batch_tokens, 64))); !st)
+  if (auto st = ensure_buffers(std::max(n, std::min<int64_t>(config_.max_batch_tokens, 64)),
+                               n_logit_rows);
+      !st)
     return st;
   const int64_t k = std::max<int64_t>(1, hp_.n_experts_used);
   const size_t n_ints =

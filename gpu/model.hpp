@@ -116,6 +116,13 @@ class model {
   /// requested logits. Reserves cache blocks itself; out_of_memory leaves the cache consistent.
   status forward(const forward_batch& batch, kv_cache& kv, forward_output& out);
 
+  /// Allocates the activation buffers of passes of up to `n_tokens` tokens, `n_logit_rows` of
+  /// them producing logits, now rather than in the first pass that needs them (forward grows them
+  /// when a pass needs more). The engine reserves its largest step budget at construction, as
+  /// llama.cpp reserves its compute buffers: a server's first long prompt would otherwise pay for
+  /// zeroing fresh memory.
+  status reserve(int64_t n_tokens, int64_t n_logit_rows);
+
   /// Replaces the weights of tensor `name` with `values` (n_elements floats, GGUF layout),
   /// converted to the tensor's stored type (f32/f16/bf16 exactly as rounding allows, quantized
   /// types through the reference quantizer). For in-place weight updates between forward passes (RL
@@ -133,7 +140,7 @@ class model {
   /// noted here, made by pack_all() at the end of bind_weights (`w` must stay where it is).
   status pack(tensor_view& w, const std::string& name);
   status pack_all();
-  status ensure_buffers(int64_t n_tokens);
+  status ensure_buffers(int64_t n_tokens, int64_t n_logit_rows);
   status ffn_dense(const layer_weights& lw, int64_t n);
   status ffn_moe(const layer_weights& lw, int64_t n, int64_t layer, forward_output& out);
   float* buf(int i) const { return static_cast<float*>(bufs_[static_cast<size_t>(i)].data); }
@@ -153,6 +160,7 @@ class model {
   std::vector<device_buffer> bufs_;  ///< Activations (see model.cpp for the index names).
   device_buffer ints_{};             ///< Token ids, positions, slots, block tables.
   int64_t buf_tokens_ = 0;
+  int64_t logit_rows_ = 0;
   size_t ints_capacity_ = 0;
   int32_t* moe_ids_ = nullptr;  ///< Scratch index lists of the MoE FFN (inside ints_).
 };
