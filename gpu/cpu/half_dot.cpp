@@ -186,6 +186,44 @@ void column_fma(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, 
 // tree and the double tail run over 16 columns at a time (each column's operations in dot_f16_vec's
 // order; the loops over columns vectorize).
 // The reduction and double tail of dot_f16_columns_vec over accumulators column_fma filled.
+#if defined(WEFT_CPU_AVX2) && defined(__AVX512F__)
+// reduce_columns<16> for the 16 columns from d0, in vectors: every column's operations and their
+// order as in the scalar loops (the tree in floats, then the tail's float products added in
+// double), so the same bits. Decode contexts are short: the tail (up to 63 positions past the
+// last whole step) is often as long as the part the accumulators hold.
+void reduce_16_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
+                       int64_t np, int64_t n_cols, int64_t d0, const float* acc, float* out) {
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  if (np > 0) {
+    const auto at = [&](int j, int l) { return _mm512_loadu_ps(acc + (j * 16 + l) * n_cols + d0); };
+    __m512 v[16];
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; ++l)
+      v[l] = _mm512_add_ps(_mm512_add_ps(at(0, l), at(2, l)), _mm512_add_ps(at(1, l), at(3, l)));
+    __m512 t8[8], t4[4];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) t8[l] = _mm512_add_ps(v[8 + l], v[l]);
+#pragma GCC unroll 4
+    for (int l = 0; l < 4; ++l) t4[l] = _mm512_add_ps(t8[4 + l], t8[l]);
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(t4[0], t4[2]), _mm512_add_ps(t4[1], t4[3]));
+    lo = _mm512_cvtps_pd(_mm512_castps512_ps256(sum));
+    hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1)));
+  }
+  for (int64_t i = np; i < n; ++i) {
+    const __m512 x =
+        i < n_rows
+            ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + d0)))
+            : _mm512_setzero_ps();
+    const __m512 prod = _mm512_mul_ps(x, _mm512_set1_ps(half_to_float(y[i])));
+    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(prod)));
+    hi = _mm512_add_pd(
+        hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(prod), 1))));
+  }
+  _mm256_storeu_ps(out + d0, _mm512_cvtpd_ps(lo));
+  _mm256_storeu_ps(out + d0 + 8, _mm512_cvtpd_ps(hi));
+}
+#endif
+
 template <int lanes>
 void reduce_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t* y, int64_t n,
                     int64_t n_cols, const float* acc, float* out) {
@@ -194,6 +232,12 @@ void reduce_columns(const uint16_t* const* rows, int64_t n_rows, const uint16_t*
   const int64_t np = n / step * step;
   for (int64_t d0 = 0; d0 < n_cols; d0 += w) {
     const int m = static_cast<int>(std::min<int64_t>(w, n_cols - d0));
+#if defined(WEFT_CPU_AVX2) && defined(__AVX512F__)
+    if (lanes == 16 && m == w) {
+      reduce_16_columns(rows, n_rows, y, n, np, n_cols, d0, acc, out);
+      continue;
+    }
+#endif
     double sum[w] = {};
     if (np > 0) {
       const auto at = [&](int j, int l) { return acc + (j * lanes + l) * n_cols + d0; };
