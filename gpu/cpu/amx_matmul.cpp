@@ -446,10 +446,27 @@ WEFT_AMX_TARGET void matmul_rows(const tensor_view& w, const group_args& g, int6
       pack_group<T>(group_reader<T>(w, r0, n_valid), g.nb, tls_group);
     }
     const auto rows = static_cast<__mmask16>((1u << n_valid) - 1u);
-    int64_t t0 = 0;
-    for (; t0 + 16 <= a.n_tokens; t0 += 16) token_tile<16>(g, t0, 16, y + r0, w.n_rows, rows);
-    if (t0 < a.n_tokens) {
-      token_tile<0>(g, t0, static_cast<int>(a.n_tokens - t0), y + r0, w.n_rows, rows);
+    // The next group's packed bytes, fetched into L2 a slice per token tile while this group's
+    // tiles run: unpacking a group otherwise waits on memory for most of its loads.
+    const int64_t n_tiles = (a.n_tokens + 15) / 16;
+    const bool ahead =
+        r0 + amx_rows_per_group < r_end && packed_group_at(w, r0 + amx_rows_per_group);
+    const auto* next = ahead ? static_cast<const uint8_t*>(w.packed) +
+                                   static_cast<size_t>(r0 + amx_rows_per_group) * w.row_bytes
+                             : nullptr;
+    const size_t group_bytes = static_cast<size_t>(amx_rows_per_group) * w.row_bytes;
+    const size_t slice = (group_bytes / static_cast<size_t>(n_tiles) + 63) / 64 * 64;
+    for (int64_t j = 0, t0 = 0; j < n_tiles; ++j, t0 += 16) {
+      if (next != nullptr) {
+        const size_t end = std::min(group_bytes, static_cast<size_t>(j + 1) * slice);
+        for (size_t o = static_cast<size_t>(j) * slice; o < end; o += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T1);
+      }
+      if (t0 + 16 <= a.n_tokens) {
+        token_tile<16>(g, t0, 16, y + r0, w.n_rows, rows);
+      } else {
+        token_tile<0>(g, t0, static_cast<int>(a.n_tokens - t0), y + r0, w.n_rows, rows);
+      }
     }
   }
 }
