@@ -308,13 +308,13 @@ struct group_args {
     _tile_dpbssd(C, A, B);                                                                    \
   } while (0)
 
-// acc[i] (token t0 + i, 16 rows) += block b's term, in block order.
-template <int M>
+// acc[i] (token t0 + i, 16 rows) += block b's term, in block order, for all 16 tokens of the
+// tile (past the batch's last token: zero activations, the scale table's zero padding).
 WEFT_AMX_TARGET inline void epilogue(const group_args& g, const int32_t (*c)[16], int64_t t0,
-                                     int64_t b, int m, __m512* acc) {
+                                     int64_t b, __m512* acc) {
   const __m512 dw = _mm512_loadu_ps(g.p->d.data() + b * 16);
   const float* da = g.a->d + b * g.a->n_tokens + t0;
-  const int n = M > 0 ? M : m;
+  constexpr int n = 16;
   if (g.q4_1) {
     const __m512 mw = _mm512_loadu_ps(g.p->m.data() + b * 16);
     const float* sa = g.a->s + b * g.a->n_tokens + t0;
@@ -335,11 +335,12 @@ WEFT_AMX_TARGET inline void epilogue(const group_args& g, const int32_t (*c)[16]
 }
 
 // Tokens [t0, t0 + m) against the group: two accumulators, so block b + 1's product runs while
-// block b's sums are scaled.
-template <int M>
+// block b's sums are scaled. A last tile of fewer than 16 tokens runs all 16 rows (the tile copy's
+// rows past the batch are zeros) and stores m: one tile configuration for every call, where
+// switching it for a short last tile (LDTILECFG, twice a group) cost more than the rows it saves.
 WEFT_AMX_TARGET void token_tile(const group_args& g, int64_t t0, int m, float* y, int64_t ld,
                                 __mmask16 rows) {
-  configure(m);
+  configure(16);
   __m512 acc[16];
 #pragma GCC unroll 16
   for (auto& v : acc) v = _mm512_setzero_ps();
@@ -350,16 +351,17 @@ WEFT_AMX_TARGET void token_tile(const group_args& g, int64_t t0, int m, float* y
   for (int64_t b = 0; b < nb; b += 2) {
     if (b + 1 < nb) WEFT_AMX_PRODUCT(1, 3, 5, g, t0, b + 1);
     _tile_stored(0, c0, 64);
-    epilogue<M>(g, c0, t0, b, m, acc);
+    epilogue(g, c0, t0, b, acc);
     if (b + 2 < nb) WEFT_AMX_PRODUCT(0, 2, 4, g, t0, b + 2);
     if (b + 1 < nb) {
       _tile_stored(1, c1, 64);
-      epilogue<M>(g, c1, t0, b + 1, m, acc);
+      epilogue(g, c1, t0, b + 1, acc);
     }
   }
-  const int n = M > 0 ? M : m;
 #pragma GCC unroll 16
-  for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ld, rows, acc[i]);
+  for (int i = 0; i < 16; ++i) {
+    if (i < m) _mm512_mask_storeu_ps(y + (t0 + i) * ld, rows, acc[i]);
+  }
 }
 
 thread_local packed_group tls_group;
@@ -462,11 +464,8 @@ WEFT_AMX_TARGET void matmul_rows(const tensor_view& w, const group_args& g, int6
         for (size_t o = static_cast<size_t>(j) * slice; o < end; o += 64)
           _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T1);
       }
-      if (t0 + 16 <= a.n_tokens) {
-        token_tile<16>(g, t0, 16, y + r0, w.n_rows, rows);
-      } else {
-        token_tile<0>(g, t0, static_cast<int>(a.n_tokens - t0), y + r0, w.n_rows, rows);
-      }
+      token_tile(g, t0, static_cast<int>(std::min<int64_t>(16, a.n_tokens - t0)), y + r0, w.n_rows,
+                 rows);
     }
   }
 }
@@ -511,6 +510,15 @@ size_t amx_act_tiles_bytes(int64_t n_cols, int64_t n_tokens) {
 
 void amx_tile_acts(const amx_acts& a, ggml_type w_type, int64_t n_cols, int64_t t_begin,
                    int64_t t_end, uint8_t* tiles) {
+  const int64_t nb_all = n_cols / 32;
+  if (t_end == a.n_tokens) {
+    // The last tile's rows past the batch: zeros (token_tile runs all 16 rows).
+    for (int64_t t = a.n_tokens; t % 16 != 0; ++t) {
+      uint8_t* out =
+          tiles + static_cast<size_t>(t / 16 * nb_all) * 512 + static_cast<size_t>(t % 16) * 32;
+      for (int64_t b = 0; b < nb_all; ++b) __builtin_memset(out + b * 512, 0, 32);
+    }
+  }
   const bool q4_1 = w_type == ggml_type::q4_1;
   const size_t block = q4_1 ? sizeof(block_q8_1) : sizeof(block_q8_0);
   const size_t qs = q4_1 ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);

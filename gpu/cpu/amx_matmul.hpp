@@ -60,8 +60,8 @@ size_t amx_act_tiles_bytes(int64_t n_cols, int64_t n_tokens);
 /// Copies the quants of tokens [t_begin, t_end) of `a` (rows of Q8_1 blocks for Q4_1 weights,
 /// else Q8_0) to `tiles` (amx_act_tiles_bytes, 64-byte aligned): per tile of 16 tokens and per
 /// 32-element block 512 contiguous bytes, token t's quants at (t % 16) * 32 — one aligned tile
-/// load per block instead of 16 rows that straddle cache lines. Token ranges may be copied by
-/// different threads.
+/// load per block instead of 16 rows that straddle cache lines; the range ending at a.n_tokens
+/// also zeroes the last tile's rows past it. Token ranges may be copied by different threads.
 void amx_tile_acts(const amx_acts& a, ggml_type w_type, int64_t n_cols, int64_t t_begin,
                    int64_t t_end, uint8_t* tiles);
 

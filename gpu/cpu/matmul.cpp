@@ -129,8 +129,12 @@ scale_table make_scales(matmul_scratch& scratch, ggml_type type, int64_t n_cols,
   if (n_tokens <= 1 && !amx) return {};
   if (type != ggml_type::q4_0 && type != ggml_type::q4_1 && type != ggml_type::q8_0) return {};
   const size_t per = static_cast<size_t>(n_cols / 32 * n_tokens);
-  // The tiles read the s table a vector of tile_tokens floats at a time: padding past its end.
-  scratch.scales.resize(2 * per + tile_tokens);
+  // The tiles read the s table a vector of tile_tokens floats at a time, the amx kernel's last
+  // tile up to 16 entries past a block's tokens: zero padding past its end.
+  const size_t pad = std::max<size_t>(tile_tokens, 16);
+  scratch.scales.resize(2 * per + pad);
+  std::fill(scratch.scales.begin() + static_cast<std::ptrdiff_t>(2 * per), scratch.scales.end(),
+            0.0f);
   return {scratch.scales.data(), type == ggml_type::q4_1 ? scratch.scales.data() + per : nullptr,
           n_tokens};
 }
@@ -381,7 +385,8 @@ void convert_token_range(ggml_type type, const float* x, uint8_t* a, int64_t t_b
                          int64_t n_cols, size_t a_row, const scale_table& sc, uint8_t* amx_tiles) {
   convert_rows(type, x, a, t_begin, t_end, n_cols, a_row, sc);
   if (amx_tiles != nullptr) {
-    amx_tile_acts(amx_acts{a, a_row}, type, n_cols, t_begin, t_end, amx_tiles);
+    amx_tile_acts(amx_acts{a, a_row, nullptr, nullptr, sc.n_tokens}, type, n_cols, t_begin, t_end,
+                  amx_tiles);
   }
 }
 
