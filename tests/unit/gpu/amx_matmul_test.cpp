@@ -103,7 +103,8 @@ class amx_kernel : public ::testing::TestWithParam<ggml_type> {
 };
 
 // 37 rows (a partial group of 16), 96 and 160 columns (odd block counts: the kernel alternates two
-// accumulators), batches around the 16-token tile, one and two threads.
+// accumulators), batches around the VNNI / tile switch (8 / 9 tokens) and the 16-token tile, one
+// and two threads.
 TEST_P(amx_kernel, is_its_documented_order_bit_for_bit_in_every_batch) {
   const ggml_type t = GetParam();
   for (const int64_t cols : {96, 160}) {
@@ -123,7 +124,7 @@ TEST_P(amx_kernel, is_its_documented_order_bit_for_bit_in_every_batch) {
       for (const int threads : {1, 2}) {
         thread_pool pool(threads);
         matmul_scratch scratch;
-        for (const int64_t n : {1, 3, 16, 17, 40}) {
+        for (const int64_t n : {1, 3, 8, 9, 16, 17, 40}) {
           std::vector<float> y(static_cast<size_t>(n * rows));
           ASSERT_TRUE(matmul(pool, scratch, v, x.data(), n, y.data()).ok());
           for (int64_t tk = 0; tk < n; ++tk) {
