@@ -511,19 +511,18 @@ size_t amx_act_tiles_bytes(int64_t n_cols, int64_t n_tokens) {
 
 void amx_tile_acts(const amx_acts& a, ggml_type w_type, int64_t n_cols, int64_t t_begin,
                    int64_t t_end, uint8_t* tiles) {
-  const int64_t nb_all = n_cols / 32;
+  const int64_t nb = n_cols / 32;
   if (t_end == a.n_tokens) {
     // The last tile's rows past the batch: zeros (token_tile runs all 16 rows).
     for (int64_t t = a.n_tokens; t % 16 != 0; ++t) {
       uint8_t* out =
-          tiles + static_cast<size_t>(t / 16 * nb_all) * 512 + static_cast<size_t>(t % 16) * 32;
-      for (int64_t b = 0; b < nb_all; ++b) __builtin_memset(out + b * 512, 0, 32);
+          tiles + static_cast<size_t>(t / 16 * nb) * 512 + static_cast<size_t>(t % 16) * 32;
+      for (int64_t b = 0; b < nb; ++b) __builtin_memset(out + b * 512, 0, 32);
     }
   }
   const bool q4_1 = w_type == ggml_type::q4_1;
   const size_t block = q4_1 ? sizeof(block_q8_1) : sizeof(block_q8_0);
   const size_t qs = q4_1 ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
-  const int64_t nb = n_cols / 32;
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* row = a.rows + static_cast<size_t>(t) * a.row_bytes + qs;
     uint8_t* out =

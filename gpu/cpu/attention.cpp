@@ -5,13 +5,7 @@
 #include <limits>
 
 #if defined(__AVX512F__) && defined(__FMA__) && defined(__F16C__)
-// GCC 12's AVX-512 headers self-initialize the "undefined" source of some intrinsics, which its
-// own -Wuninitialized then flags wherever they are inlined.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "gpu/cpu/simd.hpp"
 #endif
 
 #include "gpu/cpu/elementwise.hpp"
@@ -118,13 +112,7 @@ constexpr int64_t attention_tile_tokens = 16;  // query tokens that share one pa
       a[l] = _mm512_fmadd_ps(_mm512_loadu_ps(kt + (i + l) * 16), _mm512_set1_ps(q[i + l]), a[l]);
     }
   }
-  __m512 t8[8], t4[4];
-#pragma GCC unroll 8
-  for (int l = 0; l < 8; ++l) t8[l] = _mm512_add_ps(a[8 + l], a[l]);
-#pragma GCC unroll 4
-  for (int l = 0; l < 4; ++l) t4[l] = _mm512_add_ps(t8[4 + l], t8[l]);
-  const __m512 r = _mm512_add_ps(_mm512_add_ps(t4[0], t4[2]), _mm512_add_ps(t4[1], t4[3]));
-  _mm512_storeu_ps(out, _mm512_mul_ps(r, _mm512_set1_ps(scale)));
+  _mm512_storeu_ps(out, _mm512_mul_ps(tree_sum_16(a), _mm512_set1_ps(scale)));
 }
 
 // scores_16_keys for queries [0, n_q) (rows of `q`, hd = 16 * NC) against one block of 16 keys,

@@ -9,13 +9,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define WEFT_CPU_AVX2 1
-// GCC 12's AVX-512 headers self-initialize the "undefined" source of some intrinsics, which its
-// own -Wuninitialized then flags wherever they are inlined.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "gpu/cpu/simd.hpp"
 #endif
 
 namespace weft::gpu::cpu {
@@ -200,12 +194,7 @@ void reduce_16_columns(const uint16_t* const* rows, int64_t n_rows, const uint16
 #pragma GCC unroll 16
     for (int l = 0; l < 16; ++l)
       v[l] = _mm512_add_ps(_mm512_add_ps(at(0, l), at(2, l)), _mm512_add_ps(at(1, l), at(3, l)));
-    __m512 t8[8], t4[4];
-#pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) t8[l] = _mm512_add_ps(v[8 + l], v[l]);
-#pragma GCC unroll 4
-    for (int l = 0; l < 4; ++l) t4[l] = _mm512_add_ps(t8[4 + l], t8[l]);
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(t4[0], t4[2]), _mm512_add_ps(t4[1], t4[3]));
+    const __m512 sum = tree_sum_16(v);
     lo = _mm512_cvtps_pd(_mm512_castps512_ps256(sum));
     hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1)));
   }

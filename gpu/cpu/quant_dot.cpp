@@ -14,13 +14,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define WEFT_CPU_AVX2 1
-// GCC 12's AVX-512 headers self-initialize the "undefined" source of masked intrinsics, which its
-// own -Wuninitialized then flags wherever they are inlined.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "gpu/cpu/simd.hpp"
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
 #define WEFT_CPU_AVX512 1

@@ -8,12 +8,7 @@
 #include <utility>
 
 #if defined(__AVX2__) && defined(__FMA__)
-// As in quant_dot.cpp: GCC 12's AVX-512 headers trip its own -Wmaybe-uninitialized when inlined.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "gpu/cpu/simd.hpp"
 #endif
 
 #include "gpu/cpu/quant_dot.hpp"

@@ -9,13 +9,7 @@
 #include "gpu/train/train_ops.hpp"
 
 #if defined(__AVX2__) && defined(__FMA__)
-// GCC 12's AVX-512 headers self-initialize the "undefined" source of some intrinsics, which its
-// own -Wmaybe-uninitialized then flags wherever they are inlined.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "gpu/cpu/simd.hpp"
 #endif
 
 namespace weft::gpu::train {
