@@ -21,8 +21,8 @@ namespace weft::gpu::cpu {
 
 // Sixteen 16-lane sums at once, lane k of the result summing v[0..15]'s lane k in the order of
 // ggml's AVX-512 horizontal sum of 16 values (its hi + lo, v[l] + v[l + 8], then reduce8's tree:
-// (t[l] + t[l + 4]), then (t[0] + t[2]) + (t[1] + t[3])). The score kernels' key lanes and the value
-// sums' columns both end in it.
+// (t[l] + t[l + 4]), then (t[0] + t[2]) + (t[1] + t[3])). The score kernels' key lanes and the
+// value sums' columns both end in it.
 [[gnu::always_inline]] inline __m512 tree_sum_16(const __m512* v) {
   __m512 t8[8], t4[4];
 #pragma GCC unroll 8
