@@ -122,9 +122,16 @@ constexpr int64_t attention_tile_tokens = 16;  // query tokens that share one pa
 // queries, which then cost one broadcast per fma instead of a broadcast and a key load.
 template <int NC, int QB>
 void scores_block(const float* kt, const float* q, int64_t n_q, float scale, float* out,
-                  int64_t out_stride, float* t8) {
+                  int64_t out_stride, float* t8, const float* next_kt) {
   constexpr int64_t hd = 16 * NC;
   for (int l = 0; l < 8; ++l) {
+    // The next block's keys (hd x 16 floats), a slice per lane pair: read lane-pair by lane-pair
+    // they jump 512 bytes at a time, which the hardware's stream prefetch does not follow.
+    if (next_kt != nullptr) {
+      const char* nk = reinterpret_cast<const char*>(next_kt);
+#pragma GCC unroll 8
+      for (int i = 0; i < 2 * NC; ++i) _mm_prefetch(nk + (l * 2 * NC + i) * 64, _MM_HINT_T0);
+    }
     __m512 k0[NC], k1[NC];
 #pragma GCC unroll 8
     for (int i = 0; i < NC; ++i) {
@@ -200,6 +207,56 @@ int64_t padded_stride(int64_t n) {
   return n + 16;
 }
 
+// The 16 x 16 floats r[j][c] transposed in registers: r[c][j] after (32-bit, 64-bit, then two
+// 128-bit-lane shuffle stages).
+[[gnu::always_inline]] inline void transpose_16x16(__m512* r) {
+  __m512 t[16], u[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + e]'s 128-bit lane k: rows 4i .. 4i + 3 of column 4k + e.
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const auto pd = [](__m512 x) { return _mm512_castps_pd(x); };
+    u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
+  }
+  // Column 4k + e: lane k of u[e], u[4 + e], u[8 + e], u[12 + e].
+#pragma GCC unroll 4
+  for (int e = 0; e < 4; ++e) {
+    const __m512 w0 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 w1 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 w2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 w3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(3, 2, 3, 2));
+    r[e] = _mm512_shuffle_f32x4(w0, w2, _MM_SHUFFLE(2, 0, 2, 0));
+    r[4 + e] = _mm512_shuffle_f32x4(w0, w2, _MM_SHUFFLE(3, 1, 3, 1));
+    r[8 + e] = _mm512_shuffle_f32x4(w1, w3, _MM_SHUFFLE(2, 0, 2, 0));
+    r[12 + e] = _mm512_shuffle_f32x4(w1, w3, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// 16 rows of hd halves (nullptr: a row of zeros) as floats, transposed: dst[d * dst_stride + j] is
+// row j's dimension d (hd a multiple of 16). The conversion is exact, as half_to_float_row's.
+void transpose_16_rows(const uint16_t* const* rows, int64_t hd, float* dst, int64_t dst_stride) {
+  for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      r[j] =
+          rows[j] == nullptr
+              ? _mm512_setzero_ps()
+              : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + d0)));
+    }
+    transpose_16x16(r);
+#pragma GCC unroll 16
+    for (int d = 0; d < 16; ++d) _mm512_storeu_ps(dst + (d0 + d) * dst_stride, r[d]);
+  }
+}
+
 // Keys and values of sequence `seq`, kv head g, as floats for positions [0, n_needed) (whole blocks
 // of 16; positions past the sequence's last one in the batch, `last`, are zeros).
 const attention_scratch::converted_head& converted(const attention_batch& b, attention_scratch& s,
@@ -216,24 +273,17 @@ const attention_scratch::converted_head& converted(const attention_batch& b, att
     c.kt.resize(static_cast<size_t>(c.stride * hd));
     c.vt.resize(static_cast<size_t>(c.stride * hd));
   }
-  s.row.resize(static_cast<size_t>(hd));
+  const uint16_t* k_rows[16];
+  const uint16_t* v_rows[16];
   for (; c.n < n_needed; c.n += 16) {
-    float* kt = c.kt.data() + c.n * hd;
     for (int64_t j = 0; j < 16; ++j) {
       const int64_t p = c.n + j;
-      if (p <= last) {
-        half_to_float_row(b.k_cache + c.offsets[static_cast<size_t>(p)], s.row.data(), hd);
-      } else {
-        std::fill(s.row.begin(), s.row.end(), 0.0f);
-      }
-      for (int64_t d = 0; d < hd; ++d) kt[d * 16 + j] = s.row[static_cast<size_t>(d)];
-      if (p <= last) {
-        half_to_float_row(b.v_cache + c.offsets[static_cast<size_t>(p)], s.row.data(), hd);
-      } else {
-        std::fill(s.row.begin(), s.row.end(), 0.0f);
-      }
-      for (int64_t d = 0; d < hd; ++d) c.vt[static_cast<size_t>(d * c.stride + p)] = s.row[d];
+      const bool in = p <= last;
+      k_rows[j] = in ? b.k_cache + c.offsets[static_cast<size_t>(p)] : nullptr;
+      v_rows[j] = in ? b.v_cache + c.offsets[static_cast<size_t>(p)] : nullptr;
     }
+    transpose_16_rows(k_rows, hd, c.kt.data() + c.n * hd, 16);
+    transpose_16_rows(v_rows, hd, c.vt.data() + c.n, c.stride);
   }
   return c;
 }
@@ -373,10 +423,11 @@ void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, 
     while (b.token_pos[t0 + q0 / group] < p0) q0 += group;
     const float* tq = s.tile_q.data() + q0 * hd;
     float* out = s.tile_scores.data() + q0 * ld + p0;
+    const float* next_kt = p0 + 16 < n_max ? kt + 16 * hd : nullptr;
     if (hd == 64) {
-      scores_block<4, 4>(kt, tq, n_q - q0, b.scale, out, ld, s.t8.data());
+      scores_block<4, 4>(kt, tq, n_q - q0, b.scale, out, ld, s.t8.data(), next_kt);
     } else if (hd == 128) {
-      scores_block<8, 2>(kt, tq, n_q - q0, b.scale, out, ld, s.t8.data());
+      scores_block<8, 2>(kt, tq, n_q - q0, b.scale, out, ld, s.t8.data(), next_kt);
     } else {
       for (int64_t qi = q0; qi < n_q; ++qi)
         scores_16_keys(kt, s.tile_q.data() + qi * hd, hd, b.scale,
