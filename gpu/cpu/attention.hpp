@@ -23,9 +23,8 @@ struct attention_scratch {
   std::vector<float> acc;  ///< dot_f16_columns accumulators; the tiled kernel's value lanes
   std::vector<uint16_t> q;
   // The tiled prefill kernel: a tile's scores [query][key] (then its probabilities, in place), its
-  // queries as floats [query][dim], one converted cache row, the score tree's first level
-  // [query][8][16].
-  std::vector<float> tile_scores, tile_q, row, t8;
+  // queries as floats [query][dim], the score tree's first level [query][8][16].
+  std::vector<float> tile_scores, tile_q, t8;
   /// One kv head's keys and values of one sequence as floats, converted once per attention call
   /// for all of this thread's tiles: keys in blocks of 16 transposed ([block][dim][16]), values
   /// transposed ([dim][position], row stride `stride`); positions [0, n) are done.

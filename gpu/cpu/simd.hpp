@@ -3,7 +3,9 @@
 // <immintrin.h> for the CPU backend's vector kernels. GCC 12's AVX-512 headers self-initialize
 // the "undefined" source of some intrinsics (the masked ones among them), which its own
 // -W(maybe-)uninitialized then flags wherever they are inlined; the warnings are silenced for the
-// header alone. Include this, never <immintrin.h> directly, from a file built with -Werror.
+// header alone. Kernels include this rather than <immintrin.h>; amx_matmul.cpp, whose
+// target-attribute functions trip the same warnings where the intrinsics inline into them, turns
+// them off for its whole file instead.
 #if defined(__x86_64__) || defined(__i386__)
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push

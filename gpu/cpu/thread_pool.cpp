@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "gpu/cpu/simd.hpp"
 #define WEFT_CPU_RELAX() _mm_pause()
 #else
 #define WEFT_CPU_RELAX() std::atomic_signal_fence(std::memory_order_seq_cst)
