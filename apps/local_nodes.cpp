@@ -125,6 +125,7 @@ status local_nodes::launch(int i) {
 }
 
 void local_nodes::watch() {
+  std::lock_guard<std::mutex> watching(watch_mu_);
   using clock = std::chrono::steady_clock;
   for (size_t i = 0; i < size(); ++i) {
     int st = 0;

@@ -82,7 +82,8 @@ class local_nodes {
   status launch(int i);
   /// Called periodically: logs node processes that died and relaunches them (bounded by
   /// `max_relaunches`); a relaunch that fails (e.g. the node cannot reach the head while its link
-  /// is cut) is tried again later, 1 s after the first failure and up to 8 s apart.
+  /// is cut) is tried again later, 1 s after the first failure and up to 8 s apart. Any thread;
+  /// one call at a time (the RL loop's and its reward thread's waits both call it).
   void watch();
   size_t size();
   /// SIGKILLs the node process with `pid` if it is one of ours; false otherwise.
@@ -99,6 +100,7 @@ class local_nodes {
   bool relaunch_;
   int max_relaunches_;
   std::mutex mu_;
+  std::mutex watch_mu_;  ///< Held through watch(): relaunches_ and launches are its alone.
   std::vector<std::optional<child_process>> nodes_;
   /// Nodes waiting to be relaunched: when to try next, and how many tries failed.
   struct pending_relaunch {

@@ -93,6 +93,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.top_p = o.top_p;
   c.top_k = o.top_k;
   c.fuse_reference = !o.no_fused_reference;
+  c.async_rewards = !o.blocking_rewards;
   c.external_reference = o.reference_workers > 0;
   c.eval_prompts = o.eval_prompts;
   c.chat = o.prompt_format == "chat";
@@ -456,6 +457,12 @@ int run_rl(const rl_options& o) {
   std::optional<reward_process> rewards;
   std::optional<reward_http> endpoint;
   if (!use_rewards(o, cluster.get(), loop, rewards, endpoint)) return 2;
+  // Declared after what the rewards use (the process, the endpoint, the cluster's reward
+  // workers), so the loop's reward thread stops before any of them goes, whatever the return.
+  const struct rewards_stopper {
+    grpo_loop& loop;
+    ~rewards_stopper() { loop.stop_rewards(); }
+  } stop_rewards_first{loop};
   if (!use_trainer_group(o, cluster.get(), loop)) return 2;
   use_reference(o, cluster.get(), loop);
   std::shared_ptr<weft::rl::tool_actors> tools;
@@ -538,6 +545,12 @@ void add_rl_command(CLI::App& app, const global_options&) {
     }
     if (o->off_policy != "decoupled" && cmd->get_option("--is-cap")->count() > 0) {
       spdlog::error("--is-cap needs --off-policy decoupled");
+      std::exit(2);
+    }
+    if (o->blocking_rewards && o->reward_cmd.empty() && o->reward_url.empty()) {
+      spdlog::error(
+          "--blocking-rewards needs --reward-cmd or --reward-url (the task's own verifier is "
+          "called in place)");
       std::exit(2);
     }
     if (o->no_fused_reference && o->kl_coef == 0.0) {

@@ -143,6 +143,10 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "run's cluster (supervised reward workers; a lost worker's samples are scored "
                   "again by another) instead of beside the trainer")
       ->check(CLI::Range(1, 64));
+  cmd->add_flag("--blocking-rewards", o->blocking_rewards,
+                "--reward-cmd / --reward-url: stop generating while a finished group is scored "
+                "(the baseline) instead of scoring it on a thread of its own as the rollouts go "
+                "on; the rewards are the same (docs/rl.md)");
   cmd->add_option("--trainers", o->trainers,
                   "Data-parallel trainer ranks (with --agents): rank 0 in this process, ranks "
                   "1..K-1 on trainer nodes of the run's cluster under a one-for-all supervisor; "

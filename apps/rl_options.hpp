@@ -87,6 +87,9 @@ struct rl_options {
   double reward_timeout_s = 60.0;
   int reward_restarts = 3;
   int reward_workers = 0;  ///< --reward-cmd on this many reward nodes (needs --agents)
+  /// --reward-cmd / --reward-url: wait for each group's rewards as it finishes instead of
+  /// scoring on a thread of its own while the rollouts go on.
+  bool blocking_rewards = false;
   /// The KL reference on this many reference nodes (needs --agents and --kl-coef).
   int reference_workers = 0;
   /// Data-parallel trainer ranks: rank 0 in this process, the others on trainer nodes (needs

@@ -42,6 +42,8 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
     sync_s_ += r.sync_s;
     ref_s_ += r.ref_s;
     reduce_s_ += r.reduce_s;
+    reward_s_ += r.reward_s;
+    reward_wait_s_ += r.reward_wait_s;
     tool_calls_ += r.tool_calls;
   }
   const double sps = static_cast<double>(r.samples) / std::max(step_seconds, 1e-9);
@@ -53,6 +55,10 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
       r.loss, r.grad_norm, 100.0 * r.clip_fraction, r.rollout_s, r.train_s, r.sync_s, sps,
       format_duration(eta));
   if (r.kl > 0.0) spdlog::info("  KL to the reference {:.5f} per token", r.kl);
+  if (r.reward_s > 0.0) {
+    spdlog::info("  rewards: {:.2f}s scoring, {:.2f}s of it waited for", r.reward_s,
+                 r.reward_wait_s);
+  }
   if (r.routes_replayed > 0) {
     spdlog::info(
         "  routing replay: {} token-layers routed as the rollouts were, {:.2f}% of them "
@@ -140,6 +146,8 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"sync_s", r.sync_s},
                       {"ref_s", r.ref_s},
                       {"reduce_s", r.reduce_s},
+                      {"reward_s", r.reward_s},
+                      {"reward_wait_s", r.reward_wait_s},
                       {"trainer_groups", r.trainer_groups},
                       {"tool_calls", r.tool_calls},
                       {"tool_tokens", r.tool_tokens},
@@ -246,6 +254,12 @@ std::string rl_reporter::prometheus() const {
          static_cast<double>(std::max<int64_t>(0, last_.trainer_groups - 1)));
   metric("weft_rl_allreduce_seconds_total", "counter",
          "Time rank 0 spent in the trainer group's gradient all-reduces (--trainers)", reduce_s_);
+  metric("weft_rl_reward_seconds_total", "counter",
+         "Time the external reward (--reward-cmd, --reward-url, --reward-workers) took to score "
+         "the trained samples",
+         reward_s_);
+  metric("weft_rl_reward_wait_seconds_total", "counter",
+         "Time the run waited for rewards with nothing else to do", reward_wait_s_);
   metric("weft_rl_tool_calls_total", "counter",
          "Tool calls of agentic rollouts (--tools) in trained samples",
          static_cast<double>(tool_calls_));

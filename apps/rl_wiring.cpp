@@ -72,10 +72,13 @@ std::vector<reward_request> reward_requests(const std::vector<rl_prompt>& prompt
 void use_reward_process(const rl_options& o, grpo_loop& loop,
                         std::optional<reward_process>& rewards) {
   rewards.emplace(reward_process_config{o.reward_cmd, o.reward_timeout_s, o.reward_restarts});
-  loop.set_reward([&rewards](const std::vector<rl_prompt>& prompts,
-                             const std::vector<rollout_sample>& samples) {
-    return rewards->score(reward_requests(prompts, samples));
-  });
+  // One line per sample: each is scored as it finishes.
+  loop.set_reward(
+      [&rewards](const std::vector<rl_prompt>& prompts,
+                 const std::vector<rollout_sample>& samples) {
+        return rewards->score(reward_requests(prompts, samples));
+      },
+      reward_unit::sample);
   spdlog::info("rewards from `{}` (JSON lines on stdin/stdout)", o.reward_cmd);
 }
 
@@ -195,10 +198,12 @@ bool serve_metrics(const rl_options& o, rl_reporter& report, const rl_agent_clus
 bool use_rewards(const rl_options& o, rl_agent_cluster* cluster, grpo_loop& loop,
                  std::optional<reward_process>& rewards, std::optional<reward_http>& endpoint) {
   if (cluster && cluster->rewards()) {
-    loop.set_reward([r = cluster->rewards()](const std::vector<rl_prompt>& prompts,
-                                             const std::vector<rollout_sample>& samples) {
-      return r->score(reward_requests(prompts, samples));
-    });
+    loop.set_reward(
+        [r = cluster->rewards()](const std::vector<rl_prompt>& prompts,
+                                 const std::vector<rollout_sample>& samples) {
+          return r->score(reward_requests(prompts, samples));
+        },
+        reward_unit::sample);
     spdlog::info("rewards from `{}` on {} reward worker(s)", o.reward_cmd, o.reward_workers);
   } else if (!o.reward_cmd.empty()) {
     use_reward_process(o, loop, rewards);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -138,7 +139,8 @@ struct remote_rewards::impl {
   caf::actor controller;
 
   worker_table workers;
-  int64_t lost = 0, rescored = 0;
+  /// Written by the thread that scores (the loop's reward thread), read by any.
+  std::atomic<int64_t> lost{0}, rescored{0};
   uint64_t next_id = 1;
 
   mutable std::mutex status_mu;
@@ -191,8 +193,8 @@ struct remote_rewards::impl {
 
   void refresh_status() {
     nlohmann::json j;
-    j["workers_lost"] = lost;
-    j["parts_rescored"] = rescored;
+    j["workers_lost"] = lost.load();
+    j["parts_rescored"] = rescored.load();
     j["workers"] = workers.to_json("parts");
     std::string text = j.dump();
     std::lock_guard<std::mutex> lock(status_mu);
@@ -329,11 +331,11 @@ gpu::result<std::vector<double>> remote_rewards::score(
 }
 
 int64_t remote_rewards::workers_lost() const {
-  return d_->lost;
+  return d_->lost.load();
 }
 
 int64_t remote_rewards::parts_rescored() const {
-  return d_->rescored;
+  return d_->rescored.load();
 }
 
 std::string remote_rewards::status_json() const {

@@ -14,6 +14,7 @@ async trains on samples up to K versions old and must stay within noise of sync.
 Writes JSON and PNG named <--name>-<date>.* into --out.
 Usage: rl_modes.py --weft build/release/apps/weft [--steps 8] [--repeat 2] [--out docs]
            [--modes "sync,agents sync,agents async K=2" --name rl-agents] [--rollout-type q8_0]
+           [--modes "sync slow reward blocking,sync slow reward" --reward-ms 50]
 """
 import argparse
 import datetime
@@ -27,6 +28,7 @@ import tempfile
 # Every mode this benchmark knows; --modes picks some (the first is the baseline of the ratios).
 # "agents ...": rollouts on 2 rollout agents in their own node processes (1 thread each), the
 # trainer in the `weft rl` process.
+SLOW_REWARD = "{slow_reward}"  # replaced by the command of slow_reward.py with --reward-ms
 MODES = {
     "sync": [],
     "async K=1": ["--mode", "async", "--max-staleness", "1"],
@@ -50,6 +52,15 @@ MODES = {
     "agents1 sync trainers 2": ["--agents", "1", "--trainers", "2"],
     # The group's all-reduce after the backward instead of in buckets during it (--bucket-mb 25).
     "agents1 sync trainers 2 buckets 0": ["--agents", "1", "--trainers", "2", "--bucket-mb", "0"],
+    # An external reward that takes its time (bench/e2e/slow_reward.py, --reward-ms a sample):
+    # scored on the loop's reward thread while the rollouts go on (the default), or waited for
+    # as each group finishes (--blocking-rewards, the baseline).
+    "sync slow reward blocking": ["--reward-cmd", SLOW_REWARD, "--blocking-rewards"],
+    "sync slow reward": ["--reward-cmd", SLOW_REWARD],
+    "async K=2 slow reward blocking": ["--mode", "async", "--max-staleness", "2",
+                                       "--reward-cmd", SLOW_REWARD, "--blocking-rewards"],
+    "async K=2 slow reward": ["--mode", "async", "--max-staleness", "2",
+                              "--reward-cmd", SLOW_REWARD],
 }
 
 
@@ -58,7 +69,10 @@ def run_weft(a, extra, metrics):
            "--ops", a.ops, "--prompts-per-step", str(a.prompts), "--group-size", str(a.group),
            "--max-new-tokens", str(a.max_new), "--steps", str(a.steps), "--lr", str(a.lr),
            "--threads", str(a.threads), "--seed", str(a.seed), "--eval-every", "0",
-           "--rollout-type", a.rollout_type, "--metrics", metrics] + extra
+           "--rollout-type", a.rollout_type, "--metrics", metrics]
+    slow = (f"{sys.executable} {os.path.join(os.path.dirname(os.path.abspath(__file__)), 'slow_reward.py')}"
+            f" --ms-per-sample {a.reward_ms}")
+    cmd += [slow if x == SLOW_REWARD else x for x in extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
     if p.returncode != 0:
         sys.exit(f"weft rl {' '.join(extra)} failed:\n" + p.stderr[-3000:])
@@ -72,7 +86,8 @@ def run_weft(a, extra, metrics):
             "mixed_version_samples": sum(r.get("mixed_version_samples", 0) for r in steps),
             "rollouts_consolidated": steps[-1].get("rollouts_consolidated", 0) if steps else 0,
             "stage_seconds": {k: sum(r.get(k, 0.0) for r in steps)
-                              for k in ["rollout_s", "train_s", "sync_s", "ref_s", "reduce_s"]}}
+                              for k in ["rollout_s", "train_s", "sync_s", "ref_s", "reduce_s",
+                                        "reward_s", "reward_wait_s"]}}
 
 
 def main():
@@ -97,6 +112,8 @@ def main():
     ap.add_argument("--modes", default="sync,async K=1,async K=2",
                     help="comma-separated, from: " + ", ".join(MODES))
     ap.add_argument("--name", default="rl-modes", help="stem of the JSON and PNG files")
+    ap.add_argument("--reward-ms", type=float, default=50.0,
+                    help="the \"slow reward\" modes: milliseconds slow_reward.py takes a sample")
     a = ap.parse_args()
     chosen = [m.strip() for m in a.modes.split(",") if m.strip()]
     unknown = [m for m in chosen if m not in MODES]
@@ -113,7 +130,9 @@ def main():
                       f"{samples / r['seconds']:.2f} samples/s, mean reward "
                       f"{statistics.mean(r['rewards']):.3f}, mean length "
                       f"{statistics.mean(r['lengths']):.1f}; train {r['stage_seconds']['train_s']:.1f} s "
-                      f"(all-reduce waited for {r['stage_seconds']['reduce_s']:.2f} s)", flush=True)
+                      f"(all-reduce waited for {r['stage_seconds']['reduce_s']:.2f} s); rewards "
+                      f"{r['stage_seconds']['reward_s']:.1f} s, waited for "
+                      f"{r['stage_seconds']['reward_wait_s']:.1f} s", flush=True)
     sps = {n: [samples / r["seconds"] for r in rs] for n, rs in runs.items()}
     base = statistics.median(sps[chosen[0]])
     out = {
@@ -122,7 +141,7 @@ def main():
         "task": f"{a.digits}-digit arithmetic ({a.ops}), chat template",
         "steps": a.steps, "prompts_per_step": a.prompts, "group_size": a.group,
         "max_new_tokens": a.max_new, "lr": a.lr, "threads": a.threads, "seed": a.seed,
-        "rollout_type": a.rollout_type,
+        "rollout_type": a.rollout_type, "reward_ms_per_sample": a.reward_ms,
         "samples_per_run": samples, "baseline": chosen[0],
         "modes": {n: {"samples_per_s": sps[n], "runs": runs[n],
                       "args": MODES[n],

@@ -45,7 +45,24 @@ grpo_loop::grpo_loop(std::unique_ptr<train::trainable_model<float>> model, const
       sched_(scheduler_config{config.prompts_per_step, config.group_size, config.max_staleness,
                               config.total_steps > 0 ? config.total_steps : -1}) {}
 
-grpo_loop::~grpo_loop() = default;
+grpo_loop::~grpo_loop() {
+  stop_rewards();
+}
+
+void grpo_loop::set_reward(batch_reward reward, reward_unit unit) {
+  stop_rewards();
+  reward_ = std::move(reward);
+  reward_unit_ = unit;
+  if (reward_ && config_.async_rewards) rewards_ = std::make_unique<reward_queue>();
+}
+
+void grpo_loop::stop_rewards() {
+  if (!rewards_) return;
+  rewards_->stop();
+  rewards_.reset();
+  scoring_.clear();
+  unscored_.clear();
+}
 
 rollout_engine_params grpo_loop::engine_params(const grpo_loop_config& config) {
   rollout_engine_params p;
@@ -333,6 +350,7 @@ status grpo_loop::start_step(int64_t m) {
   if (auto st = backend_->add(std::move(requests)); !st) return st;
   p.group_finished.assign(static_cast<size_t>(config_.prompts_per_step), 0);
   p.group_scored.assign(static_cast<size_t>(config_.prompts_per_step), 0);
+  p.group_rewarded.assign(static_cast<size_t>(config_.prompts_per_step), 0);
   pending_.emplace(m, std::move(p));
   return {};
 }
@@ -405,27 +423,130 @@ status grpo_loop::sample_finished(int64_t step, size_t index) {
     trajectory_lengths_.observe(prompt_key(s.prompt), static_cast<int64_t>(s.prompt.size()),
                                 s.generated());
   }
-  if (++p.group_finished[g] < config_.group_size) return {};
-  // The group is complete: score it now, while the other groups still generate.
-  const auto first = static_cast<std::ptrdiff_t>(g * static_cast<size_t>(config_.group_size));
-  std::vector<rollout_sample> group(p.samples.begin() + first,
-                                    p.samples.begin() + first + config_.group_size);
-  auto rewards = score(p.prompts, group);
-  if (!rewards) return rewards.error();
-  for (int64_t k = 0; k < config_.group_size; ++k) {
-    p.samples[static_cast<size_t>(first + k)].reward = (*rewards)[static_cast<size_t>(k)];
+  const bool group_done = ++p.group_finished[g] == config_.group_size;
+  if (rewards_ && reward_unit_ == reward_unit::sample) {
+    // Scored as it finishes, with whatever else finished while the reward thread was busy.
+    unscored_.push_back(sample_ref{step, index});
+    if (auto st = submit_unscored(); !st) return st;
+  } else if (group_done) {
+    std::vector<sample_ref> group;
+    for (int64_t k = 0; k < config_.group_size; ++k) {
+      group.push_back(
+          sample_ref{step, g * static_cast<size_t>(config_.group_size) + static_cast<size_t>(k)});
+    }
+    if (auto st = score_samples(std::move(group)); !st) return st;
   }
-  p.group_scored[g] = 1;
   // Inter-stage fusion (RLHFuse): the reference's forward for this group runs now, while the other
-  // groups still generate, not in the training stage.
-  if (ref_ && config_.fuse_reference) {
+  // groups still generate (and, with async rewards, while the group is scored), not in the
+  // training stage.
+  if (group_done && ref_ && config_.fuse_reference) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto st = reference_logprobs_of_group(std::span<rollout_sample>(p.samples).subspan(
-        static_cast<size_t>(first), static_cast<size_t>(config_.group_size)));
-    if (!st) return st;
+    if (auto st = reference_logprobs_of_group(std::span<rollout_sample>(p.samples).subspan(
+            g * static_cast<size_t>(config_.group_size), static_cast<size_t>(config_.group_size)));
+        !st) {
+      return st;
+    }
     p.ref_s += seconds_since(t0);
   }
   return {};
+}
+
+status grpo_loop::score_samples(std::vector<sample_ref> refs) {
+  // The batch: copies of its samples, each answering its prompt in `prompts`.
+  std::vector<rl_prompt> prompts;
+  std::vector<rollout_sample> batch;
+  std::map<std::pair<int64_t, int64_t>, int64_t> prompt_of;  // (step, group) -> index in prompts
+  for (const auto& r : refs) {
+    const pending_step& p = pending_.at(r.step);
+    rollout_sample s = p.samples[r.index];
+    auto [it, fresh] =
+        prompt_of.try_emplace({r.step, s.group}, static_cast<int64_t>(prompts.size()));
+    if (fresh) prompts.push_back(p.prompts[static_cast<size_t>(s.group)]);
+    s.group = it->second;
+    batch.push_back(std::move(s));
+  }
+  if (rewards_) {
+    // Scored on the reward thread while the rollouts go on; the job owns its copies.
+    const uint64_t ticket = next_ticket_++;
+    auto job = [this, prompts = std::move(prompts), batch = std::move(batch)] {
+      return score(prompts, batch);
+    };
+    if (auto st = rewards_->submit(ticket, std::move(job)); !st) return st;
+    scoring_[ticket] = std::move(refs);
+    return {};
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto rewards = score(prompts, batch);
+  const double seconds = seconds_since(t0);
+  if (reward_) reward_wait_s_ += seconds;  // the task's own verifier is not a wait for a reward
+  return apply_rewards(refs, rewards, seconds);
+}
+
+status grpo_loop::submit_unscored() {
+  if (unscored_.empty() || rewards_->pending() > 0) return {};
+  std::vector<sample_ref> refs;
+  refs.swap(unscored_);
+  return score_samples(std::move(refs));
+}
+
+status grpo_loop::apply_rewards(const std::vector<sample_ref>& refs,
+                                const result<std::vector<double>>& rewards, double seconds) {
+  if (refs.empty()) return {};
+  if (!rewards) {
+    const pending_step& p = pending_.at(refs.front().step);
+    std::string which = "step " + std::to_string(refs.front().step + 1) + ", group " +
+                        std::to_string(p.samples[refs.front().index].group);
+    if (refs.size() > 1 && static_cast<int64_t>(refs.size()) != config_.group_size) {
+      which = std::to_string(refs.size()) + " samples from " + which + " on";
+    }
+    return status{rewards.error().code(), "rewards of " + which + ": " + rewards.error().message()};
+  }
+  const double share = seconds / static_cast<double>(refs.size());
+  for (size_t k = 0; k < refs.size(); ++k) {
+    auto it = pending_.find(refs[k].step);
+    if (it == pending_.end()) continue;  // a dropped step's
+    pending_step& p = it->second;
+    rollout_sample& s = p.samples[refs[k].index];
+    s.reward = (*rewards)[k];
+    const auto g = static_cast<size_t>(s.group);
+    if (++p.group_rewarded[g] == config_.group_size) p.group_scored[g] = 1;
+    p.reward_s += share;
+  }
+  return {};
+}
+
+status grpo_loop::collect_rewards(bool wait, uint64_t want,
+                                  std::optional<result<std::vector<double>>>* wanted) {
+  if (!rewards_) return {};
+  if (auto st = submit_unscored(); !st) return st;
+  if (rewards_->pending() == 0) return {};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto done = rewards_->ready(wait);
+  if (wait) reward_wait_s_ += seconds_since(t0);
+  for (auto& d : done) {
+    if (wanted && d.ticket == want) {
+      *wanted = std::move(d.rewards);
+      continue;
+    }
+    auto it = scoring_.find(d.ticket);
+    if (it == scoring_.end()) continue;  // a batch of a dropped step
+    const std::vector<sample_ref> refs = std::move(it->second);
+    scoring_.erase(it);
+    if (auto st = apply_rewards(refs, d.rewards, d.seconds); !st) return st;
+  }
+  // The reward thread may be idle now: what finished meanwhile goes to it.
+  return submit_unscored();
+}
+
+bool grpo_loop::step_scored(int64_t m) const {
+  auto it = pending_.find(m);
+  return it != pending_.end() &&
+         std::all_of(it->second.group_scored.begin(), it->second.group_scored.end(),
+                     [](uint8_t f) { return f != 0; });
+}
+
+bool grpo_loop::rewards_pending() const {
+  return rewards_ && (rewards_->pending() > 0 || !unscored_.empty());
 }
 
 result<std::vector<double>> grpo_loop::score(const std::vector<rl_prompt>& prompts,
@@ -464,6 +585,7 @@ result<rl_step_record> grpo_loop::step() {
     return status{status_code::invalid_argument,
                   "kl_coef > 0 with an external reference, but set_reference() was not called"};
   }
+  reward_wait_s_ = 0.0;
   if (config_.stream) return stream_step();
   rl_step_record rec;
   rec.step = step_ + 1;
@@ -473,7 +595,21 @@ result<rl_step_record> grpo_loop::step() {
     for (int64_t m : sched_.admit()) {
       if (auto st = start_step(m); !st) return st;
     }
-    if (sched_.ready()) break;
+    if (auto st = collect_rewards(false); !st) return st;
+    if (sched_.ready()) {
+      // Every sample of the step has finished: wait for the rewards still out, without another
+      // engine step, so that when the step trains (and the weights change under the rollouts
+      // of later steps) depends on the rollouts alone, never on how long a reward took — the
+      // run is the same bit for bit as with blocking rewards, in every mode.
+      while (!step_scored(step_)) {
+        if (!rewards_pending()) {
+          return status{status_code::internal,
+                        "step " + std::to_string(step_ + 1) + ": rewards missing"};
+        }
+        if (auto st = collect_rewards(true); !st) return st;
+      }
+      break;
+    }
     if (!rollouts_busy()) {
       return status{status_code::internal, "step " + std::to_string(step_ + 1) +
                                                ": the engine is idle but the rollouts of the "
@@ -504,6 +640,8 @@ result<rl_step_record> grpo_loop::step() {
     p.ref_s += seconds_since(t2);
   }
   rec.ref_s = p.ref_s;
+  rec.reward_s = p.reward_s;
+  rec.reward_wait_s = reward_wait_s_;
   if (auto st = update(batches, rec); !st) return st;
   rec.train_s = seconds_since(t1);
 
@@ -584,6 +722,7 @@ result<rl_step_record> grpo_loop::stream_step() {
     // Train the scored groups in chunks of `shares` consecutive groups (one per parallel share),
     // in group order: which groups sum together never depends on timing. The rest of the step
     // generates elsewhere meanwhile.
+    if (auto st = collect_rewards(false); !st) return st;
     auto it = pending_.find(step_);
     const int64_t chunk = std::max(1, config_.shares);
     while (it != pending_.end() && next < config_.prompts_per_step) {
@@ -603,6 +742,10 @@ result<rl_step_record> grpo_loop::stream_step() {
     }
     if (sched_.ready() && next == config_.prompts_per_step) break;
     if (!rollouts_busy()) {
+      if (rewards_pending()) {
+        if (auto st = collect_rewards(true); !st) return st;
+        continue;
+      }
       return status{status_code::internal, "step " + std::to_string(step_ + 1) +
                                                ": the rollouts are idle but the step's groups "
                                                "are not all trained"};
@@ -616,6 +759,8 @@ result<rl_step_record> grpo_loop::stream_step() {
   pending_step p = std::move(pending_.at(step_));
   pending_.erase(step_);
   (void)score_step(p.samples, rec);  // the step's reward and length statistics
+  rec.reward_s = p.reward_s;
+  rec.reward_wait_s = reward_wait_s_;
   // The groups trained with unnormalised weights: normalise as sample_token_weights would.
   double scale = 0.0;
   if (config_.grpo.aggregation == loss_aggregation::token) {
@@ -736,6 +881,10 @@ status grpo_loop::restore(const train::checkpoint_state& s) {
   while (backend_->has_work()) {
     if (auto st = pump(none); !st) return st;
   }
+  // Rewards still being computed belong to the rollouts dropped above.
+  while (rewards_ && rewards_->pending() > 0) (void)rewards_->ready(true);
+  scoring_.clear();
+  unscored_.clear();
   slots_.clear();
   pending_.clear();
   prompts_.set_cursor(s.cursor.index);
@@ -764,7 +913,25 @@ result<rl_eval_record> grpo_loop::evaluate() {
   if (set.empty()) return rec;
   auto samples = generate(set, 1, config_.seed, true);
   if (!samples) return samples.error();
-  auto scored = score(set, *samples);
+  result<std::vector<double>> scored = std::vector<double>{};
+  if (rewards_) {
+    // Through the reward thread (the reward is used from one thread only); groups of later
+    // steps scored meanwhile go to their steps.
+    const uint64_t ticket = next_ticket_++;
+    if (auto st =
+            rewards_->submit(ticket, [this, &set, all = *samples] { return score(set, all); });
+        !st) {
+      return st;
+    }
+    std::optional<result<std::vector<double>>> mine;
+    while (!mine && rewards_pending()) {
+      if (auto st = collect_rewards(true, ticket, &mine); !st) return st;
+    }
+    if (!mine) return status{status_code::internal, "the evaluation's rewards did not come back"};
+    scored = std::move(*mine);
+  } else {
+    scored = score(set, *samples);
+  }
   if (!scored) return scored.error();
   double solved = 0.0, len = 0.0;
   for (size_t i = 0; i < samples->size(); ++i) {

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -30,6 +31,7 @@
 #include "gpu/rl/grpo.hpp"
 #include "gpu/rl/grpo_update.hpp"
 #include "gpu/rl/reference.hpp"
+#include "gpu/rl/reward_queue.hpp"
 #include "gpu/rl/rollout_backend.hpp"
 #include "gpu/rl/rollout_scheduler.hpp"
 #include "gpu/rl/tasks.hpp"
@@ -60,6 +62,12 @@ struct grpo_loop_config {
   /// the rest of the step generates (RLHFuse's inter-stage fusion); false: in the training stage,
   /// on the update's packed batches (the baseline).
   bool fuse_reference = true;
+  /// With set_reward() (an external reward: a process, an endpoint, reward workers): a finished
+  /// group is scored on a thread of its own (reward_queue) while the rollouts go on and its KL
+  /// reference runs; the step waits only for the rewards still out when its rollouts are done.
+  /// false: the loop waits for each group's rewards as it finishes (the baseline). The rewards,
+  /// and so the run, are the same either way.
+  bool async_rewards = true;
   /// With a KL term: the reference is set with set_reference() (e.g. on nodes of its own,
   /// `--reference-workers`) rather than loaded into this process by create().
   bool external_reference = false;
@@ -193,6 +201,9 @@ struct rl_step_record {
   /// With a KL term: seconds of the reference's forward — run as each group finished (inside
   /// rollout_s, overlapping the generation of the other groups), or in train_s without fusion.
   double ref_s = 0.0;
+  /// Seconds the reward took over the step's groups (on the reward thread with async rewards),
+  /// and seconds the loop waited for rewards with nothing else to do during this step() call.
+  double reward_s = 0.0, reward_wait_s = 0.0;
   /// The rollout backend's counters after the step (rollout agents; zeros in one process).
   rollout_backend_stats agents;
   /// Reward workers on other nodes (`weft rl --reward-workers`, filled by the command; zeros
@@ -230,6 +241,8 @@ struct rl_eval_record {
 /// Replaces the task's own verifier (e.g. an external reward process).
 using batch_reward = std::function<result<std::vector<double>>(
     const std::vector<rl_prompt>& prompts, const std::vector<rollout_sample>& samples)>;
+/// What one call of a batch_reward gets: a whole group, or any samples.
+enum class reward_unit { group, sample };
 
 class grpo_loop {
  public:
@@ -247,7 +260,17 @@ class grpo_loop {
   /// Needs a host trainer and whole steps (not stream mode).
   status set_update_group(std::shared_ptr<update_group> group);
   /// Scores samples with `reward` instead of the task's verifier (training and evaluation).
-  void set_reward(batch_reward reward) { reward_ = std::move(reward); }
+  /// With config.async_rewards the calls run on a thread of the loop's own, one at a time (so
+  /// `reward` may use an object no other thread uses); call stop_rewards() before anything
+  /// `reward` uses is destroyed.
+  /// `unit`: what the reward sees in one call — whole groups (e.g. an endpoint that compares a
+  /// group's samples), or any samples (a program that scores each on its own: with async rewards
+  /// each sample is then scored as it finishes, with whatever else finished while the previous
+  /// call ran).
+  void set_reward(batch_reward reward, reward_unit unit = reward_unit::group);
+  /// Waits for the reward batch being scored and drops the queued ones (then no reward runs any
+  /// more); idempotent. The destructor does it too.
+  void stop_rewards();
   /// Where the tool calls of agentic rollouts run (config.tools); must be set before the first
   /// step when tools are on.
   void set_tools(std::shared_ptr<tool_backend> tools) { tools_ = std::move(tools); }
@@ -368,6 +391,28 @@ class grpo_loop {
   status apply_update(double scale, rl_step_record& rec);
   result<std::vector<double>> score(const std::vector<rl_prompt>& prompts,
                                     const std::vector<rollout_sample>& samples);
+  /// A sample of a pending step.
+  struct sample_ref {
+    int64_t step = 0;
+    size_t index = 0;
+  };
+  /// Scores `refs` (with async rewards: submits them to the reward thread).
+  status score_samples(std::vector<sample_ref> refs);
+  /// reward_unit::sample: the finished samples not yet scored go to the reward thread if it is
+  /// idle.
+  status submit_unscored();
+  /// Rewards that are in go to their groups; with `wait`, blocks for at least one when some are
+  /// pending. The time blocked counts into reward_wait_s_. The batch under ticket `want` (if
+  /// any) goes to `*wanted` instead.
+  status collect_rewards(bool wait, uint64_t want = 0,
+                         std::optional<result<std::vector<double>>>* wanted = nullptr);
+  /// Applies the rewards of `refs` (a group is scored once all of its samples are).
+  status apply_rewards(const std::vector<sample_ref>& refs,
+                       const result<std::vector<double>>& rewards, double seconds);
+  /// Whether every group of step m has its rewards.
+  bool step_scored(int64_t m) const;
+  /// Whether the loop has rewards to wait for.
+  bool rewards_pending() const;
 
   std::unique_ptr<device> train_dev_;  ///< config.train_device's (outlives model_)
   std::unique_ptr<train::trainable_model<float>> model_;
@@ -391,8 +436,10 @@ class grpo_loop {
     std::vector<rollout_sample> samples;  ///< Group after group.
     std::vector<int64_t> group_finished;  ///< Finished samples per group.
     std::vector<uint8_t> group_scored;    ///< Groups whose rewards are in.
+    std::vector<int64_t> group_rewarded;  ///< Samples of each group whose reward is in.
     int64_t cursor = 0;                   ///< Prompt cursor before its prompts were drawn.
     double ref_s = 0.0;                   ///< Reference forwards of its finished groups.
+    double reward_s = 0.0;                ///< Its groups' reward calls.
   };
   std::map<int64_t, pending_step> pending_;
   struct slot {
@@ -427,6 +474,14 @@ class grpo_loop {
   /// batch_turns: starts the held calls once nothing generates, and the held continuations once
   /// every call has answered.
   status release_held();
+  /// Async rewards: the samples of each batch submitted and not yet applied.
+  std::unordered_map<uint64_t, std::vector<sample_ref>> scoring_;
+  std::vector<sample_ref> unscored_;  ///< reward_unit::sample: finished, not yet submitted.
+  reward_unit reward_unit_ = reward_unit::group;
+  uint64_t next_ticket_ = 1;
+  double reward_wait_s_ = 0.0;  ///< Waited for rewards during the step() call in progress.
+  /// Async rewards' thread; declared last, so it stops before anything its jobs use goes.
+  std::unique_ptr<reward_queue> rewards_;
 };
 
 }  // namespace weft::gpu::rl

@@ -220,6 +220,21 @@ def main():
         check(rc == 0 and "rewards from" in out and
               any(r.get("reward_std", 0) > 0 for r in rows if r["kind"] == "step"),
               f"--reward-cmd scores the samples (rc {rc}) {out[-300:]}")
+        # The groups are scored on the loop's reward thread; --blocking-rewards waits for each
+        # instead: the same run, step for step.
+        rc, out = rl(weft, base + ["--steps", "3", "--eval-every", "3", "--reward-cmd",
+                                   f"python3 {script}", "--blocking-rewards", "--metrics",
+                                   os.path.join(tmp, "rcb.jsonl")])
+        blocking = metrics(os.path.join(tmp, "rcb.jsonl")) if rc == 0 else []
+        keys = ["reward", "loss", "grad_norm", "completion_tokens", "pass_at_1"]
+        check(rc == 0 and len(blocking) == len(rows) and
+              all([r.get(k) for k in keys] == [b.get(k) for k in keys]
+                  for r, b in zip(rows, blocking)) and
+              all(r["reward_s"] > 0 for r in rows if r["kind"] == "step"),
+              f"--blocking-rewards trains what async rewards do (rc {rc}) {out[-300:]}")
+        rc, out = rl(weft, base + ["--steps", "1", "--blocking-rewards"])
+        check(rc == 2 and "--blocking-rewards needs --reward-cmd" in out,
+              "--blocking-rewards without an external reward is refused")
         garbage = os.path.join(tmp, "garbage.py")
         with open(garbage, "w") as f:
             f.write("import sys\nfor line in sys.stdin:\n    print('so good', flush=True)\n")

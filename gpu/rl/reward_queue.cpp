@@ -1,0 +1,67 @@
+#include "gpu/rl/reward_queue.hpp"
+
+#include <chrono>
+#include <utility>
+
+namespace weft::gpu::rl {
+
+reward_queue::reward_queue() : worker_([this] { run(); }) {}
+
+reward_queue::~reward_queue() {
+  stop();
+  worker_.join();
+}
+
+status reward_queue::submit(uint64_t ticket, job j) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return {status_code::internal, "the reward queue is stopped"};
+    queue_.emplace_back(ticket, std::move(j));
+  }
+  ++pending_;
+  work_cv_.notify_one();
+  return {};
+}
+
+std::vector<reward_queue::scored> reward_queue::ready(bool wait) {
+  std::unique_lock lock(mu_);
+  if (wait && pending_ > 0) done_cv_.wait(lock, [this] { return !done_.empty() || stopping_; });
+  std::vector<scored> out;
+  out.reserve(done_.size());
+  for (auto& s : done_) out.push_back(std::move(s));
+  done_.clear();
+  pending_ -= static_cast<int64_t>(out.size());
+  return out;
+}
+
+void reward_queue::stop() {
+  std::unique_lock lock(mu_);
+  stopping_ = true;
+  pending_ -= static_cast<int64_t>(queue_.size());
+  queue_.clear();
+  work_cv_.notify_all();
+  done_cv_.wait(lock, [this] { return !busy_; });
+}
+
+void reward_queue::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping
+    auto [ticket, j] = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto rewards = j();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    j = nullptr;  // what the job holds is released on this thread, before it counts as done
+    lock.lock();
+    busy_ = false;
+    done_.push_back(scored{ticket, std::move(rewards), seconds});
+    done_cv_.notify_all();
+  }
+}
+
+}  // namespace weft::gpu::rl

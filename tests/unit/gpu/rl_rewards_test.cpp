@@ -1,0 +1,254 @@
+// External rewards scored on a thread of their own (gpu/rl/reward_queue.hpp, docs/rl.md "Rewards
+// from your own program"): the queue runs its jobs in order off the caller's thread, returns their
+// errors and stops cleanly; the GRPO loop with async rewards trains the very bits of the loop that
+// waits for each group's rewards (sync, async K = 2 with an evaluation between steps, stream), and
+// a reward that fails ends the step naming the group.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "gpu/rl/grpo_loop.hpp"
+#include "gpu/rl/reward_queue.hpp"
+#include "gpu/train/trainable_model.hpp"
+#include "tests/unit/gpu/rl_test_support.hpp"
+
+namespace {
+
+using namespace weft::gpu;
+using namespace weft::gpu::rl;
+using weft::gpu::rl_test::digits_task;
+using weft::gpu::rl_test::tiny_file;
+
+TEST(reward_queue, runs_its_jobs_in_order_on_a_thread_of_its_own) {
+  reward_queue q;
+  EXPECT_TRUE(q.ready(false).empty());
+  EXPECT_TRUE(q.ready(true).empty());  // nothing pending: does not block
+  const auto caller = std::this_thread::get_id();
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<std::thread::id> threads;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(q.submit(static_cast<uint64_t>(10 + i), [&, i]() -> result<std::vector<double>> {
+                   std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                   std::lock_guard lock(mu);
+                   order.push_back(i);
+                   threads.push_back(std::this_thread::get_id());
+                   return std::vector<double>{static_cast<double>(i)};
+                 }).ok());
+  }
+  EXPECT_EQ(q.pending(), 4);
+  std::vector<uint64_t> tickets;
+  while (q.pending() > 0) {
+    for (auto& s : q.ready(true)) {
+      ASSERT_TRUE(s.rewards.ok());
+      EXPECT_EQ((*s.rewards)[0], static_cast<double>(s.ticket - 10));
+      EXPECT_GE(s.seconds, 0.0);
+      tickets.push_back(s.ticket);
+    }
+  }
+  EXPECT_EQ(tickets, (std::vector<uint64_t>{10, 11, 12, 13}));
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
+  for (const auto& t : threads) EXPECT_NE(t, caller);
+}
+
+TEST(reward_queue, gives_back_a_jobs_error_and_stops_after_the_running_job) {
+  reward_queue q;
+  ASSERT_TRUE(q.submit(1, []() -> result<std::vector<double>> {
+                 return status{status_code::invalid_argument, "garbage from sample 3"};
+               }).ok());
+  auto first = q.ready(true);
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_FALSE(first[0].rewards.ok());
+  EXPECT_EQ(first[0].rewards.error().message(), "garbage from sample 3");
+
+  std::atomic<int> ran{0};
+  std::atomic<bool> started{false};
+  ASSERT_TRUE(q.submit(2, [&]() -> result<std::vector<double>> {
+                 started = true;
+                 std::this_thread::sleep_for(std::chrono::milliseconds(30));
+                 ++ran;
+                 return std::vector<double>{};
+               }).ok());
+  ASSERT_TRUE(q.submit(3, [&]() -> result<std::vector<double>> {
+                 ++ran;
+                 return std::vector<double>{};
+               }).ok());
+  while (!started) std::this_thread::yield();
+  q.stop();  // waits for job 2, drops job 3
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_FALSE(q.submit(4, [] { return result<std::vector<double>>(std::vector<double>{}); }).ok());
+  auto rest = q.ready(false);
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(rest[0].ticket, 2u);
+  EXPECT_EQ(q.pending(), 0);
+  q.stop();  // idempotent
+}
+
+grpo_loop_config loop_cfg() {
+  auto c = weft::gpu::rl_test::tiny_loop_config();
+  c.shares = 2;
+  return c;
+}
+
+/// The task's verifier as an external reward that takes its time, recording the threads it
+/// ran on.
+struct slow_reward {
+  const digits_task* task = nullptr;
+  std::shared_ptr<std::mutex> mu = std::make_shared<std::mutex>();
+  std::shared_ptr<std::vector<std::thread::id>> threads =
+      std::make_shared<std::vector<std::thread::id>>();
+  std::shared_ptr<std::vector<size_t>> sizes = std::make_shared<std::vector<size_t>>();
+  result<std::vector<double>> operator()(const std::vector<rl_prompt>& prompts,
+                                         const std::vector<rollout_sample>& samples) const {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    {
+      std::lock_guard lock(*mu);
+      threads->push_back(std::this_thread::get_id());
+      sizes->push_back(samples.size());
+    }
+    std::vector<double> out;
+    for (const auto& s : samples) {
+      out.push_back(task->reward(prompts[static_cast<size_t>(s.group)], s.text));
+    }
+    return out;
+  }
+};
+
+std::unique_ptr<grpo_loop> make_loop(const gguf_file& file, const rl_task& task, grpo_loop_config c,
+                                     bool async, const slow_reward& r,
+                                     reward_unit unit = reward_unit::group) {
+  c.async_rewards = async;
+  auto m = train::trainable_model<float>::load(file);
+  EXPECT_TRUE(m.ok());
+  auto loop = grpo_loop::create(file, std::move(*m), task, c);
+  EXPECT_TRUE(loop.ok()) << loop.error().message();
+  (*loop)->set_reward(r, unit);
+  return std::move(*loop);
+}
+
+TEST(grpo_loop_rewards, async_rewards_train_the_bits_of_blocking_rewards_in_every_mode) {
+  const auto file = tiny_file();
+  digits_task task;
+  struct mode {
+    const char* name;
+    int64_t staleness;
+    bool stream;
+    reward_unit unit;
+  };
+  for (const mode& md : {mode{"sync", 0, false, reward_unit::group},
+                         mode{"sync, per sample", 0, false, reward_unit::sample},
+                         mode{"async K=2", 2, false, reward_unit::group},
+                         mode{"async K=2, per sample", 2, false, reward_unit::sample},
+                         mode{"stream", 0, true, reward_unit::group},
+                         mode{"stream, per sample", 0, true, reward_unit::sample}}) {
+    SCOPED_TRACE(md.name);
+    auto cfg = loop_cfg();
+    cfg.max_staleness = md.staleness;
+    cfg.stream = md.stream;
+    cfg.total_steps = 3;
+    slow_reward ra{&task}, rb{&task};
+    auto a = make_loop(file, task, cfg, true, ra, md.unit);
+    auto b = make_loop(file, task, cfg, false, rb, md.unit);
+    for (int s = 0; s < 3; ++s) {
+      auto xa = a->step();
+      auto xb = b->step();
+      ASSERT_TRUE(xa.ok() && xb.ok()) << (xa.ok() ? xb.error().message() : xa.error().message());
+      EXPECT_EQ(xa->reward_mean, xb->reward_mean);
+      EXPECT_EQ(xa->loss, xb->loss);
+      EXPECT_EQ(xa->staleness_max, xb->staleness_max);
+      EXPECT_EQ(xa->samples, 24);
+      EXPECT_GT(xa->reward_s, 0.0);
+      EXPECT_GT(xb->reward_s, 0.0);
+      if (md.staleness == 0) {  // blocking: all of a step's scoring is waited for, in its call
+        EXPECT_GE(xb->reward_wait_s, xb->reward_s * 0.99);
+      }
+      if (s == 1) {
+        // The held-out evaluation goes through the reward thread too (groups of later steps
+        // may be scored meanwhile).
+        auto ea = a->evaluate();
+        auto eb = b->evaluate();
+        ASSERT_TRUE(ea.ok() && eb.ok()) << (ea.ok() ? eb.error().message() : ea.error().message());
+        EXPECT_EQ(ea->pass_at_1, eb->pass_at_1);
+      }
+    }
+    const auto& va = std::as_const(a->model()).parameters();
+    const auto& vb = std::as_const(b->model()).parameters();
+    for (size_t i = 0; i < va.size(); ++i) ASSERT_EQ(va[i].value, vb[i].value) << va[i].name;
+    const auto caller = std::this_thread::get_id();
+    for (const auto& t : *ra.threads) EXPECT_NE(t, caller);
+    for (const auto& t : *rb.threads) EXPECT_EQ(t, caller);
+    // Blocking rewards score whole groups; per-sample async ones start with the first sample
+    // that finishes, alone (the reward thread is idle then), and take the groups' evaluation
+    // batch of 8 held-out prompts whole.
+    for (size_t n : *rb.sizes) EXPECT_TRUE(n == 6 || n == 8) << n;
+    if (md.unit == reward_unit::sample) {
+      ASSERT_FALSE(ra.sizes->empty());
+      EXPECT_EQ(ra.sizes->front(), 1u);
+    } else {
+      for (size_t n : *ra.sizes) EXPECT_TRUE(n == 6 || n == 8) << n;
+    }
+    a->stop_rewards();
+    a->stop_rewards();  // idempotent
+  }
+}
+
+TEST(grpo_loop_rewards, a_failing_reward_ends_the_step_naming_the_group) {
+  const auto file = tiny_file();
+  digits_task task;
+  for (auto [async, unit] :
+       {std::pair{true, reward_unit::group}, std::pair{false, reward_unit::group},
+        std::pair{true, reward_unit::sample}}) {
+    SCOPED_TRACE(async ? (unit == reward_unit::sample ? "async, per sample" : "async")
+                       : "blocking");
+    auto cfg = loop_cfg();
+    cfg.async_rewards = async;
+    auto m = train::trainable_model<float>::load(file);
+    ASSERT_TRUE(m.ok());
+    auto loop = grpo_loop::create(file, std::move(*m), task, cfg);
+    ASSERT_TRUE(loop.ok());
+    auto calls = std::make_shared<std::atomic<int>>(0);
+    (*loop)->set_reward(
+        [calls](const std::vector<rl_prompt>&,
+                const std::vector<rollout_sample>& samples) -> result<std::vector<double>> {
+          if (++*calls == 2) {
+            return status{status_code::invalid_argument,
+                          "the reward process gave sample 4 no reward"};
+          }
+          return std::vector<double>(samples.size(), 0.5);
+        },
+        unit);
+    auto r = (*loop)->step();
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code(), status_code::invalid_argument);
+    // "rewards of step 1, group G: ..." (per sample, a batch of several: "rewards of N samples
+    // from step 1, group G on: ...").
+    EXPECT_EQ(r.error().message().rfind("rewards of ", 0), 0u) << r.error().message();
+    EXPECT_NE(r.error().message().find("step 1, group "), std::string::npos) << r.error().message();
+    EXPECT_NE(r.error().message().find("gave sample 4 no reward"), std::string::npos);
+  }
+}
+
+TEST(grpo_loop_rewards, a_reward_with_the_wrong_count_is_an_error) {
+  const auto file = tiny_file();
+  digits_task task;
+  auto m = train::trainable_model<float>::load(file);
+  ASSERT_TRUE(m.ok());
+  auto loop = grpo_loop::create(file, std::move(*m), task, loop_cfg());
+  ASSERT_TRUE(loop.ok());
+  (*loop)->set_reward([](const std::vector<rl_prompt>&, const std::vector<rollout_sample>&) {
+    return result<std::vector<double>>(std::vector<double>{1.0});
+  });
+  auto r = (*loop)->step();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("1 rewards for 6 samples"), std::string::npos)
+      << r.error().message();
+}
+
+}  // namespace
