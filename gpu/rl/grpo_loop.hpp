@@ -2,7 +2,8 @@
 /// GRPO in one process (docs/rl.md, `weft rl --mode sync|async`): each step draws prompts,
 /// generates a group of samples per prompt with the rollout engine (which serves the trainer's
 /// current weights and records every token's log-probability and weight version), scores each
-/// group as soon as it finishes, computes group-relative advantages, takes one optimizer step on
+/// group as soon as it finishes (an external reward on a thread of its own, reward_queue, while
+/// the rollouts go on), computes group-relative advantages, takes one optimizer step on
 /// the policy objective and copies the new weights into the engine in place (a new weight
 /// version; the engine's prefix cache starts a new namespace). With max_staleness K > 0 the
 /// rollouts of the next K steps keep the engine busy while a step trains; in-flight samples
