@@ -61,6 +61,9 @@ MODES = {
                                        "--reward-cmd", SLOW_REWARD, "--blocking-rewards"],
     "async K=2 slow reward": ["--mode", "async", "--max-staleness", "2",
                               "--reward-cmd", SLOW_REWARD],
+    "agents sync slow reward blocking": ["--agents", "2", "--reward-cmd", SLOW_REWARD,
+                                         "--blocking-rewards"],
+    "agents sync slow reward": ["--agents", "2", "--reward-cmd", SLOW_REWARD],
 }
 
 
