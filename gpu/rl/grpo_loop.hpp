@@ -392,6 +392,9 @@ class grpo_loop {
   status apply_update(double scale, rl_step_record& rec);
   result<std::vector<double>> score(const std::vector<rl_prompt>& prompts,
                                     const std::vector<rollout_sample>& samples);
+  /// score(), through the reward thread with async rewards (blocks until the batch is scored).
+  result<std::vector<double>> score_now(const std::vector<rl_prompt>& prompts,
+                                        const std::vector<rollout_sample>& samples);
   /// A sample of a pending step.
   struct sample_ref {
     int64_t step = 0;
