@@ -41,6 +41,15 @@ def pool_hits(srv):
     return sum(v for (n, l), v in srv.metrics().items() if n == "weft_cache_hit_tokens_total" and ("source", "pool") in l)
 
 
+def wait_pool_hits(srv, at_least, timeout_s=10):
+    """The router's counters come from the workers' load reports (every 200 ms): a request's pooled
+    tokens show up a report after its response."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and pool_hits(srv) < at_least:
+        time.sleep(0.1)
+    return pool_hits(srv)
+
+
 def wait_segments(srv, at_least, timeout_s=20):
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -68,7 +77,7 @@ class CachePoolTest(unittest.TestCase):
         cached = usage["prompt_tokens_details"]["cached_tokens"]
         self.assertGreater(cached, 0)
         self.assertEqual(cached % SEGMENT, 0, "pooled tokens come in whole segments")
-        self.assertEqual(pool_hits(SERVER) - before, cached)
+        self.assertEqual(wait_pool_hits(SERVER, before + cached) - before, cached)
         # Seeded sampling with log-probs is unchanged too (turn 2 = worker A again: local hit;
         # turn 3 = worker B: local or pool); both must equal the cold run.
         for _ in range(2):
