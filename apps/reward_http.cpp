@@ -20,7 +20,7 @@ gpu::result<reward_http> reward_http::create(reward_http_config config) {
 }
 
 gpu::result<std::vector<double>> reward_http::score(
-    std::span<const gpu::rl::reward_request> items) {
+    std::span<const gpu::rl::reward_request> items) const {
   nlohmann::json samples = nlohmann::json::array();
   for (size_t i = 0; i < items.size(); ++i) {
     samples.push_back({{"id", i},
@@ -39,7 +39,6 @@ gpu::result<std::vector<double>> reward_http::score(
   p.max_sends = config_.max_retries + 1;
   p.first_pause_ms = 400;
   auto res = weft::rl::post_with_retries(p, [&](const std::string& why, int resend) {
-    ++retries_;
     spdlog::warn("reward endpoint {}: {}; sending the {} sample(s) again ({} of {})", config_.url,
                  why, items.size(), resend, config_.max_retries);
   });

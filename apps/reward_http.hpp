@@ -27,15 +27,13 @@ class reward_http {
  public:
   /// An error when the URL is not http://host[:port][/path].
   static gpu::result<reward_http> create(reward_http_config config);
-  gpu::result<std::vector<double>> score(std::span<const gpu::rl::reward_request> items);
-  /// Requests sent again after a failure, since construction.
-  int64_t retries() const { return retries_; }
+  /// Thread-safe: each call has its own connection (`--reward-concurrency` calls at once).
+  gpu::result<std::vector<double>> score(std::span<const gpu::rl::reward_request> items) const;
 
  private:
   reward_http_config config_;
   std::string host_port_;  ///< scheme://host:port
   std::string path_;
-  int64_t retries_ = 0;
 };
 
 }  // namespace weft::apps

@@ -261,6 +261,18 @@ bool options_fit_together(const rl_options& o) {
         "it needs both");
     return false;
   }
+  if (o.reward_procs > 1 && (o.reward_cmd.empty() || o.reward_workers > 0)) {
+    spdlog::error(
+        "--reward-procs runs copies of --reward-cmd beside the trainer: it needs --reward-cmd, "
+        "and not --reward-workers (which runs one copy on each reward node)");
+    return false;
+  }
+  if (o.reward_procs > 1 && o.blocking_rewards) {
+    spdlog::error(
+        "--reward-procs scores batches at once on the reward threads; "
+        "--blocking-rewards scores each in the loop: choose one");
+    return false;
+  }
   if (o.tool_workers > 0 &&
       (o.agents == 0 || (o.tools.empty() && o.tool_cmds.empty() && o.tool_urls.empty()))) {
     spdlog::error(
@@ -454,7 +466,7 @@ int run_rl(const rl_options& o) {
   if (!made) return rc;
   const std::unique_ptr<rl_agent_cluster> cluster = std::move(starting);
   grpo_loop& loop = *made;
-  std::optional<reward_process> rewards;
+  std::optional<reward_process_pool> rewards;
   std::optional<reward_http> endpoint;
   if (!use_rewards(o, cluster.get(), loop, rewards, endpoint)) return 2;
   // Declared after what the rewards use (the process, the endpoint, the cluster's reward
@@ -551,6 +563,13 @@ void add_rl_command(CLI::App& app, const global_options&) {
       spdlog::error(
           "--blocking-rewards needs --reward-cmd or --reward-url (the task's own verifier is "
           "called in place)");
+      std::exit(2);
+    }
+    if (cmd->get_option("--reward-concurrency")->count() > 0 &&
+        (o->reward_url.empty() || o->blocking_rewards)) {
+      spdlog::error(
+          "--reward-concurrency sets the requests in flight to --reward-url (not with "
+          "--blocking-rewards, which sends one group at a time from the loop)");
       std::exit(2);
     }
     if (o->no_fused_reference && o->kl_coef == 0.0) {

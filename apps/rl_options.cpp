@@ -143,6 +143,16 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "run's cluster (supervised reward workers; a lost worker's samples are scored "
                   "again by another) instead of beside the trainer")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--reward-procs", o->reward_procs,
+                  "--reward-cmd: copies of the program beside the trainer, each scoring one batch "
+                  "at a time (a batch goes to a free copy; the rewards are the same)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--reward-concurrency", o->reward_concurrency,
+                  "--reward-url: batches POSTed at once (each on its own connection; the "
+                  "endpoint must serve them concurrently, or they wait there)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   cmd->add_flag("--blocking-rewards", o->blocking_rewards,
                 "--reward-cmd / --reward-url: stop generating while a finished group is scored "
                 "(the baseline) instead of scoring it on a thread of its own as the rollouts go "

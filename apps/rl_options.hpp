@@ -86,7 +86,9 @@ struct rl_options {
   std::string reward_key;
   double reward_timeout_s = 60.0;
   int reward_restarts = 3;
-  int reward_workers = 0;  ///< --reward-cmd on this many reward nodes (needs --agents)
+  int reward_workers = 0;      ///< --reward-cmd on this many reward nodes (needs --agents)
+  int reward_procs = 1;        ///< --reward-cmd: copies of the program, batches scored at once
+  int reward_concurrency = 4;  ///< --reward-url: requests in flight at once
   /// --reward-cmd / --reward-url: wait for each group's rewards as it finishes instead of
   /// scoring on a thread of its own while the rollouts go on.
   bool blocking_rewards = false;

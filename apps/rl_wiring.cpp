@@ -70,16 +70,18 @@ std::vector<reward_request> reward_requests(const std::vector<rl_prompt>& prompt
 
 /// --reward-cmd: the loop's rewards come from `rewards`, started here.
 void use_reward_process(const rl_options& o, grpo_loop& loop,
-                        std::optional<reward_process>& rewards) {
-  rewards.emplace(reward_process_config{o.reward_cmd, o.reward_timeout_s, o.reward_restarts});
-  // One line per sample: each is scored as it finishes.
+                        std::optional<reward_process_pool>& rewards) {
+  rewards.emplace(reward_process_config{o.reward_cmd, o.reward_timeout_s, o.reward_restarts},
+                  o.reward_procs);
+  // One line per sample: each is scored as it finishes; --reward-procs batches at once.
   loop.set_reward(
       [&rewards](const std::vector<rl_prompt>& prompts,
                  const std::vector<rollout_sample>& samples) {
         return rewards->score(reward_requests(prompts, samples));
       },
-      reward_unit::sample);
-  spdlog::info("rewards from `{}` (JSON lines on stdin/stdout)", o.reward_cmd);
+      reward_unit::sample, o.reward_procs);
+  spdlog::info("rewards from `{}` (JSON lines on stdin/stdout{})", o.reward_cmd,
+               o.reward_procs > 1 ? fmt::format(", {} copies", o.reward_procs) : std::string{});
 }
 
 /// --reward-url: the loop's rewards come from an HTTP endpoint.
@@ -92,11 +94,14 @@ bool use_reward_endpoint(const rl_options& o, grpo_loop& loop,
     return false;
   }
   rewards.emplace(std::move(*r));
-  loop.set_reward([&rewards](const std::vector<rl_prompt>& prompts,
-                             const std::vector<rollout_sample>& samples) {
-    return rewards->score(reward_requests(prompts, samples));
-  });
-  spdlog::info("rewards from {} (POST {{\"samples\": [...]}})", o.reward_url);
+  loop.set_reward(
+      [&rewards](const std::vector<rl_prompt>& prompts,
+                 const std::vector<rollout_sample>& samples) {
+        return rewards->score(reward_requests(prompts, samples));
+      },
+      reward_unit::group, o.reward_concurrency);
+  spdlog::info("rewards from {} (POST {{\"samples\": [...]}}, {} at once)", o.reward_url,
+               o.blocking_rewards ? 1 : o.reward_concurrency);
   return true;
 }
 
@@ -196,7 +201,8 @@ bool serve_metrics(const rl_options& o, rl_reporter& report, const rl_agent_clus
 /// trainer (--reward-cmd) or an endpoint (--reward-url); the task's verifier otherwise. false: said
 /// why.
 bool use_rewards(const rl_options& o, rl_agent_cluster* cluster, grpo_loop& loop,
-                 std::optional<reward_process>& rewards, std::optional<reward_http>& endpoint) {
+                 std::optional<reward_process_pool>& rewards,
+                 std::optional<reward_http>& endpoint) {
   if (cluster && cluster->rewards()) {
     loop.set_reward(
         [r = cluster->rewards()](const std::vector<rl_prompt>& prompts,

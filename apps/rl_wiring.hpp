@@ -38,7 +38,7 @@ bool serve_metrics(const rl_options& o, rl_reporter& report, const rl_agent_clus
 /// trainer (--reward-cmd) or an endpoint (--reward-url); the task's verifier otherwise. false: said
 /// why.
 bool use_rewards(const rl_options& o, rl_agent_cluster* cluster, gpu::rl::grpo_loop& loop,
-                 std::optional<gpu::rl::reward_process>& rewards,
+                 std::optional<gpu::rl::reward_process_pool>& rewards,
                  std::optional<reward_http>& endpoint);
 
 /// `--reference-workers K`: the KL reference on the cluster's reference nodes.

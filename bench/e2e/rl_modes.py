@@ -15,6 +15,7 @@ Writes JSON and PNG named <--name>-<date>.* into --out.
 Usage: rl_modes.py --weft build/release/apps/weft [--steps 8] [--repeat 2] [--out docs]
            [--modes "sync,agents sync,agents async K=2" --name rl-agents] [--rollout-type q8_0]
            [--modes "sync slow reward blocking,sync slow reward" --reward-ms 50]
+           [--modes "sync slow reward blocking,sync slow reward,sync slow reward 4 procs"]
 """
 import argparse
 import datetime
@@ -64,6 +65,10 @@ MODES = {
     "agents sync slow reward blocking": ["--agents", "2", "--reward-cmd", SLOW_REWARD,
                                          "--blocking-rewards"],
     "agents sync slow reward": ["--agents", "2", "--reward-cmd", SLOW_REWARD],
+    # Four copies of the slow program beside the trainer, batches scored at once.
+    "sync slow reward 4 procs": ["--reward-cmd", SLOW_REWARD, "--reward-procs", "4"],
+    "async K=2 slow reward 4 procs": ["--mode", "async", "--max-staleness", "2",
+                                      "--reward-cmd", SLOW_REWARD, "--reward-procs", "4"],
 }
 
 

@@ -334,7 +334,6 @@ status grpo_loop::start_step(int64_t m) {
   }
   if (auto st = backend_->add(std::move(requests)); !st) return st;
   p.group_finished.assign(static_cast<size_t>(config_.prompts_per_step), 0);
-  p.group_scored.assign(static_cast<size_t>(config_.prompts_per_step), 0);
   p.group_rewarded.assign(static_cast<size_t>(config_.prompts_per_step), 0);
   pending_.emplace(m, std::move(p));
   return {};
@@ -596,11 +595,7 @@ result<rl_step_record> grpo_loop::stream_step() {
     const int64_t chunk = std::max(1, config_.shares);
     while (it != pending_.end() && next < config_.prompts_per_step) {
       const int64_t end = std::min(next + chunk, config_.prompts_per_step);
-      const auto& scored = it->second.group_scored;
-      if (!std::all_of(scored.begin() + next, scored.begin() + end,
-                       [](uint8_t f) { return f != 0; })) {
-        break;
-      }
+      if (!groups_scored(it->second, next, end)) break;
       const auto tg = std::chrono::steady_clock::now();
       if (auto st = train_groups(it->second.samples, next, end, objective, loss, kept, kept_tokens);
           !st) {

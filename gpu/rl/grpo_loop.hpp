@@ -261,14 +261,15 @@ class grpo_loop {
   /// Needs a host trainer and whole steps (not stream mode).
   status set_update_group(std::shared_ptr<update_group> group);
   /// Scores samples with `reward` instead of the task's verifier (training and evaluation).
-  /// With config.async_rewards the calls run on a thread of the loop's own, one at a time (so
-  /// `reward` may use an object no other thread uses); call stop_rewards() before anything
+  /// With config.async_rewards the calls run on threads of the loop's own, `concurrency` (>= 1)
+  /// at once: with 1 `reward` may use an object no other thread uses; with more it must be
+  /// thread-safe (a pool of reward processes, an HTTP client). Call stop_rewards() before anything
   /// `reward` uses is destroyed.
   /// `unit`: what the reward sees in one call — whole groups (e.g. an endpoint that compares a
   /// group's samples), or any samples (a program that scores each on its own: with async rewards
   /// each sample is then scored as it finishes, with whatever else finished while the previous
   /// call ran).
-  void set_reward(batch_reward reward, reward_unit unit = reward_unit::group);
+  void set_reward(batch_reward reward, reward_unit unit = reward_unit::group, int concurrency = 1);
   /// Waits for the reward batch being scored and drops the queued ones (then no reward runs any
   /// more); idempotent. The destructor does it too.
   void stop_rewards();
@@ -402,7 +403,7 @@ class grpo_loop {
   };
   /// Scores `refs` (with async rewards: submits them to the reward thread).
   status score_samples(std::vector<sample_ref> refs);
-  /// reward_unit::sample: the finished samples not yet scored go to the reward thread if it is
+  /// reward_unit::sample: the finished samples not yet scored go to the reward threads if one is
   /// idle.
   status submit_unscored();
   /// Rewards that are in go to their groups; with `wait`, blocks for at least one when some are
@@ -439,13 +440,14 @@ class grpo_loop {
     std::vector<rl_prompt> prompts;
     std::vector<rollout_sample> samples;  ///< Group after group.
     std::vector<int64_t> group_finished;  ///< Finished samples per group.
-    std::vector<uint8_t> group_scored;    ///< Groups whose rewards are in.
     std::vector<int64_t> group_rewarded;  ///< Samples of each group whose reward is in.
     int64_t cursor = 0;                   ///< Prompt cursor before its prompts were drawn.
     double ref_s = 0.0;                   ///< Reference forwards of its finished groups.
     double reward_s = 0.0;                ///< Its groups' reward calls.
   };
   std::map<int64_t, pending_step> pending_;
+  /// Whether every sample of groups [begin, end) of `p` has its reward.
+  bool groups_scored(const pending_step& p, int64_t begin, int64_t end) const;
   struct slot {
     int64_t step = 0;
     size_t index = 0;

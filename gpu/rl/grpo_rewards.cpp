@@ -20,11 +20,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-void grpo_loop::set_reward(batch_reward reward, reward_unit unit) {
+void grpo_loop::set_reward(batch_reward reward, reward_unit unit, int concurrency) {
   stop_rewards();
   reward_ = std::move(reward);
   reward_unit_ = unit;
-  if (reward_ && config_.async_rewards) rewards_ = std::make_unique<reward_queue>();
+  if (reward_ && config_.async_rewards) rewards_ = std::make_unique<reward_queue>(concurrency);
 }
 
 void grpo_loop::stop_rewards() {
@@ -67,7 +67,7 @@ status grpo_loop::score_samples(std::vector<sample_ref> refs) {
 }
 
 status grpo_loop::submit_unscored() {
-  if (unscored_.empty() || rewards_->pending() > 0) return {};
+  if (unscored_.empty() || rewards_->pending() >= rewards_->workers()) return {};
   std::vector<sample_ref> refs;
   refs.swap(unscored_);
   return score_samples(std::move(refs));
@@ -93,7 +93,7 @@ status grpo_loop::apply_rewards(const std::vector<sample_ref>& refs,
     rollout_sample& s = p.samples[refs[k].index];
     s.reward = (*rewards)[k];
     const auto g = static_cast<size_t>(s.group);
-    if (++p.group_rewarded[g] == config_.group_size) p.group_scored[g] = 1;
+    ++p.group_rewarded[g];
     p.reward_s += share;
   }
   return {};
@@ -118,15 +118,18 @@ status grpo_loop::collect_rewards(bool wait, uint64_t want,
     scoring_.erase(it);
     if (auto st = apply_rewards(refs, d.rewards, d.seconds); !st) return st;
   }
-  // The reward thread may be idle now: what finished meanwhile goes to it.
+  // A reward thread may be idle now: what finished meanwhile goes to it.
   return submit_unscored();
+}
+
+bool grpo_loop::groups_scored(const pending_step& p, int64_t begin, int64_t end) const {
+  return std::all_of(p.group_rewarded.begin() + begin, p.group_rewarded.begin() + end,
+                     [this](int64_t n) { return n == config_.group_size; });
 }
 
 bool grpo_loop::step_scored(int64_t m) const {
   auto it = pending_.find(m);
-  return it != pending_.end() &&
-         std::all_of(it->second.group_scored.begin(), it->second.group_scored.end(),
-                     [](uint8_t f) { return f != 0; });
+  return it != pending_.end() && groups_scored(it->second, 0, config_.prompts_per_step);
 }
 
 bool grpo_loop::rewards_pending() const {
@@ -154,7 +157,7 @@ result<std::vector<double>> grpo_loop::score(const std::vector<rl_prompt>& promp
 result<std::vector<double>> grpo_loop::score_now(const std::vector<rl_prompt>& prompts,
                                                  const std::vector<rollout_sample>& samples) {
   if (!rewards_) return score(prompts, samples);
-  // Through the reward thread (the reward is used from one thread only); the job owns its copies
+  // Through the reward threads (the reward is used from them only); the job owns its copies
   // (an error of another batch may return before it runs). Batches of pending steps scored
   // meanwhile go to their steps.
   const uint64_t ticket = next_ticket_++;

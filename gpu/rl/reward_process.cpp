@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 namespace weft::gpu::rl {
@@ -32,6 +33,30 @@ result<std::vector<double>> reward_process::score(std::span<const reward_request
   out.reserve(answers->size());
   for (const auto& a : *answers) out.push_back(a["reward"].get<double>());
   return out;
+}
+
+reward_process_pool::reward_process_pool(const reward_process_config& config, int processes) {
+  for (int i = 0; i < std::max(1, processes); ++i) {
+    procs_.push_back(std::make_unique<reward_process>(config));
+    free_.push_back(procs_.size() - 1);
+  }
+}
+
+result<std::vector<double>> reward_process_pool::score(std::span<const reward_request> items) {
+  size_t k = 0;
+  {
+    std::unique_lock lock(mu_);
+    freed_.wait(lock, [this] { return !free_.empty(); });
+    k = free_.back();
+    free_.pop_back();
+  }
+  auto rewards = procs_[k]->score(items);
+  {
+    std::lock_guard lock(mu_);
+    free_.push_back(k);
+  }
+  freed_.notify_one();
+  return rewards;
 }
 
 }  // namespace weft::gpu::rl

@@ -10,7 +10,10 @@
 /// naming the sample, never a silent 0. The process runs as a json_lines_process. Plain class, no
 /// CAF.
 
+#include <condition_variable>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -49,6 +52,24 @@ class reward_process {
 
  private:
   json_lines_process proc_;
+};
+
+/// Several copies of one reward program (`weft rl --reward-procs N`): score() may be called from
+/// up to N threads at once, each call served by a copy no other call is using (it waits for one
+/// when all are busy). Each copy is a reward_process, restarted on its own. Thread-safe.
+class reward_process_pool {
+ public:
+  /// `processes` >= 1 copies (fewer are raised to 1), each started on its first batch.
+  reward_process_pool(const reward_process_config& config, int processes);
+  /// The rewards of `items`, in order, from a free copy.
+  result<std::vector<double>> score(std::span<const reward_request> items);
+  int size() const { return static_cast<int>(procs_.size()); }
+
+ private:
+  std::vector<std::unique_ptr<reward_process>> procs_;
+  std::mutex mu_;
+  std::condition_variable freed_;
+  std::vector<size_t> free_;  ///< Indices into procs_ of the copies not scoring.
 };
 
 }  // namespace weft::gpu::rl

@@ -1,15 +1,19 @@
 #include "gpu/rl/reward_queue.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
 namespace weft::gpu::rl {
 
-reward_queue::reward_queue() : worker_([this] { run(); }) {}
+reward_queue::reward_queue(int workers) {
+  workers_.reserve(static_cast<size_t>(std::max(1, workers)));
+  for (int i = 0; i < std::max(1, workers); ++i) workers_.emplace_back([this] { run(); });
+}
 
 reward_queue::~reward_queue() {
   stop();
-  worker_.join();
+  for (auto& w : workers_) w.join();
 }
 
 status reward_queue::submit(uint64_t ticket, job j) {
@@ -40,7 +44,7 @@ void reward_queue::stop() {
   pending_ -= static_cast<int64_t>(queue_.size());
   queue_.clear();
   work_cv_.notify_all();
-  done_cv_.wait(lock, [this] { return !busy_; });
+  done_cv_.wait(lock, [this] { return busy_ == 0; });
 }
 
 void reward_queue::run() {
@@ -50,7 +54,7 @@ void reward_queue::run() {
     if (queue_.empty()) return;  // stopping
     auto [ticket, j] = std::move(queue_.front());
     queue_.pop_front();
-    busy_ = true;
+    ++busy_;
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
     auto rewards = j();
@@ -58,7 +62,7 @@ void reward_queue::run() {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     j = nullptr;  // what the job holds is released on this thread, before it counts as done
     lock.lock();
-    busy_ = false;
+    --busy_;
     done_.push_back(scored{ticket, std::move(rewards), seconds});
     done_cv_.notify_all();
   }

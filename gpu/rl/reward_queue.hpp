@@ -3,13 +3,15 @@
 /// running the KL reference) while an external reward — a process, an HTTP endpoint, reward
 /// workers on other nodes — takes its time (docs/rl.md, "Rewards from your own program"). A judge
 /// model or a code sandbox answers in seconds; a loop that waits for every group's rewards idles
-/// its rollout engine meanwhile. Batches are scored one at a time, in the order they were
-/// submitted, each by the job it was submitted with. Plain class, no CAF.
+/// its rollout engine meanwhile. Batches start in the order they were submitted, each scored by
+/// the job it was submitted with, on one of the queue's `workers` threads: up to that many at
+/// once (several copies of a reward program, several requests in flight to an endpoint). Plain
+/// class, no CAF.
 ///
 /// Thread-safety: submit(), ready(), pending() and stop() are called from one thread (the loop's);
-/// the jobs run on the queue's worker thread, one at a time, so a job may use an object that must
-/// not be used from two threads at once (a reward process) as long as nothing else uses it
-/// meanwhile.
+/// the jobs run on the queue's worker threads. With one worker they run one at a time, so a job
+/// may use an object that must not be used from two threads at once (a reward process) as long as
+/// nothing else uses it meanwhile; with more, what the jobs share must be thread-safe.
 
 #include <condition_variable>
 #include <cstdint>
@@ -34,20 +36,23 @@ class reward_queue {
     double seconds = 0.0;
   };
 
-  reward_queue();
-  /// stop(), then the worker thread is joined.
+  /// `workers` threads (>= 1; fewer are raised to 1): batches scored at once.
+  explicit reward_queue(int workers = 1);
+  /// stop(), then the worker threads are joined.
   ~reward_queue();
   reward_queue(const reward_queue&) = delete;
   reward_queue& operator=(const reward_queue&) = delete;
 
   /// Queues `j` under `ticket` (the caller's, unique while pending). Refused after stop().
   status submit(uint64_t ticket, job j);
-  /// Batches scored since the last call, in submission order. With `wait`, blocks until at least
-  /// one is scored unless none is pending.
+  /// Batches scored since the last call, in the order they were done (submission order with one
+  /// worker). With `wait`, blocks until at least one is scored unless none is pending.
   std::vector<scored> ready(bool wait);
   /// Submitted and not yet returned by ready().
   int64_t pending() const { return pending_; }
-  /// Waits for the batch being scored, drops the queued ones (their tickets never come back) and
+  /// Worker threads: batches that may be scored at once.
+  int workers() const { return static_cast<int>(workers_.size()); }
+  /// Waits for the batches being scored, drops the queued ones (their tickets never come back) and
   /// refuses later submissions. Call it before anything a queued job uses is destroyed.
   void stop();
 
@@ -59,9 +64,9 @@ class reward_queue {
   std::deque<std::pair<uint64_t, job>> queue_;
   std::deque<scored> done_;
   bool stopping_ = false;
-  bool busy_ = false;
+  int busy_ = 0;         ///< Jobs running.
   int64_t pending_ = 0;  ///< The loop thread's count (submit - ready), no lock needed.
-  std::thread worker_;
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace weft::gpu::rl

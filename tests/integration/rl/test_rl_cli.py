@@ -235,6 +235,22 @@ def main():
         rc, out = rl(weft, base + ["--steps", "1", "--blocking-rewards"])
         check(rc == 2 and "--blocking-rewards needs --reward-cmd" in out,
               "--blocking-rewards without an external reward is refused")
+        # --reward-procs 2: two copies of the program score batches at once; the same run.
+        rc, out = rl(weft, base + ["--steps", "3", "--eval-every", "3", "--reward-cmd",
+                                   f"python3 {script}", "--reward-procs", "2", "--metrics",
+                                   os.path.join(tmp, "rcp.jsonl")])
+        procs = metrics(os.path.join(tmp, "rcp.jsonl")) if rc == 0 else []
+        check(rc == 0 and "2 copies" in out and len(procs) == len(rows) and
+              all([r.get(k) for k in keys] == [b.get(k) for k in keys]
+                  for r, b in zip(rows, procs)),
+              f"--reward-procs 2 trains what one copy does (rc {rc}) {out[-300:]}")
+        for extra, why in ((["--reward-cmd", f"python3 {script}", "--reward-procs", "2",
+                             "--blocking-rewards"], "--reward-procs"),
+                           (["--reward-procs", "2"], "--reward-procs"),
+                           (["--reward-cmd", f"python3 {script}", "--reward-concurrency", "2"],
+                            "--reward-concurrency")):
+            rc, out = rl(weft, base + ["--steps", "1"] + extra)
+            check(rc == 2 and why in out, f"{' '.join(extra[-2:])} is refused where it does nothing")
         garbage = os.path.join(tmp, "garbage.py")
         with open(garbage, "w") as f:
             f.write("import sys\nfor line in sys.stdin:\n    print('so good', flush=True)\n")
@@ -246,7 +262,9 @@ def main():
         # a 503 is retried; a wrong count ends the run by name.
         import http.server
         import threading
-        seen = {"posts": 0, "fail_first": True, "mode": "ok"}
+        seen = {"posts": 0, "fail_first": True, "mode": "ok", "inflight": 0, "max_inflight": 0,
+                "met": False}
+        lock = threading.Lock()
 
         class Reward(http.server.BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -254,22 +272,40 @@ def main():
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                seen["posts"] += 1
+                with lock:
+                    seen["posts"] += 1
+                    seen["inflight"] += 1
+                    seen["max_inflight"] = max(seen["max_inflight"], seen["inflight"])
+                try:
+                    code, out = self.answer(body)
+                finally:
+                    # Counted out before the answer leaves: the client's next request cannot
+                    # overlap this one when it waits for the answer.
+                    with lock:
+                        seen["inflight"] -= 1
+                self.send_response(code)
+                if out is not None:
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                if out is not None:
+                    self.wfile.write(out)
+
+            def answer(self, body):
+                if seen["mode"] == "meet" and not seen["met"]:
+                    # The first request waits (up to 10 s) for a second one to arrive.
+                    deadline = time.time() + 10
+                    while time.time() < deadline and seen["max_inflight"] < 2:
+                        time.sleep(0.01)
+                    seen["met"] = seen["max_inflight"] >= 2
                 seen["auth"] = self.headers.get("Authorization")
                 if seen["fail_first"]:
                     seen["fail_first"] = False
-                    self.send_response(503)
-                    self.end_headers()
-                    return
+                    return 503, None
                 rewards = [float("..." in x["completion"]) for x in body["samples"]]
                 if seen["mode"] == "short":
                     rewards = rewards[:-1]
-                out = json.dumps({"rewards": rewards}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
+                return 200, json.dumps({"rewards": rewards}).encode()
         httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Reward)
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{httpd.server_address[1]}/score"
@@ -285,6 +321,28 @@ def main():
             by_cmd = [(r["reward"], r["loss"]) for r in metrics(reward_metrics)
                       if r["kind"] == "step"]
             check(by_url == by_cmd, "the endpoint's rewards equal the reward process's")
+        # Requests in flight: several by default (--reward-concurrency 4), one with 1; the same run.
+        seen.update(mode="meet", max_inflight=0)
+        rc, out = rl(weft, base + ["--steps", "2", "--eval-every", "0", "--reward-url", url,
+                                   "--metrics", os.path.join(tmp, "url4.jsonl")])
+        check(rc == 0 and seen["met"] and "4 at once" in out,
+              f"--reward-url sends several groups at once (rc {rc}, at most {seen['max_inflight']})")
+        deadline = time.time() + 10
+        while seen["inflight"] > 0 and time.time() < deadline:
+            time.sleep(0.01)  # the handlers count a request out after its answer is sent
+        seen.update(mode="ok", max_inflight=0)
+        rc, out = rl(weft, base + ["--steps", "2", "--eval-every", "0", "--reward-url", url,
+                                   "--reward-concurrency", "1", "--metrics",
+                                   os.path.join(tmp, "url1.jsonl")])
+        def url_steps(name):
+            path = os.path.join(tmp, name)
+            return [(r["reward"], r["loss"]) for r in metrics(path) if r["kind"] == "step"] \
+                if os.path.exists(path) else None
+        one = url_steps("url1.jsonl") if rc == 0 else []
+        four = url_steps("url4.jsonl")
+        check(rc == 0 and seen["max_inflight"] == 1 and one == four,
+              f"--reward-concurrency 1 sends one at a time, the same rewards (rc {rc}, "
+              f"at most {seen['max_inflight']})")
         seen["mode"] = "short"
         rc, out = rl(weft, base + ["--steps", "2", "--eval-every", "0", "--reward-url", url])
         check(rc == 1 and "rewards for" in out, f"a wrong reward count ends the run: {out[-200:]}")

@@ -1,20 +1,29 @@
 // External rewards scored on a thread of their own (gpu/rl/reward_queue.hpp, docs/rl.md "Rewards
-// from your own program"): the queue runs its jobs in order off the caller's thread, returns their
-// errors and stops cleanly; the GRPO loop with async rewards trains the very bits of the loop that
-// waits for each group's rewards (sync, async K = 2 with an evaluation between steps, stream), and
-// a reward that fails ends the step naming the group.
+// from your own program"): the queue runs its jobs in order off the caller's thread (or several at
+// once on several threads), returns their errors and stops cleanly; a pool of reward processes
+// scores batches at once on copies of the program; the GRPO loop with async rewards — one call or
+// three at once — trains the very bits of the loop that waits for each group's rewards (sync,
+// async K = 2 with an evaluation between steps, stream), and a reward that fails ends the step
+// naming the group.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "gpu/rl/grpo_loop.hpp"
+#include "gpu/rl/reward_process.hpp"
 #include "gpu/rl/reward_queue.hpp"
 #include "gpu/train/trainable_model.hpp"
 #include "tests/unit/gpu/rl_test_support.hpp"
@@ -91,6 +100,94 @@ TEST(reward_queue, gives_back_a_jobs_error_and_stops_after_the_running_job) {
   q.stop();  // idempotent
 }
 
+TEST(reward_queue, scores_as_many_batches_at_once_as_it_has_workers) {
+  reward_queue q(3);
+  EXPECT_EQ(q.workers(), 3);
+  // Three jobs that each wait for the other two to start: they pass only when run at once.
+  std::mutex mu;
+  std::condition_variable cv;
+  int started = 0;
+  std::atomic<int> running{0};
+  for (uint64_t t = 1; t <= 3; ++t) {
+    ASSERT_TRUE(q.submit(t, [&, t]() -> result<std::vector<double>> {
+                   ++running;
+                   std::unique_lock lock(mu);
+                   ++started;
+                   cv.notify_all();
+                   if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return started == 3; })) {
+                     return status{status_code::internal, "ran alone"};
+                   }
+                   --running;
+                   return std::vector<double>{static_cast<double>(t)};
+                 }).ok());
+  }
+  std::vector<uint64_t> tickets;
+  while (q.pending() > 0) {
+    for (auto& s : q.ready(true)) {
+      ASSERT_TRUE(s.rewards.ok()) << s.rewards.error().message();
+      EXPECT_EQ((*s.rewards)[0], static_cast<double>(s.ticket));
+      tickets.push_back(s.ticket);
+    }
+  }
+  std::sort(tickets.begin(), tickets.end());
+  EXPECT_EQ(tickets, (std::vector<uint64_t>{1, 2, 3}));
+  // stop() waits for every running job.
+  for (uint64_t t = 4; t <= 5; ++t) {
+    ASSERT_TRUE(q.submit(t, [&]() -> result<std::vector<double>> {
+                   ++running;
+                   std::this_thread::sleep_for(std::chrono::milliseconds(30));
+                   --running;
+                   return std::vector<double>{};
+                 }).ok());
+  }
+  while (running.load() < 2) std::this_thread::yield();
+  q.stop();
+  EXPECT_EQ(running.load(), 0);
+  EXPECT_EQ(q.ready(false).size(), 2u);
+}
+
+TEST(reward_process_pool, scores_batches_at_once_on_copies_of_the_program) {
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / ("weft-reward-pool-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // Each request leaves a marker and waits (up to 20 s) until two requests have: the reward is
+  // 1 when another copy was scoring at the same time, 0 when this one waited alone.
+  const fs::path script = dir / "meet.py";
+  std::ofstream(script)
+      << "import json, os, sys, time\n"
+      << "d = '" << dir.string() << "'\n"
+      << "for line in sys.stdin:\n"
+      << "    r = json.loads(line)\n"
+      << "    open(os.path.join(d, 'm-%d-%d' % (os.getpid(), r['id'])), 'w').close()\n"
+      << "    t0 = time.time()\n"
+      << "    while len([f for f in os.listdir(d) if f.startswith('m-')]) < 2 and "
+         "time.time() - t0 < 20:\n"
+      << "        time.sleep(0.01)\n"
+      << "    n = len([f for f in os.listdir(d) if f.startswith('m-')])\n"
+      << "    print(json.dumps({'id': r['id'], 'reward': 1.0 if n >= 2 else 0.0}))\n"
+      << "    sys.stdout.flush()\n";
+  reward_process_pool pool({"python3 " + script.string(), 60.0, 1}, 2);
+  EXPECT_EQ(pool.size(), 2);
+  const std::vector<reward_request> one{reward_request{"p", "c", "a"}};
+  result<std::vector<double>> a = std::vector<double>{}, b = std::vector<double>{};
+  std::thread ta([&] { a = pool.score(one); });
+  std::thread tb([&] { b = pool.score(one); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(a.ok()) << a.error().message();
+  ASSERT_TRUE(b.ok()) << b.error().message();
+  EXPECT_EQ(*a, std::vector<double>{1.0});
+  EXPECT_EQ(*b, std::vector<double>{1.0});
+  std::set<std::string> pids;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto name = e.path().filename().string();
+    if (name.rfind("m-", 0) == 0) pids.insert(name.substr(2, name.rfind('-') - 2));
+  }
+  EXPECT_EQ(pids.size(), 2u);  // two copies of the program, one batch each
+  fs::remove_all(dir);
+}
+
 grpo_loop_config loop_cfg() {
   auto c = weft::gpu::rl_test::tiny_loop_config();
   c.shares = 2;
@@ -123,13 +220,13 @@ struct slow_reward {
 
 std::unique_ptr<grpo_loop> make_loop(const gguf_file& file, const rl_task& task, grpo_loop_config c,
                                      bool async, const slow_reward& r,
-                                     reward_unit unit = reward_unit::group) {
+                                     reward_unit unit = reward_unit::group, int concurrency = 1) {
   c.async_rewards = async;
   auto m = train::trainable_model<float>::load(file);
   EXPECT_TRUE(m.ok());
   auto loop = grpo_loop::create(file, std::move(*m), task, c);
   EXPECT_TRUE(loop.ok()) << loop.error().message();
-  (*loop)->set_reward(r, unit);
+  (*loop)->set_reward(r, unit, concurrency);
   return std::move(*loop);
 }
 
@@ -141,20 +238,24 @@ TEST(grpo_loop_rewards, async_rewards_train_the_bits_of_blocking_rewards_in_ever
     int64_t staleness;
     bool stream;
     reward_unit unit;
+    int concurrency = 1;  ///< reward calls at once (async only)
   };
   for (const mode& md : {mode{"sync", 0, false, reward_unit::group},
                          mode{"sync, per sample", 0, false, reward_unit::sample},
                          mode{"async K=2", 2, false, reward_unit::group},
                          mode{"async K=2, per sample", 2, false, reward_unit::sample},
                          mode{"stream", 0, true, reward_unit::group},
-                         mode{"stream, per sample", 0, true, reward_unit::sample}}) {
+                         mode{"stream, per sample", 0, true, reward_unit::sample},
+                         mode{"sync, 3 at once", 0, false, reward_unit::group, 3},
+                         mode{"async K=2, per sample, 3 at once", 2, false, reward_unit::sample, 3},
+                         mode{"stream, per sample, 3 at once", 0, true, reward_unit::sample, 3}}) {
     SCOPED_TRACE(md.name);
     auto cfg = loop_cfg();
     cfg.max_staleness = md.staleness;
     cfg.stream = md.stream;
     cfg.total_steps = 3;
     slow_reward ra{&task}, rb{&task};
-    auto a = make_loop(file, task, cfg, true, ra, md.unit);
+    auto a = make_loop(file, task, cfg, true, ra, md.unit, md.concurrency);
     auto b = make_loop(file, task, cfg, false, rb, md.unit);
     for (int s = 0; s < 3; ++s) {
       auto xa = a->step();
