@@ -8,6 +8,8 @@ async mode (K = 2):
   exported f32 GGUF) are bit-identical to the reference;
 - SIGSTOP of the reward process (a hang): after --reward-timeout-s it is killed and restarted, with
   the same bit-identical outcome;
+- the same with two copies of the program (--reward-procs 2, async): one of them is killed or
+  stopped; the run equals the one-copy run bit for bit;
 - a reward process that dies on every batch: the run ends with exit 1 after --reward-restarts
   restarts and says why, instead of training on missing rewards.
 
@@ -102,14 +104,19 @@ def main():
             evals = [(r["step"], r["pass_at_1"]) for r in rows if r["kind"] == "eval"]
             return steps, evals, open(os.path.join(tmp, tag + ".gguf"), "rb").read()
 
-        for name, mode in [("sync", []), ("async", ["--mode", "async", "--max-staleness", "2"])]:
+        wants = {}
+        for name, mode in [("sync", []), ("async", ["--mode", "async", "--max-staleness", "2"]),
+                           ("async-2copies", ["--mode", "async", "--max-staleness", "2",
+                                                       "--reward-procs", "2"])]:
             ref = name + "-ref"
             pids = os.path.join(tmp, ref + ".pids")
             rc, out = run_weft(a.weft, "rl", args(ref, mode, pids), timeout=400)
             check(rc == 0, f"{name}: undisturbed run exits 0 (rc {rc}) {out[-300:]}")
             if rc != 0:
                 continue
-            want = outcome(ref)
+            want = wants[name] = outcome(ref)
+            if "--reward-procs" in mode and "async" in wants:
+                check(want == wants["async"], f"{name}: the run of one reward process, bit for bit")
             check(len(want[0]) == STEPS and all(s[1] == 16 for s in want[0]) and
                   any(s[2] > 0 for s in want[0]), f"{name}: {STEPS} steps of 16 scored samples")
 
@@ -122,7 +129,8 @@ def main():
             check(len(sent) == 3 and out.count("restarting it") >= 3,
                   f"{name}: 3 kills sent and 3 restarts reported ({len(sent)} sent)")
             restarted = len(open(pids).read().split()) if os.path.exists(pids) else 0
-            check(restarted >= 4, f"{name}: the reward process was started {restarted} times")
+            copies = 2 if "--reward-procs" in mode else 1
+            check(restarted >= 3 + copies, f"{name}: the reward processes were started {restarted} times")
             if rc == 0:
                 got = outcome(tag)
                 check(got[0] == want[0], f"{name}: rewards and losses of every step equal the "
