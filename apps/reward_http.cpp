@@ -39,6 +39,7 @@ gpu::result<std::vector<double>> reward_http::score(
   p.max_sends = config_.max_retries + 1;
   p.first_pause_ms = 400;
   auto res = weft::rl::post_with_retries(p, [&](const std::string& why, int resend) {
+    retries_->fetch_add(1, std::memory_order_relaxed);
     spdlog::warn("reward endpoint {}: {}; sending the {} sample(s) again ({} of {})", config_.url,
                  why, items.size(), resend, config_.max_retries);
   });

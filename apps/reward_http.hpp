@@ -7,6 +7,9 @@
 /// of times; a 4xx, or an answer that is not such an object — not JSON, the wrong count, a reward
 /// that is not a finite number — fails the run with an error naming the sample, never a silent 0.
 
+#include <atomic>
+#include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,11 +32,14 @@ class reward_http {
   static gpu::result<reward_http> create(reward_http_config config);
   /// Thread-safe: each call has its own connection (`--reward-concurrency` calls at once).
   gpu::result<std::vector<double>> score(std::span<const gpu::rl::reward_request> items) const;
+  /// Requests sent again after a failure, since construction (any thread).
+  int64_t retries() const { return retries_->load(std::memory_order_relaxed); }
 
  private:
   reward_http_config config_;
   std::string host_port_;  ///< scheme://host:port
   std::string path_;
+  std::shared_ptr<std::atomic<int64_t>> retries_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace weft::apps

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -323,9 +324,10 @@ bool save_model(const rl_options& o, const gpu::gguf_file& file, grpo_loop& loop
 
 /// The run's steps up to --steps, with its checkpoints (every --checkpoint-every steps, at the end
 /// and on SIGTERM / SIGINT) and held-out evaluations. 0: trained (or nothing left to train);
-/// otherwise the exit status.
+/// otherwise the exit status. `reward_restarts`: restarts of the external reward since the start.
 int train_steps(const rl_options& o, grpo_loop& loop, rl_reporter& report,
-                rl_agent_cluster* cluster, weft::rl::tool_actors* tools) {
+                rl_agent_cluster* cluster, weft::rl::tool_actors* tools,
+                const std::function<int64_t()>& reward_restarts) {
   std::optional<gpu::train::async_checkpointer> ckpt;
   if (!o.checkpoint_dir.empty()) ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
   auto checkpoint_now = [&](bool wait) -> bool {
@@ -371,6 +373,7 @@ int train_steps(const rl_options& o, grpo_loop& loop, rl_reporter& report,
       spdlog::error("step {}: {}", loop.steps_done() + 1, r.error().message());
       return 1;
     }
+    r->reward_restarts = reward_restarts();
     if (cluster && cluster->rewards()) {
       r->reward_workers_lost = cluster->rewards()->workers_lost();
       r->reward_parts_rescored = cluster->rewards()->parts_rescored();
@@ -488,7 +491,13 @@ int run_rl(const rl_options& o) {
   std::optional<metrics_server> http;
   if (!serve_metrics(o, report, cluster.get(), tools.get(), http)) return 2;
   catch_stop_signals();
-  if (const int st = train_steps(o, loop, report, cluster.get(), tools.get()); st != 0) return st;
+  const auto reward_restarts = [&]() -> int64_t {
+    return rewards ? rewards->restarts() : endpoint ? endpoint->retries() : 0;
+  };
+  if (const int st = train_steps(o, loop, report, cluster.get(), tools.get(), reward_restarts);
+      st != 0) {
+    return st;
+  }
   http.reset();
   if (!o.save_path.empty() && !save_model(o, *file, loop)) return 1;
   if (!o.plot_path.empty() && !run_plot_script("plot_rl.py", report.path(), o.plot_path)) return 1;
@@ -570,6 +579,13 @@ void add_rl_command(CLI::App& app, const global_options&) {
       spdlog::error(
           "--reward-concurrency sets the requests in flight to --reward-url (not with "
           "--blocking-rewards, which sends one group at a time from the loop)");
+      std::exit(2);
+    }
+    if (cmd->get_option("--reward-batch")->count() > 0 &&
+        (o->reward_url.empty() || (o->blocking_rewards && o->reward_batch == "samples"))) {
+      spdlog::error(
+          "--reward-batch shapes the POSTs to --reward-url (and samples needs the reward "
+          "threads: not with --blocking-rewards, which scores each group as it finishes)");
       std::exit(2);
     }
     if (o->no_fused_reference && o->kl_coef == 0.0) {

@@ -153,6 +153,12 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "endpoint must serve them concurrently, or they wait there)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--reward-batch", o->reward_batch,
+                  "--reward-url: what one POST holds: group (a whole group once its last sample "
+                  "finishes; the endpoint may compare them) or samples (the samples that "
+                  "finished since the previous POST, each scored on its own)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"group", "samples"}));
   cmd->add_flag("--blocking-rewards", o->blocking_rewards,
                 "--reward-cmd / --reward-url: stop generating while a finished group is scored "
                 "(the baseline) instead of scoring it on a thread of its own as the rollouts go "

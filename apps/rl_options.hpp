@@ -89,6 +89,7 @@ struct rl_options {
   int reward_workers = 0;      ///< --reward-cmd on this many reward nodes (needs --agents)
   int reward_procs = 1;        ///< --reward-cmd: copies of the program, batches scored at once
   int reward_concurrency = 4;  ///< --reward-url: requests in flight at once
+  std::string reward_batch = "group";  ///< --reward-url: a POST per group, or finished samples
   /// --reward-cmd / --reward-url: wait for each group's rewards as it finishes instead of
   /// scoring on a thread of its own while the rollouts go on.
   bool blocking_rewards = false;

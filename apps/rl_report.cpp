@@ -73,6 +73,11 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
         r.agents.peer_weight_pulls);
     agents_lost_ = r.agents.agents_lost;
   }
+  if (r.reward_restarts > reward_restarts_) {
+    spdlog::info("  rewards: {} restart(s) of the reward program or resent requests so far",
+                 r.reward_restarts);
+    reward_restarts_ = r.reward_restarts;
+  }
   if (r.reward_workers_lost > reward_workers_lost_) {
     spdlog::info("  reward workers: {} lost so far, {} parts scored again", r.reward_workers_lost,
                  r.reward_parts_rescored);
@@ -132,6 +137,7 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"rollouts_consolidated", r.agents.rollouts_consolidated},
                       {"consolidations", r.agents.consolidations},
                       {"peer_weight_pulls", r.agents.peer_weight_pulls},
+                      {"reward_restarts", r.reward_restarts},
                       {"reward_workers_lost", r.reward_workers_lost},
                       {"reward_parts_rescored", r.reward_parts_rescored},
                       {"reference_workers_lost", r.reference_workers_lost},
@@ -237,6 +243,10 @@ std::string rl_reporter::prometheus() const {
   metric("weft_rl_peer_weight_pulls_total", "counter",
          "Weight versions a joining agent pulled from a peer agent",
          static_cast<double>(last_.agents.peer_weight_pulls));
+  metric("weft_rl_reward_restarts_total", "counter",
+         "--reward-cmd processes restarted (a crash or a hang) or --reward-url requests sent "
+         "again",
+         static_cast<double>(last_.reward_restarts));
   metric("weft_rl_reward_workers_lost_total", "counter",
          "Reward workers (--reward-workers) that died or were stopped",
          static_cast<double>(last_.reward_workers_lost));

@@ -45,6 +45,7 @@ class rl_reporter {
   double reduce_s_ = 0.0, reward_s_ = 0.0, reward_wait_s_ = 0.0;
   int64_t tool_calls_ = 0;
   int64_t tool_restarts_ = 0;
+  int64_t reward_restarts_ = 0;  ///< reported so far
   int64_t trainer_groups_ = 0;
 };
 

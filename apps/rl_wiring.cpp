@@ -99,8 +99,9 @@ bool use_reward_endpoint(const rl_options& o, grpo_loop& loop,
                  const std::vector<rollout_sample>& samples) {
         return rewards->score(reward_requests(prompts, samples));
       },
-      reward_unit::group, o.reward_concurrency);
-  spdlog::info("rewards from {} (POST {{\"samples\": [...]}}, {} at once)", o.reward_url,
+      o.reward_batch == "samples" ? reward_unit::sample : reward_unit::group, o.reward_concurrency);
+  spdlog::info("rewards from {} (POST {{\"samples\": [...]}} of {}, {} at once)", o.reward_url,
+               o.reward_batch == "samples" ? "finished samples" : "a group",
                o.blocking_rewards ? 1 : o.reward_concurrency);
   return true;
 }

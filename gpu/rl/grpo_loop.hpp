@@ -223,6 +223,9 @@ struct rl_step_record {
   int64_t tool_calls = 0;
   int64_t tool_tokens = 0;
   double tool_kv_reuse = 0.0;
+  /// The external reward's restarts since the start: --reward-cmd processes restarted (a crash
+  /// or a hang), or --reward-url requests sent again (filled by the command).
+  int64_t reward_restarts = 0;
   /// Tool actors restarted and calls sent again since the start (filled by the command).
   int64_t tool_restarts = 0;
   int64_t tool_calls_resent = 0;

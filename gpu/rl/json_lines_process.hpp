@@ -11,6 +11,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -50,10 +51,10 @@ class json_lines_process {
   result<std::vector<nlohmann::json>> exchange(std::vector<nlohmann::json> requests,
                                                const answer_check& check);
 
-  /// Times the program was (re)started since construction.
-  int64_t starts() const { return starts_; }
-  /// Restarts forced by a crash or a timeout since construction.
-  int64_t restarts() const { return restarts_; }
+  /// Times the program was (re)started since construction (any thread).
+  int64_t starts() const { return starts_.load(std::memory_order_relaxed); }
+  /// Restarts forced by a crash or a timeout since construction (any thread).
+  int64_t restarts() const { return restarts_.load(std::memory_order_relaxed); }
 
  private:
   status start();
@@ -70,8 +71,8 @@ class json_lines_process {
   int to_child_ = -1;
   int from_child_ = -1;
   std::string buffer_;  ///< Bytes read from the child that do not end a line yet.
-  int64_t starts_ = 0;
-  int64_t restarts_ = 0;
+  std::atomic<int64_t> starts_{0};
+  std::atomic<int64_t> restarts_{0};
 };
 
 }  // namespace weft::gpu::rl

@@ -47,8 +47,8 @@ result<std::vector<double>> reward_process_pool::score(std::span<const reward_re
   {
     std::unique_lock lock(mu_);
     freed_.wait(lock, [this] { return !free_.empty(); });
-    k = free_.back();
-    free_.pop_back();
+    k = free_.front();
+    free_.pop_front();
   }
   auto rewards = procs_[k]->score(items);
   {
@@ -57,6 +57,12 @@ result<std::vector<double>> reward_process_pool::score(std::span<const reward_re
   }
   freed_.notify_one();
   return rewards;
+}
+
+int64_t reward_process_pool::restarts() const {
+  int64_t n = 0;
+  for (const auto& p : procs_) n += p->restarts();
+  return n;
 }
 
 }  // namespace weft::gpu::rl

@@ -12,6 +12,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -64,12 +65,16 @@ class reward_process_pool {
   /// The rewards of `items`, in order, from a free copy.
   result<std::vector<double>> score(std::span<const reward_request> items);
   int size() const { return static_cast<int>(procs_.size()); }
+  /// Restarts of the copies (a crash or a hang) since construction (any thread).
+  int64_t restarts() const;
 
  private:
   std::vector<std::unique_ptr<reward_process>> procs_;
   std::mutex mu_;
   std::condition_variable freed_;
-  std::vector<size_t> free_;  ///< Indices into procs_ of the copies not scoring.
+  /// Indices into procs_ of the copies not scoring, the longest idle first: batches go round
+  /// the copies (each stays warm, and a copy that died idle is restarted on its next turn).
+  std::deque<size_t> free_;
 };
 
 }  // namespace weft::gpu::rl

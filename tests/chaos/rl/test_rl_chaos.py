@@ -37,12 +37,15 @@ for line in sys.stdin:
 """
 
 
-def current_pid(pidfile):
+def current_pid(pidfile, signalled=()):
+    """The newest reward process not signalled yet (with --reward-procs, a killed copy may not
+    have been restarted when the next fault comes: the other copy is hit then)."""
     try:
-        lines = open(pidfile).read().split()
-        return int(lines[-1]) if lines else None
+        pids = [int(p) for p in open(pidfile).read().split()]
     except OSError:
         return None
+    live = [p for p in pids if p not in signalled]
+    return live[-1] if live else None
 
 
 def disturbed(weft, args, pidfile, faults):
@@ -54,7 +57,7 @@ def disturbed(weft, args, pidfile, faults):
     def on_line(line):
         if pending and f"step {pending[0][0]}/" in line:
             step, sig = pending.pop(0)
-            pid = current_pid(pidfile)
+            pid = current_pid(pidfile, [p for _, _, p in sent])
             if pid is not None:
                 try:
                     os.kill(pid, sig)
@@ -131,6 +134,11 @@ def main():
             restarted = len(open(pids).read().split()) if os.path.exists(pids) else 0
             copies = 2 if "--reward-procs" in mode else 1
             check(restarted >= 3 + copies, f"{name}: the reward processes were started {restarted} times")
+            steps = [r for r in read_jsonl(os.path.join(tmp, tag + ".jsonl")) if r["kind"] == "step"] \
+                if rc == 0 else []
+            check(steps and steps[-1]["reward_restarts"] >= 3,
+                  f"{name}: the metrics count the restarts "
+                  f"({steps[-1]['reward_restarts'] if steps else None})")
             if rc == 0:
                 got = outcome(tag)
                 check(got[0] == want[0], f"{name}: rewards and losses of every step equal the "

@@ -274,6 +274,7 @@ def main():
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with lock:
                     seen["posts"] += 1
+                    seen.setdefault("sizes", []).append(len(body["samples"]))
                     seen["inflight"] += 1
                     seen["max_inflight"] = max(seen["max_inflight"], seen["inflight"])
                 try:
@@ -313,8 +314,10 @@ def main():
         reward_metrics = os.path.join(tmp, "rc.jsonl")
         rc, out = rl(weft, base + ["--steps", "3", "--eval-every", "0", "--reward-url", url,
                                    "--reward-key", "s3cret", "--metrics", url_metrics])
+        url_rows = [r for r in metrics(url_metrics) if r["kind"] == "step"] if rc == 0 else []
         check(rc == 0 and "sending the" in out and seen["posts"] >= 4 and
-              seen.get("auth") == "Bearer s3cret",
+              seen.get("auth") == "Bearer s3cret" and set(seen["sizes"]) == {4} and
+              url_rows and url_rows[-1]["reward_restarts"] >= 1,
               f"--reward-url scores through HTTP, retries a 503, sends the key (rc {rc}) {out[-300:]}")
         if rc == 0 and os.path.exists(reward_metrics):
             by_url = [(r["reward"], r["loss"]) for r in metrics(url_metrics) if r["kind"] == "step"]
@@ -343,6 +346,18 @@ def main():
         check(rc == 0 and seen["max_inflight"] == 1 and one == four,
               f"--reward-concurrency 1 sends one at a time, the same rewards (rc {rc}, "
               f"at most {seen['max_inflight']})")
+        # --reward-batch samples: POSTs of the samples that finished meanwhile, the same rewards.
+        seen["sizes"] = []
+        rc, out = rl(weft, base + ["--steps", "2", "--eval-every", "0", "--reward-url", url,
+                                   "--reward-batch", "samples", "--metrics",
+                                   os.path.join(tmp, "urls.jsonl")])
+        check(rc == 0 and url_steps("urls.jsonl") == four and seen["sizes"] and
+              min(seen["sizes"]) == 1 and "finished samples" in out,
+              f"--reward-batch samples POSTs finished samples, the same rewards (rc {rc}, "
+              f"sizes {sorted(set(seen['sizes']))})")
+        rc, out = rl(weft, base + ["--steps", "1", "--reward-url", url, "--reward-batch",
+                                   "samples", "--blocking-rewards"])
+        check(rc == 2 and "--reward-batch" in out, "--reward-batch samples with blocking rewards is refused")
         seen["mode"] = "short"
         rc, out = rl(weft, base + ["--steps", "2", "--eval-every", "0", "--reward-url", url])
         check(rc == 1 and "rewards for" in out, f"a wrong reward count ends the run: {out[-200:]}")
