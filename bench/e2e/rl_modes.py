@@ -16,6 +16,7 @@ Usage: rl_modes.py --weft build/release/apps/weft [--steps 8] [--repeat 2] [--ou
            [--modes "sync,agents sync,agents async K=2" --name rl-agents] [--rollout-type q8_0]
            [--modes "sync slow reward blocking,sync slow reward" --reward-ms 50]
            [--modes "sync slow reward blocking,sync slow reward,sync slow reward 4 procs"]
+           [--modes "sync slow endpoint blocking,sync slow endpoint 1 at once,sync slow endpoint"]
 """
 import argparse
 import datetime
@@ -30,6 +31,7 @@ import tempfile
 # "agents ...": rollouts on 2 rollout agents in their own node processes (1 thread each), the
 # trainer in the `weft rl` process.
 SLOW_REWARD = "{slow_reward}"  # replaced by the command of slow_reward.py with --reward-ms
+SLOW_ENDPOINT = "{slow_endpoint}"  # replaced by the URL of `slow_reward.py --http`, started once
 MODES = {
     "sync": [],
     "async K=1": ["--mode", "async", "--max-staleness", "1"],
@@ -69,6 +71,13 @@ MODES = {
     "sync slow reward 4 procs": ["--reward-cmd", SLOW_REWARD, "--reward-procs", "4"],
     "async K=2 slow reward 4 procs": ["--mode", "async", "--max-staleness", "2",
                                       "--reward-cmd", SLOW_REWARD, "--reward-procs", "4"],
+    # The same reward behind an HTTP endpoint (a thread per request): whole groups one at a
+    # time from the loop, one at a time on the reward thread, 4 at once (the default), and
+    # the finished samples 4 at once.
+    "sync slow endpoint blocking": ["--reward-url", SLOW_ENDPOINT, "--blocking-rewards"],
+    "sync slow endpoint 1 at once": ["--reward-url", SLOW_ENDPOINT, "--reward-concurrency", "1"],
+    "sync slow endpoint": ["--reward-url", SLOW_ENDPOINT],
+    "sync slow endpoint samples": ["--reward-url", SLOW_ENDPOINT, "--reward-batch", "samples"],
 }
 
 
@@ -80,7 +89,7 @@ def run_weft(a, extra, metrics):
            "--rollout-type", a.rollout_type, "--metrics", metrics]
     slow = (f"{sys.executable} {os.path.join(os.path.dirname(os.path.abspath(__file__)), 'slow_reward.py')}"
             f" --ms-per-sample {a.reward_ms}")
-    cmd += [slow if x == SLOW_REWARD else x for x in extra]
+    cmd += [slow if x == SLOW_REWARD else a.endpoint if x == SLOW_ENDPOINT else x for x in extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
     if p.returncode != 0:
         sys.exit(f"weft rl {' '.join(extra)} failed:\n" + p.stderr[-3000:])
@@ -129,6 +138,12 @@ def main():
         sys.exit(f"--modes: unknown {unknown}; known: {', '.join(MODES)}")
     samples = a.steps * a.prompts * a.group
     runs = {name: [] for name in chosen}
+    endpoint = None
+    if any(SLOW_ENDPOINT in MODES[n] for n in chosen):
+        endpoint = subprocess.Popen(
+            [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_reward.py"),
+             "--http", "0", "--ms-per-sample", str(a.reward_ms)], stdout=subprocess.PIPE, text=True)
+        a.endpoint = f"http://127.0.0.1:{endpoint.stdout.readline().split()[-1]}/score"
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.repeat):
             for name in chosen:
@@ -141,6 +156,9 @@ def main():
                       f"(all-reduce waited for {r['stage_seconds']['reduce_s']:.2f} s); rewards "
                       f"{r['stage_seconds']['reward_s']:.1f} s, waited for "
                       f"{r['stage_seconds']['reward_wait_s']:.1f} s", flush=True)
+    if endpoint:
+        endpoint.terminate()
+        endpoint.wait()
     sps = {n: [samples / r["seconds"] for r in rs] for n, rs in runs.items()}
     base = statistics.median(sps[chosen[0]])
     out = {
