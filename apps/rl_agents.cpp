@@ -208,6 +208,7 @@ status rl_agent_cluster::start_reward_workers(const rl_agents_options& o, const 
     rl::reward_worker_config wc;
     wc.worker = k;
     wc.command = o.reward_cmd;
+    wc.procs = o.reward_procs;
     wc.timeout_s = o.reward_timeout_s;
     wc.max_restarts = o.reward_restarts;
     wc.controller_host = host;

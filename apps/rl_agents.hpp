@@ -41,6 +41,7 @@ struct rl_agents_options {
   /// supervised reward workers (actors/rl/remote_rewards.hpp).
   int reward_workers = 0;
   std::string reward_cmd;
+  int reward_procs = 1;  ///< copies of the program on each reward node
   double reward_timeout_s = 60.0;
   int reward_restarts = 3;
   /// `--trainers K`: ranks 1..K-1 of the data-parallel trainer group on K-1 trainer nodes under

@@ -262,13 +262,11 @@ bool options_fit_together(const rl_options& o) {
         "it needs both");
     return false;
   }
-  if (o.reward_procs > 1 && (o.reward_cmd.empty() || o.reward_workers > 0)) {
-    spdlog::error(
-        "--reward-procs runs copies of --reward-cmd beside the trainer: it needs --reward-cmd, "
-        "and not --reward-workers (which runs one copy on each reward node)");
+  if (o.reward_procs > 1 && o.reward_cmd.empty()) {
+    spdlog::error("--reward-procs runs copies of --reward-cmd: it needs --reward-cmd");
     return false;
   }
-  if (o.reward_procs > 1 && o.blocking_rewards) {
+  if (o.reward_procs > 1 && o.blocking_rewards && o.reward_workers == 0) {
     spdlog::error(
         "--reward-procs scores batches at once on the reward threads; "
         "--blocking-rewards scores each in the loop: choose one");

@@ -145,7 +145,8 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
       ->check(CLI::Range(1, 64));
   cmd->add_option("--reward-procs", o->reward_procs,
                   "--reward-cmd: copies of the program beside the trainer, each scoring one batch "
-                  "at a time (a batch goes to a free copy; the rewards are the same)")
+                  "at a time (a batch goes to a free copy; the rewards are the same); with "
+                  "--reward-workers: copies on each reward node, a part split over them")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   cmd->add_option("--reward-concurrency", o->reward_concurrency,

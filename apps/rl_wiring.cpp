@@ -149,6 +149,7 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   ao.netns = o.netns;
   ao.reward_workers = o.reward_workers;
   ao.reward_cmd = o.reward_cmd;
+  ao.reward_procs = o.reward_procs;
   ao.reward_timeout_s = o.reward_timeout_s;
   ao.reward_restarts = o.reward_restarts;
   ao.trainers = o.trainers;
@@ -211,7 +212,9 @@ bool use_rewards(const rl_options& o, rl_agent_cluster* cluster, grpo_loop& loop
           return r->score(reward_requests(prompts, samples));
         },
         reward_unit::sample);
-    spdlog::info("rewards from `{}` on {} reward worker(s)", o.reward_cmd, o.reward_workers);
+    spdlog::info(
+        "rewards from `{}` on {} reward worker(s){}", o.reward_cmd, o.reward_workers,
+        o.reward_procs > 1 ? fmt::format(", {} copies each", o.reward_procs) : std::string{});
   } else if (!o.reward_cmd.empty()) {
     use_reward_process(o, loop, rewards);
   }

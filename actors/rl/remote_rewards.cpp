@@ -32,6 +32,7 @@ using clock_type = std::chrono::steady_clock;
 std::string reward_worker_config::to_json() const {
   return nlohmann::json{{"worker", worker},
                         {"command", command},
+                        {"procs", procs},
                         {"timeout_s", timeout_s},
                         {"max_restarts", max_restarts},
                         {"controller_host", controller_host},
@@ -48,6 +49,7 @@ result<reward_worker_config> reward_worker_config::from_json(const std::string& 
   try {
     c.worker = j.value("worker", c.worker);
     c.command = j.at("command").get<std::string>();
+    c.procs = j.value("procs", c.procs);
     c.timeout_s = j.value("timeout_s", c.timeout_s);
     c.max_restarts = j.value("max_restarts", c.max_restarts);
     c.controller_host = j.value("controller_host", c.controller_host);
@@ -56,10 +58,11 @@ result<reward_worker_config> reward_worker_config::from_json(const std::string& 
     return make_error(errc::invalid_argument, std::string{"reward worker: "} + e.what());
   }
   if (c.worker < 0 || c.worker > 4095 || c.command.empty() || !(c.timeout_s > 0.0) ||
-      c.timeout_s > 86400.0 || c.max_restarts < 0 || c.max_restarts > 1000 ||
-      c.controller_port == 0) {
+      c.timeout_s > 86400.0 || c.max_restarts < 0 || c.max_restarts > 1000 || c.procs < 1 ||
+      c.procs > 64 || c.controller_port == 0) {
     return make_error(errc::invalid_argument,
-                      "reward worker: worker " + std::to_string(c.worker) + ", timeout " +
+                      "reward worker: worker " + std::to_string(c.worker) + ", " +
+                          std::to_string(c.procs) + " copies, timeout " +
                           std::to_string(c.timeout_s) + " s, controller port " +
                           std::to_string(c.controller_port) + " out of range (or no command)");
   }
@@ -72,11 +75,11 @@ namespace {
 // ------------------------------------------------------------------------------------
 
 /// Says hello, then scores batches one after the other on its own thread (the reward program may
-/// take seconds).
+/// take seconds), each split over the program's copies.
 void worker_loop(reward_worker_config cfg, std::shared_ptr<worker_inbox> shared, caf::actor self,
                  caf::actor controller) {
-  gpu::rl::reward_process rewards(
-      gpu::rl::reward_process_config{cfg.command, cfg.timeout_s, cfg.max_restarts});
+  gpu::rl::reward_process_pool rewards(
+      gpu::rl::reward_process_config{cfg.command, cfg.timeout_s, cfg.max_restarts}, cfg.procs);
   std::random_device rd;
   const uint64_t incarnation = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   caf::send_as(self, controller, w_hello_atom::value,
@@ -85,7 +88,8 @@ void worker_loop(reward_worker_config cfg, std::shared_ptr<worker_inbox> shared,
                  b.setPid(static_cast<uint32_t>(::getpid()));
                  b.setIncarnation(incarnation);
                }));
-  spdlog::info("reward worker {}: runs `{}`", cfg.worker, cfg.command);
+  spdlog::info("reward worker {}: runs `{}`{}", cfg.worker, cfg.command,
+               cfg.procs > 1 ? " (" + std::to_string(cfg.procs) + " copies)" : std::string{});
   for (;;) {
     auto env = shared->next();
     if (!env) return;
@@ -98,7 +102,7 @@ void worker_loop(reward_worker_config cfg, std::shared_ptr<worker_inbox> shared,
       };
       items.push_back({text(it.getPrompt()), text(it.getCompletion()), text(it.getAnswer())});
     }
-    auto scored = rewards.score(items);
+    auto scored = rewards.score_split(items);
     const uint64_t batch = b->get().getBatch();
     auto out = envelope::build<wire::RewardResult>([&](wire::RewardResult::Builder r) {
       r.setBatch(batch);

@@ -1,8 +1,9 @@
 #pragma once
 /// Reward workers (`weft rl --reward-workers K`, docs/rl.md "Rewards from your own program"): the
 /// user's reward program runs on other nodes. Each worker (role "reward_worker") runs the program
-/// as gpu::rl::reward_process on its node — restarted there when it crashes or hangs, its
-/// unanswered samples sent again — and scores the batches the run's controller sends it.
+/// on its node — `procs` copies (gpu::rl::reward_process_pool), each restarted there when it
+/// crashes or hangs, its unanswered samples sent again — and scores the parts the run's controller
+/// sends it, each split over the copies.
 ///
 /// The controller side (remote_rewards) splits a batch over the live workers and waits for every
 /// part. A worker that dies (its node SIGKILLed, its link cut) or does not answer within its
@@ -33,6 +34,7 @@ namespace weft::rl {
 struct reward_worker_config {
   int worker = 0;
   std::string command;  ///< run with /bin/sh -c on the worker's node
+  int procs = 1;        ///< copies of it; a part is split over them (1..64)
   double timeout_s = 60.0;
   int max_restarts = 3;
   std::string controller_host = "127.0.0.1";

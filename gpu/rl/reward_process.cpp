@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
 namespace weft::gpu::rl {
 
@@ -57,6 +58,50 @@ result<std::vector<double>> reward_process_pool::score(std::span<const reward_re
   }
   freed_.notify_one();
   return rewards;
+}
+
+result<std::vector<double>> reward_process_pool::score_split(
+    std::span<const reward_request> items) {
+  if (items.empty()) return std::vector<double>{};
+  std::vector<size_t> copies;
+  {
+    std::unique_lock lock(mu_);
+    freed_.wait(lock, [this] { return !free_.empty(); });
+    const size_t n = std::min(free_.size(), std::max<size_t>(1, items.size()));
+    for (size_t i = 0; i < n; ++i) {
+      copies.push_back(free_.front());
+      free_.pop_front();
+    }
+  }
+  const size_t n = copies.size();
+  auto begin = [&](size_t j) { return items.size() * j / n; };
+  std::vector<result<std::vector<double>>> parts(n, std::vector<double>{});
+  auto run = [&](size_t j) {
+    parts[j] = procs_[copies[j]]->score(items.subspan(begin(j), begin(j + 1) - begin(j)));
+  };
+  {
+    std::vector<std::jthread> others;
+    for (size_t j = 1; j < n; ++j) others.emplace_back(run, j);
+    run(0);
+  }  // joined
+  {
+    std::lock_guard lock(mu_);
+    for (size_t k : copies) free_.push_back(k);
+  }
+  freed_.notify_all();
+  std::vector<double> out;
+  out.reserve(items.size());
+  for (size_t j = 0; j < n; ++j) {
+    if (!parts[j].ok()) {
+      if (n == 1) return parts[j].error();
+      return status{parts[j].error().code(),
+                    "samples " + std::to_string(begin(j)) + ".." +
+                        std::to_string(begin(j + 1) - 1) +
+                        " of the batch (numbered from 0 below): " + parts[j].error().message()};
+    }
+    out.insert(out.end(), parts[j]->begin(), parts[j]->end());
+  }
+  return out;
 }
 
 int64_t reward_process_pool::restarts() const {

@@ -64,6 +64,11 @@ class reward_process_pool {
   reward_process_pool(const reward_process_config& config, int processes);
   /// The rewards of `items`, in order, from a free copy.
   result<std::vector<double>> score(std::span<const reward_request> items);
+  /// The rewards of `items`, in order, spread over the copies free now (at least one, waited
+  /// for; at most one per item): contiguous slices scored at once, each on a thread. For a caller
+  /// with one batch at a time — a reward worker's part (`--reward-workers` with `--reward-procs`).
+  /// A slice's error names its samples' place in `items`.
+  result<std::vector<double>> score_split(std::span<const reward_request> items);
   int size() const { return static_cast<int>(procs_.size()); }
   /// Restarts of the copies (a crash or a hang) since construction (any thread).
   int64_t restarts() const;

@@ -8,6 +8,8 @@ generated model with f16 rollout weights:
 - a reward node SIGKILLed twice mid-run while it holds a part (the program kills its own node at
   its 60th and 150th sample): the run exits 0, the lost worker's part is scored again by the
   other, the node is relaunched and its worker restarted, and the results are still bit-identical;
+- `--reward-workers 1 --reward-procs 2`: two copies of the program on the reward node score the
+  parts split between them, at the same time, and the run is still bit-identical;
 - a reward program that answers garbage ends the run with an error naming the sample;
 - --reward-workers without --agents or without --reward-cmd is refused.
 
@@ -62,6 +64,20 @@ for line in sys.stdin:
           flush=True)
 """
 
+# The same rewards; each line also appends "pid start end" (seconds) to the file named first.
+LOGGED = """import json, os, sys, time
+LOG = sys.argv[1]
+for line in sys.stdin:
+    t0 = time.time()
+    r = json.loads(line)
+    c = r["completion"]
+    time.sleep(0.02)
+    with open(LOG, "a") as f:
+        f.write(f"{os.getpid()} {t0} {time.time()}\\n")
+    print(json.dumps({"id": r["id"], "reward": sum(ch != "." for ch in c) / max(1, len(c))}),
+          flush=True)
+"""
+
 GARBAGE = """import json, sys
 for line in sys.stdin:
     r = json.loads(line)
@@ -82,6 +98,9 @@ def main():
         garbage = os.path.join(tmp, "garbage.py")
         with open(garbage, "w") as f:
             f.write(GARBAGE)
+        logged = os.path.join(tmp, "logged.py")
+        with open(logged, "w") as f:
+            f.write(LOGGED)
 
         def args(tag, extra=(), reward=script, reward_args=""):
             return ["--model", model, "--data", data, "--prompt-format", "raw",
@@ -157,6 +176,29 @@ def main():
             check(all(s[1] == SAMPLES for s in got[0]) and got == want,
                   "killed: every step trained its samples; rewards, losses, pass@1 and weights "
                   "equal the undisturbed run's, bit for bit")
+
+        # Two copies on one reward node: its parts are split over them.
+        log = os.path.join(tmp, "copies.log")
+        rc, out = run_weft(a.weft, "rl", args("copies", ["--reward-workers", "1", "--reward-procs",
+                                                         "2"], reward=logged, reward_args=log),
+                           timeout=400)
+        check(rc == 0 and "(2 copies)" in out,
+              f"--reward-workers 1 --reward-procs 2: exits 0 (rc {rc}) {out[-300:]}")
+        if rc == 0:
+            check(outcome("copies") == want, "two copies on a reward node: rewards, losses, pass@1 "
+                                             "and weights equal the local program's, bit for bit")
+            spans = {}
+            with open(log) as f:
+                for line in f:
+                    pid, t0, t1 = line.split()
+                    spans.setdefault(pid, []).append((float(t0), float(t1)))
+            lines = sum(len(v) for v in spans.values())
+            overlap = len(spans) == 2 and any(
+                s0 < e1 and s1 < e0 for s0, e0 in list(spans.values())[0]
+                for s1, e1 in list(spans.values())[1])
+            check(len(spans) == 2 and overlap,
+                  f"both copies scored ({ {p: len(v) for p, v in spans.items()} } of {lines} "
+                  f"lines), at the same time ({overlap})")
 
         rc, out = run_weft(a.weft, "rl", args("garbage", ["--reward-workers", "2"],
                                               reward=garbage), timeout=200)

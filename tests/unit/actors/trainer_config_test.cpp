@@ -1,7 +1,9 @@
-// The trainer role's configuration (the spawn request's config_json): round trip and refusals.
+// The trainer role's configuration (the spawn request's config_json): round trip and refusals;
+// the same for the RL trainer and reward worker roles.
 
 #include <gtest/gtest.h>
 
+#include "actors/rl/remote_rewards.hpp"
 #include "actors/rl/remote_trainers.hpp"
 #include "actors/train/trainer.hpp"
 
@@ -54,6 +56,32 @@ TEST(rl_trainer_config, keeps_its_bucket_size_and_refuses_a_negative_one) {
   EXPECT_EQ(back->to_json(), c.to_json());
   c.bucket_mb = -1.0;
   EXPECT_FALSE(rl::rl_trainer_config::from_json(c.to_json()).ok());
+}
+
+TEST(reward_worker_config, keeps_its_copies_and_refuses_bad_values) {
+  rl::reward_worker_config c;
+  c.worker = 1;
+  c.command = "python3 r.py";
+  c.procs = 4;
+  c.controller_port = 4242;
+  auto back = rl::reward_worker_config::from_json(c.to_json());
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->procs, 4);
+  EXPECT_EQ(back->to_json(), c.to_json());
+  // A config without "procs" (an older controller) runs one copy.
+  auto one =
+      rl::reward_worker_config::from_json(R"({"worker": 0, "command": "r", "controller_port": 1})");
+  ASSERT_TRUE(one.ok()) << one.error().message;
+  EXPECT_EQ(one->procs, 1);
+  for (int procs : {0, 65}) {
+    auto x = c;
+    x.procs = procs;
+    EXPECT_FALSE(rl::reward_worker_config::from_json(x.to_json()).ok()) << procs;
+  }
+  auto x = c;
+  x.command.clear();
+  EXPECT_FALSE(rl::reward_worker_config::from_json(x.to_json()).ok());
+  EXPECT_FALSE(rl::reward_worker_config::from_json("[1]").ok());
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // External rewards scored on a thread of their own (gpu/rl/reward_queue.hpp, docs/rl.md "Rewards
 // from your own program"): the queue runs its jobs in order off the caller's thread (or several at
 // once on several threads), returns their errors and stops cleanly; a pool of reward processes
-// scores batches at once on copies of the program; the GRPO loop with async rewards — one call or
-// three at once — trains the very bits of the loop that waits for each group's rewards (sync,
-// async K = 2 with an evaluation between steps, stream), and a reward that fails ends the step
-// naming the group.
+// scores batches at once on copies of the program, or one batch split over them; the GRPO loop
+// with async rewards — one call or three at once — trains the very bits of the loop that waits for
+// each group's rewards (sync, async K = 2 with an evaluation between steps, stream), and a reward
+// that fails ends the step naming the group.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -146,28 +146,53 @@ TEST(reward_queue, scores_as_many_batches_at_once_as_it_has_workers) {
   EXPECT_EQ(q.ready(false).size(), 2u);
 }
 
+/// A scratch directory with `meet.py`: each request leaves a marker and waits (up to 20 s) until
+/// two requests have; the reward is 1 when another copy was scoring at the same time, 0 when
+/// this one waited alone. A completion "bad" gets the reward "x".
+struct meeting_program {
+  std::filesystem::path dir;
+  std::string command;
+
+  explicit meeting_program(const std::string& tag) {
+    namespace fs = std::filesystem;
+    dir = fs::temp_directory_path() / ("weft-" + tag + "-" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const fs::path script = dir / "meet.py";
+    std::ofstream(script)
+        << "import json, os, sys, time\n"
+        << "d = '" << dir.string() << "'\n"
+        << "for line in sys.stdin:\n"
+        << "    r = json.loads(line)\n"
+        << "    if r['completion'] == 'bad':\n"
+        << "        print(json.dumps({'id': r['id'], 'reward': 'x'}), flush=True)\n"
+        << "        continue\n"
+        << "    open(os.path.join(d, 'm-%d-%d' % (os.getpid(), r['id'])), 'w').close()\n"
+        << "    t0 = time.time()\n"
+        << "    while len([f for f in os.listdir(d) if f.startswith('m-')]) < 2 and "
+           "time.time() - t0 < 20:\n"
+        << "        time.sleep(0.01)\n"
+        << "    n = len([f for f in os.listdir(d) if f.startswith('m-')])\n"
+        << "    print(json.dumps({'id': r['id'], 'reward': 1.0 if n >= 2 else 0.0}))\n"
+        << "    sys.stdout.flush()\n";
+    command = "python3 " + script.string();
+  }
+  ~meeting_program() { std::filesystem::remove_all(dir); }
+
+  /// The pids of the copies that left markers.
+  std::set<std::string> pids() const {
+    std::set<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      const auto name = e.path().filename().string();
+      if (name.rfind("m-", 0) == 0) out.insert(name.substr(2, name.rfind('-') - 2));
+    }
+    return out;
+  }
+};
+
 TEST(reward_process_pool, scores_batches_at_once_on_copies_of_the_program) {
-  namespace fs = std::filesystem;
-  const auto dir = fs::temp_directory_path() / ("weft-reward-pool-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  // Each request leaves a marker and waits (up to 20 s) until two requests have: the reward is
-  // 1 when another copy was scoring at the same time, 0 when this one waited alone.
-  const fs::path script = dir / "meet.py";
-  std::ofstream(script)
-      << "import json, os, sys, time\n"
-      << "d = '" << dir.string() << "'\n"
-      << "for line in sys.stdin:\n"
-      << "    r = json.loads(line)\n"
-      << "    open(os.path.join(d, 'm-%d-%d' % (os.getpid(), r['id'])), 'w').close()\n"
-      << "    t0 = time.time()\n"
-      << "    while len([f for f in os.listdir(d) if f.startswith('m-')]) < 2 and "
-         "time.time() - t0 < 20:\n"
-      << "        time.sleep(0.01)\n"
-      << "    n = len([f for f in os.listdir(d) if f.startswith('m-')])\n"
-      << "    print(json.dumps({'id': r['id'], 'reward': 1.0 if n >= 2 else 0.0}))\n"
-      << "    sys.stdout.flush()\n";
-  reward_process_pool pool({"python3 " + script.string(), 60.0, 1}, 2);
+  meeting_program meet("reward-pool");
+  reward_process_pool pool({meet.command, 60.0, 1}, 2);
   EXPECT_EQ(pool.size(), 2);
   const std::vector<reward_request> one{reward_request{"p", "c", "a"}};
   result<std::vector<double>> a = std::vector<double>{}, b = std::vector<double>{};
@@ -179,13 +204,31 @@ TEST(reward_process_pool, scores_batches_at_once_on_copies_of_the_program) {
   ASSERT_TRUE(b.ok()) << b.error().message();
   EXPECT_EQ(*a, std::vector<double>{1.0});
   EXPECT_EQ(*b, std::vector<double>{1.0});
-  std::set<std::string> pids;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const auto name = e.path().filename().string();
-    if (name.rfind("m-", 0) == 0) pids.insert(name.substr(2, name.rfind('-') - 2));
-  }
-  EXPECT_EQ(pids.size(), 2u);  // two copies of the program, one batch each
-  fs::remove_all(dir);
+  EXPECT_EQ(meet.pids().size(), 2u);  // two copies of the program, one batch each
+}
+
+TEST(reward_process_pool, splits_one_batch_over_its_free_copies) {
+  meeting_program meet("reward-split");
+  // Three copies, a batch of two: one sample on each of two copies, scored at once (each waits
+  // for the other); in order.
+  reward_process_pool pool({meet.command, 60.0, 1}, 3);
+  const std::vector<reward_request> two{reward_request{"p", "c0", "a"},
+                                        reward_request{"p", "c1", "a"}};
+  auto r = pool.score_split(two);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_EQ(*r, (std::vector<double>{1.0, 1.0}));
+  EXPECT_EQ(meet.pids().size(), 2u);
+  EXPECT_TRUE(pool.score_split({}).ok());
+  // A slice's error names the sample's place in the whole batch.
+  const std::vector<reward_request> three{reward_request{"p", "c0", "a"},
+                                          reward_request{"p", "c1", "a"},
+                                          reward_request{"p", "bad", "a"}};
+  auto bad = pool.score_split(three);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("samples 2..2 of the batch"), std::string::npos)
+      << bad.error().message();
+  EXPECT_NE(bad.error().message().find("sample 0 (completion 'bad')"), std::string::npos)
+      << bad.error().message();
 }
 
 grpo_loop_config loop_cfg() {
