@@ -1,10 +1,11 @@
 #include "gpu/gguf_writer.hpp"
 
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <system_error>
 #include <type_traits>
+
+#include "gpu/direct_file.hpp"
 
 namespace weft::gpu {
 
@@ -103,6 +104,11 @@ void gguf_writer::set(const std::string& key, gguf_value value) {
 
 status gguf_writer::add_tensor(const std::string& name, ggml_type type, std::span<const int64_t> ne,
                                std::span<const std::byte> data) {
+  return add_tensor_bytes(name, type, ne, std::vector<std::byte>(data.begin(), data.end()));
+}
+
+status gguf_writer::add_tensor_bytes(const std::string& name, ggml_type type,
+                                     std::span<const int64_t> ne, std::vector<std::byte> data) {
   const auto bad = [&](const std::string& what) {
     return status{status_code::invalid_argument, "gguf_writer: tensor '" + name + "': " + what};
   };
@@ -125,8 +131,8 @@ status gguf_writer::add_tensor(const std::string& name, ggml_type type, std::spa
     return bad("has " + std::to_string(data.size()) + " bytes of data, expected " +
                std::to_string(expected));
   }
-  tensors_.push_back(pending_tensor{name, type, std::vector<int64_t>(ne.begin(), ne.end()),
-                                    std::vector<std::byte>(data.begin(), data.end())});
+  tensors_.push_back(
+      pending_tensor{name, type, std::vector<int64_t>(ne.begin(), ne.end()), std::move(data)});
   return {};
 }
 
@@ -154,10 +160,10 @@ status gguf_writer::add_tensor_from_f32(const std::string& name, ggml_type type,
           "gguf_writer: tensor '" + name + "': cannot quantize to " + std::string(type_name(type))};
     }
   }
-  return add_tensor(name, type, ne, bytes);
+  return add_tensor_bytes(name, type, ne, std::move(bytes));
 }
 
-result<std::vector<std::byte>> gguf_writer::to_bytes() const {
+result<std::vector<std::byte>> gguf_writer::head_bytes() const {
   const uint32_t alignment = config_.alignment;
   if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
     return status{status_code::invalid_argument, "gguf_writer: alignment must be a power of two"};
@@ -200,26 +206,48 @@ result<std::vector<std::byte>> gguf_writer::to_bytes() const {
     offset += (t.data.size() + alignment - 1) / alignment * alignment;
   }
   if (!tensors_.empty()) sink.pad_to(alignment);
+  return out;
+}
+
+size_t gguf_writer::padded(size_t n) const {
+  return (n + config_.alignment - 1) / config_.alignment * config_.alignment;
+}
+
+result<std::vector<std::byte>> gguf_writer::to_bytes() const {
+  auto out = head_bytes();
+  if (!out) return out;
+  size_t total = out->size();
+  for (const auto& t : tensors_) total += padded(t.data.size());
+  out->reserve(total);
   for (const auto& t : tensors_) {
-    sink.put_raw(t.data.data(), t.data.size());
-    sink.pad_to(alignment);
+    out->insert(out->end(), t.data.begin(), t.data.end());
+    out->resize(out->size() + padded(t.data.size()) - t.data.size());
   }
   return out;
 }
 
 status gguf_writer::write_file(const std::filesystem::path& path) const {
-  auto bytes = to_bytes();
-  if (!bytes) return bytes.error();
+  // The head, then each tensor's bytes from where they are (no image of the whole file).
+  auto head = head_bytes();
+  if (!head) return head.error();
   const std::filesystem::path tmp = path.string() + ".tmp";
   {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f)
-      return status{status_code::invalid_argument,
-                    "gguf_writer: cannot create '" + tmp.string() + "'"};
-    f.write(reinterpret_cast<const char*>(bytes->data()),
-            static_cast<std::streamsize>(bytes->size()));
-    if (!f)
-      return status{status_code::internal, "gguf_writer: write to '" + tmp.string() + "' failed"};
+    // Past the page cache where the file system takes it (gpu/direct_file.hpp), synced.
+    const std::vector<std::byte> zeros(config_.alignment);
+    direct_file f;
+    status st = f.open(tmp);
+    if (st.ok()) st = f.append(head->data(), head->size());
+    for (size_t i = 0; st.ok() && i < tensors_.size(); ++i) {
+      const auto& d = tensors_[i].data;
+      st = f.append(d.data(), d.size());
+      if (st.ok()) st = f.append(zeros.data(), padded(d.size()) - d.size());
+    }
+    if (st.ok()) st = f.finish();
+    if (!st.ok()) {
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);
+      return status{st.code(), "gguf_writer: " + st.message()};
+    }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

@@ -45,7 +45,9 @@ class gguf_writer {
   /// The file image.
   result<std::vector<std::byte>> to_bytes() const;
 
-  /// Writes the file image to `path` (via a temporary file renamed into place).
+  /// Writes the file image to `path` (via a temporary file renamed into place, synced; the
+  /// tensors' bytes go out from where they are held, past the page cache where the file system
+  /// takes it: gpu/direct_file.hpp).
   status write_file(const std::filesystem::path& path) const;
 
   size_t n_tensors() const { return tensors_.size(); }
@@ -57,6 +59,13 @@ class gguf_writer {
     std::vector<int64_t> ne;
     std::vector<std::byte> data;
   };
+
+  /// The file up to its data section: header, metadata, tensor infos, padding.
+  result<std::vector<std::byte>> head_bytes() const;
+  /// `n` rounded up to the alignment.
+  size_t padded(size_t n) const;
+  status add_tensor_bytes(const std::string& name, ggml_type type, std::span<const int64_t> ne,
+                          std::vector<std::byte> data);
 
   gguf_writer_config config_;
   std::vector<std::pair<std::string, gguf_value>> metadata_;

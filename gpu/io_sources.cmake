@@ -2,6 +2,7 @@
 # Included by gpu/CMakeLists.txt, which builds them into weft_gpu together with the compute sources.
 set(WEFT_GPU_IO_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/chat_template.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/direct_file.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ggml_types.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf_writer.cpp

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "gpu/direct_file.hpp"
+
 namespace weft::gpu::train {
 
 namespace {
@@ -22,33 +24,30 @@ namespace fs = std::filesystem;
 constexpr char kMagic[8] = {'W', 'E', 'F', 'T', 'C', 'K', 'P', 'T'};
 constexpr uint32_t kVersion = 1;
 
-/// A file written through a running checksum.
+/// A file written through a running checksum (in aligned blocks past the page cache where the
+/// file system takes it: gpu/direct_file.hpp).
 class hashed_writer {
  public:
-  explicit hashed_writer(int fd) : fd_(fd), hash_(XXH64_createState()) { XXH64_reset(hash_, 0); }
+  explicit hashed_writer(direct_file& f) : file_(f), hash_(XXH64_createState()) {
+    XXH64_reset(hash_, 0);
+  }
   ~hashed_writer() { XXH64_freeState(hash_); }
   hashed_writer(const hashed_writer&) = delete;
   hashed_writer& operator=(const hashed_writer&) = delete;
 
   bool put(const void* data, size_t n, bool hashed = true) {
     if (hashed) XXH64_update(hash_, data, n);
-    const auto* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return false;
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
-    return true;
+    if (!error_.ok()) return false;
+    error_ = file_.append(data, n);
+    return error_.ok();
   }
   uint64_t digest() const { return XXH64_digest(hash_); }
+  const status& error() const { return error_; }
 
  private:
-  int fd_;
+  direct_file& file_;
   XXH64_state_t* hash_;
+  status error_;
 };
 
 json header_of(const checkpoint_state& s) {
@@ -94,9 +93,9 @@ status write_checkpoint(const fs::path& dir, const checkpoint_state& s) {
   if (ec) return {status_code::internal, "cannot create " + dir.string() + ": " + ec.message()};
   const fs::path final_path = checkpoint_path(dir, s.step);
   const fs::path tmp = final_path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error("cannot create", tmp);
-  hashed_writer w(fd);
+  direct_file file;
+  if (auto st = file.open(tmp); !st.ok()) return st;
+  hashed_writer w(file);
   const std::string header = header_of(s).dump();
   const uint64_t header_len = header.size();
   bool ok = w.put(kMagic, sizeof kMagic) && w.put(&kVersion, sizeof kVersion) &&
@@ -108,13 +107,11 @@ status write_checkpoint(const fs::path& dir, const checkpoint_state& s) {
   }
   const uint64_t digest = w.digest();
   ok = ok && w.put(&digest, sizeof digest, false);
-  if (!ok || ::fsync(fd) != 0) {
-    const status st = io_error("cannot write", tmp);
-    ::close(fd);
+  const status st = ok ? file.finish() : w.error();
+  if (!st.ok()) {
     ::unlink(tmp.c_str());
     return st;
   }
-  ::close(fd);
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) return io_error("cannot rename", tmp);
   if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
     ::fsync(dfd);
