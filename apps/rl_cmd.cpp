@@ -330,18 +330,14 @@ int train_steps(const rl_options& o, grpo_loop& loop, rl_reporter& report,
   if (!o.checkpoint_dir.empty()) ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
   auto checkpoint_now = [&](bool wait) -> bool {
     if (!ckpt) return true;
-    if (auto st =
-            ckpt->save([&](gpu::train::checkpoint_state& s) { return loop.snapshot_into(s); });
-        !st) {
+    // One the run waits for (the last, or on a signal) is written from the live tensors, without
+    // the staging copy that lets training go on meanwhile.
+    if (auto st = gpu::train::checkpoint_of(*ckpt, loop, wait); !st) {
       spdlog::error("checkpoint failed: {}", st.message());
       return false;
     }
     report.add_checkpoint();
     if (wait) {
-      if (auto st = ckpt->wait(); !st) {
-        spdlog::error("checkpoint failed: {}", st.message());
-        return false;
-      }
       spdlog::info("checkpoint {}",
                    gpu::train::checkpoint_path(o.checkpoint_dir, loop.steps_done()).string());
     }

@@ -104,16 +104,14 @@ int run_train(const train_options& opts) {
   if (!o.checkpoint_dir.empty()) ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
   auto checkpoint_now = [&](bool wait) -> bool {
     if (!ckpt) return true;
-    if (auto st = ckpt->save([&](checkpoint_state& s) { return trainer.snapshot_into(s); }); !st) {
+    // One the run waits for (the last, or on a signal) is written from the live tensors, without
+    // the staging copy that lets training go on meanwhile.
+    if (auto st = checkpoint_of(*ckpt, trainer, wait); !st) {
       spdlog::error("checkpoint failed: {}", st.message());
       return false;
     }
     report.prom().add_checkpoint();
     if (wait) {
-      if (auto st = ckpt->wait(); !st) {
-        spdlog::error("checkpoint failed: {}", st.message());
-        return false;
-      }
       spdlog::info("checkpoint {}",
                    checkpoint_path(o.checkpoint_dir, trainer.steps_done()).string());
     }

@@ -391,14 +391,11 @@ class rank_loop {
       const bool last = r->step == o.steps || stopped;
       bool checkpointed = false;
       if (ckpt && (r->step % o.checkpoint_every == 0 || last)) {
-        if (auto st = ckpt->save([&](checkpoint_state& s) { return trainer_->snapshot_into(s); });
-            !st) {
+        // The last one is written from the live tensors (nothing goes on while it is written).
+        if (auto st = checkpoint_of(*ckpt, *trainer_, last); !st) {
           return fatal("checkpoint: " + st.message());
         }
         checkpointed = true;
-        if (last) {
-          if (auto st = ckpt->wait(); !st) return fatal("checkpoint: " + st.message());
-        }
       }
       if (cfg_.rank == 0) {
         caf::send_as(self_, coordinator_, t_step_atom::value,

@@ -709,6 +709,17 @@ status grpo_loop::apply_update(double scale, rl_step_record& rec) {
 }
 
 status grpo_loop::snapshot_into(train::checkpoint_state& s) {
+  if (auto st = checkpoint_meta(s); !st) return st;
+  train::snapshot_parameters(std::as_const(*model_).parameters(), opt_, s);
+  return {};
+}
+
+result<train::checkpoint_view> grpo_loop::live_checkpoint(train::checkpoint_state& meta) {
+  if (auto st = checkpoint_meta(meta); !st) return st;
+  return train::borrow_parameters(meta, std::as_const(*model_).parameters(), opt_);
+}
+
+status grpo_loop::checkpoint_meta(train::checkpoint_state& s) {
   if (auto st = model_->pull_to_host(&opt_); !st) return st;
   s.step = step_;
   // Steps already generating start again from their prompts after a resume.
@@ -721,7 +732,6 @@ status grpo_loop::snapshot_into(train::checkpoint_state& s) {
   for (const auto& r : history_) {
     s.history.push_back(train::step_record{r.step, r.loss, r.lr, r.grad_norm, r.completion_tokens});
   }
-  train::snapshot_parameters(std::as_const(*model_).parameters(), opt_, s);
   return {};
 }
 

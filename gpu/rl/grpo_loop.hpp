@@ -298,6 +298,9 @@ class grpo_loop {
   /// the seed and the schedule; history holds loss, lr, grad norm and completion tokens per step.
   /// Brings a device-resident trainer's host copy up to date first.
   status snapshot_into(train::checkpoint_state& s);
+  /// The same without a copy: `meta` gets everything but the tensors, and the view borrows it and
+  /// the live parameters and moments (valid until the next step).
+  result<train::checkpoint_view> live_checkpoint(train::checkpoint_state& meta);
   /// Continues from a snapshot of the same model and seed, and pushes the weights to the engine:
   /// with K = 0 the run then goes on bit for bit as if it had never stopped; with K > 0 the
   /// rollouts that were in flight start again from their prompts (same prompts and seeds, none
@@ -331,6 +334,8 @@ class grpo_loop {
   grpo_loop(std::unique_ptr<train::trainable_model<float>> model, const rl_task& task,
             const grpo_loop_config& config);
   status push_weights();
+  /// `s`'s step, cursor, seed, schedule and history, the host copy brought up to date first.
+  status checkpoint_meta(train::checkpoint_state& s);
   /// Draws step m's prompts and puts its samples into the engine.
   status start_step(int64_t m);
   std::vector<int32_t> encode_prompt(const rl_prompt& p, status& st) const;

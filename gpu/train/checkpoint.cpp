@@ -50,7 +50,7 @@ class hashed_writer {
   status error_;
 };
 
-json header_of(const checkpoint_state& s) {
+json header_of(const checkpoint_view& s) {
   json h;
   h["step"] = s.step;
   h["epoch"] = s.cursor.epoch;
@@ -87,7 +87,35 @@ fs::path checkpoint_path(const fs::path& dir, int64_t step) {
   return dir / name;
 }
 
+checkpoint_view view_of(const checkpoint_state& s) {
+  checkpoint_view v{s.step, s.cursor, s.seed, s.adam_steps, s.schedule, {}, {}, {}, {}, s.history};
+  for (size_t i = 0; i < s.names.size(); ++i) {
+    v.names.push_back(s.names[i]);
+    v.values.push_back(s.values[i]);
+    v.m.push_back(s.m[i]);
+    v.v.push_back(s.v[i]);
+  }
+  return v;
+}
+
+checkpoint_view borrow_parameters(const checkpoint_state& meta,
+                                  const std::vector<parameter<float>>& params, const adamw& opt) {
+  checkpoint_view v{meta.step, meta.cursor, meta.seed, opt.steps(), meta.schedule,
+                    {},        {},          {},        {},          meta.history};
+  for (size_t i = 0; i < params.size(); ++i) {
+    v.names.push_back(params[i].name);
+    v.values.push_back(params[i].value);
+    v.m.push_back(opt.m(i));
+    v.v.push_back(opt.v(i));
+  }
+  return v;
+}
+
 status write_checkpoint(const fs::path& dir, const checkpoint_state& s) {
+  return write_checkpoint(dir, view_of(s));
+}
+
+status write_checkpoint(const fs::path& dir, const checkpoint_view& s) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return {status_code::internal, "cannot create " + dir.string() + ": " + ec.message()};
@@ -253,6 +281,13 @@ status async_checkpointer::save(checkpoint_state state) {
     s = std::move(state);
     return status{};
   });
+}
+
+status async_checkpointer::write_now(const checkpoint_view& state) {
+  status previous = wait();
+  status st = write_checkpoint(dir_, state);
+  if (st) prune_checkpoints(dir_, keep_);
+  return previous ? st : previous;
 }
 
 status async_checkpointer::wait() {

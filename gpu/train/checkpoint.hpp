@@ -11,7 +11,9 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -43,6 +45,27 @@ struct checkpoint_state {
   std::vector<step_record> history;
 };
 
+/// A checkpoint's contents with the tensors borrowed — from a checkpoint_state (view_of), or from
+/// the live parameters and optimizer (borrow_parameters: a checkpoint written from it copies
+/// nothing, as the last one of a run, which need not let training go on while it is written).
+struct checkpoint_view {
+  int64_t step = 0;
+  data_cursor cursor;
+  uint64_t seed = 0;
+  int64_t adam_steps = 0;
+  lr_schedule schedule;
+  std::vector<std::string_view> names;
+  std::vector<std::span<const float>> values, m, v;
+  std::span<const step_record> history;
+};
+
+/// `s` as a view (borrowing all of it).
+checkpoint_view view_of(const checkpoint_state& s);
+/// `meta`'s step, cursor, seed, schedule and history with the live values and moments of
+/// `params` and `opt` (valid while none of them changes).
+checkpoint_view borrow_parameters(const checkpoint_state& meta,
+                                  const std::vector<parameter<float>>& params, const adamw& opt);
+
 /// Copies the parameters' values and the optimizer's moments and step count into `s` (names,
 /// values, m, v, adam_steps), reusing its buffers.
 void snapshot_parameters(const std::vector<parameter<float>>& params, const adamw& opt,
@@ -56,6 +79,7 @@ std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t 
 
 /// Writes the state atomically (a reader sees the old file set or the new file, never a part).
 status write_checkpoint(const std::filesystem::path& dir, const checkpoint_state& state);
+status write_checkpoint(const std::filesystem::path& dir, const checkpoint_view& state);
 
 /// Reads and verifies one checkpoint file (magic, version, sizes, checksum).
 result<checkpoint_state> read_checkpoint(const std::filesystem::path& file);
@@ -86,6 +110,9 @@ class async_checkpointer {
   status save(checkpoint_state state);
   /// Waits for the pending write; returns its outcome.
   status wait();
+  /// Waits for the pending write, then writes `state` on the caller's thread (no staging copy:
+  /// a run's last checkpoint, or the one on SIGTERM); the first error of the two.
+  status write_now(const checkpoint_view& state);
 
  private:
   void run();
@@ -101,5 +128,17 @@ class async_checkpointer {
   status last_;
   std::thread thread_;
 };
+
+/// A checkpoint of `source` (an sft_trainer or a grpo_loop: snapshot_into and live_checkpoint): in
+/// the background from a staging copy, or — `wait`, when nothing trains meanwhile — written now
+/// from its live tensors.
+template <class Source>
+status checkpoint_of(async_checkpointer& ckpt, Source& source, bool wait) {
+  if (!wait) return ckpt.save([&](checkpoint_state& s) { return source.snapshot_into(s); });
+  checkpoint_state meta;
+  auto view = source.live_checkpoint(meta);
+  if (!view) return view.error();
+  return ckpt.write_now(*view);
+}
 
 }  // namespace weft::gpu::train

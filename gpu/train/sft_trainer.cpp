@@ -123,15 +123,25 @@ status sft_trainer::sync_host() {
   return model_.pull_to_host(&opt_);
 }
 
-status sft_trainer::snapshot_into(checkpoint_state& s) {
+status sft_trainer::checkpoint_meta(checkpoint_state& s) {
   if (auto st = sync_host(); !st) return st;
   s.step = step_;
   s.cursor = sampler_.cursor();
   s.seed = config_.seed;
   s.schedule = config_.schedule;
   s.history = history_;
+  return {};
+}
+
+status sft_trainer::snapshot_into(checkpoint_state& s) {
+  if (auto st = checkpoint_meta(s); !st) return st;
   snapshot_parameters(std::as_const(model_).parameters(), opt_, s);
   return {};
+}
+
+result<checkpoint_view> sft_trainer::live_checkpoint(checkpoint_state& meta) {
+  if (auto st = checkpoint_meta(meta); !st) return st;
+  return borrow_parameters(meta, std::as_const(model_).parameters(), opt_);
 }
 
 status sft_trainer::restore(const checkpoint_state& s) {

@@ -87,6 +87,9 @@ class sft_trainer {
   result<checkpoint_state> snapshot();
   /// The same copy into `s`, reusing its buffers (async_checkpointer's staging copy).
   status snapshot_into(checkpoint_state& s);
+  /// The same without a copy: `meta` gets everything but the tensors, and the view borrows it and
+  /// the live parameters and moments (valid until the next step).
+  result<checkpoint_view> live_checkpoint(checkpoint_state& meta);
   /// Brings the model's host parameters (and the optimizer's moments) up to date with the device
   /// after device-resident steps (before an export; snapshot_into does it itself).
   status sync_host();
@@ -97,6 +100,8 @@ class sft_trainer {
   /// Reduce (unless `reduced`), scale, clip and AdamW on the host copy (the model is not
   /// device-resident).
   result<double> host_update(double& loss_sum, int64_t& loss_tokens, double lr, bool reduced);
+  /// `s`'s step, cursor, seed, schedule and history, the host copy brought up to date first.
+  status checkpoint_meta(checkpoint_state& s);
 
   trainable_model<float>& model_;
   sft_config config_;

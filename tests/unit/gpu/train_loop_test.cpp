@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <set>
 
 #include "gpu/chat_template.hpp"
@@ -342,6 +343,43 @@ TEST(sft_trainer, parallel_shares_repeat_bit_for_bit_and_track_one_thread) {
     EXPECT_NEAR(one.first[i].loss, two.first[i].loss, 1e-4 * std::abs(one.first[i].loss)) << i;
     EXPECT_EQ(one.first[i].tokens, two.first[i].tokens);
   }
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+TEST(sft_trainer, a_live_checkpoint_has_the_bytes_of_a_snapshot) {
+  fixture fx;
+  const auto data = arithmetic(fx, 12);
+  const auto size = static_cast<int64_t>(data.examples[0].tokens.size());
+  auto model = fresh_model(fx.file);
+  sft_trainer t(*model, data, small_run(4 * size));
+  const auto staged = temp_dir("staged"), live = temp_dir("live");
+  async_checkpointer w(live, 3);
+  ASSERT_TRUE(t.step().ok());
+  // A background save pending when the live one is written: write_now waits for it first.
+  ASSERT_TRUE(w.save([&](checkpoint_state& s) { return t.snapshot_into(s); }).ok());
+  ASSERT_TRUE(t.step().ok());
+  auto snap = t.snapshot();
+  ASSERT_TRUE(snap.ok());
+  ASSERT_TRUE(write_checkpoint(staged, *snap).ok());
+  checkpoint_state meta;
+  auto view = t.live_checkpoint(meta);
+  ASSERT_TRUE(view.ok());
+  EXPECT_TRUE(meta.values.empty());  // the tensors are borrowed, not copied
+  ASSERT_TRUE(w.write_now(*view).ok());
+  EXPECT_TRUE(fs::exists(checkpoint_path(live, 1)));
+  const auto a = file_bytes(checkpoint_path(staged, 2)), b = file_bytes(checkpoint_path(live, 2));
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, b);
+  auto back = read_checkpoint(checkpoint_path(live, 2));
+  ASSERT_TRUE(back.ok()) << back.error().to_string();
+  EXPECT_EQ(back->values, snap->values);
+  EXPECT_EQ(back->v, snap->v);
+  fs::remove_all(staged);
+  fs::remove_all(live);
 }
 
 TEST(sft_trainer, resume_refuses_another_seed) {
