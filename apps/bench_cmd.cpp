@@ -459,7 +459,7 @@ void add_serve_bench(CLI::App& bench) {
                 "Do not send \"ignore_eos\": true (outputs may then end early)")
       ->group(g_srv);
   cmd->add_option("--timeout-s", o->timeout_s, "Per-request time limit (s)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_number)
       ->group(g_srv);
   cmd->add_option("--max-in-flight", o->max_in_flight,
                   "Client bound on concurrent requests; a request due beyond it is recorded as "
@@ -478,11 +478,11 @@ void add_serve_bench(CLI::App& bench) {
   auto* rate_opt =
       cmd->add_option("--rate", o->rate_rps,
                       "Mean request rate (req/s); for a trace: time-scale it to this mean rate")
-          ->check(CLI::PositiveNumber)
+          ->check(positive_number)
           ->group(g_wl);
   cmd->add_option("--burstiness", o->burstiness,
                   "Gamma shape k (cv = 1/sqrt(k); 1 = Poisson, < 1 burstier)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_number)
       ->group(g_wl);
   const auto dists = CLI::IsMember({"fixed", "uniform", "pareto", "lognormal"});
   cmd->add_option("--prompt-dist", o->prompt_dist,
@@ -533,7 +533,7 @@ void add_serve_bench(CLI::App& bench) {
       ->group(g_tr);
   cmd->add_option("--time-scale", o->time_scale,
                   "Multiply trace times by this (0.1 = 10x faster); or use --rate")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_number)
       ->group(g_tr);
   cmd->add_option("--max-prompt-tokens", o->max_prompt_tokens,
                   "Scale prompt lengths linearly so the --scale-percentile prompt has this many "
@@ -544,7 +544,7 @@ void add_serve_bench(CLI::App& bench) {
   cmd->add_option("--prompt-scale", o->prompt_scale,
                   "Multiply trace prompt lengths (and Mooncake hash blocks) by this instead of the "
                   "--scale-percentile rule; --max-prompt-tokens still clips")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_number)
       ->group(g_tr);
   cmd->add_option("--scale-percentile", o->scale_percentile,
                   "Percentile of the lengths mapped onto the maximum")

@@ -1007,18 +1007,18 @@ void add_chaos_command(CLI::App& app, const global_options&) {
                   "Seconds of load (requests = rate x duration); with --head the window in which "
                   "faults fire (and the run's length without --workload)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--rate", o->rate_rps, "Offered load, requests/s (Poisson arrivals)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--prompt-tokens", o->prompt_tokens, "Approximate prompt length")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--max-tokens", o->max_tokens,
                   "Tokens every request asks for (EOS ignored: a completed stream must carry "
                   "exactly this many)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--seed", o->seed, "Seed of the load and of --random faults")
       ->capture_default_str();
   cmd->add_option("--fault", o->faults,
@@ -1030,7 +1030,7 @@ void add_chaos_command(CLI::App& app, const global_options&) {
                   "actor role, or any); the busiest matching process is hit (repeat)");
   cmd->add_option("--random", o->random_faults, "This many faults at random times (from --seed)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   cmd->add_option("--random-kinds", o->random_kinds,
                   "Kinds of --random faults: kill, stop (and cut with --head)")
       ->capture_default_str();
@@ -1052,23 +1052,23 @@ void add_chaos_command(CLI::App& app, const global_options&) {
   cmd->add_option("--stop-seconds", o->stop_s,
                   "How long a stop (or cut) fault lasts when it names no +HOLD")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--min-inflight", o->min_inflight,
                   "A fault waits (up to 10 s) for a target with this many requests in flight")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   cmd->add_option("--max-recovery", o->max_recovery_s,
                   "Seconds within which every fault must be recovered from (invariant)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--settle", o->settle_s,
                   "Seconds to wait after the load for KV blocks to be freed (invariant: none left)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--request-timeout", o->request_timeout_s,
                   "A request without an answer after this long counts as lost")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--report", o->report, "JSON report path (default chaos-report.json)");
   cmd->add_option("--plot", o->plot,
                   "PNG timeline: faults, throughput, errors, recoveries (needs matplotlib)");

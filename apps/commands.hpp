@@ -16,6 +16,23 @@ struct global_options {
   std::string log_level = "info";
 };
 
+/// Checks that a numeric option is > 0 (`positive_number`) or >= 0 (`non_negative_number`), with
+/// a message that says so: CLI11 2.1's PositiveNumber and NonNegativeNumber print their range as
+/// "0.000000 to 1797693...".
+inline CLI::Validator sign_check(bool zero_allowed) {
+  return CLI::Validator(
+      [zero_allowed](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (end == v.c_str() || *end != '\0') return v + " is not a number";
+        if (zero_allowed ? x >= 0 : x > 0) return {};
+        return std::string{"must be "} + (zero_allowed ? ">= 0" : "> 0") + ", not " + v;
+      },
+      zero_allowed ? "NONNEGATIVE" : "POSITIVE");
+}
+inline const CLI::Validator positive_number = sign_check(false);
+inline const CLI::Validator non_negative_number = sign_check(true);
+
 /// `--weights-memory huge-pages|mmap` (gpu::gguf_memory) for the commands that load weights.
 inline void add_weights_memory_option(CLI::App* cmd, std::string& value) {
   cmd->add_option("--weights-memory", value,

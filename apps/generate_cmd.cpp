@@ -216,13 +216,13 @@ void add_generate_command(CLI::App& app, const global_options& /*globals*/) {
   cmd->add_option("--system", opts->system_prompt, "System message (with --chat)");
   cmd->add_option("--max-tokens,-n", opts->max_tokens, "Tokens to generate at most")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--temperature,-t", opts->temperature, "Sampling temperature (0 = greedy)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   cmd->add_option("--top-k", opts->top_k, "Keep the k most likely tokens (0 = off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   cmd->add_option("--top-p", opts->top_p, "Nucleus sampling mass (1 = off)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
@@ -234,7 +234,7 @@ void add_generate_command(CLI::App& app, const global_options& /*globals*/) {
   cmd->add_option("--seed", opts->seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--threads", opts->threads, "Compute threads (0 = all cores)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   add_weights_memory_option(cmd, opts->weights_memory);
   add_cpu_matmul_option(cmd, opts->cpu_matmul);
   cmd->add_option("--stop", opts->stop, "Stop string (repeatable)");

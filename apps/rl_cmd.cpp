@@ -614,6 +614,14 @@ void add_rl_command(CLI::App& app, const global_options&) {
           "--tool-url too");
       std::exit(2);
     }
+    if (o->trainers == 1) {
+      for (const char* opt : {"--bucket-mb", "--allreduce-timeout-s"}) {
+        if (cmd->get_option(opt)->count() > 0) {
+          spdlog::error("{} shapes a trainer group's gradient sum: give --trainers K > 1 too", opt);
+          std::exit(2);
+        }
+      }
+    }
     if (o->task != "lookup" && cmd->get_option("--words")->count() > 0) {
       spdlog::error("--words is an option of --task lookup");
       std::exit(2);

@@ -1,5 +1,7 @@
 #include "apps/rl_options.hpp"
 
+#include "apps/commands.hpp"
+
 namespace weft::apps {
 
 /// Where prompts and rewards come from.
@@ -132,7 +134,7 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "--reward-cmd: a batch not fully answered within this many seconds restarts the "
                   "process; --reward-url: the request's timeout")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--reward-restarts", o->reward_restarts,
                   "--reward-cmd: restarts allowed per batch (crash or timeout) before the run "
                   "fails; --reward-url: retries of a failed request (no answer, 5xx, 429)")
@@ -274,10 +276,10 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--lr", o->lr, "Peak learning rate")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--warmup-steps", o->warmup_steps, "Linear warmup over this many steps")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   cmd->add_option("--lr-schedule", o->lr_schedule, "After warmup: constant or cosine")
       ->capture_default_str()
       ->check(CLI::IsMember({"cosine", "constant"}));
@@ -286,10 +288,10 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--weight-decay", o->weight_decay, "AdamW decoupled weight decay (matrices)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   cmd->add_option("--max-grad-norm", o->max_grad_norm, "Clip the global gradient norm (0: off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   cmd->add_option("--clip-low", o->clip_low, "PPO ratio floor is 1 - this")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
@@ -310,7 +312,7 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
                   "Greedy pass@1 on the held-out prompts before training, every this many steps "
                   "and at the end (0: never)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   cmd->add_option("--eval-prompts", o->eval_prompts, "Held-out prompts (never trained on)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{100000}));
@@ -330,7 +332,7 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
   cmd->add_option("--micro-batch-tokens", o->micro_batch_tokens,
                   "Tokens per forward/backward pass of the update")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--rollout-type", o->rollout_type,
                   "Weight type of the rollout engine: f32 (closest to the trainer), bf16, f16 or "
                   "q8_0 (quantized rollouts: fastest on a CPU; the behaviour log-probs differ "
@@ -373,7 +375,7 @@ void add_run_options(CLI::App* cmd, rl_options* o) {
   cmd->add_option("--checkpoint-every", o->checkpoint_every,
                   "Checkpoint every this many steps (and at the end, and on SIGTERM)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--keep-checkpoints", o->keep_checkpoints, "How many checkpoints to keep")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));

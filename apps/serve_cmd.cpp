@@ -440,13 +440,13 @@ void add_serve_command(CLI::App& app, const global_options&) {
          "--mlfq-prefill-cost", cli->mlfq_prefill_cost,
          "MLFQ: cost of one prompt token in decode iterations (skip-join placement; ~0.4 on CPU)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--mlfq-starvation-steps", cli->mlfq_starvation_steps,
                   "MLFQ: promote a request not run for this many iterations to the top queue")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--threads", cli->threads, "Compute threads per worker (0 = cores / workers)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   cmd->add_option("--tool-call-parser", cli->tool_call_parser,
                   "How the model writes tool calls: auto (from its chat template), hermes "
                   "(<tool_call> blocks), llama3_json (bare JSON, Llama 3.1), mistral "

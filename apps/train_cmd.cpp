@@ -195,20 +195,20 @@ void add_train_command(CLI::App& app, const global_options&) {
   cmd->add_option("--batch-tokens", o->batch_tokens,
                   "Tokens per optimizer update (whole examples; at least one)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--micro-batch-tokens", o->micro_batch_tokens,
                   "Tokens per forward/backward pass (gradients accumulate over them)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--max-seq-tokens", o->max_seq_tokens, "Longer examples are cut to this")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   cmd->add_option("--lr", o->lr, "Peak learning rate")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--warmup-steps", o->warmup_steps, "Linear warmup over this many updates")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   cmd->add_option("--lr-schedule", o->lr_schedule, "After warmup: cosine or constant")
       ->capture_default_str()
       ->check(CLI::IsMember({"cosine", "constant"}));
@@ -218,7 +218,7 @@ void add_train_command(CLI::App& app, const global_options&) {
   cmd->add_option("--weight-decay", o->weight_decay,
                   "AdamW decoupled weight decay (matrices only, not norm weights)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   cmd->add_option("--adam-beta1", o->beta1, "AdamW beta1")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
@@ -229,7 +229,7 @@ void add_train_command(CLI::App& app, const global_options&) {
   cmd->add_option("--max-grad-norm", o->max_grad_norm,
                   "Clip the global gradient norm to this (0: no clipping)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number);
   cmd->add_option("--seed", o->seed, "Seed of the data order")->capture_default_str();
   cmd->add_option("--threads", o->threads,
                   "Cores each trainer uses (default: all cores, divided among --trainers); up to 4 "
@@ -251,14 +251,14 @@ void add_train_command(CLI::App& app, const global_options&) {
                   "Mixture-of-experts models: weight of the router's load-balancing loss "
                   "(transformers' router_aux_loss_coef, e.g. 0.02; 0: none). A dense model "
                   "refuses a nonzero value")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_number)
       ->capture_default_str();
   cmd->add_option("--checkpoint-dir", o->checkpoint_dir,
                   "Write exact checkpoints here (and metrics.jsonl)");
   cmd->add_option("--checkpoint-every", o->checkpoint_every,
                   "Checkpoint every this many updates (and at the end, and on SIGTERM)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number);
   cmd->add_option("--keep-checkpoints", o->keep_checkpoints, "How many checkpoints to keep")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
@@ -348,7 +348,7 @@ void add_train_command(CLI::App& app, const global_options&) {
     if (opts->trainers == 1) {
       // The group's options do nothing for one process: say so rather than drop them silently.
       for (const char* name : {"--allreduce-timeout-ms", "--max-restarts", "--ucx-tls",
-                               "--ucx-net-devices", "--dist-backend"}) {
+                               "--ucx-net-devices", "--dist-backend", "--bucket-mb"}) {
         if (cmd->get_option(name)->count() > 0) {
           spdlog::warn("{} applies to trainer groups only (--trainers > 1); ignored", name);
         }

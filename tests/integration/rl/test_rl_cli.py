@@ -58,6 +58,11 @@ def main():
         rc, out = rl(weft, base + ["--max-staleness", "2"])
         check(rc == 2 and "--max-staleness needs --mode async" in out,
               "--max-staleness without --mode async is refused, not ignored")
+        rc, out = rl(weft, base + ["--bucket-mb", "2"])
+        check(rc == 2 and "give --trainers K > 1" in out,
+              "--bucket-mb without a trainer group is refused, not ignored")
+        rc, out = rl(weft, base + ["--lr", "-1"])
+        check(rc != 0 and "--lr: must be > 0, not -1" in out, "a negative --lr says what is wanted")
         rc, out = rl(weft, base + ["--is-cap", "3"])
         check(rc == 2 and "--is-cap needs --off-policy decoupled" in out,
               "--is-cap without --off-policy decoupled is refused")
