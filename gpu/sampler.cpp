@@ -38,11 +38,14 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
 
   const bool penalties = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
                          params_.frequency_penalty != 0.0f;
-  if (params_.temperature <= 0.0f && !penalties) {
+  if (params_.temperature <= 0.0f && !penalties && params_.logit_bias.empty()) {
     res.token = static_cast<int32_t>(first_max);
     return finish(res, logits, log_z);
   }
   work_.assign(logits.begin(), logits.end());
+  for (const auto& [tok, bias] : params_.logit_bias) {
+    if (tok >= 0 && tok < n) work_[static_cast<size_t>(tok)] += bias;
+  }
   // Penalties over the last penalty_last_n tokens.
   if (penalties) {
     size_t start = 0;

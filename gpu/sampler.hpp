@@ -5,10 +5,12 @@
 /// Each request owns its sampler, so a seed gives the same tokens whatever else is in the batch.
 /// Not thread-safe (one sampler per sequence).
 
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace weft::gpu {
@@ -16,6 +18,10 @@ namespace weft::gpu {
 /// What a request asks of the sampler (OpenAI-style fields).
 /// How an embedding request pools the prompt's hidden states.
 enum class pooling_type : uint8_t { none = 0, mean = 1, last = 2 };
+
+/// The most logit_bias entries a request may carry (OpenAI's API takes up to 300; llama-server
+/// any number).
+inline constexpr size_t kMaxLogitBias = 4096;
 
 struct sampling_params {
   float temperature = 0.0f;  ///< <= 0: greedy (argmax).
@@ -27,9 +33,14 @@ struct sampling_params {
   float presence_penalty = 0.0f;   ///< Subtracted once from logits of seen tokens.
   float frequency_penalty = 0.0f;  ///< Subtracted per occurrence.
   int32_t penalty_last_n =
-      64;                    ///< Window of generated+prompt tokens the penalties look at (-1: all).
-  uint64_t seed = 0;         ///< RNG seed of this request.
-  int32_t max_tokens = 128;  ///< Generated tokens before finishing with `length`.
+      64;  ///< Window of generated+prompt tokens the penalties look at (-1: all).
+  /// OpenAI's logit_bias: (token, bias) pairs added to the logits before the penalties, the
+  /// temperature and the truncations (greedy too); -100 bans a token in practice, +100 all but
+  /// forces it. Ids outside the vocabulary are skipped (the API refuses them first). Not in the
+  /// reported log-probabilities, which are the model's (as the penalties are not).
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  uint64_t seed = 0;                 ///< RNG seed of this request.
+  int32_t max_tokens = 128;          ///< Generated tokens before finishing with `length`.
   std::vector<int32_t> stop_tokens;  ///< Finish when one of these is sampled (not emitted).
   std::vector<std::string>
       stop_strings;        ///< Finish when the text contains one (text cut before it).

@@ -25,6 +25,8 @@ struct SamplingParams {
   grammar @13 :Text;                # structured outputs: GBNF the output must match (empty: none)
   pooling @14 :UInt8;               # embeddings: 0 none (generate), 1 mean, 2 last token
   priority @15 :Int32;              # lower runs first under the priority policy (0 otherwise)
+  logitBiasTokens @16 :List(Int32); # OpenAI's logit_bias: these tokens' logits get
+  logitBiasValues @17 :List(Float32); # these biases (same length, each in [-100, 100])
 }
 
 # Router -> worker: run one sequence. A migrated request carries the tokens already generated

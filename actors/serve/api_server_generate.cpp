@@ -289,6 +289,16 @@ bool api_server::impl::tokenize_prompts(generation& g, httplib::Response& res) {
   auto& prompts = g.prompts;
   auto& prompt_texts = g.prompt_texts;
   const auto n_vocab = static_cast<int32_t>(host->tok.n_vocab());
+  for (const auto& [t, bias] : r->sampling.logit_bias) {
+    if (t >= n_vocab) {
+      send_error(
+          res, api_error{400, "invalid_request_error",
+                         "logit_bias token " + std::to_string(t) +
+                             " is outside the vocabulary (0.." + std::to_string(n_vocab - 1) + ")",
+                         "logit_bias", ""});
+      return false;
+    }
+  }
   if (g.kind == endpoint::chat_completions) {
     if (!host->tmpl) {
       send_error(res,

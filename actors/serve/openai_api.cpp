@@ -2,6 +2,7 @@
 
 #include "gpu/grammar.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <exception>
@@ -314,13 +315,6 @@ void read_messages(field_reader& rd, openai_request& r) {
 // Fields that change the result but that weft does not implement are refused rather than
 // ignored: a client must not believe it got what it asked for.
 void refuse_unsupported(field_reader& rd, const openai_request& r) {
-  if (const json* lb = rd.get("logit_bias")) {
-    if (!lb->is_object()) {
-      rd.fail("logit_bias", "'logit_bias' must be an object, got " + shown(*lb));
-    } else if (!lb->empty()) {
-      rd.fail("logit_bias", "'logit_bias' is not supported");
-    }
-  }
   if (r.kind == endpoint::completions) {
     if (const json* s = rd.get("suffix")) {
       if (!s->is_string()) {
@@ -456,6 +450,39 @@ void read_structured(field_reader& rd, openai_request& r, std::string_view body)
   r.sampling.grammar = std::move(text);
 }
 
+// OpenAI's {"token id": bias}: ids as decimal strings, biases in [-100, 100]. The server checks
+// the ids against the vocabulary (api_server_generate.cpp).
+void read_logit_bias(field_reader& rd, gpu::sampling_params& s) {
+  const json* lb = rd.get("logit_bias");
+  if (!lb) return;
+  if (!lb->is_object()) {
+    rd.fail("logit_bias", "'logit_bias' must be an object of token id -> bias, got " + shown(*lb));
+    return;
+  }
+  if (lb->size() > gpu::kMaxLogitBias) {
+    rd.fail("logit_bias", "'logit_bias' has " + std::to_string(lb->size()) + " entries; at most " +
+                              std::to_string(gpu::kMaxLogitBias));
+    return;
+  }
+  for (const auto& [key, value] : lb->items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc{} || end != key.data() + key.size() || key.empty() || id < 0 ||
+        id > std::numeric_limits<int32_t>::max()) {
+      rd.fail("logit_bias", "'logit_bias' keys are token ids (non-negative integers), got \"" +
+                                key.substr(0, 64) + "\"");
+      return;
+    }
+    if (!value.is_number() || !(value.get<double>() >= -100.0 && value.get<double>() <= 100.0)) {
+      rd.fail("logit_bias", "'logit_bias' of token " + key +
+                                " must be a number in [-100, 100], got " + shown(value));
+      return;
+    }
+    s.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(value.get<double>()));
+  }
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());
+}
+
 void read_sampling(field_reader& rd, openai_request& r, const api_limits& limits) {
   auto& s = r.sampling;
   s.temperature = 1.0f;  // OpenAI's default; 0 is greedy in our sampler
@@ -488,6 +515,7 @@ void read_sampling(field_reader& rd, openai_request& r, const api_limits& limits
     }
     s.priority = static_cast<int32_t>(*v);
   }
+  read_logit_bias(rd, s);
   if (r.kind == endpoint::chat_completions) {
     // The newer name wins when both are given.
     if (auto v = rd.integer("max_completion_tokens", 1, max_tokens_limit))

@@ -39,6 +39,15 @@ schema::envelope to_wire(const generate_spec& s) {
     if (!s.params.grammar.empty()) p.setGrammar(s.params.grammar);
     p.setPooling(static_cast<uint8_t>(s.params.pooling));
     p.setPriority(s.params.priority);
+    if (!s.params.logit_bias.empty()) {
+      const auto n = static_cast<unsigned>(s.params.logit_bias.size());
+      auto toks = p.initLogitBiasTokens(n);
+      auto vals = p.initLogitBiasValues(n);
+      for (unsigned i = 0; i < n; ++i) {
+        toks.set(i, s.params.logit_bias[i].first);
+        vals.set(i, s.params.logit_bias[i].second);
+      }
+    }
     b.setDeadlineMs(s.deadline_ms);
     b.setAttempt(s.attempt);
     b.setHandoff(s.handoff);
@@ -99,6 +108,17 @@ result<generate_spec> from_wire(wire::GenerateRequest::Reader r) {
     return bad("pooling " + std::to_string(p.getPooling()) + " is not 0, 1 or 2");
   s.params.pooling = static_cast<gpu::pooling_type>(p.getPooling());
   s.params.priority = p.getPriority();
+  const auto bias_toks = p.getLogitBiasTokens();
+  const auto bias_vals = p.getLogitBiasValues();
+  if (bias_toks.size() != bias_vals.size())
+    return bad("logit bias tokens and values differ in length");
+  if (bias_toks.size() > gpu::kMaxLogitBias) return bad("more logit biases than the API allows");
+  for (unsigned i = 0; i < bias_toks.size(); ++i) {
+    const float v = bias_vals[i];
+    if (bias_toks[i] < 0 || !std::isfinite(v) || v < -100.0f || v > 100.0f)
+      return bad("logit bias " + std::to_string(i) + " out of range");
+    s.params.logit_bias.emplace_back(bias_toks[i], v);
+  }
   if (s.params.pooling != gpu::pooling_type::none && !s.params.grammar.empty())
     return bad("an embedding request has no grammar");
   s.want_logprobs = p.getWantLogprobs();

@@ -2,7 +2,7 @@
 """What a user of vLLM or llama-server reaches for beside completions, against `weft serve` on the
 default model: POST /tokenize and /detokenize in both servers' forms (token ids checked against
 llama.cpp's own tokenizer on the same GGUF), GET /v1/models/{id}, --ctx-size, CORS for --allowed-origins, the
-ready line naming --served-model-name, Prometheus counters present at 0 before any request (and
+ready line naming --served-model-name, logit_bias against llama.cpp's, Prometheus counters present at 0 before any request (and
 cumulative values typed as counters), and `weft generate -p -` reading the prompt from stdin.
 
 Usage: test_server_extras.py --weft PATH/TO/weft   (exit 77 = skipped: no model; a failure under CI=true)
@@ -62,7 +62,8 @@ def main():
                        timeout=120)
     check(p.returncode == 2 and "beyond the model's context of 8192" in p.stderr,
           "--ctx-size beyond the model's context is refused")
-    with WeftServer(a.weft, ["--served-model-name", "smol", "--ctx-size", "256",
+    # --cpu-matmul ggml: llama.cpp's numerics on any host (the logit_bias check compares texts).
+    with WeftServer(a.weft, ["--served-model-name", "smol", "--ctx-size", "256", "--cpu-matmul", "ggml",
                              "--allowed-origins", "http://app.example,http://other.example"]) as srv:
         check("model=smol" in (srv.ready_line or ""),
               f"the ready line names --served-model-name: {srv.ready_line}")
@@ -147,6 +148,37 @@ def main():
               "a completion for an allowed origin carries Access-Control-Allow-Origin")
         st, h, _ = raw(srv, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
         check(st == 200 and "Access-Control-Allow-Origin" not in h, "no Origin, no CORS header")
+        # logit_bias against llama.cpp's on the same GGUF (greedy, token-id prompt): the first
+        # greedy token banned, another lifted; a bad entry is a 400 naming the field.
+        if ref is not None:
+            full = llama_cpp.Llama(model_path=str(model), n_ctx=256, n_threads=2, verbose=False)
+            toks = full.tokenize(b"The capital of France is", add_bos=False, special=False)
+
+            def both(bias, n=8):
+                st, _, body = raw(srv, "POST", "/v1/completions",
+                                  {"prompt": toks, "max_tokens": n, "temperature": 0,
+                                   "logit_bias": {str(k): v for k, v in bias.items()}})
+                mine = json.loads(body)["choices"][0]["text"] if st == 200 else f"HTTP {st} {body}"
+                theirs = full.create_completion(toks, max_tokens=n, temperature=0,
+                                                logit_bias=bias or None)["choices"][0]["text"]
+                return mine, theirs
+            mine, theirs = both({})
+            check(mine == theirs, f"greedy without logit_bias: weft == llama.cpp ({mine!r} vs {theirs!r})")
+            first = full.tokenize(theirs.encode(), add_bos=False, special=False)[0]
+            banned, theirs_banned = both({first: -100})
+            check(banned == theirs_banned and banned != mine,
+                  f"logit_bias bans the first greedy token {first}: weft == llama.cpp "
+                  f"({banned!r} vs {theirs_banned!r})")
+            london = full.tokenize(b" London", add_bos=False, special=False)[0]
+            lifted, theirs_lifted = both({first: -100, london: 8.5})
+            check(lifted == theirs_lifted and lifted.startswith(" London"),
+                  f"a ban and a lift together: weft == llama.cpp ({lifted!r} vs {theirs_lifted!r})")
+            del full
+        for bad in [{"x": 1}, {"5": 101}, {"99999999": -1}]:
+            st, _, body = raw(srv, "POST", "/v1/completions",
+                              {"prompt": "Hi", "max_tokens": 1, "logit_bias": bad})
+            check(st == 400 and json.loads(body)["error"]["param"] == "logit_bias",
+                  f"logit_bias {bad}: 400 naming logit_bias ({body[:160]})")
         # A priority on a first-come-first-served server is refused, not ignored.
         st, _, body = raw(srv, "POST", "/v1/completions", {"prompt": "Hi", "priority": -1})
         check(st == 400 and json.loads(body)["error"]["param"] == "priority" and

@@ -155,6 +155,34 @@ TEST(sampler, penalties_change_the_choice) {
   EXPECT_EQ(sp.sample(logits, twice).token, 2);  // 1.5 and 1.4 fall below 2.0
 }
 
+TEST(sampler, logit_bias_bans_and_forces_tokens) {
+  // Greedy: the argmax (1) banned, the next best (4) wins; a small bias lifts token 0 past both.
+  sampling_params ban;
+  ban.logit_bias = {{1, -100.0f}};
+  sampler sb(ban);
+  const sample_result r = sb.sample(logits, {});
+  EXPECT_EQ(r.token, 4);
+  sampler plain(sampling_params{});
+  EXPECT_FLOAT_EQ(r.logprob, plain.sample(logits, std::vector<int32_t>{}).logprob +
+                                 (logits[4] - logits[1]));  // the model's, not the biased
+  sampling_params lift;
+  lift.logit_bias = {{0, 2.5f}, {99, 50.0f}};  // an id past the vocabulary is skipped
+  EXPECT_EQ(sampler(lift).sample(logits, {}).token, 0);
+  // Sampling: a banned token is never drawn, a forced one always.
+  sampling_params t;
+  t.temperature = 1.0f;
+  t.seed = 3;
+  t.logit_bias = {{1, -100.0f}, {4, -100.0f}};
+  sampler st(t);
+  t.logit_bias = {{2, 100.0f}};
+  sampler sf(t);
+  for (int i = 0; i < 200; ++i) {
+    const int32_t a = st.sample(logits, {}).token;
+    EXPECT_TRUE(a != 1 && a != 4) << a;
+    EXPECT_EQ(sf.sample(logits, {}).token, 2);
+  }
+}
+
 TEST(sampler, same_seed_same_tokens_independent_of_other_samplers) {
   sampling_params p;
   p.temperature = 1.0f;

@@ -494,12 +494,32 @@ TEST(openai_parse, stream_options_need_stream) {
   EXPECT_FALSE(r.include_usage);
 }
 
+TEST(openai_parse, logit_bias_maps_token_ids_to_biases) {
+  const auto c = endpoint::completions;
+  auto r = ok_completion(R"({"prompt":"x","logit_bias":{"50256":-100,"7":2.5,"0":100}})");
+  using bias = std::pair<int32_t, float>;
+  EXPECT_EQ(r.sampling.logit_bias, (std::vector<bias>{{0, 100.0f}, {7, 2.5f}, {50256, -100.0f}}));
+  EXPECT_TRUE(ok_completion(R"({"prompt":"x","logit_bias":{}})").sampling.logit_bias.empty());
+  expect_400(c, R"({"prompt":"x","logit_bias":[1]})", "logit_bias");
+  expect_400(c, R"({"prompt":"x","logit_bias":{"a":1}})", "logit_bias");
+  expect_400(c, R"({"prompt":"x","logit_bias":{"-3":1}})", "logit_bias");
+  expect_400(c, R"({"prompt":"x","logit_bias":{"1.5":1}})", "logit_bias");
+  expect_400(c, R"({"prompt":"x","logit_bias":{"99999999999":1}})", "logit_bias");
+  expect_400(c, R"({"prompt":"x","logit_bias":{"5":100.5}})", "logit_bias");
+  expect_400(c, R"({"prompt":"x","logit_bias":{"5":"-100"}})", "logit_bias");
+  expect_400(endpoint::chat_completions,
+             R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":true}})",
+             "logit_bias");
+  std::string many = R"({"prompt":"x","logit_bias":{)";
+  for (int i = 0; i <= static_cast<int>(gpu::kMaxLogitBias); ++i)
+    many += (i ? "," : "") + std::string{"\""} + std::to_string(i) + "\":1";
+  expect_400(c, many + "}}", "logit_bias");
+}
+
 TEST(openai_parse, unsupported_features_are_refused_not_ignored) {
   const auto c = endpoint::completions;
   const auto chat = endpoint::chat_completions;
   const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
-  expect_400(c, R"({"prompt":"x","logit_bias":{"50256":-100}})", "logit_bias");
-  expect_400(c, R"({"prompt":"x","logit_bias":[1]})", "logit_bias");
   expect_400(c, R"({"prompt":"x","suffix":"tail"})", "suffix");
   expect_400(c, R"({"prompt":"x","best_of":3})", "best_of");
   expect_400(chat,
