@@ -73,6 +73,12 @@ int run_train(const train_options& opts) {
     spdlog::error("--resume needs --checkpoint-dir");
     return 2;
   }
+  if (opts.trainers > 1 && !o.eval_data_path.empty()) {
+    spdlog::error(
+        "--eval-data is evaluated by one process: not yet with --trainers K > 1 (evaluate the "
+        "--save export, or a run without --trainers, docs/training.md)");
+    return 2;
+  }
   if (opts.trainers > 1) return run_train_group(opts);
   use_threads(o);
   const thread_plan plan = plan_threads(o.threads);
@@ -118,7 +124,22 @@ int run_train(const train_options& opts) {
     return true;
   };
 
+  // --eval-data: the held-out loss before the first update of this run, every --eval-every
+  // updates and after the last.
+  auto evaluate = [&]() -> bool {
+    if (o.eval_data_path.empty()) return true;
+    auto e = evaluate_loss(*run->model, run->eval_data, o.micro_batch_tokens);
+    if (!e) {
+      spdlog::error("--eval-data {}: {}", o.eval_data_path, e.error().message());
+      return false;
+    }
+    e->step = trainer.steps_done();
+    report.report_eval(*e);
+    return true;
+  };
+
   const int64_t first = trainer.steps_done();
+  if (first < o.steps && !evaluate()) return 1;
   if (first >= o.steps) {
     spdlog::info("the checkpoint is at step {} and --steps is {}: no step left to train", first,
                  o.steps);
@@ -139,6 +160,8 @@ int run_train(const train_options& opts) {
     if (ckpt && (r->step % o.checkpoint_every == 0 || r->step == o.steps)) {
       if (!checkpoint_now(r->step == o.steps)) return 1;
     }
+    if ((r->step == o.steps || (o.eval_every > 0 && r->step % o.eval_every == 0)) && !evaluate())
+      return 1;
   }
   if (ckpt) {
     if (auto st = ckpt->wait(); !st) {
@@ -189,6 +212,16 @@ void add_train_command(CLI::App& app, const global_options&) {
   cmd->add_option("--data", o->data_path,
                   "JSON lines: {\"messages\": [...]} (assistant turns are learned) or "
                   "{\"prompt\", \"completion\"} (required)");
+  cmd->add_option("--eval-data", o->eval_data_path,
+                  "Held-out JSON lines in --data's format: their mean token loss (and perplexity) "
+                  "is logged and written to the metrics before the first update, every "
+                  "--eval-every updates and after the last")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--eval-every", o->eval_every,
+                  "With --eval-data: evaluate every this many updates too (0: only before the "
+                  "first and after the last)")
+      ->capture_default_str()
+      ->check(non_negative_number);
   cmd->add_option("--steps", o->steps, "Optimizer updates to reach")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
@@ -342,6 +375,10 @@ void add_train_command(CLI::App& app, const global_options&) {
     }
     if (o->data_path.empty()) {
       spdlog::error("--data is required (on the command line or in --config)");
+      std::exit(2);
+    }
+    if (o->eval_data_path.empty() && cmd->get_option("--eval-every")->count() > 0) {
+      spdlog::error("--eval-every needs --eval-data");
       std::exit(2);
     }
     if (o->model_path.empty()) o->model_path = serve::default_model_path().string();

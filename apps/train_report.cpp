@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +60,12 @@ void train_metrics::add_checkpoint() {
   ++checkpoints_;
 }
 
+void train_metrics::update_eval(const gpu::train::eval_record& e) {
+  std::lock_guard lk(mu_);
+  eval_ = e;
+  has_eval_ = true;
+}
+
 void train_metrics::add_group_restart() {
   std::lock_guard lk(mu_);
   ++restarts_;
@@ -85,6 +92,12 @@ std::string train_metrics::text() const {
   line("weft_train_grad_norm", "gauge", "Gradient norm of the last step (before clipping)",
        last_.grad_norm);
   line("weft_train_tokens_per_second", "gauge", "Throughput of the last step", tokens_per_s_);
+  if (has_eval_) {
+    line("weft_train_eval_loss", "gauge", "Mean token loss on --eval-data at the last evaluation",
+         eval_.loss);
+    line("weft_train_eval_step", "gauge", "Updates done at the last evaluation",
+         static_cast<double>(eval_.step));
+  }
   return s;
 }
 
@@ -177,6 +190,20 @@ void step_reporter::report(const step_record& r, double seconds, double reduce_s
   prom_.update(r, tps);
 }
 
+void step_reporter::report_eval(const gpu::train::eval_record& e) {
+  spdlog::info(
+      "eval at step {}: loss {:.4f} (perplexity {:.3f}) over {} tokens of {} examples, "
+      "{:.1f}s",
+      e.step, e.loss, std::exp(e.loss), e.tokens, e.examples, e.seconds);
+  nlohmann::json j{{"kind", "eval"},          {"step", e.step},
+                   {"eval_loss", e.loss},     {"eval_ppl", std::exp(e.loss)},
+                   {"eval_tokens", e.tokens}, {"eval_examples", e.examples},
+                   {"seconds", e.seconds}};
+  out_ << j.dump() << "\n";
+  out_.flush();
+  prom_.update_eval(e);
+}
+
 fs::path metrics_path_of(const std::string& metrics, const std::string& ckpt_dir) {
   if (!metrics.empty()) return metrics;
   return ckpt_dir.empty() ? fs::path{"train-metrics.jsonl"} : fs::path{ckpt_dir} / "metrics.jsonl";
@@ -188,7 +215,7 @@ std::vector<step_record> read_metrics_file(const fs::path& path) {
   std::string line;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) continue;
+    if (j.is_discarded() || !j.is_object() || j.contains("kind")) continue;  // eval lines
     step_record r;
     r.step = j.value("step", int64_t{0});
     r.loss = j.value("loss", 0.0);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpu/train/checkpoint.hpp"
+#include "gpu/train/sft_trainer.hpp"
 
 namespace weft::apps {
 
@@ -33,6 +34,7 @@ class train_metrics {
   void update(const gpu::train::step_record& r, double tokens_per_s);
   void add_checkpoint();
   void add_group_restart();
+  void update_eval(const gpu::train::eval_record& e);
   std::string text() const;
 
  private:
@@ -41,6 +43,8 @@ class train_metrics {
   int64_t tokens_total_ = 0;
   int64_t checkpoints_ = 0;
   int64_t restarts_ = 0;
+  gpu::train::eval_record eval_;
+  bool has_eval_ = false;
   double tokens_per_s_ = 0.0;
 };
 
@@ -78,6 +82,9 @@ class step_reporter {
   /// One finished step that took `seconds`; `reduce_seconds` >= 0 (a trainer group) is the part
   /// spent in the gradient all-reduce, shown and written as "allreduce_s".
   void report(const gpu::train::step_record& r, double seconds, double reduce_seconds = -1.0);
+  /// A held-out evaluation (--eval-data): a log line, an `"kind": "eval"` line in the metrics
+  /// file and the Prometheus gauges.
+  void report_eval(const gpu::train::eval_record& e);
 
   train_metrics& prom() { return prom_; }
   const std::filesystem::path& path() const { return path_; }

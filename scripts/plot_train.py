@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Draws a `weft train` run's metrics (JSON lines: step, loss, lr, grad_norm, tokens_per_s) to a PNG:
-the training loss per step (with a moving average), the learning rate, and the gradient norm."""
+the training loss per step (with a moving average, and the held-out loss of `"kind": "eval"` lines),
+the learning rate, and the gradient norm."""
 import json
 import sys
 
@@ -15,7 +16,9 @@ def moving_average(values):
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: plot_train.py METRICS.jsonl OUT.png")
-    rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+    lines = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+    rows = [r for r in lines if "kind" not in r]
+    evals = [r for r in lines if r.get("kind") == "eval"]
     if not rows:
         sys.exit(f"{sys.argv[1]}: no steps recorded")
     import matplotlib
@@ -28,6 +31,9 @@ def main():
     fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
     axes[0].plot(steps, loss, alpha=0.35, label="step loss")
     axes[0].plot(steps, smooth, label=f"moving average ({window} steps)")
+    if evals:
+        axes[0].plot([e["step"] for e in evals], [e["eval_loss"] for e in evals], "o-",
+                     label="held-out loss (--eval-data)")
     axes[0].set_ylabel("mean token loss (nats)")
     axes[0].set_title("weft train: training loss")
     axes[0].legend()

@@ -23,6 +23,8 @@ status bad(const std::string& what) {
 nlohmann::json to_json(const sft_run_options& o) {
   return {{"model", o.model_path},
           {"data", o.data_path},
+          {"eval_data", o.eval_data_path},
+          {"eval_every", o.eval_every},
           {"steps", o.steps},
           {"batch_tokens", o.batch_tokens},
           {"micro_batch_tokens", o.micro_batch_tokens},
@@ -66,6 +68,8 @@ result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j) {
   try {
     o.model_path = j.value("model", o.model_path);
     o.data_path = j.value("data", o.data_path);
+    o.eval_data_path = j.value("eval_data", o.eval_data_path);
+    o.eval_every = j.value("eval_every", o.eval_every);
     o.steps = j.value("steps", o.steps);
     o.batch_tokens = j.value("batch_tokens", o.batch_tokens);
     o.micro_batch_tokens = j.value("micro_batch_tokens", o.micro_batch_tokens);
@@ -97,8 +101,8 @@ result<sft_run_options> sft_run_options_from_json(const nlohmann::json& j) {
   }
   if (o.data_path.empty() || o.model_path.empty()) return bad("'model' and 'data' are required");
   if (o.steps < 1 || o.batch_tokens < 1 || o.micro_batch_tokens < 1 || o.max_seq_tokens < 2 ||
-      o.warmup_steps < 0 || o.checkpoint_every < 1 || o.keep_checkpoints < 1 || o.threads < 1 ||
-      o.threads > 1024) {
+      o.warmup_steps < 0 || o.eval_every < 0 || o.checkpoint_every < 1 || o.keep_checkpoints < 1 ||
+      o.threads < 1 || o.threads > 1024) {
     return bad("counts out of range");
   }
   if (!(o.lr > 0) || !(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1) || !(o.weight_decay >= 0) ||
@@ -161,6 +165,14 @@ result<sft_run> load_sft_run(const sft_run_options& o, bool with_model) {
   spdlog::info("data: {} examples, {} tokens, {} in the loss, {} cut to {} tokens",
                data->examples.size(), data->tokens, data->loss_tokens, data->truncated,
                o.max_seq_tokens);
+  sft_dataset eval_data;
+  if (!o.eval_data_path.empty()) {
+    auto e = load_sft_jsonl(o.eval_data_path, *tok, chat ? &*chat : nullptr, dc);
+    if (!e) return e.error();
+    eval_data = std::move(*e);
+    spdlog::info("eval data: {} examples, {} tokens in the loss", eval_data.examples.size(),
+                 eval_data.loss_tokens);
+  }
   std::unique_ptr<trainable_model<float>> model;
   std::unique_ptr<device> dev;
   if (with_model) {
@@ -190,7 +202,8 @@ result<sft_run> load_sft_run(const sft_run_options& o, bool with_model) {
                      dev->capabilities().name);
     }
   }
-  return sft_run{std::move(*file), std::move(*data), std::move(dev), std::move(model)};
+  return sft_run{std::move(*file), std::move(*data), std::move(eval_data), std::move(dev),
+                 std::move(model)};
 }
 
 std::string device_for_local_rank(const std::string& device, int local_rank, int devices) {

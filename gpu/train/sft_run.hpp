@@ -23,6 +23,10 @@ namespace weft::gpu::train {
 struct sft_run_options {
   std::string model_path;  ///< resolved by the caller (the default model is an app decision)
   std::string data_path;
+  /// Held-out data in the same format (empty: none), evaluated every `eval_every` updates (0:
+  /// before the first and after the last only) — evaluate_loss.
+  std::string eval_data_path;
+  int64_t eval_every = 0;
   int64_t steps = 100;
   int64_t batch_tokens = 4096;
   int64_t micro_batch_tokens = 1024;
@@ -72,6 +76,7 @@ result<sft_config> make_sft_config(const sft_run_options& o);
 struct sft_run {
   gguf_file file;
   sft_dataset data;
+  sft_dataset eval_data;        ///< eval_data_path's examples (none without it)
   std::unique_ptr<device> dev;  ///< The device of --device other than cpu (outlives model).
   std::unique_ptr<trainable_model<float>> model;
 };

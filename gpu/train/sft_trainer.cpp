@@ -1,6 +1,7 @@
 #include "gpu/train/sft_trainer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <utility>
 
@@ -117,6 +118,36 @@ result<checkpoint_state> sft_trainer::snapshot() {
   checkpoint_state s;
   if (auto st = snapshot_into(s); !st) return st;
   return s;
+}
+
+result<eval_record> evaluate_loss(trainable_model<float>& model, const sft_dataset& data,
+                                  int64_t batch_tokens) {
+  const auto t0 = std::chrono::steady_clock::now();
+  eval_record rec;
+  double nll = 0.0;
+  auto run = [&](const train_batch& b) -> status {
+    if (b.tokens.empty()) return {};
+    auto lp = model.target_logprobs(b);
+    if (!lp) return lp.error();
+    for (float x : *lp) nll -= static_cast<double>(x);
+    rec.tokens += static_cast<int64_t>(lp->size());
+    return {};
+  };
+  train_batch b;
+  for (const sft_example& ex : data.examples) {
+    const auto n = static_cast<int64_t>(ex.tokens.size());
+    if (!b.tokens.empty() && static_cast<int64_t>(b.tokens.size()) + n > batch_tokens) {
+      if (auto st = run(b); !st) return st;
+      b = train_batch{};
+    }
+    b.add(ex.tokens, ex.in_loss);
+    ++rec.examples;
+  }
+  if (auto st = run(b); !st) return st;
+  if (rec.tokens == 0) return status{status_code::invalid_argument, "no token in the loss"};
+  rec.loss = nll / static_cast<double>(rec.tokens);
+  rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return rec;
 }
 
 status sft_trainer::sync_host() {

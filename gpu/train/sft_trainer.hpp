@@ -61,6 +61,22 @@ class overlapped_reducer {
   virtual void abandon() = 0;
 };
 
+/// A held-out evaluation (`weft train --eval-data`): the mean cross-entropy over the data's loss
+/// tokens under the weights after `step` updates.
+struct eval_record {
+  int64_t step = 0;
+  double loss = 0.0;   ///< mean −log p over the loss tokens (nats)
+  int64_t tokens = 0;  ///< loss tokens
+  int64_t examples = 0;
+  double seconds = 0.0;
+};
+
+/// Forward passes only, the examples in file order packed whole into batches of at most
+/// `batch_tokens` tokens (a longer example alone). Device-resident models evaluate where they
+/// are. The weights and the gradients are not touched.
+result<eval_record> evaluate_loss(trainable_model<float>& model, const sft_dataset& data,
+                                  int64_t batch_tokens);
+
 class sft_trainer {
  public:
   /// `rank` of `world` ranks trains on its share of every step's examples (sft_sampler::next_step

@@ -8,6 +8,7 @@ Usage: test_train_cli.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny
 """
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -136,6 +137,34 @@ def main():
             rc, out = train(weft, base + ["--steps", str(at + 1), "--checkpoint-dir", sig,
                                           "--resume"])
             check(rc == 0 and f"step {at + 1}/{at + 1}" in out, "resume after SIGTERM continues")
+
+        # --eval-data: the held-out loss at step 0, every --eval-every steps and at the end, as
+        # "kind": "eval" lines beside the steps; a bad eval line is named; misuse is refused.
+        ev = os.path.join(tmp, "eval.jsonl")
+        with open(ev, "w") as f:
+            for x, y in [(7, 8), (9, 4), (6, 6)]:
+                f.write(json.dumps({"prompt": f"{x}+{y}=", "completion": str(x + y)}) + "\n")
+        em = os.path.join(tmp, "eval-metrics.jsonl")
+        rc, out = train(weft, base + ["--steps", "4", "--eval-data", ev, "--eval-every", "2",
+                                      "--metrics", em])
+        rows = [json.loads(line) for line in open(em)] if rc == 0 else []
+        evals = [r for r in rows if r.get("kind") == "eval"]
+        steps = [r for r in rows if "kind" not in r]
+        check(rc == 0 and [e["step"] for e in evals] == [0, 2, 4] and
+              [r["step"] for r in steps] == [1, 2, 3, 4] and "eval at step 4: loss" in out,
+              f"--eval-data --eval-every 2: evaluations at steps 0, 2, 4 ({[e['step'] for e in evals]})")
+        check(evals and all(e["eval_examples"] == 3 and e["eval_tokens"] > 0 for e in evals) and
+              evals[-1]["eval_loss"] < evals[0]["eval_loss"],
+              f"the held-out loss falls ({[round(e['eval_loss'], 3) for e in evals]})")
+        check(evals and abs(evals[0]["eval_ppl"] - math.exp(evals[0]["eval_loss"])) < 1e-6 * evals[0]["eval_ppl"],
+              "eval_ppl is exp(eval_loss)")
+        rc, out = train(weft, ["--model", model, "--data", data, "--eval-data", bad])
+        check(rc == 2 and "bad.jsonl:2: not valid JSON" in out, "a bad eval line is named")
+        rc, out = train(weft, base + ["--steps", "1", "--eval-every", "2"])
+        check(rc == 2 and "--eval-every needs --eval-data" in out, "--eval-every alone is refused")
+        rc, out = train(weft, base + ["--steps", "1", "--eval-data", ev, "--trainers", "2"])
+        check(rc == 2 and "--eval-data" in out and "--trainers" in out,
+              "--eval-data with a trainer group is refused, not ignored")
 
         # --config: options from a TOML file, flags win.
         cfg = os.path.join(tmp, "train.toml")

@@ -416,6 +416,33 @@ TEST(sft_trainer, learns_a_tiny_task) {
   EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
 }
 
+TEST(evaluate_loss, is_the_training_loss_of_the_same_examples_and_changes_nothing) {
+  fixture fx;
+  const auto data = arithmetic(fx, 12);
+  auto m = fresh_model(fx.file);
+  const auto before = m->parameters()[0].value;
+  auto whole = evaluate_loss(*m, data, 1 << 20);
+  auto alone = evaluate_loss(*m, data, 1);  // every example in a batch of its own
+  ASSERT_TRUE(whole.ok() && alone.ok());
+  EXPECT_EQ(whole->examples, 12);
+  int64_t in_loss = 0;
+  for (const auto& ex : data.examples) {
+    for (size_t i = 1; i < ex.in_loss.size(); ++i) in_loss += ex.in_loss[i];
+  }
+  EXPECT_EQ(whole->tokens, in_loss);
+  EXPECT_NEAR(alone->loss, whole->loss, 1e-6 * whole->loss);
+  EXPECT_EQ(m->parameters()[0].value, before);
+  // A step over every example starts from the same weights: its loss is the evaluation's.
+  sft_trainer t(*m, data, small_run(1 << 20));
+  auto r = t.step();
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(r->loss, whole->loss, 1e-5 * whole->loss);
+  auto after = evaluate_loss(*m, data, 1 << 20);
+  ASSERT_TRUE(after.ok());
+  EXPECT_LT(after->loss, whole->loss);
+  EXPECT_FALSE(evaluate_loss(*m, sft_dataset{}, 64).ok());  // nothing in the loss
+}
+
 TEST(export_gguf, the_engine_serves_what_the_trainer_trained) {
   fixture fx;
   auto m = fresh_model(fx.file);
