@@ -73,10 +73,10 @@ int run_train(const train_options& opts) {
     spdlog::error("--resume needs --checkpoint-dir");
     return 2;
   }
-  if (opts.trainers > 1 && !o.eval_data_path.empty()) {
+  if (opts.remote_trainers > 0 && !o.eval_data_path.empty()) {
     spdlog::error(
-        "--eval-data is evaluated by one process: not yet with --trainers K > 1 (evaluate the "
-        "--save export, or a run without --trainers, docs/training.md)");
+        "--eval-data with --remote-trainers: not yet (the eval file is not sent to the other "
+        "hosts' ranks; evaluate the --save export, docs/training.md)");
     return 2;
   }
   if (opts.trainers > 1) return run_train_group(opts);

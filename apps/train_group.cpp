@@ -215,6 +215,7 @@ train::coordinator_events group_events(group_progress& progress, group_reporter&
   events.on_step = [&](const step_record& r, double s, double reduce_s, bool ck) {
     reporter.step(r, s, reduce_s, ck);
   };
+  events.on_eval = [&](const gpu::train::eval_record& e) { reporter.report().report_eval(e); };
   events.on_done = [&](const train::rank_done& d) {
     std::lock_guard<std::mutex> lock(progress.mu);
     if (d.fatal) {

@@ -148,6 +148,8 @@ void step_reporter::start_at(int64_t first, const std::vector<step_record>& befo
     kept.push_back(s);
   }
   records_ = std::move(kept);
+  // Evaluations from `first` on are made again by the run that continues there.
+  std::erase_if(evals_, [first](const gpu::train::eval_record& e) { return e.step >= first; });
   if (rewind) {
     rewrite();
   } else {
@@ -167,7 +169,17 @@ void step_reporter::append(const shown& s) {
 void step_reporter::rewrite() {
   out_.close();
   out_.open(path_, std::ios::trunc);
-  for (const auto& s : records_) append(s);
+  // An evaluation follows the step it was made after (step 0's comes first).
+  auto evals_at = [&](int64_t step) {
+    for (const auto& e : evals_) {
+      if (e.step == step) append(e);
+    }
+  };
+  evals_at(0);
+  for (const auto& s : records_) {
+    append(s);
+    evals_at(s.r.step);
+  }
 }
 
 double step_reporter::seconds_since_start() const {
@@ -195,13 +207,18 @@ void step_reporter::report_eval(const gpu::train::eval_record& e) {
       "eval at step {}: loss {:.4f} (perplexity {:.3f}) over {} tokens of {} examples, "
       "{:.1f}s",
       e.step, e.loss, std::exp(e.loss), e.tokens, e.examples, e.seconds);
+  evals_.push_back(e);
+  append(e);
+  prom_.update_eval(e);
+}
+
+void step_reporter::append(const gpu::train::eval_record& e) {
   nlohmann::json j{{"kind", "eval"},          {"step", e.step},
                    {"eval_loss", e.loss},     {"eval_ppl", std::exp(e.loss)},
                    {"eval_tokens", e.tokens}, {"eval_examples", e.examples},
                    {"seconds", e.seconds}};
   out_ << j.dump() << "\n";
   out_.flush();
-  prom_.update_eval(e);
 }
 
 fs::path metrics_path_of(const std::string& metrics, const std::string& ckpt_dir) {

@@ -102,6 +102,8 @@ class step_reporter {
     double reduce_seconds = -1.0;
   };
   void append(const shown& s);
+  void append(const gpu::train::eval_record& e);
+  std::vector<gpu::train::eval_record> evals_;  ///< this run's evaluations (kept on a rewind)
 
   std::filesystem::path path_;
   int64_t total_;

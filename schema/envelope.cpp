@@ -234,6 +234,8 @@ capnp::StructSchema schema_of(kind k) {
       return capnp::Schema::from<wire::ToolCallMsg>();
     case kind::tool_result:
       return capnp::Schema::from<wire::ToolResultMsg>();
+    case kind::trainer_eval:
+      return capnp::Schema::from<wire::TrainerEval>();
     case kind::none:
     case kind::oversize:
       break;
@@ -244,7 +246,7 @@ capnp::StructSchema schema_of(kind k) {
 bool known_kind(kind k) {
   auto v = static_cast<uint16_t>(k);
   // The last kind: a kind appended to the enum moves this bound.
-  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::tool_result);
+  return v >= static_cast<uint16_t>(kind::error) && v <= static_cast<uint16_t>(kind::trainer_eval);
 }
 
 }  // namespace
@@ -443,6 +445,8 @@ const char* to_string(kind k) {
       return "ToolCallMsg";
     case kind::tool_result:
       return "ToolResultMsg";
+    case kind::trainer_eval:
+      return "TrainerEval";
     case kind::oversize:
       return "oversize";
   }

@@ -86,6 +86,7 @@ enum class kind : uint16_t {
   tool_worker_hello = 54,
   tool_call = 55,
   tool_result = 56,
+  trainer_eval = 57,
   /// Received bytes larger than the envelope size limit; they were skipped, not stored.
   oversize = 0xFFFF,
 };
@@ -155,6 +156,7 @@ WEFT_SCHEMA_KIND(ReferenceResult, reference_result)
 WEFT_SCHEMA_KIND(ToolWorkerHello, tool_worker_hello)
 WEFT_SCHEMA_KIND(ToolCallMsg, tool_call)
 WEFT_SCHEMA_KIND(ToolResultMsg, tool_result)
+WEFT_SCHEMA_KIND(TrainerEval, trainer_eval)
 #undef WEFT_SCHEMA_KIND
 
 /// Limits applied when decoding an envelope. Control messages are small (< 64 KiB); the defaults

@@ -36,6 +36,17 @@ struct TrainerStep {
   reduceSeconds @8 :Float64;  # of `seconds`, the gradient all-reduce (waiting for peers included)
 }
 
+# Rank 0 -> coordinator after a held-out evaluation (--eval-data): every rank evaluated its share
+# of the eval examples and the sums went over the group.
+struct TrainerEval {
+  generation @0 :UInt16;
+  step @1 :Int64;          # updates done when it was evaluated
+  loss @2 :Float64;        # mean -log p over the eval set's loss tokens
+  tokens @3 :Int64;
+  examples @4 :Int64;
+  seconds @5 :Float64;
+}
+
 # Rank -> coordinator at the end: finished (`step` = the last update), stopped on request (with a
 # checkpoint), or failed. A failure that a restart cannot fix (bad data, a model that does not
 # load) is `fatal`: the run ends instead of restarting the group again and again.

@@ -142,6 +142,19 @@ caf::behavior coordinator(coord_ptr self, coordinator_config cfg) {
                                          s->get().getCheckpointed());
         }
       },
+      [self](t_eval_atom, const envelope& env) {
+        auto s = env.read<wire::TrainerEval>();
+        if (!s || member_rank(self) != 0 || s->get().getGeneration() != self->state.generation) {
+          return;
+        }
+        gpu::train::eval_record e;
+        e.step = s->get().getStep();
+        e.loss = s->get().getLoss();
+        e.tokens = s->get().getTokens();
+        e.examples = s->get().getExamples();
+        e.seconds = s->get().getSeconds();
+        if (self->state.cfg.events.on_eval) self->state.cfg.events.on_eval(e);
+      },
       [self](t_done_atom, const envelope& env) {
         auto d = env.read<wire::TrainerDone>();
         if (!d) return;

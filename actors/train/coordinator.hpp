@@ -18,6 +18,7 @@
 #include <string>
 
 #include "gpu/train/checkpoint.hpp"
+#include "gpu/train/sft_trainer.hpp"
 
 namespace weft::train {
 
@@ -40,6 +41,8 @@ struct coordinator_events {
   std::function<void(const gpu::train::step_record& r, double seconds, double reduce_seconds,
                      bool checkpointed)>
       on_step;
+  /// Rank 0 reported a held-out evaluation of the group (--eval-data).
+  std::function<void(const gpu::train::eval_record& e)> on_eval;
   /// A rank of the current group finished, stopped or failed.
   std::function<void(const rank_done& d)> on_done;
   /// A member of the current group went down (its process died or it exited).

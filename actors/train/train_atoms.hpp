@@ -17,6 +17,7 @@ using t_hello_atom = caf::atom_constant<caf::atom("t_hello")>;
 using t_group_atom = caf::atom_constant<caf::atom("t_group")>;
 using t_started_atom = caf::atom_constant<caf::atom("t_started")>;
 using t_step_atom = caf::atom_constant<caf::atom("t_step")>;
+using t_eval_atom = caf::atom_constant<caf::atom("t_eval")>;
 using t_done_atom = caf::atom_constant<caf::atom("t_done")>;
 using t_stop_atom = caf::atom_constant<caf::atom("t_stop")>;
 using t_failed_atom = caf::atom_constant<caf::atom("t_failed")>;

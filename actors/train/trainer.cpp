@@ -269,6 +269,49 @@ class rank_loop {
     return reduce_scalars(loss_sum, loss_tokens, t0);
   }
 
+  /// --eval-data: every rank evaluates its share of the eval examples (every world-th, from its
+  /// rank), the sums go over the group, rank 0 reports the mean (TrainerEval). Every rank calls
+  /// it at the same points of the loop, so the all-reduces pair up.
+  status evaluate() {
+    if (cfg_.run.eval_data_path.empty()) return {};
+    const auto t0 = std::chrono::steady_clock::now();
+    gpu::train::sft_dataset share;
+    const auto& all = run_->eval_data.examples;
+    for (size_t i = static_cast<size_t>(cfg_.rank); i < all.size();
+         i += static_cast<size_t>(cfg_.world)) {
+      share.examples.push_back(all[i]);
+    }
+    double sums[3] = {0.0, 0.0, static_cast<double>(share.examples.size())};
+    if (!share.examples.empty()) {
+      auto e = gpu::train::evaluate_loss(*run_->model, share, cfg_.run.micro_batch_tokens);
+      if (e) {
+        sums[0] = e->loss * static_cast<double>(e->tokens);
+        sums[1] = static_cast<double>(e->tokens);
+      } else if (e.error().code() != gpu::status_code::invalid_argument) {
+        return fatal("--eval-data: " + e.error().message());
+      }
+    }
+    if (cfg_.world > 1) {
+      if (auto s = peers_->all_reduce_sum(std::span<double>(sums, 3)); !s.ok()) {
+        return make_error(errc::unavailable, "eval all-reduce: " + s.to_string());
+      }
+    }
+    if (cfg_.rank != 0) return {};
+    if (sums[1] <= 0.0) return fatal("--eval-data: no token of the eval set is in the loss");
+    caf::send_as(
+        self_, coordinator_, t_eval_atom::value,
+        envelope::build<wire::TrainerEval>([&](wire::TrainerEval::Builder b) {
+          b.setGeneration(generation_);
+          b.setStep(trainer_->steps_done());
+          b.setLoss(sums[0] / sums[1]);
+          b.setTokens(static_cast<int64_t>(sums[1]));
+          b.setExamples(static_cast<int64_t>(sums[2]));
+          b.setSeconds(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }));
+    return {};
+  }
+
   /// The loss sums and the stop votes over the group; the reduction's time since `t0`.
   gpu::status reduce_scalars(double& loss_sum, int64_t& loss_tokens,
                              std::chrono::steady_clock::time_point t0) {
@@ -369,6 +412,9 @@ class rank_loop {
     if (cfg_.rank == 0 && !o.checkpoint_dir.empty())
       ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
     bool stopped = false;
+    if (trainer_->steps_done() < o.steps) {
+      if (auto st = evaluate(); !st.ok()) return st;
+    }
     while (trainer_->steps_done() < o.steps && !aborted()) {
       const auto t0 = std::chrono::steady_clock::now();
       auto r = trainer_->step();
@@ -412,6 +458,9 @@ class rank_loop {
                      }));
       }
       if (stopped) break;
+      if (r->step == o.steps || (o.eval_every > 0 && r->step % o.eval_every == 0)) {
+        if (auto st = evaluate(); !st.ok()) return st;
+      }
     }
     if (aborted()) return {};
     if (ckpt) {

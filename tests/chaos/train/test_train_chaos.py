@@ -42,7 +42,14 @@ def metrics(path):
 
 def curve(path):
     """(step, loss, lr, grad_norm, tokens) per line: what must be identical between runs."""
-    return [(m["step"], m["loss"], m["lr"], m["grad_norm"], m["tokens"]) for m in metrics(path)]
+    return [(m["step"], m["loss"], m["lr"], m["grad_norm"], m["tokens"]) for m in metrics(path)
+            if "kind" not in m]
+
+
+def evals(path):
+    """(step, eval_loss, eval_tokens) of the --eval-data lines."""
+    return [(m["step"], m["eval_loss"], m["eval_tokens"]) for m in metrics(path)
+            if m.get("kind") == "eval"]
 
 
 def free_port():
@@ -109,6 +116,13 @@ def main():
                 x, y = i % 97, (i * 31) % 89
                 f.write(json.dumps({"prompt": f"What is {x} plus {y}? Answer.",
                                     "completion": f"{x} plus {y} is {x + y}."}) + "\n")
+        held_out = os.path.join(tmp, "eval.jsonl")
+        with open(held_out, "w") as f:
+            for i in range(24):
+                x, y = (i * 7) % 89, (i * 13) % 97
+                f.write(json.dumps({"prompt": f"What is {x} plus {y}? Answer.",
+                                    "completion": f"{x} plus {y} is {x + y}."}) + "\n")
+        with_eval = ["--eval-data", held_out, "--eval-every", "20"]
         base = ["--model", model, "--data", data, "--batch-tokens", "1024",
                 "--micro-batch-tokens", "256", "--lr", "1e-3", "--warmup-steps", "2", "--seed", "3",
                 "--steps", str(STEPS), "--threads", "1", "--checkpoint-every", "5",
@@ -120,7 +134,7 @@ def main():
 
         # The reference: undisturbed, and one process for comparison.
         ref = os.path.join(tmp, "ref")
-        rc, out = run(weft, args_for(ref) + ["--bucket-mb", "0"]).finish()
+        rc, out = run(weft, args_for(ref) + ["--bucket-mb", "0"] + with_eval).finish()
         check(rc == 0, f"undisturbed group run exits 0 (rc {rc}): {out[-600:]}")
         check("trainer group 1 formed (2 ranks)" in out, "the group of 2 ranks formed")
         ref_bytes = open(os.path.join(ref, "out.gguf"), "rb").read()
@@ -137,7 +151,8 @@ def main():
         # SIGKILL one trainer node, then the other once the group restarted.
         kill = os.path.join(tmp, "kill")
         port = free_port()
-        r = run(weft, args_for(kill) + ["--metrics-port", str(port), "--bucket-mb", "0.25"])
+        r = run(weft, args_for(kill) + ["--metrics-port", str(port), "--bucket-mb", "0.25"] +
+                with_eval)
         check(r.wait_for(f"step 15/{STEPS}"), "the run reaches step 15")
         # `weft cluster status --train` shows the group's private cluster.
         st = subprocess.run([weft, "cluster", "status", "--train", f"http://127.0.0.1:{port}",
@@ -166,6 +181,14 @@ def main():
               "final weights bit-identical to the undisturbed run")
         check(curve(os.path.join(kill, "metrics.jsonl")) == ref_curve,
               "loss curve identical (every step once, same values)")
+        # --eval-data: the restarted groups evaluate where the undisturbed one did, with the same
+        # bits (and once more where each continued); every step's evaluation once.
+        ref_evals, kill_evals = evals(os.path.join(ref, "metrics.jsonl")), \
+            evals(os.path.join(kill, "metrics.jsonl"))
+        kept = [e for e in kill_evals if e[0] % 20 == 0]
+        check([e[0] for e in ref_evals] == [0, 20, 40, 60, 80] and kept == ref_evals and
+              len({e[0] for e in kill_evals}) == len(kill_evals),
+              f"held-out evaluations survive the kills bit for bit ({ref_evals} vs {kill_evals})")
 
         # SIGTERM: checkpoint, exit 143, resume exact.
         term = os.path.join(tmp, "term")

@@ -162,9 +162,21 @@ def main():
         check(rc == 2 and "bad.jsonl:2: not valid JSON" in out, "a bad eval line is named")
         rc, out = train(weft, base + ["--steps", "1", "--eval-every", "2"])
         check(rc == 2 and "--eval-every needs --eval-data" in out, "--eval-every alone is refused")
-        rc, out = train(weft, base + ["--steps", "1", "--eval-data", ev, "--trainers", "2"])
-        check(rc == 2 and "--eval-data" in out and "--trainers" in out,
-              "--eval-data with a trainer group is refused, not ignored")
+        # A trainer group evaluates too: each rank its share, the sums over the group; at step 0
+        # the weights are the single process's, so is the loss (to f32 rounding: the batches differ).
+        gm = os.path.join(tmp, "group-eval.jsonl")
+        rc, out = train(weft, base + ["--steps", "4", "--eval-data", ev, "--eval-every", "2",
+                                      "--trainers", "2", "--threads", "1", "--metrics", gm])
+        gevals = [r for r in (json.loads(line) for line in open(gm)) if r.get("kind") == "eval"] \
+            if rc == 0 else []
+        check(rc == 0 and [e["step"] for e in gevals] == [0, 2, 4] and
+              all(e["eval_examples"] == 3 for e in gevals),
+              f"--trainers 2 --eval-data: evaluations at 0, 2, 4 (rc {rc}) {out[-300:]}")
+        check(gevals and evals and
+              abs(gevals[0]["eval_loss"] - evals[0]["eval_loss"]) <= 1e-6 * evals[0]["eval_loss"] and
+              gevals[0]["eval_tokens"] == evals[0]["eval_tokens"],
+              "the group's step-0 evaluation equals the single process's "
+              f"({gevals[:1]} vs {evals[:1]})")
 
         # --config: options from a TOML file, flags win.
         cfg = os.path.join(tmp, "train.toml")
