@@ -31,7 +31,10 @@ from cli_checks import check, finish, read_jsonl, run_watching  # noqa: E402
 from rl_runs import (free_port, netns_usable, outcome as run_outcome, set_links,  # noqa: E402
                      tiny_setup)
 
-STEPS = 40
+# Long enough that the run outlasts the cut node's exit and relaunch: on an idle 2-vCPU host the
+# node loses its head ~5 s into the 6 s cut, takes up to 5 s to stop, and 40 steps ended ~4.5 s
+# after it lost the head (the relaunch came after the run).
+STEPS = 80
 SAMPLES = 8 * 4
 CUT_AT_STEP = 2
 CUT_SECONDS = 6.0
