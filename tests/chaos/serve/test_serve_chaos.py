@@ -205,10 +205,16 @@ def main():
             if migrations < 1:
                 failures.append("round %d: no request was migrated (the victim had none in flight?)" % round_no)
             if args.topology == "pool":
-                time.sleep(1.0)  # the survivor's next load report carries its counter
-                after = pool_tokens(srv)
-                survivor = sum(v for w, v in after.items() if w != victim["name"])
+                # The survivor's load reports carry its counter: wait for one that has the
+                # migrated sequences' reads (a fixed 1 s was sometimes one report short).
                 before = sum(v for w, v in pool_before.items() if w != victim["name"])
+                deadline = time.time() + 6.0
+                while True:
+                    time.sleep(0.5)
+                    after = pool_tokens(srv)
+                    survivor = sum(v for w, v in after.items() if w != victim["name"])
+                    if survivor - before >= 16 * migrations or time.time() > deadline:
+                        break
                 print("round %d: migrated sequences took %d tokens of KV from the pool" % (round_no, survivor - before))
                 if survivor - before < 16 * migrations:
                     failures.append("round %d: %d migrated sequences took only %d tokens of KV from the pool "
