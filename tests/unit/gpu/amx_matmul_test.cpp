@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gpu/cpu/amx_matmul.hpp"
@@ -102,13 +103,14 @@ class amx_kernel : public ::testing::TestWithParam<ggml_type> {
   void TearDown() override { (void)set_quant_matmul_kernel(quant_matmul_kernel::ggml); }
 };
 
-// 37 rows (a partial group of 16), 96 and 160 columns (odd block counts: the kernel alternates two
-// accumulators), batches around the VNNI / tile switch (8 / 9 tokens) and the 16-token tile, one
-// and two threads.
+// 37 rows (a partial group of 16) and 885 (55 whole groups and a partial one: the parallel tiles
+// hand a call 7 groups on one thread, 3 on two, so batch-1 decode runs four, two and one packed
+// groups at once), 96 and 160 columns (odd block counts: the kernel alternates
+// two accumulators), batches around the VNNI / tile switch (8 / 9 tokens) and the 16-token tile,
+// one and two threads.
 TEST_P(amx_kernel, is_its_documented_order_bit_for_bit_in_every_batch) {
   const ggml_type t = GetParam();
-  for (const int64_t cols : {96, 160}) {
-    const int64_t rows = 37;
+  for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 96}, {37, 160}, {885, 160}}) {
     const auto w = make_weights(t, rows, cols, 11);
     const auto x = random_floats(static_cast<size_t>(40 * cols), 12);
     // As stored, and from the packed copy (whole groups; the last 5 rows read as stored).
