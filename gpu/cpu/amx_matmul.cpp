@@ -379,10 +379,12 @@ WEFT_AMX_TARGET void token_tile(const group_args& g, int64_t t0, int m, float* y
 thread_local packed_group tls_group;
 
 // Up to this many tokens the group runs on AVX-512 VNNI instead of the tiles: the same exact block
-// sums and the same epilogue (so the same bits), without unpacking the weights for a handful of
-// tokens (decode). From 9 tokens the tiles are faster (session 45, 2-vCPU AMX VM, decode steps:
-// batch 10 +5 %, 12 +10 %, 16 +13-21 %; batch 8 even).
-constexpr int64_t vnni_max_tokens = 8;
+// sums and the same epilogue (so the same bits), without unpacking the weights for a decode step's
+// few tokens. Session 45 found the tiles faster from 9 tokens, against a VNNI path whose loops GCC
+// had left rolled; unrolled and prefetching (session 51, 2-vCPU AMX VM, decode steps) VNNI is
+// faster up to 16: batch 10 +24 %, 12 +19 %, 16 +5 %. 16 accumulators fill the register file, so
+// 17 tokens and more take the tiles.
+constexpr int64_t vnni_max_tokens = 16;
 
 // One group (rows r0 + n for n in reader.rows) against the N tokens of a (1 <= N <=
 // vnni_max_tokens). N is known at compile time and every loop over tokens and quants is unrolled,
@@ -396,13 +398,13 @@ WEFT_AMX_TARGET void vnni_group(const Reader& reader, const group_args& g, int64
   constexpr int32_t offset = layout_of(T).offset;
   constexpr int64_t n_tok = N;
   __m512 acc[N];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int64_t t = 0; t < n_tok; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < g.nb; ++b) {
     __m512i v[8];
     __m512 dw, mw;
     reader.block(b, v, dw, mw);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int64_t t = 0; t < n_tok; ++t) {
       const uint8_t* aq = g.a->rows + static_cast<size_t>(t) * g.a->row_bytes +
                           static_cast<size_t>(b) * g.act_block + g.act_qs;
@@ -423,7 +425,7 @@ WEFT_AMX_TARGET void vnni_group(const Reader& reader, const group_args& g, int64
         acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(g.a->s[b * n_tok + t]), acc[t]);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int64_t t = 0; t < n_tok; ++t)
     _mm512_mask_storeu_ps(y + t * n_rows + r0, reader.rows, acc[t]);
 }
@@ -556,8 +558,24 @@ WEFT_AMX_TARGET void matmul_rows(const tensor_view& w, const group_args& g, int6
         return vnni_rows<T, 6>(w, g, r_begin, r_end, asum, y);
       case 7:
         return vnni_rows<T, 7>(w, g, r_begin, r_end, asum, y);
-      default:
+      case 8:
         return vnni_rows<T, 8>(w, g, r_begin, r_end, asum, y);
+      case 9:
+        return vnni_rows<T, 9>(w, g, r_begin, r_end, asum, y);
+      case 10:
+        return vnni_rows<T, 10>(w, g, r_begin, r_end, asum, y);
+      case 11:
+        return vnni_rows<T, 11>(w, g, r_begin, r_end, asum, y);
+      case 12:
+        return vnni_rows<T, 12>(w, g, r_begin, r_end, asum, y);
+      case 13:
+        return vnni_rows<T, 13>(w, g, r_begin, r_end, asum, y);
+      case 14:
+        return vnni_rows<T, 14>(w, g, r_begin, r_end, asum, y);
+      case 15:
+        return vnni_rows<T, 15>(w, g, r_begin, r_end, asum, y);
+      default:
+        return vnni_rows<T, 16>(w, g, r_begin, r_end, asum, y);
     }
   }
   for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group) {

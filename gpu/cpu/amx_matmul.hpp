@@ -55,7 +55,7 @@ struct amx_acts {
 };
 
 /// Bytes of the tile copy of n_tokens rows of n_cols activations (amx_tile_acts), 0 where the
-/// kernel does not use one: batches of up to 8 tokens run on AVX-512 VNNI from the rows.
+/// kernel does not use one: batches of up to 16 tokens run on AVX-512 VNNI from the rows.
 size_t amx_act_tiles_bytes(int64_t n_cols, int64_t n_tokens);
 /// Copies the quants of tokens [t_begin, t_end) of `a` (rows of Q8_1 blocks for Q4_1 weights,
 /// else Q8_0) to `tiles` (amx_act_tiles_bytes, 64-byte aligned): per tile of 16 tokens and per

@@ -104,13 +104,13 @@ class amx_kernel : public ::testing::TestWithParam<ggml_type> {
 };
 
 // 37 rows (a partial group of 16) and 885 (55 whole groups and a partial one: the parallel tiles
-// hand a call 7 groups on one thread, 3 on two, so batch-1 decode runs four, two and one packed
-// groups at once), 96 and 160 columns (odd block counts: the kernel alternates
-// two accumulators), batches around the VNNI / tile switch (8 / 9 tokens) and the 16-token tile,
-// one and two threads.
+// hand a call 7 groups on one thread, 4 on two, so batch-1 decode runs four, two and one packed
+// groups at once), 96 and 160 columns (odd block counts: the kernel alternates two accumulators),
+// batches around the VNNI / tile switch (16 / 17 tokens) and the 16-token tile, one and two
+// threads.
 TEST_P(amx_kernel, is_its_documented_order_bit_for_bit_in_every_batch) {
   const ggml_type t = GetParam();
-  for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 96}, {37, 160}, {885, 160}}) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 96}, {37, 160}, {885, 160}}) {
     const auto w = make_weights(t, rows, cols, 11);
     const auto x = random_floats(static_cast<size_t>(40 * cols), 12);
     // As stored, and from the packed copy (whole groups; the last 5 rows read as stored).
@@ -126,7 +126,7 @@ TEST_P(amx_kernel, is_its_documented_order_bit_for_bit_in_every_batch) {
       for (const int threads : {1, 2}) {
         thread_pool pool(threads);
         matmul_scratch scratch;
-        for (const int64_t n : {1, 3, 8, 9, 16, 17, 40}) {
+        for (const int64_t n : {1, 3, 8, 9, 16, 17, 31, 40}) {
           std::vector<float> y(static_cast<size_t>(n * rows));
           ASSERT_TRUE(matmul(pool, scratch, v, x.data(), n, y.data()).ok());
           for (int64_t tk = 0; tk < n; ++tk) {
