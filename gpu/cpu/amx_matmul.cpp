@@ -256,7 +256,13 @@ struct packed_reader {
         ahead(next ? static_cast<size_t>(amx_rows_per_group) * w.row_bytes : 0) {}
 
   WEFT_AMX_TARGET void block(int64_t b, __m512i v[8], __m512& d, __m512& m) const {
-    const uint8_t* at = base + static_cast<size_t>(b) * stride;
+    load(base + static_cast<size_t>(b) * stride, ahead, v, d, m);
+  }
+
+  // The packed block at `at` (its quants as u8, its rows' d and m as floats); ahead != 0: the
+  // block's worth of bytes that far on fetched first.
+  WEFT_AMX_TARGET static void load(const uint8_t* at, size_t ahead, __m512i v[8], __m512& d,
+                                   __m512& m) {
     if (ahead != 0) {
 #pragma GCC unroll 8
       for (size_t o = 0; o < stride; o += 64)
@@ -459,20 +465,11 @@ WEFT_AMX_TARGET void vnni1_packed(const tensor_view& w, const group_args& g, int
     const __m512 da = _mm512_set1_ps(g.a->d[b]);
 #pragma GCC unroll 8
     for (int k = 0; k < G; ++k) {
-      const uint8_t* at =
-          base + static_cast<size_t>(k) * group_bytes + static_cast<size_t>(b) * stride;
-      if (prefetch) {
-#pragma GCC unroll 8
-        for (size_t o = 0; o < stride; o += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(at + ahead + o), _MM_HINT_T0);
-      }
-      __m512i q[8];
-#pragma GCC unroll 8
-      for (size_t j = 0; j < layout.packed_qs / 64; ++j) q[j] = _mm512_loadu_si512(at + j * 64);
       __m512i v[8];
-      to_u8<T>(q, v);
-      const __m512 dw = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + layout.packed_qs)));
+      __m512 dw, mw;
+      packed_reader<T>::load(
+          base + static_cast<size_t>(k) * group_bytes + static_cast<size_t>(b) * stride,
+          prefetch ? ahead : 0, v, dw, mw);
       __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
 #pragma GCC unroll 8
       for (int j = 0; j < 8; j += 2) {
@@ -483,11 +480,8 @@ WEFT_AMX_TARGET void vnni1_packed(const tensor_view& w, const group_args& g, int
       if constexpr (layout.offset != 0)
         isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(layout.offset * asum[b]));
       acc[k] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum), acc[k]);
-      if constexpr (T == ggml_type::q4_1) {
-        const __m512 mw = _mm512_cvtph_ps(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + layout.packed_qs + 32)));
+      if constexpr (T == ggml_type::q4_1)
         acc[k] = _mm512_fmadd_ps(mw, _mm512_set1_ps(g.a->s[b]), acc[k]);
-      }
     }
   }
 #pragma GCC unroll 8
