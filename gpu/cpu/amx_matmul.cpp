@@ -395,8 +395,8 @@ constexpr int64_t vnni_max_tokens = 16;
 // One group (rows r0 + n for n in reader.rows) against the N tokens of a (1 <= N <=
 // vnni_max_tokens). N is known at compile time and every loop over tokens and quants is unrolled,
 // so the accumulators, the unpacked quants and the activation broadcasts stay in registers: GCC's
-// -O2 leaves such loops rolled, and the arrays then go through the stack (batch-1 decode ran at
-// 170 tok/s that way, 210 unrolled, session 51).
+// -O2 leaves such loops rolled, and the arrays then go through the stack (session 51, AMX VM: with
+// the prefetch below, decode at batch 2 250 -> 370 tok/s, batch 8 466 -> 630).
 template <ggml_type T, int N, class Reader>
 WEFT_AMX_TARGET void vnni_group(const Reader& reader, const group_args& g, int64_t r0,
                                 int64_t n_rows, const int32_t* asum, float* y) {
@@ -531,47 +531,23 @@ WEFT_AMX_TARGET void vnni_rows(const tensor_view& w, const group_args& g, int64_
   }
 }
 
+// 2..vnni_max_tokens tokens: the instantiation of vnni_rows for g's token count, from N up.
+template <ggml_type T, int N = 2>
+WEFT_AMX_TARGET void vnni_rows_for(const tensor_view& w, const group_args& g, int64_t r_begin,
+                                   int64_t r_end, const int32_t* asum, float* y) {
+  if constexpr (N < vnni_max_tokens) {
+    if (g.a->n_tokens != N) return vnni_rows_for<T, N + 1>(w, g, r_begin, r_end, asum, y);
+  }
+  vnni_rows<T, N>(w, g, r_begin, r_end, asum, y);
+}
+
 // The VNNI path and the tile path for one weight type.
 template <ggml_type T>
 WEFT_AMX_TARGET void matmul_rows(const tensor_view& w, const group_args& g, int64_t r_begin,
                                  int64_t r_end, const int32_t* asum, float* y) {
   const amx_acts& a = *g.a;
-  if (a.n_tokens <= vnni_max_tokens) {
-    switch (a.n_tokens) {
-      case 1:
-        return vnni1_rows<T>(w, g, r_begin, r_end, asum, y);
-      case 2:
-        return vnni_rows<T, 2>(w, g, r_begin, r_end, asum, y);
-      case 3:
-        return vnni_rows<T, 3>(w, g, r_begin, r_end, asum, y);
-      case 4:
-        return vnni_rows<T, 4>(w, g, r_begin, r_end, asum, y);
-      case 5:
-        return vnni_rows<T, 5>(w, g, r_begin, r_end, asum, y);
-      case 6:
-        return vnni_rows<T, 6>(w, g, r_begin, r_end, asum, y);
-      case 7:
-        return vnni_rows<T, 7>(w, g, r_begin, r_end, asum, y);
-      case 8:
-        return vnni_rows<T, 8>(w, g, r_begin, r_end, asum, y);
-      case 9:
-        return vnni_rows<T, 9>(w, g, r_begin, r_end, asum, y);
-      case 10:
-        return vnni_rows<T, 10>(w, g, r_begin, r_end, asum, y);
-      case 11:
-        return vnni_rows<T, 11>(w, g, r_begin, r_end, asum, y);
-      case 12:
-        return vnni_rows<T, 12>(w, g, r_begin, r_end, asum, y);
-      case 13:
-        return vnni_rows<T, 13>(w, g, r_begin, r_end, asum, y);
-      case 14:
-        return vnni_rows<T, 14>(w, g, r_begin, r_end, asum, y);
-      case 15:
-        return vnni_rows<T, 15>(w, g, r_begin, r_end, asum, y);
-      default:
-        return vnni_rows<T, 16>(w, g, r_begin, r_end, asum, y);
-    }
-  }
+  if (a.n_tokens == 1) return vnni1_rows<T>(w, g, r_begin, r_end, asum, y);
+  if (a.n_tokens <= vnni_max_tokens) return vnni_rows_for<T>(w, g, r_begin, r_end, asum, y);
   for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group) {
     const int64_t n_valid = std::min<int64_t>(amx_rows_per_group, r_end - r0);
     if (packed_group_at(w, r0) && n_valid == amx_rows_per_group) {

@@ -373,7 +373,7 @@ int64_t tile_unit(bool amx) {
 
 // The fewest tiles a thread takes at once: the AMX kernel's batch-1 decode runs four groups at a
 // time and prefetches the next ones in its range, so it gets at least four (session 51, AMX VM:
-// +5-7 % batch-1 decode against chunks of 2-3 groups for the 576-row matrices).
+// +6-12 % batch-1 decode against chunks of 2-3 groups for the 576-row matrices).
 int64_t min_tiles_per_chunk(bool amx, int64_t n_tokens) {
   return amx && n_tokens == 1 ? 4 : 1;
 }
