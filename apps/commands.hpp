@@ -42,22 +42,28 @@ inline void add_weights_memory_option(CLI::App* cmd, std::string& value) {
       ->check(CLI::IsMember({"huge-pages", "mmap"}));
 }
 
-/// `--cpu-matmul auto|ggml|amx` (or WEFT_CPU_MATMUL) for the commands that run the CPU engine: sets
-/// WEFT_CPU_MATMUL in this process's environment, which the CPU device reads and the worker
+/// `--cpu-matmul auto|ggml|vnni|amx` (or WEFT_CPU_MATMUL) for the commands that run the CPU engine:
+/// sets WEFT_CPU_MATMUL in this process's environment, which the CPU device reads and the worker
 /// processes it starts inherit (gpu/cpu/matmul.hpp, docs/engine.md "AMX matmuls").
 inline void add_cpu_matmul_option(CLI::App* cmd, std::string& value) {
   cmd->add_option("--cpu-matmul", value,
                   "Kernel for Q4_0/Q4_1/Q8_0 weights on the CPU: auto (amx where the CPU has "
-                  "AMX-INT8, else ggml), ggml (llama.cpp's x86 numerics, bit for bit) or amx "
-                  "(Intel AMX tiles: prompts about twice as fast, batches faster, batch-1 decode "
-                  "on par; its own rounding; an error where the CPU has no AMX)")
+                  "AMX-INT8, else vnni on Intel CPUs with AVX-512 VNNI, else ggml), ggml "
+                  "(llama.cpp's x86 numerics, bit for bit), amx (Intel AMX tiles: prompts about "
+                  "twice as fast; its own rounding; an error where the CPU has no AMX) or vnni "
+                  "(the amx kernel's rounding and decode path on AVX-512 VNNI alone; an error "
+                  "where the CPU has no AVX-512 VNNI)")
       ->envname("WEFT_CPU_MATMUL")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "ggml", "amx"}))
+      ->check(CLI::IsMember({"auto", "ggml", "vnni", "amx"}))
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
-            if (v != "amx" || gpu::cpu::amx_available()) return {};
-            return std::string{"amx cannot run here: "} + gpu::cpu::amx_unavailable_reason();
+            if (v == "amx" && !gpu::cpu::amx_available())
+              return std::string{"amx cannot run here: "} + gpu::cpu::amx_unavailable_reason();
+            if (v == "vnni" && !gpu::cpu::amx_vnni_available())
+              return std::string{"vnni cannot run here: "} +
+                     gpu::cpu::amx_vnni_unavailable_reason();
+            return {};
           },
           ""))
       ->each([](const std::string& v) { ::setenv("WEFT_CPU_MATMUL", v.c_str(), 1); });

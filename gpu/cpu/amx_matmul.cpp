@@ -26,7 +26,8 @@ namespace weft::gpu::cpu {
 #if WEFT_AMX_BUILD
 
 // The kernel's functions are compiled for AMX and AVX-512 whatever the build's -march (the portable
-// package targets x86-64-v3); they run only after amx_available() found both on the CPU.
+// package targets x86-64-v3); they run only after amx_vnni_available() found AVX-512 VNNI on the
+// CPU, and the tile path (AMX instructions) only after amx_available() found AMX too.
 #define WEFT_AMX_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
 
@@ -36,23 +37,37 @@ constexpr int arch_req_xcomp_perm = 0x1023;
 constexpr int xfeature_xtiledata = 18;
 
 struct probe_result {
-  bool ok = false;
+  bool vnni = false;  // AVX-512 F/DQ/BW/VL and VNNI: the kernel without its tiles
+  bool ok = false;    // and AMX-INT8 with the kernel's permission for the tile state
+  const char* vnni_reason = "";
   const char* reason = "";
 };
 
 probe_result probe() {
+  probe_result r;
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0)
-    return {false, "the CPU reports no extended features (cpuid leaf 7)"};
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) {
+    r.vnni_reason = r.reason = "the CPU reports no extended features (cpuid leaf 7)";
+    return r;
+  }
   const bool avx512 = (b & (1u << 16)) != 0 && (b & (1u << 30)) != 0 && (b & (1u << 31)) != 0 &&
                       (b & (1u << 17)) != 0;
   const bool tile = (d & (1u << 24)) != 0, int8 = (d & (1u << 25)) != 0;
   const bool vnni = (c & (1u << 11)) != 0;
-  if (!tile || !int8 || !avx512 || !vnni)
-    return {false, "this CPU has no AMX-INT8 (Intel Sapphire Rapids or later has it)"};
-  if (syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) != 0)
-    return {false, "the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"};
-  return {true, ""};
+  r.vnni = avx512 && vnni;
+  if (!r.vnni) {
+    r.vnni_reason = "this CPU has no AVX-512 VNNI (Intel Cascade Lake / AMD Zen 4 or later has it)";
+  }
+  if (!tile || !int8 || !r.vnni) {
+    r.reason = "this CPU has no AMX-INT8 (Intel Sapphire Rapids or later has it)";
+    return r;
+  }
+  if (syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) != 0) {
+    r.reason = "the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)";
+    return r;
+  }
+  r.ok = true;
+  return r;
 }
 
 const probe_result& probed() {
@@ -392,17 +407,21 @@ thread_local packed_group tls_group;
 // 17 tokens and more take the tiles.
 constexpr int64_t vnni_max_tokens = 16;
 
-// One group (rows r0 + n for n in reader.rows) against the N tokens of a (1 <= N <=
+// One group (rows r0 + n for n in reader.rows) against tokens [t0, t0 + N) of a (1 <= N <=
 // vnni_max_tokens). N is known at compile time and every loop over tokens and quants is unrolled,
 // so the accumulators, the unpacked quants and the activation broadcasts stay in registers: GCC's
 // -O2 leaves such loops rolled, and the arrays then go through the stack (session 51, AMX VM: with
 // the prefetch below, decode at batch 2 250 -> 370 tok/s, batch 8 466 -> 630).
 template <ggml_type T, int N, class Reader>
 WEFT_AMX_TARGET void vnni_group(const Reader& reader, const group_args& g, int64_t r0,
-                                int64_t n_rows, const int32_t* asum, float* y) {
+                                int64_t n_rows, const int32_t* asum, float* y, int64_t t0 = 0) {
   static_assert(N >= 1 && N <= vnni_max_tokens);
   constexpr int32_t offset = layout_of(T).offset;
   constexpr int64_t n_tok = N;
+  const int64_t ld = g.a->n_tokens;  // the scale tables' stride
+  const uint8_t* rows = g.a->rows + static_cast<size_t>(t0) * g.a->row_bytes + g.act_qs;
+  asum += t0 * g.nb;
+  y += t0 * n_rows;
   __m512 acc[N];
 #pragma GCC unroll 16
   for (int64_t t = 0; t < n_tok; ++t) acc[t] = _mm512_setzero_ps();
@@ -410,10 +429,11 @@ WEFT_AMX_TARGET void vnni_group(const Reader& reader, const group_args& g, int64
     __m512i v[8];
     __m512 dw, mw;
     reader.block(b, v, dw, mw);
+    const float* da = g.a->d + b * ld + t0;
 #pragma GCC unroll 16
     for (int64_t t = 0; t < n_tok; ++t) {
-      const uint8_t* aq = g.a->rows + static_cast<size_t>(t) * g.a->row_bytes +
-                          static_cast<size_t>(b) * g.act_block + g.act_qs;
+      const uint8_t* aq =
+          rows + static_cast<size_t>(t) * g.a->row_bytes + static_cast<size_t>(b) * g.act_block;
       int32_t a4[8];
       __builtin_memcpy(a4, aq, sizeof a4);
       __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
@@ -425,10 +445,10 @@ WEFT_AMX_TARGET void vnni_group(const Reader& reader, const group_args& g, int64
       __m512i isum = _mm512_add_epi32(s0, s1);
       if constexpr (offset != 0)
         isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * asum[t * g.nb + b]));
-      const __m512 x = _mm512_mul_ps(dw, _mm512_set1_ps(g.a->d[b * n_tok + t]));
+      const __m512 x = _mm512_mul_ps(dw, _mm512_set1_ps(da[t]));
       acc[t] = _mm512_fmadd_ps(x, _mm512_cvtepi32_ps(isum), acc[t]);
       if constexpr (T == ggml_type::q4_1)
-        acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(g.a->s[b * n_tok + t]), acc[t]);
+        acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(g.a->s[b * ld + t0 + t]), acc[t]);
     }
   }
 #pragma GCC unroll 16
@@ -541,6 +561,45 @@ WEFT_AMX_TARGET void vnni_rows_for(const tensor_view& w, const group_args& g, in
   vnni_rows<T, N>(w, g, r_begin, r_end, asum, y);
 }
 
+// Tokens [t0, t0 + n) of a (1 <= n <= vnni_max_tokens) against one group: vnni_group's
+// instantiation for n, from N up.
+template <ggml_type T, class Reader, int N = 1>
+WEFT_AMX_TARGET void vnni_group_for(int64_t n, const Reader& reader, const group_args& g,
+                                    int64_t r0, int64_t n_rows, const int32_t* asum, float* y,
+                                    int64_t t0) {
+  if constexpr (N < vnni_max_tokens) {
+    if (n != N) return vnni_group_for<T, Reader, N + 1>(n, reader, g, r0, n_rows, asum, y, t0);
+  }
+  vnni_group<T, N>(reader, g, r0, n_rows, asum, y, t0);
+}
+
+// More than vnni_max_tokens tokens without the tiles (the `vnni` kernel: CPUs with AVX-512 VNNI
+// and no AMX, or WEFT_CPU_MATMUL=vnni): per group of 16 rows, the tokens 16 at a time, so the
+// group's bytes are read from memory once and from L1 for the other chunks. Every (row, token)
+// pair gets vnni_group's integer sums and float operations in block order — the tile path's bits.
+template <ggml_type T>
+WEFT_AMX_TARGET void vnni_chunked_rows(const tensor_view& w, const group_args& g, int64_t r_begin,
+                                       int64_t r_end, const int32_t* asum, float* y) {
+  const int64_t n_tokens = g.a->n_tokens;
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group) {
+    const auto chunks = [&](const auto& reader) {
+      for (int64_t t0 = 0; t0 < n_tokens; t0 += vnni_max_tokens) {
+        const int64_t n = std::min(vnni_max_tokens, n_tokens - t0);
+        if (n == vnni_max_tokens) {
+          vnni_group<T, vnni_max_tokens>(reader, g, r0, w.n_rows, asum, y, t0);
+        } else {
+          vnni_group_for<T>(n, reader, g, r0, w.n_rows, asum, y, t0);
+        }
+      }
+    };
+    if (packed_group_at(w, r0) && r0 + amx_rows_per_group <= r_end) {
+      chunks(packed_reader<T>(w, r0));
+    } else {
+      chunks(group_reader<T>(w, r0, std::min<int64_t>(amx_rows_per_group, r_end - r0)));
+    }
+  }
+}
+
 // The VNNI path and the tile path for one weight type.
 template <ggml_type T>
 WEFT_AMX_TARGET void matmul_rows(const tensor_view& w, const group_args& g, int64_t r_begin,
@@ -548,6 +607,7 @@ WEFT_AMX_TARGET void matmul_rows(const tensor_view& w, const group_args& g, int6
   const amx_acts& a = *g.a;
   if (a.n_tokens == 1) return vnni1_rows<T>(w, g, r_begin, r_end, asum, y);
   if (a.n_tokens <= vnni_max_tokens) return vnni_rows_for<T>(w, g, r_begin, r_end, asum, y);
+  if (a.tiles == nullptr) return vnni_chunked_rows<T>(w, g, r_begin, r_end, asum, y);
   for (int64_t r0 = r_begin; r0 < r_end; r0 += amx_rows_per_group) {
     const int64_t n_valid = std::min<int64_t>(amx_rows_per_group, r_end - r0);
     if (packed_group_at(w, r0) && n_valid == amx_rows_per_group) {
@@ -643,7 +703,7 @@ void amx_tile_acts(const amx_acts& a, ggml_type w_type, int64_t n_cols, int64_t 
 size_t amx_packed_bytes(const tensor_view& w) {
   const bool type =
       w.type == ggml_type::q4_0 || w.type == ggml_type::q4_1 || w.type == ggml_type::q8_0;
-  if (!type || !amx_available() || w.n_cols % 32 != 0 || w.n_rows < amx_rows_per_group) return 0;
+  if (!type || !amx_vnni_available() || w.n_cols % 32 != 0 || w.n_rows < amx_rows_per_group) return 0;
   return w.mat_bytes * static_cast<size_t>(w.n_mats);
 }
 
@@ -669,6 +729,14 @@ const char* amx_unavailable_reason() {
   return probed().reason;
 }
 
+bool amx_vnni_available() {
+  return probed().vnni;
+}
+
+const char* amx_vnni_unavailable_reason() {
+  return probed().vnni_reason;
+}
+
 WEFT_AMX_TARGET void amx_matmul_rows(const tensor_view& w, const amx_acts& a, float* y,
                                      int64_t r_begin, int64_t r_end) {
   group_args g{&tls_group, &a, 0, 0, w.n_cols / 32, w.type == ggml_type::q4_1};
@@ -679,16 +747,20 @@ WEFT_AMX_TARGET void amx_matmul_rows(const tensor_view& w, const amx_acts& a, fl
   }
   // The VNNI path's activation block sums, for the offset of Q4_0 / Q8_0 weights.
   thread_local std::vector<int32_t> sums;
-  if (a.n_tokens <= vnni_max_tokens && layout_of(w.type).offset != 0) {
+  if ((a.n_tokens <= vnni_max_tokens || a.tiles == nullptr) && layout_of(w.type).offset != 0) {
     sums.resize(static_cast<size_t>(a.n_tokens * g.nb));
     for (int64_t t = 0; t < a.n_tokens; ++t) {
       for (int64_t b = 0; b < g.nb; ++b) {
-        const auto* q =
-            reinterpret_cast<const int8_t*>(a.rows + static_cast<size_t>(t) * a.row_bytes +
-                                            static_cast<size_t>(b) * g.act_block + g.act_qs);
-        int32_t sum = 0;
-        for (int k = 0; k < 32; ++k) sum += q[k];
-        sums[static_cast<size_t>(t * g.nb + b)] = sum;
+        const uint8_t* q = a.rows + static_cast<size_t>(t) * a.row_bytes +
+                           static_cast<size_t>(b) * g.act_block + g.act_qs;
+        // The 32 int8 quants' sum: as u8 (flipped sign bit) summed by SAD, minus 32 * 128.
+        const __m256i u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)),
+                                           _mm256_set1_epi8(static_cast<char>(0x80)));
+        const __m256i sad = _mm256_sad_epu8(u, _mm256_setzero_si256());
+        const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sad),
+                                        _mm256_extracti128_si256(sad, 1));
+        const int64_t sum = _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1) - 32 * 128;
+        sums[static_cast<size_t>(t * g.nb + b)] = static_cast<int32_t>(sum);
       }
     }
   }
@@ -712,6 +784,14 @@ bool amx_available() {
 
 const char* amx_unavailable_reason() {
   return "this build has no AMX kernel (x86-64 Linux with GCC or Clang only)";
+}
+
+bool amx_vnni_available() {
+  return false;
+}
+
+const char* amx_vnni_unavailable_reason() {
+  return amx_unavailable_reason();
 }
 
 size_t amx_packed_bytes(const tensor_view&) {

@@ -29,6 +29,12 @@ inline constexpr int64_t amx_rows_per_group = 16;
 bool amx_available();
 /// Why amx_available() is false ("" when it is true).
 const char* amx_unavailable_reason();
+/// Whether this build has the kernel and the CPU the AVX-512 VNNI half of it (F, DQ, BW, VL and
+/// VNNI): the `vnni` matmul kernel — the same packing, integer sums and bits as with AMX, every
+/// batch on VNNI, more than 16 tokens 16 at a time (no tile copy of the activations). Thread-safe.
+bool amx_vnni_available();
+/// Why amx_vnni_available() is false ("" when it is true).
+const char* amx_vnni_unavailable_reason();
 
 /// Bytes of w's packed copy (amx_pack), 0 where the kernel reads `w` as stored: not Q4_0 / Q4_1 /
 /// Q8_0, fewer than 16 rows, or no AMX here.
@@ -49,8 +55,9 @@ struct amx_acts {
   const float* d = nullptr;
   const float* s = nullptr;
   int64_t n_tokens = 0;
-  /// The same quants in the tiles' layout (amx_tile_acts), which the tile path reads; needed when
-  /// amx_act_tiles_bytes(n_cols, n_tokens) > 0.
+  /// The same quants in the tiles' layout (amx_tile_acts), which the tile path reads for more than
+  /// 16 tokens (amx_act_tiles_bytes(n_cols, n_tokens) > 0); nullptr: such batches run on VNNI,
+  /// 16 tokens at a time (the `vnni` kernel), with the same results.
   const uint8_t* tiles = nullptr;
 };
 
@@ -66,7 +73,8 @@ void amx_tile_acts(const amx_acts& a, ggml_type w_type, int64_t n_cols, int64_t 
                    int64_t t_end, uint8_t* tiles);
 
 /// y[t * w.n_rows + r] for rows [r_begin, r_end) (r_begin a multiple of amx_rows_per_group) of
-/// Q4_0 / Q4_1 / Q8_0 weights `w` and every token of `a`. Call only when amx_available().
+/// Q4_0 / Q4_1 / Q8_0 weights `w` and every token of `a`. Call only when amx_vnni_available(),
+/// and with `a.tiles` only when amx_available().
 void amx_matmul_rows(const tensor_view& w, const amx_acts& a, float* y, int64_t r_begin,
                      int64_t r_end);
 

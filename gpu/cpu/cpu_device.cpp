@@ -175,7 +175,9 @@ class cpu_device final : public device {
     caps_.kind = device_kind::cpu;
     const auto kernel = quant_matmul_kernel_in_use();  // checked by make_cpu_device
     caps_.name = std::string{"cpu ("} +
-                 (kernel && *kernel == quant_matmul_kernel::amx ? "amx matmuls, " : "") +
+                 (kernel && *kernel != quant_matmul_kernel::ggml
+                      ? std::string{quant_matmul_kernel_name(*kernel)} + " matmuls, "
+                      : std::string{}) +
                  quant_kernel_path() + ", ggml " + ggml_simd_name(ggml_simd_layout()) +
                  " numerics, " + std::to_string(n_threads) + " threads)";
     caps_.memory = memory_visibility::host_visible;
@@ -267,7 +269,7 @@ result<std::unique_ptr<device>> make_cpu_device(const device_config& config) {
   if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // Our pool splits BLAS calls itself; OpenBLAS's own threads would oversubscribe the cores.
   openblas_set_num_threads(1);
-  // WEFT_CPU_MATMUL: a bad value, or amx where it cannot run, stops the device here, by name.
+  // WEFT_CPU_MATMUL: a bad value, or amx / vnni where it cannot run, stops the device here, by name.
   const auto kernel = quant_matmul_kernel_in_use();
   if (!kernel) return kernel.error();
   spdlog::debug("cpu device: {} threads, {} kernels, {} quantized matmuls, ggml {} numerics", n,

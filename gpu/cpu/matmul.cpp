@@ -1,6 +1,9 @@
 #include "gpu/cpu/matmul.hpp"
 
 #include <cblas.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -19,10 +22,34 @@ namespace weft::gpu::cpu {
 
 namespace {
 
-status amx_check() {
-  if (amx_available()) return {};
-  return {status_code::unsupported,
-          std::string{"the amx matmul kernel cannot run here: "} + amx_unavailable_reason()};
+status kernel_check(quant_matmul_kernel kernel) {
+  if (kernel == quant_matmul_kernel::amx && !amx_available()) {
+    return {status_code::unsupported,
+            std::string{"the amx matmul kernel cannot run here: "} + amx_unavailable_reason()};
+  }
+  if (kernel == quant_matmul_kernel::vnni && !amx_vnni_available()) {
+    return {status_code::unsupported, std::string{"the vnni matmul kernel cannot run here: "} +
+                                          amx_vnni_unavailable_reason()};
+  }
+  return {};
+}
+
+bool cpu_vendor_is_intel() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
+  return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "GenuineIntel"
+#else
+  return false;
+#endif
+}
+
+// `auto`: AMX where the CPU has it; else the vnni kernel on Intel CPUs with AVX-512 VNNI, where it
+// was measured faster than the ggml kernel (docs/engine.md); else ggml.
+quant_matmul_kernel auto_kernel() {
+  if (amx_available()) return quant_matmul_kernel::amx;
+  if (amx_vnni_available() && cpu_vendor_is_intel()) return quant_matmul_kernel::vnni;
+  return quant_matmul_kernel::ggml;
 }
 
 struct kernel_choice {
@@ -44,7 +71,14 @@ std::atomic<int> active_kernel{-1};
 }  // namespace
 
 const char* quant_matmul_kernel_name(quant_matmul_kernel kernel) {
-  return kernel == quant_matmul_kernel::amx ? "amx" : "ggml";
+  switch (kernel) {
+    case quant_matmul_kernel::amx:
+      return "amx";
+    case quant_matmul_kernel::vnni:
+      return "vnni";
+    default:
+      return "ggml";
+  }
 }
 
 result<quant_matmul_kernel> quant_matmul_kernel_in_use() {
@@ -55,15 +89,15 @@ result<quant_matmul_kernel> quant_matmul_kernel_in_use() {
     const char* env = std::getenv("WEFT_CPU_MATMUL");
     const std::string v = env != nullptr && *env != '\0' ? env : "auto";
     if (v == "auto") {
-      c.kernel = amx_available() ? quant_matmul_kernel::amx : quant_matmul_kernel::ggml;
-    } else if (v == "amx") {
-      c.kernel = quant_matmul_kernel::amx;
-      if (auto st = amx_check(); !st) {
-        c.error = {st.code(), "WEFT_CPU_MATMUL=amx: " + st.message()};
+      c.kernel = auto_kernel();
+    } else if (v == "amx" || v == "vnni") {
+      c.kernel = v == "amx" ? quant_matmul_kernel::amx : quant_matmul_kernel::vnni;
+      if (auto st = kernel_check(c.kernel); !st) {
+        c.error = {st.code(), "WEFT_CPU_MATMUL=" + v + ": " + st.message()};
       }
     } else if (v != "ggml") {
       c.error = {status_code::invalid_argument,
-                 "WEFT_CPU_MATMUL must be auto, ggml or amx, not '" + v + "'"};
+                 "WEFT_CPU_MATMUL must be auto, ggml, vnni or amx, not '" + v + "'"};
     }
     active_kernel.store(c.error.ok() ? static_cast<int>(c.kernel) : -2);
   }
@@ -72,9 +106,7 @@ result<quant_matmul_kernel> quant_matmul_kernel_in_use() {
 }
 
 status set_quant_matmul_kernel(quant_matmul_kernel kernel) {
-  if (kernel == quant_matmul_kernel::amx) {
-    if (auto st = amx_check(); !st) return st;
-  }
+  if (auto st = kernel_check(kernel); !st) return st;
   kernel_choice& c = choice();
   std::lock_guard lock(c.mu);
   c.read = true;
@@ -125,8 +157,8 @@ struct scale_table {
 };
 
 scale_table make_scales(matmul_scratch& scratch, ggml_type type, int64_t n_cols, int64_t n_tokens,
-                        bool amx) {
-  if (n_tokens <= 1 && !amx) return {};
+                        bool grouped) {
+  if (n_tokens <= 1 && !grouped) return {};
   if (type != ggml_type::q4_0 && type != ggml_type::q4_1 && type != ggml_type::q8_0) return {};
   const size_t per = static_cast<size_t>(n_cols / 32 * n_tokens);
   // The tiles read the s table a vector of tile_tokens floats at a time, the amx kernel's last
@@ -355,33 +387,38 @@ bool is_quantized(ggml_type t) {
   return t == ggml_type::q4_0 || t == ggml_type::q4_1 || t == ggml_type::q8_0;
 }
 
-// Whether weights of type `t` go to the AMX kernel in this process (an error: the kernel chosen
-// through WEFT_CPU_MATMUL cannot run).
-result<bool> amx_for(ggml_type t) {
-  if (!is_quantized(t)) return false;
+// The kernel weights of type `t` go to in this process: ggml for the float types (an error: the
+// kernel chosen through WEFT_CPU_MATMUL cannot run).
+result<quant_matmul_kernel> kernel_for(ggml_type t) {
+  if (!is_quantized(t)) return quant_matmul_kernel::ggml;
   const int k = active_kernel.load(std::memory_order_relaxed);
-  if (k >= 0) return k == static_cast<int>(quant_matmul_kernel::amx);
-  auto in_use = quant_matmul_kernel_in_use();
-  if (!in_use) return in_use.error();
-  return *in_use == quant_matmul_kernel::amx;
+  if (k >= 0) return static_cast<quant_matmul_kernel>(k);
+  return quant_matmul_kernel_in_use();
 }
 
-// Rows per parallel tile: the AMX kernel's groups of 16, else 8.
-int64_t tile_unit(bool amx) {
-  return amx ? amx_rows_per_group : 8;
+// The amx and vnni kernels (amx_matmul.hpp) take groups of 16 rows and the same packed copy.
+bool grouped(quant_matmul_kernel k) {
+  return k != quant_matmul_kernel::ggml;
 }
 
-// The fewest tiles a thread takes at once: the AMX kernel's batch-1 decode runs four groups at a
-// time and prefetches the next ones in its range, so it gets at least four (session 51, AMX VM:
-// +6-12 % batch-1 decode against chunks of 2-3 groups for the 576-row matrices).
-int64_t min_tiles_per_chunk(bool amx, int64_t n_tokens) {
-  return amx && n_tokens == 1 ? 4 : 1;
+// Rows per parallel tile: the amx / vnni kernels' groups of 16, else 8.
+int64_t tile_unit(quant_matmul_kernel k) {
+  return grouped(k) ? amx_rows_per_group : 8;
+}
+
+// The fewest tiles a thread takes at once: the amx / vnni kernels' batch-1 decode runs four groups
+// at a time and prefetches the next ones in its range, so it gets at least four (session 51, AMX
+// VM: +6-12 % batch-1 decode against chunks of 2-3 groups for the 576-row matrices).
+int64_t min_tiles_per_chunk(quant_matmul_kernel k, int64_t n_tokens) {
+  return grouped(k) && n_tokens == 1 ? 4 : 1;
 }
 
 // The AMX tile path's copy of the activations (amx_tile_acts) in `scratch`, 64-byte aligned;
-// nullptr where the call needs none.
-uint8_t* amx_tiles_for(matmul_scratch& scratch, bool amx, int64_t n_cols, int64_t n_tokens) {
-  const size_t bytes = amx ? amx_act_tiles_bytes(n_cols, n_tokens) : 0;
+// nullptr where the call needs none (the vnni kernel never does).
+uint8_t* amx_tiles_for(matmul_scratch& scratch, quant_matmul_kernel k, int64_t n_cols,
+                       int64_t n_tokens) {
+  const size_t bytes =
+      k == quant_matmul_kernel::amx ? amx_act_tiles_bytes(n_cols, n_tokens) : 0;
   if (bytes == 0) return nullptr;
   if (scratch.amx_tiles.size() < bytes + 64) scratch.amx_tiles.resize(bytes + 64);
   uint8_t* p = scratch.amx_tiles.data();
@@ -400,8 +437,8 @@ void convert_token_range(ggml_type type, const float* x, uint8_t* a, int64_t t_b
 
 void rows_dispatch(const tensor_view& w, const f32_acts& fa, const uint8_t* a, size_t a_row,
                    const scale_table& sc, int64_t n_tokens, float* y, int64_t r_begin,
-                   int64_t r_end, bool amx, const uint8_t* amx_tiles) {
-  if (amx) {
+                   int64_t r_end, quant_matmul_kernel k, const uint8_t* amx_tiles) {
+  if (grouped(k)) {
     const amx_acts acts{a, a_row, sc.d, sc.s, n_tokens, amx_tiles};
     amx_matmul_rows(w, acts, y, r_begin, r_end);
     return;
@@ -479,9 +516,9 @@ void set_pack_weights(bool enabled) {
 
 size_t packed_weight_bytes(const tensor_view& w) {
   if (!pack_weights_enabled()) return 0;
-  const auto amx = amx_for(w.type);
-  if (!amx) return 0;
-  return *amx ? amx_packed_bytes(w) : packed4_bytes(w);
+  const auto k = kernel_for(w.type);
+  if (!k) return 0;
+  return grouped(*k) ? amx_packed_bytes(w) : packed4_bytes(w);
 }
 
 status pack_weight(thread_pool& pool, const tensor_view& w, void* dst) {
@@ -491,7 +528,7 @@ status pack_weight(thread_pool& pool, const tensor_view& w, void* dst) {
                                                " weights as stored"};
   }
 #ifdef WEFT_QUANT_PACKED4
-  if (!*amx_for(w.type)) {
+  if (!grouped(*kernel_for(w.type))) {
     pool.parallel([&](int i, int n) {
       for (int64_t m = 0; m < w.n_mats; ++m) {
         const tensor_view v = w.matrix(m);
@@ -535,15 +572,15 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
     return {status_code::invalid_argument, "matmul: quantized row length not a multiple of 32"};
   }
   if (n_tokens <= 0) return {};
-  const auto amx = amx_for(w.type);
-  if (!amx) return amx.error();
+  const auto kernel = kernel_for(w.type);
+  if (!kernel) return kernel.error();
   const size_t a_row = act_row_bytes(w.type, w.n_cols);
   if (a_row > 0 && scratch.bytes.size() < a_row * static_cast<size_t>(n_tokens)) {
     scratch.bytes.resize(a_row * static_cast<size_t>(n_tokens));
   }
   uint8_t* a = scratch.bytes.data();
-  const scale_table sc = make_scales(scratch, w.type, w.n_cols, n_tokens, *amx);
-  uint8_t* tiles = amx_tiles_for(scratch, *amx, w.n_cols, n_tokens);
+  const scale_table sc = make_scales(scratch, w.type, w.n_cols, n_tokens, grouped(*kernel));
+  uint8_t* tiles = amx_tiles_for(scratch, *kernel, w.n_cols, n_tokens);
   if (a_row > 0) {
     if (n_tokens == 1) {
       convert_rows(w.type, x, a, 0, 1, w.n_cols, a_row, sc);
@@ -559,15 +596,15 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
     pack_f32_acts(fa, scratch.f32_pairs);
   }
   // Split rows in multiples of 8 (AMX: 16) so tiles never straddle threads.
-  const int64_t unit = tile_unit(*amx);
+  const int64_t unit = tile_unit(*kernel);
   const int64_t n_tiles = (w.n_rows + unit - 1) / unit;
   tiles_parallel(
       pool, n_tiles,
       [&](int64_t b, int64_t e) {
         rows_dispatch(w, fa, a, a_row, sc, n_tokens, y, b * unit, std::min(w.n_rows, e * unit),
-                      *amx, tiles);
+                      *kernel, tiles);
       },
-      min_tiles_per_chunk(*amx, n_tokens));
+      min_tiles_per_chunk(*kernel, n_tokens));
   return {};
 }
 
@@ -593,15 +630,15 @@ status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const 
   }
   const tensor_view& w0 = ws[0];
   // Quantized weights all take the same kernel (formats agree, checked above).
-  const auto amx = amx_for(w0.type);
-  if (!amx) return amx.error();
+  const auto kernel = kernel_for(w0.type);
+  if (!kernel) return kernel.error();
   const size_t a_row = act_row_bytes(w0.type, w0.n_cols);
   if (scratch.bytes.size() < a_row * static_cast<size_t>(n_tokens))
     scratch.bytes.resize(a_row * static_cast<size_t>(n_tokens));
   uint8_t* a = scratch.bytes.data();
   // One activation format for all weights (checked above); the Q8_1 table also serves Q8_0.
-  const scale_table sc = make_scales(scratch, w0.type, w0.n_cols, n_tokens, *amx);
-  uint8_t* tiles = amx_tiles_for(scratch, *amx, w0.n_cols, n_tokens);
+  const scale_table sc = make_scales(scratch, w0.type, w0.n_cols, n_tokens, grouped(*kernel));
+  uint8_t* tiles = amx_tiles_for(scratch, *kernel, w0.n_cols, n_tokens);
   if (n_tokens == 1) {
     convert_rows(w0.type, x, a, 0, 1, w0.n_cols, a_row, sc);
   } else {
@@ -611,7 +648,7 @@ status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const 
     });
   }
   // Tiles of 8 rows (AMX: 16) over all weights, in one parallel region.
-  const int64_t unit = tile_unit(*amx);
+  const int64_t unit = tile_unit(*kernel);
   std::vector<int64_t> first_tile(ws.size() + 1, 0);
   for (size_t i = 0; i < ws.size(); ++i)
     first_tile[i + 1] = first_tile[i] + (ws[i].n_rows + unit - 1) / unit;
@@ -623,10 +660,10 @@ status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const 
           const int64_t hi = std::min(e, first_tile[k + 1]) - first_tile[k];
           if (hi <= lo) continue;
           rows_dispatch(ws[k], f32_acts{x, n_tokens, ws[k].n_cols}, a, a_row, sc, n_tokens, ys[k],
-                        lo * unit, std::min(ws[k].n_rows, hi * unit), *amx, tiles);
+                        lo * unit, std::min(ws[k].n_rows, hi * unit), *kernel, tiles);
         }
       },
-      min_tiles_per_chunk(*amx, n_tokens));
+      min_tiles_per_chunk(*kernel, n_tokens));
   return {};
 }
 

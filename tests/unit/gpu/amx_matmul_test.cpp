@@ -1,12 +1,14 @@
-// The AMX matmul kernel (gpu/cpu/amx_matmul.hpp): bit for bit its documented order (exact block
-// sums, then per block acc = fma(d_w * d_a, isum, acc) [+ fma(m_w, s_a, acc)]) in every batch
-// size and thread count, close to the exact product, and refused with a reason where it cannot run.
+// The AMX matmul kernel (gpu/cpu/amx_matmul.hpp), with its tiles (`amx`) and on AVX-512 VNNI alone
+// (`vnni`): bit for bit its documented order (exact block sums, then per block
+// acc = fma(d_w * d_a, isum, acc) [+ fma(m_w, s_a, acc)]) in every batch size and thread count,
+// close to the exact product, and refused with a reason where it cannot run.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -94,22 +96,28 @@ float amx_order_dot(ggml_type t, const tensor_view& w, int64_t r, const float* x
   return acc;
 }
 
-class amx_kernel : public ::testing::TestWithParam<ggml_type> {
+class amx_kernel
+    : public ::testing::TestWithParam<std::tuple<ggml_type, quant_matmul_kernel>> {
  protected:
   void SetUp() override {
-    if (!amx_available()) GTEST_SKIP() << "no AMX here: " << amx_unavailable_reason();
-    ASSERT_TRUE(set_quant_matmul_kernel(quant_matmul_kernel::amx).ok());
+    const quant_matmul_kernel k = std::get<1>(GetParam());
+    if (k == quant_matmul_kernel::amx && !amx_available())
+      GTEST_SKIP() << "no AMX here: " << amx_unavailable_reason();
+    if (k == quant_matmul_kernel::vnni && !amx_vnni_available())
+      GTEST_SKIP() << "no AVX-512 VNNI here: " << amx_vnni_unavailable_reason();
+    ASSERT_TRUE(set_quant_matmul_kernel(k).ok());
   }
+  ggml_type type() const { return std::get<0>(GetParam()); }
   void TearDown() override { (void)set_quant_matmul_kernel(quant_matmul_kernel::ggml); }
 };
 
 // 37 rows (a partial group of 16) and 885 (55 whole groups and a partial one: the parallel tiles
 // hand a call 7 groups on one thread, 4 on two, so batch-1 decode runs four, two and one packed
 // groups at once), 96 and 160 columns (odd block counts: the kernel alternates two accumulators),
-// batches around the VNNI / tile switch (16 / 17 tokens) and the 16-token tile, one and two
-// threads.
+// batches around the VNNI / tile switch (16 / 17 tokens; the vnni kernel: its 16-token chunks)
+// and the 16-token tile, one and two threads.
 TEST_P(amx_kernel, is_its_documented_order_bit_for_bit_in_every_batch) {
-  const ggml_type t = GetParam();
+  const ggml_type t = type();
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 96}, {37, 160}, {885, 160}}) {
     const auto w = make_weights(t, rows, cols, 11);
     const auto x = random_floats(static_cast<size_t>(40 * cols), 12);
@@ -146,7 +154,7 @@ TEST_P(amx_kernel, is_its_documented_order_bit_for_bit_in_every_batch) {
 }
 
 TEST_P(amx_kernel, matches_the_exact_product_as_closely_as_ggml_order) {
-  const ggml_type t = GetParam();
+  const ggml_type t = type();
   const int64_t rows = 64, cols = 256, n = 24;
   const auto w = make_weights(t, rows, cols, 21);
   const auto x = random_floats(static_cast<size_t>(n * cols), 22);
@@ -170,7 +178,7 @@ TEST_P(amx_kernel, matches_the_exact_product_as_closely_as_ggml_order) {
 }
 
 TEST_P(amx_kernel, multi_is_bit_identical_to_separate_calls) {
-  const ggml_type t = GetParam();
+  const ggml_type t = type();
   const int64_t cols = 128, n = 19;
   const auto a = make_weights(t, 48, cols, 31);
   const auto b = make_weights(t, 21, cols, 32);
@@ -191,7 +199,7 @@ TEST_P(amx_kernel, multi_is_bit_identical_to_separate_calls) {
 // A stack of matrices (MoE experts): each matrix's packed copy sits mat_bytes after the last, and
 // matrix(i) carries it along.
 TEST_P(amx_kernel, packed_expert_stacks_match_the_stored_layout) {
-  const ggml_type t = GetParam();
+  const ggml_type t = type();
   const int64_t rows = 32, cols = 64, mats = 3, n = 5;
   const auto one = make_weights(t, rows * mats, cols, 41);
   tensor_view w = one.view;
@@ -214,9 +222,14 @@ TEST_P(amx_kernel, packed_expert_stacks_match_the_stored_layout) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(types, amx_kernel,
-                         ::testing::Values(ggml_type::q4_0, ggml_type::q4_1, ggml_type::q8_0),
-                         [](const auto& info) { return std::string{type_name(info.param)}; });
+INSTANTIATE_TEST_SUITE_P(
+    types, amx_kernel,
+    ::testing::Combine(::testing::Values(ggml_type::q4_0, ggml_type::q4_1, ggml_type::q8_0),
+                       ::testing::Values(quant_matmul_kernel::amx, quant_matmul_kernel::vnni)),
+    [](const auto& info) {
+      return std::string{type_name(std::get<0>(info.param))} + "_" +
+             quant_matmul_kernel_name(std::get<1>(info.param));
+    });
 
 // The default kernel packs quantized weights in groups of 4 rows where it has the kernels for
 // them (AVX-512 VNNI builds: ops_test's packed_quant); otherwise it reads them as stored: nothing
@@ -251,29 +264,59 @@ int kernel_from_env(const char* value) {
     ::setenv("WEFT_CPU_MATMUL", value, 1);
   }
   const auto k = quant_matmul_kernel_in_use();
-  if (!k) return k.error().message().find("must be auto, ggml or amx") != std::string::npos ? 3 : 4;
+  if (!k) {
+    return k.error().message().find("must be auto, ggml, vnni or amx") != std::string::npos ? 3
+                                                                                           : 4;
+  }
+  if (*k == quant_matmul_kernel::vnni) return 5;
   return *k == quant_matmul_kernel::amx ? 2 : 1;
 }
 
-TEST(amx_kernel_choice, auto_and_unset_pick_amx_exactly_where_it_can_run) {
+bool intel_cpu() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+  char vendor[13] = {};
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  return std::string{vendor} == "GenuineIntel";
+#else
+  return false;
+#endif
+}
+
+// auto: amx where it can run, else vnni on Intel CPUs with AVX-512 VNNI, else ggml.
+TEST(amx_kernel_choice, auto_and_unset_pick_amx_then_vnni_exactly_where_they_can_run) {
   ::testing::GTEST_FLAG(death_test_style) = "threadsafe";
-  const int want = amx_available() ? 2 : 1;
+  const int want = amx_available() ? 2 : amx_vnni_available() && intel_cpu() ? 5 : 1;
   EXPECT_EXIT(std::exit(kernel_from_env(nullptr)), ::testing::ExitedWithCode(want), "");
   EXPECT_EXIT(std::exit(kernel_from_env("auto")), ::testing::ExitedWithCode(want), "");
   EXPECT_EXIT(std::exit(kernel_from_env("ggml")), ::testing::ExitedWithCode(1), "");
+  EXPECT_EXIT(std::exit(kernel_from_env("vnni")), ::testing::ExitedWithCode(amx_vnni_available() ? 5 : 4), "");
+  EXPECT_EXIT(std::exit(kernel_from_env("amx")), ::testing::ExitedWithCode(amx_available() ? 2 : 4), "");
   EXPECT_EXIT(std::exit(kernel_from_env("fast")), ::testing::ExitedWithCode(3), "");
 }
 
 TEST(amx_kernel_choice, is_refused_with_the_reason_where_it_cannot_run) {
   const status st = set_quant_matmul_kernel(quant_matmul_kernel::amx);
+  const status vst = set_quant_matmul_kernel(quant_matmul_kernel::vnni);
   (void)set_quant_matmul_kernel(quant_matmul_kernel::ggml);
   if (amx_available()) {
     EXPECT_TRUE(st.ok()) << st.message();
     EXPECT_STREQ(amx_unavailable_reason(), "");
-    return;
+  } else {
+    EXPECT_EQ(st.code(), status_code::unsupported);
+    EXPECT_NE(st.message().find(amx_unavailable_reason()), std::string::npos) << st.message();
   }
-  EXPECT_EQ(st.code(), status_code::unsupported);
-  EXPECT_NE(st.message().find(amx_unavailable_reason()), std::string::npos) << st.message();
+  if (amx_vnni_available()) {
+    EXPECT_TRUE(vst.ok()) << vst.message();
+    EXPECT_STREQ(amx_vnni_unavailable_reason(), "");
+  } else {
+    EXPECT_EQ(vst.code(), status_code::unsupported);
+    EXPECT_NE(vst.message().find(amx_vnni_unavailable_reason()), std::string::npos)
+        << vst.message();
+  }
 }
 
 }  // namespace

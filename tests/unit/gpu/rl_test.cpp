@@ -391,11 +391,19 @@ TEST(rollout_weights, quantized_q8_0_rollouts_serve_the_quantized_new_weights) {
   check_q8_0_rollout_serves_the_new_weights();
 }
 
-// The amx kernel multiplies from a packed copy of each weight (amx_matmul.hpp): set_weight must
-// rewrite it too, or the engine would keep serving the old version.
+// The amx and vnni kernels multiply from a packed copy of each weight (amx_matmul.hpp): set_weight
+// must rewrite it too, or the engine would keep serving the old version.
 TEST(rollout_weights, amx_matmuls_repack_what_set_weight_changes) {
   if (!cpu::amx_available()) GTEST_SKIP() << "no AMX here: " << cpu::amx_unavailable_reason();
   ASSERT_TRUE(cpu::set_quant_matmul_kernel(cpu::quant_matmul_kernel::amx).ok());
+  check_q8_0_rollout_serves_the_new_weights();
+  (void)cpu::set_quant_matmul_kernel(cpu::quant_matmul_kernel::ggml);
+}
+
+TEST(rollout_weights, vnni_matmuls_repack_what_set_weight_changes) {
+  if (!cpu::amx_vnni_available())
+    GTEST_SKIP() << "no AVX-512 VNNI here: " << cpu::amx_vnni_unavailable_reason();
+  ASSERT_TRUE(cpu::set_quant_matmul_kernel(cpu::quant_matmul_kernel::vnni).ok());
   check_q8_0_rollout_serves_the_new_weights();
   (void)cpu::set_quant_matmul_kernel(cpu::quant_matmul_kernel::ggml);
 }
