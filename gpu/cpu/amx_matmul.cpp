@@ -703,7 +703,8 @@ void amx_tile_acts(const amx_acts& a, ggml_type w_type, int64_t n_cols, int64_t 
 size_t amx_packed_bytes(const tensor_view& w) {
   const bool type =
       w.type == ggml_type::q4_0 || w.type == ggml_type::q4_1 || w.type == ggml_type::q8_0;
-  if (!type || !amx_vnni_available() || w.n_cols % 32 != 0 || w.n_rows < amx_rows_per_group) return 0;
+  if (!type || !amx_vnni_available() || w.n_cols % 32 != 0 || w.n_rows < amx_rows_per_group)
+    return 0;
   return w.mat_bytes * static_cast<size_t>(w.n_mats);
 }
 
@@ -757,8 +758,8 @@ WEFT_AMX_TARGET void amx_matmul_rows(const tensor_view& w, const amx_acts& a, fl
         const __m256i u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)),
                                            _mm256_set1_epi8(static_cast<char>(0x80)));
         const __m256i sad = _mm256_sad_epu8(u, _mm256_setzero_si256());
-        const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sad),
-                                        _mm256_extracti128_si256(sad, 1));
+        const __m128i h =
+            _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
         const int64_t sum = _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1) - 32 * 128;
         sums[static_cast<size_t>(t * g.nb + b)] = static_cast<int32_t>(sum);
       }

@@ -269,7 +269,8 @@ result<std::unique_ptr<device>> make_cpu_device(const device_config& config) {
   if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // Our pool splits BLAS calls itself; OpenBLAS's own threads would oversubscribe the cores.
   openblas_set_num_threads(1);
-  // WEFT_CPU_MATMUL: a bad value, or amx / vnni where it cannot run, stops the device here, by name.
+  // WEFT_CPU_MATMUL: a bad value, or amx / vnni where it cannot run, stops the device here, by
+  // name.
   const auto kernel = quant_matmul_kernel_in_use();
   if (!kernel) return kernel.error();
   spdlog::debug("cpu device: {} threads, {} kernels, {} quantized matmuls, ggml {} numerics", n,

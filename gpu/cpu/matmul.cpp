@@ -417,8 +417,7 @@ int64_t min_tiles_per_chunk(quant_matmul_kernel k, int64_t n_tokens) {
 // nullptr where the call needs none (the vnni kernel never does).
 uint8_t* amx_tiles_for(matmul_scratch& scratch, quant_matmul_kernel k, int64_t n_cols,
                        int64_t n_tokens) {
-  const size_t bytes =
-      k == quant_matmul_kernel::amx ? amx_act_tiles_bytes(n_cols, n_tokens) : 0;
+  const size_t bytes = k == quant_matmul_kernel::amx ? amx_act_tiles_bytes(n_cols, n_tokens) : 0;
   if (bytes == 0) return nullptr;
   if (scratch.amx_tiles.size() < bytes + 64) scratch.amx_tiles.resize(bytes + 64);
   uint8_t* p = scratch.amx_tiles.data();

@@ -359,6 +359,7 @@ int main(int argc, char** argv) {
                       " rev-parse --short HEAD 2>/dev/null | tr -d '\\n'");
   j["model"] = model_path;
   j["workload"] = {{"device", device_name},
+                   {"device_description", dev.value()->capabilities().name},
                    {"threads", threads},
                    {"weights_memory", weights_memory},
                    {"prompt_len", plen},

@@ -96,8 +96,7 @@ float amx_order_dot(ggml_type t, const tensor_view& w, int64_t r, const float* x
   return acc;
 }
 
-class amx_kernel
-    : public ::testing::TestWithParam<std::tuple<ggml_type, quant_matmul_kernel>> {
+class amx_kernel : public ::testing::TestWithParam<std::tuple<ggml_type, quant_matmul_kernel>> {
  protected:
   void SetUp() override {
     const quant_matmul_kernel k = std::get<1>(GetParam());
@@ -265,8 +264,7 @@ int kernel_from_env(const char* value) {
   }
   const auto k = quant_matmul_kernel_in_use();
   if (!k) {
-    return k.error().message().find("must be auto, ggml, vnni or amx") != std::string::npos ? 3
-                                                                                           : 4;
+    return k.error().message().find("must be auto, ggml, vnni or amx") != std::string::npos ? 3 : 4;
   }
   if (*k == quant_matmul_kernel::vnni) return 5;
   return *k == quant_matmul_kernel::amx ? 2 : 1;
@@ -293,8 +291,10 @@ TEST(amx_kernel_choice, auto_and_unset_pick_amx_then_vnni_exactly_where_they_can
   EXPECT_EXIT(std::exit(kernel_from_env(nullptr)), ::testing::ExitedWithCode(want), "");
   EXPECT_EXIT(std::exit(kernel_from_env("auto")), ::testing::ExitedWithCode(want), "");
   EXPECT_EXIT(std::exit(kernel_from_env("ggml")), ::testing::ExitedWithCode(1), "");
-  EXPECT_EXIT(std::exit(kernel_from_env("vnni")), ::testing::ExitedWithCode(amx_vnni_available() ? 5 : 4), "");
-  EXPECT_EXIT(std::exit(kernel_from_env("amx")), ::testing::ExitedWithCode(amx_available() ? 2 : 4), "");
+  EXPECT_EXIT(std::exit(kernel_from_env("vnni")),
+              ::testing::ExitedWithCode(amx_vnni_available() ? 5 : 4), "");
+  EXPECT_EXIT(std::exit(kernel_from_env("amx")), ::testing::ExitedWithCode(amx_available() ? 2 : 4),
+              "");
   EXPECT_EXIT(std::exit(kernel_from_env("fast")), ::testing::ExitedWithCode(3), "");
 }
 
