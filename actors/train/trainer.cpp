@@ -275,17 +275,21 @@ class rank_loop {
   status evaluate() {
     if (cfg_.run.eval_data_path.empty()) return {};
     const auto t0 = std::chrono::steady_clock::now();
-    gpu::train::sft_dataset share;
-    const auto& all = run_->eval_data.examples;
-    for (size_t i = static_cast<size_t>(cfg_.rank); i < all.size();
-         i += static_cast<size_t>(cfg_.world)) {
-      share.examples.push_back(all[i]);
+    // This rank's share, copied once per run (the eval set does not change).
+    if (!eval_share_) {
+      eval_share_.emplace();
+      const auto& all = run_->eval_data.examples;
+      for (size_t i = static_cast<size_t>(cfg_.rank); i < all.size();
+           i += static_cast<size_t>(cfg_.world)) {
+        eval_share_->examples.push_back(all[i]);
+      }
     }
+    const gpu::train::sft_dataset& share = *eval_share_;
     double sums[3] = {0.0, 0.0, static_cast<double>(share.examples.size())};
     if (!share.examples.empty()) {
       auto e = gpu::train::evaluate_loss(*run_->model, share, cfg_.run.micro_batch_tokens);
       if (e) {
-        sums[0] = e->loss * static_cast<double>(e->tokens);
+        sums[0] = e->nll_sum;
         sums[1] = static_cast<double>(e->tokens);
       } else if (e.error().code() != gpu::status_code::invalid_argument) {
         return fatal("--eval-data: " + e.error().message());
@@ -493,6 +497,7 @@ class rank_loop {
   caf::actor self_;
   caf::actor coordinator_;
   std::optional<sft_run> run_;
+  std::optional<gpu::train::sft_dataset> eval_share_;  ///< --eval-data: this rank's examples
   std::unique_ptr<transport::peer_group> peers_;
   std::unique_ptr<sft_trainer> trainer_;
   std::unique_ptr<bucket_reducer> buckets_;                ///< --bucket-mb (trainer_ points to it)

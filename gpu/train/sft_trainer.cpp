@@ -145,6 +145,7 @@ result<eval_record> evaluate_loss(trainable_model<float>& model, const sft_datas
   }
   if (auto st = run(b); !st) return st;
   if (rec.tokens == 0) return status{status_code::invalid_argument, "no token in the loss"};
+  rec.nll_sum = nll;
   rec.loss = nll / static_cast<double>(rec.tokens);
   rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rec;

@@ -65,8 +65,9 @@ class overlapped_reducer {
 /// tokens under the weights after `step` updates.
 struct eval_record {
   int64_t step = 0;
-  double loss = 0.0;   ///< mean −log p over the loss tokens (nats)
-  int64_t tokens = 0;  ///< loss tokens
+  double loss = 0.0;     ///< mean −log p over the loss tokens (nats)
+  double nll_sum = 0.0;  ///< their sum (what a group of ranks adds up before dividing)
+  int64_t tokens = 0;    ///< loss tokens
   int64_t examples = 0;
   double seconds = 0.0;
 };

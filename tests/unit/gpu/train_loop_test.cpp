@@ -430,6 +430,9 @@ TEST(evaluate_loss, is_the_training_loss_of_the_same_examples_and_changes_nothin
     for (size_t i = 1; i < ex.in_loss.size(); ++i) in_loss += ex.in_loss[i];
   }
   EXPECT_EQ(whole->tokens, in_loss);
+  // The sum a group of ranks adds up, exactly what the mean was divided from.
+  EXPECT_EQ(whole->loss, whole->nll_sum / static_cast<double>(whole->tokens));
+  EXPECT_GT(whole->nll_sum, 0.0);
   EXPECT_NEAR(alone->loss, whole->loss, 1e-6 * whole->loss);
   EXPECT_EQ(m->parameters()[0].value, before);
   // A step over every example starts from the same weights: its loss is the evaluation's.
