@@ -324,6 +324,56 @@ double exp_scaled_below(const float* x, float* y, int64_t n, float max, float sc
   return sum;
 }
 
+int64_t first_max_index(const float* x, int64_t n, float* max) {
+  // vmaxps returns its second operand when either is NaN: with the running maximum second, NaN
+  // entries leave it as it was.
+  float m = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512 m0 = _mm512_set1_ps(m), m1 = m0;
+  for (; i + 32 <= n; i += 32) {
+    m0 = _mm512_max_ps(_mm512_loadu_ps(x + i), m0);
+    m1 = _mm512_max_ps(_mm512_loadu_ps(x + i + 16), m1);
+  }
+  if (i + 16 <= n) {
+    m0 = _mm512_max_ps(_mm512_loadu_ps(x + i), m0);
+    i += 16;
+  }
+  m = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 m0 = _mm256_set1_ps(m), m1 = m0;
+  for (; i + 16 <= n; i += 16) {
+    m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+    m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
+  for (const float l : lanes) m = std::max(m, l);
+#endif
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  *max = m;
+  if (n == 0 || std::isnan(x[0])) return 0;
+  // x[0] is a number, so the running first maximum of std::max_element is the first x[i] == m.
+  i = 0;
+#if defined(__AVX512F__)
+  const __m512 vm = _mm512_set1_ps(m);
+  for (; i + 16 <= n; i += 16) {
+    const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), vm, _CMP_EQ_OQ);
+    if (eq != 0) return i + std::countr_zero(static_cast<unsigned>(eq));
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 vm = _mm256_set1_ps(m);
+  for (; i + 8 <= n; i += 8) {
+    const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vm, _CMP_EQ_OQ));
+    if (eq != 0) return i + std::countr_zero(static_cast<unsigned>(eq));
+  }
+#endif
+  for (; i < n; ++i) {
+    if (x[i] == m) return i;
+  }
+  return 0;
+}
+
 namespace {
 
 // Runs `block` (W lanes at the pointers it is given) over n elements: whole blocks in place, the

@@ -48,6 +48,11 @@ inline double exp_sum_below(const float* x, int64_t n, float max) {
   return exp_scaled_below(x, nullptr, n, max, 1.0f);
 }
 
+/// The largest non-NaN x[i] (-inf if none) and the first index holding it: std::max_element's
+/// answer (index 0 when x[0] is NaN, NaNs elsewhere ignored). Vectorised where the build has
+/// AVX-512 or AVX2 (a max pass, then a compare pass): the sampler's argmax over a 49k vocabulary.
+int64_t first_max_index(const float* x, int64_t n, float* max);
+
 /// Training's SwiGLU (gpu/train), forward: h = g·σ(g)·u with σ(g) = 1 / (1 + e^-g), e^x by
 /// exp_approx's reduction and polynomial (~1.5 ulp) on arguments clamped to [-87, 88]. Vectorised
 /// with AVX-512 or AVX2 where the build has them; every element is computed by the same

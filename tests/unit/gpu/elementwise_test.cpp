@@ -2,10 +2,12 @@
 // in double, and their vectorised bodies against the one-element code bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "gpu/cpu/elementwise.hpp"
@@ -28,6 +30,37 @@ TEST(elementwise, rms_norm_matches_reference) {
     const double inv = 1.0 / std::sqrt(ss / 80 + 1e-5);
     for (int i = 0; i < 80; ++i)
       EXPECT_NEAR(y[r * 80 + i], x[r * 80 + i] * inv * w[i], 1e-5 * (1 + std::fabs(y[r * 80 + i])));
+  }
+}
+
+TEST(elementwise, first_max_index_is_max_element_with_nans_ignored) {
+  // The reference: std::max_element's first largest (index 0 when x[0] is NaN) and the largest
+  // non-NaN value; lengths around the 8/16/32-lane blocks, ties, signed zeros, NaNs and infinities.
+  std::mt19937 rng(7);
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
+  std::vector<int64_t> lengths = {0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 49152};
+  for (int trial = 0; trial < 400; ++trial) {
+    const int64_t n = lengths[static_cast<size_t>(trial) % lengths.size()];
+    std::vector<float> x(static_cast<size_t>(n));
+    // Few distinct values, so that maxima repeat; some special entries.
+    for (auto& v : x) {
+      const auto r = rng() % 100;
+      v = r < 3    ? nan
+          : r < 5  ? -inf
+          : r < 7  ? -0.0f
+          : r == 7 ? (trial % 7 == 0 ? inf : 1.0f)
+                   : 0.0f;
+      if (r >= 8) v = static_cast<float>(static_cast<int>(rng() % 9) - 6);
+    }
+    if (trial % 5 == 0 && n > 0) x[0] = nan;
+    if (trial % 11 == 0) std::fill(x.begin(), x.end(), nan);
+    float want_max = -inf;
+    for (const float v : x) want_max = v > want_max ? v : want_max;
+    const auto want = n == 0 ? 0 : std::max_element(x.begin(), x.end()) - x.begin();
+    float got_max = 1.0f;
+    EXPECT_EQ(first_max_index(x.data(), n, &got_max), want) << "n=" << n << " trial " << trial;
+    EXPECT_EQ(got_max, want_max) << "n=" << n << " trial " << trial;
   }
 }
 
