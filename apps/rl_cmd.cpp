@@ -279,10 +279,10 @@ bool options_fit_together(const rl_options& o) {
         "cluster --agents N starts: it needs both");
     return false;
   }
-  if (o.reference_workers > 0 && (o.agents == 0 || o.kl_coef == 0.0 || o.device != "cpu")) {
+  if (o.reference_workers > 0 && (o.agents == 0 || o.kl_coef == 0.0)) {
     spdlog::error(
         "--reference-workers computes the KL reference (--kl-coef) on nodes of the cluster "
-        "--agents N starts, on their CPUs (--device cpu): it needs --agents and --kl-coef");
+        "--agents N starts: it needs --agents and --kl-coef");
     return false;
   }
   if (o.trainers > 1 && (o.agents == 0 || o.device != "cpu" || o.mode == "stream")) {

@@ -228,10 +228,12 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
                   "beta x k3(ref, policy); 0 keeps no reference model in memory")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 100.0));
-  cmd->add_option("--reference-workers", o->reference_workers,
-                  "--kl-coef with --agents: compute the KL reference on this many nodes of the "
-                  "run's cluster (supervised; a lost worker's batches go to another) instead of "
-                  "holding it in this process. Same bits as the in-process reference")
+  cmd->add_option(
+         "--reference-workers", o->reference_workers,
+         "--kl-coef with --agents: compute the KL reference on this many nodes of the "
+         "run's cluster (supervised; a lost worker's batches go to another) instead of "
+         "holding it in this process, on their node's --device. Same bits as the in-process "
+         "reference")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--router-aux-loss-coef", o->router_aux_loss_coef,
                   "Mixture of experts: weight of the router's load-balancing loss (as weft "

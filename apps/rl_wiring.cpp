@@ -167,6 +167,7 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   ao.reference.model_path = ao.trainer.model_path;
   ao.reference.threads = o.threads;
   ao.reference.temperature = cfg.temperature;
+  ao.reference.device = o.device;  // the in-process reference's device: the same bits
   return rl_agent_cluster::start(ao);
 }
 

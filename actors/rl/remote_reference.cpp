@@ -35,6 +35,7 @@ std::string reference_worker_config::to_json() const {
                         {"model_path", model_path},
                         {"threads", threads},
                         {"temperature", temperature},
+                        {"device", device},
                         {"controller_host", controller_host},
                         {"controller_port", controller_port}}
       .dump();
@@ -51,18 +52,20 @@ result<reference_worker_config> reference_worker_config::from_json(const std::st
     c.model_path = j.at("model_path").get<std::string>();
     c.threads = j.value("threads", c.threads);
     c.temperature = j.value("temperature", c.temperature);
+    c.device = j.value("device", c.device);
     c.controller_host = j.value("controller_host", c.controller_host);
     c.controller_port = j.value("controller_port", c.controller_port);
   } catch (const nlohmann::json::exception& e) {
     return make_error(errc::invalid_argument, std::string{"reference worker: "} + e.what());
   }
   if (c.worker < 0 || c.worker > 4095 || c.model_path.empty() || c.threads < 1 ||
-      c.threads > 4096 || !(c.temperature > 0.0f) || c.controller_port == 0) {
+      c.threads > 4096 || !(c.temperature > 0.0f) || c.controller_port == 0 || c.device.empty() ||
+      c.device.size() > 64) {
     return make_error(errc::invalid_argument,
                       "reference worker: worker " + std::to_string(c.worker) + ", threads " +
                           std::to_string(c.threads) + ", controller port " +
                           std::to_string(c.controller_port) +
-                          " out of range (or no model, or a temperature <= 0)");
+                          " out of range (or no model or device, or a temperature <= 0)");
   }
   return c;
 }
@@ -84,16 +87,25 @@ schema::decode_limits work_limits() {
 void worker_loop(reference_worker_config cfg, std::shared_ptr<worker_inbox> shared, caf::actor self,
                  caf::actor controller) {
   gpu::train::use_threads(cfg.threads);
+  std::unique_ptr<gpu::device> dev;  // declared first: outlives the model that uses it
   std::unique_ptr<gpu::train::trainable_model<float>> model;
   int64_t vocab = 0;
   std::string error;
-  if (auto opened = gpu::gguf_file::open(cfg.model_path); !opened) {
+  auto opened_dev = gpu::train::open_training_device(cfg.device);
+  if (!opened_dev) {
+    error = opened_dev.error().message();
+  } else if (auto opened = gpu::gguf_file::open(cfg.model_path); !opened) {
     error = cfg.model_path + ": " + opened.error().message();
   } else if (auto m = gpu::train::trainable_model<float>::load(*opened); !m) {
     error = cfg.model_path + ": " + m.error().message();
   } else {
+    dev = std::move(*opened_dev);
     model = std::move(*m);
     model->set_logit_temperature(cfg.temperature);
+    // On a device as the in-process reference is (gpu/rl/reference.cpp): weights uploaded,
+    // forward there, log-probs back.
+    if (auto st = dev ? model->use_device(dev.get()) : gpu::status{}; !st)
+      error = "--device " + cfg.device + ": " + st.message();
     for (const auto& p : std::as_const(*model).parameters()) {
       if (p.name == "token_embd.weight") vocab = p.ne[1];
     }
@@ -112,8 +124,8 @@ void worker_loop(reference_worker_config cfg, std::shared_ptr<worker_inbox> shar
     spdlog::error("reference worker {}: {}", cfg.worker, error);
     return;  // the controller ends the run with the error; nothing to restart
   }
-  spdlog::info("reference worker {}: {} loaded ({} threads)", cfg.worker, cfg.model_path,
-               cfg.threads);
+  spdlog::info("reference worker {}: {} loaded ({} threads, on {})", cfg.worker, cfg.model_path,
+               cfg.threads, dev ? cfg.device : std::string{"the host"});
   for (;;) {
     auto env = shared->next();
     if (!env) return;

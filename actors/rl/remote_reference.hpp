@@ -36,6 +36,9 @@ struct reference_worker_config {
   std::string model_path;  ///< the starting model, at this path on the worker's node
   int threads = 1;         ///< the worker's compute threads
   float temperature = 1.0f;
+  /// Where the forward runs: "cpu" (the host path), or a device by name — cpu:0, cuda, cuda:N —
+  /// the `weft rl --device` of the run, so that the workers give the in-process reference's bits.
+  std::string device = "cpu";
   std::string controller_host = "127.0.0.1";
   uint16_t controller_port = 0;
 

@@ -7,6 +7,8 @@ generated model with f16 rollout weights:
   (--no-fused-reference, several micro-batches per call spread over the workers): the rewards,
   losses, KL and final weights equal a run whose reference lives in the `weft rl` process, bit for
   bit; `weft cluster status --rl` lists both workers and their nodes;
+- with --device cpu:0 (a GPU's code path on the CPU device) the workers load the reference on the
+  run's device and equal the in-process reference on it, bit for bit;
 - the only reference node SIGKILLed mid-run, twice: the run waits for the relaunched node and its
   restarted worker, exits 0, and is still bit-identical; the metrics count the lost workers;
 - --reference-workers without --kl-coef, or without --agents, is refused.
@@ -99,6 +101,19 @@ def main():
         if rc == 0 and rc2 == 0:
             check(outcome("unfused-workers") == outcome("unfused"),
                   "--no-fused-reference: the workers give the in-process reference's bits")
+
+        # On a device (--device cpu:0: the code path of a GPU, run on the CPU device): the workers
+        # open the run's --device and give the in-process reference's bits on it.
+        dev = ["--device", "cpu:0"]
+        rc, out = run_weft(a.weft, "rl", args("device", dev), timeout=400)
+        check(rc == 0, f"--device cpu:0 in process: exits 0 (rc {rc}) {out[-300:]}")
+        rc2, out = run_weft(a.weft, "rl", args("device-workers", dev +
+                                               ["--reference-workers", "1"]), timeout=400)
+        check(rc2 == 0, f"--device cpu:0 --reference-workers 1: exits 0 (rc {rc2}) {out[-300:]}")
+        check("threads, on cpu:0)" in out, "the worker loaded the reference on cpu:0")
+        if rc == 0 and rc2 == 0:
+            check(outcome("device-workers") == outcome("device"),
+                  "--device cpu:0: the workers give the in-process reference's bits")
 
         # The only reference node SIGKILLed at steps 2 and 5: calls wait for its relaunch.
         kills = {}
