@@ -95,6 +95,7 @@ gpu::result<grpo_loop_config> make_loop_config(const rl_options& o) {
   c.top_k = o.top_k;
   c.fuse_reference = !o.no_fused_reference;
   c.async_rewards = !o.blocking_rewards;
+  c.async_reference = !o.blocking_reference;
   c.external_reference = o.reference_workers > 0;
   c.eval_prompts = o.eval_prompts;
   c.chat = o.prompt_format == "chat";
@@ -277,6 +278,12 @@ bool options_fit_together(const rl_options& o) {
     spdlog::error(
         "--tool-workers runs the tools (--tools, --tool-cmd, --tool-url) on nodes of the "
         "cluster --agents N starts: it needs both");
+    return false;
+  }
+  if (o.blocking_reference && (o.reference_workers == 0 || o.no_fused_reference)) {
+    spdlog::error(
+        "--blocking-reference makes the loop wait for each group's call to the reference "
+        "workers: it needs --reference-workers and a fused reference (not --no-fused-reference)");
     return false;
   }
   if (o.reference_workers > 0 && (o.agents == 0 || o.kl_coef == 0.0)) {

@@ -244,6 +244,10 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
   cmd->add_flag("--no-fused-reference", o->no_fused_reference,
                 "--kl-coef: compute the reference's log-probs in the training stage instead of "
                 "as each group finishes (the baseline of the fusion; docs/rl.md)");
+  cmd->add_flag("--blocking-reference", o->blocking_reference,
+                "--reference-workers: wait for each finished group's reference call in the loop "
+                "instead of making it from a thread of its own while the rollouts go on (the "
+                "baseline; same bits)");
   cmd->add_option("--is-cap", o->is_cap,
                   "--off-policy decoupled: the truncated importance weight's cap")
       ->capture_default_str()

@@ -52,6 +52,7 @@ struct rl_options {
   float top_p = 1.0f;
   int32_t top_k = 0;
   bool no_fused_reference = false;
+  bool blocking_reference = false;
   double lr = 1e-6;
   int64_t warmup_steps = 0;
   std::string lr_schedule = "constant";

@@ -41,6 +41,7 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
     train_s_ += r.train_s;
     sync_s_ += r.sync_s;
     ref_s_ += r.ref_s;
+    ref_wait_s_ += r.ref_wait_s;
     reduce_s_ += r.reduce_s;
     reward_s_ += r.reward_s;
     reward_wait_s_ += r.reward_wait_s;
@@ -54,7 +55,14 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
       r.step, total_, r.reward_mean, r.reward_std, r.completion_len, 100.0 * r.stopped_fraction,
       r.loss, r.grad_norm, 100.0 * r.clip_fraction, r.rollout_s, r.train_s, r.sync_s, sps,
       format_duration(eta));
-  if (r.kl > 0.0) spdlog::info("  KL to the reference {:.5f} per token", r.kl);
+  if (r.kl > 0.0 && r.ref_wait_s > 0.0) {
+    spdlog::info(
+        "  KL to the reference {:.5f} per token; its workers {:.2f}s, {:.2f}s of it "
+        "waited for",
+        r.kl, r.ref_s, r.ref_wait_s);
+  } else if (r.kl > 0.0) {
+    spdlog::info("  KL to the reference {:.5f} per token", r.kl);
+  }
   if (r.reward_s > 0.0) {
     spdlog::info("  rewards: {:.2f}s scoring, {:.2f}s of it waited for", r.reward_s,
                  r.reward_wait_s);
@@ -151,6 +159,7 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"train_s", r.train_s},
                       {"sync_s", r.sync_s},
                       {"ref_s", r.ref_s},
+                      {"ref_wait_s", r.ref_wait_s},
                       {"reduce_s", r.reduce_s},
                       {"reward_s", r.reward_s},
                       {"reward_wait_s", r.reward_wait_s},
@@ -280,6 +289,10 @@ std::string rl_reporter::prometheus() const {
          static_cast<double>(last_.tool_calls_resent));
   metric("weft_rl_reference_seconds_total", "counter",
          "Time spent in the KL reference's forward (--kl-coef)", ref_s_);
+  metric("weft_rl_reference_wait_seconds_total", "counter",
+         "Time the run waited for reference workers (--reference-workers) with nothing else to "
+         "do",
+         ref_wait_s_);
   if (has_eval_) {
     metric("weft_rl_eval_pass_at_1", "gauge", "Held-out greedy pass@1 at the last evaluation",
            last_eval_.pass_at_1);

@@ -42,7 +42,7 @@ class rl_reporter {
   bool has_eval_ = false;
   int64_t samples_ = 0, steps_ = 0, checkpoints_ = 0, tokens_ = 0;
   double seconds_ = 0.0, rollout_s_ = 0.0, train_s_ = 0.0, sync_s_ = 0.0, ref_s_ = 0.0;
-  double reduce_s_ = 0.0, reward_s_ = 0.0, reward_wait_s_ = 0.0;
+  double reduce_s_ = 0.0, reward_s_ = 0.0, reward_wait_s_ = 0.0, ref_wait_s_ = 0.0;
   int64_t tool_calls_ = 0;
   int64_t tool_restarts_ = 0;
   int64_t reward_restarts_ = 0;  ///< reported so far

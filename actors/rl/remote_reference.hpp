@@ -74,6 +74,7 @@ class remote_reference final : public gpu::rl::reference_policy {
   /// Blocks; called from one thread at a time.
   gpu::result<std::vector<std::vector<float>>> logprobs(
       std::span<const gpu::train::train_batch* const> batches) override;
+  bool runs_elsewhere() const override { return true; }
   /// Workers lost (died, stopped) and batches sent again since the start.
   int64_t workers_lost() const;
   int64_t batches_resent() const;

@@ -48,6 +48,14 @@ MODES = {
     # training stage (the baseline).
     "agents sync KL unfused": ["--agents", "2", "--kl-coef", "0.04", "--no-fused-reference"],
     "agents sync KL fused": ["--agents", "2", "--kl-coef", "0.04"],
+    "agents sync KL workers blocking": ["--agents", "2", "--kl-coef", "0.04",
+                                        "--reference-workers", "2", "--blocking-reference"],
+    "agents sync KL workers": ["--agents", "2", "--kl-coef", "0.04", "--reference-workers", "2"],
+    "agents async K=2 KL workers blocking": ["--agents", "2", "--mode", "async",
+                                             "--max-staleness", "2", "--kl-coef", "0.04",
+                                             "--reference-workers", "2", "--blocking-reference"],
+    "agents async K=2 KL workers": ["--agents", "2", "--mode", "async", "--max-staleness", "2",
+                                    "--kl-coef", "0.04", "--reference-workers", "2"],
     "sync KL unfused": ["--kl-coef", "0.04", "--no-fused-reference"],
     "sync KL fused": ["--kl-coef", "0.04"],
     # A data-parallel trainer group: rank 0 in the weft rl process, rank 1 on a trainer node.
@@ -104,7 +112,7 @@ def run_weft(a, extra, metrics):
             "rollouts_consolidated": steps[-1].get("rollouts_consolidated", 0) if steps else 0,
             "stage_seconds": {k: sum(r.get(k, 0.0) for r in steps)
                               for k in ["rollout_s", "train_s", "sync_s", "ref_s", "reduce_s",
-                                        "reward_s", "reward_wait_s"]}}
+                                        "reward_s", "reward_wait_s", "ref_wait_s"]}}
 
 
 def main():

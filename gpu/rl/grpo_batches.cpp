@@ -1,6 +1,6 @@
 // What the trainer's forward and backward take from a step's samples: packed batches (a group's
-// prompt once, every sample continuing it) with each token's policy inputs, and the KL
-// reference's log-probabilities of the completions (docs/rl.md, "The algorithm").
+// prompt once, every sample continuing it) with each token's policy inputs (docs/rl.md, "The
+// algorithm"). The KL reference's log-probabilities of them: grpo_reference.cpp.
 #include "gpu/rl/grpo_loop.hpp"
 
 #include <algorithm>
@@ -165,60 +165,6 @@ std::vector<std::vector<train::train_batch>> grpo_loop::pack_update(
   }
   while (!batches.empty() && batches.back().empty()) batches.pop_back();
   return batches;
-}
-
-status grpo_loop::add_reference_logprobs(std::vector<std::vector<train::train_batch>>& batches) {
-  std::vector<train::train_batch*> all;
-  for (auto& share : batches) {
-    for (auto& b : share) all.push_back(&b);
-  }
-  auto lps = ref_->logprobs(std::span<const train::train_batch* const>(all.data(), all.size()));
-  if (!lps) return lps.error();
-  for (size_t j = 0; j < all.size(); ++j) {
-    train::train_batch& b = *all[j];
-    const std::vector<float>& lp = (*lps)[j];
-    size_t k = 0;
-    for (size_t i = 0; i < b.targets.size() && i < b.policy.size(); ++i) {
-      if (b.targets[i] >= 0 && k < lp.size()) b.policy[i].ref_logp = lp[k++];
-    }
-  }
-  return {};
-}
-
-status grpo_loop::reference_logprobs_of_group(std::span<rollout_sample> group) {
-  train::train_batch b;
-  const std::vector<int32_t>& prompt = group.front().prompt;
-  const bool shared = prompt.size() > 1;
-  const int64_t prefix =
-      shared ? b.add_prefix(std::span<const int32_t>(prompt).first(prompt.size() - 1)) : -1;
-  size_t expect = 0;
-  for (const rollout_sample& x : group) {
-    if (x.completion.empty()) continue;
-    const size_t lead = shared ? 1 : prompt.size();
-    std::vector<int32_t> toks(prompt.end() - static_cast<std::ptrdiff_t>(lead), prompt.end());
-    toks.insert(toks.end(), x.completion.begin(), x.completion.end());
-    std::vector<uint8_t> in_loss(toks.size(), 0);
-    std::fill(in_loss.begin() + static_cast<std::ptrdiff_t>(lead), in_loss.end(), uint8_t{1});
-    std::vector<train::policy_token> info(toks.size());
-    b.add(toks, in_loss, info, prefix);
-    expect += x.completion.size();
-  }
-  if (expect == 0) return {};
-  const train::train_batch* one = &b;
-  auto lps = ref_->logprobs(std::span<const train::train_batch* const>(&one, 1));
-  if (!lps) return lps.error();
-  const std::vector<float>* lp = &lps->front();
-  if (lp->size() != expect) {
-    return status{status_code::internal, "reference log-probs: " + std::to_string(lp->size()) +
-                                             " for " + std::to_string(expect) + " tokens"};
-  }
-  size_t k = 0;
-  for (rollout_sample& x : group) {
-    x.ref_logp.assign(lp->begin() + static_cast<std::ptrdiff_t>(k),
-                      lp->begin() + static_cast<std::ptrdiff_t>(k + x.completion.size()));
-    k += x.completion.size();
-  }
-  return {};
 }
 
 }  // namespace weft::gpu::rl

@@ -45,6 +45,7 @@ grpo_loop::grpo_loop(std::unique_ptr<train::trainable_model<float>> model, const
 
 grpo_loop::~grpo_loop() {
   stop_rewards();
+  if (references_) references_->stop();
 }
 
 rollout_engine_params grpo_loop::engine_params(const grpo_loop_config& config) {
@@ -331,6 +332,7 @@ status grpo_loop::start_step(int64_t m) {
   if (auto st = backend_->add(std::move(requests)); !st) return st;
   p.group_finished.assign(static_cast<size_t>(config_.prompts_per_step), 0);
   p.group_rewarded.assign(static_cast<size_t>(config_.prompts_per_step), 0);
+  p.group_ref_out.assign(static_cast<size_t>(config_.prompts_per_step), 0);
   pending_.emplace(m, std::move(p));
   return {};
 }
@@ -419,15 +421,7 @@ status grpo_loop::sample_finished(int64_t step, size_t index) {
   // Inter-stage fusion (RLHFuse): the reference's forward for this group runs now, while the other
   // groups still generate (and, with async rewards, while the group is scored), not in the
   // training stage.
-  if (group_done && ref_ && config_.fuse_reference) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (auto st = reference_logprobs_of_group(std::span<rollout_sample>(p.samples).subspan(
-            g * static_cast<size_t>(config_.group_size), static_cast<size_t>(config_.group_size)));
-        !st) {
-      return st;
-    }
-    p.ref_s += seconds_since(t0);
-  }
+  if (group_done && ref_ && config_.fuse_reference) return reference_group_finished(step, g);
   return {};
 }
 
@@ -450,6 +444,7 @@ result<rl_step_record> grpo_loop::step() {
                   "kl_coef > 0 with an external reference, but set_reference() was not called"};
   }
   reward_wait_s_ = 0.0;
+  reference_wait_s_ = 0.0;
   if (config_.stream) return stream_step();
   rl_step_record rec;
   rec.step = step_ + 1;
@@ -460,6 +455,7 @@ result<rl_step_record> grpo_loop::step() {
       if (auto st = start_step(m); !st) return st;
     }
     if (auto st = collect_rewards(false); !st) return st;
+    if (auto st = collect_references(false); !st) return st;
     if (sched_.ready()) {
       // Every sample of the step has finished: wait for the rewards still out, without another
       // engine step, so that when the step trains (and the weights change under the rollouts
@@ -471,6 +467,14 @@ result<rl_step_record> grpo_loop::step() {
                         "step " + std::to_string(step_ + 1) + ": rewards missing"};
         }
         if (auto st = collect_rewards(true); !st) return st;
+      }
+      // And so for the reference's log-probs of its last groups (async reference).
+      while (!groups_referenced(pending_.at(step_), 0, config_.prompts_per_step)) {
+        if (!references_ || (references_->pending() == 0 && unreferenced_.empty())) {
+          return status{status_code::internal,
+                        "step " + std::to_string(step_ + 1) + ": reference log-probs missing"};
+        }
+        if (auto st = collect_references(true); !st) return st;
       }
       break;
     }
@@ -504,6 +508,7 @@ result<rl_step_record> grpo_loop::step() {
     p.ref_s += seconds_since(t2);
   }
   rec.ref_s = p.ref_s;
+  rec.ref_wait_s = reference_wait_s_;
   rec.reward_s = p.reward_s;
   rec.reward_wait_s = reward_wait_s_;
   if (auto st = update(batches, rec); !st) return st;
@@ -587,11 +592,12 @@ result<rl_step_record> grpo_loop::stream_step() {
     // in group order: which groups sum together never depends on timing. The rest of the step
     // generates elsewhere meanwhile.
     if (auto st = collect_rewards(false); !st) return st;
+    if (auto st = collect_references(false); !st) return st;
     auto it = pending_.find(step_);
     const int64_t chunk = std::max(1, config_.shares);
     while (it != pending_.end() && next < config_.prompts_per_step) {
       const int64_t end = std::min(next + chunk, config_.prompts_per_step);
-      if (!groups_scored(it->second, next, end)) break;
+      if (!groups_scored(it->second, next, end) || !groups_referenced(it->second, next, end)) break;
       const auto tg = std::chrono::steady_clock::now();
       if (auto st = train_groups(it->second.samples, next, end, objective, loss, kept, kept_tokens);
           !st) {
@@ -604,6 +610,10 @@ result<rl_step_record> grpo_loop::stream_step() {
     if (!rollouts_busy()) {
       if (rewards_pending()) {
         if (auto st = collect_rewards(true); !st) return st;
+        continue;
+      }
+      if (references_ && references_->pending() > 0) {
+        if (auto st = collect_references(true); !st) return st;
         continue;
       }
       return status{status_code::internal, "step " + std::to_string(step_ + 1) +
@@ -621,6 +631,8 @@ result<rl_step_record> grpo_loop::stream_step() {
   (void)score_step(p.samples, rec);  // the step's reward and length statistics
   rec.reward_s = p.reward_s;
   rec.reward_wait_s = reward_wait_s_;
+  rec.ref_s = p.ref_s;
+  rec.ref_wait_s = reference_wait_s_;
   // The groups trained with unnormalised weights: normalise as sample_token_weights would.
   double scale = 0.0;
   if (config_.grpo.aggregation == loss_aggregation::token) {

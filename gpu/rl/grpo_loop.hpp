@@ -32,11 +32,11 @@
 #include "gpu/rl/grpo.hpp"
 #include "gpu/rl/grpo_update.hpp"
 #include "gpu/rl/reference.hpp"
-#include "gpu/rl/reward_queue.hpp"
 #include "gpu/rl/rollout_backend.hpp"
 #include "gpu/rl/rollout_scheduler.hpp"
 #include "gpu/rl/tasks.hpp"
 #include "gpu/rl/tools.hpp"
+#include "gpu/rl/work_queue.hpp"
 #include "gpu/status.hpp"
 #include "gpu/tokenizer.hpp"
 #include "gpu/train/checkpoint.hpp"
@@ -69,6 +69,12 @@ struct grpo_loop_config {
   /// false: the loop waits for each group's rewards as it finishes (the baseline). The rewards,
   /// and so the run, are the same either way.
   bool async_rewards = true;
+  /// With a fused reference that runs elsewhere (reference workers, reference_policy::
+  /// runs_elsewhere): a finished group's reference call goes to a thread of the loop's own
+  /// (reference_queue) and the rollouts go on meanwhile; groups finishing while a call is out go
+  /// together in the next one (spread over the workers). A step trains once its groups' log-probs
+  /// are in. false: the loop waits for each group's call (the baseline). Same bits either way.
+  bool async_reference = true;
   /// With a KL term: the reference is set with set_reference() (e.g. on nodes of its own,
   /// `--reference-workers`) rather than loaded into this process by create().
   bool external_reference = false;
@@ -205,6 +211,9 @@ struct rl_step_record {
   /// Seconds the reward took over the step's groups (on the reward thread with async rewards),
   /// and seconds the loop waited for rewards with nothing else to do during this step() call.
   double reward_s = 0.0, reward_wait_s = 0.0;
+  /// Seconds the loop waited for a KL reference that runs elsewhere (reference workers) during
+  /// this step() call, with nothing else to do (ref_s is what the calls took).
+  double ref_wait_s = 0.0;
   /// The rollout backend's counters after the step (rollout agents; zeros in one process).
   rollout_backend_stats agents;
   /// Reward workers on other nodes (`weft rl --reward-workers`, filled by the command; zeros
@@ -280,7 +289,9 @@ class grpo_loop {
   /// step when tools are on.
   void set_tools(std::shared_ptr<tool_backend> tools) { tools_ = std::move(tools); }
   /// The KL term's reference policy (config.external_reference); set before the first step.
-  void set_reference(std::shared_ptr<reference_policy> ref) { ref_ = std::move(ref); }
+  /// With config.async_reference and a reference that runs elsewhere, its fused calls go to a
+  /// thread of the loop's own.
+  void set_reference(std::shared_ptr<reference_policy> ref);
 
   /// One GRPO step: rollouts (until every sample of the step has finished; with K > 0 the next
   /// steps' rollouts start too), rewards, advantages, update, weight sync.
@@ -378,6 +389,15 @@ class grpo_loop {
   /// The reference's log-probs of a finished group's completions (shared prompt prefix, one
   /// forward), into each sample's ref_logp.
   status reference_logprobs_of_group(std::span<rollout_sample> group);
+  /// Group g of step m finished: its reference call, now or (async) through references_.
+  status reference_group_finished(int64_t m, size_t g);
+  /// The groups finished and not yet submitted go to the reference thread if it is idle.
+  status submit_unreferenced();
+  /// Reference log-probs that are in go to their groups; with `wait`, blocks for at least one
+  /// call when some are pending (the time counts into reference_wait_s_).
+  status collect_references(bool wait);
+  /// Waits for every reference call out (before the loop calls the reference itself).
+  status drain_references();
   /// Forward/backward of the PPO-clip objective, clipping, AdamW; fills loss, norm, lr and the
   /// clip statistics into `rec`.
   status update(const std::vector<std::vector<train::train_batch>>& batches, rl_step_record& rec);
@@ -449,6 +469,7 @@ class grpo_loop {
     std::vector<rollout_sample> samples;  ///< Group after group.
     std::vector<int64_t> group_finished;  ///< Finished samples per group.
     std::vector<int64_t> group_rewarded;  ///< Samples of each group whose reward is in.
+    std::vector<uint8_t> group_ref_out;   ///< Groups whose reference call is out (async).
     int64_t cursor = 0;                   ///< Prompt cursor before its prompts were drawn.
     double ref_s = 0.0;                   ///< Reference forwards of its finished groups.
     double reward_s = 0.0;                ///< Its groups' reward calls.
@@ -456,6 +477,8 @@ class grpo_loop {
   std::map<int64_t, pending_step> pending_;
   /// Whether every sample of groups [begin, end) of `p` has its reward.
   bool groups_scored(const pending_step& p, int64_t begin, int64_t end) const;
+  /// Whether groups [begin, end) of `p` have no reference call out.
+  bool groups_referenced(const pending_step& p, int64_t begin, int64_t end) const;
   struct slot {
     int64_t step = 0;
     size_t index = 0;
@@ -494,8 +517,15 @@ class grpo_loop {
   reward_unit reward_unit_ = reward_unit::group;
   uint64_t next_ticket_ = 1;
   double reward_wait_s_ = 0.0;  ///< Waited for rewards during the step() call in progress.
-  /// Async rewards' thread; declared last, so it stops before anything its jobs use goes.
+  /// Async reference: the groups (step, group) of each call out, and those finished and not yet
+  /// submitted.
+  std::unordered_map<uint64_t, std::vector<std::pair<int64_t, size_t>>> referencing_;
+  std::vector<std::pair<int64_t, size_t>> unreferenced_;
+  double reference_wait_s_ = 0.0;  ///< Waited for the reference during the step() call.
+  /// Async rewards' and references' threads; declared last, so they stop before anything their
+  /// jobs use goes.
   std::unique_ptr<reward_queue> rewards_;
+  std::unique_ptr<reference_queue> references_;
 };
 
 }  // namespace weft::gpu::rl

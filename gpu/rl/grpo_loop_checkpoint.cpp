@@ -59,6 +59,9 @@ status grpo_loop::restore(const train::checkpoint_state& s) {
   while (rewards_ && rewards_->pending() > 0) (void)rewards_->ready(true);
   scoring_.clear();
   unscored_.clear();
+  while (references_ && references_->pending() > 0) (void)references_->ready(true);
+  referencing_.clear();
+  unreferenced_.clear();
   slots_.clear();
   pending_.clear();
   prompts_.set_cursor(s.cursor.index);

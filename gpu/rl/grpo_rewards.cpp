@@ -109,14 +109,14 @@ status grpo_loop::collect_rewards(bool wait, uint64_t want,
   if (wait) reward_wait_s_ += seconds_since(t0);
   for (auto& d : done) {
     if (wanted && d.ticket == want) {
-      *wanted = std::move(d.rewards);
+      *wanted = std::move(d.value);
       continue;
     }
     auto it = scoring_.find(d.ticket);
     if (it == scoring_.end()) continue;  // a batch of a dropped step
     const std::vector<sample_ref> refs = std::move(it->second);
     scoring_.erase(it);
-    if (auto st = apply_rewards(refs, d.rewards, d.seconds); !st) return st;
+    if (auto st = apply_rewards(refs, d.value, d.seconds); !st) return st;
   }
   // A reward thread may be idle now: what finished meanwhile goes to it.
   return submit_unscored();

@@ -23,6 +23,10 @@ class reference_policy {
   /// reference routes every token itself. An implementation may compute the batches in parallel.
   virtual result<std::vector<std::vector<float>>> logprobs(
       std::span<const train::train_batch* const> batches) = 0;
+  /// Whether its calls compute on other hardware (reference workers): the RL loop then makes
+  /// its fused calls from a thread of its own and goes on generating meanwhile. An in-process
+  /// reference computes on the loop's own cores, so it is called in the loop.
+  virtual bool runs_elsewhere() const { return false; }
 };
 
 /// The reference in this process: `source`'s weights loaded a second time, on `dev` when not

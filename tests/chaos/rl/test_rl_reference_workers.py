@@ -3,7 +3,9 @@
 run's cluster, as supervised reference workers (docs/rl.md, "KL to the reference"), on a tiny
 generated model with f16 rollout weights:
 
-- fused into generation (one batch per finished group) with 2 workers, and in the training stage
+- fused into generation (the finished groups' calls made from a thread of the loop while the
+  rollouts go on, several groups a call when they finish together; `--blocking-reference`: one
+  group a call, waited for) with 2 workers, and in the training stage
   (--no-fused-reference, several micro-batches per call spread over the workers): the rewards,
   losses, KL and final weights equal a run whose reference lives in the `weft rl` process, bit for
   bit; `weft cluster status --rl` lists both workers and their nodes;
@@ -89,6 +91,19 @@ def main():
                   "the status table has a KL REFERENCE section")
         else:
             check(False, f"weft cluster status --rl answered ({st.stderr[-300:] if st else None})")
+
+        # The blocking baseline: the loop waits for each group's call; the same bits.
+        rc, out = run_weft(a.weft, "rl", args("blocking", ["--reference-workers", "2",
+                                                           "--blocking-reference"]), timeout=400)
+        check(rc == 0, f"--blocking-reference: exits 0 (rc {rc}) {out[-300:]}")
+        if rc == 0:
+            check(outcome("blocking") == want, "--blocking-reference: the same bits")
+            rows = [r for r in read_jsonl(os.path.join(tmp, "blocking.jsonl")) if r["kind"] == "step"]
+            check(all(r["ref_wait_s"] >= 0.99 * r["ref_s"] > 0 for r in rows),
+                  "--blocking-reference: every step waited for all of its reference calls")
+        rc, out = run_weft(a.weft, "rl", args("nobr", ["--blocking-reference"]), timeout=60)
+        check(rc == 2 and "--blocking-reference" in out,
+              f"--blocking-reference without --reference-workers is refused: {out[-200:]}")
 
         # In the training stage: the update's micro-batches, several per call, over two workers.
         extra = ["--no-fused-reference", "--micro-batch-tokens", "128"]

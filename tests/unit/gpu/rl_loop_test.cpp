@@ -7,11 +7,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -438,6 +441,90 @@ TEST(grpo_loop, the_fused_reference_forward_repeats_and_equals_the_unfused_one_t
     }
   }
   expect_same_weights(*fused, *again);
+}
+
+/// The in-process reference as reference workers look to the loop: it runs elsewhere, takes its
+/// time, and records the threads it was called from and the batches of each call.
+class elsewhere_reference final : public reference_policy {
+ public:
+  explicit elsewhere_reference(std::unique_ptr<reference_policy> inner)
+      : inner_(std::move(inner)) {}
+  result<std::vector<std::vector<float>>> logprobs(
+      std::span<const train::train_batch* const> batches) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(4));
+    threads.push_back(std::this_thread::get_id());
+    sizes.push_back(batches.size());
+    return inner_->logprobs(batches);
+  }
+  bool runs_elsewhere() const override { return true; }
+  std::vector<std::thread::id> threads;  // one call at a time: no lock needed
+  std::vector<size_t> sizes;
+
+ private:
+  std::unique_ptr<reference_policy> inner_;
+};
+
+// A fused reference that runs elsewhere is called from the loop's reference thread while the
+// rollouts go on (config.async_reference): the same bits as the reference in the loop, in sync,
+// async and stream mode; the blocking baseline calls it from the loop and waits for all of it.
+TEST(grpo_loop, an_async_reference_elsewhere_trains_the_bits_of_the_one_in_the_loop) {
+  const auto file = tiny_file();
+  digits_task task;
+  struct mode {
+    const char* name;
+    int64_t staleness;
+    bool stream;
+  };
+  for (const mode& md :
+       {mode{"sync", 0, false}, mode{"async K=2", 2, false}, mode{"stream", 0, true}}) {
+    SCOPED_TRACE(md.name);
+    auto cfg = loop_cfg();
+    cfg.grpo.kl_coef = 0.5;
+    cfg.max_staleness = md.staleness;
+    cfg.stream = md.stream;
+    cfg.total_steps = 3;
+    auto own = make_loop(file, task, cfg);
+    cfg.external_reference = true;
+    auto async = make_loop(file, task, cfg);
+    cfg.async_reference = false;
+    auto blocking = make_loop(file, task, cfg);
+    auto a_ref = std::make_shared<elsewhere_reference>(
+        std::move(*load_local_reference(file, cfg.temperature, nullptr)));
+    auto b_ref = std::make_shared<elsewhere_reference>(
+        std::move(*load_local_reference(file, cfg.temperature, nullptr)));
+    async->set_reference(a_ref);
+    blocking->set_reference(b_ref);
+    for (int s = 0; s < 3; ++s) {
+      auto x = own->step();
+      auto a = async->step();
+      auto b = blocking->step();
+      ASSERT_TRUE(x.ok() && a.ok() && b.ok()) << (!x.ok()   ? x.error().message()
+                                                  : !a.ok() ? a.error().message()
+                                                            : b.error().message());
+      EXPECT_EQ(a->loss, x->loss) << "step " << s + 1;
+      EXPECT_EQ(a->kl, x->kl) << "step " << s + 1;
+      EXPECT_EQ(b->loss, x->loss) << "step " << s + 1;
+      EXPECT_EQ(b->kl, x->kl) << "step " << s + 1;
+      if (s > 0) {
+        EXPECT_GT(x->kl, 0.0) << "the policy moved: the test compares real KL terms";
+      }
+      EXPECT_GT(a->ref_s, 0.0);
+      EXPECT_EQ(x->ref_wait_s, 0.0);  // the in-process reference is compute, not a wait
+      if (md.staleness == 0) {        // blocking: all of a step's calls waited for, in its step()
+        EXPECT_GE(b->ref_wait_s, b->ref_s * 0.99);
+      }
+    }
+    expect_same_weights(*own, *async);
+    expect_same_weights(*own, *blocking);
+    const auto caller = std::this_thread::get_id();
+    ASSERT_FALSE(a_ref->threads.empty());
+    for (const auto& t : a_ref->threads) EXPECT_NE(t, caller);
+    for (const auto& t : b_ref->threads) EXPECT_EQ(t, caller);
+    // Blocking: a group a call. Async: every group of the 3 steps (6 prompts each) in some call.
+    for (size_t n : b_ref->sizes) EXPECT_EQ(n, 1u);
+    EXPECT_EQ(std::accumulate(a_ref->sizes.begin(), a_ref->sizes.end(), size_t{0}),
+              std::accumulate(b_ref->sizes.begin(), b_ref->sizes.end(), size_t{0}));
+  }
 }
 
 TEST(grpo_loop, several_updates_per_step_move_the_ratio_within_the_clip_range) {

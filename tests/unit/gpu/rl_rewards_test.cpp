@@ -1,4 +1,4 @@
-// External rewards scored on a thread of their own (gpu/rl/reward_queue.hpp, docs/rl.md "Rewards
+// External rewards scored on a thread of their own (gpu/rl/work_queue.hpp, docs/rl.md "Rewards
 // from your own program"): the queue runs its jobs in order off the caller's thread (or several at
 // once on several threads), returns their errors and stops cleanly; a pool of reward processes
 // scores batches at once on copies of the program, or one batch split over them; the GRPO loop
@@ -24,7 +24,7 @@
 
 #include "gpu/rl/grpo_loop.hpp"
 #include "gpu/rl/reward_process.hpp"
-#include "gpu/rl/reward_queue.hpp"
+#include "gpu/rl/work_queue.hpp"
 #include "gpu/train/trainable_model.hpp"
 #include "tests/unit/gpu/rl_test_support.hpp"
 
@@ -56,8 +56,8 @@ TEST(reward_queue, runs_its_jobs_in_order_on_a_thread_of_its_own) {
   std::vector<uint64_t> tickets;
   while (q.pending() > 0) {
     for (auto& s : q.ready(true)) {
-      ASSERT_TRUE(s.rewards.ok());
-      EXPECT_EQ((*s.rewards)[0], static_cast<double>(s.ticket - 10));
+      ASSERT_TRUE(s.value.ok());
+      EXPECT_EQ((*s.value)[0], static_cast<double>(s.ticket - 10));
       EXPECT_GE(s.seconds, 0.0);
       tickets.push_back(s.ticket);
     }
@@ -74,8 +74,8 @@ TEST(reward_queue, gives_back_a_jobs_error_and_stops_after_the_running_job) {
                }).ok());
   auto first = q.ready(true);
   ASSERT_EQ(first.size(), 1u);
-  ASSERT_FALSE(first[0].rewards.ok());
-  EXPECT_EQ(first[0].rewards.error().message(), "garbage from sample 3");
+  ASSERT_FALSE(first[0].value.ok());
+  EXPECT_EQ(first[0].value.error().message(), "garbage from sample 3");
 
   std::atomic<int> ran{0};
   std::atomic<bool> started{false};
@@ -124,8 +124,8 @@ TEST(reward_queue, scores_as_many_batches_at_once_as_it_has_workers) {
   std::vector<uint64_t> tickets;
   while (q.pending() > 0) {
     for (auto& s : q.ready(true)) {
-      ASSERT_TRUE(s.rewards.ok()) << s.rewards.error().message();
-      EXPECT_EQ((*s.rewards)[0], static_cast<double>(s.ticket));
+      ASSERT_TRUE(s.value.ok()) << s.value.error().message();
+      EXPECT_EQ((*s.value)[0], static_cast<double>(s.ticket));
       tickets.push_back(s.ticket);
     }
   }

@@ -1,4 +1,4 @@
-#include "gpu/rl/reward_queue.hpp"
+#include "gpu/rl/work_queue.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -6,20 +6,23 @@
 
 namespace weft::gpu::rl {
 
-reward_queue::reward_queue(int workers) {
+template <class T>
+work_queue<T>::work_queue(int workers) {
   workers_.reserve(static_cast<size_t>(std::max(1, workers)));
   for (int i = 0; i < std::max(1, workers); ++i) workers_.emplace_back([this] { run(); });
 }
 
-reward_queue::~reward_queue() {
+template <class T>
+work_queue<T>::~work_queue() {
   stop();
   for (auto& w : workers_) w.join();
 }
 
-status reward_queue::submit(uint64_t ticket, job j) {
+template <class T>
+status work_queue<T>::submit(uint64_t ticket, job j) {
   {
     std::lock_guard lock(mu_);
-    if (stopping_) return {status_code::internal, "the reward queue is stopped"};
+    if (stopping_) return {status_code::internal, "the work queue is stopped"};
     queue_.emplace_back(ticket, std::move(j));
   }
   ++pending_;
@@ -27,10 +30,11 @@ status reward_queue::submit(uint64_t ticket, job j) {
   return {};
 }
 
-std::vector<reward_queue::scored> reward_queue::ready(bool wait) {
+template <class T>
+std::vector<typename work_queue<T>::done_job> work_queue<T>::ready(bool wait) {
   std::unique_lock lock(mu_);
   if (wait && pending_ > 0) done_cv_.wait(lock, [this] { return !done_.empty() || stopping_; });
-  std::vector<scored> out;
+  std::vector<done_job> out;
   out.reserve(done_.size());
   for (auto& s : done_) out.push_back(std::move(s));
   done_.clear();
@@ -38,7 +42,8 @@ std::vector<reward_queue::scored> reward_queue::ready(bool wait) {
   return out;
 }
 
-void reward_queue::stop() {
+template <class T>
+void work_queue<T>::stop() {
   std::unique_lock lock(mu_);
   stopping_ = true;
   pending_ -= static_cast<int64_t>(queue_.size());
@@ -47,7 +52,8 @@ void reward_queue::stop() {
   done_cv_.wait(lock, [this] { return busy_ == 0; });
 }
 
-void reward_queue::run() {
+template <class T>
+void work_queue<T>::run() {
   std::unique_lock lock(mu_);
   for (;;) {
     work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
@@ -57,15 +63,18 @@ void reward_queue::run() {
     ++busy_;
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
-    auto rewards = j();
+    auto value = j();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     j = nullptr;  // what the job holds is released on this thread, before it counts as done
     lock.lock();
     --busy_;
-    done_.push_back(scored{ticket, std::move(rewards), seconds});
+    done_.push_back(done_job{ticket, std::move(value), seconds});
     done_cv_.notify_all();
   }
 }
+
+template class work_queue<std::vector<double>>;
+template class work_queue<std::vector<std::vector<float>>>;
 
 }  // namespace weft::gpu::rl
