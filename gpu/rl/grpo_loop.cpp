@@ -83,11 +83,10 @@ result<std::unique_ptr<grpo_loop>> grpo_loop::create(
                   "the decoupled correction takes one update per batch (its proximal policy is "
                   "the trainer's current one); use ppo-clip with several updates per step"};
   }
-  if (config.stream &&
-      (config.max_staleness != 0 || config.updates_per_step != 1 || config.train_device != "cpu")) {
+  if (config.stream && (config.max_staleness != 0 || config.updates_per_step != 1)) {
     return status{status_code::invalid_argument,
                   "stream mode trains each group once as it finishes: it needs one update per "
-                  "step, no staleness bound (it is on-policy) and the trainer on the host"};
+                  "step and no staleness bound (it is on-policy)"};
   }
   if (!(config.temperature > 0.0f && config.temperature <= 10.0f) ||
       !(config.top_p > 0.0f && config.top_p <= 1.0f) || config.top_k < 0) {
@@ -700,19 +699,28 @@ status grpo_loop::train_groups(const std::vector<rollout_sample>& samples, int64
 }
 
 status grpo_loop::apply_update(double scale, rl_step_record& rec) {
+  const double lr = config_.schedule.at(step_);
+  rec.lr = lr;
+  if (model_->device_resident()) {
+    // The groups' gradients summed on the device: the update runs there (the same order and
+    // formulas as the host's below).
+    auto norm = model_->device_step(opt_, decay_, static_cast<float>(scale), config_.max_grad_norm,
+                                    lr, step_ + 1);
+    if (!norm) return norm.error();
+    rec.grad_norm = *norm;
+    return {};
+  }
   std::vector<std::span<const float>> grads;
   std::vector<std::span<float>> values;
   for (auto& p : model_->parameters()) {
     grads.emplace_back(p.grad);
     values.emplace_back(p.value);
   }
-  const double lr = config_.schedule.at(step_);
   // The scale is applied as the update reads the gradients (scale_clip_and_update).
   auto norm = train::scale_clip_and_update(opt_, values, grads, decay_, static_cast<float>(scale),
                                            config_.max_grad_norm, lr, step_ + 1);
   if (!norm) return norm.error();
   rec.grad_norm = *norm;
-  rec.lr = lr;
   return {};
 }
 

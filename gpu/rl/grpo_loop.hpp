@@ -107,8 +107,9 @@ struct grpo_loop_config {
   int64_t updates_per_step = 1;
   /// `--mode stream` (StreamRL): a step's groups train (forward and backward, gradients summed)
   /// as soon as they are scored, in group order, while later groups still generate; the optimizer
-  /// step follows the last group. Needs rollouts outside this thread (rollout agents), a host
-  /// trainer, one update per step and K = 0.
+  /// step follows the last group (on a device-resident trainer the gradients sum on the device
+  /// and the update runs there). Needs rollouts outside this thread (rollout agents), one update
+  /// per step and K = 0.
   bool stream = false;
   /// Agentic rollouts (docs/rl.md, "Agentic rollouts"): the tools a sample may call between
   /// turns ("calc", "lookup"; empty: none). A turn that ends with a call waits for the tool (the

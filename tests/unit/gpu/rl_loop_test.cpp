@@ -199,6 +199,34 @@ TEST(grpo_loop, named_devices_run_the_trainer_the_kl_reference_and_the_rollout_e
   }
 }
 
+TEST(grpo_loop, stream_mode_on_a_device_trains_the_host_streams_bits) {
+  // --mode stream with the trainer device-resident (the CPU *device*, a GPU's code path): each
+  // chunk's gradients add up on the device, the update runs there (device_step), and the run
+  // equals the host trainer's stream run bit for bit, with the KL reference on the device too.
+  const auto file = tiny_file();
+  digits_task task;
+  auto cfg = loop_cfg();
+  cfg.shares = 1;
+  cfg.stream = true;
+  cfg.grpo.kl_coef = 0.05;
+  auto host = make_loop(file, task, cfg);
+  cfg.train_device = "cpu:0";
+  auto on_dev = make_loop(file, task, cfg);
+  ASSERT_TRUE(on_dev->model().device_resident());
+  const auto steps = step_both(*host, *on_dev, 3);
+  ASSERT_EQ(steps.size(), 3u);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const auto& [a, b] = steps[s];
+    EXPECT_EQ(a.reward_mean, b.reward_mean) << "step " << s + 1;
+    EXPECT_EQ(a.loss, b.loss) << "step " << s + 1;
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s + 1;
+    EXPECT_GT(b.grad_norm, 0.0);
+    EXPECT_EQ(a.kl, b.kl) << "step " << s + 1;
+  }
+  ASSERT_TRUE(on_dev->model().pull_to_host(nullptr).ok());
+  expect_same_weights(*host, *on_dev);
+}
+
 /// Every completion scores 0: every group has zero variance, no sample enters the loss.
 class zero_task final : public rl_task {
  public:
