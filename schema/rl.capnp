@@ -15,6 +15,7 @@ struct RolloutAgentHello {
   version @2 :Int64;
   pid @3 :UInt32;
   incarnation @4 :UInt64;  # random per start: tells a restarted agent from its predecessor
+  error @5 :Text;          # non-empty: the agent could not start (its model, device or engine)
 }
 
 # One rollout: a prompt (followed by `replay` tokens generated elsewhere, when it moves from a lost

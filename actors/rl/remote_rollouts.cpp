@@ -113,7 +113,8 @@ struct remote_rollouts::impl {
   gpu::rl::rollout_backend_stats st;
   clock_type::time_point no_agent_since = clock_type::now();
   clock_type::time_point offered_at{};
-  std::string failure;  ///< set by handlers: poll() reports it
+  std::string failure;   ///< set by handlers: poll() reports it
+  bool started = false;  ///< wait_ready() saw every agent ready
 
   int slot_of(const caf::actor_addr& a) const {
     for (size_t i = 0; i < agents.size(); ++i) {
@@ -163,6 +164,17 @@ struct remote_rollouts::impl {
     const uint32_t idx = h->get().getAgent();
     if (idx >= agents.size()) {
       spdlog::warn("rl controller: hello of agent {} in a run of {}", idx, agents.size());
+      return;
+    }
+    if (const auto error = h->get().getError(); error.size() != 0) {
+      // An agent that could not load: before the run started that ends it (the same model and
+      // device on a restart give the same error); later its supervisor restarts it.
+      const std::string why = std::string(error.cStr(), error.size());
+      if (!started) {
+        failure = "rollout agent " + std::to_string(idx) + ": " + why;
+      } else {
+        spdlog::error("rollout agent {} could not restart: {}", idx, why);
+      }
       return;
     }
     if (agents[idx].alive) lose(static_cast<int>(idx), "replaced by a new incarnation");
@@ -645,7 +657,10 @@ status remote_rollouts::wait_ready(uint32_t timeout_ms) {
   for (;;) {
     d_->drain();
     if (!d_->failure.empty()) return make_error(errc::internal, d_->failure);
-    if (static_cast<int>(d_->ready_agents().size()) == d_->cfg.agents) return {};
+    if (static_cast<int>(d_->ready_agents().size()) == d_->cfg.agents) {
+      d_->started = true;
+      return {};
+    }
     if (clock_type::now() > deadline) {
       return make_error(errc::timeout, std::to_string(d_->ready_agents().size()) + " of " +
                                            std::to_string(d_->cfg.agents) +

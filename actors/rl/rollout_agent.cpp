@@ -151,7 +151,10 @@ class agent_loop {
     p.priority = cfg_.priority;
     p.record_routes = cfg_.record_routes;
     auto dev = gpu::device_registry::instance().open(p.device, p.threads);
-    if (!dev) return make_error(errc::invalid_argument, dev.error().message());
+    if (!dev) {
+      return make_error(errc::invalid_argument,
+                        "rollout device " + p.device + ": " + dev.error().message());
+    }
     dev_ = std::move(*dev);
     auto m = gpu::rl::load_rollout_model(*file, **weights, p, *dev_);
     if (!m) return make_error(errc::invalid_argument, m.error().message());
@@ -170,7 +173,18 @@ class agent_loop {
   }
 
   status serve() {
-    if (auto st = load(); !st.ok()) return st;
+    if (auto st = load(); !st.ok()) {
+      // Said to the controller first: a run that cannot start its agents ends with the reason
+      // instead of waiting while the supervisor restarts them into the same error.
+      caf::send_as(
+          self_, controller_, r_hello_atom::value,
+          envelope::build<wire::RolloutAgentHello>([&](wire::RolloutAgentHello::Builder b) {
+            b.setAgent(static_cast<uint32_t>(cfg_.agent));
+            b.setPid(static_cast<uint32_t>(::getpid()));
+            b.setError(st.message);
+          }));
+      return st;
+    }
     auto address = transport_->local_address();
     if (!address) return make_error(errc::unavailable, "transport: " + address.error().message);
     std::random_device rd;

@@ -12,6 +12,7 @@ bits whatever else is in the batch, so a moved rollout continues bit for bit):
 - --mode stream with agents: repeatable bit for bit, unchanged by a killed agent, and its first
   update equals sync's up to rounding;
 - --mode async --max-staleness 2 with agents: the staleness bound holds for every step;
+- an agent that cannot start (a device its node does not have) ends the run at once, naming it;
 - options of the agents without --agents are refused.
 
 Usage: test_rl_agents.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
@@ -149,6 +150,14 @@ def main():
             check(len(rows) == STEPS and all(r["samples"] == SAMPLES for r in rows) and
                   all(r["staleness_max"] <= 2 for r in rows),
                   "async with agents: every step trained its samples within the staleness bound")
+
+        # Agents that cannot start (a device no node has) end the run at once with the reason,
+        # not after the supervisor's restarts and the start timeout.
+        rc, out = run_weft(a.weft, "rl", ["--model", model, "--agents", "1",
+                                          "--rollout-device", "cuda:99", "--steps", "1"],
+                           timeout=60)
+        check(rc == 1 and "rollout agent 0:" in out and "cuda:99" in out.split("rollout agent 0:")[-1],
+              f"an agent that cannot open its device ends the run with its error: {out[-400:]}")
 
         rc, out = run_weft(a.weft, "rl", ["--model", model, "--data", data, "--dispatch",
                                           "round-robin", "--steps", "1"], timeout=60)
