@@ -14,6 +14,9 @@ Reports samples/s over the training steps (model loading excluded), the rollout 
 per sample and mean reward, with the ratio of per-sample to batch turns; the samples are the same
 in both (the turns' order changes when tokens are computed, not which).
 
+`--compare modes` runs `--mode async --max-staleness 2` against `--mode sync` (both with per-sample
+turns): the next steps' samples generate while a step's last trajectories wait for their tools.
+
 `--compare priority` instead runs weft's per-sample turns with each rollout engine capped at
 `--max-running` sequences a pass (requests beyond it queue, as on a GPU short of KV), first come
 first served against `--trajectory-priority` (Heddle's trajectory-level scheduling: the
@@ -54,9 +57,10 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--compare", default="turns", choices=["turns", "priority"],
+    ap.add_argument("--compare", default="turns", choices=["turns", "priority", "modes"],
                     help="turns: per-sample vs batch turns; priority: --trajectory-priority vs "
-                         "first come, first served under --max-running")
+                         "first come, first served under --max-running; modes: --mode async "
+                         "--max-staleness 2 vs --mode sync (per-sample turns)")
     ap.add_argument("--words", type=int, default=3,
                     help="lookup: up to this many words per problem (a call each, then calc)")
     ap.add_argument("--max-running", type=int, default=8,
@@ -65,6 +69,11 @@ def main():
     if a.compare == "turns":
         variants = {"sample": ["--tool-turns", "sample"], "batch": ["--tool-turns", "batch"]}
         name, baseline = "rl-tools", "--tool-turns batch"
+    elif a.compare == "modes":
+        variants = {"async K=2": ["--tool-turns", "sample", "--mode", "async",
+                                  "--max-staleness", "2"],
+                    "sync": ["--tool-turns", "sample", "--mode", "sync"]}
+        name, baseline = "rl-tools-modes", "--mode sync"
     else:
         cap = ["--tool-turns", "sample", "--rollout-max-running", str(a.max_running)]
         variants = {"priority": cap + ["--trajectory-priority"], "fcfs": cap}
@@ -118,7 +127,10 @@ def main():
         med = {t: statistics.median(x["samples_per_s"] for x in rs) for t, rs in by.items()}
         summary[lat] = {"samples_per_s": med, f"ratio_{first}_to_{second}": med[first] / med[second],
                         "calls_per_sample": by[first][0]["tool_calls"] / samples,
-                        "mean_reward": statistics.mean(by[first][0]["rewards"])}
+                        "mean_reward": statistics.mean(by[first][0]["rewards"]),
+                        "mean_reward_by_variant": {
+                            t: statistics.mean(statistics.mean(x["rewards"]) for x in rs)
+                            for t, rs in by.items()}}
         print(f"{lat:>4s} ms mean latency ({a.dist}): {first} {med[first]:.2f} samples/s, "
               f"{second} {med[second]:.2f} = {med[first] / med[second]:.2f}x")
     out = {"benchmark": "rl_tools", "date": datetime.date.today().isoformat(),
@@ -151,6 +163,8 @@ def main():
         ax.set_ylabel("samples / s (median of runs)")
         ax.set_title("Agentic GRPO rollouts: per-sample vs batch-synchronous turns"
                      if a.compare == "turns" else
+                     "Agentic GRPO: --mode async --max-staleness 2 vs sync"
+                     if a.compare == "modes" else
                      f"Agentic GRPO rollouts, {a.max_running} sequences a pass: "
                      "trajectory priority vs FCFS")
         ax.legend()
