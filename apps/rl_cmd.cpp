@@ -292,10 +292,10 @@ bool options_fit_together(const rl_options& o) {
         "--agents N starts: it needs --agents and --kl-coef");
     return false;
   }
-  if (o.trainers > 1 && (o.agents == 0 || o.device != "cpu" || o.mode == "stream")) {
+  if (o.trainers > 1 && (o.agents == 0 || o.mode == "stream")) {
     spdlog::error(
         "--trainers K runs ranks 1..K-1 on nodes of the cluster --agents N starts; the group "
-        "trains on the host (--device cpu), a whole step at a time (not --mode stream)");
+        "trains a whole step at a time (not --mode stream)");
     return false;
   }
   if ((!o.tools.empty() || !o.tool_cmds.empty() || !o.tool_urls.empty()) &&
@@ -620,6 +620,17 @@ void add_rl_command(CLI::App& app, const global_options&) {
           "--tool-concurrency sets the calls in flight at each --tool-url endpoint: give "
           "--tool-url too");
       std::exit(2);
+    }
+    if (o->trainers > 1 && o->device != "cpu") {
+      // Device gradients reach host memory when the backward returns: the sum follows it.
+      if (cmd->get_option("--bucket-mb")->count() > 0 && o->bucket_mb > 0.0) {
+        spdlog::error(
+            "--bucket-mb overlaps the gradient sum with the backward on the host; with --device "
+            "the ranks' gradients reach host memory when the backward returns and are summed "
+            "then (give --bucket-mb 0, or leave it out)");
+        std::exit(2);
+      }
+      o->bucket_mb = 0.0;
     }
     if (o->trainers == 1) {
       for (const char* opt : {"--bucket-mb", "--allreduce-timeout-s"}) {

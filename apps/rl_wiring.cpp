@@ -159,6 +159,7 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   ao.trainer.threads = o.threads;
   ao.trainer.shares = cfg.shares;
   ao.trainer.temperature = cfg.temperature;
+  ao.trainer.device = o.device;
   ao.trainer.grpo = cfg.grpo;
   ao.trainer.adamw = cfg.adamw;
   ao.reference_workers = o.reference_workers;

@@ -47,6 +47,10 @@ struct rl_trainer_config {
   uint32_t allreduce_timeout_ms = 120'000;
   /// The all-reduce in buckets of about this many MiB during the backward (0: after it).
   double bucket_mb = 25.0;
+  /// Where the rank's forward and backward run: "cpu" (the host), or a device by name (cuda,
+  /// cuda:N, cpu:0) — the gradients added into host memory, where the group sums them and
+  /// AdamW runs (the ZeRO-Offload split); with a device the sum follows the backward (bucket_mb 0).
+  std::string device = "cpu";
   std::string controller_host = "127.0.0.1";
   uint16_t controller_port = 0;
 

@@ -61,6 +61,7 @@ std::string rl_trainer_config::to_json() const {
                         {"weight_decay", adamw.weight_decay},
                         {"allreduce_timeout_ms", allreduce_timeout_ms},
                         {"bucket_mb", bucket_mb},
+                        {"device", device},
                         {"controller_host", controller_host},
                         {"controller_port", controller_port}}
       .dump();
@@ -92,6 +93,7 @@ result<rl_trainer_config> rl_trainer_config::from_json(const std::string& json) 
     c.adamw.weight_decay = j.value("weight_decay", c.adamw.weight_decay);
     c.allreduce_timeout_ms = j.value("allreduce_timeout_ms", c.allreduce_timeout_ms);
     c.bucket_mb = j.value("bucket_mb", c.bucket_mb);
+    c.device = j.value("device", c.device);
     c.controller_host = j.value("controller_host", c.controller_host);
     c.controller_port = j.value("controller_port", c.controller_port);
   } catch (const nlohmann::json::exception& e) {
@@ -103,11 +105,13 @@ result<rl_trainer_config> rl_trainer_config::from_json(const std::string& json) 
   if (c.world < 2 || c.world > 256 || c.rank < 1 || c.rank >= c.world || c.threads < 1 ||
       c.threads > 4096 || c.shares < 1 || c.shares > 4096 || !(c.temperature > 0.0f) ||
       c.controller_port == 0 || c.allreduce_timeout_ms < 100 || c.model_path.empty() ||
-      !(c.bucket_mb >= 0.0 && c.bucket_mb <= 1e6)) {
+      !(c.bucket_mb >= 0.0 && c.bucket_mb <= 1e6) || c.device.empty() || c.device.size() > 64 ||
+      (c.device != "cpu" && c.bucket_mb > 0.0)) {
     return make_error(errc::invalid_argument, "rl trainer: rank " + std::to_string(c.rank) +
                                                   " of " + std::to_string(c.world) +
-                                                  ", threads, shares, temperature, bucket_mb or "
-                                                  "controller port out of range (or no model)");
+                                                  ", threads, shares, temperature, bucket_mb, "
+                                                  "device or controller port out of range (or no "
+                                                  "model; buckets need the host)");
   }
   return c;
 }
@@ -189,13 +193,23 @@ class rank_loop {
     if (vocab_ <= 0) return fatal(cfg_.model_path + ": no token_embd.weight");
     opt_ = gpu::train::adamw(cfg_.adamw);
     opt_.init(sizes);
+    // On a device: forward and backward there, the gradients added into host memory for the
+    // group's sum and the host AdamW — rank 0's split (grpo_loop::set_update_group).
+    auto dev = gpu::train::open_training_device(cfg_.device);
+    if (!dev) return fatal(dev.error().message());
+    dev_ = std::move(*dev);
+    if (dev_) {
+      if (auto st = model_->use_device(dev_.get()); !st) {
+        return fatal("--device " + cfg_.device + ": " + st.message());
+      }
+    }
     return {};
   }
 
   status train() {
     if (auto st = load(); !st.ok()) return st;
-    spdlog::info("rl trainer {}: rank {} of {} loaded; waiting for the group", name_, cfg_.rank,
-                 cfg_.world);
+    spdlog::info("rl trainer {}: rank {} of {} loaded{}; waiting for the group", name_, cfg_.rank,
+                 cfg_.world, dev_ ? " on " + cfg_.device : std::string{});
     auto joined = train::join_group(*engine_, *shared_, self_, controller_, cfg_.rank, cfg_.world,
                                     cfg_.allreduce_timeout_ms);
     if (!joined) return joined.error();
@@ -285,6 +299,7 @@ class rank_loop {
   std::shared_ptr<rl_rank_shared> shared_;
   caf::actor self_;
   caf::actor controller_;
+  std::unique_ptr<gpu::device> dev_;  // declared before the model: outlives it
   std::unique_ptr<gpu::train::trainable_model<float>> model_;
   gpu::train::adamw opt_;
   std::vector<uint8_t> decay_;

@@ -196,10 +196,16 @@ result<iteration_totals> grpo_loop::group_iteration(
 }
 
 status grpo_loop::set_update_group(std::shared_ptr<update_group> group) {
-  if (group && (config_.stream || config_.train_device != "cpu")) {
+  if (group && config_.stream) {
     return {status_code::invalid_argument,
-            "a trainer group (--trainers > 1) trains on the host, a whole step at a time: not "
-            "with --mode stream or a device trainer"};
+            "a trainer group (--trainers > 1) trains a whole step at a time: not with --mode "
+            "stream"};
+  }
+  if (group && model_->device_resident()) {
+    // The group sums host gradients: every rank runs forward and backward on its device, adds the
+    // gradients into host memory and steps AdamW there (the ZeRO-Offload split).
+    if (auto st = model_->pull_to_host(&opt_); !st) return st;
+    if (auto st = model_->set_device_resident(false); !st) return st;
   }
   group_ = std::move(group);
   return {};

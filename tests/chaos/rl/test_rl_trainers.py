@@ -12,6 +12,8 @@ on a tiny generated model with f16 rollout weights:
   rewards, losses and weights equal the undisturbed --trainers 2 run's, bit for bit;
 - SIGTERM mid-run writes a checkpoint (exit 143); --resume continues with a new group that
   receives the restored state, and the run ends bit-identical to the undisturbed one;
+- --trainers 2 --device cpu:0 (each rank's forward and backward on the CPU device, the sum and
+  AdamW on the host) equals the host group bit for bit; --bucket-mb > 0 with a device is refused;
 - --trainers 2 without --agents is refused.
 
 Usage: test_rl_trainers.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
@@ -81,6 +83,20 @@ def main():
         check(rc == 0 and outcome("again") == want,
               f"--trainers 2 twice (--bucket-mb 25, then 0): rewards, losses, pass@1 and weights "
               f"equal bit for bit (rc {rc})")
+
+        # On a device (--device cpu:0, a GPU's code path on the CPU device): every rank runs its
+        # forward and backward there and adds its gradients into host memory, where the group
+        # sums them after the backward and AdamW runs; the CPU device gives the host's bits.
+        rc, out = run_weft(a.weft, "rl", args("device", 2, ["--device", "cpu:0"]), timeout=400)
+        check(rc == 0, f"--trainers 2 --device cpu:0: exits 0 (rc {rc}) {out[-400:]}")
+        check("rank 1 of 2 loaded on cpu:0" in out, "rank 1 loaded the model on cpu:0")
+        if rc == 0:
+            check(outcome("device") == want, "--trainers 2 --device cpu:0: rewards, losses, "
+                                             "pass@1 and weights equal the host group's, bit for bit")
+        rc, out = run_weft(a.weft, "rl", args("devbuckets", 2, ["--device", "cpu:0",
+                                                                "--bucket-mb", "4"]), timeout=60)
+        check(rc == 2 and "--bucket-mb" in out,
+              f"--bucket-mb > 0 with --device and --trainers is refused: {out[-200:]}")
 
         for k in (1, 3):
             rc, out = run_weft(a.weft, "rl", args(f"k{k}", k), timeout=400)

@@ -260,7 +260,28 @@ TEST(grpo_group, equals_one_trainer_up_to_the_order_of_the_sums) {
   EXPECT_LT(worst, 1e-4);
 }
 
-TEST(grpo_group, is_refused_with_stream_mode_or_a_device_trainer) {
+TEST(grpo_group, on_a_device_trainer_rank_0_adds_its_gradients_into_host_memory) {
+  // --device with --trainers K: rank 0 leaves device-resident training when the group is set
+  // (forward and backward stay on the device; the gradients are summed and AdamW runs on the
+  // host), and the grouped run on the CPU device gives the grouped host run's bits.
+  const auto file = tiny_file();
+  digits_task task;
+  auto c = cfg();
+  c.shares = 1;
+  auto host = make_run(file, task, c, true);
+  c.train_device = "cpu:0";
+  auto dev = make_run(file, task, c, true);
+  ASSERT_EQ(host.steps.size(), dev.steps.size());
+  for (size_t s = 0; s < host.steps.size(); ++s) {
+    EXPECT_EQ(host.steps[s].loss, dev.steps[s].loss) << "step " << s + 1;
+    EXPECT_EQ(host.steps[s].grad_norm, dev.steps[s].grad_norm) << "step " << s + 1;
+  }
+  EXPECT_NE(dev.loop->model().compute_device(), nullptr);
+  EXPECT_FALSE(dev.loop->model().device_resident());
+  expect_same_weights(host.loop->model(), dev.loop->model());
+}
+
+TEST(grpo_group, is_refused_with_stream_mode) {
   const auto file = tiny_file();
   digits_task task;
   auto c = cfg();
