@@ -329,7 +329,8 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--device", o->device,
                   "Where the trainer runs: cpu, or cuda / cuda:N (forward, backward and AdamW in "
-                  "device memory; the KL reference runs there too)")
+                  "device memory; with --trainers K every rank's forward and backward there, the "
+                  "sum and AdamW on the host; the KL reference and its workers run there too)")
       ->capture_default_str();
   cmd->add_option(
       "--rollout-device", o->rollout_device,
