@@ -63,6 +63,9 @@ def main():
                          "--max-staleness 2 vs --mode sync (per-sample turns)")
     ap.add_argument("--words", type=int, default=3,
                     help="lookup: up to this many words per problem (a call each, then calc)")
+    ap.add_argument("--tools", default="lookup,calc",
+                    help="the tools the samples may call (the recipe's: lookup)")
+    ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--max-running", type=int, default=8,
                     help="--compare priority: each rollout engine's sequences per pass")
     a = ap.parse_args()
@@ -80,10 +83,12 @@ def main():
         name, baseline = "rl-trajectory-priority", f"--rollout-max-running {a.max_running}, fcfs"
     if a.words != 3:
         name += f"-words{a.words}"
+    if a.tools != "lookup,calc":
+        name += "-" + a.tools.replace(",", "+")
     first, second = list(variants)
     maker = a.make_model or os.path.join(os.path.dirname(os.path.dirname(
         os.path.abspath(a.weft))), "tests", "weft_make_tiny_model")
-    task = ["--task", "lookup", "--words", str(a.words), "--tools", "lookup,calc",
+    task = ["--task", "lookup", "--words", str(a.words), "--tools", a.tools,
             "--prompt-format", "raw", "--eval-prompts", "50", "--seed", "0",
             "--max-tool-calls", str(max(4, a.words + 1))]
     latencies = [int(x) for x in a.latencies.split(",") if x.strip()]
@@ -106,7 +111,7 @@ def main():
                     m = os.path.join(tmp, f"m-{lat}-{turns}-{i}.jsonl")
                     run([a.weft, "rl", "--model", warm] + task +
                         ["--steps", str(a.steps), "--prompts-per-step", str(a.prompts),
-                         "--group-size", str(a.group), "--max-new-tokens", "128", "--lr", "5e-5",
+                         "--group-size", str(a.group), "--max-new-tokens", "128", "--lr", str(a.lr),
                          "--threads", str(a.threads), "--eval-every", "0",
                          "--tool-latency-ms", str(lat), "--tool-latency-dist", a.dist,
                          "--metrics", m] + flags)
@@ -135,7 +140,7 @@ def main():
               f"{second} {med[second]:.2f} = {med[first] / med[second]:.2f}x")
     out = {"benchmark": "rl_tools", "date": datetime.date.today().isoformat(),
            "model": "generated 4-layer 128-wide, SFT warm start on the tool task",
-           "task": f"lookup, 1-{a.words} words, tools lookup+calc, raw prompts",
+           "task": f"lookup, 1-{a.words} words, tools {a.tools}, raw prompts", "lr": a.lr,
            "latency_distribution": a.dist, "steps": a.steps, "prompts_per_step": a.prompts,
            "group_size": a.group, "max_new_tokens": 128, "threads": a.threads,
            "samples_per_run": samples, "baseline": baseline,
