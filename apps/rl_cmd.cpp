@@ -473,11 +473,15 @@ int run_rl(const rl_options& o) {
   std::optional<reward_process_pool> rewards;
   std::optional<reward_http> endpoint;
   if (!use_rewards(o, cluster.get(), loop, rewards, endpoint)) return 2;
-  // Declared after what the rewards use (the process, the endpoint, the cluster's reward
-  // workers), so the loop's reward thread stops before any of them goes, whatever the return.
+  // Declared after what the rewards and the reference use (the process, the endpoint, the
+  // cluster's reward and reference workers), so the loop's reward and reference threads stop
+  // before any of them goes, whatever the return.
   const struct rewards_stopper {
     grpo_loop& loop;
-    ~rewards_stopper() { loop.stop_rewards(); }
+    ~rewards_stopper() {
+      loop.stop_rewards();
+      loop.stop_references();
+    }
   } stop_rewards_first{loop};
   if (!use_trainer_group(o, cluster.get(), loop)) return 2;
   use_reference(o, cluster.get(), loop);

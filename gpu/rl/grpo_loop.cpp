@@ -45,7 +45,7 @@ grpo_loop::grpo_loop(std::unique_ptr<train::trainable_model<float>> model, const
 
 grpo_loop::~grpo_loop() {
   stop_rewards();
-  if (references_) references_->stop();
+  stop_references();
 }
 
 rollout_engine_params grpo_loop::engine_params(const grpo_loop_config& config) {

@@ -286,6 +286,9 @@ class grpo_loop {
   /// Waits for the reward batch being scored and drops the queued ones (then no reward runs any
   /// more); idempotent. The destructor does it too.
   void stop_rewards();
+  /// The same for the reference thread's calls (async reference): call it while the reference's
+  /// workers are still up. Idempotent; the destructor does it too.
+  void stop_references();
   /// Where the tool calls of agentic rollouts run (config.tools); must be set before the first
   /// step when tools are on.
   void set_tools(std::shared_ptr<tool_backend> tools) { tools_ = std::move(tools); }

@@ -71,6 +71,14 @@ void grpo_loop::set_reference(std::shared_ptr<reference_policy> ref) {
   }
 }
 
+void grpo_loop::stop_references() {
+  if (!references_) return;
+  references_->stop();
+  references_.reset();
+  referencing_.clear();
+  unreferenced_.clear();
+}
+
 status grpo_loop::add_reference_logprobs(std::vector<std::vector<train::train_batch>>& batches) {
   // The loop calls the reference itself only with no call of the reference thread out.
   if (auto st = drain_references(); !st) return st;

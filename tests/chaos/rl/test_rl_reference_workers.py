@@ -65,7 +65,7 @@ def main():
 
         # Two workers, fused: one batch per finished group.
         port = free_port()
-        ask, status = status_asker(a.weft, port, "step 3/")
+        ask, status = status_asker(a.weft, port, "step 1/")
         rc, out = run_watching([a.weft, "rl"] + args("workers", ["--reference-workers", "2",
                                                                  "--metrics-port", str(port)]),
                                ask, timeout=400)

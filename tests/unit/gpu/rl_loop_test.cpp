@@ -552,6 +552,8 @@ TEST(grpo_loop, an_async_reference_elsewhere_trains_the_bits_of_the_one_in_the_l
     for (size_t n : b_ref->sizes) EXPECT_EQ(n, 1u);
     EXPECT_EQ(std::accumulate(a_ref->sizes.begin(), a_ref->sizes.end(), size_t{0}),
               std::accumulate(b_ref->sizes.begin(), b_ref->sizes.end(), size_t{0}));
+    async->stop_references();
+    async->stop_references();  // idempotent
   }
 }
 
