@@ -636,8 +636,14 @@ void add_rl_command(CLI::App& app, const global_options&) {
       }
       o->bucket_mb = 0.0;
     }
+    if (o->trainers > 1 && o->dist_backend == "nccl" && o->device.rfind("cuda", 0) != 0) {
+      spdlog::error(
+          "--dist-backend nccl sums the gradients on the GPUs: it needs --device cuda (a GPU "
+          "per rank)");
+      std::exit(2);
+    }
     if (o->trainers == 1) {
-      for (const char* opt : {"--bucket-mb", "--allreduce-timeout-s"}) {
+      for (const char* opt : {"--bucket-mb", "--allreduce-timeout-s", "--dist-backend"}) {
         if (cmd->get_option(opt)->count() > 0) {
           spdlog::error("{} shapes a trainer group's gradient sum: give --trainers K > 1 too", opt);
           std::exit(2);

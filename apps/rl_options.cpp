@@ -179,6 +179,14 @@ void add_task_options(CLI::App* cmd, rl_options* o) {
                   "all at once after the backward. Same results either way")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--dist-backend", o->dist_backend,
+                  "--trainers > 1 with --device cuda: where the gradients are summed — nccl: on "
+                  "the GPUs, in place, every rank training device-resident (weights, gradients "
+                  "and AdamW in device memory; each rank needs a GPU of its own); ucx: copied "
+                  "into host memory, summed over UCX and AdamW on the host; auto: nccl where "
+                  "every rank can, else ucx (rank 0 logs which and why)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "nccl", "ucx"}));
   cmd->add_option("--allreduce-timeout-s", o->allreduce_timeout_s,
                   "--trainers: a gradient all-reduce not done within this many seconds counts "
                   "as a lost rank (the group restarts)")
@@ -329,8 +337,10 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--device", o->device,
                   "Where the trainer runs: cpu, or cuda / cuda:N (forward, backward and AdamW in "
-                  "device memory; with --trainers K every rank's forward and backward there, the "
-                  "sum and AdamW on the host; the KL reference and its workers run there too)")
+                  "device memory; with --trainers K every rank trains there — `cuda` without an "
+                  "index is each rank's own GPU on its host — and the group sums on the GPUs or "
+                  "through host memory, see --dist-backend; the KL reference and its workers run "
+                  "there too)")
       ->capture_default_str();
   cmd->add_option(
       "--rollout-device", o->rollout_device,

@@ -102,6 +102,8 @@ struct rl_options {
   double allreduce_timeout_s = 120.0;
   double bucket_mb =
       25.0;  ///< --trainers: gradients summed in buckets of ~this many MiB (0: after)
+  /// --trainers with --device cuda: where the group sums its gradients (auto, nccl or ucx).
+  std::string dist_backend = "auto";
   std::string write_sft_path;
   int64_t sft_examples = 1000;
   int agents = 0;  ///< rollout agents in node processes (0: the engine in this process)

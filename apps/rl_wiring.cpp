@@ -160,6 +160,7 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   ao.trainer.shares = cfg.shares;
   ao.trainer.temperature = cfg.temperature;
   ao.trainer.device = o.device;
+  ao.trainer.dist_backend = o.dist_backend;
   ao.trainer.grpo = cfg.grpo;
   ao.trainer.adamw = cfg.adamw;
   ao.reference_workers = o.reference_workers;

@@ -22,11 +22,14 @@
 #include "actors/rl/trainer_wire.hpp"
 #include "actors/roles.hpp"
 #include "actors/train/bucket_reducer.hpp"
+#include "actors/train/gradient_backend.hpp"
+#include "actors/train/local_rank.hpp"
 #include "actors/train/rank_group.hpp"
 #include "actors/train/train_atoms.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/train/sft_run.hpp"
 #include "schema/caf_bridge.hpp"
+#include "transport/device_group.hpp"
 #include "transport/engine.hpp"
 #include "transport/peer_group.hpp"
 #include "transport/registry.hpp"
@@ -129,6 +132,9 @@ struct remote_trainers::impl {
   std::unique_ptr<transport::peer_group> peers;
   /// The current group's overlapped all-reduce (--bucket-mb), made for `peers`; reset before it.
   std::unique_ptr<train::bucket_reducer> buckets;
+  /// The current group's NCCL communicator when it sums on the GPUs (--dist-backend); reset
+  /// before `peers`.
+  std::unique_ptr<transport::device_group> device_group;
   uint16_t generation = 0;
   int64_t groups = 0;
   bool broken = false;  ///< the current group lost a rank
@@ -197,6 +203,7 @@ struct remote_trainers::impl {
       hook->members.clear();
     }
     buckets.reset();
+    device_group.reset();
     peers.reset();
     members.clear();
     broken = false;
@@ -209,7 +216,7 @@ struct remote_trainers::impl {
     lost = true;
   }
 
-  status form(std::span<const std::span<float>> state) {
+  status form(const gpu::rl::state_source& state) {
     ++generation;
     ++groups;
     auto own = engine->local_address();
@@ -249,13 +256,75 @@ struct remote_trainers::impl {
     drain();
     if (broken) return make_error(errc::unavailable, "a rank went down while the group formed");
     const auto t0 = clock_type::now();
-    if (auto s = broadcast_state(*peers, state); !s.ok()) {
+    auto own_state = state();
+    if (!own_state) {
+      fatal = "rank 0's trainer state: " + own_state.error().message();
+      return make_error(errc::internal, fatal);
+    }
+    if (auto s = broadcast_state(*peers, *own_state); !s.ok()) {
       return make_error(errc::unavailable, "sending the trainer state: " + s.to_string());
     }
     spdlog::info(
         "trainer group {} formed ({} ranks; rank 0's weights and moments sent in {:.2f} s)",
         generation, cfg.world, std::chrono::duration<double>(clock_type::now() - t0).count());
+    if (auto st = choose_backend(); !st.ok()) return st;
     refresh_status();
+    return {};
+  }
+
+  /// The ranks' devices and where the group sums (actors/rl/rl_trainer.cpp does the same calls
+  /// in the same order): every rank's host, so that a rank given `--device cuda` takes its own
+  /// GPU there; then every rank's (host, GPU) key and the --dist-backend choice, the same on
+  /// every rank; with NCCL, the group's communicator.
+  status choose_backend() {
+    const auto host = train::this_host_key();
+    if (auto local = train::local_rank(*peers, host); !local) return local.error();
+    const uint64_t key = cfg.cuda_device < 0 || cfg.dist_backend == "ucx"
+                             ? 0
+                             : train::device_key(host, cfg.cuda_device);
+    auto keys = train::all_gather_keys(*peers, key);
+    if (!keys) return keys.error();
+    const auto choice = train::choose_gradient_backend(cfg.dist_backend, *keys);
+    if (choice.refused) {
+      fatal = "--dist-backend nccl: " + choice.why;
+      return make_error(errc::invalid_argument, fatal);
+    }
+    if (!choice.device) {
+      if (generation == 1) {
+        spdlog::info("trainer group: gradients summed over UCX through host memory: {}",
+                     choice.why);
+      }
+      return {};
+    }
+    transport::device_group_options o;
+    o.engine = cfg.collectives_engine;
+    o.device = cfg.cuda_device;
+    o.timeout_ms = cfg.allreduce_timeout_ms;
+    auto g = transport::device_group::join(*peers, o);
+    if (!g) {
+      // Every rank sees the same failure (join agrees on it); a lost peer restarts the group.
+      const auto code = g.error().code;
+      if (code == transport::status_code::canceled || code == transport::status_code::timeout ||
+          code == transport::status_code::peer_unreachable) {
+        return make_error(errc::unavailable, g.error().to_string());
+      }
+      if (cfg.dist_backend == "nccl") {
+        fatal = "--dist-backend nccl: " + g.error().to_string();
+        return make_error(errc::invalid_argument, fatal);
+      }
+      spdlog::warn(
+          "trainer group {}: NCCL group not formed ({}); gradients summed through host memory "
+          "instead (--dist-backend nccl makes this an error)",
+          generation, g.error().to_string());
+      return {};
+    }
+    device_group = std::move(*g);
+    if (generation == 1) {
+      spdlog::info(
+          "trainer group: gradients summed on the GPUs with {} ({} ranks); every rank trains "
+          "device-resident",
+          device_group->engine_name(), device_group->size());
+    }
     return {};
   }
 
@@ -263,6 +332,7 @@ struct remote_trainers::impl {
     nlohmann::json j;
     j["generation"] = generation;
     j["groups_formed"] = groups;
+    j["gradient_sum"] = device_group ? "gpu" : "host";
     auto& list = j["ranks"] = nlohmann::json::array();
     for (int r = 1; r < cfg.world; ++r) {
       std::string state = "down";
@@ -296,6 +366,7 @@ void remote_trainers::shutdown() {
     d_->hook->members.clear();
   }
   d_->buckets.reset();
+  d_->device_group.reset();
   d_->peers.reset();
   caf::anon_send_exit(d_->controller, caf::exit_reason::user_shutdown);
   d_->controller = caf::actor{};
@@ -347,7 +418,7 @@ int remote_trainers::world() const {
   return d_->cfg.world;
 }
 
-gpu::status remote_trainers::ready(std::span<const std::span<float>> state) {
+gpu::status remote_trainers::ready(const gpu::rl::state_source& state) {
   impl& d = *d_;
   d.lost = false;
   const auto deadline = clock_type::now() + std::chrono::milliseconds(d.cfg.no_group_timeout_ms);
@@ -364,6 +435,10 @@ gpu::status remote_trainers::ready(std::span<const std::span<float>> state) {
     if (static_cast<int>(d.pending.size()) == d.cfg.world - 1) {
       auto st = d.form(state);
       if (st.ok()) return {};
+      if (!d.fatal.empty()) {
+        d.dissolve();
+        return {gpu::status_code::invalid_argument, d.fatal};
+      }
       d.lose("it did not form: " + st.to_string());
       d.lost = false;
       continue;
@@ -427,10 +502,15 @@ gpu::status remote_trainers::reduce(std::span<const std::span<float>> grads,
     return {gpu::status_code::internal, "the trainer group lost a rank"};
   }
   const auto t0 = clock_type::now();
-  auto st = group_sum(*d.peers, grads, scalars, d.buckets.get());
+  auto st = d.device_group ? device_group_sum(*d.device_group, *d.peers, grads, scalars)
+                           : group_sum(*d.peers, grads, scalars, d.buckets.get());
   d.reduce_s += std::chrono::duration<double>(clock_type::now() - t0).count();
   if (!st) d.lose(st.message());
   return st;
+}
+
+bool remote_trainers::sums_on_device() const {
+  return d_->device_group != nullptr && d_->peers != nullptr && !d_->broken;
 }
 
 bool remote_trainers::lost() const {
@@ -448,7 +528,7 @@ double remote_trainers::take_reduce_seconds() {
 gpu::train::overlapped_reducer* remote_trainers::overlap(
     const gpu::train::trainable_model<float>& model) {
   impl& d = *d_;
-  if (!(d.cfg.bucket_mb > 0) || !d.peers || d.broken) return nullptr;
+  if (!(d.cfg.bucket_mb > 0) || !d.peers || d.broken || d.device_group) return nullptr;
   if (!d.buckets) {
     d.buckets = train::bucket_reducer::gradients_only(*d.peers, model, d.cfg.bucket_mb);
     if (d.generation == 1) {

@@ -51,6 +51,10 @@ struct rl_trainer_config {
   /// cuda:N, cpu:0) — the gradients added into host memory, where the group sums them and
   /// AdamW runs (the ZeRO-Offload split); with a device the sum follows the backward (bucket_mb 0).
   std::string device = "cpu";
+  /// --dist-backend (remote_trainers_config::dist_backend): with NCCL chosen, the rank trains
+  /// device-resident and sums its gradients on its GPU.
+  std::string dist_backend = "auto";
+  std::string collectives_engine = "nccl";  ///< remote_trainers_config::collectives_engine
   std::string controller_host = "127.0.0.1";
   uint16_t controller_port = 0;
 
@@ -73,6 +77,14 @@ struct remote_trainers_config {
   std::function<void()> on_idle;
   /// Parameters of rank 0's UCX engine (e.g. "ucx.tls" = "tcp" across namespaces).
   std::map<std::string, std::string> transport_params;
+  /// --dist-backend: "auto" (sum on the GPUs with NCCL where every rank trains on a GPU of its
+  /// own, else in host memory over UCX), "nccl" (that or the group does not form: the run stops)
+  /// or "ucx". Every rank's rl_trainer_config::dist_backend is the same.
+  std::string dist_backend = "auto";
+  /// Rank 0's CUDA ordinal (its --device), or −1: it trains on the host or a CPU device.
+  int cuda_device = -1;
+  /// The collectives engine of device_group (registry name; tests name a stand-in).
+  std::string collectives_engine = "nccl";
 };
 
 class remote_trainers final : public gpu::rl::update_group {
@@ -95,7 +107,8 @@ class remote_trainers final : public gpu::rl::update_group {
   void shutdown();
 
   int world() const override;
-  gpu::status ready(std::span<const std::span<float>> state) override;
+  gpu::status ready(const gpu::rl::state_source& state) override;
+  bool sums_on_device() const override;
   gpu::status start(
       const gpu::rl::iteration_inputs& in,
       std::span<const std::vector<std::vector<gpu::train::train_batch>>> per_rank) override;

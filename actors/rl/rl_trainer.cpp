@@ -22,11 +22,15 @@
 #include "actors/rl/trainer_wire.hpp"
 #include "actors/roles.hpp"
 #include "actors/train/bucket_reducer.hpp"
+#include "actors/train/gradient_backend.hpp"
+#include "actors/train/local_rank.hpp"
 #include "actors/train/rank_group.hpp"
 #include "actors/train/train_atoms.hpp"
+#include "gpu/device.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/train/sft_run.hpp"
 #include "schema/caf_bridge.hpp"
+#include "transport/device_group.hpp"
 #include "transport/engine.hpp"
 #include "transport/peer_group.hpp"
 #include "transport/registry.hpp"
@@ -62,6 +66,8 @@ std::string rl_trainer_config::to_json() const {
                         {"allreduce_timeout_ms", allreduce_timeout_ms},
                         {"bucket_mb", bucket_mb},
                         {"device", device},
+                        {"dist_backend", dist_backend},
+                        {"collectives_engine", collectives_engine},
                         {"controller_host", controller_host},
                         {"controller_port", controller_port}}
       .dump();
@@ -94,6 +100,8 @@ result<rl_trainer_config> rl_trainer_config::from_json(const std::string& json) 
     c.allreduce_timeout_ms = j.value("allreduce_timeout_ms", c.allreduce_timeout_ms);
     c.bucket_mb = j.value("bucket_mb", c.bucket_mb);
     c.device = j.value("device", c.device);
+    c.dist_backend = j.value("dist_backend", c.dist_backend);
+    c.collectives_engine = j.value("collectives_engine", c.collectives_engine);
     c.controller_host = j.value("controller_host", c.controller_host);
     c.controller_port = j.value("controller_port", c.controller_port);
   } catch (const nlohmann::json::exception& e) {
@@ -106,12 +114,14 @@ result<rl_trainer_config> rl_trainer_config::from_json(const std::string& json) 
       c.threads > 4096 || c.shares < 1 || c.shares > 4096 || !(c.temperature > 0.0f) ||
       c.controller_port == 0 || c.allreduce_timeout_ms < 100 || c.model_path.empty() ||
       !(c.bucket_mb >= 0.0 && c.bucket_mb <= 1e6) || c.device.empty() || c.device.size() > 64 ||
-      (c.device != "cpu" && c.bucket_mb > 0.0)) {
+      (c.device != "cpu" && c.bucket_mb > 0.0) ||
+      (c.dist_backend != "auto" && c.dist_backend != "nccl" && c.dist_backend != "ucx") ||
+      c.collectives_engine.empty() || c.collectives_engine.size() > 64) {
     return make_error(errc::invalid_argument, "rl trainer: rank " + std::to_string(c.rank) +
                                                   " of " + std::to_string(c.world) +
                                                   ", threads, shares, temperature, bucket_mb, "
-                                                  "device or controller port out of range (or no "
-                                                  "model; buckets need the host)");
+                                                  "device, dist_backend or controller port out of "
+                                                  "range (or no model; buckets need the host)");
   }
   return c;
 }
@@ -193,23 +203,69 @@ class rank_loop {
     if (vocab_ <= 0) return fatal(cfg_.model_path + ": no token_embd.weight");
     opt_ = gpu::train::adamw(cfg_.adamw);
     opt_.init(sizes);
-    // On a device: forward and backward there, the gradients added into host memory for the
-    // group's sum and the host AdamW — rank 0's split (grpo_loop::set_update_group).
-    auto dev = gpu::train::open_training_device(cfg_.device);
+    return {};
+  }
+
+  /// After rank 0's state arrived (remote_trainers' choose_backend makes the same group calls in
+  /// the same order): the rank's device — `cuda` without an index is its own GPU on its host, by
+  /// local rank — then where the group sums. NCCL: the rank trains device-resident and sums on its
+  /// GPU; otherwise the forward and backward run on the device, the gradients are added into
+  /// host memory for the group's sum and AdamW runs there (ZeRO-Offload: rank 0's split).
+  status open_device() {
+    auto local = train::local_rank(*peers_, train::this_host_key());
+    if (!local) return local.error();
+    const std::string name = gpu::train::device_for_local_rank(
+        cfg_.device, *local,
+        cfg_.device == "cpu" ? 0 : gpu::device_registry::instance().count(cfg_.device));
+    auto dev = gpu::train::open_training_device(name);
     if (!dev) return fatal(dev.error().message());
     dev_ = std::move(*dev);
+    int cuda = -1;
     if (dev_) {
       if (auto st = model_->use_device(dev_.get()); !st) {
-        return fatal("--device " + cfg_.device + ": " + st.message());
+        return fatal("--device " + name + ": " + st.message());
       }
+      if (dev_->capabilities().kind == gpu::device_kind::cuda) {
+        const auto colon = name.find(':');
+        cuda = colon == std::string::npos ? 0 : std::stoi(name.substr(colon + 1));
+      }
+      spdlog::info("rl trainer {}: rank {} trains on {}", name_, cfg_.rank, name);
     }
+    const uint64_t key = cuda < 0 || cfg_.dist_backend == "ucx"
+                             ? 0
+                             : train::device_key(train::this_host_key(), cuda);
+    auto keys = train::all_gather_keys(*peers_, key);
+    if (!keys) return keys.error();
+    const auto choice = train::choose_gradient_backend(cfg_.dist_backend, *keys);
+    if (choice.refused) return fatal("--dist-backend nccl: " + choice.why);
+    if (!choice.device) return {};
+    transport::device_group_options o;
+    o.engine = cfg_.collectives_engine;
+    o.device = cuda;
+    o.timeout_ms = cfg_.allreduce_timeout_ms;
+    auto g = transport::device_group::join(*peers_, o);
+    if (!g) {
+      const auto code = g.error().code;
+      if (code == transport::status_code::canceled || code == transport::status_code::timeout ||
+          code == transport::status_code::peer_unreachable) {
+        return make_error(errc::unavailable, g.error().to_string());
+      }
+      if (cfg_.dist_backend == "nccl")
+        return fatal("--dist-backend nccl: " + g.error().to_string());
+      return {};  // rank 0 says why; the group sums through host memory
+    }
+    device_group_ = std::move(*g);
+    if (auto st = model_->set_device_resident(true); !st) return fatal(st.message());
+    model_->host_replaced();
+    spdlog::info("rl trainer {}: rank {} sums its gradients on GPU {} with {}", name_, cfg_.rank,
+                 cuda, device_group_->engine_name());
     return {};
   }
 
   status train() {
     if (auto st = load(); !st.ok()) return st;
-    spdlog::info("rl trainer {}: rank {} of {} loaded{}; waiting for the group", name_, cfg_.rank,
-                 cfg_.world, dev_ ? " on " + cfg_.device : std::string{});
+    spdlog::info("rl trainer {}: rank {} of {} loaded; waiting for the group", name_, cfg_.rank,
+                 cfg_.world);
     auto joined = train::join_group(*engine_, *shared_, self_, controller_, cfg_.rank, cfg_.world,
                                     cfg_.allreduce_timeout_ms);
     if (!joined) return joined.error();
@@ -223,6 +279,7 @@ class rank_loop {
       return make_error(errc::unavailable, "receiving the trainer state: " + s.to_string());
     }
     model_->host_replaced();
+    if (auto st = open_device(); !st.ok()) return st;
     if (cfg_.bucket_mb > 0) {
       buckets_ = train::bucket_reducer::gradients_only(*peers_, *model_, cfg_.bucket_mb);
     }
@@ -283,12 +340,18 @@ class rank_loop {
         lists[list].push_back(std::move(*b));
       }
     } while (got < count);
-    auto t = gpu::rl::update_iteration(
-        *model_, opt_, decay_, cfg_.grpo, in, cfg_.shares, lists,
-        [this](std::span<const std::span<float>> grads, std::span<double> scalars) {
-          return group_sum(*peers_, grads, scalars, buckets_.get());
-        },
-        buckets_.get());
+    auto t = device_group_
+                 ? gpu::rl::device_update_iteration(
+                       *model_, opt_, decay_, cfg_.grpo, in, cfg_.shares, lists,
+                       [this](std::span<const std::span<float>> grads, std::span<double> scalars) {
+                         return device_group_sum(*device_group_, *peers_, grads, scalars);
+                       })
+                 : gpu::rl::update_iteration(
+                       *model_, opt_, decay_, cfg_.grpo, in, cfg_.shares, lists,
+                       [this](std::span<const std::span<float>> grads, std::span<double> scalars) {
+                         return group_sum(*peers_, grads, scalars, buckets_.get());
+                       },
+                       buckets_.get());
     if (!t) return make_error(errc::unavailable, t.error().message());
     return {};
   }
@@ -307,6 +370,8 @@ class rank_loop {
   std::unique_ptr<transport::peer_group> peers_;
   /// --bucket-mb: the all-reduce during the backward, over peers_ (so declared after it).
   std::unique_ptr<train::bucket_reducer> buckets_;
+  /// --dist-backend nccl (or auto where every rank has a GPU): the gradient sum on the GPUs.
+  std::unique_ptr<transport::device_group> device_group_;
   uint16_t generation_ = 0;
   bool fatal_ = false;
 };

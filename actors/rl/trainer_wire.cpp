@@ -29,6 +29,17 @@ gpu::status group_sum(transport::peer_group& g, std::span<const std::span<float>
   return {};
 }
 
+gpu::status device_group_sum(transport::device_group& devices, transport::peer_group& g,
+                             std::span<const std::span<float>> grads, std::span<double> scalars) {
+  if (auto s = devices.all_reduce_sum(grads); !s.ok()) {
+    return {gpu::status_code::internal, "gradient all-reduce on the GPUs: " + s.to_string()};
+  }
+  if (auto s = g.all_reduce_sum(scalars); !s.ok()) {
+    return {gpu::status_code::internal, "loss all-reduce: " + s.to_string()};
+  }
+  return {};
+}
+
 transport::status broadcast_state(transport::peer_group& g,
                                   std::span<const std::span<float>> state) {
   constexpr size_t piece_floats = (64u << 20) / sizeof(float);

@@ -10,6 +10,7 @@
 #include "gpu/train/trainable_model.hpp"
 #include "schema/status.hpp"
 #include "schema/train.capnp.h"
+#include "transport/device_group.hpp"
 #include "transport/peer_group.hpp"
 
 namespace weft::rl {
@@ -20,6 +21,11 @@ namespace weft::rl {
 gpu::status group_sum(transport::peer_group& g, std::span<const std::span<float>> grads,
                       std::span<double> scalars,
                       gpu::train::overlapped_reducer* overlapped = nullptr);
+
+/// The same sum when the group sums on the GPUs: the device's gradient buffers in place over
+/// `devices` (NCCL), then the scalars over `g`.
+gpu::status device_group_sum(transport::device_group& devices, transport::peer_group& g,
+                             std::span<const std::span<float>> grads, std::span<double> scalars);
 
 /// Rank 0's `state` to every rank, as a sum to which the other ranks add −0.0 (x + (−0.0) = x
 /// for every x, −0.0 included), in pieces of at most 64 MiB (the group's buffer stays the size

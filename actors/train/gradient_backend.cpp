@@ -26,8 +26,10 @@ gradient_backend_choice choose_gradient_backend(const std::string& requested,
   std::map<uint64_t, size_t> first_rank;
   for (size_t r = 0; r < keys.size() && c.why.empty(); ++r) {
     if (keys[r] == 0) {
-      c.why = "rank " + std::to_string(r) +
-              " keeps its gradients in host memory (--device cpu or --offload-optimizer)";
+      c.why =
+          "rank " + std::to_string(r) +
+          " keeps its gradients in host memory (it trains on the host or a CPU device, or offloads "
+          "its optimizer)";
     } else if (auto [it, fresh] = first_rank.emplace(keys[r], r); !fresh) {
       c.why = "ranks " + std::to_string(it->second) + " and " + std::to_string(r) +
               " share one GPU (NCCL needs a GPU per rank)";

@@ -411,6 +411,9 @@ class grpo_loop {
   /// One iteration over the trainer group, repeated on a new group when a rank is lost.
   result<iteration_totals> group_iteration(
       const iteration_inputs& in, const std::vector<std::vector<train::train_batch>>& batches);
+  /// Rank 0 trains device-resident while the trainer group sums on the GPUs, on the host
+  /// otherwise (the ZeRO-Offload split with a device): switches as the current group says.
+  status follow_group_device();
   /// The end of every step: the new weights to the rollouts, the step's record kept.
   result<rl_step_record> finish_step(rl_step_record& rec);
   /// --mode stream: one step whose groups train as they are scored.

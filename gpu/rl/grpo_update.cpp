@@ -9,6 +9,32 @@
 
 namespace weft::gpu::rl {
 
+namespace {
+
+/// Runs `sum` on the iteration's loss and counters packed as doubles (integers exact below 2^53),
+/// then reads the sums back into `t`.
+template <class Sum>
+status reduce_scalars_with(iteration_totals& t, Sum&& sum) {
+  double scalars[7] = {t.loss_sum,
+                       static_cast<double>(t.tokens),
+                       static_cast<double>(t.clipped),
+                       static_cast<double>(t.abs_ratio_dev_nano),
+                       static_cast<double>(t.kl_nano),
+                       static_cast<double>(t.routes_replayed),
+                       static_cast<double>(t.routes_differ)};
+  if (auto st = sum(std::span<double>(scalars, 7)); !st) return st;
+  t.loss_sum = scalars[0];
+  t.tokens = static_cast<int64_t>(scalars[1]);
+  t.clipped = static_cast<int64_t>(scalars[2]);
+  t.abs_ratio_dev_nano = static_cast<int64_t>(scalars[3]);
+  t.kl_nano = static_cast<int64_t>(scalars[4]);
+  t.routes_replayed = static_cast<int64_t>(scalars[5]);
+  t.routes_differ = static_cast<int64_t>(scalars[6]);
+  return {};
+}
+
+}  // namespace
+
 result<iteration_totals> update_iteration(train::trainable_model<float>& model, train::adamw& opt,
                                           std::span<const uint8_t> decay, const grpo_config& g,
                                           const iteration_inputs& in, int shares,
@@ -46,29 +72,57 @@ result<iteration_totals> update_iteration(train::trainable_model<float>& model, 
   t.kl_nano = stats.kl_nano.load();
   std::tie(t.routes_replayed, t.routes_differ) = model.take_routing_stats();
   if (reduce) {
-    // Integer counters travel as doubles: exact below 2^53.
-    double scalars[7] = {t.loss_sum,
-                         static_cast<double>(t.tokens),
-                         static_cast<double>(t.clipped),
-                         static_cast<double>(t.abs_ratio_dev_nano),
-                         static_cast<double>(t.kl_nano),
-                         static_cast<double>(t.routes_replayed),
-                         static_cast<double>(t.routes_differ)};
-    if (auto st = reduce(std::span<const std::span<float>>(grads), std::span<double>(scalars, 7));
+    if (auto st = reduce_scalars_with(t,
+                                      [&](std::span<double> scalars) {
+                                        return reduce(std::span<const std::span<float>>(grads),
+                                                      scalars);
+                                      });
         !st) {
       return st;
     }
-    t.loss_sum = scalars[0];
-    t.tokens = static_cast<int64_t>(scalars[1]);
-    t.clipped = static_cast<int64_t>(scalars[2]);
-    t.abs_ratio_dev_nano = static_cast<int64_t>(scalars[3]);
-    t.kl_nano = static_cast<int64_t>(scalars[4]);
-    t.routes_replayed = static_cast<int64_t>(scalars[5]);
-    t.routes_differ = static_cast<int64_t>(scalars[6]);
   }
   // The objective's token weights already normalise the loss: no scaling here.
   auto norm =
       train::clip_and_update(opt, values, grads, decay, in.max_grad_norm, in.lr, in.opt_step);
+  if (!norm) return norm.error();
+  t.grad_norm = *norm;
+  return t;
+}
+
+result<iteration_totals> device_update_iteration(
+    train::trainable_model<float>& model, train::adamw& opt, std::span<const uint8_t> decay,
+    const grpo_config& g, const iteration_inputs& in, int shares,
+    std::span<const std::vector<train::train_batch>> lists, const group_reducer& reduce) {
+  ppo_stats stats;
+  const auto objective = ppo_objective(g, &stats);
+  model.zero_grad(std::max({1, shares, static_cast<int>(lists.size())}));
+  iteration_totals t;
+  if (std::any_of(lists.begin(), lists.end(), [](const auto& l) { return !l.empty(); })) {
+    auto l = model.forward_backward(lists, objective);
+    if (!l) return l.error();
+    t.loss_sum = l->sum;
+  }
+  t.tokens = stats.tokens.load();
+  t.clipped = stats.clipped.load();
+  t.abs_ratio_dev_nano = stats.abs_ratio_dev_nano.load();
+  t.kl_nano = stats.kl_nano.load();
+  std::tie(t.routes_replayed, t.routes_differ) = model.take_routing_stats();
+  if (reduce) {
+    // A rank without samples sums its zeroed buffers (device_gradients zeroes what no backward
+    // wrote), so every rank makes the same calls.
+    auto grads = model.device_gradients();
+    if (!grads) return grads.error();
+    if (auto st = reduce_scalars_with(t,
+                                      [&](std::span<double> scalars) {
+                                        return reduce(std::span<const std::span<float>>(*grads),
+                                                      scalars);
+                                      });
+        !st) {
+      return st;
+    }
+  }
+  // The objective's token weights already normalise the loss: no scaling here.
+  auto norm = model.device_step(opt, decay, 1.0f, in.max_grad_norm, in.lr, in.opt_step);
   if (!norm) return norm.error();
   t.grad_norm = *norm;
   return t;
@@ -98,10 +152,11 @@ status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& bat
     in.lr = lr;
     in.opt_step = step_ * n + it + 1;
     in.max_grad_norm = config_.max_grad_norm;
-    auto t = model_->device_resident() ? device_iteration(in, batches)
-             : group_                  ? group_iteration(in, batches)
-                                       : update_iteration(*model_, opt_, decay_, config_.grpo, in,
-                                                          std::max(1, config_.shares), batches, nullptr);
+    auto t = group_ ? group_iteration(in, batches)
+             : model_->device_resident()
+                 ? device_iteration(in, batches)
+                 : update_iteration(*model_, opt_, decay_, config_.grpo, in,
+                                    std::max(1, config_.shares), batches, nullptr);
     if (!t) return t.error();
     sum.loss_sum += t->loss_sum;
     sum.tokens += t->tokens;
@@ -133,26 +188,9 @@ status grpo_loop::update(const std::vector<std::vector<train::train_batch>>& bat
 
 result<iteration_totals> grpo_loop::device_iteration(
     const iteration_inputs& in, const std::vector<std::vector<train::train_batch>>& batches) {
-  ppo_stats stats;
-  const auto objective = ppo_objective(config_.grpo, &stats);
-  model_->zero_grad(std::max(1, config_.shares));
-  iteration_totals t;
-  if (!batches.empty()) {
-    auto l = model_->forward_backward(std::span<const std::vector<train::train_batch>>(batches),
-                                      objective);
-    if (!l) return l.error();
-    t.loss_sum = l->sum;
-  }
-  // The objective's token weights already normalise the loss: no scaling here.
-  auto norm = model_->device_step(opt_, decay_, 1.0f, in.max_grad_norm, in.lr, in.opt_step);
-  if (!norm) return norm.error();
-  t.grad_norm = *norm;
-  t.tokens = stats.tokens.load();
-  t.clipped = stats.clipped.load();
-  t.abs_ratio_dev_nano = stats.abs_ratio_dev_nano.load();
-  t.kl_nano = stats.kl_nano.load();
-  std::tie(t.routes_replayed, t.routes_differ) = model_->take_routing_stats();
-  return t;
+  return device_update_iteration(
+      *model_, opt_, decay_, config_.grpo, in, std::max(1, config_.shares),
+      std::span<const std::vector<train::train_batch>>(batches), nullptr);
 }
 
 result<iteration_totals> grpo_loop::group_iteration(
@@ -175,24 +213,49 @@ result<iteration_totals> grpo_loop::group_iteration(
   // (untouched by the failed iteration: the update follows the sum) and the iteration repeats
   // with the same inputs, so the run goes on bit for bit.
   constexpr int max_attempts = 100;
+  const state_source state = [this]() -> result<std::vector<std::span<float>>> {
+    if (auto st = model_->pull_to_host(&opt_); !st) return st;
+    return trainer_state(*model_, opt_);
+  };
+  const group_reducer reduce = [this](std::span<const std::span<float>> grads,
+                                      std::span<double> scalars) {
+    return group_->reduce(grads, scalars);
+  };
   for (int attempt = 0;; ++attempt) {
-    auto state = trainer_state(*model_, opt_);
     if (auto st = group_->ready(state); !st) {
       if (group_->lost() && attempt < max_attempts) continue;
       return st;
     }
+    if (auto st = follow_group_device(); !st) return st;
     if (auto st = group_->start(in, per_rank); !st) {
       if (group_->lost() && attempt < max_attempts) continue;
       return st;
     }
-    auto t = update_iteration(
-        *model_, opt_, decay_, config_.grpo, in, shares, own,
-        [this](std::span<const std::span<float>> grads, std::span<double> scalars) {
-          return group_->reduce(grads, scalars);
-        },
-        group_->overlap(*model_));
+    auto t =
+        model_->device_resident()
+            ? device_update_iteration(*model_, opt_, decay_, config_.grpo, in, shares, own, reduce)
+            : update_iteration(*model_, opt_, decay_, config_.grpo, in, shares, own, reduce,
+                               group_->overlap(*model_));
     if (t || !group_->lost() || attempt >= max_attempts) return t;
   }
+}
+
+status grpo_loop::follow_group_device() {
+  const bool on_device = group_->sums_on_device();
+  if (on_device == model_->device_resident()) return {};
+  if (on_device) {
+    // The group sums on the GPUs: the weights and moments move to the device and stay there.
+    if (model_->compute_device() == nullptr) {
+      return {status_code::internal, "the trainer group sums on the GPUs but rank 0 has none"};
+    }
+    if (auto st = model_->set_device_resident(true); !st) return st;
+    model_->host_replaced();
+    return {};
+  }
+  // The group sums host gradients: every rank runs forward and backward on its device, adds the
+  // gradients into host memory and steps AdamW there (the ZeRO-Offload split).
+  if (auto st = model_->pull_to_host(&opt_); !st) return st;
+  return model_->set_device_resident(false);
 }
 
 status grpo_loop::set_update_group(std::shared_ptr<update_group> group) {
@@ -201,12 +264,8 @@ status grpo_loop::set_update_group(std::shared_ptr<update_group> group) {
             "a trainer group (--trainers > 1) trains a whole step at a time: not with --mode "
             "stream"};
   }
-  if (group && model_->device_resident()) {
-    // The group sums host gradients: every rank runs forward and backward on its device, adds the
-    // gradients into host memory and steps AdamW there (the ZeRO-Offload split).
-    if (auto st = model_->pull_to_host(&opt_); !st) return st;
-    if (auto st = model_->set_device_resident(false); !st) return st;
-  }
+  // Whether the ranks sum on the GPUs or in host memory is each new group's to say: the loop
+  // follows it after every ready() (follow_group_device).
   group_ = std::move(group);
   return {};
 }

@@ -88,25 +88,43 @@ result<iteration_totals> update_iteration(train::trainable_model<float>& model, 
                                           const group_reducer& reduce,
                                           train::overlapped_reducer* overlap = nullptr);
 
+/// The same iteration on a device-resident model (trainable_model::set_device_resident): the
+/// forward and backward leave the gradients on the device, `reduce` (null: this is the only rank)
+/// sums the device's gradient buffers in place (NCCL: `weft rl --trainers K --dist-backend`) and
+/// the scalars, then clipping and AdamW run there (device_step). Nothing crosses the bus.
+result<iteration_totals> device_update_iteration(
+    train::trainable_model<float>& model, train::adamw& opt, std::span<const uint8_t> decay,
+    const grpo_config& g, const iteration_inputs& in, int shares,
+    std::span<const std::vector<train::train_batch>> lists, const group_reducer& reduce);
+
 /// The trainer's state a joining rank needs, in a fixed order: every parameter's values, then
 /// AdamW's first moments, then its second moments.
 std::vector<std::span<float>> trainer_state(train::trainable_model<float>& model,
                                             train::adamw& opt);
 
+/// Rank 0's trainer state (trainer_state, its host copy brought up to date first), asked for only
+/// when a new group forms.
+using state_source = std::function<result<std::vector<std::span<float>>>()>;
+
 /// Ranks 1 .. world − 1 of a data-parallel trainer group whose rank 0 is this process
-/// (actors/rl/remote_trainers implements it over UCX).
+/// (actors/rl/remote_trainers implements it over UCX, and NCCL where every rank has a GPU).
 class update_group {
  public:
   virtual ~update_group() = default;
   /// Ranks, this process included.
   virtual int world() const = 0;
   /// Blocks until a complete group is connected. A group that is new (the first call, or after a
-  /// rank was lost) first receives `state` (trainer_state of rank 0).
-  virtual status ready(std::span<const std::span<float>> state) = 0;
+  /// rank was lost) first receives `state()` (trainer_state of rank 0, in host memory).
+  virtual status ready(const state_source& state) = 0;
+  /// Whether the current group (after ready()) sums the gradients on the GPUs where they are
+  /// computed: every rank then trains device-resident (device_update_iteration) and reduce()
+  /// gets the device's gradient buffers. false: they are summed in host memory.
+  virtual bool sums_on_device() const { return false; }
   /// Sends rank r (1 .. world − 1) its lists `per_rank[r − 1]` of iteration `in`.
   virtual status start(const iteration_inputs& in,
                        std::span<const std::vector<std::vector<train::train_batch>>> per_rank) = 0;
-  /// The group's sum (see group_reducer).
+  /// The group's sum (see group_reducer): of host gradients, or of the device's gradient buffers
+  /// when sums_on_device().
   virtual status reduce(std::span<const std::span<float>> grads, std::span<double> scalars) = 0;
   /// Whether the last failure of start/reduce/ready lost the group (a rank died or missed its
   /// deadline): the caller may repeat the iteration after ready() formed a new group.

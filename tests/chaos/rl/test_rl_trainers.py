@@ -13,7 +13,9 @@ on a tiny generated model with f16 rollout weights:
 - SIGTERM mid-run writes a checkpoint (exit 143); --resume continues with a new group that
   receives the restored state, and the run ends bit-identical to the undisturbed one;
 - --trainers 2 --device cpu:0 (each rank's forward and backward on the CPU device, the sum and
-  AdamW on the host) equals the host group bit for bit; --bucket-mb > 0 with a device is refused;
+  AdamW on the host: --dist-backend auto's choice, as NCCL needs a CUDA GPU per rank) equals the
+  host group bit for bit; --bucket-mb > 0 with a device is refused, and so are --dist-backend
+  nccl without a CUDA --device and --dist-backend without a group;
 - --trainers 2 without --agents is refused.
 
 Usage: test_rl_trainers.py --weft PATH/TO/weft --make-model PATH/TO/weft_make_tiny_model
@@ -86,10 +88,13 @@ def main():
 
         # On a device (--device cpu:0, a GPU's code path on the CPU device): every rank runs its
         # forward and backward there and adds its gradients into host memory, where the group
-        # sums them after the backward and AdamW runs; the CPU device gives the host's bits.
+        # sums them after the backward and AdamW runs (--dist-backend auto picks that: NCCL
+        # needs a CUDA GPU per rank); the CPU device gives the host's bits.
         rc, out = run_weft(a.weft, "rl", args("device", 2, ["--device", "cpu:0"]), timeout=400)
         check(rc == 0, f"--trainers 2 --device cpu:0: exits 0 (rc {rc}) {out[-400:]}")
-        check("rank 1 of 2 loaded on cpu:0" in out, "rank 1 loaded the model on cpu:0")
+        check("rank 1 trains on cpu:0" in out, "rank 1 trains on cpu:0")
+        check("gradients summed over UCX through host memory: rank 0 keeps its gradients in "
+              "host memory" in out, "--dist-backend auto says why the sum is not on the GPUs")
         if rc == 0:
             check(outcome("device") == want, "--trainers 2 --device cpu:0: rewards, losses, "
                                              "pass@1 and weights equal the host group's, bit for bit")
@@ -97,6 +102,13 @@ def main():
                                                                 "--bucket-mb", "4"]), timeout=60)
         check(rc == 2 and "--bucket-mb" in out,
               f"--bucket-mb > 0 with --device and --trainers is refused: {out[-200:]}")
+        rc, out = run_weft(a.weft, "rl", args("devnccl", 2, ["--device", "cpu:0",
+                                                             "--dist-backend", "nccl"]), timeout=60)
+        check(rc == 2 and "--dist-backend nccl" in out and "--device cuda" in out,
+              f"--dist-backend nccl without a CUDA --device is refused: {out[-200:]}")
+        rc, out = run_weft(a.weft, "rl", args("onenccl", 1, ["--dist-backend", "ucx"]), timeout=60)
+        check(rc == 2 and "--dist-backend" in out and "--trainers" in out,
+              f"--dist-backend without --trainers K > 1 is refused: {out[-200:]}")
 
         for k in (1, 3):
             rc, out = run_weft(a.weft, "rl", args(f"k{k}", k), timeout=400)

@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "gpu/rl/grpo_loop.hpp"
 #include "gpu/rl/grpo_update.hpp"
 #include "gpu/rl/tasks.hpp"
+#include "gpu/train/sft_run.hpp"
 #include "gpu/train/trainable_model.hpp"
 #include "tests/unit/gpu/rl_test_support.hpp"
 
@@ -29,9 +31,17 @@ using weft::gpu::train::trainable_model;
 /// A group of 2 whose rank 1 runs in this process, in rank 0's reduce(): its forward and backward,
 /// the sum (rank 0's gradient + rank 1's, on both), its own AdamW step. `fail_at` (step,
 /// iteration): that reduce fails once, as a dead rank's would, after spoiling rank 1's state.
+/// `device` (e.g. "cpu:0"): the group sums on the devices, as with NCCL — rank 1 trains
+/// device-resident there and the sum adds the two ranks' device gradient buffers in place.
 class inprocess_group final : public update_group {
  public:
-  inprocess_group(const gguf_file& file, const grpo_loop_config& c) : cfg_(c) {
+  inprocess_group(const gguf_file& file, const grpo_loop_config& c, const std::string& device = "")
+      : cfg_(c) {
+    if (!device.empty()) {
+      auto d = train::open_training_device(device);
+      EXPECT_TRUE(d.ok() && *d) << device;
+      if (d.ok()) dev_ = std::move(*d);
+    }
     auto m = trainable_model<float>::load(file);
     EXPECT_TRUE(m.ok());
     model_ = std::move(*m);
@@ -47,19 +57,27 @@ class inprocess_group final : public update_group {
   std::optional<std::pair<int64_t, int64_t>> fail_at;
 
   int world() const override { return 2; }
-  status ready(std::span<const std::span<float>> state) override {
+  status ready(const state_source& source) override {
     lost_ = false;
     if (formed_) return {};
+    auto state = source();
+    if (!state) return state.error();
     auto mine = trainer_state(*model_, opt_);
-    EXPECT_EQ(mine.size(), state.size());
-    for (size_t i = 0; i < state.size(); ++i) {
-      std::copy(state[i].begin(), state[i].end(), mine[i].begin());
+    EXPECT_EQ(mine.size(), state->size());
+    for (size_t i = 0; i < state->size(); ++i) {
+      std::copy((*state)[i].begin(), (*state)[i].end(), mine[i].begin());
     }
     model_->host_replaced();
+    if (dev_ && !model_->device_resident()) {
+      if (auto st = model_->use_device(dev_.get()); !st) return st;
+      if (auto st = model_->set_device_resident(true); !st) return st;
+      model_->host_replaced();
+    }
     formed_ = true;
     ++groups_;
     return {};
   }
+  bool sums_on_device() const override { return dev_ != nullptr && formed_; }
   status start(const iteration_inputs& in,
                std::span<const std::vector<std::vector<train::train_batch>>> per_rank) override {
     lost_ = false;
@@ -77,23 +95,28 @@ class inprocess_group final : public update_group {
       return {status_code::internal, "gradient all-reduce: rank 1 is gone"};
     }
     std::vector<double> own(scalars.begin(), scalars.end());
+    // On the devices `grads` are rank 0's device buffers, here the CPU device's memory.
+    const auto sum_both = [&](std::span<const std::span<float>> g1, std::span<double> s1) {
+      EXPECT_EQ(g1.size(), grads.size());
+      for (size_t i = 0; i < g1.size(); ++i) {
+        for (size_t k = 0; k < g1[i].size(); ++k) {
+          const float sum = grads[i][k] + g1[i][k];  // rank order
+          grads[i][k] = sum;
+          g1[i][k] = sum;
+        }
+      }
+      for (size_t k = 0; k < s1.size(); ++k) {
+        const double sum = own[k] + s1[k];
+        scalars[k] = sum;
+        s1[k] = sum;
+      }
+      return status{};
+    };
+    const int shares = std::max(1, cfg_.shares);
     auto t =
-        update_iteration(*model_, opt_, decay_, cfg_.grpo, in_, std::max(1, cfg_.shares), lists_,
-                         [&](std::span<const std::span<float>> g1, std::span<double> s1) {
-                           for (size_t i = 0; i < g1.size(); ++i) {
-                             for (size_t k = 0; k < g1[i].size(); ++k) {
-                               const float sum = grads[i][k] + g1[i][k];  // rank order
-                               grads[i][k] = sum;
-                               g1[i][k] = sum;
-                             }
-                           }
-                           for (size_t k = 0; k < s1.size(); ++k) {
-                             const double sum = own[k] + s1[k];
-                             scalars[k] = sum;
-                             s1[k] = sum;
-                           }
-                           return status{};
-                         });
+        dev_ ? device_update_iteration(*model_, opt_, decay_, cfg_.grpo, in_, shares, lists_,
+                                       sum_both)
+             : update_iteration(*model_, opt_, decay_, cfg_.grpo, in_, shares, lists_, sum_both);
     return t ? status{} : t.error();
   }
   bool lost() const override { return lost_; }
@@ -104,6 +127,7 @@ class inprocess_group final : public update_group {
 
  private:
   grpo_loop_config cfg_;
+  std::unique_ptr<device> dev_;  // declared before the model: outlives it
   std::unique_ptr<trainable_model<float>> model_;
   train::adamw opt_;
   std::vector<uint8_t> decay_;
@@ -126,7 +150,8 @@ struct run {
 };
 
 run make_run(const gguf_file& file, const rl_task& task, const grpo_loop_config& c, bool grouped,
-             std::optional<std::pair<int64_t, int64_t>> fail_at = std::nullopt, int n = 4) {
+             std::optional<std::pair<int64_t, int64_t>> fail_at = std::nullopt, int n = 4,
+             const std::string& group_device = "") {
   run r;
   auto m = trainable_model<float>::load(file);
   EXPECT_TRUE(m.ok());
@@ -134,7 +159,7 @@ run make_run(const gguf_file& file, const rl_task& task, const grpo_loop_config&
   EXPECT_TRUE(loop.ok()) << loop.error().message();
   r.loop = std::move(*loop);
   if (grouped) {
-    r.group = std::make_shared<inprocess_group>(file, c);
+    r.group = std::make_shared<inprocess_group>(file, c, group_device);
     r.group->fail_at = fail_at;
     EXPECT_TRUE(r.loop->set_update_group(r.group).ok());
   }
@@ -279,6 +304,36 @@ TEST(grpo_group, on_a_device_trainer_rank_0_adds_its_gradients_into_host_memory)
   EXPECT_NE(dev.loop->model().compute_device(), nullptr);
   EXPECT_FALSE(dev.loop->model().device_resident());
   expect_same_weights(host.loop->model(), dev.loop->model());
+}
+
+TEST(grpo_group, summing_on_the_devices_every_rank_trains_device_resident) {
+  // --dist-backend nccl: when the group sums on the GPUs, rank 0 trains device-resident
+  // (weights, gradients and AdamW in device memory), its device gradient buffers are summed in
+  // place and AdamW runs there, on every rank. On the CPU device: the host group's bits, with a
+  // rank lost in the middle of an update (the new group gets rank 0's state from its device).
+  const auto file = tiny_file();
+  digits_task task;
+  auto c = cfg();
+  c.shares = 1;
+  auto host = make_run(file, task, c, true);
+  c.train_device = "cpu:0";
+  for (auto fail_at : {std::optional<std::pair<int64_t, int64_t>>{},
+                       std::optional<std::pair<int64_t, int64_t>>{{2, 0}}}) {
+    auto dev = make_run(file, task, c, true, fail_at, 4, "cpu:0");
+    ASSERT_EQ(host.steps.size(), dev.steps.size());
+    for (size_t s = 0; s < host.steps.size(); ++s) {
+      EXPECT_EQ(host.steps[s].loss, dev.steps[s].loss) << "step " << s + 1;
+      EXPECT_EQ(host.steps[s].grad_norm, dev.steps[s].grad_norm) << "step " << s + 1;
+      EXPECT_EQ(host.steps[s].reward_mean, dev.steps[s].reward_mean) << "step " << s + 1;
+    }
+    EXPECT_TRUE(dev.loop->model().device_resident());
+    EXPECT_TRUE(dev.group->model().device_resident());
+    EXPECT_EQ(dev.group->groups_formed(), fail_at ? 2 : 1);
+    ASSERT_TRUE(dev.loop->model().pull_to_host(nullptr).ok());
+    ASSERT_TRUE(dev.group->model().pull_to_host(nullptr).ok());
+    expect_same_weights(host.loop->model(), dev.loop->model());
+    expect_same_weights(dev.loop->model(), dev.group->model());
+  }
 }
 
 TEST(grpo_group, is_refused_with_stream_mode) {
