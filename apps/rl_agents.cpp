@@ -9,23 +9,13 @@
 #include "actors/node.hpp"
 #include "actors/rl/rollout_agent.hpp"
 #include "actors/runtime.hpp"
+#include "actors/train/device_sum.hpp"
 #include "apps/local_nodes.hpp"
 #include "apps/netns.hpp"
 
 namespace weft::apps {
 
 namespace {
-
-/// The GPU ordinal a --device names ("cuda" is 0, "cuda:N" N), or −1: not a CUDA device.
-int cuda_ordinal(const std::string& device) {
-  if (device == "cuda") return 0;
-  if (device.rfind("cuda:", 0) != 0) return -1;
-  try {
-    return std::stoi(device.substr(5));
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
 
 /// A one-for-one supervisor on the run's head for `children` (at most `max_restarts` a minute).
 /// A killed node process is relaunched first (local_nodes), so the first restart waits 1.5 s:
@@ -246,7 +236,7 @@ status rl_agent_cluster::start_trainers(const rl_agents_options& o, const std::s
   tc.allreduce_timeout_ms = o.allreduce_timeout_ms;
   tc.bucket_mb = o.bucket_mb;
   tc.dist_backend = o.trainer.dist_backend;
-  tc.cuda_device = cuda_ordinal(o.trainer.device);
+  tc.cuda_device = train::cuda_ordinal(o.trainer.device);
   tc.collectives_engine = o.trainer.collectives_engine;
   tc.no_group_timeout_ms = o.start_timeout_ms;
   tc.on_idle = [d] {

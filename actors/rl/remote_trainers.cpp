@@ -22,14 +22,13 @@
 #include "actors/rl/trainer_wire.hpp"
 #include "actors/roles.hpp"
 #include "actors/train/bucket_reducer.hpp"
-#include "actors/train/gradient_backend.hpp"
+#include "actors/train/device_sum.hpp"
 #include "actors/train/local_rank.hpp"
 #include "actors/train/rank_group.hpp"
 #include "actors/train/train_atoms.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/train/sft_run.hpp"
 #include "schema/caf_bridge.hpp"
-#include "transport/device_group.hpp"
 #include "transport/engine.hpp"
 #include "transport/peer_group.hpp"
 #include "transport/registry.hpp"
@@ -277,48 +276,27 @@ struct remote_trainers::impl {
   /// GPU there; then every rank's (host, GPU) key and the --dist-backend choice, the same on
   /// every rank; with NCCL, the group's communicator.
   status choose_backend() {
-    const auto host = train::this_host_key();
-    if (auto local = train::local_rank(*peers, host); !local) return local.error();
-    const uint64_t key = cfg.cuda_device < 0 || cfg.dist_backend == "ucx"
-                             ? 0
-                             : train::device_key(host, cfg.cuda_device);
-    auto keys = train::all_gather_keys(*peers, key);
-    if (!keys) return keys.error();
-    const auto choice = train::choose_gradient_backend(cfg.dist_backend, *keys);
-    if (choice.refused) {
-      fatal = "--dist-backend nccl: " + choice.why;
-      return make_error(errc::invalid_argument, fatal);
+    if (auto local = train::local_rank(*peers, train::this_host_key()); !local) {
+      return local.error();
     }
-    if (!choice.device) {
-      if (generation == 1) {
-        spdlog::info("trainer group: gradients summed over UCX through host memory: {}",
-                     choice.why);
+    auto sum = train::form_device_sum(*peers, cfg.dist_backend, cfg.cuda_device,
+                                      cfg.allreduce_timeout_ms, cfg.collectives_engine);
+    if (!sum) {
+      if (sum.error().code == errc::invalid_argument) fatal = sum.error().message;
+      return sum.error();
+    }
+    if (!sum->group) {
+      if (sum->join_failed) {
+        spdlog::warn(
+            "trainer group {}: {}; gradients summed through host memory instead "
+            "(--dist-backend nccl makes this an error)",
+            generation, sum->why);
+      } else if (generation == 1) {
+        spdlog::info("trainer group: gradients summed over UCX through host memory: {}", sum->why);
       }
       return {};
     }
-    transport::device_group_options o;
-    o.engine = cfg.collectives_engine;
-    o.device = cfg.cuda_device;
-    o.timeout_ms = cfg.allreduce_timeout_ms;
-    auto g = transport::device_group::join(*peers, o);
-    if (!g) {
-      // Every rank sees the same failure (join agrees on it); a lost peer restarts the group.
-      const auto code = g.error().code;
-      if (code == transport::status_code::canceled || code == transport::status_code::timeout ||
-          code == transport::status_code::peer_unreachable) {
-        return make_error(errc::unavailable, g.error().to_string());
-      }
-      if (cfg.dist_backend == "nccl") {
-        fatal = "--dist-backend nccl: " + g.error().to_string();
-        return make_error(errc::invalid_argument, fatal);
-      }
-      spdlog::warn(
-          "trainer group {}: NCCL group not formed ({}); gradients summed through host memory "
-          "instead (--dist-backend nccl makes this an error)",
-          generation, g.error().to_string());
-      return {};
-    }
-    device_group = std::move(*g);
+    device_group = std::move(sum->group);
     if (generation == 1) {
       spdlog::info(
           "trainer group: gradients summed on the GPUs with {} ({} ranks); every rank trains "

@@ -22,7 +22,7 @@
 #include "actors/rl/trainer_wire.hpp"
 #include "actors/roles.hpp"
 #include "actors/train/bucket_reducer.hpp"
-#include "actors/train/gradient_backend.hpp"
+#include "actors/train/device_sum.hpp"
 #include "actors/train/local_rank.hpp"
 #include "actors/train/rank_group.hpp"
 #include "actors/train/train_atoms.hpp"
@@ -30,7 +30,6 @@
 #include "gpu/gguf.hpp"
 #include "gpu/train/sft_run.hpp"
 #include "schema/caf_bridge.hpp"
-#include "transport/device_group.hpp"
 #include "transport/engine.hpp"
 #include "transport/peer_group.hpp"
 #include "transport/registry.hpp"
@@ -225,36 +224,17 @@ class rank_loop {
       if (auto st = model_->use_device(dev_.get()); !st) {
         return fatal("--device " + name + ": " + st.message());
       }
-      if (dev_->capabilities().kind == gpu::device_kind::cuda) {
-        const auto colon = name.find(':');
-        cuda = colon == std::string::npos ? 0 : std::stoi(name.substr(colon + 1));
-      }
+      if (dev_->capabilities().kind == gpu::device_kind::cuda) cuda = train::cuda_ordinal(name);
       spdlog::info("rl trainer {}: rank {} trains on {}", name_, cfg_.rank, name);
     }
-    const uint64_t key = cuda < 0 || cfg_.dist_backend == "ucx"
-                             ? 0
-                             : train::device_key(train::this_host_key(), cuda);
-    auto keys = train::all_gather_keys(*peers_, key);
-    if (!keys) return keys.error();
-    const auto choice = train::choose_gradient_backend(cfg_.dist_backend, *keys);
-    if (choice.refused) return fatal("--dist-backend nccl: " + choice.why);
-    if (!choice.device) return {};
-    transport::device_group_options o;
-    o.engine = cfg_.collectives_engine;
-    o.device = cuda;
-    o.timeout_ms = cfg_.allreduce_timeout_ms;
-    auto g = transport::device_group::join(*peers_, o);
-    if (!g) {
-      const auto code = g.error().code;
-      if (code == transport::status_code::canceled || code == transport::status_code::timeout ||
-          code == transport::status_code::peer_unreachable) {
-        return make_error(errc::unavailable, g.error().to_string());
-      }
-      if (cfg_.dist_backend == "nccl")
-        return fatal("--dist-backend nccl: " + g.error().to_string());
-      return {};  // rank 0 says why; the group sums through host memory
+    auto sum = train::form_device_sum(*peers_, cfg_.dist_backend, cuda, cfg_.allreduce_timeout_ms,
+                                      cfg_.collectives_engine);
+    if (!sum) {
+      if (sum.error().code == errc::invalid_argument) return fatal(sum.error().message);
+      return sum.error();
     }
-    device_group_ = std::move(*g);
+    if (!sum->group) return {};  // rank 0 says why; the group sums through host memory
+    device_group_ = std::move(sum->group);
     if (auto st = model_->set_device_resident(true); !st) return fatal(st.message());
     model_->host_replaced();
     spdlog::info("rl trainer {}: rank {} sums its gradients on GPU {} with {}", name_, cfg_.rank,

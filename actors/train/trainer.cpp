@@ -15,7 +15,7 @@
 #include "actors/roles.hpp"
 #include "actors/runtime.hpp"
 #include "actors/train/bucket_reducer.hpp"
-#include "actors/train/gradient_backend.hpp"
+#include "actors/train/device_sum.hpp"
 #include "actors/train/local_rank.hpp"
 #include "actors/train/rank_group.hpp"
 #include "actors/train/shared_files.hpp"
@@ -25,7 +25,6 @@
 #include "gpu/train/checkpoint.hpp"
 #include "gpu/train/export.hpp"
 #include "schema/caf_bridge.hpp"
-#include "transport/device_group.hpp"
 #include "transport/engine.hpp"
 #include "transport/peer_group.hpp"
 
@@ -190,42 +189,30 @@ class rank_loop {
   /// trainer's device reducer; every rank decides the same from every rank's (host, GPU) key.
   status choose_backend() {
     if (cfg_.world == 1) return {};
-    const auto& want = cfg_.run.dist_backend;
     int gpu_index = -1;
     if (run_->dev && run_->dev->capabilities().kind == gpu::device_kind::cuda &&
         run_->model->device_resident()) {
-      const auto colon = cfg_.run.device.find(':');
-      gpu_index = colon == std::string::npos ? 0 : std::stoi(cfg_.run.device.substr(colon + 1));
+      gpu_index = cuda_ordinal(cfg_.run.device);
     }
-    auto keys = all_gather_keys(
-        *peers_, gpu_index < 0 || want == "ucx" ? 0 : device_key(this_host_key(), gpu_index));
-    if (!keys) return keys.error();
-    const auto choice = choose_gradient_backend(want, *keys);
-    if (choice.refused) return fatal("--dist-backend nccl: " + choice.why);
-    if (!choice.device) {
-      if (cfg_.rank == 0)
+    auto sum =
+        form_device_sum(*peers_, cfg_.run.dist_backend, gpu_index, cfg_.allreduce_timeout_ms);
+    if (!sum) {
+      if (sum.error().code == errc::invalid_argument) return fatal(sum.error().message);
+      return sum.error();
+    }
+    if (!sum->group) {
+      if (sum->join_failed) {
+        spdlog::warn(
+            "trainer {}: {}; gradients summed through host memory instead (--dist-backend nccl "
+            "makes this an error)",
+            name_, sum->why);
+      } else if (cfg_.rank == 0) {
         spdlog::info("trainer {}: gradients summed over the transport through host memory: {}",
-                     name_, choice.why);
+                     name_, sum->why);
+      }
       return {};
     }
-    transport::device_group_options o;
-    o.device = gpu_index;
-    o.timeout_ms = cfg_.allreduce_timeout_ms;
-    auto group = transport::device_group::join(*peers_, o);
-    if (!group) {
-      // Every rank sees the same failure (join agrees on it); a lost peer restarts the group.
-      if (group.error().code == transport::status_code::canceled ||
-          group.error().code == transport::status_code::timeout ||
-          group.error().code == transport::status_code::peer_unreachable)
-        return make_error(errc::unavailable, group.error().to_string());
-      if (want == "nccl") return fatal("--dist-backend nccl: " + group.error().to_string());
-      spdlog::warn(
-          "trainer {}: NCCL group not formed ({}); gradients summed through host memory instead "
-          "(--dist-backend nccl makes this an error)",
-          name_, group.error().to_string());
-      return {};
-    }
-    device_group_ = std::move(*group);
+    device_group_ = std::move(sum->group);
     spdlog::info("trainer {}: rank {} sums its gradients on GPU {} with {} ({} ranks)", name_,
                  cfg_.rank, gpu_index, device_group_->engine_name(), device_group_->size());
     trainer_->set_device_reducer(
