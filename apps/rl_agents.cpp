@@ -88,6 +88,7 @@ result<std::unique_ptr<rl_agent_cluster>> rl_agent_cluster::start(const rl_agent
   rc.weight_timeout_ms = o.weight_timeout_ms;
   rc.length_aware = o.length_aware;
   rc.consolidate_tail = o.consolidate_tail;
+  rc.weight_fanout = o.weight_fanout;
   rc.routes = o.routes;
   if (c->d_->netns) {
     // Agents pull weights from this process over the bridge, the only device they can reach.

@@ -21,6 +21,7 @@ struct rl_agents_options {
   int agent_threads = 1;
   bool length_aware = true;
   int64_t consolidate_tail = 0;  ///< rollouts an agent takes from a step's tail (0: off)
+  int weight_fanout = 0;         ///< pulls one source serves at once (0: all from the controller)
   uint32_t weight_timeout_ms = 60'000;
   uint32_t start_timeout_ms = 300'000;
   std::string model_path;

@@ -243,10 +243,10 @@ bool options_fit_together(const rl_options& o) {
     return false;
   }
   if (o.agents == 0 && (o.agent_threads > 0 || !o.dispatch.empty() || o.weight_sync_timeout_s > 0 ||
-                        o.netns || o.consolidate_tail > 0)) {
+                        o.netns || o.consolidate_tail > 0 || o.weight_fanout > 0)) {
     spdlog::error(
-        "--agent-threads, --dispatch, --weight-sync-timeout-s, --consolidate-tail and --netns "
-        "need --agents N");
+        "--agent-threads, --dispatch, --weight-sync-timeout-s, --weight-fanout, "
+        "--consolidate-tail and --netns need --agents N");
     return false;
   }
   if (o.trajectory_priority) {

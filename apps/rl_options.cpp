@@ -375,6 +375,13 @@ void add_update_options(CLI::App* cmd, rl_options* o) {
                   "(replaying their tokens so far) and the freed agents take the next rollouts "
                   "or leave their cores to the trainer (default 0: off; docs/rl.md)")
       ->check(CLI::Range(1, 4096));
+  cmd->add_option("--weight-fanout", o->weight_fanout,
+                  "--agents: F agents pull each new weight version from the trainer's process, "
+                  "the others from agents that already hold it, at most F at a time from each — "
+                  "a tree through the agents — so the version leaves the trainer's process F "
+                  "times instead of once per agent (default 0: every agent pulls from the "
+                  "trainer's process at once)")
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("--weight-sync-timeout-s", o->weight_sync_timeout_s,
                   "--agents: an agent that has not pulled and applied a new weight version "
                   "within this many seconds is restarted (default 60)")

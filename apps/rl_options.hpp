@@ -112,6 +112,7 @@ struct rl_options {
   std::string dispatch;                ///< default length-aware
   double weight_sync_timeout_s = 0.0;  ///< default 60
   int64_t consolidate_tail = 0;        ///< 0: off
+  int weight_fanout = 0;               ///< 0: every agent pulls from the controller
   bool netns = false;                  ///< each agent's node in a network namespace of its own
 };
 

@@ -145,6 +145,7 @@ void rl_reporter::report(const gpu::rl::rl_step_record& r, double step_seconds) 
                       {"rollouts_consolidated", r.agents.rollouts_consolidated},
                       {"consolidations", r.agents.consolidations},
                       {"peer_weight_pulls", r.agents.peer_weight_pulls},
+                      {"controller_weight_pulls", r.agents.controller_weight_pulls},
                       {"reward_restarts", r.reward_restarts},
                       {"reward_workers_lost", r.reward_workers_lost},
                       {"reward_parts_rescored", r.reward_parts_rescored},
@@ -250,8 +251,12 @@ std::string rl_reporter::prometheus() const {
          "Rollouts moved off an agent to consolidate a step's tail (--consolidate-tail)",
          static_cast<double>(last_.agents.rollouts_consolidated));
   metric("weft_rl_peer_weight_pulls_total", "counter",
-         "Weight versions a joining agent pulled from a peer agent",
+         "Weight versions an agent pulled from a peer agent (a joining agent, or "
+         "--weight-fanout's tree)",
          static_cast<double>(last_.agents.peer_weight_pulls));
+  metric("weft_rl_controller_weight_pulls_total", "counter",
+         "Weight versions an agent pulled from the trainer's process",
+         static_cast<double>(last_.agents.controller_weight_pulls));
   metric("weft_rl_reward_restarts_total", "counter",
          "--reward-cmd processes restarted (a crash or a hang) or --reward-url requests sent "
          "again",

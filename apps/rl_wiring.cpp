@@ -130,6 +130,7 @@ result<std::unique_ptr<rl_agent_cluster>> start_agents(const rl_options& o,
   ao.agent_threads = o.agent_threads > 0 ? o.agent_threads : 1;
   ao.length_aware = o.dispatch != "round-robin";
   ao.consolidate_tail = o.consolidate_tail;
+  ao.weight_fanout = o.weight_fanout;
   ao.weight_timeout_ms = static_cast<uint32_t>(
       (o.weight_sync_timeout_s > 0.0 ? o.weight_sync_timeout_s : 60.0) * 1000.0);
   ao.model_path = o.model_path;

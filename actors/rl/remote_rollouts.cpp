@@ -92,6 +92,9 @@ struct remote_rollouts::impl {
     transport::bytes source_address, source_region;
     int64_t source_version = -1;
     int pulling_from = -1;  ///< the peer of its current pull (-1: the controller)
+    /// --weight-fanout: waits for a source with a free pull slot (the controller or an agent
+    /// that holds the version) before it is offered the version.
+    bool queued = false;
   };
   std::vector<agent_slot> agents;
 
@@ -113,8 +116,9 @@ struct remote_rollouts::impl {
   gpu::rl::rollout_backend_stats st;
   clock_type::time_point no_agent_since = clock_type::now();
   clock_type::time_point offered_at{};
-  std::string failure;   ///< set by handlers: poll() reports it
-  bool started = false;  ///< wait_ready() saw every agent ready
+  int controller_offers = 0;  ///< --weight-fanout: the current version's offers from the image
+  std::string failure;        ///< set by handlers: poll() reports it
+  bool started = false;       ///< wait_ready() saw every agent ready
 
   int slot_of(const caf::actor_addr& a) const {
     for (size_t i = 0; i < agents.size(); ++i) {
@@ -130,16 +134,79 @@ struct remote_rollouts::impl {
   /// Offers the current version to agent i: from a live peer that holds it when `from_peer`
   /// (a joining agent spares the trainer's process), else from the controller's image.
   void offer_to(int i, bool from_peer) {
-    agent_slot& a = agents[static_cast<size_t>(i)];
     int peer = -1;
     for (size_t j = 0; from_peer && j < agents.size(); ++j) {
-      const agent_slot& p = agents[j];
-      if (static_cast<int>(j) != i && p.alive && p.ready && p.source_version == image->version() &&
-          !p.source_address.empty() && !p.source_region.empty()) {
+      if (static_cast<int>(j) != i && holds_current(static_cast<int>(j))) {
         peer = static_cast<int>(j);
         break;
       }
     }
+    offer_from(i, peer);
+  }
+
+  /// Whether agent j holds the current version where peers can pull it.
+  bool holds_current(int j) const {
+    const agent_slot& p = agents[static_cast<size_t>(j)];
+    return p.alive && p.ready && image != nullptr && p.source_version == image->version() &&
+           !p.source_address.empty() && !p.source_region.empty();
+  }
+
+  /// Pulls of the current version now running from `source` (−1: the controller).
+  int pulls_from(int source) const {
+    int n = 0;
+    for (const auto& a : agents) n += a.alive && !a.ready && !a.queued && a.pulling_from == source;
+    return n;
+  }
+
+  /// --weight-fanout F: the queued agents are offered the current version as a tree — F of
+  /// them from the controller, then each from an agent that holds it, the one with the fewest
+  /// pulls running, at most F at a time each — so a version leaves the trainer's process F times,
+  /// not once per agent. With no agent holding it and no pull running (the holders died), the
+  /// controller serves again.
+  void relay() {
+    if (cfg.weight_fanout <= 0 || image == nullptr) return;
+    for (size_t i = 0; i < agents.size(); ++i) {
+      agent_slot& a = agents[i];
+      if (!a.alive || !a.queued) continue;
+      int source = -2, busy = 0;
+      if (controller_offers < cfg.weight_fanout) {
+        source = -1;
+      } else {
+        for (size_t j = 0; j < agents.size(); ++j) {
+          if (j == i || !holds_current(static_cast<int>(j))) continue;
+          const int n = pulls_from(static_cast<int>(j));
+          if (n < cfg.weight_fanout && (source == -2 || n < busy)) {
+            source = static_cast<int>(j);
+            busy = n;
+          }
+        }
+        if (source == -2 && !any_pull_running() && !any_holder()) source = -1;
+      }
+      if (source == -2) return;  // every source busy: the next acknowledgement frees one
+      a.queued = false;
+      if (source == -1) ++controller_offers;
+      offer_from(static_cast<int>(i), source);
+      if (!failure.empty()) return;
+    }
+  }
+
+  bool any_pull_running() const {
+    for (const auto& a : agents) {
+      if (a.alive && !a.ready && !a.queued) return true;
+    }
+    return false;
+  }
+
+  bool any_holder() const {
+    for (size_t j = 0; j < agents.size(); ++j) {
+      if (holds_current(static_cast<int>(j))) return true;
+    }
+    return false;
+  }
+
+  /// Offers the current version to agent i from `peer`'s pull buffer (−1: the controller).
+  void offer_from(int i, int peer) {
+    agent_slot& a = agents[static_cast<size_t>(i)];
     auto env = peer >= 0 ? image->offer(cfg.weight_timeout_ms,
                                         &agents[static_cast<size_t>(peer)].source_address,
                                         &agents[static_cast<size_t>(peer)].source_region)
@@ -152,8 +219,15 @@ struct remote_rollouts::impl {
     a.pulling_from = peer;
     if (peer >= 0) {
       ++st.peer_weight_pulls;
-      spdlog::info("rollout agent {} pulls weight version {} from rollout agent {}", i,
-                   image->version(), peer);
+      if (cfg.weight_fanout <= 0) {
+        spdlog::info("rollout agent {} pulls weight version {} from rollout agent {}", i,
+                     image->version(), peer);
+      } else {
+        spdlog::debug("rollout agent {} pulls weight version {} from rollout agent {}", i,
+                      image->version(), peer);
+      }
+    } else {
+      ++st.controller_weight_pulls;
     }
     caf::send_as(controller, a.who, r_offer_atom::value, std::move(*env));
   }
@@ -186,6 +260,7 @@ struct remote_rollouts::impl {
     a.load = 0.0;
     a.source_version = -1;
     a.pulling_from = -1;
+    a.queued = false;
     // An agent starts with the model file's weights: version 0 until the first publish().
     if (image == nullptr || image->version() == h->get().getVersion()) {
       a.ready = true;
@@ -311,6 +386,7 @@ struct remote_rollouts::impl {
     if (!a.alive) return;
     a.alive = false;
     a.ready = false;
+    a.queued = false;
     a.source_version = -1;
     ++st.agents_lost;
     int64_t moved = 0;
@@ -356,6 +432,7 @@ struct remote_rollouts::impl {
           break;
       }
     }
+    relay();
     dispatch();
     consolidate();
     refresh_status();
@@ -374,6 +451,7 @@ struct remote_rollouts::impl {
     j["rollouts_moved"] = st.rollouts_moved;
     j["rollouts_consolidated"] = st.rollouts_consolidated;
     j["peer_weight_pulls"] = st.peer_weight_pulls;
+    j["controller_weight_pulls"] = st.controller_weight_pulls;
     auto& list = j["agents"] = nlohmann::json::array();
     for (size_t i = 0; i < agents.size(); ++i) {
       const agent_slot& a = agents[i];
@@ -752,9 +830,18 @@ gpu::status remote_rollouts::publish(int64_t version,
   }
   d_->version = version;
   d_->st.last_pull_s = 0.0;
+  d_->controller_offers = 0;
   for (size_t i = 0; i < d_->agents.size(); ++i) {
-    if (d_->agents[i].alive) d_->offer_to(static_cast<int>(i), false);
+    auto& a = d_->agents[i];
+    if (!a.alive) continue;
+    if (d_->cfg.weight_fanout > 0) {
+      a.ready = false;  // takes no rollout until it holds the version
+      a.queued = true;
+    } else {
+      d_->offer_to(static_cast<int>(i), false);
+    }
   }
+  d_->relay();
   const auto deadline = t0 + std::chrono::milliseconds(d_->cfg.weight_timeout_ms);
   for (;;) {
     d_->drain();

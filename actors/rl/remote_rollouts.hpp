@@ -13,7 +13,8 @@
 ///   acknowledge in time, or fails to, is stopped (its supervisor restarts it). An agent that says
 ///   hello later is offered the current version and gets no rollout before it acknowledges.
 ///   A joining agent pulls the current version from a live peer agent that holds it (its pull
-///   buffer), falling back to the controller when that fails.
+///   buffer), falling back to the controller when that fails. With weight_fanout F > 0 a version
+///   leaves the controller F times and spreads through the agents as a tree.
 /// - Failures: when an agent dies, each of its unfinished rollouts moves to a live agent with the
 ///   tokens generated so far, which it replays (decode numerics, the seeded sampler skips the draws
 ///   they used) and continues: the same tokens an undisturbed run gives. Nothing is lost or counted
@@ -48,6 +49,11 @@ struct remote_rollouts_config {
   /// replayed with their tokens so far — and the freed agents take the next rollouts (or leave
   /// their cores to the trainer).
   int64_t consolidate_tail = 0;
+  /// --weight-fanout F (0: every agent pulls each version from the controller at once): F agents
+  /// pull a new version from the controller's image, the others from agents that already hold
+  /// it (their pull buffers), at most F pulls at a time from each — a tree through the agents —
+  /// so the version leaves the trainer's process F times, not once per agent.
+  int weight_fanout = 0;
   /// How long rollouts may wait with no ready agent before poll() fails.
   uint32_t no_agent_timeout_ms = 180'000;
   /// Called about every 100 ms while waiting (e.g. to relaunch dead node processes).

@@ -60,8 +60,10 @@ struct rollout_backend_stats {
   int64_t rollouts_consolidated = 0;
   int64_t consolidations = 0;
   int64_t peer_weight_pulls = 0;  ///< weight versions an agent pulled from a peer agent
-  int ready_agents = 0;           ///< agents holding the current version now
-  double last_pull_s = 0.0;       ///< the slowest agent's pull in the last publish()
+  /// Weight versions an agent pulled from the controller's image (the trainer's process).
+  int64_t controller_weight_pulls = 0;
+  int ready_agents = 0;      ///< agents holding the current version now
+  double last_pull_s = 0.0;  ///< the slowest agent's pull in the last publish()
 };
 
 class rollout_backend {

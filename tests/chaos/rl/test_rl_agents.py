@@ -12,6 +12,9 @@ bits whatever else is in the batch, so a moved rollout continues bit for bit):
 - --mode stream with agents: repeatable bit for bit, unchanged by a killed agent, and its first
   update equals sync's up to rounding;
 - --mode async --max-staleness 2 with agents: the staleness bound holds for every step;
+- --agents 3 --weight-fanout 1: each weight version leaves the controller once and goes on from
+  agent to agent, the run unchanged bit for bit (also with a link of the chain SIGKILLed);
+  without it every agent pulls from the controller (the metrics count both);
 - an agent that cannot start (a device its node does not have) ends the run at once, naming it;
 - options of the agents without --agents are refused.
 
@@ -121,6 +124,45 @@ def main():
                   f"killed: the metrics count the lost agents, moved rollouts and peer pulls "
                   f"({last['agents_lost']}, {last['rollouts_moved']}, {last['peer_weight_pulls']},"
                   f" {last['agents_ready']} ready)")
+
+        # --weight-fanout 1 with 3 agents: each version leaves the controller once and goes on
+        # from agent to agent (a chain); the run is the same bit for bit. Then agent 1 — a link
+        # of the chain — is SIGKILLed: the pulls it served fail over, and the run is unchanged.
+        rc, out = run_weft(a.weft, "rl", args("fanout", ["--agents", "3", "--weight-fanout", "1"]),
+                           timeout=400)
+        check(rc == 0, f"--agents 3 --weight-fanout 1: exits 0 (rc {rc}) {out[-300:]}")
+        if rc == 0:
+            got = outcome("fanout")
+            check(got[0] == want[0] and got[2] == want[2], "--weight-fanout 1: rewards, losses "
+                  "and final weights equal the in-process run's, bit for bit")
+            rows = [r for r in read_jsonl(os.path.join(tmp, "fanout.jsonl"))
+                    if r["kind"] == "step"]
+            last = rows[-1]
+            # One version a step (the last step's is published too): once from the controller,
+            # twice from a peer.
+            check(last["controller_weight_pulls"] == STEPS and
+                  last["peer_weight_pulls"] == 2 * STEPS,
+                  f"--weight-fanout 1: {STEPS} pulls from the controller and {2 * STEPS} from "
+                  f"peers ({last['controller_weight_pulls']}, {last['peer_weight_pulls']})")
+        rc, out = run_weft(a.weft, "rl", args("fanout_default", ["--agents", "3"]), timeout=400)
+        if rc == 0:
+            last = [r for r in read_jsonl(os.path.join(tmp, "fanout_default.jsonl"))
+                    if r["kind"] == "step"][-1]
+            check(last["controller_weight_pulls"] == 3 * STEPS and last["peer_weight_pulls"] == 0,
+                  f"without --weight-fanout every agent pulls from the controller "
+                  f"({last['controller_weight_pulls']}, {last['peer_weight_pulls']})")
+        else:
+            check(False, f"--agents 3: exits 0 (rc {rc}) {out[-300:]}")
+        rc, out, sent = killed_run(a.weft, args("fanout_killed", ["--agents", "3",
+                                                                  "--weight-fanout", "1"]),
+                                   [(4, 1)])
+        check(rc == 0 and len(sent) == 1,
+              f"--weight-fanout 1, agent 1 SIGKILLed: the run exits 0 (rc {rc}, {sent}) "
+              f"{out[-600:]}")
+        if rc == 0:
+            got = outcome("fanout_killed")
+            check(got[0] == want[0] and got[2] == want[2], "--weight-fanout 1, agent killed: "
+                  "rewards, losses and final weights equal the undisturbed run's, bit for bit")
 
         # --mode stream: groups train as they are scored, in group order — repeatable bit for bit,
         # a kill changes nothing, and the update equals sync's up to the summation order.
