@@ -60,6 +60,11 @@ MODES = {
     "sync KL fused": ["--kl-coef", "0.04"],
     # A data-parallel trainer group: rank 0 in the weft rl process, rank 1 on a trainer node.
     "agents1 sync": ["--agents", "1"],
+    # Weight versions to 3 agents: all from the controller (the baseline), or as a chain
+    # (--weight-fanout 1: once from the controller, then agent to agent).
+    "agents3 sync": ["--agents", "3"],
+    "agents3 sync fanout 1": ["--agents", "3", "--weight-fanout", "1"],
+    "agents3 sync fanout 2": ["--agents", "3", "--weight-fanout", "2"],
     "agents1 sync trainers 2": ["--agents", "1", "--trainers", "2"],
     # The group's all-reduce after the backward instead of in buckets during it (--bucket-mb 25).
     "agents1 sync trainers 2 buckets 0": ["--agents", "1", "--trainers", "2", "--bucket-mb", "0"],
@@ -110,6 +115,8 @@ def run_weft(a, extra, metrics):
             "staleness": [r.get("staleness_mean", 0.0) for r in steps],
             "mixed_version_samples": sum(r.get("mixed_version_samples", 0) for r in steps),
             "rollouts_consolidated": steps[-1].get("rollouts_consolidated", 0) if steps else 0,
+            "controller_weight_pulls": steps[-1].get("controller_weight_pulls", 0) if steps else 0,
+            "peer_weight_pulls": steps[-1].get("peer_weight_pulls", 0) if steps else 0,
             "stage_seconds": {k: sum(r.get(k, 0.0) for r in steps)
                               for k in ["rollout_s", "train_s", "sync_s", "ref_s", "reduce_s",
                                         "reward_s", "reward_wait_s", "ref_wait_s"]}}
@@ -163,7 +170,9 @@ def main():
                       f"{statistics.mean(r['lengths']):.1f}; train {r['stage_seconds']['train_s']:.1f} s "
                       f"(all-reduce waited for {r['stage_seconds']['reduce_s']:.2f} s); rewards "
                       f"{r['stage_seconds']['reward_s']:.1f} s, waited for "
-                      f"{r['stage_seconds']['reward_wait_s']:.1f} s", flush=True)
+                      f"{r['stage_seconds']['reward_wait_s']:.1f} s; weight sync "
+                      f"{r['stage_seconds']['sync_s']:.2f} s ({r['controller_weight_pulls']} pulls "
+                      f"from the controller, {r['peer_weight_pulls']} from peers)", flush=True)
     if endpoint:
         endpoint.terminate()
         endpoint.wait()
