@@ -105,6 +105,8 @@ struct WeightAck {
   applySeconds @4 :Float64;
   address @5 :Data;        # the agent's transport address (applied only)
   region @6 :Data;         # its image buffer's descriptor (applied only)
+  pulled @7 :Bool;         # true: pulled and verified, not applied yet (the acknowledgement
+                           # follows): peers may pull this version from `region` already
 }
 
 # Reward workers (`weft rl --reward-workers K`): the user's reward program runs on other nodes.

@@ -81,6 +81,7 @@ struct remote_rollouts::impl {
   std::unique_ptr<weight_image> image;
   int64_t version = 0;
 
+  static constexpr int no_pull = -3;  ///< agent_slot::pulling_from once its pull is done
   struct agent_slot {
     caf::actor who;
     bool alive = false;
@@ -91,10 +92,13 @@ struct remote_rollouts::impl {
     /// Where peers can pull the version it holds (its pull buffer), once it pulled one.
     transport::bytes source_address, source_region;
     int64_t source_version = -1;
-    int pulling_from = -1;  ///< the peer of its current pull (-1: the controller)
+    int pulling_from = -1;  ///< the peer of its current pull (-1: the controller; no_pull)
     /// --weight-fanout: waits for a source with a free pull slot (the controller or an agent
     /// that holds the version) before it is offered the version.
     bool queued = false;
+    /// Holds the current version in its pull buffer, pulled and verified, while it applies it
+    /// (its acknowledgement follows): peers may pull it from there already.
+    bool holding = false;
   };
   std::vector<agent_slot> agents;
 
@@ -147,8 +151,9 @@ struct remote_rollouts::impl {
   /// Whether agent j holds the current version where peers can pull it.
   bool holds_current(int j) const {
     const agent_slot& p = agents[static_cast<size_t>(j)];
-    return p.alive && p.ready && image != nullptr && p.source_version == image->version() &&
-           !p.source_address.empty() && !p.source_region.empty();
+    return p.alive && (p.ready || p.holding) && image != nullptr &&
+           p.source_version == image->version() && !p.source_address.empty() &&
+           !p.source_region.empty();
   }
 
   /// Pulls of the current version now running from `source` (−1: the controller).
@@ -207,6 +212,7 @@ struct remote_rollouts::impl {
   /// Offers the current version to agent i from `peer`'s pull buffer (−1: the controller).
   void offer_from(int i, int peer) {
     agent_slot& a = agents[static_cast<size_t>(i)];
+    a.holding = false;  // its buffer is about to be overwritten
     auto env = peer >= 0 ? image->offer(cfg.weight_timeout_ms,
                                         &agents[static_cast<size_t>(peer)].source_address,
                                         &agents[static_cast<size_t>(peer)].source_region)
@@ -261,6 +267,7 @@ struct remote_rollouts::impl {
     a.source_version = -1;
     a.pulling_from = -1;
     a.queued = false;
+    a.holding = false;
     // An agent starts with the model file's weights: version 0 until the first publish().
     if (image == nullptr || image->version() == h->get().getVersion()) {
       a.ready = true;
@@ -305,6 +312,12 @@ struct remote_rollouts::impl {
                            reinterpret_cast<const std::byte*>(k->get().getRegion().end()));
     a.source_version = k->get().getVersion();
     if (!current) return;  // an older offer
+    if (k->get().getPulled()) {
+      // Pulled and verified, being applied: a source for its peers now, rollouts once applied.
+      a.holding = true;
+      a.pulling_from = no_pull;
+      return;
+    }
     a.ready = true;
     a.pulling_from = -1;
     st.last_pull_s = std::max(st.last_pull_s, k->get().getPullSeconds());
@@ -387,6 +400,7 @@ struct remote_rollouts::impl {
     a.alive = false;
     a.ready = false;
     a.queued = false;
+    a.holding = false;
     a.source_version = -1;
     ++st.agents_lost;
     int64_t moved = 0;

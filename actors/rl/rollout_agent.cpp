@@ -290,6 +290,9 @@ class agent_loop {
     } else {
       const auto t1 = std::chrono::steady_clock::now();
       pull_s = std::chrono::duration<double>(t1 - t0).count();
+      // Pulled and checksummed: peers may pull the version from the buffer while it is applied
+      // here (--weight-fanout's tree then moves on at the speed of the pulls).
+      send_ack(version, {}, pull_s, 0.0, true);
       auto st = gpu::rl::apply_weights(*model_, *engine_, version, *tensors);
       apply_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
       if (!st) {
@@ -302,6 +305,15 @@ class agent_loop {
                     name_, version, pull_s, apply_s);
     }
     // Applied: the buffer holds this version until the next pull; peers may pull it from here.
+    send_ack(version, why, pull_s, apply_s, false);
+    return {};
+  }
+
+  /// The acknowledgement of weight `version` (`why`: its error, empty on success); `pulled`: the
+  /// version is pulled and verified but not applied yet. On success it says where peers can
+  /// pull the version from (this agent's address and buffer).
+  void send_ack(int64_t version, const std::string& why, double pull_s, double apply_s,
+                bool pulled) {
     transport::bytes address, region;
     if (why.empty()) {
       auto a = transport_->local_address();
@@ -319,8 +331,8 @@ class agent_loop {
                                              address.size()));
                    b.setRegion(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(region.data()),
                                             region.size()));
+                   b.setPulled(pulled);
                  }));
-    return {};
   }
 
   status step() {
