@@ -65,6 +65,9 @@ MODES = {
     "agents3 sync": ["--agents", "3"],
     "agents3 sync fanout 1": ["--agents", "3", "--weight-fanout", "1"],
     "agents3 sync fanout 2": ["--agents", "3", "--weight-fanout", "2"],
+    # The same across network namespaces: every pull crosses the bridge over TCP.
+    "agents3 sync netns": ["--agents", "3", "--netns"],
+    "agents3 sync netns fanout 1": ["--agents", "3", "--netns", "--weight-fanout", "1"],
     "agents1 sync trainers 2": ["--agents", "1", "--trainers", "2"],
     # The group's all-reduce after the backward instead of in buckets during it (--bucket-mb 25).
     "agents1 sync trainers 2 buckets 0": ["--agents", "1", "--trainers", "2", "--bucket-mb", "0"],
