@@ -275,11 +275,11 @@ int run_serve_status(const client_cli& cli) {
     }
     out += fmt::format(
         "weight version {}, {} rollouts live ({} waiting), {} agents lost, {} rollouts moved, "
-        "{} consolidated, {} peer weight pulls\n",
+        "{} consolidated, {} weight pulls from the controller and {} from peers\n",
         rl.value("weight_version", int64_t{0}), rl.value("rollouts_live", 0),
         rl.value("rollouts_waiting", 0), rl.value("agents_lost", int64_t{0}),
         rl.value("rollouts_moved", int64_t{0}), rl.value("rollouts_consolidated", int64_t{0}),
-        rl.value("peer_weight_pulls", int64_t{0}));
+        rl.value("controller_weight_pulls", int64_t{0}), rl.value("peer_weight_pulls", int64_t{0}));
   }
   const auto& rw = j["rewards"];
   if (rw.is_object()) {
@@ -301,8 +301,11 @@ int run_serve_status(const client_cli& cli) {
       out += fmt::format("{:<14} {:<8} {:>8}\n", r.value("rank", 0),
                          r.value("state", std::string{}), r.value("pid", 0));
     }
-    out += fmt::format("trainer group generation {}, {} group(s) formed\n",
-                       tr.value("generation", 0), tr.value("groups_formed", int64_t{0}));
+    out += fmt::format("trainer group generation {}, {} group(s) formed, gradients summed {}\n",
+                       tr.value("generation", 0), tr.value("groups_formed", int64_t{0}),
+                       tr.value("gradient_sum", std::string{"host"}) == "gpu"
+                           ? "on the GPUs (NCCL)"
+                           : "in host memory (UCX)");
   }
   const auto& rf = j["reference"];
   if (rf.is_object()) {

@@ -71,12 +71,16 @@ def main():
               f"{STEPS} steps, some with a gradient")
         st = status.get("json")
         if st is not None and st.returncode == 0:
-            ranks = (json.loads(st.stdout).get("trainers") or {}).get("ranks", [])
+            group = json.loads(st.stdout).get("trainers") or {}
+            ranks = group.get("ranks", [])
             check(len(ranks) == 1 and ranks[0]["state"] == "ready" and ranks[0]["pid"] > 0,
                   f"weft cluster status --rl lists rank 1 ({ranks})")
+            check(group.get("gradient_sum") == "host",
+                  f"and says the group sums in host memory ({group.get('gradient_sum')})")
             text = status["table"].stdout
-            check("trainer-node-1" in text and "TRAINER RANK" in text,
-                  f"and prints the trainer node and the ranks: {text[-400:]}")
+            check("trainer-node-1" in text and "TRAINER RANK" in text and
+                  "gradients summed in host memory (UCX)" in text,
+                  f"and prints the trainer node, the ranks and where they sum: {text[-400:]}")
         else:
             check(False, f"weft cluster status --rl answered ({st.stderr[-300:] if st else None})")
 
