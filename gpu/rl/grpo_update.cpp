@@ -33,6 +33,16 @@ status reduce_scalars_with(iteration_totals& t, Sum&& sum) {
   return {};
 }
 
+/// The objective's counters and the routing replay's of this rank's forward and backward.
+void take_counters(iteration_totals& t, const ppo_stats& stats,
+                   train::trainable_model<float>& model) {
+  t.tokens = stats.tokens.load();
+  t.clipped = stats.clipped.load();
+  t.abs_ratio_dev_nano = stats.abs_ratio_dev_nano.load();
+  t.kl_nano = stats.kl_nano.load();
+  std::tie(t.routes_replayed, t.routes_differ) = model.take_routing_stats();
+}
+
 }  // namespace
 
 result<iteration_totals> update_iteration(train::trainable_model<float>& model, train::adamw& opt,
@@ -66,11 +76,7 @@ result<iteration_totals> update_iteration(train::trainable_model<float>& model, 
     grads.emplace_back(p.grad);
     values.emplace_back(p.value);
   }
-  t.tokens = stats.tokens.load();
-  t.clipped = stats.clipped.load();
-  t.abs_ratio_dev_nano = stats.abs_ratio_dev_nano.load();
-  t.kl_nano = stats.kl_nano.load();
-  std::tie(t.routes_replayed, t.routes_differ) = model.take_routing_stats();
+  take_counters(t, stats, model);
   if (reduce) {
     if (auto st = reduce_scalars_with(t,
                                       [&](std::span<double> scalars) {
@@ -102,11 +108,7 @@ result<iteration_totals> device_update_iteration(
     if (!l) return l.error();
     t.loss_sum = l->sum;
   }
-  t.tokens = stats.tokens.load();
-  t.clipped = stats.clipped.load();
-  t.abs_ratio_dev_nano = stats.abs_ratio_dev_nano.load();
-  t.kl_nano = stats.kl_nano.load();
-  std::tie(t.routes_replayed, t.routes_differ) = model.take_routing_stats();
+  take_counters(t, stats, model);
   if (reduce) {
     // A rank without samples sums its zeroed buffers (device_gradients zeroes what no backward
     // wrote), so every rank makes the same calls.

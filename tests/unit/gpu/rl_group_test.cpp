@@ -179,6 +179,16 @@ void expect_same_weights(trainable_model<float>& a, trainable_model<float>& b) {
   for (size_t i = 0; i < va.size(); ++i) ASSERT_EQ(va[i].value, vb[i].value) << va[i].name;
 }
 
+/// The same losses, gradient norms and rewards step for step, bit for bit.
+void expect_same_steps(const run& a, const run& b) {
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (size_t s = 0; s < a.steps.size(); ++s) {
+    EXPECT_EQ(a.steps[s].loss, b.steps[s].loss) << "step " << s + 1;
+    EXPECT_EQ(a.steps[s].grad_norm, b.steps[s].grad_norm) << "step " << s + 1;
+    EXPECT_EQ(a.steps[s].reward_mean, b.steps[s].reward_mean) << "step " << s + 1;
+  }
+}
+
 // plan_update_shares: samples of 10 tokens each, prompt prefixes of 40.
 update_unit unit_of(int64_t group, std::vector<size_t> samples) {
   update_unit u{group, std::move(samples), 40, 40};
@@ -296,11 +306,7 @@ TEST(grpo_group, on_a_device_trainer_rank_0_adds_its_gradients_into_host_memory)
   auto host = make_run(file, task, c, true);
   c.train_device = "cpu:0";
   auto dev = make_run(file, task, c, true);
-  ASSERT_EQ(host.steps.size(), dev.steps.size());
-  for (size_t s = 0; s < host.steps.size(); ++s) {
-    EXPECT_EQ(host.steps[s].loss, dev.steps[s].loss) << "step " << s + 1;
-    EXPECT_EQ(host.steps[s].grad_norm, dev.steps[s].grad_norm) << "step " << s + 1;
-  }
+  expect_same_steps(host, dev);
   EXPECT_NE(dev.loop->model().compute_device(), nullptr);
   EXPECT_FALSE(dev.loop->model().device_resident());
   expect_same_weights(host.loop->model(), dev.loop->model());
@@ -320,12 +326,7 @@ TEST(grpo_group, summing_on_the_devices_every_rank_trains_device_resident) {
   for (auto fail_at : {std::optional<std::pair<int64_t, int64_t>>{},
                        std::optional<std::pair<int64_t, int64_t>>{{2, 0}}}) {
     auto dev = make_run(file, task, c, true, fail_at, 4, "cpu:0");
-    ASSERT_EQ(host.steps.size(), dev.steps.size());
-    for (size_t s = 0; s < host.steps.size(); ++s) {
-      EXPECT_EQ(host.steps[s].loss, dev.steps[s].loss) << "step " << s + 1;
-      EXPECT_EQ(host.steps[s].grad_norm, dev.steps[s].grad_norm) << "step " << s + 1;
-      EXPECT_EQ(host.steps[s].reward_mean, dev.steps[s].reward_mean) << "step " << s + 1;
-    }
+    expect_same_steps(host, dev);
     EXPECT_TRUE(dev.loop->model().device_resident());
     EXPECT_TRUE(dev.group->model().device_resident());
     EXPECT_EQ(dev.group->groups_formed(), fail_at ? 2 : 1);
