@@ -48,14 +48,16 @@ inline void add_weights_memory_option(CLI::App* cmd, std::string& value) {
 inline void add_cpu_matmul_option(CLI::App* cmd, std::string& value) {
   cmd->add_option("--cpu-matmul", value,
                   "Kernel for Q4_0/Q4_1/Q8_0 weights on the CPU: auto (amx where the CPU has "
-                  "AMX-INT8, else vnni on Intel CPUs with AVX-512 VNNI, else ggml), ggml "
+                  "AMX-INT8, else vnni on Intel CPUs with AVX-512 VNNI, else avx2 on CPUs "
+                  "without AVX-512 VNNI, else ggml), ggml "
                   "(llama.cpp's x86 numerics, bit for bit), amx (Intel AMX tiles: prompts about "
                   "twice as fast; its own rounding; an error where the CPU has no AMX) or vnni "
                   "(the amx kernel's rounding and decode path on AVX-512 VNNI alone; an error "
-                  "where the CPU has no AVX-512 VNNI)")
+                  "where the CPU has no AVX-512 VNNI) or avx2 (the amx kernel's rounding on "
+                  "AVX2, for CPUs without AVX-512 VNNI)")
       ->envname("WEFT_CPU_MATMUL")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "ggml", "vnni", "amx"}))
+      ->check(CLI::IsMember({"auto", "ggml", "avx2", "vnni", "amx"}))
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             if (v == "amx" && !gpu::cpu::amx_available())
@@ -63,6 +65,8 @@ inline void add_cpu_matmul_option(CLI::App* cmd, std::string& value) {
             if (v == "vnni" && !gpu::cpu::amx_vnni_available())
               return std::string{"vnni cannot run here: "} +
                      gpu::cpu::amx_vnni_unavailable_reason();
+            if (v == "avx2" && !gpu::cpu::amx_avx2_available())
+              return "avx2 cannot run here: this build has no AVX2, FMA and F16C";
             return {};
           },
           ""))

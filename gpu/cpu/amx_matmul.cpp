@@ -749,21 +749,7 @@ WEFT_AMX_TARGET void amx_matmul_rows(const tensor_view& w, const amx_acts& a, fl
   // The VNNI path's activation block sums, for the offset of Q4_0 / Q8_0 weights.
   thread_local std::vector<int32_t> sums;
   if ((a.n_tokens <= vnni_max_tokens || a.tiles == nullptr) && layout_of(w.type).offset != 0) {
-    sums.resize(static_cast<size_t>(a.n_tokens * g.nb));
-    for (int64_t t = 0; t < a.n_tokens; ++t) {
-      for (int64_t b = 0; b < g.nb; ++b) {
-        const uint8_t* q = a.rows + static_cast<size_t>(t) * a.row_bytes +
-                           static_cast<size_t>(b) * g.act_block + g.act_qs;
-        // The 32 int8 quants' sum: as u8 (flipped sign bit) summed by SAD, minus 32 * 128.
-        const __m256i u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)),
-                                           _mm256_set1_epi8(static_cast<char>(0x80)));
-        const __m256i sad = _mm256_sad_epu8(u, _mm256_setzero_si256());
-        const __m128i h =
-            _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
-        const int64_t sum = _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1) - 32 * 128;
-        sums[static_cast<size_t>(t * g.nb + b)] = static_cast<int32_t>(sum);
-      }
-    }
+    amx_act_block_sums(a, w.type, w.n_cols, sums);
   }
   switch (w.type) {
     case ggml_type::q4_0:

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "gpu/tensor_view.hpp"
 
@@ -77,5 +78,21 @@ void amx_tile_acts(const amx_acts& a, ggml_type w_type, int64_t n_cols, int64_t 
 /// and with `a.tiles` only when amx_available().
 void amx_matmul_rows(const tensor_view& w, const amx_acts& a, float* y, int64_t r_begin,
                      int64_t r_end);
+
+/// The `avx2` matmul kernel (amx_matmul_avx2.cpp): the amx kernel's packing, integer sums and
+/// bits on AVX2 (CPUs without AVX-512 VNNI; the package preset's x86-64-v3), 8 rows a register.
+/// Whether this build has it (AVX2, FMA and F16C at compile time).
+bool amx_avx2_available();
+/// amx_packed_bytes for the avx2 kernel (the same layout, written by amx_avx2_pack).
+size_t amx_avx2_packed_bytes(const tensor_view& w);
+void amx_avx2_pack(const tensor_view& w, void* dst);
+/// amx_matmul_rows on AVX2 (the same results; `a.tiles` is not read). Call only when
+/// amx_avx2_available().
+void amx_avx2_matmul_rows(const tensor_view& w, const amx_acts& a, float* y, int64_t r_begin,
+                          int64_t r_end);
+/// sums[t * (n_cols / 32) + b]: the sum of token t's activation block b's 32 int8 quants (Q8_1
+/// blocks for Q4_1 weights, else Q8_0), for the offset of Q4_0 / Q8_0 weights' unsigned form.
+void amx_act_block_sums(const amx_acts& a, ggml_type w_type, int64_t n_cols,
+                        std::vector<int32_t>& sums);
 
 }  // namespace weft::gpu::cpu

@@ -28,21 +28,23 @@ struct matmul_scratch {
 /// x86 numerics, bit for bit), `amx` (Intel AMX tiles, amx_matmul.hpp: about twice the prompt
 /// throughput on CPUs that have it, its own rounding — still batch-invariant) or `vnni` (the amx
 /// kernel's packing and decode path on AVX-512 VNNI alone, prompts 16 tokens at a time: the amx
-/// kernel's bits on CPUs without AMX). Read once from WEFT_CPU_MATMUL (`auto` | `ggml` | `vnni` |
-/// `amx`); `auto` (also unset) is amx where amx_available(), else vnni on Intel CPUs where
-/// amx_vnni_available(), else ggml. Child processes inherit the variable.
-enum class quant_matmul_kernel { ggml, amx, vnni };
+/// kernel's bits on CPUs without AMX) or `avx2` (the same packing and bits on AVX2, 8 rows a
+/// register: CPUs without AVX-512 VNNI). Read once from WEFT_CPU_MATMUL (`auto` | `ggml` | `avx2`
+/// | `vnni` | `amx`); `auto` (also unset) is amx where amx_available(), else vnni on Intel CPUs
+/// where amx_vnni_available(), else avx2 where the CPU has no AVX-512 VNNI, else ggml. Child
+/// processes inherit the variable.
+enum class quant_matmul_kernel { ggml, amx, vnni, avx2 };
 /// The kernel in use, or an error naming a bad WEFT_CPU_MATMUL value or why it cannot run here.
 result<quant_matmul_kernel> quant_matmul_kernel_in_use();
-/// Sets the kernel for the whole process (tests, benchmarks); `amx` / `vnni` fail where they cannot
-/// run.
+/// Sets the kernel for the whole process (tests, benchmarks); `amx` / `vnni` / `avx2` fail where
+/// they cannot run.
 status set_quant_matmul_kernel(quant_matmul_kernel kernel);
 const char* quant_matmul_kernel_name(quant_matmul_kernel kernel);
 
-/// Bytes of w's copy in the layout the kernel in use reads fastest (amx / vnni: amx_pack; the
-/// ggml kernel in AVX-512 VNNI builds: groups of 4 rows, quant_dot.hpp pack4_rows), 0 when it
-/// reads `w` as stored (other types and builds, or packing turned off). A copy is read by the
-/// kernel that was in use when it was made.
+/// Bytes of w's copy in the layout the kernel in use reads fastest (amx / vnni / avx2: amx_pack;
+/// the ggml kernel in AVX2 builds: groups of 4 rows, quant_dot.hpp pack4_rows), 0 when it reads `w`
+/// as stored (other types and builds, or packing turned off). A copy is read by the kernel that was
+/// in use when it was made.
 size_t packed_weight_bytes(const tensor_view& w);
 /// Whether packed_weight_bytes gives weights a copy at all: WEFT_CPU_PACK_WEIGHTS=0 keeps them as
 /// stored (one copy of the matrices less in memory, slower matmuls; same results), read once.

@@ -74,11 +74,16 @@ void act_scales_column(const block_q8_1* a, int64_t n_blocks, float* d, float* s
     defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 inline constexpr int tile_rows = 4;
 inline constexpr int tile_tokens = 8;
-/// This build has the kernels that read weights packed 4 rows to a group (below).
-#define WEFT_QUANT_PACKED4 1
+/// This build's tiles read weights packed 4 rows to a group too (dot_tile_packed_*, below).
+#define WEFT_QUANT_PACKED4_TILES 1
 #else
 inline constexpr int tile_rows = 2;
 inline constexpr int tile_tokens = 4;
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/// This build has the kernels that read weights packed 4 rows to a group (below): batch-1 decode's
+/// dot4_packed_* in every AVX2 build, the multi-token tiles too with AVX-512 VNNI.
+#define WEFT_QUANT_PACKED4 1
 #endif
 /// `tile_rows` weight rows (`row_bytes` apart) times `n_tok` (1..tile_tokens) activation rows:
 /// out[j][i] = dot of row i with a[j]. Each weight block is unpacked once for all tokens (batched
@@ -93,7 +98,7 @@ void dot_tile_q8_0_q8_0(const void* w, size_t row_bytes, const block_q8_0* const
                         int64_t n_blocks, float* const* out, const act_scales& scales);
 
 #ifdef WEFT_QUANT_PACKED4
-// -- weights packed 4 rows to a group (AVX-512 VNNI builds) ---------------------------------------
+// -- weights packed 4 rows to a group (AVX2 builds) -----------------------------------------------
 
 /// Packs rows 0-3 of Q4_0 / Q4_1 / Q8_0 weights (`row_bytes` apart, `n_blocks` blocks each) into
 /// `dst`, 4 * row_bytes bytes — the bytes the four rows take as stored: per block the four rows'
@@ -106,6 +111,8 @@ void pack4_rows(ggml_type type, const void* w, size_t row_bytes, int64_t n_block
 void dot4_packed_q4_0_q8_0(const void* g, const block_q8_0* a, int64_t n_blocks, float* out);
 void dot4_packed_q4_1_q8_1(const void* g, const block_q8_1* a, int64_t n_blocks, float* out);
 void dot4_packed_q8_0_q8_0(const void* g, const block_q8_0* a, int64_t n_blocks, float* out);
+#endif
+#ifdef WEFT_QUANT_PACKED4_TILES
 /// dot_tile_* (1..tile_tokens tokens) from a packed group `g`: bit-identical to them.
 void dot_tile_packed_q4_0_q8_0(const void* g, const block_q8_0* const* a, int n_tok,
                                int64_t n_blocks, float* const* out, const act_scales& scales);

@@ -5,10 +5,16 @@
 // Lanes. ggml sums a row's block in 8 int32 lanes of 4 products: for Q4 lanes 0-3 hold elements
 // 0-15 (the low nibbles) and lanes 4-7 elements 16-31 (the high nibbles); for Q8_0 lane l holds
 // elements 4l..4l+3. A packed Q4 block is 64 bytes, row r's 16 bytes at 16r, so its low nibbles
-// against the broadcast activation elements 0-15 give lanes 0-3 of all four rows in one register
-// (row r at lanes 4r..4r+3), and its high nibbles lanes 4-7. A packed Q8_0 block is two registers
-// of two rows each (row r's 8 lanes at 8(r % 2)). Each lane's chain over the blocks is the one-row
-// function's: acc = fma(d_w * d_a, float(isum), acc), then ggml's tree over the row's 8 lanes.
+// against the broadcast activation elements 0-15 give lanes 0-3 of all four rows in one 512-bit
+// register (row r at lanes 4r..4r+3), and its high nibbles lanes 4-7; with AVX2 the block is two
+// 256-bit registers of two rows each (row 2p + k at lanes 4k..4k+3 of register p). A packed Q8_0
+// block is two 512-bit registers of two rows each (row r's 8 lanes at 8(r % 2)), or four 256-bit
+// ones. Each lane's chain over the blocks is the one-row function's:
+// acc = fma(d_w * d_a, float(isum), acc), then ggml's tree over the row's 8 lanes.
+//
+// The AVX-512 VNNI build has the multi-token tiles too (prefill and batched decode); AVX2 builds
+// (the package preset's x86-64-v3, CPUs without AVX-512) have batch-1 decode's 4-row function,
+// and their tiles read the weights as stored.
 #include "gpu/cpu/quant_dot.hpp"
 #include "gpu/cpu/tile_common.hpp"
 
@@ -54,6 +60,21 @@ struct packed4<block_q8_0> {
 
 template <class W>
 constexpr size_t group_block_bytes = 4 * sizeof(W);
+
+// The four rows' fp16 d (or m) of a packed block as floats.
+inline __m128 four_halves(const uint8_t* at) {
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at)));
+}
+
+// ggml's sum of one row's 8 lanes (hi = lanes 4-7, lo = lanes 0-3): (hi + lo), then the pairs.
+inline float hsum_halves(__m128 lo, __m128 hi) {
+  __m128 r = _mm_add_ps(hi, lo);
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+#ifdef WEFT_QUANT_PACKED4_TILES
 
 // One packed block's quants as two registers of unsigned bytes, (lo, hi) in the lane order above.
 template <class W>
@@ -104,19 +125,6 @@ inline __m512i scale_index(int half) {
     return _mm512_setr_epi32(r, r, r, r, r, r, r, r, r + 1, r + 1, r + 1, r + 1, r + 1, r + 1,
                              r + 1, r + 1);
   }
-}
-
-// The four rows' fp16 d (or m) of a packed block as floats.
-inline __m128 four_halves(const uint8_t* at) {
-  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at)));
-}
-
-// ggml's sum of one row's 8 lanes (hi = lanes 4-7, lo = lanes 0-3): (hi + lo), then the pairs.
-inline float hsum_halves(__m128 lo, __m128 hi) {
-  __m128 r = _mm_add_ps(hi, lo);
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  return _mm_cvtss_f32(r);
 }
 
 // Row r's result from the two accumulators.
@@ -223,6 +231,100 @@ void tile_packed_n(const void* g, const typename packed4<W>::act* const* a, int 
       n_tok, [&](auto t) { dot_tile_packed<W, decltype(t)::value>(g, a, sc, n_blocks, out); });
 }
 
+#else  // AVX2
+
+// Unsigned weight bytes against signed activation bytes: 8 int32 lanes of 4 products each, exact
+// (a pair of products is at most 2 x 15 x 127 for nibbles, 2 x 128 x 127 for |q8|: no int16
+// saturation), as the one-row functions' dot_us8.
+inline __m256i sums4(__m256i q, __m256i y) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), _mm256_set1_epi16(1));
+}
+
+// One token (batch-1 decode): the group is one contiguous stream, prefetched ~2 KB ahead. Q4: per
+// block two registers of two rows (p = 0: rows 0, 1; p = 1: rows 2, 3), their low nibbles against
+// activation elements 0-15 (acc[2p]) and high nibbles against 16-31 (acc[2p + 1]). Q4_0's sums
+// are the nibbles' minus 8 times the activations' 4-element sums (the same integers as the one-row
+// function's signed products). Q8_0: one register a row, back to signed bytes.
+template <class W>
+void dot4_packed(const void* g, const typename packed4<W>::act* a, int64_t n_blocks, float* out) {
+  using P = packed4<W>;
+  const auto* base = static_cast<const uint8_t*>(g);
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  __m256i pick[4] = {};  // the row whose scale each lane of register k takes
+  if constexpr (P::nibbles) {
+    pick[0] = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    pick[1] = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+  } else {
+    for (int r = 0; r < 4; ++r) pick[r] = _mm256_set1_epi32(r);
+  }
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  __m128 summs = _mm_setzero_ps();
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* at = base + static_cast<size_t>(b) * group_block_bytes<W>;
+    _mm_prefetch(reinterpret_cast<const char*>(at + 2048), _MM_HINT_T0);
+    const __m256 d = _mm256_castps128_ps256(
+        _mm_mul_ps(four_halves(at + P::qs_bytes), _mm_set1_ps(_cvtsh_ss(a[b].d))));
+    if constexpr (P::nibbles) {
+      const __m256i y0 =
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a[b].qs)));
+      const __m256i y1 = _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[b].qs + 16)));
+      __m256i off0 = _mm256_setzero_si256(), off1 = _mm256_setzero_si256();
+      if constexpr (P::offset_shift >= 0) {
+        const __m256i ones = _mm256_set1_epi8(1);
+        off0 = _mm256_slli_epi32(sums4(ones, y0), P::offset_shift);
+        off1 = _mm256_slli_epi32(sums4(ones, y1), P::offset_shift);
+      }
+#pragma GCC unroll 2
+      for (int p = 0; p < 2; ++p) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32 * p));
+        const __m256i lo = sums4(_mm256_and_si256(q, mask), y0);
+        const __m256i hi = sums4(_mm256_and_si256(_mm256_srli_epi16(q, 4), mask), y1);
+        const __m256 scale = _mm256_permutevar8x32_ps(d, pick[p]);
+        acc[2 * p] =
+            _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(lo, off0)), acc[2 * p]);
+        acc[2 * p + 1] =
+            _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(hi, off1)), acc[2 * p + 1]);
+      }
+    } else {
+      const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+      const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        const __m256i x = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32 * r)), flip);
+        const __m256i s = sums4(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+        acc[r] =
+            _mm256_fmadd_ps(_mm256_permutevar8x32_ps(d, pick[r]), _mm256_cvtepi32_ps(s), acc[r]);
+      }
+    }
+    if constexpr (P::has_min) {
+      summs =
+          _mm_fmadd_ps(four_halves(at + P::qs_bytes + 8), _mm_set1_ps(_cvtsh_ss(a[b].s)), summs);
+    }
+  }
+  if constexpr (P::nibbles) {
+    for (int p = 0; p < 2; ++p) {
+      out[2 * p] =
+          hsum_halves(_mm256_castps256_ps128(acc[2 * p]), _mm256_castps256_ps128(acc[2 * p + 1]));
+      out[2 * p + 1] = hsum_halves(_mm256_extractf128_ps(acc[2 * p], 1),
+                                   _mm256_extractf128_ps(acc[2 * p + 1], 1));
+    }
+  } else {
+    for (int r = 0; r < 4; ++r) {
+      out[r] = hsum_halves(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+    }
+  }
+  if constexpr (P::has_min) {
+    alignas(16) float m[4];
+    _mm_store_ps(m, summs);
+    for (int r = 0; r < 4; ++r) out[r] += m[r];
+  }
+}
+
+#endif  // WEFT_QUANT_PACKED4_TILES
+
 template <class W>
 void pack4(const void* w, size_t row_bytes, int64_t n_blocks, uint8_t* dst) {
   using P = packed4<W>;
@@ -269,6 +371,7 @@ void dot4_packed_q4_1_q8_1(const void* g, const block_q8_1* a, int64_t n_blocks,
 void dot4_packed_q8_0_q8_0(const void* g, const block_q8_0* a, int64_t n_blocks, float* out) {
   dot4_packed<block_q8_0>(g, a, n_blocks, out);
 }
+#ifdef WEFT_QUANT_PACKED4_TILES
 void dot_tile_packed_q4_0_q8_0(const void* g, const block_q8_0* const* a, int n_tok,
                                int64_t n_blocks, float* const* out, const act_scales& scales) {
   tile_packed_n<block_q4_0>(g, a, n_tok, n_blocks, out, scales);
@@ -281,6 +384,8 @@ void dot_tile_packed_q8_0_q8_0(const void* g, const block_q8_0* const* a, int n_
                                int64_t n_blocks, float* const* out, const act_scales& scales) {
   tile_packed_n<block_q8_0>(g, a, n_tok, n_blocks, out, scales);
 }
+
+#endif
 
 }  // namespace weft::gpu::cpu
 

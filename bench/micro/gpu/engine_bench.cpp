@@ -441,8 +441,8 @@ int main(int argc, char** argv) {
                 threads, read_bw / 1e9, read_bw / wbytes);
   lines.emplace_back(line);
   std::snprintf(line, sizeof line,
-                "q4_1 4-row (decode) dot in cache%s %.1f GMAC/s on %d threads -> %.0f tok/s on "
-                "it (prefill's VNNI tile kernel is faster)",
+                "the ggml kernel's q4_1 4-row (decode) dot in cache%s %.1f GMAC/s on %d threads "
+                "-> %.0f tok/s on it (prefill's tiles are faster)",
                 decode_reads_packed_groups() ? " (packed groups)" : "", macs_s / 1e9, threads,
                 macs_s / macs_tok);
   lines.emplace_back(line);

@@ -1,5 +1,5 @@
-// The AMX matmul kernel (gpu/cpu/amx_matmul.hpp), with its tiles (`amx`) and on AVX-512 VNNI alone
-// (`vnni`): bit for bit its documented order (exact block sums, then per block
+// The AMX matmul kernel (gpu/cpu/amx_matmul.hpp), with its tiles (`amx`), on AVX-512 VNNI alone
+// (`vnni`) and on AVX2 (`avx2`): bit for bit its documented order (exact block sums, then per block
 // acc = fma(d_w * d_a, isum, acc) [+ fma(m_w, s_a, acc)]) in every batch size and thread count,
 // close to the exact product, and refused with a reason where it cannot run.
 #include <gtest/gtest.h>
@@ -104,6 +104,8 @@ class amx_kernel : public ::testing::TestWithParam<std::tuple<ggml_type, quant_m
       GTEST_SKIP() << "no AMX here: " << amx_unavailable_reason();
     if (k == quant_matmul_kernel::vnni && !amx_vnni_available())
       GTEST_SKIP() << "no AVX-512 VNNI here: " << amx_vnni_unavailable_reason();
+    if (k == quant_matmul_kernel::avx2 && !amx_avx2_available())
+      GTEST_SKIP() << "this build has no AVX2 kernels";
     ASSERT_TRUE(set_quant_matmul_kernel(k).ok());
   }
   ggml_type type() const { return std::get<0>(GetParam()); }
@@ -224,14 +226,15 @@ TEST_P(amx_kernel, packed_expert_stacks_match_the_stored_layout) {
 INSTANTIATE_TEST_SUITE_P(
     types, amx_kernel,
     ::testing::Combine(::testing::Values(ggml_type::q4_0, ggml_type::q4_1, ggml_type::q8_0),
-                       ::testing::Values(quant_matmul_kernel::amx, quant_matmul_kernel::vnni)),
+                       ::testing::Values(quant_matmul_kernel::amx, quant_matmul_kernel::vnni,
+                                         quant_matmul_kernel::avx2)),
     [](const auto& info) {
       return std::string{type_name(std::get<0>(info.param))} + "_" +
              quant_matmul_kernel_name(std::get<1>(info.param));
     });
 
 // The default kernel packs quantized weights in groups of 4 rows where it has the kernels for
-// them (AVX-512 VNNI builds: ops_test's packed_quant); otherwise it reads them as stored: nothing
+// them (AVX2 builds: ops_test's packed_quant); otherwise it reads them as stored: nothing
 // to pack, and asking is an error. Weights it never packs (f32) are an error either way.
 TEST(amx_kernel_choice, the_ggml_kernel_packs_only_where_it_has_packed_kernels) {
   ASSERT_TRUE(set_quant_matmul_kernel(quant_matmul_kernel::ggml).ok());
@@ -264,9 +267,12 @@ int kernel_from_env(const char* value) {
   }
   const auto k = quant_matmul_kernel_in_use();
   if (!k) {
-    return k.error().message().find("must be auto, ggml, vnni or amx") != std::string::npos ? 3 : 4;
+    return k.error().message().find("must be auto, ggml, avx2, vnni or amx") != std::string::npos
+               ? 3
+               : 4;
   }
   if (*k == quant_matmul_kernel::vnni) return 5;
+  if (*k == quant_matmul_kernel::avx2) return 6;
   return *k == quant_matmul_kernel::amx ? 2 : 1;
 }
 
@@ -284,10 +290,14 @@ bool intel_cpu() {
 #endif
 }
 
-// auto: amx where it can run, else vnni on Intel CPUs with AVX-512 VNNI, else ggml.
-TEST(amx_kernel_choice, auto_and_unset_pick_amx_then_vnni_exactly_where_they_can_run) {
+// auto: amx where it can run, else vnni on Intel CPUs with AVX-512 VNNI (ggml on others that have
+// it), else avx2 where the build has it, else ggml.
+TEST(amx_kernel_choice, auto_and_unset_pick_amx_then_vnni_then_avx2_exactly_where_they_can_run) {
   ::testing::GTEST_FLAG(death_test_style) = "threadsafe";
-  const int want = amx_available() ? 2 : amx_vnni_available() && intel_cpu() ? 5 : 1;
+  const int want = amx_available()        ? 2
+                   : amx_vnni_available() ? (intel_cpu() ? 5 : 1)
+                   : amx_avx2_available() ? 6
+                                          : 1;
   EXPECT_EXIT(std::exit(kernel_from_env(nullptr)), ::testing::ExitedWithCode(want), "");
   EXPECT_EXIT(std::exit(kernel_from_env("auto")), ::testing::ExitedWithCode(want), "");
   EXPECT_EXIT(std::exit(kernel_from_env("ggml")), ::testing::ExitedWithCode(1), "");
@@ -295,6 +305,8 @@ TEST(amx_kernel_choice, auto_and_unset_pick_amx_then_vnni_exactly_where_they_can
               ::testing::ExitedWithCode(amx_vnni_available() ? 5 : 4), "");
   EXPECT_EXIT(std::exit(kernel_from_env("amx")), ::testing::ExitedWithCode(amx_available() ? 2 : 4),
               "");
+  EXPECT_EXIT(std::exit(kernel_from_env("avx2")),
+              ::testing::ExitedWithCode(amx_avx2_available() ? 6 : 4), "");
   EXPECT_EXIT(std::exit(kernel_from_env("fast")), ::testing::ExitedWithCode(3), "");
 }
 

@@ -409,7 +409,7 @@ INSTANTIATE_TEST_SUITE_P(types, matmul_types,
                          ::testing::Values(ggml_type::f32, ggml_type::f16, ggml_type::bf16,
                                            ggml_type::q8_0, ggml_type::q4_0, ggml_type::q4_1));
 
-// The ggml kernel's packed copy (AVX-512 VNNI builds: groups of 4 rows, quant_dot.hpp pack4_rows)
+// The ggml kernel's packed copy (AVX2 builds: groups of 4 rows, quant_dot.hpp pack4_rows)
 // gives every output bit for bit as the weights as stored do, in every batch size and thread
 // count: 38 rows (a partial group after 9 whole ones, and tiles of 8 rows that end mid-group),
 // odd block counts; a stack of expert matrices carries its copy along (tensor_view::matrix).
@@ -438,7 +438,7 @@ TEST_P(packed_quant, is_bit_identical_to_the_stored_layout_in_every_batch) {
     ASSERT_EQ(bytes, w.mat_bytes * mats);
 #else
     ASSERT_EQ(bytes, 0u);
-    GTEST_SKIP() << "this build has no packed kernels (they need AVX-512 VNNI)";
+    GTEST_SKIP() << "this build has no packed kernels (they need AVX2, FMA and F16C)";
 #endif
     std::vector<uint8_t> packed(bytes);
     {
