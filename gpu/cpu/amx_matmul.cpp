@@ -159,25 +159,6 @@ struct packed_group {
   std::vector<float> d, m;  // 16 per block
 };
 
-// Where a type's quants sit in its 32-element block, and the offset its u8 form carries.
-struct weight_layout {
-  size_t block;
-  size_t qs;
-  int32_t offset;
-  size_t packed_qs;  // bytes of a packed block's quants (16 rows)
-};
-
-constexpr weight_layout layout_of(ggml_type t) {
-  switch (t) {
-    case ggml_type::q4_0:
-      return {sizeof(block_q4_0), offsetof(block_q4_0, qs), 8, 256};
-    case ggml_type::q4_1:
-      return {sizeof(block_q4_1), offsetof(block_q4_1, qs), 0, 256};
-    default:
-      return {sizeof(block_q8_0), offsetof(block_q8_0, qs), 128, 512};
-  }
-}
-
 // The quants of one block of 16 rows (VNNI order, as transpose_16x4 leaves them: Q4 4 vectors of
 // packed nibbles, Q8_0 8 of int8) as u8: v[j] holds each row's elements 4j..4j+3. The u8 dot
 // product minus `offset` times the activations' sum is the block's exact sum (Q4_0: nibble - 8;
@@ -223,7 +204,7 @@ WEFT_AMX_TARGET inline __m512i row_offsets(size_t row_bytes) {
 // zeros): the quants as u8 (to_u8), each row's fp16 d (and m, Q4_1) as floats.
 template <ggml_type T>
 struct group_reader {
-  static constexpr weight_layout layout = layout_of(T);
+  static constexpr amx_weight_layout layout = amx_layout_of(T);
   const uint8_t* base;  // row r0
   size_t row_bytes;
   int64_t n_valid;
@@ -258,7 +239,7 @@ struct group_reader {
 // rows' fp16 d (and m), one contiguous stream per group.
 template <ggml_type T>
 struct packed_reader {
-  static constexpr weight_layout layout = layout_of(T);
+  static constexpr amx_weight_layout layout = amx_layout_of(T);
   static constexpr size_t stride = 16 * layout.block;
   const uint8_t* base;  // the group's first byte in w.packed
   __mmask16 rows = 0xFFFF;
@@ -310,7 +291,7 @@ WEFT_AMX_TARGET void pack_group(const Reader& reader, int64_t nb, packed_group& 
   p.bytes = p.storage.data() + (64 - reinterpret_cast<uintptr_t>(p.storage.data()) % 64) % 64;
   p.d.resize(static_cast<size_t>(nb * 16));
   p.m.resize(static_cast<size_t>(nb * 16));
-  const __m512i offset = _mm512_set1_epi8(static_cast<char>(layout_of(T).offset));
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(amx_layout_of(T).offset));
   for (int64_t b = 0; b < nb; ++b) {
     __m512i v[8];
     __m512 d, m;
@@ -416,7 +397,7 @@ template <ggml_type T, int N, class Reader>
 WEFT_AMX_TARGET void vnni_group(const Reader& reader, const group_args& g, int64_t r0,
                                 int64_t n_rows, const int32_t* asum, float* y, int64_t t0 = 0) {
   static_assert(N >= 1 && N <= vnni_max_tokens);
-  constexpr int32_t offset = layout_of(T).offset;
+  constexpr int32_t offset = amx_layout_of(T).offset;
   constexpr int64_t n_tok = N;
   const int64_t ld = g.a->n_tokens;  // the scale tables' stride
   const uint8_t* rows = g.a->rows + static_cast<size_t>(t0) * g.a->row_bytes + g.act_qs;
@@ -465,7 +446,7 @@ WEFT_AMX_TARGET void vnni_group(const Reader& reader, const group_args& g, int64
 template <ggml_type T, int G>
 WEFT_AMX_TARGET void vnni1_packed(const tensor_view& w, const group_args& g, int64_t r0,
                                   const int32_t* asum, float* y, bool prefetch) {
-  constexpr weight_layout layout = layout_of(T);
+  constexpr amx_weight_layout layout = amx_layout_of(T);
   constexpr size_t stride = packed_reader<T>::stride;
   const size_t group_bytes = static_cast<size_t>(amx_rows_per_group) * w.row_bytes;
   const auto* base = static_cast<const uint8_t*>(w.packed) + static_cast<size_t>(r0) * w.row_bytes;
@@ -641,7 +622,7 @@ WEFT_AMX_TARGET void matmul_rows(const tensor_view& w, const group_args& g, int6
 // Matrix `w`'s whole groups into dst (the matrix's bytes of w.packed).
 template <ggml_type T>
 WEFT_AMX_TARGET void pack_matrix(const tensor_view& w, uint8_t* dst) {
-  constexpr weight_layout layout = layout_of(T);
+  constexpr amx_weight_layout layout = amx_layout_of(T);
   const int64_t nb = w.n_cols / 32;
   const __m512i index = row_offsets(w.row_bytes);
   for (int64_t r0 = 0; r0 + amx_rows_per_group <= w.n_rows; r0 += amx_rows_per_group) {
@@ -748,7 +729,7 @@ WEFT_AMX_TARGET void amx_matmul_rows(const tensor_view& w, const amx_acts& a, fl
   }
   // The VNNI path's activation block sums, for the offset of Q4_0 / Q8_0 weights.
   thread_local std::vector<int32_t> sums;
-  if ((a.n_tokens <= vnni_max_tokens || a.tiles == nullptr) && layout_of(w.type).offset != 0) {
+  if ((a.n_tokens <= vnni_max_tokens || a.tiles == nullptr) && amx_layout_of(w.type).offset != 0) {
     amx_act_block_sums(a, w.type, w.n_cols, sums);
   }
   switch (w.type) {

@@ -95,4 +95,24 @@ void amx_avx2_matmul_rows(const tensor_view& w, const amx_acts& a, float* y, int
 void amx_act_block_sums(const amx_acts& a, ggml_type w_type, int64_t n_cols,
                         std::vector<int32_t>& sums);
 
+/// Where a weight type's quants sit in its 32-element block, the offset its unsigned (u8) form
+/// carries, and the bytes of a packed block's quants (16 rows); shared by both packed kernels.
+struct amx_weight_layout {
+  size_t block;
+  size_t qs;
+  int32_t offset;
+  size_t packed_qs;
+};
+
+constexpr amx_weight_layout amx_layout_of(ggml_type t) {
+  switch (t) {
+    case ggml_type::q4_0:
+      return {sizeof(block_q4_0), offsetof(block_q4_0, qs), 8, 256};
+    case ggml_type::q4_1:
+      return {sizeof(block_q4_1), offsetof(block_q4_1, qs), 0, 256};
+    default:
+      return {sizeof(block_q8_0), offsetof(block_q8_0, qs), 128, 512};
+  }
+}
+
 }  // namespace weft::gpu::cpu

@@ -31,31 +31,13 @@ namespace weft::gpu::cpu {
 
 namespace {
 
-// Where a type's quants sit in its block, and the bytes of a packed block's quants (16 rows).
-struct weight_layout {
-  size_t block;
-  size_t qs;
-  size_t packed_qs;
-};
-
-constexpr weight_layout layout_of(ggml_type t) {
-  switch (t) {
-    case ggml_type::q4_0:
-      return {sizeof(block_q4_0), offsetof(block_q4_0, qs), 256};
-    case ggml_type::q4_1:
-      return {sizeof(block_q4_1), offsetof(block_q4_1, qs), 256};
-    default:
-      return {sizeof(block_q8_0), offsetof(block_q8_0, qs), 512};
-  }
-}
-
 constexpr int64_t R = amx_rows_per_group;
 
 // Rows [r0, r0 + valid) of `w` (valid <= 16, the rest zeros) in the packed layout: per block the
 // quants' dword j of row n at 64 j + 4 n, then 16 fp16 d, then (Q4_1) 16 fp16 m; 16 blocks' bytes
 // of the type per block (a whole group's packed copy takes the bytes its rows take as stored).
 void pack_group(const tensor_view& w, int64_t r0, int64_t valid, uint8_t* out) {
-  const weight_layout l = layout_of(w.type);
+  const amx_weight_layout l = amx_layout_of(w.type);
   const int64_t nb = w.n_cols / 32;
   const size_t stride = static_cast<size_t>(R) * l.block;
   const int dwords = static_cast<int>(l.packed_qs / 64);
@@ -147,7 +129,7 @@ template <ggml_type T, int N, int H>
 void group_pass(const uint8_t* base, const args& g, int h0, int64_t t0, size_t ahead,
                 float* out[N][H]) {
   static_assert(N >= 1 && N <= max_tokens && (H == 1 || N == 1));
-  constexpr weight_layout l = layout_of(T);
+  constexpr amx_weight_layout l = amx_layout_of(T);
   constexpr size_t stride = static_cast<size_t>(R) * l.block;
   const amx_acts& a = *g.a;
   const int64_t ld = a.n_tokens;

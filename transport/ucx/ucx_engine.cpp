@@ -304,6 +304,7 @@ result<peer_handle> ucx_engine::connect(std::span<const std::byte> address) {
   }
   std::uint64_t id = next_id();
   peers_.emplace(id, peer_entry{h, false, {}});
+  wake_progress();  // the endpoint's wire-up moves on progress
   return peer_handle{id};
 }
 
@@ -329,6 +330,7 @@ status ucx_engine::disconnect(peer_handle peer) {
   }
   close_endpoint(peer.id, it->second);
   peers_.erase(it);
+  wake_progress();  // aborted transfers' completions and the close move on progress
   return ok_status();
 }
 

@@ -159,6 +159,9 @@ class ucx_engine final : public engine {
   void abort_op(op* o, status why);
   void expire_deadlines();
   void sweep();
+  /// Ends the progress thread's wait on the worker's event fd (work was posted from another
+  /// thread: its completion is delivered by the next progress()). No-op without a progress thread.
+  void wake_progress();
   std::vector<std::pair<std::shared_ptr<transfer_state>, completion>> take_ready();
   void fire(std::vector<std::pair<std::shared_ptr<transfer_state>, completion>> ready);
   void progress_loop();
