@@ -96,7 +96,8 @@ void amx_act_block_sums(const amx_acts& a, ggml_type w_type, int64_t n_cols,
                         std::vector<int32_t>& sums);
 
 /// Where a weight type's quants sit in its 32-element block, the offset its unsigned (u8) form
-/// carries, and the bytes of a packed block's quants (16 rows); shared by both packed kernels.
+/// carries, and the bytes of a packed block's quants (16 rows); amx_matmul.cpp (amx, vnni) and
+/// amx_matmul_avx2.cpp (avx2) read their packed copies through it.
 struct amx_weight_layout {
   size_t block;
   size_t qs;
