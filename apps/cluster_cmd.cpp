@@ -92,7 +92,8 @@ std::vector<std::string> node_args(const up_cli& cli, const std::string& secret_
   // shows); otherwise they read the same secret file.
   if (cli.cluster.secret.empty()) a.insert(a.end(), {"--secret-file", secret_file});
   a.insert(a.end(), {"--heartbeat-ms", std::to_string(cli.cluster.heartbeat_ms),
-                     "--connection-timeout-ms", std::to_string(cli.cluster.connection_timeout_ms)});
+                     "--connection-timeout-ms", std::to_string(cli.cluster.connection_timeout_ms),
+                     "--helper-sched", cli.cluster.helper_sched});
   if (!cli.cluster.tls_cert.empty() || !cli.cluster.tls_key.empty() ||
       !cli.cluster.tls_ca.empty()) {
     a.insert(a.end(), {"--tls-cert", cli.cluster.tls_cert, "--tls-key", cli.cluster.tls_key,

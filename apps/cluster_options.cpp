@@ -1,7 +1,11 @@
 #include "apps/cluster_options.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdlib>
 #include <filesystem>
+
+#include "gpu/cpu/thread_class.hpp"
 
 namespace weft::apps {
 
@@ -29,6 +33,24 @@ void cluster_cli::add_to(CLI::App* cmd) {
          "--decode-threads", decode_threads,
          "Threads decoding incoming actor messages (0 = the network thread, lowest latency)")
       ->capture_default_str();
+  add_helper_sched_option(cmd, helper_sched);
+}
+
+CLI::Option* add_helper_sched_option(CLI::App* cmd, std::string& value) {
+  return cmd
+      ->add_option("--helper-sched", value,
+                   "Scheduling class of the threads that do not run forward passes (network, "
+                   "actors, HTTP): batch = SCHED_BATCH, so their wake-ups do not preempt the "
+                   "compute threads (same CPU share); normal = the OS default")
+      ->check(CLI::IsMember({"batch", "normal"}))
+      ->capture_default_str();
+}
+
+void enter_helper_class(const std::string& value) {
+  gpu::cpu::helper_sched s = gpu::cpu::helper_sched::normal;
+  if (!gpu::cpu::parse_helper_sched(value, s)) return;  // CLI's check refused it already
+  if (auto why = gpu::cpu::enter_helper_class(s); !why.empty())
+    spdlog::warn("--helper-sched {}: {}", value, why);
 }
 
 result<actors::cluster_secret> cluster_cli::load_secret() const {

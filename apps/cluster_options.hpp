@@ -24,6 +24,7 @@ struct cluster_cli {
   uint32_t connection_timeout_ms = 2000;
   uint32_t threads = 0;
   uint32_t decode_threads = 0;
+  std::string helper_sched = "batch";
   std::string tls_cert, tls_key, tls_ca;
 
   /// Every option: the credentials and the node's timings and threads (`weft node`, `cluster up`).
@@ -40,6 +41,13 @@ struct cluster_cli {
 };
 
 using actors::parse_host_port;
+
+/// The `--helper-sched` option (`weft node`, `cluster up`, `serve`): the scheduling class of a
+/// process's threads other than its compute threads (gpu/cpu/thread_class.hpp).
+CLI::Option* add_helper_sched_option(CLI::App* cmd, std::string& value);
+/// Applies `--helper-sched` to the calling (main) thread before any other thread starts; a failure
+/// is logged and the process runs as before.
+void enter_helper_class(const std::string& value);
 
 /// Runs `fn(system, head)` against the head at `head_address` ("HOST:PORT") of the cluster that
 /// `cluster`'s credentials name (`weft cluster status/spawn`, `weft chaos --head`). Returns fn's

@@ -44,6 +44,7 @@ struct node_cli {
 };
 
 int run_node(const node_cli& cli) {
+  enter_helper_class(cli.cluster.helper_sched);  // before any thread starts: they inherit it
   stop_latch::instance().catch_signals();
   auto secret = cli.cluster.load_secret();
   if (!secret) {

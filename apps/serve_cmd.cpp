@@ -25,6 +25,7 @@
 #include "actors/serve/openai_embeddings.hpp"
 #include "actors/serve/router.hpp"
 #include "actors/serve/serve_atoms.hpp"
+#include "apps/cluster_options.hpp"
 #include "apps/commands.hpp"
 #include "apps/config_file.hpp"
 #include "apps/local_nodes.hpp"
@@ -78,6 +79,7 @@ struct serve_cli {
   size_t max_outstanding = 1024;
   uint32_t queue_timeout_ms = 30'000;
   uint32_t heartbeat_ms = 200;
+  std::string helper_sched = "batch";
   uint32_t dead_after_ms = 1'500;
   uint32_t connection_timeout_ms = 2000;
   uint32_t ready_timeout_s = 300;
@@ -105,6 +107,7 @@ struct hung_hook_guard {
 };
 
 int run_serve(const serve_cli& cli) {
+  enter_helper_class(cli.helper_sched);  // before any thread starts: they inherit it
   stop_latch::instance().catch_signals();
   const bool disaggregated = cli.prefill > 0 || cli.decode > 0;
   if (cli.cache_shards > 0 && cli.segment_tokens % cli.block_size != 0) {
@@ -239,7 +242,7 @@ int run_serve(const serve_cli& cli) {
         return {"cache-node-" + std::to_string(i - n_workers), {"cache_shard"}};
       },
       {"--heartbeat-ms", std::to_string(cli.heartbeat_ms), "--connection-timeout-ms",
-       std::to_string(cli.connection_timeout_ms)},
+       std::to_string(cli.connection_timeout_ms), "--helper-sched", cli.helper_sched},
       cli.relaunch_nodes, cli.max_restarts);
   hung_hook_guard hook_guard(hook, &nodes);
   for (int i = 0; i < n_workers + n_shards; ++i) {
@@ -541,6 +544,7 @@ void add_serve_command(CLI::App& app, const global_options&) {
   cmd->add_option("--ready-timeout-s", cli->ready_timeout_s,
                   "Give up if the workers are not ready by then")
       ->capture_default_str();
+  add_helper_sched_option(cmd, cli->helper_sched);
   cmd->add_option("--max-restarts", cli->max_restarts,
                   "Worker restarts (and node relaunches) allowed per minute")
       ->capture_default_str();

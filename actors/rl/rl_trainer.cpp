@@ -26,6 +26,7 @@
 #include "actors/train/local_rank.hpp"
 #include "actors/train/rank_group.hpp"
 #include "actors/train/train_atoms.hpp"
+#include "gpu/cpu/thread_class.hpp"
 #include "gpu/device.hpp"
 #include "gpu/gguf.hpp"
 #include "gpu/train/sft_run.hpp"
@@ -358,7 +359,8 @@ class rank_loop {
 
 caf::behavior rl_trainer_actor(caf::event_based_actor* self, std::string name,
                                rl_trainer_config cfg, std::shared_ptr<transport::engine> engine) {
-  // Detached: connecting blocks only this actor's own thread.
+  // Detached: connecting blocks only this actor's own thread, which runs the training steps.
+  gpu::cpu::enter_compute_class();
   auto controller = connect_to_controller(self->system(), cfg.controller_host, cfg.controller_port);
   if (!controller) {
     spdlog::error("rl trainer {}: the controller: {}", name, controller.error().message);

@@ -23,6 +23,7 @@
 #include "actors/rl/weight_image.hpp"
 #include "actors/roles.hpp"
 #include "actors/runtime.hpp"
+#include "gpu/cpu/thread_class.hpp"
 #include "gpu/ggml_types.hpp"
 #include "gpu/rl/rollout_backend.hpp"
 #include "gpu/tokenizer.hpp"
@@ -396,7 +397,8 @@ class agent_loop {
 caf::behavior rollout_agent_actor(caf::event_based_actor* self, std::string name,
                                   rollout_agent_config cfg,
                                   std::shared_ptr<transport::engine> transport) {
-  // Detached: connecting blocks only this actor's own thread.
+  // Detached: connecting blocks only this actor's own thread, which runs the rollouts.
+  gpu::cpu::enter_compute_class();
   auto controller = connect_to_controller(self->system(), cfg.controller_host, cfg.controller_port);
   if (!controller) {
     spdlog::error("rollout agent {}: the controller: {}", name, controller.error().message);

@@ -4,6 +4,7 @@
 
 #include "actors/private_messages.hpp"
 #include "actors/serve/engine_worker_state.hpp"
+#include "gpu/cpu/thread_class.hpp"
 #include "gpu/grammar.hpp"
 
 #include <spdlog/spdlog.h>
@@ -591,7 +592,9 @@ caf::behavior engine_worker(worker_ptr self, std::string name, std::string node_
   st.node_id = std::move(node_id);
   st.cfg = std::move(cfg);
   st.secret = std::move(secret);
-  // A detached actor: loading the weights here blocks only this actor's own thread.
+  // A detached actor: loading the weights here blocks only this actor's own thread, which runs
+  // every forward pass (a compute thread, also where no CPU thread pool drives them: CUDA).
+  gpu::cpu::enter_compute_class();
   model_host_options mo;
   mo.path = st.cfg.model;
   mo.device = st.cfg.device;

@@ -20,6 +20,7 @@
 #include "actors/train/rank_group.hpp"
 #include "actors/train/shared_files.hpp"
 #include "actors/train/train_atoms.hpp"
+#include "gpu/cpu/thread_class.hpp"
 #include "gpu/device.hpp"
 #include "gpu/ggml_types.hpp"
 #include "gpu/train/checkpoint.hpp"
@@ -498,7 +499,8 @@ class rank_loop {
 
 caf::behavior trainer_actor(caf::event_based_actor* self, std::string name, trainer_config cfg,
                             std::shared_ptr<transport::engine> engine) {
-  // Detached: connecting blocks only this actor's own thread.
+  // Detached: connecting blocks only this actor's own thread, which runs the training steps.
+  gpu::cpu::enter_compute_class();
   result<caf::actor> coordinator = make_error(errc::unavailable, "not tried");
   for (int i = 0; i < 50; ++i) {
     coordinator = actors::connect_actor(self->system(), cfg.coordinator_host, cfg.coordinator_port);

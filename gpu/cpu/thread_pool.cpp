@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "gpu/cpu/thread_class.hpp"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include "gpu/cpu/simd.hpp"
 #define WEFT_CPU_RELAX() _mm_pause()
@@ -40,6 +42,7 @@ thread_pool::~thread_pool() {
 }
 
 void thread_pool::run(job_fn fn, void* ctx) {
+  enter_compute_class();  // the owner of a forward pass is a compute thread
   const int want = std::clamp(requested_.load(std::memory_order_relaxed), 1, n_threads_);
   if (want != active_) {
     {
@@ -86,6 +89,7 @@ bool thread_pool::wait_until_active(int index, uint64_t& seen) {
 }
 
 void thread_pool::worker_loop(int index) {
+  enter_compute_class();
   uint64_t seen = 0;  // the generation at construction: a job published before this thread first
                       // runs is still this thread's to do
   for (;;) {

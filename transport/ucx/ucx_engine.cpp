@@ -146,6 +146,7 @@ void ucx_engine::close_endpoint(std::uint64_t peer_id, const peer_entry& peer) {
 
 void ucx_engine::shutdown() {
   stop_.store(true);
+  wake_progress();  // the progress thread may be in a long idle wait
   if (progress_thread_.joinable()) progress_thread_.join();
   if (worker_ == nullptr) {
     if (context_ != nullptr) ucp_cleanup(context_);

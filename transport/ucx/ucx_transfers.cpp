@@ -332,6 +332,7 @@ std::size_t ucx_engine::progress() {
     if (!ops_.empty()) expire_deadlines();
     sweep();
     ready = take_ready();
+    timed_work_.store(!ops_.empty() || !closing_.empty(), std::memory_order_relaxed);
   }
   n += ready.size();
   fire(std::move(ready));
@@ -371,11 +372,13 @@ bool ucx_engine::worker_idle_wait(std::chrono::microseconds max_wait) {
 
 void ucx_engine::progress_loop() {
   // Spin while events flow (a wake-up across vCPUs costs ~100 us here), then block on the
-  // worker's event fd. The wait is capped so deadlines are checked at least every few ms. Only
-  // progress earns a new spell of spinning: a wait that ends with nothing to do goes straight back
-  // to waiting. (Spinning again after every quiet 5 ms wait, with a sched_yield every 64 polls,
-  // kept an idle engine at ~2.3 % of a core and ~6,000 sched_yield calls a second; now ~1.2 %,
-  // the 5 ms wake-ups alone; session 56.)
+  // worker's event fd. Only progress earns a new spell of spinning: a wait that ends with nothing
+  // to do goes straight back to waiting. (Spinning again after every quiet wait, with a
+  // sched_yield every 64 polls, kept an idle engine at ~2.3 % of a core and ~6,000 sched_yield
+  // calls a second; session 56.) The wait is capped at 5 ms while transfers are in flight, so
+  // their deadlines are checked; with nothing in flight it lasts up to a second: work posted from
+  // other threads ends it (wake_progress), and the 5 ms wake-ups of an idle engine, ~200 a
+  // second, each preempted a compute thread of a serving worker (session 57).
   constexpr unsigned spin_budget = 2000;
   unsigned idle_spins = spin_budget;
   while (!stop_.load(std::memory_order_relaxed)) {
@@ -387,7 +390,8 @@ void ucx_engine::progress_loop() {
       if (++idle_spins % 64 == 0) std::this_thread::yield();
       continue;
     }
-    worker_idle_wait(std::chrono::milliseconds(5));
+    worker_idle_wait(timed_work_.load(std::memory_order_relaxed) ? std::chrono::milliseconds(5)
+                                                                  : std::chrono::milliseconds(1000));
   }
 }
 

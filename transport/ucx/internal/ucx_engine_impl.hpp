@@ -184,6 +184,9 @@ class ucx_engine final : public engine {
   std::vector<void*> closing_;                                  // ep close requests
   std::vector<std::pair<std::shared_ptr<transfer_state>, completion>> ready_;
   bool sweep_needed_ = false;
+  /// Whether something in flight has a deadline or a close to finish (set by progress()): the
+  /// progress thread's idle wait is then capped at a few ms, else it sleeps until signalled.
+  std::atomic<bool> timed_work_{false};
   std::atomic<bool> stop_{false};
   std::thread progress_thread_;
 };
