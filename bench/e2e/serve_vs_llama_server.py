@@ -8,10 +8,11 @@ TTFT for each server, alternating servers over `--repeat` rounds, and their rati
     bench/e2e/serve_vs_llama_server.py [--weft build/release/apps/weft]
         [--llama-server ~/.cache/weft/llama-server-0.3.16/llama-server] [--clients 16]
         [--tokens 64] [--seconds 40] [--repeat 2] [--threads $(nproc)] [--out F.json]
-        [--weft-base OLD/apps/weft] [--servers weft,weft-base,llama-server]
+        [--weft-base OLD/apps/weft [--weft-base-args '--flag value']]
+        [--servers weft,weft-base,llama-server]
 
 `--weft-base` adds a second weft build (another commit) to the same alternation, for before/after
-figures of a change; `--servers` picks which of the three run (default: weft and llama-server,
+figures of a change (`--weft-base-args` gives it extra flags: the same binary with a flag changed); `--servers` picks which of the three run (default: weft and llama-server,
 plus weft-base when given).
 
 llama-server runs with `-np C -t threads -c C*ctx` (one slot per client, the same context per
@@ -148,6 +149,10 @@ def main():
     ap.add_argument("--ctx", type=int, default=1024, help="context per sequence, both servers")
     ap.add_argument("--out", default=os.path.join(root, "bench", "results", "serve-vs-llama-server.json"))
     ap.add_argument("--weft-base", help="another weft binary (e.g. the commit before a change)")
+    ap.add_argument("--weft-base-args", default="",
+                    help="extra `weft serve` flags for weft-base, space-separated (A/B of a flag "
+                         "on one binary: --weft-base build/release/apps/weft --weft-base-args "
+                         "'--helper-sched normal')")
     ap.add_argument("--servers", help="comma-separated subset of weft,weft-base,llama-server")
     a = ap.parse_args()
     all_servers = {
@@ -157,7 +162,7 @@ def main():
     }
     if a.weft_base:
         all_servers["weft-base"] = [a.weft_base, "serve", "--model", a.model, "--port", "8398",
-                                    "--ctx-size", str(a.ctx)]
+                                    "--ctx-size", str(a.ctx)] + a.weft_base_args.split()
     chosen = a.servers.split(",") if a.servers else list(all_servers)
     unknown = [x for x in chosen if x not in all_servers]
     if unknown:

@@ -37,8 +37,7 @@ std::string enter_helper_class(helper_sched s) {
   const int policy = sched_getscheduler(0);
   if (policy != SCHED_OTHER && policy != SCHED_BATCH) {
     // A real-time or idle policy set from outside (chrt): kept for every thread.
-    return "the process runs under scheduling policy " + std::to_string(policy) +
-           ", left as it is";
+    return "the process runs under scheduling policy " + std::to_string(policy) + ", left as it is";
   }
   // SCHED_BATCH already: inherited from the weft process that started this one (a node of
   // `weft serve`), or set by the user; either way the compute threads leave it.

@@ -391,7 +391,7 @@ void ucx_engine::progress_loop() {
       continue;
     }
     worker_idle_wait(timed_work_.load(std::memory_order_relaxed) ? std::chrono::milliseconds(5)
-                                                                  : std::chrono::milliseconds(1000));
+                                                                 : std::chrono::milliseconds(1000));
   }
 }
 
