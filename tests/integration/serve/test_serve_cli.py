@@ -144,6 +144,72 @@ def check_clean_stop(weft, check):
           "a clean stop exits 0 and restarts or migrates nothing (rc %s, %s)" % (proc.returncode, noisy[:2]))
 
 
+def thread_policies(pid):
+    """[(thread name, scheduling policy)] of every thread of process `pid`."""
+    out = []
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+                name = f.read().strip()
+            out.append((name, os.sched_getscheduler(int(tid))))
+        except (OSError, ProcessLookupError):
+            pass  # the thread ended meanwhile
+    return out
+
+
+def children_of(pid):
+    kids = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open("/proc/%s/stat" % p) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            if ppid == pid:
+                kids.append(int(p))
+    return kids
+
+
+def check_helper_sched(weft, check):
+    """--helper-sched batch (the default): the head's and the worker's CAF network, scheduler and
+    clock threads run in SCHED_BATCH, the worker's compute threads (its engine thread and the CPU
+    pool's) in SCHED_OTHER; --helper-sched normal leaves every thread in SCHED_OTHER."""
+    for mode in ("batch", "normal"):
+        args = [weft, "serve", "--port", "0"] + ([] if mode == "batch" else ["--helper-sched", "normal"])
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            deadline = time.time() + 240
+            ready = False
+            while time.time() < deadline:
+                line = proc.stdout.readline()
+                if line.startswith("weft-serve-ready"):
+                    ready = True
+                    break
+                if not line and proc.poll() is not None:
+                    break
+            check(ready, "--helper-sched %s: the server starts" % mode)
+            if not ready:
+                continue
+            head = thread_policies(proc.pid)
+            workers = [thread_policies(c) for c in children_of(proc.pid)]
+            check(len(workers) == 1, "--helper-sched %s: one worker process (%d)" % (mode, len(workers)))
+            worker = workers[0] if workers else []
+            caf_helpers = [pol for name, pol in head + worker if name in ("caf.multiplexer", "caf.clock")]
+            compute = [name for name, pol in worker if pol == os.SCHED_OTHER and name == "caf.actor"]
+            if mode == "batch":
+                check(caf_helpers and all(p == os.SCHED_BATCH for p in caf_helpers),
+                      "batch: every CAF network/scheduler/clock thread is SCHED_BATCH (%s)" % caf_helpers)
+                check(len(compute) >= 1, "batch: the worker's compute threads are SCHED_OTHER (%d)" % len(compute))
+                check(any(pol == os.SCHED_BATCH for name, pol in worker if name == "caf.actor"),
+                      "batch: the worker's other detached actors stay SCHED_BATCH")
+            else:
+                check(all(pol == os.SCHED_OTHER for _, pol in head + worker),
+                      "normal: every thread is SCHED_OTHER")
+        finally:
+            stop(proc)
+
+
 def check_chat_template(weft, d, check):
     """--chat-template FILE replaces the model's template (a Jinja file, run as Hugging Face runs
     it); a missing or broken file is refused at start, naming the problem."""
@@ -235,6 +301,7 @@ def main():
 
     check_http_queue(args.weft, check)
     check_clean_stop(args.weft, check)
+    check_helper_sched(args.weft, check)
 
     rc, out = run_to_exit(args.weft, ["--workers", "2", "--prefill", "1", "--decode", "1"])
     check(rc == 2 and "exclude each other" in out, "--workers with --prefill/--decode is refused (rc %d)" % rc)
