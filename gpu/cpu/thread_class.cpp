@@ -16,10 +16,6 @@ std::atomic<bool> helpers_batched{false};
 
 }  // namespace
 
-const char* to_string(helper_sched s) {
-  return s == helper_sched::batch ? "batch" : "normal";
-}
-
 bool parse_helper_sched(const std::string& text, helper_sched& out) {
   if (text == "batch") {
     out = helper_sched::batch;

@@ -16,8 +16,6 @@ namespace weft::gpu::cpu {
 
 enum class helper_sched { normal, batch };
 
-/// "batch" / "normal".
-const char* to_string(helper_sched s);
 /// Parses "batch" / "normal"; false on anything else.
 bool parse_helper_sched(const std::string& text, helper_sched& out);
 

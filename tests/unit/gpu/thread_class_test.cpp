@@ -21,14 +21,25 @@ int policy_on_new_thread() {
   return policy;
 }
 
+// Whether this machine lets a thread enter SCHED_BATCH (unprivileged on Linux; a sandbox's
+// seccomp filter may refuse it, and weft then runs with its helpers in SCHED_OTHER and a warning).
+// Probed on a throwaway thread so that the test's own threads keep their policy; the cases that
+// need it report "skipped" (never passed) where it is refused.
+bool batch_allowed() {
+  bool ok = false;
+  std::thread([&] {
+    sched_param p{};
+    ok = sched_setscheduler(0, SCHED_BATCH, &p) == 0;
+  }).join();
+  return ok;
+}
+
 TEST(ThreadClass, ParsesItsTwoNames) {
   helper_sched s = helper_sched::normal;
   ASSERT_TRUE(parse_helper_sched("batch", s));
   EXPECT_EQ(s, helper_sched::batch);
-  EXPECT_STREQ(to_string(s), "batch");
   ASSERT_TRUE(parse_helper_sched("normal", s));
   EXPECT_EQ(s, helper_sched::normal);
-  EXPECT_STREQ(to_string(s), "normal");
   EXPECT_FALSE(parse_helper_sched("idle", s));
   EXPECT_FALSE(parse_helper_sched("", s));
 }
@@ -43,9 +54,9 @@ TEST(ThreadClass, NormalLeavesThePolicyAlone) {
 }
 
 TEST(ThreadClass, HelpersAreBatchAndComputeThreadsAreNot) {
+  if (!batch_allowed()) GTEST_SKIP() << "this machine refuses SCHED_BATCH";
   std::thread([] {
-    const std::string why = enter_helper_class(helper_sched::batch);
-    if (!why.empty()) GTEST_SKIP() << "this machine refuses SCHED_BATCH: " << why;
+    EXPECT_EQ(enter_helper_class(helper_sched::batch), "");
     EXPECT_EQ(sched_getscheduler(0), SCHED_BATCH);
     // Threads a helper starts are helpers.
     EXPECT_EQ(policy_on_new_thread(), SCHED_BATCH);
@@ -69,9 +80,10 @@ TEST(ThreadClass, HelpersAreBatchAndComputeThreadsAreNot) {
 TEST(ThreadClass, AStartInBatchCountsAsDone) {
   // A node process started by a weft process in the helper class inherits SCHED_BATCH: its own
   // enter_helper_class accepts that and its compute threads still leave it.
+  if (!batch_allowed()) GTEST_SKIP() << "this machine refuses SCHED_BATCH";
   std::thread([] {
     sched_param p{};
-    if (sched_setscheduler(0, SCHED_BATCH, &p) != 0) GTEST_SKIP() << "SCHED_BATCH refused";
+    ASSERT_EQ(sched_setscheduler(0, SCHED_BATCH, &p), 0);
     EXPECT_EQ(enter_helper_class(helper_sched::batch), "");
     EXPECT_EQ(sched_getscheduler(0), SCHED_BATCH);
     std::thread([] {
