@@ -379,15 +379,19 @@ void rows_f32(const tensor_view& w, const f32_acts& a, float* y, int64_t r_begin
   }
 }
 
-// Tiles [0, n_tiles) over the pool's threads, handed out in chunks from a shared counter (about
-// eight per thread): a thread whose vCPU ran faster this time takes more instead of spinning at the
-// join while the other finishes a fixed half. A row's result never depends on which thread made it.
-// `min_chunk`: the fewest tiles a chunk holds.
+// Tiles [0, n_tiles) over the pool's threads, handed out in chunks from a shared counter: about
+// eight per thread, or (`one_per_thread`) ceil(n_tiles / threads) each. Eight per thread: a thread
+// whose vCPU ran faster this time takes more instead of spinning at the join while the other
+// finishes a fixed half. One share per thread: each thread streams one contiguous range (its
+// kernel's prefetch runs through it); a thread that comes late to the job finds its share taken by
+// the other instead of holding the join. A row's result never depends on which thread made it.
 template <class F>
-void tiles_parallel(thread_pool& pool, int64_t n_tiles, F&& f, int64_t min_chunk = 1) {
+void tiles_parallel(thread_pool& pool, int64_t n_tiles, F&& f, bool one_per_thread = false) {
   std::atomic<int64_t> next{0};
   pool.parallel([&](int, int n) {
-    const int64_t chunk = std::max<int64_t>(min_chunk, n_tiles / (8 * static_cast<int64_t>(n)));
+    const int64_t threads = n;
+    const int64_t chunk = one_per_thread ? (n_tiles + threads - 1) / threads
+                                         : std::max<int64_t>(1, n_tiles / (8 * threads));
     for (;;) {
       const int64_t b = next.fetch_add(chunk, std::memory_order_relaxed);
       if (b >= n_tiles) break;
@@ -419,11 +423,15 @@ int64_t tile_unit(quant_matmul_kernel k) {
   return grouped(k) ? amx_rows_per_group : 8;
 }
 
-// The fewest tiles a thread takes at once: the amx / vnni kernels' batch-1 decode runs four groups
-// at a time and prefetches the next ones in its range, so it gets at least four (session 51, AMX
-// VM: +6-12 % batch-1 decode against chunks of 2-3 groups for the 576-row matrices).
-int64_t min_tiles_per_chunk(quant_matmul_kernel k, int64_t n_tokens) {
-  return grouped(k) && n_tokens == 1 ? 4 : 1;
+// Decode steps on the grouped kernels (up to 16 tokens: no AMX tiles) give each thread one
+// contiguous share of the rows: the kernels prefetch the next groups of their range, and every
+// chunk boundary restarts that stream cold. Session 58 (AMX VM, 2 vCPUs, SmolLM2 Q4_1): batch-1
+// decode 236-250 -> 279-310 tok/s against chunks of at least four groups (eight per thread),
+// batch 4-32 +2-6 %, the avx2 kernel on the same host batch 1 +4-16 %, batch 16 +2-4 %. Prefill
+// (the AMX tiles) keeps the fine chunks: one share per thread measured 2-3 % slower there.
+bool one_share_per_thread(quant_matmul_kernel k, int64_t n_tokens) {
+  constexpr int64_t decode_max_tokens = 16;  // the amx kernel's VNNI path; the tiles above
+  return grouped(k) && n_tokens <= decode_max_tokens;
 }
 
 // The AMX tile path's copy of the activations (amx_tile_acts) in `scratch`, 64-byte aligned;
@@ -628,7 +636,7 @@ status matmul(thread_pool& pool, matmul_scratch& scratch, const tensor_view& w, 
         rows_dispatch(w, fa, a, a_row, sc, n_tokens, y, b * unit, std::min(w.n_rows, e * unit),
                       *kernel, tiles);
       },
-      min_tiles_per_chunk(*kernel, n_tokens));
+      one_share_per_thread(*kernel, n_tokens));
   return {};
 }
 
@@ -687,7 +695,7 @@ status matmul_multi(thread_pool& pool, matmul_scratch& scratch, std::span<const 
                         lo * unit, std::min(ws[k].n_rows, hi * unit), *kernel, tiles);
         }
       },
-      min_tiles_per_chunk(*kernel, n_tokens));
+      one_share_per_thread(*kernel, n_tokens));
   return {};
 }
 
