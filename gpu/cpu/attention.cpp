@@ -476,41 +476,55 @@ void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, 
 
 // dot_f16 (AVX-512 layout: 4 accumulators over steps of 64, (a0 + a2) + (a1 + a3), then the tree)
 // of NH queries (fp16-rounded, as floats, [NH][hd]) against every key [0, n_pos) of the kv head in
-// s.offsets, each key row converted once for all of them; times the scale, into sc[h].
+// s.offsets, each key row converted once for all of them; times the scale, into sc[h]. Sixteen
+// keys' folded accumulators are reduced together (hsum_16x16: the one-vector tree's additions, in
+// its order, for 16 vectors at once), where reducing each alone cost a dozen shuffles and adds
+// per key and head.
 template <int NH>
 void scores_gemv(const attention_batch& b, const attention_scratch& s, const float* qf,
                  int64_t n_pos, float* const* sc) {
   const int64_t hd = b.head_dim;
-  for (int64_t p = 0; p < n_pos; ++p) {
-    if (p + key_prefetch_distance < n_pos) {
-      prefetch_bytes(b.k_cache + s.offsets[static_cast<size_t>(p + key_prefetch_distance)], hd * 2);
-    }
-    const uint16_t* k = b.k_cache + s.offsets[static_cast<size_t>(p)];
-    __m512 a[NH][4];
+  const __m512 scale = _mm512_set1_ps(b.scale);
+  for (int64_t p0 = 0; p0 < n_pos; p0 += 16) {
+    const int64_t n = std::min<int64_t>(16, n_pos - p0);
+    __m512 folded[NH][16];
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t p = p0 + j;
+      if (p + key_prefetch_distance < n_pos) {
+        prefetch_bytes(b.k_cache + s.offsets[static_cast<size_t>(p + key_prefetch_distance)],
+                       hd * 2);
+      }
+      const uint16_t* k = b.k_cache + s.offsets[static_cast<size_t>(p)];
+      __m512 a[NH][4];
 #pragma GCC unroll 4
-    for (int h = 0; h < NH; ++h) {
+      for (int h = 0; h < NH; ++h) {
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) a[h][j] = _mm512_setzero_ps();
-    }
-    for (int64_t i = 0; i < hd; i += 64) {
+        for (int c = 0; c < 4; ++c) a[h][c] = _mm512_setzero_ps();
+      }
+      for (int64_t i = 0; i < hd; i += 64) {
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        const __m512 x =
-            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + i + 16 * j)));
+        for (int c = 0; c < 4; ++c) {
+          const __m512 x = _mm512_cvtph_ps(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + i + 16 * c)));
 #pragma GCC unroll 4
-        for (int h = 0; h < NH; ++h)
-          a[h][j] = _mm512_fmadd_ps(x, _mm512_loadu_ps(qf + h * hd + i + 16 * j), a[h][j]);
+          for (int h = 0; h < NH; ++h)
+            a[h][c] = _mm512_fmadd_ps(x, _mm512_loadu_ps(qf + h * hd + i + 16 * c), a[h][c]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int h = 0; h < NH; ++h) {
+        folded[h][j] =
+            _mm512_add_ps(_mm512_add_ps(a[h][0], a[h][2]), _mm512_add_ps(a[h][1], a[h][3]));
       }
     }
+    for (int64_t j = n; j < 16; ++j) {
 #pragma GCC unroll 4
-    for (int h = 0; h < NH; ++h) {
-      const __m512 v =
-          _mm512_add_ps(_mm512_add_ps(a[h][0], a[h][2]), _mm512_add_ps(a[h][1], a[h][3]));
-      const __m256 t8 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
-      const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
-      const __m128 h2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-      sc[h][p] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2))) * b.scale;
+      for (int h = 0; h < NH; ++h) folded[h][j] = _mm512_setzero_ps();
     }
+    const auto keys = static_cast<__mmask16>((1u << n) - 1u);
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; ++h)
+      _mm512_mask_storeu_ps(sc[h] + p0, keys, _mm512_mul_ps(hsum_16x16(folded[h]), scale));
   }
 }
 
