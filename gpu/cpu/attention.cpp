@@ -504,8 +504,8 @@ void scores_gemv(const attention_batch& b, const attention_scratch& s, const flo
       for (int64_t i = 0; i < hd; i += 64) {
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
-          const __m512 x = _mm512_cvtph_ps(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + i + 16 * c)));
+          const __m512 x =
+              _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + i + 16 * c)));
 #pragma GCC unroll 4
           for (int h = 0; h < NH; ++h)
             a[h][c] = _mm512_fmadd_ps(x, _mm512_loadu_ps(qf + h * hd + i + 16 * c), a[h][c]);
