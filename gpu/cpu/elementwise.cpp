@@ -203,6 +203,57 @@ double exp_sum_row_avx512(float* x, int64_t n, float max) {
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+// exp_sum_row_impl<8, exp_approx_avx2> in registers: exp_approx_avx2's reduction, polynomial and
+// k + k * p on 8 lanes (a block with a lane outside its fast range, |n| > 126 — masked keys,
+// -inf padding — takes the scalar function for those lanes), each group of 8 added in reduce8's
+// tree before the double sum. The prefill attention's softmax on AVX2 hosts spent ~15 % of its
+// time in the scalar loop.
+double exp_sum_row_avx2(float* x, int64_t n, float max) {
+  double sum = 0.0;
+  int64_t i = 0;
+  const __m256 vmax = _mm256_set1_ps(max);
+  const __m256 round = _mm256_set1_ps(kRound);
+  const __m256 limit = _mm256_set1_ps(126.0f);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), vmax);
+    const __m256 z = _mm256_fmadd_ps(v, _mm256_set1_ps(kLog2e), round);
+    const __m256 k = _mm256_sub_ps(z, round);
+    const __m256 b =
+        _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Lo), _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Hi), v));
+    const __m256 scale = _mm256_castsi256_ps(_mm256_add_epi32(
+        _mm256_slli_epi32(_mm256_castps_si256(z), 23), _mm256_set1_epi32(0x3f800000)));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(kP5), b, _mm256_set1_ps(kP4)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(kP3), b, _mm256_set1_ps(kP2))),
+        u, _mm256_mul_ps(_mm256_set1_ps(kP1), b));
+    __m256 r = _mm256_fmadd_ps(scale, j, scale);
+    const int slow =
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(k, abs_mask), limit, _CMP_GT_OQ));
+    if (slow != 0) {
+      alignas(32) float lanes[8], in[8];
+      _mm256_store_ps(lanes, r);
+      _mm256_store_ps(in, v);
+      for (int l = 0; l < 8; ++l) {
+        if ((slow >> l) & 1) lanes[l] = exp_approx_avx2(in[l]);
+      }
+      r = _mm256_load_ps(lanes);
+    }
+    _mm256_storeu_ps(x + i, r);
+    const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(r, 1), _mm256_castps256_ps128(r));
+    const __m128 t2 = _mm_add_ps(_mm_movehl_ps(t4, t4), t4);  // t4[0] + t4[2], t4[1] + t4[3]
+    sum += static_cast<double>(_mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2))));
+  }
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);  // ggml's scalar tail uses the C library's expf.
+    sum += static_cast<double>(x[i]);
+  }
+  return sum;
+}
+#endif
+
 }  // namespace
 
 namespace {
@@ -255,6 +306,9 @@ void swiglu_range(const float* g, const float* u, float* y, int64_t begin, int64
 double exp_sum_row(float* x, int64_t n, float max) {
 #if defined(__AVX512F__)
   if (ggml_simd_layout() == ggml_simd::avx512) return exp_sum_row_avx512(x, n, max);
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if (ggml_simd_layout() == ggml_simd::avx2) return exp_sum_row_avx2(x, n, max);
 #endif
   return ggml_simd_layout() == ggml_simd::avx512
              ? exp_sum_row_impl<16, exp_approx_avx512>(x, n, max)

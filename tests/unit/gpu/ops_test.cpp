@@ -658,6 +658,68 @@ TEST(attention, prefill_is_bit_identical_however_the_prompt_is_chunked) {
   }
 }
 
+// Prefill attention (GEMM numerics) against the same steps assembled from the public primitives
+// in ggml's order: q rounded to fp16, dot_f16_gemm per key times the scale, the softmax (max,
+// -inf padding to n_kv, exp_sum_row, one float reciprocal, probabilities rounded to fp16),
+// dot_f16_gemm_columns over the values. Bit for bit, in both lane layouts: the tiled kernels
+// (16-lane AVX-512, 8-lane AVX2) must equal the per-key path they replace. Two sequences, a
+// prompt of 37 tokens (three tiles, the last partial) and one of 20 after 9 cached positions.
+TEST_P(simd_layouts, prefill_attention_matches_ggml_gemm_numerics_bit_for_bit) {
+  for (const auto& [n_heads, hd] : {std::pair<int64_t, int64_t>{9, 64}, {6, 128}, {4, 32}}) {
+    const int64_t n_kv = n_heads == 4 ? 2 : 3, bs = 16, n_blocks = 8;
+    const half_cache kc = random_half_cache(n_blocks, bs, n_kv, hd, 61);
+    const std::vector<int32_t> table = {6, 1, 4, 0, 7, 2};
+    const std::vector<int32_t> offsets = {0, 3};
+    std::vector<int32_t> tok_seq, tok_pos;
+    for (int32_t p = 0; p < 37; ++p) tok_seq.push_back(0), tok_pos.push_back(p);
+    for (int32_t p = 9; p < 29; ++p) tok_seq.push_back(1), tok_pos.push_back(p);
+    const std::vector<int32_t> seq_n = {37, 20};
+    const auto q = random_floats(tok_seq.size() * static_cast<size_t>(n_heads * hd), 63);
+    attention_batch b =
+        paged_batch(kc, {table, offsets, tok_seq, tok_pos, seq_n}, n_heads, n_kv, hd, bs);
+    b.q = q.data();
+    std::vector<float> out(q.size());
+    b.out = out.data();
+    std::vector<attention_scratch> scratch(2);
+    for (int64_t i = 0; i < 2; ++i) attention_tasks(b, scratch[static_cast<size_t>(i)], i, 2);
+    const int64_t group = n_heads / n_kv;
+    std::vector<uint16_t> qh(static_cast<size_t>(hd));
+    std::vector<float> acc(static_cast<size_t>(64 * hd)), want(static_cast<size_t>(hd));
+    for (size_t t = 0; t < tok_seq.size(); ++t) {
+      const int64_t n_pos = tok_pos[t] + 1;
+      const int64_t n_pad = (n_pos + 31) / 32 * 32;
+      const int32_t* tab = table.data() + offsets[static_cast<size_t>(tok_seq[t])];
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const int64_t g = h / group;
+        const auto row = [&](const std::vector<uint16_t>& cache, int64_t p) {
+          return cache.data() + ((tab[p / bs] * bs + p % bs) * n_kv + g) * hd;
+        };
+        float_to_half_row(q.data() + (static_cast<int64_t>(t) * n_heads + h) * hd, qh.data(), hd);
+        std::vector<float> sc(static_cast<size_t>(n_pad));
+        float max = -std::numeric_limits<float>::infinity();
+        for (int64_t p = 0; p < n_pos; ++p) {
+          sc[static_cast<size_t>(p)] = dot_f16_gemm(row(kc.k, p), qh.data(), hd) * b.scale;
+          max = std::max(max, sc[static_cast<size_t>(p)]);
+        }
+        for (int64_t p = n_pos; p < n_pad; ++p)
+          sc[static_cast<size_t>(p)] = -std::numeric_limits<float>::infinity();
+        const float inv = static_cast<float>(1.0 / exp_sum_row(sc.data(), n_pad, max));
+        for (int64_t p = 0; p < n_pos; ++p) sc[static_cast<size_t>(p)] *= inv;
+        std::vector<uint16_t> probs(static_cast<size_t>(n_pad), 0);
+        float_to_half_row(sc.data(), probs.data(), n_pos);
+        std::vector<const uint16_t*> v_rows;
+        for (int64_t p = 0; p < n_pos; ++p) v_rows.push_back(row(kc.v, p));
+        dot_f16_gemm_columns(v_rows.data(), n_pos, probs.data(), n_pad, hd, acc.data(),
+                             want.data());
+        const float* got = out.data() + (static_cast<int64_t>(t) * n_heads + h) * hd;
+        ASSERT_EQ(std::memcmp(got, want.data(), want.size() * sizeof(float)), 0)
+            << ggml_simd_name(GetParam()) << ": " << n_heads << " heads of " << hd << ", token "
+            << t << ", head " << h;
+      }
+    }
+  }
+}
+
 // Decode attention (GEMV numerics) gives the same bits however a step's (token, head) pairs are
 // split over threads: a thread runs the heads of one kv head in its range together (3, 2 or 1 at
 // a time), and each must equal the others' result for that head.
