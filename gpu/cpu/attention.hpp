@@ -26,8 +26,9 @@ struct attention_scratch {
   // queries as floats [query][dim], the score tree's first level [query][8][16].
   std::vector<float> tile_scores, tile_q, t8;
   /// One kv head's keys and values of one sequence as floats, converted once per attention call
-  /// for all of this thread's tiles: keys in blocks of 16 transposed ([block][dim][16]), values
-  /// transposed ([dim][position], row stride `stride`); positions [0, n) are done.
+  /// for all of this thread's tiles: keys in blocks of 16 (AVX-512 layout; AVX2: 8) transposed
+  /// ([block][dim][16 or 8]), values transposed ([dim][position], row stride `stride`); positions
+  /// [0, n) are done.
   struct converted_head {
     int32_t seq = -1;
     int64_t last = -1;  ///< the sequence's last position in the batch (sizes the buffers)
@@ -41,11 +42,11 @@ struct attention_scratch {
 };
 
 /// Runs work items first, first + stride, ... of `batch` (first = thread index, stride = thread
-/// count). An item is one (token, query head) pair, or — for prefill tokens (GEMM numerics) with
-/// the AVX-512 layout — up to 16 consecutive tokens of a sequence with every query head of one kv
-/// head, which read keys and values converted to floats once per call (per thread) and score each
-/// block of 16 keys for all their queries. Both give the same bits (per-key dot products in
-/// ggml's order).
+/// count). An item is one (token, query head) pair, or — for prefill tokens (GEMM numerics) — up
+/// to 16 consecutive tokens of a sequence with every query head of one kv head, which read keys and
+/// values converted to floats once per call (per thread) and score each block of 16 keys (AVX-512
+/// layout) or 8 (AVX2 layout) for all their queries. Both give the same bits (per-key dot products
+/// in ggml's order).
 void attention_tasks(const attention_batch& batch, attention_scratch& scratch, int64_t first,
                      int64_t stride);
 
