@@ -720,6 +720,65 @@ TEST_P(simd_layouts, prefill_attention_matches_ggml_gemm_numerics_bit_for_bit) {
   }
 }
 
+// Decode attention (GEMV numerics: one token per sequence) against the public primitives in ggml's
+// order — dot_f16 per key times the scale, the softmax's steps, dot_f16_columns — bit for bit in
+// both layouts, with 2 and 3 threads (query heads of a kv head run together, 1-3 at a time).
+TEST_P(simd_layouts, decode_attention_matches_ggml_gemv_numerics_bit_for_bit) {
+  for (const auto& [n_heads, hd] : {std::pair<int64_t, int64_t>{9, 64}, {6, 128}, {4, 32}}) {
+    const int64_t n_kv = n_heads == 4 ? 2 : 3, bs = 16, n_blocks = 24;
+    const half_cache kc = random_half_cache(n_blocks, bs, n_kv, hd, 71);
+    const std::vector<int32_t> offsets = {0, 13, 14};
+    const std::vector<int32_t> tok_seq = {0, 1, 2}, tok_pos = {200, 5, 95}, seq_n = {1, 1, 1};
+    const std::vector<int32_t> table = {3,  17, 8,  21, 0,  12, 5, 14, 9,  1,
+                                        20, 7,  16, 2,  23, 4,  6, 10, 11, 13};
+    const auto q = random_floats(static_cast<size_t>(3 * n_heads * hd), 73);
+    attention_batch b =
+        paged_batch(kc, {table, offsets, tok_seq, tok_pos, seq_n}, n_heads, n_kv, hd, bs);
+    b.q = q.data();
+    const int64_t group = n_heads / n_kv;
+    std::vector<uint16_t> qh(static_cast<size_t>(hd));
+    std::vector<float> acc(static_cast<size_t>(64 * hd)), want(q.size());
+    for (size_t t = 0; t < tok_seq.size(); ++t) {
+      const int64_t n_pos = tok_pos[t] + 1;
+      const int64_t n_pad = (n_pos + 31) / 32 * 32;
+      const int32_t* tab = table.data() + offsets[t];
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const int64_t g = h / group;
+        const auto row = [&](const std::vector<uint16_t>& cache, int64_t p) {
+          return cache.data() + ((tab[p / bs] * bs + p % bs) * n_kv + g) * hd;
+        };
+        float_to_half_row(q.data() + (static_cast<int64_t>(t) * n_heads + h) * hd, qh.data(), hd);
+        std::vector<float> sc(static_cast<size_t>(n_pad));
+        float max = -std::numeric_limits<float>::infinity();
+        for (int64_t p = 0; p < n_pos; ++p) {
+          sc[static_cast<size_t>(p)] = dot_f16(row(kc.k, p), qh.data(), hd) * b.scale;
+          max = std::max(max, sc[static_cast<size_t>(p)]);
+        }
+        for (int64_t p = n_pos; p < n_pad; ++p)
+          sc[static_cast<size_t>(p)] = -std::numeric_limits<float>::infinity();
+        const float inv = static_cast<float>(1.0 / exp_sum_row(sc.data(), n_pad, max));
+        for (int64_t p = 0; p < n_pos; ++p) sc[static_cast<size_t>(p)] *= inv;
+        std::vector<uint16_t> probs(static_cast<size_t>(n_pad), 0);
+        float_to_half_row(sc.data(), probs.data(), n_pos);
+        std::vector<const uint16_t*> v_rows;
+        for (int64_t p = 0; p < n_pos; ++p) v_rows.push_back(row(kc.v, p));
+        dot_f16_columns(v_rows.data(), n_pos, probs.data(), n_pad, hd, acc.data(),
+                        want.data() + (static_cast<int64_t>(t) * n_heads + h) * hd);
+      }
+    }
+    for (int64_t threads : {1, 2, 3}) {
+      std::vector<float> out(q.size(), -1.0f);
+      std::vector<attention_scratch> s(static_cast<size_t>(threads));
+      b.out = out.data();
+      for (int64_t i = 0; i < threads; ++i)
+        attention_tasks(b, s[static_cast<size_t>(i)], i, threads);
+      EXPECT_EQ(std::memcmp(out.data(), want.data(), out.size() * sizeof(float)), 0)
+          << ggml_simd_name(GetParam()) << ": " << n_heads << " heads of " << hd << ", " << threads
+          << " threads";
+    }
+  }
+}
+
 // Decode attention (GEMV numerics) gives the same bits however a step's (token, head) pairs are
 // split over threads: a thread runs the heads of one kv head in its range together (3, 2 or 1 at
 // a time), and each must equal the others' result for that head.
