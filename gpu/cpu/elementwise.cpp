@@ -154,6 +154,24 @@ double exp_sum_row_impl(float* x, int64_t n, float max) {
   return sum;
 }
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// The last level of reduce8's tree on t4 = hi + lo: (t4[0] + t4[2]) + (t4[1] + t4[3]).
+inline float reduce4_tree(__m128 t4) {
+  const __m128 t2 = _mm_add_ps(_mm_movehl_ps(t4, t4), t4);  // t4[0] + t4[2], t4[1] + t4[3]
+  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)));
+}
+
+// exp_sum_row_impl's tail from i (fewer than a vector's lanes left): the C library's expf, as
+// ggml's scalar tail.
+double exp_sum_tail(float* x, int64_t i, int64_t n, float max, double sum) {
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += static_cast<double>(x[i]);
+  }
+  return sum;
+}
+#endif
+
 #if defined(__AVX512F__)
 // exp_approx's reduction and polynomial on 16 lanes: returns e^b, with n (= round(v / ln 2), as a
 // float) in `k`; the caller scales by 2^n.
@@ -192,14 +210,9 @@ double exp_sum_row_avx512(float* x, int64_t n, float max) {
     _mm512_storeu_ps(x + i, r);
     const __m256 t8 = _mm256_add_ps(_mm512_extractf32x8_ps(r, 1), _mm512_castps512_ps256(r));
     const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
-    const __m128 t2 = _mm_add_ps(_mm_movehl_ps(t4, t4), t4);  // t4[0] + t4[2], t4[1] + t4[3]
-    sum += static_cast<double>(_mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2))));
+    sum += static_cast<double>(reduce4_tree(t4));
   }
-  for (; i < n; ++i) {
-    x[i] = std::exp(x[i] - max);  // ggml's scalar tail uses the C library's expf.
-    sum += static_cast<double>(x[i]);
-  }
-  return sum;
+  return exp_sum_tail(x, i, n, max, sum);
 }
 #endif
 
@@ -243,14 +256,9 @@ double exp_sum_row_avx2(float* x, int64_t n, float max) {
     }
     _mm256_storeu_ps(x + i, r);
     const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(r, 1), _mm256_castps256_ps128(r));
-    const __m128 t2 = _mm_add_ps(_mm_movehl_ps(t4, t4), t4);  // t4[0] + t4[2], t4[1] + t4[3]
-    sum += static_cast<double>(_mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2))));
+    sum += static_cast<double>(reduce4_tree(t4));
   }
-  for (; i < n; ++i) {
-    x[i] = std::exp(x[i] - max);  // ggml's scalar tail uses the C library's expf.
-    sum += static_cast<double>(x[i]);
-  }
-  return sum;
+  return exp_sum_tail(x, i, n, max, sum);
 }
 #endif
 

@@ -658,6 +658,41 @@ TEST(attention, prefill_is_bit_identical_however_the_prompt_is_chunked) {
   }
 }
 
+// One (token, query head)'s attention output in ggml's order, from the public primitives: q
+// rounded to fp16; per key the layout's dot (`gemm`: dot_f16_gemm, a prefill chunk; else dot_f16,
+// a decode token) times the scale; the softmax's steps (max, -inf padding to n_kv, exp_sum_row, one
+// float reciprocal, probabilities rounded to fp16); the value sums (dot_f16_gemm_columns /
+// dot_f16_columns). `row(cache, p)`: position p's row of the head's kv head.
+template <class Row>
+void ggml_attention_head(const half_cache& kc, const Row& row, int64_t n_pos, const float* q,
+                         int64_t hd, float scale, bool gemm, float* out) {
+  const int64_t n_pad = (n_pos + 31) / 32 * 32;
+  std::vector<uint16_t> qh(static_cast<size_t>(hd));
+  float_to_half_row(q, qh.data(), hd);
+  std::vector<float> sc(static_cast<size_t>(n_pad));
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < n_pos; ++p) {
+    const uint16_t* k = row(kc.k, p);
+    sc[static_cast<size_t>(p)] =
+        (gemm ? dot_f16_gemm(k, qh.data(), hd) : dot_f16(k, qh.data(), hd)) * scale;
+    max = std::max(max, sc[static_cast<size_t>(p)]);
+  }
+  for (int64_t p = n_pos; p < n_pad; ++p)
+    sc[static_cast<size_t>(p)] = -std::numeric_limits<float>::infinity();
+  const float inv = static_cast<float>(1.0 / exp_sum_row(sc.data(), n_pad, max));
+  for (int64_t p = 0; p < n_pos; ++p) sc[static_cast<size_t>(p)] *= inv;
+  std::vector<uint16_t> probs(static_cast<size_t>(n_pad), 0);
+  float_to_half_row(sc.data(), probs.data(), n_pos);
+  std::vector<const uint16_t*> v_rows;
+  for (int64_t p = 0; p < n_pos; ++p) v_rows.push_back(row(kc.v, p));
+  std::vector<float> acc(static_cast<size_t>(64 * hd));
+  if (gemm) {
+    dot_f16_gemm_columns(v_rows.data(), n_pos, probs.data(), n_pad, hd, acc.data(), out);
+  } else {
+    dot_f16_columns(v_rows.data(), n_pos, probs.data(), n_pad, hd, acc.data(), out);
+  }
+}
+
 // Prefill attention (GEMM numerics) against the same steps assembled from the public primitives
 // in ggml's order: q rounded to fp16, dot_f16_gemm per key times the scale, the softmax (max,
 // -inf padding to n_kv, exp_sum_row, one float reciprocal, probabilities rounded to fp16),
@@ -683,34 +718,16 @@ TEST_P(simd_layouts, prefill_attention_matches_ggml_gemm_numerics_bit_for_bit) {
     std::vector<attention_scratch> scratch(2);
     for (int64_t i = 0; i < 2; ++i) attention_tasks(b, scratch[static_cast<size_t>(i)], i, 2);
     const int64_t group = n_heads / n_kv;
-    std::vector<uint16_t> qh(static_cast<size_t>(hd));
-    std::vector<float> acc(static_cast<size_t>(64 * hd)), want(static_cast<size_t>(hd));
+    std::vector<float> want(static_cast<size_t>(hd));
     for (size_t t = 0; t < tok_seq.size(); ++t) {
-      const int64_t n_pos = tok_pos[t] + 1;
-      const int64_t n_pad = (n_pos + 31) / 32 * 32;
       const int32_t* tab = table.data() + offsets[static_cast<size_t>(tok_seq[t])];
       for (int64_t h = 0; h < n_heads; ++h) {
-        const int64_t g = h / group;
-        const auto row = [&](const std::vector<uint16_t>& cache, int64_t p) {
+        const auto row = [&, g = h / group](const std::vector<uint16_t>& cache, int64_t p) {
           return cache.data() + ((tab[p / bs] * bs + p % bs) * n_kv + g) * hd;
         };
-        float_to_half_row(q.data() + (static_cast<int64_t>(t) * n_heads + h) * hd, qh.data(), hd);
-        std::vector<float> sc(static_cast<size_t>(n_pad));
-        float max = -std::numeric_limits<float>::infinity();
-        for (int64_t p = 0; p < n_pos; ++p) {
-          sc[static_cast<size_t>(p)] = dot_f16_gemm(row(kc.k, p), qh.data(), hd) * b.scale;
-          max = std::max(max, sc[static_cast<size_t>(p)]);
-        }
-        for (int64_t p = n_pos; p < n_pad; ++p)
-          sc[static_cast<size_t>(p)] = -std::numeric_limits<float>::infinity();
-        const float inv = static_cast<float>(1.0 / exp_sum_row(sc.data(), n_pad, max));
-        for (int64_t p = 0; p < n_pos; ++p) sc[static_cast<size_t>(p)] *= inv;
-        std::vector<uint16_t> probs(static_cast<size_t>(n_pad), 0);
-        float_to_half_row(sc.data(), probs.data(), n_pos);
-        std::vector<const uint16_t*> v_rows;
-        for (int64_t p = 0; p < n_pos; ++p) v_rows.push_back(row(kc.v, p));
-        dot_f16_gemm_columns(v_rows.data(), n_pos, probs.data(), n_pad, hd, acc.data(),
-                             want.data());
+        ggml_attention_head(kc, row, tok_pos[t] + 1,
+                            q.data() + (static_cast<int64_t>(t) * n_heads + h) * hd, hd, b.scale,
+                            /*gemm=*/true, want.data());
         const float* got = out.data() + (static_cast<int64_t>(t) * n_heads + h) * hd;
         ASSERT_EQ(std::memcmp(got, want.data(), want.size() * sizeof(float)), 0)
             << ggml_simd_name(GetParam()) << ": " << n_heads << " heads of " << hd << ", token "
@@ -722,7 +739,7 @@ TEST_P(simd_layouts, prefill_attention_matches_ggml_gemm_numerics_bit_for_bit) {
 
 // Decode attention (GEMV numerics: one token per sequence) against the public primitives in ggml's
 // order — dot_f16 per key times the scale, the softmax's steps, dot_f16_columns — bit for bit in
-// both layouts, with 2 and 3 threads (query heads of a kv head run together, 1-3 at a time).
+// both layouts, with 1-3 threads (query heads of a kv head run together, 1-3 at a time).
 TEST_P(simd_layouts, decode_attention_matches_ggml_gemv_numerics_bit_for_bit) {
   for (const auto& [n_heads, hd] : {std::pair<int64_t, int64_t>{9, 64}, {6, 128}, {4, 32}}) {
     const int64_t n_kv = n_heads == 4 ? 2 : 3, bs = 16, n_blocks = 24;
@@ -736,34 +753,16 @@ TEST_P(simd_layouts, decode_attention_matches_ggml_gemv_numerics_bit_for_bit) {
         paged_batch(kc, {table, offsets, tok_seq, tok_pos, seq_n}, n_heads, n_kv, hd, bs);
     b.q = q.data();
     const int64_t group = n_heads / n_kv;
-    std::vector<uint16_t> qh(static_cast<size_t>(hd));
-    std::vector<float> acc(static_cast<size_t>(64 * hd)), want(q.size());
+    std::vector<float> want(q.size());
     for (size_t t = 0; t < tok_seq.size(); ++t) {
-      const int64_t n_pos = tok_pos[t] + 1;
-      const int64_t n_pad = (n_pos + 31) / 32 * 32;
       const int32_t* tab = table.data() + offsets[t];
       for (int64_t h = 0; h < n_heads; ++h) {
-        const int64_t g = h / group;
-        const auto row = [&](const std::vector<uint16_t>& cache, int64_t p) {
+        const auto row = [&, g = h / group](const std::vector<uint16_t>& cache, int64_t p) {
           return cache.data() + ((tab[p / bs] * bs + p % bs) * n_kv + g) * hd;
         };
-        float_to_half_row(q.data() + (static_cast<int64_t>(t) * n_heads + h) * hd, qh.data(), hd);
-        std::vector<float> sc(static_cast<size_t>(n_pad));
-        float max = -std::numeric_limits<float>::infinity();
-        for (int64_t p = 0; p < n_pos; ++p) {
-          sc[static_cast<size_t>(p)] = dot_f16(row(kc.k, p), qh.data(), hd) * b.scale;
-          max = std::max(max, sc[static_cast<size_t>(p)]);
-        }
-        for (int64_t p = n_pos; p < n_pad; ++p)
-          sc[static_cast<size_t>(p)] = -std::numeric_limits<float>::infinity();
-        const float inv = static_cast<float>(1.0 / exp_sum_row(sc.data(), n_pad, max));
-        for (int64_t p = 0; p < n_pos; ++p) sc[static_cast<size_t>(p)] *= inv;
-        std::vector<uint16_t> probs(static_cast<size_t>(n_pad), 0);
-        float_to_half_row(sc.data(), probs.data(), n_pos);
-        std::vector<const uint16_t*> v_rows;
-        for (int64_t p = 0; p < n_pos; ++p) v_rows.push_back(row(kc.v, p));
-        dot_f16_columns(v_rows.data(), n_pos, probs.data(), n_pad, hd, acc.data(),
-                        want.data() + (static_cast<int64_t>(t) * n_heads + h) * hd);
+        const int64_t at = (static_cast<int64_t>(t) * n_heads + h) * hd;
+        ggml_attention_head(kc, row, tok_pos[t] + 1, q.data() + at, hd, b.scale,
+                            /*gemm=*/false, want.data() + at);
       }
     }
     for (int64_t threads : {1, 2, 3}) {
