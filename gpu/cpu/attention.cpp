@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #if defined(__AVX512F__) && defined(__FMA__) && defined(__F16C__)
 #include "gpu/cpu/simd.hpp"
@@ -96,8 +97,87 @@ void set_rows(const attention_batch& b, attention_scratch& s, int32_t seq, int64
 
 // A row stride of `n` floats plus one cache line: rows a power of two apart (8192 positions, 32 KB)
 // map to the same cache sets, and the value sums read 8 value rows and 3 probability rows at once.
-int64_t padded_stride(int64_t n) {
+[[maybe_unused]] int64_t padded_stride(int64_t n) {
   return n + 16;
+}
+
+// Up to 16 consecutive prefill tokens [t0, t1) of one sequence (whose last token in the batch is
+// at position `last`) and every query head of kv head g, with one lane layout's kernels `K`: its
+// keys and values converted once per call (K::convert), each block of K::keys keys scored for all
+// the tile's queries (K::scores), each query's probabilities in place of its scores (K::softmax),
+// the value sums K::lanes wide per column (K::values, K::finish).
+template <class K>
+void attention_tile_with(const attention_batch& b, attention_scratch& s, int64_t t0, int64_t t1,
+                         int64_t g, int64_t last) {
+  const int64_t group = b.n_heads / b.n_kv_heads;
+  const int64_t hd = b.head_dim;
+  const int64_t q_stride = b.n_heads * hd;
+  const int32_t seq = b.token_seq[t0];
+  const int64_t n_max = static_cast<int64_t>(b.token_pos[t1 - 1]) + 1;
+  const int64_t width = (n_max + 31) / 32 * 32;  // covers every query's n_kv and the key blocks
+  const int64_t ld = padded_stride(width);       // the rows' stride
+  const int64_t n_q = (t1 - t0) * group;
+  const auto& c = K::convert(b, s, seq, g, n_max, last);
+  s.tile_scores.resize(static_cast<size_t>(n_q * ld));
+  s.tile_q.resize(static_cast<size_t>(n_q * hd));
+  s.q.resize(static_cast<size_t>(hd));
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t k = 0; k < group; ++k) {
+      const int64_t h = g * group + k;
+      float_to_half_row(b.q + t * q_stride + h * hd, s.q.data(), hd);
+      half_to_float_row(s.q.data(), s.tile_q.data() + ((t - t0) * group + k) * hd, hd);
+    }
+  }
+  s.t8.resize(static_cast<size_t>(n_q * 8 * 16));
+  for (int64_t p0 = 0; p0 < n_max; p0 += K::keys) {
+    // The queries of tokens at or past p0 (a suffix: positions increase); a token's later keys in
+    // the block are computed too and masked by the softmax.
+    int64_t q0 = 0;
+    while (b.token_pos[t0 + q0 / group] < p0) q0 += group;
+    K::scores(c.kt.data() + p0 * hd, p0 + K::keys < n_max, s.tile_q.data() + q0 * hd, n_q - q0, hd,
+              b.scale, s.tile_scores.data() + q0 * ld + p0, ld, s.t8.data());
+  }
+  for (int64_t qi = 0; qi < n_q; ++qi) {
+    const int64_t n_pos = static_cast<int64_t>(b.token_pos[t0 + qi / group]) + 1;
+    float* row = s.tile_scores.data() + qi * ld;
+    K::softmax(row, n_pos, row);
+  }
+  // The value sums, a block of positions at a time for all the tile's queries: the block's values
+  // (~128 KB) are read from the converted copy once per tile instead of once per token — a kv
+  // head's values outgrow the core's cache at long contexts (2 MB at 8k tokens, head size 64).
+  const int64_t block = std::max<int64_t>(16, (int64_t{32768} / hd) / 16 * 16);
+  s.acc.resize(static_cast<size_t>(n_q * hd * K::lanes));
+  for (int64_t i0 = 0; i0 < width; i0 += block) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n_pos = static_cast<int64_t>(b.token_pos[t]) + 1;
+      const int64_t n_kv = (n_pos + 31) / 32 * 32;
+      if (i0 >= n_kv) continue;
+      const int64_t i1 = std::min(i0 + block, n_kv);
+      // The token's query heads, up to three at a time (they share n_pos and every value load).
+      for (int64_t k0 = 0; k0 < group; k0 += 3) {
+        const int nq = static_cast<int>(std::min<int64_t>(3, group - k0));
+        const int64_t qi = (t - t0) * group + k0;
+        const float* pf = s.tile_scores.data() + qi * ld;
+        float* acc = s.acc.data() + qi * hd * K::lanes;
+        const auto values = [&](auto n) {
+          K::template values<decltype(n)::value>(c.vt.data(), c.stride, pf, ld, n_pos, i0, i1, hd,
+                                                 acc, i0 == 0);
+        };
+        if (nq == 3) {
+          values(std::integral_constant<int, 3>{});
+        } else if (nq == 2) {
+          values(std::integral_constant<int, 2>{});
+        } else {
+          values(std::integral_constant<int, 1>{});
+        }
+      }
+    }
+  }
+  for (int64_t qi = 0; qi < n_q; ++qi) {
+    const int64_t t = t0 + qi / group;
+    const int64_t h = g * group + qi % group;
+    K::finish(s.acc.data() + qi * hd * K::lanes, hd, b.out + t * q_stride + h * hd);
+  }
 }
 
 #if defined(__AVX512F__) && defined(__FMA__) && defined(__F16C__)
@@ -393,88 +473,41 @@ void finish_values(const float* acc, int64_t hd, float* out) {
   }
 }
 
-// Up to attention_tile_tokens consecutive prefill tokens [t0, t1) of one sequence (whose last
-// token in the batch is at position `last`) and every query head of kv head g: each block of 16
-// keys is scored against all of their queries, from keys and values converted once per call.
+// The AVX-512 layout's tile kernels (16 lanes) for attention_tile_with.
+struct tile_kernels_16 {
+  static constexpr int64_t keys = 16, lanes = 16;
+  static const attention_scratch::converted_head& convert(const attention_batch& b,
+                                                          attention_scratch& s, int32_t seq,
+                                                          int64_t g, int64_t n, int64_t last) {
+    return converted(b, s, seq, g, n, last);
+  }
+  // One block of 16 keys (`kt`; `more`: another block follows, fetched meanwhile) for n_q queries.
+  static void scores(const float* kt, bool more, const float* q, int64_t n_q, int64_t hd,
+                     float scale, float* out, int64_t ld, float* t8) {
+    const float* next_kt = more ? kt + 16 * hd : nullptr;
+    if (hd == 64) {
+      scores_block<4, 4>(kt, q, n_q, scale, out, ld, t8, next_kt);
+    } else if (hd == 128) {
+      scores_block<8, 2>(kt, q, n_q, scale, out, ld, t8, next_kt);
+    } else {
+      for (int64_t qi = 0; qi < n_q; ++qi)
+        scores_16_keys(kt, q + qi * hd, hd, scale, out + qi * ld);
+    }
+  }
+  static int64_t softmax(float* sc, int64_t n_pos, float* pf) {
+    return softmax_probs_f32(sc, n_pos, pf);
+  }
+  template <int NQ>
+  static void values(const float* vt, int64_t stride, const float* pf, int64_t pf_stride,
+                     int64_t n_pos, int64_t i0, int64_t i1, int64_t hd, float* acc, bool first) {
+    weight_values<NQ>(vt, stride, pf, pf_stride, n_pos, i0, i1, hd, acc, first);
+  }
+  static void finish(const float* acc, int64_t hd, float* out) { finish_values(acc, hd, out); }
+};
+
 void attention_tile(const attention_batch& b, attention_scratch& s, int64_t t0, int64_t t1,
                     int64_t g, int64_t last) {
-  const int64_t group = b.n_heads / b.n_kv_heads;
-  const int64_t hd = b.head_dim;
-  const int64_t q_stride = b.n_heads * hd;
-  const int32_t seq = b.token_seq[t0];
-  const int64_t n_max = static_cast<int64_t>(b.token_pos[t1 - 1]) + 1;
-  const int64_t width = (n_max + 31) / 32 * 32;  // covers every query's n_kv and 16-key blocks
-  const int64_t ld = padded_stride(width);       // the rows' stride
-  const int64_t n_q = (t1 - t0) * group;
-  const auto& c = converted(b, s, seq, g, n_max, last);
-  s.tile_scores.resize(static_cast<size_t>(n_q * ld));
-  s.tile_q.resize(static_cast<size_t>(n_q * hd));
-  s.q.resize(static_cast<size_t>(hd));
-  for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t k = 0; k < group; ++k) {
-      const int64_t h = g * group + k;
-      float_to_half_row(b.q + t * q_stride + h * hd, s.q.data(), hd);
-      half_to_float_row(s.q.data(), s.tile_q.data() + ((t - t0) * group + k) * hd, hd);
-    }
-  }
-  s.t8.resize(static_cast<size_t>(n_q * 8 * 16));
-  for (int64_t p0 = 0; p0 < n_max; p0 += 16) {
-    const float* kt = c.kt.data() + p0 * hd;
-    // The queries of tokens at or past p0 (a suffix: positions increase); a token's later keys in
-    // the block are computed too and masked by the softmax.
-    int64_t q0 = 0;
-    while (b.token_pos[t0 + q0 / group] < p0) q0 += group;
-    const float* tq = s.tile_q.data() + q0 * hd;
-    float* out = s.tile_scores.data() + q0 * ld + p0;
-    const float* next_kt = p0 + 16 < n_max ? kt + 16 * hd : nullptr;
-    if (hd == 64) {
-      scores_block<4, 4>(kt, tq, n_q - q0, b.scale, out, ld, s.t8.data(), next_kt);
-    } else if (hd == 128) {
-      scores_block<8, 2>(kt, tq, n_q - q0, b.scale, out, ld, s.t8.data(), next_kt);
-    } else {
-      for (int64_t qi = q0; qi < n_q; ++qi)
-        scores_16_keys(kt, s.tile_q.data() + qi * hd, hd, b.scale,
-                       s.tile_scores.data() + qi * ld + p0);
-    }
-  }
-  // Every query's probabilities, in place of its scores.
-  for (int64_t qi = 0; qi < n_q; ++qi) {
-    const int64_t n_pos = static_cast<int64_t>(b.token_pos[t0 + qi / group]) + 1;
-    float* row = s.tile_scores.data() + qi * ld;
-    softmax_probs_f32(row, n_pos, row);
-  }
-  // The value sums, a block of positions at a time for all the tile's queries: the block's values
-  // (~128 KB) are read from the converted copy once per tile instead of once per token — a kv
-  // head's values outgrow the core's cache at long contexts (2 MB at 8k tokens, head size 64).
-  const int64_t block = std::max<int64_t>(16, (int64_t{32768} / hd) / 16 * 16);
-  s.acc.resize(static_cast<size_t>(n_q * hd * 16));
-  for (int64_t i0 = 0; i0 < width; i0 += block) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n_pos = static_cast<int64_t>(b.token_pos[t]) + 1;
-      const int64_t n_kv = (n_pos + 31) / 32 * 32;
-      if (i0 >= n_kv) continue;
-      const int64_t i1 = std::min(i0 + block, n_kv);
-      // The token's query heads, up to three at a time (they share n_pos and every value load).
-      for (int64_t k0 = 0; k0 < group; k0 += 3) {
-        const int nq = static_cast<int>(std::min<int64_t>(3, group - k0));
-        const int64_t qi = (t - t0) * group + k0;
-        const float* pf = s.tile_scores.data() + qi * ld;
-        float* acc = s.acc.data() + qi * hd * 16;
-        if (nq == 3) {
-          weight_values<3>(c.vt.data(), c.stride, pf, ld, n_pos, i0, i1, hd, acc, i0 == 0);
-        } else if (nq == 2) {
-          weight_values<2>(c.vt.data(), c.stride, pf, ld, n_pos, i0, i1, hd, acc, i0 == 0);
-        } else {
-          weight_values<1>(c.vt.data(), c.stride, pf, ld, n_pos, i0, i1, hd, acc, i0 == 0);
-        }
-      }
-    }
-  }
-  for (int64_t qi = 0; qi < n_q; ++qi) {
-    const int64_t t = t0 + qi / group;
-    const int64_t h = g * group + qi % group;
-    finish_values(s.acc.data() + qi * hd * 16, hd, b.out + t * q_stride + h * hd);
-  }
+  attention_tile_with<tile_kernels_16>(b, s, t0, t1, g, last);
 }
 
 // dot_f16 (AVX-512 layout: 4 accumulators over steps of 64, (a0 + a2) + (a1 + a3), then the tree)
@@ -745,72 +778,36 @@ void weight_values_8(const float* vt, int64_t stride, const float* pf, int64_t p
   }
 }
 
+// The AVX2 layout's tile kernels (8 lanes) for attention_tile_with.
+struct tile_kernels_8 {
+  static constexpr int64_t keys = 8, lanes = 8;
+  static const attention_scratch::converted_head& convert(const attention_batch& b,
+                                                          attention_scratch& s, int32_t seq,
+                                                          int64_t g, int64_t n, int64_t last) {
+    return converted8(b, s, seq, g, n, last);
+  }
+  static void scores(const float* kt, bool, const float* q, int64_t n_q, int64_t hd, float scale,
+                     float* out, int64_t ld, float* t8) {
+    scores_8_keys(kt, q, n_q, hd, scale, out, ld, t8);
+  }
+  static int64_t softmax(float* sc, int64_t n_pos, float* pf) {
+    return softmax_probs_f32_8(sc, n_pos, pf);
+  }
+  template <int NQ>
+  static void values(const float* vt, int64_t stride, const float* pf, int64_t pf_stride,
+                     int64_t n_pos, int64_t i0, int64_t i1, int64_t hd, float* acc, bool first) {
+    weight_values_8<NQ>(vt, stride, pf, pf_stride, n_pos, i0, i1, hd, acc, first);
+  }
+  static void finish(const float* acc, int64_t hd, float* out) {
+    for (int64_t d = 0; d < hd; ++d) out[d] = reduce8(acc + d * 8);
+  }
+};
+
 // attention_tile in the AVX2 layout: tokens [t0, t1) (at most 16) of one sequence, every query
 // head of kv head g.
 void attention_tile_8(const attention_batch& b, attention_scratch& s, int64_t t0, int64_t t1,
                       int64_t g, int64_t last) {
-  const int64_t group = b.n_heads / b.n_kv_heads;
-  const int64_t hd = b.head_dim;
-  const int64_t q_stride = b.n_heads * hd;
-  const int32_t seq = b.token_seq[t0];
-  const int64_t n_max = static_cast<int64_t>(b.token_pos[t1 - 1]) + 1;
-  const int64_t width = (n_max + 31) / 32 * 32;
-  const int64_t ld = padded_stride(width);
-  const int64_t n_q = (t1 - t0) * group;
-  const auto& c = converted8(b, s, seq, g, n_max, last);
-  s.tile_scores.resize(static_cast<size_t>(n_q * ld));
-  s.tile_q.resize(static_cast<size_t>(n_q * hd));
-  for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t k = 0; k < group; ++k) {
-      const int64_t h = g * group + k;
-      float_to_half_row(b.q + t * q_stride + h * hd, s.q.data(), hd);
-      half_to_float_row(s.q.data(), s.tile_q.data() + ((t - t0) * group + k) * hd, hd);
-    }
-  }
-  s.t8.resize(static_cast<size_t>(n_q * 64));
-  for (int64_t p0 = 0; p0 < n_max; p0 += 8) {
-    // The queries of tokens at or past p0 (a suffix); later keys of the block are masked by the
-    // softmax.
-    int64_t q0 = 0;
-    while (b.token_pos[t0 + q0 / group] < p0) q0 += group;
-    scores_8_keys(c.kt.data() + p0 * hd, s.tile_q.data() + q0 * hd, n_q - q0, hd, b.scale,
-                  s.tile_scores.data() + q0 * ld + p0, ld, s.t8.data());
-  }
-  for (int64_t qi = 0; qi < n_q; ++qi) {
-    const int64_t n_pos = static_cast<int64_t>(b.token_pos[t0 + qi / group]) + 1;
-    float* row = s.tile_scores.data() + qi * ld;
-    softmax_probs_f32_8(row, n_pos, row);
-  }
-  const int64_t block = std::max<int64_t>(16, (int64_t{32768} / hd) / 16 * 16);
-  s.acc.resize(static_cast<size_t>(n_q * hd * 8));
-  for (int64_t i0 = 0; i0 < width; i0 += block) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n_pos = static_cast<int64_t>(b.token_pos[t]) + 1;
-      const int64_t n_kv = (n_pos + 31) / 32 * 32;
-      if (i0 >= n_kv) continue;
-      const int64_t i1 = std::min(i0 + block, n_kv);
-      for (int64_t k0 = 0; k0 < group; k0 += 3) {
-        const int nq = static_cast<int>(std::min<int64_t>(3, group - k0));
-        const int64_t qi = (t - t0) * group + k0;
-        const float* pf = s.tile_scores.data() + qi * ld;
-        float* acc = s.acc.data() + qi * hd * 8;
-        if (nq == 3) {
-          weight_values_8<3>(c.vt.data(), c.stride, pf, ld, n_pos, i0, i1, hd, acc, i0 == 0);
-        } else if (nq == 2) {
-          weight_values_8<2>(c.vt.data(), c.stride, pf, ld, n_pos, i0, i1, hd, acc, i0 == 0);
-        } else {
-          weight_values_8<1>(c.vt.data(), c.stride, pf, ld, n_pos, i0, i1, hd, acc, i0 == 0);
-        }
-      }
-    }
-  }
-  for (int64_t qi = 0; qi < n_q; ++qi) {
-    const int64_t t = t0 + qi / group;
-    const int64_t h = g * group + qi % group;
-    const float* acc = s.acc.data() + qi * hd * 8;
-    float* out = b.out + t * q_stride + h * hd;
-    for (int64_t d = 0; d < hd; ++d) out[d] = reduce8(acc + d * 8);
-  }
+  attention_tile_with<tile_kernels_8>(b, s, t0, t1, g, last);
 }
 #else
 constexpr bool tiled8_kernel_built = false;
